@@ -1,0 +1,76 @@
+# EdgeFold. `make edge MODEL=resnet50` runs the pipeline; `make test` runs the tests.
+# Every variable can be set on the command line: make edge MODEL=tiny DATA=digits
+PYTHON   ?= python3
+VENV     ?= .venv
+MODEL    ?= resnet50
+DATA     ?=
+WEIGHTS  ?=
+RUN      ?=
+UNTIL    ?=
+FORCE    ?=
+RUNS     ?= runs
+EXTRAS   ?= build,device,dev
+PYTEST_ARGS ?=
+BENCH_MODEL ?= resnet50
+
+BIN      := $(VENV)/bin
+EDGEFOLD := $(BIN)/edgefold
+STAMP    := $(VENV)/.edgefold-installed
+FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
+
+EDGE_ARGS := $(if $(DATA),--data '$(DATA)') $(if $(WEIGHTS),--weights '$(WEIGHTS)') \
+             $(if $(RUN),--run-id '$(RUN)') $(if $(UNTIL),--until $(UNTIL)) \
+             $(foreach s,$(FORCE),--force $(s)) --runs-dir '$(RUNS)'
+
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: help venv edge test bench data clean distclean
+
+help:
+	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
+	@echo "     variables: DATA=fashion-mnist|digits|imagefolder:/path WEIGHTS=path|imagenet RUN=id UNTIL=stage FORCE='stage …'"
+	@echo "make test                  run the tests"
+	@echo "make bench                 time the default run (first and cached) into bench/results/"
+	@echo "make data                  install Fashion-MNIST (Debian's dataset-fashion-mnist)"
+	@echo "make clean | distclean     remove runs/ | also the virtual environment"
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
+	  { echo "error: EdgeFold needs Python ≥ 3.10; pass PYTHON=python3.11"; exit 2; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
+	touch $@
+
+# Fashion-MNIST is only needed when the recipe (or DATA=) asks for it.
+data: $(STAMP)
+	@src="$(DATA)"; [ -n "$$src" ] || src=$$($(EDGEFOLD) recipe $(MODEL) --get data.source) || exit 2; \
+	case "$$src" in fashion-mnist) ;; *) exit 0 ;; esac; \
+	[ -n "$$EDGEFOLD_FASHION_MNIST_DIR" ] && exit 0; \
+	[ -f $(FASHION_MNIST_DIR)/t10k-labels-idx1-ubyte.gz ] && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Fashion-MNIST (apt-get install dataset-fashion-mnist)"; \
+	  apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; }; \
+	else \
+	  echo "error: Fashion-MNIST is not installed at $(FASHION_MNIST_DIR)"; \
+	  echo "  fix: sudo apt-get install dataset-fashion-mnist, or pass DATA=digits or DATA=imagefolder:/path"; \
+	  exit 2; \
+	fi
+
+edge: $(STAMP) data
+	$(EDGEFOLD) run $(MODEL) $(EDGE_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP) data
+	$(BIN)/python bench/edge_bench.py --model $(BENCH_MODEL) --runs-dir '$(RUNS)'
+
+clean:
+	rm -rf $(RUNS) .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info

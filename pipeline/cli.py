@@ -1,0 +1,155 @@
+"""The ``edgefold`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from device import __version__
+from device.errors import EdgeFoldError
+
+STAGE_HELP = "data, teacher, prune, distill, evaluate"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgefold",
+        description="Fold a data-center model into an edge model: prune, distill, evaluate (more stages follow).",
+    )
+    parser.add_argument("--version", action="version", version=f"edgefold {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run (or resume) the pipeline for a model recipe",
+                         description="Run the stages of MODEL's recipe into runs/<model>/<run-id>/. Stages whose "
+                                     "config and inputs are unchanged are skipped.")
+    run.add_argument("model", help="recipe name under models/ (e.g. resnet50, tiny) or a path to a recipe YAML")
+    run.add_argument("--until", metavar="STAGE", help=f"stop after this stage ({STAGE_HELP})")
+    run.add_argument("--force", metavar="STAGE", action="append", default=[], help="redo this stage even if cached (repeatable)")
+    run.add_argument("--run-id", help="run directory name (default: the model's latest run, or a new timestamped one)")
+    run.add_argument("--new", action="store_true", help="start a new run instead of resuming the latest")
+    run.add_argument("--data", help="override data.source: fashion-mnist, digits or imagefolder:/path")
+    run.add_argument("--weights", help="override teacher.weights: a torchvision state_dict path, or 'imagenet'")
+    run.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                     help="override any recipe key, e.g. --set teacher.train.epochs=1 (value parsed as YAML)")
+    run.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"), help="parent of run directories (default: runs)")
+
+    runs = sub.add_parser("runs", help="list runs with their stages and accuracies")
+    runs.add_argument("model", nargs="?", help="only this model's runs")
+    runs.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
+    runs.add_argument("--json", action="store_true", help="machine-readable output")
+
+    recipes = sub.add_parser("recipes", help="list the recipes under models/")
+    recipes.add_argument("--check", action="store_true", help="also validate every recipe")
+
+    show = sub.add_parser("recipe", help="validate a recipe and print it with defaults filled in")
+    show.add_argument("model", help="recipe name or path")
+    show.add_argument("--get", metavar="KEY", help="print one dotted key only (e.g. data.source)")
+    return parser
+
+
+def _parse_sets(pairs: list[str]) -> dict:
+    import yaml
+
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise EdgeFoldError(f"--set {pair!r} is not KEY=VALUE", fix="e.g. --set distill.train.epochs=2")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
+def _cmd_run(args) -> int:
+    from pipeline.runner import run_pipeline
+    from pipeline.stages.evaluate import ladder_table
+
+    overrides = {"data.source": args.data, "teacher.weights": args.weights, **_parse_sets(args.set)}
+    ctx = run_pipeline(args.model, until=args.until, force=args.force, run_id=args.run_id, new=args.new,
+                       overrides=overrides, runs_dir=args.runs_dir)
+    evaluated = ctx.manifest.stage("evaluate")
+    if evaluated:
+        print(ladder_table(evaluated["metrics"]["rungs"]))
+    print(f"manifest: {ctx.manifest.path}")
+    return 0
+
+
+def _cmd_runs(args) -> int:
+    from pipeline.runner import list_runs
+
+    rows = list_runs(args.runs_dir, args.model)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no runs under {args.runs_dir}/")
+        return 0
+    pct = lambda v: f"{100 * v:.2f}%" if isinstance(v, float) else "-"  # noqa: E731
+    print(f"{'run':<44}{'stages':<34}{'teacher':>9}{'student':>9}{'seconds':>9}")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['run']:<44}error: {row['error']}")
+            continue
+        print(f"{row['run']:<44}{','.join(row['stages']):<34}{pct(row['teacher_top1']):>9}"
+              f"{pct(row['student_top1']):>9}{row['seconds']:>9.0f}")
+    return 0
+
+
+def _cmd_recipes(args) -> int:
+    from pipeline.recipe import available_recipes, load_recipe, recipes_dir
+
+    failures = 0
+    for name in available_recipes():
+        if args.check:
+            try:
+                recipe, _, _ = load_recipe(name)
+                print(f"{name:<20} ok   {recipe.description}")
+            except EdgeFoldError as err:
+                failures += 1
+                print(f"{name:<20} FAIL {err.message}")
+        else:
+            print(name)
+    if not available_recipes():
+        print(f"no recipes in {recipes_dir()}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _cmd_recipe(args) -> int:
+    import yaml
+
+    from pipeline.recipe import load_recipe
+
+    recipe, path, sha = load_recipe(args.model)
+    data = recipe.model_dump(mode="json")
+    if args.get:
+        for key in args.get.split("."):
+            if not isinstance(data, dict) or key not in data:
+                raise EdgeFoldError(f"recipe has no key {args.get!r}", fix="see `edgefold recipe MODEL` for the keys")
+            data = data[key]
+        print(data if not isinstance(data, (dict, list)) else json.dumps(data))
+        return 0
+    print(f"# {path} (sha256 {sha[:12]})")
+    print(yaml.safe_dump(data, sort_keys=False), end="")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``edgefold`` console script."""
+    args = _parser().parse_args(argv)
+    commands = {"run": _cmd_run, "runs": _cmd_runs, "recipes": _cmd_recipes, "recipe": _cmd_recipe}
+    try:
+        return commands[args.command](args)
+    except EdgeFoldError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        if err.fix:
+            print(f"  fix: {err.fix}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; completed stages are kept and will be skipped next time", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

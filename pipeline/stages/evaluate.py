@@ -1,0 +1,63 @@
+"""evaluate stage: top-1/top-5, params, MACs and size of every rung so far."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.checkpoint import load_checkpoint
+from pipeline.models import count_macs, count_parameters
+from pipeline.stages.base import STAGES, Stage, StageResult
+from pipeline.train import evaluate
+
+# (rung name, stage that produced it); later issues add the ONNX and INT8 rungs.
+RUNGS = (("teacher", "teacher"), ("pruned", "prune"), ("student", "distill"))
+
+
+class EvaluateStage(Stage):
+    name = "evaluate"
+
+    def needs(self, ctx):
+        return ("data",) + tuple(stage for _, stage in RUNGS if ctx.manifest.stage(stage))
+
+    def config(self, ctx):
+        return {"evaluate": ctx.recipe.section("evaluate"), "preprocess": ctx.preprocess.to_dict()}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
+        input_shape = ctx.preprocess.input_shape(1)
+        rungs = {}
+        for rung, stage in RUNGS:
+            if not ctx.manifest.stage(stage):
+                continue
+            path = ctx.manifest.output(stage, "model")
+            model, _ = load_checkpoint(path)
+            scores = evaluate(model, test, ctx.device, f"{rung} eval")
+            rungs[rung] = {**scores, "params_m": count_parameters(model) / 1e6,
+                           "macs_g": count_macs(model.cpu(), input_shape) / 1e9,
+                           "size_mb": path.stat().st_size / 1e6, "checkpoint": str(path.relative_to(ctx.run_dir))}
+        if "teacher" in rungs:
+            base = rungs["teacher"]
+            for values in rungs.values():
+                values["top1_delta_points"] = 100 * (values["top1"] - base["top1"])
+                values["macs_fraction"] = values["macs_g"] / base["macs_g"]
+        (workdir / "metrics.json").write_text(json.dumps(rungs, indent=2) + "\n")
+        return StageResult(outputs={"metrics": workdir / "metrics.json"}, metrics={"rungs": rungs})
+
+    def summary(self, metrics):
+        return ", ".join(f"{name} {100 * r['top1']:.2f}%" for name, r in metrics["rungs"].items())
+
+
+STAGES.add("evaluate", EvaluateStage())
+
+
+def ladder_table(rungs: dict) -> str:
+    """The rungs as a fixed-width text table (printed by ``make edge``)."""
+    header = f"{'rung':<10}{'top-1':>9}{'Δ pts':>8}{'top-5':>9}{'params M':>10}{'GMACs':>9}{'MACs %':>8}{'size MB':>9}"
+    lines = [header, "-" * len(header)]
+    for name, r in rungs.items():
+        lines.append(
+            f"{name:<10}{100 * r['top1']:>8.2f}%{r.get('top1_delta_points', 0.0):>+8.2f}{100 * r['top5']:>8.2f}%"
+            f"{r['params_m']:>10.2f}{r['macs_g']:>9.3f}{100 * r.get('macs_fraction', 1.0):>7.1f}%{r['size_mb']:>9.1f}"
+        )
+    return "\n".join(lines)

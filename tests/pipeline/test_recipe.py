@@ -1,0 +1,117 @@
+import copy
+
+import pytest
+import yaml
+
+from device.errors import ConfigError, UnknownKeyError
+from pipeline.recipe import available_recipes, load_recipe, parse_recipe
+
+
+@pytest.fixture
+def tiny_raw(repo):
+    return yaml.safe_load((repo / "models" / "tiny.yaml").read_text())
+
+
+def test_every_shipped_recipe_validates(repo):
+    names = available_recipes(repo / "models")
+    assert {"resnet50", "tiny"} <= set(names)
+    for name in names:
+        recipe, path, sha = load_recipe(str(repo / "models" / f"{name}.yaml"))
+        assert recipe.name == name == path.stem, "a recipe's name must match its file name (run dirs use it)"
+        assert len(sha) == 64
+
+
+def test_resnet50_recipe_targets_a_quarter_of_the_macs(repo):
+    recipe, _, _ = load_recipe(str(repo / "models" / "resnet50.yaml"))
+    assert recipe.teacher.arch == "resnet50" and recipe.data.source == "fashion-mnist"
+    upper = recipe.prune.macs_target * (1 + recipe.prune.tolerance)
+    assert upper <= 0.25, "the student must stay ≤ 25% of the teacher's MACs even at the tolerance's edge"
+
+
+def test_unknown_key_is_named_with_its_path_and_a_suggestion(tiny_raw):
+    tiny_raw["prune"]["macs_targt"] = 0.3
+    with pytest.raises(ConfigError) as err:
+        parse_recipe(tiny_raw, "tiny.yaml")
+    text = str(err.value)
+    assert "prune.macs_targt: unknown key" in text
+    assert "did you mean 'prune.macs_target'" in text
+
+
+def test_nested_unknown_key(tiny_raw):
+    tiny_raw["distill"]["train"]["augment"]["vflip"] = True
+    with pytest.raises(ConfigError, match=r"distill\.train\.augment\.vflip: unknown key"):
+        parse_recipe(tiny_raw)
+
+
+def test_wrong_type_is_named(tiny_raw):
+    tiny_raw["teacher"]["train"]["lr"] = "fast"
+    with pytest.raises(ConfigError, match=r"teacher\.train\.lr: .*(number|float)"):
+        parse_recipe(tiny_raw)
+
+
+def test_out_of_range_value(tiny_raw):
+    tiny_raw["prune"]["macs_target"] = 1.5
+    with pytest.raises(ConfigError, match=r"prune\.macs_target"):
+        parse_recipe(tiny_raw)
+
+
+def test_unknown_architecture_suggests_near_names(tiny_raw):
+    tiny_raw["teacher"]["arch"] = "resnet05"
+    with pytest.raises(ConfigError, match=r"teacher\.arch: unknown architecture 'resnet05'.*resnet50"):
+        parse_recipe(tiny_raw)
+
+
+def test_unknown_data_source(tiny_raw):
+    tiny_raw["data"]["source"] = "fashion_mnist"
+    with pytest.raises(ConfigError, match=r"data\.source: unknown data source 'fashion_mnist'.*fashion-mnist"):
+        parse_recipe(tiny_raw)
+
+
+def test_preprocess_mean_must_match_channels(tiny_raw):
+    tiny_raw["preprocess"]["mean"] = [0.5]
+    with pytest.raises(ConfigError, match=r"preprocess: .*mean and std need 3 values"):
+        parse_recipe(tiny_raw)
+
+
+def test_logit_cache_refuses_random_crops(tiny_raw):
+    tiny_raw["distill"]["train"]["augment"] = {"crop_padding": 2}
+    with pytest.raises(ConfigError, match="cache_teacher_logits"):
+        parse_recipe(tiny_raw)
+
+
+def test_missing_section_is_reported(tiny_raw):
+    del tiny_raw["teacher"]
+    with pytest.raises(ConfigError, match=r"teacher: Field required"):
+        parse_recipe(tiny_raw)
+
+
+def test_overrides_use_dotted_keys(tiny_raw):
+    before = copy.deepcopy(tiny_raw)
+    recipe = parse_recipe(tiny_raw, overrides={"data.source": "fashion-mnist", "teacher.train.epochs": 1,
+                                               "teacher.weights": None})
+    assert recipe.data.source == "fashion-mnist" and recipe.teacher.train.epochs == 1
+    assert tiny_raw == before, "overrides must not mutate the raw recipe"
+
+
+def test_unknown_model_lists_the_recipes(monkeypatch, repo):
+    monkeypatch.setenv("EDGEFOLD_MODELS_DIR", str(repo / "models"))
+    with pytest.raises(ConfigError) as err:
+        load_recipe("resnet5")
+    assert "no recipe for model 'resnet5'" in err.value.message
+    assert "did you mean resnet50" in err.value.fix and "tiny" in err.value.fix
+
+
+def test_not_a_mapping():
+    with pytest.raises(ConfigError, match="must be a YAML mapping"):
+        parse_recipe(["a", "list"])
+
+
+def test_invalid_yaml(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_recipe(str(path))
+
+
+def test_registry_errors_are_config_errors():
+    assert issubclass(UnknownKeyError, ConfigError)

@@ -1,0 +1,125 @@
+"""The manifest contract: stages recorded, cached stages skipped, --force and --until honoured."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from device.errors import ConfigError, ManifestError
+from pipeline.checkpoint import load_checkpoint
+from pipeline.manifest import Manifest, sha256_file
+from pipeline.runner import list_runs, run_pipeline
+from pipeline.stages import STAGE_ORDER
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def run_copy(tiny_run, tmp_path):
+    """A private copy of the shared tiny run, so tests may change it."""
+    target = tmp_path / "runs" / "tiny" / "shared"
+    shutil.copytree(tiny_run.run_dir, target)
+    return target
+
+
+def test_manifest_records_every_stage(tiny_run):
+    data = json.loads((tiny_run.run_dir / "manifest.json").read_text())
+    assert data["schema"] == "edgefold.manifest/1" and data["model"] == "tiny"
+    assert len(data["recipe"]["sha256"]) == 64
+    assert list(data["stages"]) == list(STAGE_ORDER)
+    for name, entry in data["stages"].items():
+        assert set(entry) >= {"config_sha256", "inputs", "outputs", "sha256", "metrics", "env", "seconds"}
+        for rel, digest in entry["sha256"].items():
+            assert sha256_file(tiny_run.run_dir / rel) == digest
+        assert entry["env"]["torch"] == torch.__version__
+    prune = data["stages"]["prune"]
+    assert prune["inputs"] == {"data.splits": "data/splits.npz", "data.dataset": "data/dataset.json",
+                               "teacher.model": "teacher/model.pt"}
+
+
+def test_tiny_pipeline_results(tiny_run):
+    stages = tiny_run.manifest.data["stages"]
+    rungs = stages["evaluate"]["metrics"]["rungs"]
+    assert rungs["teacher"]["top1"] >= 0.9, "the tiny teacher learns digits"
+    assert rungs["student"]["top1"] >= rungs["teacher"]["top1"] - 0.05, "distillation recovers the pruned model"
+    assert rungs["student"]["macs_fraction"] == pytest.approx(0.5, abs=0.05)
+    assert rungs["student"]["params_m"] < rungs["teacher"]["params_m"]
+    assert rungs["student"]["top1"] == pytest.approx(stages["distill"]["metrics"]["top1"])
+    history = stages["distill"]["metrics"]["history"]
+    assert history[-1]["loss"] < history[0]["loss"]
+    student, info = load_checkpoint(tiny_run.run_dir / "distill" / "model.pt")
+    assert info["arch"] == "tiny_resnet" and student(torch.zeros(1, 3, 16, 16)).shape == (1, 10)
+
+
+def test_second_run_skips_every_stage(run_copy, capsys):
+    before = json.loads((run_copy / "manifest.json").read_text())["stages"]
+    ctx = run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared")
+    after = ctx.manifest.data["stages"]
+    assert {k: v["finished"] for k, v in after.items()} == {k: v["finished"] for k, v in before.items()}
+    assert capsys.readouterr().err.count("cached") == len(STAGE_ORDER)
+
+
+def test_force_redoes_one_stage(run_copy, capsys):
+    before = json.loads((run_copy / "manifest.json").read_text())["stages"]
+    ctx = run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared", force=["evaluate"])
+    after = ctx.manifest.data["stages"]
+    assert after["evaluate"]["finished"] != before["evaluate"]["finished"] or \
+        after["evaluate"]["seconds"] != before["evaluate"]["seconds"]
+    for name in ("data", "teacher", "prune", "distill"):
+        assert after[name] == before[name]
+    assert "[evaluate] running" in capsys.readouterr().err
+
+
+def test_changed_config_reruns_that_stage_and_what_depends_on_it(run_copy, capsys):
+    before = json.loads((run_copy / "manifest.json").read_text())["stages"]
+    ctx = run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared",
+                       overrides={"distill.train.epochs": 1})
+    after = ctx.manifest.data["stages"]
+    err = capsys.readouterr().err
+    assert "[ distill] running" in err and "[evaluate] running" in err
+    assert after["teacher"] == before["teacher"] and after["prune"] == before["prune"]
+    assert len(after["distill"]["metrics"]["history"]) == 1
+    assert ctx.manifest.data["overrides"] == {"distill.train.epochs": 1}
+
+
+def test_tampered_output_is_rebuilt(run_copy, capsys):
+    (run_copy / "evaluate" / "metrics.json").write_text("{}")
+    run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared")
+    assert "[evaluate] running" in capsys.readouterr().err
+    assert json.loads((run_copy / "evaluate" / "metrics.json").read_text())
+
+
+def test_until_stops_early(tmp_path):
+    ctx = run_pipeline("tiny", runs_dir=tmp_path, until="data")
+    assert list(ctx.manifest.data["stages"]) == ["data"]
+    assert (tmp_path / "tiny" / "latest").resolve() == ctx.run_dir.resolve()
+    # A later run without --run-id resumes the latest run.
+    again = run_pipeline("tiny", runs_dir=tmp_path, until="data")
+    assert again.run_dir == ctx.run_dir
+    fresh = run_pipeline("tiny", runs_dir=tmp_path, until="data", new=True)
+    assert fresh.run_dir != ctx.run_dir
+    assert [row["stages"] for row in list_runs(tmp_path, "tiny")] == [["data"], ["data"]]
+
+
+def test_unknown_stage_names_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="(?s)unknown stage 'distil'.*distill"):
+        run_pipeline("tiny", runs_dir=tmp_path, until="distil")
+    with pytest.raises(ConfigError, match="unknown stage"):
+        run_pipeline("tiny", runs_dir=tmp_path, force=["quantise"])
+
+
+def test_corrupt_manifest_is_reported(tmp_path):
+    run_dir = tmp_path / "tiny" / "broken"
+    run_dir.mkdir(parents=True)
+    (run_dir / "manifest.json").write_text("{not json")
+    with pytest.raises(ManifestError, match="is corrupt") as err:
+        run_pipeline("tiny", runs_dir=tmp_path, run_id="broken")
+    assert "delete" in err.value.fix
+
+
+def test_run_dir_of_another_model_is_refused(tmp_path):
+    run_dir = tmp_path / "tiny" / "other"
+    Manifest(run_dir, {"schema": "edgefold.manifest/1", "model": "resnet50", "stages": {}}).save()
+    with pytest.raises(ManifestError, match="belongs to model 'resnet50'"):
+        run_pipeline("tiny", runs_dir=tmp_path, run_id="other")
