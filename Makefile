@@ -8,6 +8,7 @@ WEIGHTS  ?=
 RUN      ?=
 UNTIL    ?=
 FORCE    ?=
+SET      ?=
 RUNS     ?= runs
 EXTRAS   ?= build,device,dev
 PYTEST_ARGS ?=
@@ -20,7 +21,7 @@ FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
 
 EDGE_ARGS := $(if $(DATA),--data '$(DATA)') $(if $(WEIGHTS),--weights '$(WEIGHTS)') \
              $(if $(RUN),--run-id '$(RUN)') $(if $(UNTIL),--until $(UNTIL)) \
-             $(foreach s,$(FORCE),--force $(s)) --runs-dir '$(RUNS)'
+             $(foreach s,$(FORCE),--force $(s)) $(foreach s,$(SET),--set '$(s)') --runs-dir '$(RUNS)'
 
 export OMP_WAIT_POLICY ?= PASSIVE
 
@@ -28,7 +29,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
-	@echo "     variables: DATA=fashion-mnist|digits|imagefolder:/path WEIGHTS=path|imagenet RUN=id UNTIL=stage FORCE='stage …'"
+	@echo "     variables: DATA=fashion-mnist|digits|imagefolder:/path WEIGHTS=path|imagenet RUN=id UNTIL=stage FORCE='stage …' SET='key=value …'"
 	@echo "make test                  run the tests"
 	@echo "make bench                 time the default run (first and cached) into bench/results/"
 	@echo "make data                  install Fashion-MNIST (Debian's dataset-fashion-mnist)"

@@ -17,10 +17,24 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from device.errors import ConfigError
+from device.errors import ConfigError, EdgeFoldError
 from device.preprocess import Preprocess
 
 RECIPES_ENV = "EDGEFOLD_MODELS_DIR"
+
+
+def _as_value_error(check, *args) -> None:
+    """Runs a registry check inside a validator so pydantic reports the key path with it."""
+    try:
+        check(*args)
+    except EdgeFoldError as err:
+        raise ValueError(f"{err.message}; {err.fix}" if err.fix else err.message) from None
+
+
+def _check_arch(name: str) -> None:
+    from pipeline.models import ARCHITECTURES
+
+    ARCHITECTURES.get(name)
 
 
 class _Strict(BaseModel):
@@ -49,7 +63,8 @@ class TrainConfig(_Strict):
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     grad_clip: Optional[float] = Field(None, gt=0, description="max global grad norm")
     amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="CUDA only; CPU trains in fp32")
-    channels_last: bool = Field(True, description="CUDA only")
+    channels_last: bool = Field(True, description="NHWC memory format: faster on CUDA and on CPU with oneDNN")
+    eval_every_epoch: bool = Field(False, description="evaluate on the test split after every epoch, not only the last")
     augment: AugmentConfig = AugmentConfig()
     seed: int = 0
 
@@ -69,7 +84,7 @@ class DataConfig(_Strict):
     def _known_source(cls, value: str) -> str:
         from pipeline.data.sources import check_source_name
 
-        check_source_name(value)
+        _as_value_error(check_source_name, value)
         return value
 
 
@@ -112,9 +127,7 @@ class TeacherConfig(_Strict):
     @field_validator("arch")
     @classmethod
     def _known_arch(cls, value: str) -> str:
-        from pipeline.models import ARCHITECTURES
-
-        ARCHITECTURES.get(value)
+        _as_value_error(_check_arch, value)
         return value
 
 
@@ -142,9 +155,7 @@ class DistillConfig(_Strict):
     @classmethod
     def _known_student(cls, value: str) -> str:
         if value != "pruned":
-            from pipeline.models import ARCHITECTURES
-
-            ARCHITECTURES.get(value)
+            _as_value_error(_check_arch, value)
         return value
 
     @model_validator(mode="after")

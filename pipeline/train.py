@@ -111,7 +111,7 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
         return []
     torch.manual_seed(cfg.seed)
     model.to(device)
-    channels_last = cfg.channels_last and device.type == "cuda"
+    channels_last = cfg.channels_last
     if channels_last:
         model.to(memory_format=torch.channels_last)
     optimizer = make_optimizer(model, cfg)
@@ -124,7 +124,7 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
         seen = correct = 0
         loss_sum = 0.0
         started = time.perf_counter()
-        epoch_steps = min(steps_per_epoch, total_steps - step)
+        epoch_steps, first_step = min(steps_per_epoch, total_steps - step), step
         bar = tqdm(total=epoch_steps, desc=f"{desc} {epoch + 1}/{epochs}", unit="batch",
                    disable=progress_disabled(), leave=False, file=sys.stderr, dynamic_ncols=True)
         for x, labels, positions, flipped in batches:
@@ -163,11 +163,19 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
             rate = seen / max(time.perf_counter() - started, 1e-9)
             bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}%", img_s=f"{rate:.0f}")
             bar.update()
+            done_steps = step - first_step
+            if bar.disable and done_steps % max(1, epoch_steps // 10) == 0:
+                # No terminal (a log file, CI): a line every ~10% with the same numbers as the bar.
+                done = done_steps / epoch_steps
+                eta = (time.perf_counter() - started) * (1 - done) / max(done, 1e-9)
+                print(f"{desc} {epoch + 1}/{epochs}: {100 * done:3.0f}% ({done_steps}/{epoch_steps} batches), "
+                      f"loss {loss_sum / seen:.3f}, acc {100 * correct / seen:.1f}%, {rate:.0f} img/s, "
+                      f"ETA {eta:.0f} s", file=sys.stderr, flush=True)
         bar.close()
         seconds = time.perf_counter() - started
         record = {"epoch": epoch + 1, "loss": loss_sum / max(seen, 1), "train_top1": correct / max(seen, 1),
                   "images_per_s": seen / max(seconds, 1e-9), "seconds": seconds}
-        if evaluate_fn is not None:
+        if evaluate_fn is not None and (cfg.eval_every_epoch or epoch == epochs - 1):
             record.update(evaluate_fn())
         history.append(record)
         extra = f", test top-1 {100 * record['top1']:.2f}%" if "top1" in record else ""
@@ -182,19 +190,20 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
 def predict(model: nn.Module, batches: Batches, device: torch.device, desc: str = "eval",
             flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and labels of every image of ``batches`` (in subset order), model in eval mode."""
-    model.eval().to(device)
+    model.eval().to(device, memory_format=torch.channels_last)
     outputs = torch.empty(len(batches.indices), 0)
     labels = torch.empty(len(batches.indices), dtype=torch.long)
     bar = tqdm(total=len(batches), desc=desc, unit="batch", disable=progress_disabled(), leave=False, file=sys.stderr)
     for x, y, positions, _ in batches:
         x = x.flip(3) if flip else x
-        logits = model(x.to(device)).float().cpu()
+        logits = model(x.to(device).contiguous(memory_format=torch.channels_last)).float().cpu()
         if outputs.shape[1] == 0:
             outputs = torch.empty(len(batches.indices), logits.shape[1])
         outputs[positions] = logits
         labels[positions] = y
         bar.update()
     bar.close()
+    model.to(memory_format=torch.contiguous_format)
     return outputs, labels
 
 

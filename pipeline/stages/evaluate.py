@@ -32,7 +32,10 @@ class EvaluateStage(Stage):
                 continue
             path = ctx.manifest.output(stage, "model")
             model, _ = load_checkpoint(path)
-            scores = evaluate(model, test, ctx.device, f"{rung} eval")
+            recorded = ctx.manifest.stage(stage)["metrics"]
+            # The producing stage already scored this exact checkpoint on this test split.
+            scores = ({"top1": recorded["top1"], "top5": recorded["top5"]} if "top1" in recorded
+                      else evaluate(model, test, ctx.device, f"{rung} eval"))
             rungs[rung] = {**scores, "params_m": count_parameters(model) / 1e6,
                            "macs_g": count_macs(model.cpu(), input_shape) / 1e9,
                            "size_mb": path.stat().st_size / 1e6, "checkpoint": str(path.relative_to(ctx.run_dir))}

@@ -1,0 +1,72 @@
+"""Times `edgefold run MODEL` on this machine: a first run in a new run directory, then the
+cached re-run, and records per-stage wall time, accuracy, MACs and params of every rung.
+
+    python bench/edge_bench.py --model resnet50        (what `make bench` runs)
+
+Writes bench/results/<model>-<timestamp>.json and .md and prints the Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(model: str, runs_dir: str, run_id: str) -> float:
+    started = time.perf_counter()
+    cmd = [sys.executable, "-m", "pipeline", "run", model, "--run-id", run_id, "--runs-dir", runs_dir]
+    subprocess.run(cmd, check=True, env={**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")})
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--runs-dir", default="runs")
+    parser.add_argument("--out", default=str(HERE / "results"))
+    args = parser.parse_args()
+    run_id = time.strftime("bench-%Y%m%d-%H%M%S")
+    first = run(args.model, args.runs_dir, run_id)
+    second = run(args.model, args.runs_dir, run_id)
+    manifest = json.loads((Path(args.runs_dir) / args.model / run_id / "manifest.json").read_text())
+    stages = manifest["stages"]
+    rungs = stages["evaluate"]["metrics"]["rungs"]
+    result = {
+        "model": args.model, "date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(),
+        "cpus": os.cpu_count(), "torch": stages["teacher"]["env"]["torch"],
+        "first_run_s": round(first, 1), "cached_rerun_s": round(second, 1),
+        "stage_seconds": {name: entry["seconds"] for name, entry in stages.items()},
+        "rungs": rungs, "run": str(Path(args.runs_dir) / args.model / run_id),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [
+        f"## `make edge MODEL={args.model}` on {result['cpus']} CPUs, {result['date']} (torch {result['torch']})",
+        "",
+        f"First run {first / 60:.1f} min, cached re-run {second:.1f} s.",
+        "",
+        "| stage | seconds |", "|---|---:|",
+        *[f"| {name} | {seconds:.1f} |" for name, seconds in result["stage_seconds"].items()],
+        "",
+        "| rung | top-1 | Δ vs teacher (points) | GMACs | MACs vs teacher | params (M) | checkpoint (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *[f"| {name} | {100 * r['top1']:.2f}% | {r['top1_delta_points']:+.2f} | {r['macs_g']:.3f} | "
+          f"{100 * r['macs_fraction']:.1f}% | {r['params_m']:.2f} | {r['size_mb']:.1f} |" for name, r in rungs.items()],
+    ]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
