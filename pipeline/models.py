@@ -100,10 +100,6 @@ def build_model(arch: str, num_classes: int) -> nn.Module:
     return ARCHITECTURES.get(arch).build(num_classes)
 
 
-def get_submodule(model: nn.Module, dotted: str) -> nn.Module:
-    return model.get_submodule(dotted)
-
-
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -168,6 +168,16 @@ class DistillConfig(_Strict):
         return self
 
 
+class ExportConfig(_Strict):
+    """ONNX export of every rung that will be measured, checked against torch."""
+
+    opset: int = Field(17, ge=17, le=23)
+    rungs: list[Literal["teacher", "pruned", "student"]] = ["teacher", "pruned", "student"]
+    parity_images: int = Field(256, ge=1, description="test images compared between torch and ONNX Runtime")
+    parity_atol: float = Field(1e-3, gt=0, description="largest allowed |torch − ONNX| logit difference")
+    min_top1_agreement: float = Field(0.99, ge=0, le=1, description="share of images with the same top-1 class")
+
+
 class EvaluateConfig(_Strict):
     batch_size: int = Field(256, ge=1)
 
@@ -182,6 +192,7 @@ class Recipe(_Strict):
     teacher: TeacherConfig
     prune: PruneConfig
     distill: DistillConfig
+    export: ExportConfig = ExportConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
 
     def section(self, name: str) -> dict[str, Any]:

@@ -18,7 +18,8 @@ class EvaluateStage(Stage):
     name = "evaluate"
 
     def needs(self, ctx):
-        return ("data",) + tuple(stage for _, stage in RUNGS if ctx.manifest.stage(stage))
+        ran = tuple(stage for _, stage in RUNGS if ctx.manifest.stage(stage))
+        return ("data",) + ran + (("export",) if ctx.manifest.stage("export") else ())
 
     def config(self, ctx):
         return {"evaluate": ctx.recipe.section("evaluate"), "preprocess": ctx.preprocess.to_dict()}
@@ -39,6 +40,9 @@ class EvaluateStage(Stage):
             rungs[rung] = {**scores, "params_m": count_parameters(model) / 1e6,
                            "macs_g": count_macs(model.cpu(), input_shape) / 1e9,
                            "size_mb": path.stat().st_size / 1e6, "checkpoint": str(path.relative_to(ctx.run_dir))}
+            exported = (ctx.manifest.stage("export") or {}).get("metrics", {}).get("rungs", {}).get(rung)
+            if exported:
+                rungs[rung]["onnx_mb"] = exported["size_mb"]
         if "teacher" in rungs:
             base = rungs["teacher"]
             for values in rungs.values():
@@ -56,11 +60,13 @@ STAGES.add("evaluate", EvaluateStage())
 
 def ladder_table(rungs: dict) -> str:
     """The rungs as a fixed-width text table (printed by ``make edge``)."""
-    header = f"{'rung':<10}{'top-1':>9}{'Δ pts':>8}{'top-5':>9}{'params M':>10}{'GMACs':>9}{'MACs %':>8}{'size MB':>9}"
+    header = (f"{'rung':<10}{'top-1':>9}{'Δ pts':>8}{'top-5':>9}{'params M':>10}{'GMACs':>9}{'MACs %':>8}"
+              f"{'ckpt MB':>9}{'ONNX MB':>9}")
     lines = [header, "-" * len(header)]
     for name, r in rungs.items():
         lines.append(
             f"{name:<10}{100 * r['top1']:>8.2f}%{r.get('top1_delta_points', 0.0):>+8.2f}{100 * r['top5']:>8.2f}%"
             f"{r['params_m']:>10.2f}{r['macs_g']:>9.3f}{100 * r.get('macs_fraction', 1.0):>7.1f}%{r['size_mb']:>9.1f}"
+            + (f"{r['onnx_mb']:>9.1f}" if "onnx_mb" in r else f"{'-':>9}")
         )
     return "\n".join(lines)

@@ -123,3 +123,20 @@ def test_run_dir_of_another_model_is_refused(tmp_path):
     Manifest(run_dir, {"schema": "edgefold.manifest/1", "model": "resnet50", "stages": {}}).save()
     with pytest.raises(ManifestError, match="belongs to model 'resnet50'"):
         run_pipeline("tiny", runs_dir=tmp_path, run_id="other")
+
+
+def test_teacher_from_a_torchvision_state_dict(tiny_run, tmp_path):
+    """WEIGHTS=path: a plain state_dict with a 1000-class head; the head is replaced, the rest kept."""
+    teacher, _ = load_checkpoint(tiny_run.run_dir / "teacher" / "model.pt")
+    state = teacher.state_dict()
+    state["fc.weight"], state["fc.bias"] = torch.zeros(1000, 64), torch.zeros(1000)
+    weights = tmp_path / "teacher.pth"
+    torch.save(state, weights)
+    ctx = run_pipeline("tiny", runs_dir=tmp_path / "runs", until="teacher",
+                       overrides={"teacher.weights": str(weights), "teacher.train.epochs": 1})
+    entry = ctx.manifest.stage("teacher")
+    assert entry["config"]["teacher"]["weights_sha256"] == sha256_file(weights)
+    loaded, info = load_checkpoint(ctx.run_dir / "teacher" / "model.pt")
+    assert info["meta"]["replaced_head"] is True
+    # One epoch from the shared features trains the fresh head far past chance.
+    assert entry["metrics"]["top1"] > 0.5

@@ -1,0 +1,72 @@
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from device.errors import StageError
+from device.runners.onnxruntime import OnnxRuntimeRunner
+from pipeline.checkpoint import load_checkpoint
+from pipeline.models import build_model
+from pipeline.runner import run_pipeline
+from pipeline.stages import export as export_stage
+from pipeline.stages.export import check_parity, export_onnx
+
+
+def test_export_folds_batchnorm_and_keeps_a_dynamic_batch(tmp_path):
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    path = tmp_path / "m.onnx"
+    facts = export_onnx(model, path, (1, 3, 16, 16), opset=17)
+    assert facts["batchnorm_nodes"] == 0
+    assert facts["conv_nodes"] == sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    graph = onnx.load(str(path))
+    assert graph.opset_import[0].version == 17
+    assert graph.graph.input[0].name == "input" and graph.graph.output[0].name == "logits"
+    assert graph.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    with OnnxRuntimeRunner(path) as runner:
+        for batch in (1, 5):
+            x = np.random.default_rng(batch).standard_normal((batch, 3, 16, 16), dtype=np.float32)
+            np.testing.assert_allclose(runner.infer(x), model(torch.from_numpy(x)).detach().numpy(), atol=1e-4)
+
+
+def _corrupt_first_conv(path):
+    graph = onnx.load(str(path))
+    weight = next(t for t in graph.graph.initializer if len(t.dims) == 4)
+    array = onnx.numpy_helper.to_array(weight) * -3.0
+    weight.CopyFrom(onnx.numpy_helper.from_array(array, weight.name))
+    onnx.save(graph, str(path))
+
+
+def test_parity_check_catches_a_broken_export(tmp_path):
+    model = build_model("tiny_resnet", 10).eval()
+    path = tmp_path / "m.onnx"
+    export_onnx(model, path, (1, 3, 16, 16), opset=17)
+    images = np.random.default_rng(0).standard_normal((32, 3, 16, 16), dtype=np.float32)
+    assert check_parity(model, path, images)["max_abs_diff"] < 1e-4
+    _corrupt_first_conv(path)
+    assert check_parity(model, path, images)["max_abs_diff"] > 1e-2
+
+
+@pytest.mark.slow
+def test_export_stage_records_parity_and_fails_on_a_broken_export(tiny_run, tmp_path, monkeypatch):
+    entry = tiny_run.manifest.stage("export")
+    assert set(entry["outputs"]) == {"teacher", "pruned", "student", "preprocess"}
+    for rung, facts in entry["metrics"]["rungs"].items():
+        assert facts["batchnorm_nodes"] == 0
+        assert facts["parity"]["top1_agreement"] == 1.0 and facts["parity"]["max_abs_diff"] < 1e-3
+    student, _ = load_checkpoint(tiny_run.run_dir / "distill" / "model.pt")
+    assert facts["conv_nodes"] == sum(isinstance(m, torch.nn.Conv2d) for m in student.modules())
+
+    real_export = export_stage.export_onnx
+
+    def broken_export(model, path, shape, opset):
+        facts = real_export(model, path, shape, opset)
+        _corrupt_first_conv(path)
+        return facts
+
+    monkeypatch.setattr(export_stage, "export_onnx", broken_export)
+    import shutil
+
+    shutil.copytree(tiny_run.run_dir, tmp_path / "tiny" / "shared")
+    with pytest.raises(StageError, match="ONNX export of teacher disagrees with torch"):
+        run_pipeline("tiny", runs_dir=tmp_path, run_id="shared", force=["export"])
