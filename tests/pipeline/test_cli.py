@@ -44,7 +44,7 @@ def test_recipes_and_recipe_commands(repo):
     result = edgefold(repo, "recipe", "resnet50", "--get", "data.source")
     assert result.stdout.strip() == "fashion-mnist"
     result = edgefold(repo, "recipe", "tiny", "--get", "prune")
-    assert json.loads(result.stdout)["round_to"] == 8
+    assert json.loads(result.stdout)["macs_target"] == 0.5
 
 
 @pytest.mark.slow
