@@ -87,12 +87,16 @@ def _cmd_runs(args) -> int:
         print(f"no runs under {args.runs_dir}/")
         return 0
     pct = lambda v: f"{100 * v:.2f}%" if isinstance(v, float) else "-"  # noqa: E731
-    print(f"{'run':<44}{'stages':<34}{'teacher':>9}{'student':>9}{'seconds':>9}")
+    from pipeline.stages import STAGE_ORDER
+
+    width = max(len(row["run"]) for row in rows) + 2
+    print(f"{'run':<{width}}{'last stage':<16}{'teacher':>9}{'student':>9}{'seconds':>9}")
     for row in rows:
         if "error" in row:
-            print(f"{row['run']:<44}error: {row['error']}")
+            print(f"{row['run']:<{width}}error: {row['error']}")
             continue
-        print(f"{row['run']:<44}{','.join(row['stages']):<34}{pct(row['teacher_top1']):>9}"
+        last = f"{row['stages'][-1]} ({len(row['stages'])}/{len(STAGE_ORDER)})" if row["stages"] else "-"
+        print(f"{row['run']:<{width}}{last:<16}{pct(row['teacher_top1']):>9}"
               f"{pct(row['student_top1']):>9}{row['seconds']:>9.0f}")
     return 0
 

@@ -123,8 +123,9 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
         model.train()
         seen = correct = 0
         loss_sum = 0.0
-        started = time.perf_counter()
         epoch_steps, first_step = min(steps_per_epoch, total_steps - step), step
+        started = time.perf_counter()
+        last_line = (0, started)  # (steps, time) of the last plain-text progress line
         bar = tqdm(total=epoch_steps, desc=f"{desc} {epoch + 1}/{epochs}", unit="batch",
                    disable=progress_disabled(), leave=False, file=sys.stderr, dynamic_ncols=True)
         for x, labels, positions, flipped in batches:
@@ -164,8 +165,10 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
             bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}%", img_s=f"{rate:.0f}")
             bar.update()
             done_steps = step - first_step
-            if bar.disable and done_steps % max(1, epoch_steps // 10) == 0:
-                # No terminal (a log file, CI): a line every ~10% with the same numbers as the bar.
+            now = time.perf_counter()
+            if bar.disable and done_steps - last_line[0] >= epoch_steps / 10 and now - last_line[1] >= 15:
+                # No terminal (a log file, CI): a line every 10% (at most every 15 s), with the bar's numbers.
+                last_line = (done_steps, now)
                 done = done_steps / epoch_steps
                 eta = (time.perf_counter() - started) * (1 - done) / max(done, 1e-9)
                 print(f"{desc} {epoch + 1}/{epochs}: {100 * done:3.0f}% ({done_steps}/{epoch_steps} batches), "
