@@ -178,6 +178,16 @@ class ExportConfig(_Strict):
     min_top1_agreement: float = Field(0.99, ge=0, le=1, description="share of images with the same top-1 class")
 
 
+class QuantizeConfig(_Strict):
+    """INT8 explicit Q/DQ of the student for TensorRT, with an accuracy gate."""
+
+    quantizer: Literal["ort", "modelopt"] = Field("ort", description="ONNX Runtime quantize_static, or NVIDIA ModelOpt")
+    calibration_methods: list[Literal["max", "entropy", "percentile"]] = Field(
+        ["max", "percentile"], min_length=1, description="tried in order until the accuracy budget is met")
+    accuracy_budget_points: float = Field(1.0, ge=0, description="largest allowed top-1 drop against the FP32 student")
+    per_channel: bool = True
+
+
 class EvaluateConfig(_Strict):
     batch_size: int = Field(256, ge=1)
 
@@ -193,6 +203,7 @@ class Recipe(_Strict):
     prune: PruneConfig
     distill: DistillConfig
     export: ExportConfig = ExportConfig()
+    quantize: QuantizeConfig = QuantizeConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
 
     def section(self, name: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import platform
 import shutil
@@ -126,7 +127,9 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         inputs = {f"{need}.{key}": rel for need in needs for key, rel in manifest.stage(need)["outputs"].items()}
         input_sha = {rel: manifest.stage(rel.split("/")[0])["sha256"][rel] for rel in inputs.values()}
         config = stage.config(ctx)
-        config_sha = sha256_json(config)
+        # The stage's own code is part of its identity: an upgraded stage redoes its work.
+        code_sha = sha256_file(inspect.getsourcefile(type(stage)))
+        config_sha = sha256_json({"config": config, "code_sha256": code_sha})
         prior = manifest.stage(name)
         if (name not in forced and prior and prior.get("config_sha256") == config_sha
                 and prior.get("input_sha256") == input_sha and manifest.outputs_intact(name)):
@@ -144,7 +147,8 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         env = env or environment()
         outputs = {key: str(Path(path).relative_to(run_dir)) for key, path in result.outputs.items()}
         manifest.record(name, {
-            "config_sha256": config_sha, "config": config, "inputs": inputs, "input_sha256": input_sha,
+            "config_sha256": config_sha, "config": config, "code_sha256": code_sha, "inputs": inputs,
+            "input_sha256": input_sha,
             "outputs": outputs, "sha256": {rel: sha256_file(run_dir / rel) for rel in outputs.values()},
             "metrics": result.metrics, "env": env, "seconds": round(seconds, 3), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         })

@@ -49,4 +49,4 @@ class Stage:
 
 STAGES: Registry[Stage] = Registry("stage")
 # The order stages run in; `--until` and `--force` take these names.
-STAGE_ORDER = ("data", "teacher", "prune", "distill", "export", "evaluate")
+STAGE_ORDER = ("data", "teacher", "prune", "distill", "export", "quantize", "evaluate")

@@ -10,7 +10,7 @@ from pipeline.models import count_macs, count_parameters
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.train import evaluate
 
-# (rung name, stage that produced it); later issues add the ONNX and INT8 rungs.
+# (rung name, stage that produced it); the INT8 rung comes from the quantize stage.
 RUNGS = (("teacher", "teacher"), ("pruned", "prune"), ("student", "distill"))
 
 
@@ -19,7 +19,7 @@ class EvaluateStage(Stage):
 
     def needs(self, ctx):
         ran = tuple(stage for _, stage in RUNGS if ctx.manifest.stage(stage))
-        return ("data",) + ran + (("export",) if ctx.manifest.stage("export") else ())
+        return ("data",) + ran + tuple(s for s in ("export", "quantize") if ctx.manifest.stage(s))
 
     def config(self, ctx):
         return {"evaluate": ctx.recipe.section("evaluate"), "preprocess": ctx.preprocess.to_dict()}
@@ -43,6 +43,13 @@ class EvaluateStage(Stage):
             exported = (ctx.manifest.stage("export") or {}).get("metrics", {}).get("rungs", {}).get(rung)
             if exported:
                 rungs[rung]["onnx_mb"] = exported["size_mb"]
+        quantized = ctx.manifest.stage("quantize")
+        if quantized and "student" in rungs:
+            path = ctx.manifest.output("quantize", "student_int8")
+            q = quantized["metrics"]
+            rungs["student_int8"] = {**rungs["student"], "top1": q["top1"], "top5": q["top5"],
+                                     "size_mb": path.stat().st_size / 1e6, "onnx_mb": path.stat().st_size / 1e6,
+                                     "checkpoint": str(path.relative_to(ctx.run_dir)), "precision": "int8"}
         if "teacher" in rungs:
             base = rungs["teacher"]
             for values in rungs.values():
@@ -60,12 +67,12 @@ STAGES.add("evaluate", EvaluateStage())
 
 def ladder_table(rungs: dict) -> str:
     """The rungs as a fixed-width text table (printed by ``make edge``)."""
-    header = (f"{'rung':<10}{'top-1':>9}{'Δ pts':>8}{'top-5':>9}{'params M':>10}{'GMACs':>9}{'MACs %':>8}"
+    header = (f"{'rung':<13}{'top-1':>9}{'Δ pts':>8}{'top-5':>9}{'params M':>10}{'GMACs':>9}{'MACs %':>8}"
               f"{'ckpt MB':>9}{'ONNX MB':>9}")
     lines = [header, "-" * len(header)]
     for name, r in rungs.items():
         lines.append(
-            f"{name:<10}{100 * r['top1']:>8.2f}%{r.get('top1_delta_points', 0.0):>+8.2f}{100 * r['top5']:>8.2f}%"
+            f"{name:<13}{100 * r['top1']:>8.2f}%{r.get('top1_delta_points', 0.0):>+8.2f}{100 * r['top5']:>8.2f}%"
             f"{r['params_m']:>10.2f}{r['macs_g']:>9.3f}{100 * r.get('macs_fraction', 1.0):>7.1f}%{r['size_mb']:>9.1f}"
             + (f"{r['onnx_mb']:>9.1f}" if "onnx_mb" in r else f"{'-':>9}")
         )

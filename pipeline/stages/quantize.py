@@ -1,0 +1,142 @@
+"""quantize stage: INT8 explicit Q/DQ of the student for TensorRT, linted, behind an accuracy gate.
+
+Calibration methods are tried in the recipe's order until the INT8 top-1 (ONNX Runtime on the
+test split) is within the budget of the FP32 student; every attempt is recorded. The model that
+passes is ``quantize/student.int8.onnx``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from device.errors import MissingDependencyError, StageError
+from device.qdq_lint import lint_qdq
+from device.registry import Registry
+from device.runners.onnxruntime import OnnxRuntimeRunner
+from pipeline.stages.base import STAGES, Stage, StageResult
+
+QUANTIZERS: Registry = Registry("quantizer")
+
+
+@QUANTIZERS.register("ort")
+def quantize_ort(fp32: Path, out: Path, calibration: np.ndarray, method: str, per_channel: bool) -> None:
+    """ONNX Runtime ``quantize_static`` with the options TensorRT accepts.
+
+    Symmetric int8 activations and weights (zero points 0), Q/DQ format, and no bias
+    quantization: ORT's default int32 biases in DequantizeLinear are rejected by TensorRT's parser.
+    """
+    try:
+        from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
+                                              quantize_static)
+    except ImportError:
+        raise MissingDependencyError("ONNX Runtime is not installed", fix="pip install 'edgefold[device]'") from None
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter(calibration[i : i + 32] for i in range(0, len(calibration), 32))
+
+        def get_next(self):
+            batch = next(self.batches, None)
+            return None if batch is None else {"input": batch}
+
+    methods = {"max": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+               "percentile": CalibrationMethod.Percentile}
+    # ORT prints histogram sizes and a pre-processing hint on every call; neither helps here.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            quantize_static(
+                str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, calibrate_method=methods[method],
+                # Conv and the residual Add: the placement TensorRT recommends; the classifier stays float.
+                op_types_to_quantize=["Conv", "Add"],
+                extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
+            )
+    finally:
+        root.setLevel(level)
+
+
+@QUANTIZERS.register("modelopt")
+def quantize_modelopt(fp32: Path, out: Path, calibration: np.ndarray, method: str, per_channel: bool) -> None:
+    raise StageError("the ModelOpt quantizer is not implemented yet",
+                     fix="set quantize.quantizer: ort (QUANTIZER=ort); ModelOpt ONNX PTQ is a planned addition")
+
+
+def onnx_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch: int = 250) -> dict[str, float]:
+    """Top-1 and top-5 of an ONNX model under ONNX Runtime (which runs Q/DQ models on CPU)."""
+    with OnnxRuntimeRunner(path) as runner:
+        logits = np.concatenate([runner.infer(images[i : i + batch]) for i in range(0, len(images), batch)])
+    top5 = np.argsort(-logits, axis=1)[:, : min(5, logits.shape[1])]
+    return {"top1": float((top5[:, 0] == labels).mean()), "top5": float((top5 == labels[:, None]).any(1).mean())}
+
+
+class QuantizeStage(Stage):
+    name = "quantize"
+
+    def needs(self, ctx):
+        return ("data", "export")
+
+    def config(self, ctx):
+        return {"quantize": ctx.recipe.section("quantize"), "calib_size": ctx.recipe.data.calib_size}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        cfg = ctx.recipe.quantize
+        quantize = QUANTIZERS.get(cfg.quantizer)
+        fp32 = ctx.manifest.output("export", "student")
+        calibration = np.concatenate([x.numpy() for x, *_ in ctx.batches("calib", 256)])
+        test_images, test_labels = [], []
+        for x, y, *_ in ctx.batches("test", 500):
+            test_images.append(x.numpy())
+            test_labels.append(y.numpy())
+        images, labels = np.concatenate(test_images), np.concatenate(test_labels)
+        fp32_top1 = onnx_accuracy(fp32, images, labels)["top1"]
+        attempts, accepted = [], None
+        for method in cfg.calibration_methods:
+            candidate = workdir / f"student.int8.{method}.onnx"
+            quantize(fp32, candidate, calibration, method, cfg.per_channel)
+            lint = lint_qdq(candidate)
+            if not lint.ok:
+                raise StageError(f"{candidate.name} breaks TensorRT's Q/DQ rules: {lint.describe()}",
+                                 fix=f"this is a quantizer bug; try quantize.quantizer other than {cfg.quantizer!r}")
+            scores = onnx_accuracy(candidate, images, labels)
+            top1 = scores["top1"]
+            drop = 100 * (fp32_top1 - top1)
+            attempts.append({"quantizer": cfg.quantizer, "method": method, **scores, "drop_points": drop,
+                             "size_mb": candidate.stat().st_size / 1e6, "lint": lint.to_dict()})
+            print(f"quantize: {cfg.quantizer}/{method}: INT8 top-1 {100 * top1:.2f}% "
+                  f"({drop:+.2f} points vs FP32 {100 * fp32_top1:.2f}%)", file=sys.stderr)
+            if drop <= cfg.accuracy_budget_points:
+                accepted = attempts[-1]
+                shutil.copyfile(candidate, workdir / "student.int8.onnx")
+                break
+        if accepted is None:
+            table = "\n".join(f"  {a['quantizer']}/{a['method']}: top-1 {100 * a['top1']:.2f}%, "
+                              f"drop {a['drop_points']:.2f} points" for a in attempts)
+            raise StageError(
+                f"INT8 misses the accuracy budget of {cfg.accuracy_budget_points} points (FP32 student "
+                f"{100 * fp32_top1:.2f}%):\n{table}\n  quantization-aware fine-tuning is not implemented yet",
+                fix="raise quantize.accuracy_budget_points, add calibration methods, or enlarge data.calib_size",
+            )
+        return StageResult(
+            outputs={"student_int8": workdir / "student.int8.onnx"},
+            metrics={"fp32_top1": fp32_top1, "top1": accepted["top1"], "top5": accepted["top5"],
+                     "drop_points": accepted["drop_points"],
+                     "method": accepted["method"], "size_mb": accepted["size_mb"],
+                     "fp32_size_mb": fp32.stat().st_size / 1e6, "attempts": attempts},
+        )
+
+    def summary(self, metrics):
+        return (f"INT8 top-1 {100 * metrics['top1']:.2f}% ({-metrics['drop_points']:+.2f} points, {metrics['method']}), "
+                f"{metrics['size_mb']:.1f} MB vs {metrics['fp32_size_mb']:.1f} MB FP32")
+
+
+STAGES.add("quantize", QuantizeStage())

@@ -1,0 +1,95 @@
+"""The quantize stage on the tiny recipe: ONNX Runtime Q/DQ, the TensorRT lint and the accuracy gate."""
+
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from device.errors import StageError
+from device.qdq_lint import lint_qdq
+from device.runners.onnxruntime import OnnxRuntimeRunner
+from pipeline.runner import run_pipeline
+from pipeline.stages import quantize as quantize_stage
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def runs(tiny_run, tmp_path):
+    shutil.copytree(tiny_run.run_dir, tmp_path / "tiny" / "shared")
+    return tmp_path
+
+
+def rerun_quantize(runs, **overrides):
+    return run_pipeline("tiny", runs_dir=runs, run_id="shared", force=["quantize"], until="quantize",
+                        overrides=overrides)
+
+
+def test_int8_model_is_tensorrt_clean_smaller_and_runs(tiny_run):
+    entry = tiny_run.manifest.stage("quantize")
+    path = tiny_run.run_dir / entry["outputs"]["student_int8"]
+    assert lint_qdq(path).ok
+    graph = onnx.load(str(path))
+    ops = [n.op_type for n in graph.graph.node]
+    assert ops.count("QuantizeLinear") > 0 and ops.count("DequantizeLinear") > ops.count("QuantizeLinear")
+    int8_weights = [t for t in graph.graph.initializer if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 4]
+    assert int8_weights, "weights are stored as int8"
+    metrics = entry["metrics"]
+    assert metrics["size_mb"] < 0.6 * metrics["fp32_size_mb"]
+    assert metrics["drop_points"] <= 3.0 and metrics["attempts"][0]["lint"]["ok"]
+    assert metrics["attempts"][0]["lint"]["float_layers"] == ["/fc/Gemm"], "only the classifier stays float"
+    with OnnxRuntimeRunner(path) as runner:
+        assert runner.infer(np.zeros((2, 3, 16, 16), dtype=np.float32)).shape == (2, 10)
+    rungs = tiny_run.manifest.stage("evaluate")["metrics"]["rungs"]
+    assert rungs["student_int8"]["top1"] == metrics["top1"]
+
+
+def test_gate_falls_back_to_the_next_calibration_method(runs, monkeypatch):
+    """A stand-in scorer (says so) makes `max` miss the budget; `percentile` must then be tried and kept."""
+    real = quantize_stage.onnx_accuracy
+
+    def scorer(path, images, labels, batch=250):
+        scores = real(path, images, labels, batch)
+        return {"top1": 0.5, "top5": 0.9} if path.name.endswith(".max.onnx") else scores
+
+    monkeypatch.setattr(quantize_stage, "onnx_accuracy", scorer)
+    metrics = rerun_quantize(runs).manifest.stage("quantize")["metrics"]
+    assert [a["method"] for a in metrics["attempts"]] == ["max", "percentile"]
+    assert metrics["method"] == "percentile" and metrics["attempts"][0]["top1"] == 0.5
+
+
+def test_gate_fails_with_a_table_of_what_was_tried(runs, monkeypatch):
+    """A stand-in scorer (says so) scores every INT8 model at zero, so every method misses."""
+    real = quantize_stage.onnx_accuracy
+    monkeypatch.setattr(quantize_stage, "onnx_accuracy", lambda path, images, labels, batch=250: (
+        {"top1": 0.0, "top5": 0.0} if ".int8." in path.name else real(path, images, labels, batch)))
+    with pytest.raises(StageError) as err:
+        rerun_quantize(runs, **{"quantize.calibration_methods": ["max", "percentile"]})
+    text = str(err.value)
+    assert "ort/max: top-1 0.00%" in text and "ort/percentile: top-1 0.00%" in text
+    assert "quantization-aware fine-tuning is not implemented yet" in text
+
+
+def test_ort_default_int32_biases_are_caught_by_the_lint(runs, monkeypatch):
+    """ONNX Runtime's default (QuantizeBias on) emits int32 biases that TensorRT's parser rejects."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    def default_ort(fp32, out, calibration, method, per_channel):
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                self.left = [{"input": calibration[:32]}]
+
+            def get_next(self):
+                return self.left.pop() if self.left else None
+
+        quantize_static(str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True)
+
+    monkeypatch.setitem(quantize_stage.QUANTIZERS._items, "ort", default_ort)
+    with pytest.raises(StageError, match=r"breaks TensorRT's Q/DQ rules: .*\[dq-input\] a int32 constant"):
+        rerun_quantize(runs)
+
+
+def test_modelopt_is_visibly_unfinished(runs):
+    with pytest.raises(StageError, match="ModelOpt quantizer is not implemented yet"):
+        rerun_quantize(runs, **{"quantize.quantizer": "modelopt"})
