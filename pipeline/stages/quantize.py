@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from device.engine import BuildOptions, trtexec_command
 from device.errors import MissingDependencyError, StageError
 from device.qdq_lint import lint_qdq
 from device.registry import Registry
@@ -126,12 +127,16 @@ class QuantizeStage(Stage):
                 f"{100 * fp32_top1:.2f}%):\n{table}\n  quantization-aware fine-tuning is not implemented yet",
                 fix="raise quantize.accuracy_budget_points, add calibration methods, or enlarge data.calib_size",
             )
+        chw = ctx.preprocess.input_shape(1)[1:]
+        trtexec = {f"tensorrt_{version.split('.')[0]}": " ".join(trtexec_command(
+            "student.int8.onnx", "student.int8.plan", "input", chw, BuildOptions(batch=(1, 1, 32)), version))
+            for version in ("10.3", "11.0")}
         return StageResult(
             outputs={"student_int8": workdir / "student.int8.onnx"},
             metrics={"fp32_top1": fp32_top1, "top1": accepted["top1"], "top5": accepted["top5"],
                      "drop_points": accepted["drop_points"],
                      "method": accepted["method"], "size_mb": accepted["size_mb"],
-                     "fp32_size_mb": fp32.stat().st_size / 1e6, "attempts": attempts},
+                     "fp32_size_mb": fp32.stat().st_size / 1e6, "attempts": attempts, "trtexec": trtexec},
         )
 
     def summary(self, metrics):

@@ -41,6 +41,8 @@ def test_int8_model_is_tensorrt_clean_smaller_and_runs(tiny_run):
     assert metrics["attempts"][0]["lint"]["float_layers"] == ["/fc/Gemm"], "only the classifier stays float"
     with OnnxRuntimeRunner(path) as runner:
         assert runner.infer(np.zeros((2, 3, 16, 16), dtype=np.float32)).shape == (2, 10)
+    assert metrics["trtexec"]["tensorrt_10"].startswith("trtexec --onnx=student.int8.onnx")
+    assert "--int8 --fp16" in metrics["trtexec"]["tensorrt_10"] and "--int8" not in metrics["trtexec"]["tensorrt_11"]
     rungs = tiny_run.manifest.stage("evaluate")["metrics"]["rungs"]
     assert rungs["student_int8"]["top1"] == metrics["top1"]
 
