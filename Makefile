@@ -9,8 +9,9 @@ RUN      ?=
 UNTIL    ?=
 FORCE    ?=
 SET      ?=
+QUANTIZER ?=
 RUNS     ?= runs
-EXTRAS   ?= build,device,dev
+EXTRAS   ?= build,device,modelopt,dev
 PYTEST_ARGS ?=
 BENCH_MODEL ?= resnet50
 
@@ -21,7 +22,8 @@ FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
 
 EDGE_ARGS := $(if $(DATA),--data '$(DATA)') $(if $(WEIGHTS),--weights '$(WEIGHTS)') \
              $(if $(RUN),--run-id '$(RUN)') $(if $(UNTIL),--until $(UNTIL)) \
-             $(foreach s,$(FORCE),--force $(s)) $(foreach s,$(SET),--set '$(s)') --runs-dir '$(RUNS)'
+             $(foreach s,$(FORCE),--force $(s)) $(foreach s,$(SET),--set '$(s)') \
+             $(if $(QUANTIZER),--set quantize.quantizer=$(QUANTIZER)) --runs-dir '$(RUNS)'
 
 export OMP_WAIT_POLICY ?= PASSIVE
 

@@ -49,27 +49,49 @@ def quantize_ort(fp32: Path, out: Path, calibration: np.ndarray, method: str, pe
 
     methods = {"max": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                "percentile": CalibrationMethod.Percentile}
-    # ORT prints histogram sizes and a pre-processing hint on every call; neither helps here.
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            quantize_static(
-                str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, calibrate_method=methods[method],
-                # Conv and the residual Add: the placement TensorRT recommends; the classifier stays float.
-                op_types_to_quantize=["Conv", "Add"],
-                extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
-            )
-    finally:
-        root.setLevel(level)
+    with _quiet():
+        quantize_static(
+            str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, calibrate_method=methods[method],
+            # Conv and the residual Add: the placement TensorRT recommends; the classifier stays float.
+            op_types_to_quantize=["Conv", "Add"],
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
+        )
 
 
 @QUANTIZERS.register("modelopt")
 def quantize_modelopt(fp32: Path, out: Path, calibration: np.ndarray, method: str, per_channel: bool) -> None:
-    raise StageError("the ModelOpt quantizer is not implemented yet",
-                     fix="set quantize.quantizer: ort (QUANTIZER=ort); ModelOpt ONNX PTQ is a planned addition")
+    """NVIDIA ModelOpt's ONNX PTQ on CPU: Q/DQ where TensorRT wants it (Conv inputs, one input of
+    each residual Add), per-channel weights, int8 zero points; weights stored as int8 (``dq_only``)."""
+    if method not in ("max", "entropy"):
+        raise StageError(f"ModelOpt calibrates with max or entropy, not {method!r}",
+                         fix="set quantize.calibration_methods to [max, entropy] for the modelopt quantizer")
+    if not per_channel:
+        raise StageError("ModelOpt always quantizes weights per channel", fix="set quantize.per_channel: true")
+    try:
+        from modelopt.onnx.quantization import quantize
+    except ImportError as err:
+        raise MissingDependencyError(
+            f"NVIDIA ModelOpt is not importable ({err})",
+            fix="pip install 'edgefold[modelopt]', or set quantize.quantizer: ort (QUANTIZER=ort)",
+        ) from None
+    with _quiet("modelopt"):
+        quantize(str(fp32), quantize_mode="int8", calibration_data=calibration, calibration_method=method,
+                 calibration_eps=["cpu"], output_path=str(out), high_precision_dtype="fp32", dq_only=True)
+
+
+@contextlib.contextmanager
+def _quiet(*loggers: str):
+    """Silences a quantizer's per-call chatter (histogram sizes, hints) on stdout and the log."""
+    saved = {name: logging.getLogger(name).level for name in ("", *loggers)}
+    for name in saved:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def onnx_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch: int = 250) -> dict[str, float]:
