@@ -26,6 +26,10 @@ class EdgeFoldError(Exception):
     def __str__(self) -> str:
         return self.message if not self.fix else f"{self.message}\n  fix: {self.fix}"
 
+    def __reduce__(self):
+        # Keeps the fix when the error crosses a process boundary (worker processes, the agent's jobs).
+        return (self.__class__, (self.message, self.fix))
+
 
 class ConfigError(EdgeFoldError):
     """A recipe, option or argument is invalid."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.fx
 from torch import nn
 
 from device.registry import Registry
@@ -115,3 +116,31 @@ def count_macs(model: nn.Module, input_shape: tuple[int, ...]) -> int:
     finally:
         model.train(was_training)
     return int(macs)
+
+
+def fold_batchnorm(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` (eval mode) with every BatchNorm that directly follows a Conv folded into it.
+
+    Needed before fake quantization: otherwise the quantizers see unfolded weights and the
+    exported graph keeps its BatchNorm nodes.
+    """
+    import copy
+
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    traced = torch.fx.symbolic_trace(copy.deepcopy(model).eval())
+    modules = dict(traced.named_modules())
+    for node in list(traced.graph.nodes):
+        if node.op != "call_module" or not isinstance(modules[node.target], nn.BatchNorm2d):
+            continue
+        conv = node.args[0]
+        if conv.op == "call_module" and isinstance(modules[conv.target], nn.Conv2d) and len(conv.users) == 1:
+            parent, _, name = conv.target.rpartition(".")
+            setattr(traced.get_submodule(parent), name, fuse_conv_bn_eval(modules[conv.target], modules[node.target]))
+            node.replace_all_uses_with(conv)
+            traced.graph.erase_node(node)
+            bn_parent, _, bn_name = node.target.rpartition(".")
+            delattr(traced.get_submodule(bn_parent), bn_name)
+    traced.graph.lint()
+    traced.recompile()
+    return traced

@@ -186,6 +186,8 @@ class QuantizeConfig(_Strict):
         ["max", "percentile"], min_length=1, description="tried in order until the accuracy budget is met")
     accuracy_budget_points: float = Field(1.0, ge=0, description="largest allowed top-1 drop against the FP32 student")
     per_channel: bool = True
+    qat: Optional[TrainConfig] = Field(None, description="quantization-aware fine-tuning (ModelOpt) when every "
+                                                         "calibration method misses the budget; null = off")
 
 
 class EvaluateConfig(_Strict):

@@ -26,6 +26,20 @@ from pipeline.stages.base import STAGES, Stage, StageResult
 QUANTIZERS: Registry = Registry("quantizer")
 
 
+def run_isolated(function, *args):
+    """Runs a quantizer in a fresh (spawned) process.
+
+    ModelOpt patches ONNX Runtime when its ONNX quantizer is imported; afterwards ONNX Runtime's
+    own ``quantize_static`` calibrates nothing ("Quantization parameters are not specified for
+    param input"). A clean process per attempt keeps the quantizers from seeing each other.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
+
+
 @QUANTIZERS.register("ort")
 def quantize_ort(fp32: Path, out: Path, calibration: np.ndarray, method: str, per_channel: bool) -> None:
     """ONNX Runtime ``quantize_static`` with the options TensorRT accepts.
@@ -94,6 +108,44 @@ def _quiet(*loggers: str):
             logging.getLogger(name).setLevel(level)
 
 
+def quantization_aware_finetune(ctx, workdir: Path, calibration: np.ndarray) -> Path:
+    """Fake-quantizes the FP32 student with ModelOpt (INT8, per-channel weights), fine-tunes it with
+    the recipe's ``quantize.qat`` schedule and exports the Q/DQ ONNX."""
+    import torch
+    import torch.nn.functional as F
+
+    from pipeline.checkpoint import load_checkpoint
+    from pipeline.models import fold_batchnorm
+    from pipeline.stages.export import export_onnx
+    from pipeline.train import fit
+
+    try:
+        with _quiet("modelopt"):
+            import modelopt.torch.quantization as mtq
+    except ImportError as err:
+        raise MissingDependencyError(f"quantization-aware fine-tuning needs ModelOpt ({err})",
+                                     fix="pip install 'edgefold[modelopt]', or set quantize.qat: null") from None
+    cfg = ctx.recipe.quantize.qat
+    student, _ = load_checkpoint(ctx.manifest.output("distill", "model"))
+    model = fold_batchnorm(student)
+
+    def calibrate(module):
+        with torch.no_grad():
+            for start in range(0, len(calibration), 64):
+                module(torch.from_numpy(calibration[start : start + 64]))
+
+    with _quiet("modelopt"):
+        model = mtq.quantize(model, mtq.INT8_DEFAULT_CFG, calibrate)
+    train = ctx.batches("train", cfg.batch_size, shuffle=True, augment=cfg.augment, seed=cfg.seed, drop_last=True)
+    fit(model, train, cfg, lambda logits, batch: F.cross_entropy(logits, batch.labels,
+                                                                 label_smoothing=cfg.label_smoothing),
+        ctx.device, "qat")
+    path = workdir / "student.int8.qat.onnx"
+    with _quiet("modelopt"):
+        export_onnx(model.cpu().eval(), path, ctx.preprocess.input_shape(1), ctx.recipe.export.opset)
+    return path
+
+
 def onnx_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch: int = 250) -> dict[str, float]:
     """Top-1 and top-5 of an ONNX model under ONNX Runtime (which runs Q/DQ models on CPU)."""
     with OnnxRuntimeRunner(path) as runner:
@@ -123,9 +175,13 @@ class QuantizeStage(Stage):
         images, labels = np.concatenate(test_images), np.concatenate(test_labels)
         fp32_top1 = onnx_accuracy(fp32, images, labels)["top1"]
         attempts, accepted = [], None
-        for method in cfg.calibration_methods:
+        plan = [(cfg.quantizer, method) for method in cfg.calibration_methods] + ([("modelopt", "qat")] if cfg.qat else [])
+        for quantizer, method in plan:
             candidate = workdir / f"student.int8.{method}.onnx"
-            quantize(fp32, candidate, calibration, method, cfg.per_channel)
+            if method == "qat":
+                candidate = quantization_aware_finetune(ctx, workdir, calibration)
+            else:
+                run_isolated(quantize, fp32, candidate, calibration, method, cfg.per_channel)
             lint = lint_qdq(candidate)
             if not lint.ok:
                 raise StageError(f"{candidate.name} breaks TensorRT's Q/DQ rules: {lint.describe()}",
@@ -133,9 +189,9 @@ class QuantizeStage(Stage):
             scores = onnx_accuracy(candidate, images, labels)
             top1 = scores["top1"]
             drop = 100 * (fp32_top1 - top1)
-            attempts.append({"quantizer": cfg.quantizer, "method": method, **scores, "drop_points": drop,
+            attempts.append({"quantizer": quantizer, "method": method, **scores, "drop_points": drop,
                              "size_mb": candidate.stat().st_size / 1e6, "lint": lint.to_dict()})
-            print(f"quantize: {cfg.quantizer}/{method}: INT8 top-1 {100 * top1:.2f}% "
+            print(f"quantize: {quantizer}/{method}: INT8 top-1 {100 * top1:.2f}% "
                   f"({drop:+.2f} points vs FP32 {100 * fp32_top1:.2f}%)", file=sys.stderr)
             if drop <= cfg.accuracy_budget_points:
                 accepted = attempts[-1]
@@ -146,8 +202,9 @@ class QuantizeStage(Stage):
                               f"drop {a['drop_points']:.2f} points" for a in attempts)
             raise StageError(
                 f"INT8 misses the accuracy budget of {cfg.accuracy_budget_points} points (FP32 student "
-                f"{100 * fp32_top1:.2f}%):\n{table}\n  quantization-aware fine-tuning is not implemented yet",
-                fix="raise quantize.accuracy_budget_points, add calibration methods, or enlarge data.calib_size",
+                f"{100 * fp32_top1:.2f}%):\n{table}" + ("" if cfg.qat else "\n  quantization-aware fine-tuning is off"),
+                fix="raise quantize.accuracy_budget_points, add calibration methods, enlarge data.calib_size"
+                    + ("" if cfg.qat else ", or set quantize.qat (a short fine-tuning schedule)"),
             )
         chw = ctx.preprocess.input_shape(1)[1:]
         trtexec = {f"tensorrt_{version.split('.')[0]}": " ".join(trtexec_command(

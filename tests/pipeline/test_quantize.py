@@ -70,24 +70,26 @@ def test_gate_fails_with_a_table_of_what_was_tried(runs, monkeypatch):
         rerun_quantize(runs, **{"quantize.calibration_methods": ["max", "percentile"]})
     text = str(err.value)
     assert "ort/max: top-1 0.00%" in text and "ort/percentile: top-1 0.00%" in text
-    assert "quantization-aware fine-tuning is not implemented yet" in text
+    assert "quantization-aware fine-tuning is off" in text and "quantize.qat" in err.value.fix
+
+
+def ort_with_defaults(fp32, out, calibration, method, per_channel):
+    """ONNX Runtime's quantize_static as most people call it (QuantizeBias left on)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.left = [{"input": calibration[:32]}]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    quantize_static(str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True)
 
 
 def test_ort_default_int32_biases_are_caught_by_the_lint(runs, monkeypatch):
     """ONNX Runtime's default (QuantizeBias on) emits int32 biases that TensorRT's parser rejects."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-
-    def default_ort(fp32, out, calibration, method, per_channel):
-        class Reader(CalibrationDataReader):
-            def __init__(self):
-                self.left = [{"input": calibration[:32]}]
-
-            def get_next(self):
-                return self.left.pop() if self.left else None
-
-        quantize_static(str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True)
-
-    monkeypatch.setitem(quantize_stage.QUANTIZERS._items, "ort", default_ort)
+    monkeypatch.setitem(quantize_stage.QUANTIZERS._items, "ort", ort_with_defaults)
     with pytest.raises(StageError, match=r"breaks TensorRT's Q/DQ rules: .*\[dq-input\] a int32 constant"):
         rerun_quantize(runs)
 
@@ -108,3 +110,19 @@ def test_modelopt_refuses_methods_it_lacks(runs):
     pytest.importorskip("modelopt.onnx.quantization", reason="ModelOpt is the [modelopt] extra (make installs it)")
     with pytest.raises(StageError, match="ModelOpt calibrates with max or entropy, not 'percentile'"):
         rerun_quantize(runs, **{"quantize.quantizer": "modelopt", "quantize.calibration_methods": ["percentile"]})
+
+
+def test_gate_falls_back_to_quantization_aware_finetuning(runs, monkeypatch):
+    """A stand-in scorer (says so) fails every PTQ model; the QAT model is scored for real."""
+    pytest.importorskip("modelopt.torch.quantization", reason="ModelOpt is the [modelopt] extra (make installs it)")
+    real = quantize_stage.onnx_accuracy
+    monkeypatch.setattr(quantize_stage, "onnx_accuracy", lambda path, images, labels, batch=250: (
+        {"top1": 0.0, "top5": 0.0} if path.name in ("student.int8.max.onnx",) else real(path, images, labels, batch)))
+    qat = {"epochs": 1, "batch_size": 32, "optimizer": "adamw", "lr": 1e-4}
+    ctx = rerun_quantize(runs, **{"quantize.calibration_methods": ["max"], "quantize.qat": qat})
+    metrics = ctx.manifest.stage("quantize")["metrics"]
+    assert [(a["quantizer"], a["method"]) for a in metrics["attempts"]] == [("ort", "max"), ("modelopt", "qat")]
+    assert metrics["method"] == "qat" and metrics["drop_points"] <= 3.0
+    assert metrics["attempts"][1]["lint"]["ok"]
+    graph = onnx.load(str(ctx.run_dir / "quantize" / "student.int8.onnx"))
+    assert "BatchNormalization" not in {n.op_type for n in graph.graph.node}
