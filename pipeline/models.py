@@ -118,6 +118,11 @@ def count_macs(model: nn.Module, input_shape: tuple[int, ...]) -> int:
     return int(macs)
 
 
+def size_metrics(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, float]:
+    """Parameters (millions) and MACs (billions) of one forward pass, as recorded in the manifest."""
+    return {"params_m": count_parameters(model) / 1e6, "macs_g": count_macs(model, input_shape) / 1e9}
+
+
 def fold_batchnorm(model: nn.Module) -> nn.Module:
     """A copy of ``model`` (eval mode) with every BatchNorm that directly follows a Conv folded into it.
 

@@ -8,7 +8,7 @@ import torch
 
 from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.losses import kd_loss
-from pipeline.models import build_model, count_macs, count_parameters
+from pipeline.models import build_model, size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.train import evaluate, fit, predict
 
@@ -65,11 +65,10 @@ class DistillStage(Stage):
         metrics = history[-1] if history else evaluate(student, test, device, "student eval")
         student.cpu()
         path = save_checkpoint(workdir / "model.pt", student, arch, num_classes, distilled_from="teacher")
-        input_shape = ctx.preprocess.input_shape(1)
         return StageResult(
             outputs={"model": path},
-            metrics={"top1": metrics["top1"], "top5": metrics["top5"], "params_m": count_parameters(student) / 1e6,
-                     "macs_g": count_macs(student, input_shape) / 1e9, "history": history},
+            metrics={"top1": metrics["top1"], "top5": metrics["top5"],
+                     **size_metrics(student, ctx.preprocess.input_shape(1)), "history": history},
         )
 
     def summary(self, metrics):

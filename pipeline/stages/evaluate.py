@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from pipeline.checkpoint import load_checkpoint
-from pipeline.models import count_macs, count_parameters
+from pipeline.models import size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.train import evaluate
 
@@ -37,8 +37,7 @@ class EvaluateStage(Stage):
             # The producing stage already scored this exact checkpoint on this test split.
             scores = ({"top1": recorded["top1"], "top5": recorded["top5"]} if "top1" in recorded
                       else evaluate(model, test, ctx.device, f"{rung} eval"))
-            rungs[rung] = {**scores, "params_m": count_parameters(model) / 1e6,
-                           "macs_g": count_macs(model.cpu(), input_shape) / 1e9,
+            rungs[rung] = {**scores, **size_metrics(model.cpu(), input_shape),
                            "size_mb": path.stat().st_size / 1e6, "checkpoint": str(path.relative_to(ctx.run_dir))}
             exported = (ctx.manifest.stage("export") or {}).get("metrics", {}).get("rungs", {}).get(rung)
             if exported:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from device.errors import CheckpointError
 from pipeline.checkpoint import load_torchvision_weights, save_checkpoint
 from pipeline.manifest import sha256_file
-from pipeline.models import ARCHITECTURES, build_model, count_macs, count_parameters
+from pipeline.models import ARCHITECTURES, build_model, size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.train import evaluate, fit
 
@@ -78,11 +78,10 @@ class TeacherStage(Stage):
                                replaced_head=bool(replaced))
         if replaced:
             print(f"teacher: classifier re-initialised for {num_classes} classes ({', '.join(replaced)})", file=sys.stderr)
-        input_shape = ctx.preprocess.input_shape(1)
         return StageResult(
             outputs={"model": path},
-            metrics={"top1": metrics["top1"], "top5": metrics["top5"], "params_m": count_parameters(model) / 1e6,
-                     "macs_g": count_macs(model, input_shape) / 1e9, "history": history},
+            metrics={"top1": metrics["top1"], "top5": metrics["top5"],
+                     **size_metrics(model, ctx.preprocess.input_shape(1)), "history": history},
         )
 
     def summary(self, metrics):
