@@ -141,3 +141,24 @@ def test_teacher_from_a_torchvision_state_dict(tiny_run, tmp_path):
     assert info["meta"]["replaced_head"] is True
     # One epoch from the shared features trains the fresh head far past chance.
     assert entry["metrics"]["top1"] > 0.5
+
+
+def test_imagenet_weights_without_internet_say_what_to_do(tmp_path, monkeypatch):
+    """torchvision's download is replaced by one that fails as it does offline (no internet here)."""
+    import urllib.error
+
+    import torchvision
+
+    def offline(name, weights=None, **kwargs):
+        if weights:
+            raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+        return real(name, weights=weights, **kwargs)
+
+    real = torchvision.models.get_model
+    monkeypatch.setattr(torchvision.models, "get_model", offline)
+    from device.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="could not download torchvision's ImageNet weights") as err:
+        run_pipeline("tiny", runs_dir=tmp_path, until="teacher",
+                     overrides={"teacher.weights": "imagenet", "teacher.arch": "resnet18"})
+    assert "WEIGHTS=/path/to/state_dict.pth" in err.value.fix
