@@ -20,10 +20,10 @@ EDGEFOLD := $(BIN)/edgefold
 STAMP    := $(VENV)/.edgefold-installed
 FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
 
-EDGE_ARGS := $(if $(DATA),--data '$(DATA)') $(if $(WEIGHTS),--weights '$(WEIGHTS)') \
+EDGE_ARGS := $(strip $(if $(DATA),--data '$(DATA)') $(if $(WEIGHTS),--weights '$(WEIGHTS)') \
              $(if $(RUN),--run-id '$(RUN)') $(if $(UNTIL),--until $(UNTIL)) \
              $(foreach s,$(FORCE),--force $(s)) $(foreach s,$(SET),--set '$(s)') \
-             $(if $(QUANTIZER),--set quantize.quantizer=$(QUANTIZER)) --runs-dir '$(RUNS)'
+             $(if $(QUANTIZER),--set quantize.quantizer=$(QUANTIZER)) --runs-dir '$(RUNS)')
 
 export OMP_WAIT_POLICY ?= PASSIVE
 
