@@ -132,7 +132,7 @@ class PruneStage(Stage):
         arch, input_shape = info["arch"], ctx.preprocess.input_shape(1)
         base_macs, base_params = count_macs(model, input_shape), count_parameters(model)
         plan, predicted = find_plan(model, arch, cfg, input_shape, base_macs)
-        print(f"prune: channel ratio {plan['ratio']:.4f} ({plan['dense_ratio']:.4f} on the first "
+        print(f"prune: channel ratio {plan['ratio']:.5f} ({plan['dense_ratio']:.5f} on the first "
               f"{plan['dense_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
               f"(target {100 * cfg.macs_target:.1f}%)", file=sys.stderr)
         pruner = make_pruner(model, arch, cfg, plan, input_shape)
