@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
 
 
 def run(model: str, runs_dir: str, run_id: str) -> float:
@@ -28,6 +29,8 @@ def run(model: str, runs_dir: str, run_id: str) -> float:
 
 
 def main() -> int:
+    from pipeline.stages.base import STAGE_ORDER
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--runs-dir", default="runs")
@@ -47,7 +50,7 @@ def main() -> int:
         "model": args.model, "date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(),
         "cpus": os.cpu_count(), "torch": stages["teacher"]["env"]["torch"],
         "first_run_s": round(first, 1), "cached_rerun_s": round(second, 1),
-        "stage_seconds": {name: entry["seconds"] for name, entry in stages.items()},
+        "stage_seconds": {name: stages[name]["seconds"] for name in STAGE_ORDER if name in stages},
         "rungs": rungs, "run": str(Path(args.runs_dir) / args.model / run_id),
     }
     out = Path(args.out)

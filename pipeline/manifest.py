@@ -89,8 +89,11 @@ class Manifest:
                                 fix=f"run the pipeline through {stage} first (edgefold run MODEL --until {stage})")
         return self.run_dir / entry["outputs"][key]
 
-    def record(self, name: str, entry: dict[str, Any]) -> None:
-        self.data["stages"][name] = entry
+    def record(self, name: str, entry: dict[str, Any], order: tuple[str, ...] = ()) -> None:
+        """Stores a stage's entry; ``order`` keeps the stages in pipeline order after a re-run."""
+        stages = {**self.data["stages"], name: entry}
+        rank = {stage: index for index, stage in enumerate(order)}
+        self.data["stages"] = dict(sorted(stages.items(), key=lambda item: rank.get(item[0], len(rank))))
         self.save()
 
     def forget(self, name: str) -> None:

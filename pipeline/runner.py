@@ -151,7 +151,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
             "input_sha256": input_sha,
             "outputs": outputs, "sha256": {rel: sha256_file(run_dir / rel) for rel in outputs.values()},
             "metrics": result.metrics, "env": env, "seconds": round(seconds, 3), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        })
+        }, order=STAGE_ORDER)
         log(f"[{name:>8}] done in {seconds:.1f} s  {stage.summary(result.metrics)}")
     return ctx
 

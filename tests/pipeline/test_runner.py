@@ -68,6 +68,7 @@ def test_force_redoes_one_stage(run_copy, capsys):
         after["evaluate"]["seconds"] != before["evaluate"]["seconds"]
     for name in ("data", "teacher", "prune", "distill"):
         assert after[name] == before[name]
+    assert list(after) == list(STAGE_ORDER), "a re-run stage keeps its place in the manifest"
     assert "[evaluate] running" in capsys.readouterr().err
 
 
@@ -81,6 +82,7 @@ def test_changed_config_reruns_that_stage_and_what_depends_on_it(run_copy, capsy
     assert "[ distill] running" in err and "[evaluate] running" in err
     assert after["teacher"] == before["teacher"] and after["prune"] == before["prune"]
     assert len(after["distill"]["metrics"]["history"]) == 1
+    assert list(after) == list(STAGE_ORDER)
     assert ctx.manifest.data["overrides"] == overrides
 
 
