@@ -22,6 +22,7 @@ from device.qdq_lint import lint_qdq
 from device.registry import Registry
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from pipeline.stages.base import STAGES, Stage, StageResult
+from pipeline.stages.export import INPUT_NAME
 
 QUANTIZERS: Registry = Registry("quantizer")
 
@@ -59,7 +60,7 @@ def quantize_ort(fp32: Path, out: Path, calibration: np.ndarray, method: str, pe
 
         def get_next(self):
             batch = next(self.batches, None)
-            return None if batch is None else {"input": batch}
+            return None if batch is None else {INPUT_NAME: batch}
 
     methods = {"max": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                "percentile": CalibrationMethod.Percentile}
@@ -158,7 +159,8 @@ class QuantizeStage(Stage):
     name = "quantize"
 
     def needs(self, ctx):
-        return ("data", "export")
+        # Quantization-aware fine-tuning starts from the distilled checkpoint, not from the ONNX.
+        return ("data", "export") + (("distill",) if ctx.recipe.quantize.qat else ())
 
     def config(self, ctx):
         return {"quantize": ctx.recipe.section("quantize"), "calib_size": ctx.recipe.data.calib_size}
@@ -208,7 +210,7 @@ class QuantizeStage(Stage):
             )
         chw = ctx.preprocess.input_shape(1)[1:]
         trtexec = {f"tensorrt_{version.split('.')[0]}": " ".join(trtexec_command(
-            "student.int8.onnx", "student.int8.plan", "input", chw, BuildOptions(batch=(1, 1, 32)), version))
+            "student.int8.onnx", "student.int8.plan", INPUT_NAME, chw, BuildOptions(batch=(1, 1, 32)), version))
             for version in ("10.3", "11.0")}
         return StageResult(
             outputs={"student_int8": workdir / "student.int8.onnx"},
