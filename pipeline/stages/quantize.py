@@ -194,7 +194,7 @@ class QuantizeStage(Stage):
             attempts.append({"quantizer": quantizer, "method": method, **scores, "drop_points": drop,
                              "size_mb": candidate.stat().st_size / 1e6, "lint": lint.to_dict()})
             print(f"quantize: {quantizer}/{method}: INT8 top-1 {100 * top1:.2f}% "
-                  f"({drop:+.2f} points vs FP32 {100 * fp32_top1:.2f}%)", file=sys.stderr)
+                  f"({-drop:+.2f} points vs FP32 {100 * fp32_top1:.2f}%)", file=sys.stderr)
             if drop <= cfg.accuracy_budget_points:
                 accepted = attempts[-1]
                 shutil.copyfile(candidate, workdir / "student.int8.onnx")
