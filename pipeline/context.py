@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 
 from device.errors import DataError
@@ -17,15 +14,13 @@ class RunContext:
     """One run: recipe, run directory, manifest, lazily loaded data and the torch device.
 
     Args:
-        recipe: The validated recipe (overrides applied).
+        recipe: The validated recipe (command-line overrides already applied).
         manifest: The run's manifest.
-        overrides: The overrides given on the command line (recorded, and part of hashes).
     """
 
-    def __init__(self, recipe: Recipe, manifest: Manifest, overrides: dict[str, Any] | None = None):
+    def __init__(self, recipe: Recipe, manifest: Manifest):
         self.recipe = recipe
         self.manifest = manifest
-        self.overrides = overrides or {}
         self.run_dir = manifest.run_dir
         self._dataset: DataSet | None = None
         self._geometry_cache: dict = {}

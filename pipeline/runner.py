@@ -115,7 +115,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
     manifest.data["overrides"] = overrides
     manifest.save()
     _point_latest(run_dir)
-    ctx = RunContext(recipe, manifest, overrides)
+    ctx = RunContext(recipe, manifest)
     log(f"run {run_dir}")
     env = None
     for name in names:

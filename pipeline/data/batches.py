@@ -71,10 +71,6 @@ class Batches:
         n = len(self.indices)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    @property
-    def num_images(self) -> int:
-        return len(self) * self.batch_size if self.drop_last else len(self.indices)
-
     def normalize(self, batch_uint8_nhwc: torch.Tensor) -> torch.Tensor:
         """The torch twin of :meth:`Preprocess.normalize` (same arithmetic, batched)."""
         data = batch_uint8_nhwc.permute(0, 3, 1, 2).float().div_(255.0)
