@@ -11,7 +11,7 @@ FORCE    ?=
 SET      ?=
 QUANTIZER ?=
 RUNS     ?= runs
-EXTRAS   ?= build,device,modelopt,dev
+EXTRAS   ?= build,device,modelopt,nvml,dev
 PYTEST_ARGS ?=
 BENCH_MODEL ?= resnet50
 
