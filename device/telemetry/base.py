@@ -103,7 +103,7 @@ class Sampler(ABC):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._samples: list[tuple[float, dict[str, float]]] = []
-        self._errors: list[str] = []
+        self._errors: dict[str, int] = {}  # message → how often (a dead source fails every tick)
 
     def open(self) -> None:
         """Acquires the source (connects to jtop, initialises NVML …)."""
@@ -118,7 +118,7 @@ class Sampler(ABC):
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError(f"{self.name} sampler already running")
-        self._samples, self._errors = [], []
+        self._samples, self._errors = [], {}
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name=f"{self.name}-sampler", daemon=True)
         self._sample()  # a sample at the very start fences the window
@@ -132,14 +132,16 @@ class Sampler(ABC):
         self._thread.join()
         self._thread = None
         self._sample()
-        return Trace.from_samples(self._samples, self.rate_hz, self._errors)
+        errors = [message if count == 1 else f"{message} (×{count})" for message, count in self._errors.items()]
+        return Trace.from_samples(self._samples, self.rate_hz, errors)
 
     def _sample(self) -> None:
         stamp = time.monotonic()  # when the read began: closest to when the sensor was read
         try:
             values = self.read()
         except Exception as err:  # a dying source (jtop's raw EOFError) is a telemetry failure, not a crash
-            self._errors.append(f"{type(err).__name__}: {err}")
+            message = f"{type(err).__name__}: {err}"
+            self._errors[message] = self._errors.get(message, 0) + 1
             return
         self._samples.append((stamp, values))
 
