@@ -1,0 +1,91 @@
+"""The measurement protocol with a real ONNX Runtime runner and samplers on their threads."""
+
+import threading
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from device.errors import ConfigError
+from device.measure import MeasureSpec, latency_stats, measure
+from device.runners.onnxruntime import OnnxRuntimeRunner
+from device.telemetry import Sampler
+from device.telemetry.host import HostSampler
+
+
+def tiny_onnx(path):
+    weight = numpy_helper.from_array(np.ones((8, 3, 3, 3), dtype=np.float32) * 0.1, "w")
+    nodes = [helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["logits"])]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 8])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+class BoardPower(Sampler):
+    """A stand-in power rail (no Jetson here): 5 W idle, 8 W while the runner is busy."""
+
+    name = "board"
+
+    def __init__(self, busy: threading.Event):
+        super().__init__(rate_hz=100)
+        self.busy = busy
+
+    def read(self):
+        return {"board_power_mw": 8000.0 if self.busy.is_set() else 5000.0, "gpu_freq_mhz": 1000.0, "temp_gpu_c": 50.0}
+
+
+class BusyRunner:
+    """Marks the rail busy from the first timed call on."""
+
+    def __init__(self, runner, busy, spec):
+        self.runner, self.busy, self.calls, self.warmup = runner, busy, 0, spec.warmup_iterations
+
+    def infer(self, batch):
+        self.calls += 1
+        if self.calls > self.warmup:
+            self.busy.set()
+        time.sleep(0.002)  # long enough for the 100 Hz rail to see the work
+        return self.runner.infer(batch)
+
+
+def test_latency_stats_by_hand():
+    stats = latency_stats([0.001, 0.002, 0.003, 0.004])
+    assert stats["latency_p50_ms"] == pytest.approx(2.5) and stats["latency_mean_ms"] == pytest.approx(2.5)
+    assert stats["latency_cv"] == pytest.approx(np.std([1, 2, 3, 4], ddof=1) / 2.5)
+
+
+def test_protocol_fences_telemetry_to_the_window(tmp_path):
+    busy = threading.Event()
+    spec = MeasureSpec(warmup_iterations=3, iterations=60, idle_s=0.2)
+    batch = np.zeros((4, 3, 16, 16), dtype=np.float32)
+    with OnnxRuntimeRunner(tiny_onnx(tmp_path / "tiny.onnx"), threads=1) as ort, BoardPower(busy) as board, \
+            HostSampler(rate_hz=50) as host:
+        result = measure(BusyRunner(ort, busy, spec), batch, spec, [board, host], power_key="board_power_mw")
+    assert result["iterations"] == 60 and result["images"] == 240
+    assert result["latency_p50_ms"] >= 2.0 and result["throughput_images_per_s"] > 0
+    tele = result["telemetry"]["board"]
+    assert tele["idle_board_power_mw"] == pytest.approx(5000)
+    # The window's first sample precedes the first call (the fence), so the mean sits just under 8 W.
+    assert 7000 < tele["mean_board_power_mw"] <= 8000 and tele["peak_board_power_mw"] == 8000
+    per_image_s = result["window_s"] / result["images"]
+    # Bounds, not equalities: how soon the rail's thread first sees the busy level depends on scheduling.
+    assert 0.8 * 8000 * per_image_s < tele["energy_mj_per_inference"] <= 1.02 * 8000 * per_image_s
+    assert 0.5 * 3000 * per_image_s < tele["energy_above_idle_mj_per_inference"] <= 1.05 * 3000 * per_image_s
+    assert not tele["clocks_dropped"] and not tele["temp_limit_crossed"] and tele["errors"] == []
+    assert result["telemetry"]["host"]["peak_rss_mb"] > 0
+
+
+def test_duration_mode_and_bad_specs(tmp_path):
+    with OnnxRuntimeRunner(tiny_onnx(tmp_path / "tiny.onnx"), threads=1) as ort:
+        result = measure(ort, np.zeros((1, 3, 16, 16), dtype=np.float32),
+                         MeasureSpec(warmup_iterations=1, iterations=None, duration_s=0.2, idle_s=0))
+    assert result["window_s"] >= 0.2 and result["iterations"] >= 2 and result["telemetry"] == {}
+    for kw, message in ((dict(iterations=None), "exactly one"), (dict(iterations=1), "≥ 2"),
+                        (dict(iterations=None, duration_s=-1.0), "positive"), (dict(idle_s=-1), "not be negative")):
+        with pytest.raises(ConfigError, match=message):
+            MeasureSpec(**kw)
