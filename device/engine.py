@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from device.errors import ConfigError, MissingDependencyError, StageError
+from device.errors import ConfigError, StageError, require
 
 # L4T release → JetPack (the releases EdgeFold knows; others report JetPack as unknown).
 L4T_TO_JETPACK = {
@@ -226,15 +226,9 @@ class EngineCache:
 
 
 def import_tensorrt():
-    try:
-        import tensorrt
-    except ImportError:
-        raise MissingDependencyError(
-            "TensorRT is not installed",
-            fix="on a Jetson it comes with JetPack (apt install nvidia-tensorrt, python3-libnvinfer); on a GPU server "
-                "pip install 'edgefold[trt]' from NVIDIA's index; elsewhere use the onnxruntime runner",
-        ) from None
-    return tensorrt
+    return require("tensorrt", "TensorRT",
+                   "on a Jetson it comes with JetPack (apt install nvidia-tensorrt, python3-libnvinfer); on a GPU "
+                   "server pip install 'edgefold[trt]' from NVIDIA's index; elsewhere use the onnxruntime runner")
 
 
 def build_engine(onnx: Path, options: BuildOptions, engine_path: Path) -> None:

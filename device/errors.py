@@ -7,6 +7,9 @@ and exit with status 2 instead of showing a traceback.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 
 class EdgeFoldError(Exception):
     """Base class of every error EdgeFold raises on purpose.
@@ -57,3 +60,17 @@ class StageError(EdgeFoldError):
 
 class MissingDependencyError(EdgeFoldError):
     """An optional dependency needed for this operation is not installed."""
+
+
+def require(module: str, what: str, fix: str) -> ModuleType:
+    """Imports an optional dependency, or raises :class:`MissingDependencyError` saying what to install.
+
+    Args:
+        module: The import name (``onnxruntime``, ``pynvml``).
+        what: The package as users know it ("ONNX Runtime").
+        fix: How to install it.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(f"{what} is not installed", fix=fix) from None

@@ -12,19 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from device.errors import ConfigError, MissingDependencyError
+from device.errors import ConfigError, require
 
 _INTERPOLATIONS = ("bilinear", "area", "nearest", "bicubic")
 
 
 def _cv2():
-    try:
-        import cv2
-    except ImportError:  # pragma: no cover - opencv is a core dependency
-        raise MissingDependencyError(
-            "OpenCV is not installed", fix="pip install 'opencv-python-headless<5'"
-        ) from None
-    return cv2
+    return require("cv2", "OpenCV", "pip install 'opencv-python-headless<5'")
 
 
 @dataclass(frozen=True)

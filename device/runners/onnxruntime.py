@@ -7,16 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
-from device.errors import MissingDependencyError, StageError
+from device.errors import StageError, require
 from device.runners import Runner
-
-
-def _ort():
-    try:
-        import onnxruntime
-    except ImportError:
-        raise MissingDependencyError("ONNX Runtime is not installed", fix="pip install 'edgefold[device]'") from None
-    return onnxruntime
 
 
 class OnnxRuntimeRunner(Runner):
@@ -35,7 +27,7 @@ class OnnxRuntimeRunner(Runner):
         self.session = None
 
     def load(self) -> None:
-        ort = _ort()
+        ort = require("onnxruntime", "ONNX Runtime", "pip install 'edgefold[device]'")
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.threads
         options.log_severity_level = 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from device.errors import MissingDependencyError
+from device.errors import require
 from device.telemetry.base import Sampler
 
 RAPL = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
@@ -30,10 +30,7 @@ class HostSampler(Sampler):
         self.rapl_readable = False
 
     def open(self) -> None:
-        try:
-            import psutil
-        except ImportError:
-            raise MissingDependencyError("psutil is not installed", fix="pip install 'edgefold[device]'") from None
+        psutil = require("psutil", "psutil", "pip install 'edgefold[device]'")
         self._process = psutil.Process(self.pid)
         self._process.cpu_percent(None)  # the first call primes the counter
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from device.errors import MissingDependencyError
+from device.errors import MissingDependencyError, require
 from device.telemetry.base import Sampler
 
 TOTAL_RAILS = ("VIN", "POM_5V_IN", "VDD_IN", "VIN_SYS_5V0")
@@ -49,14 +49,11 @@ class JtopSampler(Sampler):
         self.board: dict[str, Any] = {}
 
     def open(self) -> None:
-        try:
-            from jtop import JtopException, jtop
-        except ImportError:
-            raise MissingDependencyError("jetson-stats is not installed", fix="pip install 'edgefold[jetson]'") from None
-        jetson = jtop(interval=1.0 / self.rate_hz)
+        client = require("jtop", "jetson-stats", "pip install 'edgefold[jetson]'")
+        jetson = client.jtop(interval=1.0 / self.rate_hz)
         try:
             jetson.start()
-        except JtopException as err:
+        except client.JtopException as err:
             raise MissingDependencyError(
                 f"the jtop service is not reachable: {err}",
                 fix="sudo systemctl restart jtop.service; in Docker mount -v /run/jtop.sock:/run/jtop.sock",

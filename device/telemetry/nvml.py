@@ -8,16 +8,8 @@ failing the window.
 
 from __future__ import annotations
 
-from device.errors import MissingDependencyError
+from device.errors import MissingDependencyError, require
 from device.telemetry.base import Sampler
-
-
-def _pynvml():
-    try:
-        import pynvml
-    except ImportError:
-        raise MissingDependencyError("nvidia-ml-py is not installed", fix="pip install 'edgefold[nvml]'") from None
-    return pynvml
 
 
 class NvmlSampler(Sampler):
@@ -48,7 +40,7 @@ class NvmlSampler(Sampler):
         }
 
     def open(self) -> None:
-        nvml = _pynvml()
+        nvml = require("pynvml", "nvidia-ml-py", "pip install 'edgefold[nvml]'")
         try:
             nvml.nvmlInit()
             handle = nvml.nvmlDeviceGetHandleByIndex(self.index)

@@ -58,7 +58,7 @@ class Batches:
         self._std = torch.tensor(preprocess.std, dtype=torch.float32).view(1, -1, 1, 1)
         self._images = None
         if split.in_memory:
-            key = (id(split), self.indices.tobytes(), tuple(preprocess.to_dict().items()).__repr__())
+            key = (id(split), self.indices.tobytes(), repr(preprocess))
             if cache is not None and key in cache:
                 self._images = cache[key]
             else:

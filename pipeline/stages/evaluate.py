@@ -1,17 +1,20 @@
-"""evaluate stage: top-1/top-5, params, MACs and size of every rung so far."""
+"""evaluate stage: top-1/top-5, params, MACs and size of every rung so far, side by side.
+
+Each producing stage already scored its own checkpoint on the test split (the INT8 rung under
+ONNX Runtime) and counted its params and MACs; this stage gathers those records instead of
+loading and scoring every model a second time, and adds sizes and deltas against the teacher.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.models import size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
-from pipeline.train import evaluate
 
 # (rung name, stage that produced it); the INT8 rung comes from the quantize stage.
 RUNGS = (("teacher", "teacher"), ("pruned", "prune"), ("student", "distill"))
+RECORDED = ("top1", "top5", "params_m", "macs_g")
 
 
 class EvaluateStage(Stage):
@@ -22,32 +25,26 @@ class EvaluateStage(Stage):
         return ("data",) + ran + tuple(s for s in ("export", "quantize") if ctx.manifest.stage(s))
 
     def config(self, ctx):
-        return {"evaluate": ctx.recipe.section("evaluate"), "preprocess": ctx.preprocess.to_dict()}
+        return {"evaluate": ctx.recipe.section("evaluate")}
 
     def run(self, ctx, workdir: Path) -> StageResult:
-        test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
-        input_shape = ctx.preprocess.input_shape(1)
         rungs = {}
+        exported = (ctx.manifest.stage("export") or {}).get("metrics", {}).get("rungs", {})
         for rung, stage in RUNGS:
-            if not ctx.manifest.stage(stage):
+            entry = ctx.manifest.stage(stage)
+            if not entry:
                 continue
             path = ctx.manifest.output(stage, "model")
-            model, _ = load_checkpoint(path)
-            recorded = ctx.manifest.stage(stage)["metrics"]
-            # The producing stage already scored this exact checkpoint on this test split.
-            scores = ({"top1": recorded["top1"], "top5": recorded["top5"]} if "top1" in recorded
-                      else evaluate(model, test, ctx.device, f"{rung} eval"))
-            rungs[rung] = {**scores, **size_metrics(model.cpu(), input_shape),
-                           "size_mb": path.stat().st_size / 1e6, "checkpoint": str(path.relative_to(ctx.run_dir))}
-            exported = (ctx.manifest.stage("export") or {}).get("metrics", {}).get("rungs", {}).get(rung)
-            if exported:
-                rungs[rung]["onnx_mb"] = exported["size_mb"]
+            rungs[rung] = {key: entry["metrics"][key] for key in RECORDED}
+            rungs[rung].update(size_mb=path.stat().st_size / 1e6, checkpoint=str(path.relative_to(ctx.run_dir)))
+            if rung in exported:
+                rungs[rung]["onnx_mb"] = exported[rung]["size_mb"]
         quantized = ctx.manifest.stage("quantize")
         if quantized and "student" in rungs:
             path = ctx.manifest.output("quantize", "student_int8")
-            q = quantized["metrics"]
-            rungs["student_int8"] = {**rungs["student"], "top1": q["top1"], "top5": q["top5"],
-                                     "size_mb": path.stat().st_size / 1e6, "onnx_mb": path.stat().st_size / 1e6,
+            size_mb = path.stat().st_size / 1e6
+            rungs["student_int8"] = {**rungs["student"], "top1": quantized["metrics"]["top1"],
+                                     "top5": quantized["metrics"]["top5"], "size_mb": size_mb, "onnx_mb": size_mb,
                                      "checkpoint": str(path.relative_to(ctx.run_dir)), "precision": "int8"}
         if "teacher" in rungs:
             base = rungs["teacher"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from device.errors import MissingDependencyError, StageError
+from device.errors import StageError, require
 from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.models import ARCHITECTURES, count_macs, count_parameters
 from pipeline.recipe import PruneConfig
@@ -23,11 +23,7 @@ from pipeline.train import evaluate, fit
 
 
 def _torch_pruning():
-    try:
-        import torch_pruning as tp
-    except ImportError:
-        raise MissingDependencyError("Torch-Pruning is not installed", fix="pip install torch-pruning==1.6.1") from None
-    return tp
+    return require("torch_pruning", "Torch-Pruning", "pip install torch-pruning==1.6.1")
 
 
 def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, input_shape):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from device.engine import BuildOptions, trtexec_command
-from device.errors import MissingDependencyError, StageError
+from device.errors import MissingDependencyError, StageError, require
 from device.qdq_lint import lint_qdq
 from device.registry import Registry
 from device.runners.onnxruntime import OnnxRuntimeRunner
@@ -48,11 +48,9 @@ def quantize_ort(fp32: Path, out: Path, calibration: np.ndarray, method: str, pe
     Symmetric int8 activations and weights (zero points 0), Q/DQ format, and no bias
     quantization: ORT's default int32 biases in DequantizeLinear are rejected by TensorRT's parser.
     """
-    try:
-        from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                              quantize_static)
-    except ImportError:
-        raise MissingDependencyError("ONNX Runtime is not installed", fix="pip install 'edgefold[device]'") from None
+    ortq = require("onnxruntime.quantization", "ONNX Runtime", "pip install 'edgefold[device]'")
+    CalibrationDataReader, CalibrationMethod = ortq.CalibrationDataReader, ortq.CalibrationMethod
+    QuantFormat, QuantType, quantize_static = ortq.QuantFormat, ortq.QuantType, ortq.quantize_static
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
