@@ -37,7 +37,9 @@ class OnnxRuntimeRunner(Runner):
             self.session = ort.InferenceSession(self.path, options, providers=providers)
         except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph types
             raise StageError(f"ONNX Runtime cannot load {self.path}: {err}", fix="re-export the model") from None
-        self.input_name = self.session.get_inputs()[0].name
+        first = self.session.get_inputs()[0]
+        self.input_name = first.name
+        self.input_chw = tuple(d if isinstance(d, int) else None for d in first.shape[1:])
 
     @property
     def providers(self) -> list[str]:
