@@ -127,16 +127,18 @@ class Metrics:
         latest = self.store.list(state="succeeded", limit=1)
         if latest and latest[0].result:
             job = latest[0]
-            lines += ["# HELP edgefold_agent_last_latency_p50_seconds Latency p50 of the last succeeded job.",
-                      "# TYPE edgefold_agent_last_latency_p50_seconds gauge",
-                      "# HELP edgefold_agent_last_power_mean_watts Mean power of the last succeeded job's window.",
-                      "# TYPE edgefold_agent_last_power_mean_watts gauge"]
+            latency, power = [], []
             for run in job.result.get("runs", []):
                 labels = f'job="{job.id}",runtime="{job.spec.runtime}",batch_size="{run["batch_size"]}"'
-                lines.append(f"edgefold_agent_last_latency_p50_seconds{{{labels}}} {run['latency_p50_ms'] / 1e3:.6g}")
-                power = run.get("summary", {}).get("power_mean_mw")
-                if power is not None:
-                    lines.append(f"edgefold_agent_last_power_mean_watts{{{labels}}} {power / 1e3:.6g}")
+                latency.append(f"edgefold_agent_last_latency_p50_seconds{{{labels}}} {run['latency_p50_ms'] / 1e3:.6g}")
+                if run.get("summary", {}).get("power_mean_mw") is not None:
+                    power.append(f"edgefold_agent_last_power_mean_watts{{{labels}}} "
+                                 f"{run['summary']['power_mean_mw'] / 1e3:.6g}")
+            # A family's samples must be contiguous in the text format.
+            lines += ["# HELP edgefold_agent_last_latency_p50_seconds Latency p50 of the last succeeded job.",
+                      "# TYPE edgefold_agent_last_latency_p50_seconds gauge", *latency,
+                      "# HELP edgefold_agent_last_power_mean_watts Mean power of the last succeeded job's window.",
+                      "# TYPE edgefold_agent_last_power_mean_watts gauge", *power]
         return "\n".join(lines) + "\n"
 
 

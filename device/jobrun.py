@@ -6,8 +6,9 @@ the shared preprocessing, measures every batch size, and writes ``result.json`` 
 ``error.json`` (message and fix) and exits 3. A crash, hang or OOM here kills only this process;
 the agent records why and moves on. ``progress.json`` tells the agent (and its clients) where it is.
 
-``EDGEFOLD_AGENT_FAULT=segv|hang`` makes this process crash or hang after loading: the tests'
-stand-in for a runtime that segfaults or deadlocks, which cannot be produced on purpose otherwise.
+``EDGEFOLD_AGENT_FAULT=LABEL=segv,LABEL=hang`` makes the jobs labelled LABEL crash or hang after
+loading: the tests' stand-in for a runtime that segfaults or deadlocks, which cannot be produced on
+purpose otherwise. Unset (always, outside tests) it does nothing.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     runner = make_runner(spec.runtime, job["artifact_path"], precision=spec.precision, threads=spec.threads,
                          batch_sizes=spec.batch_sizes, dla_core=spec.dla_core, engine_cache=job.get("engine_cache"),
                          channels_last=spec.channels_last, cuda_graphs=spec.cuda_graphs)
-    fault = os.environ.get("EDGEFOLD_AGENT_FAULT")
+    faults = dict(item.split("=", 1) for item in os.environ.get("EDGEFOLD_AGENT_FAULT", "").split(",") if "=" in item)
+    fault = faults.get(spec.label) if spec.label else None
     with runner:
         load_s = time.perf_counter() - started
         if fault == "segv":

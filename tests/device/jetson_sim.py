@@ -39,7 +39,17 @@ BOARDS = {
         "boardids": "3701:0005",
         "rails": [("VDD_GPU_SOC", 5000, 1600), ("VDD_CPU_CV", 5000, 600), ("VIN_SYS_5V0", 5000, 1000)],
     },
+    # Thor: module rails on an INA3221, the carrier board's system input on an INA238, which jtop
+    # names VIN and reports in microwatts.
+    "thor": {
+        "model": "NVIDIA Jetson AGX Thor Developer Kit",
+        "compatible": "nvidia,p3971-0000+p3834-0008\0nvidia,p3834-0008\0nvidia,tegra264",
+        "boardids": "3834:0008",
+        "rails": [("VDD_GPU", 19000, 600), ("VDD_CPU_SOC_MSS", 19000, 300)],
+        "vin": (19000, 1500),
+    },
 }
+INA238 = "sys/bus/i2c/devices/2-0044"
 
 
 def _write(root: Path, rel: str, value, end: str = "\n") -> None:
@@ -48,12 +58,20 @@ def _write(root: Path, rel: str, value, end: str = "\n") -> None:
     path.write_text(f"{value}{end}")
 
 
+def _replace(path: Path, value) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{value}\n")
+    os.replace(tmp, path)
+
+
 def set_current(root: str | os.PathLike, channel: int, milliamps: int) -> None:
     """Atomically changes rail ``channel``'s current (1-based), read on the service's next tick."""
-    path = Path(root) / HWMON / f"curr{channel}_input"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(f"{milliamps}\n")
-    os.replace(tmp, path)
+    _replace(Path(root) / HWMON / f"curr{channel}_input", milliamps)
+
+
+def set_vin_power(root: str | os.PathLike, microwatts: int) -> None:
+    """Changes Thor's INA238 system-input power."""
+    _replace(Path(root) / INA238 / "hwmon/hwmon3/power1_input", microwatts)
 
 
 def plant(root: str | os.PathLike, board: str) -> Path:
@@ -70,6 +88,12 @@ def plant(root: str | os.PathLike, board: str) -> Path:
                             ("curr%d_max", 32760), ("curr%d_crit", 32760)):
             _write(root, f"{HWMON}/{name % channel}", value)
     _write(root, HWMON + "/in7_label", "sum of shunt voltages")
+    if "vin" in spec:
+        millivolts, milliamps = spec["vin"]
+        _write(root, INA238 + "/name", "ina238")
+        for name, value in (("in1_input", millivolts), ("curr1_input", milliamps),
+                            ("power1_input", millivolts * milliamps)):  # µW
+            _write(root, f"{INA238}/hwmon/hwmon3/{name}", value)
     gpu = root / "sys/devices/platform/17000000.gpu"
     for name, value in (("of_node/name", "gpu"), ("load", 655), ("railgate_enable", 1), ("tpc_pg_mask", 0),
                         ("enable_3d_scaling", 1)):

@@ -1,0 +1,75 @@
+"""Jobs on a simulated Jetson: the agent's job process talks to the REAL jtop service (jetson-stats
+7.2.2) through the socket named in the agent's config, while the test changes a rail's power."""
+
+import os
+import time
+
+import pytest
+
+from tests.device.agent_process import AgentProcess, tiny_onnx
+
+pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root")
+
+JOB = {"duration_s": 3.0, "idle_s": 1.0, "warmup_iterations": 2, "telemetry": ["jtop", "host"], "sample_hz": 20}
+
+
+def run_on(tmp_path, board, during=None):
+    from tests.device.jetson_sim import JtopService
+
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    with JtopService(tmp_path, board) as svc, \
+            AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock)) as agent, agent.client() as client:
+        job = client.submit({"artifact": client.upload(model), **JOB})
+        if during:
+            while "measuring" not in (client.job(job["id"])["progress"] or ""):
+                time.sleep(0.05)
+            time.sleep(1.0 + 1.0)  # past the idle baseline, one second into the timed window
+            during(svc)
+        return client.wait(job["id"], timeout_s=120)
+
+
+def test_orin_nano_power_change_during_a_job_shows_in_its_energy(tmp_path):
+    from tests.device.jetson_sim import set_current
+
+    job = run_on(tmp_path, "orin-nano", during=lambda svc: set_current(svc.root, 1, 2000))
+    assert job["state"] == "succeeded", job["error"]
+    run = job["result"]["runs"][0]
+    summary, jtop = run["summary"], run["telemetry"]["jtop"]
+    assert summary["power_source"] == "jtop:VDD_IN"
+    assert summary["power_idle_mw"] == pytest.approx(6096, rel=0.01)
+    assert summary["power_peak_mw"] == 10160
+    assert 6096 < summary["power_mean_mw"] < 10160, "the window saw both power levels"
+    window_energy = summary["energy_mj_per_inference"] * run["images"]
+    assert 6096 * run["window_s"] < window_energy < 10160 * run["window_s"] * 1.05
+    assert summary["energy_above_idle_mj_per_inference"] > 0
+    assert jtop["nvpmodel"] == "15W" and jtop["board_rail"] == "VDD_IN" and jtop["errors"] == []
+    assert jtop["mean_gpu_freq_mhz"] > 0 and "peak_temp_gpu_c" in jtop
+    assert summary["memory_source"] == "jtop:ram_used_mb"
+
+
+def test_agx_orin_total_is_vin_sys_5v0(tmp_path):
+    job = run_on(tmp_path, "agx-orin")
+    assert job["state"] == "succeeded", job["error"]
+    summary = job["result"]["runs"][0]["summary"]
+    assert summary["power_source"] == "jtop:VIN_SYS_5V0"
+    assert summary["power_mean_mw"] == pytest.approx(5000)  # jtop's own total would say 16000
+
+
+def test_thor_total_is_the_ina238_vin(tmp_path):
+    from tests.device.jetson_sim import set_vin_power
+
+    job = run_on(tmp_path, "thor", during=lambda svc: set_vin_power(svc.root, 40_000_000))
+    assert job["state"] == "succeeded", job["error"]
+    summary = job["result"]["runs"][0]["summary"]
+    assert summary["power_source"] == "jtop:VIN"
+    assert summary["power_idle_mw"] == pytest.approx(28500, rel=0.01)
+    assert summary["power_peak_mw"] == 40000
+
+
+def test_jtop_service_dying_mid_job_is_recorded_not_fatal(tmp_path):
+    job = run_on(tmp_path, "orin-nano", during=lambda svc: svc.kill())
+    assert job["state"] == "succeeded", job["error"]
+    run = job["result"]["runs"][0]
+    assert run["telemetry"]["jtop"]["errors"], "the lost service is in the result"
+    assert run["latency_p50_ms"] > 0 and run["telemetry"]["host"]["samples"] > 2

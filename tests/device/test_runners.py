@@ -1,0 +1,93 @@
+"""The runners behind the one interface: ONNX Runtime and Torch really run here; TensorRT where it exists."""
+
+import numpy as np
+import pytest
+
+from device.errors import ConfigError, StageError, UnknownKeyError
+from device.runners import RUNNERS, make_runner
+from tests.device.agent_process import tiny_onnx
+
+
+def test_registry_suggests_near_runtimes():
+    assert RUNNERS.names() == ["onnxruntime", "tensorrt", "torch"]
+    with pytest.raises(UnknownKeyError) as err:
+        make_runner("onnxruntim", "x.onnx")
+    assert "onnxruntime" in err.value.fix
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    folder = tmp_path_factory.mktemp("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10)).eval()
+    example = torch.randn(2, 3, 16, 16)
+    program = torch.export.export(model, (example,),
+                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    torch.export.save(program, folder / "model.pt2")
+    return model, folder / "model.pt2"
+
+
+def test_torch_runner_matches_eager_and_takes_any_batch(exported):
+    import torch
+
+    model, path = exported
+    batch = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
+    with make_runner("torch", str(path)) as runner:
+        assert runner.input_chw == (3, 16, 16) and runner.device.type == "cpu"
+        out = runner.infer(batch)
+        assert runner.infer(batch[:1]).shape == (1, 10)
+    with torch.inference_mode():
+        expected = model(torch.from_numpy(batch)).numpy()
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_torch_runner_refuses_what_a_cpu_cannot_do(exported, tmp_path):
+    _, path = exported
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+        make_runner("torch", str(path), precision="fp16").load()
+    with pytest.raises(ConfigError, match="fp32, fp16 or bf16"):
+        make_runner("torch", str(path), precision="int8")
+    bogus = tmp_path / "bogus.pt2"
+    bogus.write_bytes(b"PK\x03\x04 not really")
+    with pytest.raises(StageError, match="not a torch.export program"):
+        make_runner("torch", str(bogus)).load()
+
+
+def test_onnxruntime_runner_reports_its_input(tmp_path):
+    path = tiny_onnx(tmp_path / "m.onnx", channels=1, size=8)
+    with make_runner("onnxruntime", str(path), threads=1) as runner:
+        assert runner.input_chw == (1, 8, 8)
+        assert runner.infer(np.zeros((3, 1, 8, 8), np.float32)).shape == (3, 10)
+
+
+@pytest.mark.gpu
+def test_torch_runner_cuda_graphs_and_half_precision(exported):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model, path = exported
+    batch = np.random.default_rng(0).standard_normal((8, 3, 16, 16)).astype(np.float32)
+    with torch.inference_mode():
+        expected = model(torch.from_numpy(batch)).numpy()
+    for precision, tolerance in (("fp32", 1e-3), ("bf16", 5e-2), ("fp16", 1e-2)):
+        with make_runner("torch", str(path), precision=precision, cuda_graphs=True) as runner:
+            np.testing.assert_allclose(runner.infer(batch), expected, atol=tolerance)
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+def test_tensorrt_runner_matches_onnxruntime(tmp_path):
+    pytest.importorskip("tensorrt")
+    path = tiny_onnx(tmp_path / "m.onnx")
+    batch = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
+    with make_runner("onnxruntime", str(path)) as reference:
+        expected = reference.infer(batch)
+    with make_runner("tensorrt", str(path), precision="fp32", batch_sizes=(1, 4),
+                     engine_cache=str(tmp_path / "engines")) as runner:
+        assert runner.built_now and runner.input_chw == (3, 16, 16)
+        np.testing.assert_allclose(runner.infer(batch), expected, atol=1e-3)
+    with make_runner("tensorrt", str(path), precision="fp32", batch_sizes=(1, 4),
+                     engine_cache=str(tmp_path / "engines")) as runner:
+        assert not runner.built_now, "the second load comes from the engine cache"
