@@ -10,6 +10,13 @@ UNTIL    ?=
 FORCE    ?=
 SET      ?=
 QUANTIZER ?=
+EDGE     ?=
+DC       ?=
+DEVICES  ?=
+TOKEN_FILE ?=
+HOST     ?= 127.0.0.1
+PORT     ?= 8765
+AGENT_DATA ?= $(HOME)/.local/share/edgefold-agent
 RUNS     ?= runs
 EXTRAS   ?= build,device,modelopt,nvml,dev
 PYTEST_ARGS ?=
@@ -23,15 +30,20 @@ FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
 EDGE_ARGS := $(strip $(if $(DATA),--data '$(DATA)') $(if $(WEIGHTS),--weights '$(WEIGHTS)') \
              $(if $(RUN),--run-id '$(RUN)') $(if $(UNTIL),--until $(UNTIL)) \
              $(foreach s,$(FORCE),--force $(s)) $(foreach s,$(SET),--set '$(s)') \
-             $(if $(QUANTIZER),--set quantize.quantizer=$(QUANTIZER)) --runs-dir '$(RUNS)')
+             $(if $(QUANTIZER),--set quantize.quantizer=$(QUANTIZER)) --runs-dir '$(RUNS)' \
+             $(if $(EDGE),--edge '$(EDGE)') $(if $(DC),--dc '$(DC)') $(if $(DEVICES),--devices '$(DEVICES)') \
+             $(if $(TOKEN_FILE),--token-file '$(TOKEN_FILE)'))
 
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: help venv edge test bench data clean distclean
+.PHONY: help venv edge test bench data agent report clean distclean
 
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
 	@echo "     variables: DATA=fashion-mnist|digits|imagefolder:/path WEIGHTS=path|imagenet RUN=id UNTIL=stage FORCE='stage …' SET='key=value …'"
+	@echo "     devices:   EDGE=http://jetson:8765[,…] DC=http://gpu:8765 DEVICES=devices.yaml TOKEN_FILE=path (none: a loopback agent)"
+	@echo "make report MODEL= RUN=id      rebuild a run's report (default: the model's latest run)"
+	@echo "make agent [HOST= PORT= AGENT_DATA= TOKEN_FILE=]  run the device agent here"
 	@echo "make test                  run the tests"
 	@echo "make bench                 time the default run (first and cached) into bench/results/"
 	@echo "make data                  install Fashion-MNIST (Debian's dataset-fashion-mnist)"
@@ -71,6 +83,13 @@ test: $(STAMP)
 
 bench: $(STAMP) data
 	$(BIN)/python bench/edge_bench.py --model $(BENCH_MODEL) --runs-dir '$(RUNS)'
+
+agent: $(STAMP)
+	$(BIN)/edgefold-agent serve --host $(HOST) --port $(PORT) --data-dir '$(AGENT_DATA)' \
+	    $(if $(TOKEN_FILE),--token-file '$(TOKEN_FILE)')
+
+report: $(STAMP)
+	$(EDGEFOLD) report '$(RUNS)/$(MODEL)/$(if $(RUN),$(RUN),latest)'
 
 clean:
 	rm -rf $(RUNS) .pytest_cache

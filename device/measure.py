@@ -56,6 +56,16 @@ def latency_stats(latencies_s: Sequence[float]) -> dict[str, float]:
             "latency_std_ms": float(ms.std(ddof=1)), "latency_cv": float(ms.std(ddof=1) / mean) if mean else 0.0}
 
 
+def power_trace(trace: Trace, key: str, idle_mw: float | None, source: str,
+                max_points: int = 400) -> dict[str, Any]:
+    """The window's power series, thinned to at most ``max_points`` samples, for plotting."""
+    times, values = trace.times_s - trace.times_s[0], trace.values[key]
+    step = max(1, int(np.ceil(len(times) / max_points)))
+    keep = np.isfinite(values[::step])
+    return {"source": source, "key": key, "t_s": [round(float(t), 4) for t in times[::step][keep]],
+            "mw": [round(float(v), 1) for v in values[::step][keep]], "idle_mw": idle_mw}
+
+
 def _window(samplers: Sequence[Sampler], work) -> tuple[Any, list[Trace]]:
     for sampler in samplers:
         sampler.start()
@@ -118,5 +128,6 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
                                             if k.startswith("temp_") or k == "gpu_temp_c")
         if power_key and power_key in trace.values:
             summary.update(energy_per_inference(trace, images, power_key, idle_means.get(power_key)))
+            result["power_trace"] = power_trace(trace, power_key, idle_means.get(power_key), sampler.name)
         result["telemetry"][sampler.name] = summary
     return result

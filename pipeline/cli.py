@@ -11,13 +11,13 @@ from typing import Sequence
 from device import __version__
 from device.errors import EdgeFoldError
 
-STAGE_HELP = "data, teacher, prune, distill, evaluate"
+STAGE_HELP = "data, teacher, prune, distill, export, quantize, evaluate, deploy, report"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefold",
-        description="Fold a data-center model into an edge model: prune, distill, evaluate (more stages follow).",
+        description="Fold a data-center model into an edge model: prune, distill, quantize to INT8, benchmark on the devices, report.",
     )
     parser.add_argument("--version", action="version", version=f"edgefold {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -35,6 +35,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                      help="override any recipe key, e.g. --set teacher.train.epochs=1 (value parsed as YAML)")
     run.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"), help="parent of run directories (default: runs)")
+    run.add_argument("--edge", metavar="URLS", default=os.environ.get("EDGE"),
+                     help="edge agents, comma-separated (http://jetson:8765); with no devices a loopback agent is used")
+    run.add_argument("--dc", metavar="URLS", default=os.environ.get("DC"), help="data-center agents, comma-separated")
+    run.add_argument("--devices", metavar="YAML", default=os.environ.get("DEVICES"),
+                     help="devices file with groups (see pipeline/devices.py)")
+    run.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
+                     help="agent token file for --edge/--dc (default: $EDGEFOLD_AGENT_TOKEN)")
+
+    report = sub.add_parser("report", help="rebuild a run's report (report.md/.html, results.json/.csv)")
+    report.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
+    report.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
 
     runs = sub.add_parser("runs", help="list runs with their stages and accuracies")
     runs.add_argument("model", nargs="?", help="only this model's runs")
@@ -66,13 +77,38 @@ def _cmd_run(args) -> int:
     from pipeline.runner import run_pipeline
     from pipeline.stages.evaluate import ladder_table
 
+    from pipeline.devices import load_devices
+    from pipeline.report import headline_text
+
     overrides = {"data.source": args.data, "teacher.weights": args.weights, **_parse_sets(args.set)}
+    devices = load_devices(args.edge, args.dc, args.devices, args.token_file)
     ctx = run_pipeline(args.model, until=args.until, force=args.force, run_id=args.run_id, new=args.new,
-                       overrides=overrides, runs_dir=args.runs_dir)
+                       overrides=overrides, runs_dir=args.runs_dir, devices=devices)
     evaluated = ctx.manifest.stage("evaluate")
     if evaluated:
         print(ladder_table(evaluated["metrics"]["rungs"]))
+    reported = ctx.manifest.stage("report")
+    if reported:
+        print()
+        print(headline_text(reported["metrics"]["headline"]))
+        print(f"report: {ctx.run_dir / reported['outputs']['html']}")
     print(f"manifest: {ctx.manifest.path}")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from pathlib import Path
+
+    from pipeline.report import build_report, headline_text
+
+    run_dir = Path(args.run)
+    if not (run_dir / "manifest.json").is_file():
+        run_dir = Path(args.runs_dir) / args.run / "latest"
+    paths = build_report(run_dir.resolve(), run_dir.resolve() / "report")
+    data = json.loads(paths["json"].read_text())
+    print(headline_text(data["headline"]))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
     return 0
 
 
@@ -142,7 +178,8 @@ def _cmd_recipe(args) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``edgefold`` console script."""
     args = _parser().parse_args(argv)
-    commands = {"run": _cmd_run, "runs": _cmd_runs, "recipes": _cmd_recipes, "recipe": _cmd_recipe}
+    commands = {"run": _cmd_run, "runs": _cmd_runs, "recipes": _cmd_recipes, "recipe": _cmd_recipe,
+                "report": _cmd_report}
     try:
         return commands[args.command](args)
     except EdgeFoldError as err:

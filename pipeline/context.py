@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from device.errors import DataError
@@ -16,16 +18,22 @@ class RunContext:
     Args:
         recipe: The validated recipe (command-line overrides already applied).
         manifest: The run's manifest.
+        devices: The agents the deploy stage benchmarks on (:class:`pipeline.devices.Device`).
     """
 
-    def __init__(self, recipe: Recipe, manifest: Manifest):
+    def __init__(self, recipe: Recipe, manifest: Manifest, devices=()):
         self.recipe = recipe
+        self.devices = list(devices)
         self.manifest = manifest
         self.run_dir = manifest.run_dir
         self._dataset: DataSet | None = None
         self._geometry_cache: dict = {}
         self._device = None
         self.preprocess = recipe.preprocess.to_preprocess()
+
+    @staticmethod
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
 
     @property
     def device(self):

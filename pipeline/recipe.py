@@ -194,6 +194,24 @@ class EvaluateConfig(_Strict):
     batch_size: int = Field(256, ge=1)
 
 
+class DeployConfig(_Strict):
+    """Benchmark jobs sent to every device's agent for every rung (see device.schema.JobSpec)."""
+
+    rungs: list[Literal["teacher", "pruned", "student", "student_int8"]] = ["teacher", "pruned", "student",
+                                                                            "student_int8"]
+    batch_sizes: list[int] = Field([1, 32], min_length=1, max_length=4, description="batch 1 for latency, the "
+                                                                                    "largest for throughput")
+    duration_s: float = Field(3.0, gt=0, le=600, description="timed window per rung and batch size")
+    warmup_iterations: int = Field(10, ge=0)
+    idle_s: float = Field(1.0, ge=0, le=60, description="idle power baseline before each job")
+    sample_hz: float = Field(20.0, gt=0, le=1000)
+    runtime: Literal["auto", "tensorrt", "onnxruntime"] = Field(
+        "auto", description="auto: TensorRT where the agent has it, else ONNX Runtime")
+    job_timeout_s: float = Field(1800.0, gt=0, description="per job, engine build included")
+    parallel_devices: int = Field(8, ge=1, description="devices benchmarked at once")
+    retries: int = Field(1, ge=0, le=5, description="resubmissions of a job that failed or was interrupted")
+
+
 class Recipe(_Strict):
     """A whole model recipe (``models/<name>.yaml``)."""
 
@@ -207,6 +225,7 @@ class Recipe(_Strict):
     export: ExportConfig = ExportConfig()
     quantize: QuantizeConfig = QuantizeConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    deploy: DeployConfig = DeployConfig()
 
     def section(self, name: str) -> dict[str, Any]:
         """A section as plain JSON-able data (what a stage hashes into its config)."""

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from device import __version__
 from device.errors import ConfigError, ManifestError
 from pipeline.context import RunContext
+from pipeline.devices import Device
 from pipeline.manifest import Manifest, sha256_file, sha256_json
 from pipeline.recipe import load_recipe
 from pipeline.stages import STAGE_ORDER, STAGES
@@ -92,7 +93,8 @@ def log(message: str) -> None:
 
 
 def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] = (), run_id: str | None = None,
-                 new: bool = False, overrides: dict[str, Any] | None = None, runs_dir: str | Path = "runs") -> RunContext:
+                 new: bool = False, overrides: dict[str, Any] | None = None, runs_dir: str | Path = "runs",
+                 devices: Sequence[Device] = ()) -> RunContext:
     """Runs (or resumes) a pipeline for ``model``.
 
     Args:
@@ -103,6 +105,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         new: Start a new run instead of resuming the latest.
         overrides: Dotted recipe keys to override (``data.source``, ``teacher.weights``).
         runs_dir: Parent of the run directories.
+        devices: Agents to deploy to (none: a loopback agent on this machine).
 
     Returns:
         The run's context (recipe, manifest, run directory).
@@ -115,7 +118,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
     manifest.data["overrides"] = overrides
     manifest.save()
     _point_latest(run_dir)
-    ctx = RunContext(recipe, manifest)
+    ctx = RunContext(recipe, manifest, devices=devices)
     log(f"run {run_dir}")
     env = None
     for name in names:
@@ -131,7 +134,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         code_sha = sha256_file(inspect.getsourcefile(type(stage)))
         config_sha = sha256_json({"config": config, "code_sha256": code_sha})
         prior = manifest.stage(name)
-        if (name not in forced and prior and prior.get("config_sha256") == config_sha
+        if (name not in forced and not stage.always_run and prior and prior.get("config_sha256") == config_sha
                 and prior.get("input_sha256") == input_sha and manifest.outputs_intact(name)):
             log(f"[{name:>8}] cached ({prior['seconds']:.1f} s saved)  {stage.summary(prior['metrics'])}")
             continue

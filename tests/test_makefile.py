@@ -27,7 +27,7 @@ def test_unknown_model_lists_the_recipes(repo):
 def test_help_names_the_variables(repo):
     result = make(repo, "help")
     assert result.returncode == 0
-    for word in ("make edge MODEL=resnet50", "DATA=", "WEIGHTS=", "make test"):
+    for word in ("make edge MODEL=resnet50", "DATA=", "WEIGHTS=", "EDGE=", "DC=", "DEVICES=", "make agent", "make test"):
         assert word in result.stdout
 
 

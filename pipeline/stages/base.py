@@ -29,6 +29,8 @@ class Stage:
     """Base class of the pipeline stages."""
 
     name: ClassVar[str]
+    # A stage whose inputs include the outside world (the devices) runs every time and reuses what it can.
+    always_run: ClassVar[bool] = False
 
     def needs(self, ctx: "RunContext") -> tuple[str, ...]:
         """Earlier stages whose recorded outputs this stage reads."""
@@ -49,4 +51,4 @@ class Stage:
 
 STAGES: Registry[Stage] = Registry("stage")
 # The order stages run in; `--until` and `--force` take these names.
-STAGE_ORDER = ("data", "teacher", "prune", "distill", "export", "quantize", "evaluate")
+STAGE_ORDER = ("data", "teacher", "prune", "distill", "export", "quantize", "evaluate", "deploy", "report")
