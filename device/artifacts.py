@@ -1,7 +1,7 @@
 """Verifying uploaded artifacts before they are stored: size, sha256, and that they are what they claim.
 
-An artifact is named by the sha256 of its bytes. The upload is streamed to a temporary file with a
-running hash and a size cap; only when the hash matches and the file parses as an ONNX model (or a
+An artifact is named by the sha256 of its bytes. The agent streams the upload into a temporary file
+through :class:`HashingWriter` (a running hash and a size cap); only when the hash matches and the file parses as an ONNX model (or a
 ``torch.export`` archive) is it moved into the store. Anything else is refused and deleted.
 """
 
@@ -11,20 +11,12 @@ import hashlib
 import os
 import zipfile
 from pathlib import Path
-from typing import AsyncIterator, Iterable
 
-from device.errors import EdgeFoldError, require
+from device.errors import StatusError, require
 
 
-class ArtifactError(EdgeFoldError):
+class ArtifactError(StatusError):
     """An upload was refused; ``status`` is the HTTP status the agent answers with."""
-
-    def __init__(self, message: str, fix: str | None = None, status: int = 400):
-        super().__init__(message, fix)
-        self.status = status
-
-    def __reduce__(self):
-        return (self.__class__, (self.message, self.fix, self.status))
 
 
 class HashingWriter:
@@ -46,38 +38,6 @@ class HashingWriter:
 
     def close(self) -> None:
         self._file.close()
-
-
-async def receive(chunks: AsyncIterator[bytes], path: Path, expected_sha256: str, limit_bytes: int) -> str:
-    """Streams ``chunks`` into ``path`` and checks the hash; returns the artifact's kind.
-
-    Raises:
-        ArtifactError: Oversized, hash mismatch, or not a model; ``path`` is removed.
-    """
-    writer = HashingWriter(path, limit_bytes)
-    try:
-        async for chunk in chunks:
-            writer.write(chunk)
-        writer.close()
-        return check(path, expected_sha256, writer.digest.hexdigest(), writer.size)
-    except BaseException:
-        writer.close()
-        path.unlink(missing_ok=True)
-        raise
-
-
-def receive_sync(chunks: Iterable[bytes], path: Path, expected_sha256: str, limit_bytes: int) -> str:
-    """:func:`receive` for plain iterables (files on disk, tests)."""
-    writer = HashingWriter(path, limit_bytes)
-    try:
-        for chunk in chunks:
-            writer.write(chunk)
-        writer.close()
-        return check(path, expected_sha256, writer.digest.hexdigest(), writer.size)
-    except BaseException:
-        writer.close()
-        path.unlink(missing_ok=True)
-        raise
 
 
 def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> str:

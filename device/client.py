@@ -14,21 +14,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from device.errors import EdgeFoldError, require
+from device.errors import StatusError, require
 from device.schema import FINISHED, JobSpec
 
 CHUNK = 1 << 20
 
 
-class AgentError(EdgeFoldError):
+class AgentError(StatusError):
     """The agent refused a request or could not be reached; ``status`` is the HTTP status (0: unreachable)."""
 
-    def __init__(self, message: str, fix: str | None = None, status: int = 0):
-        super().__init__(message, fix)
-        self.status = status
-
-    def __reduce__(self):
-        return (self.__class__, (self.message, self.fix, self.status))
+    default_status = 0
 
 
 def file_sha256(path: str | os.PathLike) -> str:

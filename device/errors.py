@@ -58,6 +58,19 @@ class StageError(EdgeFoldError):
     """A stage could not produce what it promises (a target missed, a check failed)."""
 
 
+class StatusError(EdgeFoldError):
+    """An error that maps to an HTTP status (the agent's refusals, the client's view of them)."""
+
+    default_status = 400
+
+    def __init__(self, message: str, fix: str | None = None, status: int | None = None):
+        super().__init__(message, fix)
+        self.status = self.default_status if status is None else status
+
+    def __reduce__(self):
+        return (self.__class__, (self.message, self.fix, self.status))
+
+
 class MissingDependencyError(EdgeFoldError):
     """An optional dependency needed for this operation is not installed."""
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
 
+from device.client import file_sha256
 from device.engine import BuildOptions, EngineCache, build_engine, detect_gpu, fingerprint, import_tensorrt, read_l4t
 from device.errors import MissingDependencyError, StageError
 from device.runners import Runner
@@ -65,14 +65,6 @@ class CudaRuntime:
         self.check(self.lib.cudaStreamSynchronize(ctypes.c_void_p(stream)), "cudaStreamSynchronize")
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 class TensorRTRunner(Runner):
     """Runs a Q/DQ (or float) ONNX model through a TensorRT engine built on this device.
 
@@ -95,7 +87,7 @@ class TensorRTRunner(Runner):
         trt = import_tensorrt()
         gpu, capability = detect_gpu()
         fp = fingerprint(trt.__version__, gpu, capability, read_l4t())
-        self.engine_path, self.built_now = self.cache.get_or_build(self.onnx, _sha256(self.onnx), fp, self.options,
+        self.engine_path, self.built_now = self.cache.get_or_build(self.onnx, file_sha256(self.onnx), fp, self.options,
                                                                    build_engine)
         self.cuda = CudaRuntime()
         self.logger = trt.Logger(trt.Logger.WARNING)

@@ -26,8 +26,8 @@ def test_unknown_model_lists_recipes_without_traceback(repo):
 def test_bad_set_and_bad_stage(repo, tmp_path):
     result = edgefold(repo, "run", "tiny", "--set", "prune.macs_targt=0.3", "--runs-dir", str(tmp_path))
     assert result.returncode == 2 and "prune.macs_targt: unknown key" in result.stderr
-    result = edgefold(repo, "run", "tiny", "--until", "deploy", "--runs-dir", str(tmp_path))
-    assert result.returncode == 2 and "unknown stage 'deploy'" in result.stderr
+    result = edgefold(repo, "run", "tiny", "--until", "deplyo", "--runs-dir", str(tmp_path))
+    assert result.returncode == 2 and "unknown stage 'deplyo'" in result.stderr and "deploy" in result.stderr
     assert "Traceback" not in result.stderr
 
 
