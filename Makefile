@@ -17,6 +17,9 @@ TOKEN_FILE ?=
 HOST     ?= 127.0.0.1
 PORT     ?= 8765
 AGENT_DATA ?= $(HOME)/.local/share/edgefold-agent
+L4T      ?=
+DOCKER   ?= docker
+BUNDLE_DIR ?= dist
 RUNS     ?= runs
 EXTRAS   ?= build,device,modelopt,nvml,dev
 PYTEST_ARGS ?=
@@ -36,7 +39,7 @@ EDGE_ARGS := $(strip $(if $(DATA),--data '$(DATA)') $(if $(WEIGHTS),--weights '$
 
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: help venv edge test bench data agent report clean distclean
+.PHONY: help venv edge test bench data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
 
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
@@ -44,6 +47,8 @@ help:
 	@echo "     devices:   EDGE=http://jetson:8765[,…] DC=http://gpu:8765 DEVICES=devices.yaml TOKEN_FILE=path (none: a loopback agent)"
 	@echo "make report MODEL= RUN=id      rebuild a run's report (default: the model's latest run)"
 	@echo "make agent [HOST= PORT= AGENT_DATA= TOKEN_FILE=]  run the device agent here"
+	@echo "make docker-jetson L4T=36.4.3 | docker-dc | docker-pipeline   build (and smoke-test) the images"
+	@echo "make bundle L4T=36.4.3     offline agent bundle for an air-gapped Jetson (dist/)"
 	@echo "make test                  run the tests"
 	@echo "make bench                 time the default run (first and cached) into bench/results/"
 	@echo "make data                  install Fashion-MNIST (Debian's dataset-fashion-mnist)"
@@ -90,6 +95,29 @@ agent: $(STAMP)
 
 report: $(STAMP)
 	$(EDGEFOLD) report '$(RUNS)/$(MODEL)/$(if $(RUN),$(RUN),latest)'
+
+# Image builds need Docker with buildx (and QEMU binfmt for arm64): see docker/README.md.
+PLATFORMS := $(PYTHON) docker/platforms.py
+
+docker-jetson:
+	@test -n "$(L4T)" || { echo "error: L4T is required, e.g. make docker-jetson L4T=36.4.3 (cat /etc/nv_tegra_release on the Jetson)" >&2; exit 2; }
+	@args=$$($(PLATFORMS) build-args '$(L4T)') && tag=$$($(PLATFORMS) tag jetson '$(L4T)') && \
+	  set -x && $(DOCKER) buildx build --platform linux/arm64 $$args -t "$$tag" -f docker/jetson.Dockerfile --load . && \
+	  docker/smoke.sh "$$tag" aarch64
+
+docker-dc:
+	@tag=$$($(PLATFORMS) tag dc) && set -x && \
+	  $(DOCKER) buildx build --platform linux/amd64 -t "$$tag" -f docker/dc.Dockerfile --load . && \
+	  docker/smoke.sh "$$tag" x86_64
+
+docker-pipeline:
+	@tag=$$($(PLATFORMS) tag pipeline) && set -x && \
+	  $(DOCKER) buildx build --platform linux/amd64 -t "$$tag" -f docker/pipeline.Dockerfile --load . && \
+	  $(DOCKER) run --rm "$$tag" recipes --check
+
+bundle: $(STAMP)
+	@test -n "$(L4T)" || { echo "error: L4T is required, e.g. make bundle L4T=36.4.3" >&2; exit 2; }
+	$(BIN)/python docker/bundle.py --l4t '$(L4T)' --out '$(BUNDLE_DIR)'
 
 clean:
 	rm -rf $(RUNS) .pytest_cache

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from device.errors import CheckpointError
+from pipeline import distributed
 from pipeline.models import ARCHITECTURES, build_model
 
 FORMAT = "edgefold.checkpoint/1"
@@ -102,8 +103,10 @@ def _check_layer(name: str, module: nn.Module) -> None:
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, arch: str, num_classes: int, **meta: Any) -> Path:
-    """Writes a checkpoint atomically (a crash leaves no half-written file)."""
+    """Writes a checkpoint atomically (a crash leaves no half-written file); under DDP only rank 0 writes."""
     path = Path(path)
+    if not distributed.world().main:
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format": FORMAT,

@@ -84,6 +84,11 @@ def _cmd_run(args) -> int:
     devices = load_devices(args.edge, args.dc, args.devices, args.token_file)
     ctx = run_pipeline(args.model, until=args.until, force=args.force, run_id=args.run_id, new=args.new,
                        overrides=overrides, runs_dir=args.runs_dir, devices=devices)
+    from pipeline import distributed
+
+    if not distributed.world().main:  # under torchrun, rank 0 prints the tables
+        distributed.shutdown()
+        return 0
     evaluated = ctx.manifest.stage("evaluate")
     if evaluated:
         print(ladder_table(evaluated["metrics"]["rungs"]))
@@ -93,6 +98,7 @@ def _cmd_run(args) -> int:
         print(headline_text(reported["metrics"]["headline"]))
         print(f"report: {ctx.run_dir / reported['outputs']['html']}")
     print(f"manifest: {ctx.manifest.path}")
+    distributed.shutdown()
     return 0
 
 

@@ -24,6 +24,7 @@ class RunContext:
     def __init__(self, recipe: Recipe, manifest: Manifest, devices=()):
         self.recipe = recipe
         self.devices = list(devices)
+        self.resume = None  # the running stage's per-epoch training state (set by the runner)
         self.manifest = manifest
         self.run_dir = manifest.run_dir
         self._dataset: DataSet | None = None

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Sequence
 
 from device import __version__
 from device.errors import ConfigError, ManifestError
+from pipeline import distributed
 from pipeline.context import RunContext
 from pipeline.devices import Device
 from pipeline.manifest import Manifest, sha256_file, sha256_json
@@ -89,7 +90,8 @@ def _stage_names(until: str | None, force: Iterable[str]) -> tuple[list[str], se
 
 
 def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    if distributed.world().main:  # one log, rank 0's
+        print(message, file=sys.stderr, flush=True)
 
 
 def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] = (), run_id: str | None = None,
@@ -111,15 +113,22 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         The run's context (recipe, manifest, run directory).
     """
     names, forced = _stage_names(until, force)
+    me = distributed.init()  # a no-op outside torchrun
     overrides = {k: v for k, v in (overrides or {}).items() if v not in (None, "")}
     recipe, recipe_path, recipe_sha = load_recipe(model, overrides)
-    run_dir = resolve_run_dir(Path(runs_dir), recipe.name, run_id, new)
-    manifest = Manifest.open(run_dir, recipe.name, str(recipe_path), recipe_sha)
-    manifest.data["overrides"] = overrides
-    manifest.save()
-    _point_latest(run_dir)
+    # Rank 0 names the run (a new run's id is a timestamp) and owns the manifest; the others follow.
+    run_dir = Path(distributed.broadcast_object(
+        str(resolve_run_dir(Path(runs_dir), recipe.name, run_id, new)) if me.main else None))
+    if me.main:
+        manifest = Manifest.open(run_dir, recipe.name, str(recipe_path), recipe_sha)
+        manifest.data["overrides"] = overrides
+        manifest.save()
+        _point_latest(run_dir)
+    distributed.barrier()
+    if not me.main:
+        manifest = Manifest.load(run_dir)
     ctx = RunContext(recipe, manifest, devices=devices)
-    log(f"run {run_dir}")
+    log(f"run {run_dir}" + (f" ({me.size} processes)" if me.distributed else ""))
     env = None
     for name in names:
         stage = STAGES.get(name)
@@ -139,23 +148,35 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
             log(f"[{name:>8}] cached ({prior['seconds']:.1f} s saved)  {stage.summary(prior['metrics'])}")
             continue
         workdir = run_dir / name
-        if workdir.exists():
-            shutil.rmtree(workdir)
-        workdir.mkdir(parents=True)
-        manifest.forget(name)
-        log(f"[{name:>8}] running")
+        # Training state saved after each epoch lives outside the stage's folder, keyed by its config:
+        # a crashed or killed run resumes there instead of starting the stage over.
+        ctx.resume = run_dir / "resume" / f"{name}-{config_sha[:16]}.pt"
+        if me.main:
+            if workdir.exists():
+                shutil.rmtree(workdir)
+            workdir.mkdir(parents=True)
+            manifest.forget(name)
+            log(f"[{name:>8}] running")
+        distributed.barrier()
         started = time.perf_counter()
-        result = stage.run(ctx, workdir)
+        result = stage.run(ctx, workdir) if (stage.distributed or me.main) else None
         seconds = time.perf_counter() - started
-        env = env or environment()
-        outputs = {key: str(Path(path).relative_to(run_dir)) for key, path in result.outputs.items()}
-        manifest.record(name, {
-            "config_sha256": config_sha, "config": config, "code_sha256": code_sha, "inputs": inputs,
-            "input_sha256": input_sha,
-            "outputs": outputs, "sha256": {rel: sha256_file(run_dir / rel) for rel in outputs.values()},
-            "metrics": result.metrics, "env": env, "seconds": round(seconds, 3), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }, order=STAGE_ORDER)
-        log(f"[{name:>8}] done in {seconds:.1f} s  {stage.summary(result.metrics)}")
+        distributed.barrier()
+        if me.main:
+            env = env or environment()
+            outputs = {key: str(Path(path).relative_to(run_dir)) for key, path in result.outputs.items()}
+            manifest.record(name, {
+                "config_sha256": config_sha, "config": config, "code_sha256": code_sha, "inputs": inputs,
+                "input_sha256": input_sha,
+                "outputs": outputs, "sha256": {rel: sha256_file(run_dir / rel) for rel in outputs.values()},
+                "metrics": result.metrics, "env": {**env, "processes": me.size}, "seconds": round(seconds, 3),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }, order=STAGE_ORDER)
+            ctx.resume.unlink(missing_ok=True)
+            log(f"[{name:>8}] done in {seconds:.1f} s  {stage.summary(result.metrics)}")
+        distributed.barrier()
+        if not me.main:
+            manifest = ctx.manifest = Manifest.load(run_dir)
     return ctx
 
 

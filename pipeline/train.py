@@ -12,13 +12,16 @@ import os
 import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
+from pipeline import distributed
 from pipeline.data.batches import Batches
+from pipeline.distributed import all_reduce_sum
 from pipeline.recipe import TrainConfig
 
 class Batch(NamedTuple):
@@ -89,9 +92,36 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_ste
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def revert_sync_batchnorm(module: nn.Module) -> nn.Module:
+    """Synchronized BatchNorm layers back to BatchNorm2d (same parameters and statistics), for the checkpoint."""
+    if isinstance(module, (nn.SyncBatchNorm, distributed.CpuSyncBatchNorm)):
+        plain = nn.BatchNorm2d(module.num_features, module.eps, module.momentum, module.affine,
+                               module.track_running_stats)
+        plain.load_state_dict(module.state_dict())
+        plain.train(module.training)
+        return plain
+    for name, child in module.named_children():
+        replaced = revert_sync_batchnorm(child)
+        if replaced is not child:
+            setattr(module, name, replaced)
+    return module
+
+
+def _save_resume(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a crash mid-save leaves the previous epoch's state intact
+
+
 def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, device: torch.device,
-        desc: str, evaluate_fn: Callable[[], dict] | None = None) -> list[dict]:
-    """Trains ``model`` in place.
+        desc: str, evaluate_fn: Callable[[], dict] | None = None, resume: Path | None = None) -> list[dict]:
+    """Trains ``model`` in place, on one process or on every rank of a ``torchrun`` world (DDP).
+
+    Under DDP the global batch ``cfg.batch_size`` is split across the ranks, BatchNorm becomes
+    synchronized while training (SyncBatchNorm on CUDA, :class:`~pipeline.distributed.CpuSyncBatchNorm`
+    on CPU), so its statistics are the global batch's as on one process,
+    gradients are averaged by DDP, and the epoch's loss and accuracy are summed over the ranks.
 
     Args:
         model: The model to train (moved to ``device``).
@@ -101,10 +131,15 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
         device: Where to train.
         desc: Label of the progress bar ("teacher", "distill").
         evaluate_fn: Called after each epoch; its metrics join the history.
+        resume: A state file written after every epoch (by rank 0); when it exists, training
+            continues after its epoch instead of starting over (a crash, a killed rank).
 
     Returns:
         One dict per epoch: mean loss, train accuracy, images/s and what ``evaluate_fn`` returned.
     """
+    me = distributed.world()
+    if me.distributed:
+        batches.shard(me.rank, me.size)
     steps_per_epoch = len(batches)
     total_steps = math.ceil(cfg.epochs * steps_per_epoch)
     if total_steps == 0:
@@ -114,21 +149,41 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
     channels_last = cfg.channels_last
     if channels_last:
         model.to(memory_format=torch.channels_last)
+    train_model = model
+    if me.distributed:
+        model = distributed.convert_sync_batchnorm(model, device)
+        train_model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = make_optimizer(model, cfg)
     scheduler = make_scheduler(optimizer, cfg, total_steps, steps_per_epoch)
     amp_dtype = _amp_dtype(cfg, device)
     scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
-    history, step, epochs = [], 0, math.ceil(cfg.epochs)
-    for epoch in range(epochs):
-        model.train()
+    history, step, epochs, first_epoch = [], 0, math.ceil(cfg.epochs), 0
+    if resume is not None and resume.is_file():
+        state = torch.load(resume, map_location=device, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if scaler and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        history, step, first_epoch = state["history"], state["step"], state["epoch"]
+        batches.epoch = state["batches_epoch"]
+        if me.main:
+            print(f"{desc}: resuming after epoch {first_epoch}/{epochs} from {resume}", file=sys.stderr, flush=True)
+    hide_bar = progress_disabled() if me.main else True  # one bar, rank 0's
+    for epoch in range(first_epoch, epochs):
+        train_model.train()
         seen = correct = 0
         loss_sum = 0.0
+        data_s = 0.0  # time spent waiting for the next batch: the input pipeline's share
         epoch_steps, first_step = min(steps_per_epoch, total_steps - step), step
         started = time.perf_counter()
         last_line = (0, started)  # (steps, time) of the last plain-text progress line
         bar = tqdm(total=epoch_steps, desc=f"{desc} {epoch + 1}/{epochs}", unit="batch",
-                   disable=progress_disabled(), leave=False, file=sys.stderr, dynamic_ncols=True)
+                   disable=hide_bar, leave=False, file=sys.stderr, dynamic_ncols=True)
+        waited = time.perf_counter()
         for x, labels, positions, flipped in batches:
+            data_s += time.perf_counter() - waited
             if step >= total_steps:
                 break
             x, labels = x.to(device, non_blocking=True), labels.to(device, non_blocking=True)
@@ -136,7 +191,7 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
                 x = x.contiguous(memory_format=torch.channels_last)
             autocast = torch.autocast("cuda", dtype=amp_dtype) if amp_dtype else nullcontext()
             with autocast:
-                logits = model(x)
+                logits = train_model(x)
                 loss = loss_fn(logits.float(), Batch(x, labels, positions, flipped))
             if not torch.isfinite(loss):
                 from device.errors import StageError
@@ -166,7 +221,7 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
             bar.update()
             done_steps = step - first_step
             now = time.perf_counter()
-            if bar.disable and done_steps - last_line[0] >= epoch_steps / 10 and now - last_line[1] >= 15:
+            if me.main and bar.disable and done_steps - last_line[0] >= epoch_steps / 10 and now - last_line[1] >= 15:
                 # No terminal (a log file, CI): a line every 10% (at most every 15 s), with the bar's numbers.
                 last_line = (done_steps, now)
                 done = done_steps / epoch_steps
@@ -174,16 +229,33 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
                 print(f"{desc} {epoch + 1}/{epochs}: {100 * done:3.0f}% ({done_steps}/{epoch_steps} batches), "
                       f"loss {loss_sum / seen:.3f}, acc {100 * correct / seen:.1f}%, {rate:.0f} img/s, "
                       f"ETA {eta:.0f} s", file=sys.stderr, flush=True)
+            waited = time.perf_counter()
         bar.close()
         seconds = time.perf_counter() - started
+        seen, correct, loss_sum = all_reduce_sum([seen, correct, loss_sum], device)
         record = {"epoch": epoch + 1, "loss": loss_sum / max(seen, 1), "train_top1": correct / max(seen, 1),
-                  "images_per_s": seen / max(seconds, 1e-9), "seconds": seconds}
+                  "images_per_s": seen / max(seconds, 1e-9), "seconds": seconds, "processes": me.size,
+                  # What the input pipeline alone delivered (per process): well above the training
+                  # rate means compute bounds the run; close to it means the data path does.
+                  "data_images_per_s": seen / me.size / max(data_s, 1e-9), "data_wait_fraction": data_s / seconds}
         if evaluate_fn is not None and (cfg.eval_every_epoch or epoch == epochs - 1):
             record.update(evaluate_fn())
         history.append(record)
-        extra = f", test top-1 {100 * record['top1']:.2f}%" if "top1" in record else ""
-        print(f"{desc} epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, train top-1 "
-              f"{100 * record['train_top1']:.2f}%, {record['images_per_s']:.0f} img/s{extra}", file=sys.stderr)
+        if me.main:
+            extra = f", test top-1 {100 * record['top1']:.2f}%" if "top1" in record else ""
+            bound = "input-bound" if record["data_wait_fraction"] > 0.3 else "compute-bound"
+            print(f"{desc} epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, train top-1 "
+                  f"{100 * record['train_top1']:.2f}%, {record['images_per_s']:.0f} img/s on {me.size} "
+                  f"process(es), data path {record['data_images_per_s']:.0f} img/s ({bound}){extra}",
+                  file=sys.stderr, flush=True)
+            if resume is not None and epoch + 1 < epochs:
+                _save_resume(resume, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                      "scheduler": scheduler.state_dict(),
+                                      "scaler": scaler.state_dict() if scaler else None, "history": history,
+                                      "step": step, "epoch": epoch + 1, "batches_epoch": batches.epoch})
+        distributed.barrier()
+    if me.distributed:
+        revert_sync_batchnorm(model)
     if channels_last:
         model.to(memory_format=torch.contiguous_format)
     return history

@@ -35,3 +35,10 @@ def test_makefile_variables_have_defaults(repo):
     text = (repo / "Makefile").read_text()
     for variable in ("PYTHON", "VENV", "MODEL", "DATA", "WEIGHTS", "RUN"):
         assert f"\n{variable.ljust(8)} ?=" in text or f"\n{variable} ?=" in text
+
+
+def test_image_targets_refuse_unknown_or_missing_l4t(repo):
+    unknown = make(repo, "docker-jetson", "L4T=40.1", "DOCKER=false")
+    assert unknown.returncode != 0 and "unknown L4T release 40.1" in unknown.stderr and "36.4" in unknown.stderr
+    missing = make(repo, "bundle", "L4T=")
+    assert missing.returncode != 0 and "L4T is required" in missing.stderr

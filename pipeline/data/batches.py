@@ -5,6 +5,10 @@ sliced per batch, which on two cores is several times faster than a per-item Dat
 File sources (image folders) go through a DataLoader with workers and pinned memory.
 Both yield ``(inputs, labels, positions)``; ``positions`` index the selected subset, so a
 cache (the teacher's logits) can be looked up per sample.
+
+Under DDP (:meth:`Batches.shard`) each rank takes every ``world``-th sample of each global batch,
+the interleaving of ``DistributedSampler``, drawn from the same seeded order and the same
+augmentation draws as one process: the union of the ranks' batches is the single-process batch.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class Batches:
         self.batch_size, self.shuffle, self.augment = batch_size, shuffle, augment or AugmentConfig()
         self.seed, self.workers, self.drop_last = seed, workers, drop_last
         self.epoch = 0
+        self.rank, self.world = 0, 1
+        self._loader = None
         self.labels = torch.from_numpy(split.labels[self.indices])
         self._mean = torch.tensor(preprocess.mean, dtype=torch.float32).view(1, -1, 1, 1)
         self._std = torch.tensor(preprocess.std, dtype=torch.float32).view(1, -1, 1, 1)
@@ -71,21 +77,36 @@ class Batches:
         n = len(self.indices)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+    def shard(self, rank: int, world: int) -> "Batches":
+        """Makes this iterator yield rank ``rank``'s share of each global batch of ``batch_size``."""
+        if self.batch_size % world:
+            from device.errors import ConfigError
+
+            raise ConfigError(f"batch_size {self.batch_size} does not split over {world} processes",
+                              fix=f"use a global batch size divisible by {world} (it is split across the ranks)")
+        self.rank, self.world = rank, world
+        return self
+
     def normalize(self, batch_uint8_nhwc: torch.Tensor) -> torch.Tensor:
         """The torch twin of :meth:`Preprocess.normalize` (same arithmetic, batched)."""
         data = batch_uint8_nhwc.permute(0, 3, 1, 2).float().div_(255.0)
         return data.sub_(self._mean).div_(self._std)
 
-    def _augment(self, x: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        flipped = torch.zeros(len(x), dtype=torch.bool)
-        if self.augment.hflip:
-            flipped = torch.rand(len(x), generator=generator) < 0.5
-            x = torch.where(flipped.view(-1, 1, 1, 1), x.flip(3), x)
+    def _draws(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Random flips and crop offsets for a whole global batch (the same on every rank)."""
+        flips = torch.rand(n, generator=generator) < 0.5 if self.augment.hflip else None
         pad = self.augment.crop_padding
-        if pad:
-            size = x.shape[-1]
+        offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=generator) if pad else None
+        return flips, offsets
+
+    def _augment(self, x: torch.Tensor, flips: torch.Tensor | None,
+                 offsets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        flipped = torch.zeros(len(x), dtype=torch.bool) if flips is None else flips
+        if flips is not None:
+            x = torch.where(flipped.view(-1, 1, 1, 1), x.flip(3), x)
+        if offsets is not None:
+            pad, size = self.augment.crop_padding, x.shape[-1]
             padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
-            offsets = torch.randint(0, 2 * pad + 1, (len(x), 2), generator=generator)
             x = torch.stack([padded[i, :, oy : oy + size, ox : ox + size] for i, (oy, ox) in enumerate(offsets.tolist())])
         return x, flipped
 
@@ -99,18 +120,32 @@ class Batches:
                 positions = order[start : start + self.batch_size]
                 if self.drop_last and len(positions) < self.batch_size:
                     break
-                x, flipped = self._augment(self.normalize(self._images[positions]), generator)
+                flips, offsets = self._draws(len(positions), generator)
+                mine = slice(self.rank, None, self.world)
+                positions = positions[mine]
+                x, flipped = self._augment(self.normalize(self._images[positions]),
+                                           flips[mine] if flips is not None else None,
+                                           offsets[mine] if offsets is not None else None)
                 yield x, self.labels[positions], positions, flipped
             return
-        loader = torch.utils.data.DataLoader(
-            _FileImages(self.split, self.indices, self.preprocess),
-            batch_size=self.batch_size,
-            sampler=order.tolist(),
-            num_workers=self.workers,
-            pin_memory=torch.cuda.is_available(),
-            persistent_workers=False,
-            drop_last=self.drop_last,
-        )
-        for images, labels, positions in loader:
-            x, flipped = self._augment(self.normalize(images), generator)
+        for images, labels, positions in self._file_loader(order):
+            x, flipped = self._augment(self.normalize(images), *self._draws(len(images), generator))
             yield x, labels, positions, flipped
+
+    def _file_loader(self, order: torch.Tensor):
+        """Decoding on DataLoader workers (kept alive across epochs), pinned memory on CUDA hosts."""
+        dataset = _FileImages(self.split, self.indices, self.preprocess)
+        if self.world > 1:
+            sampler = torch.utils.data.distributed.DistributedSampler(
+                dataset, num_replicas=self.world, rank=self.rank, shuffle=self.shuffle, seed=self.seed,
+                drop_last=self.drop_last)
+            sampler.set_epoch(self.epoch - 1)
+        else:
+            sampler = self._order = getattr(self, "_order", [])
+            sampler[:] = order.tolist()  # the persistent workers' loader reads this epoch's order
+        if self._loader is None or self.world > 1 or not self.workers:
+            self._loader = torch.utils.data.DataLoader(
+                dataset, batch_size=self.batch_size // self.world, sampler=sampler, num_workers=self.workers,
+                pin_memory=torch.cuda.is_available(), persistent_workers=self.workers > 0,
+                prefetch_factor=4 if self.workers else None, drop_last=self.drop_last)
+        return self._loader

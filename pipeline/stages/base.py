@@ -31,6 +31,8 @@ class Stage:
     name: ClassVar[str]
     # A stage whose inputs include the outside world (the devices) runs every time and reuses what it can.
     always_run: ClassVar[bool] = False
+    # Runs on every rank under torchrun (a DDP training stage); other stages run on rank 0 alone.
+    distributed: ClassVar[bool] = False
 
     def needs(self, ctx: "RunContext") -> tuple[str, ...]:
         """Earlier stages whose recorded outputs this stage reads."""

@@ -39,12 +39,12 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
              label: str) -> dict[str, Any]:
     """The benchmark job for one rung on one device."""
     runtime = cfg.runtime
-    if runtime == "auto":
-        runtime = "tensorrt" if device_info.get("tensorrt") else "onnxruntime"
+    trt_major = int(str(device_info.get("tensorrt") or "0").split(".")[0] or 0)
+    if runtime == "auto":  # the engine builder needs TensorRT 10 or newer (JetPack 6.1+)
+        runtime = "tensorrt" if trt_major >= 10 else "onnxruntime"
     precision = "fp32"
     if runtime == "tensorrt":
         # TensorRT 11 is strongly typed: precision comes from the model, FP16 flags are refused.
-        trt_major = int(str(device_info.get("tensorrt") or "10").split(".")[0])
         precision = "int8" if rung == "student_int8" else ("fp16" if trt_major < 11 else "fp32")
     return {"artifact": artifact, "runtime": runtime, "precision": precision, "batch_sizes": cfg.batch_sizes,
             "duration_s": cfg.duration_s, "warmup_iterations": cfg.warmup_iterations, "idle_s": cfg.idle_s,
@@ -95,12 +95,12 @@ class DeployStage(Stage):
         finally:
             if loopback is not None:
                 loopback.stop()
+        reused = sum(len(d.pop("reused", [])) for d in outcomes)
         results = {"schema": "edgefold.deploy/1", "devices": outcomes,
                    "artifacts": {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
                                  for rung, path in artifacts.items()}}
         (workdir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
         measured = sum(1 for d in outcomes for r in d["rungs"].values() if r["state"] == "succeeded")
-        reused = sum(len(d.pop("reused", [])) for d in outcomes)
         return StageResult(outputs={"results": workdir / "results.json"},
                            metrics={"devices": {d["name"]: d["status"] for d in outcomes}, "jobs_succeeded": measured,
                                     "jobs_reused": reused, "jobs": len(outcomes) * len(artifacts)})

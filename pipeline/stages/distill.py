@@ -15,6 +15,7 @@ from pipeline.train import evaluate, fit, predict
 
 class DistillStage(Stage):
     name = "distill"
+    distributed = True  # trains under torchrun on every rank (DDP); rank 0 writes the checkpoint
 
     def needs(self, ctx):
         if ctx.recipe.distill.student == "pruned":
@@ -61,7 +62,7 @@ class DistillStage(Stage):
                            cfg.train.label_smoothing)
 
         history = fit(student, train, cfg.train, loss_fn, device, "distill",
-                      evaluate_fn=lambda: evaluate(student, test, device, "student eval"))
+                      evaluate_fn=lambda: evaluate(student, test, device, "student eval"), resume=ctx.resume)
         metrics = history[-1] if history else evaluate(student, test, device, "student eval")
         student.cpu()
         path = save_checkpoint(workdir / "model.pt", student, arch, num_classes, distilled_from="teacher")

@@ -38,6 +38,7 @@ def _imagenet_weights(arch: str, num_classes: int) -> torch.nn.Module:
 
 class TeacherStage(Stage):
     name = "teacher"
+    distributed = True  # trains under torchrun on every rank (DDP); rank 0 writes the checkpoint
 
     def needs(self, ctx):
         return ("data",)
@@ -71,7 +72,7 @@ class TeacherStage(Stage):
                 return F.cross_entropy(logits, batch.labels, label_smoothing=cfg.train.label_smoothing)
 
             history = fit(model, train, cfg.train, loss_fn, ctx.device, "teacher",
-                          evaluate_fn=lambda: evaluate(model, test, ctx.device, "teacher eval"))
+                          evaluate_fn=lambda: evaluate(model, test, ctx.device, "teacher eval"), resume=ctx.resume)
         metrics = history[-1].copy() if history else evaluate(model, test, ctx.device, "teacher eval")
         model.cpu()
         path = save_checkpoint(workdir / "model.pt", model, cfg.arch, num_classes, weights=cfg.weights,

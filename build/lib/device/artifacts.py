@@ -1,0 +1,78 @@
+"""Verifying uploaded artifacts before they are stored: size, sha256, and that they are what they claim.
+
+An artifact is named by the sha256 of its bytes. The agent streams the upload into a temporary file
+through :class:`HashingWriter` (a running hash and a size cap); only when the hash matches and the file parses as an ONNX model (or a
+``torch.export`` archive) is it moved into the store. Anything else is refused and deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+from pathlib import Path
+
+from device.errors import StatusError, require
+
+
+class ArtifactError(StatusError):
+    """An upload was refused; ``status`` is the HTTP status the agent answers with."""
+
+
+class HashingWriter:
+    """Writes chunks to ``path`` while hashing and counting them; refuses more than ``limit_bytes``."""
+
+    def __init__(self, path: Path, limit_bytes: int):
+        self.path, self.limit = path, limit_bytes
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self._file = open(path, "wb")
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise ArtifactError(f"upload exceeds the agent's limit of {self.limit >> 20} MiB",
+                                fix="raise max_upload_mib in the agent's config", status=413)
+        self.digest.update(chunk)
+        self._file.write(chunk)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> str:
+    """The kind of a received file ("onnx" or "torch-export") once its hash and content check out."""
+    if actual_sha256 != expected_sha256:
+        raise ArtifactError(f"upload corrupted: its bytes hash to sha256 {actual_sha256}, not {expected_sha256}",
+                            fix="upload again; the artifact is named by the sha256 of its exact bytes")
+    if size == 0:
+        raise ArtifactError("empty upload", fix="upload the model file's bytes as the request body", status=422)
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic == b"PK\x03\x04":
+        return _check_torch_export(path)
+    return _check_onnx(path)
+
+
+def _check_torch_export(path: Path) -> str:
+    try:
+        names = zipfile.ZipFile(path).namelist()
+    except zipfile.BadZipFile as err:
+        raise ArtifactError(f"not a torch.export archive: {err}", status=422) from None
+    if not any(n.endswith("/archive_format") for n in names) or not any("/models/" in n for n in names):
+        raise ArtifactError("a zip file, but not a torch.export archive (no archive_format or models/)",
+                            fix="save with torch.export.save(exported_program, 'model.pt2')", status=422)
+    return "torch-export"
+
+
+def _check_onnx(path: Path) -> str:
+    onnx = require("onnx", "onnx", "pip install 'edgefold[device]'")
+    try:
+        model = onnx.load(os.fspath(path), load_external_data=False)
+        onnx.checker.check_model(model)
+    except Exception as err:  # protobuf's DecodeError, onnx's ValidationError, …
+        raise ArtifactError(f"not a valid ONNX model: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+                            fix="upload the .onnx file the pipeline's export or quantize stage wrote", status=422) from None
+    if not model.graph.input:
+        raise ArtifactError("the ONNX model has no inputs", status=422)
+    return "onnx"

@@ -1,0 +1,175 @@
+"""The Python client of the agent's API v1: upload by hash, submit, wait with progress, fetch.
+
+    with AgentClient("http://jetson:8765", token=open("token").read().strip()) as agent:
+        job = agent.benchmark("model.int8.onnx", runtime="tensorrt", precision="int8", batch_sizes=[1, 8])
+        print(job["result"]["runs"][0]["latency_p50_ms"])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from device.errors import StatusError, require
+from device.schema import FINISHED, JobSpec
+
+CHUNK = 1 << 20
+
+
+class AgentError(StatusError):
+    """The agent refused a request or could not be reached; ``status`` is the HTTP status (0: unreachable)."""
+
+    default_status = 0
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_token(token: str | None = None, token_file: str | os.PathLike | None = None) -> str:
+    """A token given directly, from a file, or from ``$EDGEFOLD_AGENT_TOKEN``."""
+    if token:
+        return token
+    if token_file:
+        try:
+            return Path(token_file).expanduser().read_text().strip()
+        except OSError as err:
+            raise AgentError(f"cannot read the agent token file {token_file}: {err.strerror}",
+                             fix="copy the agent's token file (its --token-file, or DATA_DIR/token) here") from None
+    if os.environ.get("EDGEFOLD_AGENT_TOKEN"):
+        return os.environ["EDGEFOLD_AGENT_TOKEN"]
+    raise AgentError("no agent token", fix="pass a token file, or set EDGEFOLD_AGENT_TOKEN")
+
+
+class AgentClient:
+    """A client of one agent.
+
+    Args:
+        url: The agent's base URL (``http://host:8765``).
+        token: Its bearer token.
+        timeout_s: Per-request timeout (uploads stream, so this bounds each read/write, not the upload).
+    """
+
+    def __init__(self, url: str, token: str, timeout_s: float = 30.0):
+        httpx = require("httpx", "httpx", "pip install 'edgefold[device]'")
+        self.url = url.rstrip("/")
+        self._httpx = httpx
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
+                                  headers={"Authorization": f"Bearer {token}"})
+
+    def __enter__(self) -> "AgentClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any):
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except self._httpx.TransportError as err:
+            raise AgentError(f"agent {self.url} is unreachable: {type(err).__name__}: {err}",
+                             fix="start it (edgefold-agent serve, or systemctl start edgefold-agent) and check the "
+                                 "URL and firewall") from None
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+                detail, fix = body.get("detail"), body.get("fix")
+            except ValueError:
+                detail, fix = response.text[:500], None
+            if response.status_code == 401:
+                fix = fix or "use the agent's token (its --token-file, or DATA_DIR/token on the device)"
+            raise AgentError(f"agent {self.url} answered {response.status_code} to {method} {path}: {detail}",
+                             fix=fix, status=response.status_code)
+        return response
+
+    # ----------------------------------------------------------------- API
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/v1/health").json()
+
+    def device(self) -> dict[str, Any]:
+        return self._request("GET", "/v1/device").json()
+
+    def has_artifact(self, sha256: str) -> bool:
+        try:
+            self._request("GET", f"/v1/artifacts/{sha256}")
+            return True
+        except AgentError as err:
+            if err.status == 404:
+                return False
+            raise
+
+    def upload(self, path: str | os.PathLike) -> str:
+        """Uploads ``path`` unless the agent already holds its bytes; returns its sha256."""
+        sha256 = file_sha256(path)
+        if self.has_artifact(sha256):
+            return sha256
+
+        def chunks() -> Iterator[bytes]:
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(CHUNK), b""):
+                    yield block
+
+        self._request("PUT", f"/v1/artifacts/{sha256}", content=chunks(),
+                      headers={"Content-Type": "application/octet-stream",
+                               "Content-Length": str(os.path.getsize(path))})
+        return sha256
+
+    def submit(self, spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
+        body = spec.model_dump(exclude_none=True) if isinstance(spec, JobSpec) else JobSpec.model_validate(
+            spec).model_dump(exclude_none=True)
+        return self._request("POST", "/v1/jobs", json=body).json()
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/jobs/{job_id}").json()
+
+    def jobs(self, state: str | None = None) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/jobs", params={"state": state} if state else None).json()
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/v1/jobs/{job_id}").json()
+
+    def metrics(self) -> str:
+        return self._request("GET", "/metrics").text
+
+    def wait(self, job_id: str, timeout_s: float = 3600.0, poll_s: float = 0.5,
+             on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Polls until the job finishes; ``on_progress`` sees each change of state or progress.
+
+        Raises:
+            AgentError: When ``timeout_s`` passes first (the job keeps running on the agent).
+        """
+        deadline = time.monotonic() + timeout_s
+        seen = None
+        while True:
+            job = self.job(job_id)
+            marker = (job["state"], job.get("progress"))
+            if on_progress and marker != seen:
+                on_progress(job)
+                seen = marker
+            if job["state"] in FINISHED:
+                return job
+            if time.monotonic() > deadline:
+                raise AgentError(f"job {job_id} on {self.url} still {job['state']} after {timeout_s:g} s",
+                                 fix="wait longer, or cancel it with DELETE /v1/jobs/{id}")
+            time.sleep(poll_s)
+
+    def benchmark(self, path: str | os.PathLike, timeout_s: float = 3600.0, verbose: bool = False,
+                  **spec: Any) -> dict[str, Any]:
+        """Uploads, submits and waits; returns the finished job (check its ``state``)."""
+        sha256 = self.upload(path)
+        job = self.submit({"artifact": sha256, **spec})
+        report = (lambda j: print(f"  {self.url} job {j['id']}: {j['state']}"
+                                  f"{' — ' + j['progress'] if j.get('progress') else ''}", file=sys.stderr)) \
+            if verbose else None
+        return self.wait(job["id"], timeout_s=timeout_s, on_progress=report)

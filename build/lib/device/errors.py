@@ -1,0 +1,89 @@
+"""The one exception tree of EdgeFold.
+
+Every error a user can cause derives from :class:`EdgeFoldError` and carries a ``fix``: the
+command or change that makes it go away. The CLIs print ``error: <message>`` and ``fix: <fix>``
+and exit with status 2 instead of showing a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+class EdgeFoldError(Exception):
+    """Base class of every error EdgeFold raises on purpose.
+
+    Args:
+        message: What went wrong, naming the offending value, key or path.
+        fix: What the user should do about it.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, fix: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return self.message if not self.fix else f"{self.message}\n  fix: {self.fix}"
+
+    def __reduce__(self):
+        # Keeps the fix when the error crosses a process boundary (worker processes, the agent's jobs).
+        return (self.__class__, (self.message, self.fix))
+
+
+class ConfigError(EdgeFoldError):
+    """A recipe, option or argument is invalid."""
+
+
+class UnknownKeyError(ConfigError):
+    """A name looked up in a registry does not exist."""
+
+
+class DataError(EdgeFoldError):
+    """A data set is missing, malformed or inconsistent with the recipe."""
+
+
+class CheckpointError(EdgeFoldError):
+    """A checkpoint is missing, corrupt, or does not fit the architecture it names."""
+
+
+class ManifestError(EdgeFoldError):
+    """A run directory or its manifest is unusable."""
+
+
+class StageError(EdgeFoldError):
+    """A stage could not produce what it promises (a target missed, a check failed)."""
+
+
+class StatusError(EdgeFoldError):
+    """An error that maps to an HTTP status (the agent's refusals, the client's view of them)."""
+
+    default_status = 400
+
+    def __init__(self, message: str, fix: str | None = None, status: int | None = None):
+        super().__init__(message, fix)
+        self.status = self.default_status if status is None else status
+
+    def __reduce__(self):
+        return (self.__class__, (self.message, self.fix, self.status))
+
+
+class MissingDependencyError(EdgeFoldError):
+    """An optional dependency needed for this operation is not installed."""
+
+
+def require(module: str, what: str, fix: str) -> ModuleType:
+    """Imports an optional dependency, or raises :class:`MissingDependencyError` saying what to install.
+
+    Args:
+        module: The import name (``onnxruntime``, ``pynvml``).
+        what: The package as users know it ("ONNX Runtime").
+        fix: How to install it.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(f"{what} is not installed", fix=fix) from None

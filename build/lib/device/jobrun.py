@@ -1,0 +1,212 @@
+"""One benchmark job, run in a child process of the agent: ``python -m device.jobrun JOB_DIR``.
+
+The agent writes ``JOB_DIR/job.json`` (the spec, the artifact's path, the agent's telemetry
+settings) and waits. This process loads the runner, runs a smoke inference on a real image through
+the shared preprocessing, measures every batch size, and writes ``result.json`` — or
+``error.json`` (message and fix) and exits 3. A crash, hang or OOM here kills only this process;
+the agent records why and moves on. ``progress.json`` tells the agent (and its clients) where it is.
+
+``EDGEFOLD_AGENT_FAULT=LABEL=segv,LABEL=hang`` makes the jobs labelled LABEL crash or hang after
+loading: the tests' stand-in for a runtime that segfaults or deadlocks, which cannot be produced on
+purpose otherwise. Unset (always, outside tests) it does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from device.errors import ConfigError, EdgeFoldError, MissingDependencyError
+from device.measure import MeasureSpec, measure
+from device.preprocess import Preprocess, read_image
+from device.runners import make_runner
+from device.schema import JobSpec
+from device.telemetry.base import Sampler
+
+SMOKE_IMAGE = Path(__file__).parent / "assets" / "smoke.png"
+RESULT_SCHEMA = "edgefold.result/1"
+# Which power series is the device's power, in order of preference, and how to name it.
+POWER_SOURCES = (("jtop", "board_power_mw"), ("nvml", "power_mw"))
+MEMORY_SOURCES = (("jtop", "ram_used_mb"), ("nvml", "gpu_mem_used_mb"), ("host", "rss_mb"))
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _is_tegra() -> bool:
+    return Path("/etc/nv_tegra_release").exists()
+
+
+def open_samplers(wanted: list[str] | str, rate_hz: float, jtop_socket: str | None) -> tuple[list[Sampler], list[str]]:
+    """Opens the requested samplers; with ``auto``, every one this device has (host always).
+
+    Returns:
+        (open samplers, notes on those ``auto`` skipped and why).
+    """
+    from device.telemetry.host import HostSampler
+    from device.telemetry.jtop import JtopSampler
+    from device.telemetry.nvml import NvmlSampler
+
+    auto = wanted == "auto"
+    names = ["jtop", "nvml", "host"] if auto else list(wanted)
+    samplers, notes = [], []
+    for name in names:
+        if name == "jtop":
+            if jtop_socket:
+                try:
+                    import jtop.service
+
+                    jtop.service.JTOP_PIPE = jtop_socket
+                except ImportError:
+                    pass
+            if auto and not (jtop_socket and os.path.exists(jtop_socket)):
+                notes.append(f"jtop: no service socket at {jtop_socket}")
+                continue
+            sampler = JtopSampler(rate_hz)
+        elif name == "nvml":
+            if auto and _is_tegra():
+                notes.append("nvml: NVML reports no power on Jetson; jtop is used there")
+                continue
+            sampler = NvmlSampler(rate_hz)
+        else:
+            sampler = HostSampler(rate_hz)
+        try:
+            sampler.open()
+        except MissingDependencyError as err:
+            if not auto:
+                raise
+            notes.append(f"{name}: {err.message}")
+            continue
+        samplers.append(sampler)
+    return samplers, notes
+
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    """The headline numbers of one measured batch size, from the best telemetry source present."""
+    telemetry = run["telemetry"]
+    summary: dict[str, Any] = {"power_source": None, "power_mean_mw": None, "power_peak_mw": None,
+                               "power_idle_mw": None, "energy_mj_per_inference": None,
+                               "energy_above_idle_mj_per_inference": None, "memory_source": None,
+                               "peak_memory_mb": None}
+    for sampler, key in POWER_SOURCES:
+        values = telemetry.get(sampler, {})
+        if f"mean_{key}" in values and np.isfinite(values[f"mean_{key}"]):
+            rail = values.get("board_rail")
+            summary.update(power_source=f"{sampler}:{rail or key}", power_mean_mw=values[f"mean_{key}"],
+                           power_peak_mw=values[f"peak_{key}"], power_idle_mw=values.get(f"idle_{key}"),
+                           energy_mj_per_inference=values.get("energy_mj_per_inference"),
+                           energy_above_idle_mj_per_inference=values.get("energy_above_idle_mj_per_inference"))
+            break
+    for sampler, key in MEMORY_SOURCES:
+        values = telemetry.get(sampler, {})
+        if f"peak_{key}" in values and np.isfinite(values[f"peak_{key}"]):
+            summary.update(memory_source=f"{sampler}:{key}", peak_memory_mb=values[f"peak_{key}"])
+            break
+    return summary
+
+
+def smoke(runner, chw: tuple[int, ...], preprocess: dict[str, Any] | None) -> dict[str, Any]:
+    """One real photograph through the shared preprocessing and the model: outputs must be finite."""
+    if preprocess:
+        prep = Preprocess.from_dict(preprocess)
+    else:
+        channels, size = chw[0], chw[-1]
+        prep = Preprocess(input_size=size, resize=size, channels=channels, mean=(0.5,) * channels,
+                          std=(0.25,) * channels)
+    if tuple(prep.input_shape()[1:]) != tuple(chw):
+        raise ConfigError(f"the job's preprocessing gives {prep.input_shape()[1:]} but the model takes {tuple(chw)}",
+                          fix="send the preprocessing recorded with this model (manifest: stages.data.metrics)")
+    batch = prep(read_image(str(SMOKE_IMAGE)))
+    out = np.asarray(runner.infer(batch), dtype=np.float32)
+    if not np.all(np.isfinite(out)):
+        raise EdgeFoldError("the smoke inference produced NaN or Inf", fix="check the model's export and precision")
+    return {"image": SMOKE_IMAGE.name, "output_shape": list(out.shape), "top1_index": int(out.reshape(1, -1).argmax()),
+            "preprocess": prep.to_dict()}
+
+
+def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
+    """Runs one job described by the agent's ``job.json``; returns the result document."""
+    spec = JobSpec.model_validate(job["spec"])
+
+    def progress(text: str) -> None:
+        _write_json(job_dir / "progress.json", {"progress": text, "at": time.time()})
+
+    progress("loading")
+    started = time.perf_counter()
+    runner = make_runner(spec.runtime, job["artifact_path"], precision=spec.precision, threads=spec.threads,
+                         batch_sizes=spec.batch_sizes, dla_core=spec.dla_core, engine_cache=job.get("engine_cache"),
+                         channels_last=spec.channels_last, cuda_graphs=spec.cuda_graphs)
+    faults = dict(item.split("=", 1) for item in os.environ.get("EDGEFOLD_AGENT_FAULT", "").split(",") if "=" in item)
+    fault = faults.get(spec.label) if spec.label else None
+    with runner:
+        load_s = time.perf_counter() - started
+        if fault == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        elif fault == "hang":
+            while True:
+                time.sleep(1)
+        chw = tuple(runner.input_chw)
+        if not chw or any(d is None for d in chw):
+            raise ConfigError(f"the model's input has dynamic or unknown dimensions besides the batch: {chw}",
+                              fix="export with a fixed C×H×W (only the batch axis dynamic)")
+        smoke_result = smoke(runner, chw, spec.preprocess)
+        samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"))
+        try:
+            static = {s.name: {k: getattr(s, k) for k in ("board_rail", "nvpmodel", "jetson_clocks", "board",
+                                                            "unsupported", "rapl_readable") if hasattr(s, k)}
+                      for s in samplers}
+            power_key = next((key for name, key in POWER_SOURCES if any(s.name == name for s in samplers)), None)
+            measure_spec = MeasureSpec(warmup_iterations=spec.warmup_iterations, idle_s=spec.idle_s, **spec.window())
+            rng = np.random.default_rng(0)
+            runs = []
+            for index, batch_size in enumerate(spec.batch_sizes, start=1):
+                progress(f"batch {batch_size} ({index}/{len(spec.batch_sizes)}): measuring")
+                batch = rng.standard_normal((batch_size, *chw)).astype(np.float32)
+                run = measure(runner, batch, measure_spec, samplers, power_key=power_key)
+                for sampler in samplers:
+                    run["telemetry"][sampler.name].update(static.get(sampler.name, {}))
+                run["summary"] = summarize(run)
+                runs.append(run)
+        finally:
+            for sampler in samplers:
+                sampler.close()
+        runtime = {"name": spec.runtime, "load_s": load_s, "python": platform.python_version()}
+        for attr in ("providers", "engine_path", "built_now", "device"):
+            if getattr(runner, attr, None) is not None:
+                runtime[attr] = str(getattr(runner, attr)) if attr in ("engine_path", "device") else getattr(runner, attr)
+    from device.info import describe_device
+
+    return {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
+            "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "environment": describe_device()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    job_dir = Path((argv or sys.argv[1:])[0])
+    job = json.loads((job_dir / "job.json").read_text())
+    try:
+        result = run_job(job, job_dir)
+    except EdgeFoldError as err:
+        _write_json(job_dir / "error.json", {"message": err.message, "fix": err.fix, "type": type(err).__name__})
+        return 3
+    except Exception as err:  # a runtime's own error (ONNX Runtime, TensorRT, CUDA): the job fails with it
+        traceback.print_exc()
+        _write_json(job_dir / "error.json", {"message": str(err).strip(), "fix": None, "type": type(err).__name__})
+        return 4
+    _write_json(job_dir / "result.json", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

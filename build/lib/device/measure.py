@@ -1,0 +1,133 @@
+"""The measurement protocol: idle baseline, warm-up, then the timed window with telemetry fenced to it.
+
+Every number carries its unit in its name. Latency is per batch (one ``infer`` call), throughput
+is images over the window's wall time, and energy is the time integral of the chosen power series
+over the window, per image, in total and above the idle baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from device.errors import ConfigError
+from device.runners import Runner
+from device.telemetry.base import Sampler, Trace, energy_per_inference
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """How long and how hard to measure.
+
+    Attributes:
+        warmup_iterations: Untimed calls first (engine autotuning, caches, clocks ramping up).
+        iterations: Timed calls; ``duration_s`` instead runs for a wall-clock time.
+        duration_s: Timed window length, when ``iterations`` is None.
+        idle_s: Idle baseline before warm-up, with the samplers running.
+        temp_limit_c: A temperature above this during the window is reported.
+    """
+
+    warmup_iterations: int = 10
+    iterations: int | None = 100
+    duration_s: float | None = None
+    idle_s: float = 1.0
+    temp_limit_c: float = 85.0
+
+    def __post_init__(self) -> None:
+        if (self.iterations is None) == (self.duration_s is None):
+            raise ConfigError("give exactly one of iterations and duration_s")
+        if self.iterations is not None and self.iterations < 2:
+            raise ConfigError(f"iterations must be ≥ 2 for percentiles, got {self.iterations}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ConfigError(f"duration_s must be positive, got {self.duration_s}")
+        if self.warmup_iterations < 0 or self.idle_s < 0:
+            raise ConfigError("warmup_iterations and idle_s must not be negative")
+
+
+def latency_stats(latencies_s: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/mean/std in milliseconds and the coefficient of variation."""
+    ms = np.asarray(latencies_s, dtype=np.float64) * 1e3
+    mean = float(ms.mean())
+    return {"latency_p50_ms": float(np.percentile(ms, 50)), "latency_p90_ms": float(np.percentile(ms, 90)),
+            "latency_p99_ms": float(np.percentile(ms, 99)), "latency_mean_ms": mean,
+            "latency_std_ms": float(ms.std(ddof=1)), "latency_cv": float(ms.std(ddof=1) / mean) if mean else 0.0}
+
+
+def power_trace(trace: Trace, key: str, idle_mw: float | None, source: str,
+                max_points: int = 400) -> dict[str, Any]:
+    """The window's power series, thinned to at most ``max_points`` samples, for plotting."""
+    times, values = trace.times_s - trace.times_s[0], trace.values[key]
+    step = max(1, int(np.ceil(len(times) / max_points)))
+    keep = np.isfinite(values[::step])
+    return {"source": source, "key": key, "t_s": [round(float(t), 4) for t in times[::step][keep]],
+            "mw": [round(float(v), 1) for v in values[::step][keep]], "idle_mw": idle_mw}
+
+
+def _window(samplers: Sequence[Sampler], work) -> tuple[Any, list[Trace]]:
+    for sampler in samplers:
+        sampler.start()
+    try:
+        result = work()
+    finally:
+        traces = [sampler.stop() for sampler in samplers]
+    return result, traces
+
+
+def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequence[Sampler] = (),
+            power_key: str | None = None) -> dict[str, Any]:
+    """Measures ``runner`` on ``batch`` (already loaded); samplers must be open.
+
+    Args:
+        runner: A loaded runner.
+        batch: The input (its first axis is the batch size).
+        spec: Iterations or duration, warm-up and idle baseline.
+        samplers: Telemetry samplers, started for the idle baseline and for the timed window only.
+        power_key: The power series (mW) to integrate for energy, e.g. ``board_power_mw``.
+    """
+    images_per_call = int(batch.shape[0])
+    idle_means: dict[str, float] = {}
+    if samplers and spec.idle_s > 0:
+        _, idle_traces = _window(samplers, lambda: time.sleep(spec.idle_s))
+        for trace in idle_traces:
+            idle_means.update({key: trace.mean(key) for key in trace.values})
+    for _ in range(spec.warmup_iterations):
+        runner.infer(batch)
+
+    def timed() -> tuple[list[float], float]:
+        latencies: list[float] = []
+        started = time.perf_counter()
+        while True:
+            before = time.perf_counter()
+            runner.infer(batch)
+            latencies.append(time.perf_counter() - before)
+            if spec.iterations is not None and len(latencies) >= spec.iterations:
+                break
+            if spec.duration_s is not None and time.perf_counter() - started >= spec.duration_s and len(latencies) >= 2:
+                break
+        return latencies, time.perf_counter() - started
+
+    (latencies, window_s), traces = _window(samplers, timed)
+    images = len(latencies) * images_per_call
+    result: dict[str, Any] = {"batch_size": images_per_call, "iterations": len(latencies), "images": images,
+                              "window_s": window_s, "throughput_images_per_s": images / window_s,
+                              **latency_stats(latencies), "telemetry": {}}
+    for sampler, trace in zip(samplers, traces):
+        summary: dict[str, Any] = {"samples": len(trace.times_s), "requested_hz": trace.requested_hz,
+                                   "achieved_hz": trace.achieved_hz, "errors": trace.errors}
+        for key in trace.values:
+            summary[f"mean_{key}"] = trace.mean(key)
+            summary[f"peak_{key}"] = trace.peak(key)
+            if key in idle_means:
+                summary[f"idle_{key}"] = idle_means[key]
+        clocks = [k for k in trace.values if k.endswith(("_freq_mhz", "clock_mhz"))]
+        summary["clocks_dropped"] = any(np.nanmin(trace.values[k]) < 0.95 * np.nanmax(trace.values[k]) for k in clocks)
+        summary["temp_limit_crossed"] = any(trace.peak(k) > spec.temp_limit_c for k in trace.values
+                                            if k.startswith("temp_") or k == "gpu_temp_c")
+        if power_key and power_key in trace.values:
+            summary.update(energy_per_inference(trace, images, power_key, idle_means.get(power_key)))
+            result["power_trace"] = power_trace(trace, power_key, idle_means.get(power_key), sampler.name)
+        result["telemetry"][sampler.name] = summary
+    return result

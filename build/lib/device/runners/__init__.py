@@ -1,0 +1,82 @@
+"""Inference runners behind one interface: load, infer, close (a context manager).
+
+Each runner imports its framework lazily, so ``device`` imports without any of them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from device.registry import Registry
+
+
+class Runner(ABC):
+    """Runs one model on one backend.
+
+    Use as a context manager::
+
+        with OnnxRuntimeRunner("model.onnx") as runner:
+            logits = runner.infer(batch)
+    """
+
+    name: str = "runner"
+    input_chw: tuple[int | None, ...] = ()  # set by load(); None where an axis is dynamic
+
+    def __enter__(self) -> "Runner":
+        self.load()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @abstractmethod
+    def load(self) -> None:
+        """Prepares the model (parses it, builds or loads the engine)."""
+
+    @abstractmethod
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        """Runs one batch (float32 NCHW) and returns the first output."""
+
+    def close(self) -> None:
+        """Releases the model."""
+
+
+def make_runner(runtime: str, artifact: str, *, precision: str = "fp32", threads: int = 0, batch_sizes=(1,),
+                dla_core: int | None = None, engine_cache: str | None = None, channels_last: bool = True,
+                cuda_graphs: bool = False) -> Runner:
+    """The runner for ``runtime`` (a key of :data:`RUNNERS`), its framework imported only now."""
+    return RUNNERS.get(runtime)(artifact, precision=precision, threads=threads, batch_sizes=tuple(batch_sizes),
+                                dla_core=dla_core, engine_cache=engine_cache, channels_last=channels_last,
+                                cuda_graphs=cuda_graphs)
+
+
+def _onnxruntime(artifact: str, *, threads: int, **_: Any) -> Runner:
+    from device.runners.onnxruntime import OnnxRuntimeRunner
+
+    return OnnxRuntimeRunner(artifact, providers=("CUDAExecutionProvider", "CPUExecutionProvider"), threads=threads)
+
+
+def _tensorrt(artifact: str, *, precision: str, batch_sizes: tuple[int, ...], dla_core: int | None,
+              engine_cache: str | None, **_: Any) -> Runner:
+    from device.engine import BuildOptions
+    from device.runners.tensorrt import TensorRTRunner
+
+    options = BuildOptions(precision=precision, batch=(min(batch_sizes), max(batch_sizes), max(batch_sizes)),
+                           dla_core=dla_core)
+    return TensorRTRunner(artifact, options, cache_dir=engine_cache)
+
+
+def _torch(artifact: str, *, precision: str, channels_last: bool, cuda_graphs: bool, threads: int, **_: Any) -> Runner:
+    from device.runners.torch import TorchRunner
+
+    return TorchRunner(artifact, precision=precision, channels_last=channels_last, cuda_graphs=cuda_graphs,
+                       threads=threads)
+
+
+RUNNERS: Registry = Registry("runtime")
+RUNNERS.add("onnxruntime", _onnxruntime)
+RUNNERS.add("tensorrt", _tensorrt)
+RUNNERS.add("torch", _torch)

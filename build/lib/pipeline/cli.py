@@ -1,0 +1,196 @@
+"""The ``edgefold`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from device import __version__
+from device.errors import EdgeFoldError
+
+STAGE_HELP = "data, teacher, prune, distill, export, quantize, evaluate, deploy, report"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgefold",
+        description="Fold a data-center model into an edge model: prune, distill, quantize to INT8, benchmark on the devices, report.",
+    )
+    parser.add_argument("--version", action="version", version=f"edgefold {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run (or resume) the pipeline for a model recipe",
+                         description="Run the stages of MODEL's recipe into runs/<model>/<run-id>/. Stages whose "
+                                     "config and inputs are unchanged are skipped.")
+    run.add_argument("model", help="recipe name under models/ (e.g. resnet50, tiny) or a path to a recipe YAML")
+    run.add_argument("--until", metavar="STAGE", help=f"stop after this stage ({STAGE_HELP})")
+    run.add_argument("--force", metavar="STAGE", action="append", default=[], help="redo this stage even if cached (repeatable)")
+    run.add_argument("--run-id", help="run directory name (default: the model's latest run, or a new timestamped one)")
+    run.add_argument("--new", action="store_true", help="start a new run instead of resuming the latest")
+    run.add_argument("--data", help="override data.source: fashion-mnist, digits or imagefolder:/path")
+    run.add_argument("--weights", help="override teacher.weights: a torchvision state_dict path, or 'imagenet'")
+    run.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                     help="override any recipe key, e.g. --set teacher.train.epochs=1 (value parsed as YAML)")
+    run.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"), help="parent of run directories (default: runs)")
+    run.add_argument("--edge", metavar="URLS", default=os.environ.get("EDGE"),
+                     help="edge agents, comma-separated (http://jetson:8765); with no devices a loopback agent is used")
+    run.add_argument("--dc", metavar="URLS", default=os.environ.get("DC"), help="data-center agents, comma-separated")
+    run.add_argument("--devices", metavar="YAML", default=os.environ.get("DEVICES"),
+                     help="devices file with groups (see pipeline/devices.py)")
+    run.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
+                     help="agent token file for --edge/--dc (default: $EDGEFOLD_AGENT_TOKEN)")
+
+    report = sub.add_parser("report", help="rebuild a run's report (report.md/.html, results.json/.csv)")
+    report.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
+    report.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
+
+    runs = sub.add_parser("runs", help="list runs with their stages and accuracies")
+    runs.add_argument("model", nargs="?", help="only this model's runs")
+    runs.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
+    runs.add_argument("--json", action="store_true", help="machine-readable output")
+
+    recipes = sub.add_parser("recipes", help="list the recipes under models/")
+    recipes.add_argument("--check", action="store_true", help="also validate every recipe")
+
+    show = sub.add_parser("recipe", help="validate a recipe and print it with defaults filled in")
+    show.add_argument("model", help="recipe name or path")
+    show.add_argument("--get", metavar="KEY", help="print one dotted key only (e.g. data.source)")
+    return parser
+
+
+def _parse_sets(pairs: list[str]) -> dict:
+    import yaml
+
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise EdgeFoldError(f"--set {pair!r} is not KEY=VALUE", fix="e.g. --set distill.train.epochs=2")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
+def _cmd_run(args) -> int:
+    from pipeline.runner import run_pipeline
+    from pipeline.stages.evaluate import ladder_table
+
+    from pipeline.devices import load_devices
+    from pipeline.report import headline_text
+
+    overrides = {"data.source": args.data, "teacher.weights": args.weights, **_parse_sets(args.set)}
+    devices = load_devices(args.edge, args.dc, args.devices, args.token_file)
+    ctx = run_pipeline(args.model, until=args.until, force=args.force, run_id=args.run_id, new=args.new,
+                       overrides=overrides, runs_dir=args.runs_dir, devices=devices)
+    evaluated = ctx.manifest.stage("evaluate")
+    if evaluated:
+        print(ladder_table(evaluated["metrics"]["rungs"]))
+    reported = ctx.manifest.stage("report")
+    if reported:
+        print()
+        print(headline_text(reported["metrics"]["headline"]))
+        print(f"report: {ctx.run_dir / reported['outputs']['html']}")
+    print(f"manifest: {ctx.manifest.path}")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from pathlib import Path
+
+    from pipeline.report import build_report, headline_text
+
+    run_dir = Path(args.run)
+    if not (run_dir / "manifest.json").is_file():
+        run_dir = Path(args.runs_dir) / args.run / "latest"
+    paths = build_report(run_dir.resolve(), run_dir.resolve() / "report")
+    data = json.loads(paths["json"].read_text())
+    print(headline_text(data["headline"]))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def _cmd_runs(args) -> int:
+    from pipeline.runner import list_runs
+
+    rows = list_runs(args.runs_dir, args.model)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no runs under {args.runs_dir}/")
+        return 0
+    pct = lambda v: f"{100 * v:.2f}%" if isinstance(v, float) else "-"  # noqa: E731
+    from pipeline.stages import STAGE_ORDER
+
+    width = max(len(row["run"]) for row in rows) + 2
+    print(f"{'run':<{width}}{'last stage':<16}{'teacher':>9}{'student':>9}{'seconds':>9}")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['run']:<{width}}error: {row['error']}")
+            continue
+        last = f"{row['stages'][-1]} ({len(row['stages'])}/{len(STAGE_ORDER)})" if row["stages"] else "-"
+        print(f"{row['run']:<{width}}{last:<16}{pct(row['teacher_top1']):>9}"
+              f"{pct(row['student_top1']):>9}{row['seconds']:>9.0f}")
+    return 0
+
+
+def _cmd_recipes(args) -> int:
+    from pipeline.recipe import available_recipes, load_recipe, recipes_dir
+
+    failures = 0
+    for name in available_recipes():
+        if args.check:
+            try:
+                recipe, _, _ = load_recipe(name)
+                print(f"{name:<20} ok   {recipe.description}")
+            except EdgeFoldError as err:
+                failures += 1
+                print(f"{name:<20} FAIL {err.message}")
+        else:
+            print(name)
+    if not available_recipes():
+        print(f"no recipes in {recipes_dir()}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _cmd_recipe(args) -> int:
+    import yaml
+
+    from pipeline.recipe import load_recipe
+
+    recipe, path, sha = load_recipe(args.model)
+    data = recipe.model_dump(mode="json")
+    if args.get:
+        for key in args.get.split("."):
+            if not isinstance(data, dict) or key not in data:
+                raise EdgeFoldError(f"recipe has no key {args.get!r}", fix="see `edgefold recipe MODEL` for the keys")
+            data = data[key]
+        print(data if not isinstance(data, (dict, list)) else json.dumps(data))
+        return 0
+    print(f"# {path} (sha256 {sha[:12]})")
+    print(yaml.safe_dump(data, sort_keys=False), end="")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``edgefold`` console script."""
+    args = _parser().parse_args(argv)
+    commands = {"run": _cmd_run, "runs": _cmd_runs, "recipes": _cmd_recipes, "recipe": _cmd_recipe,
+                "report": _cmd_report}
+    try:
+        return commands[args.command](args)
+    except EdgeFoldError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        if err.fix:
+            print(f"  fix: {err.fix}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; completed stages are kept and will be skipped next time", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Data sources, deterministic splits and torch batch iterators."""

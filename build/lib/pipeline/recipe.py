@@ -1,0 +1,343 @@
+"""Recipes: one YAML file per model under ``models/``, validated before any work starts.
+
+Unknown keys and wrong types are rejected with their full key path (``prune.macs_targt``),
+and components (architectures, data sources) are chosen by registry key, never by importing
+a dotted path from the file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from device.errors import ConfigError, EdgeFoldError
+from device.preprocess import Preprocess
+
+RECIPES_ENV = "EDGEFOLD_MODELS_DIR"
+
+
+def _as_value_error(check, *args) -> None:
+    """Runs a registry check inside a validator so pydantic reports the key path with it."""
+    try:
+        check(*args)
+    except EdgeFoldError as err:
+        raise ValueError(f"{err.message}; {err.fix}" if err.fix else err.message) from None
+
+
+def _check_arch(name: str) -> None:
+    from pipeline.models import ARCHITECTURES
+
+    ARCHITECTURES.get(name)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AugmentConfig(_Strict):
+    """Training-time augmentation, applied to preprocessed batches."""
+
+    hflip: bool = False
+    crop_padding: int = Field(0, ge=0, description="random crop after zero padding by this many pixels")
+
+
+class TrainConfig(_Strict):
+    """One training run (teacher training, fine-tuning, distillation)."""
+
+    epochs: float = Field(ge=0)
+    batch_size: int = Field(64, ge=1)
+    optimizer: Literal["sgd", "adamw"] = "adamw"
+    lr: float = Field(gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    nesterov: bool = True
+    schedule: Literal["cosine", "onecycle", "constant"] = "cosine"
+    warmup_epochs: float = Field(0.0, ge=0)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    grad_clip: Optional[float] = Field(None, gt=0, description="max global grad norm")
+    amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="CUDA only; CPU trains in fp32")
+    channels_last: bool = Field(True, description="NHWC memory format: faster on CUDA and on CPU with oneDNN")
+    eval_every_epoch: bool = Field(False, description="evaluate on the test split after every epoch, not only the last")
+    augment: AugmentConfig = AugmentConfig()
+    seed: int = 0
+
+
+class DataConfig(_Strict):
+    """Where images come from and how they are split."""
+
+    source: str = Field(description="fashion-mnist | digits | imagefolder:/path")
+    train_size: Optional[int] = Field(None, ge=1, description="seeded subset of the training split; null = all")
+    test_size: Optional[int] = Field(None, ge=1, description="seeded subset of the test split; null = all")
+    calib_size: int = Field(512, ge=1, description="calibration images for INT8, disjoint from the training subset when possible")
+    seed: int = 0
+    workers: int = Field(0, ge=0, description="DataLoader workers for file-based sources")
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, value: str) -> str:
+        from pipeline.data.sources import check_source_name
+
+        _as_value_error(check_source_name, value)
+        return value
+
+
+class PreprocessConfig(_Strict):
+    """The one preprocessing definition, shared with the device side (see device.preprocess)."""
+
+    input_size: int = Field(ge=4)
+    resize: Optional[int] = Field(None, ge=4, description="shorter side before the center crop; default input_size")
+    channels: Literal[1, 3] = 3
+    mean: list[float]
+    std: list[float]
+    interpolation: Literal["bilinear", "area", "nearest", "bicubic"] = "bilinear"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PreprocessConfig":
+        self.to_preprocess()  # the device-side definition performs the checks
+        return self
+
+    def to_preprocess(self) -> Preprocess:
+        try:
+            return Preprocess(
+                input_size=self.input_size,
+                resize=self.resize or self.input_size,
+                channels=self.channels,
+                mean=tuple(self.mean),
+                std=tuple(self.std),
+                interpolation=self.interpolation,
+            )
+        except ConfigError as err:
+            raise ValueError(err.message) from None
+
+
+class TeacherConfig(_Strict):
+    """The big model: an architecture from the registry, weights loaded or trained."""
+
+    arch: str
+    weights: Optional[str] = Field(None, description="path to a torchvision state_dict, 'imagenet', or null to train")
+    train: TrainConfig
+
+    @field_validator("arch")
+    @classmethod
+    def _known_arch(cls, value: str) -> str:
+        _as_value_error(_check_arch, value)
+        return value
+
+
+class PruneConfig(_Strict):
+    """Structured channel pruning (Torch-Pruning DepGraph) to a MACs target."""
+
+    macs_target: float = Field(gt=0, le=1, description="pruned MACs as a fraction of the teacher's")
+    tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on macs_target")
+    round_to: int = Field(8, ge=1, description="channel counts rounded to this multiple (Tensor Cores want 8/16/32)")
+    importance: Literal["l1", "l2"] = "l2"
+    steps: int = Field(1, ge=1, description="iterative prune-and-finetune steps")
+    finetune: Optional[TrainConfig] = Field(None, description="fine-tuning after each step; null = none")
+
+
+class DistillConfig(_Strict):
+    """Knowledge distillation from the teacher into the student."""
+
+    student: str = Field("pruned", description="'pruned' (the prune stage's model) or a registry architecture")
+    temperature: float = Field(4.0, gt=0)
+    alpha: float = Field(0.9, ge=0, le=1, description="weight of the soft-target term")
+    cache_teacher_logits: bool = Field(True, description="compute teacher logits once (needs augmentation ⊆ hflip)")
+    train: TrainConfig
+
+    @field_validator("student")
+    @classmethod
+    def _known_student(cls, value: str) -> str:
+        if value != "pruned":
+            _as_value_error(_check_arch, value)
+        return value
+
+    @model_validator(mode="after")
+    def _cache_compatible(self) -> "DistillConfig":
+        if self.cache_teacher_logits and self.train.augment.crop_padding:
+            raise ValueError(
+                "cache_teacher_logits needs deterministic inputs up to a flip; set "
+                "train.augment.crop_padding: 0 or cache_teacher_logits: false"
+            )
+        return self
+
+
+class ExportConfig(_Strict):
+    """ONNX export of every rung that will be measured, checked against torch."""
+
+    opset: int = Field(17, ge=17, le=23)
+    rungs: list[Literal["teacher", "pruned", "student"]] = ["teacher", "pruned", "student"]
+    parity_images: int = Field(256, ge=1, description="test images compared between torch and ONNX Runtime")
+    parity_atol: float = Field(1e-3, gt=0, description="largest allowed |torch − ONNX| logit difference")
+    min_top1_agreement: float = Field(0.99, ge=0, le=1, description="share of images with the same top-1 class")
+
+
+class QuantizeConfig(_Strict):
+    """INT8 explicit Q/DQ of the student for TensorRT, with an accuracy gate."""
+
+    quantizer: Literal["ort", "modelopt"] = Field("ort", description="ONNX Runtime quantize_static, or NVIDIA ModelOpt")
+    calibration_methods: list[Literal["max", "entropy", "percentile"]] = Field(
+        ["max", "percentile"], min_length=1, description="tried in order until the accuracy budget is met")
+    accuracy_budget_points: float = Field(1.0, ge=0, description="largest allowed top-1 drop against the FP32 student")
+    per_channel: bool = True
+    qat: Optional[TrainConfig] = Field(None, description="quantization-aware fine-tuning (ModelOpt) when every "
+                                                         "calibration method misses the budget; null = off")
+
+
+class EvaluateConfig(_Strict):
+    batch_size: int = Field(256, ge=1)
+
+
+class DeployConfig(_Strict):
+    """Benchmark jobs sent to every device's agent for every rung (see device.schema.JobSpec)."""
+
+    rungs: list[Literal["teacher", "pruned", "student", "student_int8"]] = ["teacher", "pruned", "student",
+                                                                            "student_int8"]
+    batch_sizes: list[int] = Field([1, 32], min_length=1, max_length=4, description="batch 1 for latency, the "
+                                                                                    "largest for throughput")
+    duration_s: float = Field(3.0, gt=0, le=600, description="timed window per rung and batch size")
+    warmup_iterations: int = Field(10, ge=0)
+    idle_s: float = Field(1.0, ge=0, le=60, description="idle power baseline before each job")
+    sample_hz: float = Field(20.0, gt=0, le=1000)
+    runtime: Literal["auto", "tensorrt", "onnxruntime"] = Field(
+        "auto", description="auto: TensorRT where the agent has it, else ONNX Runtime")
+    job_timeout_s: float = Field(1800.0, gt=0, description="per job, engine build included")
+    parallel_devices: int = Field(8, ge=1, description="devices benchmarked at once")
+    retries: int = Field(1, ge=0, le=5, description="resubmissions of a job that failed or was interrupted")
+
+
+class Recipe(_Strict):
+    """A whole model recipe (``models/<name>.yaml``)."""
+
+    name: str
+    description: str = ""
+    data: DataConfig
+    preprocess: PreprocessConfig
+    teacher: TeacherConfig
+    prune: PruneConfig
+    distill: DistillConfig
+    export: ExportConfig = ExportConfig()
+    quantize: QuantizeConfig = QuantizeConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    deploy: DeployConfig = DeployConfig()
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A section as plain JSON-able data (what a stage hashes into its config)."""
+        return getattr(self, name).model_dump(mode="json")
+
+
+def recipes_dir() -> Path:
+    """Where recipes live: ``$EDGEFOLD_MODELS_DIR``, ``./models`` or the checkout's ``models/``."""
+    if os.environ.get(RECIPES_ENV):
+        return Path(os.environ[RECIPES_ENV])
+    local = Path.cwd() / "models"
+    if local.is_dir():
+        return local
+    return Path(__file__).resolve().parent.parent / "models"
+
+
+def available_recipes(directory: Path | None = None) -> list[str]:
+    """Names of the recipes in ``directory`` (default :func:`recipes_dir`)."""
+    directory = directory or recipes_dir()
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+def resolve_recipe_path(model: str) -> Path:
+    """Maps a model name (``resnet50``) or a YAML path to the recipe file.
+
+    Raises:
+        ConfigError: Naming the recipes that exist when ``model`` is none of them.
+    """
+    candidate = Path(model)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.is_file():
+            raise ConfigError(f"recipe file {model} does not exist", fix="check the path")
+        return candidate
+    path = recipes_dir() / f"{model}.yaml"
+    if path.is_file():
+        return path
+    names = available_recipes()
+    near = difflib.get_close_matches(model, names, n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(near)}? " if near else ""
+    raise ConfigError(
+        f"no recipe for model {model!r} in {recipes_dir()}",
+        fix=f"{hint}recipes that exist: {', '.join(names) or '(none)'}; or pass a path to a YAML file",
+    )
+
+
+def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Sets dotted keys (``data.source``) in a copy of ``raw``; None values are ignored."""
+    merged = json.loads(json.dumps(raw))
+    for dotted, value in overrides.items():
+        if value is None or value == "":
+            continue
+        node = merged
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return merged
+
+
+def _format_validation_error(err: ValidationError, source: str) -> ConfigError:
+    lines = []
+    for item in err.errors():
+        path = ".".join(str(p) for p in item["loc"])
+        if item["type"] == "extra_forbidden":
+            parent_loc = item["loc"][:-1]
+            known = _field_names_at(parent_loc)
+            near = difflib.get_close_matches(str(item["loc"][-1]), known, n=1, cutoff=0.6)
+            hint = f" (did you mean {'.'.join([*map(str, parent_loc), near[0]])!r}?)" if near else ""
+            lines.append(f"{path}: unknown key{hint}; allowed here: {', '.join(known)}")
+        else:
+            msg = item["msg"].removeprefix("Value error, ")
+            lines.append(f"{path}: {msg} (got {item.get('input')!r})" if "input" in item else f"{path}: {msg}")
+    return ConfigError(f"invalid recipe {source}:\n  " + "\n  ".join(lines), fix="correct the keys named above")
+
+
+def _field_names_at(loc: tuple) -> list[str]:
+    model: Any = Recipe
+    for key in loc:
+        field = model.model_fields.get(str(key)) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return []
+        annotation = field.annotation
+        for candidate in getattr(annotation, "__args__", (annotation,)):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                model = candidate
+                break
+        else:
+            return []
+    return sorted(model.model_fields)
+
+
+def parse_recipe(raw: Any, source: str = "<recipe>", overrides: dict[str, Any] | None = None) -> Recipe:
+    """Validates raw recipe data (already parsed YAML) into a :class:`Recipe`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"recipe {source} must be a YAML mapping, got {type(raw).__name__}", fix="see models/tiny.yaml")
+    raw = _apply_overrides(raw, overrides or {})
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as err:
+        raise _format_validation_error(err, source) from None
+
+
+def load_recipe(model: str, overrides: dict[str, Any] | None = None) -> tuple[Recipe, Path, str]:
+    """Loads and validates a recipe by model name or path.
+
+    Returns:
+        The recipe, its path and the sha256 of the file's bytes.
+    """
+    path = resolve_recipe_path(model)
+    data = path.read_bytes()
+    try:
+        raw = yaml.safe_load(data)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"recipe {path} is not valid YAML: {err}", fix="fix the YAML syntax") from None
+    return parse_recipe(raw, str(path), overrides), path, hashlib.sha256(data).hexdigest()

@@ -1,0 +1,412 @@
+"""The side-by-side report: the ladder of rungs on every device, edge against data center.
+
+``build_report(run_dir)`` reads the manifest (evaluate and deploy) and writes ``report.md``,
+a self-contained ``report.html`` (plots embedded as PNG data URIs), ``results.json`` and
+``results.csv``. Nothing is estimated: a measurement that does not exist is "not measured", with why.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from device.errors import ManifestError, require
+
+SCHEMA = "edgefold.report/1"
+NOT_MEASURED = "not measured"
+COLUMNS = ("rung", "device", "role", "top1", "top1_delta_points", "params_m", "macs_g", "size_mb", "runtime",
+           "precision", "latency_batch", "latency_p50_ms", "latency_p99_ms", "throughput_batch",
+           "throughput_images_per_s", "peak_memory_mb", "power_mean_w", "energy_mj_per_inference", "power_source",
+           "latency_ratio_vs_dc_teacher", "energy_ratio_vs_dc_teacher", "status", "reason")
+
+
+def pareto_front(points: Iterable[tuple[Any, float, float]]) -> set:
+    """Keys of the points no other point beats: lower-or-equal latency and higher-or-equal accuracy, one strictly.
+
+    Args:
+        points: (key, latency, accuracy) triples.
+    """
+    points = list(points)
+    front = set()
+    for key, latency, accuracy in points:
+        dominated = any(other_latency <= latency and other_accuracy >= accuracy
+                        and (other_latency < latency or other_accuracy > accuracy)
+                        for _, other_latency, other_accuracy in points)
+        if not dominated:
+            front.add(key)
+    return front
+
+
+def _run(result: dict[str, Any], batch: int) -> Optional[dict[str, Any]]:
+    return next((r for r in result.get("runs", []) if r["batch_size"] == batch), None)
+
+
+def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The report's data (``results.json``) from a run's manifest."""
+    stages = manifest.get("stages", {})
+    if "evaluate" not in stages:
+        raise ManifestError(f"run {run_dir} has no evaluate stage", fix="run the pipeline through evaluate first")
+    rungs = stages["evaluate"]["metrics"]["rungs"]
+    deploy = None
+    if "deploy" in stages:
+        deploy = json.loads((run_dir / stages["deploy"]["outputs"]["results"]).read_text())
+    rows: list[dict[str, Any]] = []
+    devices = deploy["devices"] if deploy else []
+    for device in devices:
+        for rung, facts in rungs.items():
+            row = {"rung": rung, "device": device["name"], "role": device["role"], "top1": facts["top1"],
+                   "params_m": facts["params_m"], "macs_g": facts["macs_g"],
+                   "size_mb": facts.get("onnx_mb", facts["size_mb"]), "status": "measured", "reason": None}
+            entry = device["rungs"].get(rung)
+            if device["status"] == "unreachable":
+                row.update(status=NOT_MEASURED, reason=f"device unreachable: {device['error']}")
+            elif entry is None:
+                row.update(status=NOT_MEASURED, reason="rung not deployed (deploy.rungs)")
+            elif entry["state"] != "succeeded":
+                row.update(status=NOT_MEASURED, reason=f"job {entry['state']}: {(entry.get('error') or '').splitlines()[0] if entry.get('error') else ''}")
+            else:
+                result = entry["result"]
+                batches = sorted(r["batch_size"] for r in result["runs"])
+                small, large = _run(result, batches[0]), _run(result, batches[-1])
+                summary = large["summary"]
+                peak = max((r["summary"]["peak_memory_mb"] or 0) for r in result["runs"]) or None
+                precision = entry["spec"]["precision"]
+                if result["runtime"]["name"] == "onnxruntime":  # ONNX Runtime runs the model as stored
+                    precision = "int8" if rung == "student_int8" else "fp32"
+                row.update(runtime=result["runtime"]["name"], precision=precision,
+                           latency_batch=batches[0], latency_p50_ms=small["latency_p50_ms"],
+                           latency_p99_ms=small["latency_p99_ms"], throughput_batch=batches[-1],
+                           throughput_images_per_s=large["throughput_images_per_s"], peak_memory_mb=peak,
+                           power_mean_w=summary["power_mean_mw"] / 1e3 if summary["power_mean_mw"] else None,
+                           energy_mj_per_inference=summary["energy_mj_per_inference"],
+                           power_source=summary["power_source"])
+                if summary["power_mean_mw"] is None:
+                    notes = result.get("telemetry_notes") or []
+                    row["reason"] = "no power telemetry on this device" + (f" ({'; '.join(notes)})" if notes else "")
+            rows.append(row)
+    dc = [d for d in devices if d["role"] == "dc" and d["status"] != "unreachable"]
+    edge = [d for d in devices if d["role"] == "edge" and d["status"] != "unreachable"]
+    baseline_device = (dc or edge or [None])[0]
+    baseline = next((r for r in rows if baseline_device and r["device"] == baseline_device["name"]
+                     and r["rung"] == "teacher" and r["status"] == "measured"), None)
+    for row in rows:
+        row["top1_delta_points"] = 100 * (row["top1"] - rungs["teacher"]["top1"]) if "teacher" in rungs else None
+        row["latency_ratio_vs_dc_teacher"] = (row["latency_p50_ms"] / baseline["latency_p50_ms"]
+                                              if baseline and row.get("latency_p50_ms") else None)
+        row["energy_ratio_vs_dc_teacher"] = (row["energy_mj_per_inference"] / baseline["energy_mj_per_inference"]
+                                             if baseline and row.get("energy_mj_per_inference")
+                                             and baseline.get("energy_mj_per_inference") else None)
+    headline = _headline(rows, edge, dc, baseline_device)
+    traces = []
+    for device in devices:
+        for rung, entry in device["rungs"].items():
+            if entry.get("state") == "succeeded":
+                for run in entry["result"]["runs"]:
+                    if run.get("power_trace"):
+                        traces.append({"device": device["name"], "rung": rung, "batch_size": run["batch_size"],
+                                       **run["power_trace"]})
+    provenance = {
+        "pipeline": {k: v for k, v in (stages.get("evaluate", {}).get("env") or {}).items()},
+        "devices": [{"name": d["name"], "role": d["role"], "url": d["url"], "status": d["status"],
+                     "error": d["error"], **{k: (d.get("info") or {}).get(k) for k in
+                                             ("board", "hostname", "l4t", "jetpack", "gpu", "cuda", "tensorrt",
+                                              "onnxruntime", "torch", "nvpmodel", "jetson_clocks")},
+                     "peak_temperatures_c": _peak_temps(d)} for d in devices],
+    }
+    return {"schema": SCHEMA, "model": manifest.get("model"), "run": run_dir.name,
+            "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "rungs": rungs, "rows": rows, "headline": headline,
+            "power_traces": traces, "provenance": provenance,
+            "deployed": deploy is not None}
+
+
+def _peak_temps(device: dict[str, Any]) -> dict[str, float]:
+    temps: dict[str, float] = {}
+    for entry in device.get("rungs", {}).values():
+        for run in (entry.get("result") or {}).get("runs", []):
+            for sampler in run.get("telemetry", {}).values():
+                for key, value in sampler.items():
+                    if key.startswith("peak_temp_") and isinstance(value, (int, float)):
+                        zone = key[len("peak_temp_"):-2]
+                        temps[zone] = max(temps.get(zone, value), value)
+    return temps
+
+
+def _headline(rows, edge, dc, baseline_device) -> dict[str, Any]:
+    """Student INT8 on the edge device against the teacher on the data-center device."""
+    edge_device = (edge or [None])[0]
+    if edge_device is None or baseline_device is None:
+        return {"status": NOT_MEASURED, "reason": "no reachable device measured the ladder"}
+    student = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == "student_int8"), None)
+    teacher = next((r for r in rows if r["device"] == baseline_device["name"] and r["rung"] == "teacher"), None)
+    note = None if dc else ("no data-center device configured (DC=): the teacher's numbers come from the same "
+                            f"device, {edge_device['name']}")
+    if not student or not teacher or student["status"] != "measured" or teacher["status"] != "measured":
+        return {"status": NOT_MEASURED, "reason": "student INT8 or teacher not measured", "note": note}
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    return {"status": "measured", "edge_device": edge_device["name"], "dc_device": baseline_device["name"],
+            "note": note, "top1_edge": student["top1"], "top1_dc": teacher["top1"],
+            "accuracy_lost_points": 100 * (teacher["top1"] - student["top1"]),
+            "latency_p50_ms_edge": student["latency_p50_ms"], "latency_p50_ms_dc": teacher["latency_p50_ms"],
+            "latency_ratio": ratio(student["latency_p50_ms"], teacher["latency_p50_ms"]),
+            "throughput_edge": student["throughput_images_per_s"], "throughput_dc": teacher["throughput_images_per_s"],
+            "throughput_ratio": ratio(student["throughput_images_per_s"], teacher["throughput_images_per_s"]),
+            "energy_mj_edge": student["energy_mj_per_inference"], "energy_mj_dc": teacher["energy_mj_per_inference"],
+            "energy_ratio": ratio(student["energy_mj_per_inference"], teacher["energy_mj_per_inference"]),
+            "peak_memory_mb_edge": student["peak_memory_mb"], "peak_memory_mb_dc": teacher["peak_memory_mb"],
+            "size_mb_edge": student["size_mb"], "size_mb_dc": teacher["size_mb"]}
+
+
+# ----------------------------------------------------------------- rendering
+def _fmt(value, spec: str, missing: str = "—") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def headline_text(headline: dict[str, Any]) -> str:
+    """The headline as a few aligned lines (printed by ``make edge``)."""
+    if headline["status"] != "measured":
+        return f"headline: {NOT_MEASURED} ({headline['reason']})"
+    h = headline
+    lines = [f"student INT8 on {h['edge_device']} vs teacher on {h['dc_device']}",
+             f"  top-1          {100 * h['top1_edge']:.2f}% vs {100 * h['top1_dc']:.2f}%  "
+             f"({h['accuracy_lost_points']:.2f} points lost)",
+             f"  latency p50    {h['latency_p50_ms_edge']:.3f} ms vs {h['latency_p50_ms_dc']:.3f} ms  "
+             f"(×{h['latency_ratio']:.2f})",
+             f"  throughput     {h['throughput_edge']:.0f} vs {h['throughput_dc']:.0f} images/s  "
+             f"(×{h['throughput_ratio']:.2f})",
+             f"  energy/image   {_fmt(h['energy_mj_edge'], '.2f', NOT_MEASURED)} vs "
+             f"{_fmt(h['energy_mj_dc'], '.2f', NOT_MEASURED)} mJ"
+             + (f"  (×{h['energy_ratio']:.2f})" if h["energy_ratio"] else ""),
+             f"  model size     {h['size_mb_edge']:.1f} MB vs {h['size_mb_dc']:.1f} MB"]
+    if h.get("note"):
+        lines.append(f"  note: {h['note']}")
+    return "\n".join(lines)
+
+
+def ladder_rows(data: dict[str, Any]) -> list[list[str]]:
+    notes = reason_notes(data)
+    header = ["rung", "device", "top-1", "Δ pts", "params M", "GMACs", "MB", "runtime", "p50 ms", "p99 ms",
+              "images/s", "peak MB", "W", "mJ/image", "latency ×", "energy ×", "status"]
+    table = [header]
+    for r in data["rows"]:
+        measured = r["status"] == "measured"
+        table.append([
+            r["rung"], r["device"], f"{100 * r['top1']:.2f}%", _fmt(r["top1_delta_points"], "+.2f"),
+            f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}", f"{r['size_mb']:.1f}",
+            f"{r['runtime']} {r['precision']}" if measured else "—",
+            _fmt(r.get("latency_p50_ms"), ".3f"), _fmt(r.get("latency_p99_ms"), ".3f"),
+            _fmt(r.get("throughput_images_per_s"), ".0f"), _fmt(r.get("peak_memory_mb"), ".0f"),
+            _fmt(r.get("power_mean_w"), ".2f", NOT_MEASURED if measured else "—"),
+            _fmt(r.get("energy_mj_per_inference"), ".2f", NOT_MEASURED if measured else "—"),
+            _fmt(r.get("latency_ratio_vs_dc_teacher"), ".2f"), _fmt(r.get("energy_ratio_vs_dc_teacher"), ".2f"),
+            ("measured" if measured else NOT_MEASURED) + (f" [{notes[r['reason']]}]" if r.get("reason") else ""),
+        ])
+    return table
+
+
+def reason_notes(data: dict[str, Any]) -> dict[str, int]:
+    """Each distinct reason for a missing number, numbered for footnotes."""
+    notes: dict[str, int] = {}
+    for row in data["rows"]:
+        if row.get("reason") and row["reason"] not in notes:
+            notes[row["reason"]] = len(notes) + 1
+    return notes
+
+
+def _markdown_table(table: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(table[0]) + " |", "|" + "---|" * len(table[0])]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in table[1:]]
+    return "\n".join(lines)
+
+
+def _batch_note(data) -> str:
+    measured = [r for r in data["rows"] if r["status"] == "measured"]
+    if not measured:
+        return ""
+    return (f"Latency at batch {measured[0]['latency_batch']}; throughput, power and energy at batch "
+            f"{measured[0]['throughput_batch']}. Ratios are against the teacher on the data-center device.")
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    parts = [f"# EdgeFold report: {data['model']} / {data['run']}", "", f"Generated {data['generated']}.", "",
+             "## Headline", "", "```", headline_text(data["headline"]), "```", "", "## The ladder", ""]
+    if data["rows"]:
+        parts += [_batch_note(data), "", _markdown_table(ladder_rows(data)), ""]
+        parts += [f"[{number}] {reason}" + "  " for reason, number in reason_notes(data).items()]
+    else:
+        parts.append(f"Devices: {NOT_MEASURED} (the run has no deploy stage). Accuracy and size only:")
+        parts += ["", _markdown_table([["rung", "top-1", "params M", "GMACs", "MB"]] + [
+            [name, f"{100 * r['top1']:.2f}%", f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}",
+             f"{r.get('onnx_mb', r['size_mb']):.1f}"] for name, r in data["rungs"].items()])]
+    parts += ["", "## Provenance", ""]
+    for device in data["provenance"]["devices"]:
+        facts = ", ".join(f"{k} {v}" for k, v in device.items() if k not in ("name", "role", "url", "status", "error",
+                                                                               "peak_temperatures_c") and v is not None)
+        temps = ", ".join(f"{zone} {t:.1f} °C" for zone, t in device["peak_temperatures_c"].items())
+        parts.append(f"- **{device['name']}** ({device['role']}, {device['url']}): {device['status']}"
+                     + (f" — {device['error']}" if device["error"] else "") + (f"; {facts}" if facts else "")
+                     + (f"; peak temperatures {temps}" if temps else ""))
+    pipeline_env = data["provenance"]["pipeline"]
+    if pipeline_env:
+        parts.append("- **build host**: " + ", ".join(f"{k} {v}" for k, v in pipeline_env.items()))
+    return "\n".join(parts) + "\n"
+
+
+# ----------------------------------------------------------------- plots
+def _figure_png(figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def plots(data: dict[str, Any]) -> dict[str, str]:
+    """Base64 PNGs: accuracy against latency with the Pareto front, energy per rung, power traces."""
+    matplotlib = require("matplotlib", "matplotlib", "pip install 'edgefold[build]'")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures: dict[str, str] = {}
+    measured = [r for r in data["rows"] if r["status"] == "measured"]
+    devices = list(dict.fromkeys(r["device"] for r in data["rows"]))
+    colors = {d: plt.cm.tab10(i % 10) for i, d in enumerate(devices)}
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for device in devices:
+        points = [r for r in measured if r["device"] == device]
+        if not points:
+            continue
+        front = pareto_front((r["rung"], r["latency_p50_ms"], r["top1"]) for r in points)
+        ax.scatter([r["latency_p50_ms"] for r in points], [100 * r["top1"] for r in points], color=colors[device],
+                   label=device, s=40, zorder=3)
+        on_front = sorted((r for r in points if r["rung"] in front), key=lambda r: r["latency_p50_ms"])
+        ax.plot([r["latency_p50_ms"] for r in on_front], [100 * r["top1"] for r in on_front], color=colors[device],
+                linestyle="--", linewidth=1, zorder=2)
+        for index, r in enumerate(points):  # alternate label offsets: neighbouring rungs often sit close
+            ax.annotate(r["rung"] + (" ★" if r["rung"] in front else ""), (r["latency_p50_ms"], 100 * r["top1"]),
+                        textcoords="offset points", xytext=(5, 4 if index % 2 else -11), fontsize=8)
+    if measured:
+        ax.set_xscale("log")
+        ax.legend(title="device (--- Pareto front, ★ on it)", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, f"latency {NOT_MEASURED}", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel(f"latency p50, ms (batch {measured[0]['latency_batch'] if measured else 1}, log scale)")
+    ax.set_ylabel("top-1 accuracy, %")
+    ax.set_title("Accuracy against latency")
+    ax.grid(True, alpha=0.3)
+    figures["accuracy_latency"] = _figure_png(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    rungs = list(data["rungs"])
+    width = 0.8 / max(1, len(devices))
+    any_energy = False
+    for i, device in enumerate(devices):
+        for j, rung in enumerate(rungs):
+            row = next((r for r in data["rows"] if r["device"] == device and r["rung"] == rung), None)
+            x = j + (i - (len(devices) - 1) / 2) * width
+            value = row.get("energy_mj_per_inference") if row else None
+            if value is None:
+                ax.text(x, 0, "n/m", ha="center", va="bottom", fontsize=7, rotation=90, color="grey")
+                continue
+            any_energy = True
+            ax.bar(x, value, width=width, color=colors[device], label=device if j == 0 else None)
+    ax.set_xticks(range(len(rungs)), rungs)
+    ax.set_ylabel("energy per image, mJ")
+    ax.set_title("Energy per inference" + ("" if any_energy else f" — {NOT_MEASURED}: no device reported power"))
+    if any_energy:
+        ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    figures["energy"] = _figure_png(fig)
+
+    traces = data["power_traces"]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for trace in traces:
+        line, = ax.plot(trace["t_s"], [v / 1e3 for v in trace["mw"]], linewidth=1,
+                        label=f"{trace['device']} {trace['rung']} b{trace['batch_size']}")
+        if trace.get("idle_mw") is not None:
+            ax.axhline(trace["idle_mw"] / 1e3, color=line.get_color(), linestyle=":", linewidth=0.8)
+    if traces:
+        ax.legend(fontsize=7, ncol=2, title="dotted: idle baseline", title_fontsize=7)
+    else:
+        ax.text(0.5, 0.5, f"power {NOT_MEASURED}: no device reported power\n(jtop on a Jetson, NVML on a GPU server)",
+                ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("time in the timed window, s")
+    ax.set_ylabel("power, W")
+    ax.set_title("Power over each job's window")
+    ax.grid(True, alpha=0.3)
+    figures["power"] = _figure_png(fig)
+    return figures
+
+
+CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222;
+padding:0 1em}table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 7px;
+text-align:right;white-space:nowrap}th{background:#f2f2f2}td:first-child,td:nth-child(2),td:last-child{text-align:left}
+td.nm{color:#888;white-space:normal;max-width:22em}pre{background:#f7f7f7;padding:1em;border-radius:4px}
+figure{margin:0;flex:1 1 520px}figcaption{font-size:13px;color:#555}img{max-width:100%}
+.grid{display:flex;flex-wrap:wrap;gap:1.5em}.scroll{overflow-x:auto}.notes{font-size:13px;color:#555}
+"""
+
+
+def render_html(data: dict[str, Any], figures: dict[str, str]) -> str:
+    esc = html.escape
+    table = ladder_rows(data) if data["rows"] else [["rung", "top-1", "params M", "GMACs", "MB"]] + [
+        [name, f"{100 * r['top1']:.2f}%", f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}",
+         f"{r.get('onnx_mb', r['size_mb']):.1f}"] for name, r in data["rungs"].items()]
+    rows_html = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in table[0]) + "</tr>"
+    for row in table[1:]:
+        cells = "".join(f"<td{' class=nm' if c.startswith(NOT_MEASURED) else ''}>{esc(c)}</td>" for c in row)
+        rows_html += f"<tr>{cells}</tr>"
+    notes_html = "".join(f"<li>{esc(reason)}</li>" for reason in reason_notes(data))
+    captions = {"accuracy_latency": "Accuracy against latency per device; the dashed line joins the Pareto front.",
+                "energy": "Energy per image per rung and device (n/m: not measured).",
+                "power": "Power over each job's timed window; dotted lines are the idle baselines."}
+    figures_html = "".join(f'<figure><img alt="{key}" src="data:image/png;base64,{png}"><figcaption>'
+                           f"{esc(captions[key])}</figcaption></figure>" for key, png in figures.items())
+    provenance = render_markdown(data).split("## Provenance", 1)[1]
+    provenance_html = "<ul>" + "".join(
+        f"<li>{esc(line[2:]).replace('**', '')}</li>" for line in provenance.strip().splitlines() if line.startswith("- ")
+    ) + "</ul>"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>EdgeFold report: {esc(str(data['model']))} / {esc(data['run'])}</title>
+<style>{CSS}</style></head><body>
+<h1>EdgeFold report: {esc(str(data['model']))} / {esc(data['run'])}</h1>
+<p>Generated {esc(data['generated'])}.</p>
+<h2>Headline</h2><pre>{esc(headline_text(data['headline']))}</pre>
+<h2>The ladder</h2><p>{esc(_batch_note(data))}</p><div class="scroll"><table>{rows_html}</table></div>
+<ol class="notes">{notes_html}</ol>
+<h2>Plots</h2><div class="grid">{figures_html}</div>
+<h2>Provenance</h2>{provenance_html}
+</body></html>
+"""
+
+
+def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
+    """Writes report.md, report.html, results.json and results.csv; returns their paths."""
+    run_dir = Path(run_dir)
+    manifest_path = run_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise ManifestError(f"no manifest in {run_dir}", fix="pass a run directory (edgefold runs lists them)")
+    data = collect(json.loads(manifest_path.read_text()), run_dir)
+    out = Path(out_dir or run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"md": out / "report.md", "html": out / "report.html", "json": out / "results.json",
+             "csv": out / "results.csv"}
+    paths["json"].write_text(json.dumps(data, indent=1, default=str) + "\n")
+    with open(paths["csv"], "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in data["rows"]:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
+    paths["md"].write_text(render_markdown(data))
+    paths["html"].write_text(render_html(data, plots(data)))
+    return paths

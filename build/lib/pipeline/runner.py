@@ -1,0 +1,181 @@
+"""Runs the stages of a recipe in order, skipping those whose config and inputs are unchanged."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from device import __version__
+from device.errors import ConfigError, ManifestError
+from pipeline.context import RunContext
+from pipeline.devices import Device
+from pipeline.manifest import Manifest, sha256_file, sha256_json
+from pipeline.recipe import load_recipe
+from pipeline.stages import STAGE_ORDER, STAGES
+
+LATEST = "latest"
+
+
+def environment() -> dict[str, Any]:
+    """Versions and host facts recorded with every stage."""
+    import torch
+
+    env = {"edgefold": __version__, "python": platform.python_version(), "torch": torch.__version__,
+           "machine": platform.machine(), "threads": torch.get_num_threads(),
+           "cuda": torch.version.cuda if torch.cuda.is_available() else None}
+    for module in ("torchvision", "torch_pruning", "numpy"):
+        try:
+            env[module] = __import__(module).__version__
+        except ImportError:
+            env[module] = None
+    env["git"] = _git_commit()
+    return env
+
+
+def _git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def resolve_run_dir(runs_dir: Path, model: str, run_id: str | None, new: bool) -> Path:
+    """``runs/<model>/<run-id>``: the given id, else the model's latest run, else a new one.
+
+    Reusing the latest run by default is what makes a second ``make edge`` skip its stages.
+    """
+    model_dir = Path(runs_dir) / model
+    if run_id:
+        if "/" in run_id or run_id in (".", "..", LATEST):
+            raise ConfigError(f"invalid run id {run_id!r}", fix="use letters, digits, '-' and '_'")
+        return model_dir / run_id
+    latest = model_dir / LATEST
+    if not new and latest.is_symlink() and (latest.resolve() / "manifest.json").is_file():
+        return model_dir / os.readlink(latest)
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    suffix = 1
+    while (model_dir / run_id).exists():
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{suffix}"
+        suffix += 1
+    return model_dir / run_id
+
+
+def _point_latest(run_dir: Path) -> None:
+    latest = run_dir.parent / LATEST
+    tmp = run_dir.parent / f".{LATEST}.tmp"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(run_dir.name)
+    os.replace(tmp, latest)
+
+
+def _stage_names(until: str | None, force: Iterable[str]) -> tuple[list[str], set[str]]:
+    for name in [until, *force]:
+        if name is not None and name not in STAGE_ORDER:
+            raise ConfigError(f"unknown stage {name!r}", fix=STAGES.suggest(name))
+    last = STAGE_ORDER.index(until) if until else len(STAGE_ORDER) - 1
+    return list(STAGE_ORDER[: last + 1]), set(force)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] = (), run_id: str | None = None,
+                 new: bool = False, overrides: dict[str, Any] | None = None, runs_dir: str | Path = "runs",
+                 devices: Sequence[Device] = ()) -> RunContext:
+    """Runs (or resumes) a pipeline for ``model``.
+
+    Args:
+        model: Recipe name under ``models/`` or a path to a recipe YAML.
+        until: Last stage to run (default: all).
+        force: Stages to redo even when cached.
+        run_id: Run directory name; default the model's latest run, or a new one.
+        new: Start a new run instead of resuming the latest.
+        overrides: Dotted recipe keys to override (``data.source``, ``teacher.weights``).
+        runs_dir: Parent of the run directories.
+        devices: Agents to deploy to (none: a loopback agent on this machine).
+
+    Returns:
+        The run's context (recipe, manifest, run directory).
+    """
+    names, forced = _stage_names(until, force)
+    overrides = {k: v for k, v in (overrides or {}).items() if v not in (None, "")}
+    recipe, recipe_path, recipe_sha = load_recipe(model, overrides)
+    run_dir = resolve_run_dir(Path(runs_dir), recipe.name, run_id, new)
+    manifest = Manifest.open(run_dir, recipe.name, str(recipe_path), recipe_sha)
+    manifest.data["overrides"] = overrides
+    manifest.save()
+    _point_latest(run_dir)
+    ctx = RunContext(recipe, manifest, devices=devices)
+    log(f"run {run_dir}")
+    env = None
+    for name in names:
+        stage = STAGES.get(name)
+        needs = stage.needs(ctx)
+        for need in needs:
+            if not manifest.stage(need):
+                raise ManifestError(f"stage {name} needs {need}, which has not run", fix=f"run without --until {need}")
+        inputs = {f"{need}.{key}": rel for need in needs for key, rel in manifest.stage(need)["outputs"].items()}
+        input_sha = {rel: manifest.stage(rel.split("/")[0])["sha256"][rel] for rel in inputs.values()}
+        config = stage.config(ctx)
+        # The stage's own code is part of its identity: an upgraded stage redoes its work.
+        code_sha = sha256_file(inspect.getsourcefile(type(stage)))
+        config_sha = sha256_json({"config": config, "code_sha256": code_sha})
+        prior = manifest.stage(name)
+        if (name not in forced and not stage.always_run and prior and prior.get("config_sha256") == config_sha
+                and prior.get("input_sha256") == input_sha and manifest.outputs_intact(name)):
+            log(f"[{name:>8}] cached ({prior['seconds']:.1f} s saved)  {stage.summary(prior['metrics'])}")
+            continue
+        workdir = run_dir / name
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir(parents=True)
+        manifest.forget(name)
+        log(f"[{name:>8}] running")
+        started = time.perf_counter()
+        result = stage.run(ctx, workdir)
+        seconds = time.perf_counter() - started
+        env = env or environment()
+        outputs = {key: str(Path(path).relative_to(run_dir)) for key, path in result.outputs.items()}
+        manifest.record(name, {
+            "config_sha256": config_sha, "config": config, "code_sha256": code_sha, "inputs": inputs,
+            "input_sha256": input_sha,
+            "outputs": outputs, "sha256": {rel: sha256_file(run_dir / rel) for rel in outputs.values()},
+            "metrics": result.metrics, "env": env, "seconds": round(seconds, 3), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }, order=STAGE_ORDER)
+        log(f"[{name:>8}] done in {seconds:.1f} s  {stage.summary(result.metrics)}")
+    return ctx
+
+
+def list_runs(runs_dir: str | Path = "runs", model: str | None = None) -> list[dict[str, Any]]:
+    """Every run under ``runs_dir`` (optionally one model's), newest first."""
+    rows = []
+    for manifest_path in sorted(Path(runs_dir).glob(f"{model or '*'}/*/manifest.json")):
+        if manifest_path.parent.is_symlink():
+            continue
+        try:
+            manifest = Manifest.load(manifest_path.parent)
+        except ManifestError as err:
+            rows.append({"run": str(manifest_path.parent), "error": err.message})
+            continue
+        stages = manifest.data["stages"]
+        rows.append({
+            "run": str(manifest_path.parent), "model": manifest.data["model"], "created": manifest.data.get("created"),
+            "stages": [s for s in STAGE_ORDER if s in stages],
+            "teacher_top1": stages.get("teacher", {}).get("metrics", {}).get("top1"),
+            "student_top1": stages.get("distill", {}).get("metrics", {}).get("top1"),
+            "seconds": sum(s.get("seconds", 0) for s in stages.values()),
+        })
+    return sorted(rows, key=lambda r: r.get("created") or "", reverse=True)

@@ -1,0 +1,178 @@
+"""deploy stage: every rung to every device's agent, benchmarked there.
+
+Devices come from ``EDGE=``/``DC=``/``DEVICES=`` (see :mod:`pipeline.devices`); with none, a
+loopback agent is started on this machine for the run and stopped after it. Devices run
+concurrently (bounded by ``deploy.parallel_devices``); on one device the rungs run one after the
+other, as the agent runs one job at a time anyway. An unreachable or failing device is recorded
+with its reason and the others carry on.
+
+A result is reused when its artifact, the device's fingerprint and the job spec are all unchanged:
+results are kept under ``<run>/deploy-cache/`` by the hash of those three, and the stage always
+re-checks the fingerprints (a JetPack upgrade or a new power mode means measuring again).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from device.client import AgentClient, AgentError
+from device.errors import EdgeFoldError
+from pipeline.devices import Device
+from pipeline.manifest import sha256_file, sha256_json
+from pipeline.stages.base import STAGES, Stage, StageResult
+
+# rung → (stage, output key) of its ONNX file
+RUNG_ONNX = {"teacher": ("export", "teacher"), "pruned": ("export", "pruned"), "student": ("export", "student"),
+             "student_int8": ("quantize", "student_int8")}
+# What makes two measurements comparable: a change in any of these measures again.
+FINGERPRINT_KEYS = ("hostname", "machine", "board", "l4t", "jetpack", "gpu", "compute_capability", "cuda", "tensorrt",
+                    "onnxruntime", "torch", "nvpmodel", "jetson_clocks", "edgefold")
+LOOPBACK = Device("loopback", "edge", "", "loopback")
+
+
+def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preprocess: dict[str, Any],
+             label: str) -> dict[str, Any]:
+    """The benchmark job for one rung on one device."""
+    runtime = cfg.runtime
+    trt_major = int(str(device_info.get("tensorrt") or "0").split(".")[0] or 0)
+    if runtime == "auto":  # the engine builder needs TensorRT 10 or newer (JetPack 6.1+)
+        runtime = "tensorrt" if trt_major >= 10 else "onnxruntime"
+    precision = "fp32"
+    if runtime == "tensorrt":
+        # TensorRT 11 is strongly typed: precision comes from the model, FP16 flags are refused.
+        precision = "int8" if rung == "student_int8" else ("fp16" if trt_major < 11 else "fp32")
+    return {"artifact": artifact, "runtime": runtime, "precision": precision, "batch_sizes": cfg.batch_sizes,
+            "duration_s": cfg.duration_s, "warmup_iterations": cfg.warmup_iterations, "idle_s": cfg.idle_s,
+            "sample_hz": cfg.sample_hz, "telemetry": "auto", "timeout_s": cfg.job_timeout_s,
+            "preprocess": preprocess, "label": label}
+
+
+class DeployStage(Stage):
+    name = "deploy"
+    always_run = True  # device fingerprints are re-checked every time; unchanged results are reused
+
+    def needs(self, ctx):
+        return tuple(stage for stage in ("export", "quantize") if ctx.manifest.stage(stage))
+
+    def config(self, ctx):
+        return {"deploy": ctx.recipe.section("deploy"), "devices": [d.public() for d in ctx.devices]}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        cfg = ctx.recipe.deploy
+        artifacts = {}
+        for rung in cfg.rungs:
+            stage, key = RUNG_ONNX[rung]
+            if ctx.manifest.stage(stage) and key in ctx.manifest.stage(stage)["outputs"]:
+                artifacts[rung] = ctx.manifest.output(stage, key)
+        preprocess = json.loads(ctx.manifest.output("export", "preprocess").read_text())
+        cache = ctx.run_dir / "deploy-cache"
+        cache.mkdir(exist_ok=True)
+        devices = list(ctx.devices)
+        loopback = None
+        if not devices:
+            from device.loopback import LoopbackAgent
+
+            tmp = tempfile.mkdtemp(prefix="edgefold-loopback-")
+            loopback = LoopbackAgent(Path(tmp) / "agent").start()
+            ctx.log(f"[  deploy] no EDGE=/DC=/DEVICES= given: loopback agent at {loopback.url} (this machine)")
+        label = f"{ctx.recipe.name}/{ctx.run_dir.name}"
+        lock = threading.Lock()
+
+        def deploy_one(device: Device) -> dict[str, Any]:
+            token = loopback.token if loopback and device is LOOPBACK else None
+            url = loopback.url if loopback and device is LOOPBACK else device.url
+            return self._device(device, url, token, artifacts, preprocess, cfg, cache, label, ctx, lock)
+
+        targets = devices or [LOOPBACK]
+        try:
+            with ThreadPoolExecutor(max_workers=min(cfg.parallel_devices, len(targets))) as pool:
+                outcomes = list(pool.map(deploy_one, targets))
+        finally:
+            if loopback is not None:
+                loopback.stop()
+        reused = sum(len(d.pop("reused", [])) for d in outcomes)
+        results = {"schema": "edgefold.deploy/1", "devices": outcomes,
+                   "artifacts": {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
+                                 for rung, path in artifacts.items()}}
+        (workdir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        measured = sum(1 for d in outcomes for r in d["rungs"].values() if r["state"] == "succeeded")
+        return StageResult(outputs={"results": workdir / "results.json"},
+                           metrics={"devices": {d["name"]: d["status"] for d in outcomes}, "jobs_succeeded": measured,
+                                    "jobs_reused": reused, "jobs": len(outcomes) * len(artifacts)})
+
+    def _device(self, device: Device, url: str, token: str | None, artifacts: dict[str, Path], preprocess, cfg,
+                cache: Path, label: str, ctx, lock: threading.Lock) -> dict[str, Any]:
+        outcome: dict[str, Any] = {**device.public(), "url": url if device is not LOOPBACK else "loopback",
+                                   "status": "ok", "error": None, "fingerprint": None, "info": None, "rungs": {}}
+        try:
+            client = AgentClient(url, token or device.token(), timeout_s=60)
+        except EdgeFoldError as err:
+            return {**outcome, "status": "unreachable", "error": str(err)}
+        with client:
+            try:
+                info = client.device()
+            except AgentError as err:
+                return {**outcome, "status": "unreachable", "error": err.message}
+            fingerprint = {key: info.get(key) for key in FINGERPRINT_KEYS}
+            outcome.update(info=info, fingerprint=fingerprint)
+            for rung, path in artifacts.items():
+                artifact = sha256_file(path)
+                spec = job_spec(rung, artifact, info, cfg, preprocess, f"{label}/{rung}")
+                key = sha256_json({"artifact": artifact, "fingerprint": fingerprint,
+                                   "spec": {k: v for k, v in spec.items() if k != "label"}})
+                cached = cache / f"{key}.json"
+                if cached.is_file():
+                    # Not flagged in the rung's record: results.json stays byte-identical, so the report is cached.
+                    outcome["rungs"][rung] = json.loads(cached.read_text())
+                    outcome.setdefault("reused", []).append(rung)
+                    with lock:
+                        ctx.log(f"[  deploy] {device.name}: {rung} reused (same artifact, device and job)")
+                    continue
+                outcome["rungs"][rung] = self._benchmark(client, device, rung, path, spec, cfg, ctx, lock)
+                if outcome["rungs"][rung]["state"] == "succeeded":
+                    cached.write_text(json.dumps(outcome["rungs"][rung], sort_keys=True))
+                elif outcome["rungs"][rung].get("unreachable"):
+                    outcome.update(status="lost", error=outcome["rungs"][rung]["error"])
+                    for rest in list(artifacts)[list(artifacts).index(rung) + 1:]:
+                        outcome["rungs"][rest] = {"state": "not measured", "error": f"device lost: "
+                                                                                     f"{outcome['error']}"}
+                    break
+        return outcome
+
+    @staticmethod
+    def _benchmark(client: AgentClient, device: Device, rung: str, path: Path, spec: dict[str, Any], cfg, ctx,
+                   lock: threading.Lock) -> dict[str, Any]:
+        def report(job: dict[str, Any]) -> None:
+            with lock:
+                ctx.log(f"[  deploy] {device.name}: {rung} {job['state']}"
+                        f"{' — ' + job['progress'] if job.get('progress') and job['state'] == 'running' else ''}")
+
+        last_error = None
+        for attempt in range(cfg.retries + 1):
+            try:
+                client.upload(path)
+                job = client.wait(client.submit(spec)["id"], timeout_s=cfg.job_timeout_s + 120, on_progress=report)
+            except AgentError as err:
+                if err.status == 0:  # connection lost: the device is gone for this run
+                    return {"state": "failed", "error": err.message, "unreachable": True}
+                last_error = err.message
+                continue
+            if job["state"] == "succeeded":
+                return {"state": "succeeded", "job_id": job["id"], "spec": spec, "result": job["result"],
+                        "attempts": attempt + 1}
+            last_error = job["error"]
+            if job["state"] not in ("failed", "interrupted"):
+                break
+        return {"state": "failed", "error": last_error, "spec": spec}
+
+    def summary(self, metrics):
+        devices = ", ".join(f"{name} {status}" for name, status in metrics["devices"].items())
+        return f"{metrics['jobs_succeeded']}/{metrics['jobs']} jobs measured ({metrics['jobs_reused']} reused); {devices}"
+
+
+STAGES.add("deploy", DeployStage())

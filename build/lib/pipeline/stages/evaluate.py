@@ -1,0 +1,75 @@
+"""evaluate stage: top-1/top-5, params, MACs and size of every rung so far, side by side.
+
+Each producing stage already scored its own checkpoint on the test split (the INT8 rung under
+ONNX Runtime) and counted its params and MACs; this stage gathers those records instead of
+loading and scoring every model a second time, and adds sizes and deltas against the teacher.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.stages.base import STAGES, Stage, StageResult
+
+# (rung name, stage that produced it); the INT8 rung comes from the quantize stage.
+RUNGS = (("teacher", "teacher"), ("pruned", "prune"), ("student", "distill"))
+RECORDED = ("top1", "top5", "params_m", "macs_g")
+
+
+class EvaluateStage(Stage):
+    name = "evaluate"
+
+    def needs(self, ctx):
+        ran = tuple(stage for _, stage in RUNGS if ctx.manifest.stage(stage))
+        return ("data",) + ran + tuple(s for s in ("export", "quantize") if ctx.manifest.stage(s))
+
+    def config(self, ctx):
+        return {"evaluate": ctx.recipe.section("evaluate")}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        rungs = {}
+        exported = (ctx.manifest.stage("export") or {}).get("metrics", {}).get("rungs", {})
+        for rung, stage in RUNGS:
+            entry = ctx.manifest.stage(stage)
+            if not entry:
+                continue
+            path = ctx.manifest.output(stage, "model")
+            rungs[rung] = {key: entry["metrics"][key] for key in RECORDED}
+            rungs[rung].update(size_mb=path.stat().st_size / 1e6, checkpoint=str(path.relative_to(ctx.run_dir)))
+            if rung in exported:
+                rungs[rung]["onnx_mb"] = exported[rung]["size_mb"]
+        quantized = ctx.manifest.stage("quantize")
+        if quantized and "student" in rungs:
+            path = ctx.manifest.output("quantize", "student_int8")
+            size_mb = path.stat().st_size / 1e6
+            rungs["student_int8"] = {**rungs["student"], "top1": quantized["metrics"]["top1"],
+                                     "top5": quantized["metrics"]["top5"], "size_mb": size_mb, "onnx_mb": size_mb,
+                                     "checkpoint": str(path.relative_to(ctx.run_dir)), "precision": "int8"}
+        if "teacher" in rungs:
+            base = rungs["teacher"]
+            for values in rungs.values():
+                values["top1_delta_points"] = 100 * (values["top1"] - base["top1"])
+                values["macs_fraction"] = values["macs_g"] / base["macs_g"]
+        (workdir / "metrics.json").write_text(json.dumps(rungs, indent=2) + "\n")
+        return StageResult(outputs={"metrics": workdir / "metrics.json"}, metrics={"rungs": rungs})
+
+    def summary(self, metrics):
+        return ", ".join(f"{name} {100 * r['top1']:.2f}%" for name, r in metrics["rungs"].items())
+
+
+STAGES.add("evaluate", EvaluateStage())
+
+
+def ladder_table(rungs: dict) -> str:
+    """The rungs as a fixed-width text table (printed by ``make edge``)."""
+    header = (f"{'rung':<13}{'top-1':>9}{'Δ pts':>8}{'top-5':>9}{'params M':>10}{'GMACs':>9}{'MACs %':>8}"
+              f"{'ckpt MB':>9}{'ONNX MB':>9}")
+    lines = [header, "-" * len(header)]
+    for name, r in rungs.items():
+        lines.append(
+            f"{name:<13}{100 * r['top1']:>8.2f}%{r.get('top1_delta_points', 0.0):>+8.2f}{100 * r['top5']:>8.2f}%"
+            f"{r['params_m']:>10.2f}{r['macs_g']:>9.3f}{100 * r.get('macs_fraction', 1.0):>7.1f}%{r['size_mb']:>9.1f}"
+            + (f"{r['onnx_mb']:>9.1f}" if "onnx_mb" in r else f"{'-':>9}")
+        )
+    return "\n".join(lines)

