@@ -18,6 +18,7 @@ HOST     ?= 127.0.0.1
 PORT     ?= 8765
 AGENT_DATA ?= $(HOME)/.local/share/edgefold-agent
 L4T      ?=
+NPROC    ?= 1
 DOCKER   ?= docker
 BUNDLE_DIR ?= dist
 RUNS     ?= runs
@@ -37,6 +38,9 @@ EDGE_ARGS := $(strip $(if $(DATA),--data '$(DATA)') $(if $(WEIGHTS),--weights '$
              $(if $(EDGE),--edge '$(EDGE)') $(if $(DC),--dc '$(DC)') $(if $(DEVICES),--devices '$(DEVICES)') \
              $(if $(TOKEN_FILE),--token-file '$(TOKEN_FILE)'))
 
+# NPROC>1: the training stages run as one DDP job under torchrun (NCCL on GPUs, gloo on CPU).
+RUN_CMD := $(if $(filter-out 1,$(NPROC)),$(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) -m pipeline,$(EDGEFOLD))
+
 export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: help venv edge test bench data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
@@ -44,6 +48,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
 	@echo "     variables: DATA=fashion-mnist|digits|imagefolder:/path WEIGHTS=path|imagenet RUN=id UNTIL=stage FORCE='stage …' SET='key=value …'"
+	@echo "     NPROC=8: teacher and distill as one DDP job over 8 processes (torchrun)"
 	@echo "     devices:   EDGE=http://jetson:8765[,…] DC=http://gpu:8765 DEVICES=devices.yaml TOKEN_FILE=path (none: a loopback agent)"
 	@echo "make report MODEL= RUN=id      rebuild a run's report (default: the model's latest run)"
 	@echo "make agent [HOST= PORT= AGENT_DATA= TOKEN_FILE=]  run the device agent here"
@@ -81,7 +86,7 @@ data: $(STAMP)
 	fi
 
 edge: $(STAMP) data
-	$(EDGEFOLD) run $(MODEL) $(EDGE_ARGS)
+	$(RUN_CMD) run $(MODEL) $(EDGE_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -75,7 +76,13 @@ def build(out_root: Path, name: str, platforms: list[str], python_version: str, 
         shutil.rmtree(bundle)
     wheels = bundle / "wheels"
     wheels.mkdir(parents=True)
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), str(REPO)])
+    with tempfile.TemporaryDirectory() as source:
+        # Built from a copy: setuptools would otherwise leave build/ and *.egg-info in the checkout.
+        for name in ("setup.cfg", "pyproject.toml", "README.md"):
+            shutil.copy(REPO / name, source)
+        for package in ("device", "pipeline"):
+            shutil.copytree(REPO / package, Path(source) / package, ignore=shutil.ignore_patterns("__pycache__"))
+        run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), source])
     agent_wheel = next(wheels.glob("edgefold-*.whl"))
     platform_flags = [flag for platform in platforms for flag in ("--platform", platform)]
     run([sys.executable, "-m", "pip", "download", "--only-binary=:all:", *platform_flags,

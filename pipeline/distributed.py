@@ -48,7 +48,15 @@ def init() -> World:
             torch.cuda.set_device(me.local_rank)
         # Ranks other than 0 wait at a barrier while rank 0 alone prunes, quantizes or benchmarks:
         # the default timeouts (10 min NCCL, 30 min gloo) are too short for that.
-        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(hours=4))
+        timeout = timedelta(hours=4)
+        # torchrun restarts every rank when one dies (--max-restarts); the store still holds the
+        # previous attempt's addresses, so each attempt gets keys of its own.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), me.size,
+                              is_master=me.main and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
+                              timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.PrefixStore(f"edgefold/{attempt}", store),
+                                rank=me.rank, world_size=me.size, timeout=timeout)
     return me
 
 

@@ -20,7 +20,7 @@ from device.errors import ManifestError, require
 
 SCHEMA = "edgefold.report/1"
 NOT_MEASURED = "not measured"
-COLUMNS = ("rung", "device", "role", "top1", "top1_delta_points", "params_m", "macs_g", "size_mb", "runtime",
+COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", "params_m", "macs_g", "size_mb", "runtime",
            "precision", "latency_batch", "latency_p50_ms", "latency_p99_ms", "throughput_batch",
            "throughput_images_per_s", "peak_memory_mb", "power_mean_w", "energy_mj_per_inference", "power_source",
            "latency_ratio_vs_dc_teacher", "energy_ratio_vs_dc_teacher", "status", "reason")
@@ -60,7 +60,8 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     devices = deploy["devices"] if deploy else []
     for device in devices:
         for rung, facts in rungs.items():
-            row = {"rung": rung, "device": device["name"], "role": device["role"], "top1": facts["top1"],
+            row = {"rung": rung, "device": device["name"], "group": device.get("group", device["name"]),
+                   "role": device["role"], "top1": facts["top1"],
                    "params_m": facts["params_m"], "macs_g": facts["macs_g"],
                    "size_mb": facts.get("onnx_mb", facts["size_mb"]), "status": "measured", "reason": None}
             entry = device["rungs"].get(rung)
@@ -103,6 +104,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                                              if baseline and row.get("energy_mj_per_inference")
                                              and baseline.get("energy_mj_per_inference") else None)
     headline = _headline(rows, edge, dc, baseline_device)
+    groups = fleet_aggregates(rows)
     traces = []
     for device in devices:
         for rung, entry in device["rungs"].items():
@@ -121,8 +123,47 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     }
     return {"schema": SCHEMA, "model": manifest.get("model"), "run": run_dir.name,
             "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "rungs": rungs, "rows": rows, "headline": headline,
+            "groups": groups,
             "power_traces": traces, "provenance": provenance,
             "deployed": deploy is not None}
+
+
+def fleet_aggregates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per device group and rung: how many devices measured it, the median and the spread (min–max)."""
+    import statistics
+
+    aggregates = []
+    for group in dict.fromkeys(r["group"] for r in rows):
+        members = [r for r in rows if r["group"] == group]
+        for rung in dict.fromkeys(r["rung"] for r in members):
+            measured = [r for r in members if r["rung"] == rung and r["status"] == "measured"]
+            entry = {"group": group, "rung": rung, "role": members[0]["role"],
+                     "devices": len({r["device"] for r in members}), "measured": len(measured)}
+            for key in ("latency_p50_ms", "throughput_images_per_s", "energy_mj_per_inference", "power_mean_w"):
+                values = [r[key] for r in measured if r.get(key) is not None]
+                entry[f"{key}_median"] = statistics.median(values) if values else None
+                entry[f"{key}_min"] = min(values) if values else None
+                entry[f"{key}_max"] = max(values) if values else None
+            aggregates.append(entry)
+    return aggregates
+
+
+def fleet_rows(data: dict[str, Any]) -> list[list[str]]:
+    table = [["group", "rung", "devices measured", "p50 ms median", "p50 ms min–max", "images/s median",
+              "mJ/image median", "mJ/image min–max"]]
+    for g in data["groups"]:
+        spread = (f"{g['latency_p50_ms_min']:.3f}–{g['latency_p50_ms_max']:.3f}"
+                  if g["latency_p50_ms_min"] is not None else "—")
+        energy = (f"{g['energy_mj_per_inference_min']:.2f}–{g['energy_mj_per_inference_max']:.2f}"
+                  if g["energy_mj_per_inference_min"] is not None else NOT_MEASURED)
+        table.append([g["group"], g["rung"], f"{g['measured']}/{g['devices']}", _fmt(g["latency_p50_ms_median"], ".3f"),
+                      spread, _fmt(g["throughput_images_per_s_median"], ".0f"),
+                      _fmt(g["energy_mj_per_inference_median"], ".2f", NOT_MEASURED), energy])
+    return table
+
+
+def _is_fleet(data: dict[str, Any]) -> bool:
+    return any(g["devices"] > 1 for g in data.get("groups", []))
 
 
 def _peak_temps(device: dict[str, Any]) -> dict[str, float]:
@@ -246,6 +287,9 @@ def render_markdown(data: dict[str, Any]) -> str:
         parts += ["", _markdown_table([["rung", "top-1", "params M", "GMACs", "MB"]] + [
             [name, f"{100 * r['top1']:.2f}%", f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}",
              f"{r.get('onnx_mb', r['size_mb']):.1f}"] for name, r in data["rungs"].items()])]
+    if _is_fleet(data):
+        parts += ["", "## Fleet", "", "Per group of devices of the same kind: the median and the spread across them.", "",
+                  _markdown_table(fleet_rows(data))]
     parts += ["", "## Provenance", ""]
     for device in data["provenance"]["devices"]:
         facts = ", ".join(f"{k} {v}" for k, v in device.items() if k not in ("name", "role", "url", "status", "error",
@@ -367,6 +411,13 @@ def render_html(data: dict[str, Any], figures: dict[str, str]) -> str:
         cells = "".join(f"<td{' class=nm' if c.startswith(NOT_MEASURED) else ''}>{esc(c)}</td>" for c in row)
         rows_html += f"<tr>{cells}</tr>"
     notes_html = "".join(f"<li>{esc(reason)}</li>" for reason in reason_notes(data))
+    fleet_html = ""
+    if _is_fleet(data):
+        fleet = fleet_rows(data)
+        fleet_html = ("<h2>Fleet</h2><p>Per group of devices of the same kind: the median and the spread across "
+                      "them.</p><div class=\"scroll\"><table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in fleet[0])
+                      + "</tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>"
+                                          for row in fleet[1:]) + "</table></div>")
     captions = {"accuracy_latency": "Accuracy against latency per device; the dashed line joins the Pareto front.",
                 "energy": "Energy per image per rung and device (n/m: not measured).",
                 "power": "Power over each job's timed window; dotted lines are the idle baselines."}
@@ -384,6 +435,7 @@ def render_html(data: dict[str, Any], figures: dict[str, str]) -> str:
 <h2>Headline</h2><pre>{esc(headline_text(data['headline']))}</pre>
 <h2>The ladder</h2><p>{esc(_batch_note(data))}</p><div class="scroll"><table>{rows_html}</table></div>
 <ol class="notes">{notes_html}</ol>
+{fleet_html}
 <h2>Plots</h2><div class="grid">{figures_html}</div>
 <h2>Provenance</h2>{provenance_html}
 </body></html>

@@ -133,3 +133,40 @@ def test_report_without_deploy_says_not_measured(tiny_run, tmp_path):
     data = json.loads(paths["json"].read_text())
     assert data["rows"] == [] and data["headline"]["status"] == NOT_MEASURED
     assert NOT_MEASURED in paths["md"].read_text() and paths["html"].read_text().count("data:image/png") == 3
+
+
+@pytest.mark.slow
+def test_fleet_groups_bounded_parallelism_and_a_dead_device(run_copy, tmp_path):
+    from pipeline.devices import load_devices
+
+    agents = [AgentProcess(tmp_path / name).start() for name in ("n1", "n2", "g1")]
+    try:
+        devices_file = tmp_path / "devices.yaml"
+        devices_file.write_text(
+            f"token_file: {agents[0].token_file}\ngroups:\n"
+            f"  orin-nano: {{role: edge, urls: [{agents[0].url}, {agents[1].url}, http://127.0.0.1:9]}}\n"
+            f"  dc: {{role: dc, urls: [{agents[2].url}]}}\n")
+        ctx = run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared",
+                           devices=load_devices(devices_file=devices_file),
+                           overrides={"deploy.parallel_devices": 2, "deploy.rungs": ["teacher", "student_int8"]})
+        spans = []
+        for agent in agents:
+            with agent.client() as client:
+                spans += [(j["started_at"], j["finished_at"]) for j in client.jobs() if j["state"] == "succeeded"]
+    finally:
+        for agent in agents:
+            agent.stop()
+    assert len(spans) == 6, "2 rungs on each of the 3 live devices"
+    overlap = max(sum(1 for s, f in spans if s <= t < f) for t, _ in spans)
+    assert overlap <= 2, f"{overlap} devices ran at once with parallel_devices=2"
+    data = json.loads((ctx.run_dir / "report" / "results.json").read_text())
+    nano = {g["rung"]: g for g in data["groups"] if g["group"] == "orin-nano"}
+    assert nano["teacher"]["devices"] == 3 and nano["teacher"]["measured"] == 2
+    measured = [r["latency_p50_ms"] for r in data["rows"] if r["group"] == "orin-nano" and r["rung"] == "teacher"
+                and r["status"] == "measured"]
+    assert nano["teacher"]["latency_p50_ms_median"] == pytest.approx(sum(measured) / 2)
+    assert nano["teacher"]["latency_p50_ms_min"] == min(measured)
+    headline = data["headline"]
+    assert headline["dc_device"] == "dc" and headline["edge_device"] == "orin-nano-1" and headline["note"] is None
+    markdown = (ctx.run_dir / "report" / "report.md").read_text()
+    assert "## Fleet" in markdown and "| orin-nano | teacher | 2/3 |" in markdown

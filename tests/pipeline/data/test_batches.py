@@ -56,3 +56,35 @@ def test_file_split_goes_through_a_dataloader(tmp_path):
     x, labels, positions, _ = next(iter(Batches(split, np.arange(5), PRE, batch_size=5)))
     assert x.shape == (5, 3, 16, 16)
     np.testing.assert_allclose(x[2].numpy(), PRE(np.full((20, 24, 3), 80, dtype=np.uint8))[0], atol=1e-6)
+
+
+def _file_split(tmp_path, n=8):
+    import cv2
+
+    paths = []
+    for k in range(n):
+        path = tmp_path / f"{k}.png"
+        cv2.imwrite(str(path), np.full((20, 24, 3), 20 * k, dtype=np.uint8))
+        paths.append(str(path))
+    return Split(labels=np.arange(n), paths=paths)
+
+
+def test_file_batches_keep_their_workers_across_epochs(tmp_path):
+    batches = Batches(_file_split(tmp_path), np.arange(8), PRE, batch_size=4, shuffle=True, workers=2)
+    first = torch.cat([p for _, _, p, _ in batches])
+    loader = batches._loader
+    second = torch.cat([p for _, _, p, _ in batches])
+    assert batches._loader is loader and loader.persistent_workers, "one pool of decoding workers for every epoch"
+    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(8))
+    assert first.tolist() != second.tolist(), "each epoch has its own order"
+
+
+def test_file_batches_shard_with_distributed_sampler(tmp_path):
+    split = _file_split(tmp_path)
+    seen = []
+    for rank in range(2):
+        shard = Batches(split, np.arange(8), PRE, batch_size=4, shuffle=True, seed=1).shard(rank, 2)
+        batches = list(shard)
+        assert all(len(labels) == 2 for _, labels, _, _ in batches), "the global batch of 4 is split in two"
+        seen.append(torch.cat([p for _, _, p, _ in batches]).tolist())
+    assert sorted(seen[0] + seen[1]) == list(range(8)) and not set(seen[0]) & set(seen[1])

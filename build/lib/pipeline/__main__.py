@@ -1,5 +1,0 @@
-import sys
-
-from pipeline.cli import main
-
-sys.exit(main())

@@ -1,1 +1,0 @@
-"""Data sources, deterministic splits and torch batch iterators."""
