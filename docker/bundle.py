@@ -78,8 +78,8 @@ def build(out_root: Path, name: str, platforms: list[str], python_version: str, 
     wheels.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as source:
         # Built from a copy: setuptools would otherwise leave build/ and *.egg-info in the checkout.
-        for name in ("setup.cfg", "pyproject.toml", "README.md"):
-            shutil.copy(REPO / name, source)
+        for top_level in ("setup.cfg", "pyproject.toml", "README.md"):
+            shutil.copy(REPO / top_level, source)
         for package in ("device", "pipeline"):
             shutil.copytree(REPO / package, Path(source) / package, ignore=shutil.ignore_patterns("__pycache__"))
         run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), source])

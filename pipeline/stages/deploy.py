@@ -6,7 +6,7 @@ concurrently (bounded by ``deploy.parallel_devices``); on one device the rungs r
 other, as the agent runs one job at a time anyway. An unreachable or failing device is recorded
 with its reason and the others carry on.
 
-A result is reused when its artifact, the device (name, URL and fingerprint) and the job spec are all
+A result is reused when its artifact, the device (agent URL and fingerprint) and the job spec are all
 unchanged: results are kept under ``<run>/deploy-cache/`` by the hash of those, and the stage always
 re-checks the fingerprints (a JetPack upgrade or a new power mode means measuring again).
 """
@@ -123,8 +123,9 @@ class DeployStage(Stage):
             for rung, path in artifacts.items():
                 artifact = sha256_file(path)
                 spec = job_spec(rung, artifact, info, cfg, preprocess, f"{label}/{rung}")
-                # The device itself is part of the key: two boards of one kind are each measured (a fleet).
-                key = sha256_json({"artifact": artifact, "device": [device.name, device.url],
+                # The agent itself is part of the key: two boards of one kind are each measured (a fleet);
+                # its name in the report is only a label.
+                key = sha256_json({"artifact": artifact, "agent": device.url,
                                    "fingerprint": fingerprint, "spec": {k: v for k, v in spec.items() if k != "label"}})
                 cached = cache / f"{key}.json"
                 if cached.is_file():
