@@ -340,11 +340,15 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
             ax.annotate(r["rung"] + (" ★" if r["rung"] in front else ""), (r["latency_p50_ms"], 100 * r["top1"]),
                         textcoords="offset points", xytext=(5, 4 if index % 2 else -11), fontsize=8)
     if measured:
-        ax.set_xscale("log")
+        latencies = [r["latency_p50_ms"] for r in measured]
+        log_scale = max(latencies) / max(min(latencies), 1e-9) >= 10  # a log axis only when the range needs one
+        if log_scale:
+            ax.set_xscale("log")
         ax.legend(title="device (--- Pareto front, ★ on it)", fontsize=8)
     else:
         ax.text(0.5, 0.5, f"latency {NOT_MEASURED}", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel(f"latency p50, ms (batch {measured[0]['latency_batch'] if measured else 1}, log scale)")
+    ax.set_xlabel(f"latency p50, ms (batch {measured[0]['latency_batch'] if measured else 1}"
+                  f"{', log scale' if measured and log_scale else ''})")
     ax.set_ylabel("top-1 accuracy, %")
     ax.set_title("Accuracy against latency")
     ax.grid(True, alpha=0.3)
