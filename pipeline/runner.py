@@ -151,20 +151,26 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         # Training state saved after each epoch lives outside the stage's folder, keyed by its config:
         # a crashed or killed run resumes there instead of starting the stage over.
         ctx.resume = run_dir / "resume" / f"{name}-{config_sha[:16]}.pt"
+        # The stage writes into a staging folder that replaces its folder only once it succeeded: an
+        # interrupted or failed re-run leaves the previous outputs (a 50-minute teacher) intact.
+        staging = run_dir / f".{name}.partial"
         if me.main:
-            if workdir.exists():
-                shutil.rmtree(workdir)
-            workdir.mkdir(parents=True)
-            manifest.forget(name)
+            if staging.exists():
+                shutil.rmtree(staging)
+            staging.mkdir(parents=True)
             log(f"[{name:>8}] running")
         distributed.barrier()
         started = time.perf_counter()
-        result = stage.run(ctx, workdir) if (stage.distributed or me.main) else None
+        result = stage.run(ctx, staging) if (stage.distributed or me.main) else None
         seconds = time.perf_counter() - started
         distributed.barrier()
         if me.main:
+            if workdir.exists():
+                shutil.rmtree(workdir)
+            os.replace(staging, workdir)
             env = env or environment()
-            outputs = {key: str(Path(path).relative_to(run_dir)) for key, path in result.outputs.items()}
+            outputs = {key: str((workdir / Path(path).relative_to(staging)).relative_to(run_dir))
+                       for key, path in result.outputs.items()}
             manifest.record(name, {
                 "config_sha256": config_sha, "config": config, "code_sha256": code_sha, "inputs": inputs,
                 "input_sha256": input_sha,

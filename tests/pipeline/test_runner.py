@@ -176,3 +176,22 @@ def test_imagenet_weights_without_internet_say_what_to_do(tmp_path, monkeypatch)
         run_pipeline("tiny", runs_dir=tmp_path, until="teacher",
                      overrides={"teacher.weights": "imagenet", "teacher.arch": "resnet18"})
     assert "WEIGHTS=/path/to/state_dict.pth" in err.value.fix
+
+
+def test_a_failed_rerun_keeps_the_previous_outputs(run_copy, monkeypatch):
+    from device.errors import StageError
+    from pipeline.stages.prune import PruneStage
+
+    before = json.loads((run_copy / "manifest.json").read_text())["stages"]["prune"]
+    checkpoint = run_copy / before["outputs"]["model"]
+
+    def interrupted(self, ctx, workdir):
+        (workdir / "model.pt").write_bytes(b"half-written")
+        raise StageError("interrupted on purpose")
+
+    monkeypatch.setattr(PruneStage, "run", interrupted)
+    with pytest.raises(StageError):
+        run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared", force=["prune"], until="prune")
+    after = json.loads((run_copy / "manifest.json").read_text())["stages"]["prune"]
+    assert after == before, "the manifest still describes the previous prune"
+    assert sha256_file(checkpoint) == before["sha256"][before["outputs"]["model"]]
