@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from device import __version__
 from device.artifacts import ArtifactError, HashingWriter, check
-from device.errors import ConfigError, EdgeFoldError, require
+from device.errors import ConfigError, EdgeFoldError, StatusError, require
 from device.executor import Executor
 from device.info import describe_device
 from device.schema import FINISHED, SHA256, Artifact, ErrorBody, Health, Job, JobSpec, JobState
@@ -178,7 +178,7 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
 
     @app.exception_handler(EdgeFoldError)
     async def edgefold_error(request: Request, err: EdgeFoldError):
-        status = err.status if isinstance(err, ArtifactError) else 400
+        status = err.status if isinstance(err, StatusError) else 400
         return JSONResponse(status_code=status, content={"detail": err.message, "fix": err.fix})
 
     errors = {401: {"model": ErrorBody}, 404: {"model": ErrorBody}}
