@@ -218,7 +218,8 @@ def headline_text(headline: dict[str, Any]) -> str:
     h = headline
     lines = [f"student INT8 on {h['edge_device']} vs teacher on {h['dc_device']}",
              f"  top-1          {100 * h['top1_edge']:.2f}% vs {100 * h['top1_dc']:.2f}%  "
-             f"({h['accuracy_lost_points']:.2f} points lost)",
+             + (f"({h['accuracy_lost_points']:.2f} points lost)" if h["accuracy_lost_points"] >= 0
+                else f"({-h['accuracy_lost_points']:.2f} points gained)"),
              f"  latency p50    {h['latency_p50_ms_edge']:.3f} ms vs {h['latency_p50_ms_dc']:.3f} ms  "
              f"(×{h['latency_ratio']:.2f})",
              f"  throughput     {h['throughput_edge']:.0f} vs {h['throughput_dc']:.0f} images/s  "
