@@ -67,6 +67,9 @@ class Preprocess:
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"unknown preprocessing keys {sorted(unknown)}", fix=f"allowed: {sorted(known)}")
+        missing = known - {"interpolation"} - set(data)
+        if missing:
+            raise ConfigError(f"missing preprocessing keys {sorted(missing)}", fix=f"give all of {sorted(known)}")
         return cls(**{**data, "mean": tuple(data["mean"]), "std": tuple(data["std"])})
 
     # -- the two halves: geometry (uint8, per image) and normalisation (float, batched) --

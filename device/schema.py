@@ -61,7 +61,7 @@ class JobSpec(Strict):
 
             try:
                 Preprocess.from_dict(self.preprocess)
-            except (TypeError, EdgeFoldError) as err:
+            except (TypeError, KeyError, ValueError, EdgeFoldError) as err:  # a client's mistake: 422, never 500
                 raise ValueError(f"preprocess: {err}") from None
         if self.dla_core is not None and self.runtime != "tensorrt":
             raise ValueError("dla_core needs runtime 'tensorrt'")

@@ -325,3 +325,13 @@ def test_torch_export_artifact_runs_on_the_torch_runner(agent, tmp_path):
         job = client.wait(client.submit({"artifact": sha, **QUICK, "runtime": "torch"})["id"], timeout_s=180)
     assert job["state"] == "succeeded", job["error"]
     assert job["result"]["runtime"]["device"] == "cpu" and job["result"]["smoke"]["output_shape"] == [1, 5]
+
+
+def test_incomplete_preprocessing_is_a_422_not_a_500(agent, model):
+    # Found by the schemathesis run: {"preprocess": {}} used to escape validation as a KeyError.
+    with agent.client() as client:
+        sha = client.upload(model)
+    for preprocess in ({}, {"input_size": 16}, {"input_size": "x", "resize": 16, "channels": 3, "mean": [0] * 3,
+                                                "std": [1] * 3}):
+        response = httpx.post(f"{agent.url}/v1/jobs", json={"artifact": sha, "preprocess": preprocess}, headers=AUTH)
+        assert response.status_code == 422, (preprocess, response.status_code, response.text)
