@@ -9,7 +9,6 @@ for the Jetson's platform and Python (``pip download --platform … --python-ver
 from __future__ import annotations
 
 import argparse
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -19,8 +18,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(REPO)]
 from platforms import PlatformError, release, version  # noqa: E402
+
+from device.client import file_sha256  # noqa: E402  (make bundle runs in the project's venv)
 
 EXTRAS = "device,jetson"
 GLIBC = {"20.04": 31, "22.04": 35, "24.04": 39}  # Ubuntu release → glibc 2.x
@@ -60,14 +61,6 @@ def run(command: list[str]) -> None:
     subprocess.run(command, check=True)
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def build(out_root: Path, name: str, platforms: list[str], python_version: str, extras: str = EXTRAS) -> Path:
     """Builds the bundle folder and its tarball; returns the folder."""
     bundle = out_root / name
@@ -92,7 +85,7 @@ def build(out_root: Path, name: str, platforms: list[str], python_version: str, 
     (bundle / "install.sh").chmod(0o755)
     shutil.copy(REPO / "device" / "edgefold-agent.service", bundle / "edgefold-agent.service")
     files = sorted(p for p in bundle.rglob("*") if p.is_file())
-    (bundle / "SHA256SUMS").write_text("".join(f"{sha256(p)}  {p.relative_to(bundle)}\n" for p in files))
+    (bundle / "SHA256SUMS").write_text("".join(f"{file_sha256(p)}  {p.relative_to(bundle)}\n" for p in files))
     with tarfile.open(out_root / f"{name}.tar.gz", "w:gz") as tar:
         tar.add(bundle, arcname=name)
     return bundle
