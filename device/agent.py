@@ -1,8 +1,11 @@
 """The agent daemon's HTTP API v1 (FastAPI), served by uvicorn through ``edgefold-agent serve``.
 
-Every route but ``/v1/health`` needs ``Authorization: Bearer <token>`` (compared in constant time).
+Every route but ``/v1/health`` needs ``Authorization: Bearer <token>`` (compared in constant time),
+the API's own description included: ``/openapi.json`` takes the token, and the ``/docs`` and
+``/redoc`` pages are served only with ``public_docs: true`` in the agent's config.
 Refused requests change nothing: an upload is verified in a temporary file before it is stored;
-a job is validated before it is queued.
+a job is validated before it is queued. A refusal is always a 4xx with an :class:`ErrorBody` that
+JSON can carry: what the client sent is named, never echoed (it may be NaN or a lone surrogate).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import hmac
 import logging
 import os
 import secrets
+import sqlite3
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,19 +22,22 @@ from typing import Any, Literal
 
 import fastapi
 import yaml
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from device import __version__
 from device.artifacts import ArtifactError, HashingWriter, check
 from device.errors import ConfigError, EdgeFoldError, StatusError, require
 from device.executor import Executor
 from device.info import describe_device
-from device.schema import FINISHED, SHA256, Artifact, ErrorBody, Health, Job, JobSpec, JobState
+from device.schema import (FINISHED, SHA256, Artifact, ErrorBody, Health, Job, JobSpec, JobState, describe_problems,
+                           field_problems, safe_text)
 from device.store import Store
 
 log = logging.getLogger("edgefold.agent")
@@ -49,6 +56,7 @@ class AgentConfig(BaseModel):
     job_timeout_s: float = Field(1800.0, gt=0)
     jtop_socket: str = "/run/jtop.sock"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    public_docs: bool = Field(False, description="serve /docs, /redoc and /openapi.json without the token")
 
     @classmethod
     def load(cls, path: str | os.PathLike | None, **overrides: Any) -> "AgentConfig":
@@ -119,21 +127,25 @@ class Metrics:
                   "# TYPE edgefold_agent_jobs_finished_total counter"]
         for state in FINISHED:
             lines.append(f'edgefold_agent_jobs_finished_total{{state="{state}"}} '
-                         f'{self.executor.finished_total.get(state, 0)}')
+                         f'{self.store.finished_total.get(state, 0)}')
         lines += ["# HELP edgefold_agent_artifacts Artifacts stored.", "# TYPE edgefold_agent_artifacts gauge",
                   f"edgefold_agent_artifacts {artifacts}",
                   "# HELP edgefold_agent_artifact_bytes Bytes of stored artifacts.",
                   "# TYPE edgefold_agent_artifact_bytes gauge", f"edgefold_agent_artifact_bytes {artifact_bytes}"]
         latest = self.store.list(state="succeeded", limit=1)
-        if latest and latest[0].result:
+        if latest and latest[0].result and latest[0].spec is not None:
             job = latest[0]
             latency, power = [], []
             for run in job.result.get("runs", []):
-                labels = f'job="{job.id}",runtime="{job.spec.runtime}",batch_size="{run["batch_size"]}"'
-                latency.append(f"edgefold_agent_last_latency_p50_seconds{{{labels}}} {run['latency_p50_ms'] / 1e3:.6g}")
-                if run.get("summary", {}).get("power_mean_mw") is not None:
-                    power.append(f"edgefold_agent_last_power_mean_watts{{{labels}}} "
-                                 f"{run['summary']['power_mean_mw'] / 1e3:.6g}")
+                try:  # a result is the child's output: one the scrape cannot read is left out, not a 500
+                    labels = f'job="{job.id}",runtime="{job.spec.runtime}",batch_size="{int(run["batch_size"])}"'
+                    latency.append(f"edgefold_agent_last_latency_p50_seconds{{{labels}}} "
+                                   f"{float(run['latency_p50_ms']) / 1e3:.6g}")
+                    if (run.get("summary") or {}).get("power_mean_mw") is not None:
+                        power.append(f"edgefold_agent_last_power_mean_watts{{{labels}}} "
+                                     f"{float(run['summary']['power_mean_mw']) / 1e3:.6g}")
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    continue
             # A family's samples must be contiguous in the text format.
             lines += ["# HELP edgefold_agent_last_latency_p50_seconds Latency p50 of the last succeeded job.",
                       "# TYPE edgefold_agent_last_latency_p50_seconds gauge", *latency,
@@ -167,7 +179,8 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
         yield
         await run_in_threadpool(executor.stop)
 
-    app = FastAPI(title="EdgeFold agent", version=__version__, lifespan=lifespan,
+    docs = {} if config.public_docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}
+    app = FastAPI(title="EdgeFold agent", version=__version__, lifespan=lifespan, **docs,
                   description="Builds and benchmarks models on this device; measures latency, memory and power.")
     bearer = HTTPBearer(auto_error=False, description="the agent's token (its --token-file)")
 
@@ -179,16 +192,59 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
     @app.exception_handler(EdgeFoldError)
     async def edgefold_error(request: Request, err: EdgeFoldError):
         status = err.status if isinstance(err, StatusError) else 400
-        return JSONResponse(status_code=status, content={"detail": err.message, "fix": err.fix})
+        return JSONResponse(status_code=status, content={"detail": safe_text(err.message, 4000),
+                                                         "fix": safe_text(err.fix) if err.fix else None})
 
-    errors = {401: {"model": ErrorBody}, 404: {"model": ErrorBody}}
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, err: RequestValidationError):
+        # FastAPI's own handler echoes each field's input, which JSON cannot always carry (NaN,
+        # lone surrogates): that turned refusals into 500s. Name the fields, never the values.
+        problems = field_problems(err.errors())
+        return JSONResponse(status_code=422, content={
+            "detail": safe_text(f"invalid request: {describe_problems(problems)}", 4000),
+            "fix": "correct the named fields: numbers as finite JSON numbers (not strings), no unknown keys; "
+                   "the schema is GET /openapi.json (with the token)",
+            "errors": problems})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):
+        return JSONResponse(status_code=err.status_code, content={"detail": safe_text(err.detail, 4000)},
+                            headers=getattr(err, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, err: Exception):
+        # A bug, never a client's mistake: still a JSON body, and the daemon goes on serving.
+        log.error("unexpected %s on %s %s", type(err).__name__, request.method, safe_text(request.url.path, 200),
+                  exc_info=err)
+        return JSONResponse(status_code=500, content={
+            "detail": f"internal error ({type(err).__name__}); the agent keeps running",
+            "fix": "report it with the agent's log (journalctl -u edgefold-agent)"})
+
+    errors = {401: {"model": ErrorBody}, 404: {"model": ErrorBody}, 422: {"model": ErrorBody}}
     auth = [Depends(authorized)]
 
-    @app.get("/v1/health", response_model=Health, tags=["agent"])
-    def health() -> Health:
-        counts = store.counts()
-        return Health(status="ok", version=__version__, uptime_s=time.time() - started,
-                      queued=counts.get("queued", 0), running=counts.get("running", 0))
+    @app.get("/v1/health", response_model=Health, responses={503: {"model": Health}}, tags=["agent"])
+    def health(response: Response) -> Health:
+        """``ok``, or 503 ``unhealthy`` when the job executor is not running or the database cannot be read."""
+        problems, counts = [], None
+        if not executor.alive:
+            problems.append("the job executor is not running, so no job will start; restart the agent "
+                            "(systemctl restart edgefold-agent) and see its log")
+        try:
+            counts = store.counts()
+        except sqlite3.Error as err:
+            problems.append(f"the job database cannot be read: {err}")
+        if problems:
+            response.status_code = 503
+        return Health(status="unhealthy" if problems else "ok", version=__version__, uptime_s=time.time() - started,
+                      queued=counts.get("queued", 0) if counts is not None else None,
+                      running=counts.get("running", 0) if counts is not None else None,
+                      executor_alive=executor.alive, problem="; ".join(problems) or None)
+
+    if not config.public_docs:
+        @app.get("/openapi.json", dependencies=[Depends(authorized)], include_in_schema=False)
+        def openapi_schema() -> JSONResponse:
+            return JSONResponse(app.openapi())
 
     @app.get("/v1/device", dependencies=auth, responses=errors, tags=["agent"])
     def device() -> dict[str, Any]:
@@ -232,7 +288,8 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
             raise fastapi.HTTPException(404, f"no artifact {sha256}")
         return found[0]
 
-    @app.post("/v1/jobs", response_model=Job, status_code=201, dependencies=auth, responses=errors, tags=["jobs"])
+    @app.post("/v1/jobs", response_model=Job, status_code=201, dependencies=auth,
+              responses={**errors, 400: {"model": ErrorBody}}, tags=["jobs"])
     def submit(spec: JobSpec) -> Job:
         """Queues a benchmark of an uploaded artifact; jobs run one at a time, in submission order."""
         if store.get_artifact(spec.artifact) is None:
@@ -250,7 +307,7 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
     def get_job(job_id: str) -> Job:
         job = store.get(job_id)
         if job is None:
-            raise fastapi.HTTPException(404, f"no job {job_id!r}")
+            raise fastapi.HTTPException(404, f"no job {safe_text(job_id, 100)!r}")
         return job
 
     @app.delete("/v1/jobs/{job_id}", response_model=Job, dependencies=auth,
@@ -259,7 +316,7 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
         """Cancels a queued or running job. A finished job and its result are kept (409)."""
         job = store.get(job_id)
         if job is None:
-            raise fastapi.HTTPException(404, f"no job {job_id!r}")
+            raise fastapi.HTTPException(404, f"no job {safe_text(job_id, 100)!r}")
         if not executor.cancel(job_id):
             raise fastapi.HTTPException(409, f"job {job_id} already {store.get(job_id).state}; results are kept")
         return store.get(job_id)

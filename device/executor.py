@@ -4,7 +4,9 @@ Measurements need the device to themselves, so there is one executor thread and 
 time. The child (``python -m device.jobrun``) gets its own session so a timeout or a cancel kills
 it and anything it started. Its exit is read from the files it wrote and its exit status: a
 signal (SIGSEGV, SIGKILL from the OOM killer) or a timeout fails that job with the reason and
-the tail of its log; the executor moves on to the next job.
+the tail of its log; the executor moves on to the next job. Nothing raised while claiming,
+starting or finishing a job stops the executor: the job fails with the reason, and an executor
+thread that is not alive shows in ``/v1/health``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -24,6 +27,7 @@ from device.store import Store
 
 log = logging.getLogger("edgefold.agent")
 LOG_TAIL_LINES = 15
+RETRY_S = 1.0  # back-off after the database or file system failed between jobs
 
 
 def describe_exit(returncode: int) -> str:
@@ -47,17 +51,30 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text[-lines:])
 
 
-def pid_is_job(pid: int) -> bool:
-    """Whether ``pid`` is still one of our job children (not a recycled pid)."""
+def pid_is_job(pid: int, job_dir: Path) -> bool:
+    """Whether ``pid`` is still the child that ran the job in ``job_dir`` (not a recycled pid).
+
+    The job dir is on the child's command line and lies under this agent's data dir, so two agents
+    on one host never take each other's children for their own.
+    """
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"device.jobrun" in cmdline
+    return b"device.jobrun" in cmdline and os.fsencode(str(job_dir)) in cmdline
+
+
+class _CannotStart(Exception):
+    """A job that cannot start (its artifact is gone); the message is the job's error."""
 
 
 class Executor:
     """The single job thread.
+
+    Claiming a job, starting its child and recording that child happen under one lock, the lock
+    :meth:`cancel` takes: a cancel either finds the job still queued (it then never starts) or finds
+    its child (and kills it). The loop outlives anything a job, the database or the file system
+    raises: the job at hand fails with the reason and the next one runs.
 
     Args:
         store: Jobs and artifacts.
@@ -73,17 +90,29 @@ class Executor:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # claim + start + record the child, versus cancel and stop
         self._child: subprocess.Popen | None = None
         self._child_job: str | None = None
-        self._cancel = threading.Event()
-        self.finished_total: dict[str, int] = {}
+        self._cancelled: str | None = None
+        # Ends the store could not record (database locked, disk full): retried before the next claim.
+        self._unrecorded: list[tuple[str, str, dict[str, Any] | None, str | None]] = []
+
+    @property
+    def finished_total(self) -> dict[str, int]:
+        """Terminal transitions since the agent started, by state, whoever made them (see Store.finish)."""
+        return self.store.finished_total
+
+    @property
+    def alive(self) -> bool:
+        """Whether the job thread is running (the health endpoint reports the agent unhealthy when not)."""
+        return self._thread is not None and self._thread.is_alive()
 
     # ----------------------------------------------------------------- lifecycle
     def recover(self) -> list[str]:
         """After a restart: running jobs become interrupted (their orphaned children killed)."""
         interrupted = []
         for job_id, pid in self.store.running_pids():
-            if pid and pid_is_job(pid):
+            if pid and pid_is_job(pid, self.store.job_dir(job_id)):
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -104,7 +133,8 @@ class Executor:
         """Stops taking jobs; a running one is killed and marked interrupted (queued ones stay queued)."""
         self._stopping.set()
         self._wake.set()
-        self._kill_child()
+        with self._lock:
+            self._kill_child()
         if self._thread is not None:
             self._thread.join(timeout=30)
 
@@ -112,11 +142,15 @@ class Executor:
         self._wake.set()
 
     def cancel(self, job_id: str) -> bool:
-        """Cancels a queued or running job; False when it had already finished."""
-        if self._child_job == job_id:
-            self._cancel.set()
-            self._kill_child()
-        return self.store.finish(job_id, "cancelled", error="cancelled by a client")
+        """Cancels a queued or running job; False when it had already finished.
+
+        Under the executor's lock, so it cannot fall between the claim and the child's start.
+        """
+        with self._lock:
+            if self._child_job == job_id:
+                self._cancelled = job_id
+                self._kill_child()
+            return self.store.finish(job_id, "cancelled", error="cancelled by a client")
 
     def _kill_child(self) -> None:
         child = self._child
@@ -133,26 +167,81 @@ class Executor:
     # ----------------------------------------------------------------- the loop
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            job = self.store.claim_next()
-            if job is None:
+            try:
+                busy = self._step()
+            except Exception:  # the database or the disk failed between jobs: back off, never die
+                log.exception("executor: could not take the next job; retrying in %g s", RETRY_S)
+                self._stopping.wait(RETRY_S)
+                continue
+            if not busy:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
-                continue
-            try:
-                state, result, error = self._run(job)
-            except Exception as err:  # the executor must outlive anything one job does
-                log.exception("job %s", job.id)
-                state, result, error = "failed", None, f"agent error while running the job: {err}"
-            if self._stopping.is_set() and state != "succeeded":
-                state, error = "interrupted", "the agent was stopped while this job ran; submit it again"
-            if self.store.finish(job.id, state, result=result, error=error):
-                self.finished_total[state] = self.finished_total.get(state, 0) + 1
-                log.info("job %s %s%s", job.id, state, f": {error.splitlines()[0]}" if error else "")
 
-    def _run(self, job) -> tuple[str, dict[str, Any] | None, str | None]:
+    def _step(self) -> bool:
+        """Runs the next queued job to its end; False when the queue was empty."""
+        self._record_pending()
+        with self._lock:
+            if self._stopping.is_set():
+                return True
+            job = self.store.claim_next()
+            if job is None:
+                return False
+            try:
+                child, job_dir, timeout_s = self._start(job)
+            except Exception as err:
+                self._release_child()  # started but not recorded (set_pid failed): it must not run on
+                if not isinstance(err, _CannotStart):
+                    log.exception("job %s: could not start", job.id)
+                reason = str(err) if isinstance(err, _CannotStart) else \
+                    f"the agent could not start the job: {type(err).__name__}: {err}"
+                self._record(job.id, "failed", None, reason)
+                return True
+        try:
+            state, result, error = self._watch(job, child, job_dir, timeout_s)
+        except Exception as err:  # the executor must outlive anything one job does
+            log.exception("job %s", job.id)
+            state, result, error = "failed", None, f"agent error while running the job: {type(err).__name__}: {err}"
+        with self._lock:
+            cancelled = self._cancelled == job.id
+            self._release_child()
+        if cancelled:
+            state, result, error = "cancelled", None, "cancelled by a client"
+        elif self._stopping.is_set() and state != "succeeded":
+            state, error = "interrupted", "the agent was stopped while this job ran; submit it again"
+        self._record(job.id, state, result, error)
+        return True
+
+    def _release_child(self) -> None:
+        """Kills and reaps the current child if it still runs, and forgets it (caller holds the lock)."""
+        child = self._child
+        if child is not None:
+            self._kill_child()
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # unkillable (D state): leave it to the kernel, log it
+                log.error("job child %d did not exit after SIGKILL", child.pid)
+        self._child, self._child_job, self._cancelled = None, None, None
+
+    def _record(self, job_id: str, state: str, result: dict[str, Any] | None, error: str | None) -> None:
+        try:
+            finished = self.store.finish(job_id, state, result=result, error=error)
+        except Exception:
+            log.exception("job %s: could not record its end (%s); retrying before the next job", job_id, state)
+            self._unrecorded.append((job_id, state, result, error))
+            return
+        if finished:
+            log.info("job %s %s%s", job_id, state, f": {error.splitlines()[0]}" if error else "")
+
+    def _record_pending(self) -> None:
+        pending, self._unrecorded = self._unrecorded, []
+        for job_id, state, result, error in pending:
+            self._record(job_id, state, result, error)
+
+    def _start(self, job) -> tuple[subprocess.Popen, Path, float]:
+        """Writes the job's files and starts its child, recorded as this executor's (caller holds the lock)."""
         found = self.store.get_artifact(job.spec.artifact)
         if found is None:
-            return "failed", None, f"artifact {job.spec.artifact} is no longer stored; upload it again"
+            raise _CannotStart(f"artifact {job.spec.artifact} is no longer stored; upload it again")
         _, artifact_path = found
         job_dir = self.store.job_dir(job.id)
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -163,42 +252,54 @@ class Executor:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                           env.get("PYTHONPATH")]))
-        self._cancel.clear()
         with open(job_dir / "log.txt", "ab") as log_file:
             child = subprocess.Popen([sys.executable, "-m", "device.jobrun", str(job_dir)], stdout=log_file,
                                      stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=job_dir)
-        self._child, self._child_job = child, job.id
+        self._child, self._child_job, self._cancelled = child, job.id, None
         self.store.set_pid(job.id, child.pid)
+        return child, job_dir, timeout_s
+
+    def _watch(self, job, child: subprocess.Popen, job_dir: Path,
+               timeout_s: float) -> tuple[str, dict[str, Any] | None, str | None]:
+        """Waits for the child (progress relayed, timeout enforced) and reads how it ended."""
         deadline = time.monotonic() + timeout_s
         last_progress = None
-        try:
-            while child.poll() is None:
-                if time.monotonic() > deadline:
+        while child.poll() is None:
+            if self._stopping.is_set():
+                with self._lock:
                     self._kill_child()
-                    child.wait()
-                    return "failed", None, (f"timed out after {timeout_s:g} s (hung, or too slow for the job's "
-                                            f"timeout_s); log tail:\n{_tail(job_dir / 'log.txt')}")
-                progress = self._progress(job_dir)
-                if progress and progress != last_progress:
+            if time.monotonic() > deadline:
+                with self._lock:
+                    self._kill_child()
+                child.wait()
+                return "failed", None, (f"timed out after {timeout_s:g} s (hung, or too slow for the job's "
+                                        f"timeout_s); log tail:\n{_tail(job_dir / 'log.txt')}")
+            progress = self._progress(job_dir)
+            if progress and progress != last_progress:
+                try:
                     self.store.set_progress(job.id, progress)
                     last_progress = progress
-                time.sleep(0.1)
-        finally:
-            self._child, self._child_job = None, None
-        if self._cancel.is_set():
-            return "cancelled", None, "cancelled by a client"
+                except sqlite3.Error as err:  # progress is advisory: a busy database must not fail the job
+                    log.debug("job %s: progress not recorded: %s", job.id, err)
+            time.sleep(0.1)
         if child.returncode == 0 and (job_dir / "result.json").is_file():
-            return "succeeded", json.loads((job_dir / "result.json").read_text()), None
+            try:
+                return "succeeded", json.loads((job_dir / "result.json").read_text()), None
+            except ValueError as err:
+                return "failed", None, f"the job wrote an unreadable result.json ({err})"
         if (job_dir / "error.json").is_file():
-            error = json.loads((job_dir / "error.json").read_text())
-            fix = f"\n  fix: {error['fix']}" if error.get("fix") else ""
-            return "failed", None, f"{error['type']}: {error['message']}{fix}"
+            try:
+                error = json.loads((job_dir / "error.json").read_text())
+                fix = f"\n  fix: {error['fix']}" if error.get("fix") else ""
+                return "failed", None, f"{error.get('type', 'Error')}: {error.get('message', '')}{fix}"
+            except (ValueError, AttributeError):
+                pass  # unreadable: report the exit status and log instead
         return "failed", None, f"the job process died: {describe_exit(child.returncode)}; log tail:\n" \
                                f"{_tail(job_dir / 'log.txt')}"
 
     @staticmethod
     def _progress(job_dir: Path) -> str | None:
         try:
-            return json.loads((job_dir / "progress.json").read_text())["progress"]
-        except (OSError, ValueError, KeyError):
+            return str(json.loads((job_dir / "progress.json").read_text())["progress"])
+        except (OSError, ValueError, KeyError, TypeError):
             return None

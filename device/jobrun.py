@@ -94,12 +94,19 @@ def open_samplers(wanted: list[str] | str, rate_hz: float, jtop_socket: str | No
 
 
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
-    """The headline numbers of one measured batch size, from the best telemetry source present."""
+    """The headline numbers of one measured batch size, from the best telemetry source present.
+
+    Energy comes with its quality: ``energy_coverage`` (the fraction of the window fresh samples
+    cover), ``power_max_gap_s``, ``power_staleness_s``, and ``energy_degraded`` with
+    ``energy_degraded_reasons`` ({flag: sentence}) when the window fell short.
+    """
     telemetry = run["telemetry"]
     summary: dict[str, Any] = {"power_source": None, "power_mean_mw": None, "power_peak_mw": None,
                                "power_idle_mw": None, "energy_mj_per_inference": None,
-                               "energy_above_idle_mj_per_inference": None, "memory_source": None,
-                               "peak_memory_mb": None}
+                               "energy_above_idle_mj_per_inference": None, "energy_method": None,
+                               "energy_coverage": None, "power_max_gap_s": None, "power_staleness_s": None,
+                               "power_sample_hz": None, "energy_degraded": None, "energy_degraded_reasons": {},
+                               "memory_source": None, "peak_memory_mb": None}
     for sampler, key in POWER_SOURCES:
         values = telemetry.get(sampler, {})
         if f"mean_{key}" in values and np.isfinite(values[f"mean_{key}"]):
@@ -107,7 +114,12 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
             summary.update(power_source=f"{sampler}:{rail or key}", power_mean_mw=values[f"mean_{key}"],
                            power_peak_mw=values[f"peak_{key}"], power_idle_mw=values.get(f"idle_{key}"),
                            energy_mj_per_inference=values.get("energy_mj_per_inference"),
-                           energy_above_idle_mj_per_inference=values.get("energy_above_idle_mj_per_inference"))
+                           energy_above_idle_mj_per_inference=values.get("energy_above_idle_mj_per_inference"),
+                           energy_method=values.get("energy_method"), energy_coverage=values.get("coverage"),
+                           power_max_gap_s=values.get("max_gap_s"), power_staleness_s=values.get("staleness_s"),
+                           power_sample_hz=values.get("achieved_hz"),
+                           energy_degraded=values.get("degraded"),
+                           energy_degraded_reasons=values.get("degraded_reasons") or {})
             break
     for sampler, key in MEMORY_SOURCES:
         values = telemetry.get(sampler, {})
@@ -161,11 +173,13 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
         if not chw or any(d is None for d in chw):
             raise ConfigError(f"the model's input has dynamic or unknown dimensions besides the batch: {chw}",
                               fix="export with a fixed C×H×W (only the batch axis dynamic)")
-        smoke_result = smoke(runner, chw, spec.preprocess)
+        smoke_result = smoke(runner, chw, spec.preprocess.model_dump() if spec.preprocess else None)
         samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"))
         try:
-            static = {s.name: {k: getattr(s, k) for k in ("board_rail", "nvpmodel", "jetson_clocks", "board",
-                                                            "unsupported", "rapl_readable") if hasattr(s, k)}
+            static = {s.name: {k: getattr(s, k) for k in ("board_rail", "summed_rails", "nvpmodel", "jetson_clocks",
+                                                            "board", "gpu_name", "service_interval_s", "data_time",
+                                                            "unsupported", "rapl_readable", "provenance")
+                               if hasattr(s, k)}
                       for s in samplers}
             power_key = next((key for name, key in POWER_SOURCES if any(s.name == name for s in samplers)), None)
             measure_spec = MeasureSpec(warmup_iterations=spec.warmup_iterations, idle_s=spec.idle_s, **spec.window())

@@ -3,11 +3,17 @@
 Every state change is one committed transaction, so a ``kill -9`` at any point leaves either the
 old or the new state, never a half-written one. Artifacts are written to a temporary file,
 verified, then renamed into place: a file under ``artifacts/`` is always complete and correct.
+
+Reading never fails on a row: a stored spec that no longer validates (an upgrade tightened the
+schema, a hand edit) fails its job with the reason instead of answering 500, and non-finite numbers
+or unencodable text in a stored result are read as ``null`` / escaped text.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import sqlite3
 import threading
@@ -17,8 +23,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from pydantic import ValidationError
+
 from device.errors import ConfigError
-from device.schema import FINISHED, SHA256, Artifact, Job, JobSpec
+from device.schema import FINISHED, SHA256, Artifact, Job, JobSpec, describe_problems, field_problems, safe_text
+
+log = logging.getLogger("edgefold.agent")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -29,6 +39,24 @@ CREATE TABLE IF NOT EXISTS artifacts (
     sha256 TEXT PRIMARY KEY, kind TEXT NOT NULL, size_bytes INTEGER NOT NULL, stored_at REAL NOT NULL);
 """
 ARTIFACT_SUFFIX = {"onnx": ".onnx", "torch-export": ".pt2"}
+UNREADABLE = "the stored job spec no longer validates ({problems}); this agent cannot run it: submit the job again"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as None and every string encodable (results come from a child)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {safe_text(key): json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def _unreadable(err: ValidationError) -> str:
+    return UNREADABLE.format(problems=safe_text(describe_problems(field_problems(err.errors(), limit=5)), 500))
 
 
 class Store:
@@ -39,13 +67,15 @@ class Store:
     """
 
     def __init__(self, data_dir: str | os.PathLike):
-        self.root = Path(data_dir)
+        # Absolute, so a job child's command line names its job dir unambiguously (orphan recovery matches it).
+        self.root = Path(data_dir).absolute()
         self.artifacts = self.root / "artifacts"
         self.jobs_dir = self.root / "jobs"
         for folder in (self.root, self.artifacts, self.jobs_dir, self.root / "tmp"):
             folder.mkdir(parents=True, exist_ok=True)
         self.db_path = self.root / "agent.db"
         self._lock = threading.Lock()
+        self.finished_total: dict[str, int] = {}  # every terminal transition this process made, by state
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA)
@@ -95,11 +125,35 @@ class Store:
         return int(count), int(size)
 
     # ----------------------------------------------------------------- jobs
+    def _count(self, state: str) -> None:
+        self.finished_total[state] = self.finished_total.get(state, 0) + 1
+
     def _job(self, row: sqlite3.Row) -> Job:
-        return Job(id=row["id"], state=row["state"], spec=JobSpec.model_validate_json(row["spec"]),
-                   created_at=row["created_at"], started_at=row["started_at"], finished_at=row["finished_at"],
-                   progress=row["progress"], error=row["error"],
-                   result=json.loads(row["result"]) if row["result"] else None)
+        """The row as a Job; a spec that no longer validates fails a queued or running job for that reason."""
+        try:
+            spec = JobSpec.model_validate_json(row["spec"])
+        except ValidationError as err:
+            spec = None
+            if row["state"] in ("queued", "running") and self.finish(row["id"], "failed", error=_unreadable(err)):
+                log.warning("job %s failed on read: its stored spec no longer validates", row["id"])
+                with self._connect() as db:
+                    row = db.execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone()
+        return Job(id=row["id"], state=row["state"], spec=spec, created_at=row["created_at"],
+                   started_at=row["started_at"], finished_at=row["finished_at"],
+                   progress=safe_text(row["progress"]) if row["progress"] is not None else None,
+                   error=safe_text(row["error"]) if row["error"] is not None else None,
+                   result=self._result(row["id"], row["result"]))
+
+    @staticmethod
+    def _result(job_id: str, text: str | None) -> dict[str, Any] | None:
+        if not text:
+            return None
+        try:
+            result = json.loads(text)
+        except ValueError:
+            log.warning("job %s: its stored result is not JSON; served as null", job_id)
+            return None
+        return json_safe(result) if isinstance(result, dict) else None
 
     def submit(self, spec: JobSpec) -> Job:
         job_id = uuid.uuid4().hex[:12]
@@ -128,16 +182,42 @@ class Store:
         return {state: count for state, count in rows}
 
     def claim_next(self) -> Job | None:
-        """Marks the oldest queued job running and returns it (None when the queue is empty)."""
+        """Marks the oldest queued job running and returns it (None when the queue is empty).
+
+        A queued job whose stored spec no longer validates is failed on the way, in the same
+        transaction, so one bad row can never block the queue.
+        """
+        failed = 0
         with self._lock, self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
-            row = db.execute("SELECT id FROM jobs WHERE state = 'queued' ORDER BY seq LIMIT 1").fetchone()
-            if row is None:
+            try:
+                while True:
+                    row = db.execute("SELECT * FROM jobs WHERE state = 'queued' ORDER BY seq LIMIT 1").fetchone()
+                    if row is None:
+                        break
+                    try:
+                        spec = JobSpec.model_validate_json(row["spec"])
+                    except ValidationError as err:
+                        db.execute("UPDATE jobs SET state = 'failed', finished_at = ?, error = ? WHERE id = ?",
+                                   (time.time(), _unreadable(err), row["id"]))
+                        log.warning("job %s failed: its stored spec no longer validates", row["id"])
+                        failed += 1
+                        continue
+                    started = time.time()
+                    db.execute("UPDATE jobs SET state = 'running', started_at = ? WHERE id = ?", (started, row["id"]))
+                    break
                 db.execute("COMMIT")
-                return None
-            db.execute("UPDATE jobs SET state = 'running', started_at = ? WHERE id = ?", (time.time(), row["id"]))
-            db.execute("COMMIT")
-        return self.get(row["id"])
+            except BaseException:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:  # the failed statement may have ended the transaction already
+                    pass
+                raise
+            for _ in range(failed):
+                self._count("failed")
+        if row is None:
+            return None
+        return Job(id=row["id"], state="running", spec=spec, created_at=row["created_at"], started_at=started)
 
     def set_pid(self, job_id: str, pid: int | None) -> None:
         with self._connect() as db:
@@ -145,17 +225,25 @@ class Store:
 
     def set_progress(self, job_id: str, progress: str) -> None:
         with self._connect() as db:
-            db.execute("UPDATE jobs SET progress = ? WHERE id = ? AND state = 'running'", (progress, job_id))
+            db.execute("UPDATE jobs SET progress = ? WHERE id = ? AND state = 'running'",
+                       (safe_text(progress, 500), job_id))
 
     def finish(self, job_id: str, state: str, result: dict[str, Any] | None = None, error: str | None = None) -> bool:
-        """Records a job's end; False when it had already finished (e.g. cancelled meanwhile)."""
+        """Records a job's end; False when it had already finished (e.g. cancelled meanwhile).
+
+        Every terminal transition goes through here (the executor's, a cancel's, recovery's, a
+        failure on read), so :attr:`finished_total` counts them all.
+        """
         if state not in FINISHED:
             raise ValueError(state)
+        stored = json.dumps(json_safe(result), allow_nan=False) if result is not None else None
         with self._lock, self._connect() as db:
             cursor = db.execute(
                 "UPDATE jobs SET state = ?, finished_at = ?, result = ?, error = ?, pid = NULL "
                 "WHERE id = ? AND state IN ('queued', 'running')",
-                (state, time.time(), json.dumps(result) if result is not None else None, error, job_id))
+                (state, time.time(), stored, safe_text(error) if error is not None else None, job_id))
+            if cursor.rowcount == 1:
+                self._count(state)
         return cursor.rowcount == 1
 
     def running_pids(self) -> list[tuple[str, int | None]]:

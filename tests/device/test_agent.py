@@ -230,7 +230,7 @@ def test_metrics_are_prometheus_text(agent, model):
 
 
 def test_openapi_schema_names_every_route(agent):
-    schema = httpx.get(f"{agent.url}/openapi.json").json()
+    schema = httpx.get(f"{agent.url}/openapi.json", headers=AUTH).json()
     assert {"/v1/health", "/v1/device", "/v1/artifacts/{sha256}", "/v1/jobs", "/v1/jobs/{job_id}", "/metrics"} \
         <= set(schema["paths"])
     assert "HTTPBearer" in schema["components"]["securitySchemes"]

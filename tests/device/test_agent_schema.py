@@ -10,13 +10,14 @@ from schemathesis.checks import not_a_server_error, response_schema_conformance 
 from tests.device.agent_process import TOKEN, AgentProcess  # noqa: E402
 
 EXAMPLES_PER_OPERATION = 25
+AUTH = {"Authorization": f"Bearer {TOKEN}"}  # the API's description needs the token too
 
 
 def test_no_server_errors_on_any_operation(tmp_path):
     # schemathesis' own pytest plugin (from_fixture) breaks on this pytest, so the operations are
     # driven through hypothesis directly: the same generated cases and the same checks.
     with AgentProcess(tmp_path / "data", args=("--max-upload-mib", "1")) as agent:
-        schema = schemathesis.openapi.from_url(f"{agent.url}/openapi.json")
+        schema = schemathesis.openapi.from_url(f"{agent.url}/openapi.json", headers=AUTH)
         operations = [result.ok() for result in schema.get_all_operations()]
         assert len(operations) >= 8
         seen: dict[str, set[int]] = {}
@@ -26,12 +27,12 @@ def test_no_server_errors_on_any_operation(tmp_path):
             @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck),
                       database=None)
             def exercise(case):
-                response = case.call(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+                response = case.call(headers=AUTH, timeout=30)
                 seen.setdefault(operation.label, set()).add(response.status_code)
                 case.validate_response(response, checks=(not_a_server_error, response_schema_conformance))
 
             exercise()
-        health = schemathesis.openapi.from_url(f"{agent.url}/openapi.json")  # the agent is still up
+        health = schemathesis.openapi.from_url(f"{agent.url}/openapi.json", headers=AUTH)  # the agent is still up
         assert health is not None
     assert all(code < 500 for codes in seen.values() for code in codes), seen
     assert any(code == 201 or code == 200 for codes in seen.values() for code in codes), seen
