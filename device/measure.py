@@ -2,7 +2,10 @@
 
 Every number carries its unit in its name. Latency is per batch (one ``infer`` call), throughput
 is images over the window's wall time, and energy is the time integral of the chosen power series
-over the window, per image, in total and above the idle baseline.
+(or the difference of an energy counter, NVML's) over exactly the window, per image, in total and
+above the idle baseline, counted only over the time fresh samples cover and with the images
+processed in that time; a window that falls short is marked degraded with the reason
+(:func:`device.telemetry.base.window_energy`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 
 from device.errors import ConfigError
 from device.runners import Runner
-from device.telemetry.base import Sampler, Trace, energy_per_inference
+from device.telemetry.base import Sampler, Trace, window_energy
 
 
 @dataclass(frozen=True)
@@ -57,23 +60,42 @@ def latency_stats(latencies_s: Sequence[float]) -> dict[str, float]:
 
 
 def power_trace(trace: Trace, key: str, idle_mw: float | None, source: str,
-                max_points: int = 400) -> dict[str, Any]:
+                max_points: int = 400, start: float | None = None) -> dict[str, Any]:
     """The window's power series, thinned to at most ``max_points`` samples, for plotting."""
-    times, values = trace.times_s - trace.times_s[0], trace.values[key]
+    origin = trace.times_s[0] if start is None else start
+    times, values = trace.times_s - origin, trace.values[key]
     step = max(1, int(np.ceil(len(times) / max_points)))
     keep = np.isfinite(values[::step])
     return {"source": source, "key": key, "t_s": [round(float(t), 4) for t in times[::step][keep]],
             "mw": [round(float(v), 1) for v in values[::step][keep]], "idle_mw": idle_mw}
 
 
-def _window(samplers: Sequence[Sampler], work) -> tuple[Any, list[Trace]]:
+def _window(samplers: Sequence[Sampler], work, keep_busy=None) -> tuple[Any, list[Trace]]:
+    """Runs ``work`` with the samplers sampling; ``keep_busy`` is called after the work until every
+    source that publishes on its own clock has a measurement from after the window's end."""
     for sampler in samplers:
         sampler.start()
     try:
         result = work()
+        if keep_busy is not None:
+            ended = time.monotonic()
+            waiting = [s for s in samplers if s.needs_post_sample]
+            deadline = ended + max((s.gap_limit_s for s in waiting), default=0.0)
+            # The device stays loaded past the window so the measurement after it shows the
+            # window's power, and the interpolation at the edge is not pulled towards idle.
+            while waiting and time.monotonic() < deadline:
+                waiting = [s for s in waiting if (s.latest_stamp() or 0.0) < ended]
+                if waiting:
+                    keep_busy()
     finally:
         traces = [sampler.stop() for sampler in samplers]
     return result, traces
+
+
+def counter_key(sampler: Sampler, trace: Trace) -> str | None:
+    """The sampler's cumulative energy counter, when it has one and it was read."""
+    key = getattr(sampler, "energy_counter_key", None)
+    return key if key and key in trace.values else None
 
 
 def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequence[Sampler] = (),
@@ -89,45 +111,79 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
     """
     images_per_call = int(batch.shape[0])
     idle_means: dict[str, float] = {}
+    idle_power: dict[str, float] = {}
     if samplers and spec.idle_s > 0:
         _, idle_traces = _window(samplers, lambda: time.sleep(spec.idle_s))
-        for trace in idle_traces:
+        for sampler, trace in zip(samplers, idle_traces):
             idle_means.update({key: trace.mean(key) for key in trace.values})
+            key = power_key if power_key in trace.values else None
+            if key or counter_key(sampler, trace):
+                # The idle power over exactly the idle window, from the counter where there is one
+                # (NVML's reported power is a 1 s average on recent GPUs: it smears a 1 s baseline).
+                idle = window_energy(trace, trace.window[0], trace.window[1], [], power_key=key,
+                                     counter_key=counter_key(sampler, trace))
+                if idle["window_power_mw"] is not None and idle["coverage"] >= 0.5:
+                    idle_power[sampler.name] = idle["window_power_mw"]
     for _ in range(spec.warmup_iterations):
         runner.infer(batch)
+
+    calls: list[tuple[float, float, int]] = []
+    bounds: list[float] = []
 
     def timed() -> tuple[list[float], float]:
         latencies: list[float] = []
         started = time.perf_counter()
+        bounds.append(time.monotonic())
         while True:
             before = time.perf_counter()
+            begin = time.monotonic()
             runner.infer(batch)
             latencies.append(time.perf_counter() - before)
+            calls.append((begin, time.monotonic(), images_per_call))
             if spec.iterations is not None and len(latencies) >= spec.iterations:
                 break
             if spec.duration_s is not None and time.perf_counter() - started >= spec.duration_s and len(latencies) >= 2:
                 break
-        return latencies, time.perf_counter() - started
+        window_s = time.perf_counter() - started
+        bounds.append(time.monotonic())
+        return latencies, window_s
 
-    (latencies, window_s), traces = _window(samplers, timed)
+    (latencies, window_s), traces = _window(samplers, timed, keep_busy=lambda: runner.infer(batch))
+    start, stop = bounds
     images = len(latencies) * images_per_call
     result: dict[str, Any] = {"batch_size": images_per_call, "iterations": len(latencies), "images": images,
                               "window_s": window_s, "throughput_images_per_s": images / window_s,
                               **latency_stats(latencies), "telemetry": {}}
     for sampler, trace in zip(samplers, traces):
-        summary: dict[str, Any] = {"samples": len(trace.times_s), "requested_hz": trace.requested_hz,
-                                   "achieved_hz": trace.achieved_hz, "errors": trace.errors}
+        inside = (trace.times_s >= start) & (trace.times_s <= stop)
+        summary: dict[str, Any] = {"samples": len(trace.times_s), "samples_in_window": int(inside.sum()),
+                                   "requested_hz": trace.requested_hz, "achieved_hz": trace.achieved_hz,
+                                   "errors": trace.errors, "flags": dict(trace.flags),
+                                   "staleness_s": trace.staleness_max_s}
         for key in trace.values:
             summary[f"mean_{key}"] = trace.mean(key)
             summary[f"peak_{key}"] = trace.peak(key)
             if key in idle_means:
                 summary[f"idle_{key}"] = idle_means[key]
         clocks = [k for k in trace.values if k.endswith(("_freq_mhz", "clock_mhz"))]
-        summary["clocks_dropped"] = any(np.nanmin(trace.values[k]) < 0.95 * np.nanmax(trace.values[k]) for k in clocks)
+        summary["clocks_dropped"] = any(np.nanmin(trace.values[k]) < 0.95 * np.nanmax(trace.values[k]) for k in clocks
+                                        if np.isfinite(trace.values[k]).any())
         summary["temp_limit_crossed"] = any(trace.peak(k) > spec.temp_limit_c for k in trace.values
                                             if k.startswith("temp_") or k == "gpu_temp_c")
-        if power_key and power_key in trace.values:
-            summary.update(energy_per_inference(trace, images, power_key, idle_means.get(power_key)))
-            result["power_trace"] = power_trace(trace, power_key, idle_means.get(power_key), sampler.name)
+        counter = counter_key(sampler, trace)
+        if (power_key and power_key in trace.values) or counter:
+            key = power_key if power_key in trace.values else None
+            idle_mw = idle_power.get(sampler.name)
+            energy = window_energy(trace, start, stop, calls, power_key=key, counter_key=counter, idle_mw=idle_mw)
+            summary.update(energy)
+            if key:
+                # Mean and peak over the window itself, not the samples bracketing it.
+                if energy["window_power_mw"] is not None:
+                    summary[f"mean_{key}"] = energy["window_power_mw"]
+                if inside.any() and np.isfinite(trace.values[key][inside]).any():
+                    summary[f"peak_{key}"] = float(np.nanmax(trace.values[key][inside]))
+                if idle_mw is not None:
+                    summary[f"idle_{key}"] = idle_mw
+                result["power_trace"] = power_trace(trace, key, idle_mw, sampler.name, start=start)
         result["telemetry"][sampler.name] = summary
     return result

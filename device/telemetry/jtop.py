@@ -1,33 +1,93 @@
-"""The jtop sampler (Jetson): every power rail and the board's true total, RAM and NvMap, GPU load
-and clock, temperatures, power mode and jetson_clocks, through the jtop service's client.
+"""The jtop sampler (Jetson): every power rail and the board's total, RAM and NvMap, GPU load and
+clock, temperatures, power mode and jetson_clocks, through the jtop service's client.
 
-Power is jtop's instantaneous ``power`` of each rail, never its ``avg`` (a two-sample smoothing,
-not a time average): the trace integrates it over the window. The board's total is the first
-input rail present by board naming (VIN on Thor, POM_5V_IN on Nano, VDD_IN on Orin Nano/NX and
-Xavier NX, VIN_SYS_5V0 on AGX Orin); jtop's own ``tot`` is a sum of rails where no such rail is
-known, which double-counts (jetson_stats issues 344 and 51), so it is used only as a last resort.
+The board's total is the board's input rail where one exists (VIN on Thor's carrier INA238,
+POM_5V_IN on Nano, VDD_IN on Orin Nano/NX and Xavier NX), otherwise the sum of every monitored
+rail: AGX Orin and AGX Xavier have no input rail, and their rails (VDD_GPU_SOC, VDD_CPU_CV,
+VIN_SYS_5V0, VDDQ_VDD2_1V8AO on AGX Orin) together are the module's power, which is what jtop
+7.2.2's ``total_power()`` computes (jetson_stats issue 344 was the opposite bug). A sub-rail such
+as VIN_SYS_5V0 (the 5 V system/IO rail) is never the total.
+
+Power is each rail's instantaneous ``power``, never jtop's ``avg`` (a two-sample smoothing). Each
+measurement is taken from the client as the service publishes it (an observer on the client's
+reader thread) and stamped with the service's own data time (``uptime``, read from /proc/uptime
+when the service sampled), so values never lag their stamps; a measurement the client hands out
+again (it does so every 3 intervals while the service stalls) is kept once, which makes a stall a
+gap, and the freshest value's age is tracked against the stale limit. ``ok()`` is polled without
+blocking: its blocking form stops the client's reader for good after one stall.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from typing import Any
 
 from device.errors import MissingDependencyError, require
-from device.telemetry.base import Sampler
+from device.telemetry.base import GAP_FACTOR, Sampler
 
-TOTAL_RAILS = ("VIN", "POM_5V_IN", "VDD_IN", "VIN_SYS_5V0")
+# Input rails by board naming, in jtop 7.2.2's order of preference (jtop/core/power.py total_power).
+INPUT_RAILS = ("VIN", "POM_5V_IN", "VDD_IN")
+# A devfreq clock in kHz is above this; an NVML clock in MHz (JetPack 7 Thor) below it.
+_KHZ_THRESHOLD = 20_000
+# /proc/uptime prints hundredths truncated: the measurement lies on average half a step later.
+_UPTIME_HALF_STEP_S = 0.005
 
 
 def board_total(power: dict[str, Any]) -> tuple[str, float]:
-    """(name of the rail used, its power in mW) from jtop's ``power`` dictionary."""
+    """(what the total is, its power in mW) from jtop's ``power`` dictionary.
+
+    The input rail where one exists; otherwise the sum of every monitored rail that is online.
+    Power-supply entries (batteries, USB-C: they carry a ``status``) are not board rails and are
+    left out of the sum.
+    """
     total = power.get("tot", {})
-    if total.get("name") in TOTAL_RAILS:
+    if total.get("name") in INPUT_RAILS:
         return total["name"], float(total["power"])
     rails = power.get("rail", {})
-    for name in TOTAL_RAILS:
+    for name in INPUT_RAILS:
         if name in rails and rails[name].get("online", True):
             return name, float(rails[name]["power"])
-    return "sum of rails (jtop tot)", float(total.get("power", float("nan")))
+    summed = summed_rails(power)
+    if summed:
+        return f"sum of {len(summed)} rails", float(sum(float(rails[name]["power"]) for name in summed))
+    if "power" in total:
+        return "jtop tot", float(total["power"])
+    return "none", float("nan")
+
+
+def summed_rails(power: dict[str, Any]) -> list[str]:
+    """The rails whose sum is the board total on a board without an input rail."""
+    rails = power.get("rail", {})
+    return sorted(name for name, rail in rails.items()
+                  if rail.get("online", True) and "status" not in rail and "power" in rail)
+
+
+def gpu_entry(gpu: Any) -> tuple[str | None, dict[str, Any]]:
+    """jtop's entry for the integrated GPU, by what jtop reports (``gpu``, ``gv11b``, ``ga10b``, ``Thor``…)."""
+    try:
+        items = list(gpu.items())
+    except AttributeError:
+        return None, {}
+    for name, entry in items:
+        if isinstance(entry, dict) and entry.get("type") == "integrated":
+            return name, entry
+    return items[0] if items else (None, {})
+
+
+def gpu_freq_mhz(entry: dict[str, Any]) -> float:
+    """The GPU's current clock in MHz: sysfs devfreq entries report kHz, NVML-backed ones (Thor) MHz."""
+    cur = (entry.get("freq") or {}).get("cur")
+    if not isinstance(cur, (int, float)) or not cur:
+        return float("nan")
+    return float(cur) / 1000 if cur > _KHZ_THRESHOLD else float(cur)
+
+
+def _boottime() -> float:
+    # /proc/uptime is CLOCK_BOOTTIME; fall back to the monotonic clock where there is no BOOTTIME.
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(clock) if clock is not None else time.monotonic()
 
 
 class JtopSampler(Sampler):
@@ -35,22 +95,43 @@ class JtopSampler(Sampler):
 
     Values: ``board_power_mw``, ``rail_<NAME>_mw`` per rail, ``ram_used_mb``, ``nvmap_mb``,
     ``gpu_load_percent``, ``gpu_freq_mhz``, ``temp_<zone>_c``. ``board_rail`` names the total's
-    source; ``nvpmodel`` and ``jetson_clocks`` are read once when the sampler opens.
+    source (``summed_rails`` the rails of a sum); ``nvpmodel``, ``jetson_clocks``, ``gpu_name`` and
+    ``service_interval_s`` (the rate the service actually runs at) are read when the sampler opens.
     """
 
     name = "jtop"
+    needs_post_sample = True
 
     def __init__(self, rate_hz: float = 10.0):
         super().__init__(rate_hz)
         self._jetson = None
+        self._client = None
+        self._lock = threading.Lock()
+        self._ticks: list[tuple[float, dict[str, float]]] = []
+        self._last_tick: tuple[float, dict[str, float]] | None = None
+        self._recording = False
+        self._tick_error: str | None = None
+        self._clock_offset: float | None = None
         self.board_rail: str | None = None
+        self.summed_rails: list[str] = []
         self.nvpmodel: str | None = None
         self.jetson_clocks: bool | None = None
         self.board: dict[str, Any] = {}
+        self.gpu_name: str | None = None
+        self.service_interval_s: float | None = None
+        self.data_time: str = "jtop uptime"
+
+    @property
+    def gap_limit_s(self) -> float:
+        # The service may run slower than asked (its first client owns the rate): judge gaps by its interval.
+        interval = max(self.service_interval_s or 0.0, 1.0 / self.rate_hz)
+        return GAP_FACTOR * interval
 
     def open(self) -> None:
         client = require("jtop", "jetson-stats", "pip install 'edgefold[jetson]'")
         jetson = client.jtop(interval=1.0 / self.rate_hz)
+        # Attached before start(): the reader thread iterates the observers without a lock.
+        jetson.attach(self._on_tick)
         try:
             jetson.start()
         except client.JtopException as err:
@@ -58,17 +139,54 @@ class JtopSampler(Sampler):
                 f"the jtop service is not reachable: {err}",
                 fix="sudo systemctl restart jtop.service; in Docker mount -v /run/jtop.sock:/run/jtop.sock",
             ) from None
-        self._jetson = jetson
+        self._client, self._jetson = client, jetson
         self.board = dict(jetson.board.get("hardware", {}))
         self.nvpmodel = str(jetson.nvpmodel) if jetson.nvpmodel is not None else None
         self.jetson_clocks = bool(jetson.jetson_clocks) if jetson.jetson_clocks is not None else None
         self.board_rail, _ = board_total(jetson.power)
+        self.summed_rails = summed_rails(jetson.power) if self.board_rail.startswith("sum of") else []
+        self.gpu_name, _ = gpu_entry(jetson.gpu)
+        try:
+            self.service_interval_s = float(jetson.interval)
+        except (TypeError, ValueError, AttributeError):
+            self.service_interval_s = None
 
-    def read(self) -> dict[str, float]:
-        jetson = self._jetson
-        if jetson is None:
-            raise RuntimeError("jtop sampler is not open")
-        jetson.ok()  # raises EOFError/ConnectionResetError when the service dies: recorded by the base
+    def _stamp(self, uptime_s: float | None) -> float:
+        """The monotonic time a measurement with the service's data time ``uptime_s`` was taken."""
+        now = time.monotonic()
+        if uptime_s is None:
+            self.data_time = "arrival (jtop sent no uptime)"
+            return now
+        if self._clock_offset is None:
+            offset = _boottime() - now
+            age = _boottime() - uptime_s
+            # A service in another time namespace would give ages that make no sense: stamp on arrival.
+            self._clock_offset = offset if -0.05 < age < 60 else math.nan
+            if math.isnan(self._clock_offset):
+                self.data_time = f"arrival (jtop's uptime is {age:.1f} s off this clock)"
+        if math.isnan(self._clock_offset):
+            return now
+        return uptime_s + _UPTIME_HALF_STEP_S - self._clock_offset
+
+    def _on_tick(self, jetson) -> None:
+        # Runs on the client's reader thread for every measurement it receives: never raise here,
+        # an exception would end the reader.
+        try:
+            try:
+                uptime = jetson.uptime.total_seconds()
+            except (KeyError, AttributeError, TypeError):
+                uptime = None
+            stamp = self._stamp(uptime)
+            tick = (stamp, self._values(jetson))
+        except Exception as err:
+            self._tick_error = f"{type(err).__name__}: {err}"
+            return
+        with self._lock:
+            self._last_tick = tick
+            if self._recording:
+                self._ticks.append(tick)
+
+    def _values(self, jetson) -> dict[str, float]:
         power = jetson.power
         self.board_rail, total = board_total(power)
         values = {"board_power_mw": total}
@@ -77,13 +195,55 @@ class JtopSampler(Sampler):
         ram = jetson.memory.get("RAM", {})
         values["ram_used_mb"] = ram.get("used", float("nan")) / 1024
         values["nvmap_mb"] = ram.get("shared", float("nan")) / 1024
-        gpu = jetson.gpu.get("gpu", {})
-        values["gpu_load_percent"] = float(gpu.get("status", {}).get("load", float("nan")))
-        values["gpu_freq_mhz"] = float(gpu.get("freq", {}).get("cur", float("nan"))) / 1000
+        _, gpu = gpu_entry(jetson.gpu)
+        values["gpu_load_percent"] = float((gpu.get("status") or {}).get("load", float("nan")))
+        values["gpu_freq_mhz"] = gpu_freq_mhz(gpu)
         for zone, reading in jetson.temperature.items():
             if reading.get("online", True) and reading.get("temp", -256) > -256:
                 values[f"temp_{zone}_c"] = float(reading["temp"])
         return values
+
+    def _check(self) -> None:
+        """Raises the client's stored error (a dead service); flags a client that has stopped."""
+        if not self._jetson.ok(spin=True):
+            self.flag("jtop_not_ok", "jtop's ok() returned False: the client stopped reading the service "
+                                     "(it missed 3 intervals); later values are frozen")
+        if self._tick_error:
+            self.flag("read_failed", f"a jtop measurement could not be read: {self._tick_error}")
+
+    def read(self) -> dict[str, float]:
+        """The newest measurement's values."""
+        if self._jetson is None:
+            raise RuntimeError("jtop sampler is not open")
+        self._check()
+        with self._lock:
+            tick = self._last_tick
+        return dict(tick[1]) if tick else self._values(self._jetson)
+
+    def latest_stamp(self) -> float | None:
+        with self._lock:
+            return self._last_tick[0] if self._last_tick else None
+
+    def sample_now(self) -> list[tuple[float, dict[str, float]]]:
+        if self._jetson is None:
+            raise RuntimeError("jtop sampler is not open")
+        with self._lock:
+            if not self._recording:  # the window opens: start from the measurement standing now
+                self._recording = True
+                self._ticks = [self._last_tick] if self._last_tick else []
+            ticks, self._ticks = self._ticks, []
+        try:
+            self._check()
+        except Exception as err:  # the service died: keep what it delivered before, record the loss
+            self.record_error(err)
+        return ticks
+
+    def stop(self):
+        trace = super().stop()
+        with self._lock:
+            self._recording = False
+            self._ticks = []
+        return trace
 
     def close(self) -> None:
         if self._jetson is not None:

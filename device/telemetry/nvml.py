@@ -1,5 +1,12 @@
 """The NVML sampler for data-center GPUs: power, the energy counter, memory, utilization, SM clock,
-temperature and clock-throttle reasons.
+temperature and clock-event (throttle) reasons.
+
+Energy comes from the driver's cumulative counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ,
+differenced across the window), not from integrating ``nvmlDeviceGetPowerUsage``: on Ampere and
+newer (except GA100) that power is a 1-second average, which smears short windows and a 1 s idle
+baseline. The reported power is kept for display, and the provenance says which is which.
+Clock-event reasons use ``nvmlDeviceGetCurrentClocksEventReasons`` where the binding has it (the
+``…ThrottleReasons`` name is deprecated since NVML 12.2).
 
 Each query is probed once when the sampler opens; one that answers NOT_SUPPORTED (every power and
 energy query on Tegra, the energy counter before Volta) is left out of the samples instead of
@@ -16,7 +23,9 @@ class NvmlSampler(Sampler):
     """Samples GPU ``index`` through NVML.
 
     Values: ``power_mw``, ``energy_mj`` (the driver's cumulative counter), ``gpu_mem_used_mb``,
-    ``gpu_util_percent``, ``sm_clock_mhz``, ``gpu_temp_c``, ``throttle_reasons`` (bit mask).
+    ``gpu_util_percent``, ``sm_clock_mhz``, ``gpu_temp_c``, ``throttle_reasons`` (the clock-event
+    reasons bit mask). ``energy_counter_key`` names the counter when the GPU has one (the protocol
+    then takes energy from it); ``provenance`` says where power and energy come from.
     """
 
     name = "nvml"
@@ -27,8 +36,14 @@ class NvmlSampler(Sampler):
         self.supported: dict[str, object] = {}
         self.unsupported: list[str] = []
         self._nvml = None
+        self.energy_counter_key: str | None = None
+        self.provenance: dict[str, str] = {}
 
     def _queries(self, nvml, handle) -> dict[str, object]:
+        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        self.provenance["throttle_reasons"] = ("nvmlDeviceGetCurrentClocksEventReasons" if reasons else
+                                               "nvmlDeviceGetCurrentClocksThrottleReasons (deprecated; old binding)")
+        reasons = reasons or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
         return {
             "power_mw": lambda: float(nvml.nvmlDeviceGetPowerUsage(handle)),
             "energy_mj": lambda: float(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)),
@@ -36,7 +51,7 @@ class NvmlSampler(Sampler):
             "gpu_util_percent": lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
             "sm_clock_mhz": lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
             "gpu_temp_c": lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
-            "throttle_reasons": lambda: float(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)),
+            "throttle_reasons": lambda: float(reasons(handle)),
         }
 
     def open(self) -> None:
@@ -54,6 +69,14 @@ class NvmlSampler(Sampler):
                 self.supported[key] = query
             except nvml.NVMLError:
                 self.unsupported.append(key)
+        if "energy_mj" in self.supported:
+            self.energy_counter_key = "energy_mj"
+            self.provenance["energy"] = "nvmlDeviceGetTotalEnergyConsumption (mJ counter), differenced across the window"
+            self.provenance["power"] = ("nvmlDeviceGetPowerUsage, for display: a 1 s average on Ampere and newer "
+                                        "(except GA100)")
+        elif "power_mw" in self.supported:
+            self.provenance["energy"] = ("integral of nvmlDeviceGetPowerUsage (no energy counter before Volta); "
+                                         "the driver may average it")
 
     def read(self) -> dict[str, float]:
         return {key: query() for key, query in self.supported.items()}

@@ -23,6 +23,11 @@ from pathlib import Path
 REDIRECTED = ("/sys/", "/proc/meminfo", "/proc/stat", "/proc/device-tree/", "/etc/nv_tegra_release")
 INA = "sys/bus/i2c/devices/1-0040"
 HWMON = INA + "/hwmon/hwmon1"
+# A second INA3221 (AGX Orin's carrier monitor) and Thor's carrier INA238.
+INA_2 = "sys/bus/i2c/devices/1-0041"
+HWMON_2 = INA_2 + "/hwmon/hwmon4"
+INA238 = "sys/bus/i2c/devices/2-0044"
+HWMON_238 = INA238 + "/hwmon/hwmon3"
 
 BOARDS = {
     # Orin Nano: the board's input rail VDD_IN is jtop's total.
@@ -32,24 +37,26 @@ BOARDS = {
         "boardids": "3767:0005",
         "rails": [("VDD_IN", 5080, 1200), ("VDD_CPU_GPU_CV", 5080, 400), ("VDD_SOC", 5080, 300)],
     },
-    # AGX Orin: no VIN/POM_5V_IN/VDD_IN, so jtop sums the rails; the true total is VIN_SYS_5V0.
+    # AGX Orin: no input rail. The first INA3221 (1-0040) monitors VDD_GPU_SOC, VDD_CPU_CV and
+    # VIN_SYS_5V0 (the 5 V system/IO rail), the second (1-0041) VDDQ_VDD2_1V8AO (DDR) on channel 2,
+    # with its other channels NC. The board total is the sum of all four.
     "agx-orin": {
         "model": "Jetson AGX Orin Developer Kit",
         "compatible": "nvidia,p3737-0000+p3701-0005\0nvidia,p3701-0005\0nvidia,tegra234",
         "boardids": "3701:0005",
-        "rails": [("VDD_GPU_SOC", 5000, 1600), ("VDD_CPU_CV", 5000, 600), ("VIN_SYS_5V0", 5000, 1000)],
+        "rails": [("VDD_GPU_SOC", 5000, 600), ("VDD_CPU_CV", 5000, 400), ("VIN_SYS_5V0", 5000, 1000)],
+        "rails_2": [("NC", 5000, 0), ("VDDQ_VDD2_1V8AO", 5000, 200), ("NC", 5000, 0)],
     },
-    # Thor: module rails on an INA3221, the carrier board's system input on an INA238, which jtop
-    # names VIN and reports in microwatts.
+    # Thor: module rails (VDD_GPU, VDD_CPU_SOC_MSS, VIN_SYS_5V0) on an INA3221, the carrier board's
+    # system input on an INA238, which jtop names VIN (power in microwatts) and takes as the total.
     "thor": {
         "model": "NVIDIA Jetson AGX Thor Developer Kit",
         "compatible": "nvidia,p3971-0000+p3834-0008\0nvidia,p3834-0008\0nvidia,tegra264",
         "boardids": "3834:0008",
-        "rails": [("VDD_GPU", 19000, 600), ("VDD_CPU_SOC_MSS", 19000, 300)],
+        "rails": [("VDD_GPU", 19000, 600), ("VDD_CPU_SOC_MSS", 19000, 300), ("VIN_SYS_5V0", 5000, 1000)],
         "vin": (19000, 1500),
     },
 }
-INA238 = "sys/bus/i2c/devices/2-0044"
 
 
 def _write(root: Path, rel: str, value, end: str = "\n") -> None:
@@ -64,14 +71,20 @@ def _replace(path: Path, value) -> None:
     os.replace(tmp, path)
 
 
-def set_current(root: str | os.PathLike, channel: int, milliamps: int) -> None:
-    """Atomically changes rail ``channel``'s current (1-based), read on the service's next tick."""
-    _replace(Path(root) / HWMON / f"curr{channel}_input", milliamps)
+def set_current(root: str | os.PathLike, channel: int, milliamps: int, monitor: int = 1) -> None:
+    """Atomically changes rail ``channel``'s current (1-based) on INA3221 ``monitor`` (1 or 2),
+    read on the service's next tick."""
+    _replace(Path(root) / (HWMON if monitor == 1 else HWMON_2) / f"curr{channel}_input", milliamps)
 
 
 def set_vin_power(root: str | os.PathLike, microwatts: int) -> None:
     """Changes Thor's INA238 system-input power."""
-    _replace(Path(root) / INA238 / "hwmon/hwmon3/power1_input", microwatts)
+    _replace(Path(root) / HWMON_238 / "power1_input", microwatts)
+
+
+def rail_power_mw(millivolts: int, milliamps: int) -> int:
+    """The power jtop 7.2.2 computes for an INA3221 channel: int(mV · mA / 1000) mW."""
+    return int(millivolts * (float(milliamps) / 1000))
 
 
 def plant(root: str | os.PathLike, board: str) -> Path:
@@ -82,18 +95,21 @@ def plant(root: str | os.PathLike, board: str) -> Path:
     _write(root, "sys/firmware/devicetree/base/serial-number", "1421000000000", end="\0")
     _write(root, "proc/device-tree/nvidia,boardids", spec["boardids"], end="\0")
     _write(root, "proc/device-tree/compatible", spec["compatible"], end="\0")
-    _write(root, INA + "/name", "ina3221")
-    for channel, (label, millivolts, milliamps) in enumerate(spec["rails"], start=1):
-        for name, value in (("in%d_label", label), ("in%d_input", millivolts), ("curr%d_input", milliamps),
-                            ("curr%d_max", 32760), ("curr%d_crit", 32760)):
-            _write(root, f"{HWMON}/{name % channel}", value)
-    _write(root, HWMON + "/in7_label", "sum of shunt voltages")
+    for device, hwmon, rails in ((INA, HWMON, spec["rails"]), (INA_2, HWMON_2, spec.get("rails_2"))):
+        if not rails:
+            continue
+        _write(root, device + "/name", "ina3221")
+        for channel, (label, millivolts, milliamps) in enumerate(rails, start=1):
+            for name, value in (("in%d_label", label), ("in%d_input", millivolts), ("curr%d_input", milliamps),
+                                ("curr%d_max", 32760), ("curr%d_crit", 32760)):
+                _write(root, f"{hwmon}/{name % channel}", value)
+        _write(root, hwmon + "/in7_label", "sum of shunt voltages")
     if "vin" in spec:
         millivolts, milliamps = spec["vin"]
         _write(root, INA238 + "/name", "ina238")
         for name, value in (("in1_input", millivolts), ("curr1_input", milliamps),
                             ("power1_input", millivolts * milliamps)):  # µW
-            _write(root, f"{INA238}/hwmon/hwmon3/{name}", value)
+            _write(root, f"{HWMON_238}/{name}", value)
     gpu = root / "sys/devices/platform/17000000.gpu"
     for name, value in (("of_node/name", "gpu"), ("load", 655), ("railgate_enable", 1), ("tpc_pg_mask", 0),
                         ("enable_3d_scaling", 1)):
@@ -232,6 +248,13 @@ class JtopService:
         jtop.service.JTOP_PIPE = self.sock
         return self
 
+    def pause(self) -> None:
+        """SIGSTOPs the whole service: it publishes nothing until :meth:`resume` (a stall)."""
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.process.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILLs the whole service (its manager children too, as a crash would)."""
         try:
@@ -240,6 +263,10 @@ class JtopService:
             pass
 
     def __exit__(self, *exc) -> None:
+        try:
+            self.resume()  # a paused service ignores SIGTERM until continued
+        except ProcessLookupError:
+            pass
         if self.process.poll() is None:
             self.process.terminate()
             try:

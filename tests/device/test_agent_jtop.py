@@ -44,16 +44,21 @@ def test_orin_nano_power_change_during_a_job_shows_in_its_energy(tmp_path):
     assert 6096 * run["window_s"] < window_energy < 10160 * run["window_s"] * 1.05
     assert summary["energy_above_idle_mj_per_inference"] > 0
     assert jtop["nvpmodel"] == "15W" and jtop["board_rail"] == "VDD_IN" and jtop["errors"] == []
+    assert summary["energy_coverage"] > 0 and summary["power_sample_hz"] > 0
+    assert summary["energy_degraded"] is bool(summary["energy_degraded_reasons"])
     assert jtop["mean_gpu_freq_mhz"] > 0 and "peak_temp_gpu_c" in jtop
     assert summary["memory_source"] == "jtop:ram_used_mb"
 
 
-def test_agx_orin_total_is_vin_sys_5v0(tmp_path):
+def test_agx_orin_total_is_the_sum_of_its_rails(tmp_path):
     job = run_on(tmp_path, "agx-orin")
     assert job["state"] == "succeeded", job["error"]
-    summary = job["result"]["runs"][0]["summary"]
-    assert summary["power_source"] == "jtop:VIN_SYS_5V0"
-    assert summary["power_mean_mw"] == pytest.approx(5000)  # jtop's own total would say 16000
+    run = job["result"]["runs"][0]
+    summary, jtop = run["summary"], run["telemetry"]["jtop"]
+    assert summary["power_source"] == "jtop:sum of 4 rails"
+    assert jtop["summed_rails"] == sorted(["VDD_CPU_CV", "VDD_GPU_SOC", "VDDQ_VDD2_1V8AO", "VIN_SYS_5V0"])
+    rails = sum(jtop[f"mean_rail_{name}_mw"] for name in jtop["summed_rails"])
+    assert summary["power_mean_mw"] == pytest.approx(rails) == pytest.approx(11000)  # VIN_SYS_5V0 alone: 5000
 
 
 def test_thor_total_is_the_ina238_vin(tmp_path):
@@ -73,3 +78,7 @@ def test_jtop_service_dying_mid_job_is_recorded_not_fatal(tmp_path):
     run = job["result"]["runs"][0]
     assert run["telemetry"]["jtop"]["errors"], "the lost service is in the result"
     assert run["latency_p50_ms"] > 0 and run["telemetry"]["host"]["samples"] > 2
+    # Killed a third of the way in: whatever energy is published is marked, with the reason.
+    summary = run["summary"]
+    assert summary["energy_degraded"] is True and "service_lost" in summary["energy_degraded_reasons"]
+    assert summary["energy_coverage"] < 0.95 and "low_coverage" in summary["energy_degraded_reasons"]

@@ -22,10 +22,17 @@ def service(tmp_path, board):
 def test_board_total_follows_board_naming():
     thor = {"tot": {"name": "VIN", "power": 30000}, "rail": {"VDD_GPU": {"power": 9000}}}
     assert board_total(thor) == ("VIN", 30000.0)
-    agx = {"tot": {"power": 16000}, "rail": {"VDD_GPU_SOC": {"power": 8000}, "VIN_SYS_5V0": {"power": 5000}}}
-    assert board_total(agx) == ("VIN_SYS_5V0", 5000.0)
-    unknown = {"tot": {"power": 1234}, "rail": {"VDD_X": {"power": 1234}}}
-    assert board_total(unknown) == ("sum of rails (jtop tot)", 1234.0)
+    # AGX Orin has no input rail: VIN_SYS_5V0 is the 5 V system/IO rail, one of the rails the total sums.
+    agx = {"tot": {"power": 16000}, "rail": {"VDD_GPU_SOC": {"power": 8000}, "VDD_CPU_CV": {"power": 2000},
+                                             "VIN_SYS_5V0": {"power": 5000}, "VDDQ_VDD2_1V8AO": {"power": 1000}}}
+    assert board_total(agx) == ("sum of 4 rails", 16000.0)
+    # An offline rail and a power-supply entry (a battery: it carries a status) are not in the sum.
+    agx["rail"]["VDD_X"] = {"power": 700, "online": False}
+    agx["rail"]["battery"] = {"power": 900, "status": "Charging"}
+    assert board_total(agx) == ("sum of 4 rails", 16000.0)
+    # An input rail jtop left among the rails (another jtop version) is still the total.
+    nano = {"tot": {"power": 9000}, "rail": {"VDD_IN": {"power": 6000}, "VDD_SOC": {"power": 1500}}}
+    assert board_total(nano) == ("VDD_IN", 6000.0)
 
 
 @needs_root
@@ -53,11 +60,22 @@ def test_orin_nano_power_change_shows_in_the_energy(tmp_path):
 
 
 @needs_root
-def test_agx_orin_uses_vin_sys_5v0_not_the_sum(tmp_path):
+def test_agx_orin_total_is_the_sum_of_both_monitors_rails(tmp_path):
     with service(tmp_path, "agx-orin"), JtopSampler(rate_hz=5) as sampler:
         values = sampler.read()
-    assert sampler.board_rail == "VIN_SYS_5V0"
-    assert values["board_power_mw"] == 5000.0  # jtop's own tot would say 16000 (every rail summed)
+    rails = {name: values[f"rail_{name}_mw"] for name in ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO")}
+    assert rails == {"VDD_GPU_SOC": 3000, "VDD_CPU_CV": 2000, "VIN_SYS_5V0": 5000, "VDDQ_VDD2_1V8AO": 1000}
+    assert sampler.board_rail == "sum of 4 rails" and sampler.summed_rails == sorted(rails)
+    assert values["board_power_mw"] == sum(rails.values()) == 11000  # not VIN_SYS_5V0's 5000
+    assert not any("NC" in key for key in values), "jtop skips the second monitor's NC channels"
+
+
+@needs_root
+def test_thor_total_is_vin_not_its_module_rails(tmp_path):
+    with service(tmp_path, "thor"), JtopSampler(rate_hz=5) as sampler:
+        values = sampler.read()
+    assert sampler.board_rail == "VIN" and values["board_power_mw"] == 19000 * 1500 // 1000
+    assert values["rail_VIN_SYS_5V0_mw"] == 5000 and values["rail_VDD_GPU_mw"] == 11400
 
 
 @needs_root
