@@ -1,0 +1,75 @@
+"""The job request schema: typed, bounded, finite, and exactly what the pipeline sends."""
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from device.preprocess import Preprocess
+from device.schema import JobSpec, describe_problems, field_problems, safe_text
+
+SHA = "a" * 64
+
+
+@st.composite
+def preprocessings(draw):
+    channels = draw(st.sampled_from([1, 3]))
+    size = draw(st.integers(1, 1024))
+    finite = st.floats(-5, 5, allow_nan=False, allow_infinity=False) | st.integers(-5, 5)
+    return Preprocess(input_size=size, resize=draw(st.integers(size, size + 512)), channels=channels,
+                      mean=tuple(draw(st.lists(finite, min_size=channels, max_size=channels))),
+                      std=tuple(draw(st.lists(st.floats(1e-3, 100), min_size=channels, max_size=channels))),
+                      interpolation=draw(st.sampled_from(["bilinear", "area", "nearest", "bicubic"])))
+
+
+@settings(max_examples=200, deadline=None)
+@given(preprocessings())
+def test_every_preprocess_to_dict_is_a_valid_spec_and_keeps_its_shape(prep):
+    data = prep.to_dict()
+    spec = JobSpec.model_validate({"artifact": SHA, "preprocess": data})
+    assert spec.model_dump()["preprocess"] == data
+    # Through JSON and back (the wire, then the agent's database): the same spec.
+    assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
+    assert json.loads(spec.model_dump_json())["preprocess"] == json.loads(json.dumps(data))
+
+
+def test_the_deploy_stages_job_validates():
+    # The shape pipeline/stages/deploy.py builds (a raw dict, preprocess from export's preprocess.json).
+    prep = json.loads(json.dumps(Preprocess(input_size=28, resize=28, channels=1, mean=(0.286,), std=(0.353,))
+                                 .to_dict()))
+    spec = {"artifact": SHA, "runtime": "onnxruntime", "precision": "fp32", "batch_sizes": [1, 32], "duration_s": 3.0,
+            "warmup_iterations": 10, "idle_s": 1.0, "sample_hz": 20.0, "telemetry": "auto", "timeout_s": 1800.0,
+            "preprocess": prep, "label": "run/student_int8"}
+    assert JobSpec.model_validate(spec).model_dump(exclude_unset=True) == spec
+
+
+BAD = [
+    ("duration_s", math.nan), ("duration_s", math.inf), ("sample_hz", math.nan), ("idle_s", -math.inf),
+    ("timeout_s", math.nan), ("iterations", "5"), ("iterations", 5.0), ("threads", True), ("batch_sizes", [10**30]),
+    ("warmup_iterations", 10**400), ("channels_last", 1), ("label", "\ud800"), ("telemetry", ["host", "host"]),
+    ("preprocess", {"input_size": 16, "resize": math.nan, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}),
+    ("preprocess", {"input_size": 16, "resize": 16, "channels": True, "mean": [0.5], "std": [0.25]}),
+    ("preprocess", {"input_size": 16, "resize": 16, "channels": 1, "mean": [math.inf], "std": [0.25]}),
+    ("preprocess", {"input_size": 16, "resize": 16, "channels": 1, "mean": [0.5], "std": [0.0]}),
+    ("preprocess", {"input_size": 16, "resize": 8, "channels": 1, "mean": [0.5], "std": [0.25]}),
+    ("preprocess", {"input_size": "16", "resize": 16, "channels": 1, "mean": [0.5], "std": [0.25]}),
+    ("preprocess", {"input_size": 16, "resize": 16, "channels": 1, "mean": [0.5], "std": [0.25], "extra": 1}),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD, ids=[f"{f}={v!a}"[:40] for f, v in BAD])
+def test_non_finite_out_of_range_and_mistyped_values_are_refused(field, value):
+    with pytest.raises(ValidationError) as err:
+        JobSpec.model_validate({"artifact": SHA, field: value})
+    problems = field_problems(err.value.errors())
+    assert field in describe_problems(problems)  # the refusal names the field
+    # What the agent answers with must always be JSON, whatever the input was.
+    json.dumps({"detail": describe_problems(problems), "errors": problems}, allow_nan=False).encode("utf-8")
+
+
+def test_safe_text_escapes_lone_surrogates_and_cuts():
+    assert safe_text("a\ud800b") == "a\\ud800b" and safe_text("héllo") == "héllo"
+    assert safe_text("x" * 50, limit=10) == "x" * 10 + "…"
