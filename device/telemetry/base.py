@@ -120,15 +120,15 @@ def _merge(pieces: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def covered_intervals(times: np.ndarray, start: float, stop: float, gap_limit: float) -> list[tuple[float, float]]:
     """The parts of [start, stop] that fresh samples cover.
 
-    The time between two samples at most ``gap_limit`` apart is covered; a value is also held for one
-    sample interval (``gap_limit / GAP_FACTOR``) before the first and after the last sample, so a source
-    read just after the window opened, or one that died, covers the interval its last value stood for.
+    The time between two samples at most ``gap_limit`` apart is covered; each value also stands for
+    one sample interval (``gap_limit / GAP_FACTOR``) on either side of it, so a source read just after
+    the window opened, one that died, or one back from a stall covers the interval its value stood for.
     """
     if len(times) == 0:
         return []
     hold = gap_limit / GAP_FACTOR
     pieces = [(float(a), float(b)) for a, b in zip(times[:-1], times[1:]) if b - a <= gap_limit]
-    pieces += [(float(times[0]) - hold, float(times[0])), (float(times[-1]), float(times[-1]) + hold)]
+    pieces += [(float(t) - hold, float(t) + hold) for t in times]
     clipped = [(max(lo, start), min(hi, stop)) for lo, hi in pieces]
     return _merge(clipped)
 

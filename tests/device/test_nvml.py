@@ -75,3 +75,70 @@ def test_no_driver_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     with pytest.raises(MissingDependencyError, match="nvidia-ml-py is not installed"):
         NvmlSampler().open()
+
+
+def averaging_pynvml(step_at):
+    """An Ampere-like GPU: 100 W, then 300 W from ``step_at``; the reported power is the mean of
+    the last second (as nvmlDeviceGetPowerUsage is on Ampere and newer), the counter is exact."""
+    module = fake_pynvml()
+    module.step_at = step_at
+
+    def energy_mj(t):
+        return 100_000 * t + 200_000 * max(0.0, t - module.step_at)
+
+    module.nvmlDeviceGetTotalEnergyConsumption = lambda handle: int(energy_mj(time.monotonic()))
+    module.nvmlDeviceGetPowerUsage = lambda handle: int(energy_mj(time.monotonic()) - energy_mj(time.monotonic() - 1))
+    module.nvmlDeviceGetCurrentClocksEventReasons = lambda handle: 0x4  # HW slowdown
+    module.nvmlDeviceGetCurrentClocksThrottleReasons = lambda handle: (_ for _ in ()).throw(
+        AssertionError("the deprecated call was used"))
+    module.exact_mj = energy_mj
+    return module
+
+
+def test_energy_comes_from_the_counter_not_the_averaged_power(monkeypatch):
+    from device.telemetry.base import window_energy
+
+    step_at = time.monotonic() + 0.1
+    module = averaging_pynvml(step_at)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    with NvmlSampler(rate_hz=50) as sampler:
+        sampler.start()
+        start = time.monotonic()
+        time.sleep(0.5)
+        stop = time.monotonic()
+        trace = sampler.stop()
+    assert sampler.energy_counter_key == "energy_mj" and "1 s average" in sampler.provenance["power"]
+    calls = [(start, stop, 1000)]
+    result = window_energy(trace, start, stop, calls, power_key="power_mw", counter_key=sampler.energy_counter_key)
+    exact = module.exact_mj(stop) - module.exact_mj(start)
+    assert result["energy_mj_per_inference"] * 1000 == pytest.approx(exact, rel=0.01)
+    assert "counter" in result["energy_method"]
+    # Integrating the 1 s average instead misses most of the step (the old way).
+    smeared = window_energy(trace, start, stop, calls, power_key="power_mw")
+    assert smeared["energy_mj_per_inference"] * 1000 < 0.8 * exact
+    assert trace.values["throttle_reasons"][0] == 0x4
+    assert sampler.provenance["throttle_reasons"] == "nvmlDeviceGetCurrentClocksEventReasons"
+
+
+def test_the_protocol_takes_energy_from_the_counter(monkeypatch, tmp_path):
+    """measure() over an NVML sampler: energy per image from the counter, idle from the counter too."""
+    import numpy as np
+
+    from device.measure import MeasureSpec, measure
+
+    module = averaging_pynvml(step_at=float("inf"))  # 100 W until the first inference, 300 W from then
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+
+    class Sleeper:
+        def infer(self, batch):
+            module.step_at = min(module.step_at, time.monotonic())
+            time.sleep(0.01)
+
+    with NvmlSampler(rate_hz=50) as sampler:
+        result = measure(Sleeper(), np.zeros((2, 1), dtype=np.float32),
+                         MeasureSpec(warmup_iterations=0, iterations=30, idle_s=0.2), [sampler], power_key="power_mw")
+    tele = result["telemetry"]["nvml"]
+    # 300 W over the window, ~0.01 s per 2-image call: ≈1.5 J per image (not the averaged power's).
+    assert tele["energy_mj_per_inference"] == pytest.approx(300_000 * result["window_s"] / result["images"], rel=0.03)
+    assert tele["idle_power_mw"] == pytest.approx(100_000, rel=0.01)
+    assert tele["coverage"] == pytest.approx(1.0) and not tele["degraded"]

@@ -109,3 +109,101 @@ def test_host_sampler_reads_this_process(tmp_path):
     assert trace.peak("rss_mb") > 19 and "cpu_percent" in trace.values
     with HostSampler(rapl_path=tmp_path / "absent") as sampler:
         assert "rapl_energy_uj" not in sampler.read()
+
+
+# ------------------------------------------------------------------ exact windows, coverage, flags
+from device.telemetry.base import covered_intervals, window_energy  # noqa: E402
+
+
+def stream(start, stop, step=0.01):
+    """One-image calls back to back over [start, stop]."""
+    return [(t, min(t + step, stop), 1) for t in np.arange(start, stop - 1e-9, step)]
+
+
+def test_window_energy_interpolates_at_the_edges_and_ignores_samples_outside():
+    """Samples at 0, 1, 2, 3 s bracket a window [0.5, 2.5]; the linear series 1→4 W integrates to 5000 mJ.
+
+    The old protocol integrated every sample it had, so the sample after the window counted in full.
+    """
+    trace = Trace.from_samples([(float(t), {"p": 1000.0 * (t + 1)}) for t in range(4)], 1.0, gap_limit_s=1.5)
+    result = window_energy(trace, 0.5, 2.5, stream(0.5, 2.5), power_key="p", idle_mw=1000.0)
+    assert result["coverage"] == pytest.approx(1.0) and result["max_gap_s"] == pytest.approx(1.0)
+    # ∫ 1000·(t+1) dt over [0.5, 2.5] = 1000·(2.5²−0.5²)/2 + 1000·2 = 5000 mJ over 200 images.
+    assert result["energy_mj_per_inference"] == pytest.approx(5000 / 200)
+    assert result["energy_above_idle_mj_per_inference"] == pytest.approx((5000 - 1000 * 2) / 200)
+    assert result["window_power_mw"] == pytest.approx(2500)
+
+
+def test_a_gap_is_not_covered_and_its_images_do_not_count():
+    """A source lost for the middle second: energy and images both come from the covered 2 s only."""
+    samples = [(t, {"p": 4000.0}) for t in np.arange(0.0, 1.001, 0.1)] + \
+              [(t, {"p": 4000.0}) for t in np.arange(2.0, 3.001, 0.1)]
+    trace = Trace.from_samples(samples, 10.0, gap_limit_s=0.25)
+    pieces = covered_intervals(trace.times_s, 0.0, 3.0, 0.25)
+    assert pieces == [(0.0, pytest.approx(1.1)), (pytest.approx(1.9), 3.0)]  # a value holds one interval
+    result = window_energy(trace, 0.0, 3.0, stream(0.0, 3.0), power_key="p")
+    assert result["coverage"] == pytest.approx(2.2 / 3) and result["max_gap_s"] == pytest.approx(1.0)
+    # 4 W per 100 images/s = 40 mJ per image, not 4000·2.2/300 ≈ 29 (the old division by every image).
+    assert result["energy_mj_per_inference"] == pytest.approx(40.0)
+    assert result["degraded"] and "low_coverage" in result["degraded_reasons"]
+
+
+def test_too_little_coverage_publishes_no_energy():
+    trace = Trace.from_samples([(0.0, {"p": 1000.0}), (0.1, {"p": 1000.0})], 10.0, gap_limit_s=0.25)
+    result = window_energy(trace, 0.0, 1.0, stream(0.0, 1.0), power_key="p")
+    assert result["coverage"] < 0.5 and result["energy_mj_per_inference"] is None
+    assert "too little to publish" in result["degraded_reasons"]["low_coverage"]
+
+
+def test_a_step_between_sparse_samples_is_flagged_undersampled():
+    trace = Trace.from_samples([(0.0, {"p": 5000.0}), (0.1, {"p": 5000.0}), (0.2, {"p": 10000.0}),
+                                (0.3, {"p": 10000.0})], 10.0, gap_limit_s=0.25)
+    result = window_energy(trace, 0.0, 0.3, stream(0.0, 0.3), power_key="p")
+    assert result["degraded_reasons"].keys() == {"undersampled"} and result["energy_uncertainty_rel"] > 0.02
+
+
+def test_trace_flags_reach_the_result():
+    trace = Trace.from_samples([(t, {"p": 1000.0}) for t in np.arange(0, 1.01, 0.1)], 10.0, gap_limit_s=0.25,
+                               flags={"jtop_not_ok": "ok() returned False"})
+    result = window_energy(trace, 0.0, 1.0, stream(0.0, 1.0), power_key="p")
+    assert result["degraded"] and result["degraded_reasons"] == {"jtop_not_ok": "ok() returned False"}
+
+
+class RepeatingSource(Sampler):
+    """A source that, like a stalled jtop service, keeps handing out one old measurement."""
+
+    name = "repeating"
+
+    def __init__(self):
+        super().__init__(rate_hz=50)
+        self.measured_at = time.monotonic()
+
+    def read(self):
+        return {"p": 1000.0}
+
+    def sample_now(self):
+        return [(self.measured_at, self.read())]
+
+
+def test_repeated_measurements_are_kept_once_and_flagged_stale():
+    sampler = RepeatingSource()
+    sampler.start()
+    time.sleep(0.2)
+    trace = sampler.stop()
+    assert len(trace.times_s) == 1, "the old sampler recorded the frozen value at full rate"
+    assert "stale" in trace.flags and trace.staleness_max_s > sampler.gap_limit_s
+
+
+def test_samples_are_stamped_when_measured_not_before_the_read():
+    """A read that takes 40 ms measures at its end: the stamp is the read's middle, not its start."""
+
+    class SlowSource(Sampler):
+        name = "slow"
+
+        def read(self):
+            time.sleep(0.04)
+            return {"measured_at": time.monotonic()}
+
+    sampler = SlowSource(rate_hz=10)
+    stamp, values = sampler.sample_now()[0]
+    assert values["measured_at"] - stamp < 0.03
