@@ -28,13 +28,8 @@ from typing import Any, Callable
 
 from device.errors import ConfigError, StageError, require
 
-# L4T release → JetPack (the releases EdgeFold knows; others report JetPack as unknown).
-L4T_TO_JETPACK = {
-    "35.3": "5.1.1", "35.4": "5.1.2", "35.5": "5.1.3", "35.6": "5.1.4",
-    "36.2": "6.0 DP", "36.3": "6.0", "36.4": "6.1", "36.4.3": "6.2", "36.4.4": "6.2.1",
-}
-# Tegra SoC → CUDA compute capability of its integrated GPU.
-TEGRA_COMPUTE_CAPABILITY = {"tegra194": "7.2", "tegra234": "8.7"}
+# L4T → JetPack (exact, jetson-stats' table) and SoC → compute capability live with the board facts.
+from device.jetson import L4T_TO_JETPACK, TEGRA_COMPUTE_CAPABILITY, board_model, jetpack_for  # noqa: E402,F401
 
 
 @dataclass(frozen=True)
@@ -142,21 +137,16 @@ def read_l4t(path: str = "/etc/nv_tegra_release") -> str | None:
     return f"{match.group(1)}.{match.group(2)}" if match else None
 
 
-def jetpack_for(l4t: str | None) -> str | None:
-    if not l4t:
-        return None
-    parts = l4t.split(".")
-    for length in (3, 2):
-        key = ".".join(parts[:length])
-        if key in L4T_TO_JETPACK:
-            return L4T_TO_JETPACK[key]
-    return None
+def fingerprint(trt_version: str, gpu_name: str, compute_capability: str | None, l4t: str | None,
+                board: str | None = None) -> dict[str, Any]:
+    """What an engine is bound to.
 
-
-def fingerprint(trt_version: str, gpu_name: str, compute_capability: str | None, l4t: str | None) -> dict[str, Any]:
-    """What an engine is bound to."""
+    Args:
+        board: The board's model (``/proc/device-tree/model``); read here when not given. Orin Nano,
+            Orin NX and AGX Orin share GPU name and compute capability but not their SM count.
+    """
     return {"tensorrt": trt_version, "gpu": gpu_name, "compute_capability": compute_capability,
-            "l4t": l4t, "jetpack": jetpack_for(l4t)}
+            "l4t": l4t, "jetpack": jetpack_for(l4t), "board": board if board is not None else board_model()}
 
 
 def fingerprint_key(fp: dict[str, Any]) -> str:

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from device import __version__
-from device.engine import detect_gpu, jetpack_for, read_l4t
-
-MODEL_PATH = Path("/proc/device-tree/model")
+from device.engine import detect_gpu, read_l4t
+from device.jetson import board_model, jetpack_for, module_id
 
 
 def package_version(*names: str) -> str | None:
@@ -43,13 +42,6 @@ def cuda_version() -> str | None:
         version = pynvml.nvmlSystemGetCudaDriverVersion_v2()
         return f"{version // 1000}.{version % 1000 // 10} (driver)"
     except Exception:  # no NVML or no driver
-        return None
-
-
-def _board() -> str | None:
-    try:
-        return MODEL_PATH.read_bytes().rstrip(b"\0").decode(errors="replace") or None
-    except OSError:
         return None
 
 
@@ -89,7 +81,8 @@ def describe_device() -> dict[str, Any]:
     gpu, capability = detect_gpu()
     info: dict[str, Any] = {
         "edgefold": __version__, "hostname": platform.node(), "machine": platform.machine(),
-        "python": platform.python_version(), "board": _board(), "l4t": l4t, "jetpack": jetpack_for(l4t),
+        "python": platform.python_version(), "board": board_model(), "module": module_id(), "l4t": l4t,
+        "jetpack": jetpack_for(l4t),
         "gpu": gpu, "compute_capability": capability, "cuda": cuda_version(),
         "tensorrt": package_version("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt_libs"),
         "onnxruntime": package_version("onnxruntime", "onnxruntime-gpu"),
