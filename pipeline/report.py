@@ -23,6 +23,7 @@ NOT_MEASURED = "not measured"
 COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", "params_m", "macs_g", "size_mb", "runtime",
            "precision", "latency_batch", "latency_p50_ms", "latency_p99_ms", "throughput_batch",
            "throughput_images_per_s", "peak_memory_mb", "power_mean_w", "energy_mj_per_inference", "power_source",
+           "energy_degraded", "energy_note",
            "latency_ratio_vs_dc_teacher", "energy_ratio_vs_dc_teacher", "status", "reason")
 
 
@@ -86,7 +87,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                            throughput_images_per_s=large["throughput_images_per_s"], peak_memory_mb=peak,
                            power_mean_w=summary["power_mean_mw"] / 1e3 if summary["power_mean_mw"] else None,
                            energy_mj_per_inference=summary["energy_mj_per_inference"],
-                           power_source=summary["power_source"])
+                           power_source=summary["power_source"], **_energy_quality(summary))
                 if summary["power_mean_mw"] is None:
                     notes = result.get("telemetry_notes") or []
                     row["reason"] = "no power telemetry on this device" + (f" ({'; '.join(notes)})" if notes else "")
@@ -247,7 +248,8 @@ def ladder_rows(data: dict[str, Any]) -> list[list[str]]:
             _fmt(r.get("latency_p50_ms"), ".3f"), _fmt(r.get("latency_p99_ms"), ".3f"),
             _fmt(r.get("throughput_images_per_s"), ".0f"), _fmt(r.get("peak_memory_mb"), ".0f"),
             _fmt(r.get("power_mean_w"), ".2f", NOT_MEASURED if measured else "—"),
-            _fmt(r.get("energy_mj_per_inference"), ".2f", NOT_MEASURED if measured else "—"),
+            _fmt(r.get("energy_mj_per_inference"), ".2f", NOT_MEASURED if measured else "—")
+            + (f" degraded [{notes[r['energy_note']]}]" if r.get("energy_degraded") and r.get("energy_note") else ""),
             _fmt(r.get("latency_ratio_vs_dc_teacher"), ".2f"), _fmt(r.get("energy_ratio_vs_dc_teacher"), ".2f"),
             ("measured" if measured else NOT_MEASURED) + (f" [{notes[r['reason']]}]" if r.get("reason") else ""),
         ])
@@ -255,12 +257,22 @@ def ladder_rows(data: dict[str, Any]) -> list[list[str]]:
 
 
 def reason_notes(data: dict[str, Any]) -> dict[str, int]:
-    """Each distinct reason for a missing number, numbered for footnotes."""
+    """Each distinct reason for a missing number or a degraded energy figure, numbered for footnotes."""
     notes: dict[str, int] = {}
     for row in data["rows"]:
-        if row.get("reason") and row["reason"] not in notes:
-            notes[row["reason"]] = len(notes) + 1
+        for reason in (row.get("reason"), row.get("energy_note")):
+            if reason and reason not in notes:
+                notes[reason] = len(notes) + 1
     return notes
+
+
+def _energy_quality(summary: dict[str, Any]) -> dict[str, Any]:
+    """``energy_degraded`` and a one-line ``energy_note`` (flags and reasons) from a run's summary."""
+    reasons = summary.get("energy_degraded_reasons") or {}
+    if not summary.get("energy_degraded") or not reasons:
+        return {"energy_degraded": False if summary.get("energy_degraded") is False else None, "energy_note": None}
+    return {"energy_degraded": True,
+            "energy_note": "energy degraded: " + "; ".join(f"{flag}: {why}" for flag, why in sorted(reasons.items()))}
 
 
 def _markdown_table(table: list[list[str]]) -> str:
