@@ -42,6 +42,7 @@ from device.store import Store
 
 log = logging.getLogger("edgefold.agent")
 TOKEN_ENV = "EDGEFOLD_AGENT_TOKEN"
+MAX_JOB_BYTES = 64 << 10  # a job spec is well under 2 KiB; more is a mistake or an attack, refused unread (413)
 
 
 class AgentConfig(BaseModel):
@@ -154,6 +155,42 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+class PostBodyLimit:
+    """Refuses a POST body over ``limit`` bytes with a JSON 413, before it is read whole.
+
+    Uploads (PUT) have their own cap; a POST carries a job spec of well under 2 KiB. A pure ASGI
+    middleware, so a declared oversized body is refused unread and a streamed one once it passes
+    the limit.
+    """
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    def _refusal(self) -> JSONResponse:
+        return JSONResponse(status_code=413, content={
+            "detail": f"request body over {self.limit} bytes", "fix": "send a job spec (a small JSON object)"})
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await self._refusal()(scope, receive, send)
+        received = 0
+
+        async def limited():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    # FastAPI re-raises an HTTPException met while reading the body; the handler makes it JSON.
+                    raise StarletteHTTPException(413, f"request body over {self.limit} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+
 def create_app(config: AgentConfig, token: str | None = None, child_env: dict[str, str] | None = None):
     """The FastAPI application (its executor starts and stops with the app's lifespan).
 
@@ -183,6 +220,7 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
     app = FastAPI(title="EdgeFold agent", version=__version__, lifespan=lifespan, **docs,
                   description="Builds and benchmarks models on this device; measures latency, memory and power.")
     bearer = HTTPBearer(auto_error=False, description="the agent's token (its --token-file)")
+    app.add_middleware(PostBodyLimit, limit=MAX_JOB_BYTES)
 
     def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         supplied = credentials.credentials if credentials else ""
@@ -289,7 +327,7 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
         return found[0]
 
     @app.post("/v1/jobs", response_model=Job, status_code=201, dependencies=auth,
-              responses={**errors, 400: {"model": ErrorBody}}, tags=["jobs"])
+              responses={**errors, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}}, tags=["jobs"])
     def submit(spec: JobSpec) -> Job:
         """Queues a benchmark of an uploaded artifact; jobs run one at a time, in submission order."""
         if store.get_artifact(spec.artifact) is None:

@@ -205,6 +205,18 @@ def test_non_json_bodies_are_4xx_with_an_error_body(tmp_path):
         assert isinstance(response.json()["detail"], str)
 
 
+def test_oversized_job_bodies_are_413_with_an_error_body(tmp_path):
+    client = TestClient(make_app(tmp_path), raise_server_exceptions=False)
+    big = json.dumps({"artifact": "a" * 64, "label": "x" * 100_000}).encode()
+
+    def streamed():  # no Content-Length: refused once the limit is passed
+        yield big
+
+    for content in (big, streamed()):
+        response = client.post("/v1/jobs", content=content, headers={**AUTH, "Content-Type": "application/json"})
+        assert response.status_code == 413 and "request body over" in response.json()["detail"]
+
+
 # ---------------------------------------------------------------- failure 3: a cancel right after the claim
 class CancelWhenStarting(Store):
     """Cancels the job from another thread at the instant the executor looks up its artifact.
