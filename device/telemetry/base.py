@@ -49,6 +49,7 @@ class Trace:
         flags: Named conditions that degrade the window (``service_lost``, ``stale``, ``jtop_not_ok``…)
             with a sentence each.
         staleness_max_s: The oldest the freshest value got while the window ran.
+        stamp_uncertainty_s: How far a stamp may be from when its value was measured.
     """
 
     times_s: np.ndarray
@@ -59,6 +60,7 @@ class Trace:
     gap_limit_s: float | None = None
     flags: dict[str, str] = field(default_factory=dict)
     staleness_max_s: float = 0.0
+    stamp_uncertainty_s: float = 0.0
 
     @classmethod
     def from_samples(cls, samples: list[tuple[float, dict[str, float]]], requested_hz: float,
@@ -158,18 +160,19 @@ def integrate_over(times: np.ndarray, values: np.ndarray, pieces: Sequence[tuple
     return total
 
 
-def sampling_uncertainty(times: np.ndarray, values: np.ndarray, pieces: Sequence[tuple[float, float]]) -> float:
+def sampling_uncertainty(times: np.ndarray, values: np.ndarray, pieces: Sequence[tuple[float, float]],
+                         stamp_uncertainty_s: float = 0.0) -> float:
     """A bound on the integral's error from sampling, in the integral's units.
 
     Between two samples the true series may step anywhere; the linear reconstruction is then off
-    by at most |Δv|·Δt/2 on that interval. Independent intervals add in quadrature (noise averages
-    out), a single step or an edge counts in full.
+    by at most |Δv|·Δt/2 on that interval, and by |Δv| times the stamps' own uncertainty. Independent
+    intervals add in quadrature (noise averages out), a single step or an edge counts in full.
     """
     terms = []
     for a, b, va, vb in zip(times[:-1], times[1:], values[:-1], values[1:]):
         overlap = sum(max(0.0, min(b, hi) - max(a, lo)) for lo, hi in pieces)
         if overlap > 0:
-            terms.append(abs(vb - va) * overlap / 2)
+            terms.append(abs(vb - va) * (overlap / 2 + stamp_uncertainty_s))
     return float(np.sqrt(np.sum(np.square(terms)))) if terms else 0.0
 
 
@@ -224,7 +227,8 @@ def window_energy(trace: Trace, start: float, stop: float, calls: Sequence[tuple
         result["energy_method"] = f"difference of the {counter_key} counter"
     else:
         energy = integrate_over(times, values, pieces) if len(times) else float("nan")
-        uncertainty = sampling_uncertainty(times, values, pieces) if len(times) else float("nan")
+        uncertainty = (sampling_uncertainty(times, values, pieces, trace.stamp_uncertainty_s) if len(times)
+                       else float("nan"))
         result["energy_method"] = f"integral of {key} over the covered time" if key else None
     if result["coverage"] < COVERAGE_OK:
         reasons["low_coverage"] = (f"fresh samples cover {result['coverage']:.0%} of the window (largest gap "
@@ -283,6 +287,8 @@ class Sampler(ABC):
     # Whether the window's end needs a measurement taken after it (a source that publishes on its
     # own clock); the protocol keeps the device busy until one arrives.
     needs_post_sample = False
+    # How far a stamp may lie from the measurement (a source's own data time can be coarse).
+    stamp_uncertainty_s = 0.0
 
     def __init__(self, rate_hz: float = 10.0):
         if not 0 < rate_hz <= 1000:
@@ -369,7 +375,7 @@ class Sampler(ABC):
         errors = [message if count == 1 else f"{message} (×{count})" for message, count in self._errors.items()]
         return Trace.from_samples(self._samples, self.rate_hz, errors, window=self._window,
                                   gap_limit_s=self.gap_limit_s, flags=dict(self._flags),
-                                  staleness_max_s=self._max_age)
+                                  staleness_max_s=self._max_age, stamp_uncertainty_s=self.stamp_uncertainty_s)
 
     def _track_age(self, now: float) -> None:
         latest = self.latest_stamp()

@@ -158,7 +158,7 @@ class Outcome:
     @property
     def acceptable(self) -> bool:
         """Within 2% of the exact energy, or flagged degraded."""
-        return self.degraded or (self.error is not None and abs(self.error) <= 0.02)
+        return bool(self.degraded or (self.error is not None and abs(self.error) <= 0.02))
 
 
 def run_case(svc, board: str, case: Case, rate_hz: float = 20.0,
