@@ -27,6 +27,8 @@ _trapezoid = getattr(np, "trapezoid", None) or np.trapz
 # Two samples further apart than this many sample intervals leave the time between them uncovered
 # (jtop itself gives up on its service after 3 missed intervals).
 GAP_FACTOR = 2.5
+# A freshest value older than this many intervals is stale (jtop's own ok() gives up after 3).
+STALE_INTERVALS = 3.0
 # Below this coverage an energy figure is degraded; below COVERAGE_MIN none is published at all.
 COVERAGE_OK = 0.95
 COVERAGE_MIN = 0.5
@@ -178,14 +180,18 @@ def sampling_uncertainty(times: np.ndarray, values: np.ndarray, pieces: Sequence
 
 def images_in(pieces: Sequence[tuple[float, float]], calls: Sequence[tuple[float, float, int]]) -> float:
     """Images processed in the covered time: each call's images, in proportion to its covered part."""
-    total = 0.0
-    for begin, end, images in calls:
-        if end <= begin:
-            total += images if any(lo <= begin <= hi for lo, hi in pieces) else 0
-            continue
-        overlap = sum(max(0.0, min(end, hi) - max(begin, lo)) for lo, hi in pieces)
-        total += images * overlap / (end - begin)
-    return total
+    if not len(calls) or not pieces:
+        return 0.0
+    begin, end, images = np.asarray(calls, dtype=np.float64).reshape(-1, 3).T
+    overlap = np.zeros_like(begin)
+    inside = np.zeros(begin.shape, dtype=bool)
+    for lo, hi in pieces:
+        overlap += np.clip(np.minimum(end, hi) - np.maximum(begin, lo), 0.0, None)
+        inside |= (lo <= begin) & (begin <= hi)
+    length = end - begin
+    # A call too short to time counts whole where it began.
+    share = np.where(length > 0, overlap / np.where(length > 0, length, 1.0), inside.astype(np.float64))
+    return float(np.sum(images * share))
 
 
 def window_energy(trace: Trace, start: float, stop: float, calls: Sequence[tuple[float, float, int]],
@@ -307,6 +313,11 @@ class Sampler(ABC):
         """Samples further apart than this leave the time between them uncovered."""
         return GAP_FACTOR / self.rate_hz
 
+    @property
+    def stale_limit_s(self) -> float:
+        """The freshest value older than this means the source stalled: three intervals, jtop's own limit."""
+        return STALE_INTERVALS * self.gap_limit_s / GAP_FACTOR
+
     def open(self) -> None:
         """Acquires the source (connects to jtop, initialises NVML …)."""
 
@@ -369,9 +380,9 @@ class Sampler(ABC):
             time.sleep(min(0.01, 0.25 / self.rate_hz))
             self._sample()
         self._window = (self._window[0], stopped)
-        if self._max_age > self.gap_limit_s:
+        if self._max_age > self.stale_limit_s:
             self.flag("stale", f"the freshest {self.name} value was {self._max_age:.2f} s old at worst "
-                               f"(limit {self.gap_limit_s:.2f} s): the source stalled")
+                               f"(limit {self.stale_limit_s:.2f} s): the source stalled")
         errors = [message if count == 1 else f"{message} (×{count})" for message, count in self._errors.items()]
         return Trace.from_samples(self._samples, self.rate_hz, errors, window=self._window,
                                   gap_limit_s=self.gap_limit_s, flags=dict(self._flags),

@@ -234,6 +234,7 @@ class JtopSampler(Sampler):
             if not self._recording:  # the window opens: start from the measurement standing now
                 self._recording = True
                 self._ticks = [self._last_tick] if self._last_tick else []
+                self._tick_error = None
             ticks, self._ticks = self._ticks, []
         try:
             self._check()

@@ -191,7 +191,7 @@ def test_repeated_measurements_are_kept_once_and_flagged_stale():
     time.sleep(0.2)
     trace = sampler.stop()
     assert len(trace.times_s) == 1, "the old sampler recorded the frozen value at full rate"
-    assert "stale" in trace.flags and trace.staleness_max_s > sampler.gap_limit_s
+    assert "stale" in trace.flags and trace.staleness_max_s > sampler.stale_limit_s
 
 
 def test_samples_are_stamped_when_measured_not_before_the_read():
