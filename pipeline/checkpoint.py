@@ -8,6 +8,7 @@ with ``torch.load(weights_only=True)`` and is validated against the architecture
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,37 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, arch: str, num_cl
     return path
 
 
+def _torch_load(path: Path, what: str, fix_unsafe: str, fix_corrupt: str) -> Any:
+    """``torch.load(weights_only=True)`` with the failure named for what it is.
+
+    torch's own messages for a text file ("101"), a truncated archive ("failed finding central
+    directory") and a pickled module ("Weights only load failed") all need different fixes.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for corrupt or unsafe files
+        head = path.read_bytes()[:64] if path.stat().st_size else b""
+        text = str(err)
+        if not head:
+            problem, fix = "is empty", fix_corrupt
+        elif zipfile.is_zipfile(path) or head[:2] == b"PK":
+            if "Weights only load failed" in text or "Unsupported global" in text:
+                problem, fix = "holds pickled Python objects, not only tensors (refused: loading runs code)", fix_unsafe
+            else:
+                problem, fix = f"is a damaged torch archive ({text.splitlines()[0][:160]}): truncated or corrupt", \
+                    fix_corrupt
+        elif head[:1] == b"\x80":  # a legacy (non-zip) torch pickle
+            if "Weights only load failed" in text or "Unsupported global" in text:
+                problem, fix = "holds pickled Python objects, not only tensors (refused: loading runs code)", fix_unsafe
+            else:
+                problem, fix = f"is a damaged legacy torch file ({text.splitlines()[0][:160]})", fix_corrupt
+        else:
+            sample = head[:24].decode("utf-8", "replace")
+            problem = f"is not a torch file (it starts with {sample!r})"
+            fix = "pass the file written by torch.save(model.state_dict(), path)"
+        raise CheckpointError(f"{what} {problem}", fix=fix) from None
+
+
 def load_checkpoint(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
     """Loads and validates a checkpoint written by :func:`save_checkpoint`.
 
@@ -136,10 +168,8 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist", fix="re-run the stage that produces it (--force STAGE)")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many types for corrupt or unsafe files
-        raise CheckpointError(f"cannot load checkpoint {path}: {err}", fix="re-run the stage that produces it") from None
+    payload = _torch_load(path, f"checkpoint {path}", fix_unsafe="re-run the stage that produces it (--force STAGE)",
+                          fix_corrupt="re-run the stage that produces it (--force STAGE)")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an EdgeFold checkpoint ({FORMAT})",
                               fix="torchvision state_dicts are passed as WEIGHTS=path, not as a stage checkpoint")
@@ -184,11 +214,9 @@ def load_torchvision_weights(model: nn.Module, arch: str, path: str | os.PathLik
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"WEIGHTS={path} does not exist", fix="pass a torchvision state_dict file, or WEIGHTS=imagenet")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise CheckpointError(f"cannot load WEIGHTS={path}: {err}",
-                              fix="save it with torch.save(model.state_dict(), path); pickled modules are refused") from None
+    state = _torch_load(path, f"WEIGHTS={path}", fix_unsafe="save it with torch.save(model.state_dict(), path); pickled "
+                                                    "modules are refused",
+                        fix_corrupt="copy or download the file again (compare its size and checksum with the source)")
     if isinstance(state, dict) and state.get("format") == FORMAT:
         state = state["state_dict"]
     for wrapper in ("state_dict", "model"):

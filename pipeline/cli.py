@@ -69,7 +69,12 @@ def _parse_sets(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise EdgeFoldError(f"--set {pair!r} is not KEY=VALUE", fix="e.g. --set distill.train.epochs=2")
-        overrides[key] = yaml.safe_load(value)
+        try:
+            overrides[key] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            problem = str(err).splitlines()[0]
+            raise EdgeFoldError(f"--set {pair!r}: the value is not valid YAML ({problem})",
+                                fix="quote it as a string, or close the bracket: e.g. --set 'key=[0.1, 0.2]'") from None
     return overrides
 
 

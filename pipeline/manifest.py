@@ -45,8 +45,8 @@ class Manifest:
         return self.run_dir / MANIFEST
 
     @classmethod
-    def open(cls, run_dir: Path, model: str, recipe_path: str, recipe_sha256: str) -> "Manifest":
-        """Loads the run's manifest, or starts a new one; the recipe entry is refreshed."""
+    def open(cls, run_dir: Path, model: str) -> "Manifest":
+        """Loads the run's manifest, or starts a new one (not saved until :meth:`save`)."""
         run_dir = Path(run_dir)
         path = run_dir / MANIFEST
         if path.exists():
@@ -58,7 +58,6 @@ class Manifest:
                 )
         else:
             manifest = cls(run_dir, {"schema": SCHEMA, "model": model, "created": _now(), "stages": {}})
-        manifest.data["recipe"] = {"path": recipe_path, "sha256": recipe_sha256}
         return manifest
 
     @classmethod

@@ -67,6 +67,16 @@ class TrainConfig(_Strict):
     eval_every_epoch: bool = Field(False, description="evaluate on the test split after every epoch, not only the last")
     augment: AugmentConfig = AugmentConfig()
     seed: int = 0
+    bn_recalibration: Literal["auto", "on", "off"] = Field(
+        "auto", description="re-estimate BatchNorm statistics over training images after training; auto: when a "
+                            "layer's momentum is below 0.1 (MobileNetV3, EfficientNet), whose statistics go stale")
+    bn_recalibration_images: int = Field(4096, ge=1, description="training images the statistics are averaged over")
+
+    @field_validator("bn_recalibration", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare on/off as a boolean.
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 class DataConfig(_Strict):
@@ -78,6 +88,9 @@ class DataConfig(_Strict):
     calib_size: int = Field(512, ge=1, description="calibration images for INT8, disjoint from the training subset when possible")
     seed: int = 0
     workers: int = Field(0, ge=0, description="DataLoader workers for file-based sources")
+    allow_missing_test_classes: bool = Field(
+        False, description="accept a test (val/) split without images of some training classes; their per-class "
+                           "scores are then undefined")
 
     @field_validator("source")
     @classmethod
@@ -279,8 +292,14 @@ def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str
             continue
         node = merged
         *parents, leaf = dotted.split(".")
-        for key in parents:
+        if not all(dotted.split(".")):
+            raise ConfigError(f"--set {dotted}: empty key in the dotted path", fix="e.g. --set distill.train.epochs=2")
+        for depth, key in enumerate(parents):
             node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                where = ".".join(parents[: depth + 1])
+                raise ConfigError(f"--set {dotted}: {where} is a value ({node!r}), not a section with keys",
+                                  fix=f"set {where} itself, e.g. --set {where}=…")
         node[leaf] = value
     return merged
 

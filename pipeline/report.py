@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from device.errors import ManifestError, require
+from pipeline.scores import points as _points
 
 SCHEMA = "edgefold.report/1"
 NOT_MEASURED = "not measured"
@@ -98,7 +99,8 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     baseline = next((r for r in rows if baseline_device and r["device"] == baseline_device["name"]
                      and r["rung"] == "teacher" and r["status"] == "measured"), None)
     for row in rows:
-        row["top1_delta_points"] = 100 * (row["top1"] - rungs["teacher"]["top1"]) if "teacher" in rungs else None
+        row["top1_delta_points"] = (_points(rungs[row["rung"]]["top1_delta_points"])
+                                    if rungs.get(row["rung"], {}).get("top1_delta_points") is not None else None)
         row["latency_ratio_vs_dc_teacher"] = (row["latency_p50_ms"] / baseline["latency_p50_ms"]
                                               if baseline and row.get("latency_p50_ms") else None)
         row["energy_ratio_vs_dc_teacher"] = (row["energy_mj_per_inference"] / baseline["energy_mj_per_inference"]
@@ -196,7 +198,8 @@ def _headline(rows, edge, dc, baseline_device) -> dict[str, Any]:
 
     return {"status": "measured", "edge_device": edge_device["name"], "dc_device": baseline_device["name"],
             "note": note, "top1_edge": student["top1"], "top1_dc": teacher["top1"],
-            "accuracy_lost_points": 100 * (teacher["top1"] - student["top1"]),
+            "accuracy_lost_points": _points(-student["top1_delta_points"]) if student["top1_delta_points"] is not None
+            else None,
             "latency_p50_ms_edge": student["latency_p50_ms"], "latency_p50_ms_dc": teacher["latency_p50_ms"],
             "latency_ratio": ratio(student["latency_p50_ms"], teacher["latency_p50_ms"]),
             "throughput_edge": student["throughput_images_per_s"], "throughput_dc": teacher["throughput_images_per_s"],
@@ -285,8 +288,15 @@ def _batch_note(data) -> str:
     measured = [r for r in data["rows"] if r["status"] == "measured"]
     if not measured:
         return ""
+    headline = data.get("headline") or {}
+    if headline.get("dc_device") and not headline.get("note"):
+        against = f"the teacher on the data-center device ({headline['dc_device']})"
+    elif headline.get("dc_device"):
+        against = f"the teacher on {headline['dc_device']} (no data-center device configured)"
+    else:
+        against = "the teacher on the first device measured"
     return (f"Latency at batch {measured[0]['latency_batch']}; throughput, power and energy at batch "
-            f"{measured[0]['throughput_batch']}. Ratios are against the teacher on the data-center device.")
+            f"{measured[0]['throughput_batch']}. Ratios are against {against}.")
 
 
 def render_markdown(data: dict[str, Any]) -> str:
@@ -363,6 +373,7 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
     ax.set_xlabel(f"latency p50, ms (batch {measured[0]['latency_batch'] if measured else 1}"
                   f"{', log scale' if measured and log_scale else ''})")
     ax.set_ylabel("top-1 accuracy, %")
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")  # never "1e-7+2e1" when rungs score alike
     ax.set_title("Accuracy against latency")
     ax.grid(True, alpha=0.3)
     figures["accuracy_latency"] = _figure_png(fig)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import platform
 import shutil
@@ -15,6 +14,7 @@ from typing import Any, Iterable, Sequence
 from device import __version__
 from device.errors import ConfigError, ManifestError
 from pipeline import distributed
+from pipeline.codehash import code_sha256
 from pipeline.context import RunContext
 from pipeline.devices import Device
 from pipeline.manifest import Manifest, sha256_file, sha256_json
@@ -89,6 +89,24 @@ def _stage_names(until: str | None, force: Iterable[str]) -> tuple[list[str], se
     return list(STAGE_ORDER[: last + 1]), set(force)
 
 
+def stage_code_roots(stage) -> list[str]:
+    """The modules whose import closure is a stage's code: its own, the run context it reads data
+    through, and any it runs without importing (``Stage.code_modules``: the agent's job process)."""
+    return [type(stage).__module__, "pipeline.context", *stage.code_modules]
+
+
+def _check_inputs_untouched(name: str, run_dir: Path, input_sha: dict[str, str]) -> None:
+    """A stage must never write into an earlier stage's outputs (a quantizer that rewrites the ONNX it
+    was given in place): the manifest's hashes would then lie, and what deploy measures would differ
+    from what was recorded."""
+    for rel, digest in input_sha.items():
+        path = run_dir / rel
+        if not path.is_file() or sha256_file(path) != digest:
+            raise ManifestError(
+                f"stage {name} modified its input {rel}, which an earlier stage recorded with sha256 {digest[:12]}…",
+                fix=f"this is a bug in stage {name} (it must work on a copy); re-run with --force {rel.split('/')[0]}")
+
+
 def log(message: str) -> None:
     if distributed.world().main:  # one log, rank 0's
         print(message, file=sys.stderr, flush=True)
@@ -120,9 +138,11 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
     run_dir = Path(distributed.broadcast_object(
         str(resolve_run_dir(Path(runs_dir), recipe.name, run_id, new)) if me.main else None))
     if me.main:
-        manifest = Manifest.open(run_dir, recipe.name, str(recipe_path), recipe_sha)
-        manifest.data["overrides"] = overrides
-        manifest.save()
+        # The recipe entry and the overrides are written only when a stage that used them completes:
+        # a run that fails before (a wrong DATA=) must not leave a good run's manifest claiming them.
+        manifest = Manifest.open(run_dir, recipe.name)
+        if not manifest.path.exists():
+            manifest.save()
         _point_latest(run_dir)
     distributed.barrier()
     if not me.main:
@@ -139,8 +159,9 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         inputs = {f"{need}.{key}": rel for need in needs for key, rel in manifest.stage(need)["outputs"].items()}
         input_sha = {rel: manifest.stage(rel.split("/")[0])["sha256"][rel] for rel in inputs.values()}
         config = stage.config(ctx)
-        # The stage's own code is part of its identity: an upgraded stage redoes its work.
-        code_sha = sha256_file(inspect.getsourcefile(type(stage)))
+        # The project code the stage runs (its module and every project module it imports, transitively)
+        # is part of its identity: editing train.py or qdq_lint.py redoes exactly the stages that use them.
+        code_sha, code_modules = code_sha256(stage_code_roots(stage))
         config_sha = sha256_json({"config": config, "code_sha256": code_sha})
         prior = manifest.stage(name)
         if (name not in forced and not stage.always_run and prior and prior.get("config_sha256") == config_sha
@@ -148,9 +169,10 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
             log(f"[{name:>8}] cached ({prior['seconds']:.1f} s saved)  {stage.summary(prior['metrics'])}")
             continue
         workdir = run_dir / name
-        # Training state saved after each epoch lives outside the stage's folder, keyed by its config:
-        # a crashed or killed run resumes there instead of starting the stage over.
-        ctx.resume = run_dir / "resume" / f"{name}-{config_sha[:16]}.pt"
+        # Training state saved after each epoch lives outside the stage's folder, keyed by its config
+        # and its inputs: a crashed or killed run resumes there instead of starting the stage over, and
+        # changed data or a changed teacher never resumes weights trained on the old ones.
+        ctx.resume = run_dir / "resume" / f"{name}-{sha256_json([config_sha, input_sha])[:16]}.pt"
         # The stage writes into a staging folder that replaces its folder only once it succeeded: an
         # interrupted or failed re-run leaves the previous outputs (a 50-minute teacher) intact.
         staging = run_dir / f".{name}.partial"
@@ -165,20 +187,25 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         seconds = time.perf_counter() - started
         distributed.barrier()
         if me.main:
+            _check_inputs_untouched(name, run_dir, input_sha)
             if workdir.exists():
                 shutil.rmtree(workdir)
             os.replace(staging, workdir)
             env = env or environment()
             outputs = {key: str((workdir / Path(path).relative_to(staging)).relative_to(run_dir))
                        for key, path in result.outputs.items()}
+            manifest.data["recipe"] = {"path": str(recipe_path), "sha256": recipe_sha}
+            manifest.data["overrides"] = overrides
             manifest.record(name, {
-                "config_sha256": config_sha, "config": config, "code_sha256": code_sha, "inputs": inputs,
+                "config_sha256": config_sha, "config": config, "code_sha256": code_sha,
+                "code_modules": code_modules, "overrides": overrides, "inputs": inputs,
                 "input_sha256": input_sha,
                 "outputs": outputs, "sha256": {rel: sha256_file(run_dir / rel) for rel in outputs.values()},
                 "metrics": result.metrics, "env": {**env, "processes": me.size}, "seconds": round(seconds, 3),
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             }, order=STAGE_ORDER)
-            ctx.resume.unlink(missing_ok=True)
+            for stale in ctx.resume.parent.glob(f"{name}-*.pt"):  # this one and those of older configs
+                stale.unlink(missing_ok=True)
             log(f"[{name:>8}] done in {seconds:.1f} s  {stage.summary(result.metrics)}")
         distributed.barrier()
         if not me.main:

@@ -160,16 +160,10 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
     scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
     history, step, epochs, first_epoch = [], 0, math.ceil(cfg.epochs), 0
     if resume is not None and resume.is_file():
-        state = torch.load(resume, map_location=device, weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if scaler and state.get("scaler"):
-            scaler.load_state_dict(state["scaler"])
-        history, step, first_epoch = state["history"], state["step"], state["epoch"]
-        batches.epoch = state["batches_epoch"]
-        if me.main:
-            print(f"{desc}: resuming after epoch {first_epoch}/{epochs} from {resume}", file=sys.stderr, flush=True)
+        state = _load_resume(resume, model, optimizer, scheduler, scaler, device, desc, me.main)
+        if state is not None:
+            history, step, first_epoch = state["history"], state["step"], state["epoch"]
+            batches.epoch = state["batches_epoch"]
     hide_bar = progress_disabled() if me.main else True  # one bar, rank 0's
     for epoch in range(first_epoch, epochs):
         train_model.train()
@@ -238,9 +232,17 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
                   # What the input pipeline alone delivered (per process): well above the training
                   # rate means compute bounds the run; close to it means the data path does.
                   "data_images_per_s": seen / me.size / max(data_s, 1e-9), "data_wait_fraction": data_s / seconds}
+        history.append(record)
+        if me.main and resume is not None:
+            # Saved before the evaluation, the last epoch included: an evaluation that fails (a corrupt
+            # test image) must not throw the trained weights away.
+            _save_resume(resume, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                  "scheduler": scheduler.state_dict(),
+                                  "scaler": scaler.state_dict() if scaler else None, "history": history,
+                                  "step": step, "epoch": epoch + 1, "batches_epoch": batches.epoch,
+                                  "rng": torch.get_rng_state()})
         if evaluate_fn is not None and (cfg.eval_every_epoch or epoch == epochs - 1):
             record.update(evaluate_fn())
-        history.append(record)
         if me.main:
             extra = f", test top-1 {100 * record['top1']:.2f}%" if "top1" in record else ""
             bound = "input-bound" if record["data_wait_fraction"] > 0.3 else "compute-bound"
@@ -248,17 +250,109 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
                   f"{100 * record['train_top1']:.2f}%, {record['images_per_s']:.0f} img/s on {me.size} "
                   f"process(es), data path {record['data_images_per_s']:.0f} img/s ({bound}){extra}",
                   file=sys.stderr, flush=True)
-            if resume is not None and epoch + 1 < epochs:
-                _save_resume(resume, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                      "scheduler": scheduler.state_dict(),
-                                      "scaler": scaler.state_dict() if scaler else None, "history": history,
-                                      "step": step, "epoch": epoch + 1, "batches_epoch": batches.epoch})
         distributed.barrier()
     if me.distributed:
         revert_sync_batchnorm(model)
     if channels_last:
         model.to(memory_format=torch.contiguous_format)
+    if history and evaluate_fn is not None and "top1" not in history[-1]:
+        history[-1].update(evaluate_fn())  # resumed after the last epoch, before its evaluation
     return history
+
+
+def _load_resume(path: Path, model: nn.Module, optimizer, scheduler, scaler, device: torch.device, desc: str,
+                 main: bool) -> dict | None:
+    """Restores the state saved after an epoch, or discards a state that does not fit this run.
+
+    The file is keyed by the stage's config and input hashes, so a mismatch means an older format
+    or a hand-copied file: it is reported and training starts over, never a crash.
+    """
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if scaler and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        missing = [key for key in ("history", "step", "epoch", "batches_epoch") if key not in state]
+        if missing:
+            raise KeyError(f"no {', '.join(missing)}")
+        if state.get("rng") is not None:
+            torch.set_rng_state(state["rng"].cpu())
+    except Exception as err:  # a shape mismatch, a truncated file, a missing key: all mean "start over"
+        if main:
+            print(f"{desc}: discarding the saved training state {path} ({type(err).__name__}: "
+                  f"{str(err).splitlines()[0][:200] if str(err) else 'unreadable'}); training from the start",
+                  file=sys.stderr, flush=True)
+        path.unlink(missing_ok=True)
+        return None
+    if main:
+        print(f"{desc}: resuming after epoch {state['epoch']} from {path}", file=sys.stderr, flush=True)
+    return state
+
+
+def batchnorm_is_stale(model: nn.Module) -> bool:
+    """True when a BatchNorm layer's running statistics move too slowly to follow training.
+
+    torchvision's MobileNetV3 and EfficientNet use momentum 0.01: after a short run their
+    eval-mode statistics still describe the first batches, and the model predicts one class.
+    """
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+               and m.momentum is not None and m.momentum < 0.1 for m in model.modules())
+
+
+def recalibrate_if_needed(model: nn.Module, cfg: TrainConfig, batches: Callable[[], Batches], device: torch.device,
+                          desc: str) -> int:
+    """Applies the recipe's ``bn_recalibration`` after training; returns the images used (0: not done).
+
+    Args:
+        batches: Makes shuffled, un-augmented training batches: an image folder lists its files by
+            class, and statistics over the first classes alone would be as wrong as stale ones.
+    """
+    if cfg.bn_recalibration == "off" or (cfg.bn_recalibration == "auto" and not batchnorm_is_stale(model)):
+        return 0
+    seen = recalibrate_batchnorm(model, batches(), device, cfg.bn_recalibration_images, f"{desc} BatchNorm statistics")
+    if seen and distributed.world().main:
+        print(f"{desc}: BatchNorm statistics re-estimated over {seen} training images", file=sys.stderr, flush=True)
+    return seen
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(model: nn.Module, batches: Batches, device: torch.device, max_images: int,
+                          desc: str = "BatchNorm statistics") -> int:
+    """Re-estimates every BatchNorm layer's running mean and variance over training images.
+
+    The statistics are reset and accumulated as an exact average (momentum None) over up to
+    ``max_images`` un-augmented images in train mode; the weights are untouched.
+
+    Returns:
+        The number of images the statistics were computed over (0: the model has no BatchNorm).
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    if not norms:
+        return 0
+    momenta = [m.momentum for m in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None
+    was_training = model.training
+    model.train().to(device)
+    seen = 0
+    bar = tqdm(total=min(max_images, len(batches.indices)), desc=desc, unit="img", disable=progress_disabled(),
+               leave=False, file=sys.stderr)
+    try:
+        for x, *_ in batches:
+            if seen >= max_images:
+                break
+            model(x.to(device))
+            seen += len(x)
+            bar.update(len(x))
+    finally:
+        bar.close()
+        for norm, momentum in zip(norms, momenta):
+            norm.momentum = momentum
+        model.train(was_training)
+    return seen
 
 
 @torch.no_grad()
@@ -282,17 +376,35 @@ def predict(model: nn.Module, batches: Batches, device: torch.device, desc: str 
     return outputs, labels
 
 
-def accuracy(logits: torch.Tensor, labels: torch.Tensor, topk: tuple[int, ...] = (1, 5)) -> dict[str, float]:
-    """Top-k accuracies as fractions (``top1``, ``top5``); k is capped at the class count."""
-    result = {}
+def accuracy(logits, labels, topk: tuple[int, ...] = (1, 5)) -> dict:
+    """Top-k accuracies from integer counts; k is capped at the class count.
+
+    Every comparison (gates, deltas) is made on the counts (``top1_correct`` of ``images``): in
+    floating point one image of 100 is ``1.0000000000000009`` points, which fails a 1.0 budget.
+    The fractions are computed once from the counts, for display. Takes torch tensors or arrays.
+
+    Returns:
+        ``top1``/``top5`` (fractions), ``top1_correct``/``top5_correct`` and ``images`` (ints),
+        and ``predicted_counts``: how often each class was predicted (collapse checks).
+    """
+    import numpy as np
+
+    logits = np.asarray(logits.detach().cpu() if isinstance(logits, torch.Tensor) else logits)
+    labels = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
+    result: dict = {"images": int(len(labels))}
+    order = np.argsort(-logits, axis=1, kind="stable") if len(labels) else np.zeros((0, 1), dtype=np.int64)
     for k in topk:
         kk = min(k, logits.shape[1])
-        hits = (logits.topk(kk, dim=1).indices == labels.view(-1, 1)).any(dim=1)
-        result[f"top{k}"] = float(hits.float().mean()) if len(labels) else 0.0
+        correct = int((order[:, :kk] == labels[:, None]).any(axis=1).sum())
+        result[f"top{k}_correct"] = correct
+        result[f"top{k}"] = correct / len(labels) if len(labels) else 0.0
+    predicted = order[:, 0] if len(labels) else np.zeros(0, dtype=np.int64)
+    result["predicted_counts"] = np.bincount(predicted, minlength=logits.shape[1]).astype(int).tolist()
+    result["label_counts"] = np.bincount(labels, minlength=logits.shape[1]).astype(int).tolist()
     return result
 
 
-def evaluate(model: nn.Module, batches: Batches, device: torch.device, desc: str = "eval") -> dict[str, float]:
-    """Top-1/top-5 of ``model`` on ``batches``."""
+def evaluate(model: nn.Module, batches: Batches, device: torch.device, desc: str = "eval") -> dict:
+    """Top-1/top-5 of ``model`` on ``batches``, with the counts behind them (see :func:`accuracy`)."""
     logits, labels = predict(model, batches, device, desc)
     return accuracy(logits, labels)

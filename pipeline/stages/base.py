@@ -33,6 +33,8 @@ class Stage:
     always_run: ClassVar[bool] = False
     # Runs on every rank under torchrun (a DDP training stage); other stages run on rank 0 alone.
     distributed: ClassVar[bool] = False
+    # Project modules the stage runs without importing them (a subprocess): part of its code hash.
+    code_modules: ClassVar[tuple[str, ...]] = ()
 
     def needs(self, ctx: "RunContext") -> tuple[str, ...]:
         """Earlier stages whose recorded outputs this stage reads."""

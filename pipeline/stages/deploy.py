@@ -14,6 +14,7 @@ re-checks the fingerprints (a JetPack upgrade or a new power mode means measurin
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from typing import Any
 
 from device.client import AgentClient, AgentError
 from device.errors import EdgeFoldError
+from pipeline.codehash import code_sha256
 from pipeline.devices import Device
 from pipeline.manifest import sha256_file, sha256_json
 from pipeline.stages.base import STAGES, Stage, StageResult
@@ -55,6 +57,8 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
 class DeployStage(Stage):
     name = "deploy"
     always_run = True  # device fingerprints are re-checked every time; unchanged results are reused
+    # The loopback agent runs this checkout's measurement code in its job processes.
+    code_modules = ("device.jobrun", "device.agent")
 
     def needs(self, ctx):
         return tuple(stage for stage in ("export", "quantize") if ctx.manifest.stage(stage))
@@ -73,7 +77,7 @@ class DeployStage(Stage):
         cache = ctx.run_dir / "deploy-cache"
         cache.mkdir(exist_ok=True)
         devices = list(ctx.devices)
-        loopback = None
+        loopback, tmp = None, None
         if not devices:
             from device.loopback import LoopbackAgent
 
@@ -95,6 +99,8 @@ class DeployStage(Stage):
         finally:
             if loopback is not None:
                 loopback.stop()
+            if tmp is not None:  # the agent's copies of every uploaded model (6–100 MB each)
+                shutil.rmtree(tmp, ignore_errors=True)
         reused = sum(len(d.pop("reused", [])) for d in outcomes)
         results = {"schema": "edgefold.deploy/1", "devices": outcomes,
                    "artifacts": {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
@@ -125,7 +131,9 @@ class DeployStage(Stage):
                 spec = job_spec(rung, artifact, info, cfg, preprocess, f"{label}/{rung}")
                 # The agent itself is part of the key: two boards of one kind are each measured (a fleet);
                 # its name in the report is only a label.
-                key = sha256_json({"artifact": artifact, "agent": device.url,
+                # A loopback agent measures with this checkout's code: editing device/measure.py measures again.
+                code = code_sha256(self.code_modules)[0] if device is LOOPBACK else None
+                key = sha256_json({"artifact": artifact, "agent": device.url, "code": code,
                                    "fingerprint": fingerprint, "spec": {k: v for k, v in spec.items() if k != "label"}})
                 cached = cache / f"{key}.json"
                 if cached.is_file():

@@ -10,7 +10,8 @@ from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.losses import kd_loss
 from pipeline.models import build_model, size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
-from pipeline.train import evaluate, fit, predict
+from pipeline.scores import recorded_scores, require_sane
+from pipeline.train import evaluate, fit, predict, recalibrate_if_needed
 
 
 class DistillStage(Stage):
@@ -64,11 +65,22 @@ class DistillStage(Stage):
         history = fit(student, train, cfg.train, loss_fn, device, "distill",
                       evaluate_fn=lambda: evaluate(student, test, device, "student eval"), resume=ctx.resume)
         metrics = history[-1] if history else evaluate(student, test, device, "student eval")
+        recalibrated = recalibrate_if_needed(
+            student, cfg.train, lambda: ctx.batches("train", 256, shuffle=True, seed=cfg.train.seed), device, "student")
+        if recalibrated:
+            before = metrics["top1"]
+            metrics = evaluate(student, test, device, "student eval")
+            metrics["top1_before_bn_recalibration"] = before
+        sanity = require_sane(
+            "the distilled student", metrics, ctx.dataset().classes,
+            causes="too few distillation epochs for the pruned width; stale BatchNorm statistics (set "
+                   "distill.train.bn_recalibration: on); too high a learning rate; a teacher that is itself weak",
+            fix="raise distill.train.epochs, lower distill.train.lr, or prune less (prune.macs_target)")
         student.cpu()
         path = save_checkpoint(workdir / "model.pt", student, arch, num_classes, distilled_from="teacher")
         return StageResult(
             outputs={"model": path},
-            metrics={"top1": metrics["top1"], "top5": metrics["top5"],
+            metrics={**recorded_scores(metrics), "sanity": sanity, "bn_recalibrated_images": recalibrated,
                      **size_metrics(student, ctx.preprocess.input_shape(1)), "history": history},
         )
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.scores import points
 from pipeline.stages.base import STAGES, Stage, StageResult
 
 # (rung name, stage that produced it); the INT8 rung comes from the quantize stage.
 RUNGS = (("teacher", "teacher"), ("pruned", "prune"), ("student", "distill"))
-RECORDED = ("top1", "top5", "params_m", "macs_g")
+RECORDED = ("top1", "top5", "params_m", "macs_g", "top1_correct", "images", "sanity")
 
 
 class EvaluateStage(Stage):
@@ -35,7 +36,7 @@ class EvaluateStage(Stage):
             if not entry:
                 continue
             path = ctx.manifest.output(stage, "model")
-            rungs[rung] = {key: entry["metrics"][key] for key in RECORDED}
+            rungs[rung] = {key: entry["metrics"][key] for key in RECORDED if key in entry["metrics"]}
             rungs[rung].update(size_mb=path.stat().st_size / 1e6, checkpoint=str(path.relative_to(ctx.run_dir)))
             if rung in exported:
                 rungs[rung]["onnx_mb"] = exported[rung]["size_mb"]
@@ -43,13 +44,19 @@ class EvaluateStage(Stage):
         if quantized and "student" in rungs:
             path = ctx.manifest.output("quantize", "student_int8")
             size_mb = path.stat().st_size / 1e6
-            rungs["student_int8"] = {**rungs["student"], "top1": quantized["metrics"]["top1"],
-                                     "top5": quantized["metrics"]["top5"], "size_mb": size_mb, "onnx_mb": size_mb,
+            rungs["student_int8"] = {**rungs["student"], **{key: quantized["metrics"][key] for key in RECORDED
+                                                            if key in quantized["metrics"]},
+                                     "size_mb": size_mb, "onnx_mb": size_mb,
                                      "checkpoint": str(path.relative_to(ctx.run_dir)), "precision": "int8"}
         if "teacher" in rungs:
             base = rungs["teacher"]
             for values in rungs.values():
-                values["top1_delta_points"] = 100 * (values["top1"] - base["top1"])
+                # On counts: equal counts are exactly 0 points, never a float32 "−0.00".
+                if "top1_correct" in values and "top1_correct" in base and values["images"] == base["images"]:
+                    values["top1_delta_points"] = points(100 * (values["top1_correct"] - base["top1_correct"])
+                                                         / base["images"])
+                else:
+                    values["top1_delta_points"] = points(100 * (values["top1"] - base["top1"]))
                 values["macs_fraction"] = values["macs_g"] / base["macs_g"]
         (workdir / "metrics.json").write_text(json.dumps(rungs, indent=2) + "\n")
         return StageResult(outputs={"metrics": workdir / "metrics.json"}, metrics={"rungs": rungs})

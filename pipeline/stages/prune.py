@@ -19,7 +19,8 @@ from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.models import ARCHITECTURES, count_macs, count_parameters
 from pipeline.recipe import PruneConfig
 from pipeline.stages.base import STAGES, Stage, StageResult
-from pipeline.train import evaluate, fit
+from pipeline.scores import assess, recorded_scores
+from pipeline.train import evaluate, fit, recalibrate_if_needed
 
 
 def _torch_pruning():
@@ -144,6 +145,9 @@ class PruneStage(Stage):
                     return F.cross_entropy(logits, batch.labels, label_smoothing=cfg.finetune.label_smoothing)
 
                 history += fit(model, train, cfg.finetune, loss_fn, ctx.device, f"prune step {step + 1}/{cfg.steps}")
+                recalibrate_if_needed(model, cfg.finetune, lambda: ctx.batches("train", 256, shuffle=True,
+                                                                               seed=cfg.finetune.seed),
+                                      ctx.device, "pruned")
                 model.cpu()
         macs = count_macs(model, input_shape)
         fraction = macs / base_macs
@@ -163,7 +167,8 @@ class PruneStage(Stage):
                                plan=plan)
         return StageResult(
             outputs={"model": path},
-            metrics={"top1": metrics["top1"], "top5": metrics["top5"], "plan": plan,
+            # Not gated: a pruned model before distillation is expected to be bad; the verdict is recorded.
+            metrics={**recorded_scores(metrics), "sanity": assess(metrics, ctx.dataset().classes), "plan": plan,
                      "macs_g": macs / 1e9, "params_m": count_parameters(model) / 1e6,
                      "macs_fraction": fraction, "params_fraction": count_parameters(model) / base_params,
                      "layers_off_multiple": len(odd), "history": history},

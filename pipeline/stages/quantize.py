@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import shutil
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ from device.errors import MissingDependencyError, StageError, require
 from device.qdq_lint import lint_qdq
 from device.registry import Registry
 from device.runners.onnxruntime import OnnxRuntimeRunner
+from pipeline.scores import points, require_sane
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.stages.export import INPUT_NAME
 
@@ -39,6 +42,114 @@ def run_isolated(function, *args):
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(function, *args).result()
+
+
+def _logged(log_path: Path, function, *args):
+    """Runs ``function`` with the process's stdout and stderr (file descriptors 1 and 2) in ``log_path``.
+
+    ModelOpt's progress bars and ONNX Runtime's C++ warnings bypass Python's streams; only a
+    redirection at the descriptor level keeps them out of the run's log. Meant for a spawned child.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(log_path, "ab") as log:
+        saved = os.dup(1), os.dup(2)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            return function(*args)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def within_budget(fp32_correct: int, int8_correct: int, images: int, budget_points: float) -> bool:
+    """Whether the INT8 drop is within the budget, decided on integer counts.
+
+    ``100·(fp32 − int8)/images ≤ budget`` is compared as exact fractions, the budget read from its
+    decimal text: in floats one image of 100 is 1.0000000000000009 points and fails a 1.0 budget.
+    """
+    return Fraction(100 * (fp32_correct - int8_correct)) <= Fraction(str(budget_points)) * images
+
+
+def float_weights(path: Path) -> list[str]:
+    """Weights that reach a DequantizeLinear in float: quantized at run time, stored at full size.
+
+    A real INT8 artifact stores each quantized weight as an int8 initializer feeding a
+    DequantizeLinear; a float initializer behind a QuantizeLinear (what a fake-quantized torch
+    model exports) is four times the size and only pretends to be INT8 on disk.
+    """
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    floats = {t.name for t in graph.initializer if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)}
+    return [node.name or node.input[0] for node in graph.node
+            if node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.input[0] in floats
+            and len(_initializer_dims(graph, node.input[0])) > 1]
+
+
+def _initializer_dims(graph, name: str) -> list[int]:
+    return next((list(t.dims) for t in graph.initializer if t.name == name), [])
+
+
+def store_weights_as_int8(path: Path) -> int:
+    """Rewrites ``path`` so that every weight QuantizeLinear → DequantizeLinear pair becomes an int8
+    initializer → DequantizeLinear, as TensorRT's QAT workflow and ModelOpt's ``dq_only`` store them.
+
+    The int8 values are exactly what the QuantizeLinear computed at run time (round half to even,
+    saturate to [−128, 127], per-tensor or per-channel along its ``axis``), so the model's outputs do
+    not change. Returns how many weights were converted.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
+
+    def value(name: str) -> np.ndarray:
+        if name in initializers:
+            return numpy_helper.to_array(initializers[name])
+        return numpy_helper.to_array(next(a.t for a in constants[name].attribute if a.name == "value"))
+
+    converted, drop = 0, []
+    for node in list(graph.node):
+        if node.op_type != "QuantizeLinear" or node.input[0] not in initializers:
+            continue
+        weight = value(node.input[0]).astype(np.float32)
+        if weight.ndim < 2:
+            continue
+        scale = value(node.input[1]).astype(np.float32)
+        zero_point = value(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros((), np.int8)
+        if zero_point.dtype != np.int8:
+            continue  # uint8 activations-style quantization is not a TensorRT weight format
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        shape = [1] * weight.ndim
+        if scale.ndim:
+            shape[axis] = scale.size
+        q = np.clip(np.rint(weight / scale.reshape(shape)) + zero_point.reshape(shape if zero_point.ndim else []),
+                    -128, 127).astype(np.int8)
+        int8_name = f"{node.input[0]}_int8"
+        graph.initializer.append(numpy_helper.from_array(q, int8_name))
+        for consumer in graph.node:
+            for index, name in enumerate(consumer.input):
+                if name == node.output[0]:
+                    consumer.input[index] = int8_name
+        drop.append(node)
+        converted += 1
+    for node in drop:
+        graph.node.remove(node)
+    used = {name for n in graph.node for name in n.input}
+    for tensor in [t for t in graph.initializer if t.name not in used]:
+        graph.initializer.remove(tensor)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return converted
 
 
 @QUANTIZERS.register("ort")
@@ -95,12 +206,13 @@ def quantize_modelopt(fp32: Path, out: Path, calibration: np.ndarray, method: st
 
 @contextlib.contextmanager
 def _quiet(*loggers: str):
-    """Silences a quantizer's per-call chatter (histogram sizes, hints) on stdout and the log."""
+    """Silences a quantizer's per-call chatter (histogram sizes, hints, progress bars) on stdout,
+    stderr and the log."""
     saved = {name: logging.getLogger(name).level for name in ("", *loggers)}
     for name in saved:
         logging.getLogger(name).setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             yield
     finally:
         for name, level in saved.items():
@@ -109,11 +221,16 @@ def _quiet(*loggers: str):
 
 def quantization_aware_finetune(ctx, workdir: Path, calibration: np.ndarray) -> Path:
     """Fake-quantizes the FP32 student with ModelOpt (INT8, per-channel weights), fine-tunes it with
-    the recipe's ``quantize.qat`` schedule and exports the Q/DQ ONNX."""
+    the recipe's ``quantize.qat`` schedule and exports a real INT8 Q/DQ ONNX (int8 weights).
+
+    The fine-tuning distils from the FP32 student itself (soft targets at the distillation
+    temperature, no labels): QAT is to recover the FP32 model's function under quantization, and
+    training on labels would credit INT8 with an extra epoch of ordinary training.
+    """
     import torch
-    import torch.nn.functional as F
 
     from pipeline.checkpoint import load_checkpoint
+    from pipeline.losses import kd_loss
     from pipeline.models import fold_batchnorm
     from pipeline.stages.export import export_onnx
     from pipeline.train import fit
@@ -126,7 +243,8 @@ def quantization_aware_finetune(ctx, workdir: Path, calibration: np.ndarray) -> 
                                      fix="pip install 'edgefold[modelopt]', or set quantize.qat: null") from None
     cfg = ctx.recipe.quantize.qat
     student, _ = load_checkpoint(ctx.manifest.output("distill", "model"))
-    model = fold_batchnorm(student)
+    reference = student.eval().to(ctx.device)
+    model = fold_batchnorm(load_checkpoint(ctx.manifest.output("distill", "model"))[0])
 
     def calibrate(module):
         with torch.no_grad():
@@ -136,21 +254,29 @@ def quantization_aware_finetune(ctx, workdir: Path, calibration: np.ndarray) -> 
     with _quiet("modelopt"):
         model = mtq.quantize(model, mtq.INT8_DEFAULT_CFG, calibrate)
     train = ctx.batches("train", cfg.batch_size, shuffle=True, augment=cfg.augment, seed=cfg.seed, drop_last=True)
-    fit(model, train, cfg, lambda logits, batch: F.cross_entropy(logits, batch.labels,
-                                                                 label_smoothing=cfg.label_smoothing),
-        ctx.device, "qat")
+    temperature = ctx.recipe.distill.temperature
+
+    def loss_fn(logits, batch):
+        with torch.no_grad():
+            target = reference(batch.x).float()
+        return kd_loss(logits, target, batch.labels, temperature, alpha=1.0)
+
+    fit(model, train, cfg, loss_fn, ctx.device, "qat")
     path = workdir / "student.int8.qat.onnx"
     with _quiet("modelopt"):
         export_onnx(model.cpu().eval(), path, ctx.preprocess.input_shape(1), ctx.recipe.export.opset)
+    store_weights_as_int8(path)
     return path
 
 
-def onnx_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch: int = 250) -> dict[str, float]:
-    """Top-1 and top-5 of an ONNX model under ONNX Runtime (which runs Q/DQ models on CPU)."""
+def onnx_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch: int = 250) -> dict:
+    """Scores of an ONNX model under ONNX Runtime (which runs Q/DQ models on CPU), with the counts
+    behind them (:func:`pipeline.train.accuracy`)."""
+    from pipeline.train import accuracy
+
     with OnnxRuntimeRunner(path) as runner:
         logits = np.concatenate([runner.infer(images[i : i + batch]) for i in range(0, len(images), batch)])
-    top5 = np.argsort(-logits, axis=1)[:, : min(5, logits.shape[1])]
-    return {"top1": float((top5[:, 0] == labels).mean()), "top5": float((top5 == labels[:, None]).any(1).mean())}
+    return accuracy(logits, labels)
 
 
 class QuantizeStage(Stage):
@@ -166,14 +292,20 @@ class QuantizeStage(Stage):
     def run(self, ctx, workdir: Path) -> StageResult:
         cfg = ctx.recipe.quantize
         quantize = QUANTIZERS.get(cfg.quantizer)
-        fp32 = ctx.manifest.output("export", "student")
+        exported = ctx.manifest.output("export", "student")
+        # Quantizers get a copy: ModelOpt's shape inference writes value_info into the file it is given,
+        # and the export stage's recorded file must stay what it recorded.
+        scratch = workdir / ".scratch"
+        scratch.mkdir()
+        fp32 = scratch / exported.name
+        shutil.copyfile(exported, fp32)
         calibration = np.concatenate([x.numpy() for x, *_ in ctx.batches("calib", 256)])
         test_images, test_labels = [], []
         for x, y, *_ in ctx.batches("test", 500):
             test_images.append(x.numpy())
             test_labels.append(y.numpy())
         images, labels = np.concatenate(test_images), np.concatenate(test_labels)
-        fp32_top1 = onnx_accuracy(fp32, images, labels)["top1"]
+        reference = onnx_accuracy(fp32, images, labels)
         attempts, accepted = [], None
         plan = [(cfg.quantizer, method) for method in cfg.calibration_methods] + ([("modelopt", "qat")] if cfg.qat else [])
         for quantizer, method in plan:
@@ -181,45 +313,62 @@ class QuantizeStage(Stage):
             if method == "qat":
                 candidate = quantization_aware_finetune(ctx, workdir, calibration)
             else:
-                run_isolated(quantize, fp32, candidate, calibration, method, cfg.per_channel)
+                run_isolated(_logged, workdir / "quantizer.log", quantize, fp32, candidate, calibration, method,
+                             cfg.per_channel)
             lint = lint_qdq(candidate)
             if not lint.ok:
                 raise StageError(f"{candidate.name} breaks TensorRT's Q/DQ rules: {lint.describe()}",
                                  fix=f"this is a quantizer bug; try quantize.quantizer other than {cfg.quantizer!r}")
+            unconverted = float_weights(candidate)
+            if unconverted:
+                raise StageError(
+                    f"{candidate.name} ({quantizer}/{method}) stores {len(unconverted)} quantized weights in float "
+                    f"(e.g. {unconverted[0]}): it is {candidate.stat().st_size / 1e6:.2f} MB against "
+                    f"{fp32.stat().st_size / 1e6:.2f} MB FP32, not an INT8 artifact",
+                    fix="this is a quantizer bug; choose another quantize.quantizer")
             scores = onnx_accuracy(candidate, images, labels)
-            top1 = scores["top1"]
-            drop = 100 * (fp32_top1 - top1)
-            attempts.append({"quantizer": quantizer, "method": method, **scores, "drop_points": drop,
+            drop = 100 * (reference["top1_correct"] - scores["top1_correct"]) / max(scores["images"], 1)
+            attempts.append({"quantizer": quantizer, "method": method, **scores, "drop_points": points(drop),
                              "size_mb": candidate.stat().st_size / 1e6, "lint": lint.to_dict()})
-            print(f"quantize: {quantizer}/{method}: INT8 top-1 {100 * top1:.2f}% "
-                  f"({-drop:+.2f} points vs FP32 {100 * fp32_top1:.2f}%)", file=sys.stderr)
-            if drop <= cfg.accuracy_budget_points:
+            print(f"quantize: {quantizer}/{method}: INT8 top-1 {100 * scores['top1']:.2f}% "
+                  f"({points(-drop):+.2f} points vs FP32 {100 * reference['top1']:.2f}%)", file=sys.stderr)
+            if within_budget(reference["top1_correct"], scores["top1_correct"], scores["images"],
+                             cfg.accuracy_budget_points):
                 accepted = attempts[-1]
                 shutil.copyfile(candidate, workdir / "student.int8.onnx")
                 break
+        shutil.rmtree(scratch)
         if accepted is None:
             table = "\n".join(f"  {a['quantizer']}/{a['method']}: top-1 {100 * a['top1']:.2f}%, "
                               f"drop {a['drop_points']:.2f} points" for a in attempts)
             raise StageError(
                 f"INT8 misses the accuracy budget of {cfg.accuracy_budget_points} points (FP32 student "
-                f"{100 * fp32_top1:.2f}%):\n{table}" + ("" if cfg.qat else "\n  quantization-aware fine-tuning is off"),
+                f"{100 * reference['top1']:.2f}%):\n{table}" + ("" if cfg.qat else "\n  quantization-aware fine-tuning is off"),
                 fix="raise quantize.accuracy_budget_points, add calibration methods, enlarge data.calib_size"
                     + ("" if cfg.qat else ", or set quantize.qat (a short fine-tuning schedule)"),
             )
+        sanity = require_sane(
+            "the INT8 student", accepted, ctx.dataset().classes,
+            causes="a collapsed FP32 student passes the gate with the same score; calibration data that does not "
+                   "match the test data",
+            fix="check the distill stage's scores; enlarge data.calib_size")
         chw = ctx.preprocess.input_shape(1)[1:]
         trtexec = {f"tensorrt_{version.split('.')[0]}": " ".join(trtexec_command(
             "student.int8.onnx", "student.int8.plan", INPUT_NAME, chw, BuildOptions(batch=(1, 1, 32)), version))
             for version in ("10.3", "11.0")}
+        scored = ("top1", "top5", "top1_correct", "top5_correct", "images", "predicted_counts", "label_counts")
         return StageResult(
             outputs={"student_int8": workdir / "student.int8.onnx"},
-            metrics={"fp32_top1": fp32_top1, "top1": accepted["top1"], "top5": accepted["top5"],
+            metrics={"fp32_top1": reference["top1"], "fp32_top1_correct": reference["top1_correct"],
+                     **{key: accepted[key] for key in scored}, "sanity": sanity,
                      "drop_points": accepted["drop_points"],
                      "method": accepted["method"], "size_mb": accepted["size_mb"],
-                     "fp32_size_mb": fp32.stat().st_size / 1e6, "attempts": attempts, "trtexec": trtexec},
+                     "fp32_size_mb": exported.stat().st_size / 1e6,
+                     "attempts": attempts, "trtexec": trtexec},
         )
 
     def summary(self, metrics):
-        return (f"INT8 top-1 {100 * metrics['top1']:.2f}% ({-metrics['drop_points']:+.2f} points, {metrics['method']}), "
+        return (f"INT8 top-1 {100 * metrics['top1']:.2f}% ({points(-metrics['drop_points']):+.2f} points, {metrics['method']}), "
                 f"{metrics['size_mb']:.1f} MB vs {metrics['fp32_size_mb']:.1f} MB FP32")
 
 

@@ -13,7 +13,8 @@ from pipeline.checkpoint import load_torchvision_weights, save_checkpoint
 from pipeline.manifest import sha256_file
 from pipeline.models import ARCHITECTURES, build_model, size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
-from pipeline.train import evaluate, fit
+from pipeline.scores import recorded_scores, require_sane
+from pipeline.train import evaluate, fit, recalibrate_if_needed
 
 
 def _imagenet_weights(arch: str, num_classes: int) -> torch.nn.Module:
@@ -74,6 +75,21 @@ class TeacherStage(Stage):
             history = fit(model, train, cfg.train, loss_fn, ctx.device, "teacher",
                           evaluate_fn=lambda: evaluate(model, test, ctx.device, "teacher eval"), resume=ctx.resume)
         metrics = history[-1].copy() if history else evaluate(model, test, ctx.device, "teacher eval")
+        recalibrated = 0
+        if cfg.train.epochs:
+            recalibrated = recalibrate_if_needed(
+                model, cfg.train, lambda: ctx.batches("train", 256, shuffle=True, seed=cfg.train.seed), ctx.device,
+                "teacher")
+            if recalibrated:
+                before = metrics["top1"]
+                metrics = evaluate(model, test, ctx.device, "teacher eval")
+                metrics["top1_before_bn_recalibration"] = before
+        # A teacher at chance makes every later comparison meaningless ("0.00 points lost"): stop here.
+        sanity = require_sane(
+            "the teacher", metrics, ctx.dataset().classes,
+            causes="too few epochs or too high a learning rate; stale BatchNorm statistics (set "
+                   "teacher.train.bn_recalibration: on); WEIGHTS for another task; labels that do not match the images",
+            fix="train longer (teacher.train.epochs), lower teacher.train.lr, or check the data and WEIGHTS")
         model.cpu()
         path = save_checkpoint(workdir / "model.pt", model, cfg.arch, num_classes, weights=cfg.weights,
                                replaced_head=bool(replaced))
@@ -81,7 +97,7 @@ class TeacherStage(Stage):
             print(f"teacher: classifier re-initialised for {num_classes} classes ({', '.join(replaced)})", file=sys.stderr)
         return StageResult(
             outputs={"model": path},
-            metrics={"top1": metrics["top1"], "top5": metrics["top5"],
+            metrics={**recorded_scores(metrics), "sanity": sanity, "bn_recalibrated_images": recalibrated,
                      **size_metrics(model, ctx.preprocess.input_shape(1)), "history": history},
         )
 

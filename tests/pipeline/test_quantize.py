@@ -9,6 +9,7 @@ import pytest
 from device.errors import StageError
 from device.qdq_lint import lint_qdq
 from device.runners.onnxruntime import OnnxRuntimeRunner
+from pipeline.manifest import sha256_file
 from pipeline.runner import run_pipeline
 from pipeline.stages import quantize as quantize_stage
 
@@ -47,25 +48,30 @@ def test_int8_model_is_tensorrt_clean_smaller_and_runs(tiny_run):
     assert rungs["student_int8"]["top1"] == metrics["top1"]
 
 
+def scored_as(scores, top1_correct):
+    """A stand-in score (says so): the real one with its top-1 count replaced."""
+    return {**scores, "top1_correct": top1_correct, "top1": top1_correct / scores["images"]}
+
+
 def test_gate_falls_back_to_the_next_calibration_method(runs, monkeypatch):
     """A stand-in scorer (says so) makes `max` miss the budget; `percentile` must then be tried and kept."""
     real = quantize_stage.onnx_accuracy
 
     def scorer(path, images, labels, batch=250):
         scores = real(path, images, labels, batch)
-        return {"top1": 0.5, "top5": 0.9} if path.name.endswith(".max.onnx") else scores
+        return scored_as(scores, scores["images"] // 2) if path.name.endswith(".max.onnx") else scores
 
     monkeypatch.setattr(quantize_stage, "onnx_accuracy", scorer)
     metrics = rerun_quantize(runs).manifest.stage("quantize")["metrics"]
     assert [a["method"] for a in metrics["attempts"]] == ["max", "percentile"]
-    assert metrics["method"] == "percentile" and metrics["attempts"][0]["top1"] == 0.5
+    assert metrics["method"] == "percentile" and metrics["attempts"][0]["top1"] == pytest.approx(0.5, abs=0.01)
 
 
 def test_gate_fails_with_a_table_of_what_was_tried(runs, monkeypatch):
     """A stand-in scorer (says so) scores every INT8 model at zero, so every method misses."""
     real = quantize_stage.onnx_accuracy
     monkeypatch.setattr(quantize_stage, "onnx_accuracy", lambda path, images, labels, batch=250: (
-        {"top1": 0.0, "top5": 0.0} if ".int8." in path.name else real(path, images, labels, batch)))
+        scored_as(real(path, images, labels, batch), 0) if ".int8." in path.name else real(path, images, labels, batch)))
     with pytest.raises(StageError) as err:
         rerun_quantize(runs, **{"quantize.calibration_methods": ["max", "percentile"]})
     text = str(err.value)
@@ -94,9 +100,18 @@ def test_ort_default_int32_biases_are_caught_by_the_lint(runs, monkeypatch):
         rerun_quantize(runs)
 
 
-def test_modelopt_quantizer_on_the_tiny_recipe(runs):
+def test_modelopt_quantizer_on_the_tiny_recipe(runs, capfd):
     pytest.importorskip("modelopt.onnx.quantization", reason="ModelOpt is the [modelopt] extra (make installs it)")
+    capfd.readouterr()  # the shared run's output, if this test made it
     ctx = rerun_quantize(runs, **{"quantize.quantizer": "modelopt", "quantize.calibration_methods": ["max", "entropy"]})
+    # ModelOpt's own output (progress bars, warnings from C++) goes to the stage's log, not the run's.
+    out, err = capfd.readouterr()
+    ours = ("run ", "[", "quantize: ")
+    assert [line for line in (out + err).splitlines() if line.strip() and not line.startswith(ours)] == []
+    assert (ctx.run_dir / "quantize" / "quantizer.log").is_file()
+    # ModelOpt rewrites the ONNX it is given; the export stage's file must be as recorded.
+    for rel, digest in ctx.manifest.stage("export")["sha256"].items():
+        assert sha256_file(ctx.run_dir / rel) == digest
     metrics = ctx.manifest.stage("quantize")["metrics"]
     attempt = metrics["attempts"][0]
     assert attempt["quantizer"] == "modelopt" and attempt["lint"]["ok"]
@@ -117,7 +132,8 @@ def test_gate_falls_back_to_quantization_aware_finetuning(runs, monkeypatch):
     pytest.importorskip("modelopt.torch.quantization", reason="ModelOpt is the [modelopt] extra (make installs it)")
     real = quantize_stage.onnx_accuracy
     monkeypatch.setattr(quantize_stage, "onnx_accuracy", lambda path, images, labels, batch=250: (
-        {"top1": 0.0, "top5": 0.0} if path.name in ("student.int8.max.onnx",) else real(path, images, labels, batch)))
+        scored_as(real(path, images, labels, batch), 0) if path.name in ("student.int8.max.onnx",)
+        else real(path, images, labels, batch)))
     qat = {"epochs": 1, "batch_size": 32, "optimizer": "adamw", "lr": 1e-4}
     ctx = rerun_quantize(runs, **{"quantize.calibration_methods": ["max"], "quantize.qat": qat})
     metrics = ctx.manifest.stage("quantize")["metrics"]
@@ -126,3 +142,7 @@ def test_gate_falls_back_to_quantization_aware_finetuning(runs, monkeypatch):
     assert metrics["attempts"][1]["lint"]["ok"]
     graph = onnx.load(str(ctx.run_dir / "quantize" / "student.int8.onnx"))
     assert "BatchNormalization" not in {n.op_type for n in graph.graph.node}
+    # A real INT8 artifact: int8 weights, no float weight behind a QuantizeLinear, smaller like PTQ's.
+    assert quantize_stage.float_weights(ctx.run_dir / "quantize" / "student.int8.onnx") == []
+    assert any(t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 4 for t in graph.graph.initializer)
+    assert metrics["size_mb"] < 0.6 * metrics["fp32_size_mb"]

@@ -1,0 +1,88 @@
+"""The project code a stage depends on, as one hash: part of the stage's cache key.
+
+A stage's result depends on its own module and on every project module it imports, directly or
+through others (``train.py``, ``losses.py``, ``device/qdq_lint.py`` …), so the key covers the
+transitive closure of project imports found by reading the sources (``ast``, nothing executed).
+Imports inside functions count too: a lazily imported helper still does the stage's work.
+
+A package's ``__init__.py`` counts only when it is imported by name (``from device import
+__version__``), not merely because a submodule was: ``pipeline/stages/__init__.py`` imports every
+stage, and counting it would make each stage depend on all the others.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+from typing import Iterable
+
+PROJECT_PACKAGES = ("pipeline", "device")
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def module_path(name: str, root: Path | None = None) -> Path | None:
+    """The source file of project module ``name`` under ``root``, or None if there is none."""
+    if name.split(".")[0] not in PROJECT_PACKAGES:
+        return None
+    base = (root or PROJECT_ROOT).joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def imported_modules(name: str, root: Path | None = None) -> set[str]:
+    """Project modules that module ``name`` imports anywhere in its source."""
+    path = module_path(name, root)
+    if path is None:
+        return set()
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if _is_package(path) else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if module_path(alias.name, root):
+                    found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from .x import y
+                parts = package.split(".")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{anchor}.{node.module}" if node.module else anchor
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                if module_path(submodule, root):
+                    found.add(submodule)
+                elif module_path(base, root):
+                    found.add(base)
+    found.discard(name)
+    return found
+
+
+def closure(roots: Iterable[str], root: Path | None = None) -> list[str]:
+    """``roots`` and every project module they import, transitively, sorted."""
+    seen: set[str] = set()
+    todo = [r for r in roots if module_path(r, root)]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(imported_modules(name, root) - seen)
+    return sorted(seen)
+
+
+def code_sha256(roots: Iterable[str], root: Path | None = None) -> tuple[str, list[str]]:
+    """One sha256 over the sources of :func:`closure` (names and bytes), and the module list."""
+    modules = closure(roots, root)
+    digest = hashlib.sha256()
+    for name in modules:
+        digest.update(name.encode() + b"\0" + module_path(name, root).read_bytes() + b"\0")
+    return digest.hexdigest(), modules
