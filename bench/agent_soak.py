@@ -45,7 +45,8 @@ FIELDS = ("artifact", "runtime", "precision", "batch_sizes", "warmup_iterations"
           "preprocess")
 TINY_PREPROCESS = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5, 0.5, 0.5], "std": [0.25] * 3}
 MAX_QUEUE = 4  # valid submissions pause while this many of ours wait, so the final drain stays short
-WARM_REQUESTS = 100  # a lifetime's "start" figures are taken after this many requests (imports, caches warm)
+WARM_REQUESTS = 100  # a lifetime's "start" figures are taken after every route ran and this many requests
+SAMPLE_EVERY = 250  # and its RSS and fds again every this many requests, to show a trend, not two points
 
 
 # ---------------------------------------------------------------- strategies
@@ -194,6 +195,9 @@ class Soak:
         self.lifetime_requests += 1
         if self.lifetime_requests == WARM_REQUESTS:
             self.lifetimes[-1]["start"] = rss_and_fds(self.agent.process.pid)
+        elif self.lifetime_requests % SAMPLE_EVERY == 0:
+            self.lifetimes[-1]["samples"].append({"requests": self.lifetime_requests,
+                                                  **rss_and_fds(self.agent.process.pid)})
         try:
             response = self.http.request(method, path, **kwargs)
         except self.httpx.TransportError as err:
@@ -302,8 +306,12 @@ class Soak:
 
     # -- lifetimes
     def begin_lifetime(self) -> None:
-        self.lifetimes.append({"requests_before": self.sent})
+        self.lifetimes.append({"requests_before": self.sent, "samples": []})
         self.lifetime_requests = 0
+        # Every route once (lazy imports such as the device description load here), so "start" is warm.
+        for what in ("device", "metrics", "jobs", "health", "openapi", "artifact", "missing-job", "odd-job-id"):
+            self.read(what)
+        self.post_job(b'{"artifact": NaN}')
 
     def end_lifetime(self) -> None:
         life = self.lifetimes[-1]
