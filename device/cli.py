@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"edgefold-agent {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("device", help="print this device's fingerprint and runtimes as JSON")
-    serve = sub.add_parser("serve", help="run the agent daemon (HTTP API v1; see /docs once running)",
+    serve = sub.add_parser("serve", help="run the agent daemon (HTTP API v1; schema: GET /openapi.json with the token)",
                            description="Runs the agent: jobs one at a time, each in a child process; state in "
                                        "DATA_DIR/agent.db. Flags override the --config file.")
     serve.add_argument("--config", type=Path, help="YAML file of settings (keys as the flags, with underscores)")

@@ -8,14 +8,17 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pydantic import ValidationError
+
 from device.errors import StatusError, require
-from device.schema import FINISHED, JobSpec
+from device.schema import FINISHED, JobSpec, describe_problems, field_problems
 
 CHUNK = 1 << 20
 
@@ -126,9 +129,16 @@ class AgentClient:
         return sha256
 
     def submit(self, spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
-        body = spec.model_dump(exclude_none=True) if isinstance(spec, JobSpec) else JobSpec.model_validate(
-            spec).model_dump(exclude_none=True)
-        return self._request("POST", "/v1/jobs", json=body).json()
+        """Queues a job; a spec the agent would refuse is refused here first (AgentError, status 422)."""
+        if not isinstance(spec, JobSpec):
+            try:  # through JSON, as the agent sees it: tuples pass as lists, NaN and "1" for 1 do not
+                spec = JobSpec.model_validate_json(json.dumps(spec))
+            except (ValidationError, TypeError, ValueError) as err:
+                problems = describe_problems(field_problems(err.errors())) if isinstance(err, ValidationError) \
+                    else str(err)
+                raise AgentError(f"invalid job spec: {problems}", fix="correct the named fields (see device.schema."
+                                                                      "JobSpec)", status=422) from None
+        return self._request("POST", "/v1/jobs", json=spec.model_dump(exclude_none=True)).json()
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/jobs/{job_id}").json()

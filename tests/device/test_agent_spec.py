@@ -46,6 +46,20 @@ def test_the_deploy_stages_job_validates():
     assert JobSpec.model_validate(spec).model_dump(exclude_unset=True) == spec
 
 
+@pytest.mark.parametrize("tensorrt", ["0", "10.3.0", "11.0"])
+def test_the_deploy_stages_own_job_spec_validates(tensorrt):
+    pytest.importorskip("torch", reason="the pipeline (build side) needs torch")
+    from pipeline.recipe import DeployConfig
+    from pipeline.stages.deploy import job_spec
+
+    prep = json.loads(json.dumps(Preprocess(input_size=32, resize=36, channels=3, mean=(0.485, 0.456, 0.406),
+                                            std=(0.229, 0.224, 0.225)).to_dict()))
+    for rung in ("teacher", "student_int8"):
+        spec = job_spec(rung, SHA, {"tensorrt": tensorrt}, DeployConfig(), prep, f"run/{rung}")
+        # As the client sends it: JSON on the wire.
+        assert JobSpec.model_validate_json(json.dumps(spec)).model_dump(exclude_unset=True) == spec
+
+
 BAD = [
     ("duration_s", math.nan), ("duration_s", math.inf), ("sample_hz", math.nan), ("idle_s", -math.inf),
     ("timeout_s", math.nan), ("iterations", "5"), ("iterations", 5.0), ("threads", True), ("batch_sizes", [10**30]),
@@ -73,3 +87,16 @@ def test_non_finite_out_of_range_and_mistyped_values_are_refused(field, value):
 def test_safe_text_escapes_lone_surrogates_and_cuts():
     assert safe_text("a\ud800b") == "a\\ud800b" and safe_text("héllo") == "héllo"
     assert safe_text("x" * 50, limit=10) == "x" * 10 + "…"
+
+
+def test_the_client_refuses_what_the_agent_would_refuse_before_sending():
+    from device.client import AgentClient, AgentError
+
+    with AgentClient("http://127.0.0.1:9", "token-never-sent") as client:  # nothing listens: nothing is sent
+        for bad in ({"duration_s": math.nan}, {"iterations": "5"}, {"label": "\ud800"}, {"bogus": 1}):
+            with pytest.raises(AgentError) as err:
+                client.submit({"artifact": SHA, **bad})
+            assert err.value.status == 422 and "invalid job spec" in err.value.message
+        with pytest.raises(AgentError) as err:  # a tuple is a list on the wire: valid, so it is sent
+            client.submit({"artifact": SHA, "batch_sizes": (1, 8)})
+        assert err.value.status == 0
