@@ -176,7 +176,7 @@ def test_health_is_ok_while_the_executor_runs(tmp_path):
     assert response.status_code == 200 and response.json()["status"] == "ok"
 
 
-# ---------------------------------------------------------------- failure 2: non-finite numbers and surrogates were 500s
+# ---------------------------------------------------------------- failure 2: NaN, Infinity and surrogates were 500s
 HOSTILE = [("duration_s", math.nan), ("duration_s", math.inf), ("sample_hz", math.nan), ("idle_s", math.inf),
            ("idle_s", -math.inf), ("timeout_s", math.nan), ("timeout_s", math.inf), ("label", "rung \ud800"),
            ("label", "\udfff"), ("iterations", "5"), ("threads", "1"), ("batch_sizes", ["1"]),
