@@ -89,3 +89,44 @@ def test_duration_mode_and_bad_specs(tmp_path):
                         (dict(iterations=None, duration_s=-1.0), "positive"), (dict(idle_s=-1), "not be negative")):
         with pytest.raises(ConfigError, match=message):
             MeasureSpec(**kw)
+
+
+class PublishingRail(Sampler):
+    """A source that publishes its measurements 30 ms late (as jtop's service does): 5 W idle, 8 W busy."""
+
+    name = "board"
+    needs_post_sample = True
+
+    def __init__(self, busy: threading.Event):
+        super().__init__(rate_hz=50)
+        self.busy, self.history = busy, []
+
+    def read(self):
+        return {"board_power_mw": 8000.0 if self.busy.is_set() else 5000.0}
+
+    def sample_now(self):
+        now = time.monotonic()
+        self.history.append((now, self.read()))
+        return [(t, v) for t, v in self.history if t <= now - 0.03][-1:]
+
+
+def test_the_device_stays_busy_until_a_measurement_after_the_window_arrives():
+    """The window's end is interpolated towards a busy measurement, not towards idle: the old
+    protocol stopped the work and let the last sample carry idle power into the window."""
+    busy = threading.Event()
+
+    class Runner:
+        calls = 0
+
+        def infer(self, batch):
+            Runner.calls += 1
+            busy.set()
+            time.sleep(0.005)
+
+    rail = PublishingRail(busy)
+    result = measure(Runner(), np.zeros((1, 1), dtype=np.float32),
+                     MeasureSpec(warmup_iterations=20, iterations=40, idle_s=0), [rail], power_key="board_power_mw")
+    assert result["iterations"] == 40 and Runner.calls > 60, "untimed calls kept the device busy after the window"
+    tele = result["telemetry"]["board"]
+    assert tele["mean_board_power_mw"] == pytest.approx(8000) and tele["coverage"] == pytest.approx(1.0)
+    assert tele["energy_mj_per_inference"] == pytest.approx(8000 * result["window_s"] / 40, rel=0.02)
