@@ -22,11 +22,12 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from device.errors import ConfigError, StageError, require
+from device.errors import (ConfigError, DlaError, EngineBuildError, PrecisionMismatchError, StaticShapeError,
+                           TimingCacheError, require)
 
 # L4T → JetPack (exact, jetson-stats' table) and SoC → compute capability live with the board facts.
 from device.jetson import L4T_TO_JETPACK, TEGRA_COMPUTE_CAPABILITY, board_model, jetpack_for  # noqa: E402,F401
@@ -37,8 +38,11 @@ class BuildOptions:
     """What the engine is built for.
 
     Attributes:
-        precision: ``int8`` (Q/DQ model), ``fp16`` or ``fp32``.
-        batch: (min, opt, max) batch sizes of the optimization profile.
+        precision: ``int8`` (Q/DQ model), ``fp16`` or ``fp32``; must agree with the artifact
+            (:func:`reconcile_precision`).
+        batch: (min, opt, max) batch sizes of the optimization profile. The runner builds one engine
+            per measured batch with min = opt = max = that batch: kernels are tuned for the shape that
+            is timed, as trtexec does, and DLA (static shapes only) takes the same engines.
         workspace_mib: Workspace memory pool limit.
         dla_core: DLA core to build for (Jetson AGX/NX), with GPU fallback; None for the GPU.
         timing_cache: File to read and update the timing cache from (speeds up rebuilds).
@@ -61,6 +65,10 @@ class BuildOptions:
         if self.dla_core is not None and self.dla_core < 0:
             raise ConfigError(f"dla_core must be ≥ 0, got {self.dla_core}")
 
+    def for_batch(self, batch: int) -> "BuildOptions":
+        """These options for the engine that times ``batch``: a static profile, opt = the batch timed."""
+        return replace(self, batch=(batch, batch, batch))
+
 
 @dataclass(frozen=True)
 class BuildPlan:
@@ -72,58 +80,181 @@ class BuildPlan:
     notes: tuple[str, ...] = field(default=())
 
 
-def trt_major(version: str) -> int:
-    match = re.match(r"(\d+)\.", version or "")
+def trt_version_tuple(version: str) -> tuple[int, int, int]:
+    """``10.3.0.30`` → (10, 3, 0); a missing minor or patch reads as 0."""
+    match = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?", version or "")
     if not match:
         raise ConfigError(f"cannot read the TensorRT version {version!r}")
-    return int(match.group(1))
+    return tuple(int(part or 0) for part in match.groups())  # type: ignore[return-value]
 
 
-def plan_build(trt_version: str, options: BuildOptions) -> BuildPlan:
+def trt_major(version: str) -> int:
+    if not re.match(r"(\d+)\.", version or ""):
+        raise ConfigError(f"cannot read the TensorRT version {version!r}")
+    return trt_version_tuple(version)[0]
+
+
+# TensorRT 10.12 deprecates BuilderFlag.INT8/FP16 in favour of strongly typed networks.
+STRONGLY_TYPED_FROM = (10, 12, 0)
+# TensorRT 11 drops DLA, then brings it back in 11.4.1 for Jetson AGX Orin only (never Thor).
+DLA_ON_11_FROM = (11, 4, 1)
+
+
+def _is_agx_orin(board: str | None) -> bool:
+    return bool(board) and "agx orin" in board.lower()
+
+
+def plan_build(trt_version: str, options: BuildOptions, board: str | None = None,
+               artifact: str | None = None) -> BuildPlan:
     """Chooses network and builder flags for this TensorRT generation.
 
+    Args:
+        trt_version: ``tensorrt.__version__``.
+        options: What to build.
+        board: The board's model (``/proc/device-tree/model``) when known: DLA on TensorRT 11 needs an AGX Orin.
+        artifact: The ONNX's own precision (:func:`artifact_precision`) when known.
+
     Raises:
-        ConfigError: For TensorRT older than 10, or FP16 on TensorRT 11 (which has no
-            precision flags: the model must be converted to FP16 first).
+        ConfigError: For TensorRT older than 10, or FP16 on TensorRT 11 for a model that is not FP16
+            (it has no precision flags: the model must be converted to FP16 first).
+        DlaError: A DLA build this TensorRT, board or shape cannot give.
     """
+    version = trt_version_tuple(trt_version)
     major = trt_major(trt_version)
     notes: list[str] = []
     if major < 10:
         raise ConfigError(f"TensorRT {trt_version} is too old", fix="use TensorRT 10 (JetPack 6) or newer")
+    dla = options.dla_core is not None
+    if dla:
+        low, opt, high = options.batch
+        if not low == opt == high:
+            # NVIDIA DLA docs ("DLA Supported Layers and Restrictions"): no dynamic dimensions on the DLA.
+            raise DlaError(f"DLA needs static shapes (min = opt = max), got batch profile {options.batch}",
+                           fix="build one engine per batch size (BuildOptions.for_batch)")
+        if major >= 11 and version < DLA_ON_11_FROM:
+            raise DlaError(f"TensorRT {trt_version} has no DLA support (TensorRT 11.0–11.3 dropped it)",
+                           fix="leave dla_core unset, or use TensorRT 10 (JetPack 6) or ≥ 11.4.1 on an AGX Orin")
+        if major >= 11 and board is not None and not _is_agx_orin(board):
+            raise DlaError(f"TensorRT {trt_version} supports DLA only on Jetson AGX Orin, not on {board!r}",
+                           fix="leave dla_core unset (Thor has no DLA under TensorRT 11)")
+        if major >= 11 and options.precision == "fp32":
+            raise DlaError("an FP32 network cannot run on the DLA under TensorRT 11 (strongly typed: the model's "
+                           "own type is used, and the DLA runs only FP16 and INT8)",
+                           fix="send the Q/DQ INT8 model, or an FP16 one (python -m modelopt.onnx.autocast)")
     if major == 10:
-        network_flags: tuple[str, ...] = ()
-        builder = {"int8": ("INT8", "FP16"), "fp16": ("FP16",), "fp32": ()}[options.precision]
-        if options.precision == "int8":
-            notes.append("INT8 from the model's Q/DQ nodes; FP16 allowed for the layers left in float")
+        strongly_typed = options.precision == "int8" and version >= STRONGLY_TYPED_FROM and not dla
+        if strongly_typed:
+            network_flags: tuple[str, ...] = ("STRONGLY_TYPED",)
+            builder: tuple[str, ...] = ()
+            notes.append(f"TensorRT {trt_version}: strongly typed (INT8/FP16 builder flags are deprecated from "
+                         "10.12); the Q/DQ ONNX decides each layer's precision")
+        else:
+            network_flags = ()
+            builder = {"int8": ("INT8", "FP16"), "fp16": ("FP16",), "fp32": ()}[options.precision]
+            if options.precision == "int8":
+                notes.append("INT8 from the model's Q/DQ nodes; FP16 allowed for the layers left in float")
+            if dla and options.precision == "fp32":
+                # trtexec (sampleEngines.cpp, setupNetworkAndConfig): with --useDLACore and neither --int8
+                # nor --fp16 it turns FP16 on, because the DLA runs only FP16 and INT8.
+                builder = ("FP16",)
+                notes.append("FP32 network on the DLA: built with FP16 (the DLA runs FP16 and INT8 only), as "
+                             "trtexec does")
+            if version >= STRONGLY_TYPED_FROM and builder:
+                notes.append(f"BuilderFlag {'/'.join(builder)} is deprecated from TensorRT 10.12"
+                             + (" (kept: the DLA needs FP16 for the layers around the Q/DQ pairs)" if dla else ""))
     else:
         network_flags, builder = ("STRONGLY_TYPED",), ()
-        if options.precision == "fp16":
+        if options.precision == "fp16" and artifact != "fp16":
             raise ConfigError(
                 f"TensorRT {trt_version} has no FP16 builder flag (networks are strongly typed)",
                 fix="convert the ONNX first: python -m modelopt.onnx.autocast --onnx_path model.onnx",
             )
         notes.append("strongly typed: the Q/DQ ONNX decides each layer's precision")
-    if options.dla_core is not None:
+    if dla:
         builder = builder + ("GPU_FALLBACK",)
         notes.append("DLA with GPU fallback (layers and reformats DLA cannot run go to the GPU)")
     return BuildPlan(major, network_flags, tuple(builder), tuple(notes))
 
 
 def trtexec_command(onnx: str, engine: str, input_name: str, chw: tuple[int, int, int], options: BuildOptions,
-                    trt_version: str) -> list[str]:
-    """The trtexec line that builds the same engine by hand."""
-    plan = plan_build(trt_version, options)
+                    trt_version: str, board: str | None = None) -> list[str]:
+    """The trtexec line that builds the same engine by hand (same profile, flags and verbosity)."""
+    plan = plan_build(trt_version, options, board=board, artifact=options.precision)
     shape = lambda b: f"{input_name}:{b}x" + "x".join(str(d) for d in chw)  # noqa: E731
     low, opt, high = options.batch
     cmd = ["trtexec", f"--onnx={onnx}", f"--saveEngine={engine}", f"--minShapes={shape(low)}",
            f"--optShapes={shape(opt)}", f"--maxShapes={shape(high)}", f"--memPoolSize=workspace:{options.workspace_mib}M"]
     if plan.trt_major == 10:
         cmd += [f"--{flag.lower()}" for flag in plan.builder_flags if flag in ("INT8", "FP16")]
+        if "STRONGLY_TYPED" in plan.network_flags:
+            cmd.append("--stronglyTyped")
     if options.dla_core is not None:
         cmd += [f"--useDLACore={options.dla_core}", "--allowGPUFallback"]
+    # The agent builds with detailed verbosity so IEngineInspector can name each layer's precision and device.
+    cmd.append("--profilingVerbosity=detailed")
     if options.timing_cache:
         cmd.append(f"--timingCacheFile={options.timing_cache}")
     return cmd
+
+
+def trtexec_lines(onnx: str, engine_stem: str, input_name: str, chw: tuple[int, int, int],
+                  batch_sizes: list[int] | tuple[int, ...], precision: str, trt_version: str) -> str:
+    """The trtexec lines of the engines the agent builds for ``batch_sizes``: one per batch, opt = that
+    batch (``<engine_stem>.b<batch>.plan``), one line each."""
+    return "\n".join(" ".join(trtexec_command(onnx, f"{engine_stem}.b{b}.plan", input_name, chw,
+                                               BuildOptions(precision=precision).for_batch(b), trt_version))
+                     for b in sorted(set(batch_sizes)))
+
+
+# ------------------------------------------------------------------ precision of the artifact
+def artifact_precision(onnx: str | os.PathLike) -> str:
+    """The precision the ONNX itself carries: ``int8`` with Q/DQ pairs (per the Q/DQ lint), else its
+    input's float type (``fp16`` or ``fp32``).
+
+    Raises:
+        EngineBuildError: A Q/DQ model that breaks TensorRT's Q/DQ rules (the lint's findings named),
+            before TensorRT's parser fails on it with less to go on.
+    """
+    import onnx as onnx_lib
+
+    from device.qdq_lint import lint_qdq
+
+    model = onnx_lib.load(str(onnx))
+    lint = lint_qdq(model)
+    if lint.qdq_pairs:
+        if not lint.ok:
+            raise EngineBuildError(f"{Path(onnx).name} breaks TensorRT's Q/DQ rules: {lint.describe()}",
+                                   fix="re-quantize (edgefold run … --force quantize)")
+        return "int8"
+    inputs = [i for i in model.graph.input if i.name not in {init.name for init in model.graph.initializer}]
+    elem = inputs[0].type.tensor_type.elem_type if inputs else onnx_lib.TensorProto.FLOAT
+    return {onnx_lib.TensorProto.FLOAT16: "fp16", onnx_lib.TensorProto.BFLOAT16: "fp16"}.get(elem, "fp32")
+
+
+def reconcile_precision(requested: str, artifact: str, trt_version: str) -> str:
+    """The precision to build, checked against what the artifact is.
+
+    A Q/DQ model is INT8 whatever the job's label says; a float model runs in float. TensorRT 11 is
+    strongly typed, so a float model runs in exactly its own type; 10.x may still lower FP32 to FP16.
+
+    Raises:
+        PrecisionMismatchError: The request contradicts the artifact.
+    """
+    if artifact == "int8" and requested != "int8":
+        raise PrecisionMismatchError(
+            f"the job asks for {requested} but the artifact has Q/DQ nodes: TensorRT builds it as INT8",
+            fix="send precision int8 with a Q/DQ model, or send the float ONNX for a float build")
+    if artifact != "int8" and requested == "int8":
+        raise PrecisionMismatchError(
+            f"the job asks for int8 but the artifact has no Q/DQ nodes: TensorRT would build it in {artifact} "
+            "and the result would say INT8", fix="send the quantize stage's student.int8.onnx for an INT8 build")
+    if trt_major(trt_version) >= 11 and requested != artifact:
+        fix = ("convert the ONNX first: python -m modelopt.onnx.autocast --onnx_path model.onnx"
+               if requested == "fp16" else f"send precision {artifact}")
+        raise PrecisionMismatchError(
+            f"TensorRT {trt_version} is strongly typed: this {artifact} model runs in {artifact}, not {requested}",
+            fix=fix)
+    return requested
 
 
 # ------------------------------------------------------------------ the device's fingerprint
@@ -153,13 +284,40 @@ def fingerprint_key(fp: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def detect_gpu(device_tree: str = "/proc/device-tree/compatible") -> tuple[str, str | None]:
-    """(GPU name, compute capability): NVML on data-center GPUs, the device tree on a Jetson."""
+def _nvml_handle(pynvml, pci_bus_id: str | None):
+    """The NVML handle of CUDA device 0 of this process.
+
+    NVML numbers GPUs in PCI order; CUDA, under ``CUDA_VISIBLE_DEVICES`` (and its default
+    FASTEST_FIRST order), may not — so NVML index 0 can be another GPU. Match by PCI bus id
+    (``cudaDeviceGetPCIBusId``), else by the UUID ``CUDA_VISIBLE_DEVICES`` names, else by its index
+    when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes the two orders agree.
+    """
+    if pci_bus_id:
+        return pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if visible.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(visible)
+    if visible.isdigit() and os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
+        return pynvml.nvmlDeviceGetHandleByIndex(int(visible))
+    if visible:
+        raise LookupError("CUDA_VISIBLE_DEVICES without a PCI bus id: NVML's index may name another GPU")
+    return pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def detect_gpu(device_tree: str = "/proc/device-tree/compatible",
+               pci_bus_id: str | None = None) -> tuple[str, str | None]:
+    """(GPU name, compute capability): NVML on data-center GPUs, the device tree on a Jetson.
+
+    Args:
+        device_tree: The device tree's ``compatible`` file (Jetson).
+        pci_bus_id: CUDA device 0's PCI bus id (``CudaRuntime.pci_bus_id()``), so NVML describes the
+            GPU CUDA will use.
+    """
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        handle = _nvml_handle(pynvml, pci_bus_id)
         name = pynvml.nvmlDeviceGetName(handle)
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
         return (name.decode() if isinstance(name, bytes) else name), f"{major}.{minor}"
@@ -221,17 +379,35 @@ def import_tensorrt():
                    "server pip install 'edgefold[trt]' from NVIDIA's index; elsewhere use the onnxruntime runner")
 
 
-def build_engine(onnx: Path, options: BuildOptions, engine_path: Path) -> None:
+def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: str | None = None,
+                 artifact: str | None = None) -> None:
     """Builds a serialized engine from an ONNX file with the TensorRT Python API (10.x or 11.x).
+
+    Beside the engine it writes ``build.json``: the plan, the trtexec line of exactly this build and,
+    for DLA builds, the network layers ``IBuilderConfig.can_run_on_DLA`` refused (they run on the GPU).
+
+    Args:
+        onnx: The model.
+        options: What to build (one batch: :meth:`BuildOptions.for_batch`).
+        engine_path: Where to write the serialized engine.
+        board: The board's model, for TensorRT 11's DLA rule.
+        artifact: The ONNX's own precision (:func:`artifact_precision`).
 
     Raises:
         MissingDependencyError: Without TensorRT.
-        StageError: When the ONNX parser or the builder fails (their messages included).
+        DlaError: A DLA core this device does not have.
+        StaticShapeError: An input shape that does not admit the batch asked for.
+        TimingCacheError: A timing cache TensorRT refused.
+        EngineBuildError: When the ONNX parser or the builder fails (their messages included).
     """
     trt = import_tensorrt()
-    plan = plan_build(trt.__version__, options)
+    plan = plan_build(trt.__version__, options, board=board, artifact=artifact)
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
+    if options.dla_core is not None and options.dla_core >= builder.num_DLA_cores:
+        # trtexec (sampleEngines.cpp): "Cannot create DLA engine, N not available"; the Orin Nano has 0 cores.
+        raise DlaError(f"DLA core {options.dla_core} requested but this device has {builder.num_DLA_cores} DLA "
+                       "core(s) (Jetson Orin Nano has none)", fix="leave dla_core unset to build for the GPU")
     flags = 0
     for name in plan.network_flags:
         flags |= 1 << int(getattr(trt.NetworkDefinitionCreationFlag, name))
@@ -239,29 +415,54 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path) -> None:
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise StageError(f"TensorRT's ONNX parser rejected {onnx}: {errors}",
-                         fix="run the Q/DQ lint (device.qdq_lint) on the model and re-quantize")
+        raise EngineBuildError(f"TensorRT's ONNX parser rejected {onnx}: {errors}",
+                               fix="run the Q/DQ lint (device.qdq_lint) on the model and re-quantize")
+    tensor = network.get_input(0)
+    shape = tuple(tensor.shape)
+    low, opt, high = options.batch
+    if any(d < 0 for d in shape[1:]):
+        raise StaticShapeError(f"{Path(onnx).name}: input {tensor.name} has dynamic dimensions besides the batch "
+                               f"{shape}", fix="export with a fixed C×H×W (only the batch axis dynamic)")
+    if shape[0] > 0 and not low == opt == high == shape[0]:
+        raise StaticShapeError(
+            f"{Path(onnx).name} has a static batch of {shape[0]} (input {tensor.name} {shape}); the job measures "
+            f"batch {opt if low == high else options.batch}",
+            fix=f"re-export with a dynamic batch axis (the export stage does), or measure batch_sizes: [{shape[0]}]")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
     for name in plan.builder_flags:
         config.set_flag(getattr(trt.BuilderFlag, name))
+    # IEngineInspector reports each layer's formats (precision), tactic and device only at DETAILED.
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    if shape[0] < 0:  # a static input takes no optimization profile
+        profile = builder.create_optimization_profile()
+        profile.set_shape(tensor.name, (low, *shape[1:]), (opt, *shape[1:]), (high, *shape[1:]))
+        config.add_optimization_profile(profile)
+    refused: list[str] = []
     if options.dla_core is not None:
         config.default_device_type = trt.DeviceType.DLA
         config.DLA_core = options.dla_core
-    profile = builder.create_optimization_profile()
-    tensor = network.get_input(0)
-    chw = tuple(tensor.shape)[1:]
-    low, opt, high = options.batch
-    profile.set_shape(tensor.name, (low, *chw), (opt, *chw), (high, *chw))
-    config.add_optimization_profile(profile)
+        refused = [network.get_layer(i).name for i in range(network.num_layers)
+                   if not config.can_run_on_DLA(network.get_layer(i))]
     cache_path = Path(options.timing_cache) if options.timing_cache else None
     if cache_path is not None:
         cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
-        config.set_timing_cache(cache, ignore_mismatch=False)
+        if not config.set_timing_cache(cache, ignore_mismatch=False):
+            raise TimingCacheError(f"TensorRT refused the timing cache {cache_path} (another device or TensorRT "
+                                   "version wrote it)", fix=f"delete {cache_path}; it is rewritten by the next build")
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        raise StageError(f"TensorRT could not build an engine from {onnx}",
-                         fix="see the TensorRT log above; on small Jetsons lower workspace_mib or the max batch")
+        hint = ("see the TensorRT log above; on small Jetsons lower workspace_mib or the batch size"
+                if options.dla_core is None else
+                "see the TensorRT log above; DLA builds need static shapes and FP16/INT8, and fail on layers "
+                "without GPU fallback")
+        raise EngineBuildError(f"TensorRT could not build an engine from {onnx} (batch {options.batch})", fix=hint)
     Path(engine_path).write_bytes(bytes(serialized))
+    chw = tuple(int(d) for d in shape[1:])
+    record = {"tensorrt": trt.__version__, "plan": asdict(plan), "options": asdict(options),
+              "trtexec": " ".join(trtexec_command(str(onnx), str(Path(engine_path).parent / "engine.plan"), tensor.name, chw, options,
+                                                  trt.__version__, board=board)),
+              "dla_unsupported_layers": refused}
+    (Path(engine_path).parent / "build.json").write_text(json.dumps(record, indent=1, default=list) + "\n")
     if cache_path is not None:
         cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))

@@ -87,3 +87,35 @@ def require(module: str, what: str, fix: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise MissingDependencyError(f"{what} is not installed", fix=fix) from None
+
+
+class EngineBuildError(StageError):
+    """TensorRT could not build (or plan) an engine on this device."""
+
+
+class StaticShapeError(EngineBuildError):
+    """The model's input shape does not admit the batch size a job measures (a static-batch ONNX)."""
+
+
+class DlaError(EngineBuildError):
+    """A DLA build was asked for that this device or TensorRT cannot give."""
+
+
+class PrecisionMismatchError(EngineBuildError):
+    """The requested precision contradicts the artifact (a Q/DQ model is INT8; a float model runs in its type)."""
+
+
+class TimingCacheError(EngineBuildError):
+    """TensorRT refused the timing cache file (built by another device or TensorRT version)."""
+
+
+class RunnerError(StageError):
+    """A runner failed while running a loaded model."""
+
+
+class ShapeOutsideProfileError(RunnerError):
+    """A batch outside the engine's optimization profile (TensorRT's set_input_shape returned False)."""
+
+
+class TensorRTCallError(RunnerError):
+    """A TensorRT call that reports failure through its return value returned False."""

@@ -141,11 +141,16 @@ def smoke(runner, chw: tuple[int, ...], preprocess: dict[str, Any] | None) -> di
         raise ConfigError(f"the job's preprocessing gives {prep.input_shape()[1:]} but the model takes {tuple(chw)}",
                           fix="send the preprocessing recorded with this model (manifest: stages.data.metrics)")
     batch = prep(read_image(str(SMOKE_IMAGE)))
+    # A runner built for the measured batch sizes only (TensorRT: one engine per batch) takes the image
+    # repeated to its smallest batch: batch 1 may lie outside every profile.
+    accepted = getattr(runner, "batch_sizes", None)
+    if accepted and batch.shape[0] not in accepted:
+        batch = np.repeat(batch, min(accepted), axis=0)
     out = np.asarray(runner.infer(batch), dtype=np.float32)
     if not np.all(np.isfinite(out)):
         raise EdgeFoldError("the smoke inference produced NaN or Inf", fix="check the model's export and precision")
-    return {"image": SMOKE_IMAGE.name, "output_shape": list(out.shape), "top1_index": int(out.reshape(1, -1).argmax()),
-            "preprocess": prep.to_dict()}
+    return {"image": SMOKE_IMAGE.name, "output_shape": list(out.shape),
+            "top1_index": int(out.reshape(out.shape[0], -1)[0].argmax()), "preprocess": prep.to_dict()}
 
 
 def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
@@ -196,14 +201,25 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
         finally:
             for sampler in samplers:
                 sampler.close()
+        # The per-layer profile: a separate pass after the timed windows (profilers slow what they watch).
+        from device.profile import profile_runner
+
+        progress("profiling layers")
+        profile, profile_note = profile_runner(runner, spec.batch_sizes, chw)
         runtime = {"name": spec.runtime, "load_s": load_s, "python": platform.python_version()}
+        if profile_note:
+            runtime["profile_note"] = profile_note
+        for attr in ("precision_built", "trtexec", "dla_unsupported_layers"):  # TensorRT: what was built, exactly
+            if getattr(runner, attr, None):
+                runtime[attr] = getattr(runner, attr)
         for attr in ("providers", "engine_path", "built_now", "device"):
             if getattr(runner, attr, None) is not None:
                 runtime[attr] = str(getattr(runner, attr)) if attr in ("engine_path", "device") else getattr(runner, attr)
     from device.info import describe_device
 
     return {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
-            "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "environment": describe_device()}
+            "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "profile": profile,
+            "environment": describe_device()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,8 @@ class Runner(ABC):
 
     name: str = "runner"
     input_chw: tuple[int | None, ...] = ()  # set by load(); None where an axis is dynamic
+    # The batch sizes infer() accepts (TensorRT: one engine per measured batch); None: any.
+    batch_sizes: tuple[int, ...] | None = None
 
     def __enter__(self) -> "Runner":
         self.load()
@@ -64,9 +66,10 @@ def _tensorrt(artifact: str, *, precision: str, batch_sizes: tuple[int, ...], dl
     from device.engine import BuildOptions
     from device.runners.tensorrt import TensorRTRunner
 
-    options = BuildOptions(precision=precision, batch=(min(batch_sizes), max(batch_sizes), max(batch_sizes)),
-                           dla_core=dla_core)
-    return TensorRTRunner(artifact, options, cache_dir=engine_cache)
+    # One engine per measured batch, each with opt = that batch (BuildOptions.for_batch): the kernels
+    # timed at batch 1 are the ones tuned for batch 1, not for the largest batch.
+    options = BuildOptions(precision=precision, dla_core=dla_core)
+    return TensorRTRunner(artifact, options, cache_dir=engine_cache, batch_sizes=batch_sizes)
 
 
 def _torch(artifact: str, *, precision: str, channels_last: bool, cuda_graphs: bool, threads: int, **_: Any) -> Runner:

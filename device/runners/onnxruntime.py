@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Sequence
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -26,15 +29,21 @@ class OnnxRuntimeRunner(Runner):
         self.path, self.wanted, self.threads = str(path), tuple(providers), threads
         self.session = None
 
-    def load(self) -> None:
+    def _session(self, profile_prefix: str | None = None):
         ort = require("onnxruntime", "ONNX Runtime", "pip install 'edgefold[device]'")
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.threads
         options.log_severity_level = 3
+        if profile_prefix is not None:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
         available = set(ort.get_available_providers())
         providers = [p for p in self.wanted if p in available] or ["CPUExecutionProvider"]
+        return ort.InferenceSession(self.path, options, providers=providers)
+
+    def load(self) -> None:
         try:
-            self.session = ort.InferenceSession(self.path, options, providers=providers)
+            self.session = self._session()
         except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph types
             raise StageError(f"ONNX Runtime cannot load {self.path}: {err}", fix="re-export the model") from None
         first = self.session.get_inputs()[0]
@@ -47,6 +56,31 @@ class OnnxRuntimeRunner(Runner):
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         return self.session.run(None, {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)})[0]
+
+    def profile_batch(self, batch: np.ndarray, iterations: int, warmup: int):
+        """Per-node times from ONNX Runtime's profiler, on a second session (profiling is a session
+        option, and the timed session must not carry its overhead).
+
+        Returns:
+            A :class:`device.profile.BatchProfile` (the warm-up runs left out).
+        """
+        from device.profile import from_onnxruntime_trace
+
+        feed = {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)}
+        with tempfile.TemporaryDirectory(prefix="edgefold-ortprof-") as folder:
+            session = self._session(profile_prefix=str(Path(folder) / "profile"))
+            for _ in range(warmup + iterations):
+                session.run(None, feed)
+            trace = Path(session.end_profiling())
+            events = json.loads(trace.read_text())
+        gpu = "CUDAExecutionProvider" in session.get_providers()
+        return from_onnxruntime_trace(events, batch.shape[0], skip_runs=warmup, device="gpu" if gpu else "cpu")
+
+    def profile_meta(self) -> dict[str, Any]:
+        gpu = "CUDAExecutionProvider" in self.providers
+        return {"source": "onnxruntime profiler (SessionOptions.enable_profiling, a separate session)",
+                "requested_device": "gpu" if gpu else "cpu",
+                "notes": [] if gpu else ["CPU kernels: ONNX Runtime fuses Q/DQ pairs into QLinear* int8 kernels"]}
 
     def close(self) -> None:
         self.session = None

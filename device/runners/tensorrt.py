@@ -1,34 +1,80 @@
 """TensorRT runner: builds (or loads from the cache) an engine from the ONNX on this device, then runs it.
 
 Uses TensorRT's name-based tensor API (10.x and 11.x): ``num_io_tensors``/``get_tensor_name``/
-``get_tensor_mode``, ``set_input_shape``, ``set_tensor_address`` and ``execute_async_v3``. Device
-memory comes from the CUDA runtime through ctypes, so neither pycuda nor cuda-python is needed
-(neither ships for every JetPack's Python).
+``get_tensor_mode``, ``set_input_shape``, ``set_tensor_address`` and ``execute_async_v3``, each of
+which reports failure by returning False — every one is checked. Device memory comes from the CUDA
+runtime through ctypes, so neither pycuda nor cuda-python is needed (neither ships for every JetPack's
+Python).
+
+One engine per measured batch size (static profile, opt = that batch), so each batch is timed on
+kernels tuned for it, and DLA builds (static shapes only) take the same engines.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import glob
+import json
 import os
+import site
+import sys
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 
 from device.client import file_sha256
-from device.engine import BuildOptions, EngineCache, build_engine, detect_gpu, fingerprint, import_tensorrt, read_l4t
-from device.errors import MissingDependencyError, StageError
+from device.engine import (BuildOptions, EngineCache, artifact_precision, build_engine, detect_gpu, fingerprint,
+                           import_tensorrt, read_l4t, reconcile_precision)
+from device.errors import (DlaError, EngineBuildError, MissingDependencyError, RunnerError, ShapeOutsideProfileError,
+                           TensorRTCallError)
 from device.runners import Runner
 
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
+
+
+def cudart_candidates(site_dirs: Sequence[str] | None = None, maps: str | None = None) -> list[str]:
+    """Where libcudart may be, most specific first.
+
+    pip-installed TensorRT depends on ``nvidia-cuda-runtime-cu12/13``, which ship only
+    ``libcudart.so.12``/``.so.13`` under ``site-packages/nvidia/…/lib`` (no plain ``libcudart.so``, not
+    on the ldconfig path) and TensorRT has already loaded it: the copy in this process comes first
+    (``/proc/self/maps``), then the versioned sonames (dlopen returns a library already loaded under its
+    soname), the pip folders, and the system's CUDA.
+
+    Args:
+        site_dirs: Folders to search for pip's ``nvidia`` packages (default: this interpreter's).
+        maps: The text of ``/proc/self/maps`` (default: read it).
+    """
+    found: list[str] = []
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            maps = ""
+    for line in maps.splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if "/libcudart.so" in path and path not in found:
+            found.append(path)
+    found += ["libcudart.so.13", "libcudart.so.12"]
+    if site_dirs is None:
+        site_dirs = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    for folder in dict.fromkeys(site_dirs):
+        for pattern in ("nvidia/cuda_runtime/lib/libcudart.so*", "nvidia/cu*/lib/libcudart.so*"):
+            found += sorted(glob.glob(os.path.join(folder, pattern)), reverse=True)
+    found += [ctypes.util.find_library("cudart") or "", "libcudart.so", "/usr/local/cuda/lib64/libcudart.so",
+              "/usr/local/cuda/lib64/libcudart.so.12", "/usr/local/cuda/lib64/libcudart.so.13"]
+    return [name for name in dict.fromkeys(found) if name]
 
 
 class CudaRuntime:
     """The few CUDA runtime calls a TensorRT runner needs, through ctypes."""
 
     def __init__(self) -> None:
-        candidates = [ctypes.util.find_library("cudart"), "libcudart.so", "/usr/local/cuda/lib64/libcudart.so"]
-        for name in filter(None, candidates):
+        for name in cudart_candidates():
             try:
                 self.lib = ctypes.CDLL(name)
                 break
@@ -37,12 +83,14 @@ class CudaRuntime:
         else:
             raise MissingDependencyError("the CUDA runtime (libcudart) is not loadable",
                                          fix="install CUDA (JetPack ships it under /usr/local/cuda/lib64) and add "
-                                             "its lib folder to LD_LIBRARY_PATH")
+                                             "its lib folder to LD_LIBRARY_PATH, or pip install "
+                                             "nvidia-cuda-runtime-cu12")
 
     def check(self, status: int, call: str) -> None:
         if status != 0:
             self.lib.cudaGetErrorString.restype = ctypes.c_char_p
-            raise StageError(f"{call} failed: {self.lib.cudaGetErrorString(status).decode()}")
+            raise RunnerError(f"{call} failed: {self.lib.cudaGetErrorString(status).decode()}",
+                              fix="see the CUDA error above; check the GPU with nvidia-smi or tegrastats")
 
     def malloc(self, nbytes: int) -> int:
         pointer = ctypes.c_void_p()
@@ -64,74 +112,212 @@ class CudaRuntime:
     def synchronize(self, stream: int) -> None:
         self.check(self.lib.cudaStreamSynchronize(ctypes.c_void_p(stream)), "cudaStreamSynchronize")
 
+    def pci_bus_id(self, device: int = 0) -> str | None:
+        """CUDA device ``device``'s PCI bus id (``0000:01:00.0``), for matching it in NVML."""
+        buffer = ctypes.create_string_buffer(32)
+        try:
+            status = self.lib.cudaDeviceGetPCIBusId(buffer, ctypes.c_int(len(buffer)), ctypes.c_int(device))
+        except AttributeError:
+            return None
+        return buffer.value.decode() or None if status == 0 else None
+
+
+@dataclass
+class _Engine:
+    """One engine (one batch size) and its execution context and device buffers."""
+
+    batch: int
+    path: Path
+    built_now: bool
+    engine: Any
+    context: Any
+    buffers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    build: dict[str, Any] = field(default_factory=dict)
+
 
 class TensorRTRunner(Runner):
-    """Runs a Q/DQ (or float) ONNX model through a TensorRT engine built on this device.
+    """Runs a Q/DQ (or float) ONNX model through TensorRT engines built on this device.
 
     Args:
         onnx: The ONNX file.
-        options: Precision, batch profile, workspace, DLA core.
-        cache_dir: Engine cache folder (engines keyed by ONNX sha256 and device fingerprint).
+        options: Precision, workspace, DLA core (its batch profile is replaced per measured batch).
+        cache_dir: Engine cache folder (engines keyed by ONNX sha256, device fingerprint and options).
+        batch_sizes: The batch sizes the job measures: one engine each, opt = that batch. Default: the
+            options' opt batch.
     """
 
     name = "tensorrt"
 
-    def __init__(self, onnx: str | os.PathLike, options: BuildOptions, cache_dir: str | os.PathLike | None = None):
+    def __init__(self, onnx: str | os.PathLike, options: BuildOptions, cache_dir: str | os.PathLike | None = None,
+                 batch_sizes: Sequence[int] | None = None):
         self.onnx, self.options = str(onnx), options
+        self.batch_sizes = tuple(sorted(set(batch_sizes or (options.batch[1],))))
         self.cache = EngineCache(cache_dir or Path(onnx).parent / "engines")
         self.engine_path: Path | None = None
         self.built_now = False
-        self._buffers: dict[str, tuple[int, int]] = {}
+        self.device: str | None = None
+        self.precision_built: str | None = None
+        self.trtexec: dict[int, str] = {}
+        self.dla_unsupported_layers: list[str] = []
+        self._engines: dict[int, _Engine] = {}
 
     def load(self) -> None:
         trt = import_tensorrt()
-        gpu, capability = detect_gpu()
-        fp = fingerprint(trt.__version__, gpu, capability, read_l4t())
-        self.engine_path, self.built_now = self.cache.get_or_build(self.onnx, file_sha256(self.onnx), fp, self.options,
-                                                                   build_engine)
+        self.trt = trt
+        self.precision_built = reconcile_precision(self.options.precision, artifact_precision(self.onnx),
+                                                   trt.__version__)
+        options = BuildOptions(precision=self.precision_built, batch=self.options.batch,
+                               workspace_mib=self.options.workspace_mib, dla_core=self.options.dla_core,
+                               timing_cache=self.options.timing_cache)
         self.cuda = CudaRuntime()
+        try:
+            bus_id = self.cuda.pci_bus_id(0)
+        except Exception:  # a CUDA without the call, or no device: the fingerprint falls back to NVML order
+            bus_id = None
+        gpu, capability = detect_gpu(pci_bus_id=bus_id)
+        fp = fingerprint(trt.__version__, gpu, capability, read_l4t())
+        build = partial(build_engine, board=fp.get("board"), artifact=self.precision_built)
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
-        self.engine = self.runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
-        if self.engine is None:
-            raise StageError(f"TensorRT could not deserialize {self.engine_path}",
-                             fix="delete the engine cache folder; it is rebuilt on the next job")
-        self.context = self.engine.create_execution_context()
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
-        self.input_chw = tuple(d if d > 0 else None for d in self.engine.get_tensor_shape(self.inputs[0])[1:])
+        if options.dla_core is not None:
+            # trtexec (sampleEngines.cpp) sets the runtime's DLA core before deserializing: a DLA engine
+            # runs on the core the runtime names (NvInferRuntime.h, IRuntime::setDLACore).
+            if options.dla_core >= self.runtime.num_DLA_cores:
+                raise DlaError(f"DLA core {options.dla_core} requested but this device has "
+                               f"{self.runtime.num_DLA_cores} DLA core(s) (Jetson Orin Nano has none)",
+                               fix="leave dla_core unset to run on the GPU")
+            self.runtime.DLA_core = options.dla_core
+        sha = file_sha256(self.onnx)
+        for batch in self.batch_sizes:
+            path, built = self.cache.get_or_build(self.onnx, sha, fp, options.for_batch(batch), build)
+            engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
+            if engine is None:
+                raise EngineBuildError(f"TensorRT could not deserialize {path}",
+                                       fix="delete the engine cache folder; it is rebuilt on the next job")
+            record_path = path.parent / "build.json"
+            record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+            self._engines[batch] = _Engine(batch, path, built, engine, engine.create_execution_context(),
+                                           build=record)
+            self.trtexec[batch] = record.get("trtexec", "")
+        first = self._engines[self.batch_sizes[0]]
+        self.engine_path = first.path.parent
+        self.built_now = any(e.built_now for e in self._engines.values())
+        names = [first.engine.get_tensor_name(i) for i in range(first.engine.num_io_tensors)]
+        self.inputs = [n for n in names if first.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.outputs = [n for n in names if first.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        self.dtypes = {n: np.dtype(trt.nptype(first.engine.get_tensor_dtype(n))) for n in names}
+        self.input_chw = tuple(d if d > 0 else None for d in first.engine.get_tensor_shape(self.inputs[0])[1:])
+        self.dla_unsupported_layers = sorted({name for e in self._engines.values()
+                                              for name in e.build.get("dla_unsupported_layers", [])})
+        if options.dla_core is None:
+            self.device = "gpu"
+        else:
+            self.device = f"dla:{options.dla_core}" + (
+                f" + GPU fallback ({len(self.dla_unsupported_layers)} network layers cannot run on the DLA)"
+                if self.dla_unsupported_layers else "")
         self.stream = self.cuda.stream()
 
-    def _buffer(self, name: str, nbytes: int) -> int:
-        pointer, size = self._buffers.get(name, (0, 0))
+    def _buffer(self, entry: _Engine, name: str, nbytes: int) -> int:
+        pointer, size = entry.buffers.get(name, (0, 0))
         if size < nbytes:
             if pointer:
                 self.cuda.free(pointer)
             pointer = self.cuda.malloc(nbytes)
-            self._buffers[name] = (pointer, nbytes)
-            self.context.set_tensor_address(name, pointer)
+            entry.buffers[name] = (pointer, nbytes)
+            if not entry.context.set_tensor_address(name, pointer):
+                raise TensorRTCallError(f"TensorRT set_tensor_address({name!r}) returned False",
+                                        fix="see the TensorRT log in the job's log")
         return pointer
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
+        """Runs one batch on the engine built for its size.
+
+        Raises:
+            ShapeOutsideProfileError: A batch size no engine was built for, or one TensorRT refuses.
+            TensorRTCallError: ``set_tensor_address`` or ``execute_async_v3`` returned False.
+        """
+        entry = self._engines.get(batch.shape[0])
+        if entry is None:
+            raise ShapeOutsideProfileError(
+                f"batch {batch.shape[0]} is outside the engines built for batch sizes {list(self.batch_sizes)}",
+                fix="add the batch size to the job's batch_sizes (each gets an engine with opt = that batch)")
         host_in = np.ascontiguousarray(batch, dtype=self.dtypes[self.inputs[0]])
-        self.context.set_input_shape(self.inputs[0], host_in.shape)
-        self.cuda.copy(self._buffer(self.inputs[0], host_in.nbytes), host_in.ctypes.data, host_in.nbytes, _H2D,
-                       self.stream)
+        if not entry.context.set_input_shape(self.inputs[0], host_in.shape):
+            raise ShapeOutsideProfileError(
+                f"TensorRT refused input shape {host_in.shape} (set_input_shape returned False): outside the "
+                f"engine's profile for batch {entry.batch}", fix="check the model's C×H×W against the preprocessing")
+        self.cuda.copy(self._buffer(entry, self.inputs[0], host_in.nbytes), host_in.ctypes.data, host_in.nbytes,
+                       _H2D, self.stream)
         outputs = {}
         for name in self.outputs:
-            outputs[name] = np.empty(tuple(self.context.get_tensor_shape(name)), dtype=self.dtypes[name])
-            self._buffer(name, outputs[name].nbytes)
-        if not self.context.execute_async_v3(self.stream):
-            raise StageError("TensorRT execute_async_v3 failed", fix="see the TensorRT log in the job's log")
+            shape = tuple(entry.context.get_tensor_shape(name))
+            if any(d < 0 for d in shape):
+                raise ShapeOutsideProfileError(f"TensorRT left output {name!r} with unknown dimensions {shape}",
+                                               fix="set every input's shape within the profile first")
+            outputs[name] = np.empty(shape, dtype=self.dtypes[name])
+            self._buffer(entry, name, outputs[name].nbytes)
+        if not entry.context.execute_async_v3(self.stream):
+            raise TensorRTCallError("TensorRT execute_async_v3 returned False",
+                                    fix="see the TensorRT log in the job's log")
         first = self.outputs[0]
-        self.cuda.copy(outputs[first].ctypes.data, self._buffers[first][0], outputs[first].nbytes, _D2H, self.stream)
+        self.cuda.copy(outputs[first].ctypes.data, entry.buffers[first][0], outputs[first].nbytes, _D2H, self.stream)
         self.cuda.synchronize(self.stream)
         return outputs[first]
 
+    # ------------------------------------------------------------- per-layer profile
+    def profile_batch(self, batch: np.ndarray, iterations: int, warmup: int):
+        """Per-layer precision, tactic and device (IEngineInspector) and time (IProfiler) at this batch.
+
+        A separate pass: the profiler makes every enqueue synchronous (``enqueue_emits_profile`` is
+        True by default), so it never runs in the timed window.
+
+        Returns:
+            A :class:`device.profile.BatchProfile`.
+        """
+        from device.profile import from_tensorrt
+
+        trt = self.trt
+        entry = self._engines.get(batch.shape[0])
+        if entry is None:
+            raise ShapeOutsideProfileError(f"no engine for batch {batch.shape[0]}",
+                                           fix="profile the batch sizes the job measures")
+        for _ in range(warmup):
+            self.infer(batch)
+        inspector = entry.engine.create_engine_inspector()
+        inspector.execution_context = entry.context
+        information = inspector.get_engine_information(trt.LayerInformationFormat.JSON)
+
+        class _LayerTimes(trt.IProfiler):
+            def __init__(self) -> None:
+                trt.IProfiler.__init__(self)  # the bindings require the base initialised explicitly
+                self.total_ms: dict[str, float] = {}
+
+            def report_layer_time(self, layer_name: str, ms: float) -> None:
+                self.total_ms[layer_name] = self.total_ms.get(layer_name, 0.0) + ms
+
+        profiler = _LayerTimes()
+        entry.context.profiler = profiler
+        try:
+            for _ in range(iterations):
+                self.infer(batch)
+        finally:
+            entry.context.profiler = None
+        return from_tensorrt(information, profiler.total_ms, entry.batch, iterations,
+                             "dla" if self.options.dla_core is not None else "gpu")
+
+    def profile_meta(self) -> dict[str, Any]:
+        notes = []
+        if self.dla_unsupported_layers:
+            notes.append("IBuilderConfig.can_run_on_DLA refused: " + ", ".join(self.dla_unsupported_layers[:10])
+                         + (f" (+{len(self.dla_unsupported_layers) - 10})" if len(self.dla_unsupported_layers) > 10
+                            else ""))
+        return {"source": "tensorrt IEngineInspector (JSON, ProfilingVerbosity.DETAILED) + IProfiler, separate pass",
+                "requested_device": "dla" if self.options.dla_core is not None else "gpu", "notes": notes}
+
     def close(self) -> None:
-        for pointer, _ in self._buffers.values():
-            self.cuda.free(pointer)
-        self._buffers = {}
-        self.context = self.engine = None
+        for entry in self._engines.values():
+            for pointer, _ in entry.buffers.values():
+                self.cuda.free(pointer)
+            entry.buffers = {}
+            entry.context = entry.engine = None
+        self._engines = {}

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from device.engine import (
-    BuildOptions, EngineCache, build_engine, fingerprint, import_tensorrt, jetpack_for, plan_build, read_l4t,
-    trtexec_command, detect_gpu,
+    BuildOptions, EngineCache, artifact_precision, build_engine, fingerprint, import_tensorrt, jetpack_for, plan_build,
+    read_l4t, reconcile_precision, trtexec_command, trtexec_lines, detect_gpu,
 )
-from device.errors import ConfigError, MissingDependencyError
+from device.errors import ConfigError, DlaError, MissingDependencyError, PrecisionMismatchError
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 
@@ -48,13 +48,146 @@ def test_bad_options(kw, message):
 
 
 def test_trtexec_lines_for_both_generations():
-    options = BuildOptions(batch=(1, 8, 32), workspace_mib=512, dla_core=1, timing_cache="cache.bin")
+    options = BuildOptions(batch=(8, 8, 8), workspace_mib=512, dla_core=1, timing_cache="cache.bin")
     ten = trtexec_command("m.onnx", "m.plan", "input", (3, 32, 32), options, "10.3.0")
-    assert ten == ["trtexec", "--onnx=m.onnx", "--saveEngine=m.plan", "--minShapes=input:1x3x32x32",
-                   "--optShapes=input:8x3x32x32", "--maxShapes=input:32x3x32x32", "--memPoolSize=workspace:512M",
-                   "--int8", "--fp16", "--useDLACore=1", "--allowGPUFallback", "--timingCacheFile=cache.bin"]
+    assert ten == ["trtexec", "--onnx=m.onnx", "--saveEngine=m.plan", "--minShapes=input:8x3x32x32",
+                   "--optShapes=input:8x3x32x32", "--maxShapes=input:8x3x32x32", "--memPoolSize=workspace:512M",
+                   "--int8", "--fp16", "--useDLACore=1", "--allowGPUFallback", "--profilingVerbosity=detailed",
+                   "--timingCacheFile=cache.bin"]
     eleven = trtexec_command("m.onnx", "m.plan", "input", (3, 32, 32), BuildOptions(), "11.4.1")
     assert not any(flag in eleven for flag in ("--int8", "--fp16", "--stronglyTyped"))
+
+
+# ------------------------------------------------------------------ issue 18
+def test_each_measured_batch_is_built_with_opt_equal_to_that_batch():
+    """Point 2: kernels are tuned for the shape timed; the trtexec line is that build's."""
+    options = BuildOptions(precision="int8")
+    assert options.for_batch(1).batch == (1, 1, 1) and options.for_batch(32).batch == (32, 32, 32)
+    lines = trtexec_lines("student.int8.onnx", "student.int8", "input", (3, 16, 16), [1, 32], "int8", "10.3")
+    first, second = lines.splitlines()
+    assert "--optShapes=input:1x3x16x16" in first and "--maxShapes=input:1x3x16x16" in first
+    assert "--saveEngine=student.int8.b1.plan" in first and "--optShapes=input:32x3x16x16" in second
+    assert "--int8 --fp16" in first
+
+
+def test_dla_needs_static_shapes_and_fp16_for_a_float_network():
+    """Point 3: DLA takes no dynamic dimension, and an FP32 network gets the FP16 flag, as trtexec sets."""
+    with pytest.raises(DlaError, match="static shapes"):
+        plan_build("10.3.0", BuildOptions(precision="fp32", batch=(1, 32, 32), dla_core=0))
+    plan = plan_build("10.3.0", BuildOptions(precision="fp32", batch=(8, 8, 8), dla_core=0))
+    assert plan.builder_flags == ("FP16", "GPU_FALLBACK") and any("trtexec" in n for n in plan.notes)
+    assert plan_build("10.3.0", BuildOptions(precision="fp32")).builder_flags == ()  # the GPU keeps FP32
+
+
+@pytest.mark.parametrize("version, board, precision, message", [
+    ("11.0.0", None, "int8", "11.0–11.3"),
+    ("11.3.2", "NVIDIA Jetson AGX Orin Developer Kit", "int8", "11.0–11.3"),
+    ("11.4.1", "NVIDIA Jetson AGX Thor Developer Kit", "int8", "only on Jetson AGX Orin"),
+    ("11.4.1", "NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super", "int8", "only on Jetson AGX Orin"),
+    ("11.4.1", "NVIDIA Jetson AGX Orin Developer Kit", "fp32", "FP32 network cannot run on the DLA"),
+])
+def test_tensorrt_11_dla_rules(version, board, precision, message):
+    """Point 4: DLA is gone in 11.0–11.3, AGX Orin only from 11.4.1, and strongly typed (no FP32)."""
+    with pytest.raises(DlaError, match=message):
+        plan_build(version, BuildOptions(precision=precision, dla_core=0), board=board)
+    plan = plan_build("11.4.1", BuildOptions(precision="int8", dla_core=0), board="NVIDIA Jetson AGX Orin Developer Kit")
+    assert plan.network_flags == ("STRONGLY_TYPED",) and plan.builder_flags == ("GPU_FALLBACK",)
+
+
+def test_requested_precision_must_agree_with_the_artifact(tmp_path):
+    """Point 4: a Q/DQ model is INT8 (per the Q/DQ lint), a float model runs in its own type."""
+    from tests.device.agent_process import tiny_onnx
+    from tests.device.trt_standin import qdq_classifier
+
+    qdq, float_model = qdq_classifier(tmp_path / "q.onnx"), tiny_onnx(tmp_path / "f.onnx")
+    assert artifact_precision(qdq) == "int8" and artifact_precision(float_model) == "fp32"
+    assert reconcile_precision("int8", "int8", "11.1.0") == "int8"
+    assert reconcile_precision("fp16", "fp32", "10.3.0") == "fp16"  # 10.x may still lower FP32 to FP16
+    with pytest.raises(PrecisionMismatchError, match="no Q/DQ nodes"):
+        reconcile_precision("int8", "fp32", "10.3.0")
+    with pytest.raises(PrecisionMismatchError, match="Q/DQ nodes"):
+        reconcile_precision("fp16", "int8", "11.1.0")
+    with pytest.raises(PrecisionMismatchError, match="strongly typed") as err:
+        reconcile_precision("fp16", "fp32", "11.1.0")
+    assert "autocast" in err.value.fix
+    assert plan_build("11.1.0", BuildOptions(precision="fp16"), artifact="fp16").builder_flags == ()
+
+
+def test_from_10_12_int8_is_strongly_typed_without_deprecated_flags():
+    """Point 6: BuilderFlag.INT8/FP16 are deprecated from 10.12; the Q/DQ model types the network."""
+    plan = plan_build("10.12.0", BuildOptions(precision="int8"))
+    assert plan.network_flags == ("STRONGLY_TYPED",) and plan.builder_flags == ()
+    line = trtexec_command("m.onnx", "m.plan", "input", (3, 8, 8), BuildOptions(precision="int8"), "10.16.0")
+    assert "--stronglyTyped" in line and "--int8" not in line
+    # The DLA still needs FP16 for the float layers around the Q/DQ pairs: flags kept, with a note.
+    dla = plan_build("10.16.0", BuildOptions(precision="int8", dla_core=0))
+    assert dla.builder_flags == ("INT8", "FP16", "GPU_FALLBACK") and any("deprecated" in n for n in dla.notes)
+
+
+class _FakeNvml:
+    """pynvml as seen by detect_gpu: records which lookup it was asked for."""
+
+    def __init__(self):
+        self.calls = []
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self.calls.append(("index", index))
+        return f"gpu{index}"
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus):
+        self.calls.append(("pci", bus))
+        return "gpu-by-bus"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.calls.append(("uuid", uuid))
+        return "gpu-by-uuid"
+
+    def nvmlDeviceGetName(self, handle):
+        return {"gpu0": "A100", "gpu-by-bus": "H100", "gpu-by-uuid": "L4", "gpu1": "T4"}[handle]
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle):
+        return (9, 0)
+
+
+def test_nvml_describes_the_gpu_cuda_uses(monkeypatch, tmp_path):
+    """Point 6: NVML index 0 may not be CUDA device 0 under CUDA_VISIBLE_DEVICES."""
+    nvml = _FakeNvml()
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert detect_gpu(str(tmp_path / "none"), pci_bus_id="0000:02:00.0") == ("H100", "9.0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5a6b")
+    assert detect_gpu(str(tmp_path / "none")) == ("L4", "9.0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # CUDA's order may not be NVML's: no guess
+    assert detect_gpu(str(tmp_path / "none")) == ("unknown", None)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert detect_gpu(str(tmp_path / "none")) == ("T4", "9.0")
+    assert nvml.calls == [("pci", "0000:02:00.0"), ("uuid", "GPU-5a6b"), ("index", 1)]
+
+
+def test_thor_is_in_the_compute_capability_table(tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)
+    compatible = tmp_path / "compatible"
+    compatible.write_bytes(b"nvidia,p3834-0008\0nvidia,tegra264\0")
+    assert detect_gpu(str(compatible)) == ("tegra264 iGPU", "11.0")
+
+
+def test_libcudart_is_found_where_pip_puts_it(tmp_path):
+    """Point 5: pip's TensorRT brings libcudart.so.12/.13 under site-packages/nvidia/…, no plain .so."""
+    from device.runners.tensorrt import cudart_candidates
+
+    for lib in ("nvidia/cuda_runtime/lib/libcudart.so.12", "nvidia/cu13/lib/libcudart.so.13"):
+        (tmp_path / lib).parent.mkdir(parents=True)
+        (tmp_path / lib).write_bytes(b"")
+    loaded = "7f00-7f10 r-xp 00000000 08:01 42 /opt/venv/nvidia/cuda_runtime/lib/libcudart.so.12\n"
+    found = cudart_candidates(site_dirs=[str(tmp_path)], maps=loaded)
+    assert found[0] == "/opt/venv/nvidia/cuda_runtime/lib/libcudart.so.12"  # the copy TensorRT already loaded
+    assert str(tmp_path / "nvidia/cuda_runtime/lib/libcudart.so.12") in found
+    assert str(tmp_path / "nvidia/cu13/lib/libcudart.so.13") in found
+    assert found.index("libcudart.so.12") < found.index("libcudart.so")
 
 
 def test_l4t_and_jetpack(tmp_path):

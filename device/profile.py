@@ -1,0 +1,256 @@
+"""Per-layer profile: where one inference's time goes, layer by layer, in the engine that ran.
+
+One typed table for every runtime, so the report reads TensorRT on a Jetson and ONNX Runtime on the
+loopback agent the same way:
+
+* **TensorRT**: ``IEngineInspector.get_engine_information(LayerInformationFormat.JSON)`` on an engine
+  built with ``ProfilingVerbosity.DETAILED`` gives each engine layer's I/O formats (its precision), its
+  tactic and, for DLA builds, whether it ran on the DLA; an ``IProfiler`` attached during a separate
+  profiling pass (never the timed window: it makes every enqueue synchronous) gives each layer's time.
+* **ONNX Runtime**: ``SessionOptions.enable_profiling`` on a second session, run for a few iterations,
+  ``end_profiling()`` → a Chrome-trace JSON whose ``Node`` events carry each kernel's duration, op and
+  input/output element types.
+
+From these :func:`batch_profile` derives the share of time per precision (INT8 against the layers left in
+float), the layers that fell back from the DLA to the GPU, and the float layers that cost the most.
+No torch, no TensorRT: the builders take the runtimes' outputs as plain data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any, Iterable, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROFILE_FORMAT = "edgefold.profile/1"
+FLOAT_PRECISIONS = ("fp32", "fp16", "bf16")
+# Layers of an INT8 model that stay in float and cost the most: how many the table names.
+FLOAT_LEFT_BEHIND = 5
+# The profiling pass: enough iterations for a stable mean, few enough to stay short on a Jetson.
+PROFILE_ITERATIONS = 20
+PROFILE_WARMUP = 3
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LayerTiming(_Model):
+    """One layer (TensorRT engine layer, or ONNX Runtime kernel) and its time per inference."""
+
+    name: str = Field(description="the engine layer's name (fused layers joined by ' + ') or the ONNX node's")
+    kind: str = Field(description="TensorRT LayerType (CaskConvolution, Reformat, …) or the ONNX op type")
+    precision: str = Field(description="int8, fp16, bf16, fp32, fp8 or other (integer/shape work)")
+    device: Literal["gpu", "dla", "cpu"]
+    tactic: str | None = Field(None, description="TensorRT's tactic name; null on ONNX Runtime")
+    time_ms: float = Field(ge=0, description="mean time per inference over the profiling pass, ms")
+    share: float = Field(ge=0, le=1, description="fraction of the profiled time of one inference")
+    fell_back: bool = Field(False, description="DLA was asked for and this layer ran on the GPU")
+
+
+class BatchProfile(_Model):
+    """The per-layer table at one batch size, with what the report prints from it."""
+
+    batch_size: int = Field(ge=1)
+    iterations: int = Field(ge=1, description="profiled inferences averaged")
+    total_ms: float = Field(ge=0, description="sum of the layers' mean times (the profiler's view of one inference)")
+    layers: list[LayerTiming] = Field(description="slowest first")
+    share_by_precision: dict[str, float] = Field(description="fraction of time per precision")
+    int8_share: float = Field(ge=0, le=1)
+    dla_share: float | None = Field(None, description="fraction of time on the DLA; null when none was asked for")
+    fallback_layers: list[str] = Field(default_factory=list,
+                                       description="layers that could not run on the DLA and ran on the GPU")
+    float_left_behind: list[str] = Field(default_factory=list,
+                                         description="in a model with INT8 layers, the float layers costing most")
+
+
+class Profile(_Model):
+    """A job's per-layer profile: one table per measured batch size, from the engine that ran."""
+
+    format: Literal["edgefold.profile/1"] = PROFILE_FORMAT
+    runtime: str
+    source: str = Field(description="what the numbers come from (runtime API names)")
+    requested_device: Literal["gpu", "dla", "cpu"]
+    batches: list[BatchProfile]
+    notes: list[str] = Field(default_factory=list)
+
+    def batch(self, batch_size: int) -> BatchProfile | None:
+        return next((b for b in self.batches if b.batch_size == batch_size), None)
+
+
+# ----------------------------------------------------------------- precision from element types
+_TYPE_PRECISION = (  # substring (lower case) → precision; the order matters ("int8" before "int")
+    ("fp8", "fp8"), ("float8", "fp8"), ("int8", "int8"), ("uint8", "int8"), ("int4", "int8"),
+    ("bfloat16", "bf16"), ("bf16", "bf16"), ("float16", "fp16"), ("fp16", "fp16"), ("half", "fp16"),
+    ("fp32", "fp32"), ("float", "fp32"),
+)
+_RANK = {"int8": 0, "fp8": 1, "fp16": 2, "bf16": 3, "fp32": 4, "other": 5}
+
+
+def type_precision(name: str) -> str:
+    """One element type as a precision: ``float`` / ``Row major linear FP32`` → fp32, ``Int8`` → int8.
+
+    Accepts ONNX Runtime's type names (``float``, ``float16``, ``int8``, ``uint8``, ``int64``) and
+    TensorRT's inspector ``Format/Datatype`` strings (``Channel major FP16 format where …``,
+    ``Row major Int8 format``, ``Half``, ``Float``).
+    """
+    text = name.lower()
+    for needle, precision in _TYPE_PRECISION:
+        if needle in text:
+            return precision
+    return "other"
+
+
+def layer_precision(types: Iterable[str]) -> str:
+    """A layer's precision from its tensors' types: INT8 when any tensor is INT8 (the layer is on the
+    quantized path: a Q/DQ or an INT8 kernel), else the narrowest float type, else ``other``."""
+    found = [type_precision(t) for t in types]
+    return min(found, key=_RANK.__getitem__) if found else "other"
+
+
+# ----------------------------------------------------------------- the table
+def batch_profile(batch_size: int, iterations: int, timings: Sequence[dict[str, Any]],
+                  requested_device: str) -> BatchProfile:
+    """Builds one batch size's table.
+
+    Args:
+        batch_size: The batch profiled.
+        iterations: How many inferences ``timings`` sum over.
+        timings: One dict per layer: ``name``, ``kind``, ``precision``, ``device``, ``tactic`` (optional)
+            and ``total_ms`` (summed over the iterations). Layers named twice are summed.
+        requested_device: ``dla`` when the engine was built for the DLA (every GPU layer then fell back).
+    """
+    merged: dict[str, dict[str, Any]] = {}
+    for timing in timings:
+        entry = merged.setdefault(timing["name"], {**timing, "total_ms": 0.0})
+        entry["total_ms"] += float(timing["total_ms"])
+    total = sum(entry["total_ms"] for entry in merged.values()) / iterations
+    layers = []
+    for entry in sorted(merged.values(), key=lambda e: -e["total_ms"]):
+        time_ms = entry["total_ms"] / iterations
+        layers.append(LayerTiming(name=entry["name"], kind=entry["kind"], precision=entry["precision"],
+                                  device=entry["device"], tactic=entry.get("tactic"), time_ms=time_ms,
+                                  share=min(1.0, time_ms / total) if total > 0 else 0.0,
+                                  fell_back=requested_device == "dla" and entry["device"] == "gpu"))
+    shares: dict[str, float] = defaultdict(float)
+    for layer in layers:
+        shares[layer.precision] += layer.share
+    quantized = any(layer.precision == "int8" for layer in layers)
+    floats = [layer.name for layer in layers if layer.precision in FLOAT_PRECISIONS]
+    return BatchProfile(
+        batch_size=batch_size, iterations=iterations, total_ms=total, layers=layers,
+        share_by_precision={k: round(v, 6) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])},
+        int8_share=min(1.0, shares.get("int8", 0.0)),
+        dla_share=(min(1.0, sum(l.share for l in layers if l.device == "dla")) if requested_device == "dla" else None),
+        fallback_layers=[layer.name for layer in layers if layer.fell_back],
+        float_left_behind=floats[:FLOAT_LEFT_BEHIND] if quantized else [])
+
+
+# ----------------------------------------------------------------- ONNX Runtime
+def from_onnxruntime_trace(events: list[dict[str, Any]], batch_size: int, skip_runs: int = 0,
+                           device: str = "cpu") -> BatchProfile:
+    """The table from an ONNX Runtime profiler trace (``InferenceSession.end_profiling()``'s JSON).
+
+    Args:
+        events: The trace's events. ``Session`` events named ``model_run`` delimit the runs; ``Node``
+            events named ``<node>_kernel_time`` carry ``dur`` (µs) and ``args`` (``op_name``,
+            ``provider``, ``input_type_shape``, ``output_type_shape``).
+        batch_size: The batch the session ran.
+        skip_runs: Leading runs to leave out (the warm-up).
+        device: ``cpu``, or ``gpu`` for the CUDA execution provider.
+    """
+    runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                  key=lambda e: e["ts"])[skip_runs:]
+    if not runs:
+        from device.errors import RunnerError
+
+        raise RunnerError("ONNX Runtime's profile has no model_run events", fix="profile at least one run")
+    windows = [(r["ts"], r["ts"] + r["dur"]) for r in runs]
+    timings = []
+    for event in events:
+        name = event.get("name", "")
+        if event.get("cat") != "Node" or not name.endswith("_kernel_time"):
+            continue
+        if not any(start <= event["ts"] <= end for start, end in windows):
+            continue
+        args = event.get("args", {})
+        types = [t for entry in args.get("input_type_shape", []) + args.get("output_type_shape", [])
+                 for t in entry]
+        provider = args.get("provider", "")
+        timings.append({"name": name[: -len("_kernel_time")], "kind": args.get("op_name", "?"),
+                        "precision": layer_precision(types),
+                        "device": "gpu" if provider.startswith(("CUDA", "Tensorrt", "TensorRT")) else device,
+                        "total_ms": event["dur"] / 1e3})
+    return batch_profile(batch_size, len(runs), timings, requested_device=device)
+
+
+# ----------------------------------------------------------------- TensorRT
+def inspector_layers(engine_information: str) -> list[dict[str, Any]]:
+    """The engine layers of ``IEngineInspector.get_engine_information(LayerInformationFormat.JSON)``.
+
+    With ``ProfilingVerbosity.DETAILED`` each layer is an object (``Name``, ``LayerType``, ``Inputs``
+    and ``Outputs`` with ``Format/Datatype``, ``TacticName``); with less, only names (strings) — then
+    precision and device are unknown (``other``/``gpu``), which the profile notes.
+    """
+    data = json.loads(engine_information)
+    layers = data.get("Layers", []) if isinstance(data, dict) else []
+    return [layer if isinstance(layer, dict) else {"Name": str(layer)} for layer in layers]
+
+
+def _on_dla(layer: dict[str, Any]) -> bool:
+    # A DLA subgraph is one engine layer ({ForeignNode[...]}) whose type/tactic names the DLA; a
+    # Myelin ForeignNode on the GPU names no DLA, so the name alone is not evidence.
+    text = f"{layer.get('LayerType', '')} {layer.get('TacticName', '')} {layer.get('ParameterType', '')}".lower()
+    return "dla" in text
+
+
+def from_tensorrt(engine_information: str, layer_times_ms: dict[str, float], batch_size: int, iterations: int,
+                  requested_device: str) -> BatchProfile:
+    """The table from the inspector's JSON and the ``IProfiler``'s per-layer times.
+
+    Args:
+        engine_information: ``get_engine_information(LayerInformationFormat.JSON)``.
+        layer_times_ms: ``report_layer_time(name, ms)`` summed per name over ``iterations`` runs.
+        batch_size: The batch profiled.
+        iterations: Profiled inferences.
+        requested_device: ``dla`` for a DLA build, else ``gpu``.
+    """
+    info = {layer["Name"]: layer for layer in inspector_layers(engine_information)}
+    timings = []
+    for name, total_ms in layer_times_ms.items():
+        layer = info.get(name, {"Name": name})
+        types = [t.get("Format/Datatype", "") for t in layer.get("Inputs", []) + layer.get("Outputs", [])]
+        timings.append({"name": name, "kind": layer.get("LayerType", "?"), "precision": layer_precision(types),
+                        "device": "dla" if _on_dla(layer) else "gpu", "tactic": layer.get("TacticName"),
+                        "total_ms": total_ms})
+    return batch_profile(batch_size, iterations, timings, requested_device)
+
+
+# ----------------------------------------------------------------- the job's pass
+def profile_runner(runner, batch_sizes: Sequence[int], chw: Sequence[int], iterations: int = PROFILE_ITERATIONS,
+                   warmup: int = PROFILE_WARMUP) -> tuple[dict[str, Any] | None, str | None]:
+    """Runs the runner's separate profiling pass at every batch size (after the timed windows).
+
+    Args:
+        runner: A loaded runner; profiled only when it has ``profile_batch(batch, iterations, warmup)``
+            (returns a :class:`BatchProfile`) and ``profile_meta()`` (source, requested device, notes).
+
+    Returns:
+        (``Profile.model_dump()`` or None, why there is none or None).
+    """
+    import numpy as np
+
+    if not hasattr(runner, "profile_batch"):
+        return None, f"the {getattr(runner, 'name', 'runner')} runner has no per-layer profiler"
+    rng = np.random.default_rng(1)
+    try:
+        batches = [runner.profile_batch(rng.standard_normal((b, *chw)).astype(np.float32), iterations, warmup)
+                   for b in batch_sizes]
+        meta = runner.profile_meta()
+        profile = Profile(runtime=runner.name, source=meta["source"], requested_device=meta["requested_device"],
+                          batches=batches, notes=meta.get("notes", []))
+    except Exception as err:  # the timed windows are already measured: a failed profile must not discard them
+        return None, f"per-layer profile failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return profile.model_dump(), None

@@ -1,0 +1,175 @@
+"""The TensorRT runner end to end against the stand-in (tests/device/trt_standin.py), which encodes the
+documented behaviour it relies on: profile bounds, the bool returns, DLA's static-shape, precision and
+core rules, strongly typed networks on 11. Real TensorRT runs the ``tensorrt``/``gpu`` tests elsewhere."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from device.errors import (DlaError, PrecisionMismatchError, ShapeOutsideProfileError, StaticShapeError,
+                           TensorRTCallError, TimingCacheError)
+from device.jobrun import smoke
+from device.profile import Profile, profile_runner
+from device.runners import make_runner
+from tests.device import trt_standin
+from tests.device.agent_process import tiny_onnx
+
+AGX_ORIN = "NVIDIA Jetson AGX Orin Developer Kit"
+
+
+@pytest.fixture
+def float_model(tmp_path):
+    return tiny_onnx(tmp_path / "float.onnx")
+
+
+@pytest.fixture
+def qdq_model(tmp_path):
+    return trt_standin.qdq_classifier(tmp_path / "int8.onnx")
+
+
+def runner(path, tmp_path, **kw):
+    kw.setdefault("precision", "fp32")
+    return make_runner("tensorrt", str(path), engine_cache=str(tmp_path / "engines"), **kw)
+
+
+# ------------------------------------------------------------------ point 1: profile bounds and bools
+def test_smoke_and_measured_batches_stay_inside_the_engines(monkeypatch, tmp_path, float_model):
+    """batch_sizes [8, 32]: the smoke inference runs at 8 (the photograph repeated), never at 1."""
+    trt_standin.install(monkeypatch, "10.3.0")
+    with runner(float_model, tmp_path, batch_sizes=(8, 32)) as trt_runner:
+        result = smoke(trt_runner, (3, 16, 16), None)
+        assert result["output_shape"] == [8, 10] and 0 <= result["top1_index"] < 10
+        assert trt_runner.infer(np.zeros((32, 3, 16, 16), np.float32)).shape == (32, 10)
+        with pytest.raises(ShapeOutsideProfileError, match=r"batch 1 is outside the engines built for batch "
+                                                           r"sizes \[8, 32\]"):
+            trt_runner.infer(np.zeros((1, 3, 16, 16), np.float32))
+
+
+def test_outputs_match_onnxruntime(monkeypatch, tmp_path, float_model):
+    trt_standin.install(monkeypatch, "10.3.0")
+    batch = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
+    with make_runner("onnxruntime", str(float_model)) as reference:
+        expected = reference.infer(batch)
+    with runner(float_model, tmp_path, batch_sizes=(4,)) as trt_runner:
+        np.testing.assert_allclose(trt_runner.infer(batch), expected, atol=1e-5)
+
+
+def test_every_bool_tensorrt_returns_is_checked(monkeypatch, tmp_path, float_model):
+    trt = trt_standin.install(monkeypatch, "10.3.0")
+    good = np.zeros((8, 3, 16, 16), np.float32)
+    with runner(float_model, tmp_path, batch_sizes=(8,)) as trt_runner:
+        with pytest.raises(ShapeOutsideProfileError, match="set_input_shape returned False"):
+            trt_runner.infer(np.zeros((8, 3, 8, 8), np.float32))  # C×H×W the network does not take
+        context = trt_runner._engines[8].context
+        monkeypatch.setattr(context, "execute_async_v3", lambda stream: False)
+        with pytest.raises(TensorRTCallError, match="execute_async_v3 returned False"):
+            trt_runner.infer(good)
+    with runner(float_model, tmp_path, batch_sizes=(8,)) as trt_runner:
+        monkeypatch.setattr(trt_runner._engines[8].context, "set_tensor_address", lambda name, pointer: False)
+        with pytest.raises(TensorRTCallError, match="set_tensor_address"):
+            trt_runner.infer(good)
+    from device.engine import BuildOptions, build_engine
+
+    cache = tmp_path / "timing.cache"
+    cache.write_bytes(b"STANDIN-CACHE:another-gpu:10.3.0")
+    with pytest.raises(TimingCacheError, match="refused the timing cache") as err:
+        build_engine(float_model, BuildOptions(precision="fp32", timing_cache=str(cache)), tmp_path / "e.plan")
+    assert str(cache) in err.value.fix
+    assert trt.log == []  # refused before any build was attempted
+
+
+# ------------------------------------------------------------------ point 2: build what is measured
+def test_one_engine_per_measured_batch_with_its_trtexec_line(monkeypatch, tmp_path, float_model):
+    trt_standin.install(monkeypatch, "10.3.0")
+    with runner(float_model, tmp_path, batch_sizes=(1, 8), precision="fp16") as trt_runner:
+        plans = {b: json.loads(e.path.read_bytes()) for b, e in trt_runner._engines.items()}
+        assert {b: (p["min"][0], p["max"][0]) for b, p in plans.items()} == {1: (1, 1), 8: (8, 8)}
+        assert "--optShapes=input:1x3x16x16" in trt_runner.trtexec[1]
+        assert "--maxShapes=input:1x3x16x16" in trt_runner.trtexec[1]
+        assert "--optShapes=input:8x3x16x16" in trt_runner.trtexec[8]
+        assert "--fp16" in trt_runner.trtexec[8] and "--profilingVerbosity=detailed" in trt_runner.trtexec[8]
+        assert trt_runner.built_now
+    with runner(float_model, tmp_path, batch_sizes=(1, 8), precision="fp16") as trt_runner:
+        assert not trt_runner.built_now, "both engines come from the cache the second time"
+
+
+# ------------------------------------------------------------------ point 3: DLA
+def test_dla_fp32_network_runs_on_the_dla_with_fallbacks_named(monkeypatch, tmp_path, float_model):
+    """FP32 on 10.x gets FP16 (as trtexec sets), static shapes, runtime.DLA_core set before deserializing;
+    the layers the DLA cannot run are named, not hidden behind a result that says DLA."""
+    trt_standin.install(monkeypatch, "10.3.0", dla_cores=2, board=AGX_ORIN)
+    with runner(float_model, tmp_path, batch_sizes=(1, 8), dla_core=1) as trt_runner:
+        assert trt_runner.device.startswith("dla:1 + GPU fallback")
+        assert trt_runner.dla_unsupported_layers == ["Flatten_3", "Gemm_4"]
+        assert "--useDLACore=1" in trt_runner.trtexec[8] and "--fp16" in trt_runner.trtexec[8]
+        profile, note = profile_runner(trt_runner, [1, 8], (3, 16, 16), iterations=3, warmup=1)
+    assert note is None
+    table = Profile.model_validate(profile).batch(8)
+    on_dla = [layer for layer in table.layers if layer.device == "dla"]
+    assert len(on_dla) == 1 and on_dla[0].name == "{ForeignNode[Conv_0...GlobalAveragePool_2]}"
+    assert sorted(table.fallback_layers) == ["Flatten_3", "Gemm_4"] and 0 < table.dla_share < 1
+    assert all(layer.precision == "fp16" for layer in table.layers)
+
+
+def test_dla_on_a_board_without_dla_cores_is_refused(monkeypatch, tmp_path, float_model):
+    trt_standin.install(monkeypatch, "10.3.0", dla_cores=0,
+                        board="NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super")
+    with pytest.raises(DlaError, match="has 0 DLA core"):
+        runner(float_model, tmp_path, batch_sizes=(1,), dla_core=0).load()
+
+
+# ------------------------------------------------------------------ point 4: TensorRT 11
+def test_tensorrt_11_builds_the_q_dq_model_strongly_typed(monkeypatch, tmp_path, qdq_model):
+    trt_standin.install(monkeypatch, "11.1.0")
+    with runner(qdq_model, tmp_path, batch_sizes=(4,), precision="int8") as trt_runner:
+        assert trt_runner.precision_built == "int8"
+        assert "--int8" not in trt_runner.trtexec[4] and "--fp16" not in trt_runner.trtexec[4]
+        profile, _ = profile_runner(trt_runner, [4], (3, 16, 16), iterations=2, warmup=0)
+    table = Profile.model_validate(profile).batches[0]
+    precisions = {layer.name: layer.precision for layer in table.layers}
+    assert precisions["conv"] == "int8" and precisions["head"] == "fp32"  # the Gemm head is left in float
+    assert 0 < table.int8_share < 1 and "head" in table.float_left_behind and "conv" not in table.float_left_behind
+
+
+def test_tensorrt_11_refuses_a_label_the_artifact_contradicts(monkeypatch, tmp_path, qdq_model, float_model):
+    trt_standin.install(monkeypatch, "11.4.1", dla_cores=2, board=AGX_ORIN)
+    with pytest.raises(PrecisionMismatchError, match="no Q/DQ nodes"):
+        runner(float_model, tmp_path, batch_sizes=(1,), precision="int8").load()
+    with pytest.raises(PrecisionMismatchError, match="strongly typed"):
+        runner(float_model, tmp_path, batch_sizes=(1,), precision="fp16").load()
+    with pytest.raises(DlaError, match="FP32 network cannot run on the DLA"):
+        runner(float_model, tmp_path, batch_sizes=(1,), precision="fp32", dla_core=0).load()
+    with runner(qdq_model, tmp_path, batch_sizes=(1,), precision="int8", dla_core=0) as trt_runner:
+        assert trt_runner.device.startswith("dla:0")
+
+
+def test_tensorrt_11_3_has_no_dla(monkeypatch, tmp_path, qdq_model):
+    trt_standin.install(monkeypatch, "11.3.0", dla_cores=2, board=AGX_ORIN)
+    with pytest.raises(DlaError, match="11.0–11.3"):
+        runner(qdq_model, tmp_path, batch_sizes=(1,), precision="int8", dla_core=0).load()
+
+
+# ------------------------------------------------------------------ point 6: static batch, 10.12+
+def test_a_static_batch_onnx_is_named_not_blamed_on_the_workspace(monkeypatch, tmp_path, float_model):
+    model = onnx.load(str(float_model))
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_value = 1
+    static = tmp_path / "static.onnx"
+    onnx.save(model, str(static))
+    trt_standin.install(monkeypatch, "10.3.0")
+    with pytest.raises(StaticShapeError, match="static batch of 1") as err:
+        runner(static, tmp_path, batch_sizes=(1, 8)).load()
+    assert "dynamic batch axis" in err.value.fix and "workspace" not in err.value.fix
+    with runner(static, tmp_path, batch_sizes=(1,)) as trt_runner:  # its own batch builds fine
+        assert trt_runner.infer(np.zeros((1, 3, 16, 16), np.float32)).shape == (1, 10)
+
+
+def test_tensorrt_10_16_builds_int8_strongly_typed(monkeypatch, tmp_path, qdq_model):
+    """The stand-in refuses INT8/FP16 flags on a strongly typed network; 10.16 uses no flags at all."""
+    trt = trt_standin.install(monkeypatch, "10.16.0")
+    with runner(qdq_model, tmp_path, batch_sizes=(2,), precision="int8") as trt_runner:
+        assert "--stronglyTyped" in trt_runner.trtexec[2] and "--int8" not in trt_runner.trtexec[2]
+        assert trt_runner.infer(np.zeros((2, 3, 16, 16), np.float32)).shape == (2, 10)
+    assert trt.log == []
