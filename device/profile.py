@@ -45,7 +45,8 @@ class LayerTiming(_Model):
     precision: str = Field(description="int8, fp16, bf16, fp32, fp8 or other (integer/shape work)")
     device: Literal["gpu", "dla", "cpu"]
     tactic: str | None = Field(None, description="TensorRT's tactic name; null on ONNX Runtime")
-    time_ms: float = Field(ge=0, description="mean time per inference over the profiling pass, ms")
+    time_ms: float = Field(ge=0, description="median time per inference over the profiling pass, ms (the mean "
+                                             "when the runtime reports only totals)")
     share: float = Field(ge=0, le=1, description="fraction of the profiled time of one inference")
     fell_back: bool = Field(False, description="DLA was asked for and this layer ran on the GPU")
 
@@ -55,7 +56,7 @@ class BatchProfile(_Model):
 
     batch_size: int = Field(ge=1)
     iterations: int = Field(ge=1, description="profiled inferences averaged")
-    total_ms: float = Field(ge=0, description="sum of the layers' mean times (the profiler's view of one inference)")
+    total_ms: float = Field(ge=0, description="sum of the layers' times (the profiler's view of one inference)")
     layers: list[LayerTiming] = Field(description="slowest first")
     share_by_precision: dict[str, float] = Field(description="fraction of time per precision")
     int8_share: float = Field(ge=0, le=1)
@@ -119,17 +120,22 @@ def batch_profile(batch_size: int, iterations: int, timings: Sequence[dict[str, 
         batch_size: The batch profiled.
         iterations: How many inferences ``timings`` sum over.
         timings: One dict per layer: ``name``, ``kind``, ``precision``, ``device``, ``tactic`` (optional)
-            and ``total_ms`` (summed over the iterations). Layers named twice are summed.
+            and either ``samples_ms`` (one time per iteration: the layer's time is their median, so one
+            preempted iteration on a shared CPU does not make a layer look slow) or ``total_ms`` (summed
+            over the iterations: the mean is taken). Layers named twice are added together.
         requested_device: ``dla`` when the engine was built for the DLA (every GPU layer then fell back).
     """
+    import statistics
+
     merged: dict[str, dict[str, Any]] = {}
     for timing in timings:
-        entry = merged.setdefault(timing["name"], {**timing, "total_ms": 0.0})
-        entry["total_ms"] += float(timing["total_ms"])
-    total = sum(entry["total_ms"] for entry in merged.values()) / iterations
+        entry = merged.setdefault(timing["name"], {**timing, "time_ms": 0.0})
+        samples = timing.get("samples_ms")
+        entry["time_ms"] += (statistics.median(samples) if samples else float(timing.get("total_ms", 0.0)) / iterations)
+    total = sum(entry["time_ms"] for entry in merged.values())
     layers = []
-    for entry in sorted(merged.values(), key=lambda e: -e["total_ms"]):
-        time_ms = entry["total_ms"] / iterations
+    for entry in sorted(merged.values(), key=lambda e: -e["time_ms"]):
+        time_ms = entry["time_ms"]
         layers.append(LayerTiming(name=entry["name"], kind=entry["kind"], precision=entry["precision"],
                                   device=entry["device"], tactic=entry.get("tactic"), time_ms=time_ms,
                                   share=min(1.0, time_ms / total) if total > 0 else 0.0,
@@ -141,7 +147,7 @@ def batch_profile(batch_size: int, iterations: int, timings: Sequence[dict[str, 
     floats = [layer.name for layer in layers if layer.precision in FLOAT_PRECISIONS]
     return BatchProfile(
         batch_size=batch_size, iterations=iterations, total_ms=total, layers=layers,
-        share_by_precision={k: round(v, 6) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])},
+        share_by_precision=dict(sorted(shares.items(), key=lambda kv: -kv[1])),
         int8_share=min(1.0, shares.get("int8", 0.0)),
         dla_share=(min(1.0, sum(l.share for l in layers if l.device == "dla")) if requested_device == "dla" else None),
         fallback_layers=[layer.name for layer in layers if layer.fell_back],
@@ -168,7 +174,7 @@ def from_onnxruntime_trace(events: list[dict[str, Any]], batch_size: int, skip_r
 
         raise RunnerError("ONNX Runtime's profile has no model_run events", fix="profile at least one run")
     windows = [(r["ts"], r["ts"] + r["dur"]) for r in runs]
-    timings = []
+    timings: dict[str, dict[str, Any]] = {}
     for event in events:
         name = event.get("name", "")
         if event.get("cat") != "Node" or not name.endswith("_kernel_time"):
@@ -179,11 +185,12 @@ def from_onnxruntime_trace(events: list[dict[str, Any]], batch_size: int, skip_r
         types = [t for entry in args.get("input_type_shape", []) + args.get("output_type_shape", [])
                  for t in entry]
         provider = args.get("provider", "")
-        timings.append({"name": name[: -len("_kernel_time")], "kind": args.get("op_name", "?"),
-                        "precision": layer_precision(types),
-                        "device": "gpu" if provider.startswith(("CUDA", "Tensorrt", "TensorRT")) else device,
-                        "total_ms": event["dur"] / 1e3})
-    return batch_profile(batch_size, len(runs), timings, requested_device=device)
+        node = name[: -len("_kernel_time")]
+        entry = timings.setdefault(node, {
+            "name": node, "kind": args.get("op_name", "?"), "precision": layer_precision(types),
+            "device": "gpu" if provider.startswith(("CUDA", "Tensorrt", "TensorRT")) else device, "samples_ms": []})
+        entry["samples_ms"].append(event["dur"] / 1e3)
+    return batch_profile(batch_size, len(runs), list(timings.values()), requested_device=device)
 
 
 # ----------------------------------------------------------------- TensorRT
@@ -206,25 +213,26 @@ def _on_dla(layer: dict[str, Any]) -> bool:
     return "dla" in text
 
 
-def from_tensorrt(engine_information: str, layer_times_ms: dict[str, float], batch_size: int, iterations: int,
+def from_tensorrt(engine_information: str, layer_times_ms: dict[str, Any], batch_size: int, iterations: int,
                   requested_device: str) -> BatchProfile:
     """The table from the inspector's JSON and the ``IProfiler``'s per-layer times.
 
     Args:
         engine_information: ``get_engine_information(LayerInformationFormat.JSON)``.
-        layer_times_ms: ``report_layer_time(name, ms)`` summed per name over ``iterations`` runs.
+        layer_times_ms: ``report_layer_time(name, ms)`` per name: a list of one time per run (the median
+            is taken), or their sum over ``iterations`` runs (the mean is taken).
         batch_size: The batch profiled.
         iterations: Profiled inferences.
         requested_device: ``dla`` for a DLA build, else ``gpu``.
     """
     info = {layer["Name"]: layer for layer in inspector_layers(engine_information)}
     timings = []
-    for name, total_ms in layer_times_ms.items():
+    for name, times in layer_times_ms.items():
         layer = info.get(name, {"Name": name})
         types = [t.get("Format/Datatype", "") for t in layer.get("Inputs", []) + layer.get("Outputs", [])]
         timings.append({"name": name, "kind": layer.get("LayerType", "?"), "precision": layer_precision(types),
                         "device": "dla" if _on_dla(layer) else "gpu", "tactic": layer.get("TacticName"),
-                        "total_ms": total_ms})
+                        **({"samples_ms": list(times)} if isinstance(times, (list, tuple)) else {"total_ms": times})})
     return batch_profile(batch_size, iterations, timings, requested_device)
 
 

@@ -290,10 +290,10 @@ class TensorRTRunner(Runner):
         class _LayerTimes(trt.IProfiler):
             def __init__(self) -> None:
                 trt.IProfiler.__init__(self)  # the bindings require the base initialised explicitly
-                self.total_ms: dict[str, float] = {}
+                self.samples_ms: dict[str, list[float]] = {}
 
             def report_layer_time(self, layer_name: str, ms: float) -> None:
-                self.total_ms[layer_name] = self.total_ms.get(layer_name, 0.0) + ms
+                self.samples_ms.setdefault(layer_name, []).append(ms)
 
         profiler = _LayerTimes()
         entry.context.profiler = profiler
@@ -302,7 +302,7 @@ class TensorRTRunner(Runner):
                 self.infer(batch)
         finally:
             entry.context.profiler = None
-        return from_tensorrt(information, profiler.total_ms, entry.batch, iterations,
+        return from_tensorrt(information, profiler.samples_ms, entry.batch, iterations,
                              "dla" if self.options.dla_core is not None else "gpu")
 
     def profile_meta(self) -> dict[str, Any]:
