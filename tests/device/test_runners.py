@@ -91,3 +91,35 @@ def test_tensorrt_runner_matches_onnxruntime(tmp_path):
     with make_runner("tensorrt", str(path), precision="fp32", batch_sizes=(1, 4),
                      engine_cache=str(tmp_path / "engines")) as runner:
         assert not runner.built_now, "the second load comes from the engine cache"
+
+
+def test_onnxruntime_runner_profiles_on_a_second_session(tmp_path):
+    """The profiling pass never touches the timed session (profiling is a session option)."""
+    path = tiny_onnx(tmp_path / "m.onnx", channels=1, size=8)
+    with make_runner("onnxruntime", str(path), threads=1) as runner:
+        timed = runner.session
+        table = runner.profile_batch(np.zeros((2, 1, 8, 8), np.float32), iterations=2, warmup=1)
+        assert runner.session is timed and runner.batch_sizes is None
+    assert table.batch_size == 2 and table.iterations == 2 and {l.kind for l in table.layers} >= {"Gemm"}
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+def test_tensorrt_runner_per_batch_engines_and_layer_profile(tmp_path):
+    """On real TensorRT: one engine per batch, the smoke inference inside them, and the per-layer table."""
+    pytest.importorskip("tensorrt")
+    from device.jobrun import smoke
+    from device.profile import Profile, profile_runner
+    from tests.device.trt_standin import qdq_classifier
+
+    model = qdq_classifier(tmp_path / "int8.onnx")
+    with make_runner("tensorrt", str(model), precision="int8", batch_sizes=(8, 32),
+                     engine_cache=str(tmp_path / "engines")) as runner:
+        assert smoke(runner, (3, 16, 16), None)["output_shape"] == [8, 10]
+        with pytest.raises(StageError, match="outside the engines"):
+            runner.infer(np.zeros((1, 3, 16, 16), np.float32))
+        assert "--optShapes=input:32x3x16x16" in runner.trtexec[32]
+        profile, note = profile_runner(runner, [8, 32], (3, 16, 16), iterations=5, warmup=2)
+    assert note is None, note
+    table = Profile.model_validate(profile).batch(32)
+    assert table.layers and table.int8_share > 0 and all(l.device == "gpu" for l in table.layers)
