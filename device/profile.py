@@ -31,6 +31,8 @@ FLOAT_LEFT_BEHIND = 5
 # The profiling pass: enough iterations for a stable mean, few enough to stay short on a Jetson.
 PROFILE_ITERATIONS = 20
 PROFILE_WARMUP = 3
+PROFILE_MIN_ITERATIONS = 3
+PROFILE_BUDGET_S = 3.0  # per batch size: a ResNet-50 at batch 32 on a CPU loopback agent gets ~3 iterations
 
 
 class _Model(BaseModel):
@@ -247,15 +249,26 @@ def profile_runner(runner, batch_sizes: Sequence[int], chw: Sequence[int], itera
 
     Returns:
         (``Profile.model_dump()`` or None, why there is none or None).
+
+    Each batch's pass runs at most ``iterations`` inferences, fewer when they would take longer than
+    :data:`PROFILE_BUDGET_S` (never fewer than :data:`PROFILE_MIN_ITERATIONS`).
     """
     import numpy as np
 
     if not hasattr(runner, "profile_batch"):
         return None, f"the {getattr(runner, 'name', 'runner')} runner has no per-layer profiler"
+    import time
+
     rng = np.random.default_rng(1)
     try:
-        batches = [runner.profile_batch(rng.standard_normal((b, *chw)).astype(np.float32), iterations, warmup)
-                   for b in batch_sizes]
+        batches = []
+        for size in batch_sizes:
+            batch = rng.standard_normal((size, *chw)).astype(np.float32)
+            started = time.perf_counter()
+            runner.infer(batch)  # one timed call sizes the pass to the budget
+            elapsed = time.perf_counter() - started
+            count = max(PROFILE_MIN_ITERATIONS, min(iterations, int(PROFILE_BUDGET_S / max(elapsed, 1e-6))))
+            batches.append(runner.profile_batch(batch, count, warmup))
         meta = runner.profile_meta()
         profile = Profile(runtime=runner.name, source=meta["source"], requested_device=meta["requested_device"],
                           batches=batches, notes=meta.get("notes", []))

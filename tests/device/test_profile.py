@@ -104,6 +104,9 @@ def test_a_runner_without_a_profiler_says_so():
     class Broken:
         name = "tensorrt"
 
+        def infer(self, batch):
+            return batch
+
         def profile_batch(self, *args):
             raise RuntimeError("inspector unavailable")
 
@@ -130,3 +133,33 @@ def test_one_preempted_iteration_does_not_make_a_layer_slow():
                {"name": "head", "kind": "Gemm", "precision": "fp32", "device": "cpu", "samples_ms": [0.01] * 20}]
     table = batch_profile(1, 20, timings, requested_device="cpu")
     assert table.layers[0].time_ms == pytest.approx(0.01) and table.layers[0].share == pytest.approx(0.5)
+
+
+def test_the_profiling_pass_fits_its_time_budget(monkeypatch):
+    """A slow model gets the minimum of iterations, a fast one the full count (budget forced, no timing)."""
+    import device.profile
+
+    class Recording:
+        name = "onnxruntime"
+
+        def __init__(self):
+            self.counts = []
+
+        def infer(self, batch):
+            return batch
+
+        def profile_batch(self, batch, iterations, warmup):
+            self.counts.append(iterations)
+            return batch_profile(batch.shape[0], iterations, [{"name": "x", "kind": "Conv", "precision": "fp32",
+                                                               "device": "cpu", "total_ms": 1.0}], "cpu")
+
+        def profile_meta(self):
+            return {"source": "test", "requested_device": "cpu"}
+
+    runner = Recording()
+    monkeypatch.setattr(device.profile, "PROFILE_BUDGET_S", 0.0)
+    profile_runner(runner, [1], (3, 4, 4))
+    monkeypatch.setattr(device.profile, "PROFILE_BUDGET_S", 1e9)
+    profile, _ = profile_runner(runner, [2], (3, 4, 4))
+    assert runner.counts == [device.profile.PROFILE_MIN_ITERATIONS, device.profile.PROFILE_ITERATIONS]
+    assert Profile.model_validate(profile).batches[0].batch_size == 2
