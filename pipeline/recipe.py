@@ -88,6 +88,12 @@ class DataConfig(_Strict):
     calib_size: int = Field(512, ge=1, description="calibration images for INT8, disjoint from the training subset when possible")
     seed: int = 0
     workers: int = Field(0, ge=0, description="DataLoader workers for file-based sources")
+    class_balance: Literal["none", "loss_weights"] = Field(
+        "none", description="loss_weights: weigh each class's hard-label loss by n / (classes · n_class)")
+    min_images_per_class: int = Field(
+        20, ge=1, description="the data stage warns about a class with fewer training images than this")
+    imbalance_warning_ratio: float = Field(
+        5.0, gt=1, description="the data stage warns when the largest class has this many times the smallest's images")
     allow_missing_test_classes: bool = Field(
         False, description="accept a test (val/) split without images of some training classes; their per-class "
                            "scores are then undefined")
@@ -162,6 +168,8 @@ class DistillConfig(_Strict):
     temperature: float = Field(4.0, gt=0)
     alpha: float = Field(0.9, ge=0, le=1, description="weight of the soft-target term")
     cache_teacher_logits: bool = Field(True, description="compute teacher logits once (needs augmentation ⊆ hflip)")
+    allow_larger_student: bool = Field(False, description="accept a student with as many MACs or parameters as the "
+                                                          "teacher (refused by default: it is no edge model)")
     train: TrainConfig
 
     @field_validator("student")

@@ -31,10 +31,16 @@ def environment() -> dict[str, Any]:
     env = {"edgefold": __version__, "python": platform.python_version(), "torch": torch.__version__,
            "machine": platform.machine(), "threads": torch.get_num_threads(),
            "cuda": torch.version.cuda if torch.cuda.is_available() else None}
-    for module in ("torchvision", "torch_pruning", "numpy"):
+    from importlib import metadata
+
+    # Versions from the installed distributions: a module's own __version__ can lag its release
+    # (Torch-Pruning 1.6.1 reports 1.6.0).
+    for module, distribution in (("torchvision", "torchvision"), ("torch_pruning", "torch-pruning"),
+                                 ("numpy", "numpy"), ("onnxruntime", "onnxruntime"), ("onnx", "onnx"),
+                                 ("modelopt", "nvidia-modelopt")):
         try:
-            env[module] = __import__(module).__version__
-        except ImportError:
+            env[module] = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
             env[module] = None
     env["git"] = _git_commit()
     return env
@@ -149,6 +155,8 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         manifest = Manifest.load(run_dir)
     ctx = RunContext(recipe, manifest, devices=devices)
     log(f"run {run_dir}" + (f" ({me.size} processes)" if me.distributed else ""))
+    for name in names:
+        STAGES.get(name).preflight(ctx)
     env = None
     for name in names:
         stage = STAGES.get(name)

@@ -85,3 +85,21 @@ def require_sane(what: str, scores: dict[str, Any], classes: Sequence[str] | Non
         raise StageError(f"{what} learned nothing usable: {describe(verdict, scores)}. Likely causes: {causes}",
                          fix=fix)
     return verdict
+
+
+def verdict(rung: str, facts: dict) -> str:
+    """What the score means when it is no score: "collapsed" (one class for every image) is not "chance".
+
+    A pruned rung before distillation is expected to be bad, and is said to be.
+    """
+    sanity = facts.get("sanity") or {}
+    expected = " (expected before distillation)" if rung == "pruned" else ""
+    if sanity.get("collapsed"):
+        return (f"collapsed: predicts {sanity['top_predicted_class']!r} for "
+                f"{100 * sanity['top_predicted_share']:.0f}% of images{expected}")
+    if sanity.get("at_chance"):
+        return f"at chance{expected}"
+    never = facts.get("never_predicted") or []
+    if never:
+        return f"never predicts {', '.join(map(repr, never[:3]))}{' …' if len(never) > 3 else ''}"
+    return ""

@@ -301,6 +301,30 @@ def batchnorm_is_stale(model: nn.Module) -> bool:
                and m.momentum is not None and m.momentum < 0.1 for m in model.modules())
 
 
+def needs_recalibration(model: nn.Module, cfg: TrainConfig) -> bool:
+    """Whether the recipe's ``bn_recalibration`` asks for re-estimation on this model."""
+    return cfg.bn_recalibration == "on" or (cfg.bn_recalibration == "auto" and batchnorm_is_stale(model))
+
+
+def class_weights(ctx, device: torch.device) -> torch.Tensor | None:
+    """Class-balanced loss weights when the recipe asks for them (``data.class_balance: loss_weights``).
+
+    Each class weighs ``n / (classes · n_class)`` over the training split, so a class with a tenth of
+    the images counts as much in the loss as the others; None (plain loss) by default.
+    """
+    if ctx.recipe.data.class_balance != "loss_weights":
+        return None
+    cached = getattr(ctx, "_class_weights", None)
+    if cached is None:
+        import numpy as np
+
+        dataset = ctx.dataset()
+        counts = np.bincount(dataset.train.labels[ctx.splits()["train"]], minlength=dataset.num_classes)
+        weights = len(ctx.splits()["train"]) / (dataset.num_classes * np.maximum(counts, 1))
+        cached = ctx._class_weights = torch.tensor(weights, dtype=torch.float32)
+    return cached.to(device)
+
+
 def recalibrate_if_needed(model: nn.Module, cfg: TrainConfig, batches: Callable[[], Batches], device: torch.device,
                           desc: str) -> int:
     """Applies the recipe's ``bn_recalibration`` after training; returns the images used (0: not done).
@@ -309,7 +333,7 @@ def recalibrate_if_needed(model: nn.Module, cfg: TrainConfig, batches: Callable[
         batches: Makes shuffled, un-augmented training batches: an image folder lists its files by
             class, and statistics over the first classes alone would be as wrong as stale ones.
     """
-    if cfg.bn_recalibration == "off" or (cfg.bn_recalibration == "auto" and not batchnorm_is_stale(model)):
+    if not needs_recalibration(model, cfg):
         return 0
     seen = recalibrate_batchnorm(model, batches(), device, cfg.bn_recalibration_images, f"{desc} BatchNorm statistics")
     if seen and distributed.world().main:
@@ -404,7 +428,24 @@ def accuracy(logits, labels, topk: tuple[int, ...] = (1, 5)) -> dict:
     return result
 
 
-def evaluate(model: nn.Module, batches: Batches, device: torch.device, desc: str = "eval") -> dict:
-    """Top-1/top-5 of ``model`` on ``batches``, with the counts behind them (see :func:`accuracy`)."""
+def evaluate(model: nn.Module, batches: Batches, device: torch.device, desc: str = "eval",
+             save_predictions: Path | None = None) -> dict:
+    """Top-1/top-5 of ``model`` on ``batches``, with the counts behind them (see :func:`accuracy`).
+
+    Args:
+        save_predictions: Where to keep every image's top-1 class (``.npy``, in split order): the
+            evaluate stage computes per-class results and paired tests between rungs from them.
+    """
     logits, labels = predict(model, batches, device, desc)
+    if save_predictions is not None and distributed.world().main:  # one writer under torchrun
+        save_top1(save_predictions, logits)
     return accuracy(logits, labels)
+
+
+def save_top1(path: Path, logits) -> Path:
+    """Saves each image's top-1 class as an int32 ``.npy`` (ties to the lower class, as ``accuracy``)."""
+    import numpy as np
+
+    logits = np.asarray(logits.detach().cpu() if isinstance(logits, torch.Tensor) else logits)
+    np.save(path, np.argsort(-logits, axis=1, kind="stable")[:, 0].astype(np.int32), allow_pickle=False)
+    return Path(path)

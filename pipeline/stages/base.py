@@ -36,6 +36,10 @@ class Stage:
     # Project modules the stage runs without importing them (a subprocess): part of its code hash.
     code_modules: ClassVar[tuple[str, ...]] = ()
 
+    def preflight(self, ctx: "RunContext") -> None:
+        """Checks that need the recipe but no earlier stage's output, run for every stage before the
+        first one starts: a mistake is reported before an hour of training, not after."""
+
     def needs(self, ctx: "RunContext") -> tuple[str, ...]:
         """Earlier stages whose recorded outputs this stage reads."""
         return ()

@@ -67,6 +67,25 @@ def check_decodable(split, indices: np.ndarray, what: str) -> int:
     return len(indices)
 
 
+def balance_warnings(counts: np.ndarray, classes: list[str], cfg) -> list[str]:
+    """Warnings about classes too small to learn, or a training split far out of balance.
+
+    A class with a tenth of the others' images is often never predicted at all; the fix is more
+    images, or class-balanced loss weights (``data.class_balance: loss_weights``).
+    """
+    warnings = []
+    small = [f"{classes[i]} ({int(counts[i])})" for i in np.flatnonzero(counts < cfg.min_images_per_class)]
+    if small:
+        warnings.append(f"{len(small)} classes have fewer than {cfg.min_images_per_class} training images: "
+                        f"{', '.join(small[:5])}{' …' if len(small) > 5 else ''}")
+    if counts.min() and counts.max() / counts.min() >= cfg.imbalance_warning_ratio:
+        warnings.append(f"the training split is imbalanced: the largest class has {counts.max() / counts.min():.1f}× "
+                        f"the images of the smallest ({int(counts.max())} vs {int(counts.min())})")
+    if warnings and cfg.class_balance == "none":
+        warnings.append("consider data.class_balance: loss_weights, or more images of the small classes")
+    return warnings
+
+
 class DataStage(Stage):
     name = "data"
 
@@ -99,16 +118,22 @@ class DataStage(Stage):
                 "preprocess": ctx.preprocess.to_dict()}
         (workdir / "dataset.json").write_text(json.dumps(info, indent=2) + "\n")
         counts = np.bincount(dataset.train.labels[train], minlength=dataset.num_classes)
+        warnings = balance_warnings(counts, dataset.classes, cfg)
+        for warning in warnings:
+            print(f"data: warning: {warning}", file=sys.stderr, flush=True)
         return StageResult(
             outputs={"splits": workdir / "splits.npz", "dataset": workdir / "dataset.json"},
             metrics={"source": dataset.name, "num_classes": dataset.num_classes, "train": int(len(train)),
                      "calib": int(len(calib)), "test": int(len(test)), "images_decoded": decoded,
-                     "train_per_class_min": int(counts.min()), "train_per_class_max": int(counts.max())},
+                     "train_per_class_min": int(counts.min()), "train_per_class_max": int(counts.max()),
+                     "train_per_class": dict(zip(dataset.classes, counts.astype(int).tolist())),
+                     "warnings": warnings},
         )
 
     def summary(self, metrics):
         return (f"{metrics['source']}: {metrics['num_classes']} classes, {metrics['train']} train / "
-                f"{metrics['calib']} calib / {metrics['test']} test")
+                f"{metrics['calib']} calib / {metrics['test']} test"
+                + (f"; {len(metrics['warnings'])} warnings" if metrics.get("warnings") else ""))
 
 
 STAGES.add("data", DataStage())

@@ -8,10 +8,10 @@ import torch
 
 from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.losses import kd_loss
-from pipeline.models import build_model, size_metrics
+from pipeline.models import build_model, count_macs, count_parameters, size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane
-from pipeline.train import evaluate, fit, predict, recalibrate_if_needed
+from pipeline.train import class_weights, evaluate, fit, needs_recalibration, predict, recalibrate_if_needed
 
 
 class DistillStage(Stage):
@@ -22,6 +22,26 @@ class DistillStage(Stage):
         if ctx.recipe.distill.student == "pruned":
             return ("data", "teacher", "prune")
         return ("data", "teacher")
+
+    def preflight(self, ctx):
+        """A student architecture that is not smaller than the teacher is refused before any training."""
+        cfg = ctx.recipe.distill
+        if cfg.student == "pruned" or cfg.allow_larger_student:
+            return
+        from device.errors import ConfigError
+
+        shape = ctx.preprocess.input_shape(1)
+        # Ten classes stand in for the data's: the head is a rounding error next to the body.
+        teacher, student = build_model(ctx.recipe.teacher.arch, 10), build_model(cfg.student, 10)
+        t_macs, s_macs = count_macs(teacher, shape), count_macs(student, shape)
+        t_params, s_params = count_parameters(teacher), count_parameters(student)
+        if s_macs >= t_macs or s_params >= t_params:
+            raise ConfigError(
+                f"distill.student {cfg.student} is not smaller than teacher {ctx.recipe.teacher.arch}: "
+                f"{s_macs / t_macs:.2f}× its MACs ({s_macs / 1e6:.1f} M vs {t_macs / 1e6:.1f} M at "
+                f"{shape[2]}×{shape[3]}), {s_params / t_params:.2f}× its parameters ({s_params / 1e6:.2f} M vs "
+                f"{t_params / 1e6:.2f} M)",
+                fix="choose a smaller student (or distill.student: pruned), or set distill.allow_larger_student: true")
 
     def config(self, ctx):
         return {"distill": ctx.recipe.section("distill"), "preprocess": ctx.preprocess.to_dict()}
@@ -60,16 +80,19 @@ class DistillStage(Stage):
 
         def loss_fn(logits, batch):
             return kd_loss(logits, teacher_logits(batch), batch.labels, cfg.temperature, cfg.alpha,
-                           cfg.train.label_smoothing)
+                           cfg.train.label_smoothing, weight=class_weights(ctx, logits.device))
 
         history = fit(student, train, cfg.train, loss_fn, device, "distill",
-                      evaluate_fn=lambda: evaluate(student, test, device, "student eval"), resume=ctx.resume)
-        metrics = history[-1] if history else evaluate(student, test, device, "student eval")
-        recalibrated = recalibrate_if_needed(
-            student, cfg.train, lambda: ctx.batches("train", 256, shuffle=True, seed=cfg.train.seed), device, "student")
-        if recalibrated:
-            before = metrics["top1"]
-            metrics = evaluate(student, test, device, "student eval")
+                      evaluate_fn=(lambda: evaluate(student, test, device, "student eval"))
+                      if cfg.train.eval_every_epoch else None, resume=ctx.resume)
+        before, recalibrated = None, 0
+        if needs_recalibration(student, cfg.train):
+            before = evaluate(student, test, device, "student eval")["top1"]
+            recalibrated = recalibrate_if_needed(
+                student, cfg.train, lambda: ctx.batches("train", 256, shuffle=True, seed=cfg.train.seed), device,
+                "student")
+        metrics = evaluate(student, test, device, "student eval", save_predictions=workdir / "predictions.npy")
+        if before is not None:
             metrics["top1_before_bn_recalibration"] = before
         sanity = require_sane(
             "the distilled student", metrics, ctx.dataset().classes,
@@ -79,7 +102,7 @@ class DistillStage(Stage):
         student.cpu()
         path = save_checkpoint(workdir / "model.pt", student, arch, num_classes, distilled_from="teacher")
         return StageResult(
-            outputs={"model": path},
+            outputs={"model": path, "predictions": workdir / "predictions.npy"},
             metrics={**recorded_scores(metrics), "sanity": sanity, "bn_recalibrated_images": recalibrated,
                      **size_metrics(student, ctx.preprocess.input_shape(1)), "history": history},
         )

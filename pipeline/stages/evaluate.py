@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.scores import points
+import numpy as np
+
+from pipeline.perclass import summarize
+from pipeline.scores import points, verdict
 from pipeline.stages.base import STAGES, Stage, StageResult
 
 # (rung name, stage that produced it); the INT8 rung comes from the quantize stage.
@@ -58,8 +61,39 @@ class EvaluateStage(Stage):
                 else:
                     values["top1_delta_points"] = points(100 * (values["top1"] - base["top1"]))
                 values["macs_fraction"] = values["macs_g"] / base["macs_g"]
+        per_class = self._per_class(ctx, rungs)
+        for name, values in rungs.items():
+            if per_class and name in per_class["rungs"]:
+                values["never_predicted"] = per_class["rungs"][name]["never_predicted"]
         (workdir / "metrics.json").write_text(json.dumps(rungs, indent=2) + "\n")
-        return StageResult(outputs={"metrics": workdir / "metrics.json"}, metrics={"rungs": rungs})
+        outputs = {"metrics": workdir / "metrics.json"}
+        metrics = {"rungs": rungs}
+        if per_class:
+            # The confusion matrices go to a file (classes² numbers); the manifest keeps what the report shows.
+            (workdir / "per_class.json").write_text(json.dumps(per_class, indent=1) + "\n")
+            outputs["per_class"] = workdir / "per_class.json"
+            metrics["per_class"] = {
+                "classes": per_class["classes"],
+                "accuracy": {rung: scores["accuracy"] for rung, scores in per_class["rungs"].items()},
+                "never_predicted": {rung: scores["never_predicted"] for rung, scores in per_class["rungs"].items()},
+                "comparisons": per_class["comparisons"]}
+        return StageResult(outputs=outputs, metrics=metrics)
+
+    @staticmethod
+    def _per_class(ctx, rungs: dict) -> dict | None:
+        """Per-class results from the predictions each producing stage kept (every rung, same test images)."""
+        sources = {"teacher": ("teacher", "predictions"), "pruned": ("prune", "predictions"),
+                   "student": ("distill", "predictions"), "student_int8": ("quantize", "predictions")}
+        predictions = {}
+        for rung, (stage, key) in sources.items():
+            entry = ctx.manifest.stage(stage)
+            if rung in rungs and entry and key in entry["outputs"]:
+                predictions[rung] = np.load(ctx.manifest.output(stage, key), allow_pickle=False)
+        if not predictions:
+            return None
+        dataset = ctx.dataset()
+        labels = dataset.test.labels[ctx.splits()["test"]]
+        return summarize(labels, predictions, dataset.classes)
 
     def summary(self, metrics):
         return ", ".join(f"{name} {100 * r['top1']:.2f}%" for name, r in metrics["rungs"].items())
@@ -78,5 +112,7 @@ def ladder_table(rungs: dict) -> str:
             f"{name:<13}{100 * r['top1']:>8.2f}%{r.get('top1_delta_points', 0.0):>+8.2f}{100 * r['top5']:>8.2f}%"
             f"{r['params_m']:>10.2f}{r['macs_g']:>9.3f}{100 * r.get('macs_fraction', 1.0):>7.1f}%{r['size_mb']:>9.1f}"
             + (f"{r['onnx_mb']:>9.1f}" if "onnx_mb" in r else f"{'-':>9}")
+            + (f"  {verdict(name, r)}" if verdict(name, r) else "")
         )
     return "\n".join(lines)
+

@@ -27,28 +27,123 @@ def _torch_pruning():
     return require("torch_pruning", "Torch-Pruning", "pip install torch-pruning==1.6.1")
 
 
-def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, input_shape):
+class _GroupedConv2d(torch.nn.Conv2d):
+    """Marks a grouped convolution while it is pruned by whole groups (swapped back afterwards)."""
+
+
+def grouped_convs(model: torch.nn.Module) -> list[torch.nn.Conv2d]:
+    """Grouped (not depthwise) convolutions with as many inputs as outputs: RegNet's and ResNeXt's.
+
+    Torch-Pruning would prune inside every group, keeping the group count; with groups as narrow as
+    ``round_to`` that rounds to all or nothing, and it keeps them whole. They are pruned by whole
+    groups instead (:class:`PlanPruner`), the rounding applied to the group count.
+    """
+    return [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and 1 < m.groups < m.out_channels
+            and m.in_channels == m.out_channels]
+
+
+def _whole_group_pruner(tp):
+    base = tp.pruner.function.ConvPruner
+
+    class WholeGroupConvPruner(base):
+        """Removes whole groups: rows of the removed groups' filters; each kept filter still sees its
+        group's full input width, so the weight's second dimension is untouched. Inputs and outputs
+        are the same channels (one function for both: Torch-Pruning couples them, as for depthwise)."""
+
+        def prune_out_channels(self, layer, idxs):
+            width = layer.out_channels // layer.groups
+            keep = sorted(set(range(layer.out_channels)) - set(int(i) for i in idxs))
+            layer.weight = self._prune_parameter_and_grad(layer.weight, keep, 0)
+            if layer.bias is not None:
+                layer.bias = self._prune_parameter_and_grad(layer.bias, keep, 0)
+            removed = layer.out_channels - len(keep)
+            layer.out_channels -= removed
+            layer.in_channels -= removed
+            layer.groups -= removed // width
+            return layer
+
+        prune_in_channels = prune_out_channels
+
+        def get_in_channel_groups(self, layer):
+            return 1
+
+        def get_out_channel_groups(self, layer):
+            return 1
+
+    return WholeGroupConvPruner()
+
+
+class PlanPruner:
+    """Torch-Pruning's MetaPruner for ordinary and depthwise layers, plus whole-group pruning of grouped
+    convolutions, step by step towards the plan's ratio."""
+
+    def __init__(self, model, tp_pruner, cfg: PruneConfig, ratio: float, input_shape, grouped):
+        self.model, self.tp_pruner, self.cfg, self.ratio = model, tp_pruner, cfg, ratio
+        self.input_shape = input_shape
+        self.original_groups = {conv: conv.groups for conv in grouped}
+        self.done = 0
+
+    def step(self) -> None:
+        self.tp_pruner.step()
+        self.done += 1
+        if self.original_groups:
+            self._prune_groups(self.ratio * self.done / self.cfg.steps)
+
+    def _prune_groups(self, ratio: float) -> None:
+        import math
+
+        tp = _torch_pruning()
+        pruner = _whole_group_pruner(tp)
+        convs = list(self.original_groups)
+        for conv in convs:
+            conv.__class__ = _GroupedConv2d
+        try:
+            graph = tp.DependencyGraph().build_dependency(self.model, torch.zeros(self.input_shape),
+                                                          customized_pruners={_GroupedConv2d: pruner})
+            for conv in convs:
+                width = conv.out_channels // conv.groups
+                # Kept channels = kept groups × width must be a multiple of round_to.
+                multiple = self.cfg.round_to // math.gcd(width, self.cfg.round_to)
+                wanted = self.original_groups[conv] * (1 - ratio)
+                keep = max(multiple, int(round(wanted / multiple)) * multiple)
+                if keep >= conv.groups:
+                    continue
+                blocks = conv.weight.detach().reshape(conv.groups, -1).pow(2).sum(1)  # L2² of each group's filters
+                drop = torch.argsort(blocks)[: conv.groups - keep].tolist()
+                idxs = [block * width + j for block in sorted(drop) for j in range(width)]
+                group = graph.get_pruning_group(conv, pruner.prune_out_channels, idxs)
+                if graph.check_pruning_group(group):
+                    group.prune()
+        finally:
+            for conv in convs:
+                conv.__class__ = torch.nn.Conv2d
+
+
+def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, input_shape) -> PlanPruner:
     """A DepGraph MetaPruner for ``plan`` that never touches the classifier.
 
     A plan prunes every layer at channel ratio ``ratio`` except the first ``dense_layers``
     convolutions, which get ``dense_ratio``. Rounding to multiples of 8 makes the MACs of a
     uniform ratio jump in steps (ResNet-50 at 32×32: 21.8% → 25.9% between ratios 0.500 and
     0.495), so mixing two neighbouring ratios layer by layer is what reaches a target within 5%.
+    Grouped convolutions are left to :class:`PlanPruner`, which removes whole groups.
     """
     tp = _torch_pruning()
     classifier = model.get_submodule(ARCHITECTURES.get(arch).classifier)
+    grouped = grouped_convs(model)
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-    per_layer = {conv: plan["dense_ratio"] for conv in convs[: plan.get("dense_layers", 0)]}
-    return tp.pruner.MetaPruner(
+    per_layer = {conv: plan["dense_ratio"] for conv in convs[: plan.get("dense_layers", 0)] if conv not in grouped}
+    tp_pruner = tp.pruner.MetaPruner(
         model,
         torch.zeros(input_shape),
         importance=tp.importance.MagnitudeImportance(p=1 if cfg.importance == "l1" else 2),
         pruning_ratio=plan["ratio"],
         pruning_ratio_dict=per_layer or None,
         iterative_steps=cfg.steps,
-        ignored_layers=[classifier],
+        ignored_layers=[classifier, *grouped],
         round_to=cfg.round_to,
     )
+    return PlanPruner(model, tp_pruner, cfg, plan["ratio"], input_shape, grouped)
 
 
 def macs_after(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, input_shape) -> int:
@@ -132,6 +227,8 @@ class PruneStage(Stage):
         print(f"prune: channel ratio {plan['ratio']:.5f} ({plan['dense_ratio']:.5f} on the first "
               f"{plan['dense_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
               f"(target {100 * cfg.macs_target:.1f}%)", file=sys.stderr)
+        before_shapes = _conv_shapes(model)
+        before_macs = layer_macs(model, input_shape)
         pruner = make_pruner(model, arch, cfg, plan, input_shape)
         test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
         history = []
@@ -157,26 +254,112 @@ class PruneStage(Stage):
                 f"± {100 * cfg.tolerance:.0f}% (relative)",
                 fix="raise prune.tolerance, lower prune.round_to, or choose a reachable macs_target",
             )
+        unpruned = unpruned_layers(before_shapes, model, arch, cfg.round_to)
+        if unpruned:
+            print(f"prune: note: {len(unpruned)} prunable layers kept every channel; e.g. {unpruned[0]['layer']}: "
+                  f"{unpruned[0]['reason']}", file=sys.stderr)
+        concentration = macs_concentration(before_macs, layer_macs(model, input_shape))
+        if concentration["warning"]:
+            print(f"prune: note: {concentration['warning']}", file=sys.stderr)
         odd = _channels_off_multiple(model, arch, cfg.round_to)
         if odd:
             print(f"prune: note: {len(odd)} layers keep channel counts that are not multiples of {cfg.round_to} "
                   f"(unpruned originals): {odd[:3]}", file=sys.stderr)
-        metrics = evaluate(model, test, ctx.device, "pruned eval")
+        metrics = evaluate(model, test, ctx.device, "pruned eval", save_predictions=workdir / "predictions.npy")
         model.cpu()
         path = save_checkpoint(workdir / "model.pt", model, arch, info["num_classes"], pruned_from="teacher",
                                plan=plan)
         return StageResult(
-            outputs={"model": path},
+            outputs={"model": path, "predictions": workdir / "predictions.npy"},
             # Not gated: a pruned model before distillation is expected to be bad; the verdict is recorded.
             metrics={**recorded_scores(metrics), "sanity": assess(metrics, ctx.dataset().classes), "plan": plan,
                      "macs_g": macs / 1e9, "params_m": count_parameters(model) / 1e6,
                      "macs_fraction": fraction, "params_fraction": count_parameters(model) / base_params,
-                     "layers_off_multiple": len(odd), "history": history},
+                     "layers_off_multiple": len(odd), "unpruned_layers": unpruned,
+                     "macs_concentration": concentration, "history": history},
         )
 
     def summary(self, metrics):
         return (f"{100 * metrics['macs_fraction']:.1f}% of the teacher's MACs ({metrics['macs_g']:.3f} G), "
                 f"{metrics['params_m']:.2f} M params, top-1 before distillation {100 * metrics['top1']:.2f}%")
+
+
+def _conv_shapes(model: torch.nn.Module) -> dict[str, tuple[int, int, int]]:
+    return {name: (m.in_channels, m.out_channels, m.groups) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Conv2d)}
+
+
+def unpruned_layers(before: dict[str, tuple[int, int, int]], model: torch.nn.Module, arch: str,
+                    round_to: int) -> list[dict]:
+    """Convolutions the plan left at full width, each with the reason (nothing stays whole silently).
+
+    The usual reason is rounding: a grouped convolution whose groups are ``round_to`` channels wide (or
+    narrower) cannot lose channels inside a group without leaving its width off the multiple, so
+    Torch-Pruning keeps it whole, together with every layer coupled to it (its producer, its
+    BatchNorm, a squeeze-excitation block), and the MACs target is met by squeezing the rest harder.
+    """
+    after = _conv_shapes(model)
+    kept = []
+    for name, (cin, cout, groups) in before.items():
+        if after.get(name, (cin, cout, groups))[1] != cout or cout <= round_to:
+            continue
+        width = cout // groups if groups else cout
+        if 1 < groups < cout and width <= round_to:
+            reason = (f"grouped convolution, {groups} groups of {width} channels: with round_to {round_to} a group "
+                      f"can only be kept whole (set prune.round_to to a divisor of {width} below it, e.g. "
+                      f"{max(1, width // 2)}, to prune inside groups)")
+        elif groups == cout and groups > 1:
+            reason = "depthwise convolution coupled to a layer the plan kept whole"
+        else:
+            reason = "coupled (residual, concatenation or attention) to a layer the plan kept whole, or the ratio " \
+                     "rounded back to the full width"
+        kept.append({"layer": name, "channels": cout, "groups": groups, "reason": reason})
+    return kept
+
+
+def layer_macs(model: torch.nn.Module, input_shape) -> dict[str, int]:
+    """Multiply-accumulates of every convolution and linear layer in one forward pass."""
+    macs: dict[str, int] = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Conv2d):
+            def conv_hook(m, _inputs, output, name=name):
+                kernel = m.kernel_size[0] * m.kernel_size[1]
+                macs[name] = int(output.shape[2] * output.shape[3] * m.out_channels * (m.in_channels // m.groups)
+                                 * kernel)
+            hooks.append(module.register_forward_hook(conv_hook))
+        elif isinstance(module, torch.nn.Linear):
+            def linear_hook(m, _inputs, _output, name=name):
+                macs[name] = int(m.in_features * m.out_features)
+            hooks.append(module.register_forward_hook(linear_hook))
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(input_shape))
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return macs
+
+
+def macs_concentration(before: dict[str, int], after: dict[str, int], top: int = 3,
+                       share: float = 0.5) -> dict:
+    """Which layers the MACs cut came from; a warning when ``top`` layers gave more than ``share`` of it.
+
+    A plan that reaches its target by gutting a few layers (the residual stream of a network whose
+    grouped layers stayed whole) usually costs more accuracy than one spread over the network.
+    """
+    removed = {name: before[name] - after.get(name, 0) for name in before if before[name] > after.get(name, 0)}
+    total = sum(removed.values())
+    ranked = sorted(removed.items(), key=lambda kv: -kv[1])[:top]
+    top_share = sum(v for _, v in ranked) / total if total else 0.0
+    warning = None
+    if total and top_share > share and len(removed) > top:
+        warning = (f"{100 * top_share:.0f}% of the MACs removed came from {top} of {len(removed)} pruned layers "
+                   f"({', '.join(name for name, _ in ranked)}): the cut is concentrated")
+    return {"removed_g": total / 1e9, "top_layers": [{"layer": n, "removed_g": v / 1e9} for n, v in ranked],
+            "top_share": top_share, "warning": warning}
 
 
 def _channels_off_multiple(model: torch.nn.Module, arch: str, multiple: int) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.report import build_report, headline_text
+from pipeline.report import build_report, direction, headline_text
 from pipeline.stages.base import STAGES, Stage, StageResult
 
 
@@ -31,8 +31,12 @@ class ReportStage(Stage):
         headline = metrics["headline"]
         if headline["status"] != "measured":
             return f"headline not measured ({headline['reason']})"
-        return (f"student INT8 on {headline['edge_device']}: {-headline['accuracy_lost_points']:+.2f} points, "
-                f"latency ×{headline['latency_ratio']:.2f} vs the teacher on {headline['dc_device']}")
+        lost = headline["accuracy_lost_points"] or 0.0
+        accuracy = "no accuracy change" if not lost else (f"{lost:.2f} points lost" if lost > 0
+                                                          else f"{-lost:.2f} points gained")
+        return (f"student INT8 on {headline['edge_device']}: {accuracy}, "
+                f"{direction(headline['latency_ratio'], 'faster', 'slower')} than the teacher on "
+                f"{headline['dc_device']}")
 
 
 STAGES.add("report", ReportStage())

@@ -14,7 +14,7 @@ from pipeline.manifest import sha256_file
 from pipeline.models import ARCHITECTURES, build_model, size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane
-from pipeline.train import evaluate, fit, recalibrate_if_needed
+from pipeline.train import class_weights, evaluate, fit, needs_recalibration, recalibrate_if_needed
 
 
 def _imagenet_weights(arch: str, num_classes: int) -> torch.nn.Module:
@@ -65,25 +65,27 @@ class TeacherStage(Stage):
                 replaced = load_torchvision_weights(model, cfg.arch, cfg.weights)
         test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
         history = []
+        recalibrated, before = 0, None
         if cfg.train.epochs:
             train = ctx.batches("train", cfg.train.batch_size, shuffle=True, augment=cfg.train.augment,
                                 seed=cfg.train.seed, drop_last=True)
 
             def loss_fn(logits, batch):
-                return F.cross_entropy(logits, batch.labels, label_smoothing=cfg.train.label_smoothing)
+                return F.cross_entropy(logits, batch.labels, label_smoothing=cfg.train.label_smoothing,
+                                       weight=class_weights(ctx, logits.device))
 
+            # The final scores come from one pass below (with each image's prediction kept).
             history = fit(model, train, cfg.train, loss_fn, ctx.device, "teacher",
-                          evaluate_fn=lambda: evaluate(model, test, ctx.device, "teacher eval"), resume=ctx.resume)
-        metrics = history[-1].copy() if history else evaluate(model, test, ctx.device, "teacher eval")
-        recalibrated = 0
-        if cfg.train.epochs:
-            recalibrated = recalibrate_if_needed(
-                model, cfg.train, lambda: ctx.batches("train", 256, shuffle=True, seed=cfg.train.seed), ctx.device,
-                "teacher")
-            if recalibrated:
-                before = metrics["top1"]
-                metrics = evaluate(model, test, ctx.device, "teacher eval")
-                metrics["top1_before_bn_recalibration"] = before
+                          evaluate_fn=(lambda: evaluate(model, test, ctx.device, "teacher eval"))
+                          if cfg.train.eval_every_epoch else None, resume=ctx.resume)
+            if needs_recalibration(model, cfg.train):
+                before = evaluate(model, test, ctx.device, "teacher eval")["top1"]
+                recalibrated = recalibrate_if_needed(
+                    model, cfg.train, lambda: ctx.batches("train", 256, shuffle=True, seed=cfg.train.seed),
+                    ctx.device, "teacher")
+        metrics = evaluate(model, test, ctx.device, "teacher eval", save_predictions=workdir / "predictions.npy")
+        if before is not None:
+            metrics["top1_before_bn_recalibration"] = before
         # A teacher at chance makes every later comparison meaningless ("0.00 points lost"): stop here.
         sanity = require_sane(
             "the teacher", metrics, ctx.dataset().classes,
@@ -96,7 +98,7 @@ class TeacherStage(Stage):
         if replaced:
             print(f"teacher: classifier re-initialised for {num_classes} classes ({', '.join(replaced)})", file=sys.stderr)
         return StageResult(
-            outputs={"model": path},
+            outputs={"model": path, "predictions": workdir / "predictions.npy"},
             metrics={**recorded_scores(metrics), "sanity": sanity, "bn_recalibrated_images": recalibrated,
                      **size_metrics(model, ctx.preprocess.input_shape(1)), "history": history},
         )

@@ -190,7 +190,7 @@ def test_editing_a_helper_module_reruns_exactly_the_stages_that_use_it(run_copy,
                         ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(codehash, "PROJECT_ROOT", project)
     run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared", until="evaluate")
-    assert capsys.readouterr().err.count("running") == 0, "the copy hashes like the checkout"
+    assert capsys.readouterr().err.count("] running") == 0, "the copy hashes like the checkout"
     helper = codehash.module_path(module, project)
     helper.write_text(helper.read_text() + "\n# edited\n")
     run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared", until="evaluate")

@@ -57,8 +57,8 @@ def test_gate_falls_back_to_the_next_calibration_method(runs, monkeypatch):
     """A stand-in scorer (says so) makes `max` miss the budget; `percentile` must then be tried and kept."""
     real = quantize_stage.onnx_accuracy
 
-    def scorer(path, images, labels, batch=250):
-        scores = real(path, images, labels, batch)
+    def scorer(path, images, labels, batch=250, **kwargs):
+        scores = real(path, images, labels, batch, **kwargs)
         return scored_as(scores, scores["images"] // 2) if path.name.endswith(".max.onnx") else scores
 
     monkeypatch.setattr(quantize_stage, "onnx_accuracy", scorer)
@@ -70,8 +70,9 @@ def test_gate_falls_back_to_the_next_calibration_method(runs, monkeypatch):
 def test_gate_fails_with_a_table_of_what_was_tried(runs, monkeypatch):
     """A stand-in scorer (says so) scores every INT8 model at zero, so every method misses."""
     real = quantize_stage.onnx_accuracy
-    monkeypatch.setattr(quantize_stage, "onnx_accuracy", lambda path, images, labels, batch=250: (
-        scored_as(real(path, images, labels, batch), 0) if ".int8." in path.name else real(path, images, labels, batch)))
+    monkeypatch.setattr(quantize_stage, "onnx_accuracy", lambda path, images, labels, batch=250, **kw: (
+        scored_as(real(path, images, labels, batch, **kw), 0) if ".int8." in path.name
+        else real(path, images, labels, batch, **kw)))
     with pytest.raises(StageError) as err:
         rerun_quantize(runs, **{"quantize.calibration_methods": ["max", "percentile"]})
     text = str(err.value)
@@ -131,9 +132,9 @@ def test_gate_falls_back_to_quantization_aware_finetuning(runs, monkeypatch):
     """A stand-in scorer (says so) fails every PTQ model; the QAT model is scored for real."""
     pytest.importorskip("modelopt.torch.quantization", reason="ModelOpt is the [modelopt] extra (make installs it)")
     real = quantize_stage.onnx_accuracy
-    monkeypatch.setattr(quantize_stage, "onnx_accuracy", lambda path, images, labels, batch=250: (
-        scored_as(real(path, images, labels, batch), 0) if path.name in ("student.int8.max.onnx",)
-        else real(path, images, labels, batch)))
+    monkeypatch.setattr(quantize_stage, "onnx_accuracy", lambda path, images, labels, batch=250, **kw: (
+        scored_as(real(path, images, labels, batch, **kw), 0) if path.name in ("student.int8.max.onnx",)
+        else real(path, images, labels, batch, **kw)))
     qat = {"epochs": 1, "batch_size": 32, "optimizer": "adamw", "lr": 1e-4}
     ctx = rerun_quantize(runs, **{"quantize.calibration_methods": ["max"], "quantize.qat": qat})
     metrics = ctx.manifest.stage("quantize")["metrics"]

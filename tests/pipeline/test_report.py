@@ -28,7 +28,8 @@ def test_report_from_the_tiny_run(tiny_run):
     assert stages["deploy"]["metrics"]["jobs_succeeded"] == 4
     report = stages["report"]["outputs"]
     html = (tiny_run.run_dir / report["html"]).read_text()
-    assert html.count('src="data:image/png;base64,') == 3 and "<script" not in html
+    # accuracy/latency, energy, power traces, per-class accuracy
+    assert html.count('src="data:image/png;base64,') == 4 and "<script" not in html
     data = json.loads((tiny_run.run_dir / report["json"]).read_text())
     assert data["schema"] == "edgefold.report/1" and data["model"] == "tiny"
     assert set(data) >= {"rungs", "rows", "headline", "power_traces", "provenance", "generated"}
@@ -120,7 +121,7 @@ def test_report_command_rebuilds_and_chromium_renders_the_figures(tiny_run, tmp_
     page.write_text((run / "report" / "report.html").read_text().replace("</body>", check + "</body>"))
     dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
                           "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
-    assert "<title>3:3</title>" in dom.stdout, dom.stdout[:500] + dom.stderr[-500:]
+    assert "<title>4:4</title>" in dom.stdout, dom.stdout[:500] + dom.stderr[-500:]
 
 
 def test_report_without_deploy_says_not_measured(tiny_run, tmp_path):
@@ -132,7 +133,7 @@ def test_report_without_deploy_says_not_measured(tiny_run, tmp_path):
     paths = build_report(run, tmp_path / "out")
     data = json.loads(paths["json"].read_text())
     assert data["rows"] == [] and data["headline"]["status"] == NOT_MEASURED
-    assert NOT_MEASURED in paths["md"].read_text() and paths["html"].read_text().count("data:image/png") == 3
+    assert NOT_MEASURED in paths["md"].read_text() and paths["html"].read_text().count("data:image/png") == 4
 
 
 @pytest.mark.slow

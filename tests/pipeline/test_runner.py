@@ -36,7 +36,7 @@ def test_manifest_records_every_stage(tiny_run):
         assert entry["env"]["torch"] == torch.__version__
     prune = data["stages"]["prune"]
     assert prune["inputs"] == {"data.splits": "data/splits.npz", "data.dataset": "data/dataset.json",
-                               "teacher.model": "teacher/model.pt"}
+                               "teacher.model": "teacher/model.pt", "teacher.predictions": "teacher/predictions.npy"}
 
 
 def test_tiny_pipeline_results(tiny_run):
