@@ -8,9 +8,15 @@ device's fingerprint differs.
 Two TensorRT generations are supported:
 
 * TensorRT 10.x (JetPack 6): weakly typed networks; INT8 is enabled by ``BuilderFlag.INT8`` and
-  the Q/DQ nodes, with ``BuilderFlag.FP16`` so the float layers may fall back to FP16.
+  the Q/DQ nodes, with ``BuilderFlag.FP16`` so the float layers may fall back to FP16. From 10.12
+  those flags are deprecated: a Q/DQ model is built strongly typed there (DLA builds keep the flags).
 * TensorRT 11.x: strongly typed networks only, no precision flags; the Q/DQ ONNX itself
-  decides which layers run in INT8.
+  decides which layers run in INT8, and a float model runs in its own type. DLA only from 11.4.1,
+  on AGX Orin.
+
+The requested precision is checked against the artifact (:func:`reconcile_precision`, the Q/DQ
+lint deciding what is INT8), one engine is built per measured batch (opt = that batch), and every
+build records its trtexec line and the layers the DLA refused in ``build.json`` beside the engine.
 
 The plan (flags, profile, trtexec equivalent) is plain Python and tested without TensorRT;
 only :func:`build_engine` imports ``tensorrt``, lazily.
