@@ -20,6 +20,10 @@ class Runner(ABC):
 
         with OnnxRuntimeRunner("model.onnx") as runner:
             logits = runner.infer(batch)
+
+    A runner that can say where an inference's time goes also has ``profile_batch(batch, iterations,
+    warmup)`` (a :class:`device.profile.BatchProfile`, from a pass separate from the timed one) and
+    ``profile_meta()``; :func:`device.profile.profile_runner` drives both.
     """
 
     name: str = "runner"
