@@ -196,8 +196,12 @@ class TensorRTRunner(Runner):
                                        fix="delete the engine cache folder; it is rebuilt on the next job")
             record_path = path.parent / "build.json"
             record = json.loads(record_path.read_text()) if record_path.is_file() else {}
-            self._engines[batch] = _Engine(batch, path, built, engine, engine.create_execution_context(),
-                                           build=record)
+            context = engine.create_execution_context()
+            # Built at DETAILED verbosity for the inspector; pyCoreDoc.h (nvtx_verbosity): DETAILED "will
+            # generally increase latency in enqueueV3()", so the timed context emits layer names only, as a
+            # default trtexec build does. It "does not affect how IEngineInspector interacts with the engine".
+            context.nvtx_verbosity = trt.ProfilingVerbosity.LAYER_NAMES_ONLY
+            self._engines[batch] = _Engine(batch, path, built, engine, context, build=record)
             self.trtexec[batch] = record.get("trtexec", "")
         first = self._engines[self.batch_sizes[0]]
         self.engine_path = first.path.parent

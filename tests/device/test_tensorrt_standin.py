@@ -90,6 +90,8 @@ def test_one_engine_per_measured_batch_with_its_trtexec_line(monkeypatch, tmp_pa
         assert "--maxShapes=input:1x3x16x16" in trt_runner.trtexec[1]
         assert "--optShapes=input:8x3x16x16" in trt_runner.trtexec[8]
         assert "--fp16" in trt_runner.trtexec[8] and "--profilingVerbosity=detailed" in trt_runner.trtexec[8]
+        trt = __import__("sys").modules["tensorrt"]  # the timed context emits NVTX layer names only
+        assert trt_runner._engines[8].context.nvtx_verbosity == trt.ProfilingVerbosity.LAYER_NAMES_ONLY
         assert trt_runner.built_now
     with runner(float_model, tmp_path, batch_sizes=(1, 8), precision="fp16") as trt_runner:
         assert not trt_runner.built_now, "both engines come from the cache the second time"

@@ -362,6 +362,8 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleTy
             self.addresses: dict[str, int] = {}
             self._profiler = None
             self.enqueue_emits_profile = True  # pyCoreDoc.h: "The default value is True"
+            # pyCoreDoc.h (nvtx_verbosity): "The default is the verbosity with which the engine was built".
+            self.nvtx_verbosity = engine.plan["verbosity"]
 
         @property
         def profiler(self):
