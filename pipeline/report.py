@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from device.errors import ManifestError, require
+from pipeline import perclass
 from pipeline.scores import points as _points
+from pipeline.scores import verdict
 
 SCHEMA = "edgefold.report/1"
 NOT_MEASURED = "not measured"
@@ -63,7 +65,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     for device in devices:
         for rung, facts in rungs.items():
             row = {"rung": rung, "device": device["name"], "group": device.get("group", device["name"]),
-                   "role": device["role"], "top1": facts["top1"],
+                   "role": device["role"], "top1": facts["top1"], "verdict": verdict(rung, facts),
                    "params_m": facts["params_m"], "macs_g": facts["macs_g"],
                    "size_mb": facts.get("onnx_mb", facts["size_mb"]), "status": "measured", "reason": None}
             entry = device["rungs"].get(rung)
@@ -126,8 +128,9 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     }
     return {"schema": SCHEMA, "model": manifest.get("model"), "run": run_dir.name,
             "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "rungs": rungs, "rows": rows, "headline": headline,
+            "per_class": stages["evaluate"]["metrics"].get("per_class"),
             "groups": groups,
-            "power_traces": traces, "provenance": provenance,
+            "power_traces": traces, "provenance": provenance, "layer_profiles": layer_profiles(devices),
             "deployed": deploy is not None}
 
 
@@ -196,8 +199,10 @@ def _headline(rows, edge, dc, baseline_device) -> dict[str, Any]:
     def ratio(a, b):
         return a / b if a is not None and b else None
 
+    student_fp32 = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == "student"), None)
     return {"status": "measured", "edge_device": edge_device["name"], "dc_device": baseline_device["name"],
             "note": note, "top1_edge": student["top1"], "top1_dc": teacher["top1"],
+            "edge_precision": student.get("precision") or "int8", "dc_precision": teacher.get("precision") or "fp32",
             "accuracy_lost_points": _points(-student["top1_delta_points"]) if student["top1_delta_points"] is not None
             else None,
             "latency_p50_ms_edge": student["latency_p50_ms"], "latency_p50_ms_dc": teacher["latency_p50_ms"],
@@ -206,8 +211,22 @@ def _headline(rows, edge, dc, baseline_device) -> dict[str, Any]:
             "throughput_ratio": ratio(student["throughput_images_per_s"], teacher["throughput_images_per_s"]),
             "energy_mj_edge": student["energy_mj_per_inference"], "energy_mj_dc": teacher["energy_mj_per_inference"],
             "energy_ratio": ratio(student["energy_mj_per_inference"], teacher["energy_mj_per_inference"]),
+            "energy_reason": student.get("reason") or teacher.get("reason"),
             "peak_memory_mb_edge": student["peak_memory_mb"], "peak_memory_mb_dc": teacher["peak_memory_mb"],
-            "size_mb_edge": student["size_mb"], "size_mb_dc": teacher["size_mb"]}
+            "size_mb_edge": student["size_mb"], "size_mb_dc": teacher["size_mb"],
+            # Like with like: the student's FP32 form against the FP32 teacher, and the compute both do.
+            "size_mb_student_fp32": student_fp32["size_mb"] if student_fp32 else None,
+            "macs_ratio": ratio(student["macs_g"], teacher["macs_g"]),
+            "params_ratio": ratio(student["params_m"], teacher["params_m"])}
+
+
+def direction(value: float | None, lower: str, higher: str) -> str:
+    """A ratio in words: ``direction(2.31, "faster", "slower")`` → "2.31× slower"; 0.5 → "2.00× faster"."""
+    if value is None:
+        return NOT_MEASURED
+    if abs(value - 1.0) < 5e-3:
+        return "the same"
+    return f"{1 / value:.2f}× {lower}" if value < 1 else f"{value:.2f}× {higher}"
 
 
 # ----------------------------------------------------------------- rendering
@@ -216,22 +235,36 @@ def _fmt(value, spec: str, missing: str = "—") -> str:
 
 
 def headline_text(headline: dict[str, Any]) -> str:
-    """The headline as a few aligned lines (printed by ``make edge``)."""
+    """The headline as a few aligned lines (printed by ``make edge``), each direction said in words."""
     if headline["status"] != "measured":
         return f"headline: {NOT_MEASURED} ({headline['reason']})"
     h = headline
-    lines = [f"student INT8 on {h['edge_device']} vs teacher on {h['dc_device']}",
+    edge, dc = h.get("edge_precision", "int8").upper(), h.get("dc_precision", "fp32").upper()
+    lost = h["accuracy_lost_points"]
+    lines = [f"student {edge} on {h['edge_device']} vs teacher {dc} on {h['dc_device']}",
              f"  top-1          {100 * h['top1_edge']:.2f}% vs {100 * h['top1_dc']:.2f}%  "
-             + (f"({h['accuracy_lost_points']:.2f} points lost)" if h["accuracy_lost_points"] >= 0
-                else f"({-h['accuracy_lost_points']:.2f} points gained)"),
+             + ("(no change)" if not lost else f"({lost:.2f} points lost)" if lost > 0
+                else f"({-lost:.2f} points gained)"),
              f"  latency p50    {h['latency_p50_ms_edge']:.3f} ms vs {h['latency_p50_ms_dc']:.3f} ms  "
-             f"(×{h['latency_ratio']:.2f})",
+             f"({direction(h['latency_ratio'], 'faster', 'slower')})",
              f"  throughput     {h['throughput_edge']:.0f} vs {h['throughput_dc']:.0f} images/s  "
-             f"(×{h['throughput_ratio']:.2f})",
-             f"  energy/image   {_fmt(h['energy_mj_edge'], '.2f', NOT_MEASURED)} vs "
-             f"{_fmt(h['energy_mj_dc'], '.2f', NOT_MEASURED)} mJ"
-             + (f"  (×{h['energy_ratio']:.2f})" if h["energy_ratio"] else ""),
-             f"  model size     {h['size_mb_edge']:.1f} MB vs {h['size_mb_dc']:.1f} MB"]
+             f"({direction(h['throughput_ratio'], 'lower', 'higher')})"]
+    if h["energy_mj_edge"] is None and h["energy_mj_dc"] is None:
+        lines.append(f"  energy/image   {NOT_MEASURED}" + (f" ({h['energy_reason']})" if h.get("energy_reason") else ""))
+    else:
+        lines.append(f"  energy/image   {_fmt(h['energy_mj_edge'], '.2f', NOT_MEASURED)} vs "
+                     f"{_fmt(h['energy_mj_dc'], '.2f', NOT_MEASURED)} mJ"
+                     + (f"  ({direction(h['energy_ratio'], 'less', 'more')})" if h["energy_ratio"] else ""))
+    if h.get("macs_ratio") is not None:
+        lines.append(f"  compute        {100 * h['macs_ratio']:.1f}% of the teacher's MACs, "
+                     f"{100 * h['params_ratio']:.1f}% of its parameters "
+                     f"({'smaller' if h['macs_ratio'] < 1 and h['params_ratio'] < 1 else 'NOT smaller'})")
+    if h.get("size_mb_student_fp32") is not None:
+        lines.append(f"  size, FP32     {h['size_mb_student_fp32']:.1f} MB vs {h['size_mb_dc']:.1f} MB  "
+                     f"({direction(h['size_mb_student_fp32'] / h['size_mb_dc'] if h['size_mb_dc'] else None, 'smaller', 'larger')});"
+                     f" deployed {edge} {h['size_mb_edge']:.1f} MB")
+    else:
+        lines.append(f"  model size     {h['size_mb_edge']:.1f} MB {edge} vs {h['size_mb_dc']:.1f} MB {dc}")
     if h.get("note"):
         lines.append(f"  note: {h['note']}")
     return "\n".join(lines)
@@ -245,7 +278,9 @@ def ladder_rows(data: dict[str, Any]) -> list[list[str]]:
     for r in data["rows"]:
         measured = r["status"] == "measured"
         table.append([
-            r["rung"], r["device"], f"{100 * r['top1']:.2f}%", _fmt(r["top1_delta_points"], "+.2f"),
+            r["rung"], r["device"], f"{100 * r['top1']:.2f}%" + (" " + r["verdict"].split(":")[0]
+                                                                 if r.get("verdict") else ""),
+            _fmt(r["top1_delta_points"], "+.2f"),
             f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}", f"{r['size_mb']:.1f}",
             f"{r['runtime']} {r['precision']}" if measured else "—",
             _fmt(r.get("latency_p50_ms"), ".3f"), _fmt(r.get("latency_p99_ms"), ".3f"),
@@ -310,6 +345,10 @@ def render_markdown(data: dict[str, Any]) -> str:
         parts += ["", _markdown_table([["rung", "top-1", "params M", "GMACs", "MB"]] + [
             [name, f"{100 * r['top1']:.2f}%", f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}",
              f"{r.get('onnx_mb', r['size_mb']):.1f}"] for name, r in data["rungs"].items()])]
+    if data.get("per_class"):
+        parts += [""] + perclass.markdown_section(data["per_class"])
+    if data.get("layer_profiles"):
+        parts += [""] + time_section_markdown(data)
     if _is_fleet(data):
         parts += ["", "## Fleet", "", "Per group of devices of the same kind: the median and the spread across them.", "",
                   _markdown_table(fleet_rows(data))]
@@ -325,6 +364,98 @@ def render_markdown(data: dict[str, Any]) -> str:
     if pipeline_env:
         parts.append("- **build host**: " + ", ".join(f"{k} {v}" for k, v in pipeline_env.items()))
     return "\n".join(parts) + "\n"
+
+
+# ----------------------------------------------------------------- where the time goes (per-layer profile)
+TOP_LAYERS = 5
+
+
+def layer_profiles(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rung × device: the job's whole per-layer profile (``device.profile.Profile``), or why there is none."""
+    entries = []
+    for device in devices:
+        for rung, entry in device.get("rungs", {}).items():
+            if entry.get("state") != "succeeded":
+                continue
+            result = entry["result"]
+            profile = result.get("profile")
+            entries.append({"device": device["name"], "rung": rung, "runtime": result["runtime"]["name"],
+                            "status": "measured" if profile else NOT_MEASURED,
+                            "reason": None if profile else (result["runtime"].get("profile_note")
+                                                            or "the agent recorded no per-layer profile"),
+                            "profile": profile})
+    return entries
+
+
+def _time_summary(table: dict[str, Any], device: str) -> str:
+    """One sentence: the INT8 share, the DLA share and fallbacks, the costliest layer left in float."""
+    shares = ", ".join(f"{p} {100 * v:.1f}%" for p, v in table["share_by_precision"].items())
+    text = f"INT8 layers take {100 * table['int8_share']:.1f}% of the time ({shares})."
+    if table["float_left_behind"]:
+        name = table["float_left_behind"][0]
+        layer = next(l for l in table["layers"] if l["name"] == name)
+        text += (f" Biggest layer left in float: {name} ({layer['kind']}, {layer['precision']}, "
+                 f"{100 * layer['share']:.1f}%).")
+    elif table["int8_share"] == 0:
+        text += " No INT8 layers: the model runs in float."
+    if table.get("dla_share") is not None:
+        fallbacks = table["fallback_layers"]
+        text += (f" DLA: {100 * table['dla_share']:.1f}% of the time; "
+                 + (f"{len(fallbacks)} layer(s) fell back to the GPU: {', '.join(fallbacks[:5])}"
+                    + (f" (+{len(fallbacks) - 5})" if len(fallbacks) > 5 else "") + "." if fallbacks
+                    else "no layer fell back to the GPU."))
+    return text
+
+
+def _time_rows(table: dict[str, Any]) -> list[list[str]]:
+    rows = [["layer", "kind", "precision", "device", "ms", "share"]]
+    for layer in table["layers"][:TOP_LAYERS]:
+        rows.append([layer["name"], layer["kind"], layer["precision"], layer["device"]
+                     + (" (fell back)" if layer.get("fell_back") else ""), f"{layer['time_ms']:.4f}",
+                     f"{100 * layer['share']:.1f}%"])
+    return rows
+
+
+def _shown_batch(profile: dict[str, Any]) -> dict[str, Any]:
+    # The latency batch (the smallest), as the ladder's latency column; results.json keeps every batch.
+    return min(profile["batches"], key=lambda b: b["batch_size"])
+
+
+def time_section_markdown(data: dict[str, Any]) -> list[str]:
+    """The "Where the time goes" section: per rung × device, the top layers by time and what they ran in."""
+    parts = ["## Where the time goes", "",
+             "Per-layer profile of the engine that ran, from a separate pass after the timed windows "
+             "(TensorRT: IEngineInspector + IProfiler; ONNX Runtime: its profiler). The latency batch is shown; "
+             f"results.json carries every batch and layer. Top {TOP_LAYERS} layers by time:"]
+    for entry in data["layer_profiles"]:
+        if entry["status"] != "measured":
+            parts += ["", f"### {entry['rung']} on {entry['device']}", "", f"{NOT_MEASURED}: {entry['reason']}"]
+            continue
+        profile = entry["profile"]
+        table = _shown_batch(profile)
+        parts += ["", f"### {entry['rung']} on {entry['device']} ({entry['runtime']}, {profile['requested_device']}, "
+                      f"batch {table['batch_size']})", "", _time_summary(table, entry["device"]), "",
+                  _markdown_table(_time_rows(table))]
+    return parts
+
+
+def time_section_html(data: dict[str, Any]) -> str:
+    esc = html.escape
+    out = ["<h2>Where the time goes</h2><p>Per-layer profile of the engine that ran, from a separate pass after "
+           f"the timed windows; the latency batch, top {TOP_LAYERS} layers by time.</p>"]
+    for entry in data["layer_profiles"]:
+        if entry["status"] != "measured":
+            out.append(f"<h3>{esc(entry['rung'])} on {esc(entry['device'])}</h3><p>{NOT_MEASURED}: "
+                       f"{esc(str(entry['reason']))}</p>")
+            continue
+        table = _shown_batch(entry["profile"])
+        rows = _time_rows(table)
+        out.append(f"<h3>{esc(entry['rung'])} on {esc(entry['device'])} ({esc(entry['runtime'])}, batch "
+                   f"{table['batch_size']})</h3><p>{esc(_time_summary(table, entry['device']))}</p>"
+                   "<div class=\"scroll\"><table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in rows[0]) + "</tr>"
+                   + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
+                   + "</table></div>")
+    return "".join(out)
 
 
 # ----------------------------------------------------------------- plots
@@ -417,6 +548,8 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
     ax.set_title("Power over each job's window")
     ax.grid(True, alpha=0.3)
     figures["power"] = _figure_png(fig)
+    if data.get("per_class"):
+        figures["per_class"] = _figure_png(perclass.plot(data["per_class"]))
     return figures
 
 
@@ -448,7 +581,8 @@ def render_html(data: dict[str, Any], figures: dict[str, str]) -> str:
                                           for row in fleet[1:]) + "</table></div>")
     captions = {"accuracy_latency": "Accuracy against latency per device; the dashed line joins the Pareto front.",
                 "energy": "Energy per image per rung and device (n/m: not measured).",
-                "power": "Power over each job's timed window; dotted lines are the idle baselines."}
+                "power": "Power over each job's timed window; dotted lines are the idle baselines.",
+                "per_class": "Accuracy on each class's test images, per rung: where the fold cost most."}
     figures_html = "".join(f'<figure><img alt="{key}" src="data:image/png;base64,{png}"><figcaption>'
                            f"{esc(captions[key])}</figcaption></figure>" for key, png in figures.items())
     provenance = render_markdown(data).split("## Provenance", 1)[1]
@@ -463,6 +597,8 @@ def render_html(data: dict[str, Any], figures: dict[str, str]) -> str:
 <h2>Headline</h2><pre>{esc(headline_text(data['headline']))}</pre>
 <h2>The ladder</h2><p>{esc(_batch_note(data))}</p><div class="scroll"><table>{rows_html}</table></div>
 <ol class="notes">{notes_html}</ol>
+{perclass.html_section(data["per_class"]) if data.get("per_class") else ""}
+{time_section_html(data) if data.get("layer_profiles") else ""}
 {fleet_html}
 <h2>Plots</h2><div class="grid">{figures_html}</div>
 <h2>Provenance</h2>{provenance_html}

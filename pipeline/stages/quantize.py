@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from device.engine import BuildOptions, trtexec_command
+from device.engine import trtexec_lines
 from device.errors import MissingDependencyError, StageError, require
 from device.qdq_lint import lint_qdq
 from device.registry import Registry
@@ -269,13 +269,16 @@ def quantization_aware_finetune(ctx, workdir: Path, calibration: np.ndarray) -> 
     return path
 
 
-def onnx_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch: int = 250) -> dict:
+def onnx_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch: int = 250,
+                  save_predictions: Path | None = None) -> dict:
     """Scores of an ONNX model under ONNX Runtime (which runs Q/DQ models on CPU), with the counts
-    behind them (:func:`pipeline.train.accuracy`)."""
-    from pipeline.train import accuracy
+    behind them (:func:`pipeline.train.accuracy`); each image's top-1 class kept when asked."""
+    from pipeline.train import accuracy, save_top1
 
     with OnnxRuntimeRunner(path) as runner:
         logits = np.concatenate([runner.infer(images[i : i + batch]) for i in range(0, len(images), batch)])
+    if save_predictions is not None:
+        save_top1(save_predictions, logits)
     return accuracy(logits, labels)
 
 
@@ -287,7 +290,9 @@ class QuantizeStage(Stage):
         return ("data", "export") + (("distill",) if ctx.recipe.quantize.qat else ())
 
     def config(self, ctx):
-        return {"quantize": ctx.recipe.section("quantize"), "calib_size": ctx.recipe.data.calib_size}
+        # The batch sizes shape the recorded trtexec lines (one engine per measured batch).
+        return {"quantize": ctx.recipe.section("quantize"), "calib_size": ctx.recipe.data.calib_size,
+                "batch_sizes": list(ctx.recipe.deploy.batch_sizes)}
 
     def run(self, ctx, workdir: Path) -> StageResult:
         cfg = ctx.recipe.quantize
@@ -305,7 +310,7 @@ class QuantizeStage(Stage):
             test_images.append(x.numpy())
             test_labels.append(y.numpy())
         images, labels = np.concatenate(test_images), np.concatenate(test_labels)
-        reference = onnx_accuracy(fp32, images, labels)
+        reference = onnx_accuracy(fp32, images, labels, save_predictions=workdir / "predictions.fp32.npy")
         attempts, accepted = [], None
         plan = [(cfg.quantizer, method) for method in cfg.calibration_methods] + ([("modelopt", "qat")] if cfg.qat else [])
         for quantizer, method in plan:
@@ -326,7 +331,8 @@ class QuantizeStage(Stage):
                     f"(e.g. {unconverted[0]}): it is {candidate.stat().st_size / 1e6:.2f} MB against "
                     f"{fp32.stat().st_size / 1e6:.2f} MB FP32, not an INT8 artifact",
                     fix="this is a quantizer bug; choose another quantize.quantizer")
-            scores = onnx_accuracy(candidate, images, labels)
+            scores = onnx_accuracy(candidate, images, labels,
+                                   save_predictions=workdir / f"predictions.{method}.npy")
             drop = 100 * (reference["top1_correct"] - scores["top1_correct"]) / max(scores["images"], 1)
             attempts.append({"quantizer": quantizer, "method": method, **scores, "drop_points": points(drop),
                              "size_mb": candidate.stat().st_size / 1e6, "lint": lint.to_dict()})
@@ -336,6 +342,7 @@ class QuantizeStage(Stage):
                              cfg.accuracy_budget_points):
                 accepted = attempts[-1]
                 shutil.copyfile(candidate, workdir / "student.int8.onnx")
+                shutil.copyfile(workdir / f"predictions.{method}.npy", workdir / "predictions.npy")
                 break
         shutil.rmtree(scratch)
         if accepted is None:
@@ -353,12 +360,14 @@ class QuantizeStage(Stage):
                    "match the test data",
             fix="check the distill stage's scores; enlarge data.calib_size")
         chw = ctx.preprocess.input_shape(1)[1:]
-        trtexec = {f"tensorrt_{version.split('.')[0]}": " ".join(trtexec_command(
-            "student.int8.onnx", "student.int8.plan", INPUT_NAME, chw, BuildOptions(batch=(1, 1, 32)), version))
-            for version in ("10.3", "11.0")}
+        # The engines the agent builds: one per measured batch, opt = that batch (one line each).
+        trtexec = {f"tensorrt_{version.split('.')[0]}": trtexec_lines(
+            "student.int8.onnx", "student.int8", INPUT_NAME, chw, ctx.recipe.deploy.batch_sizes, "int8", version)
+            for version in ("10.3", "11.1")}
         scored = ("top1", "top5", "top1_correct", "top5_correct", "images", "predicted_counts", "label_counts")
         return StageResult(
-            outputs={"student_int8": workdir / "student.int8.onnx"},
+            outputs={"student_int8": workdir / "student.int8.onnx", "predictions": workdir / "predictions.npy",
+                     "fp32_predictions": workdir / "predictions.fp32.npy"},
             metrics={"fp32_top1": reference["top1"], "fp32_top1_correct": reference["top1_correct"],
                      **{key: accepted[key] for key in scored}, "sanity": sanity,
                      "drop_points": accepted["drop_points"],
