@@ -150,15 +150,52 @@ class TeacherConfig(_Strict):
         return value
 
 
-class PruneConfig(_Strict):
-    """Structured channel pruning (Torch-Pruning DepGraph) to a MACs target."""
+class LatencyTarget(_Strict):
+    """A latency budget measured on a device's agent (see pipeline.latency): ``{device: edge, ratio: 0.25}``.
 
-    macs_target: float = Field(gt=0, le=1, description="pruned MACs as a fraction of the teacher's")
+    Exactly one of ``ratio`` (of the unpruned model's latency measured there) and ``ms`` is given. The
+    runtime, precision and threads are the deploy stage's for that device; the batch size and the
+    measurement window are the table's own (short windows, many of them).
+    """
+
+    device: str = Field("edge", description="a device name, group or role (EDGE=/DC=/DEVICES=); with no devices "
+                                            "configured, the loopback agent on this machine")
+    ratio: Optional[float] = Field(None, gt=0, le=1, description="budget as a fraction of the unpruned latency")
+    ms: Optional[float] = Field(None, gt=0, description="budget in milliseconds per batch")
+    batch_size: int = Field(1, ge=1, le=4096, description="batch the budget is measured at")
+    duration_s: float = Field(0.3, gt=0, le=60, description="timed window per measurement")
+    warmup_iterations: int = Field(5, ge=0, le=100_000)
+    windows: int = Field(3, ge=1, le=20, description="interleaved windows per sub-network; the median is used")
+    points: int = Field(5, ge=2, le=64, description="widths measured per channel group (interpolated between)")
+    rounds: int = Field(2, ge=1, le=6, description="table re-measured around the last plan until it meets the budget")
+    tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on the measured latency")
+    check: bool = Field(True, description="check the table against measured unpruned and MACs-pruned networks")
+    check_macs_target: Optional[float] = Field(None, gt=0, le=1, description="the MACs-pruned network checked; "
+                                                                              "default: the chosen plan's MACs")
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "LatencyTarget":
+        if (self.ratio is None) == (self.ms is None):
+            raise ValueError("give exactly one of ratio (of the unpruned latency) and ms")
+        return self
+
+
+class PruneConfig(_Strict):
+    """Structured channel pruning (Torch-Pruning DepGraph) to a MACs target or a measured latency budget."""
+
+    macs_target: Optional[float] = Field(None, gt=0, le=1, description="pruned MACs as a fraction of the teacher's")
+    latency: Optional[LatencyTarget] = Field(None, description="a latency budget on a device instead of macs_target")
     tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on macs_target")
     round_to: int = Field(8, ge=1, description="channel counts rounded to this multiple (Tensor Cores want 8/16/32)")
     importance: Literal["l1", "l2"] = "l2"
     steps: int = Field(1, ge=1, description="iterative prune-and-finetune steps")
     finetune: Optional[TrainConfig] = Field(None, description="fine-tuning after each step; null = none")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "PruneConfig":
+        if (self.macs_target is None) == (self.latency is None):
+            raise ValueError("give exactly one target: macs_target (a MACs fraction) or latency ({device, ratio|ms})")
+        return self
 
 
 class DistillConfig(_Strict):

@@ -1,4 +1,8 @@
-"""prune stage: structured channel pruning with Torch-Pruning (DepGraph) to a MACs target.
+"""prune stage: structured channel pruning with Torch-Pruning (DepGraph) to a MACs target or a latency budget.
+
+A latency budget (``prune.latency``) is measured on the named device's agent: a latency table per
+channel group, a knapsack over group importance under the budget, and the chosen plan measured
+(see :mod:`pipeline.latency`). The MACs target works as before:
 
 Torch-Pruning takes a channel ratio, not a MACs budget, so the ratio is found by bisection
 on throw-away copies; channel counts are rounded to the recipe's multiple because odd counts
@@ -8,6 +12,7 @@ defeat Tensor Cores (a pruned model with odd widths is often *slower* in TensorR
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
 from pathlib import Path
 
@@ -119,6 +124,23 @@ class PlanPruner:
                 conv.__class__ = torch.nn.Conv2d
 
 
+class WidthPruner:
+    """The latency plan's pruner: per-group widths reached in ``cfg.steps`` even steps, each group keeping its
+    most important channels (importance recomputed on the fine-tuned model at every step)."""
+
+    def __init__(self, model, arch: str, cfg: PruneConfig, groups, widths: dict[str, int], input_shape):
+        self.model, self.arch, self.cfg, self.groups, self.widths = model, arch, cfg, groups, widths
+        self.input_shape = input_shape
+        self.done = 0
+
+    def step(self) -> None:
+        from pipeline import latency
+
+        self.done += 1
+        goal = latency.step_widths(self.groups, self.widths, self.done, self.cfg.steps, self.cfg.round_to)
+        latency.set_widths(self.model, self.arch, self.input_shape, goal, importance=self.cfg.importance)
+
+
 def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, input_shape) -> PlanPruner:
     """A DepGraph MetaPruner for ``plan`` that never touches the classifier.
 
@@ -216,20 +238,30 @@ class PruneStage(Stage):
         return ("data", "teacher")
 
     def config(self, ctx):
-        return {"prune": ctx.recipe.section("prune"), "preprocess": ctx.preprocess.to_dict()}
+        config = {"prune": ctx.recipe.section("prune"), "preprocess": ctx.preprocess.to_dict()}
+        if ctx.recipe.prune.latency is not None:
+            # The budget is measured with the deploy stage's runtime on these devices: a change plans again.
+            deploy = ctx.recipe.deploy
+            config.update(devices=[d.public() for d in ctx.devices],
+                          deploy={"runtime": deploy.runtime, "threads": deploy.threads}, opset=ctx.recipe.export.opset)
+        return config
 
     def run(self, ctx, workdir: Path) -> StageResult:
         cfg = ctx.recipe.prune
         model, info = load_checkpoint(ctx.manifest.output("teacher", "model"))
         arch, input_shape = info["arch"], ctx.preprocess.input_shape(1)
         base_macs, base_params = count_macs(model, input_shape), count_parameters(model)
-        plan, predicted = find_plan(model, arch, cfg, input_shape, base_macs)
-        print(f"prune: channel ratio {plan['ratio']:.5f} ({plan['dense_ratio']:.5f} on the first "
-              f"{plan['dense_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
-              f"(target {100 * cfg.macs_target:.1f}%)", file=sys.stderr)
+        latency_metrics = None
+        if cfg.latency is not None:
+            plan, pruner, latency_metrics = self._latency_plan(ctx, workdir, model, arch, cfg, input_shape)
+        else:
+            plan, predicted = find_plan(model, arch, cfg, input_shape, base_macs)
+            print(f"prune: channel ratio {plan['ratio']:.5f} ({plan['dense_ratio']:.5f} on the first "
+                  f"{plan['dense_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
+                  f"(target {100 * cfg.macs_target:.1f}%)", file=sys.stderr)
+            pruner = make_pruner(model, arch, cfg, plan, input_shape)
         before_shapes = _conv_shapes(model)
         before_macs = layer_macs(model, input_shape)
-        pruner = make_pruner(model, arch, cfg, plan, input_shape)
         test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
         history = []
         for step in range(cfg.steps):
@@ -248,7 +280,7 @@ class PruneStage(Stage):
                 model.cpu()
         macs = count_macs(model, input_shape)
         fraction = macs / base_macs
-        if abs(fraction - cfg.macs_target) > cfg.tolerance * cfg.macs_target:
+        if cfg.macs_target is not None and abs(fraction - cfg.macs_target) > cfg.tolerance * cfg.macs_target:
             raise StageError(
                 f"pruned model has {100 * fraction:.1f}% of the teacher's MACs; target {100 * cfg.macs_target:.1f}% "
                 f"± {100 * cfg.tolerance:.0f}% (relative)",
@@ -276,8 +308,53 @@ class PruneStage(Stage):
                      "macs_g": macs / 1e9, "params_m": count_parameters(model) / 1e6,
                      "macs_fraction": fraction, "params_fraction": count_parameters(model) / base_params,
                      "layers_off_multiple": len(odd), "unpruned_layers": unpruned,
-                     "macs_concentration": concentration, "history": history},
+                     "macs_concentration": concentration, "history": history,
+                     **({"latency": latency_metrics} if latency_metrics is not None else {})},
         )
+
+    @staticmethod
+    def _latency_plan(ctx, workdir: Path, model, arch: str, cfg: PruneConfig, input_shape):
+        """The latency path: table, knapsack and measured plan on the budget's device; a pruner for its widths.
+
+        Returns:
+            (plan recorded in the checkpoint, pruner, the ``latency`` metrics: budget, the student's predicted
+            and measured latency, the rounds, the table check and the plot's data).
+        """
+        import json
+
+        from pipeline import latency
+
+        target = cfg.latency
+        with latency.open_agent(ctx.devices, target.device, ctx.log) as (client, info, identity):
+            spec = latency.device_spec(info, ctx.recipe.deploy, target, ctx.preprocess.to_dict(),
+                                       f"{ctx.recipe.name}/{ctx.run_dir.name}/latency-table")
+            meter = latency.Meter(client, spec, identity, ctx.run_dir.parent / "latency-cache",
+                                  workdir / "latency-onnx", target.windows, ctx.recipe.export.opset, input_shape,
+                                  log=ctx.log)
+            planned = latency.plan_to_budget(model, arch, cfg, input_shape, meter, ctx.log)
+            checks = latency.check_table(model, arch, cfg, input_shape, meter, planned, ctx.log) if target.check \
+                else None
+        # The exported sub-networks are scratch (the table and the cache keep their times).
+        shutil.rmtree(workdir / "latency-onnx", ignore_errors=True)
+        plans = planned["plans"] + ([{"plan": f"MACs target {100 * checks['macs_pruned']['macs_fraction']:.1f}%",
+                                      "macs_fraction": checks["macs_pruned"]["macs_fraction"],
+                                      "predicted_ms": checks["macs_pruned"]["predicted_ms"],
+                                      "measured_ms": checks["macs_pruned"]["measured_ms"]}] if checks else [])
+        plans[len(planned["rounds"])]["chosen"] = True  # the last round's plan is the one pruned
+        (workdir / "latency_table.json").write_text(json.dumps(
+            {"format": latency.TABLE_FORMAT, "device": identity,
+             "spec": spec.model_dump(mode="json", exclude={"artifact"}), "tables": planned["tables"],
+             "rounds": planned["rounds"], "check": checks}, indent=1, sort_keys=True))
+        plot = latency.plot_plans(plans, planned["sweep"], planned["budget_ms"], workdir / "latency_plans.png")
+        measured = planned["measured_ms"]["p50_ms"]
+        metrics = {"device": target.device, "agent": identity.get("agent"), "budget_ms": planned["budget_ms"],
+                   "unpruned_ms": planned["unpruned_ms"], "predicted_ms": planned["predicted_ms"],
+                   "measured_ms": planned["measured_ms"], "prediction_error": (planned["predicted_ms"] - measured)
+                   / measured, "rounds": len(planned["rounds"]), "jobs": meter.jobs, "reused": meter.reused,
+                   "check": checks, "plans": plans, "sweep": planned["sweep"], "table": "prune/latency_table.json",
+                   "plot": "prune/latency_plans.png" if plot else None}
+        plan = {"widths": planned["widths"], "latency_budget_ms": planned["budget_ms"]}
+        return plan, WidthPruner(model, arch, cfg, planned["groups"], planned["widths"], input_shape), metrics
 
     def summary(self, metrics):
         return (f"{100 * metrics['macs_fraction']:.1f}% of the teacher's MACs ({metrics['macs_g']:.3f} G), "

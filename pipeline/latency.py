@@ -1,0 +1,611 @@
+"""Latency tables measured on the target device, and the latency-budget plan solved from them (issue #16).
+
+**What is measured.** For every prunable channel group of the model (Torch-Pruning's dependency groups:
+a convolution's output channels together with everything coupled to them — its BatchNorm, the next
+layers' inputs, every other layer on the same residual stream) the latency of the network with that
+group at a few candidate widths (multiples of ``round_to``), all other groups held at a *context* plan.
+Every measurement is an ordinary benchmark job of the deploy stage's runtime and precision for that
+device, sent through :class:`device.client.AgentClient`, repeated over several interleaved windows; the
+median window is used and the spread is kept.
+
+**Why whole networks, not cut-out layers.** The sub-network measured for a group is the whole network in
+its context, changed in that group only, and the table holds the *change* of latency against the context:
+
+* the agent takes image-shaped models only (1 or 3 input channels: its smoke inference runs a real
+  photograph through them), so a cut-out layer needs an adapter layer in front that costs time itself;
+* the runtime fuses across layer boundaries (Conv+BN+ReLU+Add in ONNX Runtime, whole blocks in TensorRT)
+  and each call has a fixed overhead of the order of a small layer's time: an isolated 1×1 or depthwise
+  layer — exactly the memory-bound layers MACs misjudge — is timed with costs it does not have in the
+  network, and a sum of isolated layers counts the call overhead once per layer;
+* a change measured in context has neither problem; its price is that it is a small difference of two
+  large times, so it is measured over several windows and smoothed (monotone in the width).
+
+The change of one group is measured with the others at the context widths, so a plan that moves many
+groups far from the context is predicted with an error (a convolution between two pruned groups shrinks
+with the product of both widths, the table adds the two changes). :func:`plan_to_budget` therefore
+measures the table again around the plan it chose (``rounds``), where the prediction is exact to first
+order, and measures every plan it returns. The table is checked against measured full runs of the
+unpruned and of a MACs-pruned network (:func:`check_table`), and the errors are recorded in the run.
+
+Result documents are read in one place only, :func:`latency_ms`, because the agent's result schema is
+being retyped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from device.errors import ConfigError, EdgeFoldError, StageError
+from pipeline import knapsack
+from pipeline.manifest import sha256_json
+
+TABLE_FORMAT = "edgefold.latency-table/1"
+
+
+# ----------------------------------------------------------------------------------------- reading results
+def latency_ms(result: dict[str, Any], batch_size: int) -> tuple[float, float, float]:
+    """The median latency of one batch size in an agent's job result, with its 95% confidence interval.
+
+    The ONE place that reads the agent's result document (its schema is being retyped: adapt here).
+    Today a result has ``runs[i]`` with ``batch_size``, ``latency_p50_ms``, ``latency_std_ms`` and
+    ``iterations``. Where the result carries no interval for the median, the asymptotic one is used:
+    the standard error of a median is √(π/2)·σ/√n for a normal sample.
+
+    Returns:
+        (p50_ms, ci_low_ms, ci_high_ms).
+
+    Raises:
+        StageError: When the result holds no run of ``batch_size``.
+    """
+    for run in result.get("runs") or []:
+        if run.get("batch_size") == batch_size:
+            p50 = float(run["latency_p50_ms"])
+            if run.get("latency_p50_ci_ms"):
+                low, high = run["latency_p50_ci_ms"]
+                return p50, float(low), float(high)
+            n = max(int(run.get("iterations") or 1), 1)
+            half = 1.96 * math.sqrt(math.pi / 2) * float(run.get("latency_std_ms") or 0.0) / math.sqrt(n)
+            return p50, p50 - half, p50 + half
+    raise StageError(f"the agent's result holds no run at batch {batch_size}",
+                     fix="this is a bug of the latency table's job spec; report it")
+
+
+# ----------------------------------------------------------------------------------------- channel groups
+@dataclass(frozen=True)
+class ChannelGroup:
+    """One prunable dependency group, named by its root layer (the layer whose outputs it prunes)."""
+
+    name: str
+    full: int
+    candidates: tuple[int, ...]  # widths the plan may choose, ascending, the full width last
+
+
+def _tp():
+    from pipeline.stages.prune import _torch_pruning
+
+    return _torch_pruning()
+
+
+def _graph(model: nn.Module, input_shape):
+    return _tp().DependencyGraph().build_dependency(model, example_inputs=torch.zeros(input_shape))
+
+
+def _classifier(model: nn.Module, arch: str) -> nn.Module:
+    from pipeline.models import ARCHITECTURES
+
+    return model.get_submodule(ARCHITECTURES.get(arch).classifier)
+
+
+def _groups(model: nn.Module, arch: str, graph) -> Iterator[tuple[str, Any, Any]]:
+    """(root name, root module, group) of every prunable group; the classifier's outputs are never one."""
+    names = {module: name for name, module in model.named_modules()}
+    for group in graph.get_all_groups(ignored_layers=[_classifier(model, arch)],
+                                      root_module_types=[nn.Conv2d, nn.Linear]):
+        root = group[0].dep.target.module
+        yield names[root], root, group
+
+
+def prunable_groups(model: nn.Module, arch: str, input_shape, round_to: int) -> list[ChannelGroup]:
+    """The channel groups of ``model`` with their candidate widths (multiples of ``round_to`` and the full width).
+
+    Raises:
+        ConfigError: For grouped (not depthwise) convolutions, which the latency path does not prune yet.
+    """
+    from pipeline.stages.prune import grouped_convs
+
+    if grouped_convs(model):
+        raise ConfigError("the latency target does not prune grouped convolutions (RegNet, ResNeXt) yet",
+                          fix="use prune.macs_target for this architecture")
+    groups = []
+    for name, root, _ in _groups(model, arch, _graph(model, input_shape)):
+        full = root.out_channels if isinstance(root, nn.Conv2d) else root.out_features
+        if isinstance(root, nn.Conv2d) and root.groups == root.out_channels and root.groups > 1:
+            continue  # a depthwise layer is pruned with the group that feeds it
+        candidates = sorted({w for w in range(round_to, full, round_to)} | {full})
+        groups.append(ChannelGroup(name, full, tuple(candidates)))
+    return groups
+
+
+def widths_of(model: nn.Module, groups: list[ChannelGroup]) -> dict[str, int]:
+    """The current width of every group (its root layer's output channels)."""
+    modules = dict(model.named_modules())
+    return {g.name: (modules[g.name].out_channels if isinstance(modules[g.name], nn.Conv2d)
+                     else modules[g.name].out_features) for g in groups}
+
+
+def set_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int], importance: str | None = None) -> nn.Module:
+    """Prunes ``model`` in place so that each named group keeps ``widths[name]`` channels.
+
+    Args:
+        importance: ``"l1"``/``"l2"``: keep each group's most important channels (Torch-Pruning's group
+            magnitude importance, as the MACs path); None: keep the first channels (latency models, whose
+            weights do not matter).
+    """
+    tp = _tp()
+    estimator = tp.importance.GroupMagnitudeImportance(p=1 if importance == "l1" else 2) if importance else None
+    graph = _graph(model, input_shape)
+    for name, root, group in _groups(model, arch, graph):
+        current = root.out_channels if isinstance(root, nn.Conv2d) else root.out_features
+        keep = widths.get(name, current)
+        if keep >= current:
+            continue
+        if estimator is not None:
+            scores = estimator(group)
+            drop = torch.argsort(scores)[: current - keep].tolist()
+        else:
+            drop = list(range(keep, current))
+        handler = group[0].dep.handler
+        pruning = graph.get_pruning_group(root, handler, sorted(drop))
+        if not graph.check_pruning_group(pruning):
+            raise StageError(f"Torch-Pruning refused to prune group {name} to {keep} channels",
+                             fix="raise prune.round_to or use prune.macs_target")
+        pruning.prune()
+    return model
+
+
+def group_importance(model: nn.Module, arch: str, input_shape, importance: str) -> dict[str, np.ndarray]:
+    """Each group's channel importances, most important first (Torch-Pruning's group magnitude estimator).
+
+    The estimator averages a channel's score over the group's layers and divides by the group's mean
+    (its default ``normalizer``), so groups of different layers and sizes are compared on one scale, as
+    Torch-Pruning's own global pruning does.
+    """
+    tp = _tp()
+    estimator = tp.importance.GroupMagnitudeImportance(p=1 if importance == "l1" else 2)
+    graph = _graph(model, input_shape)  # traced with autograd on: DepGraph needs it
+    return {name: np.sort(estimator(group).detach().cpu().numpy().astype(float))[::-1]
+            for name, _, group in _groups(model, arch, graph)}
+
+
+def at_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int]) -> nn.Module:
+    """A pruned copy of ``model`` at ``widths`` (first channels kept: for timing, not for accuracy)."""
+    return set_widths(copy.deepcopy(model).eval(), arch, input_shape, widths)
+
+
+# ----------------------------------------------------------------------------------------- measuring
+@dataclass
+class Measurement:
+    """One sub-network's latency: the median over windows, each window's p50, and the CI of the median window."""
+
+    p50_ms: float
+    ci_ms: tuple[float, float]
+    windows_ms: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"p50_ms": self.p50_ms, "ci_ms": list(self.ci_ms), "windows_ms": self.windows_ms,
+                "spread_ms": [min(self.windows_ms), max(self.windows_ms)]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Measurement":
+        return cls(data["p50_ms"], tuple(data["ci_ms"]), list(data["windows_ms"]))
+
+
+class Meter:
+    """Measures models on one agent with the deploy stage's job spec, cached by device, structure and runtime.
+
+    Args:
+        client: An open :class:`device.client.AgentClient`.
+        spec: The job spec template (:func:`device_spec`); its ``artifact`` is replaced per model.
+        key: What identifies the device and its runtime (fingerprint, agent, code of a loopback agent).
+        cache: Directory of cached measurements (one JSON file per key).
+        workdir: Where the exported models are written.
+        windows: Interleaved windows per model.
+        opset: ONNX opset of the exports (the export stage's).
+    """
+
+    def __init__(self, client, spec, key: dict[str, Any], cache: Path, workdir: Path, windows: int, opset: int,
+                 input_shape, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)):
+        self.client, self.spec, self.key, self.windows, self.opset = client, spec, key, windows, opset
+        self.cache, self.workdir = Path(cache), Path(workdir)
+        self.cache.mkdir(parents=True, exist_ok=True)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.input_shape, self.log = tuple(input_shape), log
+        self.jobs = 0
+        self.reused = 0
+
+    def _cache_key(self, model: nn.Module) -> str:
+        from pipeline.checkpoint import capture_structure
+
+        spec = self.spec.model_dump(mode="json", exclude={"label", "artifact"}, exclude_none=True)
+        return sha256_json({"structure": capture_structure(model), "input": list(self.input_shape),
+                            "device": self.key, "spec": spec, "windows": self.windows, "opset": self.opset})
+
+    def measure(self, models: dict[Any, nn.Module]) -> dict[Any, Measurement]:
+        """Measures every model (cached ones are read back); windows interleave across models, so a slow
+        drift of the device spreads over all of them instead of biasing the ones measured last."""
+        from device.client import AgentError
+        from device.schema import JobSpec
+        from pipeline.stages.export import export_onnx
+
+        results: dict[Any, Measurement] = {}
+        pending: dict[Any, tuple[str, str]] = {}
+        for name, model in models.items():
+            key = self._cache_key(model)
+            cached = self.cache / f"{key}.json"
+            if cached.is_file():
+                results[name] = Measurement.from_json(json.loads(cached.read_text()))
+                self.reused += 1
+                continue
+            if key not in {k for k, _ in pending.values()}:
+                path = self.workdir / f"{key[:16]}.onnx"
+                if not path.is_file():
+                    export_onnx(model, path, self.input_shape, self.opset)
+                try:
+                    artifact = self.client.upload(path)
+                except AgentError as err:
+                    raise _unreachable(err) from None
+                pending[name] = (key, artifact)
+            else:
+                pending[name] = next(v for v in pending.values() if v[0] == key)
+        unique = {key: artifact for key, artifact in pending.values()}
+        windows: dict[str, list[tuple[float, float, float]]] = {key: [] for key in unique}
+        if unique:
+            self.log(f"[   prune] latency: measuring {len(unique)} networks × {self.windows} windows on the agent")
+        for _ in range(self.windows):
+            try:
+                submitted = {key: self.client.submit(JobSpec.model_validate(
+                    {**self.spec.model_dump(exclude_none=True), "artifact": artifact}))["id"]
+                    for key, artifact in unique.items()}
+                for key, job_id in submitted.items():
+                    job = self.client.wait(job_id, timeout_s=(self.spec.timeout_s or 1800) + 120, poll_s=0.05)
+                    if job["state"] != "succeeded":
+                        raise StageError(f"a latency-table job failed on the agent: {job.get('error')}",
+                                         fix="see the agent's log; the deploy stage's runtime must run this model")
+                    windows[key].append(latency_ms(job["result"], self.spec.batch_sizes[0]))
+                    self.jobs += 1
+            except AgentError as err:
+                raise _unreachable(err) from None
+        for key, values in windows.items():
+            ordered = sorted(values, key=lambda v: v[0])
+            median = ordered[len(ordered) // 2]
+            measurement = Measurement(float(np.median([v[0] for v in values])), (median[1], median[2]),
+                                      [v[0] for v in values])
+            (self.cache / f"{key}.json").write_text(json.dumps(measurement.to_json()))
+            for name, (k, _) in pending.items():
+                if k == key:
+                    results[name] = measurement
+        return results
+
+
+def _unreachable(err) -> StageError:
+    return StageError(f"prune: the latency table's agent is unreachable: {err.message}",
+                      fix="start the agent (edgefold-agent serve) or pass EDGE=/DC=/DEVICES= for a reachable one; "
+                          "with none of them set the loopback agent on this machine is started")
+
+
+def device_spec(device_info: dict[str, Any], deploy_cfg, target, preprocess: dict[str, Any], label: str):
+    """The job spec of a latency-table measurement: the deploy stage's runtime, precision and threads for this
+    device (its own :func:`pipeline.stages.deploy.job_spec`, the float student's rung), with the table's batch
+    size and short windows, no idle baseline and no telemetry (latency only)."""
+    from device.schema import JobSpec
+    from pipeline.stages.deploy import job_spec
+
+    base = job_spec("student", "0" * 64, device_info, deploy_cfg, preprocess, label)
+    return JobSpec.model_validate({**base.model_dump(exclude_none=True), "batch_sizes": [target.batch_size],
+                                   "duration_s": target.duration_s, "warmup_iterations": target.warmup_iterations,
+                                   "idle_s": 0.0, "telemetry": []})
+
+
+# ----------------------------------------------------------------------------------------- the table
+def _monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence (pool adjacent violators): a wider group never costs less time;
+    a measured dip is noise."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean2, n2 = blocks.pop()
+            mean1, n1 = blocks.pop()
+            blocks.append([(mean1 * n1 + mean2 * n2) / (n1 + n2), n1 + n2])
+    return [mean for mean, n in blocks for _ in range(int(n))]
+
+
+def _measured_widths(group: ChannelGroup, points: int, context: int) -> list[int]:
+    """``points`` candidates spread over the range (always the narrowest and the full width), and the context."""
+    candidates = list(group.candidates)
+    picks = {candidates[int(round(i * (len(candidates) - 1) / max(points - 1, 1)))] for i in range(points)}
+    return sorted(picks | {context})
+
+
+@dataclass
+class LatencyTable:
+    """Latency changes per group and width against a measured context plan."""
+
+    context: dict[str, int]
+    context_ms: Measurement
+    groups: list[ChannelGroup]
+    measured: dict[str, dict[int, Measurement]] = field(default_factory=dict)
+    delta_ms: dict[str, list[float]] = field(default_factory=dict)  # per candidate width, smoothed
+
+    def predict(self, widths: dict[str, int]) -> float:
+        """Predicted latency (ms) of a plan: the context's plus each group's change."""
+        total = self.context_ms.p50_ms
+        for group in self.groups:
+            total += self.delta_ms[group.name][group.candidates.index(widths.get(group.name, group.full))]
+        return total
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": TABLE_FORMAT, "context": self.context, "context_ms": self.context_ms.to_json(),
+                "groups": {g.name: {"full": g.full, "candidates": list(g.candidates), "delta_ms": self.delta_ms[g.name],
+                                    "measured": {str(w): m.to_json() for w, m in self.measured[g.name].items()}}
+                           for g in self.groups}}
+
+
+def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGroup], context: dict[str, int],
+                meter: Meter, points: int) -> LatencyTable:
+    """Measures the table around ``context``: each group at ``points`` widths, the others at the context."""
+    models: dict[Any, nn.Module] = {"context": at_widths(model, arch, input_shape, context)}
+    for group in groups:
+        for width in _measured_widths(group, points, context[group.name]):
+            if width != context[group.name]:
+                models[(group.name, width)] = at_widths(model, arch, input_shape, {**context, group.name: width})
+    measured = meter.measure(models)
+    table = LatencyTable(context, measured["context"], groups)
+    for group in groups:
+        at = {context[group.name]: measured["context"]}
+        at.update({w: m for (key, m) in measured.items() if isinstance(key, tuple) and key[0] == group.name
+                   for w in [key[1]]})
+        table.measured[group.name] = dict(sorted(at.items()))
+        xs = sorted(at)
+        ys = [at[w].p50_ms - table.context_ms.p50_ms for w in xs]
+        delta = list(np.interp(group.candidates, xs, ys))
+        delta = _monotone(delta)
+        # Anchored at the context: the context plan predicts its own measured time exactly.
+        shift = delta[group.candidates.index(context[group.name])]
+        table.delta_ms[group.name] = [d - shift for d in delta]
+    return table
+
+
+def solve_plan(table: LatencyTable, importance: dict[str, np.ndarray], budget_ms: float) -> dict[str, int] | None:
+    """The widths that keep the most importance with a predicted latency ≤ ``budget_ms`` (None: unreachable)."""
+    values, costs = [], []
+    for group in table.groups:
+        cumulative = np.concatenate([[0.0], np.cumsum(importance[group.name])])
+        values.append([float(cumulative[w]) for w in group.candidates])
+        costs.append(table.delta_ms[group.name])
+    picked = knapsack.solve(values, costs, budget_ms - table.context_ms.p50_ms)
+    if picked is None:
+        return None
+    return {group.name: group.candidates[option] for group, option in zip(table.groups, picked)}
+
+
+# ----------------------------------------------------------------------------------------- the agent
+@contextlib.contextmanager
+def open_agent(devices, name: str, log: Callable[[str], None]) -> Iterator[tuple[Any, dict[str, Any], dict[str, Any]]]:
+    """An open client of the agent the latency budget names, its device info, and what identifies it.
+
+    With no devices configured the loopback agent on this machine is started (as the deploy stage does)
+    and stopped afterwards.
+
+    Raises:
+        ConfigError: When devices are configured and none is called ``name`` (name, group or role).
+        StageError: When the agent is unreachable, saying how to make one reachable.
+    """
+    from device.client import AgentClient, AgentError
+    from pipeline.codehash import code_sha256
+    from pipeline.stages.deploy import FINGERPRINT_KEYS
+
+    loopback, tmp = None, None
+    try:
+        if not devices:
+            from device.loopback import LoopbackAgent
+
+            tmp = tempfile.mkdtemp(prefix="edgefold-latency-")
+            try:
+                loopback = LoopbackAgent(Path(tmp) / "agent").start()
+            except EdgeFoldError as err:
+                raise StageError(f"prune: no devices configured and the loopback agent did not start: {err.message}",
+                                 fix=f"{err.fix}; or pass EDGE=/DC=/DEVICES= for a reachable agent") from None
+            log(f"[   prune] latency: no EDGE=/DC=/DEVICES= given: the budget is measured on the loopback agent "
+                f"at {loopback.url} (this machine), not on {name!r}")
+            url, token, identity = loopback.url, loopback.token, {"agent": "loopback",
+                                                                   "code": code_sha256(("device.jobrun",
+                                                                                        "device.agent"))[0]}
+        else:
+            matches = ([d for d in devices if d.name == name] or [d for d in devices if d.group == name]
+                       or [d for d in devices if d.role == name])
+            if not matches:
+                raise ConfigError(f"prune.latency.device {name!r} is none of the configured devices "
+                                  f"({', '.join(d.name for d in devices)})",
+                                  fix="name one of them (name, group or role), or pass EDGE=/DC=/DEVICES= with it")
+            device = matches[0]
+            url, token, identity = device.url, device.token(), {"agent": device.url}
+        client = AgentClient(url, token, timeout_s=60)
+        try:
+            try:
+                info = client.device()
+            except AgentError as err:
+                raise _unreachable(err) from None
+            identity["fingerprint"] = {key: info.get(key) for key in FINGERPRINT_KEYS}
+            yield client, info, identity
+        finally:
+            client.close()
+    finally:
+        if loopback is not None:
+            loopback.stop()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------- the plan
+def _macs(model: nn.Module, arch: str, input_shape, widths: dict[str, int]) -> int:
+    from pipeline.models import count_macs
+
+    return count_macs(at_widths(model, arch, input_shape, widths), input_shape)
+
+
+def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
+                   log: Callable[[str], None]) -> dict[str, Any]:
+    """The widths for ``cfg.latency``'s budget: table, knapsack, measured plan; re-measured around the plan.
+
+    Args:
+        model: The unpruned model (not changed).
+        cfg: The recipe's :class:`pipeline.recipe.PruneConfig` (``latency`` set).
+
+    Returns:
+        ``widths``, ``budget_ms``, ``unpruned``/``predicted``/``measured`` latencies, ``rounds`` (each with its
+        plan, prediction and measurement), ``tables`` (JSON) and ``plans`` (every measured plan's MACs and
+        latency, for the report's plot).
+
+    Raises:
+        StageError: When the budget is below the narrowest plan, or the plan misses it after every round.
+    """
+    target = cfg.latency
+    groups = prunable_groups(model, arch, input_shape, cfg.round_to)
+    full = {g.name: g.full for g in groups}
+    importance = group_importance(model, arch, input_shape, cfg.importance)
+    base_macs = _macs(model, arch, input_shape, full)
+    unpruned = meter.measure({"unpruned": at_widths(model, arch, input_shape, full)})["unpruned"]
+    budget = target.ms if target.ms is not None else target.ratio * unpruned.p50_ms
+    log(f"[   prune] latency: unpruned {unpruned.p50_ms:.3f} ms (windows {min(unpruned.windows_ms):.3f}–"
+        f"{max(unpruned.windows_ms):.3f}); budget {budget:.3f} ms; {len(groups)} channel groups")
+    context, rounds, tables, plans = full, [], [], [
+        {"plan": "unpruned", "macs_fraction": 1.0, "measured_ms": unpruned.to_json()}]
+    widths, measured, predicted = None, None, None
+    for index in range(target.rounds):
+        table = build_table(model, arch, input_shape, groups, context, meter, target.points)
+        tables.append(table)
+        widths = solve_plan(table, importance, budget)
+        if widths is None:
+            narrowest = table.predict({g.name: g.candidates[0] for g in groups})
+            raise StageError(f"prune: a latency of {budget:.3f} ms is below the narrowest plan's predicted "
+                             f"{narrowest:.3f} ms on this device",
+                             fix="raise prune.latency.ratio/ms, or lower prune.round_to")
+        predicted = table.predict(widths)
+        measured = meter.measure({"plan": at_widths(model, arch, input_shape, widths)})["plan"]
+        macs_fraction = _macs(model, arch, input_shape, widths) / base_macs
+        rounds.append({"round": index + 1, "context": context, "widths": widths, "predicted_ms": predicted,
+                       "measured_ms": measured.to_json(), "macs_fraction": macs_fraction})
+        plans.append({"plan": f"latency round {index + 1}", "macs_fraction": macs_fraction,
+                      "predicted_ms": predicted, "measured_ms": measured.to_json()})
+        log(f"[   prune] latency round {index + 1}: plan predicted {predicted:.3f} ms, measured {measured.p50_ms:.3f} ms "
+            f"(budget {budget:.3f}), {100 * macs_fraction:.1f}% of the MACs")
+        if abs(measured.p50_ms - budget) <= target.tolerance * budget:
+            break
+        context = widths
+    chosen = rounds[-1]
+    if measured.p50_ms > budget * (1 + target.tolerance):
+        raise StageError(
+            f"prune: the plan measured {measured.p50_ms:.3f} ms on the device against a budget of {budget:.3f} ms "
+            f"± {100 * target.tolerance:.0f}% after {len(rounds)} rounds of the latency table",
+            fix="raise prune.latency.rounds or prune.latency.windows (a noisy device), or prune.latency.tolerance")
+    # The plans the final table offers around the budget (predicted only), for the MACs-against-latency plot.
+    sweep = []
+    for factor in (0.7, 0.8, 0.9, 1.1, 1.25, 1.5):
+        option = solve_plan(tables[-1], importance, budget * factor)
+        if option is not None:
+            sweep.append({"budget_ms": budget * factor, "predicted_ms": tables[-1].predict(option),
+                          "macs_fraction": _macs(model, arch, input_shape, option) / base_macs})
+    return {"widths": chosen["widths"], "budget_ms": budget, "unpruned_ms": unpruned.to_json(),
+            "predicted_ms": predicted, "measured_ms": measured.to_json(), "macs_fraction": chosen["macs_fraction"],
+            "rounds": rounds, "tables": [t.to_json() for t in tables], "table": tables[-1], "groups": groups,
+            "plans": plans, "sweep": sweep, "base_macs": base_macs, "importance": importance}
+
+
+def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, planned: dict[str, Any],
+                log: Callable[[str], None]) -> dict[str, Any]:
+    """Predicted against measured latency of the unpruned and of a MACs-pruned network (the table's error).
+
+    The MACs-pruned network is the MACs path's own plan (:func:`pipeline.stages.prune.find_plan`) at
+    ``check_macs_target``, by default the chosen plan's MACs fraction: the comparison the issue asks for.
+    """
+    from pipeline.stages.prune import find_plan, make_pruner
+
+    table: LatencyTable = planned["table"]
+    groups = planned["groups"]
+    fraction = cfg.latency.check_macs_target or planned["macs_fraction"]
+    macs_cfg = cfg.model_copy(update={"macs_target": fraction, "latency": None, "steps": 1})
+    macs_plan, achieved = find_plan(model, arch, macs_cfg, input_shape, planned["base_macs"])
+    macs_model = copy.deepcopy(model).eval()
+    make_pruner(macs_model, arch, macs_cfg, macs_plan, input_shape).step()
+    macs_widths = widths_of(macs_model, groups)
+    full = {g.name: g.full for g in groups}
+    for name, width in macs_widths.items():  # the MACs plan rounds too; a width off the table is interpolated
+        group = next(g for g in groups if g.name == name)
+        if width not in group.candidates:
+            macs_widths[name] = min(group.candidates, key=lambda c: abs(c - width))
+    measured = meter.measure({"macs": macs_model})["macs"]
+    checks = {}
+    for label, widths, value in (("unpruned", full, Measurement.from_json(planned["unpruned_ms"])),
+                                 ("macs_pruned", macs_widths, measured),
+                                 ("plan", planned["widths"], Measurement.from_json(planned["measured_ms"]))):
+        predicted = table.predict(widths)
+        checks[label] = {"predicted_ms": predicted, "measured_ms": value.to_json(),
+                         "error": (predicted - value.p50_ms) / value.p50_ms}
+    checks["macs_pruned"].update(macs_fraction=achieved, plan=macs_plan)
+    log("[   prune] latency table check: " + "; ".join(
+        f"{k} predicted {v['predicted_ms']:.3f} ms, measured {v['measured_ms']['p50_ms']:.3f} ms "
+        f"({100 * v['error']:+.1f}%)" for k, v in checks.items()))
+    return checks
+
+
+def step_widths(groups: list[ChannelGroup], final: dict[str, int], step: int, steps: int, round_to: int) -> dict[str, int]:
+    """The widths after ``step`` of ``steps`` iterative steps: the way to the plan cut evenly, on ``round_to``."""
+    out = {}
+    for group in groups:
+        goal = group.full - (group.full - final[group.name]) * step / steps
+        out[group.name] = final[group.name] if step == steps else min(
+            (c for c in group.candidates if c >= final[group.name]), key=lambda c: abs(c - goal))
+    return out
+
+
+def plot_plans(plans: list[dict[str, Any]], sweep: list[dict[str, Any]], budget_ms: float, path: Path) -> Path | None:
+    """MACs against measured latency of the candidate plans, the chosen one marked (a PNG)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if sweep:
+        ax.plot([100 * s["macs_fraction"] for s in sweep], [s["predicted_ms"] for s in sweep], "o:", color="grey",
+                label="knapsack plans at other budgets (predicted)")
+    for plan in plans:
+        m = plan["measured_ms"]
+        spread = [[m["p50_ms"] - m["spread_ms"][0]], [m["spread_ms"][1] - m["p50_ms"]]]
+        chosen = plan.get("chosen")
+        ax.errorbar([100 * plan["macs_fraction"]], [m["p50_ms"]], yerr=spread, fmt="*" if chosen else "o",
+                    markersize=12 if chosen else 6, label=f"{plan['plan']} (measured)")
+    ax.axhline(budget_ms, color="red", linestyle="--", linewidth=1, label="budget")
+    ax.set_xlabel("MACs (% of the unpruned network)")
+    ax.set_ylabel("latency on the device (ms)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,213 @@
+"""The latency-budget pruner (issue #16): knapsack, table, recipe and the tiny recipe end to end on a loopback agent.
+
+No timing asserts: the measured numbers are checked for consistency (the plan meets the budget the stage
+itself measured, within its tolerance), never against fixed times; speed lives in bench/latency_prune.py.
+"""
+
+import json
+import random
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from device.errors import ConfigError, StageError
+from pipeline import knapsack, latency
+from pipeline.checkpoint import load_checkpoint
+from pipeline.devices import Device
+from pipeline.models import build_model
+from pipeline.recipe import PruneConfig, parse_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+SHAPE = (1, 3, 16, 16)
+
+
+# ------------------------------------------------------------------------------------------------ knapsack
+def test_knapsack_finds_the_known_optimum():
+    # Three groups of two widths each. The greedy by importance-per-ms takes group 0 first (7/6 > 5/5) and is
+    # then left 4 ms, too little for either other group: value 7. The optimum keeps groups 1 and 2: value 10.
+    values = [[0, 7], [0, 5], [0, 5]]
+    costs = [[0, 6], [0, 5], [0, 5]]
+    assert knapsack.solve(values, costs, 10) == [0, 1, 1]
+    assert knapsack.brute_force(values, costs, 10) == (10, [0, 1, 1])
+    # The same choice when costs are changes against a context (negative) and the budget is shifted alike.
+    assert knapsack.solve(values, [[c - 6 for c in g] for g in costs], 10 - 18) == [0, 1, 1]
+
+
+def test_knapsack_matches_brute_force_on_random_cases():
+    rng = random.Random(0)
+    for _ in range(200):
+        groups = rng.randint(1, 4)
+        values = [sorted(rng.uniform(0, 10) for _ in range(rng.randint(1, 4))) for _ in range(groups)]
+        # Negative costs too: the table holds changes against a context plan.
+        costs = [sorted(rng.uniform(-3, 5) for _ in v) for v in values]
+        budget = rng.uniform(-2, 8)
+        picked = knapsack.solve(values, costs, budget, resolution=20000)
+        best = knapsack.brute_force(values, costs, budget)
+        if best is None:
+            assert picked is None
+            continue
+        assert picked is not None
+        assert sum(costs[g][o] for g, o in enumerate(picked)) <= budget + 1e-9, "never over the budget"
+        # Exact up to the rounding of costs to 1/20000 of the budget's slack.
+        assert sum(values[g][o] for g, o in enumerate(picked)) >= best[0] - 0.3
+
+
+def test_knapsack_says_when_the_budget_is_unreachable():
+    assert knapsack.solve([[1, 2]], [[1.0, 2.0]], 0.5) is None
+
+
+def test_monotone_smoothing_pools_noise():
+    assert latency._monotone([0.0, 2.0, 1.0, 3.0]) == [0.0, 1.5, 1.5, 3.0]
+
+
+# ------------------------------------------------------------------------------------------------ results
+def test_latency_ms_reads_a_batch_and_gives_an_interval():
+    result = {"runs": [{"batch_size": 1, "latency_p50_ms": 2.0, "latency_std_ms": 0.5, "iterations": 100},
+                       {"batch_size": 8, "latency_p50_ms": 9.0, "latency_std_ms": 0.0, "iterations": 10}]}
+    p50, low, high = latency.latency_ms(result, 1)
+    assert p50 == 2.0 and low < 2.0 < high
+    assert latency.latency_ms(result, 8) == (9.0, 9.0, 9.0)
+    with pytest.raises(StageError):
+        latency.latency_ms(result, 4)
+
+
+# ------------------------------------------------------------------------------------------------ recipe
+def _tiny_raw():
+    return yaml.safe_load((REPO / "models" / "tiny.yaml").read_text())
+
+
+def test_recipe_takes_exactly_one_target():
+    raw = _tiny_raw()
+    raw["prune"]["latency"] = {"device": "edge", "ratio": 0.5}
+    with pytest.raises(ConfigError, match="exactly one target"):
+        parse_recipe(raw)
+    del raw["prune"]["macs_target"]
+    assert parse_recipe(raw).prune.latency.ratio == 0.5
+    raw["prune"]["latency"]["ms"] = 1.2
+    with pytest.raises(ConfigError, match="exactly one of ratio"):
+        parse_recipe(raw)
+    raw["prune"]["latency"] = {"device": "edge", "ratio": 0.5, "windws": 3}
+    with pytest.raises(ConfigError, match="windws: unknown key"):
+        parse_recipe(raw)
+
+
+# ------------------------------------------------------------------------------------------------ groups
+def test_groups_widths_and_importance_on_the_tiny_net():
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    assert {g.name for g in groups} >= {"stem.0", "layers.0.conv1", "layers.2.conv1"}
+    assert all(c % 4 == 0 for g in groups for c in g.candidates) and all(g.candidates[-1] == g.full for g in groups)
+    assert "fc" not in {g.name for g in groups}, "the classifier is never a group"
+    widths = {g.name: g.candidates[len(g.candidates) // 2 - 1] for g in groups}
+    pruned = latency.at_widths(model, "tiny_resnet", SHAPE, widths)
+    assert latency.widths_of(pruned, groups) == widths
+    assert pruned.fc.out_features == 10 and pruned(torch.zeros(2, 3, 16, 16)).shape == (2, 10)
+    assert latency.widths_of(model, groups) == {g.name: g.full for g in groups}, "the original is untouched"
+
+    # Importance: the channels kept are the group's most important ones (a planted strong filter survives).
+    with torch.no_grad():
+        model.layers[0].conv1.weight[13].mul_(100.0)
+    latency.set_widths(model, "tiny_resnet", SHAPE, {"layers.0.conv1": 4}, importance="l2")
+    assert model.layers[0].conv1.out_channels == 4
+    assert model.layers[0].conv1.weight.abs().sum(dim=(1, 2, 3)).max() > 10 * 0.5
+
+
+def test_step_widths_walk_evenly_to_the_plan():
+    model = build_model("tiny_resnet", 10).eval()
+    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    final = {g.name: g.candidates[0] for g in groups}
+    steps = [latency.step_widths(groups, final, s, 3, 4) for s in (1, 2, 3)]
+    assert steps[-1] == final
+    for g in groups:
+        seq = [g.full] + [s[g.name] for s in steps]
+        assert seq == sorted(seq, reverse=True) and all(w % 4 == 0 for w in seq)
+
+
+# ------------------------------------------------------------------------------------------------ agents
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_agent_says_how_to_fix_it(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("x\n")
+    device = Device("edge", "edge", f"http://127.0.0.1:{_closed_port()}", "edge", str(token))
+    with pytest.raises(StageError) as err:
+        with latency.open_agent([device], "edge", lambda m: None):
+            pass
+    assert "unreachable" in err.value.message and "EDGE=/DC=/DEVICES=" in err.value.fix
+    assert "loopback" in err.value.fix
+
+
+def test_a_budget_on_an_unknown_device_is_refused(tmp_path):
+    device = Device("orin", "edge", "http://127.0.0.1:1", "orin")
+    with pytest.raises(ConfigError, match="'jetson' is none of the configured devices"):
+        with latency.open_agent([device], "jetson", lambda m: None):
+            pass
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def _latency_recipe(tmp_path, **latency_cfg) -> Path:
+    raw = _tiny_raw()
+    raw["teacher"]["train"]["epochs"] = 2
+    raw["prune"] = {"round_to": 4, "steps": 2, "latency": {
+        "device": "edge", "ratio": 0.75, "windows": 1, "points": 3, "duration_s": 0.1, "tolerance": 0.15,
+        "rounds": 3, **latency_cfg}}
+    raw["deploy"]["threads"] = 1
+    path = tmp_path / "tiny_latency.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(tmp_path):
+    from pipeline.runner import run_pipeline
+
+    recipe = _latency_recipe(tmp_path)
+    runs = tmp_path / "runs"
+    ctx = run_pipeline(str(recipe), until="prune", runs_dir=runs, run_id="a")
+    stage = ctx.manifest.stage("prune")
+    lat = stage["metrics"]["latency"]
+    budget, measured = lat["budget_ms"], lat["measured_ms"]["p50_ms"]
+    assert budget == pytest.approx(0.75 * lat["unpruned_ms"]["p50_ms"])
+    assert measured <= budget * 1.15, "the pruned plan meets the budget the stage measured"
+    assert lat["jobs"] > 0 and lat["check"]["unpruned"]["measured_ms"]["p50_ms"] > measured
+    for name in ("unpruned", "macs_pruned", "plan"):
+        check = lat["check"][name]
+        assert check["error"] == pytest.approx((check["predicted_ms"] - check["measured_ms"]["p50_ms"])
+                                               / check["measured_ms"]["p50_ms"])
+    assert sum(1 for p in lat["plans"] if p.get("chosen")) == 1
+    assert (ctx.run_dir / "prune" / "latency_plans.png").stat().st_size > 1000
+    table = json.loads((ctx.run_dir / "prune" / "latency_table.json").read_text())
+    assert table["format"] == latency.TABLE_FORMAT and table["device"]["agent"] == "loopback"
+    assert table["spec"]["batch_sizes"] == [1] and table["spec"]["threads"] == 1
+    assert table["spec"]["runtime"] == "onnxruntime"
+
+    # The checkpoint holds exactly the plan's widths, on round_to, classifier whole; it reloads.
+    model, _ = load_checkpoint(ctx.run_dir / "prune" / "model.pt")
+    groups = latency.prunable_groups(build_model("tiny_resnet", 10), "tiny_resnet", SHAPE, 4)
+    got = latency.widths_of(model, groups)
+    assert got == table["rounds"][-1]["widths"] == stage["metrics"]["plan"]["widths"]
+    assert all(w % 4 == 0 for w in got.values()) and model.fc.out_features == 10
+    assert got != {g.name: g.full for g in groups}, "something was pruned"
+
+    # A second run on the same device and structures measures nothing again: the table is cached.
+    ctx2 = run_pipeline(str(recipe), until="prune", runs_dir=runs, run_id="b")
+    lat2 = ctx2.manifest.stage("prune")["metrics"]["latency"]
+    assert lat2["jobs"] == 0 and lat2["reused"] > 0
+    assert np.isclose(lat2["budget_ms"], budget)
+
+
+def test_an_unreachable_budget_is_refused_with_a_fix(tmp_path):
+    from pipeline.runner import run_pipeline
+
+    recipe = _latency_recipe(tmp_path, ratio=0.01, check=False, rounds=1)
+    with pytest.raises(StageError) as err:
+        run_pipeline(str(recipe), until="prune", runs_dir=tmp_path / "runs", run_id="a")
+    assert "below the narrowest plan" in err.value.message and "prune.latency.ratio" in err.value.fix
