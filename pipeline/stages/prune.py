@@ -340,7 +340,6 @@ class PruneStage(Stage):
                                       "macs_fraction": checks["macs_pruned"]["macs_fraction"],
                                       "predicted_ms": checks["macs_pruned"]["predicted_ms"],
                                       "measured_ms": checks["macs_pruned"]["measured_ms"]}] if checks else [])
-        plans[len(planned["rounds"])]["chosen"] = True  # the last round's plan is the one pruned
         (workdir / "latency_table.json").write_text(json.dumps(
             {"format": latency.TABLE_FORMAT, "device": identity,
              "spec": spec.model_dump(mode="json", exclude={"artifact"}), "tables": planned["tables"],

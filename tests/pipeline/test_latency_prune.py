@@ -197,6 +197,13 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(tmp_path):
     assert all(w % 4 == 0 for w in got.values()) and model.fc.out_features == 10
     assert got != {g.name: g.full for g in groups}, "something was pruned"
 
+    # The report's section says why: the plans' MACs against measured latency, predicted against measured.
+    out = tmp_path / "report"
+    out.mkdir()
+    section = latency.report_markdown(ctx.manifest.data, ctx.run_dir, out)
+    assert "## Pruned to a latency budget" in section and "(chosen)" in section and "unpruned" in section
+    assert f"{measured:.4f}" in section and (out / "latency_plans.png").is_file()
+
     # A second run on the same device and structures measures nothing again: the table is cached.
     ctx2 = run_pipeline(str(recipe), until="prune", runs_dir=runs, run_id="b")
     lat2 = ctx2.manifest.stage("prune")["metrics"]["latency"]
