@@ -68,7 +68,7 @@ def main() -> int:
                     continue
                 for run in job["result"]["runs"]:
                     summary = run["summary"]
-                    energy = summary["energy_mj_per_inference"]
+                    energy = summary["energy_mj_per_image"]
                     rows.append({"input": f"3×{size}×{size}", "precision": precision, "batch": run["batch_size"],
                                  "p50_ms": run["latency_p50_ms"], "p99_ms": run["latency_p99_ms"],
                                  "images_per_s": run["throughput_images_per_s"],

@@ -18,6 +18,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+
+def checkout_relative(path: Path) -> str:
+    """A path as recorded in results: relative to the checkout, never this machine's absolute path."""
+    try:
+        return str(Path(path).resolve().relative_to(HERE.parent))
+    except ValueError:
+        return Path(path).name
 sys.path.insert(0, str(HERE.parent))
 
 
@@ -54,7 +62,7 @@ def main() -> int:
                              "drop_points": m["drop_points"], "size_mb": m["size_mb"], "fp32_size_mb": m["fp32_size_mb"],
                              "float_layers": attempt["lint"]["float_layers"], "qdq_pairs": attempt["lint"]["qdq_pairs"],
                              "seconds": round(seconds, 1)})
-    lines = [f"## INT8 quantizers on `{source}` ({time.strftime('%Y-%m-%d %H:%M')})", "",
+    lines = [f"## INT8 quantizers on `{checkout_relative(source)}` ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"FP32 student: top-1 {100 * rows[0]['fp32_top1']:.2f}%, {rows[0]['fp32_size_mb']:.1f} MB", "",
              "| quantizer | calibration | INT8 top-1 | drop (points) | size MB | size vs FP32 | Q/DQ pairs | float layers | seconds |",
              "|---|---|---:|---:|---:|---:|---:|---|---:|"]

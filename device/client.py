@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 from pydantic import ValidationError
 
 from device.errors import StatusError, require
-from device.schema import FINISHED, JobSpec, describe_problems, field_problems
+from device.schema import FINISHED, JobResult, JobSpec, describe_problems, field_problems
 
 CHUNK = 1 << 20
 
@@ -139,6 +139,18 @@ class AgentClient:
                 raise AgentError(f"invalid job spec: {problems}", fix="correct the named fields (see device.schema."
                                                                       "JobSpec)", status=422) from None
         return self._request("POST", "/v1/jobs", json=spec.model_dump(exclude_none=True)).json()
+
+    @staticmethod
+    def result(job: dict[str, Any]) -> JobResult:
+        """A finished job's result, typed (:class:`device.schema.JobResult`); another version's is refused.
+
+        Raises:
+            SchemaVersionError: The agent writes another result schema (upgrade one side).
+            ResultError: The job has no result, or one that does not fit the schema.
+        """
+        from device.schema import parse_result
+
+        return parse_result(job.get("result"), f"job {job.get('id')}'s result")
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/jobs/{job_id}").json()

@@ -89,7 +89,22 @@ def require(module: str, what: str, fix: str) -> ModuleType:
         raise MissingDependencyError(f"{what} is not installed", fix=fix) from None
 
 
-class EngineBuildError(StageError):
+class DeviceError(EdgeFoldError):
+    """A failure on the device side: building an engine, loading or running a model, measuring.
+
+    Not a :class:`StageError`: the pipeline's stages did nothing wrong when a board cannot build.
+    """
+
+
+class ResultError(DeviceError):
+    """A measurement result that does not fit the result schema."""
+
+
+class SchemaVersionError(ResultError):
+    """A result or results file written by another version of EdgeFold."""
+
+
+class EngineBuildError(DeviceError):
     """TensorRT could not build (or plan) an engine on this device."""
 
 
@@ -109,7 +124,7 @@ class TimingCacheError(EngineBuildError):
     """TensorRT refused the timing cache file (built by another device or TensorRT version)."""
 
 
-class RunnerError(StageError):
+class RunnerError(DeviceError):
     """A runner failed while running a loaded model."""
 
 

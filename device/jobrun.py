@@ -29,11 +29,10 @@ from device.errors import ConfigError, EdgeFoldError, MissingDependencyError
 from device.measure import MeasureSpec, measure
 from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
-from device.schema import JobSpec
+from device.schema import RESULT_SCHEMA, JobResult, JobSpec
 from device.telemetry.base import Sampler
 
 SMOKE_IMAGE = Path(__file__).parent / "assets" / "smoke.png"
-RESULT_SCHEMA = "edgefold.result/1"
 # Which power series is the device's power, in order of preference, and how to name it.
 POWER_SOURCES = (("jtop", "board_power_mw"), ("nvml", "power_mw"))
 MEMORY_SOURCES = (("jtop", "ram_used_mb"), ("nvml", "gpu_mem_used_mb"), ("host", "rss_mb"))
@@ -102,19 +101,20 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     """
     telemetry = run["telemetry"]
     summary: dict[str, Any] = {"power_source": None, "power_mean_mw": None, "power_peak_mw": None,
-                               "power_idle_mw": None, "energy_mj_per_inference": None,
-                               "energy_above_idle_mj_per_inference": None, "energy_method": None,
+                               "power_idle_mw": None, "energy_mj_per_image": None,
+                               "energy_above_idle_mj_per_image": None, "energy_method": None,
                                "energy_coverage": None, "power_max_gap_s": None, "power_staleness_s": None,
                                "power_sample_hz": None, "energy_degraded": None, "energy_degraded_reasons": {},
                                "memory_source": None, "peak_memory_mb": None}
     for sampler, key in POWER_SOURCES:
         values = telemetry.get(sampler, {})
-        if f"mean_{key}" in values and np.isfinite(values[f"mean_{key}"]):
-            rail = values.get("board_rail")
-            summary.update(power_source=f"{sampler}:{rail or key}", power_mean_mw=values[f"mean_{key}"],
-                           power_peak_mw=values[f"peak_{key}"], power_idle_mw=values.get(f"idle_{key}"),
-                           energy_mj_per_inference=values.get("energy_mj_per_inference"),
-                           energy_above_idle_mj_per_inference=values.get("energy_above_idle_mj_per_inference"),
+        series = values.get("series", {}).get(key, {})
+        if series.get("mean") is not None and np.isfinite(series["mean"]):
+            rail = values.get("facts", {}).get("board_rail")
+            summary.update(power_source=f"{sampler}:{rail or key}", power_mean_mw=series["mean"],
+                           power_peak_mw=series.get("peak"), power_idle_mw=series.get("idle"),
+                           energy_mj_per_image=values.get("energy_mj_per_image"),
+                           energy_above_idle_mj_per_image=values.get("energy_above_idle_mj_per_image"),
                            energy_method=values.get("energy_method"), energy_coverage=values.get("coverage"),
                            power_max_gap_s=values.get("max_gap_s"), power_staleness_s=values.get("staleness_s"),
                            power_sample_hz=values.get("achieved_hz"),
@@ -122,9 +122,9 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
                            energy_degraded_reasons=values.get("degraded_reasons") or {})
             break
     for sampler, key in MEMORY_SOURCES:
-        values = telemetry.get(sampler, {})
-        if f"peak_{key}" in values and np.isfinite(values[f"peak_{key}"]):
-            summary.update(memory_source=f"{sampler}:{key}", peak_memory_mb=values[f"peak_{key}"])
+        peak = telemetry.get(sampler, {}).get("series", {}).get(key, {}).get("peak")
+        if peak is not None and np.isfinite(peak):
+            summary.update(memory_source=f"{sampler}:{key}", peak_memory_mb=peak)
             break
     return summary
 
@@ -195,7 +195,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                 batch = rng.standard_normal((batch_size, *chw)).astype(np.float32)
                 run = measure(runner, batch, measure_spec, samplers, power_key=power_key)
                 for sampler in samplers:
-                    run["telemetry"][sampler.name].update(static.get(sampler.name, {}))
+                    run["telemetry"][sampler.name]["facts"] = static.get(sampler.name, {})
                 run["summary"] = summarize(run)
                 runs.append(run)
         finally:
@@ -206,7 +206,8 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
 
         progress("profiling layers")
         profile, profile_note = profile_runner(runner, spec.batch_sizes, chw)
-        runtime = {"name": spec.runtime, "load_s": load_s, "python": platform.python_version()}
+        runtime = {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]),
+                   "load_s": load_s, "python": platform.python_version()}
         if profile_note:
             runtime["profile_note"] = profile_note
         for attr in ("precision_built", "trtexec", "dla_unsupported_layers"):  # TensorRT: what was built, exactly
@@ -217,9 +218,28 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                 runtime[attr] = str(getattr(runner, attr)) if attr in ("engine_path", "device") else getattr(runner, attr)
     from device.info import describe_device
 
-    return {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
-            "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "profile": profile,
-            "environment": describe_device()}
+    # Validated here, by the process that measured: a result the schema refuses fails this job, with the reason.
+    return JobResult.model_validate(
+        {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
+         "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "profile": profile,
+         "environment": describe_device()}).dump()
+
+
+def ran_precision(runner, spec: JobSpec, artifact_path: str) -> str:
+    """The precision the model actually ran in: TensorRT's as built; otherwise the artifact's own
+    (ONNX Runtime runs a Q/DQ model in INT8 and a float model as stored, whatever the job asked);
+    torch's as requested (it casts)."""
+    built = getattr(runner, "precision_built", None)
+    if built:
+        return built
+    if spec.runtime == "onnxruntime":
+        from device.qdq_lint import lint_qdq
+
+        try:
+            return "int8" if lint_qdq(artifact_path).qdq_pairs else "fp32"
+        except Exception:  # noqa: BLE001 (not an ONNX the lint reads: say what was asked)
+            return spec.precision
+    return spec.precision
 
 
 def main(argv: list[str] | None = None) -> int:

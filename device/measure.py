@@ -156,15 +156,14 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
                               **latency_stats(latencies), "telemetry": {}}
     for sampler, trace in zip(samplers, traces):
         inside = (trace.times_s >= start) & (trace.times_s <= stop)
-        summary: dict[str, Any] = {"samples": len(trace.times_s), "samples_in_window": int(inside.sum()),
+        # Shaped as device.schema.TelemetrySummary.
+        summary: dict[str, Any] = {"source": sampler.name, "samples": len(trace.times_s),
+                                   "samples_in_window": int(inside.sum()),
                                    "requested_hz": trace.requested_hz, "achieved_hz": trace.achieved_hz,
                                    "errors": trace.errors, "flags": dict(trace.flags),
-                                   "staleness_s": trace.staleness_max_s}
+                                   "staleness_s": trace.staleness_max_s, "series": {}}
         for key in trace.values:
-            summary[f"mean_{key}"] = trace.mean(key)
-            summary[f"peak_{key}"] = trace.peak(key)
-            if key in idle_means:
-                summary[f"idle_{key}"] = idle_means[key]
+            summary["series"][key] = {"mean": trace.mean(key), "peak": trace.peak(key), "idle": idle_means.get(key)}
         clocks = [k for k in trace.values if k.endswith(("_freq_mhz", "clock_mhz"))]
         summary["clocks_dropped"] = any(np.nanmin(trace.values[k]) < 0.95 * np.nanmax(trace.values[k]) for k in clocks
                                         if np.isfinite(trace.values[k]).any())
@@ -175,15 +174,16 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
             key = power_key if power_key in trace.values else None
             idle_mw = idle_power.get(sampler.name)
             energy = window_energy(trace, start, stop, calls, power_key=key, counter_key=counter, idle_mw=idle_mw)
-            summary.update(energy)
+            summary.update(energy, power_key=key)
             if key:
                 # Mean and peak over the window itself, not the samples bracketing it.
+                series = summary["series"][key]
                 if energy["window_power_mw"] is not None:
-                    summary[f"mean_{key}"] = energy["window_power_mw"]
+                    series["mean"] = energy["window_power_mw"]
                 if inside.any() and np.isfinite(trace.values[key][inside]).any():
-                    summary[f"peak_{key}"] = float(np.nanmax(trace.values[key][inside]))
+                    series["peak"] = float(np.nanmax(trace.values[key][inside]))
                 if idle_mw is not None:
-                    summary[f"idle_{key}"] = idle_mw
+                    series["idle"] = idle_mw
                 result["power_trace"] = power_trace(trace, key, idle_mw, sampler.name, start=start)
         result["telemetry"][sampler.name] = summary
     return result

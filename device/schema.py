@@ -22,6 +22,15 @@ FINISHED = ("succeeded", "failed", "interrupted", "cancelled")
 TelemetryName = Literal["host", "nvml", "jtop"]
 Interpolation = Literal["bilinear", "area", "nearest", "bicubic"]
 BatchSize = Annotated[int, Field(ge=1, le=4096)]
+# The bounds of a job's measurement, shared with the recipe's deploy section (pipeline.recipe.DeployConfig),
+# so a recipe the agent would refuse is refused before the first stage runs, by the same numbers.
+BatchSizes = Annotated[list[BatchSize], Field(min_length=1, max_length=8)]
+WarmupIterations = Annotated[int, Field(ge=0, le=100_000)]
+WindowSeconds = Annotated[float, Field(gt=0, le=3600)]
+IdleSeconds = Annotated[float, Field(ge=0, le=60)]
+SampleHz = Annotated[float, Field(gt=0, le=1000)]
+TimeoutSeconds = Annotated[float, Field(gt=0, le=86_400)]
+Threads = Annotated[int, Field(ge=0, le=256)]
 # On the [0,1] scale real values are near 0.5; the bounds only keep absurd numbers out.
 MeanValue = Annotated[float, Field(ge=-1000, le=1000)]
 StdValue = Annotated[float, Field(gt=0, le=1000)]
@@ -105,16 +114,16 @@ class JobSpec(Request):
     runtime: Runtime = "onnxruntime"
     precision: Precision = Field("fp32", description="fp32/fp16/bf16 for torch; int8 or fp16 builds for tensorrt; "
                                                      "onnxruntime runs the model as stored")
-    batch_sizes: list[BatchSize] = Field(default=[1], min_length=1, max_length=8)
-    warmup_iterations: int = Field(10, ge=0, le=100_000)
+    batch_sizes: BatchSizes = [1]
+    warmup_iterations: WarmupIterations = 10
     iterations: int | None = Field(None, ge=2, le=10_000_000)
-    duration_s: float | None = Field(None, gt=0, le=3600)
-    idle_s: float = Field(1.0, ge=0, le=60)
-    threads: int = Field(0, ge=0, le=256, description="intra-op CPU threads; 0 = the runtime's default")
+    duration_s: WindowSeconds | None = None
+    idle_s: IdleSeconds = 1.0
+    threads: Threads = Field(0, description="intra-op CPU threads; 0 = the runtime's default")
     dla_core: int | None = Field(None, ge=0, le=1)
     telemetry: Annotated[list[TelemetryName], Field(max_length=3)] | Literal["auto"] = "auto"
-    sample_hz: float = Field(20.0, gt=0, le=1000)
-    timeout_s: float | None = Field(None, gt=0, le=86_400, description="default: the agent's job_timeout_s")
+    sample_hz: SampleHz = 20.0
+    timeout_s: TimeoutSeconds | None = Field(None, description="default: the agent's job_timeout_s")
     cuda_graphs: bool = Field(False, description="torch runner on CUDA: replay a captured graph")
     channels_last: bool = True
     label: str = Field("", max_length=200, description="free text for the caller (rung, run id)")
@@ -186,3 +195,189 @@ class ErrorBody(Strict):
     detail: str
     fix: str | None = None
     errors: list[FieldProblem] | None = None
+
+
+# ---------------------------------------------------------------- the job's result
+# What the agent measured, typed once: the job process writes it (validated), the client hands it
+# over, the deploy stage stores it and the report reads it. A field added to what the device measures
+# touches this schema, the code that fills it (device/measure.py, device/jobrun.py) and the report.
+RESULT_SCHEMA = "edgefold.result/2"
+
+
+class Measured(BaseModel):
+    """A measured document: unknown keys refused (a renamed field must fail loudly, not read as missing)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class SeriesStats(Measured):
+    """One telemetry series (``board_power_mw``, ``temp_gpu_c``, ``gpu_freq_mhz`` …) over the timed window."""
+
+    mean: float | None = None
+    peak: float | None = None
+    idle: float | None = Field(None, description="mean over the idle baseline before the job")
+
+
+class TelemetrySummary(Measured):
+    """One telemetry source over one timed window, with the quality of what it measured."""
+
+    source: TelemetryName
+    samples: int
+    samples_in_window: int
+    requested_hz: float | None = None
+    achieved_hz: float | None = None
+    errors: list[str] = Field(default_factory=list, description="read failures (a repeated one with its count)")
+    flags: dict[str, Any] = Field(default_factory=dict)
+    staleness_s: float | None = Field(None, description="age of the stalest value used, from the source's own clock")
+    clocks_dropped: bool = False
+    temp_limit_crossed: bool = False
+    series: dict[str, SeriesStats] = Field(default_factory=dict)
+    # Energy over exactly the window (None where this source measures no power).
+    power_key: str | None = None
+    coverage: float | None = Field(None, description="fraction of the window fresh samples cover")
+    max_gap_s: float | None = None
+    window_s: float | None = None
+    window_power_mw: float | None = None
+    covered_images: float | None = Field(None, description="images timed within covered time (calls cut by a "
+                                                           "gap count in part)")
+    energy_mj_per_image: float | None = None
+    energy_above_idle_mj_per_image: float | None = None
+    energy_method: str | None = None
+    energy_uncertainty_rel: float | None = None
+    degraded: bool | None = None
+    degraded_reasons: dict[str, str] = Field(default_factory=dict)
+    facts: dict[str, Any] = Field(default_factory=dict, description="what the source says of the device: board "
+                                                                    "rail, nvpmodel, jetson_clocks, provenance …")
+
+    def peak_temperatures_c(self) -> dict[str, float]:
+        """Peak temperature per zone: the samplers name zone series ``temp_<zone>_c`` (jtop) and ``gpu_temp_c``."""
+        temps = {}
+        for key, stats in self.series.items():
+            zone = key[len("temp_"):-len("_c")] if key.startswith("temp_") and key.endswith("_c") else \
+                ("gpu" if key == "gpu_temp_c" else None)
+            if zone and stats.peak is not None and stats.peak == stats.peak:  # NaN: no reading
+                temps[zone] = stats.peak
+        return temps
+
+
+class RunSummary(Measured):
+    """The headline numbers of one batch size, from the best source present (board power first)."""
+
+    power_source: str | None = None
+    power_mean_mw: float | None = None
+    power_peak_mw: float | None = None
+    power_idle_mw: float | None = None
+    energy_mj_per_image: float | None = None
+    energy_above_idle_mj_per_image: float | None = None
+    energy_method: str | None = None
+    energy_coverage: float | None = None
+    power_max_gap_s: float | None = None
+    power_staleness_s: float | None = None
+    power_sample_hz: float | None = None
+    energy_degraded: bool | None = None
+    energy_degraded_reasons: dict[str, str] = Field(default_factory=dict)
+    memory_source: str | None = None
+    peak_memory_mb: float | None = None
+
+
+class PowerTrace(Measured):
+    """The window's power series, thinned for plotting."""
+
+    source: str
+    key: str
+    t_s: list[float]
+    mw: list[float]
+    idle_mw: float | None = None
+
+
+class RunResult(Measured):
+    """One batch size's timed window."""
+
+    batch_size: int
+    iterations: int
+    images: int
+    window_s: float
+    throughput_images_per_s: float
+    latency_p50_ms: float
+    latency_p90_ms: float
+    latency_p99_ms: float
+    latency_mean_ms: float
+    latency_std_ms: float
+    latency_cv: float
+    telemetry: dict[str, TelemetrySummary] = Field(default_factory=dict)
+    summary: RunSummary = Field(default_factory=RunSummary)
+    power_trace: PowerTrace | None = None
+
+
+class RuntimeInfo(Measured):
+    """The runtime and precision that actually ran (not what the job asked for)."""
+
+    name: Runtime
+    precision: Precision = Field(description="the precision the model ran in: an ONNX Runtime model as stored "
+                                             "(int8 for a Q/DQ model), a TensorRT engine as built")
+    load_s: float
+    python: str
+    providers: list[str] | None = None
+    engine_path: str | None = None
+    built_now: Any = None
+    device: str | None = None
+    precision_built: str | None = None
+    trtexec: dict[int, str] | None = Field(None, description="batch size → the trtexec line of that engine's build")
+    dla_unsupported_layers: list[str] | None = None
+    profile_note: str | None = None
+
+
+class SmokeResult(Measured):
+    image: str
+    output_shape: list[int]
+    top1_index: int
+    preprocess: dict[str, Any]
+
+
+class JobResult(Measured):
+    """Everything one job measured: the spec it ran, the runtime, one :class:`RunResult` per batch size,
+    the per-layer profile and the device's environment."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    schema_: Literal["edgefold.result/2"] = Field(RESULT_SCHEMA, alias="schema")
+    spec: JobSpec
+    input_chw: list[int]
+    runtime: RuntimeInfo
+    smoke: SmokeResult
+    telemetry_notes: list[str] = Field(default_factory=list)
+    runs: list[RunResult]
+    profile: dict[str, Any] | None = Field(None, description="device.profile.Profile (per-layer times)")
+    environment: dict[str, Any] = Field(default_factory=dict)
+
+    def run(self, batch_size: int) -> RunResult | None:
+        """The run at ``batch_size``, if one was measured."""
+        return next((run for run in self.runs if run.batch_size == batch_size), None)
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON document (with its ``schema`` key)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def parse_result(data: Any, where: str = "the job result") -> JobResult:
+    """Validates a result document, refusing another schema version with a clear message.
+
+    Raises:
+        SchemaVersionError: A result of an older (or newer) agent.
+        ResultError: A document that does not fit this schema.
+    """
+    from pydantic import ValidationError
+
+    from device.errors import ResultError, SchemaVersionError
+
+    if not isinstance(data, dict):
+        raise ResultError(f"{where} is not a JSON object", fix="re-run the measurement")
+    if data.get("schema") != RESULT_SCHEMA:
+        raise SchemaVersionError(
+            f"{where} is schema {data.get('schema')!r}; this EdgeFold reads {RESULT_SCHEMA!r}",
+            fix="upgrade the agent to this EdgeFold's version and measure again (make edge FORCE=deploy)")
+    try:
+        return JobResult.model_validate(data)
+    except ValidationError as err:
+        raise ResultError(f"{where} does not fit {RESULT_SCHEMA}: {describe_problems(field_problems(err.errors()))}",
+                          fix="the agent and this EdgeFold disagree on the result; use the same version on both") \
+            from None

@@ -203,10 +203,7 @@ def _load_state_strict(model: nn.Module, state_dict: dict[str, torch.Tensor], so
 
 
 def load_torchvision_weights(model: nn.Module, arch: str, path: str | os.PathLike) -> list[str]:
-    """Loads a torchvision-style state_dict from a user's file into ``model``.
-
-    The classifier is kept fresh when the file was trained for another class count; any other
-    shape mismatch is refused, naming the layer.
+    """Loads a torchvision-style state_dict from a user's file into ``model`` (:func:`apply_torchvision_state`).
 
     Returns:
         The state_dict keys that were left at their fresh initialisation (the replaced head).
@@ -224,6 +221,19 @@ def load_torchvision_weights(model: nn.Module, arch: str, path: str | os.PathLik
             state = state[wrapper]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"WEIGHTS={path} is not a state_dict of tensors", fix="save model.state_dict(), not the model")
+    return apply_torchvision_state(model, arch, state, f"WEIGHTS={path}")
+
+
+def apply_torchvision_state(model: nn.Module, arch: str, state: dict[str, torch.Tensor], source: str) -> list[str]:
+    """The one way teacher weights are loaded (a user's file or torchvision's ImageNet weights).
+
+    The classifier (the registry's ``classifier`` of ``arch``) is kept fresh when the weights were
+    trained for another class count; any other missing, unexpected or misshapen layer is refused,
+    naming it.
+
+    Returns:
+        The state_dict keys left at their fresh initialisation (the replaced head).
+    """
     state = {k.removeprefix("module."): v for k, v in state.items()}
     classifier = ARCHITECTURES.get(arch).classifier
     expected = model.state_dict()
@@ -235,7 +245,7 @@ def load_torchvision_weights(model: nn.Module, arch: str, path: str | os.PathLik
                 del state[key]
             else:
                 raise CheckpointError(
-                    f"WEIGHTS={path}: layer {key} has shape {tuple(tensor.shape)}, "
+                    f"{source}: layer {key} has shape {tuple(tensor.shape)}, "
                     f"but {arch} expects {tuple(expected[key].shape)}",
                     fix=f"these weights are not a {arch}; choose the matching teacher.arch",
                 )
@@ -243,7 +253,7 @@ def load_torchvision_weights(model: nn.Module, arch: str, path: str | os.PathLik
     unexpected = [k for k in state if k not in expected]
     if missing or unexpected:
         raise CheckpointError(
-            f"WEIGHTS={path} does not match {arch}: missing {missing[:3]}, unexpected {unexpected[:3]}",
+            f"{source} does not match {arch}: missing {missing[:3]}, unexpected {unexpected[:3]}",
             fix=f"pass a state_dict saved from torchvision's {arch}",
         )
     for key in replaced:

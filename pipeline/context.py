@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
@@ -34,7 +33,10 @@ class RunContext:
 
     @staticmethod
     def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+        """The run's log (rank 0 only): :func:`pipeline.log.log`."""
+        from pipeline.log import log
+
+        log(message)
 
     @property
     def device(self):

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from device.errors import ConfigError
 
 Role = Literal["edge", "dc"]
+# deploy/results.json: every device's outcome, each succeeded rung with a device.schema.JobResult.
+DEPLOY_SCHEMA = "edgefold.deploy/2"
 
 
 @dataclass(frozen=True)

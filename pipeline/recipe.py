@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from device.errors import ConfigError, EdgeFoldError
 from device.preprocess import Preprocess
+from device.schema import (BatchSizes, IdleSeconds, SampleHz, Threads, TimeoutSeconds, WarmupIterations,
+                           WindowSeconds)
+from pipeline.rungs import RUNGS, FloatRungName, RungName
 
 RECIPES_ENV = "EDGEFOLD_MODELS_DIR"
 
@@ -230,7 +233,7 @@ class ExportConfig(_Strict):
     """ONNX export of every rung that will be measured, checked against torch."""
 
     opset: int = Field(17, ge=17, le=23)
-    rungs: list[Literal["teacher", "pruned", "student"]] = ["teacher", "pruned", "student"]
+    rungs: list[FloatRungName] = [name for name, rung in RUNGS.items() if rung.checkpoint_stage]
     parity_images: int = Field(256, ge=1, description="test images compared between torch and ONNX Runtime")
     parity_atol: float = Field(1e-3, gt=0, description="largest allowed |torch − ONNX| logit difference")
     min_top1_agreement: float = Field(0.99, ge=0, le=1, description="share of images with the same top-1 class")
@@ -253,20 +256,24 @@ class EvaluateConfig(_Strict):
 
 
 class DeployConfig(_Strict):
-    """Benchmark jobs sent to every device's agent for every rung (see device.schema.JobSpec)."""
+    """Benchmark jobs sent to every device's agent for every rung.
 
-    rungs: list[Literal["teacher", "pruned", "student", "student_int8"]] = ["teacher", "pruned", "student",
-                                                                            "student_int8"]
-    batch_sizes: list[int] = Field([1, 32], min_length=1, max_length=4, description="batch 1 for latency, the "
-                                                                                    "largest for throughput")
-    duration_s: float = Field(3.0, gt=0, le=600, description="timed window per rung and batch size")
-    warmup_iterations: int = Field(10, ge=0)
-    idle_s: float = Field(1.0, ge=0, le=60, description="idle power baseline before each job")
-    sample_hz: float = Field(20.0, gt=0, le=1000)
+    The measurement fields take their types and bounds from the agent's job schema
+    (:class:`device.schema.JobSpec`): one set of bounds, checked when the recipe is loaded.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    rungs: list[RungName] = list(RUNGS)
+    batch_sizes: BatchSizes = Field([1, 32], description="batch 1 for latency, the largest for throughput")
+    duration_s: WindowSeconds = Field(3.0, description="timed window per rung and batch size")
+    warmup_iterations: WarmupIterations = 10
+    idle_s: IdleSeconds = Field(1.0, description="idle power baseline before each job")
+    sample_hz: SampleHz = 20.0
+    threads: Threads = Field(0, description="intra-op CPU threads of the runtime; 0 = its default")
     runtime: Literal["auto", "tensorrt", "onnxruntime"] = Field(
         "auto", description="auto: TensorRT where the agent has it, else ONNX Runtime")
-    job_timeout_s: float = Field(1800.0, gt=0, description="per job, engine build included")
-    parallel_devices: int = Field(8, ge=1, description="devices benchmarked at once")
+    job_timeout_s: TimeoutSeconds = Field(1800.0, description="per job, engine build included")
+    parallel_devices: int = Field(8, ge=1, le=256, description="devices benchmarked at once")
     retries: int = Field(1, ge=0, le=5, description="resubmissions of a job that failed or was interrupted")
 
 

@@ -14,18 +14,21 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
-from device.errors import ManifestError, require
+from device.errors import ManifestError, SchemaVersionError, require
+from device.schema import JobResult, parse_result
+from pipeline.devices import DEPLOY_SCHEMA
+from pipeline.rungs import DEPLOYED, RUNGS, TEACHER
 from pipeline import perclass
 from pipeline.scores import points as _points
 from pipeline.scores import verdict
 
-SCHEMA = "edgefold.report/1"
+SCHEMA = "edgefold.report/2"
 NOT_MEASURED = "not measured"
 COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", "params_m", "macs_g", "size_mb", "runtime",
            "precision", "latency_batch", "latency_p50_ms", "latency_p99_ms", "throughput_batch",
-           "throughput_images_per_s", "peak_memory_mb", "power_mean_w", "energy_mj_per_inference", "power_source",
+           "throughput_images_per_s", "peak_memory_mb", "power_mean_w", "energy_mj_per_image", "power_source",
            "energy_degraded", "energy_note",
            "latency_ratio_vs_dc_teacher", "energy_ratio_vs_dc_teacher", "status", "reason")
 
@@ -47,8 +50,21 @@ def pareto_front(points: Iterable[tuple[Any, float, float]]) -> set:
     return front
 
 
-def _run(result: dict[str, Any], batch: int) -> Optional[dict[str, Any]]:
-    return next((r for r in result.get("runs", []) if r["batch_size"] == batch), None)
+def load_deploy_results(path: Path) -> dict[str, Any]:
+    """The deploy stage's ``results.json`` with every succeeded rung's result typed (:class:`JobResult`).
+
+    Raises:
+        SchemaVersionError: A file of another EdgeFold version, named with the fix.
+    """
+    deploy = json.loads(path.read_text())
+    if deploy.get("schema") != DEPLOY_SCHEMA:
+        raise SchemaVersionError(f"{path} is schema {deploy.get('schema')!r}; this EdgeFold reads {DEPLOY_SCHEMA!r}",
+                                 fix="measure again with this version: edgefold run MODEL --force deploy")
+    for device in deploy["devices"]:
+        for rung, entry in device["rungs"].items():
+            if entry.get("state") == "succeeded":
+                entry["result"] = parse_result(entry["result"], f"{path}: {device['name']}/{rung}")
+    return deploy
 
 
 def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -59,7 +75,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     rungs = stages["evaluate"]["metrics"]["rungs"]
     deploy = None
     if "deploy" in stages:
-        deploy = json.loads((run_dir / stages["deploy"]["outputs"]["results"]).read_text())
+        deploy = load_deploy_results(run_dir / stages["deploy"]["outputs"]["results"])
     rows: list[dict[str, Any]] = []
     devices = deploy["devices"] if deploy else []
     for device in devices:
@@ -76,48 +92,45 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             elif entry["state"] != "succeeded":
                 row.update(status=NOT_MEASURED, reason=f"job {entry['state']}: {(entry.get('error') or '').splitlines()[0] if entry.get('error') else ''}")
             else:
-                result = entry["result"]
-                batches = sorted(r["batch_size"] for r in result["runs"])
-                small, large = _run(result, batches[0]), _run(result, batches[-1])
-                summary = large["summary"]
-                peak = max((r["summary"]["peak_memory_mb"] or 0) for r in result["runs"]) or None
-                precision = entry["spec"]["precision"]
-                if result["runtime"]["name"] == "onnxruntime":  # ONNX Runtime runs the model as stored
-                    precision = "int8" if rung == "student_int8" else "fp32"
-                row.update(runtime=result["runtime"]["name"], precision=precision,
-                           latency_batch=batches[0], latency_p50_ms=small["latency_p50_ms"],
-                           latency_p99_ms=small["latency_p99_ms"], throughput_batch=batches[-1],
-                           throughput_images_per_s=large["throughput_images_per_s"], peak_memory_mb=peak,
-                           power_mean_w=summary["power_mean_mw"] / 1e3 if summary["power_mean_mw"] else None,
-                           energy_mj_per_inference=summary["energy_mj_per_inference"],
-                           power_source=summary["power_source"], **_energy_quality(summary))
-                if summary["power_mean_mw"] is None:
-                    notes = result.get("telemetry_notes") or []
+                result: JobResult = entry["result"]
+                batches = sorted(run.batch_size for run in result.runs)
+                small, large = result.run(batches[0]), result.run(batches[-1])
+                summary = large.summary
+                peak = max((run.summary.peak_memory_mb or 0) for run in result.runs) or None
+                row.update(runtime=result.runtime.name, precision=result.runtime.precision,
+                           latency_batch=batches[0], latency_p50_ms=small.latency_p50_ms,
+                           latency_p99_ms=small.latency_p99_ms, throughput_batch=batches[-1],
+                           throughput_images_per_s=large.throughput_images_per_s, peak_memory_mb=peak,
+                           power_mean_w=summary.power_mean_mw / 1e3 if summary.power_mean_mw else None,
+                           energy_mj_per_image=summary.energy_mj_per_image,
+                           power_source=summary.power_source, **_energy_quality(summary.model_dump()))
+                if summary.power_mean_mw is None:
+                    notes = result.telemetry_notes
                     row["reason"] = "no power telemetry on this device" + (f" ({'; '.join(notes)})" if notes else "")
             rows.append(row)
     dc = [d for d in devices if d["role"] == "dc" and d["status"] != "unreachable"]
     edge = [d for d in devices if d["role"] == "edge" and d["status"] != "unreachable"]
     baseline_device = (dc or edge or [None])[0]
     baseline = next((r for r in rows if baseline_device and r["device"] == baseline_device["name"]
-                     and r["rung"] == "teacher" and r["status"] == "measured"), None)
+                     and r["rung"] == TEACHER and r["status"] == "measured"), None)
     for row in rows:
         row["top1_delta_points"] = (_points(rungs[row["rung"]]["top1_delta_points"])
                                     if rungs.get(row["rung"], {}).get("top1_delta_points") is not None else None)
         row["latency_ratio_vs_dc_teacher"] = (row["latency_p50_ms"] / baseline["latency_p50_ms"]
                                               if baseline and row.get("latency_p50_ms") else None)
-        row["energy_ratio_vs_dc_teacher"] = (row["energy_mj_per_inference"] / baseline["energy_mj_per_inference"]
-                                             if baseline and row.get("energy_mj_per_inference")
-                                             and baseline.get("energy_mj_per_inference") else None)
+        row["energy_ratio_vs_dc_teacher"] = (row["energy_mj_per_image"] / baseline["energy_mj_per_image"]
+                                             if baseline and row.get("energy_mj_per_image")
+                                             and baseline.get("energy_mj_per_image") else None)
     headline = _headline(rows, edge, dc, baseline_device)
     groups = fleet_aggregates(rows)
     traces = []
     for device in devices:
         for rung, entry in device["rungs"].items():
             if entry.get("state") == "succeeded":
-                for run in entry["result"]["runs"]:
-                    if run.get("power_trace"):
-                        traces.append({"device": device["name"], "rung": rung, "batch_size": run["batch_size"],
-                                       **run["power_trace"]})
+                for run in entry["result"].runs:
+                    if run.power_trace:
+                        traces.append({"device": device["name"], "rung": rung, "batch_size": run.batch_size,
+                                       **run.power_trace.model_dump()})
     provenance = {
         "pipeline": {k: v for k, v in (stages.get("evaluate", {}).get("env") or {}).items()},
         "devices": [{"name": d["name"], "role": d["role"], "url": d["url"], "status": d["status"],
@@ -145,7 +158,7 @@ def fleet_aggregates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             measured = [r for r in members if r["rung"] == rung and r["status"] == "measured"]
             entry = {"group": group, "rung": rung, "role": members[0]["role"],
                      "devices": len({r["device"] for r in members}), "measured": len(measured)}
-            for key in ("latency_p50_ms", "throughput_images_per_s", "energy_mj_per_inference", "power_mean_w"):
+            for key in ("latency_p50_ms", "throughput_images_per_s", "energy_mj_per_image", "power_mean_w"):
                 values = [r[key] for r in measured if r.get(key) is not None]
                 entry[f"{key}_median"] = statistics.median(values) if values else None
                 entry[f"{key}_min"] = min(values) if values else None
@@ -160,11 +173,11 @@ def fleet_rows(data: dict[str, Any]) -> list[list[str]]:
     for g in data["groups"]:
         spread = (f"{g['latency_p50_ms_min']:.3f}–{g['latency_p50_ms_max']:.3f}"
                   if g["latency_p50_ms_min"] is not None else "—")
-        energy = (f"{g['energy_mj_per_inference_min']:.2f}–{g['energy_mj_per_inference_max']:.2f}"
-                  if g["energy_mj_per_inference_min"] is not None else NOT_MEASURED)
+        energy = (f"{g['energy_mj_per_image_min']:.2f}–{g['energy_mj_per_image_max']:.2f}"
+                  if g["energy_mj_per_image_min"] is not None else NOT_MEASURED)
         table.append([g["group"], g["rung"], f"{g['measured']}/{g['devices']}", _fmt(g["latency_p50_ms_median"], ".3f"),
                       spread, _fmt(g["throughput_images_per_s_median"], ".0f"),
-                      _fmt(g["energy_mj_per_inference_median"], ".2f", NOT_MEASURED), energy])
+                      _fmt(g["energy_mj_per_image_median"], ".2f", NOT_MEASURED), energy])
     return table
 
 
@@ -175,12 +188,12 @@ def _is_fleet(data: dict[str, Any]) -> bool:
 def _peak_temps(device: dict[str, Any]) -> dict[str, float]:
     temps: dict[str, float] = {}
     for entry in device.get("rungs", {}).values():
-        for run in (entry.get("result") or {}).get("runs", []):
-            for sampler in run.get("telemetry", {}).values():
-                for key, value in sampler.items():
-                    if key.startswith("peak_temp_") and isinstance(value, (int, float)):
-                        zone = key[len("peak_temp_"):-2]
-                        temps[zone] = max(temps.get(zone, value), value)
+        if entry.get("state") != "succeeded":
+            continue
+        for run in entry["result"].runs:
+            for telemetry in run.telemetry.values():
+                for zone, value in telemetry.peak_temperatures_c().items():
+                    temps[zone] = max(temps.get(zone, value), value)
     return temps
 
 
@@ -189,8 +202,8 @@ def _headline(rows, edge, dc, baseline_device) -> dict[str, Any]:
     edge_device = (edge or [None])[0]
     if edge_device is None or baseline_device is None:
         return {"status": NOT_MEASURED, "reason": "no reachable device measured the ladder"}
-    student = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == "student_int8"), None)
-    teacher = next((r for r in rows if r["device"] == baseline_device["name"] and r["rung"] == "teacher"), None)
+    student = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == DEPLOYED), None)
+    teacher = next((r for r in rows if r["device"] == baseline_device["name"] and r["rung"] == TEACHER), None)
     note = None if dc else ("no data-center device configured (DC=): the teacher's numbers come from the same "
                             f"device, {edge_device['name']}")
     if not student or not teacher or student["status"] != "measured" or teacher["status"] != "measured":
@@ -199,7 +212,9 @@ def _headline(rows, edge, dc, baseline_device) -> dict[str, Any]:
     def ratio(a, b):
         return a / b if a is not None and b else None
 
-    student_fp32 = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == "student"), None)
+    # Like with like: the deployed rung's float form (same network) against the float teacher.
+    float_form = RUNGS[DEPLOYED].quantized_from
+    student_fp32 = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == float_form), None)
     return {"status": "measured", "edge_device": edge_device["name"], "dc_device": baseline_device["name"],
             "note": note, "top1_edge": student["top1"], "top1_dc": teacher["top1"],
             "edge_precision": student.get("precision") or "int8", "dc_precision": teacher.get("precision") or "fp32",
@@ -209,8 +224,8 @@ def _headline(rows, edge, dc, baseline_device) -> dict[str, Any]:
             "latency_ratio": ratio(student["latency_p50_ms"], teacher["latency_p50_ms"]),
             "throughput_edge": student["throughput_images_per_s"], "throughput_dc": teacher["throughput_images_per_s"],
             "throughput_ratio": ratio(student["throughput_images_per_s"], teacher["throughput_images_per_s"]),
-            "energy_mj_edge": student["energy_mj_per_inference"], "energy_mj_dc": teacher["energy_mj_per_inference"],
-            "energy_ratio": ratio(student["energy_mj_per_inference"], teacher["energy_mj_per_inference"]),
+            "energy_mj_edge": student["energy_mj_per_image"], "energy_mj_dc": teacher["energy_mj_per_image"],
+            "energy_ratio": ratio(student["energy_mj_per_image"], teacher["energy_mj_per_image"]),
             "energy_reason": student.get("reason") or teacher.get("reason"),
             "peak_memory_mb_edge": student["peak_memory_mb"], "peak_memory_mb_dc": teacher["peak_memory_mb"],
             "size_mb_edge": student["size_mb"], "size_mb_dc": teacher["size_mb"],
@@ -286,7 +301,7 @@ def ladder_rows(data: dict[str, Any]) -> list[list[str]]:
             _fmt(r.get("latency_p50_ms"), ".3f"), _fmt(r.get("latency_p99_ms"), ".3f"),
             _fmt(r.get("throughput_images_per_s"), ".0f"), _fmt(r.get("peak_memory_mb"), ".0f"),
             _fmt(r.get("power_mean_w"), ".2f", NOT_MEASURED if measured else "—"),
-            _fmt(r.get("energy_mj_per_inference"), ".2f", NOT_MEASURED if measured else "—")
+            _fmt(r.get("energy_mj_per_image"), ".2f", NOT_MEASURED if measured else "—")
             + (f" degraded [{notes[r['energy_note']]}]" if r.get("energy_degraded") and r.get("energy_note") else ""),
             _fmt(r.get("latency_ratio_vs_dc_teacher"), ".2f"), _fmt(r.get("energy_ratio_vs_dc_teacher"), ".2f"),
             ("measured" if measured else NOT_MEASURED) + (f" [{notes[r['reason']]}]" if r.get("reason") else ""),
@@ -334,6 +349,22 @@ def _batch_note(data) -> str:
             f"{measured[0]['throughput_batch']}. Ratios are against {against}.")
 
 
+def provenance_lines(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """(who, what) per device and for the build host: versions, power mode, peak temperatures."""
+    lines = []
+    for device in data["provenance"]["devices"]:
+        facts = ", ".join(f"{k} {v}" for k, v in device.items() if k not in ("name", "role", "url", "status", "error",
+                                                                               "peak_temperatures_c") and v is not None)
+        temps = ", ".join(f"{zone} {t:.1f} °C" for zone, t in device["peak_temperatures_c"].items())
+        lines.append((device["name"], f" ({device['role']}, {device['url']}): {device['status']}"
+                      + (f" — {device['error']}" if device["error"] else "") + (f"; {facts}" if facts else "")
+                      + (f"; peak temperatures {temps}" if temps else "")))
+    pipeline_env = data["provenance"]["pipeline"]
+    if pipeline_env:
+        lines.append(("build host", ": " + ", ".join(f"{k} {v}" for k, v in pipeline_env.items())))
+    return lines
+
+
 def render_markdown(data: dict[str, Any]) -> str:
     parts = [f"# EdgeFold report: {data['model']} / {data['run']}", "", f"Generated {data['generated']}.", "",
              "## Headline", "", "```", headline_text(data["headline"]), "```", "", "## The ladder", ""]
@@ -353,16 +384,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         parts += ["", "## Fleet", "", "Per group of devices of the same kind: the median and the spread across them.", "",
                   _markdown_table(fleet_rows(data))]
     parts += ["", "## Provenance", ""]
-    for device in data["provenance"]["devices"]:
-        facts = ", ".join(f"{k} {v}" for k, v in device.items() if k not in ("name", "role", "url", "status", "error",
-                                                                               "peak_temperatures_c") and v is not None)
-        temps = ", ".join(f"{zone} {t:.1f} °C" for zone, t in device["peak_temperatures_c"].items())
-        parts.append(f"- **{device['name']}** ({device['role']}, {device['url']}): {device['status']}"
-                     + (f" — {device['error']}" if device["error"] else "") + (f"; {facts}" if facts else "")
-                     + (f"; peak temperatures {temps}" if temps else ""))
-    pipeline_env = data["provenance"]["pipeline"]
-    if pipeline_env:
-        parts.append("- **build host**: " + ", ".join(f"{k} {v}" for k, v in pipeline_env.items()))
+    parts += [f"- **{name}**{text}" for name, text in provenance_lines(data)]
     return "\n".join(parts) + "\n"
 
 
@@ -377,11 +399,11 @@ def layer_profiles(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for rung, entry in device.get("rungs", {}).items():
             if entry.get("state") != "succeeded":
                 continue
-            result = entry["result"]
-            profile = result.get("profile")
-            entries.append({"device": device["name"], "rung": rung, "runtime": result["runtime"]["name"],
+            result: JobResult = entry["result"]
+            profile = result.profile
+            entries.append({"device": device["name"], "rung": rung, "runtime": result.runtime.name,
                             "status": "measured" if profile else NOT_MEASURED,
-                            "reason": None if profile else (result["runtime"].get("profile_note")
+                            "reason": None if profile else (result.runtime.profile_note
                                                             or "the agent recorded no per-layer profile"),
                             "profile": profile})
     return entries
@@ -517,7 +539,7 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
         for j, rung in enumerate(rungs):
             row = next((r for r in data["rows"] if r["device"] == device and r["rung"] == rung), None)
             x = j + (i - (len(devices) - 1) / 2) * width
-            value = row.get("energy_mj_per_inference") if row else None
+            value = row.get("energy_mj_per_image") if row else None
             if value is None:
                 ax.text(x, 0, "n/m", ha="center", va="bottom", fontsize=7, rotation=90, color="grey")
                 continue
@@ -585,10 +607,8 @@ def render_html(data: dict[str, Any], figures: dict[str, str]) -> str:
                 "per_class": "Accuracy on each class's test images, per rung: where the fold cost most."}
     figures_html = "".join(f'<figure><img alt="{key}" src="data:image/png;base64,{png}"><figcaption>'
                            f"{esc(captions[key])}</figcaption></figure>" for key, png in figures.items())
-    provenance = render_markdown(data).split("## Provenance", 1)[1]
-    provenance_html = "<ul>" + "".join(
-        f"<li>{esc(line[2:]).replace('**', '')}</li>" for line in provenance.strip().splitlines() if line.startswith("- ")
-    ) + "</ul>"
+    provenance_html = "<ul>" + "".join(f"<li><b>{esc(name)}</b>{esc(text)}</li>"
+                                       for name, text in provenance_lines(data)) + "</ul>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>EdgeFold report: {esc(str(data['model']))} / {esc(data['run'])}</title>
 <style>{CSS}</style></head><body>
@@ -624,5 +644,11 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
         for row in data["rows"]:
             writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
     paths["md"].write_text(render_markdown(data))
+    # The prune stage's latency plan (issue #16), when the run pruned to a latency budget: its own section.
+    from pipeline.latency import report_markdown
+
+    section = report_markdown(json.loads(manifest_path.read_text()), run_dir, out)
+    if section:
+        paths["md"].write_text(paths["md"].read_text() + section)
     paths["html"].write_text(render_html(data, plots(data)))
     return paths

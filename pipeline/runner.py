@@ -6,7 +6,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -16,6 +15,7 @@ from device.errors import ConfigError, ManifestError
 from pipeline import distributed
 from pipeline.codehash import code_sha256
 from pipeline.context import RunContext
+from pipeline.log import log
 from pipeline.devices import Device
 from pipeline.manifest import Manifest, sha256_file, sha256_json
 from pipeline.recipe import load_recipe
@@ -111,11 +111,6 @@ def _check_inputs_untouched(name: str, run_dir: Path, input_sha: dict[str, str])
             raise ManifestError(
                 f"stage {name} modified its input {rel}, which an earlier stage recorded with sha256 {digest[:12]}…",
                 fix=f"this is a bug in stage {name} (it must work on a copy); re-run with --force {rel.split('/')[0]}")
-
-
-def log(message: str) -> None:
-    if distributed.world().main:  # one log, rank 0's
-        print(message, file=sys.stderr, flush=True)
 
 
 def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] = (), run_id: str | None = None,

@@ -23,6 +23,7 @@ from pipeline import distributed
 from pipeline.data.batches import Batches
 from pipeline.distributed import all_reduce_sum
 from pipeline.recipe import TrainConfig
+from pipeline.log import log
 
 class Batch(NamedTuple):
     """One training batch as the loss sees it."""
@@ -137,127 +138,158 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
     Returns:
         One dict per epoch: mean loss, train accuracy, images/s and what ``evaluate_fn`` returned.
     """
-    me = distributed.world()
-    if me.distributed:
-        batches.shard(me.rank, me.size)
-    steps_per_epoch = len(batches)
-    total_steps = math.ceil(cfg.epochs * steps_per_epoch)
-    if total_steps == 0:
+    trainer = _Trainer(model, batches, cfg, loss_fn, device, desc)
+    if trainer.total_steps == 0:
         return []
-    torch.manual_seed(cfg.seed)
-    model.to(device)
-    channels_last = cfg.channels_last
-    if channels_last:
-        model.to(memory_format=torch.channels_last)
-    train_model = model
-    if me.distributed:
-        model = distributed.convert_sync_batchnorm(model, device)
-        train_model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = make_optimizer(model, cfg)
-    scheduler = make_scheduler(optimizer, cfg, total_steps, steps_per_epoch)
-    amp_dtype = _amp_dtype(cfg, device)
-    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
-    history, step, epochs, first_epoch = [], 0, math.ceil(cfg.epochs), 0
     if resume is not None and resume.is_file():
-        state = _load_resume(resume, model, optimizer, scheduler, scaler, device, desc, me.main)
+        trainer.resume_from(resume)
+    for epoch in range(trainer.first_epoch, trainer.epochs):
+        record = trainer.train_epoch(epoch)
+        if trainer.me.main and resume is not None:
+            # Saved before the evaluation, the last epoch included: an evaluation that fails (a corrupt
+            # test image) must not throw the trained weights away.
+            trainer.save(resume, epoch)
+        if evaluate_fn is not None and (cfg.eval_every_epoch or epoch == trainer.epochs - 1):
+            record.update(evaluate_fn())
+        trainer.log_epoch(record)
+        distributed.barrier()
+    trainer.finish()
+    if trainer.history and evaluate_fn is not None and "top1" not in trainer.history[-1]:
+        trainer.history[-1].update(evaluate_fn())  # resumed after the last epoch, before its evaluation
+    return trainer.history
+
+
+class _Trainer:
+    """The state of one :func:`fit`: model (DDP-wrapped under torchrun), optimizer, schedule, AMP, history."""
+
+    def __init__(self, model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, device: torch.device,
+                 desc: str):
+        self.me = distributed.world()
+        self.batches, self.cfg, self.loss_fn, self.device, self.desc = batches, cfg, loss_fn, device, desc
+        if self.me.distributed:
+            batches.shard(self.me.rank, self.me.size)
+        self.steps_per_epoch = len(batches)
+        self.total_steps = math.ceil(cfg.epochs * self.steps_per_epoch)
+        self.epochs, self.first_epoch, self.step, self.history = math.ceil(cfg.epochs), 0, 0, []
+        if self.total_steps == 0:
+            return
+        torch.manual_seed(cfg.seed)
+        model.to(device)
+        if cfg.channels_last:
+            model.to(memory_format=torch.channels_last)
+        self.train_model = model
+        if self.me.distributed:
+            model = distributed.convert_sync_batchnorm(model, device)
+            self.train_model = nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.model = model
+        self.optimizer = make_optimizer(model, cfg)
+        self.scheduler = make_scheduler(self.optimizer, cfg, self.total_steps, self.steps_per_epoch)
+        self.amp_dtype = _amp_dtype(cfg, device)
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+        self.hide_bar = progress_disabled() if self.me.main else True  # one bar, rank 0's
+
+    def resume_from(self, path: Path) -> None:
+        state = _load_resume(path, self.model, self.optimizer, self.scheduler, self.scaler, self.device, self.desc,
+                             self.me.main)
         if state is not None:
-            history, step, first_epoch = state["history"], state["step"], state["epoch"]
-            batches.epoch = state["batches_epoch"]
-    hide_bar = progress_disabled() if me.main else True  # one bar, rank 0's
-    for epoch in range(first_epoch, epochs):
-        train_model.train()
+            self.history, self.step, self.first_epoch = state["history"], state["step"], state["epoch"]
+            self.batches.epoch = state["batches_epoch"]
+
+    def save(self, path: Path, epoch: int) -> None:
+        _save_resume(path, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                            "scheduler": self.scheduler.state_dict(),
+                            "scaler": self.scaler.state_dict() if self.scaler else None, "history": self.history,
+                            "step": self.step, "epoch": epoch + 1, "batches_epoch": self.batches.epoch,
+                            "rng": torch.get_rng_state()})
+
+    def _update(self, x, labels, positions, flipped) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns the logits and the loss."""
+        x, labels = x.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+        if self.cfg.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        autocast = torch.autocast("cuda", dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
+        with autocast:
+            logits = self.train_model(x)
+            loss = self.loss_fn(logits.float(), Batch(x, labels, positions, flipped))
+        if not torch.isfinite(loss):
+            from device.errors import StageError
+
+            raise StageError(f"{self.desc}: loss became {loss.item()} at step {self.step}",
+                             fix="lower the learning rate or enable grad_clip in the recipe")
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+        else:
+            loss.backward()
+        if self.cfg.grad_clip:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return logits, loss
+
+    def train_epoch(self, epoch: int) -> dict:
+        """One epoch with a progress bar (or a plain line every 10% without a terminal); its record."""
+        self.train_model.train()
         seen = correct = 0
-        loss_sum = 0.0
-        data_s = 0.0  # time spent waiting for the next batch: the input pipeline's share
-        epoch_steps, first_step = min(steps_per_epoch, total_steps - step), step
+        loss_sum = data_s = 0.0  # data_s: time spent waiting for the next batch, the input pipeline's share
+        epoch_steps, first_step = min(self.steps_per_epoch, self.total_steps - self.step), self.step
         started = time.perf_counter()
         last_line = (0, started)  # (steps, time) of the last plain-text progress line
-        bar = tqdm(total=epoch_steps, desc=f"{desc} {epoch + 1}/{epochs}", unit="batch",
-                   disable=hide_bar, leave=False, file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=epoch_steps, desc=f"{self.desc} {epoch + 1}/{self.epochs}", unit="batch",
+                   disable=self.hide_bar, leave=False, file=sys.stderr, dynamic_ncols=True)
         waited = time.perf_counter()
-        for x, labels, positions, flipped in batches:
+        for x, labels, positions, flipped in self.batches:
             data_s += time.perf_counter() - waited
-            if step >= total_steps:
+            if self.step >= self.total_steps:
                 break
-            x, labels = x.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-            if channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            autocast = torch.autocast("cuda", dtype=amp_dtype) if amp_dtype else nullcontext()
-            with autocast:
-                logits = train_model(x)
-                loss = loss_fn(logits.float(), Batch(x, labels, positions, flipped))
-            if not torch.isfinite(loss):
-                from device.errors import StageError
-
-                raise StageError(f"{desc}: loss became {loss.item()} at step {step}",
-                                 fix="lower the learning rate or enable grad_clip in the recipe")
-            optimizer.zero_grad(set_to_none=True)
-            if scaler:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-            else:
-                loss.backward()
-            if cfg.grad_clip:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            scheduler.step()
-            step += 1
+            logits, loss = self._update(x, labels, positions, flipped)
             seen += len(labels)
-            correct += int((logits.argmax(1) == labels).sum())
+            correct += int((logits.argmax(1) == labels.to(logits.device)).sum())
             loss_sum += float(loss.detach()) * len(labels)
             rate = seen / max(time.perf_counter() - started, 1e-9)
             bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}%", img_s=f"{rate:.0f}")
             bar.update()
-            done_steps = step - first_step
-            now = time.perf_counter()
-            if me.main and bar.disable and done_steps - last_line[0] >= epoch_steps / 10 and now - last_line[1] >= 15:
-                # No terminal (a log file, CI): a line every 10% (at most every 15 s), with the bar's numbers.
+            done_steps, now = self.step - first_step, time.perf_counter()
+            if self.me.main and bar.disable and done_steps - last_line[0] >= epoch_steps / 10 \
+                    and now - last_line[1] >= 15:
                 last_line = (done_steps, now)
                 done = done_steps / epoch_steps
-                eta = (time.perf_counter() - started) * (1 - done) / max(done, 1e-9)
-                print(f"{desc} {epoch + 1}/{epochs}: {100 * done:3.0f}% ({done_steps}/{epoch_steps} batches), "
-                      f"loss {loss_sum / seen:.3f}, acc {100 * correct / seen:.1f}%, {rate:.0f} img/s, "
-                      f"ETA {eta:.0f} s", file=sys.stderr, flush=True)
+                eta = (now - started) * (1 - done) / max(done, 1e-9)
+                log(f"{self.desc} {epoch + 1}/{self.epochs}: {100 * done:3.0f}% ({done_steps}/{epoch_steps} batches), "
+                    f"loss {loss_sum / seen:.3f}, acc {100 * correct / seen:.1f}%, {rate:.0f} img/s, ETA {eta:.0f} s")
             waited = time.perf_counter()
         bar.close()
         seconds = time.perf_counter() - started
-        seen, correct, loss_sum = all_reduce_sum([seen, correct, loss_sum], device)
+        seen, correct, loss_sum = all_reduce_sum([seen, correct, loss_sum], self.device)
         record = {"epoch": epoch + 1, "loss": loss_sum / max(seen, 1), "train_top1": correct / max(seen, 1),
-                  "images_per_s": seen / max(seconds, 1e-9), "seconds": seconds, "processes": me.size,
+                  "images_per_s": seen / max(seconds, 1e-9), "seconds": seconds, "processes": self.me.size,
                   # What the input pipeline alone delivered (per process): well above the training
                   # rate means compute bounds the run; close to it means the data path does.
-                  "data_images_per_s": seen / me.size / max(data_s, 1e-9), "data_wait_fraction": data_s / seconds}
-        history.append(record)
-        if me.main and resume is not None:
-            # Saved before the evaluation, the last epoch included: an evaluation that fails (a corrupt
-            # test image) must not throw the trained weights away.
-            _save_resume(resume, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                  "scheduler": scheduler.state_dict(),
-                                  "scaler": scaler.state_dict() if scaler else None, "history": history,
-                                  "step": step, "epoch": epoch + 1, "batches_epoch": batches.epoch,
-                                  "rng": torch.get_rng_state()})
-        if evaluate_fn is not None and (cfg.eval_every_epoch or epoch == epochs - 1):
-            record.update(evaluate_fn())
-        if me.main:
-            extra = f", test top-1 {100 * record['top1']:.2f}%" if "top1" in record else ""
-            bound = "input-bound" if record["data_wait_fraction"] > 0.3 else "compute-bound"
-            print(f"{desc} epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, train top-1 "
-                  f"{100 * record['train_top1']:.2f}%, {record['images_per_s']:.0f} img/s on {me.size} "
-                  f"process(es), data path {record['data_images_per_s']:.0f} img/s ({bound}){extra}",
-                  file=sys.stderr, flush=True)
-        distributed.barrier()
-    if me.distributed:
-        revert_sync_batchnorm(model)
-    if channels_last:
-        model.to(memory_format=torch.contiguous_format)
-    if history and evaluate_fn is not None and "top1" not in history[-1]:
-        history[-1].update(evaluate_fn())  # resumed after the last epoch, before its evaluation
-    return history
+                  "data_images_per_s": seen / self.me.size / max(data_s, 1e-9),
+                  "data_wait_fraction": data_s / seconds}
+        self.history.append(record)
+        return record
+
+    def log_epoch(self, record: dict) -> None:
+        extra = f", test top-1 {100 * record['top1']:.2f}%" if "top1" in record else ""
+        bound = "input-bound" if record["data_wait_fraction"] > 0.3 else "compute-bound"
+        log(f"{self.desc} epoch {record['epoch']}/{self.epochs}: loss {record['loss']:.4f}, train top-1 "
+            f"{100 * record['train_top1']:.2f}%, {record['images_per_s']:.0f} img/s on {self.me.size} "
+            f"process(es), data path {record['data_images_per_s']:.0f} img/s ({bound}){extra}")
+
+    def finish(self) -> None:
+        """Back to a plain model: BatchNorm unsynchronized, contiguous memory (what the checkpoint saves)."""
+        if self.me.distributed:
+            revert_sync_batchnorm(self.model)
+        if self.cfg.channels_last:
+            self.model.to(memory_format=torch.contiguous_format)
 
 
 def _load_resume(path: Path, model: nn.Module, optimizer, scheduler, scaler, device: torch.device, desc: str,
@@ -281,13 +313,12 @@ def _load_resume(path: Path, model: nn.Module, optimizer, scheduler, scaler, dev
             torch.set_rng_state(state["rng"].cpu())
     except Exception as err:  # a shape mismatch, a truncated file, a missing key: all mean "start over"
         if main:
-            print(f"{desc}: discarding the saved training state {path} ({type(err).__name__}: "
-                  f"{str(err).splitlines()[0][:200] if str(err) else 'unreadable'}); training from the start",
-                  file=sys.stderr, flush=True)
+            log(f"{desc}: discarding the saved training state {path} ({type(err).__name__}: "
+                  f"{str(err).splitlines()[0][:200] if str(err) else 'unreadable'}); training from the start")
         path.unlink(missing_ok=True)
         return None
     if main:
-        print(f"{desc}: resuming after epoch {state['epoch']} from {path}", file=sys.stderr, flush=True)
+        log(f"{desc}: resuming after epoch {state['epoch']} from {path}")
     return state
 
 
@@ -337,7 +368,7 @@ def recalibrate_if_needed(model: nn.Module, cfg: TrainConfig, batches: Callable[
         return 0
     seen = recalibrate_batchnorm(model, batches(), device, cfg.bn_recalibration_images, f"{desc} BatchNorm statistics")
     if seen and distributed.world().main:
-        print(f"{desc}: BatchNorm statistics re-estimated over {seen} training images", file=sys.stderr, flush=True)
+        log(f"{desc}: BatchNorm statistics re-estimated over {seen} training images")
     return seen
 
 

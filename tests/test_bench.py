@@ -29,3 +29,11 @@ def test_dc_baseline_refuses_to_run_without_a_gpu_unless_asked(repo):
     result = subprocess.run([sys.executable, "bench/dc_baseline.py"], cwd=repo, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode != 0 and "no CUDA GPU" in result.stderr
+
+
+def test_benchmark_results_record_no_machine_paths(repo):
+    """Results are read on other machines: paths in them are relative to the checkout."""
+    for path in (repo / "bench" / "results").iterdir():
+        text = path.read_text()
+        for prefix in ("/work/", "/root/", "/home/", "/tmp/", str(repo)):
+            assert prefix not in text, f"{path.name} records a machine path ({prefix}…)"

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device.errors import StageError, require
+from device.errors import RunnerError, require
 from device.runners import Runner
 
 
@@ -45,7 +45,7 @@ class OnnxRuntimeRunner(Runner):
         try:
             self.session = self._session()
         except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph types
-            raise StageError(f"ONNX Runtime cannot load {self.path}: {err}", fix="re-export the model") from None
+            raise RunnerError(f"ONNX Runtime cannot load {self.path}: {err}", fix="re-export the model") from None
         first = self.session.get_inputs()[0]
         self.input_name = first.name
         self.input_chw = tuple(d if isinstance(d, int) else None for d in first.shape[1:])

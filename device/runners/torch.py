@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from device.errors import ConfigError, StageError, require
+from device.errors import ConfigError, RunnerError, require
 from device.runners import Runner
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -52,7 +52,7 @@ class TorchRunner(Runner):
         try:
             program = torch.export.load(self.path)
         except Exception as err:  # torch raises several types for a foreign or truncated archive
-            raise StageError(f"{self.path} is not a torch.export program: {err}",
+            raise RunnerError(f"{self.path} is not a torch.export program: {err}",
                              fix="save the model with torch.export.save(torch.export.export(model, args), path)") from None
         example = program.example_inputs[0][0] if program.example_inputs else None
         self.input_chw = tuple(example.shape[1:]) if example is not None else (None,)

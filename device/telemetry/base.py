@@ -209,7 +209,7 @@ def window_energy(trace: Trace, start: float, stop: float, calls: Sequence[tuple
         idle_mw: The idle baseline's mean power, for the energy above idle.
 
     Returns:
-        ``energy_mj_per_inference`` and ``energy_above_idle_mj_per_inference`` (None when coverage is
+        ``energy_mj_per_image`` and ``energy_above_idle_mj_per_image`` (None when coverage is
         below ``COVERAGE_MIN``), ``window_power_mw`` (mean over the covered time), ``coverage``,
         ``max_gap_s``, ``staleness_s``, ``covered_images``, ``energy_uncertainty_rel``,
         ``energy_method``, ``degraded`` and ``degraded_reasons`` ({flag: sentence}).
@@ -223,7 +223,7 @@ def window_energy(trace: Trace, start: float, stop: float, calls: Sequence[tuple
     reasons = dict(trace.flags)
     result: dict[str, Any] = {"coverage": covered / length, "max_gap_s": largest_gap(times, start, stop),
                               "staleness_s": trace.staleness_max_s, "window_s": stop - start,
-                              "energy_mj_per_inference": None, "energy_above_idle_mj_per_inference": None,
+                              "energy_mj_per_image": None, "energy_above_idle_mj_per_image": None,
                               "window_power_mw": None, "covered_images": None, "energy_uncertainty_rel": None}
     if key == counter_key and len(times):
         # A cumulative counter needs no coverage in between: the difference across each covered
@@ -249,9 +249,9 @@ def window_energy(trace: Trace, start: float, stop: float, calls: Sequence[tuple
                                        "or raise sample_hz)")
     if result["coverage"] >= COVERAGE_MIN and images > 0 and np.isfinite(energy):
         result["covered_images"] = images
-        result["energy_mj_per_inference"] = energy / images
+        result["energy_mj_per_image"] = energy / images
         if idle_mw is not None and np.isfinite(idle_mw):
-            result["energy_above_idle_mj_per_inference"] = (energy - idle_mw * covered) / images
+            result["energy_above_idle_mj_per_image"] = (energy - idle_mw * covered) / images
     elif "low_coverage" in reasons:
         reasons["low_coverage"] += "; too little to publish an energy figure"
     result["degraded"] = bool(reasons)
@@ -259,7 +259,7 @@ def window_energy(trace: Trace, start: float, stop: float, calls: Sequence[tuple
     return result
 
 
-def energy_per_inference(trace: Trace, inferences: int, power_key: str = "power_mw",
+def energy_per_image(trace: Trace, inferences: int, power_key: str = "power_mw",
                          idle_mw: float | None = None) -> dict[str, float]:
     """Energy per inference in millijoules over the whole trace, total and above the idle baseline.
 
@@ -275,9 +275,9 @@ def energy_per_inference(trace: Trace, inferences: int, power_key: str = "power_
     if inferences <= 0:
         raise ConfigError(f"inferences must be positive, got {inferences}")
     total = trace.integral(power_key)
-    result = {"energy_mj_per_inference": total / inferences}
+    result = {"energy_mj_per_image": total / inferences}
     if idle_mw is not None:
-        result["energy_above_idle_mj_per_inference"] = (total - idle_mw * trace.duration_s) / inferences
+        result["energy_above_idle_mj_per_image"] = (total - idle_mw * trace.duration_s) / inferences
     return result
 
 

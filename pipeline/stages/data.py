@@ -13,6 +13,7 @@ from tqdm import tqdm
 from device.errors import DataError, EdgeFoldError
 from device.preprocess import read_image
 from pipeline.stages.base import STAGES, Stage, StageResult
+from pipeline.log import log
 
 
 def check_classes(dataset, allow_missing_test: bool) -> None:
@@ -120,7 +121,7 @@ class DataStage(Stage):
         counts = np.bincount(dataset.train.labels[train], minlength=dataset.num_classes)
         warnings = balance_warnings(counts, dataset.classes, cfg)
         for warning in warnings:
-            print(f"data: warning: {warning}", file=sys.stderr, flush=True)
+            log(f"data: warning: {warning}")
         return StageResult(
             outputs={"splits": workdir / "splits.npz", "dataset": workdir / "dataset.json"},
             metrics={"source": dataset.name, "num_classes": dataset.num_classes, "train": int(len(train)),

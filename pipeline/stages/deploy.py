@@ -21,16 +21,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from device.client import AgentClient, AgentError
-from device.errors import EdgeFoldError
+from device.errors import ConfigError, EdgeFoldError
+from device.schema import JobSpec, PreprocessSpec, describe_problems, field_problems, parse_result, safe_text
 from pipeline.codehash import code_sha256
-from pipeline.devices import Device
+from pipeline.devices import DEPLOY_SCHEMA, Device
 from pipeline.manifest import sha256_file, sha256_json
+from pipeline.rungs import RUNGS
 from pipeline.stages.base import STAGES, Stage, StageResult
 
-# rung → (stage, output key) of its ONNX file
-RUNG_ONNX = {"teacher": ("export", "teacher"), "pruned": ("export", "pruned"), "student": ("export", "student"),
-             "student_int8": ("quantize", "student_int8")}
 # What makes two measurements comparable: a change in any of these measures again.
 FINGERPRINT_KEYS = ("hostname", "machine", "board", "l4t", "jetpack", "gpu", "compute_capability", "cuda", "tensorrt",
                     "onnxruntime", "torch", "nvpmodel", "jetson_clocks", "edgefold")
@@ -38,20 +39,34 @@ LOOPBACK = Device("loopback", "edge", "", "loopback")
 
 
 def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preprocess: dict[str, Any],
-             label: str) -> dict[str, Any]:
-    """The benchmark job for one rung on one device."""
+             label: str) -> JobSpec:
+    """The benchmark job for one rung on one device, as the agent's own schema (validated here)."""
     runtime = cfg.runtime
     trt_major = int(str(device_info.get("tensorrt") or "0").split(".")[0] or 0)
     if runtime == "auto":  # the engine builder needs TensorRT 10 or newer (JetPack 6.1+)
         runtime = "tensorrt" if trt_major >= 10 else "onnxruntime"
-    precision = "fp32"
-    if runtime == "tensorrt":
-        # TensorRT 11 is strongly typed: precision comes from the model, FP16 flags are refused.
-        precision = "int8" if rung == "student_int8" else ("fp16" if trt_major < 11 else "fp32")
-    return {"artifact": artifact, "runtime": runtime, "precision": precision, "batch_sizes": cfg.batch_sizes,
-            "duration_s": cfg.duration_s, "warmup_iterations": cfg.warmup_iterations, "idle_s": cfg.idle_s,
-            "sample_hz": cfg.sample_hz, "telemetry": "auto", "timeout_s": cfg.job_timeout_s,
-            "preprocess": preprocess, "label": label}
+    precision = RUNGS[rung].precision
+    if runtime == "tensorrt" and precision == "fp32" and trt_major < 11:
+        # TensorRT 10 builds float rungs in FP16 (as trtexec --fp16); 11 is strongly typed: the model's own type.
+        precision = "fp16"
+    try:
+        return JobSpec(artifact=artifact, runtime=runtime, precision=precision, batch_sizes=list(cfg.batch_sizes),
+                       duration_s=cfg.duration_s, warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
+                       sample_hz=cfg.sample_hz, threads=cfg.threads, telemetry="auto", timeout_s=cfg.job_timeout_s,
+                       preprocess=PreprocessSpec(**preprocess), label=safe_text(label, 200))
+    except ValidationError as err:  # the recipe was validated with the same bounds: this is a bug, said plainly
+        raise ConfigError(f"deploy: the job for {rung} does not fit the agent's schema: "
+                          f"{describe_problems(field_problems(err.errors()))}",
+                          fix="check the recipe's deploy section and the export stage's preprocess.json") from None
+
+
+def _reusable(path: Path) -> bool:
+    """Whether a cached measurement still reads as this version's result."""
+    try:
+        parse_result(json.loads(path.read_text()).get("result"), str(path))
+    except (EdgeFoldError, ValueError, AttributeError):
+        return False
+    return True
 
 
 class DeployStage(Stage):
@@ -70,7 +85,7 @@ class DeployStage(Stage):
         cfg = ctx.recipe.deploy
         artifacts = {}
         for rung in cfg.rungs:
-            stage, key = RUNG_ONNX[rung]
+            stage, key = RUNGS[rung].onnx
             if ctx.manifest.stage(stage) and key in ctx.manifest.stage(stage)["outputs"]:
                 artifacts[rung] = ctx.manifest.output(stage, key)
         preprocess = json.loads(ctx.manifest.output("export", "preprocess").read_text())
@@ -102,7 +117,7 @@ class DeployStage(Stage):
             if tmp is not None:  # the agent's copies of every uploaded model (6–100 MB each)
                 shutil.rmtree(tmp, ignore_errors=True)
         reused = sum(len(d.pop("reused", [])) for d in outcomes)
-        results = {"schema": "edgefold.deploy/1", "devices": outcomes,
+        results = {"schema": DEPLOY_SCHEMA, "devices": outcomes,
                    "artifacts": {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
                                  for rung, path in artifacts.items()}}
         (workdir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
@@ -133,9 +148,11 @@ class DeployStage(Stage):
                 # its name in the report is only a label.
                 # A loopback agent measures with this checkout's code: editing device/measure.py measures again.
                 code = code_sha256(self.code_modules)[0] if device is LOOPBACK else None
-                key = sha256_json({"artifact": artifact, "agent": device.url, "code": code,
-                                   "fingerprint": fingerprint, "spec": {k: v for k, v in spec.items() if k != "label"}})
+                key = sha256_json({"artifact": artifact, "agent": device.url, "code": code, "fingerprint": fingerprint,
+                                   "spec": spec.model_dump(mode="json", exclude={"label"}, exclude_none=True)})
                 cached = cache / f"{key}.json"
+                if cached.is_file() and not _reusable(cached):
+                    cached.unlink()  # written by another EdgeFold version: measured again
                 if cached.is_file():
                     # Not flagged in the rung's record: results.json stays byte-identical, so the report is cached.
                     outcome["rungs"][rung] = json.loads(cached.read_text())
@@ -155,7 +172,7 @@ class DeployStage(Stage):
         return outcome
 
     @staticmethod
-    def _benchmark(client: AgentClient, device: Device, rung: str, path: Path, spec: dict[str, Any], cfg, ctx,
+    def _benchmark(client: AgentClient, device: Device, rung: str, path: Path, spec: JobSpec, cfg, ctx,
                    lock: threading.Lock) -> dict[str, Any]:
         def report(job: dict[str, Any]) -> None:
             with lock:
@@ -173,12 +190,17 @@ class DeployStage(Stage):
                 last_error = err.message
                 continue
             if job["state"] == "succeeded":
-                return {"state": "succeeded", "job_id": job["id"], "spec": spec, "result": job["result"],
-                        "attempts": attempt + 1}
+                try:  # the agent's result, typed: an agent of another version is named, not misread
+                    result = parse_result(job["result"], f"{device.name}'s result for {rung}")
+                except EdgeFoldError as err:
+                    return {"state": "failed", "error": f"{err.message} ({err.fix})",
+                            "spec": spec.model_dump(mode="json", exclude_none=True)}
+                return {"state": "succeeded", "job_id": job["id"], "spec": spec.model_dump(mode="json", exclude_none=True),
+                        "result": result.dump(), "attempts": attempt + 1}
             last_error = job["error"]
             if job["state"] not in ("failed", "interrupted"):
                 break
-        return {"state": "failed", "error": last_error, "spec": spec}
+        return {"state": "failed", "error": last_error, "spec": spec.model_dump(mode="json", exclude_none=True)}
 
     def summary(self, metrics):
         devices = ", ".join(f"{name} {status}" for name, status in metrics["devices"].items())

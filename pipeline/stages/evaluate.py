@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.perclass import summarize
+from pipeline.rungs import DEPLOYED, RUNGS, TEACHER
 from pipeline.scores import points, verdict
 from pipeline.stages.base import STAGES, Stage, StageResult
 
-# (rung name, stage that produced it); the INT8 rung comes from the quantize stage.
-RUNGS = (("teacher", "teacher"), ("pruned", "prune"), ("student", "distill"))
 RECORDED = ("top1", "top5", "params_m", "macs_g", "top1_correct", "images", "sanity")
 
 
@@ -25,7 +24,8 @@ class EvaluateStage(Stage):
     name = "evaluate"
 
     def needs(self, ctx):
-        ran = tuple(stage for _, stage in RUNGS if ctx.manifest.stage(stage))
+        ran = tuple(r.checkpoint_stage for r in RUNGS.values() if r.checkpoint_stage
+                    and ctx.manifest.stage(r.checkpoint_stage))
         return ("data",) + ran + tuple(s for s in ("export", "quantize") if ctx.manifest.stage(s))
 
     def config(self, ctx):
@@ -34,7 +34,7 @@ class EvaluateStage(Stage):
     def run(self, ctx, workdir: Path) -> StageResult:
         rungs = {}
         exported = (ctx.manifest.stage("export") or {}).get("metrics", {}).get("rungs", {})
-        for rung, stage in RUNGS:
+        for rung, stage in ((name, r.checkpoint_stage) for name, r in RUNGS.items() if r.checkpoint_stage):
             entry = ctx.manifest.stage(stage)
             if not entry:
                 continue
@@ -43,16 +43,21 @@ class EvaluateStage(Stage):
             rungs[rung].update(size_mb=path.stat().st_size / 1e6, checkpoint=str(path.relative_to(ctx.run_dir)))
             if rung in exported:
                 rungs[rung]["onnx_mb"] = exported[rung]["size_mb"]
-        quantized = ctx.manifest.stage("quantize")
-        if quantized and "student" in rungs:
-            path = ctx.manifest.output("quantize", "student_int8")
+        # The INT8 rung is the student's network in another precision: its size and scores are its own.
+        stage, key = RUNGS[DEPLOYED].onnx
+        quantized = ctx.manifest.stage(stage)
+        source = RUNGS[DEPLOYED].quantized_from
+        if quantized and source in rungs:
+            path = ctx.manifest.output(stage, key)
             size_mb = path.stat().st_size / 1e6
-            rungs["student_int8"] = {**rungs["student"], **{key: quantized["metrics"][key] for key in RECORDED
-                                                            if key in quantized["metrics"]},
-                                     "size_mb": size_mb, "onnx_mb": size_mb,
-                                     "checkpoint": str(path.relative_to(ctx.run_dir)), "precision": "int8"}
-        if "teacher" in rungs:
-            base = rungs["teacher"]
+            rungs[DEPLOYED] = {**rungs[source], **{k: quantized["metrics"][k] for k in RECORDED
+                                                      if k in quantized["metrics"]},
+                               "size_mb": size_mb, "onnx_mb": size_mb,
+                               "checkpoint": str(path.relative_to(ctx.run_dir))}
+        for name, values in rungs.items():
+            values["precision"] = RUNGS[name].precision
+        if TEACHER in rungs:
+            base = rungs[TEACHER]
             for values in rungs.values():
                 # On counts: equal counts are exactly 0 points, never a float32 "−0.00".
                 if "top1_correct" in values and "top1_correct" in base and values["images"] == base["images"]:
@@ -82,10 +87,8 @@ class EvaluateStage(Stage):
     @staticmethod
     def _per_class(ctx, rungs: dict) -> dict | None:
         """Per-class results from the predictions each producing stage kept (every rung, same test images)."""
-        sources = {"teacher": ("teacher", "predictions"), "pruned": ("prune", "predictions"),
-                   "student": ("distill", "predictions"), "student_int8": ("quantize", "predictions")}
         predictions = {}
-        for rung, (stage, key) in sources.items():
+        for rung, (stage, key) in ((name, r.predictions) for name, r in RUNGS.items()):
             entry = ctx.manifest.stage(stage)
             if rung in rungs and entry and key in entry["outputs"]:
                 predictions[rung] = np.load(ctx.manifest.output(stage, key), allow_pickle=False)

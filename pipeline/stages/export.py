@@ -13,11 +13,10 @@ import torch
 from device.errors import StageError
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from pipeline.checkpoint import load_checkpoint
+from pipeline.rungs import RUNGS
 from pipeline.stages.base import STAGES, Stage, StageResult
 
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
-# rung → the stage whose checkpoint it is
-RUNG_STAGES = {"teacher": "teacher", "pruned": "prune", "student": "distill"}
 
 
 def export_onnx(model: torch.nn.Module, path: Path, input_shape: tuple[int, ...], opset: int) -> dict:
@@ -56,7 +55,7 @@ class ExportStage(Stage):
     name = "export"
 
     def needs(self, ctx):
-        return ("data",) + tuple(RUNG_STAGES[r] for r in ctx.recipe.export.rungs)
+        return ("data",) + tuple(RUNGS[r].checkpoint_stage for r in ctx.recipe.export.rungs)
 
     def config(self, ctx):
         return {"export": ctx.recipe.section("export"), "preprocess": ctx.preprocess.to_dict(),
@@ -68,7 +67,7 @@ class ExportStage(Stage):
         images = next(iter(test))[0][: cfg.parity_images].numpy()
         outputs, metrics = {}, {}
         for rung in cfg.rungs:
-            model, _ = load_checkpoint(ctx.manifest.output(RUNG_STAGES[rung], "model"))
+            model, _ = load_checkpoint(ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model"))
             path = workdir / f"{rung}.onnx"
             facts = export_onnx(model, path, ctx.preprocess.input_shape(1), cfg.opset)
             parity = check_parity(model, path, images)

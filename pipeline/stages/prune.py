@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ from pipeline.recipe import PruneConfig
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.scores import assess, recorded_scores
 from pipeline.train import evaluate, fit, recalibrate_if_needed
+from pipeline.log import log
 
 
 def _torch_pruning():
@@ -256,9 +256,9 @@ class PruneStage(Stage):
             plan, pruner, latency_metrics = self._latency_plan(ctx, workdir, model, arch, cfg, input_shape)
         else:
             plan, predicted = find_plan(model, arch, cfg, input_shape, base_macs)
-            print(f"prune: channel ratio {plan['ratio']:.5f} ({plan['dense_ratio']:.5f} on the first "
-                  f"{plan['dense_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
-                  f"(target {100 * cfg.macs_target:.1f}%)", file=sys.stderr)
+            log(f"prune: channel ratio {plan['ratio']:.5f} ({plan['dense_ratio']:.5f} on the first "
+                f"{plan['dense_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
+                f"(target {100 * cfg.macs_target:.1f}%)")
             pruner = make_pruner(model, arch, cfg, plan, input_shape)
         before_shapes = _conv_shapes(model)
         before_macs = layer_macs(model, input_shape)
@@ -288,15 +288,15 @@ class PruneStage(Stage):
             )
         unpruned = unpruned_layers(before_shapes, model, arch, cfg.round_to)
         if unpruned:
-            print(f"prune: note: {len(unpruned)} prunable layers kept every channel; e.g. {unpruned[0]['layer']}: "
-                  f"{unpruned[0]['reason']}", file=sys.stderr)
+            log(f"prune: note: {len(unpruned)} prunable layers kept every channel; e.g. {unpruned[0]['layer']}: "
+                  f"{unpruned[0]['reason']}")
         concentration = macs_concentration(before_macs, layer_macs(model, input_shape))
         if concentration["warning"]:
-            print(f"prune: note: {concentration['warning']}", file=sys.stderr)
+            log(f"prune: note: {concentration['warning']}")
         odd = _channels_off_multiple(model, arch, cfg.round_to)
         if odd:
-            print(f"prune: note: {len(odd)} layers keep channel counts that are not multiples of {cfg.round_to} "
-                  f"(unpruned originals): {odd[:3]}", file=sys.stderr)
+            log(f"prune: note: {len(odd)} layers keep channel counts that are not multiples of {cfg.round_to} "
+                  f"(unpruned originals): {odd[:3]}")
         metrics = evaluate(model, test, ctx.device, "pruned eval", save_predictions=workdir / "predictions.npy")
         model.cpu()
         path = save_checkpoint(workdir / "model.pt", model, arch, info["num_classes"], pruned_from="teacher",

@@ -26,6 +26,7 @@ from device.runners.onnxruntime import OnnxRuntimeRunner
 from pipeline.scores import points, require_sane
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.stages.export import INPUT_NAME
+from pipeline.log import log
 
 QUANTIZERS: Registry = Registry("quantizer")
 
@@ -336,8 +337,8 @@ class QuantizeStage(Stage):
             drop = 100 * (reference["top1_correct"] - scores["top1_correct"]) / max(scores["images"], 1)
             attempts.append({"quantizer": quantizer, "method": method, **scores, "drop_points": points(drop),
                              "size_mb": candidate.stat().st_size / 1e6, "lint": lint.to_dict()})
-            print(f"quantize: {quantizer}/{method}: INT8 top-1 {100 * scores['top1']:.2f}% "
-                  f"({points(-drop):+.2f} points vs FP32 {100 * reference['top1']:.2f}%)", file=sys.stderr)
+            log(f"quantize: {quantizer}/{method}: INT8 top-1 {100 * scores['top1']:.2f}% "
+                  f"({points(-drop):+.2f} points vs FP32 {100 * reference['top1']:.2f}%)")
             if within_budget(reference["top1_correct"], scores["top1_correct"], scores["images"],
                              cfg.accuracy_budget_points):
                 accepted = attempts[-1]

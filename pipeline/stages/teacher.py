@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from device.errors import CheckpointError
-from pipeline.checkpoint import load_torchvision_weights, save_checkpoint
+from pipeline.checkpoint import apply_torchvision_state, load_torchvision_weights, save_checkpoint
 from pipeline.manifest import sha256_file
 from pipeline.models import ARCHITECTURES, build_model, size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane
 from pipeline.train import class_weights, evaluate, fit, needs_recalibration, recalibrate_if_needed
+from pipeline.log import log
 
 
-def _imagenet_weights(arch: str, num_classes: int) -> torch.nn.Module:
+def _imagenet_weights(arch: str, num_classes: int) -> tuple[torch.nn.Module, list[str]]:
     """torchvision's pretrained weights (needs internet), head replaced for ``num_classes``."""
     import torchvision
 
@@ -32,9 +32,8 @@ def _imagenet_weights(arch: str, num_classes: int) -> torch.nn.Module:
             fix="WEIGHTS=imagenet needs internet; download the file elsewhere and pass WEIGHTS=/path/to/state_dict.pth",
         ) from None
     model = build_model(arch, num_classes)
-    state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith(entry.classifier + ".")}
-    model.load_state_dict(state, strict=False)
-    return model
+    replaced = apply_torchvision_state(model, arch, pretrained.state_dict(), f"torchvision's ImageNet weights for {arch}")
+    return model, replaced
 
 
 class TeacherStage(Stage):
@@ -57,8 +56,7 @@ class TeacherStage(Stage):
         torch.manual_seed(cfg.train.seed)
         replaced: list[str] = []
         if cfg.weights == "imagenet":
-            model = _imagenet_weights(cfg.arch, num_classes)
-            replaced = ["classifier"]
+            model, replaced = _imagenet_weights(cfg.arch, num_classes)
         else:
             model = build_model(cfg.arch, num_classes)
             if cfg.weights:
@@ -96,7 +94,7 @@ class TeacherStage(Stage):
         path = save_checkpoint(workdir / "model.pt", model, cfg.arch, num_classes, weights=cfg.weights,
                                replaced_head=bool(replaced))
         if replaced:
-            print(f"teacher: classifier re-initialised for {num_classes} classes ({', '.join(replaced)})", file=sys.stderr)
+            log(f"teacher: classifier re-initialised for {num_classes} classes ({', '.join(replaced)})")
         return StageResult(
             outputs={"model": path, "predictions": workdir / "predictions.npy"},
             metrics={**recorded_scores(metrics), "sanity": sanity, "bn_recalibrated_images": recalibrated,

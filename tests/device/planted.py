@@ -194,5 +194,5 @@ def run_case(svc, board: str, case: Case, rate_hz: float = 20.0,
     calls = [(t, min(t + CALL_S, stop), 1) for t in np.arange(start, stop, CALL_S)]
     result = window_energy(trace, start, stop, calls, power_key="board_power_mw")
     exact = planted.exact_energy_mj(start, stop) / len(calls)
-    return Outcome(case.name, board, exact, result["energy_mj_per_inference"], result["degraded"],
+    return Outcome(case.name, board, exact, result["energy_mj_per_image"], result["degraded"],
                    result["degraded_reasons"], result["coverage"], trace.achieved_hz)

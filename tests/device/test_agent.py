@@ -140,7 +140,7 @@ def test_a_job_measures_and_reports_with_units(agent, model):
     states = [j["state"] for j in seen]
     assert states[-1] == "succeeded" and set(states) <= {"queued", "running", "succeeded"}
     result = job["result"]
-    assert result["schema"] == "edgefold.result/1" and result["input_chw"] == [3, 16, 16]
+    assert result["schema"] == "edgefold.result/2" and result["input_chw"] == [3, 16, 16]
     assert result["smoke"]["output_shape"] == [1, 10]
     assert [run["batch_size"] for run in result["runs"]] == [1, 4]
     for run in result["runs"]:

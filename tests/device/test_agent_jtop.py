@@ -40,13 +40,13 @@ def test_orin_nano_power_change_during_a_job_shows_in_its_energy(tmp_path):
     assert summary["power_idle_mw"] == pytest.approx(6096, rel=0.01)
     assert summary["power_peak_mw"] == 10160
     assert 6096 < summary["power_mean_mw"] < 10160, "the window saw both power levels"
-    window_energy = summary["energy_mj_per_inference"] * run["images"]
+    window_energy = summary["energy_mj_per_image"] * run["images"]
     assert 6096 * run["window_s"] < window_energy < 10160 * run["window_s"] * 1.05
-    assert summary["energy_above_idle_mj_per_inference"] > 0
-    assert jtop["nvpmodel"] == "15W" and jtop["board_rail"] == "VDD_IN" and jtop["errors"] == []
+    assert summary["energy_above_idle_mj_per_image"] > 0
+    assert jtop["facts"]["nvpmodel"] == "15W" and jtop["facts"]["board_rail"] == "VDD_IN" and jtop["errors"] == []
     assert summary["energy_coverage"] > 0 and summary["power_sample_hz"] > 0
     assert summary["energy_degraded"] is bool(summary["energy_degraded_reasons"])
-    assert jtop["mean_gpu_freq_mhz"] > 0 and "peak_temp_gpu_c" in jtop
+    assert jtop["series"]["gpu_freq_mhz"]["mean"] > 0 and "temp_gpu_c" in jtop["series"]
     assert summary["memory_source"] == "jtop:ram_used_mb"
 
 
@@ -56,8 +56,8 @@ def test_agx_orin_total_is_the_sum_of_its_rails(tmp_path):
     run = job["result"]["runs"][0]
     summary, jtop = run["summary"], run["telemetry"]["jtop"]
     assert summary["power_source"] == "jtop:sum of 4 rails"
-    assert jtop["summed_rails"] == sorted(["VDD_CPU_CV", "VDD_GPU_SOC", "VDDQ_VDD2_1V8AO", "VIN_SYS_5V0"])
-    rails = sum(jtop[f"mean_rail_{name}_mw"] for name in jtop["summed_rails"])
+    assert jtop["facts"]["summed_rails"] == sorted(["VDD_CPU_CV", "VDD_GPU_SOC", "VDDQ_VDD2_1V8AO", "VIN_SYS_5V0"])
+    rails = sum(jtop["series"][f"rail_{name}_mw"]["mean"] for name in jtop["facts"]["summed_rails"])
     assert summary["power_mean_mw"] == pytest.approx(rails) == pytest.approx(11000)  # VIN_SYS_5V0 alone: 5000
 
 

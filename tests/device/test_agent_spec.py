@@ -56,8 +56,10 @@ def test_the_deploy_stages_own_job_spec_validates(tensorrt):
                                             std=(0.229, 0.224, 0.225)).to_dict()))
     for rung in ("teacher", "student_int8"):
         spec = job_spec(rung, SHA, {"tensorrt": tensorrt}, DeployConfig(), prep, f"run/{rung}")
+        assert isinstance(spec, JobSpec), "the deploy stage builds the agent's own schema, not a dict"
         # As the client sends it: JSON on the wire.
-        assert JobSpec.model_validate_json(json.dumps(spec)).model_dump(exclude_unset=True) == spec
+        wire = spec.model_dump(mode="json", exclude_none=True)
+        assert JobSpec.model_validate_json(json.dumps(wire)) == spec
 
 
 BAD = [

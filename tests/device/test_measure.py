@@ -69,15 +69,15 @@ def test_protocol_fences_telemetry_to_the_window(tmp_path):
     assert result["iterations"] == 60 and result["images"] == 240
     assert result["latency_p50_ms"] >= 2.0 and result["throughput_images_per_s"] > 0
     tele = result["telemetry"]["board"]
-    assert tele["idle_board_power_mw"] == pytest.approx(5000)
+    assert tele["series"]["board_power_mw"]["idle"] == pytest.approx(5000)
     # The window's first sample precedes the first call (the fence), so the mean sits just under 8 W.
-    assert 7000 < tele["mean_board_power_mw"] <= 8000 and tele["peak_board_power_mw"] == 8000
+    assert 7000 < tele["series"]["board_power_mw"]["mean"] <= 8000 and tele["series"]["board_power_mw"]["peak"] == 8000
     per_image_s = result["window_s"] / result["images"]
     # Bounds, not equalities: how soon the rail's thread first sees the busy level depends on scheduling.
-    assert 0.8 * 8000 * per_image_s < tele["energy_mj_per_inference"] <= 1.02 * 8000 * per_image_s
-    assert 0.5 * 3000 * per_image_s < tele["energy_above_idle_mj_per_inference"] <= 1.05 * 3000 * per_image_s
+    assert 0.8 * 8000 * per_image_s < tele["energy_mj_per_image"] <= 1.02 * 8000 * per_image_s
+    assert 0.5 * 3000 * per_image_s < tele["energy_above_idle_mj_per_image"] <= 1.05 * 3000 * per_image_s
     assert not tele["clocks_dropped"] and not tele["temp_limit_crossed"] and tele["errors"] == []
-    assert result["telemetry"]["host"]["peak_rss_mb"] > 0
+    assert result["telemetry"]["host"]["series"]["rss_mb"]["peak"] > 0
 
 
 def test_duration_mode_and_bad_specs(tmp_path):
@@ -128,5 +128,5 @@ def test_the_device_stays_busy_until_a_measurement_after_the_window_arrives():
                      MeasureSpec(warmup_iterations=20, iterations=40, idle_s=0), [rail], power_key="board_power_mw")
     assert result["iterations"] == 40 and Runner.calls > 60, "untimed calls kept the device busy after the window"
     tele = result["telemetry"]["board"]
-    assert tele["mean_board_power_mw"] == pytest.approx(8000) and tele["coverage"] == pytest.approx(1.0)
-    assert tele["energy_mj_per_inference"] == pytest.approx(8000 * result["window_s"] / 40, rel=0.02)
+    assert tele["series"]["board_power_mw"]["mean"] == pytest.approx(8000) and tele["coverage"] == pytest.approx(1.0)
+    assert tele["energy_mj_per_image"] == pytest.approx(8000 * result["window_s"] / 40, rel=0.02)

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from device.errors import MissingDependencyError
-from device.telemetry.base import energy_per_inference
+from device.telemetry.base import energy_per_image
 from device.telemetry.nvml import NvmlSampler
 
 
@@ -58,7 +58,7 @@ def test_samples_every_supported_query(monkeypatch):
     # Integrated power and the driver's energy counter agree (both 300 W over the window).
     counted = trace.values["energy_mj"][-1] - trace.values["energy_mj"][0]
     assert trace.integral("power_mw") == pytest.approx(counted, rel=0.05)
-    assert energy_per_inference(trace, 1000, idle_mw=60_000)["energy_above_idle_mj_per_inference"] > 0
+    assert energy_per_image(trace, 1000, idle_mw=60_000)["energy_above_idle_mj_per_image"] > 0
 
 
 def test_unsupported_queries_are_left_out(monkeypatch):
@@ -111,11 +111,11 @@ def test_energy_comes_from_the_counter_not_the_averaged_power(monkeypatch):
     calls = [(start, stop, 1000)]
     result = window_energy(trace, start, stop, calls, power_key="power_mw", counter_key=sampler.energy_counter_key)
     exact = module.exact_mj(stop) - module.exact_mj(start)
-    assert result["energy_mj_per_inference"] * 1000 == pytest.approx(exact, rel=0.01)
+    assert result["energy_mj_per_image"] * 1000 == pytest.approx(exact, rel=0.01)
     assert "counter" in result["energy_method"]
     # Integrating the 1 s average instead misses most of the step (the old way).
     smeared = window_energy(trace, start, stop, calls, power_key="power_mw")
-    assert smeared["energy_mj_per_inference"] * 1000 < 0.8 * exact
+    assert smeared["energy_mj_per_image"] * 1000 < 0.8 * exact
     assert trace.values["throttle_reasons"][0] == 0x4
     assert sampler.provenance["throttle_reasons"] == "nvmlDeviceGetCurrentClocksEventReasons"
 
@@ -139,6 +139,6 @@ def test_the_protocol_takes_energy_from_the_counter(monkeypatch, tmp_path):
                          MeasureSpec(warmup_iterations=0, iterations=30, idle_s=0.2), [sampler], power_key="power_mw")
     tele = result["telemetry"]["nvml"]
     # 300 W over the window, ~0.01 s per 2-image call: ≈1.5 J per image (not the averaged power's).
-    assert tele["energy_mj_per_inference"] == pytest.approx(300_000 * result["window_s"] / result["images"], rel=0.03)
-    assert tele["idle_power_mw"] == pytest.approx(100_000, rel=0.01)
+    assert tele["energy_mj_per_image"] == pytest.approx(300_000 * result["window_s"] / result["images"], rel=0.03)
+    assert tele["series"]["power_mw"]["idle"] == pytest.approx(100_000, rel=0.01)
     assert tele["coverage"] == pytest.approx(1.0) and not tele["degraded"]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from device.errors import ConfigError, StageError, UnknownKeyError
+from device.errors import ConfigError, RunnerError, UnknownKeyError
 from device.runners import RUNNERS, make_runner
 from tests.device.agent_process import tiny_onnx
 
@@ -51,7 +51,7 @@ def test_torch_runner_refuses_what_a_cpu_cannot_do(exported, tmp_path):
         make_runner("torch", str(path), precision="int8")
     bogus = tmp_path / "bogus.pt2"
     bogus.write_bytes(b"PK\x03\x04 not really")
-    with pytest.raises(StageError, match="not a torch.export program"):
+    with pytest.raises(RunnerError, match="not a torch.export program"):
         make_runner("torch", str(bogus)).load()
 
 
@@ -116,7 +116,7 @@ def test_tensorrt_runner_per_batch_engines_and_layer_profile(tmp_path):
     with make_runner("tensorrt", str(model), precision="int8", batch_sizes=(8, 32),
                      engine_cache=str(tmp_path / "engines")) as runner:
         assert smoke(runner, (3, 16, 16), None)["output_shape"] == [8, 10]
-        with pytest.raises(StageError, match="outside the engines"):
+        with pytest.raises(RunnerError, match="outside the engines"):
             runner.infer(np.zeros((1, 3, 16, 16), np.float32))
         assert "--optShapes=input:32x3x16x16" in runner.trtexec[32]
         profile, note = profile_runner(runner, [8, 32], (3, 16, 16), iterations=5, warmup=2)

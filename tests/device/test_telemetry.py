@@ -8,7 +8,7 @@ import pytest
 
 from device.errors import ConfigError
 from device.telemetry import Sampler, Trace
-from device.telemetry.base import energy_per_inference
+from device.telemetry.base import energy_per_image
 from device.telemetry.host import HostSampler
 
 
@@ -30,13 +30,13 @@ def test_uneven_sampling_is_weighted_by_time():
     assert trace.mean("power_mw") > sample_mean
 
 
-def test_energy_per_inference_total_and_above_idle():
+def test_energy_per_image_total_and_above_idle():
     trace = Trace.from_samples([(0.0, {"power_mw": 6000}), (2.0, {"power_mw": 6000})], 1.0)
-    result = energy_per_inference(trace, inferences=100, idle_mw=4000)
-    assert result["energy_mj_per_inference"] == pytest.approx(120.0)
-    assert result["energy_above_idle_mj_per_inference"] == pytest.approx(40.0)
+    result = energy_per_image(trace, inferences=100, idle_mw=4000)
+    assert result["energy_mj_per_image"] == pytest.approx(120.0)
+    assert result["energy_above_idle_mj_per_image"] == pytest.approx(40.0)
     with pytest.raises(ConfigError, match="inferences must be positive"):
-        energy_per_inference(trace, inferences=0)
+        energy_per_image(trace, inferences=0)
 
 
 def test_missing_values_are_skipped_not_zeroed():
@@ -129,8 +129,8 @@ def test_window_energy_interpolates_at_the_edges_and_ignores_samples_outside():
     result = window_energy(trace, 0.5, 2.5, stream(0.5, 2.5), power_key="p", idle_mw=1000.0)
     assert result["coverage"] == pytest.approx(1.0) and result["max_gap_s"] == pytest.approx(1.0)
     # ∫ 1000·(t+1) dt over [0.5, 2.5] = 1000·(2.5²−0.5²)/2 + 1000·2 = 5000 mJ over 200 images.
-    assert result["energy_mj_per_inference"] == pytest.approx(5000 / 200)
-    assert result["energy_above_idle_mj_per_inference"] == pytest.approx((5000 - 1000 * 2) / 200)
+    assert result["energy_mj_per_image"] == pytest.approx(5000 / 200)
+    assert result["energy_above_idle_mj_per_image"] == pytest.approx((5000 - 1000 * 2) / 200)
     assert result["window_power_mw"] == pytest.approx(2500)
 
 
@@ -144,14 +144,14 @@ def test_a_gap_is_not_covered_and_its_images_do_not_count():
     result = window_energy(trace, 0.0, 3.0, stream(0.0, 3.0), power_key="p")
     assert result["coverage"] == pytest.approx(2.2 / 3) and result["max_gap_s"] == pytest.approx(1.0)
     # 4 W per 100 images/s = 40 mJ per image, not 4000·2.2/300 ≈ 29 (the old division by every image).
-    assert result["energy_mj_per_inference"] == pytest.approx(40.0)
+    assert result["energy_mj_per_image"] == pytest.approx(40.0)
     assert result["degraded"] and "low_coverage" in result["degraded_reasons"]
 
 
 def test_too_little_coverage_publishes_no_energy():
     trace = Trace.from_samples([(0.0, {"p": 1000.0}), (0.1, {"p": 1000.0})], 10.0, gap_limit_s=0.25)
     result = window_energy(trace, 0.0, 1.0, stream(0.0, 1.0), power_key="p")
-    assert result["coverage"] < 0.5 and result["energy_mj_per_inference"] is None
+    assert result["coverage"] < 0.5 and result["energy_mj_per_image"] is None
     assert "too little to publish" in result["degraded_reasons"]["low_coverage"]
 
 

@@ -178,7 +178,7 @@ def test_code_closure_follows_imports_but_not_package_inits():
     assert "pipeline.report" in codehash.closure(stage_code_roots(STAGES.get("report")))
 
 
-@pytest.mark.parametrize("module", ["pipeline.losses", "device.qdq_lint"])
+@pytest.mark.parametrize("module", ["pipeline.losses", "pipeline.perclass"])
 def test_editing_a_helper_module_reruns_exactly_the_stages_that_use_it(run_copy, tmp_path, monkeypatch, capsys,
                                                                      module):
     """The project is copied and the copy's helper edited (a comment: same behaviour, new code): every
@@ -197,7 +197,7 @@ def test_editing_a_helper_module_reruns_exactly_the_stages_that_use_it(run_copy,
     reran = {line.split("]")[0].strip("[ ") for line in capsys.readouterr().err.splitlines() if "] running" in line}
     users = {name for name in STAGE_ORDER[: STAGE_ORDER.index("evaluate") + 1]
              if module in codehash.closure(stage_code_roots(STAGES.get(name)), project)}
-    expected = {"pipeline.losses": {"distill", "quantize"}, "device.qdq_lint": {"quantize"}}[module]
+    expected = {"pipeline.losses": {"distill", "quantize"}, "pipeline.perclass": {"evaluate"}}[module]
     assert users == expected
     assert reran == expected, f"re-ran {sorted(reran)}, expected exactly {sorted(expected)}"
 

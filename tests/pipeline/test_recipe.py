@@ -1,4 +1,5 @@
 import copy
+import re
 
 import pytest
 import yaml
@@ -115,3 +116,26 @@ def test_invalid_yaml(tmp_path):
 
 def test_registry_errors_are_config_errors():
     assert issubclass(UnknownKeyError, ConfigError)
+
+
+@pytest.mark.parametrize("key, value, bound", [
+    ("deploy.batch_sizes", [0, 8], "greater than or equal to 1"),
+    ("deploy.batch_sizes", [1, 8192], "less than or equal to 4096"),
+    ("deploy.batch_sizes", list(range(1, 10)), "at most 8"),
+    ("deploy.duration_s", 0, "greater than 0"),
+    ("deploy.duration_s", 7200, "less than or equal to 3600"),
+    ("deploy.duration_s", float("nan"), "finite number"),
+    ("deploy.warmup_iterations", 10**6, "less than or equal to 100000"),
+    ("deploy.idle_s", 61, "less than or equal to 60"),
+    ("deploy.sample_hz", 0, "greater than 0"),
+    ("deploy.job_timeout_s", 10**6, "less than or equal to 86400"),
+    ("deploy.threads", 1000, "less than or equal to 256"),
+])
+def test_out_of_range_deploy_values_are_refused_before_any_stage(key, value, bound, tmp_path):
+    """The deploy section takes its bounds from the agent's JobSpec: refused when the recipe loads."""
+    from pipeline.runner import run_pipeline
+
+    with pytest.raises(ConfigError, match=re.escape(key)) as err:
+        run_pipeline("tiny", runs_dir=tmp_path, overrides={key: value})
+    assert bound in str(err.value)
+    assert not (tmp_path / "tiny").exists() or not list((tmp_path / "tiny").glob("*/data")), "no stage ran"

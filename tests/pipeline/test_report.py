@@ -31,7 +31,7 @@ def test_report_from_the_tiny_run(tiny_run):
     # accuracy/latency, energy, power traces, per-class accuracy
     assert html.count('src="data:image/png;base64,') == 4 and "<script" not in html
     data = json.loads((tiny_run.run_dir / report["json"]).read_text())
-    assert data["schema"] == "edgefold.report/1" and data["model"] == "tiny"
+    assert data["schema"] == "edgefold.report/2" and data["model"] == "tiny"
     assert set(data) >= {"rungs", "rows", "headline", "power_traces", "provenance", "generated"}
     assert [r["rung"] for r in data["rows"]] == ["teacher", "pruned", "student", "student_int8"]
     for row in data["rows"]:
@@ -171,3 +171,31 @@ def test_fleet_groups_bounded_parallelism_and_a_dead_device(run_copy, tmp_path):
     assert headline["dc_device"] == "dc" and headline["edge_device"] == "orin-nano-1" and headline["note"] is None
     markdown = (ctx.run_dir / "report" / "report.md").read_text()
     assert "## Fleet" in markdown and "| orin-nano | teacher | 2/3 |" in markdown
+
+
+@pytest.mark.slow
+def test_results_of_another_version_are_refused_with_the_fix(tiny_run, tmp_path):
+    from device.errors import SchemaVersionError
+    from pipeline.report import build_report
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run.run_dir, run, symlinks=True)
+    path = run / "deploy" / "results.json"
+    data = json.loads(path.read_text())
+    data["schema"] = "edgefold.deploy/1"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SchemaVersionError, match="edgefold.deploy/1.*this EdgeFold reads 'edgefold.deploy/2'") as err:
+        build_report(run)
+    assert "--force deploy" in err.value.fix
+    data["schema"] = "edgefold.deploy/2"
+    data["devices"][0]["rungs"]["teacher"]["result"]["schema"] = "edgefold.result/1"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SchemaVersionError, match="edgefold.result/1"):
+        build_report(run)
+
+
+def test_report_reads_typed_results_only(repo):
+    """No result key is sliced by name in the report: it reads device.schema's models."""
+    text = (repo / "pipeline" / "report.py").read_text()
+    for sliced in ('startswith("peak_temp_', '["runs"]', '["summary"]', 'rung == "student_int8"', "split(\"## Provenance"):
+        assert sliced not in text, sliced

@@ -6,22 +6,22 @@ this fast: the numbers are the agent's schema, the report reads nothing else."""
 import csv
 import json
 
+from pipeline.devices import DEPLOY_SCHEMA
 from pipeline.report import build_report
+from tests.results import job_result, run
 
 REASON = "fresh samples cover 48% of the window (largest gap 1.06 s; need 95%)"
 
 
 def summary(energy, degraded, reasons):
     return {"power_source": "jtop:VDD_IN", "power_mean_mw": 8000.0, "power_peak_mw": 9000.0, "power_idle_mw": 5000.0,
-            "energy_mj_per_inference": energy, "energy_above_idle_mj_per_inference": None, "memory_source": None,
+            "energy_mj_per_image": energy, "energy_above_idle_mj_per_image": None, "memory_source": None,
             "peak_memory_mb": 100.0, "energy_degraded": degraded, "energy_degraded_reasons": reasons,
             "energy_coverage": 0.48 if degraded else 1.0}
 
 
 def result(energy, degraded, reasons):
-    run = {"batch_size": 1, "latency_p50_ms": 2.0, "latency_p99_ms": 3.0, "throughput_images_per_s": 500.0,
-           "telemetry": {}, "summary": summary(energy, degraded, reasons)}
-    return {"runs": [run], "runtime": {"name": "tensorrt"}, "telemetry_notes": []}
+    return job_result(runs=[run(summary=summary(energy, degraded, reasons))])
 
 
 def test_degraded_energy_is_marked_in_every_output(tmp_path):
@@ -32,7 +32,7 @@ def test_degraded_energy_is_marked_in_every_output(tmp_path):
                         "student": {"state": "succeeded", "spec": {"precision": "int8"},
                                     "result": result(12.5, True, {"service_lost": "jtop died", "low_coverage": REASON})}}}
     (tmp_path / "deploy").mkdir()
-    (tmp_path / "deploy" / "results.json").write_text(json.dumps({"devices": [device]}))
+    (tmp_path / "deploy" / "results.json").write_text(json.dumps({"schema": DEPLOY_SCHEMA, "devices": [device]}))
     manifest = {"model": "tiny", "stages": {"evaluate": {"metrics": {"rungs": rungs}},
                                             "deploy": {"outputs": {"results": "deploy/results.json"}}}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))

@@ -1,11 +1,13 @@
 """The report's "Where the time goes" section, from the agents' per-layer profiles (device.profile)."""
 
 from device.profile import Profile, batch_profile
+from device.schema import parse_result
 from pipeline.report import layer_profiles, time_section_html, time_section_markdown
+from tests.results import job_result
 
 
 def _result(profile):
-    return {"state": "succeeded", "result": {"runtime": {"name": "tensorrt"}, "profile": profile, "runs": []}}
+    return {"state": "succeeded", "result": parse_result(job_result(profile=profile))}
 
 
 def test_top_layers_int8_share_fallbacks_and_float_left_behind():
@@ -16,9 +18,9 @@ def test_top_layers_int8_share_fallbacks_and_float_left_behind():
     tables = [batch_profile(b, 1, timings, "dla") for b in (8, 1)]
     profile = Profile(runtime="tensorrt", source="test", requested_device="dla", batches=tables).model_dump()
     devices = [{"name": "orin", "rungs": {"student_int8": _result(profile),
-                                          "teacher": {"state": "succeeded", "result": {
-                                              "runtime": {"name": "torch", "profile_note": "the torch runner has "
-                                                          "no per-layer profiler"}, "runs": []}},
+                                          "teacher": {"state": "succeeded", "result": parse_result(job_result(
+                                              runtime="torch", precision="fp32",
+                                              profile_note="the torch runner has no per-layer profiler"))},
                                           "pruned": {"state": "failed"}}}]
     entries = layer_profiles(devices)
     assert [(e["rung"], e["status"]) for e in entries] == [("student_int8", "measured"), ("teacher", "not measured")]
