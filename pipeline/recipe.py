@@ -170,7 +170,8 @@ class LatencyTarget(_Strict):
     warmup_iterations: int = Field(5, ge=0, le=100_000)
     windows: int = Field(3, ge=1, le=20, description="interleaved windows per sub-network; the median is used")
     points: int = Field(5, ge=2, le=64, description="widths measured per channel group (interpolated between)")
-    rounds: int = Field(2, ge=1, le=6, description="table re-measured around the last plan until it meets the budget")
+    rounds: int = Field(6, ge=1, le=20, description="plans measured while the knapsack's budget is calibrated to "
+                                                     "the device (one network each)")
     tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on the measured latency")
     check: bool = Field(True, description="check the table against measured unpruned and MACs-pruned networks")
     check_macs_target: Optional[float] = Field(None, gt=0, le=1, description="the MACs-pruned network checked; "
