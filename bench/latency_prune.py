@@ -88,7 +88,7 @@ def main() -> int:
         shutil.copytree(runs / ctx_a.run_dir.parent.name / "macs", runs / ctx_a.run_dir.parent.name / "latency")
         for stage in ("prune", "distill"):
             shutil.rmtree(runs / ctx_a.run_dir.parent.name / "latency" / stage, ignore_errors=True)
-        latency_cfg = {"device": "edge", "ms": a_ms, "windows": args.windows, "points": args.points, "rounds": 3,
+        latency_cfg = {"device": "edge", "ms": a_ms, "windows": args.windows, "points": args.points, "rounds": 6,
                        "duration_s": 0.3, "tolerance": 0.05}
         recipe_b = _recipe(base, work / "b.yaml", {**prune, "latency": latency_cfg}, args.arch,
                            args.input_size)

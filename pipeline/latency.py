@@ -341,25 +341,136 @@ def _measured_widths(group: ChannelGroup, points: int, context: int) -> list[int
     return sorted(picks | {context})
 
 
+def _layer_shapes(model: nn.Module, input_shape) -> dict[str, tuple[int, int, bool, int, int]]:
+    """(in channels, out channels, depthwise, MACs, output elements) of every convolution and linear layer."""
+    shapes: dict[str, tuple[int, int, bool, int, int]] = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d):
+            def conv_hook(m, _inputs, out, name=name):
+                kernel = m.kernel_size[0] * m.kernel_size[1]
+                shapes[name] = (m.in_channels, m.out_channels, m.groups == m.in_channels > 1,
+                                int(out[0].numel() * (m.in_channels // m.groups) * kernel), int(out[0].numel()))
+            hooks.append(module.register_forward_hook(conv_hook))
+        elif isinstance(module, nn.Linear):
+            def linear_hook(m, _inputs, out, name=name):
+                shapes[name] = (m.in_features, m.out_features, False, m.in_features * m.out_features,
+                                int(out[0].numel()))
+            hooks.append(module.register_forward_hook(linear_hook))
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(input_shape))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return shapes
+
+
+@dataclass
+class LayerModel:
+    """A device latency model fitted to the table's measurements: ``T = c + Σ_l α_l·MACs_l + β·activations``.
+
+    Each layer's MACs are bilinear in the widths of the two groups it joins (its input group and its output
+    group), so the model prices cutting two neighbouring groups at once correctly where a sum of single-group
+    changes counts the shared layers twice. ``α_l`` (time per MAC of each layer: a 1×1 or a small-spatial
+    layer runs far from peak) and ``β`` (time per output element: the memory-bound part, BatchNorm, ReLU,
+    residual adds) are fitted by non-negative least squares to every whole-network measurement, with a
+    ridge pull of each ``α_l`` towards the network's mean so the fit stays defined with few measurements.
+    """
+
+    names: list[str]
+    macs: np.ndarray
+    elems: np.ndarray
+    in_group: list[str | None]
+    out_group: list[str | None]
+    depthwise: list[bool]
+    full: dict[str, int]
+    coef: np.ndarray | None = None  # [c, β, α_1 … α_L] in ms per unit of the normalized features
+
+    @classmethod
+    def of(cls, model: nn.Module, arch: str, input_shape, groups: list[ChannelGroup]) -> "LayerModel":
+        """Maps every layer to the groups whose widths scale its inputs and outputs (one probe per group)."""
+        base = _layer_shapes(model, input_shape)
+        names = list(base)
+        in_group: list[str | None] = [None] * len(names)
+        out_group: list[str | None] = [None] * len(names)
+        for group in groups:
+            if group.candidates[0] >= group.full:
+                continue
+            probe = _layer_shapes(at_widths(model, arch, input_shape, {group.name: group.candidates[0]}), input_shape)
+            for i, name in enumerate(names):
+                if probe[name][0] != base[name][0]:
+                    in_group[i] = group.name
+                if probe[name][1] != base[name][1]:
+                    out_group[i] = group.name
+        total_macs = sum(v[3] for v in base.values())
+        total_elems = sum(v[4] for v in base.values())
+        return cls(names, np.array([base[n][3] / total_macs for n in names]),
+                   np.array([base[n][4] / total_elems for n in names]), in_group, out_group,
+                   [base[n][2] for n in names], {g.name: g.full for g in groups})
+
+    def features(self, widths: dict[str, int]) -> np.ndarray:
+        """[1, activations, MACs_1 … MACs_L] of a plan, normalized by the unpruned network's totals."""
+        def ratio(group):
+            return 1.0 if group is None else widths.get(group, self.full[group]) / self.full[group]
+
+        r_out = np.array([ratio(g) for g in self.out_group])
+        r_in = np.array([1.0 if dw else ratio(g) for g, dw in zip(self.in_group, self.depthwise)])
+        return np.concatenate([[1.0, float(np.sum(self.elems * r_out))], self.macs * r_in * r_out])
+
+    def fit(self, samples: list[tuple[dict[str, int], float]], ridge: float = 0.05) -> "LayerModel":
+        """Fits the coefficients to measured (widths, ms) pairs."""
+        from scipy.optimize import lsq_linear
+
+        x = np.array([self.features(w) for w, _ in samples])
+        y = np.array([t for _, t in samples])
+        full_ms = max(y)
+        layers = len(self.names)
+        # Ridge rows: each α_l pulled towards the time per MAC the whole network would have if MACs were all.
+        prior = np.zeros((layers, layers + 2))
+        prior[:, 2:] = np.eye(layers) * math.sqrt(ridge) * self.macs.mean()
+        rhs = np.full(layers, math.sqrt(ridge) * self.macs.mean() * full_ms)
+        result = lsq_linear(np.vstack([x, prior]), np.concatenate([y, rhs]), bounds=(0, np.inf))
+        self.coef = result.x
+        return self
+
+    def predict(self, widths: dict[str, int]) -> float:
+        return float(self.features(widths) @ self.coef)
+
+
 @dataclass
 class LatencyTable:
-    """Latency changes per group and width against a measured context plan."""
+    """Latency changes per group and width against a measured context plan, and the layer model fitted to them."""
 
     context: dict[str, int]
     context_ms: Measurement
     groups: list[ChannelGroup]
     measured: dict[str, dict[int, Measurement]] = field(default_factory=dict)
     delta_ms: dict[str, list[float]] = field(default_factory=dict)  # per candidate width, smoothed
+    model: LayerModel | None = None
+    samples: list[tuple[dict[str, int], float]] = field(default_factory=list)
 
-    def predict(self, widths: dict[str, int]) -> float:
-        """Predicted latency (ms) of a plan: the context's plus each group's change."""
+    def additive(self, widths: dict[str, int]) -> float:
+        """The first-order prediction: the context's time plus each group's measured change (kept for the record)."""
         total = self.context_ms.p50_ms
         for group in self.groups:
             total += self.delta_ms[group.name][group.candidates.index(widths.get(group.name, group.full))]
         return total
 
+    def predict(self, widths: dict[str, int]) -> float:
+        """Predicted latency (ms) of a plan by the fitted layer model."""
+        return self.model.predict(widths)
+
+    def add(self, widths: dict[str, int], ms: float) -> None:
+        """Adds a measured plan to the fit (the model gets data where the plans are)."""
+        self.samples.append((dict(widths), ms))
+        self.model.fit(self.samples)
+
     def to_json(self) -> dict[str, Any]:
         return {"format": TABLE_FORMAT, "context": self.context, "context_ms": self.context_ms.to_json(),
+                "model": {"layers": self.model.names, "coef": [float(c) for c in self.model.coef],
+                          "in_group": self.model.in_group, "out_group": self.model.out_group,
+                          "fit_residual_ms": [t - self.predict(w) for w, t in self.samples]},
                 "groups": {g.name: {"full": g.full, "candidates": list(g.candidates), "delta_ms": self.delta_ms[g.name],
                                     "measured": {str(w): m.to_json() for w, m in self.measured[g.name].items()}}
                            for g in self.groups}}
@@ -367,40 +478,62 @@ class LatencyTable:
 
 def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGroup], context: dict[str, int],
                 meter: Meter, points: int) -> LatencyTable:
-    """Measures the table around ``context``: each group at ``points`` widths, the others at the context."""
+    """Measures the table around ``context``: each group at ``points`` widths, the others at the context;
+    fits the layer model to every measurement."""
     models: dict[Any, nn.Module] = {"context": at_widths(model, arch, input_shape, context)}
     for group in groups:
         for width in _measured_widths(group, points, context[group.name]):
             if width != context[group.name]:
                 models[(group.name, width)] = at_widths(model, arch, input_shape, {**context, group.name: width})
     measured = meter.measure(models)
-    table = LatencyTable(context, measured["context"], groups)
+    table = LatencyTable(context, measured["context"], groups, model=LayerModel.of(model, arch, input_shape, groups))
+    table.samples.append((dict(context), measured["context"].p50_ms))
     for group in groups:
         at = {context[group.name]: measured["context"]}
         at.update({w: m for (key, m) in measured.items() if isinstance(key, tuple) and key[0] == group.name
                    for w in [key[1]]})
+        table.samples += [({**context, group.name: w}, m.p50_ms) for w, m in at.items() if w != context[group.name]]
         table.measured[group.name] = dict(sorted(at.items()))
         xs = sorted(at)
         ys = [at[w].p50_ms - table.context_ms.p50_ms for w in xs]
-        delta = list(np.interp(group.candidates, xs, ys))
-        delta = _monotone(delta)
-        # Anchored at the context: the context plan predicts its own measured time exactly.
+        delta = _monotone(list(np.interp(group.candidates, xs, ys)))
         shift = delta[group.candidates.index(context[group.name])]
         table.delta_ms[group.name] = [d - shift for d in delta]
+    table.model.fit(table.samples)
     return table
 
 
-def solve_plan(table: LatencyTable, importance: dict[str, np.ndarray], budget_ms: float) -> dict[str, int] | None:
-    """The widths that keep the most importance with a predicted latency ≤ ``budget_ms`` (None: unreachable)."""
-    values, costs = [], []
+def solve_plan(table: LatencyTable, importance: dict[str, np.ndarray], budget_ms: float,
+               iterations: int = 8) -> dict[str, int] | None:
+    """The widths that keep the most importance with a predicted latency ≤ ``budget_ms`` (None: unreachable).
+
+    The layer model is bilinear in neighbouring groups' widths, so the knapsack's costs are made separable
+    as HALP does: each group's cost is its change with the other groups at the last plan's widths; the plan
+    is solved again until it stops changing. The best plan whose *full* prediction fits is returned.
+    """
+    values = []
     for group in table.groups:
         cumulative = np.concatenate([[0.0], np.cumsum(importance[group.name])])
         values.append([float(cumulative[w]) for w in group.candidates])
-        costs.append(table.delta_ms[group.name])
-    picked = knapsack.solve(values, costs, budget_ms - table.context_ms.p50_ms)
-    if picked is None:
-        return None
-    return {group.name: group.candidates[option] for group, option in zip(table.groups, picked)}
+    plan = {g.name: g.full for g in table.groups}
+    best, best_value = None, -np.inf
+    for _ in range(iterations):
+        base = table.predict(plan)
+        costs = [[table.predict({**plan, g.name: w}) - base for w in g.candidates] for g in table.groups]
+        picked = knapsack.solve(values, costs, budget_ms - base)
+        if picked is None:
+            break
+        new = {g.name: g.candidates[o] for g, o in zip(table.groups, picked)}
+        value = sum(v[o] for v, o in zip(values, picked))
+        if table.predict(new) <= budget_ms + 1e-9 and value > best_value:
+            best, best_value = new, value
+        if new == plan:
+            break
+        plan = new
+    if best is None:  # the iteration never landed inside the budget: the narrowest plan, if it fits
+        narrowest = {g.name: g.candidates[0] for g in table.groups}
+        return narrowest if table.predict(narrowest) <= budget_ms else None
+    return best
 
 
 # ----------------------------------------------------------------------------------------- the agent
@@ -512,12 +645,14 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
                          fix="raise prune.latency.ratio/ms, or lower prune.round_to")
     effective, under, over = budget, None, None  # (knapsack budget, measured) of the closest plans each side
     for index in range(target.rounds):
-        widths = solve_plan(table, importance, effective)
+        widths = solve_plan(table, importance, effective) or {g.name: g.candidates[0] for g in groups}
         predicted = table.predict(widths)
         measured = meter.measure({"plan": at_widths(model, arch, input_shape, widths)})["plan"]
         macs_fraction = _macs(model, arch, input_shape, widths) / base_macs
         rounds.append({"round": index + 1, "knapsack_budget_ms": effective, "widths": widths,
-                       "predicted_ms": predicted, "measured_ms": measured.to_json(), "macs_fraction": macs_fraction})
+                       "predicted_ms": predicted, "additive_ms": table.additive(widths),
+                       "measured_ms": measured.to_json(), "macs_fraction": macs_fraction})
+        table.add(widths, measured.p50_ms)
         plans.append({"plan": f"round {index + 1}", "macs_fraction": macs_fraction,
                       "predicted_ms": predicted, "measured_ms": measured.to_json()})
         log(f"[   prune] latency round {index + 1}: knapsack budget {effective:.3f} ms → plan predicted {predicted:.3f} "
