@@ -218,3 +218,29 @@ def test_an_unreachable_budget_is_refused_with_a_fix(tmp_path):
     with pytest.raises(StageError) as err:
         run_pipeline(str(recipe), until="prune", runs_dir=tmp_path / "runs", run_id="a")
     assert "below the narrowest plan" in err.value.message and "prune.latency.ratio" in err.value.fix
+
+
+def test_layer_model_prices_two_neighbouring_cuts_where_the_additive_table_double_counts():
+    # A synthetic device whose time is exactly bilinear in the widths (every layer: a time per MAC) plus a
+    # fixed overhead; the fit sees only the table's single-group changes, like the real table.
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    layers = latency.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
+    assert layers.in_group[layers.names.index("layers.0.conv2")] == "layers.0.conv1"
+    assert layers.out_group[layers.names.index("layers.0.conv1")] == "layers.0.conv1"
+    assert layers.in_group[layers.names.index("fc")] is not None and layers.out_group[layers.names.index("fc")] is None
+    truth = np.concatenate([[0.02, 0.0], np.random.default_rng(0).uniform(0.5, 2.0, len(layers.names))])
+
+    def device(widths):
+        return float(layers.features(widths) @ truth)
+
+    full = {g.name: g.full for g in groups}
+    samples = [(full, device(full))] + [({**full, g.name: w}, device({**full, g.name: w}))
+                                        for g in groups for w in g.candidates[:-1]]
+    layers.fit(samples)
+    for plan, model_error, additive_error in (({g.name: g.candidates[len(g.candidates) // 2] for g in groups}, 0.02, 0.2),
+                                              ({g.name: g.candidates[0] for g in groups}, 0.25, 1.0)):
+        additive = device(full) + sum(device({**full, g.name: plan[g.name]}) - device(full) for g in groups)
+        assert abs(layers.predict(plan) - device(plan)) < model_error * device(plan)
+        assert abs(additive - device(plan)) > additive_error * device(plan), "single-group changes double-count"
