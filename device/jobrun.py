@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from device import quiet
 from device.errors import ConfigError, EdgeFoldError, MissingDependencyError
 from device.measure import MeasureSpec, measure
 from device.preprocess import Preprocess, read_image
@@ -187,7 +188,8 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                                if hasattr(s, k)}
                       for s in samplers}
             power_key = next((key for name, key in POWER_SOURCES if any(s.name == name for s in samplers)), None)
-            measure_spec = MeasureSpec(warmup_iterations=spec.warmup_iterations, idle_s=spec.idle_s, **spec.window())
+            measure_spec = MeasureSpec(warmup_iterations=spec.warmup_iterations, idle_s=spec.idle_s,
+                                       min_iterations=spec.min_iterations, **spec.window())
             rng = np.random.default_rng(0)
             runs = []
             for index, batch_size in enumerate(spec.batch_sizes, start=1):
@@ -197,6 +199,10 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                 for sampler in samplers:
                     run["telemetry"][sampler.name]["facts"] = static.get(sampler.name, {})
                 run["summary"] = summarize(run)
+                run["noise_flags"] = quiet.noise_flags(
+                    run.get("contention"), run["latency_cv"],
+                    clocks_dropped=any(t.get("clocks_dropped") for t in run["telemetry"].values()),
+                    throttled=any(t.get("temp_limit_crossed") for t in run["telemetry"].values()))
                 runs.append(run)
         finally:
             for sampler in samplers:
@@ -204,10 +210,12 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
         # The per-layer profile: a separate pass after the timed windows (profilers slow what they watch).
         from device.profile import profile_runner
 
-        progress("profiling layers")
-        profile, profile_note = profile_runner(runner, spec.batch_sizes, chw)
+        profile, profile_note = None, "not asked for (JobSpec.profile false)"
+        if spec.profile:
+            progress("profiling layers")
+            profile, profile_note = profile_runner(runner, spec.batch_sizes, chw)
         runtime = {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]),
-                   "load_s": load_s, "python": platform.python_version()}
+                   "load_s": load_s, "python": platform.python_version(), "threads": spec.threads}
         if profile_note:
             runtime["profile_note"] = profile_note
         for attr in ("precision_built", "trtexec", "dla_unsupported_layers"):  # TensorRT: what was built, exactly

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from device import quiet
 from device.errors import ConfigError
 from device.runners import Runner
 from device.telemetry.base import Sampler, Trace, window_energy
@@ -31,6 +32,7 @@ class MeasureSpec:
         duration_s: Timed window length, when ``iterations`` is None.
         idle_s: Idle baseline before warm-up, with the samplers running.
         temp_limit_c: A temperature above this during the window is reported.
+        min_iterations: A ``duration_s`` window goes on until at least this many calls were timed.
     """
 
     warmup_iterations: int = 10
@@ -38,6 +40,7 @@ class MeasureSpec:
     duration_s: float | None = None
     idle_s: float = 1.0
     temp_limit_c: float = 85.0
+    min_iterations: int = 2
 
     def __post_init__(self) -> None:
         if (self.iterations is None) == (self.duration_s is None):
@@ -130,8 +133,11 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
     calls: list[tuple[float, float, int]] = []
     bounds: list[float] = []
 
+    quiet_before: list = []
+
     def timed() -> tuple[list[float], float]:
         latencies: list[float] = []
+        quiet_before.append(quiet.snapshot())
         started = time.perf_counter()
         bounds.append(time.monotonic())
         while True:
@@ -142,10 +148,12 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
             calls.append((begin, time.monotonic(), images_per_call))
             if spec.iterations is not None and len(latencies) >= spec.iterations:
                 break
-            if spec.duration_s is not None and time.perf_counter() - started >= spec.duration_s and len(latencies) >= 2:
+            if spec.duration_s is not None and time.perf_counter() - started >= spec.duration_s \
+                    and len(latencies) >= spec.min_iterations:
                 break
         window_s = time.perf_counter() - started
         bounds.append(time.monotonic())
+        quiet_before.append(quiet.contention(quiet_before[0], quiet.snapshot()))
         return latencies, window_s
 
     (latencies, window_s), traces = _window(samplers, timed, keep_busy=lambda: runner.infer(batch))
@@ -153,7 +161,7 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
     images = len(latencies) * images_per_call
     result: dict[str, Any] = {"batch_size": images_per_call, "iterations": len(latencies), "images": images,
                               "window_s": window_s, "throughput_images_per_s": images / window_s,
-                              **latency_stats(latencies), "telemetry": {}}
+                              **latency_stats(latencies), "telemetry": {}, "contention": quiet_before[1]}
     for sampler, trace in zip(samplers, traces):
         inside = (trace.times_s >= start) & (trace.times_s <= stop)
         # Shaped as device.schema.TelemetrySummary.

@@ -31,6 +31,7 @@ IdleSeconds = Annotated[float, Field(ge=0, le=60)]
 SampleHz = Annotated[float, Field(gt=0, le=1000)]
 TimeoutSeconds = Annotated[float, Field(gt=0, le=86_400)]
 Threads = Annotated[int, Field(ge=0, le=256)]
+MinIterations = Annotated[int, Field(ge=2, le=1_000_000)]
 # On the [0,1] scale real values are near 0.5; the bounds only keep absurd numbers out.
 MeanValue = Annotated[float, Field(ge=-1000, le=1000)]
 StdValue = Annotated[float, Field(gt=0, le=1000)]
@@ -118,8 +119,10 @@ class JobSpec(Request):
     warmup_iterations: WarmupIterations = 10
     iterations: int | None = Field(None, ge=2, le=10_000_000)
     duration_s: WindowSeconds | None = None
+    min_iterations: MinIterations = Field(2, description="a duration_s window runs at least this many calls")
     idle_s: IdleSeconds = 1.0
     threads: Threads = Field(0, description="intra-op CPU threads; 0 = the runtime's default")
+    profile: bool = Field(True, description="run the per-layer profiling pass after the timed windows")
     dla_core: int | None = Field(None, ge=0, le=1)
     telemetry: Annotated[list[TelemetryName], Field(max_length=3)] | Literal["auto"] = "auto"
     sample_hz: SampleHz = 20.0
@@ -290,6 +293,17 @@ class PowerTrace(Measured):
     idle_mw: float | None = None
 
 
+class Contention(Measured):
+    """What else used the device during a timed window (device.quiet)."""
+
+    other_cpu_cores: float | None = Field(None, description="CPU time of other processes, in cores, on average")
+    loadavg_1m: float | None = None
+    cpus: int | None = None
+    cpu_freq_mhz_min: float | None = None
+    cpu_freq_mhz_max: float | None = None
+    governor: str | None = None
+
+
 class RunResult(Measured):
     """One batch size's timed window."""
 
@@ -307,6 +321,8 @@ class RunResult(Measured):
     telemetry: dict[str, TelemetrySummary] = Field(default_factory=dict)
     summary: RunSummary = Field(default_factory=RunSummary)
     power_trace: PowerTrace | None = None
+    contention: Contention | None = None
+    noise_flags: dict[str, str] = Field(default_factory=dict, description="why this window is noisy, with the fix")
 
 
 class RuntimeInfo(Measured):
@@ -317,6 +333,7 @@ class RuntimeInfo(Measured):
                                              "(int8 for a Q/DQ model), a TensorRT engine as built")
     load_s: float
     python: str
+    threads: int | None = Field(None, description="intra-op threads asked of the runtime (0: its default)")
     providers: list[str] | None = None
     engine_path: str | None = None
     built_now: Any = None

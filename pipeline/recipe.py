@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from device.errors import ConfigError, EdgeFoldError
 from device.preprocess import Preprocess
-from device.schema import (BatchSizes, IdleSeconds, SampleHz, Threads, TimeoutSeconds, WarmupIterations,
-                           WindowSeconds)
+from device.schema import (BatchSizes, IdleSeconds, MinIterations, SampleHz, Threads, TimeoutSeconds,
+                           WarmupIterations, WindowSeconds)
 from pipeline.rungs import RUNGS, FloatRungName, RungName
 
 RECIPES_ENV = "EDGEFOLD_MODELS_DIR"
@@ -266,7 +266,10 @@ class DeployConfig(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     rungs: list[RungName] = list(RUNGS)
     batch_sizes: BatchSizes = Field([1, 32], description="batch 1 for latency, the largest for throughput")
-    duration_s: WindowSeconds = Field(3.0, description="timed window per rung and batch size")
+    duration_s: WindowSeconds = Field(3.0, description="timed window per rung, batch size and round")
+    rounds: int = Field(5, ge=1, le=100, description="interleaved rounds: each round times every rung once, so "
+                                                     "every rung × batch gets this many windows")
+    min_iterations: MinIterations = Field(10, description="a window runs at least this many calls")
     warmup_iterations: WarmupIterations = 10
     idle_s: IdleSeconds = Field(1.0, description="idle power baseline before each job")
     sample_hz: SampleHz = 20.0

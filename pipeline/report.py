@@ -20,17 +20,22 @@ from device.errors import ManifestError, SchemaVersionError, require
 from device.schema import JobResult, parse_result
 from pipeline.devices import DEPLOY_SCHEMA
 from pipeline.rungs import DEPLOYED, RUNGS, TEACHER
-from pipeline import perclass
+from device import quiet
+from pipeline import perclass, stats
 from pipeline.scores import points as _points
 from pipeline.scores import verdict
 
 SCHEMA = "edgefold.report/2"
 NOT_MEASURED = "not measured"
 COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", "params_m", "macs_g", "size_mb", "runtime",
-           "precision", "latency_batch", "latency_p50_ms", "latency_p99_ms", "throughput_batch",
-           "throughput_images_per_s", "peak_memory_mb", "power_mean_w", "energy_mj_per_image", "power_source",
-           "energy_degraded", "energy_note",
-           "latency_ratio_vs_dc_teacher", "energy_ratio_vs_dc_teacher", "status", "reason")
+           "precision", "latency_batch", "latency_p50_ms", "latency_p50_low_ms", "latency_p50_high_ms",
+           "latency_p99_ms", "latency_p99_low_ms", "latency_p99_high_ms", "latency_cv_windows", "windows",
+           "throughput_batch", "throughput_images_per_s", "throughput_low", "throughput_high", "peak_memory_mb",
+           "power_mean_w", "energy_mj_per_image", "power_source", "energy_degraded", "energy_note",
+           "latency_ratio_vs_dc_teacher", "latency_ratio_low", "latency_ratio_high", "latency_ratio_significant",
+           "throughput_ratio_vs_dc_teacher", "throughput_ratio_low", "throughput_ratio_high",
+           "throughput_ratio_significant", "energy_ratio_vs_dc_teacher", "energy_ratio_low", "energy_ratio_high",
+           "energy_ratio_significant", "noisy", "noise", "status", "reason")
 
 
 def pareto_front(points: Iterable[tuple[Any, float, float]]) -> set:
@@ -64,6 +69,8 @@ def load_deploy_results(path: Path) -> dict[str, Any]:
         for rung, entry in device["rungs"].items():
             if entry.get("state") == "succeeded":
                 entry["result"] = parse_result(entry["result"], f"{path}: {device['name']}/{rung}")
+                entry["rounds"] = [parse_result(r, f"{path}: {device['name']}/{rung} round {i + 1}")
+                                   for i, r in enumerate(entry.get("rounds") or [])] or [entry["result"]]
     return deploy
 
 
@@ -94,16 +101,15 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             else:
                 result: JobResult = entry["result"]
                 batches = sorted(run.batch_size for run in result.runs)
-                small, large = result.run(batches[0]), result.run(batches[-1])
+                large = result.run(batches[-1])
                 summary = large.summary
                 peak = max((run.summary.peak_memory_mb or 0) for run in result.runs) or None
                 row.update(runtime=result.runtime.name, precision=result.runtime.precision,
-                           latency_batch=batches[0], latency_p50_ms=small.latency_p50_ms,
-                           latency_p99_ms=small.latency_p99_ms, throughput_batch=batches[-1],
-                           throughput_images_per_s=large.throughput_images_per_s, peak_memory_mb=peak,
+                           latency_batch=batches[0], throughput_batch=batches[-1], peak_memory_mb=peak,
                            power_mean_w=summary.power_mean_mw / 1e3 if summary.power_mean_mw else None,
                            energy_mj_per_image=summary.energy_mj_per_image,
-                           power_source=summary.power_source, **_energy_quality(summary.model_dump()))
+                           power_source=summary.power_source, **_energy_quality(summary.model_dump()),
+                           **_window_statistics(entry["rounds"], batches[0], batches[-1]))
                 if summary.power_mean_mw is None:
                     notes = result.telemetry_notes
                     row["reason"] = "no power telemetry on this device" + (f" ({'; '.join(notes)})" if notes else "")
@@ -116,11 +122,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     for row in rows:
         row["top1_delta_points"] = (_points(rungs[row["rung"]]["top1_delta_points"])
                                     if rungs.get(row["rung"], {}).get("top1_delta_points") is not None else None)
-        row["latency_ratio_vs_dc_teacher"] = (row["latency_p50_ms"] / baseline["latency_p50_ms"]
-                                              if baseline and row.get("latency_p50_ms") else None)
-        row["energy_ratio_vs_dc_teacher"] = (row["energy_mj_per_image"] / baseline["energy_mj_per_image"]
-                                             if baseline and row.get("energy_mj_per_image")
-                                             and baseline.get("energy_mj_per_image") else None)
+        row.update(_ratios(row, baseline))
     headline = _headline(rows, edge, dc, baseline_device)
     groups = fleet_aggregates(rows)
     traces = []
@@ -222,6 +224,7 @@ def _headline(rows, edge, dc, baseline_device) -> dict[str, Any]:
             else None,
             "latency_p50_ms_edge": student["latency_p50_ms"], "latency_p50_ms_dc": teacher["latency_p50_ms"],
             "latency_ratio": ratio(student["latency_p50_ms"], teacher["latency_p50_ms"]),
+            **_paired(student, teacher),
             "throughput_edge": student["throughput_images_per_s"], "throughput_dc": teacher["throughput_images_per_s"],
             "throughput_ratio": ratio(student["throughput_images_per_s"], teacher["throughput_images_per_s"]),
             "energy_mj_edge": student["energy_mj_per_image"], "energy_mj_dc": teacher["energy_mj_per_image"],
@@ -233,6 +236,22 @@ def _headline(rows, edge, dc, baseline_device) -> dict[str, Any]:
             "size_mb_student_fp32": student_fp32["size_mb"] if student_fp32 else None,
             "macs_ratio": ratio(student["macs_g"], teacher["macs_g"]),
             "params_ratio": ratio(student["params_m"], teacher["params_m"])}
+
+
+def _paired(student: dict[str, Any], teacher: dict[str, Any]) -> dict[str, Any]:
+    """The headline's ratios from the windows of both rows, paired by round, with their 95% intervals."""
+    out = {}
+    for name, key in (("latency", "latency_p50_windows_ms"), ("throughput", "throughput_windows"),
+                      ("energy", "energy_windows_mj")):
+        a, b = student.get(key), teacher.get(key)
+        if not a or not b:
+            continue
+        estimate, low, high = stats.ratio_interval(a, b)
+        if estimate == estimate:
+            out.update({f"{name}_ratio": estimate, f"{name}_ratio_low": low, f"{name}_ratio_high": high,
+                        f"{name}_ratio_significant": stats.significant(low, high),
+                        f"{name}_windows": min(len(a), len(b))})
+    return out
 
 
 def direction(value: float | None, lower: str, higher: str) -> str:
@@ -249,6 +268,19 @@ def _fmt(value, spec: str, missing: str = "—") -> str:
     return missing if value is None else format(value, spec)
 
 
+def _significant_direction(h: dict[str, Any], name: str, lower: str, higher: str) -> str:
+    """A headline ratio in words with its 95% interval; "no measurable difference" when the interval holds 1."""
+    value, low, high = h.get(f"{name}_ratio"), h.get(f"{name}_ratio_low"), h.get(f"{name}_ratio_high")
+    if value is None:
+        return NOT_MEASURED
+    if low is None or high is None:
+        return direction(value, lower, higher) + ", one window: no interval"
+    interval = f"×{value:.2f} [{low:.2f}, {high:.2f}] over {h.get(f'{name}_windows', '?')} paired windows"
+    if not h.get(f"{name}_ratio_significant"):
+        return f"no measurable difference: {interval}"
+    return f"{direction(value, lower, higher)}, {interval}"
+
+
 def headline_text(headline: dict[str, Any]) -> str:
     """The headline as a few aligned lines (printed by ``make edge``), each direction said in words."""
     if headline["status"] != "measured":
@@ -261,15 +293,15 @@ def headline_text(headline: dict[str, Any]) -> str:
              + ("(no change)" if not lost else f"({lost:.2f} points lost)" if lost > 0
                 else f"({-lost:.2f} points gained)"),
              f"  latency p50    {h['latency_p50_ms_edge']:.3f} ms vs {h['latency_p50_ms_dc']:.3f} ms  "
-             f"({direction(h['latency_ratio'], 'faster', 'slower')})",
+             f"({_significant_direction(h, 'latency', 'faster', 'slower')})",
              f"  throughput     {h['throughput_edge']:.0f} vs {h['throughput_dc']:.0f} images/s  "
-             f"({direction(h['throughput_ratio'], 'lower', 'higher')})"]
+             f"({_significant_direction(h, 'throughput', 'lower', 'higher')})"]
     if h["energy_mj_edge"] is None and h["energy_mj_dc"] is None:
         lines.append(f"  energy/image   {NOT_MEASURED}" + (f" ({h['energy_reason']})" if h.get("energy_reason") else ""))
     else:
         lines.append(f"  energy/image   {_fmt(h['energy_mj_edge'], '.2f', NOT_MEASURED)} vs "
                      f"{_fmt(h['energy_mj_dc'], '.2f', NOT_MEASURED)} mJ"
-                     + (f"  ({direction(h['energy_ratio'], 'less', 'more')})" if h["energy_ratio"] else ""))
+                     + (f"  ({_significant_direction(h, 'energy', 'less', 'more')})" if h["energy_ratio"] else ""))
     if h.get("macs_ratio") is not None:
         lines.append(f"  compute        {100 * h['macs_ratio']:.1f}% of the teacher's MACs, "
                      f"{100 * h['params_ratio']:.1f}% of its parameters "
@@ -287,8 +319,8 @@ def headline_text(headline: dict[str, Any]) -> str:
 
 def ladder_rows(data: dict[str, Any]) -> list[list[str]]:
     notes = reason_notes(data)
-    header = ["rung", "device", "top-1", "Δ pts", "params M", "GMACs", "MB", "runtime", "p50 ms", "p99 ms",
-              "images/s", "peak MB", "W", "mJ/image", "latency ×", "energy ×", "status"]
+    header = ["rung", "device", "top-1", "Δ pts", "params M", "GMACs", "MB", "runtime", "p50 ms [95% CI]", "p99 ms",
+              "CV", "images/s", "peak MB", "W", "mJ/image", "latency ×", "energy ×", "status"]
     table = [header]
     for r in data["rows"]:
         measured = r["status"] == "measured"
@@ -298,25 +330,98 @@ def ladder_rows(data: dict[str, Any]) -> list[list[str]]:
             _fmt(r["top1_delta_points"], "+.2f"),
             f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}", f"{r['size_mb']:.1f}",
             f"{r['runtime']} {r['precision']}" if measured else "—",
-            _fmt(r.get("latency_p50_ms"), ".3f"), _fmt(r.get("latency_p99_ms"), ".3f"),
+            _interval(r.get("latency_p50_ms"), r.get("latency_p50_low_ms"), r.get("latency_p50_high_ms"), ".3f")
+            + (f" noisy [{notes[r['noise']]}]" if r.get("noise") else ""),
+            _fmt(r.get("latency_p99_ms"), ".3f"),
+            _fmt(100 * r["latency_cv_windows"] if r.get("latency_cv_windows") is not None else None, ".0f") +
+            ("%" if r.get("latency_cv_windows") is not None else ""),
             _fmt(r.get("throughput_images_per_s"), ".0f"), _fmt(r.get("peak_memory_mb"), ".0f"),
             _fmt(r.get("power_mean_w"), ".2f", NOT_MEASURED if measured else "—"),
             _fmt(r.get("energy_mj_per_image"), ".2f", NOT_MEASURED if measured else "—")
             + (f" degraded [{notes[r['energy_note']]}]" if r.get("energy_degraded") and r.get("energy_note") else ""),
-            _fmt(r.get("latency_ratio_vs_dc_teacher"), ".2f"), _fmt(r.get("energy_ratio_vs_dc_teacher"), ".2f"),
+            _ratio_cell(r, "latency"), _ratio_cell(r, "energy"),
             ("measured" if measured else NOT_MEASURED) + (f" [{notes[r['reason']]}]" if r.get("reason") else ""),
         ])
     return table
+
+
+def _interval(value, low, high, spec: str) -> str:
+    """``4.020 [3.950, 4.110]``; the bare value when there is no interval (one window)."""
+    if value is None:
+        return "—"
+    if low is None or high is None or low == high:
+        return format(value, spec)
+    return f"{format(value, spec)} [{format(low, spec)}, {format(high, spec)}]"
+
+
+def _ratio_cell(row: dict[str, Any], name: str) -> str:
+    """A ratio with its interval, or "≈1 (n.s.)" when the interval holds 1: no measurable difference."""
+    value = row.get(f"{name}_ratio_vs_dc_teacher")
+    if value is None:
+        return "—"
+    if row.get(f"{name}_ratio_significant") is None and row.get(f"{name}_ratio_low") is None:
+        return "1 (reference)" if value == 1.0 else format(value, ".2f")
+    text = _interval(value, row.get(f"{name}_ratio_low"), row.get(f"{name}_ratio_high"), ".2f")
+    return text if row.get(f"{name}_ratio_significant") is not False else f"{text} n.s."
 
 
 def reason_notes(data: dict[str, Any]) -> dict[str, int]:
     """Each distinct reason for a missing number or a degraded energy figure, numbered for footnotes."""
     notes: dict[str, int] = {}
     for row in data["rows"]:
-        for reason in (row.get("reason"), row.get("energy_note")):
+        for reason in (row.get("reason"), row.get("energy_note"), row.get("noise")):
             if reason and reason not in notes:
                 notes[reason] = len(notes) + 1
     return notes
+
+
+def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_batch: int) -> dict[str, Any]:
+    """Per row: each number as the median over the interleaved windows with its 95% interval, the
+    spread between windows, and why the windows were noisy (pipeline.stats, device.quiet)."""
+    small = [r.run(latency_batch) for r in rounds]
+    large = [r.run(throughput_batch) for r in rounds]
+    p50 = [run.latency_p50_ms if run else None for run in small]
+    p99 = [run.latency_p99_ms if run else None for run in small]
+    throughput = [run.throughput_images_per_s if run else None for run in large]
+    energy = [run.summary.energy_mj_per_image if run else None for run in large]
+    p50_est, p50_low, p50_high = stats.median_interval(p50)
+    p99_est, p99_low, p99_high = stats.median_interval(p99)
+    tp_est, tp_low, tp_high = stats.median_interval(throughput)
+    flags: dict[str, str] = {}
+    for run in small + large:
+        if run:
+            flags.update(run.noise_flags)
+    spread = stats.cv(p50)
+    if spread is not None and spread > quiet.WINDOW_CV_LIMIT:
+        flags["windows_disagree"] = (f"latency p50 varies {100 * spread:.0f}% between the interleaved windows; the "
+                                     "device was not quiet: stop other work, lock clocks, or add rounds")
+    return {"latency_p50_ms": p50_est, "latency_p50_low_ms": p50_low, "latency_p50_high_ms": p50_high,
+            "latency_p99_ms": p99_est, "latency_p99_low_ms": p99_low, "latency_p99_high_ms": p99_high,
+            "throughput_images_per_s": tp_est, "throughput_low": tp_low, "throughput_high": tp_high,
+            "latency_cv_windows": spread, "windows": len(rounds), "noisy": bool(flags),
+            "noise": "; ".join(f"{flag}: {why}" for flag, why in sorted(flags.items())) or None,
+            "latency_p50_windows_ms": p50, "throughput_windows": throughput, "energy_windows_mj": energy}
+
+
+def _ratios(row: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
+    """Latency, throughput and energy against the baseline teacher, each with its paired 95% interval."""
+    out: dict[str, Any] = {}
+    for name, key in (("latency", "latency_p50_windows_ms"), ("throughput", "throughput_windows"),
+                      ("energy", "energy_windows_mj")):
+        if row is baseline:  # the reference itself: 1 by definition, not a measurement of no difference
+            out.update({f"{name}_ratio_vs_dc_teacher": 1.0 if row.get(key) else None, f"{name}_ratio_low": None,
+                        f"{name}_ratio_high": None, f"{name}_ratio_significant": None})
+            continue
+        if not baseline or not row.get(key) or not baseline.get(key):
+            out.update({f"{name}_ratio_vs_dc_teacher": None, f"{name}_ratio_low": None, f"{name}_ratio_high": None,
+                        f"{name}_ratio_significant": None})
+            continue
+        estimate, low, high = stats.ratio_interval(row[key], baseline[key])
+        finite = estimate == estimate
+        out.update({f"{name}_ratio_vs_dc_teacher": estimate if finite else None,
+                    f"{name}_ratio_low": low if finite else None, f"{name}_ratio_high": high if finite else None,
+                    f"{name}_ratio_significant": stats.significant(low, high) if finite else None})
+    return out
 
 
 def _energy_quality(summary: dict[str, Any]) -> dict[str, Any]:
@@ -507,6 +612,11 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
         if not points:
             continue
         front = pareto_front((r["rung"], r["latency_p50_ms"], r["top1"]) for r in points)
+        # The latency's 95% interval over the interleaved windows, as horizontal error bars.
+        lows = [r["latency_p50_ms"] - (r.get("latency_p50_low_ms") or r["latency_p50_ms"]) for r in points]
+        highs = [(r.get("latency_p50_high_ms") or r["latency_p50_ms"]) - r["latency_p50_ms"] for r in points]
+        ax.errorbar([r["latency_p50_ms"] for r in points], [100 * r["top1"] for r in points], xerr=[lows, highs],
+                    fmt="none", ecolor=colors[device], elinewidth=1, capsize=3, zorder=2)
         ax.scatter([r["latency_p50_ms"] for r in points], [100 * r["top1"] for r in points], color=colors[device],
                    label=device, s=40, zorder=3)
         on_front = sorted((r for r in points if r["rung"] in front), key=lambda r: r["latency_p50_ms"])
@@ -601,7 +711,8 @@ def render_html(data: dict[str, Any], figures: dict[str, str]) -> str:
                       "them.</p><div class=\"scroll\"><table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in fleet[0])
                       + "</tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>"
                                           for row in fleet[1:]) + "</table></div>")
-    captions = {"accuracy_latency": "Accuracy against latency per device; the dashed line joins the Pareto front.",
+    captions = {"accuracy_latency": "Accuracy against latency per device, with the latency's 95% interval over the "
+                                    "interleaved windows; the dashed line joins the Pareto front.",
                 "energy": "Energy per image per rung and device (n/m: not measured).",
                 "power": "Power over each job's timed window; dotted lines are the idle baselines.",
                 "per_class": "Accuracy on each class's test images, per rung: where the fold cost most."}

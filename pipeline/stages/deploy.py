@@ -39,7 +39,7 @@ LOOPBACK = Device("loopback", "edge", "", "loopback")
 
 
 def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preprocess: dict[str, Any],
-             label: str) -> JobSpec:
+             label: str, profile: bool = True) -> JobSpec:
     """The benchmark job for one rung on one device, as the agent's own schema (validated here)."""
     runtime = cfg.runtime
     trt_major = int(str(device_info.get("tensorrt") or "0").split(".")[0] or 0)
@@ -52,12 +52,29 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
     try:
         return JobSpec(artifact=artifact, runtime=runtime, precision=precision, batch_sizes=list(cfg.batch_sizes),
                        duration_s=cfg.duration_s, warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
+                       min_iterations=cfg.min_iterations, profile=profile,
                        sample_hz=cfg.sample_hz, threads=cfg.threads, telemetry="auto", timeout_s=cfg.job_timeout_s,
                        preprocess=PreprocessSpec(**preprocess), label=safe_text(label, 200))
     except ValidationError as err:  # the recipe was validated with the same bounds: this is a bug, said plainly
         raise ConfigError(f"deploy: the job for {rung} does not fit the agent's schema: "
                           f"{describe_problems(field_problems(err.errors()))}",
                           fix="check the recipe's deploy section and the export stage's preprocess.json") from None
+
+
+def _rung_record(rounds: list[dict[str, Any]], outcome: dict[str, Any]) -> dict[str, Any]:
+    """One rung's record on one device: its first succeeded round (power trace, profile) and every
+    succeeded round's result (``rounds``, for the statistics), with what failed."""
+    succeeded = [r for r in rounds if r["state"] == "succeeded"]
+    if not succeeded:
+        if not rounds and outcome["status"] == "lost":
+            return {"state": "not measured", "error": f"device lost: {outcome['error']}"}
+        failed = next((r for r in rounds if r["state"] != "succeeded"), {"state": "not measured", "error": None})
+        return {key: value for key, value in failed.items() if key != "unreachable"}
+    first = succeeded[0]
+    return {"state": "succeeded", "job_id": first["job_id"], "spec": first["spec"], "result": first["result"],
+            "rounds": [r["result"] for r in succeeded], "round_jobs": [r["job_id"] for r in succeeded],
+            "round_started_at": [r.get("started_at") for r in succeeded],
+            "rounds_failed": [r.get("error") for r in rounds if r["state"] != "succeeded"]}
 
 
 def _reusable(path: Path) -> bool:
@@ -122,9 +139,11 @@ class DeployStage(Stage):
                                  for rung, path in artifacts.items()}}
         (workdir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
         measured = sum(1 for d in outcomes for r in d["rungs"].values() if r["state"] == "succeeded")
+        windows = sum(len(r.get("rounds", [])) for d in outcomes for r in d["rungs"].values())
         return StageResult(outputs={"results": workdir / "results.json"},
                            metrics={"devices": {d["name"]: d["status"] for d in outcomes}, "jobs_succeeded": measured,
-                                    "jobs_reused": reused, "jobs": len(outcomes) * len(artifacts)})
+                                    "jobs_reused": reused, "jobs": len(outcomes) * len(artifacts),
+                                    "rounds": cfg.rounds, "windows": windows})
 
     def _device(self, device: Device, url: str, token: str | None, artifacts: dict[str, Path], preprocess, cfg,
                 cache: Path, label: str, ctx, lock: threading.Lock) -> dict[str, Any]:
@@ -141,34 +160,44 @@ class DeployStage(Stage):
                 return {**outcome, "status": "unreachable", "error": err.message}
             fingerprint = {key: info.get(key) for key in FINGERPRINT_KEYS}
             outcome.update(info=info, fingerprint=fingerprint)
-            for rung, path in artifacts.items():
-                artifact = sha256_file(path)
-                spec = job_spec(rung, artifact, info, cfg, preprocess, f"{label}/{rung}")
-                # The agent itself is part of the key: two boards of one kind are each measured (a fleet);
-                # its name in the report is only a label.
-                # A loopback agent measures with this checkout's code: editing device/measure.py measures again.
-                code = code_sha256(self.code_modules)[0] if device is LOOPBACK else None
-                key = sha256_json({"artifact": artifact, "agent": device.url, "code": code, "fingerprint": fingerprint,
-                                   "spec": spec.model_dump(mode="json", exclude={"label"}, exclude_none=True)})
-                cached = cache / f"{key}.json"
-                if cached.is_file() and not _reusable(cached):
-                    cached.unlink()  # written by another EdgeFold version: measured again
-                if cached.is_file():
-                    # Not flagged in the rung's record: results.json stays byte-identical, so the report is cached.
-                    outcome["rungs"][rung] = json.loads(cached.read_text())
-                    outcome.setdefault("reused", []).append(rung)
-                    with lock:
-                        ctx.log(f"[  deploy] {device.name}: {rung} reused (same artifact, device and job)")
-                    continue
-                outcome["rungs"][rung] = self._benchmark(client, device, rung, path, spec, cfg, ctx, lock)
-                if outcome["rungs"][rung]["state"] == "succeeded":
-                    cached.write_text(json.dumps(outcome["rungs"][rung], sort_keys=True))
-                elif outcome["rungs"][rung].get("unreachable"):
-                    outcome.update(status="lost", error=outcome["rungs"][rung]["error"])
-                    for rest in list(artifacts)[list(artifacts).index(rung) + 1:]:
-                        outcome["rungs"][rest] = {"state": "not measured", "error": f"device lost: "
-                                                                                     f"{outcome['error']}"}
-                    break
+            # Interleaved rounds: teacher, pruned, student, INT8, teacher, … one window each per round, so a
+            # busy spell hits every rung of its round and cancels in their paired ratios (pipeline.stats).
+            code = code_sha256(self.code_modules)[0] if device is LOOPBACK else None
+            digests = {rung: sha256_file(path) for rung, path in artifacts.items()}
+            rounds: dict[str, list[dict[str, Any]]] = {rung: [] for rung in artifacts}
+            for round_index in range(cfg.rounds):
+                for rung, path in artifacts.items():
+                    if outcome["status"] == "lost":
+                        break
+                    spec = job_spec(rung, digests[rung], info, cfg, preprocess,
+                                    f"{label}/{rung}/round{round_index + 1}", profile=round_index == 0)
+                    # The agent itself is part of the key: two boards of one kind are each measured (a fleet);
+                    # its name in the report is only a label. A loopback agent measures with this checkout's
+                    # code: editing device/measure.py measures again.
+                    key = sha256_json({"artifact": digests[rung], "agent": device.url, "code": code,
+                                       "fingerprint": fingerprint, "round": round_index,
+                                       "spec": spec.model_dump(mode="json", exclude={"label"}, exclude_none=True)})
+                    cached = cache / f"{key}.json"
+                    if cached.is_file() and not _reusable(cached):
+                        cached.unlink()  # written by another EdgeFold version: measured again
+                    if cached.is_file():
+                        # Not flagged in the record: results.json stays byte-identical, so the report is cached.
+                        record = json.loads(cached.read_text())
+                        outcome.setdefault("reused", []).append(rung)
+                        with lock:
+                            ctx.log(f"[  deploy] {device.name}: {rung} round {round_index + 1} reused "
+                                    "(same artifact, device and job)")
+                    else:
+                        record = self._benchmark(client, device, rung, path, spec, cfg, ctx, lock)
+                        if record["state"] == "succeeded":
+                            cached.write_text(json.dumps(record, sort_keys=True))
+                        elif record.get("unreachable"):
+                            outcome.update(status="lost", error=record["error"])
+                    rounds[rung].append(record)
+            for rung in artifacts:
+                outcome["rungs"][rung] = _rung_record(rounds[rung], outcome)
+        return outcome
+
         return outcome
 
     @staticmethod
@@ -183,7 +212,8 @@ class DeployStage(Stage):
         for attempt in range(cfg.retries + 1):
             try:
                 client.upload(path)
-                job = client.wait(client.submit(spec)["id"], timeout_s=cfg.job_timeout_s + 120, on_progress=report)
+                submitted = client.submit(spec)
+                job = client.wait(submitted["id"], timeout_s=cfg.job_timeout_s + 120, on_progress=report)
             except AgentError as err:
                 if err.status == 0:  # connection lost: the device is gone for this run
                     return {"state": "failed", "error": err.message, "unreachable": True}
@@ -196,7 +226,7 @@ class DeployStage(Stage):
                     return {"state": "failed", "error": f"{err.message} ({err.fix})",
                             "spec": spec.model_dump(mode="json", exclude_none=True)}
                 return {"state": "succeeded", "job_id": job["id"], "spec": spec.model_dump(mode="json", exclude_none=True),
-                        "result": result.dump(), "attempts": attempt + 1}
+                        "result": result.dump(), "attempts": attempt + 1, "started_at": job.get("started_at")}
             last_error = job["error"]
             if job["state"] not in ("failed", "interrupted"):
                 break
@@ -204,7 +234,8 @@ class DeployStage(Stage):
 
     def summary(self, metrics):
         devices = ", ".join(f"{name} {status}" for name, status in metrics["devices"].items())
-        return f"{metrics['jobs_succeeded']}/{metrics['jobs']} jobs measured ({metrics['jobs_reused']} reused); {devices}"
+        return (f"{metrics['jobs_succeeded']}/{metrics['jobs']} rungs measured in {metrics.get('rounds', 1)} interleaved "
+                f"rounds ({metrics['jobs_reused']} windows reused); {devices}")
 
 
 STAGES.add("deploy", DeployStage())

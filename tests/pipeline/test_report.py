@@ -99,7 +99,7 @@ def test_two_agents_one_killed_mid_run_and_one_never_there(run_copy, tmp_path, c
         again = run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared",
                              devices=load_devices(edge=good.url, token_file=str(good.token_file)))
         metrics = again.manifest.stage("deploy")["metrics"]
-        assert metrics["jobs_reused"] == 4 and metrics["devices"] == {"edge": "ok"}
+        assert metrics["jobs_reused"] == 4 * 2 and metrics["devices"] == {"edge": "ok"}, "4 rungs × 2 rounds"
         with good.client() as client:
             assert len(client.jobs()) == jobs_before
 
@@ -157,7 +157,7 @@ def test_fleet_groups_bounded_parallelism_and_a_dead_device(run_copy, tmp_path):
     finally:
         for agent in agents:
             agent.stop()
-    assert len(spans) == 6, "2 rungs on each of the 3 live devices"
+    assert len(spans) == 12, "2 rungs × 2 rounds on each of the 3 live devices"
     overlap = max(sum(1 for s, f in spans if s <= t < f) for t, _ in spans)
     assert overlap <= 2, f"{overlap} devices ran at once with parallel_devices=2"
     data = json.loads((ctx.run_dir / "report" / "results.json").read_text())

@@ -1,0 +1,79 @@
+"""Latency statistics over repeated, interleaved windows: estimates with 95% intervals, and ratios.
+
+Each rung × batch is timed in several windows, the rungs' windows interleaved in rounds (teacher,
+student, INT8, teacher, …), so a busy period hits every rung of a round alike. The unit of
+replication is the window, not the call: calls within one window share its clocks, temperature and
+neighbours, and treating them as independent gives intervals far too narrow (a 10-second busy spell
+is one event, not ten thousand). So:
+
+- a percentile's estimate is the median over windows of each window's percentile, and its interval
+  a percentile bootstrap over windows (resampling windows with replacement);
+- a ratio between two rungs is bootstrapped over *rounds*, keeping each round's pair together
+  (paired): what a busy round does to both cancels in their ratio, which is the point of interleaving.
+
+With few windows the bootstrap's coverage is below its nominal 95%; the order-statistic interval for
+a median ([min, max] of 5 windows covers 94%) would be exact but cannot give a ratio's interval, and
+a ratio is what the report has to defend. The seed is fixed so a report is reproducible.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+LEVEL = 0.95
+BOOTSTRAP = 4000
+SEED = 20221125
+
+
+def _rng() -> np.random.Generator:
+    return np.random.default_rng(SEED)
+
+
+def median_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """(estimate, low, high): the median over windows and its bootstrap interval."""
+    data = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
+    if len(data) == 0:
+        return (float("nan"),) * 3
+    estimate = float(np.median(data))
+    if len(data) == 1:
+        return estimate, estimate, estimate
+    picks = _rng().integers(0, len(data), size=(BOOTSTRAP, len(data)))
+    medians = np.median(data[picks], axis=1)
+    low, high = np.quantile(medians, [(1 - level) / 2, (1 + level) / 2])
+    return estimate, float(low), float(high)
+
+
+def ratio_interval(numerator: Sequence[float], denominator: Sequence[float],
+                   level: float = LEVEL) -> tuple[float, float, float]:
+    """(estimate, low, high) of median(numerator) / median(denominator), bootstrapped over paired rounds.
+
+    ``numerator[i]`` and ``denominator[i]`` are the two rungs' windows of round ``i``; a round where
+    either is missing is dropped.
+    """
+    pairs = np.asarray([(a, b) for a, b in zip(numerator, denominator)
+                        if a is not None and b is not None and np.isfinite(a) and np.isfinite(b) and b > 0],
+                       dtype=np.float64)
+    if len(pairs) == 0:
+        return (float("nan"),) * 3
+    estimate = float(np.median(pairs[:, 0]) / np.median(pairs[:, 1]))
+    if len(pairs) == 1:
+        return estimate, estimate, estimate
+    picks = _rng().integers(0, len(pairs), size=(BOOTSTRAP, len(pairs)))
+    ratios = np.median(pairs[picks, 0], axis=1) / np.median(pairs[picks, 1], axis=1)
+    low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return estimate, float(low), float(high)
+
+
+def cv(values: Sequence[float]) -> float | None:
+    """Coefficient of variation across windows (sample standard deviation over the mean)."""
+    data = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
+    if len(data) < 2 or data.mean() == 0:
+        return None
+    return float(data.std(ddof=1) / data.mean())
+
+
+def significant(low: float, high: float) -> bool:
+    """Whether a ratio's interval excludes 1 (otherwise: no measurable difference)."""
+    return bool(np.isfinite(low) and np.isfinite(high) and (high < 1 or low > 1))
