@@ -53,6 +53,7 @@ def main() -> int:
     parser.add_argument("--input-size", type=int, default=None, help="replace the recipe's input size")
     parser.add_argument("--round-to", type=int, default=None, help="replace the recipe's prune.round_to")
     parser.add_argument("--points", type=int, default=4, help="widths measured per group")
+    parser.add_argument("--importance", default=None, help="the latency student's prune.importance (e.g. taylor)")
     parser.add_argument("--tag", default=None)
     parser.add_argument("--windows", type=int, default=3, help="windows per table measurement")
     parser.add_argument("--final-windows", type=int, default=7, help="windows of the final A/B measurement")
@@ -90,7 +91,8 @@ def main() -> int:
             shutil.rmtree(runs / ctx_a.run_dir.parent.name / "latency" / stage, ignore_errors=True)
         latency_cfg = {"device": "edge", "ms": a_ms, "windows": args.windows, "points": args.points, "rounds": 6,
                        "duration_s": 0.3, "tolerance": 0.05}
-        recipe_b = _recipe(base, work / "b.yaml", {**prune, "latency": latency_cfg}, args.arch,
+        prune_b = {**prune, "latency": latency_cfg, **({"importance": args.importance} if args.importance else {})}
+        recipe_b = _recipe(base, work / "b.yaml", prune_b, args.arch,
                            args.input_size)
         ctx_b = run_pipeline(str(recipe_b), until="distill", runs_dir=runs, run_id="latency",
                              force=("prune", "distill"))
@@ -114,7 +116,7 @@ def main() -> int:
                          "latency_ms": m.to_json(), "macs_g": count_macs(model, input_shape) / 1e9,
                          "macs_fraction": count_macs(model, input_shape) / teacher_macs,
                          "params_m": ctx.manifest.stage("distill")["metrics"].get("params_m")})
-        result = {"recipe": tag, "arch": info["arch"], "input_shape": list(input_shape), "threads": 1,
+        result = {"recipe": tag, "importance_latency_student": args.importance or prune.get("importance", "l2"), "arch": info["arch"], "input_shape": list(input_shape), "threads": 1,
                   "runtime": spec.runtime, "macs_target": macs_target, "a_ms_budget": a_ms,
                   "teacher_ms": final["teacher"].to_json(), "rows": rows,
                   "table": {"check": lat["check"], "plan_predicted_ms": lat["predicted_ms"],

@@ -147,6 +147,32 @@ def widths_of(model: nn.Module, groups: list[ChannelGroup]) -> dict[str, int]:
                      else modules[g.name].out_features) for g in groups}
 
 
+def _estimator(importance: str):
+    """Torch-Pruning's group estimator for ``importance``.
+
+    ``l1``/``l2``: group magnitude, divided by the group's mean (Torch-Pruning's default ``normalizer``), so
+    every group's channels sum to its width. ``taylor``: the first-order loss change of removing a whole
+    channel, |Σ w·∂L/∂w| summed over the group's layers and *not* normalized: a loss change is comparable
+    across groups, which is what the knapsack weighs against milliseconds (HALP's importance).
+    """
+    tp = _tp()
+    if importance == "taylor":
+        return tp.importance.GroupTaylorImportance(group_reduction="sum", normalizer=None, multivariable=True)
+    return tp.importance.GroupMagnitudeImportance(p=1 if importance == "l1" else 2)
+
+
+def taylor_gradients(model: nn.Module, batches, count: int = 8) -> None:
+    """Accumulates ∂L/∂w over ``count`` training batches (cross-entropy, eval-mode BatchNorm) for the Taylor
+    estimator; the caller clears them with ``model.zero_grad``."""
+    model.eval()
+    model.zero_grad(set_to_none=True)
+    for index, batch in enumerate(batches):
+        if index >= count:
+            break
+        inputs, labels = batch[0], batch[1]
+        torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+
+
 def set_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int], importance: str | None = None) -> nn.Module:
     """Prunes ``model`` in place so that each named group keeps ``widths[name]`` channels.
 
@@ -155,8 +181,7 @@ def set_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int],
             magnitude importance, as the MACs path); None: keep the first channels (latency models, whose
             weights do not matter).
     """
-    tp = _tp()
-    estimator = tp.importance.GroupMagnitudeImportance(p=1 if importance == "l1" else 2) if importance else None
+    estimator = _estimator(importance) if importance else None
     graph = _graph(model, input_shape)
     for name, root, group in _groups(model, arch, graph):
         current = root.out_channels if isinstance(root, nn.Conv2d) else root.out_features
@@ -184,8 +209,7 @@ def group_importance(model: nn.Module, arch: str, input_shape, importance: str) 
     (its default ``normalizer``), so groups of different layers and sizes are compared on one scale, as
     Torch-Pruning's own global pruning does.
     """
-    tp = _tp()
-    estimator = tp.importance.GroupMagnitudeImportance(p=1 if importance == "l1" else 2)
+    estimator = _estimator(importance)
     graph = _graph(model, input_shape)  # traced with autograd on: DepGraph needs it
     return {name: np.sort(estimator(group).detach().cpu().numpy().astype(float))[::-1]
             for name, _, group in _groups(model, arch, graph)}
@@ -602,7 +626,7 @@ def _macs(model: nn.Module, arch: str, input_shape, widths: dict[str, int]) -> i
 
 
 def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
-                   log: Callable[[str], None]) -> dict[str, Any]:
+                   log: Callable[[str], None], batches: Callable[[], Any] | None = None) -> dict[str, Any]:
     """The widths for ``cfg.latency``'s budget: table, knapsack, and the knapsack's budget calibrated by measuring.
 
     The table ranks the choices (which group gives up channels for how much time); the sum of its changes
@@ -629,7 +653,12 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     target = cfg.latency
     groups = prunable_groups(model, arch, input_shape, cfg.round_to)
     full = {g.name: g.full for g in groups}
+    if cfg.importance == "taylor":
+        if batches is None:
+            raise ConfigError("prune.importance taylor needs training batches", fix="use l2, or run it in the prune stage")
+        taylor_gradients(model, batches())
     importance = group_importance(model, arch, input_shape, cfg.importance)
+    model.zero_grad(set_to_none=True)
     base_macs = _macs(model, arch, input_shape, full)
     unpruned = meter.measure({"unpruned": at_widths(model, arch, input_shape, full)})["unpruned"]
     budget = target.ms if target.ms is not None else target.ratio * unpruned.p50_ms

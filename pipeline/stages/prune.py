@@ -128,9 +128,10 @@ class WidthPruner:
     """The latency plan's pruner: per-group widths reached in ``cfg.steps`` even steps, each group keeping its
     most important channels (importance recomputed on the fine-tuned model at every step)."""
 
-    def __init__(self, model, arch: str, cfg: PruneConfig, groups, widths: dict[str, int], input_shape):
+    def __init__(self, model, arch: str, cfg: PruneConfig, groups, widths: dict[str, int], input_shape,
+                 batches=None):
         self.model, self.arch, self.cfg, self.groups, self.widths = model, arch, cfg, groups, widths
-        self.input_shape = input_shape
+        self.input_shape, self.batches = input_shape, batches
         self.done = 0
 
     def step(self) -> None:
@@ -138,7 +139,10 @@ class WidthPruner:
 
         self.done += 1
         goal = latency.step_widths(self.groups, self.widths, self.done, self.cfg.steps, self.cfg.round_to)
+        if self.cfg.importance == "taylor":
+            latency.taylor_gradients(self.model, self.batches())
         latency.set_widths(self.model, self.arch, self.input_shape, goal, importance=self.cfg.importance)
+        self.model.zero_grad(set_to_none=True)
 
 
 def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, input_shape) -> PlanPruner:
@@ -325,13 +329,17 @@ class PruneStage(Stage):
         from pipeline import latency
 
         target = cfg.latency
+
+        def train_batches():  # for the Taylor importance: the loss change of removing a channel, on training data
+            return ctx.batches("train", 64, shuffle=True, seed=0)
+
         with latency.open_agent(ctx.devices, target.device, ctx.log) as (client, info, identity):
             spec = latency.device_spec(info, ctx.recipe.deploy, target, ctx.preprocess.to_dict(),
                                        f"{ctx.recipe.name}/{ctx.run_dir.name}/latency-table")
             meter = latency.Meter(client, spec, identity, ctx.run_dir.parent / "latency-cache",
                                   workdir / "latency-onnx", target.windows, ctx.recipe.export.opset, input_shape,
                                   log=ctx.log)
-            planned = latency.plan_to_budget(model, arch, cfg, input_shape, meter, ctx.log)
+            planned = latency.plan_to_budget(model, arch, cfg, input_shape, meter, ctx.log, batches=train_batches)
             checks = latency.check_table(model, arch, cfg, input_shape, meter, planned, ctx.log) if target.check \
                 else None
         # The exported sub-networks are scratch (the table and the cache keep their times).
@@ -353,7 +361,8 @@ class PruneStage(Stage):
                    "check": checks, "plans": plans, "sweep": planned["sweep"], "table": "prune/latency_table.json",
                    "plot": "prune/latency_plans.png" if plot else None}
         plan = {"widths": planned["widths"], "latency_budget_ms": planned["budget_ms"]}
-        return plan, WidthPruner(model, arch, cfg, planned["groups"], planned["widths"], input_shape), metrics
+        return plan, WidthPruner(model, arch, cfg, planned["groups"], planned["widths"], input_shape,
+                                 train_batches), metrics
 
     def summary(self, metrics):
         return (f"{100 * metrics['macs_fraction']:.1f}% of the teacher's MACs ({metrics['macs_g']:.3f} G), "

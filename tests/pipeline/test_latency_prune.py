@@ -244,3 +244,21 @@ def test_layer_model_prices_two_neighbouring_cuts_where_the_additive_table_doubl
         additive = device(full) + sum(device({**full, g.name: plan[g.name]}) - device(full) for g in groups)
         assert abs(layers.predict(plan) - device(plan)) < model_error * device(plan)
         assert abs(additive - device(plan)) > additive_error * device(plan), "single-group changes double-count"
+
+
+def test_taylor_importance_is_for_the_latency_target_and_ranks_by_loss_change():
+    raw = _tiny_raw()
+    raw["prune"]["importance"] = "taylor"
+    with pytest.raises(ConfigError, match="importance taylor is for the latency target"):
+        parse_recipe(raw)
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    batches = [(torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))) for _ in range(2)]
+    latency.taylor_gradients(model, batches)
+    scores = latency.group_importance(model, "tiny_resnet", SHAPE, "taylor")
+    model.zero_grad(set_to_none=True)
+    assert set(scores) == {g.name for g in latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)}
+    assert all(np.all(np.diff(v) <= 0) and np.all(v >= 0) for v in scores.values()), "sorted, non-negative"
+    # Not normalized per group: group totals differ (magnitude importance makes each total its width).
+    totals = [v.sum() / len(v) for v in scores.values()]
+    assert max(totals) > 2 * min(totals)
