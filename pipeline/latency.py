@@ -20,13 +20,15 @@ its context, changed in that group only, and the table holds the *change* of lat
 * a change measured in context has neither problem; its price is that it is a small difference of two
   large times, so it is measured over several windows and smoothed (monotone in the width).
 
-The change of one group is measured with the others at the context (the full network), so a plan that
-moves many groups far from it is predicted with an error: a convolution between two pruned groups shrinks
-with the product of both widths, the table adds the two changes (on ResNet-18 at 32×32 the plan at a
-third of the latency was predicted 28% fast). The table is therefore used to *rank* the choices, and
-:func:`plan_to_budget` measures every plan it returns and calibrates the knapsack's budget against those
-measurements until one meets the budget. The table is checked against measured full runs of the
-unpruned and of a MACs-pruned network (:func:`check_table`), and the errors are recorded in the run.
+**From the table to a prediction.** A sum of the single-group changes counts every layer between two
+groups twice (its time shrinks with the product of both widths): on ResNet-18 it predicted negative
+times for deep cuts. The table's measurements are therefore fitted by a per-layer model
+(:class:`LayerModel`: a fixed time, a time per MAC for each layer — bilinear in the widths of the two
+groups it joins — and a time per activation), the knapsack's costs are made separable by holding the
+other groups at the last plan (HALP's way), every plan returned is measured and added to the fit, and
+the knapsack's budget is calibrated against those measurements until a plan meets the budget
+(:func:`plan_to_budget`). The model is checked against measured full runs of the unpruned and of a
+MACs-pruned network (:func:`check_table`), and the errors are recorded in the run.
 
 Result documents are read in one place only, :func:`latency_ms`, because the agent's result schema is
 being retyped.
