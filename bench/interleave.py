@@ -45,18 +45,28 @@ def hog_at(start_s: float, seconds: float, log: list) -> threading.Thread:
     return thread
 
 
-def deploy(run_dir: Path, overrides: dict) -> dict:
-    """Re-runs the deploy and report stages of a copy of ``run_dir``; returns the report's data."""
-    from pipeline.runner import run_pipeline
+def deploy(run_dir: Path, overrides: dict, tag: str) -> dict:
+    """Runs the deploy stage alone on ``run_dir`` (its earlier stages as recorded, whatever the code
+    version now) and returns the report's data for that measurement."""
+    from pipeline.context import RunContext
+    from pipeline.manifest import Manifest
+    from pipeline.recipe import load_recipe
+    from pipeline.report import collect
+    from pipeline.stages import STAGES
 
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest = Manifest.load(run_dir)
+    recipe, _, _ = load_recipe(manifest.data["recipe"]["path"], overrides)
     shutil.rmtree(run_dir / "deploy-cache", ignore_errors=True)
+    workdir = run_dir / f"deploy-{tag}"
+    workdir.mkdir()
     started = time.time()
-    run_pipeline(manifest["recipe"]["path"], runs_dir=run_dir.parent.parent, run_id=run_dir.name,
-                 force=["deploy", "report"], overrides=overrides)
-    data = json.loads((run_dir / "report" / "results.json").read_text())
-    data["_window"] = (started, time.time())
-    return data
+    result = STAGES.get("deploy").run(RunContext(recipe, manifest), workdir)
+    ended = time.time()
+    data = json.loads(json.dumps(manifest.data))
+    data["stages"]["deploy"] = {"outputs": {"results": str(result.outputs["results"].relative_to(run_dir))}}
+    report = collect(data, run_dir)
+    report["_window"] = (started, ended)
+    return report
 
 
 def student_row(data: dict) -> dict:
@@ -87,15 +97,14 @@ def main() -> int:
             hog_log: list = []
             hogs = [hog_at(rng.uniform(2, 20), rng.uniform(8, 25), hog_log)] if busy else []
             new = deploy(run_dir, {"deploy.rungs": rungs, "deploy.rounds": args.rounds,
-                                   "deploy.duration_s": args.duration_s})
+                                   "deploy.duration_s": args.duration_s}, "interleaved")
             for hog in hogs:
                 hog.join()
             old = deploy(run_dir, {"deploy.rungs": rungs, "deploy.rounds": 1,
-                                   "deploy.duration_s": args.duration_s * args.rounds})
+                                   "deploy.duration_s": args.duration_s * args.rounds}, "sequential")
             row, old_row = student_row(new), student_row(old)
             overlapped = any(began < new["_window"][1] and ended > new["_window"][0] for began, ended in hog_log)
-            flags = sorted({flag.split(":")[0] for r in new["rows"] if r.get("noise")
-                            for flag in r["noise"].split("; ")})
+            flags = sorted({flag for r in new["rows"] for flag in r.get("noise_flags") or []})
             rows.append({"repeat": repeat, "busy_process": busy, "overlapped": overlapped,
                          "ratio": row["latency_ratio_vs_dc_teacher"], "low": row["latency_ratio_low"],
                          "high": row["latency_ratio_high"], "significant": row["latency_ratio_significant"],

@@ -35,7 +35,7 @@ COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", "para
            "latency_ratio_vs_dc_teacher", "latency_ratio_low", "latency_ratio_high", "latency_ratio_significant",
            "throughput_ratio_vs_dc_teacher", "throughput_ratio_low", "throughput_ratio_high",
            "throughput_ratio_significant", "energy_ratio_vs_dc_teacher", "energy_ratio_low", "energy_ratio_high",
-           "energy_ratio_significant", "noisy", "noise", "status", "reason")
+           "energy_ratio_significant", "noisy", "noise_flags", "noise", "status", "reason")
 
 
 def pareto_front(points: Iterable[tuple[Any, float, float]]) -> set:
@@ -398,7 +398,7 @@ def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_b
     return {"latency_p50_ms": p50_est, "latency_p50_low_ms": p50_low, "latency_p50_high_ms": p50_high,
             "latency_p99_ms": p99_est, "latency_p99_low_ms": p99_low, "latency_p99_high_ms": p99_high,
             "throughput_images_per_s": tp_est, "throughput_low": tp_low, "throughput_high": tp_high,
-            "latency_cv_windows": spread, "windows": len(rounds), "noisy": bool(flags),
+            "latency_cv_windows": spread, "windows": len(rounds), "noisy": bool(flags), "noise_flags": sorted(flags),
             "noise": "; ".join(f"{flag}: {why}" for flag, why in sorted(flags.items())) or None,
             "latency_p50_windows_ms": p50, "throughput_windows": throughput, "energy_windows_mj": energy}
 
@@ -753,7 +753,8 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
         writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for row in data["rows"]:
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
+            writer.writerow({k: ("" if row.get(k) is None else "; ".join(map(str, row[k])) if isinstance(row[k], list)
+                                 else row[k]) for k in COLUMNS})
     paths["md"].write_text(render_markdown(data))
     # The prune stage's latency plan (issue #16), when the run pruned to a latency budget: its own section.
     from pipeline.latency import report_markdown

@@ -322,6 +322,27 @@ def _load_resume(path: Path, model: nn.Module, optimizer, scheduler, scaler, dev
     return state
 
 
+def finish_and_score(model: nn.Module, cfg: TrainConfig, ctx, test: Batches, device: torch.device, desc: str,
+                     predictions: Path) -> tuple[dict, int]:
+    """After training: BatchNorm statistics re-estimated where the recipe asks, then one scoring pass
+    on the test split that keeps every image's prediction.
+
+    Returns:
+        The scores (with ``top1_before_bn_recalibration`` when re-estimated) and the images the
+        statistics were re-estimated over (0: not done).
+    """
+    before = None
+    recalibrated = 0
+    if cfg.epochs and needs_recalibration(model, cfg):
+        before = evaluate(model, test, device, f"{desc} eval")["top1"]
+        recalibrated = recalibrate_if_needed(model, cfg, lambda: ctx.batches("train", 256, shuffle=True,
+                                                                             seed=cfg.seed), device, desc)
+    metrics = evaluate(model, test, device, f"{desc} eval", save_predictions=predictions)
+    if before is not None:
+        metrics["top1_before_bn_recalibration"] = before
+    return metrics, recalibrated
+
+
 def batchnorm_is_stale(model: nn.Module) -> bool:
     """True when a BatchNorm layer's running statistics move too slowly to follow training.
 

@@ -11,7 +11,7 @@ from pipeline.losses import kd_loss
 from pipeline.models import build_model, count_macs, count_parameters, size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane
-from pipeline.train import class_weights, evaluate, fit, needs_recalibration, predict, recalibrate_if_needed
+from pipeline.train import class_weights, evaluate, finish_and_score, fit, predict
 
 
 class DistillStage(Stage):
@@ -85,15 +85,8 @@ class DistillStage(Stage):
         history = fit(student, train, cfg.train, loss_fn, device, "distill",
                       evaluate_fn=(lambda: evaluate(student, test, device, "student eval"))
                       if cfg.train.eval_every_epoch else None, resume=ctx.resume)
-        before, recalibrated = None, 0
-        if needs_recalibration(student, cfg.train):
-            before = evaluate(student, test, device, "student eval")["top1"]
-            recalibrated = recalibrate_if_needed(
-                student, cfg.train, lambda: ctx.batches("train", 256, shuffle=True, seed=cfg.train.seed), device,
-                "student")
-        metrics = evaluate(student, test, device, "student eval", save_predictions=workdir / "predictions.npy")
-        if before is not None:
-            metrics["top1_before_bn_recalibration"] = before
+        metrics, recalibrated = finish_and_score(student, cfg.train, ctx, test, device, "student",
+                                                 workdir / "predictions.npy")
         sanity = require_sane(
             "the distilled student", metrics, ctx.dataset().classes,
             causes="too few distillation epochs for the pruned width; stale BatchNorm statistics (set "

@@ -13,7 +13,7 @@ from pipeline.manifest import sha256_file
 from pipeline.models import ARCHITECTURES, build_model, size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane
-from pipeline.train import class_weights, evaluate, fit, needs_recalibration, recalibrate_if_needed
+from pipeline.train import class_weights, evaluate, finish_and_score, fit
 from pipeline.log import log
 
 
@@ -63,7 +63,6 @@ class TeacherStage(Stage):
                 replaced = load_torchvision_weights(model, cfg.arch, cfg.weights)
         test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
         history = []
-        recalibrated, before = 0, None
         if cfg.train.epochs:
             train = ctx.batches("train", cfg.train.batch_size, shuffle=True, augment=cfg.train.augment,
                                 seed=cfg.train.seed, drop_last=True)
@@ -76,14 +75,8 @@ class TeacherStage(Stage):
             history = fit(model, train, cfg.train, loss_fn, ctx.device, "teacher",
                           evaluate_fn=(lambda: evaluate(model, test, ctx.device, "teacher eval"))
                           if cfg.train.eval_every_epoch else None, resume=ctx.resume)
-            if needs_recalibration(model, cfg.train):
-                before = evaluate(model, test, ctx.device, "teacher eval")["top1"]
-                recalibrated = recalibrate_if_needed(
-                    model, cfg.train, lambda: ctx.batches("train", 256, shuffle=True, seed=cfg.train.seed),
-                    ctx.device, "teacher")
-        metrics = evaluate(model, test, ctx.device, "teacher eval", save_predictions=workdir / "predictions.npy")
-        if before is not None:
-            metrics["top1_before_bn_recalibration"] = before
+        metrics, recalibrated = finish_and_score(model, cfg.train, ctx, test, ctx.device, "teacher",
+                                                 workdir / "predictions.npy")
         # A teacher at chance makes every later comparison meaningless ("0.00 points lost"): stop here.
         sanity = require_sane(
             "the teacher", metrics, ctx.dataset().classes,

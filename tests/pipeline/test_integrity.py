@@ -230,12 +230,18 @@ def test_resume_after_interruption_gives_the_uninterrupted_model(tmp_path, monke
     assert not list((resumed.run_dir / "resume").glob("teacher-*.pt")), "a completed stage leaves no resume state"
 
 
-def test_changed_data_never_resumes_old_weights(tmp_path, monkeypatch, capsys):
+def interrupted_teacher(runs_dir, monkeypatch) -> dict:
+    """A two-epoch teacher killed after its first epoch (its resume state saved); returns the overrides."""
     overrides = {"teacher.train.epochs": 2}
     with monkeypatch.context() as patch:
         interrupt_after_first_epoch(patch)
         with pytest.raises(KeyboardInterrupt):
-            run_pipeline("tiny", runs_dir=tmp_path, until="teacher", overrides=overrides)
+            run_pipeline("tiny", runs_dir=runs_dir, until="teacher", overrides=overrides)
+    return overrides
+
+
+def test_changed_data_never_resumes_old_weights(tmp_path, monkeypatch, capsys):
+    overrides = interrupted_teacher(tmp_path, monkeypatch)
     capsys.readouterr()
     run_pipeline("tiny", runs_dir=tmp_path, until="teacher", overrides={**overrides, "data.train_size": 1000})
     err = capsys.readouterr().err
@@ -243,11 +249,7 @@ def test_changed_data_never_resumes_old_weights(tmp_path, monkeypatch, capsys):
 
 
 def test_a_resume_state_that_does_not_fit_is_discarded_not_a_crash(tmp_path, monkeypatch, capsys):
-    overrides = {"teacher.train.epochs": 2}
-    with monkeypatch.context() as patch:
-        interrupt_after_first_epoch(patch)
-        with pytest.raises(KeyboardInterrupt):
-            run_pipeline("tiny", runs_dir=tmp_path, until="teacher", overrides=overrides)
+    overrides = interrupted_teacher(tmp_path, monkeypatch)
     (state_file,) = (tmp_path / "tiny" / "latest").resolve().glob("resume/teacher-*.pt")
     state = torch.load(state_file, weights_only=True)
     state["model"]["fc.weight"] = torch.zeros(3, 64)  # saved for another class count
