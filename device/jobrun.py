@@ -202,7 +202,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                 run["noise_flags"] = quiet.noise_flags(
                     run.get("contention"), run["latency_cv"],
                     clocks_dropped=any(t.get("clocks_dropped") for t in run["telemetry"].values()),
-                    throttled=any(t.get("temp_limit_crossed") for t in run["telemetry"].values()))
+                    throttled=any(t.get("temp_limit_crossed") or quiet.nvml_throttled(t) for t in run["telemetry"].values()))
                 runs.append(run)
         finally:
             for sampler in samplers:

@@ -87,6 +87,18 @@ def contention(before: Snapshot, after: Snapshot) -> dict:
             "governor": governor()}
 
 
+# NVML clock-event reasons that mean the GPU slowed itself (not idle, not an application clock setting):
+# SwPowerCap 0x4, HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80.
+NVML_THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
+
+def nvml_throttled(telemetry: dict) -> bool:
+    """Whether an NVML sampler saw a throttling clock-event reason during the window."""
+    reasons = (telemetry.get("series") or {}).get("throttle_reasons") or {}
+    peak = reasons.get("peak")
+    return peak is not None and peak == peak and int(peak) & NVML_THROTTLE_MASK != 0
+
+
 def noise_flags(contention_: dict | None, latency_cv: float | None, clocks_dropped: bool = False,
                 throttled: bool = False) -> dict[str, str]:
     """Why a window's numbers are noisy, each with the fix (trtexec-style): {flag: sentence}."""

@@ -57,6 +57,9 @@ def test_noise_flags_name_the_cause_and_the_fix():
     assert set(flags) == {"busy_device", "high_variance", "clocks_dropped", "governor"}
     assert "stop other work" in flags["busy_device"] and "jetson_clocks" in flags["clocks_dropped"]
     assert quiet.noise_flags({"other_cpu_cores": 0.01, "governor": "performance"}, latency_cv=0.02) == {}
+    # NVML: SwThermalSlowdown (0x20) is throttling; GpuIdle (0x1) is not.
+    assert quiet.nvml_throttled({"series": {"throttle_reasons": {"peak": float(0x20 | 0x1)}}})
+    assert not quiet.nvml_throttled({"series": {"throttle_reasons": {"peak": 1.0}}})
 
 
 class Sleeper:
