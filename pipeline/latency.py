@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from device.errors import ConfigError, EdgeFoldError, StageError
+from device.schema import parse_result
 from pipeline import knapsack
 from pipeline.manifest import sha256_json
 
@@ -60,30 +61,23 @@ TABLE_FORMAT = "edgefold.latency-table/1"
 
 # ----------------------------------------------------------------------------------------- reading results
 def latency_ms(result: dict[str, Any], batch_size: int) -> tuple[float, float, float]:
-    """The median latency of one batch size in an agent's job result, with its 95% confidence interval.
-
-    The ONE place that reads the agent's result document (its schema is being retyped: adapt here).
-    Today a result has ``runs[i]`` with ``batch_size``, ``latency_p50_ms``, ``latency_std_ms`` and
-    ``iterations``. Where the result carries no interval for the median, the asymptotic one is used:
-    the standard error of a median is √(π/2)·σ/√n for a normal sample.
+    """The median latency of one batch size in an agent's job result (device.schema.JobResult), with a
+    95% interval for that one window: the standard error of a median is √(π/2)·σ/√n for a normal sample
+    (the calls of one window; the table's spread across windows is kept beside it).
 
     Returns:
         (p50_ms, ci_low_ms, ci_high_ms).
 
     Raises:
+        SchemaVersionError, ResultError: A result of another agent version, or not a result.
         StageError: When the result holds no run of ``batch_size``.
     """
-    for run in result.get("runs") or []:
-        if run.get("batch_size") == batch_size:
-            p50 = float(run["latency_p50_ms"])
-            if run.get("latency_p50_ci_ms"):
-                low, high = run["latency_p50_ci_ms"]
-                return p50, float(low), float(high)
-            n = max(int(run.get("iterations") or 1), 1)
-            half = 1.96 * math.sqrt(math.pi / 2) * float(run.get("latency_std_ms") or 0.0) / math.sqrt(n)
-            return p50, p50 - half, p50 + half
-    raise StageError(f"the agent's result holds no run at batch {batch_size}",
-                     fix="this is a bug of the latency table's job spec; report it")
+    run = parse_result(result, "the latency table's job result").run(batch_size)
+    if run is None:
+        raise StageError(f"the agent's result holds no run at batch {batch_size}",
+                         fix="this is a bug of the latency table's job spec; report it")
+    half = 1.96 * math.sqrt(math.pi / 2) * run.latency_std_ms / math.sqrt(max(run.iterations, 1))
+    return run.latency_p50_ms, run.latency_p50_ms - half, run.latency_p50_ms + half
 
 
 # ----------------------------------------------------------------------------------------- channel groups

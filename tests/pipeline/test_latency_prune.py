@@ -66,13 +66,19 @@ def test_monotone_smoothing_pools_noise():
 
 # ------------------------------------------------------------------------------------------------ results
 def test_latency_ms_reads_a_batch_and_gives_an_interval():
-    result = {"runs": [{"batch_size": 1, "latency_p50_ms": 2.0, "latency_std_ms": 0.5, "iterations": 100},
-                       {"batch_size": 8, "latency_p50_ms": 9.0, "latency_std_ms": 0.0, "iterations": 10}]}
+    from device.errors import SchemaVersionError
+    from tests.results import job_result, run
+
+    one, eight = run(1, p50_ms=2.0), run(8, p50_ms=9.0)
+    eight["latency_std_ms"] = 0.0
+    result = job_result(runs=[one, eight])
     p50, low, high = latency.latency_ms(result, 1)
     assert p50 == 2.0 and low < 2.0 < high
     assert latency.latency_ms(result, 8) == (9.0, 9.0, 9.0)
     with pytest.raises(StageError):
         latency.latency_ms(result, 4)
+    with pytest.raises(SchemaVersionError):
+        latency.latency_ms({**result, "schema": "edgefold.result/1"}, 1)
 
 
 # ------------------------------------------------------------------------------------------------ recipe
