@@ -114,7 +114,11 @@ class DeployStage(Stage):
             from device.loopback import LoopbackAgent
 
             tmp = tempfile.mkdtemp(prefix="edgefold-loopback-")
-            loopback = LoopbackAgent(Path(tmp) / "agent").start()
+            try:
+                loopback = LoopbackAgent(Path(tmp) / "agent").start()
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             ctx.log(f"[  deploy] no EDGE=/DC=/DEVICES= given: loopback agent at {loopback.url} (this machine)")
         label = f"{ctx.recipe.name}/{ctx.run_dir.name}"
         lock = threading.Lock()
