@@ -131,7 +131,8 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
         loss_fn: ``loss_fn(logits, batch)`` → scalar loss.
         device: Where to train.
         desc: Label of the progress bar ("teacher", "distill").
-        evaluate_fn: Called after each epoch; its metrics join the history.
+        evaluate_fn: Called after each epoch when ``cfg.eval_every_epoch``; its metrics join the history
+            (the stages score the final model themselves, once: :func:`finish_and_score`).
         resume: A state file written after every epoch (by rank 0); when it exists, training
             continues after its epoch instead of starting over (a crash, a killed rank).
 
@@ -149,13 +150,11 @@ def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, d
             # Saved before the evaluation, the last epoch included: an evaluation that fails (a corrupt
             # test image) must not throw the trained weights away.
             trainer.save(resume, epoch)
-        if evaluate_fn is not None and (cfg.eval_every_epoch or epoch == trainer.epochs - 1):
+        if evaluate_fn is not None and cfg.eval_every_epoch:
             record.update(evaluate_fn())
         trainer.log_epoch(record)
         distributed.barrier()
     trainer.finish()
-    if trainer.history and evaluate_fn is not None and "top1" not in trainer.history[-1]:
-        trainer.history[-1].update(evaluate_fn())  # resumed after the last epoch, before its evaluation
     return trainer.history
 
 

@@ -83,8 +83,7 @@ class DistillStage(Stage):
                            cfg.train.label_smoothing, weight=class_weights(ctx, logits.device))
 
         history = fit(student, train, cfg.train, loss_fn, device, "distill",
-                      evaluate_fn=(lambda: evaluate(student, test, device, "student eval"))
-                      if cfg.train.eval_every_epoch else None, resume=ctx.resume)
+                      evaluate_fn=lambda: evaluate(student, test, device, "student eval"), resume=ctx.resume)
         metrics, recalibrated = finish_and_score(student, cfg.train, ctx, test, device, "student",
                                                  workdir / "predictions.npy")
         sanity = require_sane(

@@ -73,8 +73,7 @@ class TeacherStage(Stage):
 
             # The final scores come from one pass below (with each image's prediction kept).
             history = fit(model, train, cfg.train, loss_fn, ctx.device, "teacher",
-                          evaluate_fn=(lambda: evaluate(model, test, ctx.device, "teacher eval"))
-                          if cfg.train.eval_every_epoch else None, resume=ctx.resume)
+                          evaluate_fn=lambda: evaluate(model, test, ctx.device, "teacher eval"), resume=ctx.resume)
         metrics, recalibrated = finish_and_score(model, cfg.train, ctx, test, ctx.device, "teacher",
                                                  workdir / "predictions.npy")
         # A teacher at chance makes every later comparison meaningless ("0.00 points lost"): stop here.
