@@ -5,8 +5,9 @@
 
 For each recipe: (A) the recipe's MACs target, pruned and distilled; A's student is measured on a loopback
 agent (deploy threads pinned to 1, ONNX Runtime CPU); (B) the same teacher (a copy of A's run) pruned to a
-latency budget equal to A's measured latency on that agent, distilled with the same distill budget. Both
-students are then measured again, interleaved, in one session on one agent, with more windows. Written to
+latency budget equal to A's measured latency on that agent, distilled with the same distill budget; (C) the
+same, to A's latency divided by ``--speedup`` (the goal's 1.3×): does it keep A's top-1? The students are then
+measured again, interleaved, in one session on one agent, with more windows. Written to
 bench/results/latency-prune-<tag>-<time>.{json,md}: top-1, measured latency with its spread, MACs, and the
 latency table's prediction errors.
 """
@@ -27,9 +28,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 
-def _recipe(base: dict, out: Path, prune: dict, arch: str | None, input_size: int | None = None) -> Path:
+def _recipe(base: dict, out: Path, prune: dict, arch: str | None, input_size: int | None = None,
+            teacher_epochs: int | None = None) -> Path:
     raw = json.loads(json.dumps(base))
     raw["prune"] = prune
+    if teacher_epochs:
+        raw["teacher"]["train"]["epochs"] = teacher_epochs
     if input_size:
         raw["preprocess"]["input_size"] = input_size
     raw.setdefault("deploy", {})["threads"] = 1  # a pinned thread count: latency comparable across runs
@@ -54,10 +58,15 @@ def main() -> int:
     parser.add_argument("--round-to", type=int, default=None, help="replace the recipe's prune.round_to")
     parser.add_argument("--points", type=int, default=4, help="widths measured per group")
     parser.add_argument("--importance", default=None, help="the latency student's prune.importance (e.g. taylor)")
+    parser.add_argument("--teacher-epochs", type=int, default=None,
+                        help="replace the teacher's epochs (the teacher is shared by every arm)")
+    parser.add_argument("--speedup", type=float, default=1.3,
+                        help="arm C's budget: the MACs student's latency divided by this (0: no arm C)")
     parser.add_argument("--tag", default=None)
     parser.add_argument("--windows", type=int, default=3, help="windows per table measurement")
     parser.add_argument("--final-windows", type=int, default=7, help="windows of the final A/B measurement")
     parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--keep", default=None, help="keep the runs in this folder; a re-run resumes from it")
     args = parser.parse_args()
 
     recipe, path, _ = load_recipe(args.recipe)
@@ -67,13 +76,14 @@ def main() -> int:
         prune["round_to"] = args.round_to
     macs_target = args.macs_target or recipe.prune.macs_target
     tag = args.tag or recipe.name
-    work = Path(tempfile.mkdtemp(prefix="edgefold-latency-bench-"))
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="edgefold-latency-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     runs = work / "runs"
     started = time.time()
     try:
         # (A) the MACs target.
         recipe_a = _recipe(base, work / "a.yaml", {**prune, "macs_target": macs_target}, args.arch,
-                           args.input_size)
+                           args.input_size, args.teacher_epochs)
         ctx_a = run_pipeline(str(recipe_a), until="distill", runs_dir=runs, run_id="macs")
         target = LatencyTarget(device="edge", ms=1.0, windows=args.windows, points=4, rounds=3, duration_s=0.3)
         input_shape = ctx_a.preprocess.input_shape(1)
@@ -85,48 +95,57 @@ def main() -> int:
             a_ms = meter.measure({"a": student_a})["a"].p50_ms
         print(f"bench: MACs student measured {a_ms:.4f} ms", file=sys.stderr)
 
-        # (B) the latency target at A's measured latency, from a copy of A's run (the same teacher).
-        shutil.copytree(runs / ctx_a.run_dir.parent.name / "macs", runs / ctx_a.run_dir.parent.name / "latency")
-        for stage in ("prune", "distill"):
-            shutil.rmtree(runs / ctx_a.run_dir.parent.name / "latency" / stage, ignore_errors=True)
-        latency_cfg = {"device": "edge", "ms": a_ms, "windows": args.windows, "points": args.points, "rounds": 6,
-                       "duration_s": 0.3, "tolerance": 0.05}
-        prune_b = {**prune, "latency": latency_cfg, **({"importance": args.importance} if args.importance else {})}
-        recipe_b = _recipe(base, work / "b.yaml", prune_b, args.arch,
-                           args.input_size)
-        ctx_b = run_pipeline(str(recipe_b), until="distill", runs_dir=runs, run_id="latency",
-                             force=("prune", "distill"))
-        student_b, _ = load_checkpoint(ctx_b.manifest.output("distill", "model"))
+        # (B) the latency target at A's measured latency, (C) at A's divided by --speedup: each from a copy of
+        # A's run (the same teacher), sharing the latency table's cache.
+        arms = [("latency", "latency target (= MACs student's latency)", a_ms)]
+        if args.speedup:
+            arms.append(("speed", f"latency target (MACs student's latency / {args.speedup:g})", a_ms / args.speedup))
+        students, contexts, failures = {}, {}, {}
+        parent = runs / ctx_a.run_dir.parent.name
+        for key, _, budget_ms in arms:
+            fresh = not (parent / key).exists()  # a kept arm resumes: its completed stages stay cached
+            if fresh:
+                shutil.copytree(parent / "macs", parent / key)
+                for stage in ("prune", "distill"):
+                    shutil.rmtree(parent / key / stage, ignore_errors=True)
+            latency_cfg = {"device": "edge", "ms": budget_ms, "windows": args.windows, "points": args.points,
+                           "rounds": 8, "duration_s": 0.3, "tolerance": 0.05}
+            prune_b = {**prune, "latency": latency_cfg, **({"importance": args.importance} if args.importance else {})}
+            recipe_b = _recipe(base, work / f"{key}.yaml", prune_b, args.arch, args.input_size, args.teacher_epochs)
+            try:
+                contexts[key] = run_pipeline(str(recipe_b), until="distill", runs_dir=runs, run_id=key,
+                                             force=("prune", "distill") if fresh else ())
+            except Exception as err:  # noqa: BLE001 - one arm's failure is a result, the others still count
+                failures[key] = f"{type(err).__name__}: {err}".replace("\n", " ")
+                print(f"bench: arm {key} failed: {failures[key]}", file=sys.stderr)
+                continue
+            students[key] = load_checkpoint(contexts[key].manifest.output("distill", "model"))[0]
 
-        # Both students, interleaved windows, one session on one agent.
+        # Every student, interleaved windows, one session on one agent.
         with latency.open_agent([], "edge", print) as (client, device_info, identity):
             spec = latency.device_spec(device_info, ctx_a.recipe.deploy, target, ctx_a.preprocess.to_dict(), "bench")
             meter = latency.Meter(client, spec, identity, work / "cache-final", work / "onnx-final",
                                   args.final_windows, ctx_a.recipe.export.opset, input_shape)
-            final = meter.measure({"macs": student_a, "latency": student_b, "teacher": load_checkpoint(
+            final = meter.measure({"macs": student_a, **students, "teacher": load_checkpoint(
                 ctx_a.manifest.output("teacher", "model"))[0]})
         teacher_macs = count_macs(load_checkpoint(ctx_a.manifest.output("teacher", "model"))[0], input_shape)
-        lat = ctx_b.manifest.stage("prune")["metrics"]["latency"]
-        rows = []
-        for name, ctx, model in (("MACs target", ctx_a, student_a), ("latency target", ctx_b, student_b)):
-            key = "macs" if ctx is ctx_a else "latency"
-            m = final[key]
-            rows.append({"student": name, "top1": ctx.manifest.stage("distill")["metrics"]["top1"],
-                         "pruned_top1": ctx.manifest.stage("prune")["metrics"]["top1"],
-                         "latency_ms": m.to_json(), "macs_g": count_macs(model, input_shape) / 1e9,
-                         "macs_fraction": count_macs(model, input_shape) / teacher_macs,
-                         "params_m": ctx.manifest.stage("distill")["metrics"].get("params_m")})
-        result = {"recipe": tag, "importance_latency_student": args.importance or prune.get("importance", "l2"), "arch": info["arch"], "input_shape": list(input_shape), "threads": 1,
-                  "runtime": spec.runtime, "macs_target": macs_target, "a_ms_budget": a_ms,
+        rows = [_row("MACs target", "macs", ctx_a, student_a, final, input_shape, teacher_macs)]
+        for key, label, budget_ms in arms:
+            if key in students:
+                rows.append({**_row(label, key, contexts[key], students[key], final, input_shape, teacher_macs),
+                             "budget_ms": budget_ms, "table": _table(contexts[key])})
+            else:
+                rows.append({"student": label, "key": key, "budget_ms": budget_ms, "failed": failures[key]})
+        result = {"recipe": tag, "importance_latency_student": args.importance or prune.get("importance", "l2"),
+                  "arch": info["arch"], "input_shape": list(input_shape), "threads": 1,
+                  "teacher_epochs": args.teacher_epochs, "teacher_top1": ctx_a.manifest.stage("teacher")["metrics"]["top1"],
+                  "runtime": spec.runtime, "macs_target": macs_target, "a_ms_budget": a_ms, "speedup": args.speedup,
                   "teacher_ms": final["teacher"].to_json(), "rows": rows,
-                  "table": {"check": lat["check"], "plan_predicted_ms": lat["predicted_ms"],
-                            "plan_measured_ms": lat["measured_ms"], "prediction_error": lat["prediction_error"],
-                            "rounds": lat["rounds"], "jobs": lat["jobs"]},
-                  "widths": ctx_b.manifest.stage("prune")["metrics"]["plan"]["widths"],
                   "macs_plan": ctx_a.manifest.stage("prune")["metrics"]["plan"],
                   "seconds": time.time() - started}
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -136,27 +155,59 @@ def main() -> int:
     return 0
 
 
+def _row(label: str, key: str, ctx, model, final, input_shape, teacher_macs: int) -> dict:
+    from pipeline.models import count_macs
+
+    macs = count_macs(model, input_shape)
+    return {"student": label, "key": key, "top1": ctx.manifest.stage("distill")["metrics"]["top1"],
+            "top1_correct": ctx.manifest.stage("distill")["metrics"].get("top1_correct"),
+            "images": ctx.manifest.stage("distill")["metrics"].get("images"),
+            "pruned_top1": ctx.manifest.stage("prune")["metrics"]["top1"], "latency_ms": final[key].to_json(),
+            "macs_g": macs / 1e9, "macs_fraction": macs / teacher_macs,
+            "params_m": ctx.manifest.stage("distill")["metrics"].get("params_m")}
+
+
+def _table(ctx) -> dict:
+    lat = ctx.manifest.stage("prune")["metrics"]["latency"]
+    return {"check": lat["check"], "plan_predicted_ms": lat["predicted_ms"], "plan_measured_ms": lat["measured_ms"],
+            "prediction_error": lat["prediction_error"], "rounds": lat["rounds"], "jobs": lat["jobs"],
+            "widths": ctx.manifest.stage("prune")["metrics"]["plan"]["widths"]}
+
+
 def markdown(r: dict) -> str:
-    a, b = r["rows"]
-    speed = a["latency_ms"]["p50_ms"] / b["latency_ms"]["p50_ms"]
+    a = r["rows"][0]
     lines = [f"## Latency-target against MACs-target pruning: {r['recipe']} ({r['arch']}, input "
              f"{'×'.join(map(str, r['input_shape'][1:]))}), loopback agent, {r['runtime']}, threads={r['threads']}",
-             "", f"Teacher {r['teacher_ms']['p50_ms']:.4f} ms. Latency budget = the MACs student's measured "
-                 f"{r['a_ms_budget']:.4f} ms. Total {r['seconds'] / 60:.1f} min.", "",
-             "| student | top-1 (distilled) | top-1 (pruned, before KD) | latency p50 ms [window spread] | GMACs | "
-             "MACs vs teacher |", "|---|---:|---:|---:|---:|---:|"]
+             "", f"Teacher top-1 {100 * r['teacher_top1']:.2f}%, {r['teacher_ms']['p50_ms']:.4f} ms. Latency students' "
+                 f"importance: {r['importance_latency_student']}. MACs student measured {r['a_ms_budget']:.4f} ms "
+                 f"before the others were pruned. Total {r['seconds'] / 60:.1f} min.", "",
+             "| student | budget ms | top-1 (distilled) | top-1 (pruned, before KD) | latency p50 ms [window spread] | "
+             "GMACs | MACs vs teacher |", "|---|---:|---:|---:|---:|---:|---:|"]
     for row in r["rows"]:
+        if "failed" in row:
+            lines.append(f"| {row['student']} | {row['budget_ms']:.4f} | failed: {row['failed']} | | | | |")
+            continue
         m = row["latency_ms"]
-        lines.append(f"| {row['student']} | {100 * row['top1']:.2f}% | {100 * row['pruned_top1']:.2f}% | "
+        budget = f"{row['budget_ms']:.4f}" if "budget_ms" in row else "—"
+        lines.append(f"| {row['student']} | {budget} | {100 * row['top1']:.2f}% | {100 * row['pruned_top1']:.2f}% | "
                      f"{m['p50_ms']:.4f} [{m['spread_ms'][0]:.4f}–{m['spread_ms'][1]:.4f}] | {row['macs_g']:.4f} | "
                      f"{100 * row['macs_fraction']:.1f}% |")
-    lines += ["", f"Δ top-1 (latency − MACs): {100 * (b['top1'] - a['top1']):+.2f} points; latency ratio "
-                  f"MACs/latency student: {speed:.2f}×.", "", "Latency table check (predicted vs measured):", "",
-              "| network | predicted ms | measured ms | error |", "|---|---:|---:|---:|"]
-    for name, c in r["table"]["check"].items():
-        lines.append(f"| {name} | {c['predicted_ms']:.4f} | {c['measured_ms']['p50_ms']:.4f} | "
-                     f"{100 * c['error']:+.1f}% |")
-    lines += ["", f"Latency plan widths: {r['widths']}", ""]
+    lines.append("")
+    for row in r["rows"][1:]:
+        if "failed" in row:
+            continue
+        speed = a["latency_ms"]["p50_ms"] / row["latency_ms"]["p50_ms"]
+        lines.append(f"* {row['student']}: Δ top-1 against the MACs student {100 * (row['top1'] - a['top1']):+.2f} "
+                     f"points; MACs student's latency / this one's: {speed:.2f}×.")
+    for row in r["rows"][1:]:
+        if "failed" in row:
+            continue
+        lines += ["", f"Latency table check, {row['student']} (predicted vs measured):", "",
+                  "| network | predicted ms | measured ms | error |", "|---|---:|---:|---:|"]
+        for name, c in (row["table"]["check"] or {}).items():
+            lines.append(f"| {name} | {c['predicted_ms']:.4f} | {c['measured_ms']['p50_ms']:.4f} | "
+                         f"{100 * c['error']:+.1f}% |")
+        lines += ["", f"Widths: {row['table']['widths']}"]
     return "\n".join(lines) + "\n"
 
 

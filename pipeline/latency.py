@@ -147,9 +147,9 @@ def _estimator(importance: str):
     """Torch-Pruning's group estimator for ``importance``.
 
     ``l1``/``l2``: group magnitude, divided by the group's mean (Torch-Pruning's default ``normalizer``), so
-    every group's channels sum to its width. ``taylor``: the first-order loss change of removing a whole
-    channel, |Σ w·∂L/∂w| summed over the group's layers and *not* normalized: a loss change is comparable
-    across groups, which is what the knapsack weighs against milliseconds (HALP's importance).
+    every group's channels sum to its width. ``taylor``: for one batch's gradients, |Σ w·∂L/∂w| of each
+    channel summed over the group's layers and *not* normalized (squared and averaged over batches by
+    :func:`taylor_scores`).
     """
     tp = _tp()
     if importance == "taylor":
@@ -157,36 +157,65 @@ def _estimator(importance: str):
     return tp.importance.GroupMagnitudeImportance(p=1 if importance == "l1" else 2)
 
 
-def taylor_gradients(model: nn.Module, batches, count: int = 8) -> None:
-    """Accumulates ∂L/∂w over ``count`` training batches (cross-entropy, eval-mode BatchNorm) for the Taylor
-    estimator; the caller clears them with ``model.zero_grad``."""
-    model.eval()
-    model.zero_grad(set_to_none=True)
-    for index, batch in enumerate(batches):
-        if index >= count:
-            break
-        inputs, labels = batch[0], batch[1]
-        torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+def taylor_scores(model: nn.Module, arch: str, input_shape, batches, count: int = 32) -> dict[str, torch.Tensor]:
+    """Each group's per-channel Taylor importance, in channel order: the first-order loss change of removing
+    the channel, squared per batch and averaged over ``count`` training batches (Molchanov et al., CVPR 2019,
+    the importance HALP's knapsack weighs against milliseconds).
+
+    Why per batch and squared: at a trained model the *mean* gradient is near zero, so |w·Σ∂L/∂w| over
+    accumulated batches mostly measures which gradients happened not to cancel; the squared per-batch change
+    is the expected loss increase's curvature term and is additive over channels, as the knapsack needs.
+    A loss change is comparable across groups, so it is not normalized per group.
+
+    Raises:
+        ConfigError: When ``batches`` yields nothing.
+    """
+    estimator = _estimator("taylor")
+    graph = _graph(model, input_shape)
+    groups = [(name, group) for name, _, group in _groups(model, arch, graph)]
+    was_training = model.training
+    model.eval()  # eval-mode BatchNorm: the statistics the pruned model is evaluated with
+    totals: dict[str, torch.Tensor] = {}
+    seen = 0
+    try:
+        for batch in batches:
+            if seen >= count:
+                break
+            model.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+            for name, group in groups:
+                score = estimator(group).detach().double() ** 2
+                totals[name] = totals[name] + score if name in totals else score
+            seen += 1
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    if not seen:
+        raise ConfigError("prune.importance taylor got no training batches", fix="check the data stage's train split")
+    return {name: total / seen for name, total in totals.items()}
 
 
-def set_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int], importance: str | None = None) -> nn.Module:
+def set_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int], importance: str | None = None,
+               scores: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """Prunes ``model`` in place so that each named group keeps ``widths[name]`` channels.
 
     Args:
         importance: ``"l1"``/``"l2"``: keep each group's most important channels (Torch-Pruning's group
             magnitude importance, as the MACs path); None: keep the first channels (latency models, whose
-            weights do not matter).
+            weights do not matter), unless ``scores`` are given.
+        scores: Per-channel importances by group, computed before any group was pruned (``taylor_scores``).
     """
-    estimator = _estimator(importance) if importance else None
+    estimator = _estimator(importance) if importance and scores is None else None
     graph = _graph(model, input_shape)
     for name, root, group in _groups(model, arch, graph):
         current = root.out_channels if isinstance(root, nn.Conv2d) else root.out_features
         keep = widths.get(name, current)
         if keep >= current:
             continue
-        if estimator is not None:
-            scores = estimator(group)
-            drop = torch.argsort(scores)[: current - keep].tolist()
+        if scores is not None:
+            drop = torch.argsort(scores[name])[: current - keep].tolist()
+        elif estimator is not None:
+            drop = torch.argsort(estimator(group))[: current - keep].tolist()
         else:
             drop = list(range(keep, current))
         handler = group[0].dep.handler
@@ -198,13 +227,21 @@ def set_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int],
     return model
 
 
-def group_importance(model: nn.Module, arch: str, input_shape, importance: str) -> dict[str, np.ndarray]:
-    """Each group's channel importances, most important first (Torch-Pruning's group magnitude estimator).
+def group_importance(model: nn.Module, arch: str, input_shape, importance: str,
+                     batches=None) -> dict[str, np.ndarray]:
+    """Each group's channel importances, most important first.
 
-    The estimator averages a channel's score over the group's layers and divides by the group's mean
-    (its default ``normalizer``), so groups of different layers and sizes are compared on one scale, as
-    Torch-Pruning's own global pruning does.
+    ``l1``/``l2``: Torch-Pruning's group magnitude, divided by the group's mean (its default ``normalizer``),
+    as its own global pruning compares groups. ``taylor``: :func:`taylor_scores` over ``batches``.
+
+    Raises:
+        ConfigError: For ``taylor`` without training batches.
     """
+    if importance == "taylor":
+        if batches is None:
+            raise ConfigError("prune.importance taylor needs training batches", fix="use l2, or run it in the prune stage")
+        scores = taylor_scores(model, arch, input_shape, batches)
+        return {name: np.sort(value.cpu().numpy().astype(float))[::-1] for name, value in scores.items()}
     estimator = _estimator(importance)
     graph = _graph(model, input_shape)  # traced with autograd on: DepGraph needs it
     return {name: np.sort(estimator(group).detach().cpu().numpy().astype(float))[::-1]
@@ -649,12 +686,8 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     target = cfg.latency
     groups = prunable_groups(model, arch, input_shape, cfg.round_to)
     full = {g.name: g.full for g in groups}
-    if cfg.importance == "taylor":
-        if batches is None:
-            raise ConfigError("prune.importance taylor needs training batches", fix="use l2, or run it in the prune stage")
-        taylor_gradients(model, batches())
-    importance = group_importance(model, arch, input_shape, cfg.importance)
-    model.zero_grad(set_to_none=True)
+    importance = group_importance(model, arch, input_shape, cfg.importance,
+                                  batches() if cfg.importance == "taylor" and batches is not None else None)
     base_macs = _macs(model, arch, input_shape, full)
     unpruned = meter.measure({"unpruned": at_widths(model, arch, input_shape, full)})["unpruned"]
     budget = target.ms if target.ms is not None else target.ratio * unpruned.p50_ms

@@ -139,10 +139,10 @@ class WidthPruner:
 
         self.done += 1
         goal = latency.step_widths(self.groups, self.widths, self.done, self.cfg.steps, self.cfg.round_to)
-        if self.cfg.importance == "taylor":
-            latency.taylor_gradients(self.model, self.batches())
-        latency.set_widths(self.model, self.arch, self.input_shape, goal, importance=self.cfg.importance)
-        self.model.zero_grad(set_to_none=True)
+        scores = latency.taylor_scores(self.model, self.arch, self.input_shape, self.batches()) \
+            if self.cfg.importance == "taylor" else None
+        latency.set_widths(self.model, self.arch, self.input_shape, goal, importance=self.cfg.importance,
+                           scores=scores)
 
 
 def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, input_shape) -> PlanPruner:

@@ -4,6 +4,7 @@ No timing asserts: the measured numbers are checked for consistency (the plan me
 itself measured, within its tolerance), never against fixed times; speed lives in bench/latency_prune.py.
 """
 
+import copy
 import json
 import random
 import socket
@@ -260,11 +261,27 @@ def test_taylor_importance_is_for_the_latency_target_and_ranks_by_loss_change():
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
     batches = [(torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))) for _ in range(2)]
-    latency.taylor_gradients(model, batches)
-    scores = latency.group_importance(model, "tiny_resnet", SHAPE, "taylor")
-    model.zero_grad(set_to_none=True)
+    with pytest.raises(ConfigError, match="needs training batches"):
+        latency.group_importance(model, "tiny_resnet", SHAPE, "taylor")
+    scores = latency.group_importance(model, "tiny_resnet", SHAPE, "taylor", batches)
+    assert all(p.grad is None for p in model.parameters()), "gradients cleared"
     assert set(scores) == {g.name for g in latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)}
     assert all(np.all(np.diff(v) <= 0) and np.all(v >= 0) for v in scores.values()), "sorted, non-negative"
     # Not normalized per group: group totals differ (magnitude importance makes each total its width).
     totals = [v.sum() / len(v) for v in scores.values()]
     assert max(totals) > 2 * min(totals)
+    # Squared per batch and averaged: one batch's scores are its own (|Σ w·g|)², the mean of two batches'
+    # squares is not the square of their summed gradients (which cancel at a trained model).
+    one = latency.taylor_scores(model, "tiny_resnet", SHAPE, batches[:1])
+    two = latency.taylor_scores(model, "tiny_resnet", SHAPE, batches)
+    other = latency.taylor_scores(model, "tiny_resnet", SHAPE, batches[1:])
+    for name in one:
+        assert torch.allclose(two[name], (one[name] + other[name]) / 2)
+    # set_widths keeps the channels the scores rank highest.
+    name = next(n for n, v in one.items() if len(v) >= 8)
+    width = len(one[name]) // 2
+    keep = set(torch.argsort(one[name], descending=True)[:width].tolist())
+    pruned = latency.set_widths(copy.deepcopy(model), "tiny_resnet", SHAPE, {name: width}, "taylor", scores=one)
+    kept = dict(pruned.named_modules())[name]
+    original = dict(model.named_modules())[name]
+    assert torch.equal(kept.weight, original.weight[sorted(keep)])
