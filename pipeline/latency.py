@@ -831,34 +831,72 @@ def plot_plans(plans: list[dict[str, Any]], sweep: list[dict[str, Any]], budget_
 
 
 # ----------------------------------------------------------------------------------------- the report
+def _report_parts(lat: dict[str, Any]) -> tuple[str, list[list[str]], str]:
+    """The section's opening sentence, its plan table (header first) and the table check, for either format."""
+    m = lat["measured_ms"]
+    intro = (f"Budget {lat['budget_ms']:.4f} ms on `{lat['device']}` (agent: {lat['agent']}); the unpruned network "
+             f"measured {lat['unpruned_ms']['p50_ms']:.4f} ms there. The student's plan: predicted by the latency "
+             f"table {lat['predicted_ms']:.4f} ms, measured {m['p50_ms']:.4f} ms (windows {m['spread_ms'][0]:.4f}–"
+             f"{m['spread_ms'][1]:.4f}; error {100 * lat['prediction_error']:+.1f}%), after {lat['rounds']} "
+             f"round(s) of the table ({lat['jobs']} jobs measured, {lat['reused']} reused).")
+    rows = [["plan", "MACs vs unpruned", "predicted ms", "measured ms [window spread]"]]
+    for plan in lat["plans"]:
+        pm = plan["measured_ms"]
+        rows.append([f"{plan['plan']}{' (chosen)' if plan.get('chosen') else ''}", f"{100 * plan['macs_fraction']:.1f}%",
+                     f"{plan['predicted_ms']:.4f}" if plan.get("predicted_ms") is not None else "—",
+                     f"{pm['p50_ms']:.4f} [{pm['spread_ms'][0]:.4f}–{pm['spread_ms'][1]:.4f}]"])
+    check = ("The table checked against measured full runs: " + "; ".join(
+        f"{name.replace('_', ' ')} {100 * c['error']:+.1f}%" for name, c in lat["check"].items()) + ".") \
+        if lat.get("check") else ""
+    return intro, rows, check
+
+
+def _latency_metrics(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    return ((manifest.get("stages", {}).get("prune") or {}).get("metrics") or {}).get("latency")
+
+
 def report_markdown(manifest: dict[str, Any], run_dir: Path, out_dir: Path) -> str:
     """The report's "Pruned to a latency budget" section (empty when the run pruned to MACs).
 
     Why the plan was chosen: the MACs against measured latency of the candidate plans (the plot, copied
     beside the report), the student's predicted against measured latency, and the table's check.
     """
-    metrics = (manifest.get("stages", {}).get("prune") or {}).get("metrics") or {}
-    lat = metrics.get("latency")
+    lat = _latency_metrics(manifest)
     if not lat:
         return ""
-    m = lat["measured_ms"]
-    lines = ["", "## Pruned to a latency budget", "",
-             f"Budget {lat['budget_ms']:.4f} ms on `{lat['device']}` (agent: {lat['agent']}); the unpruned network "
-             f"measured {lat['unpruned_ms']['p50_ms']:.4f} ms there. The student's plan: predicted by the latency "
-             f"table {lat['predicted_ms']:.4f} ms, measured {m['p50_ms']:.4f} ms (windows {m['spread_ms'][0]:.4f}–"
-             f"{m['spread_ms'][1]:.4f}; error {100 * lat['prediction_error']:+.1f}%), after {lat['rounds']} "
-             f"round(s) of the table ({lat['jobs']} jobs measured, {lat['reused']} reused).", "",
-             "| plan | MACs vs unpruned | predicted ms | measured ms [window spread] |", "|---|---:|---:|---:|"]
-    for plan in lat["plans"]:
-        pm = plan["measured_ms"]
-        predicted = f"{plan['predicted_ms']:.4f}" if plan.get("predicted_ms") is not None else "—"
-        lines.append(f"| {plan['plan']}{' (chosen)' if plan.get('chosen') else ''} | {100 * plan['macs_fraction']:.1f}% "
-                     f"| {predicted} | {pm['p50_ms']:.4f} [{pm['spread_ms'][0]:.4f}–{pm['spread_ms'][1]:.4f}] |")
-    if lat.get("check"):
-        lines += ["", "The table checked against measured full runs: " + "; ".join(
-            f"{name.replace('_', ' ')} {100 * c['error']:+.1f}%" for name, c in lat["check"].items()) + "."]
+    intro, rows, check = _report_parts(lat)
+    lines = ["", "## Pruned to a latency budget", "", intro, "",
+             "| " + " | ".join(rows[0]) + " |", "|---|---:|---:|---:|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    if check:
+        lines += ["", check]
     plot = run_dir / lat["plot"] if lat.get("plot") else None
     if plot and plot.is_file():
         shutil.copy(plot, Path(out_dir) / plot.name)
         lines += ["", f"![MACs against measured latency of the candidate plans]({plot.name})"]
     return "\n".join(lines) + "\n"
+
+
+def report_html(manifest: dict[str, Any], run_dir: Path) -> str:
+    """The same section for report.html, its plot embedded (the HTML report is one self-contained file)."""
+    import base64
+    import html
+
+    lat = _latency_metrics(manifest)
+    if not lat:
+        return ""
+    esc = html.escape
+    intro, rows, check = _report_parts(lat)
+    table = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in rows[0]) + "</tr>" + "".join(
+        "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
+    parts = ["<h2>Pruned to a latency budget</h2>", f"<p>{esc(intro.replace('`', ''))}</p>",
+             f'<div class="scroll"><table>{table}</table></div>']
+    if check:
+        parts.append(f"<p>{esc(check)}</p>")
+    plot = run_dir / lat["plot"] if lat.get("plot") else None
+    if plot and plot.is_file():
+        png = base64.b64encode(plot.read_bytes()).decode("ascii")
+        parts.append(f'<figure><img alt="latency plans" src="data:image/png;base64,{png}"><figcaption>MACs against '
+                     "measured latency of the candidate plans; the chosen one starred, the budget dashed."
+                     "</figcaption></figure>")
+    return "\n".join(parts)

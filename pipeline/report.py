@@ -694,7 +694,8 @@ figure{margin:0;flex:1 1 520px}figcaption{font-size:13px;color:#555}img{max-widt
 """
 
 
-def render_html(data: dict[str, Any], figures: dict[str, str]) -> str:
+def render_html(data: dict[str, Any], figures: dict[str, str], sections: str = "") -> str:
+    """The self-contained report.html; ``sections``: HTML of stage-specific sections placed after the ladder's."""
     esc = html.escape
     table = ladder_rows(data) if data["rows"] else [["rung", "top-1", "params M", "GMACs", "MB"]] + [
         [name, f"{100 * r['top1']:.2f}%", f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}",
@@ -730,6 +731,7 @@ def render_html(data: dict[str, Any], figures: dict[str, str]) -> str:
 <ol class="notes">{notes_html}</ol>
 {perclass.html_section(data["per_class"]) if data.get("per_class") else ""}
 {time_section_html(data) if data.get("layer_profiles") else ""}
+{sections}
 {fleet_html}
 <h2>Plots</h2><div class="grid">{figures_html}</div>
 <h2>Provenance</h2>{provenance_html}
@@ -757,10 +759,11 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
                                  else row[k]) for k in COLUMNS})
     paths["md"].write_text(render_markdown(data))
     # The prune stage's latency plan (issue #16), when the run pruned to a latency budget: its own section.
-    from pipeline.latency import report_markdown
+    from pipeline.latency import report_html, report_markdown
 
-    section = report_markdown(json.loads(manifest_path.read_text()), run_dir, out)
+    manifest = json.loads(manifest_path.read_text())
+    section = report_markdown(manifest, run_dir, out)
     if section:
         paths["md"].write_text(paths["md"].read_text() + section)
-    paths["html"].write_text(render_html(data, plots(data)))
+    paths["html"].write_text(render_html(data, plots(data), sections=report_html(manifest, run_dir)))
     return paths

@@ -184,7 +184,8 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(tmp_path):
     budget, measured = lat["budget_ms"], lat["measured_ms"]["p50_ms"]
     assert budget == pytest.approx(0.75 * lat["unpruned_ms"]["p50_ms"])
     assert measured <= budget * 1.15, "the pruned plan meets the budget the stage measured"
-    assert lat["jobs"] > 0 and lat["check"]["unpruned"]["measured_ms"]["p50_ms"] > measured
+    # Not a timing assert (a loaded host can invert two close times): the chosen plan is a real cut.
+    assert lat["jobs"] > 0 and next(p for p in lat["plans"] if p.get("chosen"))["macs_fraction"] < 1.0
     for name in ("unpruned", "macs_pruned", "plan"):
         check = lat["check"][name]
         assert check["error"] == pytest.approx((check["predicted_ms"] - check["measured_ms"]["p50_ms"])
@@ -200,7 +201,8 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(tmp_path):
     model, _ = load_checkpoint(ctx.run_dir / "prune" / "model.pt")
     groups = latency.prunable_groups(build_model("tiny_resnet", 10), "tiny_resnet", SHAPE, 4)
     got = latency.widths_of(model, groups)
-    assert got == table["rounds"][-1]["widths"] == stage["metrics"]["plan"]["widths"]
+    chosen = next(p["plan"] for p in lat["plans"] if p.get("chosen"))  # not always the last round on a busy host
+    assert got == table["rounds"][int(chosen.split()[-1]) - 1]["widths"] == stage["metrics"]["plan"]["widths"]
     assert all(w % 4 == 0 for w in got.values()) and model.fc.out_features == 10
     assert got != {g.name: g.full for g in groups}, "something was pruned"
 
@@ -210,6 +212,10 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(tmp_path):
     section = latency.report_markdown(ctx.manifest.data, ctx.run_dir, out)
     assert "## Pruned to a latency budget" in section and "(chosen)" in section and "unpruned" in section
     assert f"{measured:.4f}" in section and (out / "latency_plans.png").is_file()
+    page = latency.report_html(ctx.manifest.data, ctx.run_dir)
+    assert "<h2>Pruned to a latency budget</h2>" in page and "(chosen)" in page and f"{measured:.4f}" in page
+    assert "data:image/png;base64," in page, "the plot is embedded: report.html is one file"
+    assert latency.report_html({"stages": {"prune": {"metrics": {}}}}, ctx.run_dir) == ""
 
     # A second run on the same device and structures measures nothing again: the table is cached.
     ctx2 = run_pipeline(str(recipe), until="prune", runs_dir=runs, run_id="b")
