@@ -88,6 +88,7 @@ class ChannelGroup:
     name: str
     full: int
     candidates: tuple[int, ...]  # widths the plan may choose, ascending, the full width last
+    block: int = 1  # channels per group of a grouped convolution in this group: it loses whole blocks
 
 
 def _tp():
@@ -115,24 +116,35 @@ def _groups(model: nn.Module, arch: str, graph) -> Iterator[tuple[str, Any, Any]
         yield names[root], root, group
 
 
+def _block_width(group, grouped: set[nn.Module]) -> int:
+    """Channels per conv-group of the grouped convolutions inside a dependency group (1: none there)."""
+    width = 1
+    for item in group:
+        module = item.dep.target.module
+        if module in grouped:
+            width = math.lcm(width, module.out_channels // module.groups)
+    return width
+
+
 def prunable_groups(model: nn.Module, arch: str, input_shape, round_to: int) -> list[ChannelGroup]:
     """The channel groups of ``model`` with their candidate widths (multiples of ``round_to`` and the full width).
 
-    Raises:
-        ConfigError: For grouped (not depthwise) convolutions, which the latency path does not prune yet.
+    A group that holds a grouped convolution (RegNet's, ResNeXt's) loses whole conv-groups, as on the MACs
+    path (:func:`pipeline.stages.prune.grouped_convs`): its widths are multiples of both ``round_to`` and
+    the conv-group width.
     """
     from pipeline.stages.prune import grouped_convs
 
-    if grouped_convs(model):
-        raise ConfigError("the latency target does not prune grouped convolutions (RegNet, ResNeXt) yet",
-                          fix="use prune.macs_target for this architecture")
+    grouped = set(grouped_convs(model))
     groups = []
-    for name, root, _ in _groups(model, arch, _graph(model, input_shape)):
+    for name, root, group in _groups(model, arch, _graph(model, input_shape)):
         full = root.out_channels if isinstance(root, nn.Conv2d) else root.out_features
-        if isinstance(root, nn.Conv2d) and root.groups == root.out_channels and root.groups > 1:
-            continue  # a depthwise layer is pruned with the group that feeds it
-        candidates = sorted({w for w in range(round_to, full, round_to)} | {full})
-        groups.append(ChannelGroup(name, full, tuple(candidates)))
+        if isinstance(root, nn.Conv2d) and root.groups > 1:
+            continue  # a depthwise or grouped layer is pruned with the group that feeds it
+        block = _block_width(group, grouped)
+        step = math.lcm(block, round_to)
+        candidates = sorted({w for w in range(step, full, step)} | {full})
+        groups.append(ChannelGroup(name, full, tuple(candidates), block))
     return groups
 
 
@@ -195,41 +207,10 @@ def taylor_scores(model: nn.Module, arch: str, input_shape, batches, count: int 
     return {name: total / seen for name, total in totals.items()}
 
 
-def set_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int], importance: str | None = None,
-               scores: dict[str, torch.Tensor] | None = None) -> nn.Module:
-    """Prunes ``model`` in place so that each named group keeps ``widths[name]`` channels.
-
-    Args:
-        importance: ``"l1"``/``"l2"``: keep each group's most important channels (Torch-Pruning's group
-            magnitude importance, as the MACs path); None: keep the first channels (latency models, whose
-            weights do not matter), unless ``scores`` are given.
-        scores: Per-channel importances by group, computed before any group was pruned (``taylor_scores``).
-    """
-    estimator = _estimator(importance) if importance and scores is None else None
-    graph = _graph(model, input_shape)
-    for name, root, group in _groups(model, arch, graph):
-        current = root.out_channels if isinstance(root, nn.Conv2d) else root.out_features
-        keep = widths.get(name, current)
-        if keep >= current:
-            continue
-        if scores is not None:
-            drop = torch.argsort(scores[name])[: current - keep].tolist()
-        elif estimator is not None:
-            drop = torch.argsort(estimator(group))[: current - keep].tolist()
-        else:
-            drop = list(range(keep, current))
-        handler = group[0].dep.handler
-        pruning = graph.get_pruning_group(root, handler, sorted(drop))
-        if not graph.check_pruning_group(pruning):
-            raise StageError(f"Torch-Pruning refused to prune group {name} to {keep} channels",
-                             fix="raise prune.round_to or use prune.macs_target")
-        pruning.prune()
-    return model
-
-
-def group_importance(model: nn.Module, arch: str, input_shape, importance: str,
-                     batches=None) -> dict[str, np.ndarray]:
-    """Each group's channel importances, most important first.
+def channel_scores(model: nn.Module, arch: str, input_shape, importance: str,
+                   batches=None) -> dict[str, torch.Tensor]:
+    """Each group's per-channel importance in channel order; in a group with a grouped convolution every
+    channel holds its conv-group's mean (whole conv-groups are kept or cut).
 
     ``l1``/``l2``: Torch-Pruning's group magnitude, divided by the group's mean (its default ``normalizer``),
     as its own global pruning compares groups. ``taylor``: :func:`taylor_scores` over ``batches``.
@@ -237,15 +218,76 @@ def group_importance(model: nn.Module, arch: str, input_shape, importance: str,
     Raises:
         ConfigError: For ``taylor`` without training batches.
     """
+    from pipeline.stages.prune import grouped_convs
+
     if importance == "taylor":
         if batches is None:
             raise ConfigError("prune.importance taylor needs training batches", fix="use l2, or run it in the prune stage")
         scores = taylor_scores(model, arch, input_shape, batches)
-        return {name: np.sort(value.cpu().numpy().astype(float))[::-1] for name, value in scores.items()}
-    estimator = _estimator(importance)
-    graph = _graph(model, input_shape)  # traced with autograd on: DepGraph needs it
-    return {name: np.sort(estimator(group).detach().cpu().numpy().astype(float))[::-1]
-            for name, _, group in _groups(model, arch, graph)}
+    else:
+        estimator = _estimator(importance)
+        graph = _graph(model, input_shape)  # traced with autograd on: DepGraph needs it
+        scores = {name: estimator(group).detach() for name, _, group in _groups(model, arch, graph)}
+    grouped = set(grouped_convs(model))
+    if grouped:
+        for name, _, group in _groups(model, arch, _graph(model, input_shape)):
+            block = _block_width(group, grouped)
+            if block > 1 and name in scores:
+                means = scores[name].reshape(-1, block).mean(1, keepdim=True)
+                scores[name] = means.expand(-1, block).reshape(-1).clone()
+    return scores
+
+
+def set_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int], importance: str | None = None,
+               scores: dict[str, torch.Tensor] | None = None) -> nn.Module:
+    """Prunes ``model`` in place so that each named group keeps ``widths[name]`` channels.
+
+    Args:
+        importance: ``"l1"``/``"l2"``: keep each group's most important channels by
+            :func:`channel_scores`, computed on the model as given; None: keep the first channels (latency
+            models, whose weights do not matter), unless ``scores`` are given.
+        scores: Per-channel importances by group, in channel order (``channel_scores``).
+
+    Raises:
+        StageError: When a width is not whole conv-groups of a grouped convolution, or Torch-Pruning refuses.
+    """
+    from pipeline.stages.prune import grouped_convs, whole_group_graph
+
+    if scores is None and importance:
+        scores = channel_scores(model, arch, input_shape, importance)
+    convs = grouped_convs(model)
+    grouped = set(convs)
+    roots = [(name, root, _block_width(group, grouped))
+             for name, root, group in _groups(model, arch, _graph(model, input_shape))]
+    # Pruned on a graph in which grouped convolutions lose whole conv-groups; each group is taken from its
+    # root explicitly (in that graph a grouped convolution can root the group its feeding layer roots here).
+    with whole_group_graph(model, convs, input_shape) as (graph, _):
+        for name, root, block in roots:
+            current = root.out_channels if isinstance(root, nn.Conv2d) else root.out_features
+            keep = widths.get(name, current)
+            if keep >= current:
+                continue
+            if keep % block:
+                raise StageError(f"group {name} holds a grouped convolution of {block}-channel groups; "
+                                 f"{keep} channels are not whole groups", fix="use the group's candidate widths")
+            if scores is not None:
+                order = torch.argsort(scores[name].reshape(-1, block).mean(1)).tolist()  # least important first
+            else:
+                order = list(range(current // block - 1, -1, -1))
+            drop = sorted(b * block + j for b in order[: (current - keep) // block] for j in range(block))
+            pruning = graph.get_pruning_group(root, graph.get_pruner_of_module(root).prune_out_channels, drop)
+            if not graph.check_pruning_group(pruning):
+                raise StageError(f"Torch-Pruning refused to prune group {name} to {keep} channels",
+                                 fix="raise prune.round_to or use prune.macs_target")
+            pruning.prune()
+    return model
+
+
+def group_importance(model: nn.Module, arch: str, input_shape, importance: str,
+                     batches=None) -> dict[str, np.ndarray]:
+    """Each group's channel importances (:func:`channel_scores`), most important first: the knapsack's values."""
+    return {name: np.sort(value.cpu().numpy().astype(float))[::-1]
+            for name, value in channel_scores(model, arch, input_shape, importance, batches).items()}
 
 
 def at_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int]) -> nn.Module:

@@ -11,6 +11,8 @@ defeat Tensor Cores (a pruned model with odd widths is often *slower* in TensorR
 
 from __future__ import annotations
 
+import contextlib
+
 import copy
 import shutil
 from pathlib import Path
@@ -97,14 +99,8 @@ class PlanPruner:
     def _prune_groups(self, ratio: float) -> None:
         import math
 
-        tp = _torch_pruning()
-        pruner = _whole_group_pruner(tp)
         convs = list(self.original_groups)
-        for conv in convs:
-            conv.__class__ = _GroupedConv2d
-        try:
-            graph = tp.DependencyGraph().build_dependency(self.model, torch.zeros(self.input_shape),
-                                                          customized_pruners={_GroupedConv2d: pruner})
+        with whole_group_graph(self.model, convs, self.input_shape) as (graph, pruner):
             for conv in convs:
                 width = conv.out_channels // conv.groups
                 # Kept channels = kept groups × width must be a multiple of round_to.
@@ -119,9 +115,25 @@ class PlanPruner:
                 group = graph.get_pruning_group(conv, pruner.prune_out_channels, idxs)
                 if graph.check_pruning_group(group):
                     group.prune()
-        finally:
-            for conv in convs:
-                conv.__class__ = torch.nn.Conv2d
+
+
+@contextlib.contextmanager
+def whole_group_graph(model: torch.nn.Module, convs: list[torch.nn.Conv2d], input_shape):
+    """A DepGraph of ``model`` in which ``convs`` (grouped convolutions) lose whole groups when pruned.
+
+    Yields:
+        (graph, the grouped convolutions' pruner); the convolutions are plain ``Conv2d`` again afterwards.
+    """
+    tp = _torch_pruning()
+    pruner = _whole_group_pruner(tp)
+    for conv in convs:
+        conv.__class__ = _GroupedConv2d
+    try:
+        yield tp.DependencyGraph().build_dependency(model, torch.zeros(input_shape),
+                                                    customized_pruners={_GroupedConv2d: pruner}), pruner
+    finally:
+        for conv in convs:
+            conv.__class__ = torch.nn.Conv2d
 
 
 class WidthPruner:

@@ -291,3 +291,40 @@ def test_taylor_importance_is_for_the_latency_target_and_ranks_by_loss_change():
     kept = dict(pruned.named_modules())[name]
     original = dict(model.named_modules())[name]
     assert torch.equal(kept.weight, original.weight[sorted(keep)])
+
+
+def test_grouped_convolutions_lose_whole_groups_on_the_latency_path():
+    """RegNet's grouped convolutions: widths are whole conv-groups (and on round_to), the knapsack's values
+    keep a conv-group's channels together, and set_widths keeps the conv-groups the scores rank highest."""
+    from pipeline.stages.prune import grouped_convs
+
+    torch.manual_seed(0)
+    shape = (1, 3, 32, 32)
+    model = build_model("regnet_y_400mf", 10).eval()
+    groups = {g.name: g for g in latency.prunable_groups(model, "regnet_y_400mf", shape, 4)}
+    blocked = [g for g in groups.values() if g.block > 1]
+    assert blocked, "RegNet's bottlenecks hold grouped convolutions"
+    for group in blocked:  # 8-channel conv-groups with round_to 4: multiples of 8
+        assert group.block == 8 and all(c % 8 == 0 for c in group.candidates)
+    assert any(c % 8 for g in groups.values() if g.block == 1 for c in g.candidates[:-1]), "round_to 4 elsewhere"
+
+    scores = latency.channel_scores(model, "regnet_y_400mf", shape, "l2")
+    name = blocked[0].name
+    blocks = scores[name].reshape(-1, 8)
+    assert torch.allclose(blocks, blocks[:, :1].expand_as(blocks)), "one value per conv-group"
+    values = latency.group_importance(model, "regnet_y_400mf", shape, "l2")[name]
+    assert np.allclose(values.reshape(-1, 8), values.reshape(-1, 8)[:, :1])
+
+    before = {id(conv): conv.groups for conv in grouped_convs(model)}
+    width = blocked[0].candidates[len(blocked[0].candidates) // 2]
+    conv_a = dict(model.named_modules())[name]
+    kept_blocks = torch.argsort(blocks[:, 0], descending=True)[: width // 8].sort().values
+    expected = conv_a.weight.detach().reshape(-1, 8, *conv_a.weight.shape[1:])[kept_blocks].reshape(
+        -1, *conv_a.weight.shape[1:]).clone()
+    pruned = latency.set_widths(model, "regnet_y_400mf", shape, {name: width}, "l2")
+    assert torch.equal(dict(pruned.named_modules())[name].weight, expected), "the top conv-groups are kept"
+    changed = [conv for conv in grouped_convs(pruned) if conv.groups != before[id(conv)]]
+    assert len(changed) == 1 and changed[0].out_channels == width and changed[0].groups == width // 8
+    assert pruned(torch.zeros(shape)).shape == (1, 10)
+    with pytest.raises(StageError, match="not whole groups"):
+        latency.set_widths(pruned, "regnet_y_400mf", shape, {blocked[1].name: 12}, "l2")
