@@ -361,7 +361,12 @@ class Meter:
                 continue
             if key not in {k for k, _ in pending.values()}:
                 path = self.workdir / f"{key[:16]}.onnx"
-                if not path.is_file():
+                if not path.is_file() and self.spec.precision == "int8":  # timed as Q/DQ, as the agent runs it
+                    fp32 = path.with_name(f"{path.stem}.fp32.onnx")
+                    export_onnx(model, fp32, self.input_shape, self.opset)
+                    quantize_for_timing(fp32, path, self.input_shape)
+                    fp32.unlink()
+                elif not path.is_file():
                     export_onnx(model, path, self.input_shape, self.opset)
                 try:
                     artifact = self.client.upload(path)
@@ -408,15 +413,33 @@ def _unreachable(err) -> StageError:
 
 def device_spec(device_info: dict[str, Any], deploy_cfg, target, preprocess: dict[str, Any], label: str):
     """The job spec of a latency-table measurement: the deploy stage's runtime, precision and threads for this
-    device (its own :func:`pipeline.stages.deploy.job_spec`, the float student's rung), with the table's batch
-    size and short windows, no idle baseline and no telemetry (latency only)."""
+    device (its own :func:`pipeline.stages.deploy.job_spec`; the deployed rung's, INT8, unless
+    ``target.precision`` is ``float``), with the table's batch size and short windows, no idle baseline and
+    no telemetry (latency only)."""
     from device.schema import JobSpec
+    from pipeline.rungs import DEPLOYED
     from pipeline.stages.deploy import job_spec
 
-    base = job_spec("student", "0" * 64, device_info, deploy_cfg, preprocess, label)
+    rung = DEPLOYED if target.precision == "deployed" else "student"
+    base = job_spec(rung, "0" * 64, device_info, deploy_cfg, preprocess, label)
     return JobSpec.model_validate({**base.model_dump(exclude_none=True), "batch_sizes": [target.batch_size],
                                    "duration_s": target.duration_s, "warmup_iterations": target.warmup_iterations,
                                    "idle_s": 0.0, "telemetry": []})
+
+
+def quantize_for_timing(fp32: Path, out: Path, input_shape) -> Path:
+    """An INT8 Q/DQ copy of ``fp32`` whose *speed* is the deployed model's: ONNX Runtime's quantizer with the
+    quantize stage's placement (Conv and the residual Add, symmetric, per channel), calibrated on a few
+    random images — the scales are wrong for accuracy and irrelevant to latency.
+
+    ModelOpt (the quantize stage's default) places Q/DQ the same way (Conv inputs, one input of each residual
+    Add) but takes seconds per network; a table measures a hundred or more.
+    """
+    from pipeline.stages.quantize import quantize_ort
+
+    calibration = np.random.default_rng(0).standard_normal((8, *input_shape[1:])).astype(np.float32)
+    quantize_ort(fp32, out, calibration, "max", per_channel=True)
+    return out
 
 
 # ----------------------------------------------------------------------------------------- the table

@@ -173,6 +173,9 @@ class LatencyTarget(_Strict):
     rounds: int = Field(6, ge=1, le=20, description="plans measured while the knapsack's budget is calibrated to "
                                                      "the device (one network each)")
     tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on the measured latency")
+    precision: Literal["deployed", "float"] = Field(
+        "deployed", description="time the sub-networks in the deployed rung's precision (INT8 Q/DQ: each is "
+                                "quantized for timing) or as the float student (faster to build)")
     check: bool = Field(True, description="check the table against measured unpruned and MACs-pruned networks")
     check_macs_target: Optional[float] = Field(None, gt=0, le=1, description="the MACs-pruned network checked; "
                                                                               "default: the chosen plan's MACs")

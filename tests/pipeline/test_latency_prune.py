@@ -124,6 +124,34 @@ def test_groups_widths_and_importance_on_the_tiny_net():
     assert model.layers[0].conv1.weight.abs().sum(dim=(1, 2, 3)).max() > 10 * 0.5
 
 
+def test_tables_time_the_deployed_precision_unless_told_float(tmp_path):
+    """The deployed rung is INT8 Q/DQ: the table's networks are quantized for timing and sent as int8 jobs;
+    ``precision: float`` times the float student instead."""
+    import onnx
+    import onnxruntime as ort
+
+    from pipeline.recipe import LatencyTarget, parse_recipe
+    from pipeline.stages.export import export_onnx
+
+    recipe = parse_recipe(_tiny_raw())
+    info = {"tensorrt": None, "runtimes": ["onnxruntime"]}
+    preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
+    deployed = latency.device_spec(info, recipe.deploy, LatencyTarget(ratio=0.5), preprocess, "t")
+    floating = latency.device_spec(info, recipe.deploy, LatencyTarget(ratio=0.5, precision="float"), preprocess, "t")
+    assert (deployed.precision, floating.precision) == ("int8", "fp32")
+    assert deployed.batch_sizes == [1] and deployed.idle_s == 0
+
+    model = build_model("tiny_resnet", 10).eval()
+    fp32, int8 = tmp_path / "m.onnx", tmp_path / "m.int8.onnx"
+    export_onnx(model, fp32, SHAPE, 17)
+    latency.quantize_for_timing(fp32, int8, SHAPE)
+    ops = {node.op_type for node in onnx.load(str(int8)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
+    session = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"])
+    out = session.run(None, {session.get_inputs()[0].name: np.zeros(SHAPE, np.float32)})[0]
+    assert out.shape == (1, 10)
+
+
 def test_step_widths_walk_evenly_to_the_plan():
     model = build_model("tiny_resnet", 10).eval()
     groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
@@ -195,6 +223,7 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(tmp_path):
     table = json.loads((ctx.run_dir / "prune" / "latency_table.json").read_text())
     assert table["format"] == latency.TABLE_FORMAT and table["device"]["agent"] == "loopback"
     assert table["spec"]["batch_sizes"] == [1] and table["spec"]["threads"] == 1
+    assert table["spec"]["precision"] == "int8", "timed in the deployed rung's precision by default"
     assert table["spec"]["runtime"] == "onnxruntime"
 
     # The checkpoint holds exactly the plan's widths, on round_to, classifier whole; it reloads.
