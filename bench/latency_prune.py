@@ -62,6 +62,8 @@ def main() -> int:
                         help="replace the teacher's epochs (the teacher is shared by every arm)")
     parser.add_argument("--speedup", type=float, default=1.3,
                         help="arm C's budget: the MACs student's latency divided by this (0: no arm C)")
+    parser.add_argument("--precision", choices=("deployed", "float"), default="deployed",
+                        help="what the table and the final measurement time: the deployed INT8 rung, or the float student")
     parser.add_argument("--tag", default=None)
     parser.add_argument("--windows", type=int, default=3, help="windows per table measurement")
     parser.add_argument("--final-windows", type=int, default=7, help="windows of the final A/B measurement")
@@ -85,7 +87,8 @@ def main() -> int:
         recipe_a = _recipe(base, work / "a.yaml", {**prune, "macs_target": macs_target}, args.arch,
                            args.input_size, args.teacher_epochs)
         ctx_a = run_pipeline(str(recipe_a), until="distill", runs_dir=runs, run_id="macs")
-        target = LatencyTarget(device="edge", ms=1.0, windows=args.windows, points=4, rounds=3, duration_s=0.3)
+        target = LatencyTarget(device="edge", ms=1.0, windows=args.windows, points=4, rounds=3, duration_s=0.3,
+                               precision=args.precision)
         input_shape = ctx_a.preprocess.input_shape(1)
         student_a, info = load_checkpoint(ctx_a.manifest.output("distill", "model"))
         with latency.open_agent([], "edge", print) as (client, device_info, identity):
@@ -109,7 +112,7 @@ def main() -> int:
                 for stage in ("prune", "distill"):
                     shutil.rmtree(parent / key / stage, ignore_errors=True)
             latency_cfg = {"device": "edge", "ms": budget_ms, "windows": args.windows, "points": args.points,
-                           "rounds": 8, "duration_s": 0.3, "tolerance": 0.05}
+                           "rounds": 8, "duration_s": 0.3, "tolerance": 0.05, "precision": args.precision}
             prune_b = {**prune, "latency": latency_cfg, **({"importance": args.importance} if args.importance else {})}
             recipe_b = _recipe(base, work / f"{key}.yaml", prune_b, args.arch, args.input_size, args.teacher_epochs)
             try:
@@ -139,7 +142,7 @@ def main() -> int:
         result = {"recipe": tag, "importance_latency_student": args.importance or prune.get("importance", "l2"),
                   "arch": info["arch"], "input_shape": list(input_shape), "threads": 1,
                   "teacher_epochs": args.teacher_epochs, "teacher_top1": ctx_a.manifest.stage("teacher")["metrics"]["top1"],
-                  "runtime": spec.runtime, "macs_target": macs_target, "a_ms_budget": a_ms, "speedup": args.speedup,
+                  "runtime": spec.runtime, "precision": spec.precision, "macs_target": macs_target, "a_ms_budget": a_ms, "speedup": args.speedup,
                   "teacher_ms": final["teacher"].to_json(), "rows": rows,
                   "macs_plan": ctx_a.manifest.stage("prune")["metrics"]["plan"],
                   "seconds": time.time() - started}
@@ -177,7 +180,7 @@ def _table(ctx) -> dict:
 def markdown(r: dict) -> str:
     a = r["rows"][0]
     lines = [f"## Latency-target against MACs-target pruning: {r['recipe']} ({r['arch']}, input "
-             f"{'×'.join(map(str, r['input_shape'][1:]))}), loopback agent, {r['runtime']}, threads={r['threads']}",
+             f"{'×'.join(map(str, r['input_shape'][1:]))}), loopback agent, {r['runtime']} {r.get('precision', 'fp32')}, threads={r['threads']}",
              "", f"Teacher top-1 {100 * r['teacher_top1']:.2f}%, {r['teacher_ms']['p50_ms']:.4f} ms. Latency students' "
                  f"importance: {r['importance_latency_student']}. MACs student measured {r['a_ms_budget']:.4f} ms "
                  f"before the others were pruned. Total {r['seconds'] / 60:.1f} min.", "",
