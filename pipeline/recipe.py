@@ -194,9 +194,10 @@ class PruneConfig(_Strict):
     latency: Optional[LatencyTarget] = Field(None, description="a latency budget on a device instead of macs_target")
     tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on macs_target")
     round_to: int = Field(8, ge=1, description="channel counts rounded to this multiple (Tensor Cores want 8/16/32)")
-    importance: Literal["l1", "l2", "taylor"] = Field(
-        "l2", description="channel importance: weight magnitude, or (latency target only) the first-order loss "
-                          "change on training batches, comparable across groups")
+    importance: Literal["auto", "l1", "l2", "taylor"] = Field(
+        "auto", description="channel importance: weight magnitude, or (latency target only) the first-order loss "
+                            "change on training batches, comparable across groups; auto: taylor for a latency "
+                            "target (a knapsack needs values comparable across groups), l2 for macs_target")
     steps: int = Field(1, ge=1, description="iterative prune-and-finetune steps")
     finetune: Optional[TrainConfig] = Field(None, description="fine-tuning after each step; null = none")
 
@@ -206,6 +207,8 @@ class PruneConfig(_Strict):
             raise ValueError("give exactly one target: macs_target (a MACs fraction) or latency ({device, ratio|ms})")
         if self.importance == "taylor" and self.latency is None:
             raise ValueError("importance taylor is for the latency target; the MACs target uses l1 or l2")
+        if self.importance == "auto":  # resolved here, so that the run's recorded recipe says what was used
+            object.__setattr__(self, "importance", "taylor" if self.latency is not None else "l2")
         return self
 
 

@@ -92,8 +92,10 @@ def test_recipe_takes_exactly_one_target():
     raw["prune"]["latency"] = {"device": "edge", "ratio": 0.5}
     with pytest.raises(ConfigError, match="exactly one target"):
         parse_recipe(raw)
+    assert parse_recipe(_tiny_raw()).prune.importance == "l2", "auto: magnitude for a MACs target"
     del raw["prune"]["macs_target"]
     assert parse_recipe(raw).prune.latency.ratio == 0.5
+    assert parse_recipe(raw).prune.importance == "taylor", "auto: values a knapsack can compare across groups"
     raw["prune"]["latency"]["ms"] = 1.2
     with pytest.raises(ConfigError, match="exactly one of ratio"):
         parse_recipe(raw)
