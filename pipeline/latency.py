@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import math
 import shutil
@@ -296,6 +297,26 @@ def at_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int]) 
 
 
 # ----------------------------------------------------------------------------------------- measuring
+class _Progress:
+    """A progress line with rate and ETA at most every ``every_s`` seconds (tables take minutes)."""
+
+    def __init__(self, log: Callable[[str], None], what: str, total: int, every_s: float = 15.0) -> None:
+        import time
+
+        self.log, self.what, self.total, self.every_s = log, what, total, every_s
+        self.done, self.clock = 0, time.perf_counter
+        self.started = self.last = self.clock()
+
+    def step(self) -> None:
+        self.done += 1
+        now = self.clock()
+        if now - self.last >= self.every_s and self.done < self.total:
+            self.last = now
+            rate = self.done / (now - self.started)
+            self.log(f"[   prune] latency: {self.done}/{self.total} {self.what}, {rate:.1f}/s, "
+                     f"ETA {(self.total - self.done) / rate:.0f} s")
+
+
 @dataclass
 class Measurement:
     """One sub-network's latency: the median over windows, each window's p50, and the CI of the median window."""
@@ -343,16 +364,25 @@ class Meter:
         return sha256_json({"structure": capture_structure(model), "input": list(self.input_shape),
                             "device": self.key, "spec": spec, "windows": self.windows, "opset": self.opset})
 
-    def measure(self, models: dict[Any, nn.Module]) -> dict[Any, Measurement]:
+    def measure(self, models: dict[Any, nn.Module | Callable[[], nn.Module]]) -> dict[Any, Measurement]:
         """Measures every model (cached ones are read back); windows interleave across models, so a slow
-        drift of the device spreads over all of them instead of biasing the ones measured last."""
+        drift of the device spreads over all of them instead of biasing the ones measured last.
+
+        Args:
+            models: Models, or builders of them (called one at a time, so that only one is in memory).
+        """
         from device.client import AgentError
         from device.schema import JobSpec
         from pipeline.stages.export import export_onnx
 
         results: dict[Any, Measurement] = {}
         pending: dict[Any, tuple[str, str]] = {}
+        progress = _Progress(self.log, "networks exported or found cached", len(models))
         for name, model in models.items():
+            progress.step()
+            # A builder is called here and its model dropped once exported: a table of a ResNet-50 holds
+            # a hundred sub-networks, ~10 GB if built up front.
+            model = model if isinstance(model, nn.Module) else model()
             key = self._cache_key(model)
             cached = self.cache / f"{key}.json"
             if cached.is_file():
@@ -379,6 +409,7 @@ class Meter:
         windows: dict[str, list[tuple[float, float, float]]] = {key: [] for key in unique}
         if unique:
             self.log(f"[   prune] latency: measuring {len(unique)} networks × {self.windows} windows on the agent")
+        progress = _Progress(self.log, "jobs measured", len(unique) * self.windows)
         for _ in range(self.windows):
             try:
                 submitted = {key: self.client.submit(JobSpec.model_validate(
@@ -391,6 +422,7 @@ class Meter:
                                          fix="see the agent's log; the deploy stage's runtime must run this model")
                     windows[key].append(latency_ms(job["result"], self.spec.batch_sizes[0]))
                     self.jobs += 1
+                    progress.step()
             except AgentError as err:
                 raise _unreachable(err) from None
         for key, values in windows.items():
@@ -602,11 +634,12 @@ def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGr
                 meter: Meter, points: int) -> LatencyTable:
     """Measures the table around ``context``: each group at ``points`` widths, the others at the context;
     fits the layer model to every measurement."""
-    models: dict[Any, nn.Module] = {"context": at_widths(model, arch, input_shape, context)}
+    models: dict[Any, Any] = {"context": at_widths(model, arch, input_shape, context)}
     for group in groups:
         for width in _measured_widths(group, points, context[group.name]):
-            if width != context[group.name]:
-                models[(group.name, width)] = at_widths(model, arch, input_shape, {**context, group.name: width})
+            if width != context[group.name]:  # built by the meter one at a time
+                models[(group.name, width)] = functools.partial(at_widths, model, arch, input_shape,
+                                                                {**context, group.name: width})
     measured = meter.measure(models)
     table = LatencyTable(context, measured["context"], groups, model=LayerModel.of(model, arch, input_shape, groups))
     table.samples.append((dict(context), measured["context"].p50_ms))
