@@ -7,9 +7,6 @@ passes is ``quantize/student.int8.onnx``.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import os
 import shutil
 import sys
@@ -19,12 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from device.engine import trtexec_lines
-from device.errors import MissingDependencyError, StageError, require
+from device.errors import MissingDependencyError, StageError
 from device.qdq_lint import lint_qdq
 from device.registry import Registry
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from pipeline.scores import points, require_sane
 from pipeline.stages.base import STAGES, Stage, StageResult
+from pipeline.ort_quantize import quantize_ort
+from pipeline.ort_quantize import quiet as _quiet
 from pipeline.stages.export import INPUT_NAME
 from pipeline.log import log
 
@@ -153,35 +152,7 @@ def store_weights_as_int8(path: Path) -> int:
     return converted
 
 
-@QUANTIZERS.register("ort")
-def quantize_ort(fp32: Path, out: Path, calibration: np.ndarray, method: str, per_channel: bool) -> None:
-    """ONNX Runtime ``quantize_static`` with the options TensorRT accepts.
-
-    Symmetric int8 activations and weights (zero points 0), Q/DQ format, and no bias
-    quantization: ORT's default int32 biases in DequantizeLinear are rejected by TensorRT's parser.
-    """
-    ortq = require("onnxruntime.quantization", "ONNX Runtime", "pip install 'edgefold[device]'")
-    CalibrationDataReader, CalibrationMethod = ortq.CalibrationDataReader, ortq.CalibrationMethod
-    QuantFormat, QuantType, quantize_static = ortq.QuantFormat, ortq.QuantType, ortq.quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter(calibration[i : i + 32] for i in range(0, len(calibration), 32))
-
-        def get_next(self):
-            batch = next(self.batches, None)
-            return None if batch is None else {INPUT_NAME: batch}
-
-    methods = {"max": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-               "percentile": CalibrationMethod.Percentile}
-    with _quiet():
-        quantize_static(
-            str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, calibrate_method=methods[method],
-            # Conv and the residual Add: the placement TensorRT recommends; the classifier stays float.
-            op_types_to_quantize=["Conv", "Add"],
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
-        )
+QUANTIZERS.register("ort")(quantize_ort)
 
 
 @QUANTIZERS.register("modelopt")
@@ -203,21 +174,6 @@ def quantize_modelopt(fp32: Path, out: Path, calibration: np.ndarray, method: st
     with _quiet("modelopt"):
         quantize(str(fp32), quantize_mode="int8", calibration_data=calibration, calibration_method=method,
                  calibration_eps=["cpu"], output_path=str(out), high_precision_dtype="fp32", dq_only=True)
-
-
-@contextlib.contextmanager
-def _quiet(*loggers: str):
-    """Silences a quantizer's per-call chatter (histogram sizes, hints, progress bars) on stdout,
-    stderr and the log."""
-    saved = {name: logging.getLogger(name).level for name in ("", *loggers)}
-    for name in saved:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
 
 
 def quantization_aware_finetune(ctx, workdir: Path, calibration: np.ndarray) -> Path:

@@ -1,0 +1,60 @@
+"""ONNX Runtime's static INT8 quantizer with the options TensorRT accepts: the quantize stage's ``ort``
+quantizer, and what the latency table quantizes its timing networks with (a module of its own, so that
+the prune stage's code hash does not depend on the whole quantize stage)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from device.errors import require
+from pipeline.stages.export import INPUT_NAME
+
+
+@contextlib.contextmanager
+def quiet(*loggers: str):
+    """Silences a quantizer's per-call chatter (histogram sizes, hints, progress bars) on stdout,
+    stderr and the log."""
+    saved = {name: logging.getLogger(name).level for name in ("", *loggers)}
+    for name in saved:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def quantize_ort(fp32: Path, out: Path, calibration: np.ndarray, method: str, per_channel: bool) -> None:
+    """ONNX Runtime ``quantize_static`` with the options TensorRT accepts.
+
+    Symmetric int8 activations and weights (zero points 0), Q/DQ format, and no bias
+    quantization: ORT's default int32 biases in DequantizeLinear are rejected by TensorRT's parser.
+    """
+    ortq = require("onnxruntime.quantization", "ONNX Runtime", "pip install 'edgefold[device]'")
+    CalibrationDataReader, CalibrationMethod = ortq.CalibrationDataReader, ortq.CalibrationMethod
+    QuantFormat, QuantType, quantize_static = ortq.QuantFormat, ortq.QuantType, ortq.quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter(calibration[i : i + 32] for i in range(0, len(calibration), 32))
+
+        def get_next(self):
+            batch = next(self.batches, None)
+            return None if batch is None else {INPUT_NAME: batch}
+
+    methods = {"max": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+               "percentile": CalibrationMethod.Percentile}
+    with quiet():
+        quantize_static(
+            str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, calibrate_method=methods[method],
+            # Conv and the residual Add: the placement TensorRT recommends; the classifier stays float.
+            op_types_to_quantize=["Conv", "Add"],
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
+        )
