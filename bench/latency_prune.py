@@ -69,7 +69,18 @@ def main() -> int:
     parser.add_argument("--final-windows", type=int, default=7, help="windows of the final A/B measurement")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--keep", default=None, help="keep the runs in this folder; a re-run resumes from it")
+    parser.add_argument("--paired", default=None, metavar="RESULT.json",
+                        help="only (re)compute the paired comparison of a finished result from its --keep runs")
     args = parser.parse_args()
+    if args.paired:
+        if not args.keep:
+            parser.error("--paired needs the --keep folder the result's runs were kept in")
+        path = Path(args.paired)
+        result = paired(json.loads(path.read_text()), Path(args.keep) / "runs")
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        path.with_suffix(".md").write_text(markdown(result))
+        print(markdown(result))
+        return 0
 
     recipe, path, _ = load_recipe(args.recipe)
     base = yaml.safe_load(path.read_text())
@@ -151,6 +162,8 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.keep:
+        result = paired(result, Path(args.keep) / "runs")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     (out / f"latency-prune-{tag}-{stamp}.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / f"latency-prune-{tag}-{stamp}.md").write_text(markdown(result))
@@ -177,6 +190,35 @@ def _table(ctx) -> dict:
             "widths": ctx.manifest.stage("prune")["metrics"]["plan"]["widths"]}
 
 
+def paired(result: dict, runs: Path) -> dict:
+    """Each arm against the MACs student on the same test images and the same measurement rounds: McNemar's
+    exact test on the images one of the two gets right (pipeline.perclass), and the latency ratio with a
+    bootstrap interval over the interleaved windows (pipeline.stats), paired by window."""
+    import numpy as np
+
+    from pipeline.data.sources import load_source
+    from pipeline.perclass import mcnemar_exact
+    from pipeline.stats import ratio_interval
+
+    parent = next(p for p in runs.iterdir() if (p / "macs").is_dir())
+    dataset = load_source(yaml.safe_load((runs.parent / "a.yaml").read_text())["data"]["source"])
+    with np.load(parent / "macs" / "data" / "splits.npz") as splits:
+        labels = dataset.test.labels[splits["test"]] if "test" in splits.files else dataset.test.labels
+    a = result["rows"][0]
+    predicted_a = np.load(parent / a["key"] / "distill" / "predictions.npy")
+    for row in result["rows"][1:]:
+        if "failed" in row:
+            continue
+        predicted = np.load(parent / row["key"] / "distill" / "predictions.npy")
+        only_a = int(np.sum((predicted_a == labels) & (predicted != labels)))
+        only_row = int(np.sum((predicted == labels) & (predicted_a != labels)))
+        ratio = ratio_interval(a["latency_ms"]["windows_ms"], row["latency_ms"]["windows_ms"])
+        row["paired"] = {"only_macs_correct": only_a, "only_this_correct": only_row,
+                         "mcnemar_p": mcnemar_exact(only_a, only_row),
+                         "macs_over_this_latency": list(ratio)}
+    return result
+
+
 def markdown(r: dict) -> str:
     a = r["rows"][0]
     lines = [f"## Latency-target against MACs-target pruning: {r['recipe']} ({r['arch']}, input "
@@ -200,8 +242,15 @@ def markdown(r: dict) -> str:
         if "failed" in row:
             continue
         speed = a["latency_ms"]["p50_ms"] / row["latency_ms"]["p50_ms"]
-        lines.append(f"* {row['student']}: Δ top-1 against the MACs student {100 * (row['top1'] - a['top1']):+.2f} "
-                     f"points; MACs student's latency / this one's: {speed:.2f}×.")
+        line = (f"* {row['student']}: Δ top-1 against the MACs student {100 * (row['top1'] - a['top1']):+.2f} "
+                f"points; MACs student's latency / this one's: {speed:.2f}×")
+        if "paired" in row:
+            p = row["paired"]
+            low, high = p["macs_over_this_latency"][1:]
+            line += (f" [{low:.2f}, {high:.2f}] over paired windows; images only the MACs student gets right "
+                     f"{p['only_macs_correct']}, only this one {p['only_this_correct']} (McNemar exact p = "
+                     f"{p['mcnemar_p']:.3g})")
+        lines.append(line + ".")
     for row in r["rows"][1:]:
         if "failed" in row:
             continue
