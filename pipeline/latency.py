@@ -46,7 +46,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -364,12 +364,17 @@ class Meter:
         return sha256_json({"structure": capture_structure(model), "input": list(self.input_shape),
                             "device": self.key, "spec": spec, "windows": self.windows, "opset": self.opset})
 
-    def measure(self, models: dict[Any, nn.Module | Callable[[], nn.Module]]) -> dict[Any, Measurement]:
+    def measure(self, models: dict[Any, nn.Module | Callable[[], nn.Module]],
+                refresh: Iterable[Any] = ()) -> dict[Any, Measurement]:
         """Measures every model (cached ones are read back); windows interleave across models, so a slow
         drift of the device spreads over all of them instead of biasing the ones measured last.
 
         Args:
             models: Models, or builders of them (called one at a time, so that only one is in memory).
+            refresh: Names measured again, cache or not, whenever any other model is measured in this call:
+                the reference the others are differences against (a table's context) must share their
+                session. A context read from the cache had been measured while the host was busy, and a
+                whole ResNet-50 table came out as differences against a time 1.7× too long.
         """
         from device.client import AgentError
         from device.schema import JobSpec
@@ -378,14 +383,15 @@ class Meter:
         results: dict[Any, Measurement] = {}
         pending: dict[Any, tuple[str, str]] = {}
         progress = _Progress(self.log, "networks exported or found cached", len(models))
-        for name, model in models.items():
+        refresh = set(refresh)
+        for name, model in sorted(models.items(), key=lambda item: item[0] in refresh):  # references last
             progress.step()
             # A builder is called here and its model dropped once exported: a table of a ResNet-50 holds
             # a hundred sub-networks, ~10 GB if built up front.
             model = model if isinstance(model, nn.Module) else model()
             key = self._cache_key(model)
             cached = self.cache / f"{key}.json"
-            if cached.is_file():
+            if cached.is_file() and not (name in refresh and pending):
                 results[name] = Measurement.from_json(json.loads(cached.read_text()))
                 self.reused += 1
                 continue
@@ -640,7 +646,7 @@ def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGr
             if width != context[group.name]:  # built by the meter one at a time
                 models[(group.name, width)] = functools.partial(at_widths, model, arch, input_shape,
                                                                 {**context, group.name: width})
-    measured = meter.measure(models)
+    measured = meter.measure(models, refresh=["context"])
     table = LatencyTable(context, measured["context"], groups, model=LayerModel.of(model, arch, input_shape, groups))
     table.samples.append((dict(context), measured["context"].p50_ms))
     for group in groups:

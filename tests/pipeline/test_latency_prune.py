@@ -419,3 +419,48 @@ def test_a_plan_far_under_the_budget_is_refused_not_shipped():
     with pytest.raises(StageError, match="no measured plan came near the budget of 0.600 ms") as err:
         latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
     assert "rounds" in err.value.fix
+
+
+def test_a_tables_context_is_measured_again_beside_its_networks(tmp_path):
+    """The context the table's changes are taken against is re-measured in the same session as the
+    networks, even when cached (a busy moment's cached time skewed a whole ResNet-50 table); a call in
+    which everything is cached measures nothing. The client stands in for the agent (its jobs are not
+    the subject here): each upload is one model, and every job of it reports its own fixed time."""
+    from pipeline.recipe import LatencyTarget, parse_recipe
+    from tests.results import job_result, run
+
+    class Client:
+        def __init__(self):
+            self.times, self.jobs, self.uploads = {}, {}, []
+
+        def upload(self, path):
+            self.uploads.append(path.name)
+            return f"{len(self.uploads):064x}"
+
+        def submit(self, spec):
+            job_id = f"job-{len(self.jobs)}"
+            self.jobs[job_id] = spec.artifact
+            return {"id": job_id}
+
+        def wait(self, job_id, **_):
+            ms = 1.0 + int(self.jobs[job_id], 16)  # a later upload measures longer
+            return {"state": "succeeded", "result": job_result("onnxruntime", "fp32", [run(1, ms, ms)])}
+
+    recipe = parse_recipe(_tiny_raw())
+    preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
+    spec = latency.device_spec({"tensorrt": None}, recipe.deploy, LatencyTarget(ratio=0.5, precision="float"),
+                               preprocess, "t")
+    model = build_model("tiny_resnet", 10).eval()
+    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    full = {g.name: g.full for g in groups}
+    client = Client()
+    meter = latency.Meter(client, spec, {"agent": "stand-in"}, tmp_path / "cache", tmp_path / "onnx", 1, 17, SHAPE)
+    first = meter.measure({"unpruned": latency.at_widths(model, "tiny_resnet", SHAPE, full)})["unpruned"]
+    name = groups[0].name
+    narrow = {"context": latency.at_widths(model, "tiny_resnet", SHAPE, full),
+              "narrow": lambda: latency.at_widths(model, "tiny_resnet", SHAPE, {**full, name: groups[0].candidates[0]})}
+    again = meter.measure(narrow, refresh=["context"])
+    assert len(client.uploads) == 3 and meter.jobs == 3, "the cached context was measured again"
+    assert again["context"].p50_ms != first.p50_ms
+    cached = meter.measure(narrow, refresh=["context"])
+    assert meter.jobs == 3 and cached["context"].p50_ms == again["context"].p50_ms, "all cached: nothing measured"
