@@ -842,13 +842,16 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     importance = group_importance(model, arch, input_shape, cfg.importance,
                                   batches() if cfg.importance == "taylor" and batches is not None else None)
     base_macs = _macs(model, arch, input_shape, full)
-    unpruned = meter.measure({"unpruned": at_widths(model, arch, input_shape, full)})["unpruned"]
-    budget = target.ms if target.ms is not None else target.ratio * unpruned.p50_ms
-    log(f"[   prune] latency: unpruned {unpruned.p50_ms:.3f} ms (windows {min(unpruned.windows_ms):.3f}–"
-        f"{max(unpruned.windows_ms):.3f}); budget {budget:.3f} ms; {len(groups)} channel groups")
-    rounds, plans = [], [{"plan": "unpruned", "macs_fraction": 1.0, "measured_ms": unpruned.to_json()}]
+    log(f"[   prune] latency: {len(groups)} channel groups; measuring the table around the unpruned network")
+    # The unpruned network is the table's context, measured in the table's own session: the budget's
+    # reference and the table's changes share one moment of the device.
     table = build_table(model, arch, input_shape, groups, full, meter, target.points)
     tables = [table]
+    unpruned = table.context_ms
+    budget = target.ms if target.ms is not None else target.ratio * unpruned.p50_ms
+    log(f"[   prune] latency: unpruned {unpruned.p50_ms:.3f} ms (windows {min(unpruned.windows_ms):.3f}–"
+        f"{max(unpruned.windows_ms):.3f}); budget {budget:.3f} ms")
+    rounds, plans = [], [{"plan": "unpruned", "macs_fraction": 1.0, "measured_ms": unpruned.to_json()}]
     narrowest = table.predict({g.name: g.candidates[0] for g in groups})
     if budget < narrowest:
         raise StageError(f"prune: a latency of {budget:.3f} ms is below the narrowest plan's predicted "
