@@ -12,7 +12,6 @@ defeat Tensor Cores (a pruned model with odd widths is often *slower* in TensorR
 from __future__ import annotations
 
 import contextlib
-
 import copy
 import shutil
 from pathlib import Path
