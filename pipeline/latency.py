@@ -852,11 +852,17 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     log(f"[   prune] latency: unpruned {unpruned.p50_ms:.3f} ms (windows {min(unpruned.windows_ms):.3f}–"
         f"{max(unpruned.windows_ms):.3f}); budget {budget:.3f} ms")
     rounds, plans = [], [{"plan": "unpruned", "macs_fraction": 1.0, "measured_ms": unpruned.to_json()}]
-    narrowest = table.predict({g.name: g.candidates[0] for g in groups})
-    if budget < narrowest:
-        raise StageError(f"prune: a latency of {budget:.3f} ms is below the narrowest plan's predicted "
-                         f"{narrowest:.3f} ms on this device",
-                         fix="raise prune.latency.ratio/ms, or lower prune.round_to")
+    narrowest_widths = {g.name: g.candidates[0] for g in groups}
+    narrowest = table.predict(narrowest_widths)
+    if budget < narrowest:  # the prediction is extrapolated this far out: measured before refusing
+        measured_narrowest = meter.measure({"narrowest": at_widths(model, arch, input_shape, narrowest_widths)})
+        narrowest = measured_narrowest["narrowest"].p50_ms
+        table.add(narrowest_widths, narrowest)
+        if budget < narrowest:
+            raise StageError(f"prune: a latency of {budget:.3f} ms is below the narrowest plan's measured "
+                             f"{narrowest:.3f} ms on this device",
+                             fix="raise prune.latency.ratio/ms, or lower prune.round_to")
+        narrowest = table.predict(narrowest_widths)  # the knapsack budget's floor, in the model's terms
     effective, under, over = budget, None, None  # (knapsack budget, measured) of the closest plans each side
     for index in range(target.rounds):
         widths = solve_plan(table, importance, effective) or {g.name: g.candidates[0] for g in groups}

@@ -203,7 +203,7 @@ def _latency_recipe(tmp_path, **latency_cfg) -> Path:
     raw = _tiny_raw()
     raw["teacher"]["train"]["epochs"] = 2
     raw["prune"] = {"round_to": 4, "steps": 2, "latency": {
-        "device": "edge", "ratio": 0.75, "windows": 1, "points": 3, "duration_s": 0.1, "tolerance": 0.15,
+        "device": "edge", "ratio": 0.9, "windows": 1, "points": 3, "duration_s": 0.1, "tolerance": 0.15,
         "rounds": 5, **latency_cfg}}  # 5: a loaded host can need more than 3 to land
     raw["deploy"]["threads"] = 1
     path = tmp_path / "tiny_latency.yaml"
@@ -220,7 +220,7 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(tmp_path):
     stage = ctx.manifest.stage("prune")
     lat = stage["metrics"]["latency"]
     budget, measured = lat["budget_ms"], lat["measured_ms"]["p50_ms"]
-    assert budget == pytest.approx(0.75 * lat["unpruned_ms"]["p50_ms"])
+    assert budget == pytest.approx(0.9 * lat["unpruned_ms"]["p50_ms"])  # narrowest: 60–86%
     assert measured <= budget * 1.15, "the pruned plan meets the budget the stage measured"
     # Not a timing assert (a loaded host can invert two close times): the chosen plan is a real cut.
     assert lat["jobs"] > 0 and next(p for p in lat["plans"] if p.get("chosen"))["macs_fraction"] < 1.0
@@ -269,7 +269,7 @@ def test_an_unreachable_budget_is_refused_with_a_fix(tmp_path):
     recipe = _latency_recipe(tmp_path, ratio=0.01, check=False, rounds=1)
     with pytest.raises(StageError) as err:
         run_pipeline(str(recipe), until="prune", runs_dir=tmp_path / "runs", run_id="a")
-    assert "below the narrowest plan" in err.value.message and "prune.latency.ratio" in err.value.fix
+    assert "below the narrowest plan's measured" in err.value.message and "prune.latency.ratio" in err.value.fix
 
 
 def test_layer_model_prices_two_neighbouring_cuts_where_the_additive_table_double_counts():
