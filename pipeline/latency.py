@@ -170,7 +170,8 @@ def _estimator(importance: str):
     return tp.importance.GroupMagnitudeImportance(p=1 if importance == "l1" else 2)
 
 
-def taylor_scores(model: nn.Module, arch: str, input_shape, batches, count: int = 32) -> dict[str, torch.Tensor]:
+def taylor_scores(model: nn.Module, arch: str, input_shape, batches, count: int = 32,
+                  groups: list[tuple[str, Any]] | None = None) -> dict[str, torch.Tensor]:
     """Each group's per-channel Taylor importance, in channel order: the first-order loss change of removing
     the channel, squared per batch and averaged over ``count`` training batches (Molchanov et al., CVPR 2019,
     the importance HALP's knapsack weighs against milliseconds).
@@ -180,12 +181,15 @@ def taylor_scores(model: nn.Module, arch: str, input_shape, batches, count: int 
     is the expected loss increase's curvature term and is additive over channels, as the knapsack needs.
     A loss change is comparable across groups, so it is not normalized per group.
 
+    Args:
+        groups: (name, group) pairs of a DepGraph of ``model`` already built (else one is built here).
+
     Raises:
         ConfigError: When ``batches`` yields nothing.
     """
     estimator = _estimator("taylor")
-    graph = _graph(model, input_shape)
-    groups = [(name, group) for name, _, group in _groups(model, arch, graph)]
+    if groups is None:
+        groups = [(name, group) for name, _, group in _groups(model, arch, _graph(model, input_shape))]
     was_training = model.training
     model.eval()  # eval-mode BatchNorm: the statistics the pruned model is evaluated with
     totals: dict[str, torch.Tensor] = {}
@@ -221,21 +225,20 @@ def channel_scores(model: nn.Module, arch: str, input_shape, importance: str,
     """
     from pipeline.stages.prune import grouped_convs
 
+    if importance == "taylor" and batches is None:
+        raise ConfigError("prune.importance taylor needs training batches", fix="use l2, or run it in the prune stage")
+    groups = [(name, group) for name, _, group in _groups(model, arch, _graph(model, input_shape))]
     if importance == "taylor":
-        if batches is None:
-            raise ConfigError("prune.importance taylor needs training batches", fix="use l2, or run it in the prune stage")
-        scores = taylor_scores(model, arch, input_shape, batches)
+        scores = taylor_scores(model, arch, input_shape, batches, groups=groups)
     else:
         estimator = _estimator(importance)
-        graph = _graph(model, input_shape)  # traced with autograd on: DepGraph needs it
-        scores = {name: estimator(group).detach() for name, _, group in _groups(model, arch, graph)}
+        scores = {name: estimator(group).detach() for name, group in groups}
     grouped = set(grouped_convs(model))
-    if grouped:
-        for name, _, group in _groups(model, arch, _graph(model, input_shape)):
-            block = _block_width(group, grouped)
-            if block > 1 and name in scores:
-                means = scores[name].reshape(-1, block).mean(1, keepdim=True)
-                scores[name] = means.expand(-1, block).reshape(-1).clone()
+    for name, group in groups:
+        block = _block_width(group, grouped) if grouped else 1
+        if block > 1:
+            means = scores[name].reshape(-1, block).mean(1, keepdim=True)
+            scores[name] = means.expand(-1, block).reshape(-1).clone()
     return scores
 
 
@@ -258,11 +261,13 @@ def set_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int],
         scores = channel_scores(model, arch, input_shape, importance)
     convs = grouped_convs(model)
     grouped = set(convs)
-    roots = [(name, root, _block_width(group, grouped))
-             for name, root, group in _groups(model, arch, _graph(model, input_shape))]
-    # Pruned on a graph in which grouped convolutions lose whole conv-groups; each group is taken from its
-    # root explicitly (in that graph a grouped convolution can root the group its feeding layer roots here).
-    with whole_group_graph(model, convs, input_shape) as (graph, _):
+    plain = _graph(model, input_shape)
+    roots = [(name, root, _block_width(group, grouped)) for name, root, group in _groups(model, arch, plain)]
+    # With grouped convolutions, pruned on a graph in which they lose whole conv-groups; each group is taken
+    # from its root explicitly (in that graph a grouped convolution can root the group its feeding layer
+    # roots here). Without, the plain graph serves (a table builds a hundred sub-networks through here).
+    pruning_graph = whole_group_graph(model, convs, input_shape) if convs else contextlib.nullcontext((plain, None))
+    with pruning_graph as (graph, _):
         for name, root, block in roots:
             current = root.out_channels if isinstance(root, nn.Conv2d) else root.out_features
             keep = widths.get(name, current)
@@ -714,36 +719,37 @@ def _repair(table: LatencyTable, values: list[list[float]], options: list[int], 
     losing least importance per ms saved; then, while a step up fits, the one gaining most per ms spent."""
     options = list(options)
     predicted = table.predict(_widths(table, options))
-    while predicted > budget_ms:
-        best = None
-        for index, option in enumerate(options):
-            if option == 0:
-                continue
-            trial = table.predict(_widths(table, options[:index] + [option - 1] + options[index + 1:]))
-            saved, lost = predicted - trial, values[index][option] - values[index][option - 1]
-            score = lost / saved if saved > 0 else math.inf
-            if best is None or score < best[0]:
-                best = (score, index, trial)
-        if best is None:
-            break
-        options[best[1]] -= 1
-        predicted = best[2]
-    while True:
-        best = None
-        for index, option in enumerate(options):
-            if option == len(values[index]) - 1:
-                continue
-            trial = table.predict(_widths(table, options[:index] + [option + 1] + options[index + 1:]))
-            if trial > budget_ms:
-                continue
-            spent, gained = trial - predicted, values[index][option + 1] - values[index][option]
-            score = gained / spent if spent > 0 else math.inf
-            if best is None or score > best[0]:
-                best = (score, index, trial)
-        if best is None:
-            return options
-        options[best[1]] += 1
-        predicted = best[2]
+    for direction in (-1, +1):
+        while direction > 0 or predicted > budget_ms:
+            step = _best_step(table, values, options, predicted, direction, budget_ms)
+            if step is None:
+                break
+            options[step[0]] += direction
+            predicted = step[1]
+    return options
+
+
+def _best_step(table: LatencyTable, values: list[list[float]], options: list[int], predicted: float,
+               direction: int, budget_ms: float) -> tuple[int, float] | None:
+    """(group index, new prediction) of the best one-candidate step down (-1: least importance lost per ms
+    saved) or up (+1: most gained per ms spent, fitting the budget); None when there is none."""
+    best = None
+    for index, option in enumerate(options):
+        target = option + direction
+        if not 0 <= target < len(values[index]):
+            continue
+        trial = table.predict(_widths(table, options[:index] + [target] + options[index + 1:]))
+        if direction > 0 and trial > budget_ms:
+            continue
+        ms = (predicted - trial) * -direction  # saved (down) or spent (up)
+        importance = abs(values[index][target] - values[index][option])
+        if direction < 0:
+            score = -(importance / ms) if ms > 0 else -math.inf  # least lost per ms saved scores highest
+        else:
+            score = importance / ms if ms > 0 else math.inf
+        if best is None or score > best[0]:
+            best = (score, index, trial)
+    return None if best is None else (best[1], best[2])
 
 
 # ----------------------------------------------------------------------------------------- the agent
@@ -998,75 +1004,3 @@ def plot_plans(plans: list[dict[str, Any]], sweep: list[dict[str, Any]], budget_
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-# ----------------------------------------------------------------------------------------- the report
-def _report_parts(lat: dict[str, Any]) -> tuple[str, list[list[str]], str]:
-    """The section's opening sentence, its plan table (header first) and the table check, for either format."""
-    m = lat["measured_ms"]
-    intro = (f"Budget {lat['budget_ms']:.4f} ms on `{lat['device']}` (agent: {lat['agent']}); the unpruned network "
-             f"measured {lat['unpruned_ms']['p50_ms']:.4f} ms there. The student's plan: predicted by the latency "
-             f"table {lat['predicted_ms']:.4f} ms, measured {m['p50_ms']:.4f} ms (windows {m['spread_ms'][0]:.4f}–"
-             f"{m['spread_ms'][1]:.4f}; error {100 * lat['prediction_error']:+.1f}%), after {lat['rounds']} "
-             f"round(s) of the table ({lat['jobs']} jobs measured, {lat['reused']} reused).")
-    rows = [["plan", "MACs vs unpruned", "predicted ms", "measured ms [window spread]"]]
-    for plan in lat["plans"]:
-        pm = plan["measured_ms"]
-        rows.append([f"{plan['plan']}{' (chosen)' if plan.get('chosen') else ''}", f"{100 * plan['macs_fraction']:.1f}%",
-                     f"{plan['predicted_ms']:.4f}" if plan.get("predicted_ms") is not None else "—",
-                     f"{pm['p50_ms']:.4f} [{pm['spread_ms'][0]:.4f}–{pm['spread_ms'][1]:.4f}]"])
-    check = ("The table checked against measured full runs: " + "; ".join(
-        f"{name.replace('_', ' ')} {100 * c['error']:+.1f}%" for name, c in lat["check"].items()) + ".") \
-        if lat.get("check") else ""
-    return intro, rows, check
-
-
-def _latency_metrics(manifest: dict[str, Any]) -> dict[str, Any] | None:
-    return ((manifest.get("stages", {}).get("prune") or {}).get("metrics") or {}).get("latency")
-
-
-def report_markdown(manifest: dict[str, Any], run_dir: Path, out_dir: Path) -> str:
-    """The report's "Pruned to a latency budget" section (empty when the run pruned to MACs).
-
-    Why the plan was chosen: the MACs against measured latency of the candidate plans (the plot, copied
-    beside the report), the student's predicted against measured latency, and the table's check.
-    """
-    lat = _latency_metrics(manifest)
-    if not lat:
-        return ""
-    intro, rows, check = _report_parts(lat)
-    lines = ["", "## Pruned to a latency budget", "", intro, "",
-             "| " + " | ".join(rows[0]) + " |", "|---|---:|---:|---:|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
-    if check:
-        lines += ["", check]
-    plot = run_dir / lat["plot"] if lat.get("plot") else None
-    if plot and plot.is_file():
-        shutil.copy(plot, Path(out_dir) / plot.name)
-        lines += ["", f"![MACs against measured latency of the candidate plans]({plot.name})"]
-    return "\n".join(lines) + "\n"
-
-
-def report_html(manifest: dict[str, Any], run_dir: Path) -> str:
-    """The same section for report.html, its plot embedded (the HTML report is one self-contained file)."""
-    import base64
-    import html
-
-    lat = _latency_metrics(manifest)
-    if not lat:
-        return ""
-    esc = html.escape
-    intro, rows, check = _report_parts(lat)
-    table = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in rows[0]) + "</tr>" + "".join(
-        "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
-    parts = ["<h2>Pruned to a latency budget</h2>", f"<p>{esc(intro.replace('`', ''))}</p>",
-             f'<div class="scroll"><table>{table}</table></div>']
-    if check:
-        parts.append(f"<p>{esc(check)}</p>")
-    plot = run_dir / lat["plot"] if lat.get("plot") else None
-    if plot and plot.is_file():
-        png = base64.b64encode(plot.read_bytes()).decode("ascii")
-        parts.append(f'<figure><img alt="latency plans" src="data:image/png;base64,{png}"><figcaption>MACs against '
-                     "measured latency of the candidate plans; the chosen one starred, the budget dashed."
-                     "</figcaption></figure>")
-    return "\n".join(parts)

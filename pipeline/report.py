@@ -12,6 +12,7 @@ import csv
 import html
 import io
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -579,9 +580,7 @@ def time_section_html(data: dict[str, Any]) -> str:
         rows = _time_rows(table)
         out.append(f"<h3>{esc(entry['rung'])} on {esc(entry['device'])} ({esc(entry['runtime'])}, batch "
                    f"{table['batch_size']})</h3><p>{esc(_time_summary(table, entry['device']))}</p>"
-                   "<div class=\"scroll\"><table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in rows[0]) + "</tr>"
-                   + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
-                   + "</table></div>")
+                   + html_table(rows))
     return "".join(out)
 
 
@@ -694,6 +693,14 @@ figure{margin:0;flex:1 1 520px}figcaption{font-size:13px;color:#555}img{max-widt
 """
 
 
+def html_table(rows: list[list[str]]) -> str:
+    """A scrollable HTML table of text cells, the first row the header (every cell escaped)."""
+    esc = html.escape
+    return ('<div class="scroll"><table><tr>' + "".join(f"<th>{esc(c)}</th>" for c in rows[0]) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
+            + "</table></div>")
+
+
 def render_html(data: dict[str, Any], figures: dict[str, str], sections: str = "") -> str:
     """The self-contained report.html; ``sections``: HTML of stage-specific sections placed after the ladder's."""
     esc = html.escape
@@ -709,9 +716,7 @@ def render_html(data: dict[str, Any], figures: dict[str, str], sections: str = "
     if _is_fleet(data):
         fleet = fleet_rows(data)
         fleet_html = ("<h2>Fleet</h2><p>Per group of devices of the same kind: the median and the spread across "
-                      "them.</p><div class=\"scroll\"><table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in fleet[0])
-                      + "</tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>"
-                                          for row in fleet[1:]) + "</table></div>")
+                      "them.</p>" + html_table(fleet))
     captions = {"accuracy_latency": "Accuracy against latency per device, with the latency's 95% interval over the "
                                     "interleaved windows; the dashed line joins the Pareto front.",
                 "energy": "Energy per image per rung and device (n/m: not measured).",
@@ -759,11 +764,75 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
                                  else row[k]) for k in COLUMNS})
     paths["md"].write_text(render_markdown(data))
     # The prune stage's latency plan (issue #16), when the run pruned to a latency budget: its own section.
-    from pipeline.latency import report_html, report_markdown
-
     manifest = json.loads(manifest_path.read_text())
-    section = report_markdown(manifest, run_dir, out)
+    section = latency_markdown(manifest, run_dir, out)
     if section:
         paths["md"].write_text(paths["md"].read_text() + section)
-    paths["html"].write_text(render_html(data, plots(data), sections=report_html(manifest, run_dir)))
+    paths["html"].write_text(render_html(data, plots(data), sections=latency_html(manifest, run_dir)))
     return paths
+
+
+# The prune stage's latency-budget section (issue #16).
+def _report_parts(lat: dict[str, Any]) -> tuple[str, list[list[str]], str]:
+    """The section's opening sentence, its plan table (header first) and the table check, for either format."""
+    m = lat["measured_ms"]
+    intro = (f"Budget {lat['budget_ms']:.4f} ms on `{lat['device']}` (agent: {lat['agent']}); the unpruned network "
+             f"measured {lat['unpruned_ms']['p50_ms']:.4f} ms there. The student's plan: predicted by the latency "
+             f"table {lat['predicted_ms']:.4f} ms, measured {m['p50_ms']:.4f} ms (windows {m['spread_ms'][0]:.4f}–"
+             f"{m['spread_ms'][1]:.4f}; error {100 * lat['prediction_error']:+.1f}%), after {lat['rounds']} "
+             f"round(s) of the table ({lat['jobs']} jobs measured, {lat['reused']} reused).")
+    rows = [["plan", "MACs vs unpruned", "predicted ms", "measured ms [window spread]"]]
+    for plan in lat["plans"]:
+        pm = plan["measured_ms"]
+        rows.append([f"{plan['plan']}{' (chosen)' if plan.get('chosen') else ''}", f"{100 * plan['macs_fraction']:.1f}%",
+                     f"{plan['predicted_ms']:.4f}" if plan.get("predicted_ms") is not None else "—",
+                     f"{pm['p50_ms']:.4f} [{pm['spread_ms'][0]:.4f}–{pm['spread_ms'][1]:.4f}]"])
+    check = ("The table checked against measured full runs: " + "; ".join(
+        f"{name.replace('_', ' ')} {100 * c['error']:+.1f}%" for name, c in lat["check"].items()) + ".") \
+        if lat.get("check") else ""
+    return intro, rows, check
+
+
+def _latency_metrics(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    return ((manifest.get("stages", {}).get("prune") or {}).get("metrics") or {}).get("latency")
+
+
+def latency_markdown(manifest: dict[str, Any], run_dir: Path, out_dir: Path) -> str:
+    """The report's "Pruned to a latency budget" section (empty when the run pruned to MACs).
+
+    Why the plan was chosen: the MACs against measured latency of the candidate plans (the plot, copied
+    beside the report), the student's predicted against measured latency, and the table's check.
+    """
+    lat = _latency_metrics(manifest)
+    if not lat:
+        return ""
+    intro, rows, check = _report_parts(lat)
+    lines = ["", "## Pruned to a latency budget", "", intro, "",
+             "| " + " | ".join(rows[0]) + " |", "|---|---:|---:|---:|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    if check:
+        lines += ["", check]
+    plot = run_dir / lat["plot"] if lat.get("plot") else None
+    if plot and plot.is_file():
+        shutil.copy(plot, Path(out_dir) / plot.name)
+        lines += ["", f"![MACs against measured latency of the candidate plans]({plot.name})"]
+    return "\n".join(lines) + "\n"
+
+
+def latency_html(manifest: dict[str, Any], run_dir: Path) -> str:
+    """The same section for report.html, its plot embedded (the HTML report is one self-contained file)."""
+    lat = _latency_metrics(manifest)
+    if not lat:
+        return ""
+    esc = html.escape
+    intro, rows, check = _report_parts(lat)
+    parts = ["<h2>Pruned to a latency budget</h2>", f"<p>{esc(intro.replace('`', ''))}</p>", html_table(rows)]
+    if check:
+        parts.append(f"<p>{esc(check)}</p>")
+    plot = run_dir / lat["plot"] if lat.get("plot") else None
+    if plot and plot.is_file():
+        png = base64.b64encode(plot.read_bytes()).decode("ascii")
+        parts.append(f'<figure><img alt="latency plans" src="data:image/png;base64,{png}"><figcaption>MACs against '
+                     "measured latency of the candidate plans; the chosen one starred, the budget dashed."
+                     "</figcaption></figure>")
+    return "\n".join(parts)

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from device.errors import ConfigError, StageError
-from pipeline import knapsack, latency
+from pipeline import knapsack, latency, report
 from pipeline.checkpoint import load_checkpoint
 from pipeline.devices import Device
 from pipeline.models import build_model
@@ -203,7 +203,7 @@ def _latency_recipe(tmp_path, **latency_cfg) -> Path:
     raw = _tiny_raw()
     raw["teacher"]["train"]["epochs"] = 2
     raw["prune"] = {"round_to": 4, "steps": 2, "latency": {
-        "device": "edge", "ratio": 0.9, "windows": 1, "points": 3, "duration_s": 0.1, "tolerance": 0.15,
+        "device": "edge", "ratio": 0.9, "windows": 2, "points": 3, "duration_s": 0.1, "tolerance": 0.1,
         "rounds": 5, **latency_cfg}}  # 5: a loaded host can need more than 3 to land
     raw["deploy"]["threads"] = 1
     path = tmp_path / "tiny_latency.yaml"
@@ -221,12 +221,9 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(tmp_path):
     lat = stage["metrics"]["latency"]
     budget, measured = lat["budget_ms"], lat["measured_ms"]["p50_ms"]
     assert budget == pytest.approx(0.9 * lat["unpruned_ms"]["p50_ms"])  # narrowest: 60–86%
-    assert measured <= budget * 1.15, "the pruned plan meets the budget the stage measured"
+    assert measured <= budget * 1.1, "the pruned plan meets the budget the stage measured"
     # Not a timing assert (a loaded host can invert two close times): the chosen plan is a real cut.
-    # A noisy host can measure a plan that keeps everything within the tolerance of a 0.9 budget; then the
-    # contract is only that it met the budget, which the line above checks.
-    chosen_plan = next(p for p in lat["plans"] if p.get("chosen"))
-    assert lat["jobs"] > 0 and (chosen_plan["macs_fraction"] < 1.0 or measured <= budget * 1.15)
+    assert lat["jobs"] > 0 and next(p for p in lat["plans"] if p.get("chosen"))["macs_fraction"] < 1.0
     for name in ("unpruned", "macs_pruned", "plan"):
         check = lat["check"][name]
         assert check["error"] == pytest.approx((check["predicted_ms"] - check["measured_ms"]["p50_ms"])
@@ -246,18 +243,18 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(tmp_path):
     chosen = next(p["plan"] for p in lat["plans"] if p.get("chosen"))  # not always the last round on a busy host
     assert got == table["rounds"][int(chosen.split()[-1]) - 1]["widths"] == stage["metrics"]["plan"]["widths"]
     assert all(w % 4 == 0 for w in got.values()) and model.fc.out_features == 10
-    assert got != {g.name: g.full for g in groups} or chosen_plan["macs_fraction"] == 1.0
+    assert got != {g.name: g.full for g in groups}, "something was pruned"
 
     # The report's section says why: the plans' MACs against measured latency, predicted against measured.
     out = tmp_path / "report"
     out.mkdir()
-    section = latency.report_markdown(ctx.manifest.data, ctx.run_dir, out)
+    section = report.latency_markdown(ctx.manifest.data, ctx.run_dir, out)
     assert "## Pruned to a latency budget" in section and "(chosen)" in section and "unpruned" in section
     assert f"{measured:.4f}" in section and (out / "latency_plans.png").is_file()
-    page = latency.report_html(ctx.manifest.data, ctx.run_dir)
+    page = report.latency_html(ctx.manifest.data, ctx.run_dir)
     assert "<h2>Pruned to a latency budget</h2>" in page and "(chosen)" in page and f"{measured:.4f}" in page
     assert "data:image/png;base64," in page, "the plot is embedded: report.html is one file"
-    assert latency.report_html({"stages": {"prune": {"metrics": {}}}}, ctx.run_dir) == ""
+    assert report.latency_html({"stages": {"prune": {"metrics": {}}}}, ctx.run_dir) == ""
 
     # A second run on the same device and structures measures nothing again: the table is cached.
     ctx2 = run_pipeline(str(recipe), until="prune", runs_dir=runs, run_id="b")
