@@ -64,6 +64,8 @@ def main() -> int:
                         help="arm C's budget: the MACs student's latency divided by this (0: no arm C)")
     parser.add_argument("--precision", choices=("deployed", "float"), default="deployed",
                         help="what the table and the final measurement time: the deployed INT8 rung, or the float student")
+    parser.add_argument("--max-pruning-ratio", type=float, default=None,
+                        help="the latency students' prune.latency.max_pruning_ratio (default: the recipe's)")
     parser.add_argument("--tag", default=None)
     parser.add_argument("--windows", type=int, default=3, help="windows per table measurement")
     parser.add_argument("--final-windows", type=int, default=7, help="windows of the final A/B measurement")
@@ -124,6 +126,8 @@ def main() -> int:
                     shutil.rmtree(parent / key / stage, ignore_errors=True)
             latency_cfg = {"device": "edge", "ms": budget_ms, "windows": args.windows, "points": args.points,
                            "rounds": 8, "duration_s": 0.3, "tolerance": 0.05, "precision": args.precision}
+            if args.max_pruning_ratio is not None:
+                latency_cfg["max_pruning_ratio"] = args.max_pruning_ratio
             prune_b = {**prune, "latency": latency_cfg, **({"importance": args.importance} if args.importance else {})}
             recipe_b = _recipe(base, work / f"{key}.yaml", prune_b, args.arch, args.input_size, args.teacher_epochs)
             try:
@@ -151,7 +155,7 @@ def main() -> int:
             else:
                 rows.append({"student": label, "key": key, "budget_ms": budget_ms, "failed": failures[key]})
         result = {"recipe": tag, "importance_latency_student": args.importance or prune.get("importance", "l2"),
-                  "arch": info["arch"], "input_shape": list(input_shape), "threads": 1,
+                  "max_pruning_ratio": args.max_pruning_ratio, "arch": info["arch"], "input_shape": list(input_shape), "threads": 1,
                   "teacher_epochs": args.teacher_epochs, "teacher_top1": ctx_a.manifest.stage("teacher")["metrics"]["top1"],
                   "runtime": spec.runtime, "precision": spec.precision, "macs_target": macs_target, "a_ms_budget": a_ms, "speedup": args.speedup,
                   "teacher_ms": final["teacher"].to_json(), "rows": rows,

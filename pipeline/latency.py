@@ -25,10 +25,10 @@ groups twice (its time shrinks with the product of both widths): on ResNet-18 it
 times for deep cuts. The table's measurements are therefore fitted by a per-layer model
 (:class:`LayerModel`: a fixed time, a time per MAC for each layer — bilinear in the widths of the two
 groups it joins — and a time per activation), the knapsack's costs are made separable by holding the
-other groups at the last plan (HALP's way), every plan returned is measured and added to the fit, and
-the knapsack's budget is calibrated against those measurements until a plan meets the budget
-(:func:`plan_to_budget`). The model is checked against measured full runs of the unpruned and of a
-MACs-pruned network (:func:`check_table`), and the errors are recorded in the run.
+other groups at the last plan (HALP's way), and the knapsack's plan is measured; when it misses, the
+budget is bisected by measurement along a nested path of plans through it (:func:`plan_to_budget`).
+The model is checked against measured full runs of the unpruned and of a MACs-pruned network
+(:func:`check_table`), and the errors are recorded in the run.
 
 Result documents are read in one place only, :func:`latency_ms`, because the agent's result schema is
 being retyped.
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import math
@@ -669,6 +670,21 @@ def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGr
     return table
 
 
+def restricted(table: LatencyTable, max_pruning_ratio: float) -> LatencyTable:
+    """The table with each group's candidates cut to those removing at most ``max_pruning_ratio`` of its
+    channels (the narrowest kept is the first candidate at or above the bound). It shares the fitted model
+    and its samples with ``table``, so a plan added to either refits both."""
+    if max_pruning_ratio >= 1:
+        return table
+    groups, delta_ms = [], {}
+    for group in table.groups:
+        bound = (1 - max_pruning_ratio) * group.full
+        keep = [i for i, width in enumerate(group.candidates) if width >= bound - 1e-9]
+        groups.append(dataclasses.replace(group, candidates=tuple(group.candidates[i] for i in keep)))
+        delta_ms[group.name] = [table.delta_ms[group.name][i] for i in keep]
+    return dataclasses.replace(table, groups=groups, delta_ms=delta_ms)
+
+
 def solve_plan(table: LatencyTable, importance: dict[str, np.ndarray], budget_ms: float,
                iterations: int = 8) -> dict[str, int] | None:
     """The widths that keep the most importance with a predicted latency ≤ ``budget_ms`` (None: unreachable).
@@ -683,10 +699,7 @@ def solve_plan(table: LatencyTable, importance: dict[str, np.ndarray], budget_ms
     can swing between a plan over the budget and the narrowest plan; on ResNet-50 it returned a plan
     predicted at 0.08 ms for a 0.77 ms budget (0.6% of the MACs).
     """
-    values = []
-    for group in table.groups:
-        cumulative = np.concatenate([[0.0], np.cumsum(importance[group.name])])
-        values.append([float(cumulative[w]) for w in group.candidates])
+    values = _values(table, importance)
     plan = [len(g.candidates) - 1 for g in table.groups]
     narrowest = [0] * len(table.groups)
     if table.predict(_widths(table, narrowest)) > budget_ms:
@@ -710,8 +723,75 @@ def solve_plan(table: LatencyTable, importance: dict[str, np.ndarray], budget_ms
     return _widths(table, best)
 
 
+def _values(table: LatencyTable, importance: dict[str, np.ndarray]) -> list[list[float]]:
+    """Per group, the importance kept at each candidate width (its most important channels)."""
+    values = []
+    for group in table.groups:
+        cumulative = np.concatenate([[0.0], np.cumsum(importance[group.name])])
+        values.append([float(cumulative[w]) for w in group.candidates])
+    return values
+
+
 def _widths(table: LatencyTable, options: list[int]) -> dict[str, int]:
     return {g.name: g.candidates[o] for g, o in zip(table.groups, options)}
+
+
+def _options(table: LatencyTable, widths: dict[str, int]) -> list[int]:
+    return [g.candidates.index(widths[g.name]) for g in table.groups]
+
+
+def nested_path(table: LatencyTable, importance: dict[str, np.ndarray], through: dict[str, int]) -> list[dict[str, int]]:
+    """Plans from the unpruned network to the narrowest, each one candidate narrower than the one before,
+    passing through ``through``: from it, the steps up gaining most importance per predicted ms spent
+    (reversed) and the steps down losing least per predicted ms saved.
+
+    Each plan keeps a subset of the channels of every plan before it, so measured latency falls along the
+    path whatever the table's errors: a budget can be bracketed and bisected on it by measurement alone.
+    """
+    values = _values(table, importance)
+    start = _options(table, through)
+    sides = []
+    for direction in (+1, -1):
+        options, plans = list(start), []
+        predicted = table.predict(_widths(table, options))
+        while (step := _best_step(table, values, options, predicted, direction, math.inf)) is not None:
+            options[step[0]] += direction
+            predicted = step[1]
+            plans.append(_widths(table, options))
+        sides.append(plans)
+    return sides[0][::-1] + [dict(through)] + sides[1]
+
+
+def next_on_path(predicted: list[float], measured: dict[int, float], budget_ms: float,
+                 last_bracket: int | None) -> tuple[int | None, int]:
+    """The path index to measure next, and the bracket it splits (its width in path steps).
+
+    The bracket is the narrowest-side plan measured over the budget and the nearest plan past it measured
+    under (else the path's end, priced by its prediction). Inside it, the plan whose prediction, scaled
+    by the measured/predicted ratio interpolated between the bracket's ends, is nearest the budget; when
+    the last such guess did not halve the bracket, its middle (interpolation alone can creep along one end).
+
+    Returns:
+        (None, width) when the bracket has no plan inside it left to measure.
+    """
+    end = len(predicted) - 1
+    over = [i for i, ms in measured.items() if ms > budget_ms]
+    low = max(over) if over else 0
+    high = min((i for i, ms in measured.items() if i > low and ms <= budget_ms), default=end)
+    width = high - low
+    if width <= 1:
+        return None, width
+    if last_bracket is not None and width > math.ceil(last_bracket / 2):
+        return (low + high) // 2, width
+    ratio_low = measured.get(low, predicted[low]) / predicted[low] if predicted[low] > 0 else 1.0
+    ratio_high = measured[high] / predicted[high] if high in measured and predicted[high] > 0 else ratio_low
+    span = predicted[low] - predicted[high]
+
+    def estimate(i: int) -> float:
+        t = (predicted[low] - predicted[i]) / span if span > 0 else (i - low) / width
+        return predicted[i] * (ratio_low + t * (ratio_high - ratio_low))
+
+    return min(range(low + 1, high), key=lambda i: abs(estimate(i) - budget_ms)), width
 
 
 def _repair(table: LatencyTable, values: list[list[float]], options: list[int], budget_ms: float) -> list[int]:
@@ -819,16 +899,19 @@ def _macs(model: nn.Module, arch: str, input_shape, widths: dict[str, int]) -> i
 
 def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
                    log: Callable[[str], None], batches: Callable[[], Any] | None = None) -> dict[str, Any]:
-    """The widths for ``cfg.latency``'s budget: table, knapsack, and the knapsack's budget calibrated by measuring.
+    """The widths for ``cfg.latency``'s budget: table, knapsack, and a search by measurement along a nested path.
 
-    The table ranks the choices (which group gives up channels for how much time); the sum of its changes
-    is only first-order (see the module docstring), so the plan is measured, and the budget handed to the
-    knapsack is corrected by the error seen — secant steps between the last plans under and over the
-    budget — until a measured plan is within ``tolerance`` of the budget or ``rounds`` plans were measured.
-    Re-measuring the whole table around each plan was tried first and oscillated on ResNet-18 (the
-    table around a pruned plan under-prices growing two neighbouring groups at once, as the one around
-    the full network under-prices cutting them): calibrating the budget costs one network per round,
-    not a table.
+    The table ranks the choices (which group gives up channels for how much time), and round 1 measures the
+    knapsack's plan for the budget. Far from the table's context the prediction can be off several-fold
+    (on ResNet-50 a plan predicted at 0.83 ms measured 2.26 ms), and calibrating the knapsack's budget by
+    secant steps failed there: a small change of that budget switches the plan's structure, and measured
+    time was not monotone in it (0.265 → 0.332 ms, 0.275 → 0.168 ms). So the later rounds search a
+    *nested* path through round 1's plan (:func:`nested_path`: each plan a subset of the channels of the
+    one before, so measured time falls along it) by interpolation safeguarded by bisection
+    (:func:`next_on_path`) until a plan measures within ``tolerance`` of the budget, the bracket closes,
+    or ``rounds`` plans were measured. Every measurement is added to the table's fit, which refines the
+    interpolation; re-measuring the whole table around each plan costs a table per round and oscillated
+    on ResNet-18.
 
     Args:
         model: The unpruned model (not changed).
@@ -851,15 +934,18 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     log(f"[   prune] latency: {len(groups)} channel groups; measuring the table around the unpruned network")
     # The unpruned network is the table's context, measured in the table's own session: the budget's
     # reference and the table's changes share one moment of the device.
-    table = build_table(model, arch, input_shape, groups, full, meter, target.points)
-    tables = [table]
+    measured_table = build_table(model, arch, input_shape, groups, full, meter, target.points)
+    tables = [measured_table]
+    # The plans choose among the candidates max_pruning_ratio allows; the table measures all of them (its
+    # cache is shared by every bound).
+    table = restricted(measured_table, target.max_pruning_ratio)
     unpruned = table.context_ms
     budget = target.ms if target.ms is not None else target.ratio * unpruned.p50_ms
     log(f"[   prune] latency: unpruned {unpruned.p50_ms:.3f} ms (windows {min(unpruned.windows_ms):.3f}–"
         f"{max(unpruned.windows_ms):.3f}); budget {budget:.3f} ms")
     rounds, plans = [], [{"plan": "unpruned", "macs_fraction": 1.0, "measured_ms": unpruned.to_json()}]
-    narrowest_widths = {g.name: g.candidates[0] for g in groups}
-    narrowest = table.predict(narrowest_widths)
+    narrowest_widths = {g.name: g.candidates[0] for g in table.groups}
+    narrowest, measured_narrowest = table.predict(narrowest_widths), None
     if budget < narrowest:  # the prediction is extrapolated this far out: measured before refusing
         measured_narrowest = meter.measure({"narrowest": at_widths(model, arch, input_shape, narrowest_widths)})
         narrowest = measured_narrowest["narrowest"].p50_ms
@@ -867,34 +953,43 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
         if budget < narrowest:
             raise StageError(f"prune: a latency of {budget:.3f} ms is below the narrowest plan's measured "
                              f"{narrowest:.3f} ms on this device",
-                             fix="raise prune.latency.ratio/ms, or lower prune.round_to")
-        narrowest = table.predict(narrowest_widths)  # the knapsack budget's floor, in the model's terms
-    effective, under, over = budget, None, None  # (knapsack budget, measured) of the closest plans each side
+                             fix="raise prune.latency.ratio/ms, lower prune.round_to, or raise "
+                                 "prune.latency.max_pruning_ratio")
+    # Round 1: the knapsack's plan for the budget. After it, the plans measured lie on a nested path through
+    # it (each plan a subset of the one before): measured time is monotone along it, so the budget is
+    # bisected there by measurement, whatever the table's errors far from its context.
+    first = solve_plan(table, importance, budget) or narrowest_widths
+    path, on_path, bracket = None, {}, None
     for index in range(target.rounds):
-        widths = solve_plan(table, importance, effective) or {g.name: g.candidates[0] for g in groups}
+        position = None
+        if index == 0:
+            widths = first
+        else:
+            if path is None:
+                path = nested_path(table, importance, first)
+                on_path = {0: unpruned.p50_ms, path.index(first): rounds[0]["measured_ms"]["p50_ms"]}
+                if measured_narrowest is not None:
+                    on_path[len(path) - 1] = measured_narrowest["narrowest"].p50_ms
+            position, bracket = next_on_path([table.predict(w) for w in path], on_path, budget, bracket)
+            if position is None:
+                break  # two neighbouring plans straddle the budget: nothing between them to measure
+            widths = path[position]
         predicted = table.predict(widths)
         measured = meter.measure({"plan": at_widths(model, arch, input_shape, widths)})["plan"]
         macs_fraction = _macs(model, arch, input_shape, widths) / base_macs
-        rounds.append({"round": index + 1, "knapsack_budget_ms": effective, "widths": widths,
-                       "predicted_ms": predicted, "additive_ms": table.additive(widths),
+        rounds.append({"round": index + 1, "path_position": position, "path_length": len(path) if path else None,
+                       "widths": widths, "predicted_ms": predicted, "additive_ms": table.additive(widths),
                        "measured_ms": measured.to_json(), "macs_fraction": macs_fraction})
         table.add(widths, measured.p50_ms)
+        if position is not None:
+            on_path[position] = measured.p50_ms
         plans.append({"plan": f"round {index + 1}", "macs_fraction": macs_fraction,
                       "predicted_ms": predicted, "measured_ms": measured.to_json()})
-        log(f"[   prune] latency round {index + 1}: knapsack budget {effective:.3f} ms → plan predicted {predicted:.3f} "
-            f"ms, measured {measured.p50_ms:.3f} ms (budget {budget:.3f}), {100 * macs_fraction:.1f}% of the MACs")
+        where = "knapsack" if position is None else f"path {position}/{len(path) - 1}"
+        log(f"[   prune] latency round {index + 1} ({where}): plan predicted {predicted:.3f} ms, measured "
+            f"{measured.p50_ms:.3f} ms (budget {budget:.3f}), {100 * macs_fraction:.1f}% of the MACs")
         if abs(measured.p50_ms - budget) <= target.tolerance * budget:
             break
-        if measured.p50_ms > budget:
-            over = (effective, measured.p50_ms) if over is None or effective < over[0] else over
-        else:
-            under = (effective, measured.p50_ms) if under is None or effective > under[0] else under
-        if under and over and over[1] != under[1]:
-            step = under[0] + (budget - under[1]) * (over[0] - under[0]) / (over[1] - under[1])
-            low, high = sorted((under[0], over[0]))
-            effective = step if low < step < high else (under[0] + over[0]) / 2
-        else:
-            effective = max(narrowest, effective - (measured.p50_ms - budget))
     # The measured plan closest to the budget without exceeding it by more than the tolerance.
     meeting = [i for i, r in enumerate(rounds) if r["measured_ms"]["p50_ms"] <= budget * (1 + target.tolerance)]
     if not meeting:
@@ -916,14 +1011,14 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     # The plans the final table offers around the budget (predicted only), for the MACs-against-latency plot.
     sweep = []
     for factor in (0.7, 0.8, 0.9, 1.1, 1.25, 1.5):
-        option = solve_plan(tables[-1], importance, budget * factor)
+        option = solve_plan(table, importance, budget * factor)
         if option is not None:
-            sweep.append({"budget_ms": budget * factor, "predicted_ms": tables[-1].predict(option),
+            sweep.append({"budget_ms": budget * factor, "predicted_ms": table.predict(option),
                           "macs_fraction": _macs(model, arch, input_shape, option) / base_macs})
     return {"widths": chosen["widths"], "budget_ms": budget, "unpruned_ms": unpruned.to_json(),
             "predicted_ms": chosen["predicted_ms"], "measured_ms": chosen["measured_ms"],
             "macs_fraction": chosen["macs_fraction"], "chosen_round": chosen["round"],
-            "rounds": rounds, "tables": [t.to_json() for t in tables], "table": tables[-1], "groups": groups,
+            "rounds": rounds, "tables": [t.to_json() for t in tables], "table": table, "groups": groups,
             "plans": plans, "sweep": sweep, "base_macs": base_macs, "importance": importance}
 
 

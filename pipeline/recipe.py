@@ -170,9 +170,14 @@ class LatencyTarget(_Strict):
     warmup_iterations: int = Field(5, ge=0, le=100_000)
     windows: int = Field(3, ge=1, le=20, description="interleaved windows per sub-network; the median is used")
     points: int = Field(5, ge=2, le=64, description="widths measured per channel group (interpolated between)")
-    rounds: int = Field(6, ge=1, le=20, description="plans measured while the knapsack's budget is calibrated to "
-                                                     "the device (one network each)")
+    rounds: int = Field(6, ge=1, le=20, description="plans measured on the device until one meets the budget (one "
+                                                     "network each: the knapsack's, then a search along a nested path)")
     tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on the measured latency")
+    max_pruning_ratio: float = Field(
+        0.9, gt=0, le=1, description="the largest fraction of a channel group the plan may remove (Torch-Pruning's "
+                                     "max_pruning_ratio): first-order importance cannot judge a group cut to a "
+                                     "sliver in one shot (ResNet-50 with 1.0: layer4 cut to 8 channels, 69% top-1; "
+                                     "with 0.9 at the same budget: 88.6%)")
     precision: Literal["deployed", "float"] = Field(
         "deployed", description="time the sub-networks in the deployed rung's precision (INT8 Q/DQ: each is "
                                 "quantized for timing) or as the float student (faster to build)")
