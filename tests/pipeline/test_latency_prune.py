@@ -396,6 +396,22 @@ def test_the_plan_fills_the_budget_by_the_full_prediction():
     assert latency.solve_plan(table, importance, narrowest * 0.9) is None
 
 
+def _device(groups, ms_of):
+    """A class standing in for the agent's meter (the table only needs times for widths): every network
+    measures ``ms_of(its widths)``, exactly."""
+    class Device:
+        jobs = reused = 0
+
+        def measure(self, models, refresh=()):
+            out = {}
+            for name, m in models.items():
+                ms = ms_of(latency.widths_of(m if isinstance(m, torch.nn.Module) else m(), groups))
+                out[name] = latency.Measurement(ms, (ms, ms), [ms])
+            return out
+
+    return Device
+
+
 def test_a_plan_far_under_the_budget_is_refused_not_shipped():
     """A device on which every pruned plan measures a tenth of its prediction: no round lands near the
     budget, and the stage says so instead of shipping the closest plan under it (a needlessly small model)."""
@@ -403,19 +419,8 @@ def test_a_plan_far_under_the_budget_is_refused_not_shipped():
     model = build_model("tiny_resnet", 10).eval()
     groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     full = {g.name: g.full for g in groups}
-
-    class Device:  # stands in for the agent: the table only needs times for widths
-        jobs = reused = 0
-
-        def measure(self, models, refresh=()):
-            out = {}
-            for name, m in models.items():
-                m = m if isinstance(m, torch.nn.Module) else m()
-                widths = latency.widths_of(m, groups)
-                ms = 1.0 if widths == full else 0.1 + 0.8 * sum(widths.values()) / sum(full.values()) / 10
-                out[name] = latency.Measurement(ms, (ms, ms), [ms])
-            return out
-
+    Device = _device(groups, lambda widths: 1.0 if widths == full else
+                     0.1 + 0.8 * sum(widths.values()) / sum(full.values()) / 10)
     cfg = PruneConfig(round_to=4, importance="l2", latency={"ratio": 0.6, "points": 2, "rounds": 3, "tolerance": 0.05})
     with pytest.raises(StageError, match="no measured plan came near the budget of 0.600 ms") as err:
         latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
@@ -476,18 +481,7 @@ def test_a_device_the_table_mispredicts_is_met_by_measuring_along_the_path(power
     model = build_model("tiny_resnet", 10).eval()
     groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     full = {g.name: g.full for g in groups}
-
-    class Device:  # stands in for the agent: the table only needs times for widths
-        jobs = reused = 0
-
-        def measure(self, models, refresh=()):
-            out = {}
-            for name, m in models.items():
-                widths = latency.widths_of(m if isinstance(m, torch.nn.Module) else m(), groups)
-                ms = 0.05 + 0.95 * (sum(widths.values()) / sum(full.values())) ** power
-                out[name] = latency.Measurement(ms, (ms, ms), [ms])
-            return out
-
+    Device = _device(groups, lambda widths: 0.05 + 0.95 * (sum(widths.values()) / sum(full.values())) ** power)
     cfg = PruneConfig(round_to=4, importance="l2",
                       latency={"ratio": ratio, "points": 2, "rounds": 6, "tolerance": 0.05, "max_pruning_ratio": 1.0})
     planned = latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
