@@ -155,7 +155,8 @@ def main() -> int:
             else:
                 rows.append({"student": label, "key": key, "budget_ms": budget_ms, "failed": failures[key]})
         result = {"recipe": tag, "importance_latency_student": args.importance or prune.get("importance", "l2"),
-                  "max_pruning_ratio": args.max_pruning_ratio, "arch": info["arch"], "input_shape": list(input_shape), "threads": 1,
+                  "max_pruning_ratio": (args.max_pruning_ratio if args.max_pruning_ratio is not None
+                                        else LatencyTarget(ms=1.0).max_pruning_ratio), "arch": info["arch"], "input_shape": list(input_shape), "threads": 1,
                   "teacher_epochs": args.teacher_epochs, "teacher_top1": ctx_a.manifest.stage("teacher")["metrics"]["top1"],
                   "runtime": spec.runtime, "precision": spec.precision, "macs_target": macs_target, "a_ms_budget": a_ms, "speedup": args.speedup,
                   "teacher_ms": final["teacher"].to_json(), "rows": rows,

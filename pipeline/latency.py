@@ -767,23 +767,28 @@ def next_on_path(predicted: list[float], measured: dict[int, float], budget_ms: 
     """The path index to measure next, and the bracket it splits (its width in path steps).
 
     The bracket is the narrowest-side plan measured over the budget and the nearest plan past it measured
-    under (else the path's end, priced by its prediction). Inside it, the plan whose prediction, scaled
-    by the measured/predicted ratio interpolated between the bracket's ends, is nearest the budget; when
-    the last such guess did not halve the bracket, its middle (interpolation alone can creep along one end).
+    under, else the path's end (priced by its prediction, and itself a candidate until measured). Inside
+    it, the plan whose prediction, scaled by the measured/predicted ratio interpolated between the
+    bracket's ends, is nearest the budget; when the last such guess did not halve the bracket, its middle
+    (interpolation alone can creep along one end).
 
     Returns:
-        (None, width) when the bracket has no plan inside it left to measure.
+        (None, width) when there is nothing left to measure: the bracket holds no plan (two neighbouring
+        plans straddle the budget, or the path's end measured over it), or no plan measured over it.
     """
     end = len(predicted) - 1
     over = [i for i, ms in measured.items() if ms > budget_ms]
-    low = max(over) if over else 0
+    if not over:
+        return None, 0  # the widest plan measured meets the budget: no wider one to try
+    low = max(over)
     high = min((i for i, ms in measured.items() if i > low and ms <= budget_ms), default=end)
+    choices = range(low + 1, high if high in measured else high + 1)
     width = high - low
-    if width <= 1:
+    if not choices:
         return None, width
     if last_bracket is not None and width > math.ceil(last_bracket / 2):
-        return (low + high) // 2, width
-    ratio_low = measured.get(low, predicted[low]) / predicted[low] if predicted[low] > 0 else 1.0
+        return choices[len(choices) // 2], width
+    ratio_low = measured[low] / predicted[low] if predicted[low] > 0 else 1.0
     ratio_high = measured[high] / predicted[high] if high in measured and predicted[high] > 0 else ratio_low
     span = predicted[low] - predicted[high]
 
@@ -791,7 +796,7 @@ def next_on_path(predicted: list[float], measured: dict[int, float], budget_ms: 
         t = (predicted[low] - predicted[i]) / span if span > 0 else (i - low) / width
         return predicted[i] * (ratio_low + t * (ratio_high - ratio_low))
 
-    return min(range(low + 1, high), key=lambda i: abs(estimate(i) - budget_ms)), width
+    return min(choices, key=lambda i: abs(estimate(i) - budget_ms)), width
 
 
 def _repair(table: LatencyTable, values: list[list[float]], options: list[int], budget_ms: float) -> list[int]:
@@ -945,10 +950,9 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
         f"{max(unpruned.windows_ms):.3f}); budget {budget:.3f} ms")
     rounds, plans = [], [{"plan": "unpruned", "macs_fraction": 1.0, "measured_ms": unpruned.to_json()}]
     narrowest_widths = {g.name: g.candidates[0] for g in table.groups}
-    narrowest, measured_narrowest = table.predict(narrowest_widths), None
+    narrowest = table.predict(narrowest_widths)
     if budget < narrowest:  # the prediction is extrapolated this far out: measured before refusing
-        measured_narrowest = meter.measure({"narrowest": at_widths(model, arch, input_shape, narrowest_widths)})
-        narrowest = measured_narrowest["narrowest"].p50_ms
+        narrowest = meter.measure({"narrowest": at_widths(model, arch, input_shape, narrowest_widths)})["narrowest"].p50_ms
         table.add(narrowest_widths, narrowest)
         if budget < narrowest:
             raise StageError(f"prune: a latency of {budget:.3f} ms is below the narrowest plan's measured "
@@ -959,7 +963,7 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     # it (each plan a subset of the one before): measured time is monotone along it, so the budget is
     # bisected there by measurement, whatever the table's errors far from its context.
     first = solve_plan(table, importance, budget) or narrowest_widths
-    path, on_path, bracket = None, {}, None
+    path, on_path, bracket, closed = None, {}, None, False
     for index in range(target.rounds):
         position = None
         if index == 0:
@@ -967,12 +971,14 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
         else:
             if path is None:
                 path = nested_path(table, importance, first)
+                rounds[0].update(path_position=path.index(first), path_length=len(path))
+                # The narrowest plan, if measured before, stays a candidate: measured as a round (from the
+                # meter's cache) it can be chosen.
                 on_path = {0: unpruned.p50_ms, path.index(first): rounds[0]["measured_ms"]["p50_ms"]}
-                if measured_narrowest is not None:
-                    on_path[len(path) - 1] = measured_narrowest["narrowest"].p50_ms
             position, bracket = next_on_path([table.predict(w) for w in path], on_path, budget, bracket)
             if position is None:
-                break  # two neighbouring plans straddle the budget: nothing between them to measure
+                closed = True  # nothing left to measure: more rounds would not help
+                break
             widths = path[position]
         predicted = table.predict(widths)
         measured = meter.measure({"plan": at_widths(model, arch, input_shape, widths)})["plan"]
@@ -985,7 +991,7 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
             on_path[position] = measured.p50_ms
         plans.append({"plan": f"round {index + 1}", "macs_fraction": macs_fraction,
                       "predicted_ms": predicted, "measured_ms": measured.to_json()})
-        where = "knapsack" if position is None else f"path {position}/{len(path) - 1}"
+        where = "knapsack" if index == 0 else f"path {position}/{len(path) - 1}"
         log(f"[   prune] latency round {index + 1} ({where}): plan predicted {predicted:.3f} ms, measured "
             f"{measured.p50_ms:.3f} ms (budget {budget:.3f}), {100 * macs_fraction:.1f}% of the MACs")
         if abs(measured.p50_ms - budget) <= target.tolerance * budget:
@@ -996,7 +1002,9 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
         raise StageError(
             f"prune: every plan measured above the budget of {budget:.3f} ms ± {100 * target.tolerance:.0f}% "
             f"(closest {min(r['measured_ms']['p50_ms'] for r in rounds):.3f} ms after {len(rounds)} rounds)",
-            fix="raise prune.latency.rounds or prune.latency.windows (a noisy device), or prune.latency.tolerance")
+            fix="raise prune.latency.ratio/ms or prune.latency.max_pruning_ratio, or lower prune.round_to: the "
+                "narrowest plan allowed measured over the budget" if closed else
+                "raise prune.latency.rounds or prune.latency.windows (a noisy device), or prune.latency.tolerance")
     best = max(meeting, key=lambda i: rounds[i]["measured_ms"]["p50_ms"])
     chosen = rounds[best]
     shortfall = 1 - chosen["measured_ms"]["p50_ms"] / budget
@@ -1005,8 +1013,10 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
         raise StageError(
             f"prune: no measured plan came near the budget of {budget:.3f} ms: the closest under it measured "
             f"{chosen['measured_ms']['p50_ms']:.3f} ms ({100 * shortfall:.0f}% below), those over it "
-            f"{', '.join(over) or 'none'} ms, after {len(rounds)} rounds",
-            fix="raise prune.latency.rounds or prune.latency.windows (a noisy device), or widen prune.latency.tolerance")
+            f"{', '.join(over) or 'none'} ms, after {len(rounds)} rounds"
+            + (": the budget falls between two neighbouring plans of the search" if closed else ""),
+            fix="widen prune.latency.tolerance or lower prune.round_to (finer steps between plans)" if closed else
+                "raise prune.latency.rounds or prune.latency.windows (a noisy device), or widen prune.latency.tolerance")
     plans[1 + best]["chosen"] = True
     # The plans the final table offers around the budget (predicted only), for the MACs-against-latency plot.
     sweep = []

@@ -472,6 +472,24 @@ def test_the_search_on_the_path_brackets_and_closes_whatever_the_prediction(shap
             assert truth(over + 1) <= budget < truth(over)
 
 
+def test_the_search_measures_the_paths_end_and_reads_noise_from_the_narrow_side():
+    predicted = list(np.linspace(2.0, 0.2, 20))
+    # Only the narrowest plan meets the budget and it was never measured: it is measured, not skipped.
+    measured, bracket, picked = {0: 3.0}, None, []
+    while (step := latency.next_on_path(predicted, measured, 0.5, bracket))[0] is not None:
+        position, bracket = step
+        picked.append(position)
+        measured[position] = 0.4 if position == 19 else 0.9
+    assert picked[-1] == 19 and len(picked) <= 8
+    # Out of order (a noisy plan under the budget before one over it): the bracket starts past the last over.
+    position, _ = latency.next_on_path(predicted, {0: 3.0, 5: 0.4, 8: 0.9, 12: 0.3}, 0.5, None)
+    assert 8 < position < 12
+    # Nothing measured over the budget: nothing wider to try.
+    assert latency.next_on_path(predicted, {0: 0.3, 4: 0.2}, 0.5, None) == (None, 0)
+    # The path's end measured over it: nothing left.
+    assert latency.next_on_path(predicted, {0: 3.0, 19: 0.9}, 0.5, None)[0] is None
+
+
 @pytest.mark.parametrize("power, ratio", [(0.3, 0.6), (3.0, 0.3)])
 def test_a_device_the_table_mispredicts_is_met_by_measuring_along_the_path(power, ratio):
     """A device whose time is a power of the channels kept (the table, fitted near the unpruned network,
@@ -488,7 +506,10 @@ def test_a_device_the_table_mispredicts_is_met_by_measuring_along_the_path(power
     rounds = planned["rounds"]
     assert abs(planned["measured_ms"]["p50_ms"] - ratio) <= 0.05 * ratio
     assert 1 < len(rounds) <= 4, "round 1 missed; the path landed within three more"
-    assert rounds[0]["path_position"] is None and all(r["path_position"] is not None for r in rounds[1:])
+    positions = [r["path_position"] for r in rounds]
+    assert None not in positions and len(set(positions)) == len(positions), "round 1 is placed on the path too"
+    assert {r["path_length"] for r in rounds} == {len(latency.nested_path(
+        latency.restricted(planned["table"], 1.0), planned["importance"], rounds[0]["widths"]))}
     assert planned["widths"] == rounds[-1]["widths"]
 
     # max_pruning_ratio bounds every group's cut (the table still measured every width: one cache for all);
