@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import functools
 import json
 import math
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -680,9 +679,9 @@ def restricted(table: LatencyTable, max_pruning_ratio: float) -> LatencyTable:
     for group in table.groups:
         bound = (1 - max_pruning_ratio) * group.full
         keep = [i for i, width in enumerate(group.candidates) if width >= bound - 1e-9]
-        groups.append(dataclasses.replace(group, candidates=tuple(group.candidates[i] for i in keep)))
+        groups.append(replace(group, candidates=tuple(group.candidates[i] for i in keep)))
         delta_ms[group.name] = [table.delta_ms[group.name][i] for i in keep]
-    return dataclasses.replace(table, groups=groups, delta_ms=delta_ms)
+    return replace(table, groups=groups, delta_ms=delta_ms)
 
 
 def solve_plan(table: LatencyTable, importance: dict[str, np.ndarray], budget_ms: float,
@@ -924,8 +923,9 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
 
     Returns:
         ``widths``, ``budget_ms``, ``unpruned``/``predicted``/``measured`` latencies, ``rounds`` (each with its
-        plan, the knapsack's budget, prediction and measurement), ``tables`` (JSON) and ``plans`` (every
-        measured plan's MACs and latency, for the report's plot).
+        plan, its position on the nested path, prediction and measurement), ``tables`` (the measured
+        table, JSON), ``table`` (the one the plans were chosen from, ``max_pruning_ratio`` applied) and
+        ``plans`` (every measured plan's MACs and latency, for the report's plot).
 
     Raises:
         StageError: When the budget is below the narrowest plan, or every measured plan missed it.
@@ -940,7 +940,6 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     # The unpruned network is the table's context, measured in the table's own session: the budget's
     # reference and the table's changes share one moment of the device.
     measured_table = build_table(model, arch, input_shape, groups, full, meter, target.points)
-    tables = [measured_table]
     # The plans choose among the candidates max_pruning_ratio allows; the table measures all of them (its
     # cache is shared by every bound).
     table = restricted(measured_table, target.max_pruning_ratio)
@@ -974,7 +973,7 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
                 rounds[0].update(path_position=path.index(first), path_length=len(path))
                 # The narrowest plan, if measured before, stays a candidate: measured as a round (from the
                 # meter's cache) it can be chosen.
-                on_path = {0: unpruned.p50_ms, path.index(first): rounds[0]["measured_ms"]["p50_ms"]}
+                on_path = {0: unpruned.p50_ms, rounds[0]["path_position"]: rounds[0]["measured_ms"]["p50_ms"]}
             position, bracket = next_on_path([table.predict(w) for w in path], on_path, budget, bracket)
             if position is None:
                 closed = True  # nothing left to measure: more rounds would not help
@@ -1028,7 +1027,7 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     return {"widths": chosen["widths"], "budget_ms": budget, "unpruned_ms": unpruned.to_json(),
             "predicted_ms": chosen["predicted_ms"], "measured_ms": chosen["measured_ms"],
             "macs_fraction": chosen["macs_fraction"], "chosen_round": chosen["round"],
-            "rounds": rounds, "tables": [t.to_json() for t in tables], "table": table, "groups": groups,
+            "rounds": rounds, "tables": [measured_table.to_json()], "table": table, "groups": groups,
             "plans": plans, "sweep": sweep, "base_macs": base_macs, "importance": importance}
 
 

@@ -807,9 +807,7 @@ def latency_markdown(manifest: dict[str, Any], run_dir: Path, out_dir: Path) -> 
     if not lat:
         return ""
     intro, rows, check = _report_parts(lat)
-    lines = ["", "## Pruned to a latency budget", "", intro, "",
-             "| " + " | ".join(rows[0]) + " |", "|---|---:|---:|---:|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    lines = ["", "## Pruned to a latency budget", "", intro, "", _markdown_table(rows)]
     if check:
         lines += ["", check]
     plot = run_dir / lat["plot"] if lat.get("plot") else None

@@ -536,7 +536,7 @@ def test_a_tables_context_is_measured_again_beside_its_networks(tmp_path):
 
     class Client:
         def __init__(self):
-            self.times, self.jobs, self.uploads = {}, {}, []
+            self.jobs, self.uploads = {}, []
 
         def upload(self, path):
             self.uploads.append(path.name)
