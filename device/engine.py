@@ -102,8 +102,14 @@ def trt_major(version: str) -> int:
 
 # TensorRT 10.12 deprecates BuilderFlag.INT8/FP16 in favour of strongly typed networks.
 STRONGLY_TYPED_FROM = (10, 12, 0)
-# TensorRT 11 drops DLA, then brings it back in 11.4.1 for Jetson AGX Orin only (never Thor).
+# NVIDIA's TensorRT 11.x "Working with DLA": 10.7 was the last 10.x release with DLA; 11 drops it, then
+# brings it back in 11.4.1 for Jetson AGX Orin only (never Thor).
+DLA_LAST_10 = (10, 7, 99)
 DLA_ON_11_FROM = (11, 4, 1)
+# Layers TensorRT's ONNX parser makes from initializers, reshapes and Q/DQ nodes: they fold into their
+# neighbours (Q/DQ fusion, constant folding) and never run as layers of their own, so can_run_on_DLA's
+# answer for them says nothing about GPU fallback.
+PARSER_LAYER_TYPES = ("CONSTANT", "SHUFFLE", "QUANTIZE", "DEQUANTIZE")
 
 
 def _is_agx_orin(board: str | None) -> bool:
@@ -137,6 +143,11 @@ def plan_build(trt_version: str, options: BuildOptions, board: str | None = None
             # NVIDIA DLA docs ("DLA Supported Layers and Restrictions"): no dynamic dimensions on the DLA.
             raise DlaError(f"DLA needs static shapes (min = opt = max), got batch profile {options.batch}",
                            fix="build one engine per batch size (BuildOptions.for_batch)")
+        if major == 10 and version > DLA_LAST_10:
+            raise DlaError(f"TensorRT {trt_version} has no DLA support: NVIDIA's \"Working with DLA\" documentation "
+                           "(TensorRT 11.x) names 10.7 as the last 10.x release with DLA",
+                           fix="leave dla_core unset to run on the GPU, or use JetPack 6.x's TensorRT 10.3 "
+                               "(≤ 10.7), or TensorRT ≥ 11.4.1 on an AGX Orin (JetPack ≥ 7.2.2)")
         if major >= 11 and version < DLA_ON_11_FROM:
             raise DlaError(f"TensorRT {trt_version} has no DLA support (TensorRT 11.0–11.3 dropped it)",
                            fix="leave dla_core unset, or use TensorRT 10 (JetPack 6) or ≥ 11.4.1 on an AGX Orin")
@@ -179,6 +190,11 @@ def plan_build(trt_version: str, options: BuildOptions, board: str | None = None
     if dla:
         builder = builder + ("GPU_FALLBACK",)
         notes.append("DLA with GPU fallback (layers and reformats DLA cannot run go to the GPU)")
+        if major == 10:
+            # trtexec (samples/common/sampleEngines.cpp, setupNetworkAndConfig) sets
+            # kPREFER_PRECISION_CONSTRAINTS on every --useDLACore build; EdgeFold builds what its recorded
+            # trtexec line builds. TensorRT 11 removed the precision-constraint flags (strongly typed).
+            builder = builder + ("PREFER_PRECISION_CONSTRAINTS",)
     return BuildPlan(major, network_flags, tuple(builder), tuple(notes))
 
 
@@ -196,6 +212,8 @@ def trtexec_command(onnx: str, engine: str, input_name: str, chw: tuple[int, int
             cmd.append("--stronglyTyped")
     if options.dla_core is not None:
         cmd += [f"--useDLACore={options.dla_core}", "--allowGPUFallback"]
+        if "PREFER_PRECISION_CONSTRAINTS" in plan.builder_flags:
+            cmd.append("--precisionConstraints=prefer")  # trtexec sets it for DLA anyway: said, not implied
     # The agent builds with detailed verbosity so IEngineInspector can name each layer's precision and device.
     cmd.append("--profilingVerbosity=detailed")
     if options.timing_cache:
@@ -379,6 +397,31 @@ class EngineCache:
         return engine, True
 
 
+def dla_refused_layers(trt, network, config) -> list[str]:
+    """The network's layers ``IBuilderConfig.can_run_on_DLA`` refuses, less those the parser made
+    (:data:`PARSER_LAYER_TYPES`): the layers that will really run on the GPU."""
+    parser_made = {getattr(trt.LayerType, name) for name in PARSER_LAYER_TYPES if hasattr(trt.LayerType, name)}
+    refused = []
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        if getattr(layer, "type", None) in parser_made:
+            continue
+        if not config.can_run_on_DLA(layer):
+            refused.append(layer.name)
+    return refused
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Writes ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def import_tensorrt():
     return require("tensorrt", "TensorRT",
                    "on a Jetson it comes with JetPack (apt install nvidia-tensorrt, python3-libnvinfer); on a GPU "
@@ -448,11 +491,15 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
     if options.dla_core is not None:
         config.default_device_type = trt.DeviceType.DLA
         config.DLA_core = options.dla_core
-        refused = [network.get_layer(i).name for i in range(network.num_layers)
-                   if not config.can_run_on_DLA(network.get_layer(i))]
+        refused = dla_refused_layers(trt, network, config)
     cache_path = Path(options.timing_cache) if options.timing_cache else None
     if cache_path is not None:
         cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
+        if cache is None:
+            # IBuilderConfig::createTimingCache returns null on a blob it cannot read (a truncated or foreign
+            # file); trtexec (sampleEngines.cpp) stops there with "TimingCache creation failed".
+            raise TimingCacheError(f"TensorRT could not read the timing cache {cache_path} (truncated or not a "
+                                   "timing cache)", fix=f"delete {cache_path}; it is rewritten by the next build")
         if not config.set_timing_cache(cache, ignore_mismatch=False):
             raise TimingCacheError(f"TensorRT refused the timing cache {cache_path} (another device or TensorRT "
                                    "version wrote it)", fix=f"delete {cache_path}; it is rewritten by the next build")
@@ -471,4 +518,6 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
               "dla_unsupported_layers": refused}
     (Path(engine_path).parent / "build.json").write_text(json.dumps(record, indent=1, default=list) + "\n")
     if cache_path is not None:
-        cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+        # Shared by every build on this device: written whole or not at all, so a kill mid-write cannot
+        # leave a truncated cache that fails the next build.
+        atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))

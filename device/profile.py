@@ -208,6 +208,17 @@ def inspector_layers(engine_information: str) -> list[dict[str, Any]]:
     return [layer if isinstance(layer, dict) else {"Name": str(layer)} for layer in layers]
 
 
+# What a DLA engine's IProfiler reports besides its {ForeignNode[…]} subgraphs: the copies into and out of
+# the DLA's memory and their completion (NVIDIA/TensorRT#3143: "images to nvm", "head_3 from nvm",
+# "images copy finish"). They are DLA time (its I/O), not layers that fell back to the GPU.
+DLA_TRANSFER_SUFFIXES = (" to nvm", " from nvm", " copy finish")
+
+
+def is_dla_transfer(name: str) -> bool:
+    """Whether a profiler entry is a DLA engine's own memory transfer (:data:`DLA_TRANSFER_SUFFIXES`)."""
+    return name.endswith(DLA_TRANSFER_SUFFIXES)
+
+
 def _on_dla(layer: dict[str, Any]) -> bool:
     # A DLA subgraph is one engine layer ({ForeignNode[...]}) whose type/tactic names the DLA; a
     # Myelin ForeignNode on the GPU names no DLA, so the name alone is not evidence.
@@ -232,8 +243,10 @@ def from_tensorrt(engine_information: str, layer_times_ms: dict[str, Any], batch
     for name, times in layer_times_ms.items():
         layer = info.get(name, {"Name": name})
         types = [t.get("Format/Datatype", "") for t in layer.get("Inputs", []) + layer.get("Outputs", [])]
-        timings.append({"name": name, "kind": layer.get("LayerType", "?"), "precision": layer_precision(types),
-                        "device": "dla" if _on_dla(layer) else "gpu", "tactic": layer.get("TacticName"),
+        transfer = requested_device == "dla" and name not in info and is_dla_transfer(name)
+        timings.append({"name": name, "kind": "DLA transfer" if transfer else layer.get("LayerType", "?"),
+                        "precision": layer_precision(types),
+                        "device": "dla" if transfer or _on_dla(layer) else "gpu", "tactic": layer.get("TacticName"),
                         **({"samples_ms": list(times)} if isinstance(times, (list, tuple)) else {"total_ms": times})})
     return batch_profile(batch_size, iterations, timings, requested_device)
 

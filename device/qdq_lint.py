@@ -133,8 +133,10 @@ def lint_qdq(model_or_path) -> LintReport:
         scale = constants.get(weight_source.input[1])
         if scale is None or scale.size <= 1:
             continue  # per-tensor weights are legal for TensorRT
+        # The output-channel axis of the weight tensor: Conv (M, C/g, kH, kW) and Gemm with transB (N, K)
+        # hold it first; ConvTranspose (C, M/g, kH, kW), MatMul and plain Gemm (K, N) hold it second.
         expected = 0
-        if node.op_type == "Gemm" and not _attr(node, "transB", 0) or node.op_type == "MatMul":
+        if (node.op_type == "Gemm" and not _attr(node, "transB", 0) or node.op_type in ("MatMul", "ConvTranspose")):
             expected = 1
         axis = _attr(weight_source, "axis", 1)
         if axis != expected:

@@ -112,6 +112,34 @@ class CudaRuntime:
     def synchronize(self, stream: int) -> None:
         self.check(self.lib.cudaStreamSynchronize(ctypes.c_void_p(stream)), "cudaStreamSynchronize")
 
+    def host_alloc(self, nbytes: int) -> int:
+        """Page-locked host memory (``cudaHostAlloc``): copies from it are true DMA, as trtexec's buffers."""
+        pointer = ctypes.c_void_p()
+        self.check(self.lib.cudaHostAlloc(ctypes.byref(pointer), ctypes.c_size_t(nbytes), ctypes.c_uint(0)),
+                   "cudaHostAlloc")
+        return int(pointer.value)
+
+    def free_host(self, pointer: int) -> None:
+        self.lib.cudaFreeHost(ctypes.c_void_p(pointer))
+
+    def event(self) -> int:
+        handle = ctypes.c_void_p()
+        self.check(self.lib.cudaEventCreate(ctypes.byref(handle)), "cudaEventCreate")
+        return int(handle.value or 0)
+
+    def record(self, event: int, stream: int) -> None:
+        self.check(self.lib.cudaEventRecord(ctypes.c_void_p(event), ctypes.c_void_p(stream)), "cudaEventRecord")
+
+    def elapsed_ms(self, start: int, end: int) -> float:
+        """Milliseconds between two recorded, completed events (``cudaEventElapsedTime``)."""
+        ms = ctypes.c_float()
+        self.check(self.lib.cudaEventElapsedTime(ctypes.byref(ms), ctypes.c_void_p(start), ctypes.c_void_p(end)),
+                   "cudaEventElapsedTime")
+        return float(ms.value)
+
+    def destroy_event(self, event: int) -> None:
+        self.lib.cudaEventDestroy(ctypes.c_void_p(event))
+
     def pci_bus_id(self, device: int = 0) -> str | None:
         """CUDA device ``device``'s PCI bus id (``0000:01:00.0``), for matching it in NVML."""
         buffer = ctypes.create_string_buffer(32)
@@ -124,7 +152,11 @@ class CudaRuntime:
 
 @dataclass
 class _Engine:
-    """One engine (one batch size) and its execution context and device buffers."""
+    """One engine (one batch size), its execution context, device buffers and pinned host buffers.
+
+    The input shape is set once, when the engine is loaded (every engine is static: min = opt = max),
+    and the addresses bound once, as trtexec does: the timed call does only copies and the enqueue.
+    """
 
     batch: int
     path: Path
@@ -133,6 +165,17 @@ class _Engine:
     context: Any
     buffers: dict[str, tuple[int, int]] = field(default_factory=dict)
     build: dict[str, Any] = field(default_factory=dict)
+    host_in: np.ndarray | None = None
+    host_out: np.ndarray | None = None
+    pinned: list[int] = field(default_factory=list)
+
+
+# Which of a call's times is which, in the words of trtexec's summary (samples/common/sampleReporting.cpp).
+TIMING_NAMES = {
+    "latency_ms": "trtexec \"Latency\": host-to-device copy + GPU compute + device-to-host copy, CUDA events, "
+                  "pinned buffers",
+    "gpu_compute_ms": "trtexec \"GPU Compute Time\": CUDA events around execute_async_v3",
+}
 
 
 class TensorRTRunner(Runner):
@@ -160,6 +203,10 @@ class TensorRTRunner(Runner):
         self.trtexec: dict[int, str] = {}
         self.dla_unsupported_layers: list[str] = []
         self._engines: dict[int, _Engine] = {}
+        self.pci_bus_id: str | None = None
+        # The last call's device-side times (TIMING_NAMES), read by the measurement after each call.
+        self.last_device_ms: dict[str, float] | None = None
+        self._events: tuple[int, int, int, int] | None = None
 
     def load(self) -> None:
         trt = import_tensorrt()
@@ -174,6 +221,7 @@ class TensorRTRunner(Runner):
             bus_id = self.cuda.pci_bus_id(0)
         except Exception:  # a CUDA without the call, or no device: the fingerprint falls back to NVML order
             bus_id = None
+        self.pci_bus_id = bus_id  # the NVML sampler reads this GPU, not NVML's index 0
         gpu, capability = detect_gpu(pci_bus_id=bus_id)
         fp = fingerprint(trt.__version__, gpu, capability, read_l4t())
         build = partial(build_engine, board=fp.get("board"), artifact=self.precision_built)
@@ -197,6 +245,13 @@ class TensorRTRunner(Runner):
             record_path = path.parent / "build.json"
             record = json.loads(record_path.read_text()) if record_path.is_file() else {}
             context = engine.create_execution_context()
+            if context is None:
+                # ICudaEngine::createExecutionContext returns null when the device memory for the context's
+                # activations cannot be allocated (an 8 GB Orin Nano holding a large engine); trtexec checks it.
+                raise RunnerError(f"TensorRT could not create an execution context for the batch-{batch} engine "
+                                  "(out of device memory)",
+                                  fix="measure smaller batch sizes (deploy.batch_sizes), lower the workspace, or "
+                                      "free GPU memory (other processes: tegrastats / nvidia-smi)")
             # Built at DETAILED verbosity for the inspector; pyCoreDoc.h (nvtx_verbosity): DETAILED "will
             # generally increase latency in enqueueV3()", so the timed context emits layer names only, as a
             # default trtexec build does. It "does not affect how IEngineInspector interacts with the engine".
@@ -220,6 +275,36 @@ class TensorRTRunner(Runner):
                 f" + GPU fallback ({len(self.dla_unsupported_layers)} network layers cannot run on the DLA)"
                 if self.dla_unsupported_layers else "")
         self.stream = self.cuda.stream()
+        self._events = tuple(self.cuda.event() for _ in range(4))  # type: ignore[assignment]
+        for entry in self._engines.values():
+            self._bind(entry)
+
+    def _bind(self, entry: _Engine) -> None:
+        """Sets the engine's input shape once, binds device buffers and allocates pinned host buffers."""
+        shape = (entry.batch, *self.input_chw)
+        if not entry.context.set_input_shape(self.inputs[0], shape):
+            raise ShapeOutsideProfileError(
+                f"TensorRT refused input shape {shape} (set_input_shape returned False): outside the engine's "
+                f"profile for batch {entry.batch}", fix="check the model's C×H×W against the preprocessing")
+        dtype = self.dtypes[self.inputs[0]]
+        self._buffer(entry, self.inputs[0], int(np.prod(shape)) * dtype.itemsize)
+        out_shape = None
+        for name in self.outputs:
+            out_shape_i = tuple(entry.context.get_tensor_shape(name))
+            if any(d < 0 for d in out_shape_i):
+                raise ShapeOutsideProfileError(f"TensorRT left output {name!r} with unknown dimensions {out_shape_i}",
+                                               fix="set every input's shape within the profile first")
+            self._buffer(entry, name, int(np.prod(out_shape_i)) * self.dtypes[name].itemsize)
+            out_shape = out_shape if out_shape is not None else out_shape_i
+        entry.host_in = self._pinned(entry, shape, dtype)
+        entry.host_out = self._pinned(entry, out_shape, self.dtypes[self.outputs[0]])
+
+    def _pinned(self, entry: _Engine, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        pointer = self.cuda.host_alloc(nbytes)
+        entry.pinned.append(pointer)
+        raw = (ctypes.c_char * nbytes).from_address(pointer)
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
     def _buffer(self, entry: _Engine, name: str, nbytes: int) -> int:
         pointer, size = entry.buffers.get(name, (0, 0))
@@ -234,39 +319,42 @@ class TensorRTRunner(Runner):
         return pointer
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
-        """Runs one batch on the engine built for its size.
+        """Runs one batch on the engine built for its size; ``last_device_ms`` then holds its device times.
+
+        The batch is copied into the engine's pinned input buffer (part of the application's wall time,
+        not of trtexec's "Latency"); CUDA events bracket the host-to-device copy, the enqueue and the
+        device-to-host copy on the stream, as trtexec's inference loop does.
 
         Raises:
-            ShapeOutsideProfileError: A batch size no engine was built for, or one TensorRT refuses.
-            TensorRTCallError: ``set_tensor_address`` or ``execute_async_v3`` returned False.
+            ShapeOutsideProfileError: A batch size or C×H×W no engine was built for.
+            TensorRTCallError: ``execute_async_v3`` returned False.
         """
         entry = self._engines.get(batch.shape[0])
         if entry is None:
             raise ShapeOutsideProfileError(
                 f"batch {batch.shape[0]} is outside the engines built for batch sizes {list(self.batch_sizes)}",
                 fix="add the batch size to the job's batch_sizes (each gets an engine with opt = that batch)")
-        host_in = np.ascontiguousarray(batch, dtype=self.dtypes[self.inputs[0]])
-        if not entry.context.set_input_shape(self.inputs[0], host_in.shape):
+        if tuple(batch.shape) != entry.host_in.shape:
             raise ShapeOutsideProfileError(
-                f"TensorRT refused input shape {host_in.shape} (set_input_shape returned False): outside the "
-                f"engine's profile for batch {entry.batch}", fix="check the model's C×H×W against the preprocessing")
-        self.cuda.copy(self._buffer(entry, self.inputs[0], host_in.nbytes), host_in.ctypes.data, host_in.nbytes,
-                       _H2D, self.stream)
-        outputs = {}
-        for name in self.outputs:
-            shape = tuple(entry.context.get_tensor_shape(name))
-            if any(d < 0 for d in shape):
-                raise ShapeOutsideProfileError(f"TensorRT left output {name!r} with unknown dimensions {shape}",
-                                               fix="set every input's shape within the profile first")
-            outputs[name] = np.empty(shape, dtype=self.dtypes[name])
-            self._buffer(entry, name, outputs[name].nbytes)
+                f"input shape {tuple(batch.shape)} is not the engine's {entry.host_in.shape} (batch {entry.batch})",
+                fix="check the model's C×H×W against the preprocessing")
+        np.copyto(entry.host_in, batch, casting="unsafe")
+        first = self.outputs[0]
+        begin, enqueued_at, computed_at, end = self._events
+        self.cuda.record(begin, self.stream)
+        self.cuda.copy(entry.buffers[self.inputs[0]][0], entry.host_in.ctypes.data, entry.host_in.nbytes, _H2D,
+                       self.stream)
+        self.cuda.record(enqueued_at, self.stream)
         if not entry.context.execute_async_v3(self.stream):
             raise TensorRTCallError("TensorRT execute_async_v3 returned False",
                                     fix="see the TensorRT log in the job's log")
-        first = self.outputs[0]
-        self.cuda.copy(outputs[first].ctypes.data, entry.buffers[first][0], outputs[first].nbytes, _D2H, self.stream)
+        self.cuda.record(computed_at, self.stream)
+        self.cuda.copy(entry.host_out.ctypes.data, entry.buffers[first][0], entry.host_out.nbytes, _D2H, self.stream)
+        self.cuda.record(end, self.stream)
         self.cuda.synchronize(self.stream)
-        return outputs[first]
+        self.last_device_ms = {"latency_ms": self.cuda.elapsed_ms(begin, end),
+                               "gpu_compute_ms": self.cuda.elapsed_ms(enqueued_at, computed_at)}
+        return entry.host_out.copy()
 
     # ------------------------------------------------------------- per-layer profile
     def profile_batch(self, batch: np.ndarray, iterations: int, warmup: int):
@@ -323,5 +411,12 @@ class TensorRTRunner(Runner):
             for pointer, _ in entry.buffers.values():
                 self.cuda.free(pointer)
             entry.buffers = {}
+            entry.host_in = entry.host_out = None
+            for pointer in entry.pinned:
+                self.cuda.free_host(pointer)
+            entry.pinned = []
             entry.context = entry.engine = None
         self._engines = {}
+        for event in self._events or ():
+            self.cuda.destroy_event(event)
+        self._events = None

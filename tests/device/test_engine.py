@@ -29,7 +29,11 @@ def test_tensorrt_11_is_strongly_typed_without_precision_flags():
 
 
 def test_dla_adds_gpu_fallback_and_old_tensorrt_is_refused():
-    assert plan_build("10.3.0", BuildOptions(dla_core=0)).builder_flags[-1] == "GPU_FALLBACK"
+    # trtexec (sampleEngines.cpp) sets PREFER_PRECISION_CONSTRAINTS on every DLA build; 11 has no such flag.
+    assert plan_build("10.3.0", BuildOptions(dla_core=0)).builder_flags[-2:] == ("GPU_FALLBACK",
+                                                                               "PREFER_PRECISION_CONSTRAINTS")
+    assert plan_build("11.4.1", BuildOptions(dla_core=0), board="NVIDIA Jetson AGX Orin").builder_flags == (
+        "GPU_FALLBACK",)
     with pytest.raises(ConfigError, match="too old"):
         plan_build("8.6.1", BuildOptions())
     with pytest.raises(ConfigError, match="cannot read the TensorRT version"):
@@ -52,7 +56,8 @@ def test_trtexec_lines_for_both_generations():
     ten = trtexec_command("m.onnx", "m.plan", "input", (3, 32, 32), options, "10.3.0")
     assert ten == ["trtexec", "--onnx=m.onnx", "--saveEngine=m.plan", "--minShapes=input:8x3x32x32",
                    "--optShapes=input:8x3x32x32", "--maxShapes=input:8x3x32x32", "--memPoolSize=workspace:512M",
-                   "--int8", "--fp16", "--useDLACore=1", "--allowGPUFallback", "--profilingVerbosity=detailed",
+                   "--int8", "--fp16", "--useDLACore=1", "--allowGPUFallback", "--precisionConstraints=prefer",
+                   "--profilingVerbosity=detailed",
                    "--timingCacheFile=cache.bin"]
     eleven = trtexec_command("m.onnx", "m.plan", "input", (3, 32, 32), BuildOptions(), "11.4.1")
     assert not any(flag in eleven for flag in ("--int8", "--fp16", "--stronglyTyped"))
@@ -75,7 +80,8 @@ def test_dla_needs_static_shapes_and_fp16_for_a_float_network():
     with pytest.raises(DlaError, match="static shapes"):
         plan_build("10.3.0", BuildOptions(precision="fp32", batch=(1, 32, 32), dla_core=0))
     plan = plan_build("10.3.0", BuildOptions(precision="fp32", batch=(8, 8, 8), dla_core=0))
-    assert plan.builder_flags == ("FP16", "GPU_FALLBACK") and any("trtexec" in n for n in plan.notes)
+    assert plan.builder_flags == ("FP16", "GPU_FALLBACK", "PREFER_PRECISION_CONSTRAINTS")
+    assert any("trtexec" in n for n in plan.notes)
     assert plan_build("10.3.0", BuildOptions(precision="fp32")).builder_flags == ()  # the GPU keeps FP32
 
 
@@ -119,9 +125,12 @@ def test_from_10_12_int8_is_strongly_typed_without_deprecated_flags():
     assert plan.network_flags == ("STRONGLY_TYPED",) and plan.builder_flags == ()
     line = trtexec_command("m.onnx", "m.plan", "input", (3, 8, 8), BuildOptions(precision="int8"), "10.16.0")
     assert "--stronglyTyped" in line and "--int8" not in line
-    # The DLA still needs FP16 for the float layers around the Q/DQ pairs: flags kept, with a note.
-    dla = plan_build("10.16.0", BuildOptions(precision="int8", dla_core=0))
-    assert dla.builder_flags == ("INT8", "FP16", "GPU_FALLBACK") and any("deprecated" in n for n in dla.notes)
+    # TensorRT 10.8–10.16 have no DLA at all (10.7 was the last 10.x with it), so no DLA build is strongly typed
+    # on 10.x: a 10.7 DLA build keeps the INT8/FP16 flags the float layers around the Q/DQ pairs need.
+    with pytest.raises(DlaError, match="10.7 as the last"):
+        plan_build("10.16.0", BuildOptions(precision="int8", dla_core=0))
+    dla = plan_build("10.7.0", BuildOptions(precision="int8", dla_core=0))
+    assert dla.network_flags == () and dla.builder_flags[:3] == ("INT8", "FP16", "GPU_FALLBACK")
 
 
 class _FakeNvml:

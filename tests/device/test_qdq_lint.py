@@ -85,3 +85,31 @@ def test_float_layers_are_summarised():
 
 def test_per_tensor_weights_are_legal():
     assert lint_qdq(build(per_channel=False)).ok
+
+
+def _conv_transpose(w_axis: int):
+    """A Q/DQ ConvTranspose 3 → 2 channels: its weight is (C_in=3, C_out=2, 1, 1)."""
+    weight = np.arange(3 * 2, dtype=np.int8).reshape(3, 2, 1, 1)
+    channels = weight.shape[w_axis]
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "x_scale"),
+             numpy_helper.from_array(np.array(0, np.int8), "x_zero"),
+             numpy_helper.from_array(weight, "w_int8"),
+             numpy_helper.from_array(np.full(channels, 0.01, np.float32), "w_scale"),
+             numpy_helper.from_array(np.zeros(channels, np.int8), "w_zero")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"], name="quant_x"),
+             helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xdq"], name="dequant_x"),
+             helper.make_node("DequantizeLinear", ["w_int8", "w_scale", "w_zero"], ["w"], name="dequant_w",
+                              axis=w_axis),
+             helper.make_node("ConvTranspose", ["xdq", "w"], ["y"], name="deconv")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_conv_transpose_weights_are_per_channel_on_axis_1():
+    """ConvTranspose's weight is (C_in, C_out/group, kH, kW): its output channels are axis 1, not 0."""
+    assert lint_qdq(_conv_transpose(w_axis=1)).ok
+    found = lint_qdq(_conv_transpose(w_axis=0)).findings
+    assert [f.rule for f in found] == ["weight-axis"] and "axis 1" in found[0].message

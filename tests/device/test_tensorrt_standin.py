@@ -60,16 +60,21 @@ def test_every_bool_tensorrt_returns_is_checked(monkeypatch, tmp_path, float_mod
     trt = trt_standin.install(monkeypatch, "10.3.0")
     good = np.zeros((8, 3, 16, 16), np.float32)
     with runner(float_model, tmp_path, batch_sizes=(8,)) as trt_runner:
-        with pytest.raises(ShapeOutsideProfileError, match="set_input_shape returned False"):
+        with pytest.raises(ShapeOutsideProfileError, match=r"\(8, 3, 8, 8\) is not the engine's \(8, 3, 16, 16\)"):
             trt_runner.infer(np.zeros((8, 3, 8, 8), np.float32))  # C×H×W the network does not take
         context = trt_runner._engines[8].context
         monkeypatch.setattr(context, "execute_async_v3", lambda stream: False)
         with pytest.raises(TensorRTCallError, match="execute_async_v3 returned False"):
             trt_runner.infer(good)
-    with runner(float_model, tmp_path, batch_sizes=(8,)) as trt_runner:
-        monkeypatch.setattr(trt_runner._engines[8].context, "set_tensor_address", lambda name, pointer: False)
-        with pytest.raises(TensorRTCallError, match="set_tensor_address"):
-            trt_runner.infer(good)
+    # The shape is set and the addresses bound once, when the engine is loaded: a False there fails the load.
+    context_class = type(trt.Runtime(None).deserialize_cuda_engine(
+        next((tmp_path / "engines").rglob("engine.plan")).read_bytes()).create_execution_context())
+    monkeypatch.setattr(context_class, "set_tensor_address", lambda self, name, pointer: False)
+    with pytest.raises(TensorRTCallError, match="set_tensor_address"):
+        runner(float_model, tmp_path, batch_sizes=(8,)).load()
+    monkeypatch.setattr(context_class, "set_input_shape", lambda self, name, shape: False)
+    with pytest.raises(ShapeOutsideProfileError, match="set_input_shape returned False"):
+        runner(float_model, tmp_path, batch_sizes=(8,)).load()
     from device.engine import BuildOptions, build_engine
 
     cache = tmp_path / "timing.cache"
@@ -104,15 +109,17 @@ def test_dla_fp32_network_runs_on_the_dla_with_fallbacks_named(monkeypatch, tmp_
     trt_standin.install(monkeypatch, "10.3.0", dla_cores=2, board=AGX_ORIN)
     with runner(float_model, tmp_path, batch_sizes=(1, 8), dla_core=1) as trt_runner:
         assert trt_runner.device.startswith("dla:1 + GPU fallback")
-        assert trt_runner.dla_unsupported_layers == ["Flatten_3", "Gemm_4"]
+        # Flatten is a Shuffle the parser makes (never refused for the DLA's sake); the Gemm really falls back.
+        assert trt_runner.dla_unsupported_layers == ["Gemm_4"]
         assert "--useDLACore=1" in trt_runner.trtexec[8] and "--fp16" in trt_runner.trtexec[8]
+        assert "--precisionConstraints=prefer" in trt_runner.trtexec[8]  # as trtexec sets for DLA
         profile, note = profile_runner(trt_runner, [1, 8], (3, 16, 16), iterations=3, warmup=1)
     assert note is None
     table = Profile.model_validate(profile).batch(8)
-    on_dla = [layer for layer in table.layers if layer.device == "dla"]
+    on_dla = [layer for layer in table.layers if layer.device == "dla" and layer.kind != "DLA transfer"]
     assert len(on_dla) == 1 and on_dla[0].name == "{ForeignNode[Conv_0...GlobalAveragePool_2]}"
     assert sorted(table.fallback_layers) == ["Flatten_3", "Gemm_4"] and 0 < table.dla_share < 1
-    assert all(layer.precision == "fp16" for layer in table.layers)
+    assert all(layer.precision == "fp16" for layer in table.layers if layer.kind != "DLA transfer")
 
 
 def test_dla_on_a_board_without_dla_cores_is_refused(monkeypatch, tmp_path, float_model):
@@ -175,3 +182,86 @@ def test_tensorrt_10_16_builds_int8_strongly_typed(monkeypatch, tmp_path, qdq_mo
         assert "--stronglyTyped" in trt_runner.trtexec[2] and "--int8" not in trt_runner.trtexec[2]
         assert trt_runner.infer(np.zeros((2, 3, 16, 16), np.float32)).shape == (2, 10)
     assert trt.log == []
+
+
+# ------------------------------------------------------------------ the first try on a real board (issue 25)
+def test_out_of_memory_context_is_a_runner_error_with_the_fix(monkeypatch, tmp_path, float_model):
+    """create_execution_context() returns None when the device memory runs out (an 8 GB Orin Nano)."""
+    trt = trt_standin.install(monkeypatch, "10.3.0", device_memory_bytes=1)
+    from device.errors import RunnerError
+
+    with pytest.raises(RunnerError, match="could not create an execution context for the batch-8") as err:
+        runner(float_model, tmp_path, batch_sizes=(8,)).load()
+    assert "smaller batch sizes" in err.value.fix and any("out of device memory" in line for line in trt.log)
+
+
+def test_corrupt_timing_cache_is_named_and_a_new_one_is_written_whole(monkeypatch, tmp_path, float_model):
+    """create_timing_cache() returns None on a blob it cannot read: the error names the file and the fix."""
+    trt_standin.install(monkeypatch, "10.3.0")
+    from device.engine import BuildOptions, build_engine
+
+    cache = tmp_path / "timing.cache"
+    cache.write_bytes(b"\x00truncated")
+    with pytest.raises(TimingCacheError, match="could not read the timing cache") as err:
+        build_engine(float_model, BuildOptions(precision="fp32", timing_cache=str(cache)), tmp_path / "e.plan")
+    assert f"delete {cache}" in err.value.fix
+    cache.unlink()
+    build_engine(float_model, BuildOptions(precision="fp32", timing_cache=str(cache)), tmp_path / "e.plan")
+    assert cache.read_bytes().startswith(b"STANDIN-CACHE:")
+    assert sorted(p.name for p in tmp_path.iterdir() if "cache" in p.name) == ["timing.cache"]  # no temp file left
+
+
+@pytest.mark.parametrize("version", ["10.8.0", "10.12.0", "10.16.1"])
+def test_dla_is_refused_on_tensorrt_10_8_to_10_16(monkeypatch, tmp_path, qdq_model, version):
+    """NVIDIA's TensorRT 11.x "Working with DLA": 10.7 was the last 10.x with DLA, whatever the core count."""
+    trt_standin.install(monkeypatch, version, dla_cores=2, board=AGX_ORIN)
+    with pytest.raises(DlaError, match="10.7 as the last 10.x release with DLA"):
+        runner(qdq_model, tmp_path, batch_sizes=(1,), precision="int8", dla_core=0).load()
+
+
+def test_dla_transfers_are_dla_time_not_gpu_fallback(monkeypatch, tmp_path, qdq_model):
+    """The profiler's "… to nvm", "… from nvm", "… copy finish" entries (NVIDIA/TensorRT#3143) are the
+    DLA's own I/O; the Q/DQ and Constant layers the parser made are not "refused by the DLA"."""
+    trt_standin.install(monkeypatch, "10.3.0", dla_cores=2, board=AGX_ORIN)
+    with runner(qdq_model, tmp_path, batch_sizes=(2,), precision="int8", dla_core=0) as trt_runner:
+        assert trt_runner.dla_unsupported_layers == ["head"]  # not dequant_w, w_int8_constant, flatten
+        profile, note = profile_runner(trt_runner, [2], (3, 16, 16), iterations=3, warmup=1)
+    table = Profile.model_validate(profile).batch(2)
+    transfers = [layer for layer in table.layers if layer.kind == "DLA transfer"]
+    assert {layer.name for layer in transfers} == {"input to nvm", "logits from nvm", "input copy finish",
+                                                   "logits copy finish"}
+    assert all(layer.device == "dla" for layer in transfers)
+    assert not set(table.fallback_layers) & {layer.name for layer in transfers}
+    assert "head" in table.fallback_layers
+
+
+def test_half_io_engine_takes_float32_batches(monkeypatch, tmp_path):
+    """An FP16 ONNX keeps HALF I/O in the engine: the runner converts into the pinned buffer and back."""
+    from onnxconverter_common import float16
+
+    model = onnx.load(str(tiny_onnx(tmp_path / "float.onnx")))
+    half = tmp_path / "half.onnx"
+    onnx.save(float16.convert_float_to_float16(model, keep_io_types=False), str(half))
+    trt_standin.install(monkeypatch, "11.1.0")
+    batch = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "ref.onnx"))) as reference:
+        expected = reference.infer(batch)
+    with runner(half, tmp_path, batch_sizes=(2,), precision="fp16") as trt_runner:
+        assert trt_runner.dtypes[trt_runner.inputs[0]] == np.float16
+        out = trt_runner.infer(batch)
+    assert out.dtype == np.float16 and np.allclose(out.astype(np.float32), expected, atol=5e-2)
+
+
+def test_timed_call_reports_trtexec_latency_and_gpu_compute(monkeypatch, tmp_path, float_model):
+    """Each call leaves trtexec's two device times (CUDA events) beside the wall time the caller takes;
+    the input shape is set once at load, and the host buffers are pinned."""
+    trt_standin.install(monkeypatch, "10.3.0")
+    with runner(float_model, tmp_path, batch_sizes=(4,)) as trt_runner:
+        context = trt_runner._engines[4].context
+        calls = []
+        monkeypatch.setattr(context, "set_input_shape", lambda *a: calls.append(a) or True)
+        trt_runner.infer(np.zeros((4, 3, 16, 16), np.float32))
+        times = trt_runner.last_device_ms
+        assert calls == []  # not per call
+        assert set(times) == {"latency_ms", "gpu_compute_ms"} and 0 < times["gpu_compute_ms"] <= times["latency_ms"]
+        assert trt_runner.cuda.pinned_bytes >= 4 * 3 * 16 * 16 * 4

@@ -41,8 +41,13 @@ def _version(text: str) -> tuple[int, int, int]:
     return tuple(parts + [0] * (3 - len(parts)))  # type: ignore[return-value]
 
 
-def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleType:
-    """A fresh stand-in ``tensorrt`` module of TensorRT ``version`` on a device with ``dla_cores`` DLA cores."""
+def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_bytes: int | None = None) -> types.ModuleType:
+    """A fresh stand-in ``tensorrt`` module of TensorRT ``version`` on a device with ``dla_cores`` DLA cores.
+
+    Args:
+        device_memory_bytes: Free device memory for execution contexts (None: unlimited); an engine
+            needing more gets None from ``create_execution_context``, as on an 8 GB board.
+    """
     trt = types.ModuleType("tensorrt")
     trt.__version__ = version
     trt.__doc__ = "STAND-IN for tensorrt (tests/device/trt_standin.py), not TensorRT"
@@ -57,8 +62,15 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleTy
         else {"STRONGLY_TYPED": 0, "PREFER_JIT_PYTHON_PLUGINS": 1})
     # NvInfer.h v10.3.0 BuilderFlag: kFP16 = 0, kINT8 = 1, kGPU_FALLBACK = 3; research note: on 11 the
     # INT8 and FP16 flags are gone (getattr(trt.BuilderFlag, "INT8") raises AttributeError there).
-    trt.BuilderFlag = enum.IntEnum("BuilderFlag", {"FP16": 0, "INT8": 1, "GPU_FALLBACK": 3} if major == 10
+    # NvInfer.h v10.3.0: kPREFER_PRECISION_CONSTRAINTS = 8 (11: removed with the other precision flags).
+    trt.BuilderFlag = enum.IntEnum("BuilderFlag", {"FP16": 0, "INT8": 1, "GPU_FALLBACK": 3,
+                                                   "PREFER_PRECISION_CONSTRAINTS": 8} if major == 10
                                    else {"GPU_FALLBACK": 3})
+    # NvInfer.h LayerType (the members the code reads); the parser makes CONSTANT for initializers,
+    # SHUFFLE for Reshape/Flatten and QUANTIZE/DEQUANTIZE for Q/DQ nodes.
+    trt.LayerType = enum.IntEnum("LayerType", {"CONVOLUTION": 0, "ACTIVATION": 2, "POOLING": 3, "ELEMENTWISE": 7,
+                                               "SHUFFLE": 15, "CONSTANT": 18, "MATRIX_MULTIPLY": 16,
+                                               "QUANTIZE": 33, "DEQUANTIZE": 34, "OTHER": 99})
     trt.MemoryPoolType = enum.IntEnum("MemoryPoolType", {"WORKSPACE": 0})
     trt.DeviceType = enum.IntEnum("DeviceType", {"GPU": 0, "DLA": 1})  # NvInferRuntime.h: kGPU = 0, kDLA = 1
     trt.ProfilingVerbosity = enum.IntEnum("ProfilingVerbosity", {"LAYER_NAMES_ONLY": 0, "NONE": 1, "DETAILED": 2})
@@ -80,9 +92,20 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleTy
         def __init__(self, name: str, shape: tuple[int, ...]) -> None:
             self.name, self.shape = name, shape
 
+    # ONNX op → the layer type TensorRT's parser makes for it (onnx-tensorrt's builtin_op_importers).
+    layer_types = {"Conv": "CONVOLUTION", "Relu": "ACTIVATION", "Sigmoid": "ACTIVATION", "Clip": "ACTIVATION",
+                   "MaxPool": "POOLING", "AveragePool": "POOLING", "GlobalAveragePool": "POOLING",
+                   "Add": "ELEMENTWISE", "Reshape": "SHUFFLE", "Flatten": "SHUFFLE", "Constant": "CONSTANT",
+                   "QuantizeLinear": "QUANTIZE", "DequantizeLinear": "DEQUANTIZE", "Gemm": "MATRIX_MULTIPLY",
+                   "MatMul": "MATRIX_MULTIPLY"}
+    parser_made = {"CONSTANT", "SHUFFLE", "QUANTIZE", "DEQUANTIZE"}
+
     class Layer:
         def __init__(self, name: str, op: str, quantized: bool) -> None:
             self.name, self.op, self.quantized = name, op, quantized
+            self.type = getattr(trt.LayerType, layer_types.get(op, "OTHER"))
+            # Fused into their neighbours at build time (Q/DQ fusion, constant folding): never engine layers.
+            self.folded = layer_types.get(op) in parser_made and op != "Flatten"
 
     class Network:
         def __init__(self, flags: int) -> None:
@@ -138,9 +161,13 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleTy
             self.network.float_type = {onnx.TensorProto.FLOAT16: "fp16"}.get(
                 graph_input.type.tensor_type.elem_type, "fp32")
             producers = {out: node for node in model.graph.node for out in node.output}
+            # onnx-tensorrt makes a Constant layer for each initializer a layer consumes as a tensor (here:
+            # the int8 weights behind a DequantizeLinear); TensorRT's log then names them "(CONSTANT):
+            # Unsupported on DLA" (ultralytics/ultralytics#16449), though they are folded away.
+            for init in model.graph.initializer:
+                if any(node.op_type == "DequantizeLinear" and node.input[0] == init.name for node in model.graph.node):
+                    self.network.layers.append(Layer(f"{init.name}_constant", "Constant", False))
             for index, node in enumerate(model.graph.node):
-                if node.op_type in ("QuantizeLinear", "DequantizeLinear", "Constant"):
-                    continue  # fused into their neighbours (explicit quantization)
                 source = producers.get(node.input[1]) if len(node.input) > 1 else None
                 quantized = source is not None and source.op_type == "DequantizeLinear"
                 self.network.layers.append(Layer(node.name or f"{node.op_type}_{index}", node.op_type, quantized))
@@ -189,7 +216,11 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleTy
         def can_run_on_DLA(self, layer: Layer) -> bool:
             return layer.op in DLA_OPS
 
-        def create_timing_cache(self, blob: bytes) -> TimingCache:
+        def create_timing_cache(self, blob: bytes) -> TimingCache | None:
+            # NvInfer.h IBuilderConfig::createTimingCache: "returns a pointer to the timing cache, or nullptr
+            # if it could not be created" — a blob that is not a serialized cache (truncated, foreign).
+            if blob and not bytes(blob).startswith(b"STANDIN-CACHE:"):
+                return None
             return TimingCache(bytes(blob))
 
         def set_timing_cache(self, cache: TimingCache, ignore_mismatch: bool) -> bool:
@@ -255,6 +286,8 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleTy
             static = low == opt == high
             layers = []
             for layer in network.layers:
+                if layer.folded:
+                    continue
                 if strongly:
                     # Strongly typed (NvInfer.h): each tensor's type comes from the network — Q/DQ layers INT8,
                     # the rest in the ONNX's own float type.
@@ -269,6 +302,7 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleTy
                 layers.append({"name": layer.name, "op": layer.op, "precision": precision,
                                "device": "dla" if on_dla else "gpu"})
             plan = {"standin": True, "version": version, "onnx": network.onnx, "input": tensor.name,
+                    "io_dtype": "fp16" if network.float_type == "fp16" else "fp32",
                     "network_shape": list(tensor.shape), "min": list(low), "max": list(high),
                     "dla_core": config.DLA_core if dla else None, "layers": _fuse_dla(layers),
                     "verbosity": int(config.profiling_verbosity)}
@@ -342,7 +376,13 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleTy
                 name, trt.TensorIOMode.NONE)
 
         def get_tensor_dtype(self, name: str):
-            return trt.DataType.FLOAT
+            # An FP16 ONNX's I/O tensors are HALF (the parser keeps the graph's I/O types).
+            return trt.DataType.HALF if self.plan.get("io_dtype") == "fp16" else trt.DataType.FLOAT
+
+        @property
+        def device_memory_size(self) -> int:
+            # Synthetic: activations scale with the largest batch (ICudaEngine::getDeviceMemorySize).
+            return int(np.prod([max(d, 1) for d in self.plan["max"]])) * 4 * 64
 
         def get_tensor_shape(self, name: str) -> tuple:
             if name == self.plan["input"]:
@@ -350,6 +390,11 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleTy
             return (self.plan["network_shape"][0], self.classes)
 
         def create_execution_context(self):
+            # NvInferRuntime.h ICudaEngine::createExecutionContext: nullptr when the context's device memory
+            # cannot be allocated (trtexec checks it: "Unable to create execution context for stream").
+            if device_memory_bytes is not None and self.device_memory_size > device_memory_bytes:
+                trt.log.append(f"out of device memory: context needs {self.device_memory_size} bytes")
+                return None
             return Context(self)
 
         def create_engine_inspector(self):
@@ -411,10 +456,11 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleTy
             if self.shape is None or set(self.addresses) != {plan["input"], output}:
                 return False
             count = int(np.prod(self.shape))
-            data = np.frombuffer((ctypes.c_float * count).from_address(self.addresses[plan["input"]]),
-                                 dtype=np.float32).reshape(self.shape)
+            io = np.float16 if plan.get("io_dtype") == "fp16" else np.float32
+            data = np.frombuffer((ctypes.c_char * (count * np.dtype(io).itemsize)).from_address(
+                self.addresses[plan["input"]]), dtype=io).reshape(self.shape)
             session = _ort(plan["onnx"])
-            result = session.run(None, {plan["input"]: data.copy()})[0].astype(np.float32)
+            result = session.run(None, {plan["input"]: data.copy()})[0].astype(io)
             ctypes.memmove(self.addresses[output], result.ctypes.data, result.nbytes)
             if self._profiler is not None and self.enqueue_emits_profile:
                 # IProfiler docs: called once per layer for each enqueueV3 (after execution). Synthetic
@@ -422,6 +468,13 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0) -> types.ModuleTy
                 for index, layer in enumerate(plan["layers"]):
                     cost = {"int8": 0.25, "fp16": 0.5}.get(layer["precision"], 1.0)
                     self._profiler.report_layer_time(layer["name"], cost * (1 + index % 3) * self.shape[0] / 8)
+                if plan["dla_core"] is not None:
+                    # A DLA engine's profiler also reports its I/O copies into and out of the DLA's memory and
+                    # their completion, named after the tensors (NVIDIA/TensorRT#3143: "images to nvm",
+                    # "head_3 from nvm", "images copy finish").
+                    for entry in (f"{plan['input']} to nvm", f"{output} from nvm", f"{plan['input']} copy finish",
+                                  f"{output} copy finish"):
+                        self._profiler.report_layer_time(entry, 0.05 * self.shape[0])
             return True
 
     class Inspector:
@@ -508,15 +561,43 @@ class FakeCuda:
         pass
 
     def pci_bus_id(self, device: int = 0) -> str | None:
-        return None
+        return self.bus_id
+
+    bus_id: str | None = None
+
+    def host_alloc(self, nbytes: int) -> int:
+        self.pinned_bytes = getattr(self, "pinned_bytes", 0) + nbytes
+        return self.malloc(nbytes)
+
+    def free_host(self, pointer: int) -> None:
+        self.free(pointer)
+
+    # Events: the stand-in runs every call synchronously, so an event's time is when it was recorded.
+    def event(self) -> int:
+        self.events = getattr(self, "events", {})
+        handle = len(self.events) + 1
+        self.events[handle] = None
+        return handle
+
+    def record(self, event: int, stream: int) -> None:
+        import time
+
+        self.events[event] = time.perf_counter()
+
+    def elapsed_ms(self, start: int, end: int) -> float:
+        return (self.events[end] - self.events[start]) * 1e3
+
+    def destroy_event(self, event: int) -> None:
+        self.events.pop(event, None)
 
 
-def install(monkeypatch, version: str = "10.3.0", dla_cores: int = 0, board: str | None = None) -> types.ModuleType:
+def install(monkeypatch, version: str = "10.3.0", dla_cores: int = 0, board: str | None = None,
+            device_memory_bytes: int | None = None) -> types.ModuleType:
     """Puts a stand-in ``tensorrt`` in ``sys.modules`` and the fake CUDA runtime in the runner."""
     import device.engine
     import device.runners.tensorrt
 
-    trt = make_tensorrt(version, dla_cores)
+    trt = make_tensorrt(version, dla_cores, device_memory_bytes)
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     monkeypatch.setattr(device.runners.tensorrt, "CudaRuntime", FakeCuda)
     monkeypatch.setattr(device.engine, "board_model", lambda *a, **k: board)
