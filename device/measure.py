@@ -62,6 +62,23 @@ def latency_stats(latencies_s: Sequence[float]) -> dict[str, float]:
             "latency_std_ms": float(ms.std(ddof=1)), "latency_cv": float(ms.std(ddof=1) / mean) if mean else 0.0}
 
 
+def device_timing(calls_ms: Sequence[dict[str, float]], method: str) -> dict[str, Any] | None:
+    """trtexec's device-side times over the timed calls, shaped as :class:`device.schema.DeviceTiming`.
+
+    Args:
+        calls_ms: One ``{"latency_ms", "gpu_compute_ms"}`` per timed call (``runner.last_device_ms``).
+        method: How the runner took them (for the report).
+    """
+    if not calls_ms:
+        return None
+    out: dict[str, Any] = {"method": method}
+    for key, name in (("latency_ms", "latency"), ("gpu_compute_ms", "gpu_compute")):
+        values = np.asarray([call[key] for call in calls_ms], dtype=np.float64)
+        out.update({f"{name}_p50_ms": float(np.percentile(values, 50)), f"{name}_p90_ms": float(np.percentile(values, 90)),
+                    f"{name}_p99_ms": float(np.percentile(values, 99)), f"{name}_mean_ms": float(values.mean())})
+    return out
+
+
 def power_trace(trace: Trace, key: str, idle_mw: float | None, source: str,
                 max_points: int = 400, start: float | None = None) -> dict[str, Any]:
     """The window's power series, thinned to at most ``max_points`` samples, for plotting."""
@@ -135,6 +152,8 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
 
     quiet_before: list = []
 
+    device_ms: list[dict[str, float]] = []
+
     def timed() -> tuple[list[float], float]:
         latencies: list[float] = []
         quiet_before.append(quiet.snapshot())
@@ -146,6 +165,8 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
             runner.infer(batch)
             latencies.append(time.perf_counter() - before)
             calls.append((begin, time.monotonic(), images_per_call))
+            if getattr(runner, "last_device_ms", None):
+                device_ms.append(runner.last_device_ms)
             if spec.iterations is not None and len(latencies) >= spec.iterations:
                 break
             if spec.duration_s is not None and time.perf_counter() - started >= spec.duration_s \
@@ -161,7 +182,9 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
     images = len(latencies) * images_per_call
     result: dict[str, Any] = {"batch_size": images_per_call, "iterations": len(latencies), "images": images,
                               "window_s": window_s, "throughput_images_per_s": images / window_s,
-                              **latency_stats(latencies), "telemetry": {}, "contention": quiet_before[1]}
+                              **latency_stats(latencies), "telemetry": {}, "contention": quiet_before[1],
+                              "device_timing": device_timing(device_ms, getattr(runner, "timing_method", "")) if
+                              len(device_ms) == len(latencies) else None}
     for sampler, trace in zip(samplers, traces):
         inside = (trace.times_s >= start) & (trace.times_s <= stop)
         # Shaped as device.schema.TelemetrySummary.

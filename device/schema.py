@@ -304,8 +304,27 @@ class Contention(Measured):
     governor: str | None = None
 
 
+class DeviceTiming(Measured):
+    """The timed calls as trtexec reports them (TensorRT only), beside the wall time of the whole call.
+
+    ``latency_*`` is trtexec's "Latency" (host-to-device copy + GPU compute + device-to-host copy, CUDA
+    events, pinned buffers); ``gpu_compute_*`` is its "GPU Compute Time" (events around the enqueue).
+    """
+
+    method: str = Field("", description="how the runner took the times")
+    latency_p50_ms: float
+    latency_p90_ms: float
+    latency_p99_ms: float
+    latency_mean_ms: float
+    gpu_compute_p50_ms: float
+    gpu_compute_p90_ms: float
+    gpu_compute_p99_ms: float
+    gpu_compute_mean_ms: float
+
+
 class RunResult(Measured):
-    """One batch size's timed window."""
+    """One batch size's timed window. ``latency_*`` is the wall time of each whole call (preprocessed
+    batch in, outputs out, as an application calls it); ``device_timing`` adds trtexec's two times."""
 
     batch_size: int
     iterations: int
@@ -323,6 +342,8 @@ class RunResult(Measured):
     power_trace: PowerTrace | None = None
     contention: Contention | None = None
     noise_flags: dict[str, str] = Field(default_factory=dict, description="why this window is noisy, with the fix")
+    device_timing: DeviceTiming | None = Field(None, description="trtexec's Latency and GPU Compute Time of the "
+                                                                 "same calls (TensorRT runner only)")
 
 
 class RuntimeInfo(Measured):

@@ -265,3 +265,30 @@ def test_timed_call_reports_trtexec_latency_and_gpu_compute(monkeypatch, tmp_pat
         assert calls == []  # not per call
         assert set(times) == {"latency_ms", "gpu_compute_ms"} and 0 < times["gpu_compute_ms"] <= times["latency_ms"]
         assert trt_runner.cuda.pinned_bytes >= 4 * 3 * 16 * 16 * 4
+
+
+def test_job_result_and_report_carry_three_latencies(monkeypatch, tmp_path, float_model):
+    """A TensorRT job's result has trtexec's Latency and GPU Compute beside the wall time, and the report
+    shows all three, each with its interval over the windows and named for what it is."""
+    from device.client import file_sha256
+    from device.jobrun import run_job
+    from device.schema import JobResult
+    from pipeline.report import TIMINGS_TEXT, _window_statistics, timing_rows
+
+    trt_standin.install(monkeypatch, "10.3.0")
+    job = {"spec": {"artifact": file_sha256(float_model), "runtime": "tensorrt", "precision": "fp32",
+                    "batch_sizes": [2], "iterations": 6, "warmup_iterations": 1, "idle_s": 0.0,
+                    "telemetry": ["host"], "profile": False},
+           "artifact_path": str(float_model), "engine_cache": str(tmp_path / "engines")}
+    rounds = [JobResult.model_validate(run_job(job, tmp_path)) for _ in range(3)]
+    timing = rounds[0].runs[0].device_timing
+    assert timing is not None and "CUDA events" in timing.method
+    assert 0 < timing.gpu_compute_p50_ms <= timing.latency_p50_ms
+    row = {"rung": "student", "device": "orin", "runtime": "tensorrt", "precision": "fp32", "status": "measured",
+           **_window_statistics(rounds, 2, 2)}
+    assert row["trt_latency_p50_low_ms"] <= row["trt_latency_p50_ms"] <= row["trt_latency_p50_high_ms"]
+    assert row["gpu_compute_p50_ms"] <= row["trt_latency_p50_ms"]
+    header, cells = timing_rows({"rows": [row]})
+    assert header[3:] == ["wall p50 ms", "trtexec Latency p50 ms", "GPU Compute p50 ms"]
+    assert all(cell != "—" and "[" in cell for cell in cells[3:])
+    assert "GPU Compute Time" in TIMINGS_TEXT and "pinned" in TIMINGS_TEXT
