@@ -308,26 +308,6 @@ def fingerprint_key(fp: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _nvml_handle(pynvml, pci_bus_id: str | None):
-    """The NVML handle of CUDA device 0 of this process.
-
-    NVML numbers GPUs in PCI order; CUDA, under ``CUDA_VISIBLE_DEVICES`` (and its default
-    FASTEST_FIRST order), may not — so NVML index 0 can be another GPU. Match by PCI bus id
-    (``cudaDeviceGetPCIBusId``), else by the UUID ``CUDA_VISIBLE_DEVICES`` names, else by its index
-    when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes the two orders agree.
-    """
-    if pci_bus_id:
-        return pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    if visible.startswith(("GPU-", "MIG-")):
-        return pynvml.nvmlDeviceGetHandleByUUID(visible)
-    if visible.isdigit() and os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
-        return pynvml.nvmlDeviceGetHandleByIndex(int(visible))
-    if visible:
-        raise LookupError("CUDA_VISIBLE_DEVICES without a PCI bus id: NVML's index may name another GPU")
-    return pynvml.nvmlDeviceGetHandleByIndex(0)
-
-
 def detect_gpu(device_tree: str = "/proc/device-tree/compatible",
                pci_bus_id: str | None = None) -> tuple[str, str | None]:
     """(GPU name, compute capability): NVML on data-center GPUs, the device tree on a Jetson.
@@ -337,11 +317,13 @@ def detect_gpu(device_tree: str = "/proc/device-tree/compatible",
         pci_bus_id: CUDA device 0's PCI bus id (``CudaRuntime.pci_bus_id()``), so NVML describes the
             GPU CUDA will use.
     """
+    from device.telemetry.nvml import cuda_device_handle, cuda_pci_bus_id
+
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = _nvml_handle(pynvml, pci_bus_id)
+        handle = cuda_device_handle(pynvml, pci_bus_id or cuda_pci_bus_id())
         name = pynvml.nvmlDeviceGetName(handle)
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
         return (name.decode() if isinstance(name, bytes) else name), f"{major}.{minor}"

@@ -49,6 +49,11 @@ class TorchRunner(Runner):
                               fix="use precision fp32 without cuda_graphs on a CPU-only host")
         if self.threads:
             torch.set_num_threads(self.threads)
+        # The GPU this process computes on, by PCI bus id: the NVML sampler then reads this GPU's power.
+        self.pci_bus_id = None
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(0)
+            self.pci_bus_id = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
         try:
             program = torch.export.load(self.path)
         except Exception as err:  # torch raises several types for a foreign or truncated archive

@@ -15,12 +15,47 @@ failing the window.
 
 from __future__ import annotations
 
+import os
+
 from device.errors import MissingDependencyError, require
 from device.telemetry.base import Sampler
 
 
+def cuda_device_handle(pynvml, pci_bus_id: str | None):
+    """The NVML handle of CUDA device 0 of this process.
+
+    NVML numbers GPUs in PCI order; CUDA, under ``CUDA_VISIBLE_DEVICES`` (and its default
+    FASTEST_FIRST order), may not — so NVML index 0 can be another GPU. Match by PCI bus id
+    (``cudaDeviceGetPCIBusId``), else by the UUID ``CUDA_VISIBLE_DEVICES`` names, else by its index
+    when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes the two orders agree.
+
+    Raises:
+        LookupError: ``CUDA_VISIBLE_DEVICES`` names an index and nothing says which NVML device it is.
+    """
+    if pci_bus_id:
+        return pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if visible.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(visible)
+    if visible.isdigit() and os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
+        return pynvml.nvmlDeviceGetHandleByIndex(int(visible))
+    if visible:
+        raise LookupError(f"CUDA_VISIBLE_DEVICES={visible} without a PCI bus id: NVML's index may name another GPU")
+    return pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def cuda_pci_bus_id() -> str | None:
+    """CUDA device 0's PCI bus id from the CUDA runtime, where one is loadable and a device answers."""
+    try:
+        from device.runners.tensorrt import CudaRuntime
+
+        return CudaRuntime().pci_bus_id(0)
+    except Exception:  # no libcudart, no device: the caller falls back to the environment's rules
+        return None
+
+
 class NvmlSampler(Sampler):
-    """Samples GPU ``index`` through NVML.
+    """Samples the GPU the job's runtime uses (CUDA device 0 of the process) through NVML.
 
     Values: ``power_mw``, ``energy_mj`` (the driver's cumulative counter), ``gpu_mem_used_mb``,
     ``gpu_util_percent``, ``sm_clock_mhz``, ``gpu_temp_c``, ``throttle_reasons`` (the clock-event
@@ -30,9 +65,15 @@ class NvmlSampler(Sampler):
 
     name = "nvml"
 
-    def __init__(self, rate_hz: float = 10.0, index: int = 0):
+    def __init__(self, rate_hz: float = 10.0, pci_bus_id: str | None = None):
+        """
+        Args:
+            rate_hz: Sampling rate.
+            pci_bus_id: The PCI bus id of the GPU the runner uses (``runner.pci_bus_id``); None: asked of
+                the CUDA runtime, else resolved from ``CUDA_VISIBLE_DEVICES`` (:func:`cuda_device_handle`).
+        """
         super().__init__(rate_hz)
-        self.index = index
+        self.pci_bus_id = pci_bus_id
         self.supported: dict[str, object] = {}
         self.unsupported: list[str] = []
         self._nvml = None
@@ -58,10 +99,21 @@ class NvmlSampler(Sampler):
         nvml = require("pynvml", "nvidia-ml-py", "pip install 'edgefold[nvml]'")
         try:
             nvml.nvmlInit()
-            handle = nvml.nvmlDeviceGetHandleByIndex(self.index)
         except nvml.NVMLError as err:
             raise MissingDependencyError(f"NVML is not usable here: {err}",
                                          fix="install the NVIDIA driver, or use the host or jtop sampler") from None
+        if self.pci_bus_id is None:
+            self.pci_bus_id = cuda_pci_bus_id()
+        try:
+            handle = cuda_device_handle(nvml, self.pci_bus_id)
+        except (nvml.NVMLError, LookupError) as err:
+            nvml.nvmlShutdown()
+            raise MissingDependencyError(
+                f"NVML cannot tell which GPU the job runs on: {err}",
+                fix="set CUDA_DEVICE_ORDER=PCI_BUS_ID beside CUDA_VISIBLE_DEVICES, or name the GPU by UUID "
+                    "(CUDA_VISIBLE_DEVICES=GPU-…, from nvidia-smi -L)") from None
+        self.provenance["device"] = (f"PCI bus id {self.pci_bus_id}" if self.pci_bus_id else
+                                     "CUDA_VISIBLE_DEVICES / NVML index 0")
         self._nvml = nvml
         for key, query in self._queries(nvml, handle).items():
             try:

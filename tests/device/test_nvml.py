@@ -142,3 +142,71 @@ def test_the_protocol_takes_energy_from_the_counter(monkeypatch, tmp_path):
     assert tele["energy_mj_per_image"] == pytest.approx(300_000 * result["window_s"] / result["images"], rel=0.03)
     assert tele["series"]["power_mw"]["idle"] == pytest.approx(100_000, rel=0.01)
     assert tele["coverage"] == pytest.approx(1.0) and not tele["degraded"]
+
+
+def two_gpu_pynvml():
+    """A stand-in pynvml on a two-GPU server: each handle reports its own GPU's power, so reading the wrong
+    one shows in the numbers. NVML's index follows PCI order; CUDA's may not."""
+    module = fake_pynvml()
+    gpus = {"00000000:01:00.0": ("gpu", 0), "00000000:41:00.0": ("gpu", 1)}
+    module.lookups = []
+
+    def by_bus(bus):
+        module.lookups.append(("pci", bus))
+        return gpus[bus.upper() if len(bus.split(":")[0]) == 8 else "0000" + bus.upper()]
+
+    def by_index(index):
+        module.lookups.append(("index", index))
+        return ("gpu", index)
+
+    module.nvmlDeviceGetHandleByPciBusId = by_bus
+    module.nvmlDeviceGetHandleByIndex = by_index
+    module.nvmlDeviceGetPowerUsage = lambda handle: 100_000 + 200_000 * handle[1]  # GPU 1 draws 300 W
+    return module
+
+
+def test_power_comes_from_the_gpu_the_runner_uses(monkeypatch):
+    """Issue 25, point 2: under CUDA_VISIBLE_DEVICES=1 the job runs on the GPU at 41:00.0, not NVML's index 0."""
+    import device.telemetry.nvml as nvml_module
+    from device.jobrun import open_samplers
+
+    module = two_gpu_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    samplers, notes = open_samplers(["nvml"], 20.0, None, pci_bus_id="00000000:41:00.0")
+    try:
+        assert samplers[0].read()["power_mw"] == 300_000 and module.lookups == [("pci", "00000000:41:00.0")]
+        assert samplers[0].provenance["device"] == "PCI bus id 00000000:41:00.0"
+    finally:
+        samplers[0].close()
+    # No bus id from the runner and none from the CUDA runtime: an index under CUDA_VISIBLE_DEVICES is not
+    # guessed (NVML's index 1 need not be CUDA's device 1); the fix says how to name the GPU.
+    monkeypatch.setattr(nvml_module, "cuda_pci_bus_id", lambda: None)
+    with pytest.raises(MissingDependencyError, match="cannot tell which GPU") as err:
+        NvmlSampler().open()
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in err.value.fix
+    monkeypatch.setattr(nvml_module, "cuda_pci_bus_id", lambda: "0000:41:00.0")  # cudaDeviceGetPCIBusId's form
+    with NvmlSampler() as sampler:
+        assert sampler.read()["power_mw"] == 300_000
+
+
+def test_tensorrt_job_samples_the_runner_gpu(monkeypatch, tmp_path):
+    """The whole chain: the TensorRT runner's cudaDeviceGetPCIBusId → the job → the NVML sampler
+    (TensorRT, CUDA and NVML are stand-ins here: tests/device/trt_standin.py, two_gpu_pynvml)."""
+    from device.client import file_sha256
+    from device.jobrun import run_job
+    from tests.device import trt_standin
+    from tests.device.agent_process import tiny_onnx
+
+    trt_standin.install(monkeypatch, "10.3.0")
+    monkeypatch.setattr(trt_standin.FakeCuda, "bus_id", "0000:41:00.0")
+    module = two_gpu_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    model = tiny_onnx(tmp_path / "m.onnx")
+    job = {"spec": {"artifact": file_sha256(model), "runtime": "tensorrt", "precision": "fp32", "batch_sizes": [1],
+                    "iterations": 5, "warmup_iterations": 1, "idle_s": 0.0, "telemetry": ["nvml"], "profile": False},
+           "artifact_path": str(model), "engine_cache": str(tmp_path / "engines")}
+    result = run_job(job, tmp_path)
+    series = result["runs"][0]["telemetry"]["nvml"]["series"]["power_mw"]
+    assert series["peak"] == 300_000 and ("index", 0) not in module.lookups  # GPU 0 would read 100 W
