@@ -96,6 +96,15 @@ class DeviceError(EdgeFoldError):
     """
 
 
+class NoEdgeMeasuredError(DeviceError):
+    """Edge devices were named but none measured a rung: the report is written, the run did not do its job.
+
+    Exits with 3, not 2, so a script tells "the run completed without its devices" from a bad input.
+    """
+
+    exit_code = 3
+
+
 class ResultError(DeviceError):
     """A measurement result that does not fit the result schema."""
 

@@ -190,6 +190,8 @@ class TensorRTRunner(Runner):
     """
 
     name = "tensorrt"
+    timing_method = ("CUDA events on the stream: begin → H2D copy → enqueued → execute_async_v3 → computed → "
+                     "D2H copy → end; pinned host buffers, input shape set once (trtexec's inference loop)")
 
     def __init__(self, onnx: str | os.PathLike, options: BuildOptions, cache_dir: str | os.PathLike | None = None,
                  batch_sizes: Sequence[int] | None = None):
