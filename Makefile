@@ -26,9 +26,18 @@ EXTRAS   ?= build,device,modelopt,nvml,dev
 PYTEST_ARGS ?=
 BENCH_MODEL ?= resnet50
 
+# On a Jetson, JetPack installs TensorRT's Python bindings into the system Python's dist-packages: the
+# virtualenv must see the system's packages, or the agent cannot import TensorRT and times ONNX Runtime.
+JETSON_RELEASE ?= /etc/nv_tegra_release
+SYSTEM_SITE_PACKAGES ?= $(if $(wildcard $(JETSON_RELEASE)),1,)
+# The agent's own packages (no torch): jtop on a Jetson, NVML elsewhere.
+AGENT_EXTRAS ?= $(if $(SYSTEM_SITE_PACKAGES),device$(COMMA)jetson,device$(COMMA)nvml)
+COMMA    := ,
+
 BIN      := $(VENV)/bin
 EDGEFOLD := $(BIN)/edgefold
 STAMP    := $(VENV)/.edgefold-installed
+AGENT_STAMP := $(VENV)/.edgefold-agent-installed
 FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
 
 EDGE_ARGS := $(strip $(if $(DATA),--data '$(DATA)') $(if $(WEIGHTS),--weights '$(WEIGHTS)') \
@@ -43,7 +52,7 @@ RUN_CMD := $(if $(filter-out 1,$(NPROC)),$(BIN)/torchrun --standalone --nproc_pe
 
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: help venv edge test bench data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
+.PHONY: help venv agent-venv edge test bench data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
 
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
@@ -51,7 +60,7 @@ help:
 	@echo "     NPROC=8: teacher and distill as one DDP job over 8 processes (torchrun)"
 	@echo "     devices:   EDGE=http://jetson:8765[,…] DC=http://gpu:8765 DEVICES=devices.yaml TOKEN_FILE=path (none: a loopback agent)"
 	@echo "make report MODEL= RUN=id      rebuild a run's report (default: the model's latest run)"
-	@echo "make agent [HOST= PORT= AGENT_DATA= TOKEN_FILE=]  run the device agent here"
+	@echo "make agent [HOST= PORT= AGENT_DATA= TOKEN_FILE=]  run the device agent here (on a Jetson its venv sees JetPack's TensorRT)"
 	@echo "make docker-jetson L4T=36.4.3 | docker-dc | docker-pipeline   build (and smoke-test) the images"
 	@echo "make bundle L4T=36.4.3     offline agent bundle for an air-gapped Jetson (dist/)"
 	@echo "make test                  run the tests"
@@ -61,10 +70,20 @@ help:
 
 venv: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+# The virtualenv itself. With SYSTEM_SITE_PACKAGES (a Jetson), one made earlier without the system's
+# packages is switched over: `venv --upgrade` rewrites its pyvenv.cfg and keeps what is installed.
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
 	  { echo "error: EdgeFold needs Python ≥ 3.10; pass PYTHON=python3.11"; exit 2; }
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(if $(SYSTEM_SITE_PACKAGES),--system-site-packages) $(VENV)
+
+.PHONY: venv-system-site
+venv-system-site: $(BIN)/python
+	$(if $(SYSTEM_SITE_PACKAGES),@grep -qx 'include-system-site-packages = true' $(VENV)/pyvenv.cfg || \
+	  { echo "$(VENV) was made without the system's packages (JetPack's TensorRT lives there): switching it over"; \
+	    $(PYTHON) -m venv --system-site-packages --upgrade --without-pip $(VENV); },@true)
+
+$(STAMP): setup.cfg pyproject.toml | venv-system-site
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $@
@@ -94,7 +113,15 @@ test: $(STAMP)
 bench: $(STAMP) data
 	$(BIN)/python bench/edge_bench.py --model $(BENCH_MODEL) --runs-dir '$(RUNS)'
 
-agent: $(STAMP)
+agent-venv: $(AGENT_STAMP)
+
+$(AGENT_STAMP): setup.cfg pyproject.toml | venv-system-site
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[$(AGENT_EXTRAS)]'
+	touch $@
+
+# Its first line says which TensorRT it found (or why none) and what runtime `auto` will measure with.
+agent: $(AGENT_STAMP)
 	$(BIN)/edgefold-agent serve --host $(HOST) --port $(PORT) --data-dir '$(AGENT_DATA)' \
 	    $(if $(TOKEN_FILE),--token-file '$(TOKEN_FILE)')
 

@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # EdgeFold's agent for Jetson (linux/arm64), cross-built on an x86 workstation:
-#   make docker-jetson L4T=36.4.3        (base image and Python from docker/l4t.json)
+#   make docker-jetson L4T=36.4.3        (base image and Python from device/l4t.json)
 # Run it on the Jetson (the jtop service runs on the host; the token is mounted, never baked in):
 #   docker run -d --runtime nvidia --network host -v /run/jtop.sock:/run/jtop.sock \
 #     -v /etc/edgefold/token:/run/secrets/edgefold-token:ro -v edgefold-data:/var/lib/edgefold-agent IMAGE

@@ -5,7 +5,9 @@
     python3 docker/platforms.py tag KIND [L4T]  # edgefold-agent:0.1.0-l4t36.4 …
     python3 docker/platforms.py python L4T      # the agent's Python version (for the offline bundle)
 
-An L4T release not in ``l4t.json`` is an error naming the known ones, never a silent fallback.
+The L4T table is the agent's own (``device/l4t.json``: one table for the images, the offline bundle
+and the agent's L4T → JetPack). An L4T release not in it is an error naming the known ones, never a
+silent fallback; a known release without an image (JetPack 7) is refused by name with the reason.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TABLE = HERE / "l4t.json"
+TABLE = HERE.parent / "device" / "l4t.json"
 DC_BASE = "nvcr.io/nvidia/tensorrt:25.01-py3"  # TensorRT 10.8, CUDA 12.8, Ubuntu 24.04, Python 3.12
 PIPELINE_BASE = "python:3.11-slim-bookworm"
 
@@ -31,7 +33,8 @@ def version() -> str:
 
 
 def table() -> dict:
-    return {k: v for k, v in json.loads(TABLE.read_text()).items() if not k.startswith("_")}
+    """The L4T families (major.minor → what an agent there runs on)."""
+    return json.loads(TABLE.read_text())["families"]
 
 
 def release(l4t: str) -> tuple[str, dict]:
@@ -44,14 +47,24 @@ def release(l4t: str) -> tuple[str, dict]:
     entries = table()
     if key not in entries:
         raise PlatformError(f"unknown L4T release {l4t} ({key}); known: {', '.join(entries)}. "
-                            f"Add it to docker/l4t.json with its base image from NGC's l4t-jetpack tags")
+                            f"Add it to device/l4t.json with its base image from NGC's l4t-jetpack tags")
     return key, entries[key]
+
+
+def image_release(l4t: str) -> tuple[str, dict]:
+    """Like :func:`release`, for building an image: a release without a verified base image is refused
+    with the reason and what to use instead."""
+    key, entry = release(l4t)
+    if not entry.get("base"):
+        raise PlatformError(f"no agent image for L4T {l4t} (JetPack {entry['jetpack']}, CUDA {entry['cuda']}, TensorRT "
+                            f"{entry['tensorrt']}): {entry['image_refused']}")
+    return key, entry
 
 
 def tag(kind: str, l4t: str | None = None) -> str:
     """Image tags carry EdgeFold's version, and the L4T release for Jetson images."""
     if kind == "jetson":
-        key, _ = release(l4t)
+        key, _ = image_release(l4t)
         return f"edgefold-agent:{version()}-l4t{key}"
     if kind == "dc":
         return f"edgefold-agent:{version()}-dc-trt{DC_BASE.rsplit(':', 1)[1].split('-')[0]}"
@@ -61,7 +74,7 @@ def tag(kind: str, l4t: str | None = None) -> str:
 
 
 def build_args(l4t: str) -> list[str]:
-    _, entry = release(l4t)
+    _, entry = image_release(l4t)
     return [f"--build-arg=BASE={entry['base']}", f"--build-arg=PYTHON_VERSION={entry['agent_python']}",
             f"--build-arg=PYTHON_SOURCE={entry['python_source']}"]
 
@@ -70,7 +83,7 @@ def main(argv: list[str]) -> int:
     try:
         command, *rest = argv
         if command == "base":
-            print(release(rest[0])[1]["base"])
+            print(image_release(rest[0])[1]["base"])
         elif command == "python":
             print(release(rest[0])[1]["agent_python"])
         elif command == "build-args":
@@ -79,8 +92,10 @@ def main(argv: list[str]) -> int:
             print(tag(rest[0], rest[1] if len(rest) > 1 else None))
         elif command == "table":
             for key, entry in table().items():
-                print(f"{key:6} JetPack {entry['jetpack']:18} {entry['base']:40} Python {entry['agent_python']} "
-                      f"TensorRT in agent: {'yes' if entry['tensorrt_in_agent'] else 'no (' + entry['note'] + ')'}")
+                print(f"{key:6} JetPack {entry['jetpack']:20} {entry['base'] or 'no image (bundle only)':40} "
+                      f"Python {entry['agent_python']} CUDA {entry['cuda']} TensorRT {entry['tensorrt']} "
+                      f"in agent: {'yes' if entry['tensorrt_in_agent'] else 'no'}"
+                      + (f" ({entry['note']})" if entry.get("note") else ""))
         else:
             raise PlatformError(f"unknown command {command!r}")
     except PlatformError as err:

@@ -49,8 +49,34 @@ def test_l4t_table_maps_releases_and_refuses_unknown_ones():
         with pytest.raises(platforms.PlatformError):
             platforms.release(bad)
     for entry in platforms.table().values():
-        assert entry["base"].startswith("nvcr.io/nvidia/l4t-jetpack:r") and entry["tensorrt_in_agent"] in (True, False)
+        assert (entry["base"] or "").startswith("nvcr.io/nvidia/l4t-jetpack:r") or entry["image_refused"]
+        assert entry["tensorrt_in_agent"] in (True, False) and entry["cuda"] and entry["tensorrt"]
         assert entry["tensorrt_in_agent"] or entry["note"], "a missing TensorRT says why"
+
+
+def test_one_l4t_table_for_the_images_the_bundle_and_the_agent():
+    """Issue 25, point 6: the images' families and the agent's L4T → JetPack come from device/l4t.json, and
+    every release the agent knows from L4T 35 on has a family here: none is "unknown" to one side only."""
+    from device.jetson import L4T_TO_JETPACK
+
+    families = platforms.table()
+    for l4t in L4T_TO_JETPACK:
+        if int(l4t.split(".")[0]) >= 35 and not l4t.startswith(("35.1", "35.2", "35.5", "35.6", "36.0")):
+            assert ".".join(l4t.split(".")[:2]) in families, l4t
+    assert platforms.release("36.5.0")[1]["tensorrt"] == "10.3.0"  # JetPack 6.2.2, on the r36.4.0 userspace
+    assert platforms.tag("jetson", "36.5.0").endswith("-l4t36.5")
+
+
+@pytest.mark.parametrize("l4t, jetpack", [("38.4.0", "7.1"), ("39.2.2", "7.2"), ("38.2.0", "7.0")])
+def test_jetpack_7_images_are_refused_by_name_with_the_reason(l4t, jetpack):
+    key, entry = platforms.release(l4t)  # known: the bundle builds for it
+    assert entry["agent_python"] == "3.12" and entry["cuda"].startswith("13.")
+    with pytest.raises(platforms.PlatformError, match=rf"no agent image for L4T {l4t} \(JetPack {jetpack}") as err:
+        platforms.build_args(l4t)
+    assert "make agent" in str(err.value) and "bundle" in str(err.value)
+    result = subprocess.run([sys.executable, str(DOCKER / "platforms.py"), "build-args", l4t], capture_output=True,
+                            text=True)
+    assert result.returncode == 2 and "SBSA" in result.stderr and "unknown" not in result.stderr
 
 
 def test_tags_carry_version_and_l4t():
