@@ -13,6 +13,9 @@ loopback agent the same way:
 
 From these :func:`batch_profile` derives the share of time per precision (INT8 against the layers left in
 float), the layers that fell back from the DLA to the GPU, and the float layers that cost the most.
+Q/DQ, reformat and cast layers are *overhead*, a category of their own: they touch INT8 tensors but
+compute nothing, so counting them as INT8 would credit quantization with the time it costs.
+:func:`int8_payoff_reasons` turns a table into the reasons INT8 may not pay off.
 No torch, no TensorRT: the builders take the runtimes' outputs as plain data.
 """
 
@@ -22,7 +25,7 @@ import json
 from collections import defaultdict
 from typing import Any, Iterable, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROFILE_FORMAT = "edgefold.profile/1"
 FLOAT_PRECISIONS = ("fp32", "fp16", "bf16")
@@ -33,6 +36,12 @@ PROFILE_ITERATIONS = 20
 PROFILE_WARMUP = 3
 PROFILE_MIN_ITERATIONS = 3
 PROFILE_BUDGET_S = 3.0  # per batch size: a ResNet-50 at batch 32 on a CPU loopback agent gets ~3 iterations
+# int8_payoff_reasons: above these shares the profile names the overhead and the float islands as reasons.
+# 15% overhead is about what INT8 saves over FP16 on a small CNN's compute, so more eats the gain; a quarter
+# of an INT8 model's time in float means the quantized part cannot make the whole much faster.
+OVERHEAD_REASON_SHARE = 0.15
+FLOAT_ISLAND_SHARE = 0.25
+OverheadKind = Literal["qdq", "reformat", "cast"]
 
 
 class _Model(BaseModel):
@@ -51,6 +60,17 @@ class LayerTiming(_Model):
                                              "when the runtime reports only totals)")
     share: float = Field(ge=0, le=1, description="fraction of the profiled time of one inference")
     fell_back: bool = Field(False, description="DLA was asked for and this layer ran on the GPU")
+    overhead: OverheadKind | None = Field(None, description="qdq, reformat or cast: a layer that converts "
+                                                            "precision or layout and computes nothing; null for "
+                                                            "compute layers (and DLA transfers, which are DLA I/O)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _classify_older(cls, data: Any) -> Any:
+        # Profiles stored before the overhead field existed: classify them on load, as batch_profile would.
+        if isinstance(data, dict) and "overhead" not in data:
+            data = {**data, "overhead": overhead_kind(data.get("kind", ""), data.get("name", ""))}
+        return data
 
 
 class BatchProfile(_Model):
@@ -61,12 +81,29 @@ class BatchProfile(_Model):
     total_ms: float = Field(ge=0, description="sum of the layers' times (the profiler's view of one inference)")
     layers: list[LayerTiming] = Field(description="slowest first")
     share_by_precision: dict[str, float] = Field(description="fraction of time per precision")
-    int8_share: float = Field(ge=0, le=1)
+    int8_share: float = Field(ge=0, le=1, description="fraction of time in INT8 compute layers (overhead excluded)")
+    overhead_share: float = Field(0.0, ge=0, le=1, description="fraction of time in Q/DQ, reformat and cast layers")
     dla_share: float | None = Field(None, description="fraction of time on the DLA; null when none was asked for")
     fallback_layers: list[str] = Field(default_factory=list,
                                        description="layers that could not run on the DLA and ran on the GPU")
     float_left_behind: list[str] = Field(default_factory=list,
                                          description="in a model with INT8 layers, the float layers costing most")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_older(cls, data: Any) -> Any:
+        # Stored before overhead_share existed, int8_share counted the Q/DQ and reformat layers as INT8 and
+        # float_left_behind could name a Cast: both are recomputed from the stored layers, so an old profile
+        # reads the same as a new one.
+        if not isinstance(data, dict) or "overhead_share" in data or "layers" not in data:
+            return data
+        layers = [LayerTiming.model_validate(layer) if isinstance(layer, dict) else layer for layer in data["layers"]]
+        overhead = {layer.name for layer in layers if layer.overhead}
+        return {**data, "layers": layers,
+                "overhead_share": min(1.0, sum(layer.share for layer in layers if layer.overhead)),
+                "int8_share": min(1.0, sum(layer.share for layer in layers
+                                            if layer.precision == "int8" and not layer.overhead)),
+                "float_left_behind": [name for name in data.get("float_left_behind", []) if name not in overhead]}
 
 
 class Profile(_Model):
@@ -113,6 +150,36 @@ def layer_precision(types: Iterable[str]) -> str:
     return min(found, key=_RANK.__getitem__) if found else "other"
 
 
+# ----------------------------------------------------------------- overhead layers
+# ONNX op types (ONNX Runtime's op_name) and TensorRT LayerTypes that only convert precision or layout.
+# ReorderInput/ReorderOutput are ONNX Runtime's NCHWc layout conversions on CPU: its reformats.
+_OVERHEAD_KINDS: dict[str, OverheadKind] = {
+    "quantizelinear": "qdq", "dequantizelinear": "qdq", "dynamicquantizelinear": "qdq", "quantize": "qdq",
+    "dequantize": "qdq", "reformat": "reformat", "reorderinput": "reformat", "reorderoutput": "reformat",
+    "cast": "cast"}
+# TensorRT names what it inserts, whatever LayerType it reports: "Reformatting CopyNode for Input Tensor 0 to
+# conv1", "conv1 reformatted input 0"; an unfused Q/DQ keeps its ONNX node's name ("QuantizeLinear_7", with
+# "_quantize_scale_node" appended in TensorRT 8.x build logs and layer names).
+_OVERHEAD_NAMES: tuple[tuple[str, OverheadKind], ...] = (
+    ("reformatting copynode", "reformat"), ("reformatted input", "reformat"), ("reformatted output", "reformat"),
+    ("quantize_scale_node", "qdq"), ("quantizelinear", "qdq"))
+
+
+def overhead_kind(kind: str, name: str) -> OverheadKind | None:
+    """Whether a layer is overhead: ``qdq``, ``reformat``, ``cast``, or None for a compute layer.
+
+    Args:
+        kind: The ONNX op type (ONNX Runtime) or TensorRT LayerType.
+        name: The layer's name. Only an unfused name counts: TensorRT joins fused layers with ``' + '``
+            and names Myelin subgraphs ``{ForeignNode[QuantizeLinear_0...Gemm_9]}``, and those compute.
+    """
+    found = _OVERHEAD_KINDS.get(kind.lower())
+    if found or " + " in name or name.startswith("{"):
+        return found
+    text = name.lower()
+    return next((category for needle, category in _OVERHEAD_NAMES if needle in text), None)
+
+
 # ----------------------------------------------------------------- the table
 def batch_profile(batch_size: int, iterations: int, timings: Sequence[dict[str, Any]],
                   requested_device: str) -> BatchProfile:
@@ -124,7 +191,8 @@ def batch_profile(batch_size: int, iterations: int, timings: Sequence[dict[str, 
         timings: One dict per layer: ``name``, ``kind``, ``precision``, ``device``, ``tactic`` (optional)
             and either ``samples_ms`` (one time per iteration: the layer's time is their median, so one
             preempted iteration on a shared CPU does not make a layer look slow) or ``total_ms`` (summed
-            over the iterations: the mean is taken). Layers named twice are added together.
+            over the iterations: the mean is taken); optionally ``overhead`` (else :func:`overhead_kind`
+            decides from the kind and name). Layers named twice are added together.
         requested_device: ``dla`` when the engine was built for the DLA (every GPU layer then fell back).
     """
     import statistics
@@ -138,19 +206,26 @@ def batch_profile(batch_size: int, iterations: int, timings: Sequence[dict[str, 
     layers = []
     for entry in sorted(merged.values(), key=lambda e: -e["time_ms"]):
         time_ms = entry["time_ms"]
+        overhead = (None if entry["kind"] == "DLA transfer"
+                    else entry.get("overhead") or overhead_kind(entry["kind"], entry["name"]))
         layers.append(LayerTiming(name=entry["name"], kind=entry["kind"], precision=entry["precision"],
                                   device=entry["device"], tactic=entry.get("tactic"), time_ms=time_ms,
                                   share=min(1.0, time_ms / total) if total > 0 else 0.0,
-                                  fell_back=requested_device == "dla" and entry["device"] == "gpu"))
+                                  fell_back=requested_device == "dla" and entry["device"] == "gpu",
+                                  overhead=overhead))
     shares: dict[str, float] = defaultdict(float)
     for layer in layers:
         shares[layer.precision] += layer.share
-    quantized = any(layer.precision == "int8" for layer in layers)
-    floats = [layer.name for layer in layers if layer.precision in FLOAT_PRECISIONS]
+    compute = [layer for layer in layers if not layer.overhead]
+    # A model whose only INT8 layers are its Q/DQ (ONNX Runtime on CPU running the conv between them in
+    # float) is still a quantized model: its float layers are what the quantization left behind.
+    quantized = any(layer.precision == "int8" or layer.overhead == "qdq" for layer in layers)
+    floats = [layer.name for layer in compute if layer.precision in FLOAT_PRECISIONS]
     return BatchProfile(
         batch_size=batch_size, iterations=iterations, total_ms=total, layers=layers,
         share_by_precision=dict(sorted(shares.items(), key=lambda kv: -kv[1])),
-        int8_share=min(1.0, shares.get("int8", 0.0)),
+        int8_share=min(1.0, sum(layer.share for layer in compute if layer.precision == "int8")),
+        overhead_share=min(1.0, sum(layer.share for layer in layers if layer.overhead)),
         dla_share=(min(1.0, sum(l.share for l in layers if l.device == "dla")) if requested_device == "dla" else None),
         fallback_layers=[layer.name for layer in layers if layer.fell_back],
         float_left_behind=floats[:FLOAT_LEFT_BEHIND] if quantized else [])
@@ -249,6 +324,63 @@ def from_tensorrt(engine_information: str, layer_times_ms: dict[str, Any], batch
                         "device": "dla" if transfer or _on_dla(layer) else "gpu", "tactic": layer.get("TacticName"),
                         **({"samples_ms": list(times)} if isinstance(times, (list, tuple)) else {"total_ms": times})})
     return batch_profile(batch_size, iterations, timings, requested_device)
+
+
+# ----------------------------------------------------------------- why INT8 may not pay off
+def _named(layers: Sequence[LayerTiming], count: int = 3) -> str:
+    shown = ", ".join(f"{layer.name} ({layer.kind}, {100 * layer.share:.0f}%)" for layer in layers[:count])
+    return shown + (f" and {len(layers) - count} more" if len(layers) > count else "")
+
+
+def int8_payoff_reasons(table: BatchProfile, runtime: str | None = None) -> list[str]:
+    """Why INT8 may not pay off in this engine, each reason in words with the place to look.
+
+    Args:
+        table: One batch size's profile of a quantized model.
+        runtime: ``tensorrt`` or ``onnxruntime``; None infers it (TensorRT layers carry a tactic).
+
+    Returns:
+        One sentence per reason, in this order: overhead above :data:`OVERHEAD_REASON_SHARE`, Q/DQ left
+        as layers of their own (unfused), no compute layer in INT8 at all, float islands above
+        :data:`FLOAT_ISLAND_SHARE` (when some compute is INT8). Empty for a model without Q/DQ or INT8
+        layers (nothing to pay off) and for one where none of these shows.
+    """
+    layers = table.layers
+    qdq = [layer for layer in layers if layer.overhead == "qdq"]
+    if not qdq and table.int8_share == 0:
+        return []
+    tensorrt = (runtime or ("tensorrt" if any(layer.tactic for layer in layers) else "onnxruntime")) == "tensorrt"
+    reasons = []
+    overhead = [layer for layer in layers if layer.overhead]
+    if table.overhead_share > OVERHEAD_REASON_SHARE:
+        place = ("the engine's layer list (results.json's profile, or trtexec --dumpLayerInfo "
+                 "--profilingVerbosity=detailed): a reformat sits wherever precision or layout changes, so "
+                 "between INT8 and float layers and at the engine's I/O" if tensorrt else
+                 "results.json's profile: ONNX Runtime runs each Q/DQ it could not fuse into a QLinear* kernel "
+                 "as an op of its own")
+        reasons.append(f"Q/DQ, reformat and cast layers take {100 * table.overhead_share:.0f}% of the time "
+                       f"({_named(overhead)}): this is what INT8 costs before it saves anything; look at {place}.")
+    if qdq:
+        place = ("TensorRT fuses a DequantizeLinear into the Conv/Gemm it feeds and a QuantizeLinear into the layer "
+                 "before it; one left standing sits where it cannot fuse (before an Add, Concat, Resize or a float "
+                 "layer, NVIDIA/TensorRT#3205): look at the Q/DQ placement in the quantize stage's student.int8.onnx"
+                 if tensorrt else
+                 "ONNX Runtime fuses DequantizeLinear → op → QuantizeLinear into a QLinear* kernel only for the "
+                 "ops and types its execution provider has; unfused, the op between runs in float: look at the "
+                 "provider (TensorRT on the device fuses what the CPU provider does not)")
+        reasons.append(f"{len(qdq)} Q/DQ layer(s) run as layers of their own, unfused ({_named(qdq)}); {place}.")
+    if qdq and table.int8_share == 0:
+        reasons.append("No compute layer ran in INT8: the Q/DQ only round the values (fake quantization) and the "
+                       "layers between them ran in float, so INT8 costs time here and saves none; the runtime, not the "
+                       "model, decides this: measure the INT8 rung with TensorRT on the device.")
+    floats = [layer for layer in layers if not layer.overhead and layer.precision in FLOAT_PRECISIONS]
+    float_share = sum(layer.share for layer in floats)
+    if float_share > FLOAT_ISLAND_SHARE and table.int8_share > 0:
+        reasons.append(f"Float layers take {100 * float_share:.0f}% of the time in an INT8 model: {_named(floats)}; "
+                       "each float island also needs reformats on its way in and out. Look at the quantize stage's "
+                       "attempts[].lint.float_layers in manifest.json (the layers left out of Q/DQ) and quantize "
+                       "them or move them to FP16.")
+    return reasons
 
 
 # ----------------------------------------------------------------- the job's pass

@@ -515,17 +515,40 @@ def layer_profiles(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return entries
 
 
+def _time_table(table: dict[str, Any]) -> dict[str, Any]:
+    # Profiles stored before the overhead split counted Q/DQ and reformats as INT8: the model splits them on load.
+    if "overhead_share" in table:
+        return table
+    from device.profile import BatchProfile
+
+    return BatchProfile.model_validate(table).model_dump()
+
+
 def _time_summary(table: dict[str, Any], device: str) -> str:
-    """One sentence: the INT8 share, the DLA share and fallbacks, the costliest layer left in float."""
-    shares = ", ".join(f"{p} {100 * v:.1f}%" for p, v in table["share_by_precision"].items())
-    text = f"INT8 layers take {100 * table['int8_share']:.1f}% of the time ({shares})."
+    """One sentence: INT8 compute, Q/DQ/reformat/cast overhead and float shares, the DLA share and fallbacks,
+    the costliest layer left in float."""
+    from device.profile import FLOAT_PRECISIONS
+
+    table = _time_table(table)
+    floats: dict[str, float] = {}
+    for layer in table["layers"]:
+        if not layer.get("overhead") and layer["precision"] in FLOAT_PRECISIONS:
+            floats[layer["precision"]] = floats.get(layer["precision"], 0.0) + layer["share"]
+    float_share = sum(floats.values())
+    other = max(0.0, 1.0 - table["int8_share"] - table["overhead_share"] - float_share) if table["layers"] else 0.0
+    text = (f"INT8 compute takes {100 * table['int8_share']:.1f}% of the time, Q/DQ/reformat/cast overhead "
+            f"{100 * table['overhead_share']:.1f}%, float layers {100 * float_share:.1f}%"
+            + (f" ({', '.join(f'{p} {100 * v:.1f}%' for p, v in sorted(floats.items(), key=lambda kv: -kv[1]))})"
+               if floats else "")
+            + (f", other {100 * other:.1f}%" if other >= 0.0005 else "") + ".")
     if table["float_left_behind"]:
         name = table["float_left_behind"][0]
         layer = next(l for l in table["layers"] if l["name"] == name)
         text += (f" Biggest layer left in float: {name} ({layer['kind']}, {layer['precision']}, "
                  f"{100 * layer['share']:.1f}%).")
-    elif table["int8_share"] == 0:
-        text += " No INT8 layers: the model runs in float."
+    if table["int8_share"] == 0:
+        text += (" No compute layer ran in INT8: only its Q/DQ did." if any(
+            l.get("overhead") == "qdq" for l in table["layers"]) else " No INT8 layers: the model runs in float.")
     if table.get("dla_share") is not None:
         fallbacks = table["fallback_layers"]
         text += (f" DLA: {100 * table['dla_share']:.1f}% of the time; "
@@ -535,10 +558,22 @@ def _time_summary(table: dict[str, Any], device: str) -> str:
     return text
 
 
+def _payoff_reasons(table: dict[str, Any], runtime: str) -> list[str]:
+    from device.profile import BatchProfile, int8_payoff_reasons
+
+    return int8_payoff_reasons(BatchProfile.model_validate(table), runtime)
+
+
+_OVERHEAD_LABEL = {"qdq": "Q/DQ", "reformat": "reformat", "cast": "cast"}
+
+
 def _time_rows(table: dict[str, Any]) -> list[list[str]]:
     rows = [["layer", "kind", "precision", "device", "ms", "share"]]
-    for layer in table["layers"][:TOP_LAYERS]:
-        rows.append([layer["name"], layer["kind"], layer["precision"], layer["device"]
+    for layer in _time_table(table)["layers"][:TOP_LAYERS]:
+        # Overhead rows say so beside their precision: a DequantizeLinear touches INT8 but computes nothing.
+        overhead = layer.get("overhead")
+        rows.append([layer["name"], layer["kind"], layer["precision"]
+                     + (f" ({_OVERHEAD_LABEL[overhead]} overhead)" if overhead else ""), layer["device"]
                      + (" (fell back)" if layer.get("fell_back") else ""), f"{layer['time_ms']:.4f}",
                      f"{100 * layer['share']:.1f}%"])
     return rows
@@ -562,8 +597,11 @@ def time_section_markdown(data: dict[str, Any]) -> list[str]:
         profile = entry["profile"]
         table = _shown_batch(profile)
         parts += ["", f"### {entry['rung']} on {entry['device']} ({entry['runtime']}, {profile['requested_device']}, "
-                      f"batch {table['batch_size']})", "", _time_summary(table, entry["device"]), "",
-                  _markdown_table(_time_rows(table))]
+                      f"batch {table['batch_size']})", "", _time_summary(table, entry["device"]), ""]
+        reasons = _payoff_reasons(table, entry["runtime"])
+        if reasons:
+            parts += ["Why INT8 may not pay off here:", ""] + [f"- {reason}" for reason in reasons] + [""]
+        parts.append(_markdown_table(_time_rows(table)))
     return parts
 
 
@@ -580,8 +618,15 @@ def time_section_html(data: dict[str, Any]) -> str:
         rows = _time_rows(table)
         out.append(f"<h3>{esc(entry['rung'])} on {esc(entry['device'])} ({esc(entry['runtime'])}, batch "
                    f"{table['batch_size']})</h3><p>{esc(_time_summary(table, entry['device']))}</p>"
-                   + html_table(rows))
+                   + _reasons_html(_payoff_reasons(table, entry["runtime"])) + html_table(rows))
     return "".join(out)
+
+
+def _reasons_html(reasons: list[str]) -> str:
+    if not reasons:
+        return ""
+    return ("<p>Why INT8 may not pay off here:</p><ul>"
+            + "".join(f"<li>{html.escape(reason)}</li>" for reason in reasons) + "</ul>")
 
 
 # ----------------------------------------------------------------- plots

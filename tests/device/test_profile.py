@@ -9,8 +9,8 @@ import pytest
 
 from device.client import file_sha256
 from device.jobrun import run_job
-from device.profile import (Profile, batch_profile, from_onnxruntime_trace, from_tensorrt, layer_precision,
-                            profile_runner, type_precision)
+from device.profile import (BatchProfile, Profile, batch_profile, from_onnxruntime_trace, from_tensorrt,
+                            int8_payoff_reasons, layer_precision, overhead_kind, profile_runner, type_precision)
 from device.runners import make_runner
 from tests.device.agent_process import tiny_onnx
 from tests.device.trt_standin import qdq_classifier
@@ -77,7 +77,12 @@ def test_onnxruntime_profiles_a_q_dq_model_for_real(tmp_path):
     assert table.iterations == 3 and table.batch_size == 2 and table.total_ms > 0
     kinds = {layer.kind for layer in table.layers}
     assert {"QuantizeLinear", "DequantizeLinear"} <= kinds or "QLinearConv" in kinds
-    assert 0 < table.int8_share < 1 and "head" in table.float_left_behind
+    # ONNX Runtime's CPU provider may or may not fuse the Conv into a QLinearConv; either way its Q/DQ
+    # nodes are overhead and only INT8 compute counts as INT8.
+    assert {layer.kind for layer in table.layers if layer.overhead} <= {"QuantizeLinear", "DequantizeLinear"}
+    assert table.overhead_share > 0 and table.int8_share == pytest.approx(
+        sum(layer.share for layer in table.layers if layer.precision == "int8" and not layer.overhead))
+    assert (table.int8_share > 0) == ("QLinearConv" in kinds) and "head" in table.float_left_behind
     assert all(layer.device == "cpu" for layer in table.layers)
     assert not list(tmp_path.glob("*.json")), "the trace file is removed"
 
@@ -163,3 +168,123 @@ def test_the_profiling_pass_fits_its_time_budget(monkeypatch):
     profile, _ = profile_runner(runner, [2], (3, 4, 4))
     assert runner.counts == [device.profile.PROFILE_MIN_ITERATIONS, device.profile.PROFILE_ITERATIONS]
     assert Profile.model_validate(profile).batches[0].batch_size == 2
+
+
+# ----------------------------------------------------------------- overhead: Q/DQ, reformat, cast
+def _ort_trace(nodes):
+    """A two-run ONNX Runtime trace; ``nodes`` is (name, op, input types, output types, µs per run)."""
+    events = [{"cat": "Session", "name": "model_run", "ts": ts, "dur": 90} for ts in (0, 100)]
+    for start in (1, 101):
+        for name, op, inputs, outputs, dur in nodes:
+            events.append({"cat": "Node", "name": f"{name}_kernel_time", "ts": start, "dur": dur, "args": {
+                "op_name": op, "provider": "CPUExecutionProvider",
+                "input_type_shape": [{t: [1, 8]} for t in inputs], "output_type_shape": [{t: [1, 8]} for t in outputs]}})
+    return events
+
+
+ORT_NODES = [  # what the default run's INT8 student looks like on ONNX Runtime CPU: DequantizeLinear on top
+    ("dequant_w", "DequantizeLinear", ["int8", "float", "int8"], ["float"], 120),
+    ("conv_q", "QLinearConv", ["uint8", "float", "uint8", "int8"], ["uint8"], 410),
+    ("quant_in", "QuantizeLinear", ["float", "float", "uint8"], ["uint8"], 50),
+    ("dequant_out", "DequantizeLinear", ["uint8", "float", "uint8"], ["float"], 30),
+    ("island_cast", "Cast", ["float"], ["float16"], 2),
+    ("head", "Gemm", ["float", "float"], ["float"], 388),
+]
+
+
+def test_q_dq_and_cast_nodes_are_overhead_not_int8_compute():
+    """Issue 24: DequantizeLinear touches INT8 but computes nothing; it used to count as an INT8 layer."""
+    table = from_onnxruntime_trace(_ort_trace(ORT_NODES), batch_size=1)
+    overhead = {layer.name: layer.overhead for layer in table.layers}
+    assert overhead == {"dequant_w": "qdq", "conv_q": None, "quant_in": "qdq", "dequant_out": "qdq",
+                        "island_cast": "cast", "head": None}
+    assert table.layers[2].name == "dequant_w" and table.layers[2].precision == "int8"  # its precision stays
+    assert table.int8_share == pytest.approx(0.410) and table.overhead_share == pytest.approx(0.202)
+    assert table.share_by_precision["int8"] == pytest.approx(0.610)  # per precision, every layer still counts
+    assert table.float_left_behind == ["head"]  # a Cast is overhead, not a float layer left behind
+
+
+def test_tensorrt_reformats_unfused_q_dq_and_casts_are_overhead():
+    """Inspector names as TensorRT writes them; fused layers and Myelin subgraphs that mention a Q/DQ compute."""
+    def layer(name, kind, fmt_in, fmt_out, tactic="sm87_kernel"):
+        return {"Name": name, "LayerType": kind, "TacticName": tactic,
+                "Inputs": [{"Name": "i", "Format/Datatype": fmt_in}], "Outputs": [{"Name": "o", "Format/Datatype": fmt_out}]}
+
+    int8, fp16, fp32 = "Channel major INT8 format where channel % 16 == 0", "Half", "Row major linear FP32"
+    info = {"Layers": [
+        layer("Reformatting CopyNode for Input Tensor 0 to conv1 + relu1", "Reformat", fp32, int8),
+        layer("conv1 + relu1", "CaskConvolution", int8, int8),
+        layer("QuantizeLinear_7_quantize_scale_node", "Scale", fp16, int8),
+        layer("conv2 + DequantizeLinear_9", "CaskConvolution", int8, int8),
+        layer("head reformatted input 0", "NoOp", int8, fp16),
+        layer("/head/Cast", "Cast", fp16, fp32),
+        layer("{ForeignNode[QuantizeLinear_11...Gemm_20]}", "Myelin", fp16, fp16)]}
+    times = {"Reformatting CopyNode for Input Tensor 0 to conv1 + relu1": 0.5, "conv1 + relu1": 2.0,
+             "QuantizeLinear_7_quantize_scale_node": 0.5, "conv2 + DequantizeLinear_9": 2.0,
+             "head reformatted input 0": 0.5, "/head/Cast": 0.5, "{ForeignNode[QuantizeLinear_11...Gemm_20]}": 4.0}
+    table = from_tensorrt(json.dumps(info), times, batch_size=1, iterations=1, requested_device="gpu")
+    assert {layer.name: layer.overhead for layer in table.layers if layer.overhead} == {
+        "Reformatting CopyNode for Input Tensor 0 to conv1 + relu1": "reformat",
+        "QuantizeLinear_7_quantize_scale_node": "qdq", "head reformatted input 0": "reformat", "/head/Cast": "cast"}
+    assert table.int8_share == pytest.approx(0.4) and table.overhead_share == pytest.approx(0.2)
+    assert table.float_left_behind == ["{ForeignNode[QuantizeLinear_11...Gemm_20]}"]
+    reasons = int8_payoff_reasons(table)
+    assert len(reasons) == 3, reasons
+    assert reasons[0].startswith("Q/DQ, reformat and cast layers take 20% of the time") and "--dumpLayerInfo" in reasons[0]
+    assert "1 Q/DQ layer(s) run as layers of their own" in reasons[1]
+    assert "QuantizeLinear_7_quantize_scale_node (Scale, 5%)" in reasons[1] and "TensorRT fuses" in reasons[1]
+    assert reasons[2].startswith("Float layers take 40% of the time") and "lint.float_layers" in reasons[2]
+
+
+def test_dla_transfers_stay_dla_io_not_overhead():
+    info = {"Layers": [{"Name": "{ForeignNode[conv1...relu3]}", "LayerType": "DLA", "TacticName": "dla",
+                        "Inputs": [{"Name": "i", "Format/Datatype": "Channel major INT8 format"}], "Outputs": []}]}
+    table = from_tensorrt(json.dumps(info), {"{ForeignNode[conv1...relu3]}": 3.0, "images to nvm": 1.0},
+                          batch_size=1, iterations=1, requested_device="dla")
+    transfer = next(layer for layer in table.layers if layer.kind == "DLA transfer")
+    assert transfer.overhead is None and table.overhead_share == 0 and table.dla_share == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("kind, name, expected", [
+    ("DequantizeLinear", "anything", "qdq"), ("QuantizeLinear", "q", "qdq"), ("Cast", "c", "cast"),
+    ("Reformat", "r", "reformat"), ("ReorderInput", "nchwc", "reformat"), ("Conv", "conv", None),
+    ("Scale", "DequantizeLinear_4_dequantize_scale_node", "qdq"), ("CaskConvolution", "conv + QuantizeLinear_2", None),
+    ("Myelin", "{ForeignNode[DequantizeLinear_0...Relu_9]}", None), ("ElementWise", "broadcast_add", None),
+])
+def test_overhead_kind(kind, name, expected):
+    assert overhead_kind(kind, name) == expected
+
+
+def test_a_stored_profile_without_the_overhead_fields_still_validates_and_is_split():
+    """Results stored before the split carry int8_share with the Q/DQ counted: re-read, they are split."""
+    table = from_onnxruntime_trace(_ort_trace(ORT_NODES), batch_size=1).model_dump()
+    old = {**{k: v for k, v in table.items() if k != "overhead_share"}, "int8_share": 0.610,
+           "float_left_behind": ["head", "island_cast"],
+           "layers": [{k: v for k, v in layer.items() if k != "overhead"} for layer in table["layers"]]}
+    again = BatchProfile.model_validate(old)
+    assert again.int8_share == pytest.approx(0.410) and again.overhead_share == pytest.approx(0.202)
+    assert again.float_left_behind == ["head"] and again.layers[0].overhead is None
+    assert Profile.model_validate({"runtime": "onnxruntime", "source": "old", "requested_device": "cpu",
+                                   "batches": [old]}).batches[0].int8_share == pytest.approx(0.410)
+
+
+def test_int8_payoff_reasons_on_onnxruntime():
+    table = from_onnxruntime_trace(_ort_trace(ORT_NODES), batch_size=1)
+    reasons = int8_payoff_reasons(table)
+    assert reasons[0].startswith("Q/DQ, reformat and cast layers take 20% of the time (dequant_w (DequantizeLinear, 12%)")
+    assert "3 Q/DQ layer(s) run as layers of their own" in reasons[1] and "QLinear*" in reasons[1]
+    assert reasons[2].startswith("Float layers take 39% of the time in an INT8 model: head (Gemm, 39%)")
+    fake = from_onnxruntime_trace(_ort_trace([n for n in ORT_NODES if n[0] != "conv_q"]), batch_size=1)
+    assert any(r.startswith("No compute layer ran in INT8") for r in int8_payoff_reasons(fake))
+
+
+def test_no_reasons_for_a_float_model_or_a_clean_int8_engine():
+    floats = batch_profile(1, 1, [{"name": "conv", "kind": "Conv", "precision": "fp32", "device": "cpu",
+                                   "total_ms": 1.0}], "cpu")
+    assert int8_payoff_reasons(floats) == []
+    clean = batch_profile(1, 1, [
+        {"name": "conv1 + relu1", "kind": "CaskConvolution", "precision": "int8", "device": "gpu", "total_ms": 9.0,
+         "tactic": "sm87_int8"},
+        {"name": "Reformatting CopyNode for Input Tensor 0 to conv1 + relu1", "kind": "Reformat",
+         "precision": "int8", "device": "gpu", "total_ms": 1.0, "tactic": "copy"}], "gpu")
+    assert clean.overhead_share == pytest.approx(0.1) and int8_payoff_reasons(clean) == []
