@@ -10,10 +10,12 @@ JSON can carry: what the client sent is named, never echoed (it may be NaN or a 
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import os
 import secrets
+import shutil
 import sqlite3
 import time
 from contextlib import asynccontextmanager
@@ -294,7 +296,8 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
     sha_param = PathParam(pattern=SHA256.pattern, description="lowercase hex sha256 of the artifact's bytes")
 
     @app.put("/v1/artifacts/{sha256}", response_model=Artifact, status_code=201, dependencies=auth,
-             responses={**errors, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+             responses={**errors, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody},
+                        507: {"model": ErrorBody}},
              tags=["artifacts"],
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
@@ -309,13 +312,27 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
         tmp = store.temp_file()
         writer = HashingWriter(tmp, limit)
         try:
-            async for chunk in request.stream():
-                writer.write(chunk)
-            writer.close()
+            try:
+                async for chunk in request.stream():
+                    writer.write(chunk)
+                writer.close()
+            except OSError as err:
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                try:
+                    writer.close()
+                except OSError:  # its buffer cannot be flushed either
+                    pass
+                tmp.unlink(missing_ok=True)  # before counting what is free: the partial file is not the agent's
+                needed = int(declared) if declared and declared.isdigit() else None
+                raise _disk_full(store.root, needed, writer.size) from None
             kind = await run_in_threadpool(check, tmp, sha256, writer.digest.hexdigest(), writer.size)
             return store.add_artifact(sha256, kind, tmp)
         finally:
-            writer.close()
+            try:
+                writer.close()
+            except OSError:  # its buffer still could not be flushed (a full disk): the file is deleted anyway
+                pass
             tmp.unlink(missing_ok=True)
 
     @app.get("/v1/artifacts/{sha256}", response_model=Artifact, dependencies=auth, responses=errors,
@@ -366,6 +383,18 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
 
     app.state.store, app.state.executor, app.state.config = store, executor, config
     return app
+
+
+def _disk_full(data_dir: Path, needed: int | None, written: int) -> ArtifactError:
+    """507 Insufficient Storage for an upload the data dir had no room for, with the space it needs and the fix."""
+    free = shutil.disk_usage(data_dir).free
+    size = f"{needed} bytes ({needed / 2**20:.1f} MiB)" if needed is not None else f"more than {written} bytes"
+    return ArtifactError(
+        f"the agent's data directory {data_dir} is full: this upload needs {size}, {free} bytes "
+        f"({free / 2**20:.1f} MiB) are free; nothing of it was kept",
+        fix=f"free space on that disk (old artifacts in {data_dir / 'artifacts'}, engines in {data_dir / 'engines'}, "
+            f"job folders in {data_dir / 'jobs'}), or restart the agent with --data-dir on a disk with room",
+        status=507)
 
 
 def serve(config: AgentConfig) -> None:

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -18,6 +17,7 @@ from typing import Any, Callable, Iterator
 from pydantic import ValidationError
 
 from device.errors import StatusError, require
+from device.files import sha256_file as file_sha256  # artifacts are named by it; imported from here too
 from device.schema import FINISHED, JobResult, JobSpec, describe_problems, field_problems
 
 CHUNK = 1 << 20
@@ -29,12 +29,28 @@ class AgentError(StatusError):
     default_status = 0
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
+class JobTimeoutError(AgentError):
+    """A job still queued or running when :meth:`AgentClient.wait` gave up: the agent answered, the job did not end.
+
+    Not "unreachable" (status 0): the device is fine and only this job is late, so a caller fails
+    this job, not the device, and cancels it (:meth:`AgentClient.cancel`): left alone it keeps the
+    agent's one-job-at-a-time queue busy. ``status`` is 408, never an answer of the agent.
+
+    Args:
+        message: What timed out, and in which state.
+        fix: What to do about it.
+        status: 408.
+        job_id: The job that did not end.
+    """
+
+    default_status = 408
+
+    def __init__(self, message: str, fix: str | None = None, status: int | None = None, job_id: str | None = None):
+        super().__init__(message, fix, status)
+        self.job_id = job_id
+
+    def __reduce__(self):
+        return (self.__class__, (self.message, self.fix, self.status, self.job_id))
 
 
 def read_token(token: str | None = None, token_file: str | os.PathLike | None = None) -> str:
@@ -161,6 +177,20 @@ class AgentClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._request("DELETE", f"/v1/jobs/{job_id}").json()
 
+    def abandon(self, job_id: str) -> str:
+        """Cancels a job its caller stopped waiting for (a :class:`JobTimeoutError`); never raises.
+
+        Returns:
+            What became of the job, to append to the caller's error ("cancelled on the agent", …).
+        """
+        try:
+            self.cancel(job_id)
+            return "cancelled on the agent"
+        except AgentError as err:
+            if err.status == 409:  # it ended between the last poll and the cancel
+                return "it ended meanwhile; the agent keeps its result"
+            return f"not cancelled ({err.message}): cancel it by hand, DELETE /v1/jobs/{job_id}"
+
     def metrics(self) -> str:
         return self._request("GET", "/metrics").text
 
@@ -169,7 +199,8 @@ class AgentClient:
         """Polls until the job finishes; ``on_progress`` sees each change of state or progress.
 
         Raises:
-            AgentError: When ``timeout_s`` passes first (the job keeps running on the agent).
+            JobTimeoutError: When ``timeout_s`` passes first; the job goes on on the agent until cancelled.
+            AgentError: When the agent refuses or cannot be reached.
         """
         deadline = time.monotonic() + timeout_s
         seen = None
@@ -182,16 +213,26 @@ class AgentClient:
             if job["state"] in FINISHED:
                 return job
             if time.monotonic() > deadline:
-                raise AgentError(f"job {job_id} on {self.url} still {job['state']} after {timeout_s:g} s",
-                                 fix="wait longer, or cancel it with DELETE /v1/jobs/{id}")
+                raise JobTimeoutError(
+                    f"job {job_id} on {self.url} still {job['state']} after waiting {timeout_s:g} s",
+                    fix=f"cancel it (AgentClient.cancel, DELETE /v1/jobs/{job_id}): it holds the agent's queue; a "
+                        f"hung runtime shows in the agent's DATA_DIR/jobs/{job_id}/log.txt, a slow model needs a "
+                        "longer timeout (deploy.job_timeout_s)", job_id=job_id)
             time.sleep(poll_s)
 
     def benchmark(self, path: str | os.PathLike, timeout_s: float = 3600.0, verbose: bool = False,
                   **spec: Any) -> dict[str, Any]:
-        """Uploads, submits and waits; returns the finished job (check its ``state``)."""
+        """Uploads, submits and waits; returns the finished job (check its ``state``).
+
+        Raises:
+            JobTimeoutError: The job did not end within ``timeout_s``; it was cancelled on the agent.
+        """
         sha256 = self.upload(path)
         job = self.submit({"artifact": sha256, **spec})
         report = (lambda j: print(f"  {self.url} job {j['id']}: {j['state']}"
                                   f"{' — ' + j['progress'] if j.get('progress') else ''}", file=sys.stderr)) \
             if verbose else None
-        return self.wait(job["id"], timeout_s=timeout_s, on_progress=report)
+        try:
+            return self.wait(job["id"], timeout_s=timeout_s, on_progress=report)
+        except JobTimeoutError as err:  # nobody waits for it any more: it must not hold the agent's queue
+            raise JobTimeoutError(f"{err.message}; {self.abandon(job['id'])}", fix=err.fix, job_id=err.job_id) from None

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from device.errors import ResultError
+from device.schema import parse_result
 from device.store import Store
 
 log = logging.getLogger("edgefold.agent")
@@ -62,6 +64,33 @@ def pid_is_job(pid: int, job_dir: Path) -> bool:
     except OSError:
         return False
     return b"device.jobrun" in cmdline and os.fsencode(str(job_dir)) in cmdline
+
+
+def _ended(job_dir: Path) -> tuple[str, dict[str, Any] | None, str | None] | None:
+    """How a job ended by the files its child left: ("succeeded", result, None), ("failed", None, reason), or
+    None when they say nothing (no file, or a result this agent's schema refuses).
+
+    Both files are written atomically and only at the child's end, so a present one is the whole story.
+    """
+    try:
+        result = json.loads((job_dir / "result.json").read_text())
+        parse_result(result, str(job_dir / "result.json"))
+        return "succeeded", result, None
+    except (OSError, ValueError, ResultError) as err:
+        if not isinstance(err, FileNotFoundError):
+            log.warning("%s: %s", job_dir / "result.json", err)
+    error = _error_text(job_dir)
+    return ("failed", None, error) if error is not None else None
+
+
+def _error_text(job_dir: Path) -> str | None:
+    """The job's ``error.json`` as one reason with its fix; None when there is none or it is unreadable."""
+    try:
+        error = json.loads((job_dir / "error.json").read_text())
+        fix = f"\n  fix: {error['fix']}" if error.get("fix") else ""
+        return f"{error.get('type', 'Error')}: {error.get('message', '')}{fix}"
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 class _CannotStart(Exception):
@@ -109,17 +138,36 @@ class Executor:
 
     # ----------------------------------------------------------------- lifecycle
     def recover(self) -> list[str]:
-        """After a restart: running jobs become interrupted (their orphaned children killed)."""
-        interrupted = []
+        """After a restart: running jobs end as their files say, else interrupted (orphaned children killed).
+
+        A job whose child wrote a valid ``result.json`` (or an ``error.json``) before the agent died
+        ended, though the database never heard of it (the end was still in ``_unrecorded``, or the
+        agent died between the child's exit and the update): it is recorded as succeeded with that
+        result (or as failed), not thrown away as interrupted.
+
+        Returns:
+            The jobs marked interrupted.
+        """
+        interrupted, recovered = [], []
         for job_id, pid in self.store.running_pids():
-            if pid and pid_is_job(pid, self.store.job_dir(job_id)):
+            job_dir = self.store.job_dir(job_id)
+            if pid and pid_is_job(pid, job_dir):
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+            ended = _ended(job_dir)
+            if ended is not None:
+                state, result, error = ended
+                self.store.finish(job_id, state, result=result, error=error)
+                recovered.append(f"{job_id} ({state})")
+                continue
             self.store.finish(job_id, "interrupted", error="the agent stopped while this job ran (restart or crash); "
                                                            "submit it again")
             interrupted.append(job_id)
+        if recovered:
+            log.warning("recorded %d job(s) that ended while the agent was down, from their files: %s",
+                        len(recovered), ", ".join(recovered))
         if interrupted:
             log.warning("marked %d job(s) interrupted after a restart: %s", len(interrupted), ", ".join(interrupted))
         return interrupted
@@ -287,13 +335,9 @@ class Executor:
                 return "succeeded", json.loads((job_dir / "result.json").read_text()), None
             except ValueError as err:
                 return "failed", None, f"the job wrote an unreadable result.json ({err})"
-        if (job_dir / "error.json").is_file():
-            try:
-                error = json.loads((job_dir / "error.json").read_text())
-                fix = f"\n  fix: {error['fix']}" if error.get("fix") else ""
-                return "failed", None, f"{error.get('type', 'Error')}: {error.get('message', '')}{fix}"
-            except (ValueError, AttributeError):
-                pass  # unreadable: report the exit status and log instead
+        error = _error_text(job_dir)
+        if error is not None:
+            return "failed", None, error
         return "failed", None, f"the job process died: {describe_exit(child.returncode)}; log tail:\n" \
                                f"{_tail(job_dir / 'log.txt')}"
 

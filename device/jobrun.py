@@ -27,6 +27,7 @@ import numpy as np
 
 from device import quiet
 from device.errors import ConfigError, EdgeFoldError, MissingDependencyError
+from device.files import write_json_atomic
 from device.measure import MeasureSpec, measure
 from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
@@ -37,12 +38,6 @@ SMOKE_IMAGE = Path(__file__).parent / "assets" / "smoke.png"
 # Which power series is the device's power, in order of preference, and how to name it.
 POWER_SOURCES = (("jtop", "board_power_mw"), ("nvml", "power_mw"))
 MEMORY_SOURCES = (("jtop", "ram_used_mb"), ("nvml", "gpu_mem_used_mb"), ("host", "rss_mb"))
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
 
 
 def _is_tegra() -> bool:
@@ -159,7 +154,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     spec = JobSpec.model_validate(job["spec"])
 
     def progress(text: str) -> None:
-        _write_json(job_dir / "progress.json", {"progress": text, "at": time.time()})
+        write_json_atomic(job_dir / "progress.json", {"progress": text, "at": time.time()})
 
     progress("loading")
     started = time.perf_counter()
@@ -256,13 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_job(job, job_dir)
     except EdgeFoldError as err:
-        _write_json(job_dir / "error.json", {"message": err.message, "fix": err.fix, "type": type(err).__name__})
+        write_json_atomic(job_dir / "error.json", {"message": err.message, "fix": err.fix, "type": type(err).__name__},
+                          indent=1)
         return 3
     except Exception as err:  # a runtime's own error (ONNX Runtime, TensorRT, CUDA): the job fails with it
         traceback.print_exc()
-        _write_json(job_dir / "error.json", {"message": str(err).strip(), "fix": None, "type": type(err).__name__})
+        write_json_atomic(job_dir / "error.json", {"message": str(err).strip(), "fix": None, "type": type(err).__name__},
+                          indent=1)
         return 4
-    _write_json(job_dir / "result.json", result)
+    write_json_atomic(job_dir / "result.json", result, indent=1)
     return 0
 
 

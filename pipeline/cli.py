@@ -110,12 +110,12 @@ def _cmd_run(args) -> int:
 def _cmd_report(args) -> int:
     from pathlib import Path
 
-    from pipeline.report import build_report, headline_text
+    from pipeline.report import headline_text, rebuild_report
 
     run_dir = Path(args.run)
     if not (run_dir / "manifest.json").is_file():
         run_dir = Path(args.runs_dir) / args.run / "latest"
-    paths = build_report(run_dir.resolve(), run_dir.resolve() / "report")
+    paths = rebuild_report(run_dir.resolve())
     data = json.loads(paths["json"].read_text())
     print(headline_text(data["headline"]))
     for kind, path in paths.items():

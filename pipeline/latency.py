@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from device.errors import ConfigError, EdgeFoldError, StageError
+from device.files import write_json_atomic
 from device.schema import parse_result
 from pipeline import knapsack
 from pipeline.manifest import sha256_json
@@ -381,7 +382,7 @@ class Meter:
                 session. A context read from the cache had been measured while the host was busy, and a
                 whole ResNet-50 table came out as differences against a time 1.7× too long.
         """
-        from device.client import AgentError
+        from device.client import AgentError, JobTimeoutError
         from device.schema import JobSpec
         from pipeline.stages.export import export_onnx
 
@@ -395,9 +396,9 @@ class Meter:
             # a hundred sub-networks, ~10 GB if built up front.
             model = model if isinstance(model, nn.Module) else model()
             key = self._cache_key(model)
-            cached = self.cache / f"{key}.json"
-            if cached.is_file() and not (name in refresh and pending):
-                results[name] = Measurement.from_json(json.loads(cached.read_text()))
+            cached = self._cached(key)
+            if cached is not None and not (name in refresh and pending):
+                results[name] = cached
                 self.reused += 1
                 continue
             if key not in {k for k, _ in pending.values()}:
@@ -422,30 +423,59 @@ class Meter:
             self.log(f"[   prune] latency: measuring {len(unique)} networks × {self.windows} windows on the agent")
         progress = _Progress(self.log, "jobs measured", len(unique) * self.windows)
         for _ in range(self.windows):
+            submitted: dict[str, str] = {}
+            read = 0
             try:
-                submitted = {key: self.client.submit(JobSpec.model_validate(
-                    {**self.spec.model_dump(exclude_none=True), "artifact": artifact}))["id"]
-                    for key, artifact in unique.items()}
+                for key, artifact in unique.items():
+                    submitted[key] = self.client.submit(JobSpec.model_validate(
+                        {**self.spec.model_dump(exclude_none=True), "artifact": artifact}))["id"]
                 for key, job_id in submitted.items():
                     job = self.client.wait(job_id, timeout_s=(self.spec.timeout_s or 1800) + 120, poll_s=0.05)
+                    read += 1
                     if job["state"] != "succeeded":
                         raise StageError(f"a latency-table job failed on the agent: {job.get('error')}",
                                          fix="see the agent's log; the deploy stage's runtime must run this model")
                     windows[key].append(latency_ms(job["result"], self.spec.batch_sizes[0]))
                     self.jobs += 1
                     progress.step()
+            except JobTimeoutError as err:
+                # The agent answers, so it is not "unreachable". The late job and the ones queued after it are
+                # cancelled: left there, they would hold the agent's queue after the stage stopped.
+                outcome = "; ".join(dict.fromkeys(self.client.abandon(j) for j in list(submitted.values())[read:]))
+                raise StageError(f"prune: a latency-table job did not end: {err.message} ({outcome})",
+                                 fix=err.fix) from None
             except AgentError as err:
                 raise _unreachable(err) from None
+            except StageError:
+                for job_id in list(submitted.values())[read:]:
+                    self.client.abandon(job_id)
+                raise
         for key, values in windows.items():
             ordered = sorted(values, key=lambda v: v[0])
             median = ordered[len(ordered) // 2]
             measurement = Measurement(float(np.median([v[0] for v in values])), (median[1], median[2]),
                                       [v[0] for v in values])
-            (self.cache / f"{key}.json").write_text(json.dumps(measurement.to_json()))
+            write_json_atomic(self.cache / f"{key}.json", measurement.to_json())
             for name, (k, _) in pending.items():
                 if k == key:
                     results[name] = measurement
         return results
+
+    def _cached(self, key: str) -> Measurement | None:
+        """The cached measurement of ``key``; None when there is none or it cannot be read (measured again).
+
+        Entries written before they were written atomically can be truncated by a kill; one bad entry
+        must cost one measurement, not every later run.
+        """
+        path = self.cache / f"{key}.json"
+        if not path.is_file():
+            return None
+        try:
+            return Measurement.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            self.log(f"[   prune] latency: warning: the cached measurement {path} is unreadable "
+                     f"({type(err).__name__}: {err}); measuring it again")
+            return None
 
 
 def _unreachable(err) -> StageError:

@@ -12,14 +12,17 @@ import csv
 import html
 import io
 import json
+import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
 from device.errors import ManifestError, SchemaVersionError, require
 from device.schema import JobResult, parse_result
 from pipeline.devices import DEPLOY_SCHEMA
+from pipeline.manifest import Manifest, sha256_file
 from pipeline.rungs import DEPLOYED, RUNGS, TEACHER
 from device import quiet
 from pipeline import perclass, stats
@@ -800,7 +803,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / "report.md", "html": out / "report.html", "json": out / "results.json",
              "csv": out / "results.csv"}
-    paths["json"].write_text(json.dumps(data, indent=1, default=str) + "\n")
+    paths["json"].write_text(json.dumps(data, indent=1) + "\n")  # no default=str: a non-JSON value is a bug, raised
     with open(paths["csv"], "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
@@ -815,6 +818,60 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
         paths["md"].write_text(paths["md"].read_text() + section)
     paths["html"].write_text(render_html(data, plots(data), sections=latency_html(manifest, run_dir)))
     return paths
+
+
+def rebuild_report(run_dir: str | Path) -> dict[str, Path]:
+    """Rebuilds a run's ``report/`` folder whole (``edgefold report RUN``) and keeps the manifest's record of it true.
+
+    The files are rendered into a folder beside ``report/`` that takes its place only once all of
+    them were written: a failure (a plot, a full disk) leaves the previous report as it was, never
+    new JSON beside old HTML. When the report stage recorded these files, the manifest's sha256 of
+    them (and the headline) are updated: a rebuild had made them false, so the next run redid the
+    stage and no recorded hash could be checked.
+
+    Returns:
+        The paths of report.md, report.html, results.json and results.csv in ``report/``.
+    """
+    run_dir = Path(run_dir)
+    final = run_dir / "report"
+    # mkdir, not mkdtemp: the folder becomes report/ and keeps the umask's permissions, not 0700.
+    staging = run_dir / f".report.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial"
+    staging.mkdir()
+    try:
+        built = build_report(run_dir, staging)
+        # Two renames: no call replaces a folder that holds files. Between them the old report waits
+        # whole in .report.*.old (a crash there loses nothing).
+        old = staging.with_suffix(".old") if final.exists() else None
+        if old is not None:
+            os.rename(final, old)
+        try:
+            os.rename(staging, final)
+        except BaseException:
+            if old is not None:
+                os.rename(old, final)
+            raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    paths = {kind: final / path.name for kind, path in built.items()}
+    _record_rebuild(run_dir, paths)
+    return paths
+
+
+def _record_rebuild(run_dir: Path, paths: dict[str, Path]) -> None:
+    """Updates the report stage's entry in the manifest to the rebuilt files (nothing if it never ran here)."""
+    manifest = Manifest.load(run_dir)
+    entry = manifest.stage("report")
+    if not entry:
+        return
+    entry["sha256"] = {**entry.get("sha256", {}),
+                       **{rel: sha256_file(run_dir / rel) for rel in entry.get("outputs", {}).values()
+                          if (run_dir / rel).is_file()}}
+    entry.setdefault("metrics", {})["headline"] = json.loads(paths["json"].read_text())["headline"]
+    entry["rebuilt"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    manifest.save()
 
 
 # The prune stage's latency-budget section (issue #16).

@@ -23,8 +23,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from device.client import AgentClient, AgentError
+from device.client import AgentClient, AgentError, JobTimeoutError
 from device.errors import ConfigError, EdgeFoldError
+from device.files import write_json_atomic
 from device.schema import JobSpec, PreprocessSpec, describe_problems, field_problems, parse_result, safe_text
 from pipeline.codehash import code_sha256
 from pipeline.devices import DEPLOY_SCHEMA, Device
@@ -194,7 +195,7 @@ class DeployStage(Stage):
                     else:
                         record = self._benchmark(client, device, rung, path, spec, cfg, ctx, lock)
                         if record["state"] == "succeeded":
-                            cached.write_text(json.dumps(record, sort_keys=True))
+                            write_json_atomic(cached, record, sort_keys=True)
                         elif record.get("unreachable"):
                             outcome.update(status="lost", error=record["error"])
                     rounds[rung].append(record)
@@ -218,6 +219,11 @@ class DeployStage(Stage):
                 client.upload(path)
                 submitted = client.submit(spec)
                 job = client.wait(submitted["id"], timeout_s=cfg.job_timeout_s + 120, on_progress=report)
+            except JobTimeoutError as err:
+                # The agent answers: this rung failed, the device is not lost. Cancelled, or it holds the queue;
+                # not retried, a second attempt would wait as long.
+                return {"state": "failed", "error": f"{err.message}; {client.abandon(err.job_id)}",
+                        "spec": spec.model_dump(mode="json", exclude_none=True)}
             except AgentError as err:
                 if err.status == 0:  # connection lost: the device is gone for this run
                     return {"state": "failed", "error": err.message, "unreachable": True}

@@ -344,17 +344,21 @@ class PruneStage(Stage):
         def train_batches():  # for the Taylor importance: the loss change of removing a channel, on training data
             return ctx.batches("train", 64, shuffle=True, seed=0)
 
-        with latency.open_agent(ctx.devices, target.device, ctx.log) as (client, info, identity):
-            spec = latency.device_spec(info, ctx.recipe.deploy, target, ctx.preprocess.to_dict(),
-                                       f"{ctx.recipe.name}/{ctx.run_dir.name}/latency-table")
-            meter = latency.Meter(client, spec, identity, ctx.run_dir.parent / "latency-cache",
-                                  workdir / "latency-onnx", target.windows, ctx.recipe.export.opset, input_shape,
-                                  log=ctx.log)
-            planned = latency.plan_to_budget(model, arch, cfg, input_shape, meter, ctx.log, batches=train_batches)
-            checks = latency.check_table(model, arch, cfg, input_shape, meter, planned, ctx.log) if target.check \
-                else None
-        # The exported sub-networks are scratch (the table and the cache keep their times).
-        shutil.rmtree(workdir / "latency-onnx", ignore_errors=True)
+        try:
+            with latency.open_agent(ctx.devices, target.device, ctx.log) as (client, info, identity):
+                spec = latency.device_spec(info, ctx.recipe.deploy, target, ctx.preprocess.to_dict(),
+                                           f"{ctx.recipe.name}/{ctx.run_dir.name}/latency-table")
+                meter = latency.Meter(client, spec, identity, ctx.run_dir.parent / "latency-cache",
+                                      workdir / "latency-onnx", target.windows, ctx.recipe.export.opset, input_shape,
+                                      log=ctx.log)
+                planned = latency.plan_to_budget(model, arch, cfg, input_shape, meter, ctx.log,
+                                                 batches=train_batches)
+                checks = latency.check_table(model, arch, cfg, input_shape, meter, planned, ctx.log) \
+                    if target.check else None
+        finally:
+            # The exported sub-networks are scratch (the table and the cache keep their times), refused budget
+            # or not: a float ResNet-50 table left gigabytes in .prune.partial/.
+            shutil.rmtree(workdir / "latency-onnx", ignore_errors=True)
         plans = planned["plans"] + ([{"plan": f"MACs target {100 * checks['macs_pruned']['macs_fraction']:.1f}%",
                                       "macs_fraction": checks["macs_pruned"]["macs_fraction"],
                                       "predicted_ms": checks["macs_pruned"]["predicted_ms"],

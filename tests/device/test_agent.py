@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from device.client import AgentError, file_sha256
+from device.client import AgentError, JobTimeoutError, file_sha256
 from tests.device.agent_process import TOKEN, AgentProcess, tiny_onnx
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -194,6 +194,19 @@ def test_crash_and_hang_fail_only_their_job(agent, model):
     assert crashed["state"] == "failed" and "SIGSEGV" in crashed["error"]
     assert hung["state"] == "failed" and "timed out after 4 s" in hung["error"]
     assert fine["state"] == "succeeded"
+
+
+def test_a_wait_that_runs_out_is_a_job_timeout_not_an_unreachable_agent(agent, model):
+    with agent.client() as client:
+        sha = client.upload(model)
+        hang = client.submit({"artifact": sha, **QUICK, "label": "hang-me", "timeout_s": 300})
+        with pytest.raises(JobTimeoutError) as err:
+            client.wait(hang["id"], timeout_s=2, poll_s=0.1)
+        assert err.value.status != 0, "status 0 means unreachable: deploy took the device for lost"
+        assert err.value.job_id == hang["id"] and f"DELETE /v1/jobs/{hang['id']}" in err.value.fix
+        assert client.abandon(hang["id"]) == "cancelled on the agent"
+        assert client.job(hang["id"])["state"] == "cancelled"
+        assert "ended meanwhile" in client.abandon(hang["id"]), "a job that already ended is left as it is"
 
 
 def test_cancel_a_running_job_and_keep_finished_ones(agent, model):

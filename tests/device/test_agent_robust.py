@@ -4,9 +4,11 @@ Each numbered failure of the issue has its test here; the agent runs in-process 
 TestClient) and its jobs run as real children on a tiny real ONNX model.
 """
 
+import errno
 import hashlib
 import json
 import math
+import os
 import signal
 import sqlite3
 import subprocess
@@ -388,3 +390,88 @@ def test_a_stored_result_with_non_finite_numbers_is_served(tmp_path, model):
     assert served.status_code == 200
     assert served.json()["result"]["runs"][0] == {"batch_size": 1, "latency_p50_ms": None, "note": "\\ud800"}
     assert client.get("/metrics", headers=AUTH).status_code == 200
+
+
+# ---------------------------------------------------------------- issue #23: ends the database never heard of
+class EndsNotRecorded(Store):
+    """A store whose database cannot record a job's end from the executor (a full or locked disk); the rest works."""
+
+    def finish(self, job_id, state, result=None, error=None):
+        if threading.current_thread().name == "edgefold-executor":
+            raise sqlite3.OperationalError("database or disk is full")
+        return super().finish(job_id, state, result=result, error=error)
+
+
+def test_a_result_written_before_the_agent_died_is_recovered_not_interrupted(tmp_path, model):
+    store = EndsNotRecorded(tmp_path / "data")
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    copy = store.temp_file()
+    copy.write_bytes(model.read_bytes())
+    store.add_artifact(sha, "onnx", copy)
+    job = store.submit(JobSpec(artifact=sha, **QUICK))
+    executor = Executor(store, jtop_socket=None)
+    executor.start()
+    result_file = store.job_dir(job.id) / "result.json"
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not (result_file.is_file() and executor.running_job is None):  # the child ended; its end unrecorded
+            assert time.monotonic() < deadline, "the job never ended"
+            time.sleep(0.1)
+    finally:
+        executor.stop()  # the agent dies: the end it kept in memory to retry dies with it
+    assert store.get(job.id).state == "running"
+
+    restarted = Executor(Store(tmp_path / "data"), jtop_socket=None)  # the same SQLite file, a new process's view
+    assert restarted.recover() == []
+    recovered = restarted.store.get(job.id)
+    assert recovered.state == "succeeded", recovered.error
+    assert recovered.result == json.loads(result_file.read_text()) and recovered.result["runs"][0]["batch_size"] == 1
+
+
+def test_recovery_records_an_error_json_as_failed_and_a_torn_result_as_interrupted(tmp_path):
+    store = Store(tmp_path / "data")
+    failed = insert_raw_job(store, json.dumps({"artifact": "a" * 64}), state="running")
+    store.job_dir(failed).mkdir(parents=True)
+    (store.job_dir(failed) / "error.json").write_text(json.dumps(
+        {"message": "no engine for this model", "fix": "export with opset 17", "type": "EngineBuildError"}))
+    torn = insert_raw_job(store, json.dumps({"artifact": "b" * 64}), state="running")
+    store.job_dir(torn).mkdir(parents=True)
+    (store.job_dir(torn) / "result.json").write_text('{"schema": "edgefold.result/2", "runs": [')
+    assert Executor(store, jtop_socket=None).recover() == [torn]
+    assert store.get(failed).state == "failed"
+    assert store.get(failed).error == "EngineBuildError: no engine for this model\n  fix: export with opset 17"
+    assert store.get(torn).state == "interrupted", "a result that does not read is no result"
+
+
+# ---------------------------------------------------------------- issue #23: an upload to a full disk
+def test_an_upload_to_a_full_disk_is_507_with_the_space_needed_and_leaves_nothing(tmp_path, model, monkeypatch):
+    # A full disk cannot be made here (no root to mount a small filesystem): the upload's file takes what
+    # fits, then fails as write(2) does on a full disk, and its buffer cannot be flushed at close either.
+    from device import artifacts
+
+    class FullDisk:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def write(self, chunk):
+            self.handle.write(chunk[: len(chunk) // 2])
+            self.handle.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def close(self):
+            if not self.handle.closed:
+                self.handle.close()
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(artifacts, "open", lambda path, mode: FullDisk(open(path, mode)), raising=False)
+    data = model.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    client = TestClient(make_app(tmp_path), raise_server_exceptions=False)
+    response = client.put(f"/v1/artifacts/{sha}", content=data, headers=AUTH)
+    assert response.status_code == 507, response.text
+    body = response.json()
+    assert f"needs {len(data)} bytes" in body["detail"] and "are free" in body["detail"]
+    assert "free space" in body["fix"] and "--data-dir" in body["fix"]
+    assert not list((tmp_path / "data" / "tmp").iterdir()), "the partial upload is deleted"
+    assert not list((tmp_path / "data" / "artifacts").iterdir())
+    assert client.get(f"/v1/artifacts/{sha}", headers=AUTH).status_code == 404

@@ -271,6 +271,9 @@ def test_an_unreachable_budget_is_refused_with_a_fix(tmp_path):
     with pytest.raises(StageError) as err:
         run_pipeline(str(recipe), until="prune", runs_dir=tmp_path / "runs", run_id="a")
     assert "below the narrowest plan's measured" in err.value.message and "prune.latency.ratio" in err.value.fix
+    # The refusal removes the exported sub-networks (a float ResNet-50 table left gigabytes there).
+    (staging,) = (tmp_path / "runs").glob("*/a/.prune.partial")
+    assert not (staging / "latency-onnx").exists() and not list(staging.rglob("*.onnx"))
 
 
 def test_layer_model_prices_two_neighbouring_cuts_where_the_additive_table_double_counts():
@@ -569,3 +572,64 @@ def test_a_tables_context_is_measured_again_beside_its_networks(tmp_path):
     assert again["context"].p50_ms != first.p50_ms
     cached = meter.measure(narrow, refresh=["context"])
     assert meter.jobs == 3 and cached["context"].p50_ms == again["context"].p50_ms, "all cached: nothing measured"
+
+
+# ------------------------------------------------------------------------------------------------ issue #23
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    """A real loopback agent on which jobs labelled ``hang-me`` hang after loading (the tests' stand-in for a
+    deadlocked runtime, which cannot be produced on purpose)."""
+    from tests.device.agent_process import AgentProcess
+
+    with AgentProcess(tmp_path_factory.mktemp("agent") / "data", env={"EDGEFOLD_AGENT_FAULT": "hang-me=hang"}) as process:
+        yield process
+
+
+def _meter(agent, tmp_path, label: str):
+    from pipeline.recipe import LatencyTarget
+
+    recipe = parse_recipe(_tiny_raw())
+    preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
+    spec = latency.device_spec({"tensorrt": None}, recipe.deploy,
+                               LatencyTarget(ratio=0.5, precision="float", duration_s=0.1), preprocess, label)
+    lines = []
+    meter = latency.Meter(agent.client(), spec, {"agent": agent.url}, tmp_path / "cache", tmp_path / "onnx", 1, 17,
+                          SHAPE, log=lines.append)
+    return meter, lines
+
+
+def test_a_truncated_cache_entry_is_measured_again_not_a_crash(agent, tmp_path):
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    meter, lines = _meter(agent, tmp_path, "cache")
+    first = meter.measure({"m": model})["m"]
+    (entry,) = (tmp_path / "cache").iterdir()
+    text = entry.read_text()
+    entry.write_text(text[: len(text) // 2])  # what a kill in the middle of the old plain write_text left
+    again = meter.measure({"m": model})["m"]
+    assert meter.jobs == 2 and meter.reused == 0, "the torn entry was measured again"
+    assert any("unreadable" in line and "measuring it again" in line for line in lines), "with a warning"
+    assert latency.Measurement.from_json(json.loads(entry.read_text())) == again and first.p50_ms > 0
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [entry.name], "no temporary file left beside it"
+
+
+def test_a_latency_job_that_outlasts_the_wait_is_cancelled_not_taken_for_an_unreachable_agent(agent, tmp_path,
+                                                                                              monkeypatch):
+    from device.client import AgentClient
+
+    # The agent kills a job at its own timeout_s and the meter waits 120 s longer: the wait runs out first only
+    # when a job sat queued or the agent could not kill it. A 3 s wait stands in for both; the rest is real.
+    wait = AgentClient.wait
+    monkeypatch.setattr(AgentClient, "wait", lambda self, job_id, timeout_s=3600.0, **kw: wait(self, job_id, 3.0, **kw))
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    narrow = latency.at_widths(model, "tiny_resnet", SHAPE, {groups[0].name: groups[0].candidates[0]})
+    meter, _ = _meter(agent, tmp_path, "hang-me")
+    with pytest.raises(StageError) as err:
+        meter.measure({"wide": model, "narrow": narrow})
+    assert "did not end" in err.value.message and "unreachable" not in err.value.message
+    assert "cancelled on the agent" in err.value.message and "DELETE /v1/jobs/" in err.value.fix
+    with agent.client() as client:
+        jobs = [job for job in client.jobs() if job["spec"]["label"] == "hang-me"]
+    assert len(jobs) == 2 and {job["state"] for job in jobs} == {"cancelled"}, "both, the queued one too"

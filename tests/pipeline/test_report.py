@@ -199,3 +199,61 @@ def test_report_reads_typed_results_only(repo):
     text = (repo / "pipeline" / "report.py").read_text()
     for sliced in ('startswith("peak_temp_', '["runs"]', '["summary"]', 'rung == "student_int8"', "split(\"## Provenance"):
         assert sliced not in text, sliced
+
+# ---------------------------------------------------------------- issue #23: a rebuild replaces the report whole
+def _run_with_a_recorded_report(tmp_path):
+    """A run whose report stage recorded its four files (an older version's, by their bytes) in the manifest."""
+    from pipeline.manifest import Manifest, sha256_file
+
+    run = tmp_path / "runs" / "tiny" / "r"
+    manifest = Manifest.open(run, "tiny")
+    manifest.data["stages"]["evaluate"] = {"metrics": {"rungs": {}}, "outputs": {}, "sha256": {}}
+    (run / "report").mkdir(parents=True)
+    outputs = {}
+    for kind, name in (("md", "report.md"), ("html", "report.html"), ("json", "results.json"),
+                       ("csv", "results.csv")):
+        (run / "report" / name).write_text(f"the previous report's {kind}\n")
+        outputs[kind] = f"report/{name}"
+    manifest.record("report", {"outputs": outputs, "sha256": {rel: sha256_file(run / rel) for rel in outputs.values()},
+                               "metrics": {"headline": {"status": "old"}}})
+    return run
+
+
+def test_a_report_rebuild_that_fails_changes_nothing_and_one_that_succeeds_keeps_the_manifest_true(tmp_path,
+                                                                                                   monkeypatch):
+    from pipeline import cli, report
+    from pipeline.manifest import Manifest, sha256_file
+
+    run = _run_with_a_recorded_report(tmp_path)
+    before = {path.name: path.read_bytes() for path in (run / "report").iterdir()}
+
+    def plots_fail(data):
+        raise RuntimeError("matplotlib could not render")  # after results.json/.csv and report.md were rendered
+
+    monkeypatch.setattr(report, "plots", plots_fail)
+    with pytest.raises(RuntimeError, match="matplotlib"):
+        cli.main(["report", str(run)])
+    assert {path.name: path.read_bytes() for path in (run / "report").iterdir()} == before, \
+        "a failed rebuild left new files beside the old ones"
+    assert sorted(path.name for path in run.iterdir()) == ["manifest.json", "report"], "no staging folder left"
+
+    monkeypatch.undo()
+    assert cli.main(["report", str(run)]) == 0
+    entry = Manifest.load(run).stage("report")
+    assert set(entry["sha256"]) == set(entry["outputs"].values())
+    for rel, digest in entry["sha256"].items():
+        assert sha256_file(run / rel) == digest, f"{rel} is not as the manifest records it"
+    assert Manifest.load(run).outputs_intact("report")
+    assert entry["metrics"]["headline"] == json.loads((run / "report" / "results.json").read_text())["headline"]
+    assert sorted(path.name for path in run.iterdir()) == ["manifest.json", "report"]
+
+
+def test_a_value_json_cannot_hold_fails_the_report_instead_of_becoming_text(tmp_path, monkeypatch):
+    from pipeline import report
+
+    run = _run_with_a_recorded_report(tmp_path)
+    collect = report.collect
+    monkeypatch.setattr(report, "collect", lambda manifest, run_dir: {**collect(manifest, run_dir), "slip": object()})
+    with pytest.raises(TypeError, match="not JSON serializable"):  # default=str wrote "<object object at 0x…>"
+        build_report(run, tmp_path / "out")
+
