@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 import sqlite3
+import sys
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -37,7 +38,7 @@ from device import __version__
 from device.artifacts import ArtifactError, HashingWriter, check
 from device.errors import ConfigError, EdgeFoldError, StatusError, require
 from device.executor import Executor
-from device.info import describe_device
+from device.info import describe_device, runtime_banner
 from device.schema import (FINISHED, SHA256, Artifact, ErrorBody, Health, Job, JobSpec, JobState, describe_problems,
                            field_problems, safe_text)
 from device.store import Store
@@ -401,5 +402,8 @@ def serve(config: AgentConfig) -> None:
     """Runs the agent with uvicorn until SIGINT/SIGTERM."""
     uvicorn = require("uvicorn", "uvicorn", "pip install 'edgefold[device]'")
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # The first line says which TensorRT this agent found, or why none: a Jetson agent that would time
+    # ONNX Runtime under the board's name says so before it serves anything.
+    print(runtime_banner(describe_device()), file=sys.stderr, flush=True)
     app = create_app(config)
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)

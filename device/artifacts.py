@@ -51,7 +51,27 @@ def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> st
         magic = handle.read(4)
     if magic == b"PK\x03\x04":
         return _check_torch_export(path)
+    if magic == b"\x93NUM":
+        return _check_eval_set(path)
     return _check_onnx(path)
+
+
+def _check_eval_set(path: Path) -> str:
+    """An evaluation set: a ``.npy`` of float32 images, N×C×H×W, no pickled objects (its header only is read)."""
+    import numpy as np
+
+    try:
+        with open(path, "rb") as handle:
+            major, _ = np.lib.format.read_magic(handle)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(handle)
+    except (ValueError, OSError) as err:
+        raise ArtifactError(f"not a readable .npy file: {err}", status=422) from None
+    if dtype != np.float32 or len(shape) != 4 or fortran or shape[0] < 1:
+        raise ArtifactError(f"an evaluation set must be float32 images N×C×H×W in C order, got {dtype} {shape}",
+                            fix="save the preprocessed test images with numpy.save(path, images.astype(np.float32))",
+                            status=422)
+    return "eval-set"
 
 
 def _check_torch_export(path: Path) -> str:

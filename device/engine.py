@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from device.errors import (ConfigError, DlaError, EngineBuildError, PrecisionMismatchError, StaticShapeError,
                            TimingCacheError, require)
+from device.files import write_atomic
 
 # L4T → JetPack (exact, jetson-stats' table) and SoC → compute capability live with the board facts.
 from device.jetson import L4T_TO_JETPACK, TEGRA_COMPUTE_CAPABILITY, board_model, jetpack_for  # noqa: E402,F401
@@ -154,28 +155,27 @@ def plan_build(trt_version: str, options: BuildOptions, board: str | None = None
         if major >= 11 and board is not None and not _is_agx_orin(board):
             raise DlaError(f"TensorRT {trt_version} supports DLA only on Jetson AGX Orin, not on {board!r}",
                            fix="leave dla_core unset (Thor has no DLA under TensorRT 11)")
-        if major >= 11 and options.precision == "fp32":
-            raise DlaError("an FP32 network cannot run on the DLA under TensorRT 11 (strongly typed: the model's "
-                           "own type is used, and the DLA runs only FP16 and INT8)",
-                           fix="send the Q/DQ INT8 model, or an FP16 one (python -m modelopt.onnx.autocast)")
+        if options.precision == "fp32":
+            # The DLA runs FP16 and INT8 only. trtexec turns FP16 on for an FP32 network, but then the
+            # rung timed is not the artifact scored: the DLA gets the FP16 artifact (export.fp16_rungs).
+            raise DlaError("an FP32 artifact cannot run on the DLA (it runs FP16 and INT8 only; TensorRT 11 is "
+                           "strongly typed, and building it \"as FP16\" on 10.x would time a model nobody scored)",
+                           fix="send the rung's FP16 form (student_fp16, teacher_fp16) or the Q/DQ INT8 model")
     if major == 10:
-        strongly_typed = options.precision == "int8" and version >= STRONGLY_TYPED_FROM and not dla
+        # The builder flags follow the artifact: its precision is written in the graph (FP16 weights, Q/DQ
+        # with FP16 float islands), so the flags only allow what the graph already says.
+        strongly_typed = options.precision in ("int8", "fp16") and version >= STRONGLY_TYPED_FROM and not dla
         if strongly_typed:
             network_flags: tuple[str, ...] = ("STRONGLY_TYPED",)
             builder: tuple[str, ...] = ()
             notes.append(f"TensorRT {trt_version}: strongly typed (INT8/FP16 builder flags are deprecated from "
-                         "10.12); the Q/DQ ONNX decides each layer's precision")
+                         "10.12); the ONNX's own types decide each layer's precision")
         else:
             network_flags = ()
             builder = {"int8": ("INT8", "FP16"), "fp16": ("FP16",), "fp32": ()}[options.precision]
             if options.precision == "int8":
-                notes.append("INT8 from the model's Q/DQ nodes; FP16 allowed for the layers left in float")
-            if dla and options.precision == "fp32":
-                # trtexec (sampleEngines.cpp, setupNetworkAndConfig): with --useDLACore and neither --int8
-                # nor --fp16 it turns FP16 on, because the DLA runs only FP16 and INT8.
-                builder = ("FP16",)
-                notes.append("FP32 network on the DLA: built with FP16 (the DLA runs FP16 and INT8 only), as "
-                             "trtexec does")
+                notes.append("INT8 from the model's Q/DQ nodes; FP16 for the layers left in float (the artifact's "
+                             "float islands)")
             if version >= STRONGLY_TYPED_FROM and builder:
                 notes.append(f"BuilderFlag {'/'.join(builder)} is deprecated from TensorRT 10.12"
                              + (" (kept: the DLA needs FP16 for the layers around the Q/DQ pairs)" if dla else ""))
@@ -232,8 +232,9 @@ def trtexec_lines(onnx: str, engine_stem: str, input_name: str, chw: tuple[int, 
 
 # ------------------------------------------------------------------ precision of the artifact
 def artifact_precision(onnx: str | os.PathLike) -> str:
-    """The precision the ONNX itself carries: ``int8`` with Q/DQ pairs (per the Q/DQ lint), else its
-    input's float type (``fp16`` or ``fp32``).
+    """The precision the ONNX itself carries: ``int8`` with Q/DQ pairs (per the Q/DQ lint), else the
+    type of its compute layers' weights (``fp16`` or ``fp32``) — never its input's type: an FP16 model
+    keeps float32 I/O so the client does not change.
 
     Raises:
         EngineBuildError: A Q/DQ model that breaks TensorRT's Q/DQ rules (the lint's findings named),
@@ -250,35 +251,52 @@ def artifact_precision(onnx: str | os.PathLike) -> str:
             raise EngineBuildError(f"{Path(onnx).name} breaks TensorRT's Q/DQ rules: {lint.describe()}",
                                    fix="re-quantize (edgefold run … --force quantize)")
         return "int8"
-    inputs = [i for i in model.graph.input if i.name not in {init.name for init in model.graph.initializer}]
+    return float_compute_precision(model)
+
+
+def float_compute_precision(model) -> str:
+    """``fp16`` when the float weights of the compute layers (Conv, Gemm, MatMul, ConvTranspose) are FP16
+    or BF16, else ``fp32``; a graph with no such weights is read by its first input's type."""
+    import onnx as onnx_lib
+
+    half = {onnx_lib.TensorProto.FLOAT16, onnx_lib.TensorProto.BFLOAT16}
+    initializers = {init.name: init.data_type for init in model.graph.initializer}
+    weights = [initializers[node.input[1]] for node in model.graph.node
+               if node.op_type in ("Conv", "Gemm", "MatMul", "ConvTranspose") and len(node.input) > 1
+               and node.input[1] in initializers]
+    if weights:
+        return "fp16" if sum(w in half for w in weights) * 2 > len(weights) else "fp32"
+    inputs = [i for i in model.graph.input if i.name not in initializers]
     elem = inputs[0].type.tensor_type.elem_type if inputs else onnx_lib.TensorProto.FLOAT
-    return {onnx_lib.TensorProto.FLOAT16: "fp16", onnx_lib.TensorProto.BFLOAT16: "fp16"}.get(elem, "fp32")
+    return "fp16" if elem in half else "fp32"
 
 
 def reconcile_precision(requested: str, artifact: str, trt_version: str) -> str:
-    """The precision to build, checked against what the artifact is.
+    """The precision to build: the artifact's own, which the job's label must name.
 
-    A Q/DQ model is INT8 whatever the job's label says; a float model runs in float. TensorRT 11 is
-    strongly typed, so a float model runs in exactly its own type; 10.x may still lower FP32 to FP16.
+    A rung's precision is its artifact's (Q/DQ for INT8, FP16 weights for FP16), never only a builder
+    flag: TensorRT 11 has no flags, strongly typed 10.12+ builds take the graph's types, and an FP32
+    model built "as FP16" on 10.x would be timed in one precision and scored in another.
 
     Raises:
-        PrecisionMismatchError: The request contradicts the artifact.
+        PrecisionMismatchError: The request contradicts the artifact (on every TensorRT version).
     """
-    if artifact == "int8" and requested != "int8":
-        raise PrecisionMismatchError(
-            f"the job asks for {requested} but the artifact has Q/DQ nodes: TensorRT builds it as INT8",
-            fix="send precision int8 with a Q/DQ model, or send the float ONNX for a float build")
-    if artifact != "int8" and requested == "int8":
-        raise PrecisionMismatchError(
-            f"the job asks for int8 but the artifact has no Q/DQ nodes: TensorRT would build it in {artifact} "
-            "and the result would say INT8", fix="send the quantize stage's student.int8.onnx for an INT8 build")
-    if trt_major(trt_version) >= 11 and requested != artifact:
-        fix = ("convert the ONNX first: python -m modelopt.onnx.autocast --onnx_path model.onnx"
-               if requested == "fp16" else f"send precision {artifact}")
-        raise PrecisionMismatchError(
-            f"TensorRT {trt_version} is strongly typed: this {artifact} model runs in {artifact}, not {requested}",
-            fix=fix)
-    return requested
+    trt_major(trt_version)  # an unreadable version is refused here too
+    if requested == artifact:
+        return requested
+    if artifact == "int8":
+        fix = "send precision int8 with a Q/DQ model, or send the float ONNX for a float build"
+        what = "the artifact has Q/DQ nodes: TensorRT builds it as INT8"
+    elif requested == "int8":
+        fix = "send the quantize stage's student.int8.onnx for an INT8 build"
+        what = f"the artifact has no Q/DQ nodes: TensorRT would build it in {artifact} and the result would say INT8"
+    elif requested == "fp16":
+        fix = "send the rung's FP16 form (export.fp16_rungs: student_fp16), written in the graph"
+        what = "the artifact's weights are FP32: an FP16 builder flag would time a model nobody scored"
+    else:
+        fix = f"send precision {artifact}"
+        what = f"the artifact is {artifact}"
+    raise PrecisionMismatchError(f"the job asks for {requested} but {what} (TensorRT {trt_version})", fix=fix)
 
 
 # ------------------------------------------------------------------ the device's fingerprint
@@ -393,17 +411,6 @@ def dla_refused_layers(trt, network, config) -> list[str]:
     return refused
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Writes ``data`` to ``path`` through a temporary file in the same folder and a rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def import_tensorrt():
     return require("tensorrt", "TensorRT",
                    "on a Jetson it comes with JetPack (apt install nvidia-tensorrt, python3-libnvinfer); on a GPU "
@@ -502,4 +509,4 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
     if cache_path is not None:
         # Shared by every build on this device: written whole or not at all, so a kill mid-write cannot
         # leave a truncated cache that fails the next build.
-        atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
+        write_atomic(cache_path, bytes(config.get_timing_cache().serialize()))

@@ -291,10 +291,17 @@ class Executor:
         if found is None:
             raise _CannotStart(f"artifact {job.spec.artifact} is no longer stored; upload it again")
         _, artifact_path = found
+        evaluation_path = None
+        if job.spec.evaluation is not None:
+            found_set = self.store.get_artifact(job.spec.evaluation.artifact)
+            if found_set is None or found_set[0].kind != "eval-set":
+                raise _CannotStart(f"evaluation set {job.spec.evaluation.artifact} is not stored as an evaluation "
+                                   "set; upload it again")
+            evaluation_path = str(found_set[1])
         job_dir = self.store.job_dir(job.id)
         job_dir.mkdir(parents=True, exist_ok=True)
         (job_dir / "job.json").write_text(json.dumps({
-            "spec": job.spec.model_dump(), "artifact_path": str(artifact_path),
+            "spec": job.spec.model_dump(), "artifact_path": str(artifact_path), "evaluation_path": evaluation_path,
             "engine_cache": str(self.store.root / "engines"), "jtop_socket": self.jtop_socket}))
         timeout_s = job.spec.timeout_s or self.job_timeout_s
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}

@@ -44,8 +44,12 @@ def _is_tegra() -> bool:
     return Path("/etc/nv_tegra_release").exists()
 
 
-def open_samplers(wanted: list[str] | str, rate_hz: float, jtop_socket: str | None) -> tuple[list[Sampler], list[str]]:
+def open_samplers(wanted: list[str] | str, rate_hz: float, jtop_socket: str | None,
+                  pci_bus_id: str | None = None) -> tuple[list[Sampler], list[str]]:
     """Opens the requested samplers; with ``auto``, every one this device has (host always).
+
+    Args:
+        pci_bus_id: The PCI bus id of the GPU the runner uses: NVML samples that GPU, never index 0 by default.
 
     Returns:
         (open samplers, notes on those ``auto`` skipped and why).
@@ -74,7 +78,7 @@ def open_samplers(wanted: list[str] | str, rate_hz: float, jtop_socket: str | No
             if auto and _is_tegra():
                 notes.append("nvml: NVML reports no power on Jetson; jtop is used there")
                 continue
-            sampler = NvmlSampler(rate_hz)
+            sampler = NvmlSampler(rate_hz, pci_bus_id=pci_bus_id)
         else:
             sampler = HostSampler(rate_hz)
         try:
@@ -175,7 +179,8 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
             raise ConfigError(f"the model's input has dynamic or unknown dimensions besides the batch: {chw}",
                               fix="export with a fixed C×H×W (only the batch axis dynamic)")
         smoke_result = smoke(runner, chw, spec.preprocess.model_dump() if spec.preprocess else None)
-        samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"))
+        samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
+                                        pci_bus_id=getattr(runner, "pci_bus_id", None))
         try:
             static = {s.name: {k: getattr(s, k) for k in ("board_rail", "summed_rails", "nvpmodel", "jetson_clocks",
                                                             "board", "gpu_name", "service_interval_s", "data_time",
@@ -209,6 +214,13 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
         if spec.profile:
             progress("profiling layers")
             profile, profile_note = profile_runner(runner, spec.batch_sizes, chw)
+        evaluation = None
+        if spec.evaluation is not None:
+            from device.evaluation import evaluate_runner
+
+            progress(f"evaluating {spec.evaluation.images} images")
+            evaluation = evaluate_runner(runner, job["evaluation_path"], spec.evaluation.artifact,
+                                         spec.evaluation.images, spec.evaluation.top_k, chw, spec.batch_sizes)
         runtime = {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]),
                    "load_s": load_s, "python": platform.python_version(), "threads": spec.threads}
         if profile_note:
@@ -224,7 +236,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     # Validated here, by the process that measured: a result the schema refuses fails this job, with the reason.
     return JobResult.model_validate(
         {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
-         "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "profile": profile,
+         "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "profile": profile, "evaluation": evaluation,
          "environment": describe_device()}).dump()
 
 
@@ -236,10 +248,10 @@ def ran_precision(runner, spec: JobSpec, artifact_path: str) -> str:
     if built:
         return built
     if spec.runtime == "onnxruntime":
-        from device.qdq_lint import lint_qdq
+        from device.engine import artifact_precision
 
-        try:
-            return "int8" if lint_qdq(artifact_path).qdq_pairs else "fp32"
+        try:  # Q/DQ → int8, else its compute layers' weights: an FP16 model keeps float32 I/O
+            return artifact_precision(artifact_path)
         except Exception:  # noqa: BLE001 (not an ONNX the lint reads: say what was asked)
             return spec.precision
     return spec.precision

@@ -105,6 +105,15 @@ class PreprocessSpec(Request):
         return self
 
 
+class EvaluationSpec(Request):
+    """An evaluation set the job runs through the engine it timed, outside the timed windows: an uploaded
+    ``.npy`` of preprocessed images (float32, N×C×H×W, the shared preprocessing) named by its sha256."""
+
+    artifact: str = Field(pattern=SHA256.pattern, description="sha256 of the uploaded evaluation set (.npy)")
+    images: int = Field(ge=1, le=1_000_000, description="how many images the set holds (checked on the device)")
+    top_k: int = Field(5, ge=1, le=5, description="predictions returned per image (k = min(5, classes))")
+
+
 class JobSpec(Request):
     """One benchmark job: an uploaded artifact, a runtime, and how to measure it.
 
@@ -132,6 +141,8 @@ class JobSpec(Request):
     label: str = Field("", max_length=200, description="free text for the caller (rung, run id)")
     preprocess: PreprocessSpec | None = Field(None, description="the pipeline's preprocessing (device.preprocess."
                                                                 "Preprocess.to_dict) for the smoke inference")
+    evaluation: EvaluationSpec | None = Field(None, description="score the engine that was timed on this set, once, "
+                                                                "after the timed windows")
 
     @model_validator(mode="after")
     def _window(self) -> "JobSpec":
@@ -167,7 +178,7 @@ class Job(Strict):
 
 class Artifact(Strict):
     sha256: str
-    kind: Literal["onnx", "torch-export"]
+    kind: Literal["onnx", "torch-export", "eval-set"]
     size_bytes: int
     stored_at: float
 
@@ -365,6 +376,17 @@ class RuntimeInfo(Measured):
     profile_note: str | None = None
 
 
+class EvaluationResult(Measured):
+    """The top-k classes the device's engine gave each image of the evaluation set (not logits), in order."""
+
+    artifact: str
+    images: int
+    top_k: int
+    batch_size: int = Field(description="the engine batch the set ran at (the last batch padded, the padding dropped)")
+    seconds: float = Field(description="wall time of the evaluation pass (outside every timed window)")
+    predictions: list[list[int]]
+
+
 class SmokeResult(Measured):
     image: str
     output_shape: list[int]
@@ -385,6 +407,8 @@ class JobResult(Measured):
     telemetry_notes: list[str] = Field(default_factory=list)
     runs: list[RunResult]
     profile: dict[str, Any] | None = Field(None, description="device.profile.Profile (per-layer times)")
+    evaluation: EvaluationResult | None = Field(None, description="the evaluation set's predictions by the engine "
+                                                                  "that was timed")
     environment: dict[str, Any] = Field(default_factory=dict)
 
     def run(self, batch_size: int) -> RunResult | None:

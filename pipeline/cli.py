@@ -104,7 +104,30 @@ def _cmd_run(args) -> int:
         print(f"report: {ctx.run_dir / reported['outputs']['html']}")
     print(f"manifest: {ctx.manifest.path}")
     distributed.shutdown()
+    _require_an_edge_measurement(ctx)
     return 0
+
+
+def _require_an_edge_measurement(ctx) -> None:
+    """Fails the command (after the report is written) when edge devices were named and none measured.
+
+    Raises:
+        NoEdgeMeasuredError: Naming each edge URL and why it measured nothing.
+    """
+    from device.errors import NoEdgeMeasuredError
+    from pipeline.stages.deploy import unmeasured_edges
+
+    deployed = ctx.manifest.stage("deploy")
+    if not deployed:
+        return
+    edges = unmeasured_edges(json.loads((ctx.run_dir / deployed["outputs"]["results"]).read_text()))
+    if edges:
+        named = "; ".join(f"{d['url']} ({d['status']}: {(d.get('error') or 'no rung succeeded').splitlines()[0]})"
+                          for d in edges)
+        raise NoEdgeMeasuredError(
+            f"no edge device measured any rung: {named}",
+            fix="start the agent on the device (make agent, or systemctl start edgefold-agent), check the URL and "
+                "port with curl URL/v1/health, and the token (TOKEN_FILE=); the report above says what was measured")
 
 
 def _cmd_report(args) -> int:

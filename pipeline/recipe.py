@@ -21,7 +21,7 @@ from device.errors import ConfigError, EdgeFoldError
 from device.preprocess import Preprocess
 from device.schema import (BatchSizes, IdleSeconds, MinIterations, SampleHz, Threads, TimeoutSeconds,
                            WarmupIterations, WindowSeconds)
-from pipeline.rungs import RUNGS, FloatRungName, RungName
+from pipeline.rungs import RUNGS, FloatRungName, Fp16RungName, RungName
 
 RECIPES_ENV = "EDGEFOLD_MODELS_DIR"
 
@@ -250,9 +250,20 @@ class ExportConfig(_Strict):
 
     opset: int = Field(17, ge=17, le=23)
     rungs: list[FloatRungName] = [name for name, rung in RUNGS.items() if rung.checkpoint_stage]
+    fp16_rungs: list[Fp16RungName] = Field(
+        [name for name, rung in RUNGS.items() if rung.precision == "fp16"],
+        description="FP16 forms written in the graph (FP16 weights and compute, float32 I/O) of exported rungs")
     parity_images: int = Field(256, ge=1, description="test images compared between torch and ONNX Runtime")
     parity_atol: float = Field(1e-3, gt=0, description="largest allowed |torch − ONNX| logit difference")
     min_top1_agreement: float = Field(0.99, ge=0, le=1, description="share of images with the same top-1 class")
+
+    @model_validator(mode="after")
+    def _fp16_sources_exported(self) -> "ExportConfig":
+        missing = [name for name in self.fp16_rungs if RUNGS[name].form_of not in self.rungs]
+        if missing:
+            raise ValueError(f"fp16_rungs {missing} need their FP32 rungs "
+                             f"{[RUNGS[m].form_of for m in missing]} in export.rungs")
+        return self
 
 
 class QuantizeConfig(_Strict):
@@ -265,6 +276,10 @@ class QuantizeConfig(_Strict):
     per_channel: bool = True
     qat: Optional[TrainConfig] = Field(None, description="quantization-aware fine-tuning (ModelOpt) when every "
                                                          "calibration method misses the budget; null = off")
+    float_islands: Literal["fp16", "fp32"] = Field(
+        "fp16", description="precision of the layers left out of INT8, written in the graph (ModelOpt's "
+                            "high_precision_dtype): fp16 means the same on TensorRT 10 (FP16 flag) and on strongly "
+                            "typed 10.12+/11 builds, and INT8 is compared with FP16 on equal terms")
 
 
 class EvaluateConfig(_Strict):
@@ -294,6 +309,9 @@ class DeployConfig(_Strict):
     job_timeout_s: TimeoutSeconds = Field(1800.0, description="per job, engine build included")
     parallel_devices: int = Field(8, ge=1, le=256, description="devices benchmarked at once")
     retries: int = Field(1, ge=0, le=5, description="resubmissions of a job that failed or was interrupted")
+    evaluate_images: int = Field(
+        1000, ge=0, le=100_000, description="test images (stratified per class) each rung's engine scores on each "
+                                            "device, once, outside the timed windows; 0: host accuracy only")
 
 
 class Recipe(_Strict):

@@ -23,7 +23,8 @@ from device.errors import ManifestError, SchemaVersionError, require
 from device.schema import JobResult, parse_result
 from pipeline.devices import DEPLOY_SCHEMA
 from pipeline.manifest import Manifest, sha256_file
-from pipeline.rungs import DEPLOYED, RUNGS, TEACHER
+from pipeline.device_accuracy import CAUSES, device_scores, paired_top1_change, per_class_device
+from pipeline.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from device import quiet
 from pipeline import perclass, stats
 from pipeline.scores import points as _points
@@ -39,7 +40,10 @@ COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", "para
            "latency_ratio_vs_dc_teacher", "latency_ratio_low", "latency_ratio_high", "latency_ratio_significant",
            "throughput_ratio_vs_dc_teacher", "throughput_ratio_low", "throughput_ratio_high",
            "throughput_ratio_significant", "energy_ratio_vs_dc_teacher", "energy_ratio_low", "energy_ratio_high",
-           "energy_ratio_significant", "noisy", "noise_flags", "noise", "status", "reason")
+           "energy_ratio_significant", "noisy", "noise_flags", "noise", "status", "reason",
+           "trt_latency_p50_ms", "trt_latency_p50_low_ms", "trt_latency_p50_high_ms", "gpu_compute_p50_ms",
+           "gpu_compute_p50_low_ms", "gpu_compute_p50_high_ms", "runtime_fallback", "device_top1", "device_top1_correct",
+           "device_images", "host_top1_same_images", "agreement", "mcnemar_p", "device_deviates")
 
 
 def pareto_front(points: Iterable[tuple[Any, float, float]]) -> set:
@@ -89,12 +93,15 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         deploy = load_deploy_results(run_dir / stages["deploy"]["outputs"]["results"])
     rows: list[dict[str, Any]] = []
     devices = deploy["devices"] if deploy else []
+    evaluation = (deploy or {}).get("evaluation")
+    device_predictions: dict[tuple[str, str], list[list[int]]] = {}
     for device in devices:
         for rung, facts in rungs.items():
             row = {"rung": rung, "device": device["name"], "group": device.get("group", device["name"]),
                    "role": device["role"], "top1": facts["top1"], "verdict": verdict(rung, facts),
                    "params_m": facts["params_m"], "macs_g": facts["macs_g"],
-                   "size_mb": facts.get("onnx_mb", facts["size_mb"]), "status": "measured", "reason": None}
+                   "size_mb": facts.get("onnx_mb", facts["size_mb"]), "status": "measured", "reason": None,
+                   "runtime_fallback": device.get("runtime_fallback")}
             entry = device["rungs"].get(rung)
             if device["status"] == "unreachable":
                 row.update(status=NOT_MEASURED, reason=f"device unreachable: {device['error']}")
@@ -114,6 +121,11 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                            energy_mj_per_image=summary.energy_mj_per_image,
                            power_source=summary.power_source, **_energy_quality(summary.model_dump()),
                            **_window_statistics(entry["rounds"], batches[0], batches[-1]))
+                if result.evaluation is not None and evaluation:
+                    # The accuracy of the engine that was timed, beside the host's on the same images.
+                    row.update(device_scores(evaluation, rung, result.evaluation.predictions),
+                               evaluation_seconds=result.evaluation.seconds)
+                    device_predictions[(device["name"], rung)] = result.evaluation.predictions
                 if summary.power_mean_mw is None:
                     notes = result.telemetry_notes
                     row["reason"] = "no power telemetry on this device" + (f" ({'; '.join(notes)})" if notes else "")
@@ -121,13 +133,23 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     dc = [d for d in devices if d["role"] == "dc" and d["status"] != "unreachable"]
     edge = [d for d in devices if d["role"] == "edge" and d["status"] != "unreachable"]
     baseline_device = (dc or edge or [None])[0]
+    baseline_rung, baseline_why = _baseline_teacher(rows, baseline_device)
     baseline = next((r for r in rows if baseline_device and r["device"] == baseline_device["name"]
-                     and r["rung"] == TEACHER and r["status"] == "measured"), None)
+                     and r["rung"] == baseline_rung and r["status"] == "measured"), None)
     for row in rows:
         row["top1_delta_points"] = (_points(rungs[row["rung"]]["top1_delta_points"])
                                     if rungs.get(row["rung"], {}).get("top1_delta_points") is not None else None)
         row.update(_ratios(row, baseline))
-    headline = _headline(rows, edge, dc, baseline_device)
+    headline = _headline(rows, edge, dc, baseline_device, baseline_rung)
+    headline["teacher_precision_why"] = baseline_why
+    headline["device_deviations"] = [
+        {"rung": r["rung"], "device": r["device"], "device_top1": r["device_top1"],
+         "host_top1": r["host_top1_same_images"], "images": r["device_images"], "mcnemar_p": r["mcnemar_p"]}
+        for r in rows if r.get("device_deviates")]
+    profiles = layer_profiles(devices)
+    headline["int8_vs_fp16"] = [line for device in edge + dc
+                                if (line := _int8_vs_fp16(rows, device["name"], device_predictions, evaluation,
+                                                          profiles))]
     groups = fleet_aggregates(rows)
     traces = []
     for device in devices:
@@ -149,8 +171,8 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "rungs": rungs, "rows": rows, "headline": headline,
             "per_class": stages["evaluate"]["metrics"].get("per_class"),
             "groups": groups,
-            "power_traces": traces, "provenance": provenance, "layer_profiles": layer_profiles(devices),
-            "deployed": deploy is not None}
+            "power_traces": traces, "provenance": provenance, "layer_profiles": profiles,
+            "deployed": deploy is not None, "evaluation": _evaluation_summary(evaluation, rows, device_predictions)}
 
 
 def fleet_aggregates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -203,26 +225,115 @@ def _peak_temps(device: dict[str, Any]) -> dict[str, float]:
     return temps
 
 
-def _headline(rows, edge, dc, baseline_device) -> dict[str, Any]:
+def _baseline_teacher(rows: list[dict[str, Any]], device: dict[str, Any] | None) -> tuple[str, str]:
+    """The teacher rung the ladder is compared with: its FP16 form where the baseline device ran it on
+    TensorRT (the precision a data-center user runs it in), else the FP32 teacher — with why, in words."""
+    fp16 = fp16_form(TEACHER)
+    if device is not None and fp16:
+        row = next((r for r in rows if r["device"] == device["name"] and r["rung"] == fp16
+                    and r["status"] == "measured"), None)
+        if row is not None and row.get("runtime") == "tensorrt":
+            return fp16, f"the teacher's FP16 form, as a data-center GPU runs it ({device['name']}, TensorRT)"
+        if row is not None:
+            return TEACHER, (f"the FP32 teacher: {device['name']} runs {row.get('runtime')}, where FP16 is not how "
+                             "the teacher would be served (ONNX Runtime's CPU emulates it)")
+    return TEACHER, "the FP32 teacher (no FP16 form measured)"
+
+
+def _int8_vs_fp16(rows: list[dict[str, Any]], device: str, predictions: dict, evaluation: dict | None,
+                  profiles: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The verdict users want: the INT8 student against its FP16 form on one device, with its evidence —
+    paired latency and energy ratios with intervals, the device-measured top-1 change with McNemar's p, and,
+    when INT8 does not pay off, the reasons the per-layer profile gives."""
+    from device.profile import BatchProfile, int8_payoff_reasons
+
+    fp16 = fp16_form(RUNGS[DEPLOYED].form_of)
+    int8 = next((r for r in rows if r["device"] == device and r["rung"] == DEPLOYED and r["status"] == "measured"), None)
+    half = next((r for r in rows if r["device"] == device and r["rung"] == fp16 and r["status"] == "measured"), None)
+    if int8 is None or half is None:
+        return None
+    out: dict[str, Any] = {"device": device, "runtime": int8.get("runtime")}
+    for name, key in (("latency", "latency_p50_windows_ms"), ("energy", "energy_windows_mj")):
+        if int8.get(key) and half.get(key) and all(v is not None for v in int8[key] + half[key]):
+            estimate, low, high = stats.ratio_interval(int8[key], half[key])
+            if estimate == estimate:
+                out.update({f"{name}_ratio": estimate, f"{name}_low": low, f"{name}_high": high,
+                            f"{name}_significant": stats.significant(low, high)})
+    if evaluation and (device, DEPLOYED) in predictions and (device, fp16) in predictions:
+        change = paired_top1_change(evaluation, predictions[(device, fp16)], predictions[(device, DEPLOYED)])
+        out.update(top1_delta_points=change["delta_points"], top1_p=change["mcnemar_p"], top1_source="device-measured",
+                   top1_images=change["images"])
+    elif int8.get("top1") is not None and half.get("top1") is not None:
+        out.update(top1_delta_points=100 * (int8["top1"] - half["top1"]), top1_p=None, top1_source="host ONNX Runtime")
+    pays = out.get("latency_ratio") is not None and out.get("latency_significant") and out["latency_ratio"] < 1
+    out["pays_off"] = bool(pays)
+    if not pays:
+        entry = next((p for p in profiles if p["device"] == device and p["rung"] == DEPLOYED
+                      and p["status"] == "measured"), None)
+        reasons = []
+        if entry:
+            table = _shown_batch(entry["profile"])
+            reasons = int8_payoff_reasons(BatchProfile.model_validate(table))
+        out["reasons"] = reasons or ["the per-layer profile names no cause (see \"Where the time goes\")"]
+    return out
+
+
+def int8_vs_fp16_text(verdict: dict[str, Any]) -> str:
+    """``INT8 vs FP16 on orin: ×0.61 latency [0.58, 0.64], ×0.70 energy per image [...], Δ top-1 −0.20 points
+    (device-measured, McNemar p = 0.5)`` and, when INT8 does not pay off, why."""
+    parts = []
+    for name, words in (("latency", "latency"), ("energy", "energy per image")):
+        if verdict.get(f"{name}_ratio") is not None:
+            ratio = f"×{verdict[f'{name}_ratio']:.2f} {words} [{verdict[f'{name}_low']:.2f}, {verdict[f'{name}_high']:.2f}]"
+            parts.append(ratio + ("" if verdict.get(f"{name}_significant") else " (no measurable difference)"))
+        else:
+            parts.append(f"{words} {NOT_MEASURED}")
+    if verdict.get("top1_delta_points") is not None:
+        p = f", McNemar p = {verdict['top1_p']:.2g}" if verdict.get("top1_p") is not None else ""
+        parts.append(f"Δ top-1 {verdict['top1_delta_points']:+.2f} points ({verdict['top1_source']}{p})")
+    text = f"INT8 vs FP16 on {verdict['device']}: " + ", ".join(parts)
+    if not verdict.get("pays_off"):
+        # The headline names each reason in a clause; the section "Where the time goes" has the layers.
+        text += "; INT8 does not pay off here: " + "; ".join(reason.split(" (")[0].split(": ")[0].rstrip(".")
+                                                            for reason in verdict.get("reasons", []))
+    return text
+
+
+def _evaluation_summary(evaluation: dict | None, rows: list[dict[str, Any]], predictions: dict) -> dict | None:
+    """What the on-device evaluation covered, and each device's per-class accuracy of each rung."""
+    if not evaluation:
+        return None
+    per_class = {f"{rung}@{device}": per_class_device(evaluation, preds) for (device, rung), preds in predictions.items()}
+    seconds = [r["evaluation_seconds"] for r in rows if r.get("evaluation_seconds") is not None]
+    return {"images": evaluation["images"], "of_images": evaluation.get("of_images"),
+            "stratified": evaluation.get("stratified"), "classes": evaluation.get("classes"),
+            "per_class_device": per_class, "seconds_total": sum(seconds) if seconds else None}
+
+
+def _headline(rows, edge, dc, baseline_device, baseline_rung: str = TEACHER) -> dict[str, Any]:
     """Student INT8 on the edge device against the teacher on the data-center device."""
     edge_device = (edge or [None])[0]
     if edge_device is None or baseline_device is None:
         return {"status": NOT_MEASURED, "reason": "no reachable device measured the ladder"}
     student = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == DEPLOYED), None)
-    teacher = next((r for r in rows if r["device"] == baseline_device["name"] and r["rung"] == TEACHER), None)
+    teacher = next((r for r in rows if r["device"] == baseline_device["name"] and r["rung"] == baseline_rung), None)
     note = None if dc else ("no data-center device configured (DC=): the teacher's numbers come from the same "
                             f"device, {edge_device['name']}")
+    # A runtime that fell back is said in the headline itself: a Jetson's row timed by ONNX Runtime is not TensorRT.
+    fallbacks = {d["name"]: d.get("runtime_fallback") for d in (edge_device, baseline_device)
+                 if d.get("runtime_fallback")}
     if not student or not teacher or student["status"] != "measured" or teacher["status"] != "measured":
-        return {"status": NOT_MEASURED, "reason": "student INT8 or teacher not measured", "note": note}
+        return {"status": NOT_MEASURED, "reason": "student INT8 or teacher not measured", "note": note,
+                "runtime_fallbacks": fallbacks}
 
     def ratio(a, b):
         return a / b if a is not None and b else None
 
     # Like with like: the deployed rung's float form (same network) against the float teacher.
-    float_form = RUNGS[DEPLOYED].quantized_from
+    float_form = RUNGS[DEPLOYED].form_of
     student_fp32 = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == float_form), None)
     return {"status": "measured", "edge_device": edge_device["name"], "dc_device": baseline_device["name"],
-            "note": note, "top1_edge": student["top1"], "top1_dc": teacher["top1"],
+            "note": note, "runtime_fallbacks": fallbacks, "top1_edge": student["top1"], "top1_dc": teacher["top1"],
             "edge_precision": student.get("precision") or "int8", "dc_precision": teacher.get("precision") or "fp32",
             "accuracy_lost_points": _points(-student["top1_delta_points"]) if student["top1_delta_points"] is not None
             else None,
@@ -287,8 +398,9 @@ def _significant_direction(h: dict[str, Any], name: str, lower: str, higher: str
 
 def headline_text(headline: dict[str, Any]) -> str:
     """The headline as a few aligned lines (printed by ``make edge``), each direction said in words."""
+    fallbacks = [f"  runtime        on {device}: {why}" for device, why in (headline.get("runtime_fallbacks") or {}).items()]
     if headline["status"] != "measured":
-        return f"headline: {NOT_MEASURED} ({headline['reason']})"
+        return "\n".join([f"headline: {NOT_MEASURED} ({headline['reason']})", *fallbacks])
     h = headline
     edge, dc = h.get("edge_precision", "int8").upper(), h.get("dc_precision", "fp32").upper()
     lost = h["accuracy_lost_points"]
@@ -316,6 +428,14 @@ def headline_text(headline: dict[str, Any]) -> str:
                      f" deployed {edge} {h['size_mb_edge']:.1f} MB")
     else:
         lines.append(f"  model size     {h['size_mb_edge']:.1f} MB {edge} vs {h['size_mb_dc']:.1f} MB {dc}")
+    if h.get("teacher_precision_why"):
+        lines.append(f"  teacher as    {h['teacher_precision_why']}")
+    for d in h.get("device_deviations") or []:
+        lines.append(f"  device top-1  {d['rung']} on {d['device']}: {100 * d['device_top1']:.2f}% on the device vs "
+                     f"{100 * d['host_top1']:.2f}% on the host (same {d['images']} images, McNemar p = "
+                     f"{d['mcnemar_p']:.2g}): differs by more than noise; {CAUSES}")
+    lines += [f"  {int8_vs_fp16_text(v)}" for v in h.get("int8_vs_fp16") or []]
+    lines += fallbacks
     if h.get("note"):
         lines.append(f"  note: {h['note']}")
     return "\n".join(lines)
@@ -323,17 +443,21 @@ def headline_text(headline: dict[str, Any]) -> str:
 
 def ladder_rows(data: dict[str, Any]) -> list[list[str]]:
     notes = reason_notes(data)
-    header = ["rung", "device", "top-1", "Δ pts", "params M", "GMACs", "MB", "runtime", "p50 ms [95% CI]", "p99 ms",
+    header = ["rung", "device", "top-1 host", "top-1 device", "Δ pts", "params M", "GMACs", "MB", "runtime",
+              "p50 ms [95% CI]", "p99 ms",
               "CV", "images/s", "peak MB", "W", "mJ/image", "latency ×", "energy ×", "status"]
     table = [header]
     for r in data["rows"]:
         measured = r["status"] == "measured"
         table.append([
-            r["rung"], r["device"], f"{100 * r['top1']:.2f}%" + (" " + r["verdict"].split(":")[0]
-                                                                 if r.get("verdict") else ""),
+            r["rung"], r["device"], f"{100 * r['top1']:.2f}%" + (" emulated" if RUNGS[r["rung"]].precision == "fp16"
+                                                                 else "") + (" " + r["verdict"].split(":")[0]
+                                                                             if r.get("verdict") else ""),
+            _device_top1_cell(r),
             _fmt(r["top1_delta_points"], "+.2f"),
             f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}", f"{r['size_mb']:.1f}",
-            f"{r['runtime']} {r['precision']}" if measured else "—",
+            (f"{r['runtime']} {r['precision']}" + (f" (fallback) [{notes[r['runtime_fallback']]}]"
+                                                   if r.get("runtime_fallback") else "")) if measured else "—",
             _interval(r.get("latency_p50_ms"), r.get("latency_p50_low_ms"), r.get("latency_p50_high_ms"), ".3f")
             + (f" noisy [{notes[r['noise']]}]" if r.get("noise") else ""),
             _fmt(r.get("latency_p99_ms"), ".3f"),
@@ -347,6 +471,60 @@ def ladder_rows(data: dict[str, Any]) -> list[list[str]]:
             ("measured" if measured else NOT_MEASURED) + (f" [{notes[r['reason']]}]" if r.get("reason") else ""),
         ])
     return table
+
+
+def _device_top1_cell(row: dict[str, Any]) -> str:
+    """The device-measured top-1 with its counts, and whether it agrees with the host's on the same images."""
+    if row.get("device_top1") is None:
+        return "—"
+    text = f"{100 * row['device_top1']:.2f}% ({row['device_top1_correct']}/{row['device_images']})"
+    if row.get("device_deviates"):
+        return text + f" ≠ host (p = {row['mcnemar_p']:.2g})"
+    if row.get("agreement") is not None:
+        return text + f", {100 * row['agreement']:.1f}% same top-1"
+    return text
+
+
+DEVICE_ACCURACY_TEXT = ("Each rung's engine, as the device built and timed it, ran the evaluation set once after its "
+                        "timed windows (same precision, same build, at its largest measured batch). Host: ONNX "
+                        "Runtime on the build host on the same images (FP16 rungs there are a CPU emulation). "
+                        "Agreement: share of images with the same top-1; McNemar's exact test on the images one got "
+                        "right and the other wrong.")
+
+
+def device_accuracy_rows(data: dict[str, Any]) -> list[list[str]]:
+    table = [["rung", "device", "runtime", "top-1 device", "top-1 host (same images)", "same top-1", "McNemar p",
+              "verdict"]]
+    for r in data["rows"]:
+        if r.get("device_top1") is None:
+            continue
+        host = (f"{100 * r['host_top1_same_images']:.2f}% ({r['host_top1_correct_same_images']}/{r['device_images']})"
+                if r.get("host_top1_same_images") is not None else "—")
+        table.append([r["rung"], r["device"], f"{r['runtime']} {r['precision']}",
+                      f"{100 * r['device_top1']:.2f}% ({r['device_top1_correct']}/{r['device_images']})", host,
+                      _fmt(100 * r["agreement"] if r.get("agreement") is not None else None, ".1f") + "%",
+                      _fmt(r.get("mcnemar_p"), ".2g"),
+                      "differs by more than noise" if r.get("device_deviates") else "same within noise"])
+    return table
+
+
+def device_class_rows(data: dict[str, Any]) -> list[list[str]]:
+    """Per-class accuracy of each rung's device predictions (columns: rung@device)."""
+    summary = data["evaluation"]
+    columns = sorted(summary["per_class_device"])
+    table = [["class", *columns]]
+    for index, name in enumerate(summary["classes"]):
+        table.append([str(name)] + [_fmt(100 * acc if (acc := summary["per_class_device"][c][index]) is not None
+                                         else None, ".1f") for c in columns])
+    return table
+
+
+def _evaluation_note(data: dict[str, Any]) -> str:
+    summary = data["evaluation"]
+    sample = (f"a stratified sample of {summary['images']} of the {summary['of_images']} test images"
+              if summary.get("stratified") else f"all {summary['images']} test images")
+    took = f"; the passes took {summary['seconds_total']:.1f} s in all" if summary.get("seconds_total") else ""
+    return f"{DEVICE_ACCURACY_TEXT} The set: {sample}{took}."
 
 
 def _interval(value, low, high, spec: str) -> str:
@@ -373,7 +551,7 @@ def reason_notes(data: dict[str, Any]) -> dict[str, int]:
     """Each distinct reason for a missing number or a degraded energy figure, numbered for footnotes."""
     notes: dict[str, int] = {}
     for row in data["rows"]:
-        for reason in (row.get("reason"), row.get("energy_note"), row.get("noise")):
+        for reason in (row.get("runtime_fallback"), row.get("reason"), row.get("energy_note"), row.get("noise")):
             if reason and reason not in notes:
                 notes[reason] = len(notes) + 1
     return notes
@@ -389,6 +567,13 @@ def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_b
     throughput = [run.throughput_images_per_s if run else None for run in large]
     energy = [run.summary.energy_mj_per_image if run else None for run in large]
     p50_est, p50_low, p50_high = stats.median_interval(p50)
+    # trtexec's two device times of the same calls, where the runner took them (TensorRT).
+    device = {}
+    for name, key in (("trt_latency", "latency_p50_ms"), ("gpu_compute", "gpu_compute_p50_ms")):
+        values = [getattr(run.device_timing, key) if run and run.device_timing else None for run in small]
+        if any(v is not None for v in values):
+            estimate, low, high = stats.median_interval(values)
+            device.update({f"{name}_p50_ms": estimate, f"{name}_p50_low_ms": low, f"{name}_p50_high_ms": high})
     p99_est, p99_low, p99_high = stats.median_interval(p99)
     tp_est, tp_low, tp_high = stats.median_interval(throughput)
     flags: dict[str, str] = {}
@@ -404,7 +589,8 @@ def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_b
             "throughput_images_per_s": tp_est, "throughput_low": tp_low, "throughput_high": tp_high,
             "latency_cv_windows": spread, "windows": len(rounds), "noisy": bool(flags), "noise_flags": sorted(flags),
             "noise": "; ".join(f"{flag}: {why}" for flag, why in sorted(flags.items())) or None,
-            "latency_p50_windows_ms": p50, "throughput_windows": throughput, "energy_windows_mj": energy}
+            "latency_p50_windows_ms": p50, "throughput_windows": throughput, "energy_windows_mj": energy,
+            **device}
 
 
 def _ratios(row: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
@@ -454,7 +640,8 @@ def _batch_note(data) -> str:
         against = f"the teacher on {headline['dc_device']} (no data-center device configured)"
     else:
         against = "the teacher on the first device measured"
-    return (f"Latency at batch {measured[0]['latency_batch']}; throughput, power and energy at batch "
+    return (f"Latency at batch {measured[0]['latency_batch']} (p50: the wall time of the whole call, as an "
+            f"application sees it); throughput, power and energy at batch "
             f"{measured[0]['throughput_batch']}. Ratios are against {against}.")
 
 
@@ -487,6 +674,12 @@ def render_markdown(data: dict[str, Any]) -> str:
              f"{r.get('onnx_mb', r['size_mb']):.1f}"] for name, r in data["rungs"].items()])]
     if data.get("per_class"):
         parts += [""] + perclass.markdown_section(data["per_class"])
+    if data.get("evaluation") and len(device_accuracy_rows(data)) > 1:
+        parts += ["", "## Accuracy on the device", "", _evaluation_note(data), "",
+                  _markdown_table(device_accuracy_rows(data)), "", "Per class, on the device (top-1 %):", "",
+                  _markdown_table(device_class_rows(data))]
+    if _has_device_timings(data):
+        parts += ["", "## Latency as trtexec reports it", "", TIMINGS_TEXT, "", _markdown_table(timing_rows(data))]
     if data.get("layer_profiles"):
         parts += [""] + time_section_markdown(data)
     if _is_fleet(data):
@@ -585,6 +778,35 @@ def _time_rows(table: dict[str, Any]) -> list[list[str]]:
 def _shown_batch(profile: dict[str, Any]) -> dict[str, Any]:
     # The latency batch (the smallest), as the ladder's latency column; results.json keeps every batch.
     return min(profile["batches"], key=lambda b: b["batch_size"])
+
+
+TIMINGS_TEXT = ("Three latencies of the same timed calls at the latency batch, each the median over the interleaved "
+                "windows with its 95% interval. Wall: the whole call as an application sees it (the batch copied "
+                "into the runtime, the copies, the enqueue, the wait, Python) — the ladder's p50. trtexec Latency: "
+                "host-to-device copy + GPU compute + device-to-host copy, timed with CUDA events on pinned "
+                "buffers, the input shape set once — compare this with trtexec's \"Latency\". GPU Compute: CUDA "
+                "events around execute_async_v3 — trtexec's \"GPU Compute Time\". ONNX Runtime and torch rows "
+                "have the wall time only.")
+
+
+def timing_rows(data: dict[str, Any]) -> list[list[str]]:
+    """Per measured row: wall, trtexec Latency and GPU Compute p50 with their intervals (— where not taken)."""
+    table = [["rung", "device", "runtime", "wall p50 ms", "trtexec Latency p50 ms", "GPU Compute p50 ms"]]
+    for r in data["rows"]:
+        if r["status"] != "measured":
+            continue
+        table.append([r["rung"], r["device"], f"{r['runtime']} {r['precision']}",
+                      _interval(r.get("latency_p50_ms"), r.get("latency_p50_low_ms"), r.get("latency_p50_high_ms"),
+                                ".3f"),
+                      _interval(r.get("trt_latency_p50_ms"), r.get("trt_latency_p50_low_ms"),
+                                r.get("trt_latency_p50_high_ms"), ".3f"),
+                      _interval(r.get("gpu_compute_p50_ms"), r.get("gpu_compute_p50_low_ms"),
+                                r.get("gpu_compute_p50_high_ms"), ".3f")])
+    return table
+
+
+def _has_device_timings(data: dict[str, Any]) -> bool:
+    return any(r.get("trt_latency_p50_ms") is not None for r in data["rows"])
 
 
 def time_section_markdown(data: dict[str, Any]) -> list[str]:
@@ -772,6 +994,12 @@ def render_html(data: dict[str, Any], figures: dict[str, str], sections: str = "
                 "per_class": "Accuracy on each class's test images, per rung: where the fold cost most."}
     figures_html = "".join(f'<figure><img alt="{key}" src="data:image/png;base64,{png}"><figcaption>'
                            f"{esc(captions[key])}</figcaption></figure>" for key, png in figures.items())
+    timings_html = ("<h2>Latency as trtexec reports it</h2><p>" + esc(TIMINGS_TEXT) + "</p>"
+                    + html_table(timing_rows(data))) if _has_device_timings(data) else ""
+    if data.get("evaluation") and len(device_accuracy_rows(data)) > 1:
+        timings_html = ("<h2>Accuracy on the device</h2><p>" + esc(_evaluation_note(data)) + "</p>"
+                        + html_table(device_accuracy_rows(data)) + "<p>Per class, on the device (top-1 %):</p>"
+                        + html_table(device_class_rows(data)) + timings_html)
     provenance_html = "<ul>" + "".join(f"<li><b>{esc(name)}</b>{esc(text)}</li>"
                                        for name, text in provenance_lines(data)) + "</ul>"
     return f"""<!DOCTYPE html>
@@ -783,6 +1011,7 @@ def render_html(data: dict[str, Any], figures: dict[str, str], sections: str = "
 <h2>The ladder</h2><p>{esc(_batch_note(data))}</p><div class="scroll"><table>{rows_html}</table></div>
 <ol class="notes">{notes_html}</ol>
 {perclass.html_section(data["per_class"]) if data.get("per_class") else ""}
+{timings_html}
 {time_section_html(data) if data.get("layer_profiles") else ""}
 {sections}
 {fleet_html}

@@ -21,12 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from device.client import AgentClient, AgentError, JobTimeoutError
 from device.errors import ConfigError, EdgeFoldError
 from device.files import write_json_atomic
-from device.schema import JobSpec, PreprocessSpec, describe_problems, field_problems, parse_result, safe_text
+from device.schema import (EvaluationSpec, JobSpec, PreprocessSpec, describe_problems, field_problems, parse_result,
+                           safe_text)
 from pipeline.codehash import code_sha256
 from pipeline.devices import DEPLOY_SCHEMA, Device
 from pipeline.manifest import sha256_file, sha256_json
@@ -39,27 +41,80 @@ FINGERPRINT_KEYS = ("hostname", "machine", "board", "l4t", "jetpack", "gpu", "co
 LOOPBACK = Device("loopback", "edge", "", "loopback")
 
 
+def _trt_major(device_info: dict[str, Any]) -> int:
+    try:
+        return int(str(device_info.get("tensorrt") or "0").split(".")[0] or 0)
+    except ValueError:
+        return 0
+
+
+def choose_runtime(requested: str, device_info: dict[str, Any]) -> tuple[str, str | None]:
+    """The runtime a device runs the ladder with, and, when ``auto`` could not pick TensorRT, why — in words
+    the report prints beside every number that device measured.
+
+    Args:
+        requested: ``deploy.runtime`` (``auto``, ``tensorrt`` or ``onnxruntime``).
+        device_info: The agent's ``/v1/device`` (``tensorrt``, ``tensorrt_status``).
+    """
+    if requested != "auto":
+        return requested, None
+    if _trt_major(device_info) >= 10:  # the engine builder needs TensorRT 10 or newer (JetPack 6.1+)
+        return "tensorrt", None
+    status = device_info.get("tensorrt_status") or {}
+    if device_info.get("tensorrt"):
+        why = f"its TensorRT {device_info['tensorrt']} is older than 10 (JetPack 6.1+ ships 10.3)"
+    else:
+        why = status.get("reason") or "the agent found no TensorRT"
+    fix = f" (fix: {status['fix']})" if status.get("fix") else ""
+    return "onnxruntime", f"ONNX Runtime ran instead of TensorRT: {why}{fix}"
+
+
+def stratified_indices(labels: np.ndarray, count: int, seed: int = 0) -> np.ndarray:
+    """``count`` test indices with every class in proportion to its share (each present class at least once),
+    sorted; all of them when ``count`` covers the split."""
+    if count >= len(labels):
+        return np.arange(len(labels))
+    rng = np.random.default_rng(seed)
+    classes, sizes = np.unique(labels, return_counts=True)
+    quota = np.maximum(1, np.floor(count * sizes / sizes.sum()).astype(int))
+    for index in np.argsort(-sizes):  # the remainder to the largest classes
+        if quota.sum() >= count:
+            break
+        quota[index] += 1
+    chosen = np.sort(np.concatenate([rng.choice(np.flatnonzero(labels == c), size=min(q, s), replace=False)
+                                     for c, q, s in zip(classes, quota, sizes)]))
+    # More classes than images asked for: every class once is more than count, and says so in the count.
+    return chosen
+
+
 def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preprocess: dict[str, Any],
-             label: str, profile: bool = True) -> JobSpec:
+             label: str, profile: bool = True, evaluation: EvaluationSpec | None = None) -> JobSpec:
     """The benchmark job for one rung on one device, as the agent's own schema (validated here)."""
-    runtime = cfg.runtime
-    trt_major = int(str(device_info.get("tensorrt") or "0").split(".")[0] or 0)
-    if runtime == "auto":  # the engine builder needs TensorRT 10 or newer (JetPack 6.1+)
-        runtime = "tensorrt" if trt_major >= 10 else "onnxruntime"
+    runtime, _ = choose_runtime(cfg.runtime, device_info)
+    # A rung's precision is its artifact's, on every runtime and TensorRT version: an FP32 rung is timed in
+    # FP32 and the FP16 question is answered by the FP16 rungs, whose graphs say FP16.
     precision = RUNGS[rung].precision
-    if runtime == "tensorrt" and precision == "fp32" and trt_major < 11:
-        # TensorRT 10 builds float rungs in FP16 (as trtexec --fp16); 11 is strongly typed: the model's own type.
-        precision = "fp16"
     try:
         return JobSpec(artifact=artifact, runtime=runtime, precision=precision, batch_sizes=list(cfg.batch_sizes),
                        duration_s=cfg.duration_s, warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
-                       min_iterations=cfg.min_iterations, profile=profile,
+                       min_iterations=cfg.min_iterations, profile=profile, evaluation=evaluation,
                        sample_hz=cfg.sample_hz, threads=cfg.threads, telemetry="auto", timeout_s=cfg.job_timeout_s,
                        preprocess=PreprocessSpec(**preprocess), label=safe_text(label, 200))
     except ValidationError as err:  # the recipe was validated with the same bounds: this is a bug, said plainly
         raise ConfigError(f"deploy: the job for {rung} does not fit the agent's schema: "
                           f"{describe_problems(field_problems(err.errors()))}",
                           fix="check the recipe's deploy section and the export stage's preprocess.json") from None
+
+
+def unmeasured_edges(results: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The edge devices of a deploy ``results.json`` when none of them measured any rung, else None.
+
+    A loopback agent (no devices named) is not an edge device someone pointed the run at.
+    """
+    edges = [d for d in results.get("devices", []) if d.get("role") == "edge" and d.get("url") != "loopback"]
+    if not edges or any(r.get("state") == "succeeded" for d in edges for r in d.get("rungs", {}).values()):
+        return None
+    return edges
 
 
 def _rung_record(rounds: list[dict[str, Any]], outcome: dict[str, Any]) -> dict[str, Any]:
@@ -93,6 +148,34 @@ class DeployStage(Stage):
     # The loopback agent runs this checkout's measurement code in its job processes.
     code_modules = ("device.jobrun", "device.agent")
 
+    def preflight(self, ctx):
+        """``deploy.runtime: tensorrt`` against an agent without TensorRT is refused before the first stage,
+        with the agent's own reason and fix (an unreachable agent is left to the stage: it is reported there)."""
+        if ctx.recipe.deploy.runtime != "tensorrt":
+            return
+        if not ctx.devices:
+            from device.info import tensorrt_status
+
+            targets = [("the loopback agent (this machine)", tensorrt_status())]
+        else:
+            targets = []
+            for device in ctx.devices:
+                try:
+                    with AgentClient(device.url, device.token(), timeout_s=10) as client:
+                        info = client.device()
+                except EdgeFoldError:
+                    continue
+                targets.append((f"{device.name} ({device.url})", info.get("tensorrt_status") or {
+                    "found": _trt_major(info) >= 10, "reason": f"its agent reports TensorRT {info.get('tensorrt')}",
+                    "fix": "upgrade the agent to this EdgeFold's version"}))
+        missing = [(name, status) for name, status in targets if not status.get("found")]
+        if missing:
+            named = "; ".join(f"{name}: {status.get('reason')}" for name, status in missing)
+            fixes = "; ".join(dict.fromkeys(status.get("fix") or "install TensorRT" for _, status in missing))
+            raise ConfigError(f"deploy.runtime is tensorrt but TensorRT is not available on {named}",
+                              fix=f"{fixes}; or run with --set deploy.runtime=auto (ONNX Runtime where TensorRT "
+                                  "is missing, said so in the report)")
+
     def needs(self, ctx):
         return tuple(stage for stage in ("export", "quantize") if ctx.manifest.stage(stage))
 
@@ -123,11 +206,12 @@ class DeployStage(Stage):
             ctx.log(f"[  deploy] no EDGE=/DC=/DEVICES= given: loopback agent at {loopback.url} (this machine)")
         label = f"{ctx.recipe.name}/{ctx.run_dir.name}"
         lock = threading.Lock()
+        evaluation = self._evaluation_set(ctx, workdir, artifacts) if cfg.evaluate_images else None
 
         def deploy_one(device: Device) -> dict[str, Any]:
             token = loopback.token if loopback and device is LOOPBACK else None
             url = loopback.url if loopback and device is LOOPBACK else device.url
-            return self._device(device, url, token, artifacts, preprocess, cfg, cache, label, ctx, lock)
+            return self._device(device, url, token, artifacts, preprocess, cfg, cache, label, ctx, lock, evaluation)
 
         targets = devices or [LOOPBACK]
         try:
@@ -139,7 +223,10 @@ class DeployStage(Stage):
             if tmp is not None:  # the agent's copies of every uploaded model (6–100 MB each)
                 shutil.rmtree(tmp, ignore_errors=True)
         reused = sum(len(d.pop("reused", [])) for d in outcomes)
-        results = {"schema": DEPLOY_SCHEMA, "devices": outcomes,
+        if evaluation is not None:  # kept off the agent: the labels and the host's predictions on the same images
+            evaluation["path"].unlink()
+            evaluation = {key: value for key, value in evaluation.items() if key != "path"}
+        results = {"schema": DEPLOY_SCHEMA, "devices": outcomes, "evaluation": evaluation,
                    "artifacts": {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
                                  for rung, path in artifacts.items()}}
         (workdir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
@@ -150,8 +237,33 @@ class DeployStage(Stage):
                                     "jobs_reused": reused, "jobs": len(outcomes) * len(artifacts),
                                     "rounds": cfg.rounds, "windows": windows})
 
+    @staticmethod
+    def _evaluation_set(ctx, workdir: Path, artifacts: dict[str, Path]) -> dict[str, Any]:
+        """The evaluation set every rung's engine scores on every device: ``deploy.evaluate_images`` test
+        images (stratified per class), preprocessed once with the shared preprocessing, as a float32 ``.npy``;
+        with the labels and each rung's host predictions on the same images."""
+        images, labels = [], []
+        for x, y, *_ in ctx.batches("test", 500):
+            images.append(x.numpy())
+            labels.append(y.numpy())
+        images, labels = np.concatenate(images), np.concatenate(labels)
+        chosen = stratified_indices(labels, ctx.recipe.deploy.evaluate_images)
+        path = workdir / "evaluation-set.npy"
+        np.save(path, np.ascontiguousarray(images[chosen], dtype=np.float32), allow_pickle=False)
+        host = {}
+        for rung in artifacts:
+            stage, key = RUNGS[rung].predictions
+            if ctx.manifest.stage(stage) and key in ctx.manifest.stage(stage)["outputs"]:
+                host[rung] = np.load(ctx.manifest.output(stage, key), allow_pickle=False)[chosen].astype(int).tolist()
+        classes = len(ctx.dataset().classes)
+        return {"path": path, "sha256": sha256_file(path), "images": int(len(chosen)), "top_k": min(5, classes),
+                "indices": chosen.astype(int).tolist(), "labels": labels[chosen].astype(int).tolist(),
+                "host_top1": host, "classes": list(ctx.dataset().classes),
+                "stratified": len(chosen) < len(labels), "of_images": int(len(labels))}
+
     def _device(self, device: Device, url: str, token: str | None, artifacts: dict[str, Path], preprocess, cfg,
-                cache: Path, label: str, ctx, lock: threading.Lock) -> dict[str, Any]:
+                cache: Path, label: str, ctx, lock: threading.Lock,
+                evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
         outcome: dict[str, Any] = {**device.public(), "url": url if device is not LOOPBACK else "loopback",
                                    "status": "ok", "error": None, "fingerprint": None, "info": None, "rungs": {}}
         try:
@@ -164,18 +276,31 @@ class DeployStage(Stage):
             except AgentError as err:
                 return {**outcome, "status": "unreachable", "error": err.message}
             fingerprint = {key: info.get(key) for key in FINGERPRINT_KEYS}
-            outcome.update(info=info, fingerprint=fingerprint)
+            runtime, fallback = choose_runtime(cfg.runtime, info)
+            outcome.update(info=info, fingerprint=fingerprint, runtime=runtime, runtime_fallback=fallback)
+            if fallback:
+                with lock:
+                    ctx.log(f"[  deploy] {device.name}: {fallback}")
             # Interleaved rounds: teacher, pruned, student, INT8, teacher, … one window each per round, so a
             # busy spell hits every rung of its round and cancels in their paired ratios (pipeline.stats).
             code = code_sha256(self.code_modules)[0] if device is LOOPBACK else None
             digests = {rung: sha256_file(path) for rung, path in artifacts.items()}
+            scoring = None
+            if evaluation is not None:
+                try:  # content-addressed like a model: uploaded once per device, never twice
+                    scoring = EvaluationSpec(artifact=client.upload(evaluation["path"]), images=evaluation["images"],
+                                             top_k=evaluation["top_k"])
+                except AgentError as err:
+                    outcome["evaluation_error"] = err.message
             rounds: dict[str, list[dict[str, Any]]] = {rung: [] for rung in artifacts}
             for round_index in range(cfg.rounds):
                 for rung, path in artifacts.items():
                     if outcome["status"] == "lost":
                         break
+                    # Round 1 also scores the set through the engine it timed (once per rung × device).
                     spec = job_spec(rung, digests[rung], info, cfg, preprocess,
-                                    f"{label}/{rung}/round{round_index + 1}", profile=round_index == 0)
+                                    f"{label}/{rung}/round{round_index + 1}", profile=round_index == 0,
+                                    evaluation=scoring if round_index == 0 else None)
                     # The agent itself is part of the key: two boards of one kind are each measured (a fleet);
                     # its name in the report is only a label. A loopback agent measures with this checkout's
                     # code: editing device/measure.py measures again.

@@ -46,7 +46,7 @@ class EvaluateStage(Stage):
         # The INT8 rung is the student's network in another precision: its size and scores are its own.
         stage, key = RUNGS[DEPLOYED].onnx
         quantized = ctx.manifest.stage(stage)
-        source = RUNGS[DEPLOYED].quantized_from
+        source = RUNGS[DEPLOYED].form_of
         if quantized and source in rungs:
             path = ctx.manifest.output(stage, key)
             size_mb = path.stat().st_size / 1e6
@@ -54,6 +54,17 @@ class EvaluateStage(Stage):
                                                       if k in quantized["metrics"]},
                                "size_mb": size_mb, "onnx_mb": size_mb,
                                "checkpoint": str(path.relative_to(ctx.run_dir))}
+        # The FP16 forms: the same network as their FP32 rung, scored by the export stage (host emulation).
+        for name, facts in exported.items():
+            rung = RUNGS.get(name)
+            if rung is None or rung.precision != "fp16" or rung.form_of not in rungs:
+                continue
+            path = ctx.manifest.output("export", name)
+            rungs[name] = {**rungs[rung.form_of], **{k: facts["scores"][k] for k in RECORDED if k in facts["scores"]},
+                           "size_mb": facts["size_mb"], "onnx_mb": facts["size_mb"],
+                           "checkpoint": str(path.relative_to(ctx.run_dir)), "host_emulated": True,
+                           "top1_agreement_with_fp32": facts["top1_agreement_with_fp32"]}
+        rungs = {name: rungs[name] for name in RUNGS if name in rungs}  # the ladder's order
         for name, values in rungs.items():
             values["precision"] = RUNGS[name].precision
         if TEACHER in rungs:

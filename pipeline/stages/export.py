@@ -1,5 +1,8 @@
 """export stage: ONNX (opset ≥ 17, dynamic batch, BatchNorm folded) for every measured rung,
-with its outputs checked against torch on real test images by ONNX Runtime."""
+with its outputs checked against torch on real test images by ONNX Runtime; and the FP16 forms
+(``teacher_fp16``, ``student_fp16``): FP16 weights and compute written in the graph, float32 I/O,
+scored on the whole test split by ONNX Runtime — an emulation on the host's CPU (casts around most
+nodes), labelled so; the device's own figure comes from the engine it timed."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import torch
 from device.errors import StageError
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from pipeline.checkpoint import load_checkpoint
+from pipeline.onnx_scores import onnx_accuracy
 from pipeline.rungs import RUNGS
 from pipeline.stages.base import STAGES, Stage, StageResult
 
@@ -80,13 +84,49 @@ class ExportStage(Stage):
                     fix="report this model to EdgeFold; try export.opset: 18, or loosen export.parity_atol",
                 )
             outputs[rung] = path
+        if cfg.fp16_rungs:
+            outputs.update(self._fp16_forms(ctx, workdir, outputs, metrics))
         # The device needs the preprocessing with the model to feed it correctly.
         (workdir / "preprocess.json").write_text(json.dumps(ctx.preprocess.to_dict(), indent=2) + "\n")
         outputs["preprocess"] = workdir / "preprocess.json"
         return StageResult(outputs=outputs, metrics={"rungs": metrics})
 
+    @staticmethod
+    def _fp16_forms(ctx, workdir: Path, exported: dict, metrics: dict) -> dict:
+        """Writes each FP16 rung from its exported FP32 ONNX and scores it on the test split."""
+        from pipeline.fp16 import to_fp16
+
+        cfg = ctx.recipe.export
+        images, labels = [], []
+        for x, y, *_ in ctx.batches("test", 500):
+            images.append(x.numpy())
+            labels.append(y.numpy())
+        images, labels = np.concatenate(images), np.concatenate(labels)
+        outputs = {}
+        for rung in cfg.fp16_rungs:
+            source = RUNGS[rung].form_of
+            path = workdir / f"{source}.fp16.onnx"
+            facts = to_fp16(exported[source], path)
+            predictions = workdir / f"{rung}.predictions.npy"
+            scores = onnx_accuracy(path, images, labels, save_predictions=predictions)
+            reference = np.load(ctx.manifest.output(RUNGS[source].predictions[0], RUNGS[source].predictions[1]))
+            agreement = float((np.load(predictions) == reference).mean())
+            if agreement < cfg.min_top1_agreement:
+                raise StageError(
+                    f"the FP16 form of {source} agrees with its FP32 form on only {100 * agreement:.1f}% of the test "
+                    f"images' top-1 (required {100 * cfg.min_top1_agreement:.1f}%): FP16 overflows or underflows in it",
+                    fix=f"leave {rung} out (export.fp16_rungs: [...]) and find the layer with the per-layer profile")
+            metrics[rung] = {**facts, "size_mb": path.stat().st_size / 1e6, "scores": scores,
+                             "top1_agreement_with_fp32": agreement,
+                             "host_note": "ONNX Runtime CPU emulates FP16 (casts around most nodes); the device's "
+                                          "figure is the real one"}
+            outputs[rung], outputs[f"{rung}_predictions"] = path, predictions
+        return outputs
+
     def summary(self, metrics):
-        return ", ".join(f"{rung} {m['size_mb']:.1f} MB (max |Δ| {m['parity']['max_abs_diff']:.1e})"
+        return ", ".join(f"{rung} {m['size_mb']:.1f} MB" + (f" (max |Δ| {m['parity']['max_abs_diff']:.1e})"
+                                                             if "parity" in m else
+                                                             f" (top-1 {100 * m['scores']['top1']:.2f}%, emulated)")
                          for rung, m in metrics["rungs"].items())
 
 

@@ -20,6 +20,7 @@ from device.errors import MissingDependencyError, StageError
 from device.qdq_lint import lint_qdq
 from device.registry import Registry
 from device.runners.onnxruntime import OnnxRuntimeRunner
+from pipeline.onnx_scores import onnx_accuracy
 from pipeline.scores import points, require_sane
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.ort_quantize import quantize_ort
@@ -155,10 +156,95 @@ def store_weights_as_int8(path: Path) -> int:
 QUANTIZERS.register("ort")(quantize_ort)
 
 
+def float_islands_to_fp16(path: Path) -> int:
+    """Turns the float layers of a Q/DQ model (the islands left out of INT8) into FP16, in place, in the
+    pattern ModelOpt writes with ``high_precision_dtype="fp16"``: opset 19, FP16 Q/DQ scales, so each
+    DequantizeLinear hands FP16 straight to its Conv/Gemm/Add (no Cast between them to hide the INT8
+    pattern from TensorRT's Q/DQ fusion), and the graph's inputs and outputs stay float32.
+
+    onnxconverter-common converts the float layers with the Q/DQ nodes left alone (it would turn their
+    scales into Casts of float32 initializers); the scales are then made FP16 here and the Casts it put
+    around the Q/DQ nodes removed. Returns how many Q/DQ nodes were made FP16.
+    """
+    import onnx
+    from onnx import numpy_helper, version_converter
+    from onnxconverter_common import float16
+
+    model = onnx.load(str(path))
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    if opset < 19:  # FP16 scales on QuantizeLinear/DequantizeLinear arrive with opset 19
+        model = version_converter.convert_version(model, 19)
+    model = float16.convert_float_to_float16(model, keep_io_types=True,
+                                             op_block_list=["QuantizeLinear", "DequantizeLinear"])
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
+    producers = {out: n for n in graph.node for out in n.output}
+    half_scales: dict[str, str] = {}
+
+    def half(name: str) -> str:
+        """An FP16 copy of a float32 scale (initializer or Constant), made once per scale."""
+        if name not in half_scales:
+            if name in initializers:
+                value = numpy_helper.to_array(initializers[name])
+            else:
+                value = numpy_helper.to_array(next(a.t for a in constants[name].attribute if a.name == "value"))
+            graph.initializer.append(numpy_helper.from_array(value.astype(np.float16), f"{name}_fp16"))
+            half_scales[name] = f"{name}_fp16"
+        return half_scales[name]
+
+    def is_cast(node, to: int) -> bool:
+        return node is not None and node.op_type == "Cast" and any(a.name == "to" and a.i == to for a in node.attribute)
+
+    def half_scale(node) -> bool:
+        scale = node.input[1]
+        if scale in producers and is_cast(producers[scale], onnx.TensorProto.FLOAT):
+            node.input[1] = producers[scale].input[0]  # the converter's Cast back to float32 of an FP16 scale
+        elif scale in initializers or scale in constants:
+            node.input[1] = half(scale)
+        else:
+            return False
+        return True
+
+    changed, drop = 0, set()
+    for node in [n for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]:
+        if node.op_type == "QuantizeLinear":
+            # Q takes its input's type: FP16 only where the converter cast an FP16 island back to float32
+            # for it (the graph's float32 input keeps its float32 scale).
+            source = producers.get(node.input[0])
+            if is_cast(source, onnx.TensorProto.FLOAT) and half_scale(node):
+                node.input[0] = source.input[0]
+                changed += 1
+            continue
+        consumers = [c for c in graph.node if node.output[0] in c.input]
+        casts = [c for c in consumers if is_cast(c, onnx.TensorProto.FLOAT16)]
+        if not casts or len(casts) != len(consumers) or not half_scale(node):
+            continue  # feeds a float32 layer (or an output): its scale, and so its output, stays float32
+        for cast in casts:
+            drop.add(cast.output[0])
+            for other in graph.node:
+                other.input[:] = [node.output[0] if i == cast.output[0] else i for i in other.input]
+        changed += 1
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    keep = [n for n in graph.node if not (n.op_type == "Cast" and n.output[0] not in used) and n.output[0] not in drop]
+    del graph.node[:]
+    graph.node.extend(keep)
+    used = {i for n in graph.node for i in n.input}
+    for tensor in [t for t in graph.initializer if t.name not in used]:
+        graph.initializer.remove(tensor)
+    # Shapes and types inferred before were the float32 ones: let the checker infer them again.
+    del graph.value_info[:]
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return changed
+
+
 @QUANTIZERS.register("modelopt")
-def quantize_modelopt(fp32: Path, out: Path, calibration: np.ndarray, method: str, per_channel: bool) -> None:
+def quantize_modelopt(fp32: Path, out: Path, calibration: np.ndarray, method: str, per_channel: bool,
+                      float_islands: str = "fp16") -> None:
     """NVIDIA ModelOpt's ONNX PTQ on CPU: Q/DQ where TensorRT wants it (Conv inputs, one input of
-    each residual Add), per-channel weights, int8 zero points; weights stored as int8 (``dq_only``)."""
+    each residual Add), per-channel weights, int8 zero points; weights stored as int8 (``dq_only``);
+    the layers left in float in ``float_islands`` (``high_precision_dtype``; ModelOpt's own default is fp16)."""
     if method not in ("max", "entropy"):
         raise StageError(f"ModelOpt calibrates with max or entropy, not {method!r}",
                          fix="set quantize.calibration_methods to [max, entropy] for the modelopt quantizer")
@@ -173,7 +259,7 @@ def quantize_modelopt(fp32: Path, out: Path, calibration: np.ndarray, method: st
         ) from None
     with _quiet("modelopt"):
         quantize(str(fp32), quantize_mode="int8", calibration_data=calibration, calibration_method=method,
-                 calibration_eps=["cpu"], output_path=str(out), high_precision_dtype="fp32", dq_only=True)
+                 calibration_eps=["cpu"], output_path=str(out), high_precision_dtype=float_islands, dq_only=True)
 
 
 def quantization_aware_finetune(ctx, workdir: Path, calibration: np.ndarray) -> Path:
@@ -226,19 +312,6 @@ def quantization_aware_finetune(ctx, workdir: Path, calibration: np.ndarray) -> 
     return path
 
 
-def onnx_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch: int = 250,
-                  save_predictions: Path | None = None) -> dict:
-    """Scores of an ONNX model under ONNX Runtime (which runs Q/DQ models on CPU), with the counts
-    behind them (:func:`pipeline.train.accuracy`); each image's top-1 class kept when asked."""
-    from pipeline.train import accuracy, save_top1
-
-    with OnnxRuntimeRunner(path) as runner:
-        logits = np.concatenate([runner.infer(images[i : i + batch]) for i in range(0, len(images), batch)])
-    if save_predictions is not None:
-        save_top1(save_predictions, logits)
-    return accuracy(logits, labels)
-
-
 class QuantizeStage(Stage):
     name = "quantize"
 
@@ -274,6 +347,9 @@ class QuantizeStage(Stage):
             candidate = workdir / f"student.int8.{method}.onnx"
             if method == "qat":
                 candidate = quantization_aware_finetune(ctx, workdir, calibration)
+            elif quantizer == "modelopt":
+                run_isolated(_logged, workdir / "quantizer.log", quantize, fp32, candidate, calibration, method,
+                             cfg.per_channel, cfg.float_islands)
             else:
                 run_isolated(_logged, workdir / "quantizer.log", quantize, fp32, candidate, calibration, method,
                              cfg.per_channel)
@@ -281,6 +357,22 @@ class QuantizeStage(Stage):
             if not lint.ok:
                 raise StageError(f"{candidate.name} breaks TensorRT's Q/DQ rules: {lint.describe()}",
                                  fix=f"this is a quantizer bug; try quantize.quantizer other than {cfg.quantizer!r}")
+            islands = cfg.float_islands if quantizer == "modelopt" and method != "qat" else "fp32"
+            if cfg.float_islands == "fp16" and islands == "fp32":
+                # One artifact that means the same on TensorRT 10 (FP16 flag) and on strongly typed builds:
+                # the layers left out of INT8 are FP16 in the graph, as ModelOpt writes them natively.
+                backup = candidate.read_bytes()
+                try:
+                    float_islands_to_fp16(candidate)
+                    islands = "fp16"
+                except Exception as err:  # noqa: BLE001 (a graph the rewrite cannot type: keep it, FP32, said so)
+                    candidate.write_bytes(backup)
+                    islands = f"fp32 (FP16 rewrite failed: {type(err).__name__}: {str(err).splitlines()[0][:160]})"
+                    log(f"quantize: {quantizer}/{method}: float islands left FP32: {islands[5:]}")
+                lint = lint_qdq(candidate)
+                if not lint.ok:
+                    raise StageError(f"{candidate.name} with FP16 float islands breaks TensorRT's Q/DQ rules: "
+                                     f"{lint.describe()}", fix="set quantize.float_islands: fp32")
             unconverted = float_weights(candidate)
             if unconverted:
                 raise StageError(
@@ -291,7 +383,8 @@ class QuantizeStage(Stage):
             scores = onnx_accuracy(candidate, images, labels,
                                    save_predictions=workdir / f"predictions.{method}.npy")
             drop = 100 * (reference["top1_correct"] - scores["top1_correct"]) / max(scores["images"], 1)
-            attempts.append({"quantizer": quantizer, "method": method, **scores, "drop_points": points(drop),
+            attempts.append({"quantizer": quantizer, "method": method, "float_islands": islands, **scores,
+                             "drop_points": points(drop),
                              "size_mb": candidate.stat().st_size / 1e6, "lint": lint.to_dict()})
             log(f"quantize: {quantizer}/{method}: INT8 top-1 {100 * scores['top1']:.2f}% "
                   f"({points(-drop):+.2f} points vs FP32 {100 * reference['top1']:.2f}%)")
@@ -329,6 +422,7 @@ class QuantizeStage(Stage):
                      **{key: accepted[key] for key in scored}, "sanity": sanity,
                      "drop_points": accepted["drop_points"],
                      "method": accepted["method"], "size_mb": accepted["size_mb"],
+                     "float_islands": accepted["float_islands"],
                      "fp32_size_mb": exported.stat().st_size / 1e6,
                      "attempts": attempts, "trtexec": trtexec},
         )

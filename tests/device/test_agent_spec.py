@@ -62,6 +62,22 @@ def test_the_deploy_stages_own_job_spec_validates(tensorrt):
         assert JobSpec.model_validate_json(json.dumps(wire)) == spec
 
 
+@pytest.mark.parametrize("tensorrt", ["10.3.0", "10.16.0", "11.1.0"])
+def test_the_deploy_stage_sends_each_rungs_own_precision(tensorrt):
+    """Issue 24: no rung is relabelled: an FP32 rung is an FP32 job on TensorRT 10 too (it was sent as fp16 and
+    timed in FP16 while scored in FP32); FP16 is its own rung, whose artifact says FP16."""
+    pytest.importorskip("torch", reason="the pipeline (build side) needs torch")
+    from pipeline.recipe import DeployConfig
+    from pipeline.stages.deploy import job_spec
+
+    prep = json.loads(json.dumps(Preprocess(input_size=32, resize=32, channels=3, mean=(0.5,) * 3,
+                                            std=(0.25,) * 3).to_dict()))
+    sent = {rung: job_spec(rung, SHA, {"tensorrt": tensorrt}, DeployConfig(), prep, rung).precision
+            for rung in ("teacher", "teacher_fp16", "student", "student_fp16", "student_int8")}
+    assert sent == {"teacher": "fp32", "teacher_fp16": "fp16", "student": "fp32", "student_fp16": "fp16",
+                    "student_int8": "int8"}
+
+
 BAD = [
     ("duration_s", math.nan), ("duration_s", math.inf), ("sample_hz", math.nan), ("idle_s", -math.inf),
     ("timeout_s", math.nan), ("iterations", "5"), ("iterations", 5.0), ("threads", True), ("batch_sizes", [10**30]),

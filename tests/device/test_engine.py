@@ -75,13 +75,16 @@ def test_each_measured_batch_is_built_with_opt_equal_to_that_batch():
     assert "--int8 --fp16" in first
 
 
-def test_dla_needs_static_shapes_and_fp16_for_a_float_network():
-    """Point 3: DLA takes no dynamic dimension, and an FP32 network gets the FP16 flag, as trtexec sets."""
+def test_dla_needs_static_shapes_and_gets_the_fp16_artifact_never_fp32_built_as_fp16():
+    """DLA takes no dynamic dimension, and runs FP16/INT8 only: an FP32 artifact is refused (issue 24: built
+    "as FP16" it would be timed in one precision and scored in another); the FP16 artifact builds with FP16."""
     with pytest.raises(DlaError, match="static shapes"):
-        plan_build("10.3.0", BuildOptions(precision="fp32", batch=(1, 32, 32), dla_core=0))
-    plan = plan_build("10.3.0", BuildOptions(precision="fp32", batch=(8, 8, 8), dla_core=0))
+        plan_build("10.3.0", BuildOptions(precision="fp16", batch=(1, 32, 32), dla_core=0))
+    with pytest.raises(DlaError, match="FP32 artifact cannot run on the DLA") as err:
+        plan_build("10.3.0", BuildOptions(precision="fp32", batch=(8, 8, 8), dla_core=0))
+    assert "student_fp16" in err.value.fix
+    plan = plan_build("10.3.0", BuildOptions(precision="fp16", batch=(8, 8, 8), dla_core=0), artifact="fp16")
     assert plan.builder_flags == ("FP16", "GPU_FALLBACK", "PREFER_PRECISION_CONSTRAINTS")
-    assert any("trtexec" in n for n in plan.notes)
     assert plan_build("10.3.0", BuildOptions(precision="fp32")).builder_flags == ()  # the GPU keeps FP32
 
 
@@ -90,7 +93,7 @@ def test_dla_needs_static_shapes_and_fp16_for_a_float_network():
     ("11.3.2", "NVIDIA Jetson AGX Orin Developer Kit", "int8", "11.0–11.3"),
     ("11.4.1", "NVIDIA Jetson AGX Thor Developer Kit", "int8", "only on Jetson AGX Orin"),
     ("11.4.1", "NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super", "int8", "only on Jetson AGX Orin"),
-    ("11.4.1", "NVIDIA Jetson AGX Orin Developer Kit", "fp32", "FP32 network cannot run on the DLA"),
+    ("11.4.1", "NVIDIA Jetson AGX Orin Developer Kit", "fp32", "FP32 artifact cannot run on the DLA"),
 ])
 def test_tensorrt_11_dla_rules(version, board, precision, message):
     """Point 4: DLA is gone in 11.0–11.3, AGX Orin only from 11.4.1, and strongly typed (no FP32)."""
@@ -108,15 +111,33 @@ def test_requested_precision_must_agree_with_the_artifact(tmp_path):
     qdq, float_model = qdq_classifier(tmp_path / "q.onnx"), tiny_onnx(tmp_path / "f.onnx")
     assert artifact_precision(qdq) == "int8" and artifact_precision(float_model) == "fp32"
     assert reconcile_precision("int8", "int8", "11.1.0") == "int8"
-    assert reconcile_precision("fp16", "fp32", "10.3.0") == "fp16"  # 10.x may still lower FP32 to FP16
     with pytest.raises(PrecisionMismatchError, match="no Q/DQ nodes"):
         reconcile_precision("int8", "fp32", "10.3.0")
     with pytest.raises(PrecisionMismatchError, match="Q/DQ nodes"):
         reconcile_precision("fp16", "int8", "11.1.0")
-    with pytest.raises(PrecisionMismatchError, match="strongly typed") as err:
-        reconcile_precision("fp16", "fp32", "11.1.0")
-    assert "autocast" in err.value.fix
+    # Issue 24: the label must name the artifact on 10.x too (no more FP32 built "as FP16").
+    for version in ("10.3.0", "10.16.0", "11.1.0"):
+        with pytest.raises(PrecisionMismatchError, match="weights are FP32") as err:
+            reconcile_precision("fp16", "fp32", version)
+        assert "student_fp16" in err.value.fix
     assert plan_build("11.1.0", BuildOptions(precision="fp16"), artifact="fp16").builder_flags == ()
+
+
+def test_an_fp16_artifact_with_float32_io_is_fp16(tmp_path):
+    """The precision is read from the compute layers' weights, not the input type (FP16 keeps float32 I/O)."""
+    import onnx
+    from onnxconverter_common import float16
+
+    from tests.device.agent_process import tiny_onnx
+
+    model = onnx.load(str(tiny_onnx(tmp_path / "f.onnx")))
+    onnx.save(float16.convert_float_to_float16(model, keep_io_types=True), str(tmp_path / "h.onnx"))
+    assert onnx.load(str(tmp_path / "h.onnx")).graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert artifact_precision(tmp_path / "h.onnx") == "fp16"
+    # 10.12+ builds it strongly typed, as the INT8 rung: the graph's types, no deprecated flag.
+    plan = plan_build("10.12.0", BuildOptions(precision="fp16"), artifact="fp16")
+    assert plan.network_flags == ("STRONGLY_TYPED",) and plan.builder_flags == ()
+    assert plan_build("10.3.0", BuildOptions(precision="fp16"), artifact="fp16").builder_flags == ("FP16",)
 
 
 def test_from_10_12_int8_is_strongly_typed_without_deprecated_flags():

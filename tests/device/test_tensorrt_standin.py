@@ -25,6 +25,17 @@ def float_model(tmp_path):
 
 
 @pytest.fixture
+def half_model(tmp_path):
+    """The float model's FP16 form, as the export stage writes it: FP16 weights and compute, float32 I/O."""
+    from onnxconverter_common import float16
+
+    path = tmp_path / "half.onnx"
+    onnx.save(float16.convert_float_to_float16(onnx.load(str(tiny_onnx(tmp_path / "f32.onnx"))), keep_io_types=True),
+              str(path))
+    return path
+
+
+@pytest.fixture
 def qdq_model(tmp_path):
     return trt_standin.qdq_classifier(tmp_path / "int8.onnx")
 
@@ -86,9 +97,9 @@ def test_every_bool_tensorrt_returns_is_checked(monkeypatch, tmp_path, float_mod
 
 
 # ------------------------------------------------------------------ point 2: build what is measured
-def test_one_engine_per_measured_batch_with_its_trtexec_line(monkeypatch, tmp_path, float_model):
+def test_one_engine_per_measured_batch_with_its_trtexec_line(monkeypatch, tmp_path, half_model):
     trt_standin.install(monkeypatch, "10.3.0")
-    with runner(float_model, tmp_path, batch_sizes=(1, 8), precision="fp16") as trt_runner:
+    with runner(half_model, tmp_path, batch_sizes=(1, 8), precision="fp16") as trt_runner:
         plans = {b: json.loads(e.path.read_bytes()) for b, e in trt_runner._engines.items()}
         assert {b: (p["min"][0], p["max"][0]) for b, p in plans.items()} == {1: (1, 1), 8: (8, 8)}
         assert "--optShapes=input:1x3x16x16" in trt_runner.trtexec[1]
@@ -98,27 +109,32 @@ def test_one_engine_per_measured_batch_with_its_trtexec_line(monkeypatch, tmp_pa
         trt = __import__("sys").modules["tensorrt"]  # the timed context emits NVTX layer names only
         assert trt_runner._engines[8].context.nvtx_verbosity == trt.ProfilingVerbosity.LAYER_NAMES_ONLY
         assert trt_runner.built_now
-    with runner(float_model, tmp_path, batch_sizes=(1, 8), precision="fp16") as trt_runner:
+    with runner(half_model, tmp_path, batch_sizes=(1, 8), precision="fp16") as trt_runner:
         assert not trt_runner.built_now, "both engines come from the cache the second time"
 
 
 # ------------------------------------------------------------------ point 3: DLA
-def test_dla_fp32_network_runs_on_the_dla_with_fallbacks_named(monkeypatch, tmp_path, float_model):
-    """FP32 on 10.x gets FP16 (as trtexec sets), static shapes, runtime.DLA_core set before deserializing;
-    the layers the DLA cannot run are named, not hidden behind a result that says DLA."""
+def test_dla_fp16_network_runs_on_the_dla_with_fallbacks_named(monkeypatch, tmp_path, half_model, float_model):
+    """The DLA gets the FP16 artifact (an FP32 one is refused: issue 24), static shapes, runtime.DLA_core set
+    before deserializing; the layers the DLA cannot run are named, not hidden behind a result that says DLA."""
     trt_standin.install(monkeypatch, "10.3.0", dla_cores=2, board=AGX_ORIN)
-    with runner(float_model, tmp_path, batch_sizes=(1, 8), dla_core=1) as trt_runner:
+    with pytest.raises(DlaError, match="FP32 artifact cannot run on the DLA"):
+        runner(float_model, tmp_path, batch_sizes=(1,), precision="fp32", dla_core=1).load()
+    with runner(half_model, tmp_path, batch_sizes=(1, 8), precision="fp16", dla_core=1) as trt_runner:
         assert trt_runner.device.startswith("dla:1 + GPU fallback")
-        # Flatten is a Shuffle the parser makes (never refused for the DLA's sake); the Gemm really falls back.
-        assert trt_runner.dla_unsupported_layers == ["Gemm_4"]
+        # Flatten is a Shuffle the parser makes (never refused for the DLA's sake); the Gemm and the casts of the
+        # float32 I/O really fall back.
+        refused = trt_runner.dla_unsupported_layers
+        assert any(name.startswith("Gemm") for name in refused) and any("cast" in name for name in refused)
+        assert not any(name.startswith("Flatten") for name in refused)
         assert "--useDLACore=1" in trt_runner.trtexec[8] and "--fp16" in trt_runner.trtexec[8]
         assert "--precisionConstraints=prefer" in trt_runner.trtexec[8]  # as trtexec sets for DLA
         profile, note = profile_runner(trt_runner, [1, 8], (3, 16, 16), iterations=3, warmup=1)
     assert note is None
     table = Profile.model_validate(profile).batch(8)
     on_dla = [layer for layer in table.layers if layer.device == "dla" and layer.kind != "DLA transfer"]
-    assert len(on_dla) == 1 and on_dla[0].name == "{ForeignNode[Conv_0...GlobalAveragePool_2]}"
-    assert sorted(table.fallback_layers) == ["Flatten_3", "Gemm_4"] and 0 < table.dla_share < 1
+    assert len(on_dla) == 1 and on_dla[0].name.startswith("{ForeignNode[Conv") and "GlobalAveragePool" in on_dla[0].name
+    assert {name.split("_")[0] for name in table.fallback_layers} >= {"Flatten", "Gemm"} and 0 < table.dla_share < 1
     assert all(layer.precision == "fp16" for layer in table.layers if layer.kind != "DLA transfer")
 
 
@@ -146,9 +162,9 @@ def test_tensorrt_11_refuses_a_label_the_artifact_contradicts(monkeypatch, tmp_p
     trt_standin.install(monkeypatch, "11.4.1", dla_cores=2, board=AGX_ORIN)
     with pytest.raises(PrecisionMismatchError, match="no Q/DQ nodes"):
         runner(float_model, tmp_path, batch_sizes=(1,), precision="int8").load()
-    with pytest.raises(PrecisionMismatchError, match="strongly typed"):
+    with pytest.raises(PrecisionMismatchError, match="weights are FP32"):
         runner(float_model, tmp_path, batch_sizes=(1,), precision="fp16").load()
-    with pytest.raises(DlaError, match="FP32 network cannot run on the DLA"):
+    with pytest.raises(DlaError, match="FP32 artifact cannot run on the DLA"):
         runner(float_model, tmp_path, batch_sizes=(1,), precision="fp32", dla_core=0).load()
     with runner(qdq_model, tmp_path, batch_sizes=(1,), precision="int8", dla_core=0) as trt_runner:
         assert trt_runner.device.startswith("dla:0")
@@ -292,3 +308,89 @@ def test_job_result_and_report_carry_three_latencies(monkeypatch, tmp_path, floa
     assert header[3:] == ["wall p50 ms", "trtexec Latency p50 ms", "GPU Compute p50 ms"]
     assert all(cell != "—" and "[" in cell for cell in cells[3:])
     assert "GPU Compute Time" in TIMINGS_TEXT and "pinned" in TIMINGS_TEXT
+
+
+# ------------------------------------------------------------------ issue 24: score the engine that was timed
+def test_fp16_artifact_builds_strongly_typed_on_tensorrt_11(monkeypatch, tmp_path, half_model):
+    """The FP16 rung's precision is in its graph: TensorRT 11 (no flags) builds it FP16, float32 I/O kept."""
+    trt_standin.install(monkeypatch, "11.1.0")
+    with runner(half_model, tmp_path, batch_sizes=(4,), precision="fp16") as trt_runner:
+        assert trt_runner.precision_built == "fp16" and trt_runner.dtypes[trt_runner.inputs[0]] == np.float32
+        assert "--fp16" not in trt_runner.trtexec[4] and "--stronglyTyped" not in trt_runner.trtexec[4]
+        profile, _ = profile_runner(trt_runner, [4], (3, 16, 16), iterations=2, warmup=0)
+    layers = Profile.model_validate(profile).batches[0].layers
+    assert {layer.precision for layer in layers if layer.kind in ("CaskConvolution", "CaskGemmConvolution")} == {"fp16"}
+
+
+def _evaluation_set(tmp_path, images=37, seed=3):
+    path = tmp_path / "eval.npy"
+    np.save(path, np.random.default_rng(seed).standard_normal((images, 3, 16, 16)).astype(np.float32))
+    return path
+
+
+def _job(model, tmp_path, eval_path, images, artifact=None, precision="fp32"):
+    from device.client import file_sha256
+
+    return {"spec": {"artifact": file_sha256(model), "runtime": "tensorrt", "precision": precision,
+                     "batch_sizes": [1, 8], "iterations": 3, "warmup_iterations": 0, "idle_s": 0.0,
+                     "telemetry": ["host"], "profile": False,
+                     "evaluation": {"artifact": artifact or file_sha256(eval_path), "images": images, "top_k": 5}},
+            "artifact_path": str(model), "engine_cache": str(tmp_path / "engines"), "evaluation_path": str(eval_path)}
+
+
+def test_a_planted_tensorrt_deviation_from_the_host_is_found_and_flagged(monkeypatch, tmp_path, float_model):
+    """The evaluation set runs through the engine that was timed (last batch padded: 37 = 4×8 + 5); a stand-in
+    engine that swaps the top two classes for every third image (a planted "fused INT8 layer") is told apart
+    from the host's ONNX Runtime predictions, and the headline says so with the likely causes."""
+    from device.jobrun import run_job
+    from device.schema import JobResult
+    from pipeline.device_accuracy import device_scores
+    from pipeline.report import headline_text
+
+    eval_path = _evaluation_set(tmp_path)
+    with make_runner("onnxruntime", str(float_model)) as host:
+        host_logits = host.infer(np.load(eval_path))
+    host_top1 = host_logits.argmax(1)
+    record = {"labels": host_top1.tolist(), "host_top1": {"student_int8": host_top1.tolist()},
+              "classes": [str(c) for c in range(10)]}  # labels = the host's answers: the host is 100% right
+
+    trt_standin.install(monkeypatch, "10.3.0")
+    same = JobResult.model_validate(run_job(_job(float_model, tmp_path, eval_path, 37), tmp_path)).evaluation
+    assert same.batch_size == 8 and len(same.predictions) == 37 and len(same.predictions[0]) == 5
+    faithful = device_scores(record, "student_int8", same.predictions)
+    assert faithful["agreement"] == 1.0 and not faithful["device_deviates"]
+
+    trt = trt_standin.install(monkeypatch, "10.3.0")
+    trt.planted_swap_every = 3  # the stand-in's planted deviation (trt_standin.make_tensorrt)
+    planted = JobResult.model_validate(run_job(_job(float_model, tmp_path / "b", eval_path, 37), tmp_path)).evaluation
+    scores = device_scores(record, "student_int8", planted.predictions)
+    swapped = sum(len(range(0, min(8, 37 - start), 3)) for start in range(0, 37, 8))  # per call of 8: rows 0, 3, 6
+    assert swapped == 14 and scores["device_top1_correct"] == 37 - swapped and scores["only_host_correct"] == swapped
+    assert scores["device_deviates"] and scores["mcnemar_p"] < 0.001
+    text = headline_text({"status": "measured", "edge_device": "orin", "dc_device": "orin", "top1_edge": 0.9,
+                          "top1_dc": 0.9, "accuracy_lost_points": 0.0, "latency_p50_ms_edge": 1.0,
+                          "latency_p50_ms_dc": 1.0, "throughput_edge": 1.0, "throughput_dc": 1.0,
+                          "energy_mj_edge": None, "energy_mj_dc": None, "size_mb_edge": 1.0, "size_mb_dc": 1.0,
+                          "device_deviations": [{"rung": "student_int8", "device": "orin",
+                                                 "device_top1": scores["device_top1"], "host_top1": 1.0,
+                                                 "images": 37, "mcnemar_p": scores["mcnemar_p"]}]})
+    assert "student_int8 on orin: 62.16% on the device vs 100.00% on the host" in text
+    assert "differs by more than noise" in text and "fused INT8 layer" in text and "per-layer profile" in text
+
+
+def test_an_evaluation_set_that_is_not_the_jobs_is_refused(monkeypatch, tmp_path, float_model):
+    """Its hash or its shape against the model's input: named, with the fix, never scored."""
+    from device.evaluation import EvaluationSetError
+    from device.jobrun import run_job
+
+    trt_standin.install(monkeypatch, "10.3.0")
+    eval_path = _evaluation_set(tmp_path)
+    with pytest.raises(EvaluationSetError, match="hash to sha256 .* not 0000") as err:
+        run_job(_job(float_model, tmp_path, eval_path, 37, artifact="0" * 64), tmp_path)
+    assert "upload the set again" in err.value.fix
+    wrong = tmp_path / "wrong.npy"
+    np.save(wrong, np.zeros((4, 3, 8, 8), np.float32))
+    with pytest.raises(EvaluationSetError, match=r"shape \(4, 3, 8, 8\), but the model takes float32 N×3×16×16"):
+        run_job(_job(float_model, tmp_path, wrong, 4), tmp_path)
+    with pytest.raises(EvaluationSetError, match="holds 37 images, the job says 40"):
+        run_job(_job(float_model, tmp_path, eval_path, 40), tmp_path)

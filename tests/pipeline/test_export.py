@@ -50,8 +50,10 @@ def test_parity_check_catches_a_broken_export(tmp_path):
 @pytest.mark.slow
 def test_export_stage_records_parity_and_fails_on_a_broken_export(tiny_run, tmp_path, monkeypatch):
     entry = tiny_run.manifest.stage("export")
-    assert set(entry["outputs"]) == {"teacher", "pruned", "student", "preprocess"}
-    for rung, facts in entry["metrics"]["rungs"].items():
+    assert set(entry["outputs"]) == {"teacher", "pruned", "student", "student_fp16", "student_fp16_predictions",
+                                     "preprocess"}
+    for rung in ("teacher", "pruned", "student"):
+        facts = entry["metrics"]["rungs"][rung]
         assert facts["batchnorm_nodes"] == 0
         assert facts["parity"]["top1_agreement"] == 1.0 and facts["parity"]["max_abs_diff"] < 1e-3
     student, _ = load_checkpoint(tiny_run.run_dir / "distill" / "model.pt")
@@ -70,3 +72,20 @@ def test_export_stage_records_parity_and_fails_on_a_broken_export(tiny_run, tmp_
     shutil.copytree(tiny_run.run_dir, tmp_path / "tiny" / "shared")
     with pytest.raises(StageError, match="ONNX export of teacher disagrees with torch"):
         run_pipeline("tiny", runs_dir=tmp_path, run_id="shared", force=["export"])
+
+
+def test_the_fp16_rung_is_fp16_in_its_graph_with_float32_io(tiny_run):
+    """Issue 24: the FP16 student's precision is written in its weights (ModelOpt AutoCast), its inputs and
+    outputs stay float32 (the client does not change), and its host score is labelled an emulation."""
+    import onnx
+
+    from device.engine import artifact_precision
+
+    entry = tiny_run.manifest.stage("export")
+    path = tiny_run.run_dir / entry["outputs"]["student_fp16"]
+    graph = onnx.load(str(path)).graph
+    assert artifact_precision(path) == "fp16"
+    assert {v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]} == {onnx.TensorProto.FLOAT}
+    facts = entry["metrics"]["rungs"]["student_fp16"]
+    assert facts["converter"] == "autocast" and facts["top1_agreement_with_fp32"] >= 0.99
+    assert "emulates FP16" in facts["host_note"] and facts["scores"]["images"] == 355

@@ -64,7 +64,7 @@ def test_default_run_reports_per_class_results(tiny_run):
     assert "What the fold cost, per class" in html and 'alt="per_class"' in html
     results = json.loads((report / "results.json").read_text())
     per = results["per_class"]
-    assert set(per["accuracy"]) == {"teacher", "pruned", "student", "student_int8"}
+    assert set(per["accuracy"]) == {"teacher", "pruned", "student", "student_fp16", "student_int8"}
     assert len(per["accuracy"]["teacher"]) == 10
     assert [c["before"] + "→" + c["after"] for c in per["comparisons"]] == ["teacher→student", "student→student_int8"]
     evaluated = json.loads((tiny_run.run_dir / "evaluate" / "per_class.json").read_text())

@@ -147,3 +147,19 @@ def test_gate_falls_back_to_quantization_aware_finetuning(runs, monkeypatch):
     assert quantize_stage.float_weights(ctx.run_dir / "quantize" / "student.int8.onnx") == []
     assert any(t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 4 for t in graph.graph.initializer)
     assert metrics["size_mb"] < 0.6 * metrics["fp32_size_mb"]
+
+
+def test_int8_float_islands_are_fp16_in_the_graph(tiny_run):
+    """Issue 24: the layers left out of INT8 are FP16 in the artifact itself (ModelOpt's pattern: opset 19, FP16
+    scales, each DequantizeLinear feeding its Conv directly), so it means the same on TensorRT 10 and 11."""
+    metrics = tiny_run.manifest.stage("quantize")["metrics"]
+    assert metrics["float_islands"] == "fp16"
+    graph_model = onnx.load(str(tiny_run.run_dir / tiny_run.manifest.stage("quantize")["outputs"]["student_int8"]))
+    assert next(o.version for o in graph_model.opset_import if o.domain in ("", "ai.onnx")) >= 19
+    graph = graph_model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    inits = {t.name: t for t in graph.initializer}
+    convs = [n for n in graph.node if n.op_type == "Conv"]
+    assert convs and all(producers[n.input[1]].op_type == "DequantizeLinear" for n in convs)
+    assert all(inits[producers[n.input[1]].input[1]].data_type == onnx.TensorProto.FLOAT16 for n in convs)
+    assert {v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]} == {onnx.TensorProto.FLOAT}

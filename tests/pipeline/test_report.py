@@ -25,7 +25,7 @@ def test_pareto_front_on_a_hand_made_set():
 
 def test_report_from_the_tiny_run(tiny_run):
     stages = tiny_run.manifest.data["stages"]
-    assert stages["deploy"]["metrics"]["jobs_succeeded"] == 4
+    assert stages["deploy"]["metrics"]["jobs_succeeded"] == 5
     report = stages["report"]["outputs"]
     html = (tiny_run.run_dir / report["html"]).read_text()
     # accuracy/latency, energy, power traces, per-class accuracy
@@ -33,7 +33,7 @@ def test_report_from_the_tiny_run(tiny_run):
     data = json.loads((tiny_run.run_dir / report["json"]).read_text())
     assert data["schema"] == "edgefold.report/2" and data["model"] == "tiny"
     assert set(data) >= {"rungs", "rows", "headline", "power_traces", "provenance", "generated"}
-    assert [r["rung"] for r in data["rows"]] == ["teacher", "pruned", "student", "student_int8"]
+    assert [r["rung"] for r in data["rows"]] == ["teacher", "pruned", "student", "student_fp16", "student_int8"]
     for row in data["rows"]:
         assert row["status"] == "measured" and row["device"] == "loopback"
         assert 0 < row["latency_p50_ms"] <= row["latency_p99_ms"] and row["throughput_images_per_s"] > 0
@@ -46,7 +46,7 @@ def test_report_from_the_tiny_run(tiny_run):
                                                                     - data["rungs"]["student_int8"]["top1"]))
     with open(tiny_run.run_dir / report["csv"]) as handle:
         rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == list(COLUMNS) and len(rows) == 4
+    assert list(rows[0]) == list(COLUMNS) and len(rows) == 5
     markdown = (tiny_run.run_dir / report["md"]).read_text()
     assert "## Headline" in markdown and "| student_int8 | loopback |" in markdown and "## Provenance" in markdown
     provenance = data["provenance"]["devices"][0]
@@ -99,7 +99,7 @@ def test_two_agents_one_killed_mid_run_and_one_never_there(run_copy, tmp_path, c
         again = run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared",
                              devices=load_devices(edge=good.url, token_file=str(good.token_file)))
         metrics = again.manifest.stage("deploy")["metrics"]
-        assert metrics["jobs_reused"] == 4 * 2 and metrics["devices"] == {"edge": "ok"}, "4 rungs × 2 rounds"
+        assert metrics["jobs_reused"] == 5 * 2 and metrics["devices"] == {"edge": "ok"}, "5 rungs × 2 rounds"
         with good.client() as client:
             assert len(client.jobs()) == jobs_before
 
@@ -200,6 +200,7 @@ def test_report_reads_typed_results_only(repo):
     for sliced in ('startswith("peak_temp_', '["runs"]', '["summary"]', 'rung == "student_int8"', "split(\"## Provenance"):
         assert sliced not in text, sliced
 
+
 # ---------------------------------------------------------------- issue #23: a rebuild replaces the report whole
 def _run_with_a_recorded_report(tmp_path):
     """A run whose report stage recorded its four files (an older version's, by their bytes) in the manifest."""
@@ -257,3 +258,66 @@ def test_a_value_json_cannot_hold_fails_the_report_instead_of_becoming_text(tmp_
     with pytest.raises(TypeError, match="not JSON serializable"):  # default=str wrote "<object object at 0x…>"
         build_report(run, tmp_path / "out")
 
+
+@pytest.mark.slow
+def test_make_edge_fails_when_no_edge_device_measured(run_copy, capsys):
+    """Issue 25, point 8: EDGE=<a dead URL> writes the report ("not measured") and then exits non-zero,
+    naming the URL and the fix, so a script or CI job does not read the run as a success."""
+    from pipeline.cli import main
+
+    dead = "http://127.0.0.1:9"
+    code = main(["run", "tiny", "--runs-dir", str(run_copy.parent.parent), "--run-id", "shared", "--edge", dead])
+    captured = capsys.readouterr()
+    assert code == 3
+    assert f"no edge device measured any rung: {dead} (unreachable" in captured.err
+    assert "make agent" in captured.err and "report:" in captured.out  # the report came first
+    data = json.loads((run_copy / "report" / "results.json").read_text())
+    assert all(r["status"] == NOT_MEASURED for r in data["rows"])
+
+
+def test_auto_runtime_fallback_is_said_in_the_headline_and_the_ladder(tiny_run):
+    """Issue 25, point 1: no TensorRT on this machine, so `auto` ran ONNX Runtime; the report says so in words."""
+    stages = tiny_run.manifest.data["stages"]
+    data = json.loads((tiny_run.run_dir / stages["report"]["outputs"]["json"]).read_text())
+    why = data["headline"]["runtime_fallbacks"]["loopback"]
+    assert why.startswith("ONNX Runtime ran instead of TensorRT: no module named 'tensorrt'")
+    assert all(row["runtime_fallback"] == why for row in data["rows"])
+    markdown = (tiny_run.run_dir / stages["report"]["outputs"]["md"]).read_text()
+    assert f"runtime        on loopback: {why}" in markdown and "onnxruntime fp32 (fallback) [1]" in markdown
+
+
+def test_tensorrt_runtime_without_tensorrt_fails_before_any_stage(tmp_path):
+    """`--set deploy.runtime=tensorrt` against an agent without TensorRT (here: the loopback agent) is refused
+    before the data stage, with the agent's reason and the fix."""
+    from device.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="deploy.runtime is tensorrt but TensorRT is not available on the "
+                                          "loopback agent") as err:
+        run_pipeline("tiny", runs_dir=tmp_path, run_id="r", overrides={"deploy.runtime": "tensorrt"})
+    assert "--system-site-packages" in err.value.fix and "deploy.runtime=auto" in err.value.fix
+    assert not (tmp_path / "tiny" / "r" / "data").exists()
+
+
+def test_every_rung_is_scored_by_the_engine_that_was_timed(tiny_run):
+    """Issue 24: on the loopback agent (ONNX Runtime on this machine, the host's own program) each rung's device
+    predictions on the evaluation set equal the host's; the FP16 student is a rung of its own, its host figure
+    labelled an emulation; the INT8-vs-FP16 verdict is in the headline with its evidence."""
+    stages = tiny_run.manifest.data["stages"]
+    data = json.loads((tiny_run.run_dir / stages["report"]["outputs"]["json"]).read_text())
+    assert data["evaluation"]["images"] == 355 and not data["evaluation"]["stratified"]  # tiny: all test images
+    for row in data["rows"]:
+        assert row["device_images"] == 355 and row["agreement"] == 1.0 and not row["device_deviates"], row["rung"]
+        assert row["device_top1_correct"] == row["host_top1_correct_same_images"]
+    fp16 = next(r for r in data["rows"] if r["rung"] == "student_fp16")
+    assert fp16["precision"] == "fp16" and fp16["runtime"] == "onnxruntime"
+    markdown = (tiny_run.run_dir / stages["report"]["outputs"]["md"]).read_text()
+    assert "| student_fp16 | loopback | " in markdown and "emulated" in markdown
+    assert "## Accuracy on the device" in markdown and "same within noise" in markdown
+    verdict = data["headline"]["int8_vs_fp16"][0]
+    assert verdict["device"] == "loopback" and verdict["top1_source"] == "device-measured"
+    assert verdict["latency_low"] <= verdict["latency_ratio"] <= verdict["latency_high"]
+    assert "INT8 vs FP16 on loopback: ×" in markdown and "(device-measured, McNemar p = " in markdown
+    if not verdict["pays_off"]:
+        assert verdict["reasons"] and "INT8 does not pay off here: " in markdown
+    # The pass is outside the timed windows and short against them.
+    assert 0 < data["evaluation"]["seconds_total"]

@@ -66,8 +66,8 @@ def test_second_run_skips_every_stage_and_reuses_every_measurement(run_copy, cap
     assert {k: v["finished"] for k, v in after.items() if k != "deploy"} == \
         {k: v["finished"] for k, v in before.items() if k != "deploy"}
     assert after["deploy"]["sha256"] == before["deploy"]["sha256"]
-    assert after["deploy"]["metrics"]["jobs"] == 4 and after["deploy"]["metrics"]["jobs_reused"] == 4 * 2, \
-        "4 rungs × 2 rounds, every window reused"
+    assert after["deploy"]["metrics"]["jobs"] == 5 and after["deploy"]["metrics"]["jobs_reused"] == 5 * 2, \
+        "5 rungs × 2 rounds, every window reused"
     assert capsys.readouterr().err.count("cached") == len(STAGE_ORDER) - 1
 
 

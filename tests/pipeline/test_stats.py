@@ -97,7 +97,8 @@ def test_rungs_are_interleaved_in_rounds_and_reported_with_intervals(tiny_run):
                     for when, result in zip(entry["round_started_at"], entry["rounds"])]
     # When the agent started each window's job: round by round, every rung once per round.
     order = [(rung, round_) for _, rung, round_ in sorted(started)]
-    assert order == [(rung, f"round{r}") for r in (1, 2) for rung in ("teacher", "pruned", "student", "student_int8")]
+    assert order == [(rung, f"round{r}") for r in (1, 2)
+                     for rung in ("teacher", "pruned", "student", "student_fp16", "student_int8")]
     report = json.loads((tiny_run.run_dir / "report" / "results.json").read_text())
     row = next(r for r in report["rows"] if r["rung"] == "student_int8")
     assert row["windows"] == 2 and row["latency_p50_low_ms"] <= row["latency_p50_ms"] <= row["latency_p50_high_ms"]
