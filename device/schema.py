@@ -12,7 +12,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from device.errors import EdgeFoldError
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 Runtime = Literal["onnxruntime", "tensorrt", "torch"]
@@ -212,16 +212,72 @@ class ErrorBody(Strict):
 
 
 # ---------------------------------------------------------------- the job's result
-# What the agent measured, typed once: the job process writes it (validated), the client hands it
-# over, the deploy stage stores it and the report reads it. A field added to what the device measures
-# touches this schema, the code that fills it (device/measure.py, device/jobrun.py) and the report.
-RESULT_SCHEMA = "edgefold.result/2"
+# What the agent measured, typed once: the job process builds it from these models, the client hands
+# it over, the deploy stage stores it and the report reads it. A measured figure is declared once, on
+# its field (:func:`reported`): the summary fills it from its telemetry series and the report's ladder
+# detail and results.csv show it, with no list to extend elsewhere.
+#
+# Versions: "edgefold.result/MAJOR.MINOR". Written strictly (an unknown key is a producer's bug and
+# fails the job); read leniently within a major version: keys a newer minor added are dropped on read,
+# and a field this version added reads as "not recorded" in an older result (``Reported.since``).
+RESULT_MAJOR, RESULT_MINOR = 2, 1
+RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
+_RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
+READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
+
+
+def result_version(schema: Any) -> tuple[int, int] | None:
+    """(major, minor) of a result's ``schema`` string; ``edgefold.result/2`` is 2.0; None if not a result's."""
+    match = _RESULT_VERSION.match(schema) if isinstance(schema, str) else None
+    return (int(match["major"]), int(match["minor"] or 0)) if match else None
+
+
+class Reported(BaseModel):
+    """How a measured field appears in the report: its column, its format, and how a rung's windows combine.
+
+    Attributes:
+        label: The column's header (unit included).
+        fmt: Its format spec (``".1f"``).
+        combine: How the rung's figure comes from every timed window of every batch size: ``max`` for a
+            peak, ``min`` for a low.
+        since: The result schema's minor version that added the field: an older result shows "not recorded".
+        series: The telemetry series (:mod:`device.telemetry.series`) the summary fills it from, if any.
+        stat: Which of that series' window statistics (``peak``, ``low``, ``mean``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    label: str
+    fmt: str
+    combine: Literal["max", "min"]
+    since: int = 0
+    series: str | None = None
+    stat: Literal["peak", "low", "mean"] | None = None
+
+
+def reported(description: str, **report: Any) -> Any:
+    """A measured field (default None) that the report shows: ``reported("…", label=, fmt=, combine=, …)``."""
+    return Field(None, description=description, json_schema_extra={"reported": Reported(**report).model_dump()})
+
+
+def reported_fields(model: type[BaseModel]) -> dict[str, Reported]:
+    """The fields of ``model`` the report shows, in declaration order, with how."""
+    return {name: Reported(**field.json_schema_extra["reported"]) for name, field in model.model_fields.items()
+            if isinstance(field.json_schema_extra, dict) and "reported" in field.json_schema_extra}
 
 
 class Measured(BaseModel):
-    """A measured document: unknown keys refused (a renamed field must fail loudly, not read as missing)."""
+    """A measured document: unknown keys refused when written (a renamed field fails loudly, not as missing);
+    dropped when read with :data:`READING` as context (a newer minor version's addition)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_newer_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict) and info.context and info.context.get("reading"):
+            known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+            return {key: value for key, value in data.items() if key in known}
+        return data
 
 
 class SeriesStats(Measured):
@@ -229,6 +285,7 @@ class SeriesStats(Measured):
 
     mean: float | None = None
     peak: float | None = None
+    low: float | None = Field(None, description="the lowest reading (over the window's own samples, when it has some)")
     idle: float | None = Field(None, description="mean over the idle baseline before the job")
 
 
@@ -264,13 +321,14 @@ class TelemetrySummary(Measured):
                                                                     "rail, nvpmodel, jetson_clocks, provenance …")
 
     def peak_temperatures_c(self) -> dict[str, float]:
-        """Peak temperature per zone: the samplers name zone series ``temp_<zone>_c`` (jtop) and ``gpu_temp_c``."""
+        """Peak temperature per thermal zone (:func:`device.telemetry.series.describe`)."""
+        from device.telemetry.series import describe
+
         temps = {}
         for key, stats in self.series.items():
-            zone = key[len("temp_"):-len("_c")] if key.startswith("temp_") and key.endswith("_c") else \
-                ("gpu" if key == "gpu_temp_c" else None)
-            if zone and stats.peak is not None and stats.peak == stats.peak:  # NaN: no reading
-                temps[zone] = stats.peak
+            info = describe(key)
+            if info.kind == "temperature" and stats.peak is not None and stats.peak == stats.peak:  # NaN: no reading
+                temps[info.zone] = stats.peak
         return temps
 
 
@@ -292,6 +350,12 @@ class RunSummary(Measured):
     energy_degraded_reasons: dict[str, str] = Field(default_factory=dict)
     memory_source: str | None = None
     peak_memory_mb: float | None = None
+    gpu_temp_peak_c: float | None = reported(
+        "the GPU's peak temperature during the timed window (jtop's gpu zone, NVML's GPU sensor)",
+        label="GPU °C peak", fmt=".1f", combine="max", since=1, series="temp_gpu_c", stat="peak")
+    gpu_freq_low_mhz: float | None = reported(
+        "the GPU's lowest clock during the timed window: below the mode's maximum, DVFS or throttling slowed it",
+        label="GPU MHz low", fmt=".0f", combine="min", since=1, series="gpu_freq_mhz", stat="low")
 
 
 class PowerTrace(Measured):
@@ -399,7 +463,7 @@ class JobResult(Measured):
     the per-layer profile and the device's environment."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    schema_: Literal["edgefold.result/2"] = Field(RESULT_SCHEMA, alias="schema")
+    schema_: str = Field(RESULT_SCHEMA, alias="schema", description="edgefold.result/MAJOR.MINOR")
     spec: JobSpec
     input_chw: list[int]
     runtime: RuntimeInfo
@@ -410,6 +474,19 @@ class JobResult(Measured):
     evaluation: EvaluationResult | None = Field(None, description="the evaluation set's predictions by the engine "
                                                                   "that was timed")
     environment: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("schema_")
+    @classmethod
+    def _same_major(cls, value: str) -> str:
+        version = result_version(value)
+        if version is None or version[0] != RESULT_MAJOR:
+            raise ValueError(f"schema {value!r} is not edgefold.result/{RESULT_MAJOR}.x")
+        return value
+
+    @property
+    def minor(self) -> int:
+        """The minor version the result was written with (fields added later read as not recorded)."""
+        return result_version(self.schema_)[1]
 
     def run(self, batch_size: int) -> RunResult | None:
         """The run at ``batch_size``, if one was measured."""
@@ -423,8 +500,10 @@ class JobResult(Measured):
 def parse_result(data: Any, where: str = "the job result") -> JobResult:
     """Validates a result document, refusing another schema version with a clear message.
 
+    Within the major version it reads leniently: keys a newer minor version added are dropped.
+
     Raises:
-        SchemaVersionError: A result of an older (or newer) agent.
+        SchemaVersionError: A result of another major version.
         ResultError: A document that does not fit this schema.
     """
     from pydantic import ValidationError
@@ -433,12 +512,13 @@ def parse_result(data: Any, where: str = "the job result") -> JobResult:
 
     if not isinstance(data, dict):
         raise ResultError(f"{where} is not a JSON object", fix="re-run the measurement")
-    if data.get("schema") != RESULT_SCHEMA:
+    version = result_version(data.get("schema"))
+    if version is None or version[0] != RESULT_MAJOR:
         raise SchemaVersionError(
-            f"{where} is schema {data.get('schema')!r}; this EdgeFold reads {RESULT_SCHEMA!r}",
-            fix="upgrade the agent to this EdgeFold's version and measure again (make edge FORCE=deploy)")
+            f"{where} is schema {data.get('schema')!r}; this EdgeFold reads edgefold.result/{RESULT_MAJOR}.x",
+            fix="use the same EdgeFold major version on the agent and here, and measure again (make edge FORCE=deploy)")
     try:
-        return JobResult.model_validate(data)
+        return JobResult.model_validate(data, context=READING)
     except ValidationError as err:
         raise ResultError(f"{where} does not fit {RESULT_SCHEMA}: {describe_problems(field_problems(err.errors()))}",
                           fix="the agent and this EdgeFold disagree on the result; use the same version on both") \

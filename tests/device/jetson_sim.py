@@ -82,6 +82,16 @@ def set_vin_power(root: str | os.PathLike, microwatts: int) -> None:
     _replace(Path(root) / HWMON_238 / "power1_input", microwatts)
 
 
+def set_gpu_temperature(root: str | os.PathLike, millidegrees: int) -> None:
+    """Changes the gpu-thermal zone's temperature (thermal_zone1), read on the service's next tick."""
+    _replace(Path(root) / "sys/devices/virtual/thermal/thermal_zone1/temp", millidegrees)
+
+
+def set_gpu_frequency(root: str | os.PathLike, hertz: int) -> None:
+    """Changes the GPU's current devfreq clock, as DVFS or a throttle would."""
+    _replace(Path(root) / "sys/devices/platform/17000000.gpu/devfreq/17000000.gpu/cur_freq", hertz)
+
+
 def rail_power_mw(millivolts: int, milliamps: int) -> int:
     """The power jtop 7.2.2 computes for an INA3221 channel: int(mV · mA / 1000) mW."""
     return int(millivolts * (float(milliamps) / 1000))
