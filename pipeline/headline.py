@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.device_accuracy import CAUSES
+
 NOT_MEASURED = "not measured"
 ALPHA = 0.05
 
@@ -107,7 +109,7 @@ def text(h: dict[str, Any]) -> str:
     for d in h.get("device_deviations") or []:
         lines.append(f"  device top-1  {d['rung']} on {d['device']}: {100 * d['device_top1']:.2f}% on the device vs "
                      f"{100 * d['host_top1']:.2f}% on the host (same {d['images']} images, McNemar p = "
-                     f"{d['mcnemar_p']:.2g}): differs by more than noise; {d['causes']}")
+                     f"{d['mcnemar_p']:.2g}): differs by more than noise; {CAUSES}")
     lines += [f"  {int8_vs_fp16_text(v)}" for v in h.get("int8_vs_fp16") or []]
     lines += fallbacks
     if h.get("note"):

@@ -22,7 +22,7 @@ from device.errors import ManifestError, SchemaVersionError, require
 from device.schema import JobResult, RunSummary, parse_result, reported_fields
 from pipeline.devices import DEPLOY_SCHEMA
 from pipeline.manifest import Manifest, sha256_file
-from pipeline.device_accuracy import CAUSES, device_scores, paired_top1_change, per_class_device
+from pipeline.device_accuracy import device_scores, paired_top1_change, per_class_device
 from pipeline.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from device import quiet
 from pipeline import perclass, stats
@@ -153,8 +153,8 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     headline.update(accuracy_evidence(stages["evaluate"]["metrics"].get("per_class"), TEACHER, DEPLOYED))
     headline["device_deviations"] = [
         {"rung": r["rung"], "device": r["device"], "device_top1": r["device_top1"],
-         "host_top1": r["host_top1_same_images"], "images": r["device_images"], "mcnemar_p": r["mcnemar_p"],
-         "causes": CAUSES} for r in rows if r.get("device_deviates")]
+         "host_top1": r["host_top1_same_images"], "images": r["device_images"], "mcnemar_p": r["mcnemar_p"]}
+        for r in rows if r.get("device_deviates")]
     profiles = layer_profiles(devices)
     headline["int8_vs_fp16"] = [line for device in edge + dc
                                 if (line := _int8_vs_fp16(rows, device["name"], device_predictions, evaluation,
