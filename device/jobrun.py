@@ -29,9 +29,11 @@ from device import quiet
 from device.errors import ConfigError, EdgeFoldError, MissingDependencyError
 from device.files import write_json_atomic
 from device.measure import MeasureSpec, measure
+from device.power_modes import use_socket
 from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
-from device.schema import RESULT_SCHEMA, JobResult, JobSpec, RunResult, RunSummary, reported_fields
+from device.schema import RESULT_SCHEMA, JobResult, JobSpec, PowerPoint, RunResult, RunSummary, reported_fields
+from device.sweep import point_facts, run_sweep
 from device.telemetry import series
 from device.telemetry.base import Sampler
 
@@ -65,13 +67,7 @@ def open_samplers(wanted: list[str] | str, rate_hz: float, jtop_socket: str | No
     samplers, notes = [], []
     for name in names:
         if name == "jtop":
-            if jtop_socket:
-                try:
-                    import jtop.service
-
-                    jtop.service.JTOP_PIPE = jtop_socket
-                except ImportError:
-                    pass
+            use_socket(jtop_socket)
             if auto and not (jtop_socket and os.path.exists(jtop_socket)):
                 notes.append(f"jtop: no service socket at {jtop_socket}")
                 continue
@@ -184,6 +180,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
             raise ConfigError(f"the model's input has dynamic or unknown dimensions besides the batch: {chw}",
                               fix="export with a fixed C×H×W (only the batch axis dynamic)")
         smoke_result = smoke(runner, chw, spec.preprocess.model_dump() if spec.preprocess else None)
+        sweep = None
         samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
                                         pci_bus_id=getattr(runner, "pci_bus_id", None))
         try:
@@ -195,19 +192,32 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
             power_key = next((key for name, key in POWER_SOURCES if any(s.name == name for s in samplers)), None)
             measure_spec = MeasureSpec(warmup_iterations=spec.warmup_iterations, idle_s=spec.idle_s,
                                        min_iterations=spec.min_iterations, **spec.window())
-            rng = np.random.default_rng(0)
-            runs = []
-            for index, batch_size in enumerate(spec.batch_sizes, start=1):
-                progress(f"batch {batch_size} ({index}/{len(spec.batch_sizes)}): measuring")
-                batch = rng.standard_normal((batch_size, *chw)).astype(np.float32)
-                run = measure(runner, batch, measure_spec, samplers, power_key=power_key, facts=static)
-                run.summary = summarize(run)
-                run.noise_flags = quiet.noise_flags(
-                    run.contention.model_dump() if run.contention else None, run.latency_cv,
-                    clocks_dropped=any(t.clocks_dropped for t in run.telemetry.values()),
-                    throttled=any(t.temp_limit_crossed or quiet.nvml_throttled(t.model_dump())
-                                  for t in run.telemetry.values()))
-                runs.append(run)
+
+            def measure_point(point: PowerPoint | None, where: str = "") -> list[RunResult]:
+                rng = np.random.default_rng(0)  # every point times the same batches
+                facts = point_facts(static, point)
+                measured = []
+                for index, batch_size in enumerate(spec.batch_sizes, start=1):
+                    progress(f"{where + ': ' if where else ''}batch {batch_size} ({index}/{len(spec.batch_sizes)}): "
+                             "measuring")
+                    batch = rng.standard_normal((batch_size, *chw)).astype(np.float32)
+                    run = measure(runner, batch, measure_spec, samplers, power_key=power_key, facts=facts)
+                    run.summary = summarize(run)
+                    run.noise_flags = quiet.noise_flags(
+                        run.contention.model_dump() if run.contention else None, run.latency_cv,
+                        clocks_dropped=any(t.clocks_dropped for t in run.telemetry.values()),
+                        throttled=any(t.temp_limit_crossed or quiet.nvml_throttled(t.model_dump())
+                                      for t in run.telemetry.values()))
+                    run.power_point = point
+                    measured.append(run)
+                return measured
+
+            if spec.sweep is None:
+                runs = measure_point(None)
+            else:
+                use_socket(job.get("jtop_socket"))
+                runs, sweep = run_sweep(spec.sweep, job.get("job_id", job_dir.name), Path(job["hold_path"]),
+                                        job.get("nvpmodel_conf"), 1.0 / spec.sample_hz, measure_point, progress)
         finally:
             for sampler in samplers:
                 sampler.close()
@@ -241,7 +251,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     return JobResult.model_validate(
         {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
          "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "profile": profile, "evaluation": evaluation,
-         "environment": describe_device()}).dump()
+         "environment": describe_device(), "sweep": sweep}).dump()
 
 
 def ran_precision(runner, spec: JobSpec, artifact_path: str) -> str:

@@ -114,6 +114,36 @@ class EvaluationSpec(Request):
     top_k: int = Field(5, ge=1, le=5, description="predictions returned per image (k = min(5, classes))")
 
 
+# A power mode by the board's own name (``MAXN_SUPER``) or id (``nvpmodel -m ID``).
+ModeName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+$")]
+ModeId = Annotated[int, Field(ge=0, le=255)]
+
+
+class SweepSpec(Request):
+    """A sweep over power modes and jetson_clocks states (Jetson, through the jtop service).
+
+    Each point (mode × jetson_clocks) is set, waited for until the device shows it (online cores and
+    clock caps as the board's nvpmodel configuration says), and measured at every batch size of the job;
+    the engine is loaded once. The mode and jetson_clocks state found are restored at the end.
+    """
+
+    power_modes: Annotated[list[ModeName | ModeId], Field(min_length=1, max_length=16)] | Literal["all"] = Field(
+        description="modes by name or id, in the order to visit them; 'all': every mode jtop lists (those that need "
+                    "a reboot are skipped with the reason)")
+    jetson_clocks: Annotated[list[bool], Field(min_length=1, max_length=2)] | None = Field(
+        None, description="jetson_clocks states to measure each mode in; null: leave it as found")
+    settle_timeout_s: float = Field(30.0, gt=0, le=600, description="how long a point may take to show its mode "
+                                                                   "before it is refused, not measured")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "SweepSpec":
+        if isinstance(self.power_modes, list) and len(set(self.power_modes)) != len(self.power_modes):
+            raise ValueError("power_modes names each mode once")
+        if self.jetson_clocks is not None and len(set(self.jetson_clocks)) != len(self.jetson_clocks):
+            raise ValueError("jetson_clocks names each state once")
+        return self
+
+
 class JobSpec(Request):
     """One benchmark job: an uploaded artifact, a runtime, and how to measure it.
 
@@ -143,6 +173,8 @@ class JobSpec(Request):
                                                                 "Preprocess.to_dict) for the smoke inference")
     evaluation: EvaluationSpec | None = Field(None, description="score the engine that was timed on this set, once, "
                                                                 "after the timed windows")
+    sweep: SweepSpec | None = Field(None, description="measure every batch size under each power mode × jetson_clocks "
+                                                      "point (Jetson); the device is restored afterwards")
 
     @model_validator(mode="after")
     def _window(self) -> "JobSpec":
@@ -220,7 +252,7 @@ class ErrorBody(Strict):
 # Versions: "edgefold.result/MAJOR.MINOR". Written strictly (an unknown key is a producer's bug and
 # fails the job); read leniently within a major version: keys a newer minor added are dropped on read,
 # and a field this version added reads as "not recorded" in an older result (``Reported.since``).
-RESULT_MAJOR, RESULT_MINOR = 2, 1
+RESULT_MAJOR, RESULT_MINOR = 2, 2  # 2.2: RunResult.power_point, JobResult.sweep
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -397,6 +429,41 @@ class DeviceTiming(Measured):
     gpu_compute_mean_ms: float
 
 
+class PowerPoint(Measured):
+    """The power mode a window ran under, as the device showed it once the mode had taken effect (2.2)."""
+
+    nvpmodel_id: int
+    nvpmodel_name: str
+    jetson_clocks: bool | None = Field(description="null: the board has no jetson_clocks")
+    online_cores: list[int] = Field(description="indices of the CPU cores online")
+    cpu_max_khz: dict[int, int] = Field(description="online core → its cpufreq scaling_max_freq cap, kHz")
+    gpu_max_khz: int | None = Field(description="the GPU's devfreq max_freq cap, kHz")
+    settle_s: float = Field(description="seconds from setting the point until the device showed it")
+
+
+class NotMeasured(Measured):
+    """A sweep point that was not measured, and why."""
+
+    nvpmodel_id: int | None
+    nvpmodel_name: str
+    jetson_clocks: bool | None
+    kind: Literal["skipped", "refused"] = Field(description="skipped: never set (needs a reboot, no jetson_clocks); "
+                                                            "refused: set, but it never took effect")
+    reason: str
+
+
+class SweepResult(Measured):
+    """How a sweep went: the state it found and restored, and the points it did not measure (2.2)."""
+
+    controlled: bool = Field(description="false: no power-mode control (no jtop): only the current mode was measured")
+    note: str | None = None
+    original: dict[str, Any] | None = Field(None, description="nvpmodel_id, nvpmodel_name, jetson_clocks as found")
+    restored: bool | None = Field(None, description="whether the job process put the original state back (if not, "
+                                                    "the agent retries and refuses other jobs until it has)")
+    restore_note: str | None = None
+    not_measured: list[NotMeasured] = Field(default_factory=list)
+
+
 class RunResult(Measured):
     """One batch size's timed window. ``latency_*`` is the wall time of each whole call (preprocessed
     batch in, outputs out, as an application calls it); ``device_timing`` adds trtexec's two times."""
@@ -419,6 +486,7 @@ class RunResult(Measured):
     noise_flags: dict[str, str] = Field(default_factory=dict, description="why this window is noisy, with the fix")
     device_timing: DeviceTiming | None = Field(None, description="trtexec's Latency and GPU Compute Time of the "
                                                                  "same calls (TensorRT runner only)")
+    power_point: PowerPoint | None = Field(None, description="the sweep point this window ran under (sweeps only)")
 
 
 class RuntimeInfo(Measured):
@@ -474,6 +542,8 @@ class JobResult(Measured):
     evaluation: EvaluationResult | None = Field(None, description="the evaluation set's predictions by the engine "
                                                                   "that was timed")
     environment: dict[str, Any] = Field(default_factory=dict)
+    sweep: SweepResult | None = Field(None, description="a sweep's original and restored state and the points it "
+                                                        "did not measure; its runs carry power_point")
 
     @field_validator("schema_")
     @classmethod
@@ -489,7 +559,7 @@ class JobResult(Measured):
         return result_version(self.schema_)[1]
 
     def run(self, batch_size: int) -> RunResult | None:
-        """The run at ``batch_size``, if one was measured."""
+        """The run at ``batch_size``, if one was measured (a sweep's first point's; see ``power_point``)."""
         return next((run for run in self.runs if run.batch_size == batch_size), None)
 
     def dump(self) -> dict[str, Any]:

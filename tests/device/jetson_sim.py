@@ -218,12 +218,16 @@ def plant_power_modes(root: Path, modes, current: int) -> None:
     (root / "sim_modes.json").write_text(json.dumps({"modes": list(modes), "clusters": CPU_CLUSTERS}))
     bin_dir = root / "bin"
     bin_dir.mkdir(exist_ok=True)
+    repo = str(Path(__file__).resolve().parents[2])
     for tool in ("nvpmodel", "jetson_clocks"):
         script = bin_dir / tool
-        # The tools run under jtop's service as separate processes: absolute interpreter and repository paths.
-        script.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
-                          f"from tests.device.jetson_sim import tool_main\n"
-                          f"sys.exit(tool_main({tool!r}, {str(root)!r}, sys.argv[1:]))\n")
+        # jtop's service runs `nvpmodel -q` on every tick: answered by the shell, not a Python start-up, so a
+        # 20 Hz sampler keeps its rate. The rest runs tool_main (absolute interpreter and repository paths).
+        query = (f'if [ "$1" = "-q" ]; then echo "NV Fan Mode:quiet"; echo "NV Power Mode: $(cat "{root}/nvpmodel_name")"; '
+                 f'cat "{root}/nvpmodel_state"; exit 0; fi\n') if tool == "nvpmodel" else ""
+        script.write_text(f"#!/bin/sh\n{query}exec {sys.executable} -c 'import sys; sys.path.insert(0, sys.argv[1]); "
+                          f"from tests.device.jetson_sim import tool_main; "
+                          f"sys.exit(tool_main(sys.argv[2], sys.argv[3], sys.argv[4:]))' {repo!r} {tool} {str(root)!r} \"$@\"\n")
         script.chmod(0o755)
     _apply_mode(root, current)
 
@@ -243,6 +247,11 @@ def mode_state(root: str | os.PathLike) -> dict:
     return {"id": current, "name": modes[current]["name"], "jetson_clocks": _clocks_pinned(root),
             "gpu_max_hz": _read_int(root / GPU_DEVFREQ / "max_freq"),
             "cpu_max_khz": _read_int(cpus[0] / "cpufreq/scaling_max_freq"), "online": online}
+
+
+def set_mode(root: str | os.PathLike, mode_id: int) -> None:
+    """Puts the simulated board in mode ``mode_id`` behind jtop's back (as a sweep killed mid-way leaves it)."""
+    _apply_mode(Path(root), mode_id)
 
 
 def set_nvpmodel_fault(root: str | os.PathLike, fault: str | None) -> None:
@@ -290,6 +299,7 @@ def _apply_mode(root: Path, mode_id: int) -> None:
         for name in ("min_freq", "cur_freq"):
             _replace(gpu / name, min(_read_int(gpu / name), mode["gpu_max_hz"]))
     _replace(root / "sys/devices/platform/17000000.gpu/tpc_pg_mask", mode["tpc_pg_mask"])
+    _replace(root / "nvpmodel_name", mode["name"])
     _replace(root / "nvpmodel_state", mode_id)
 
 
@@ -443,6 +453,21 @@ def serve(root: str, sock: str) -> None:
     service.JtopServer(force=True).loop_for_ever()
 
 
+def _listening(path: str) -> bool:
+    """Whether a Unix socket at ``path`` accepts connections: its file appears at bind(), connections are refused
+    until listen(), and a loaded host can stretch that gap. Read from /proc/net/unix (flag __SO_ACCEPTCON), not by
+    connecting: a probe would hand the service's manager a client that fails its handshake."""
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return os.path.exists(path)
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 8 and fields[7] == path and int(fields[3], 16) & 0x10000:
+            return True
+    return False
+
+
 class JtopService:
     """Starts the simulated service for a board and points this process's jtop client at it."""
 
@@ -458,7 +483,7 @@ class JtopService:
             [sys.executable, "-m", "tests.device.jetson_sim", str(self.root), self.sock], cwd=repo,
             stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
-        while not os.path.exists(self.sock):
+        while not _listening(self.sock):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"simulated jtop service did not start:\n{self.log.read_text()}")
             time.sleep(0.05)
