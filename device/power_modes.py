@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -40,6 +41,7 @@ HOLD_SCHEMA = "edgefold.power-hold/1"
 CAP_TOLERANCE = 0.02
 # nvpmodel.conf writes "no cap" as -1, 0 or INT_MAX.
 _NO_CAP = (-1, 0, 2147483647)
+REASK_S = 1.0
 _HEADER = re.compile(r"^<\s*(?P<kind>PARAM|POWER_MODEL|PM_CONFIG)\s+(?P<attrs>[^>]*)>\s*$")
 _CPU_IN_PATH = re.compile(r"/cpu(?P<cpu>\d+)/")
 
@@ -366,11 +368,15 @@ class ModeController:
                 from None
 
     def _until(self, done, act, deadline: float) -> None:
-        # jtop drops a request while its service is busy with the previous one: ask again until it shows.
+        # jtop drops a request while its service is busy with the previous one: ask again until it shows, but
+        # not faster than REASK_S (a request takes the service a tick or two to start on).
+        asked = -math.inf
         while not done():
             status = self.jetson.jetson_clocks.status if self.has_jetson_clocks else "inactive"
-            if not self.jetson.nvpmodel.is_running() and status in ("inactive", "running"):
+            idle = not self.jetson.nvpmodel.is_running() and status in ("inactive", "running")
+            if idle and time.monotonic() - asked > REASK_S:
                 act()
+                asked = time.monotonic()
             self._wait(deadline)
 
     def _mode(self, mode_id: int) -> None:

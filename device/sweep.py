@@ -84,7 +84,14 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
                                   fix="restart the agent with the jtop service running: it restores the mode")
         caps = read_nvpmodel_conf(conf_path) if conf_path else {}
         original = controller.state()
-        modes = resolve_modes(sweep.power_modes, controller.modes())
+        listed = controller.modes()
+        disagree = [f"id {mode.id}: jtop {mode.name}, the file {caps[mode.id].name}" for mode in listed
+                    if mode.id in caps and caps[mode.id].name != mode.name]
+        if disagree:  # jtop numbers modes by their order in nvpmodel's output: another file would check wrong caps
+            raise PowerModeError(f"jtop's power modes and {conf_path} disagree ({'; '.join(disagree)})",
+                                 fix="point the agent's nvpmodel_conf at the file nvpmodel uses "
+                                     "(nvpmodel -p --verbose prints its path)")
+        modes = resolve_modes(sweep.power_modes, listed)
         clocks = sweep.jetson_clocks if sweep.jetson_clocks is not None else [None]
         points = [(mode, jc) for mode in modes for jc in clocks]
         runs: list[RunResult] = []

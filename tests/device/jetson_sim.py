@@ -21,6 +21,7 @@ from __future__ import annotations
 import builtins
 import grp
 import json
+import logging
 import os
 import posixpath
 import signal
@@ -450,6 +451,18 @@ def serve(root: str, sock: str) -> None:
     config.get_config_service = lambda data_folder=None: os.path.join(root, "jtop_config")
     jetson_clocks.PATH_JETSON_CLOCKS = [os.path.join(root, "bin", "jetson_clocks")]
     signal.signal(signal.SIGTERM, lambda *args: sys.exit(0))
+    ready = Path(root) / "service_ready"
+    ready.unlink(missing_ok=True)
+
+    class Ready(logging.Handler):
+        # The service logs "service ready" once jetson_clocks is initialised (two tool runs) and it reads its
+        # queue: a client connecting before that waits past its first-data timeout ("Error connection").
+        def emit(self, record):
+            if record.getMessage() == "service ready":
+                ready.touch()
+
+    service.logger.setLevel(logging.INFO)  # the last-resort handler still prints only warnings to the log
+    service.logger.addHandler(Ready(logging.INFO))
     service.JtopServer(force=True).loop_for_ever()
 
 
@@ -483,7 +496,7 @@ class JtopService:
             [sys.executable, "-m", "tests.device.jetson_sim", str(self.root), self.sock], cwd=repo,
             stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
-        while not _listening(self.sock):
+        while not (_listening(self.sock) and (self.root / "service_ready").exists()):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"simulated jtop service did not start:\n{self.log.read_text()}")
             time.sleep(0.05)

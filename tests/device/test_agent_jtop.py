@@ -22,7 +22,8 @@ def run_on(tmp_path, board, during=None):
             AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock)) as agent, agent.client() as client:
         job = client.submit({"artifact": client.upload(model), **JOB})
         if during:
-            while "measuring" not in (client.job(job["id"])["progress"] or ""):
+            while "measuring" not in ((now := client.job(job["id"]))["progress"] or ""):
+                assert now["state"] in ("queued", "running"), f"the job ended before measuring: {now['error']}"
                 time.sleep(0.05)
             time.sleep(1.0 + 1.0)  # past the idle baseline, one second into the timed window
             during(svc)

@@ -110,6 +110,24 @@ def test_kill_9_mid_sweep_then_restart_restores_the_original_mode(tmp_path):
             assert client.job(job["id"])["state"] == "interrupted"
 
 
+def test_a_cancelled_sweep_leaves_the_device_as_found(tmp_path):
+    """The job process is SIGKILLed by the cancel: the agent restores from the hold it left."""
+    from tests.device.jetson_sim import JtopService, mode_state
+
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    with JtopService(tmp_path, "orin-nano") as svc, AgentProcess(tmp_path / "data", args=agent_args(svc)) as agent, \
+            agent.client() as client:
+        before = mode_state(svc.root)
+        job = client.submit({"artifact": client.upload(model), **JOB, "iterations": None, "duration_s": 60.0,
+                             "sweep": {"power_modes": ["MAXN_SUPER", "15W"], "jetson_clocks": [True]}})
+        wait_for(lambda: "MAXN_SUPER" in (client.job(job["id"])["progress"] or "") and
+                 "measuring" in client.job(job["id"])["progress"], "the MAXN_SUPER point's window")
+        assert mode_state(svc.root)["id"] == 2
+        assert client.cancel(job["id"])["state"] == "cancelled"
+        wait_for(lambda: not (tmp_path / "data" / HOLD).exists(), "the agent's restore after the cancel")
+        assert mode_state(svc.root) == before
+
+
 def test_jobs_are_refused_while_the_device_is_held_and_run_once_it_is_restored(tmp_path):
     """A hold a killed sweep left, and no jtop service at start-up: the restore fails, so a job is refused with
     the reason; once the service is back, the next job's restore puts 15W back and the job runs."""
@@ -166,3 +184,19 @@ def test_without_jtop_a_sweep_measures_the_current_mode_and_says_so(tmp_path):
     assert "jtop service is not reachable" in sweep["note"]
     assert len(job["result"]["runs"]) == 1 and job["result"]["runs"][0]["power_point"] is None
     assert not (tmp_path / "data" / HOLD).exists()
+
+
+def test_a_conf_that_is_not_the_boards_fails_the_sweep_before_any_change(tmp_path):
+    from tests.device.jetson_sim import JtopService, mode_state
+
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    with JtopService(tmp_path, "orin-nano") as svc:
+        other = tmp_path / "other.conf"  # another board's file: its id 2 is not MAXN_SUPER
+        other.write_text((svc.root / "etc/nvpmodel.conf").read_text().replace("NAME=MAXN_SUPER", "NAME=25W"))
+        with AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock, "--nvpmodel-conf", str(other))) \
+                as agent, agent.client() as client:
+            job = client.wait(client.submit({"artifact": client.upload(model), **JOB,
+                                             "sweep": {"power_modes": ["MAXN_SUPER"]}})["id"], timeout_s=120)
+        assert job["state"] == "failed"
+        assert "disagree (id 2: jtop MAXN_SUPER, the file 25W)" in job["error"]
+        assert mode_state(svc.root)["id"] == 0 and not (tmp_path / "data" / HOLD).exists()
