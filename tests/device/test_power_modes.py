@@ -100,3 +100,29 @@ def test_sweep_spec_takes_names_ids_and_all():
                                                                    "jetson_clocks": [False, True]}})
     assert spec.sweep.power_modes == ["MAXN_SUPER", 0] and spec.sweep.jetson_clocks == [False, True]
     assert JobSpec.model_validate({"artifact": ARTIFACT, "sweep": {"power_modes": "all"}}).sweep.jetson_clocks is None
+
+
+def test_a_sweep_result_round_trips_and_a_2_1_reader_drops_what_2_2_added():
+    from device.schema import READING, JobResult, parse_result
+    from tests.results import job_result, run
+
+    point = {"nvpmodel_id": 2, "nvpmodel_name": "MAXN_SUPER", "jetson_clocks": True, "online_cores": [0, 1],
+             "cpu_max_khz": {0: 1728000}, "gpu_max_khz": 1020000, "settle_s": 0.4}
+    document = job_result(runs=[{**run(1), "power_point": point}])
+    document["sweep"] = {"controlled": True, "original": {"nvpmodel_id": 0, "nvpmodel_name": "15W",
+                                                          "jetson_clocks": False},
+                         "restored": True, "not_measured": [{"nvpmodel_id": 1, "nvpmodel_name": "7W",
+                                                             "jetson_clocks": True, "kind": "skipped",
+                                                             "reason": "needs a reboot"}]}
+    read = parse_result(JobResult.model_validate(document).dump())
+    assert read.minor == 2 and read.runs[0].power_point.cpu_max_khz == {0: 1728000}
+    assert read.sweep.not_measured[0].kind == "skipped"
+    # An older result has neither: it reads as no sweep, not as an error.
+    older = job_result()
+    older["schema"] = "edgefold.result/2.1"
+    assert parse_result(older).sweep is None and parse_result(older).runs[0].power_point is None
+    # Written strictly: a misspelt key fails the producer; read leniently within the major version.
+    document["runs"][0]["power_point"]["gpu_max_mhz"] = 1020.0
+    with pytest.raises(ValidationError):
+        JobResult.model_validate(document)
+    assert JobResult.model_validate(document, context=READING).runs[0].power_point.gpu_max_khz == 1020000
