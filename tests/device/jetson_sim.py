@@ -75,14 +75,16 @@ GPU_DEVFREQ = "sys/devices/platform/17000000.gpu/devfreq/17000000.gpu"
 # and the TPC power-gating mask. Clocks and cores after NVIDIA's Jetson Linux developer guide (r36.4, "Supported
 # Modes and Power Efficiency", Orin Nano series: 15W 6 cores / 1.51 GHz CPU / 625 MHz GPU, 7W 4 cores / 1.13 GHz /
 # 420 MHz, MAXN SUPER 6 cores / 1.73 GHz / 1.02 GHz). Not taken from a board: the 7W mode's different TPC mask
-# is this simulation's choice, so one mode needs a reboot the way jtop expects (a different mask).
+# is this simulation's choice, so one mode needs a reboot the way jtop expects (a different mask). ``rails_ma``
+# (VDD_IN, VDD_CPU_GPU_CV currents on the first INA3221, Orin Nano only) is SYNTHETIC: the guide lists clocks and
+# cores, not watts; 15W's are the currents planted before modes existed.
 ORIN_NANO_MODES = (
     {"id": 0, "name": "15W", "online": (1, 1, 1, 1, 1, 1), "cpu_max_khz": 1510400, "gpu_max_hz": 624750000,
-     "tpc_pg_mask": 0},
+     "tpc_pg_mask": 0, "rails_ma": (1200, 400)},
     {"id": 1, "name": "7W", "online": (1, 1, 1, 1, 0, 0), "cpu_max_khz": 1113600, "gpu_max_hz": 420750000,
-     "tpc_pg_mask": 1},
+     "tpc_pg_mask": 1, "rails_ma": (800, 200)},
     {"id": 2, "name": "MAXN_SUPER", "online": (1, 1, 1, 1, 1, 1), "cpu_max_khz": 1728000, "gpu_max_hz": 1020000000,
-     "tpc_pg_mask": 0},
+     "tpc_pg_mask": 0, "rails_ma": (2400, 1200)},
 )
 DEFAULT_MODE = 0
 CPU_CLUSTERS = ((0, 1, 2, 3), (4, 5))  # Orin Nano: two A78AE clusters, one cpufreq policy each
@@ -186,7 +188,7 @@ def plant(root: str | os.PathLike, board: str) -> Path:
         "Buffers:           81920 kB", "Cached:          1650000 kB", "SwapCached:            0 kB",
         "SReclaimable:     120000 kB", "SwapTotal:       3901056 kB", "SwapFree:        3901056 kB",
         "NvMapMemUsed:     524288 kB"]))
-    plant_power_modes(root, ORIN_NANO_MODES, DEFAULT_MODE)
+    plant_power_modes(root, ORIN_NANO_MODES, DEFAULT_MODE, rails=board == "orin-nano")
     return root
 
 
@@ -213,10 +215,11 @@ def nvpmodel_conf(modes) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plant_power_modes(root: Path, modes, current: int) -> None:
-    """Writes the nvpmodel configuration, the two simulated tools and their state, and applies mode ``current``."""
+def plant_power_modes(root: Path, modes, current: int, rails: bool = False) -> None:
+    """Writes the nvpmodel configuration, the two simulated tools and their state, and applies mode ``current``
+    (``rails``: a mode also sets its synthetic rail currents)."""
     _write(root, "etc/nvpmodel.conf", nvpmodel_conf(modes), end="")
-    (root / "sim_modes.json").write_text(json.dumps({"modes": list(modes), "clusters": CPU_CLUSTERS}))
+    (root / "sim_modes.json").write_text(json.dumps({"modes": list(modes), "rails": rails}))
     bin_dir = root / "bin"
     bin_dir.mkdir(exist_ok=True)
     repo = str(Path(__file__).resolve().parents[2])
@@ -300,6 +303,9 @@ def _apply_mode(root: Path, mode_id: int) -> None:
         for name in ("min_freq", "cur_freq"):
             _replace(gpu / name, min(_read_int(gpu / name), mode["gpu_max_hz"]))
     _replace(root / "sys/devices/platform/17000000.gpu/tpc_pg_mask", mode["tpc_pg_mask"])
+    if data["rails"]:
+        for channel, milliamps in enumerate(mode["rails_ma"], start=1):
+            set_current(root, channel, milliamps)
     _replace(root / "nvpmodel_name", mode["name"])
     _replace(root / "nvpmodel_state", mode_id)
 

@@ -65,6 +65,9 @@ def test_sweep_measures_each_mode_under_its_own_caps(swept):
     assert points["MAXN_SUPER"]["telemetry"]["jtop"]["series"]["gpu_freq_mhz"]["low"] == pytest.approx(1020.0)
     assert points["MAXN_SUPER"]["telemetry"]["jtop"]["facts"]["nvpmodel"] == "MAXN_SUPER"
     assert all(run["latency_p50_ms"] > 0 for run in points.values())
+    # The simulated modes' synthetic VDD_IN currents (1.2 A at 15W, 2.4 A at MAXN_SUPER, at 5.08 V).
+    assert points["15W"]["summary"]["power_mean_mw"] == pytest.approx(6096, rel=0.01)
+    assert points["MAXN_SUPER"]["summary"]["power_mean_mw"] == pytest.approx(12192, rel=0.01)
 
 
 def test_a_mode_that_needs_a_reboot_is_skipped_with_the_reason_and_never_forced(swept):
