@@ -50,6 +50,10 @@ class PowerModeError(DeviceError):
     """A power mode could not be set, checked or restored."""
 
 
+class ModeUnavailableError(PowerModeError):
+    """A point that is never set: its mode needs a reboot, or it asks for jetson_clocks the board lacks."""
+
+
 class ModeNotSettledError(PowerModeError):
     """A mode was set but the device did not show it (cores, caps, jetson_clocks) within the time limit."""
 
@@ -202,7 +206,8 @@ class Observed:
         if caps.gpu_max_hz is not None and self.gpu_max_khz is not None:
             want_khz = caps.gpu_max_hz / 1000
             if abs(self.gpu_max_khz - want_khz) > CAP_TOLERANCE * want_khz:
-                problems.append(f"GPU max {self.gpu_max_khz / 1000:g} MHz (the mode caps it at {want_khz / 1000:g} MHz)")
+                problems.append(f"GPU max {self.gpu_max_khz / 1000:g} MHz "
+                                f"(the mode caps it at {want_khz / 1000:g} MHz)")
         if jetson_clocks is not None and self.jetson_clocks is not None and self.jetson_clocks != jetson_clocks:
             problems.append(f"jetson_clocks {'on' if self.jetson_clocks else 'off'} (wanted "
                             f"{'on' if jetson_clocks else 'off'})")
@@ -330,17 +335,19 @@ class ModeController:
             (what jtop read once the mode had taken effect, seconds it took).
 
         Raises:
-            PowerModeError: The mode needs a reboot, or jetson_clocks was asked for on a board without it.
+            ModeUnavailableError: The mode needs a reboot, or jetson_clocks was asked for on a board without it
+                (nothing was changed).
             ModeNotSettledError: The device did not show the mode within ``timeout_s`` (with what differed).
+            PowerModeError: The jtop service stopped answering, or refused the request.
         """
         if not mode.available:
-            raise PowerModeError(f"power mode {mode.name} (id {mode.id}) needs a reboot: jtop marks it unavailable "
-                                 "(its TPC/core mask differs from the current mode's) and forcing it reboots the board",
-                                 fix="set it by hand (sudo nvpmodel -m ID, then reboot) and sweep the modes "
-                                     "that share its mask")
+            raise ModeUnavailableError(
+                f"power mode {mode.name} (id {mode.id}) needs a reboot: jtop marks it unavailable (its TPC/core mask "
+                "differs from the current mode's) and forcing it reboots the board",
+                fix="set it by hand (sudo nvpmodel -m ID, then reboot) and sweep the modes that share its mask")
         if jetson_clocks is not None and not self.has_jetson_clocks:
-            raise PowerModeError("jetson_clocks is not available through jtop on this board",
-                                 fix="leave jetson_clocks out of the sweep, or install jetson_clocks (JetPack)")
+            raise ModeUnavailableError("jetson_clocks is not available through jtop on this board",
+                                       fix="leave jetson_clocks out of the sweep, or install jetson_clocks (JetPack)")
         started = time.monotonic()
         deadline = started + timeout_s
         last: Observed | None = None

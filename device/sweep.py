@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from device.errors import ConfigError, DeviceError, MissingDependencyError
-from device.power_modes import (DeviceHeldError, ModeController, ModeNotSettledError, PowerMode, PowerModeError,
-                                read_hold, read_nvpmodel_conf, write_hold)
+from device.power_modes import (DeviceHeldError, ModeController, ModeNotSettledError, ModeUnavailableError, PowerMode,
+                                PowerModeError, read_hold, read_nvpmodel_conf, write_hold)
 from device.schema import NotMeasured, PowerPoint, RunResult, SweepResult, SweepSpec
 
 log = logging.getLogger("edgefold.sweep")
@@ -68,6 +68,8 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
         DeviceHeldError: Another sweep's hold is still in place.
         ConfigError: The sweep names a mode the board does not have.
         DeviceError: No point could be measured (the device is restored first).
+        PowerModeError: The jtop service stopped answering or refused a request (the restore is still tried; the
+            agent retries it if it fails).
     """
     try:
         controller = ModeController(interval_s)
@@ -111,7 +113,7 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
                                                     kind="refused", reason=err.message))
                     log.warning("sweep %s refused: %s", where, err.message)
                     continue
-                except PowerModeError as err:
+                except ModeUnavailableError as err:
                     not_measured.append(NotMeasured(nvpmodel_id=mode.id, nvpmodel_name=mode.name, jetson_clocks=jc,
                                                     kind="skipped", reason=err.message))
                     continue

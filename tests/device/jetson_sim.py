@@ -227,11 +227,13 @@ def plant_power_modes(root: Path, modes, current: int, rails: bool = False) -> N
         script = bin_dir / tool
         # jtop's service runs `nvpmodel -q` on every tick: answered by the shell, not a Python start-up, so a
         # 20 Hz sampler keeps its rate. The rest runs tool_main (absolute interpreter and repository paths).
-        query = (f'if [ "$1" = "-q" ]; then echo "NV Fan Mode:quiet"; echo "NV Power Mode: $(cat "{root}/nvpmodel_name")"; '
-                 f'cat "{root}/nvpmodel_state"; exit 0; fi\n') if tool == "nvpmodel" else ""
+        query = (f'if [ "$1" = "-q" ]; then echo "NV Fan Mode:quiet"; '
+                 f'echo "NV Power Mode: $(cat "{root}/nvpmodel_name")"; cat "{root}/nvpmodel_state"; exit 0; fi\n'
+                 if tool == "nvpmodel" else "")
         script.write_text(f"#!/bin/sh\n{query}exec {sys.executable} -c 'import sys; sys.path.insert(0, sys.argv[1]); "
-                          f"from tests.device.jetson_sim import tool_main; "
-                          f"sys.exit(tool_main(sys.argv[2], sys.argv[3], sys.argv[4:]))' {repo!r} {tool} {str(root)!r} \"$@\"\n")
+                          "from tests.device.jetson_sim import tool_main; "
+                          "sys.exit(tool_main(sys.argv[2], sys.argv[3], sys.argv[4:]))' "
+                          f"{repo!r} {tool} {str(root)!r} \"$@\"\n")
         script.chmod(0o755)
     _apply_mode(root, current)
 
