@@ -113,6 +113,22 @@ def test_kill_9_mid_sweep_then_restart_restores_the_original_mode(tmp_path):
             assert client.job(job["id"])["state"] == "interrupted"
 
 
+def test_stopping_the_agent_mid_sweep_restores_before_it_exits(tmp_path):
+    """SIGTERM (systemctl stop): the executor kills the job process, restores, then the agent exits."""
+    from tests.device.jetson_sim import JtopService, mode_state
+
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    with JtopService(tmp_path, "orin-nano") as svc:
+        before = mode_state(svc.root)
+        with AgentProcess(tmp_path / "data", args=agent_args(svc)) as agent, agent.client() as client:
+            job = client.submit({"artifact": client.upload(model), **JOB, "iterations": None, "duration_s": 60.0,
+                                 "sweep": {"power_modes": ["MAXN_SUPER"]}})
+            wait_for(lambda: "measuring" in (client.job(job["id"])["progress"] or ""), "the MAXN_SUPER window")
+            assert mode_state(svc.root)["id"] == 2
+        assert agent.process.returncode is not None, "the agent has exited"
+        assert mode_state(svc.root) == before and not (tmp_path / "data" / HOLD).exists()
+
+
 def test_a_cancelled_sweep_leaves_the_device_as_found(tmp_path):
     """The job process is SIGKILLed by the cancel: the agent restores from the hold it left."""
     from tests.device.jetson_sim import JtopService, mode_state
