@@ -562,6 +562,26 @@ class JobResult(Measured):
         """The run at ``batch_size``, if one was measured (a sweep's first point's; see ``power_point``)."""
         return next((run for run in self.runs if run.batch_size == batch_size), None)
 
+    def sweep_windows(self) -> list[dict[str, Any]]:
+        """One dict per timed window with its sweep point, in the shape the report's front takes
+        (``pipeline.front.points_from_windows``): ``mode``, ``mode_id``, ``jetson_clocks``, ``batch_size``,
+        ``accelerator`` (``gpu``, ``dla0``, ``dla1``), ``latency_p50_ms``, ``energy_mj_per_image``,
+        ``throughput_images_per_s``, ``power_mean_w``, ``energy_degraded``. A window of no sweep has mode None
+        (the current mode)."""
+        accelerator = "gpu" if self.spec.dla_core is None else f"dla{self.spec.dla_core}"
+        windows = []
+        for run in self.runs:
+            point, summary = run.power_point, run.summary
+            windows.append({
+                "mode": point.nvpmodel_name if point else None, "mode_id": point.nvpmodel_id if point else None,
+                "jetson_clocks": point.jetson_clocks if point else None, "batch_size": run.batch_size,
+                "accelerator": accelerator, "latency_p50_ms": run.latency_p50_ms,
+                "energy_mj_per_image": summary.energy_mj_per_image,
+                "throughput_images_per_s": run.throughput_images_per_s,
+                "power_mean_w": None if summary.power_mean_mw is None else summary.power_mean_mw / 1000,
+                "energy_degraded": summary.energy_degraded})
+        return windows
+
     def dump(self) -> dict[str, Any]:
         """The JSON document (with its ``schema`` key)."""
         return self.model_dump(mode="json", by_alias=True)

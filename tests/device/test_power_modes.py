@@ -126,3 +126,18 @@ def test_a_sweep_result_round_trips_and_a_2_1_reader_drops_what_2_2_added():
     with pytest.raises(ValidationError):
         JobResult.model_validate(document)
     assert JobResult.model_validate(document, context=READING).runs[0].power_point.gpu_max_khz == 1020000
+
+
+def test_sweep_windows_name_each_window_by_its_point_for_the_front():
+    from device.schema import JobResult
+    from tests.results import job_result, run
+
+    point = {"nvpmodel_id": 2, "nvpmodel_name": "MAXN_SUPER", "jetson_clocks": False, "online_cores": [0],
+             "cpu_max_khz": {0: 1728000}, "gpu_max_khz": 1020000, "settle_s": 0.4}
+    summary = {"power_mean_mw": 12192.0, "energy_mj_per_image": 3.1, "energy_degraded": False}
+    result = JobResult.model_validate(job_result(runs=[{**run(8, summary=summary), "power_point": point}, run(1)]))
+    maxn, plain = result.sweep_windows()
+    assert maxn == {"mode": "MAXN_SUPER", "mode_id": 2, "jetson_clocks": False, "batch_size": 8, "accelerator": "gpu",
+                    "latency_p50_ms": 2.0, "energy_mj_per_image": 3.1, "throughput_images_per_s": 500.0,
+                    "power_mean_w": pytest.approx(12.192), "energy_degraded": False}
+    assert plain["mode"] is None and plain["power_mean_w"] is None and plain["batch_size"] == 1
