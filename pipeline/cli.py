@@ -47,6 +47,23 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
     report.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
 
+    sweep = sub.add_parser("sweep", help="sweep a run's rungs over power modes on its Jetsons (deploy and report again)",
+                           description="Measure every rung of RUN under each power mode × jetson_clocks × batch size "
+                                       "(deploy.sweep) and rebuild its report with the energy–latency front. The "
+                                       "earlier stages are reused as they are: the run's recipe and overrides are "
+                                       "kept, and a recipe changed since the run is refused.")
+    sweep.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
+    sweep.add_argument("--modes", default="all", help="power modes by name or id, comma-separated (default: all)")
+    sweep.add_argument("--jetson-clocks", metavar="on,off", help="jetson_clocks states per mode (default: as found)")
+    sweep.add_argument("--budget-ms", type=float, help="deploy.latency_budget_ms: the p50 the point to ship must meet")
+    sweep.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                       help="another deploy key, e.g. --set deploy.rounds=3 (only deploy.* keys)")
+    sweep.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
+    for name, env, text in (("--edge", "EDGE", "edge agents, comma-separated"), ("--dc", "DC", "data-center agents"),
+                            ("--devices", "DEVICES", "devices file with groups"),
+                            ("--token-file", "EDGEFOLD_AGENT_TOKEN_FILE", "agent token file")):
+        sweep.add_argument(name, default=os.environ.get(env), help=text)
+
     runs = sub.add_parser("runs", help="list runs with their stages and accuracies")
     runs.add_argument("model", nargs="?", help="only this model's runs")
     runs.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
@@ -130,15 +147,61 @@ def _require_an_edge_measurement(ctx) -> None:
                 "port with curl URL/v1/health, and the token (TOKEN_FILE=); the report above says what was measured")
 
 
-def _cmd_report(args) -> int:
+def _run_dir(run: str, runs_dir: str):
     from pathlib import Path
 
+    run_dir = Path(run)
+    if not (run_dir / "manifest.json").is_file():
+        run_dir = Path(runs_dir) / run / "latest"
+    return run_dir.resolve()
+
+
+def _cmd_sweep(args) -> int:
+    import hashlib
+    from pathlib import Path
+
+    from device.errors import ConfigError, ManifestError
+    from pipeline.devices import load_devices
+    from pipeline.report import headline_text
+    from pipeline.runner import run_pipeline
+
+    run_dir = _run_dir(args.run, args.runs_dir)
+    if not (run_dir / "manifest.json").is_file():
+        raise ManifestError(f"no run at {args.run}", fix="pass a run directory (edgefold runs lists them)")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    if "quantize" not in manifest.get("stages", {}):
+        raise ManifestError(f"{run_dir} has no quantized student yet", fix=f"finish the run first: make edge "
+                                                                           f"MODEL={manifest.get('model')}")
+    recipe = Path((manifest.get("recipe") or {}).get("path", ""))
+    if not recipe.is_file() or hashlib.sha256(recipe.read_bytes()).hexdigest() != manifest["recipe"]["sha256"]:
+        raise ConfigError(f"the recipe {recipe} changed (or is gone) since run {run_dir.name}: a sweep would retrain",
+                          fix="sweep a run of the current recipe (make edge), or restore the recipe")
+    extra = _parse_sets(args.set)
+    if any(not key.startswith("deploy.") for key in extra):
+        raise ConfigError(f"edgefold sweep sets deploy keys only, not {sorted(k for k in extra if not k.startswith('deploy.'))}",
+                          fix="change other stages with edgefold run … --set")
+    clocks = None if args.jetson_clocks is None else [{"on": True, "off": False}.get(v.strip()) for v in
+                                                          args.jetson_clocks.split(",")]
+    if clocks is not None and None in clocks:
+        raise ConfigError(f"--jetson-clocks {args.jetson_clocks!r}: each state is on or off", fix="--jetson-clocks on,off")
+    modes = args.modes if args.modes == "all" else [int(m) if m.strip().isdigit() else m.strip()
+                                                     for m in args.modes.split(",")]
+    overrides = {**manifest.get("overrides", {}), **extra,
+                 "deploy.sweep": {"modes": modes, "jetson_clocks": clocks},
+                 **({"deploy.latency_budget_ms": args.budget_ms} if args.budget_ms else {})}
+    ctx = run_pipeline(str(recipe), run_id=run_dir.name, runs_dir=run_dir.parent.parent, overrides=overrides,
+                       devices=load_devices(args.edge, args.dc, args.devices, args.token_file))
+    print(headline_text(ctx.manifest.stage("report")["metrics"]["headline"]))
+    print(f"report: {ctx.run_dir / ctx.manifest.stage('report')['outputs']['html']}")
+    _require_an_edge_measurement(ctx)
+    return 0
+
+
+def _cmd_report(args) -> int:
     from pipeline.report import headline_text, rebuild_report
 
-    run_dir = Path(args.run)
-    if not (run_dir / "manifest.json").is_file():
-        run_dir = Path(args.runs_dir) / args.run / "latest"
-    paths = rebuild_report(run_dir.resolve())
+    run_dir = _run_dir(args.run, args.runs_dir)
+    paths = rebuild_report(run_dir)
     data = json.loads(paths["json"].read_text())
     print(headline_text(data["headline"]))
     for kind, path in paths.items():
@@ -213,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``edgefold`` console script."""
     args = _parser().parse_args(argv)
     commands = {"run": _cmd_run, "runs": _cmd_runs, "recipes": _cmd_recipes, "recipe": _cmd_recipe,
-                "report": _cmd_report}
+                "report": _cmd_report, "sweep": _cmd_sweep}
     try:
         return commands[args.command](args)
     except EdgeFoldError as err:

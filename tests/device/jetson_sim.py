@@ -24,9 +24,11 @@ import json
 import logging
 import os
 import posixpath
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -424,8 +426,41 @@ def _redirecting_os(root: str) -> types.ModuleType:
     for name in ("listdir", "access", "stat", "lstat", "scandir", "walk", "readlink"):
         setattr(fake, name, wrap(getattr(os, name)))
     fake.path = os_path
-    fake.remapped_open = wrap(builtins.open)
+
+    def remapped_open(path, mode="r", *args, **kwargs):
+        path = remap(path)
+        if not any(flag in mode for flag in "wax+"):
+            return builtins.open(path, mode, *args, **kwargs)
+        return _ReplacedOnClose(path, mode, *args, **kwargs)
+
+    fake.remapped_open = remapped_open
     return fake
+
+
+class _ReplacedOnClose:
+    """A file written beside its path and moved over it on close. A sysfs attribute is replaced whole by a write;
+    a regular file is truncated first, and jtop's reader thread once read the fan's pwm1 as '' while its own
+    jetson_clocks code rewrote it, which killed the service (ValueError in fan.get_status)."""
+
+    def __init__(self, path, mode, *args, **kwargs):
+        self._path, self._temporary = path, f"{path}.sim-{os.getpid()}-{threading.get_ident()}"
+        if "a" in mode or "+" in mode:
+            shutil.copyfile(path, self._temporary)
+        self._handle = builtins.open(self._temporary, mode, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        if not self._handle.closed:
+            self._handle.close()
+            os.replace(self._temporary, self._path)
 
 
 def serve(root: str, sock: str) -> None:

@@ -76,8 +76,8 @@ def test_a_sweep_of_the_tiny_ladder_on_the_simulated_orin_nano_ends_in_the_front
     if os.geteuid() != 0:
         pytest.skip("jtop's service insists on running as root")
     pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
-    from pipeline.devices import load_devices
-    from pipeline.runner import run_pipeline
+    from pipeline.cli import main
+    from pipeline.manifest import Manifest
     from tests.device.agent_process import AgentProcess
     from tests.device.jetson_sim import JtopService, mode_state
 
@@ -88,21 +88,25 @@ def test_a_sweep_of_the_tiny_ladder_on_the_simulated_orin_nano_ends_in_the_front
         found = mode_state(svc.root)
         with AgentProcess(tmp_path / "agent", args=("--jtop-socket", svc.sock, "--nvpmodel-conf",
                                                     str(svc.root / "etc/nvpmodel.conf"))) as agent:
-            ctx = run_pipeline("tiny", runs_dir=tmp_path / "runs", run_id="shared",
-                               devices=load_devices(edge=agent.url, token_file=str(agent.token_file)),
-                               overrides={"deploy.rungs": ["teacher", "student_int8"], "deploy.evaluate_images": 0,
-                                          "deploy.sweep": {"modes": "all", "jetson_clocks": [True]},
-                                          "deploy.latency_budget_ms": 1000})
+            before = Manifest.load(run).data["stages"]
+            code = main(["sweep", str(run), "--edge", agent.url, "--token-file", str(agent.token_file),
+                         "--jetson-clocks", "on", "--budget-ms", "1000", "--set", "deploy.rungs=[teacher, student_int8]",
+                         "--set", "deploy.evaluate_images=0"])
         after = mode_state(svc.root)
+    assert code == 0
+    stages = Manifest.load(run).data["stages"]
+    for stage in ("data", "teacher", "prune", "distill", "export", "quantize", "evaluate"):
+        assert stages[stage] == before[stage], f"edgefold sweep re-ran {stage}"
+    assert main(["sweep", str(run), "--set", "teacher.train.epochs=1"]) == 2, "only deploy keys"
     assert (after["id"], after["jetson_clocks"]) == (found["id"], found["jetson_clocks"]), "the board as found"
-    data = json.loads((ctx.run_dir / "report" / "results.json").read_text())
+    data = json.loads((run / "report" / "results.json").read_text())
     front = next(f for f in data["power_fronts"] if f["rung"] == "student_int8")
     assert sorted({p["mode"] for p in front["points"]}) == ["15W", "MAXN_SUPER"]
     assert {p["batch_size"] for p in front["points"]} == {1, 8} and all(p["windows"] == 2 for p in front["points"])
     assert [n["nvpmodel_name"] for n in front["not_measured"]] == ["7W"]
-    markdown = (ctx.run_dir / "report" / "report.md").read_text()
+    markdown = (run / "report" / "report.md").read_text()
     assert "## Power modes: the energy–latency front" in markdown and "### student_int8 on edge" in markdown
     assert "| 15W, jetson_clocks on, batch 8, GPU |" in markdown and "**7W (skipped)**" in markdown
     chosen = front["choice"]["chosen"]
     assert chosen is not None and f"power mode     student_int8 on edge: {chosen['label']}: " in markdown
-    assert 'alt="power_front:edge"' in (ctx.run_dir / "report" / "report.html").read_text()
+    assert 'alt="power_front:edge"' in (run / "report" / "report.html").read_text()
