@@ -390,10 +390,11 @@ class EngineCache:
         folder = self.folder(onnx_sha256, fp, options)
         folder.mkdir(parents=True, exist_ok=True)
         engine = folder / "engine.plan"
+        # Not files.atomic_writer: ``build`` (TensorRT's serializer or trtexec) writes the file by path itself.
         tmp = folder / "engine.plan.tmp"
         build(Path(onnx), options, tmp)
         os.replace(tmp, engine)
-        (folder / "fingerprint.json").write_text(json.dumps(fp, indent=2, sort_keys=True) + "\n")
+        write_atomic(folder / "fingerprint.json", json.dumps(fp, indent=2, sort_keys=True) + "\n")
         return engine, True
 
 

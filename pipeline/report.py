@@ -22,7 +22,8 @@ from typing import Any, Iterable
 from device.errors import ManifestError, SchemaVersionError, require
 from device.schema import JobResult, parse_result
 from pipeline.devices import DEPLOY_SCHEMA
-from pipeline.manifest import Manifest, sha256_file
+from device.files import sha256_file
+from pipeline.manifest import Manifest
 from pipeline.device_accuracy import CAUSES, device_scores, paired_top1_change, per_class_device
 from pipeline.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from device import quiet

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from device.files import atomic_writer
 from pipeline import distributed
 from pipeline.data.batches import Batches
 from pipeline.distributed import all_reduce_sum
@@ -110,9 +111,8 @@ def revert_sync_batchnorm(module: nn.Module) -> nn.Module:
 
 def _save_resume(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # a crash mid-save leaves the previous epoch's state intact
+    with atomic_writer(path) as handle:  # a crash mid-save leaves the previous epoch's state intact
+        torch.save(state, handle)
 
 
 def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, device: torch.device,

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device.client import file_sha256
+from device.files import sha256_file
 from device.engine import (BuildOptions, EngineCache, artifact_precision, build_engine, detect_gpu, fingerprint,
                            import_tensorrt, read_l4t, reconcile_precision)
 from device.errors import (DlaError, EngineBuildError, MissingDependencyError, RunnerError, ShapeOutsideProfileError,
@@ -237,7 +237,7 @@ class TensorRTRunner(Runner):
                                f"{self.runtime.num_DLA_cores} DLA core(s) (Jetson Orin Nano has none)",
                                fix="leave dla_core unset to run on the GPU")
             self.runtime.DLA_core = options.dla_core
-        sha = file_sha256(self.onnx)
+        sha = sha256_file(self.onnx)
         for batch in self.batch_sizes:
             path, built = self.cache.get_or_build(self.onnx, sha, fp, options.for_batch(batch), build)
             engine = self.runtime.deserialize_cuda_engine(path.read_bytes())

@@ -204,7 +204,8 @@ def test_report_reads_typed_results_only(repo):
 # ---------------------------------------------------------------- issue #23: a rebuild replaces the report whole
 def _run_with_a_recorded_report(tmp_path):
     """A run whose report stage recorded its four files (an older version's, by their bytes) in the manifest."""
-    from pipeline.manifest import Manifest, sha256_file
+    from device.files import sha256_file
+    from pipeline.manifest import Manifest
 
     run = tmp_path / "runs" / "tiny" / "r"
     manifest = Manifest.open(run, "tiny")
@@ -223,7 +224,8 @@ def _run_with_a_recorded_report(tmp_path):
 def test_a_report_rebuild_that_fails_changes_nothing_and_one_that_succeeds_keeps_the_manifest_true(tmp_path,
                                                                                                    monkeypatch):
     from pipeline import cli, report
-    from pipeline.manifest import Manifest, sha256_file
+    from device.files import sha256_file
+    from pipeline.manifest import Manifest
 
     run = _run_with_a_recorded_report(tmp_path)
     before = {path.name: path.read_bytes() for path in (run / "report").iterdir()}
