@@ -516,19 +516,6 @@ def quantize_for_timing(fp32: Path, out: Path, input_shape) -> Path:
 
 
 # ----------------------------------------------------------------------------------------- the table
-def _monotone(values: list[float]) -> list[float]:
-    """The closest non-decreasing sequence (pool adjacent violators): a wider group never costs less time;
-    a measured dip is noise."""
-    blocks: list[list[float]] = []  # [mean, count]
-    for value in values:
-        blocks.append([value, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            mean2, n2 = blocks.pop()
-            mean1, n1 = blocks.pop()
-            blocks.append([(mean1 * n1 + mean2 * n2) / (n1 + n2), n1 + n2])
-    return [mean for mean, n in blocks for _ in range(int(n))]
-
-
 def _measured_widths(group: ChannelGroup, points: int, context: int) -> list[int]:
     """``points`` candidates spread over the range (always the narrowest and the full width), and the context."""
     candidates = list(group.candidates)
@@ -675,6 +662,8 @@ def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGr
                 meter: Meter, points: int) -> LatencyTable:
     """Measures the table around ``context``: each group at ``points`` widths, the others at the context;
     fits the layer model to every measurement."""
+    from scipy.optimize import isotonic_regression  # lazily: only a latency budget builds a table
+
     models: dict[Any, Any] = {"context": at_widths(model, arch, input_shape, context)}
     for group in groups:
         for width in _measured_widths(group, points, context[group.name]):
@@ -692,7 +681,9 @@ def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGr
         table.measured[group.name] = dict(sorted(at.items()))
         xs = sorted(at)
         ys = [at[w].p50_ms - table.context_ms.p50_ms for w in xs]
-        delta = _monotone(list(np.interp(group.candidates, xs, ys)))
+        # The closest non-decreasing curve (pool adjacent violators): a wider group never costs less time;
+        # a measured dip is noise.
+        delta = [float(d) for d in isotonic_regression(np.interp(group.candidates, xs, ys)).x]
         shift = delta[group.candidates.index(context[group.name])]
         table.delta_ms[group.name] = [d - shift for d in delta]
     table.model.fit(table.samples)

@@ -62,8 +62,6 @@ def test_knapsack_says_when_the_budget_is_unreachable():
     assert knapsack.solve([[1, 2]], [[1.0, 2.0]], 0.5) is None
 
 
-def test_monotone_smoothing_pools_noise():
-    assert latency._monotone([0.0, 2.0, 1.0, 3.0]) == [0.0, 1.5, 1.5, 3.0]
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -413,6 +411,18 @@ def _device(groups, ms_of):
             return out
 
     return Device
+
+
+def test_a_tables_measured_dip_is_pooled_so_a_wider_group_never_costs_less():
+    """stem.0 measured faster at 12 channels than at 8 (noise): the table's curve pools the two (isotonic
+    regression) instead of telling the knapsack that 8 channels cost more than 12."""
+    model = build_model("tiny_resnet", 10).eval()
+    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    full = {g.name: g.full for g in groups}
+    stem_ms = {4: 0.0, 8: 0.2, 12: 0.1, 16: 0.3}
+    Device = _device(groups, lambda widths: 1.0 + stem_ms[widths["stem.0"]])
+    table = latency.build_table(model, "tiny_resnet", SHAPE, groups, full, Device(), 4)
+    assert table.delta_ms["stem.0"] == pytest.approx([-0.3, -0.15, -0.15, 0.0])
 
 
 def test_a_plan_far_under_the_budget_is_refused_not_shipped():
