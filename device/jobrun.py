@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from device import quiet
+from device import contention
 from device.errors import ConfigError, EdgeFoldError, MissingDependencyError
 from device.files import write_json_atomic
 from device.measure import MeasureSpec, measure
@@ -199,10 +199,10 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                 for sampler in samplers:
                     run["telemetry"][sampler.name]["facts"] = static.get(sampler.name, {})
                 run["summary"] = summarize(run)
-                run["noise_flags"] = quiet.noise_flags(
+                run["noise_flags"] = contention.noise_flags(
                     run.get("contention"), run["latency_cv"],
                     clocks_dropped=any(t.get("clocks_dropped") for t in run["telemetry"].values()),
-                    throttled=any(t.get("temp_limit_crossed") or quiet.nvml_throttled(t) for t in run["telemetry"].values()))
+                    throttled=any(t.get("temp_limit_crossed") or contention.nvml_throttled(t) for t in run["telemetry"].values()))
                 runs.append(run)
         finally:
             for sampler in samplers:

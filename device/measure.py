@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device import quiet
+from device import contention
 from device.errors import ConfigError
 from device.runners import Runner
 from device.telemetry.base import Sampler, Trace, window_energy
@@ -150,13 +150,13 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
     calls: list[tuple[float, float, int]] = []
     bounds: list[float] = []
 
-    quiet_before: list = []
+    window_contention: list = []
 
     device_ms: list[dict[str, float]] = []
 
     def timed() -> tuple[list[float], float]:
         latencies: list[float] = []
-        quiet_before.append(quiet.snapshot())
+        window_contention.append(contention.snapshot())
         started = time.perf_counter()
         bounds.append(time.monotonic())
         while True:
@@ -174,7 +174,7 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
                 break
         window_s = time.perf_counter() - started
         bounds.append(time.monotonic())
-        quiet_before.append(quiet.contention(quiet_before[0], quiet.snapshot()))
+        window_contention.append(contention.between(window_contention[0], contention.snapshot()))
         return latencies, window_s
 
     (latencies, window_s), traces = _window(samplers, timed, keep_busy=lambda: runner.infer(batch))
@@ -182,7 +182,7 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
     images = len(latencies) * images_per_call
     result: dict[str, Any] = {"batch_size": images_per_call, "iterations": len(latencies), "images": images,
                               "window_s": window_s, "throughput_images_per_s": images / window_s,
-                              **latency_stats(latencies), "telemetry": {}, "contention": quiet_before[1],
+                              **latency_stats(latencies), "telemetry": {}, "contention": window_contention[1],
                               "device_timing": device_timing(device_ms, getattr(runner, "timing_method", "")) if
                               len(device_ms) == len(latencies) else None}
     for sampler, trace in zip(samplers, traces):

@@ -26,7 +26,7 @@ from device.files import sha256_file
 from pipeline.manifest import Manifest
 from pipeline.device_accuracy import CAUSES, device_scores, paired_top1_change, per_class_device
 from pipeline.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
-from device import quiet
+from device import contention
 from pipeline import perclass, stats
 from pipeline.scores import points as _points
 from pipeline.scores import verdict
@@ -560,7 +560,7 @@ def reason_notes(data: dict[str, Any]) -> dict[str, int]:
 
 def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_batch: int) -> dict[str, Any]:
     """Per row: each number as the median over the interleaved windows with its 95% interval, the
-    spread between windows, and why the windows were noisy (pipeline.stats, device.quiet)."""
+    spread between windows, and why the windows were noisy (pipeline.stats, device.contention)."""
     small = [r.run(latency_batch) for r in rounds]
     large = [r.run(throughput_batch) for r in rounds]
     p50 = [run.latency_p50_ms if run else None for run in small]
@@ -582,7 +582,7 @@ def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_b
         if run:
             flags.update(run.noise_flags)
     spread = stats.cv(p50)
-    if spread is not None and spread > quiet.WINDOW_CV_LIMIT:
+    if spread is not None and spread > contention.WINDOW_CV_LIMIT:
         flags["windows_disagree"] = (f"latency p50 varies {100 * spread:.0f}% between the interleaved windows; the "
                                      "device was not quiet: stop other work, lock clocks, or add rounds")
     return {"latency_p50_ms": p50_est, "latency_p50_low_ms": p50_low, "latency_p50_high_ms": p50_high,
