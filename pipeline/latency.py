@@ -56,6 +56,7 @@ from device.errors import ConfigError, EdgeFoldError, StageError
 from device.files import write_json_atomic
 from device.schema import parse_result
 from pipeline import knapsack
+from pipeline.log import progress_lines
 from pipeline.manifest import sha256_json
 
 TABLE_FORMAT = "edgefold.latency-table/1"
@@ -303,26 +304,6 @@ def at_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int]) 
 
 
 # ----------------------------------------------------------------------------------------- measuring
-class _Progress:
-    """A progress line with rate and ETA at most every ``every_s`` seconds (tables take minutes)."""
-
-    def __init__(self, log: Callable[[str], None], what: str, total: int, every_s: float = 15.0) -> None:
-        import time
-
-        self.log, self.what, self.total, self.every_s = log, what, total, every_s
-        self.done, self.clock = 0, time.perf_counter
-        self.started = self.last = self.clock()
-
-    def step(self) -> None:
-        self.done += 1
-        now = self.clock()
-        if now - self.last >= self.every_s and self.done < self.total:
-            self.last = now
-            rate = self.done / (now - self.started)
-            self.log(f"[   prune] latency: {self.done}/{self.total} {self.what}, {rate:.1f}/s, "
-                     f"ETA {(self.total - self.done) / rate:.0f} s")
-
-
 @dataclass
 class Measurement:
     """One sub-network's latency: the median over windows, each window's p50, and the CI of the median window."""
@@ -388,10 +369,11 @@ class Meter:
 
         results: dict[Any, Measurement] = {}
         pending: dict[Any, tuple[str, str]] = {}
-        progress = _Progress(self.log, "networks exported or found cached", len(models))
+        # Tables take minutes: a line with rate and ETA every 15 s.
+        progress = progress_lines(len(models), "[   prune] latency: exporting or finding cached", "networks", self.log)
         refresh = set(refresh)
         for name, model in sorted(models.items(), key=lambda item: item[0] in refresh):  # references last
-            progress.step()
+            progress.update()
             # A builder is called here and its model dropped once exported: a table of a ResNet-50 holds
             # a hundred sub-networks, ~10 GB if built up front.
             model = model if isinstance(model, nn.Module) else model()
@@ -417,11 +399,12 @@ class Meter:
                 pending[name] = (key, artifact)
             else:
                 pending[name] = next(v for v in pending.values() if v[0] == key)
+        progress.close()
         unique = {key: artifact for key, artifact in pending.values()}
         windows: dict[str, list[tuple[float, float, float]]] = {key: [] for key in unique}
         if unique:
             self.log(f"[   prune] latency: measuring {len(unique)} networks × {self.windows} windows on the agent")
-        progress = _Progress(self.log, "jobs measured", len(unique) * self.windows)
+        progress = progress_lines(len(unique) * self.windows, "[   prune] latency: measuring", "jobs", self.log)
         for _ in range(self.windows):
             submitted: dict[str, str] = {}
             read = 0
@@ -437,7 +420,7 @@ class Meter:
                                          fix="see the agent's log; the deploy stage's runtime must run this model")
                     windows[key].append(latency_ms(job["result"], self.spec.batch_sizes[0]))
                     self.jobs += 1
-                    progress.step()
+                    progress.update()
             except JobTimeoutError as err:
                 # The agent answers, so it is not "unreachable". The late job and the ones queued after it are
                 # cancelled: left there, they would hold the agent's queue after the stage stopped.
@@ -450,6 +433,7 @@ class Meter:
                 for job_id in list(submitted.values())[read:]:
                     self.client.abandon(job_id)
                 raise
+        progress.close()
         for key, values in windows.items():
             ordered = sorted(values, key=lambda v: v[0])
             median = ordered[len(ordered) // 2]

@@ -153,14 +153,6 @@ def test_tables_time_the_deployed_precision_unless_told_float(tmp_path):
     assert out.shape == (1, 10)
 
 
-def test_long_measurements_say_how_far_they_are():
-    lines = []
-    progress = latency._Progress(lines.append, "jobs measured", 4, every_s=0.0)
-    for _ in range(4):
-        progress.step()
-    assert len(lines) == 3 and lines[0].startswith("[   prune] latency: 1/4 jobs measured, ") and "ETA" in lines[0]
-
-
 def test_step_widths_walk_evenly_to_the_plan():
     model = build_model("tiny_resnet", 10).eval()
     groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
