@@ -509,26 +509,21 @@ def _measured_widths(group: ChannelGroup, points: int, context: int) -> list[int
 
 def _layer_shapes(model: nn.Module, input_shape) -> dict[str, tuple[int, int, bool, int, int]]:
     """(in channels, out channels, depthwise, MACs, output elements) of every convolution and linear layer."""
+    from pipeline.models import layer_macs
+
     shapes: dict[str, tuple[int, int, bool, int, int]] = {}
-    hooks = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Conv2d):
-            def conv_hook(m, _inputs, out, name=name):
-                kernel = m.kernel_size[0] * m.kernel_size[1]
-                shapes[name] = (m.in_channels, m.out_channels, m.groups == m.in_channels > 1,
-                                int(out[0].numel() * (m.in_channels // m.groups) * kernel), int(out[0].numel()))
-            hooks.append(module.register_forward_hook(conv_hook))
-        elif isinstance(module, nn.Linear):
-            def linear_hook(m, _inputs, out, name=name):
-                shapes[name] = (m.in_features, m.out_features, False, m.in_features * m.out_features,
-                                int(out[0].numel()))
-            hooks.append(module.register_forward_hook(linear_hook))
-    try:
-        with torch.no_grad():
-            model.eval()(torch.zeros(input_shape))
-    finally:
-        for hook in hooks:
-            hook.remove()
+    macs = layer_macs(model, input_shape)
+    for name, m in model.named_modules():
+        if name not in macs:
+            continue
+        if isinstance(m, nn.Conv2d):
+            # Torch-Pruning counts (in/groups · kernel) MACs plus one bias add per output element: divided out,
+            # the output's size (the activations the layer writes) without a forward pass of our own.
+            per_output = (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1] + (m.bias is not None)
+            shapes[name] = (m.in_channels, m.out_channels, m.groups == m.in_channels > 1, macs[name],
+                            macs[name] // per_output)
+        else:
+            shapes[name] = (m.in_features, m.out_features, False, macs[name], m.out_features)
     return shapes
 
 

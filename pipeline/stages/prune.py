@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from device.errors import StageError, require
 from pipeline.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.models import ARCHITECTURES, count_macs, count_parameters
+from pipeline.models import ARCHITECTURES, count_macs, count_parameters, layer_macs
 from pipeline.recipe import PruneConfig
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.scores import assess, recorded_scores
@@ -415,32 +415,6 @@ def unpruned_layers(before: dict[str, tuple[int, int, int]], model: torch.nn.Mod
                      "rounded back to the full width"
         kept.append({"layer": name, "channels": cout, "groups": groups, "reason": reason})
     return kept
-
-
-def layer_macs(model: torch.nn.Module, input_shape) -> dict[str, int]:
-    """Multiply-accumulates of every convolution and linear layer in one forward pass."""
-    macs: dict[str, int] = {}
-    hooks = []
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Conv2d):
-            def conv_hook(m, _inputs, output, name=name):
-                kernel = m.kernel_size[0] * m.kernel_size[1]
-                macs[name] = int(output.shape[2] * output.shape[3] * m.out_channels * (m.in_channels // m.groups)
-                                 * kernel)
-            hooks.append(module.register_forward_hook(conv_hook))
-        elif isinstance(module, torch.nn.Linear):
-            def linear_hook(m, _inputs, _output, name=name):
-                macs[name] = int(m.in_features * m.out_features)
-            hooks.append(module.register_forward_hook(linear_hook))
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()(torch.zeros(input_shape))
-    finally:
-        model.train(was_training)
-        for hook in hooks:
-            hook.remove()
-    return macs
 
 
 def macs_concentration(before: dict[str, int], after: dict[str, int], top: int = 3,
