@@ -10,6 +10,14 @@ One engine per measured batch size (static profile, opt = that batch), so each b
 kernels tuned for it, and DLA builds (static shapes only) take the same engines.
 """
 
+# Polygraphy's loaders (NetworkFromOnnxPath, CreateConfig, EngineBytesFromNetwork, EngineFromBytes) and TrtRunner,
+# evaluated for issue 23 (polygraphy 0.53) and not used: they would remove no plumbing the tests' stand-in imitates.
+# CreateConfig and the loaders touch a wider TensorRT surface (tactic sources, progress monitors, calibrators, preview
+# features, builder-version fallbacks) and TrtRunner brings its own ctypes CUDA wrapper (polygraphy.cuda), so the
+# stand-in would have to imitate more of TensorRT plus that wrapper, not less. What stays ours either way: the engine
+# cache keyed by the device fingerprint, the precision checks, and CUDA-event device timing (TrtRunner times infer()
+# with the host clock); and the agent's Jetson bundle would carry one more package for it.
+
 from __future__ import annotations
 
 import ctypes
