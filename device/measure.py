@@ -80,11 +80,11 @@ def device_timing(calls_ms: Sequence[dict[str, float]], method: str) -> dict[str
 
 
 def power_trace(trace: Trace, key: str, idle_mw: float | None, source: str,
-                max_points: int = 400, start: float | None = None) -> dict[str, Any]:
-    """The window's power series, thinned to at most ``max_points`` samples, for plotting."""
+                max_samples: int = 400, start: float | None = None) -> dict[str, Any]:
+    """The window's power series, thinned to at most ``max_samples`` samples, for plotting."""
     origin = trace.times_s[0] if start is None else start
     times, values = trace.times_s - origin, trace.values[key]
-    step = max(1, int(np.ceil(len(times) / max_points)))
+    step = max(1, int(np.ceil(len(times) / max_samples)))
     keep = np.isfinite(values[::step])
     return {"source": source, "key": key, "t_s": [round(float(t), 4) for t in times[::step][keep]],
             "mw": [round(float(v), 1) for v in values[::step][keep]], "idle_mw": idle_mw}

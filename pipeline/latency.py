@@ -500,10 +500,12 @@ def quantize_for_timing(fp32: Path, out: Path, input_shape) -> Path:
 
 
 # ----------------------------------------------------------------------------------------- the table
-def _measured_widths(group: ChannelGroup, points: int, context: int) -> list[int]:
-    """``points`` candidates spread over the range (always the narrowest and the full width), and the context."""
+def _measured_widths(group: ChannelGroup, widths_per_group: int, context: int) -> list[int]:
+    """``widths_per_group`` candidates spread over the range (always the narrowest and the full width), and the
+    context."""
     candidates = list(group.candidates)
-    picks = {candidates[int(round(i * (len(candidates) - 1) / max(points - 1, 1)))] for i in range(points)}
+    picks = {candidates[int(round(i * (len(candidates) - 1) / max(widths_per_group - 1, 1)))]
+             for i in range(widths_per_group)}
     return sorted(picks | {context})
 
 
@@ -638,14 +640,14 @@ class LatencyTable:
 
 
 def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGroup], context: dict[str, int],
-                meter: Meter, points: int) -> LatencyTable:
-    """Measures the table around ``context``: each group at ``points`` widths, the others at the context;
+                meter: Meter, widths_per_group: int) -> LatencyTable:
+    """Measures the table around ``context``: each group at ``widths_per_group`` widths, the others at the context;
     fits the layer model to every measurement."""
     from scipy.optimize import isotonic_regression  # lazily: only a latency budget builds a table
 
     models: dict[Any, Any] = {"context": at_widths(model, arch, input_shape, context)}
     for group in groups:
-        for width in _measured_widths(group, points, context[group.name]):
+        for width in _measured_widths(group, widths_per_group, context[group.name]):
             if width != context[group.name]:  # built by the meter one at a time
                 models[(group.name, width)] = functools.partial(at_widths, model, arch, input_shape,
                                                                 {**context, group.name: width})
@@ -699,20 +701,20 @@ def solve_plan(table: LatencyTable, importance: dict[str, np.ndarray], budget_ms
     predicted at 0.08 ms for a 0.77 ms budget (0.6% of the MACs).
     """
     values = _values(table, importance)
-    plan = [len(g.candidates) - 1 for g in table.groups]
+    choice = [len(g.candidates) - 1 for g in table.groups]  # each group's candidate index
     narrowest = [0] * len(table.groups)
     if table.predict(_widths(table, narrowest)) > budget_ms:
         return None
     tried: list[list[int]] = []
     for _ in range(iterations):
-        widths = _widths(table, plan)
+        widths = _widths(table, choice)
         base = table.predict(widths)
         costs = [[table.predict({**widths, g.name: w}) - base for w in g.candidates] for g in table.groups]
         picked = knapsack.solve(values, costs, budget_ms - base)
         if picked is None or picked in tried:
             break
         tried.append(list(picked))
-        plan = list(picked)
+        choice = list(picked)
     best, best_value = None, -np.inf
     for start in tried or [narrowest]:
         repaired = _repair(table, values, start, budget_ms)
@@ -939,7 +941,7 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     log(f"[   prune] latency: {len(groups)} channel groups; measuring the table around the unpruned network")
     # The unpruned network is the table's context, measured in the table's own session: the budget's
     # reference and the table's changes share one moment of the device.
-    measured_table = build_table(model, arch, input_shape, groups, full, meter, target.points)
+    measured_table = build_table(model, arch, input_shape, groups, full, meter, target.widths_per_group)
     # The plans choose among the candidates max_pruning_ratio allows; the table measures all of them (its
     # cache is shared by every bound).
     table = restricted(measured_table, target.max_pruning_ratio)
@@ -1031,7 +1033,7 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
             "plans": plans, "sweep": sweep, "base_macs": base_macs, "importance": importance}
 
 
-def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, planned: dict[str, Any],
+def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, search: dict[str, Any],
                 log: Callable[[str], None]) -> dict[str, Any]:
     """Predicted against measured latency of the unpruned and of a MACs-pruned network (the table's error).
 
@@ -1041,13 +1043,13 @@ def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, pla
     """
     from pipeline.stages.prune import find_plan, make_pruner
 
-    table: LatencyTable = planned["table"]
-    groups = planned["groups"]
+    table: LatencyTable = search["table"]
+    groups = search["groups"]
     # At the plan's own MACs by default; a plan that kept (almost) everything is checked against half the MACs,
     # so that the check still exercises a pruned network.
-    fraction = cfg.latency.check_macs_target or (planned["macs_fraction"] if planned["macs_fraction"] < 0.95 else 0.5)
+    fraction = cfg.latency.check_macs_target or (search["macs_fraction"] if search["macs_fraction"] < 0.95 else 0.5)
     macs_cfg = cfg.model_copy(update={"macs_target": fraction, "latency": None, "steps": 1})
-    macs_plan, achieved = find_plan(model, arch, macs_cfg, input_shape, planned["base_macs"])
+    macs_plan, achieved = find_plan(model, arch, macs_cfg, input_shape, search["base_macs"])
     macs_model = copy.deepcopy(model).eval()
     make_pruner(macs_model, arch, macs_cfg, macs_plan, input_shape).step()
     macs_widths = widths_of(macs_model, groups)
@@ -1058,9 +1060,9 @@ def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, pla
             macs_widths[name] = min(group.candidates, key=lambda c: abs(c - width))
     measured = meter.measure({"macs": macs_model})["macs"]
     checks = {}
-    for label, widths, value in (("unpruned", full, Measurement.from_json(planned["unpruned_ms"])),
+    for label, widths, value in (("unpruned", full, Measurement.from_json(search["unpruned_ms"])),
                                  ("macs_pruned", macs_widths, measured),
-                                 ("plan", planned["widths"], Measurement.from_json(planned["measured_ms"]))):
+                                 ("plan", search["widths"], Measurement.from_json(search["measured_ms"]))):
         predicted = table.predict(widths)
         checks[label] = {"predicted_ms": predicted, "measured_ms": value.to_json(),
                          "error": (predicted - value.p50_ms) / value.p50_ms}

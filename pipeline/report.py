@@ -47,18 +47,18 @@ COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", "para
            "device_images", "host_top1_same_images", "agreement", "mcnemar_p", "device_deviates")
 
 
-def pareto_front(points: Iterable[tuple[Any, float, float]]) -> set:
-    """Keys of the points no other point beats: lower-or-equal latency and higher-or-equal accuracy, one strictly.
+def pareto_front(candidates: Iterable[tuple[Any, float, float]]) -> set:
+    """Keys of the candidates no other beats: lower-or-equal latency and higher-or-equal accuracy, one strictly.
 
     Args:
-        points: (key, latency, accuracy) triples.
+        candidates: (key, latency, accuracy) triples.
     """
-    points = list(points)
+    candidates = list(candidates)
     front = set()
-    for key, latency, accuracy in points:
+    for key, latency, accuracy in candidates:
         dominated = any(other_latency <= latency and other_accuracy >= accuracy
                         and (other_latency < latency or other_accuracy > accuracy)
-                        for _, other_latency, other_accuracy in points)
+                        for _, other_latency, other_accuracy in candidates)
         if not dominated:
             front.add(key)
     return front
@@ -878,21 +878,21 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for device in devices:
-        points = [r for r in measured if r["device"] == device]
-        if not points:
+        device_rungs = [r for r in measured if r["device"] == device]
+        if not device_rungs:
             continue
-        front = pareto_front((r["rung"], r["latency_p50_ms"], r["top1"]) for r in points)
+        front = pareto_front((r["rung"], r["latency_p50_ms"], r["top1"]) for r in device_rungs)
         # The latency's 95% interval over the interleaved windows, as horizontal error bars.
-        lows = [r["latency_p50_ms"] - (r.get("latency_p50_low_ms") or r["latency_p50_ms"]) for r in points]
-        highs = [(r.get("latency_p50_high_ms") or r["latency_p50_ms"]) - r["latency_p50_ms"] for r in points]
-        ax.errorbar([r["latency_p50_ms"] for r in points], [100 * r["top1"] for r in points], xerr=[lows, highs],
+        lows = [r["latency_p50_ms"] - (r.get("latency_p50_low_ms") or r["latency_p50_ms"]) for r in device_rungs]
+        highs = [(r.get("latency_p50_high_ms") or r["latency_p50_ms"]) - r["latency_p50_ms"] for r in device_rungs]
+        ax.errorbar([r["latency_p50_ms"] for r in device_rungs], [100 * r["top1"] for r in device_rungs], xerr=[lows, highs],
                     fmt="none", ecolor=colors[device], elinewidth=1, capsize=3, zorder=2)
-        ax.scatter([r["latency_p50_ms"] for r in points], [100 * r["top1"] for r in points], color=colors[device],
+        ax.scatter([r["latency_p50_ms"] for r in device_rungs], [100 * r["top1"] for r in device_rungs], color=colors[device],
                    label=device, s=40, zorder=3)
-        on_front = sorted((r for r in points if r["rung"] in front), key=lambda r: r["latency_p50_ms"])
+        on_front = sorted((r for r in device_rungs if r["rung"] in front), key=lambda r: r["latency_p50_ms"])
         ax.plot([r["latency_p50_ms"] for r in on_front], [100 * r["top1"] for r in on_front], color=colors[device],
                 linestyle="--", linewidth=1, zorder=2)
-        for index, r in enumerate(points):  # alternate label offsets: neighbouring rungs often sit close
+        for index, r in enumerate(device_rungs):  # alternate label offsets: neighbouring rungs often sit close
             ax.annotate(r["rung"] + (" ★" if r["rung"] in front else ""), (r["latency_p50_ms"], 100 * r["top1"]),
                         textcoords="offset points", xytext=(5, 4 if index % 2 else -11), fontsize=8)
     if measured:

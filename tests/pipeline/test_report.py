@@ -17,9 +17,9 @@ from tests.device.agent_process import AgentProcess
 
 
 def test_pareto_front_on_a_hand_made_set():
-    points = [("a", 1.0, 0.90), ("b", 2.0, 0.95), ("c", 3.0, 0.94),  # c: slower and worse than b
+    candidates = [("a", 1.0, 0.90), ("b", 2.0, 0.95), ("c", 3.0, 0.94),  # c: slower and worse than b
               ("d", 0.5, 0.80), ("e", 2.0, 0.93), ("f", 4.0, 0.99), ("g", 1.0, 0.90)]  # g ties a
-    assert pareto_front(points) == {"a", "b", "d", "f", "g"}
+    assert pareto_front(candidates) == {"a", "b", "d", "f", "g"}
     assert pareto_front([]) == set()
 
 
