@@ -15,6 +15,7 @@ import pytest
 
 from device.client import AgentError, JobTimeoutError
 from device.files import sha256_file
+from device.schema import RESULT_SCHEMA
 from tests.device.agent_process import TOKEN, AgentProcess, tiny_onnx
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -141,7 +142,7 @@ def test_a_job_measures_and_reports_with_units(agent, model):
     states = [j["state"] for j in seen]
     assert states[-1] == "succeeded" and set(states) <= {"queued", "running", "succeeded"}
     result = job["result"]
-    assert result["schema"] == "edgefold.result/2" and result["input_chw"] == [3, 16, 16]
+    assert result["schema"] == RESULT_SCHEMA and result["input_chw"] == [3, 16, 16]
     assert result["smoke"]["output_shape"] == [1, 10]
     assert [run["batch_size"] for run in result["runs"]] == [1, 4]
     for run in result["runs"]:
