@@ -111,6 +111,7 @@ def text(h: dict[str, Any]) -> str:
                      f"{100 * d['host_top1']:.2f}% on the host (same {d['images']} images, McNemar p = "
                      f"{d['mcnemar_p']:.2g}): differs by more than noise; {CAUSES}")
     lines += [f"  {int8_vs_fp16_text(v)}" for v in h.get("int8_vs_fp16") or []]
+    lines += [f"  power mode     {c['rung']} on {c['device']}: {c['text']}" for c in h.get("power_mode_choices") or []]
     lines += fallbacks
     if h.get("note"):
         lines.append(f"  note: {h['note']}")

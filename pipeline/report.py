@@ -27,6 +27,7 @@ from pipeline.device_accuracy import device_scores, paired_top1_change, per_clas
 from pipeline.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from device import contention
 from pipeline import perclass, stats
+from pipeline.front import choose, energy_front, points_from_windows
 from pipeline.headline import accuracy_evidence
 from pipeline.headline import text as headline_text
 from pipeline.scores import points as _points
@@ -160,6 +161,12 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     headline["int8_vs_fp16"] = [line for device in edge + dc
                                 if (line := _int8_vs_fp16(rows, device["name"], device_predictions, evaluation,
                                                           profiles))]
+    # The budget is the deploy stage's (recorded with its config): changing it re-runs deploy, whose windows are reused.
+    fronts = power_fronts(devices, ((stages.get("deploy") or {}).get("config") or {}).get("deploy", {})
+                          .get("latency_budget_ms"))
+    headline["power_mode_choices"] = [
+        {"device": f["device"], "rung": f["rung"], "text": f["choice"]["text"], "chosen": f["choice"]["chosen"]}
+        for f in fronts if f["rung"] == DEPLOYED and f["role"] == "edge"]
     groups = fleet_aggregates(rows)
     traces = []
     for device in devices:
@@ -181,8 +188,29 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "rungs": rungs, "rows": rows, "headline": headline,
             "per_class": stages["evaluate"]["metrics"].get("per_class"),
             "groups": groups,
-            "power_traces": traces, "provenance": provenance, "layer_profiles": profiles,
+            "power_traces": traces, "provenance": provenance, "layer_profiles": profiles, "power_fronts": fronts,
             "deployed": deploy is not None, "evaluation": _evaluation_summary(evaluation, rows, device_predictions)}
+
+
+def power_fronts(devices: list[dict[str, Any]], budget_ms: float | None) -> list[dict[str, Any]]:
+    """Per device × rung that ran a power-mode sweep: every point (mode × jetson_clocks × batch × accelerator)
+    over the rounds with intervals, the energy–latency front, the points not measured and why, and the point
+    to ship under ``deploy.latency_budget_ms`` (:mod:`pipeline.front`)."""
+    fronts = []
+    for device in devices:
+        for rung, entry in device.get("rungs", {}).items():
+            if entry.get("state") != "succeeded" or entry["result"].sweep is None:
+                continue
+            points = points_from_windows(w for result in entry["rounds"] for w in result.sweep_windows())
+            on_front = {p["label"] for p in energy_front(points)}
+            for point in points:
+                point["on_front"] = point["label"] in on_front
+            sweep = entry["result"].sweep
+            fronts.append({"device": device["name"], "role": device["role"], "rung": rung, "points": points,
+                           "controlled": sweep.controlled, "note": sweep.note,
+                           "not_measured": [n.model_dump() for n in sweep.not_measured],
+                           "budget_ms": budget_ms, "choice": choose(points, budget_ms)})
+    return fronts
 
 
 def reported_figures(rounds: list[JobResult]) -> dict[str, Any]:
@@ -628,15 +656,53 @@ def report_sections(data: dict[str, Any], figures: dict[str, str | Figure | Text
         sections.append(Section("Latency as trtexec reports it", [Text(TIMINGS_TEXT), Table(timing_rows(data))]))
     if data.get("layer_profiles"):
         sections.append(time_section(data))
+    if data.get("power_fronts"):
+        sections.append(power_section(data, figures))
     sections += list(extra)
     if _is_fleet(data):
         sections.append(Section("Fleet", [Text("Per group of devices of the same kind: the median and the spread "
                                                "across them."), Table(fleet_rows(data))]))
     if figures is not None:
         sections.append(Section("Plots", [figure if isinstance(figure, (Figure, Text)) else
-                                          Figure(key, figure, PLOT_CAPTIONS[key]) for key, figure in figures.items()]))
+                                          Figure(key, figure, PLOT_CAPTIONS[key]) for key, figure in figures.items()
+                                          if not key.startswith("power_front:")]))
     sections.append(Section("Provenance", [Bullets(provenance_lines(data))]))
     return sections
+
+
+POWER_TEXT = ("Each point is a power mode × jetson_clocks × batch size the device ran, measured in every round: "
+              "p50 latency and energy per image are medians over the windows with their 95% intervals. The front "
+              "(★) holds the points no other beats on both; a point whose energy is degraded is shown, never on it. "
+              "A mode's watts in its name are nominal: the caps it set are in results.json (power_point).")
+
+
+def power_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Section:
+    """"Power modes: the energy–latency front": per device × rung, every point, the front and the choice."""
+    blocks: list = [Text(POWER_TEXT)]
+    for key in [k for k in (figures or {}) if k.startswith("power_front:")]:
+        blocks.append(figures[key] if isinstance(figures[key], (Figure, Text)) else
+                      Figure(key, figures[key], f"Energy per image against p50 latency on {key.split(':', 1)[1]}, "
+                                                "every rung's sweep points (the front joined, dominated points "
+                                                "faded); throughput against mean power beside it."))
+    for front in data["power_fronts"]:
+        rows = [["point", "p50 ms [95% CI]", "mJ/image [95% CI]", "images/s", "W", "windows", "front"]]
+        for p in sorted(front["points"], key=lambda p: (p["latency_p50_ms"] is None, p["latency_p50_ms"] or 0)):
+            rows.append([p["label"], _interval(p["latency_p50_ms"], p["latency_p50_ms_low"], p["latency_p50_ms_high"],
+                                               ".3f"),
+                         _interval(p["energy_mj_per_image"], p["energy_mj_per_image_low"],
+                                   p["energy_mj_per_image_high"], ".3f") if p["energy_mj_per_image"] is not None
+                         else NOT_MEASURED, _fmt(p["throughput_images_per_s"], ".0f"), _fmt(p["power_mean_w"], ".2f"),
+                         str(p["windows"]), "★" if p["on_front"] else ("degraded energy" if p["degraded"] else "")])
+        blocks_of = [Text(("Chosen" + (f" within {front['budget_ms']:g} ms" if front["budget_ms"] else "")
+                           + f": {front['choice']['text']}.") if front["choice"]["chosen"] else
+                          f"No point chosen: {front['choice']['text']}."), Table(rows)]
+        if not front["controlled"]:
+            blocks_of.insert(0, Text(f"Only the current mode was measured: {front['note']}"))
+        if front["not_measured"]:
+            blocks_of.append(Bullets([(f"{n['nvpmodel_name']} ({n['kind']})", f": {n['reason']}")
+                                      for n in front["not_measured"]]))
+        blocks.append(Section(f"{front['rung']} on {front['device']}", blocks_of, level=3))
+    return Section("Power modes: the energy–latency front", blocks)
 
 
 def report_title(data: dict[str, Any]) -> str:
@@ -836,7 +902,48 @@ def plots(data: dict[str, Any]) -> dict[str, str | Text]:
         f"Power over each job's window: {NOT_MEASURED} (no device reported power).")
     if data.get("per_class"):
         figures["per_class"] = _figure_png(perclass.plot(data["per_class"]))
+    for device in dict.fromkeys(f["device"] for f in data.get("power_fronts") or []):
+        fronts = [f for f in data["power_fronts"] if f["device"] == device]
+        drawable = any(p["energy_mj_per_image"] is not None for f in fronts for p in f["points"])
+        figures[f"power_front:{device}"] = _power_front_plot(plt, fronts) if drawable else Text(
+            f"Energy against latency on {device}: {NOT_MEASURED} (no sweep point reported power).")
     return figures
+
+
+def _power_front_plot(plt, fronts: list[dict[str, Any]]) -> str:
+    """Energy per image against p50 latency (front joined, dominated points faded, degraded hollow), and
+    throughput against mean power beside it, one colour per rung."""
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for index, front in enumerate(fronts):
+        color = plt.cm.tab10(index % 10)
+        points = [p for p in front["points"] if p["energy_mj_per_image"] is not None]
+        for p in points:
+            xerr = [[p["latency_p50_ms"] - (p["latency_p50_ms_low"] or p["latency_p50_ms"])],
+                    [(p["latency_p50_ms_high"] or p["latency_p50_ms"]) - p["latency_p50_ms"]]]
+            yerr = [[p["energy_mj_per_image"] - (p["energy_mj_per_image_low"] or p["energy_mj_per_image"])],
+                    [(p["energy_mj_per_image_high"] or p["energy_mj_per_image"]) - p["energy_mj_per_image"]]]
+            ax.errorbar(p["latency_p50_ms"], p["energy_mj_per_image"], xerr=xerr, yerr=yerr, fmt="o",
+                        color=color, alpha=1.0 if p["on_front"] else 0.3, mfc="none" if p["degraded"] else color,
+                        capsize=2, elinewidth=0.8)
+            ax.annotate(f"{p['mode'] or 'current'} b{p['batch_size']}", (p["latency_p50_ms"], p["energy_mj_per_image"]),
+                        textcoords="offset points", xytext=(4, 3), fontsize=7, alpha=1.0 if p["on_front"] else 0.5)
+        line = sorted((p for p in points if p["on_front"]), key=lambda p: p["latency_p50_ms"])
+        ax.plot([p["latency_p50_ms"] for p in line], [p["energy_mj_per_image"] for p in line], color=color,
+                linestyle="--", linewidth=1, label=front["rung"])
+        watts = [p for p in front["points"] if p["power_mean_w"] is not None and p["throughput_images_per_s"]]
+        side.scatter([p["power_mean_w"] for p in watts], [p["throughput_images_per_s"] for p in watts], color=color,
+                     label=front["rung"], s=25)
+    ax.set_xlabel("latency p50, ms")
+    ax.set_ylabel("energy per image, mJ")
+    ax.set_title("The energy–latency front (--- joins it)")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    side.set_xlabel("mean power, W")
+    side.set_ylabel("throughput, images/s")
+    side.set_title("Throughput against power")
+    side.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return _figure_png(fig)
 
 
 def _accuracy_latency_plot(plt, measured: list[dict[str, Any]], devices: list[str], colors: dict) -> str:
