@@ -46,7 +46,7 @@ FIELDS = ("artifact", "runtime", "precision", "batch_sizes", "warmup_iterations"
 TINY_PREPROCESS = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5, 0.5, 0.5], "std": [0.25] * 3}
 MAX_QUEUE = 4  # valid submissions pause while this many of ours wait, so the final drain stays short
 WARM_REQUESTS = 100  # a lifetime's "start" figures are taken after every route ran and this many requests
-SAMPLE_EVERY = 250  # and its RSS and fds again every this many requests, to show a trend, not two points
+SAMPLE_EVERY = 250  # and its RSS and fds again every this many requests, to show a trend, not two samples
 
 
 # ---------------------------------------------------------------- strategies

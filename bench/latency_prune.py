@@ -56,7 +56,7 @@ def main() -> int:
     parser.add_argument("--macs-target", type=float, default=None, help="default: the recipe's")
     parser.add_argument("--input-size", type=int, default=None, help="replace the recipe's input size")
     parser.add_argument("--round-to", type=int, default=None, help="replace the recipe's prune.round_to")
-    parser.add_argument("--points", type=int, default=4, help="widths measured per group")
+    parser.add_argument("--widths-per-group", type=int, default=4, help="widths measured per channel group")
     parser.add_argument("--importance", default=None, help="the latency student's prune.importance (e.g. taylor)")
     parser.add_argument("--teacher-epochs", type=int, default=None,
                         help="replace the teacher's epochs (the teacher is shared by every arm)")
@@ -100,7 +100,7 @@ def main() -> int:
         recipe_a = _recipe(base, work / "a.yaml", {**prune, "macs_target": macs_target}, args.arch,
                            args.input_size, args.teacher_epochs)
         ctx_a = run_pipeline(str(recipe_a), until="distill", runs_dir=runs, run_id="macs")
-        target = LatencyTarget(device="edge", ms=1.0, windows=args.windows, points=4, rounds=3, duration_s=0.3,
+        target = LatencyTarget(device="edge", ms=1.0, windows=args.windows, widths_per_group=4, rounds=3, duration_s=0.3,
                                precision=args.precision)
         input_shape = ctx_a.preprocess.input_shape(1)
         student_a, info = load_checkpoint(ctx_a.manifest.output("distill", "model"))
@@ -124,7 +124,7 @@ def main() -> int:
                 shutil.copytree(parent / "macs", parent / key)
                 for stage in ("prune", "distill"):
                     shutil.rmtree(parent / key / stage, ignore_errors=True)
-            latency_cfg = {"device": "edge", "ms": budget_ms, "windows": args.windows, "points": args.points,
+            latency_cfg = {"device": "edge", "ms": budget_ms, "windows": args.windows, "widths_per_group": args.widths_per_group,
                            "rounds": 8, "duration_s": 0.3, "tolerance": 0.05, "precision": args.precision}
             if args.max_pruning_ratio is not None:
                 latency_cfg["max_pruning_ratio"] = args.max_pruning_ratio

@@ -31,6 +31,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -112,53 +114,60 @@ def load_token(config: AgentConfig) -> str:
 
 
 class Metrics:
-    """Prometheus text exposition of the agent's state, rendered on each scrape."""
+    """Prometheus exposition of the agent's state, collected on each scrape (a ``prometheus_client`` collector).
+
+    A registry of its own per app, not the library's global one: two apps in one process (the tests, a
+    loopback agent beside the pipeline) must not share or collide on metric names.
+    """
 
     def __init__(self, store: Store, executor: Executor, started: float):
         self.store, self.executor, self.started = store, executor, started
         self.last_result: dict[str, Any] | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
 
-    def render(self) -> str:
+    def collect(self):
+        """Yields the metric families; called by the registry on each scrape."""
+        info = GaugeMetricFamily("edgefold_agent_info", "The agent's version.", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+        yield GaugeMetricFamily("edgefold_agent_uptime_seconds", "Seconds since the agent started.",
+                                value=time.time() - self.started)
         counts = self.store.counts()
-        artifacts, artifact_bytes = self.store.artifact_totals()
-        lines = [
-            "# HELP edgefold_agent_info The agent's version.", "# TYPE edgefold_agent_info gauge",
-            f'edgefold_agent_info{{version="{__version__}"}} 1',
-            "# HELP edgefold_agent_uptime_seconds Seconds since the agent started.",
-            "# TYPE edgefold_agent_uptime_seconds gauge", f"edgefold_agent_uptime_seconds {time.time() - self.started:.3f}",
-            "# HELP edgefold_agent_jobs Jobs in the database by state.", "# TYPE edgefold_agent_jobs gauge",
-        ]
+        jobs = GaugeMetricFamily("edgefold_agent_jobs", "Jobs in the database by state.", labels=["state"])
         for state in ("queued", "running", *FINISHED):
-            lines.append(f'edgefold_agent_jobs{{state="{state}"}} {counts.get(state, 0)}')
-        lines += ["# HELP edgefold_agent_jobs_finished_total Jobs finished since the agent started, by state.",
-                  "# TYPE edgefold_agent_jobs_finished_total counter"]
+            jobs.add_metric([state], counts.get(state, 0))
+        yield jobs
+        finished = CounterMetricFamily("edgefold_agent_jobs_finished", "Jobs finished since the agent started, by state.",
+                                       labels=["state"])
         for state in FINISHED:
-            lines.append(f'edgefold_agent_jobs_finished_total{{state="{state}"}} '
-                         f'{self.store.finished_total.get(state, 0)}')
-        lines += ["# HELP edgefold_agent_artifacts Artifacts stored.", "# TYPE edgefold_agent_artifacts gauge",
-                  f"edgefold_agent_artifacts {artifacts}",
-                  "# HELP edgefold_agent_artifact_bytes Bytes of stored artifacts.",
-                  "# TYPE edgefold_agent_artifact_bytes gauge", f"edgefold_agent_artifact_bytes {artifact_bytes}"]
+            finished.add_metric([state], self.store.finished_total.get(state, 0))
+        yield finished
+        artifacts, artifact_bytes = self.store.artifact_totals()
+        yield GaugeMetricFamily("edgefold_agent_artifacts", "Artifacts stored.", value=artifacts)
+        yield GaugeMetricFamily("edgefold_agent_artifact_bytes", "Bytes of stored artifacts.", value=artifact_bytes)
         latest = self.store.list(state="succeeded", limit=1)
         if latest and latest[0].result and latest[0].spec is not None:
             job = latest[0]
-            latency, power = [], []
+            labels = ["job", "runtime", "batch_size"]
+            latency = GaugeMetricFamily("edgefold_agent_last_latency_p50_seconds",
+                                        "Latency p50 of the last succeeded job.", labels=labels)
+            power = GaugeMetricFamily("edgefold_agent_last_power_mean_watts",
+                                      "Mean power of the last succeeded job's window.", labels=labels)
             for run in job.result.get("runs", []):
                 try:  # a result is the child's output: one the scrape cannot read is left out, not a 500
-                    labels = f'job="{job.id}",runtime="{job.spec.runtime}",batch_size="{int(run["batch_size"])}"'
-                    latency.append(f"edgefold_agent_last_latency_p50_seconds{{{labels}}} "
-                                   f"{float(run['latency_p50_ms']) / 1e3:.6g}")
+                    values = [job.id, job.spec.runtime, str(int(run["batch_size"]))]
+                    latency.add_metric(values, float(run["latency_p50_ms"]) / 1e3)
                     if (run.get("summary") or {}).get("power_mean_mw") is not None:
-                        power.append(f"edgefold_agent_last_power_mean_watts{{{labels}}} "
-                                     f"{float(run['summary']['power_mean_mw']) / 1e3:.6g}")
+                        power.add_metric(values, float(run["summary"]["power_mean_mw"]) / 1e3)
                 except (KeyError, TypeError, ValueError, AttributeError):
                     continue
-            # A family's samples must be contiguous in the text format.
-            lines += ["# HELP edgefold_agent_last_latency_p50_seconds Latency p50 of the last succeeded job.",
-                      "# TYPE edgefold_agent_last_latency_p50_seconds gauge", *latency,
-                      "# HELP edgefold_agent_last_power_mean_watts Mean power of the last succeeded job's window.",
-                      "# TYPE edgefold_agent_last_power_mean_watts gauge", *power]
-        return "\n".join(lines) + "\n"
+            yield latency
+            yield power
+
+    def render(self) -> str:
+        """The text exposition format 0.0.4 (what Prometheus scrapes by default)."""
+        return generate_latest(self.registry).decode()
 
 
 class PostBodyLimit:
@@ -384,7 +393,7 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
     @app.get("/metrics", response_class=PlainTextResponse, dependencies=auth, responses=errors, tags=["agent"])
     def prometheus() -> PlainTextResponse:
         """Prometheus metrics (text format 0.0.4); scrape with ``authorization: {credentials_file: …}``."""
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.state.store, app.state.executor, app.state.config = store, executor, config
     return app

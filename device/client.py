@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 from pydantic import ValidationError
 
 from device.errors import StatusError, require
-from device.files import sha256_file as file_sha256  # artifacts are named by it; imported from here too
+from device.files import sha256_file
 from device.schema import FINISHED, JobResult, JobSpec, describe_problems, field_problems
 
 CHUNK = 1 << 20
@@ -130,7 +130,7 @@ class AgentClient:
 
     def upload(self, path: str | os.PathLike) -> str:
         """Uploads ``path`` unless the agent already holds its bytes; returns its sha256."""
-        sha256 = file_sha256(path)
+        sha256 = sha256_file(path)
         if self.has_artifact(sha256):
             return sha256
 

@@ -18,7 +18,7 @@ The requested precision is checked against the artifact (:func:`reconcile_precis
 lint deciding what is INT8), one engine is built per measured batch (opt = that batch), and every
 build records its trtexec line and the layers the DLA refused in ``build.json`` beside the engine.
 
-The plan (flags, profile, trtexec equivalent) is plain Python and tested without TensorRT;
+The build settings (flags, profile, trtexec equivalent) are plain Python and tested without TensorRT;
 only :func:`build_engine` imports ``tensorrt``, lazily.
 """
 
@@ -78,7 +78,7 @@ class BuildOptions:
 
 
 @dataclass(frozen=True)
-class BuildPlan:
+class BuildSettings:
     """TensorRT settings derived from the options and the TensorRT version."""
 
     trt_major: int
@@ -117,8 +117,8 @@ def _is_agx_orin(board: str | None) -> bool:
     return bool(board) and "agx orin" in board.lower()
 
 
-def plan_build(trt_version: str, options: BuildOptions, board: str | None = None,
-               artifact: str | None = None) -> BuildPlan:
+def build_settings(trt_version: str, options: BuildOptions, board: str | None = None,
+               artifact: str | None = None) -> BuildSettings:
     """Chooses network and builder flags for this TensorRT generation.
 
     Args:
@@ -195,24 +195,24 @@ def plan_build(trt_version: str, options: BuildOptions, board: str | None = None
             # kPREFER_PRECISION_CONSTRAINTS on every --useDLACore build; EdgeFold builds what its recorded
             # trtexec line builds. TensorRT 11 removed the precision-constraint flags (strongly typed).
             builder = builder + ("PREFER_PRECISION_CONSTRAINTS",)
-    return BuildPlan(major, network_flags, tuple(builder), tuple(notes))
+    return BuildSettings(major, network_flags, tuple(builder), tuple(notes))
 
 
 def trtexec_command(onnx: str, engine: str, input_name: str, chw: tuple[int, int, int], options: BuildOptions,
                     trt_version: str, board: str | None = None) -> list[str]:
     """The trtexec line that builds the same engine by hand (same profile, flags and verbosity)."""
-    plan = plan_build(trt_version, options, board=board, artifact=options.precision)
+    settings = build_settings(trt_version, options, board=board, artifact=options.precision)
     shape = lambda b: f"{input_name}:{b}x" + "x".join(str(d) for d in chw)  # noqa: E731
     low, opt, high = options.batch
     cmd = ["trtexec", f"--onnx={onnx}", f"--saveEngine={engine}", f"--minShapes={shape(low)}",
            f"--optShapes={shape(opt)}", f"--maxShapes={shape(high)}", f"--memPoolSize=workspace:{options.workspace_mib}M"]
-    if plan.trt_major == 10:
-        cmd += [f"--{flag.lower()}" for flag in plan.builder_flags if flag in ("INT8", "FP16")]
-        if "STRONGLY_TYPED" in plan.network_flags:
+    if settings.trt_major == 10:
+        cmd += [f"--{flag.lower()}" for flag in settings.builder_flags if flag in ("INT8", "FP16")]
+        if "STRONGLY_TYPED" in settings.network_flags:
             cmd.append("--stronglyTyped")
     if options.dla_core is not None:
         cmd += [f"--useDLACore={options.dla_core}", "--allowGPUFallback"]
-        if "PREFER_PRECISION_CONSTRAINTS" in plan.builder_flags:
+        if "PREFER_PRECISION_CONSTRAINTS" in settings.builder_flags:
             cmd.append("--precisionConstraints=prefer")  # trtexec sets it for DLA anyway: said, not implied
     # The agent builds with detailed verbosity so IEngineInspector can name each layer's precision and device.
     cmd.append("--profilingVerbosity=detailed")
@@ -390,10 +390,11 @@ class EngineCache:
         folder = self.folder(onnx_sha256, fp, options)
         folder.mkdir(parents=True, exist_ok=True)
         engine = folder / "engine.plan"
+        # Not files.atomic_writer: ``build`` (TensorRT's serializer or trtexec) writes the file by path itself.
         tmp = folder / "engine.plan.tmp"
         build(Path(onnx), options, tmp)
         os.replace(tmp, engine)
-        (folder / "fingerprint.json").write_text(json.dumps(fp, indent=2, sort_keys=True) + "\n")
+        write_atomic(folder / "fingerprint.json", json.dumps(fp, indent=2, sort_keys=True) + "\n")
         return engine, True
 
 
@@ -421,7 +422,7 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
                  artifact: str | None = None) -> None:
     """Builds a serialized engine from an ONNX file with the TensorRT Python API (10.x or 11.x).
 
-    Beside the engine it writes ``build.json``: the plan, the trtexec line of exactly this build and,
+    Beside the engine it writes ``build.json``: the settings, the trtexec line of exactly this build and,
     for DLA builds, the network layers ``IBuilderConfig.can_run_on_DLA`` refused (they run on the GPU).
 
     Args:
@@ -439,7 +440,7 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
         EngineBuildError: When the ONNX parser or the builder fails (their messages included).
     """
     trt = import_tensorrt()
-    plan = plan_build(trt.__version__, options, board=board, artifact=artifact)
+    settings = build_settings(trt.__version__, options, board=board, artifact=artifact)
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     if options.dla_core is not None and options.dla_core >= builder.num_DLA_cores:
@@ -447,7 +448,7 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
         raise DlaError(f"DLA core {options.dla_core} requested but this device has {builder.num_DLA_cores} DLA "
                        "core(s) (Jetson Orin Nano has none)", fix="leave dla_core unset to build for the GPU")
     flags = 0
-    for name in plan.network_flags:
+    for name in settings.network_flags:
         flags |= 1 << int(getattr(trt.NetworkDefinitionCreationFlag, name))
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
@@ -468,7 +469,7 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
             fix=f"re-export with a dynamic batch axis (the export stage does), or measure batch_sizes: [{shape[0]}]")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
-    for name in plan.builder_flags:
+    for name in settings.builder_flags:
         config.set_flag(getattr(trt.BuilderFlag, name))
     # IEngineInspector reports each layer's formats (precision), tactic and device only at DETAILED.
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
@@ -501,11 +502,11 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
         raise EngineBuildError(f"TensorRT could not build an engine from {onnx} (batch {options.batch})", fix=hint)
     Path(engine_path).write_bytes(bytes(serialized))
     chw = tuple(int(d) for d in shape[1:])
-    record = {"tensorrt": trt.__version__, "plan": asdict(plan), "options": asdict(options),
+    record = {"tensorrt": trt.__version__, "settings": asdict(settings), "options": asdict(options),
               "trtexec": " ".join(trtexec_command(str(onnx), str(Path(engine_path).parent / "engine.plan"), tensor.name, chw, options,
                                                   trt.__version__, board=board)),
               "dla_unsupported_layers": refused}
-    (Path(engine_path).parent / "build.json").write_text(json.dumps(record, indent=1, default=list) + "\n")
+    write_atomic(Path(engine_path).parent / "build.json", json.dumps(record, indent=1, default=list) + "\n")
     if cache_path is not None:
         # Shared by every build on this device: written whole or not at all, so a kill mid-write cannot
         # leave a truncated cache that fails the next build.

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device.client import file_sha256
+from device.files import sha256_file
 from device.errors import ConfigError
 
 
@@ -42,7 +42,7 @@ def evaluate_runner(runner, path: str | Path, artifact: str, images: int, top_k:
     Raises:
         EvaluationSetError: A hash, count or shape that does not match, naming both.
     """
-    actual = file_sha256(path)
+    actual = sha256_file(path)
     if actual != artifact:
         raise EvaluationSetError(f"the evaluation set's bytes hash to sha256 {actual}, not {artifact} as the job says",
                                  fix="upload the set again (the deploy stage does), then resubmit the job")

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from device import quiet
+from device import contention
 from device.errors import ConfigError, EdgeFoldError, MissingDependencyError
 from device.files import write_json_atomic
 from device.measure import MeasureSpec, measure
@@ -203,10 +203,10 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                     batch = rng.standard_normal((batch_size, *chw)).astype(np.float32)
                     run = measure(runner, batch, measure_spec, samplers, power_key=power_key, facts=facts)
                     run.summary = summarize(run)
-                    run.noise_flags = quiet.noise_flags(
+                    run.noise_flags = contention.noise_flags(
                         run.contention.model_dump() if run.contention else None, run.latency_cv,
                         clocks_dropped=any(t.clocks_dropped for t in run.telemetry.values()),
-                        throttled=any(t.temp_limit_crossed or quiet.nvml_throttled(t.model_dump())
+                        throttled=any(t.temp_limit_crossed or contention.nvml_throttled(t.model_dump())
                                       for t in run.telemetry.values()))
                     run.power_point = point
                     measured.append(run)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device import quiet
+from device import contention
 from device.errors import ConfigError
 from device.runners import Runner
 from device.schema import Contention, DeviceTiming, PowerTrace, RunResult, SeriesStats, TelemetrySummary
@@ -82,11 +82,11 @@ def device_timing(calls_ms: Sequence[dict[str, float]], method: str) -> DeviceTi
 
 
 def power_trace(trace: Trace, key: str, idle_mw: float | None, source: str,
-                max_points: int = 400, start: float | None = None) -> dict[str, Any]:
-    """The window's power series, thinned to at most ``max_points`` samples, for plotting."""
+                max_samples: int = 400, start: float | None = None) -> dict[str, Any]:
+    """The window's power series, thinned to at most ``max_samples`` samples, for plotting."""
     origin = trace.times_s[0] if start is None else start
     times, values = trace.times_s - origin, trace.values[key]
-    step = max(1, int(np.ceil(len(times) / max_points)))
+    step = max(1, int(np.ceil(len(times) / max_samples)))
     keep = np.isfinite(values[::step])
     return {"source": source, "key": key, "t_s": [round(float(t), 4) for t in times[::step][keep]],
             "mw": [round(float(v), 1) for v in values[::step][keep]], "idle_mw": idle_mw}
@@ -157,13 +157,13 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
     calls: list[tuple[float, float, int]] = []
     bounds: list[float] = []
 
-    quiet_before: list = []
+    window_contention: list = []
 
     device_ms: list[dict[str, float]] = []
 
     def timed() -> tuple[list[float], float]:
         latencies: list[float] = []
-        quiet_before.append(quiet.snapshot())
+        window_contention.append(contention.snapshot())
         started = time.perf_counter()
         bounds.append(time.monotonic())
         while True:
@@ -181,7 +181,7 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
                 break
         window_s = time.perf_counter() - started
         bounds.append(time.monotonic())
-        quiet_before.append(quiet.contention(quiet_before[0], quiet.snapshot()))
+        window_contention.append(contention.between(window_contention[0], contention.snapshot()))
         return latencies, window_s
 
     (latencies, window_s), traces = _window(samplers, timed, keep_busy=lambda: runner.infer(batch))
@@ -196,7 +196,7 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
         power = power or ({"power_trace": trace_of_power} if trace_of_power else {})
     return RunResult(batch_size=images_per_call, iterations=len(latencies), images=images, window_s=window_s,
                      throughput_images_per_s=images / window_s, **latency_stats(latencies), telemetry=telemetry,
-                     contention=Contention(**quiet_before[1]) if quiet_before[1] is not None else None,
+                     contention=Contention(**window_contention[1]) if window_contention[1] is not None else None,
                      device_timing=device_timing(device_ms, getattr(runner, "timing_method", ""))
                      if len(device_ms) == len(latencies) else None, **power)
 

@@ -401,7 +401,7 @@ class PowerTrace(Measured):
 
 
 class Contention(Measured):
-    """What else used the device during a timed window (device.quiet)."""
+    """What else used the device during a timed window (device.contention)."""
 
     other_cpu_cores: float | None = Field(None, description="CPU time of other processes, in cores, on average")
     loadavg_1m: float | None = None

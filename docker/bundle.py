@@ -21,7 +21,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 from platforms import PlatformError, release, version  # noqa: E402
 
-from device.client import file_sha256  # noqa: E402  (make bundle runs in the project's venv)
+from device.files import sha256_file  # noqa: E402  (make bundle runs in the project's venv)
 
 EXTRAS = "device,jetson"
 GLIBC = {"20.04": 31, "22.04": 35, "24.04": 39}  # Ubuntu release → glibc 2.x
@@ -85,7 +85,7 @@ def build(out_root: Path, name: str, platforms: list[str], python_version: str, 
     (bundle / "install.sh").chmod(0o755)
     shutil.copy(REPO / "device" / "edgefold-agent.service", bundle / "edgefold-agent.service")
     files = sorted(p for p in bundle.rglob("*") if p.is_file())
-    (bundle / "SHA256SUMS").write_text("".join(f"{file_sha256(p)}  {p.relative_to(bundle)}\n" for p in files))
+    (bundle / "SHA256SUMS").write_text("".join(f"{sha256_file(p)}  {p.relative_to(bundle)}\n" for p in files))
     with tarfile.open(out_root / f"{name}.tar.gz", "w:gz") as tar:
         tar.add(bundle, arcname=name)
     return bundle

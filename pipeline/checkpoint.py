@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from device.errors import CheckpointError
+from device.files import atomic_writer
 from pipeline import distributed
 from pipeline.models import ARCHITECTURES, build_model
 
@@ -117,9 +118,8 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, arch: str, num_cl
         "state_dict": {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
         "meta": meta,
     }
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    with atomic_writer(path) as handle:
+        torch.save(payload, handle)
     return path
 
 

@@ -56,6 +56,7 @@ from device.errors import ConfigError, EdgeFoldError, StageError
 from device.files import write_json_atomic
 from device.schema import parse_result
 from pipeline import knapsack
+from pipeline.log import progress_lines
 from pipeline.manifest import sha256_json
 
 TABLE_FORMAT = "edgefold.latency-table/1"
@@ -303,26 +304,6 @@ def at_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int]) 
 
 
 # ----------------------------------------------------------------------------------------- measuring
-class _Progress:
-    """A progress line with rate and ETA at most every ``every_s`` seconds (tables take minutes)."""
-
-    def __init__(self, log: Callable[[str], None], what: str, total: int, every_s: float = 15.0) -> None:
-        import time
-
-        self.log, self.what, self.total, self.every_s = log, what, total, every_s
-        self.done, self.clock = 0, time.perf_counter
-        self.started = self.last = self.clock()
-
-    def step(self) -> None:
-        self.done += 1
-        now = self.clock()
-        if now - self.last >= self.every_s and self.done < self.total:
-            self.last = now
-            rate = self.done / (now - self.started)
-            self.log(f"[   prune] latency: {self.done}/{self.total} {self.what}, {rate:.1f}/s, "
-                     f"ETA {(self.total - self.done) / rate:.0f} s")
-
-
 @dataclass
 class Measurement:
     """One sub-network's latency: the median over windows, each window's p50, and the CI of the median window."""
@@ -388,10 +369,11 @@ class Meter:
 
         results: dict[Any, Measurement] = {}
         pending: dict[Any, tuple[str, str]] = {}
-        progress = _Progress(self.log, "networks exported or found cached", len(models))
+        # Tables take minutes: a line with rate and ETA every 15 s.
+        progress = progress_lines(len(models), "[   prune] latency: exporting or finding cached", "networks", self.log)
         refresh = set(refresh)
         for name, model in sorted(models.items(), key=lambda item: item[0] in refresh):  # references last
-            progress.step()
+            progress.update()
             # A builder is called here and its model dropped once exported: a table of a ResNet-50 holds
             # a hundred sub-networks, ~10 GB if built up front.
             model = model if isinstance(model, nn.Module) else model()
@@ -417,11 +399,12 @@ class Meter:
                 pending[name] = (key, artifact)
             else:
                 pending[name] = next(v for v in pending.values() if v[0] == key)
+        progress.close()
         unique = {key: artifact for key, artifact in pending.values()}
         windows: dict[str, list[tuple[float, float, float]]] = {key: [] for key in unique}
         if unique:
             self.log(f"[   prune] latency: measuring {len(unique)} networks × {self.windows} windows on the agent")
-        progress = _Progress(self.log, "jobs measured", len(unique) * self.windows)
+        progress = progress_lines(len(unique) * self.windows, "[   prune] latency: measuring", "jobs", self.log)
         for _ in range(self.windows):
             submitted: dict[str, str] = {}
             read = 0
@@ -437,7 +420,7 @@ class Meter:
                                          fix="see the agent's log; the deploy stage's runtime must run this model")
                     windows[key].append(latency_ms(job["result"], self.spec.batch_sizes[0]))
                     self.jobs += 1
-                    progress.step()
+                    progress.update()
             except JobTimeoutError as err:
                 # The agent answers, so it is not "unreachable". The late job and the ones queued after it are
                 # cancelled: left there, they would hold the agent's queue after the stage stopped.
@@ -450,6 +433,7 @@ class Meter:
                 for job_id in list(submitted.values())[read:]:
                     self.client.abandon(job_id)
                 raise
+        progress.close()
         for key, values in windows.items():
             ordered = sorted(values, key=lambda v: v[0])
             median = ordered[len(ordered) // 2]
@@ -516,48 +500,32 @@ def quantize_for_timing(fp32: Path, out: Path, input_shape) -> Path:
 
 
 # ----------------------------------------------------------------------------------------- the table
-def _monotone(values: list[float]) -> list[float]:
-    """The closest non-decreasing sequence (pool adjacent violators): a wider group never costs less time;
-    a measured dip is noise."""
-    blocks: list[list[float]] = []  # [mean, count]
-    for value in values:
-        blocks.append([value, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            mean2, n2 = blocks.pop()
-            mean1, n1 = blocks.pop()
-            blocks.append([(mean1 * n1 + mean2 * n2) / (n1 + n2), n1 + n2])
-    return [mean for mean, n in blocks for _ in range(int(n))]
-
-
-def _measured_widths(group: ChannelGroup, points: int, context: int) -> list[int]:
-    """``points`` candidates spread over the range (always the narrowest and the full width), and the context."""
+def _measured_widths(group: ChannelGroup, widths_per_group: int, context: int) -> list[int]:
+    """``widths_per_group`` candidates spread over the range (always the narrowest and the full width), and the
+    context."""
     candidates = list(group.candidates)
-    picks = {candidates[int(round(i * (len(candidates) - 1) / max(points - 1, 1)))] for i in range(points)}
+    picks = {candidates[int(round(i * (len(candidates) - 1) / max(widths_per_group - 1, 1)))]
+             for i in range(widths_per_group)}
     return sorted(picks | {context})
 
 
 def _layer_shapes(model: nn.Module, input_shape) -> dict[str, tuple[int, int, bool, int, int]]:
     """(in channels, out channels, depthwise, MACs, output elements) of every convolution and linear layer."""
+    from pipeline.models import layer_macs
+
     shapes: dict[str, tuple[int, int, bool, int, int]] = {}
-    hooks = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Conv2d):
-            def conv_hook(m, _inputs, out, name=name):
-                kernel = m.kernel_size[0] * m.kernel_size[1]
-                shapes[name] = (m.in_channels, m.out_channels, m.groups == m.in_channels > 1,
-                                int(out[0].numel() * (m.in_channels // m.groups) * kernel), int(out[0].numel()))
-            hooks.append(module.register_forward_hook(conv_hook))
-        elif isinstance(module, nn.Linear):
-            def linear_hook(m, _inputs, out, name=name):
-                shapes[name] = (m.in_features, m.out_features, False, m.in_features * m.out_features,
-                                int(out[0].numel()))
-            hooks.append(module.register_forward_hook(linear_hook))
-    try:
-        with torch.no_grad():
-            model.eval()(torch.zeros(input_shape))
-    finally:
-        for hook in hooks:
-            hook.remove()
+    macs = layer_macs(model, input_shape)
+    for name, m in model.named_modules():
+        if name not in macs:
+            continue
+        if isinstance(m, nn.Conv2d):
+            # Torch-Pruning counts (in/groups · kernel) MACs plus one bias add per output element: divided out,
+            # the output's size (the activations the layer writes) without a forward pass of our own.
+            per_output = (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1] + (m.bias is not None)
+            shapes[name] = (m.in_channels, m.out_channels, m.groups == m.in_channels > 1, macs[name],
+                            macs[name] // per_output)
+        else:
+            shapes[name] = (m.in_features, m.out_features, False, macs[name], m.out_features)
     return shapes
 
 
@@ -672,12 +640,14 @@ class LatencyTable:
 
 
 def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGroup], context: dict[str, int],
-                meter: Meter, points: int) -> LatencyTable:
-    """Measures the table around ``context``: each group at ``points`` widths, the others at the context;
+                meter: Meter, widths_per_group: int) -> LatencyTable:
+    """Measures the table around ``context``: each group at ``widths_per_group`` widths, the others at the context;
     fits the layer model to every measurement."""
+    from scipy.optimize import isotonic_regression  # lazily: only a latency budget builds a table
+
     models: dict[Any, Any] = {"context": at_widths(model, arch, input_shape, context)}
     for group in groups:
-        for width in _measured_widths(group, points, context[group.name]):
+        for width in _measured_widths(group, widths_per_group, context[group.name]):
             if width != context[group.name]:  # built by the meter one at a time
                 models[(group.name, width)] = functools.partial(at_widths, model, arch, input_shape,
                                                                 {**context, group.name: width})
@@ -692,7 +662,9 @@ def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGr
         table.measured[group.name] = dict(sorted(at.items()))
         xs = sorted(at)
         ys = [at[w].p50_ms - table.context_ms.p50_ms for w in xs]
-        delta = _monotone(list(np.interp(group.candidates, xs, ys)))
+        # The closest non-decreasing curve (pool adjacent violators): a wider group never costs less time;
+        # a measured dip is noise.
+        delta = [float(d) for d in isotonic_regression(np.interp(group.candidates, xs, ys)).x]
         shift = delta[group.candidates.index(context[group.name])]
         table.delta_ms[group.name] = [d - shift for d in delta]
     table.model.fit(table.samples)
@@ -729,20 +701,20 @@ def solve_plan(table: LatencyTable, importance: dict[str, np.ndarray], budget_ms
     predicted at 0.08 ms for a 0.77 ms budget (0.6% of the MACs).
     """
     values = _values(table, importance)
-    plan = [len(g.candidates) - 1 for g in table.groups]
+    choice = [len(g.candidates) - 1 for g in table.groups]  # each group's candidate index
     narrowest = [0] * len(table.groups)
     if table.predict(_widths(table, narrowest)) > budget_ms:
         return None
     tried: list[list[int]] = []
     for _ in range(iterations):
-        widths = _widths(table, plan)
+        widths = _widths(table, choice)
         base = table.predict(widths)
         costs = [[table.predict({**widths, g.name: w}) - base for w in g.candidates] for g in table.groups]
         picked = knapsack.solve(values, costs, budget_ms - base)
         if picked is None or picked in tried:
             break
         tried.append(list(picked))
-        plan = list(picked)
+        choice = list(picked)
     best, best_value = None, -np.inf
     for start in tried or [narrowest]:
         repaired = _repair(table, values, start, budget_ms)
@@ -969,7 +941,7 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     log(f"[   prune] latency: {len(groups)} channel groups; measuring the table around the unpruned network")
     # The unpruned network is the table's context, measured in the table's own session: the budget's
     # reference and the table's changes share one moment of the device.
-    measured_table = build_table(model, arch, input_shape, groups, full, meter, target.points)
+    measured_table = build_table(model, arch, input_shape, groups, full, meter, target.widths_per_group)
     # The plans choose among the candidates max_pruning_ratio allows; the table measures all of them (its
     # cache is shared by every bound).
     table = restricted(measured_table, target.max_pruning_ratio)
@@ -1061,7 +1033,7 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
             "plans": plans, "sweep": sweep, "base_macs": base_macs, "importance": importance}
 
 
-def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, planned: dict[str, Any],
+def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, search: dict[str, Any],
                 log: Callable[[str], None]) -> dict[str, Any]:
     """Predicted against measured latency of the unpruned and of a MACs-pruned network (the table's error).
 
@@ -1071,13 +1043,13 @@ def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, pla
     """
     from pipeline.stages.prune import find_plan, make_pruner
 
-    table: LatencyTable = planned["table"]
-    groups = planned["groups"]
+    table: LatencyTable = search["table"]
+    groups = search["groups"]
     # At the plan's own MACs by default; a plan that kept (almost) everything is checked against half the MACs,
     # so that the check still exercises a pruned network.
-    fraction = cfg.latency.check_macs_target or (planned["macs_fraction"] if planned["macs_fraction"] < 0.95 else 0.5)
+    fraction = cfg.latency.check_macs_target or (search["macs_fraction"] if search["macs_fraction"] < 0.95 else 0.5)
     macs_cfg = cfg.model_copy(update={"macs_target": fraction, "latency": None, "steps": 1})
-    macs_plan, achieved = find_plan(model, arch, macs_cfg, input_shape, planned["base_macs"])
+    macs_plan, achieved = find_plan(model, arch, macs_cfg, input_shape, search["base_macs"])
     macs_model = copy.deepcopy(model).eval()
     make_pruner(macs_model, arch, macs_cfg, macs_plan, input_shape).step()
     macs_widths = widths_of(macs_model, groups)
@@ -1088,9 +1060,9 @@ def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, pla
             macs_widths[name] = min(group.candidates, key=lambda c: abs(c - width))
     measured = meter.measure({"macs": macs_model})["macs"]
     checks = {}
-    for label, widths, value in (("unpruned", full, Measurement.from_json(planned["unpruned_ms"])),
+    for label, widths, value in (("unpruned", full, Measurement.from_json(search["unpruned_ms"])),
                                  ("macs_pruned", macs_widths, measured),
-                                 ("plan", planned["widths"], Measurement.from_json(planned["measured_ms"]))):
+                                 ("plan", search["widths"], Measurement.from_json(search["measured_ms"]))):
         predicted = table.predict(widths)
         checks[label] = {"predicted_ms": predicted, "measured_ms": value.to_json(),
                          "error": (predicted - value.p50_ms) / value.p50_ms}

@@ -9,23 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from device.errors import ManifestError
+from device.files import sha256_file, write_atomic
 
 SCHEMA = "edgefold.manifest/1"
 MANIFEST = "manifest.json"
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def sha256_json(data: Any) -> str:
@@ -102,9 +94,7 @@ class Manifest:
     def save(self) -> None:
         self.data["updated"] = _now()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=False) + "\n")
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=False) + "\n")
 
     def outputs_intact(self, name: str) -> bool:
         """True when every recorded output exists with its recorded sha256."""

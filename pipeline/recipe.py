@@ -44,6 +44,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _refuse_renamed(data: Any, renamed: dict[str, str]) -> Any:
+    """Refuses a key that was renamed, naming the new one (recipes reject unknown keys; this one says where it went)."""
+    if isinstance(data, dict):
+        for old, new in renamed.items():
+            if old in data:
+                raise ValueError(f"{old!r} was renamed {new!r}: write {new}: {data[old]!r} instead")
+    return data
+
+
 class AugmentConfig(_Strict):
     """Training-time augmentation, applied to preprocessed batches."""
 
@@ -169,7 +178,8 @@ class LatencyTarget(_Strict):
     duration_s: float = Field(0.3, gt=0, le=60, description="timed window per measurement")
     warmup_iterations: int = Field(5, ge=0, le=100_000)
     windows: int = Field(3, ge=1, le=20, description="interleaved windows per sub-network; the median is used")
-    points: int = Field(5, ge=2, le=64, description="widths measured per channel group (interpolated between)")
+    widths_per_group: int = Field(5, ge=2, le=64, description="widths measured per channel group (interpolated "
+                                                               "between)")
     rounds: int = Field(6, ge=1, le=20, description="plans measured on the device until one meets the budget (one "
                                                      "network each: the knapsack's, then a search along a nested path)")
     tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on the measured latency")
@@ -184,6 +194,11 @@ class LatencyTarget(_Strict):
     check: bool = Field(True, description="check the table against measured unpruned and MACs-pruned networks")
     check_macs_target: Optional[float] = Field(None, gt=0, le=1, description="the MACs-pruned network checked; "
                                                                               "default: the chosen plan's MACs")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        return _refuse_renamed(data, {"points": "widths_per_group"})
 
     @model_validator(mode="after")
     def _one_budget(self) -> "LatencyTarget":

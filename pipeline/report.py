@@ -21,10 +21,11 @@ from typing import Any, Iterable
 from device.errors import ManifestError, SchemaVersionError, require
 from device.schema import JobResult, RunSummary, parse_result, reported_fields
 from pipeline.devices import DEPLOY_SCHEMA
-from pipeline.manifest import Manifest, sha256_file
+from device.files import sha256_file
+from pipeline.manifest import Manifest
 from pipeline.device_accuracy import device_scores, paired_top1_change, per_class_device
 from pipeline.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
-from device import quiet
+from device import contention
 from pipeline import perclass, stats
 from pipeline.front import choose, energy_front, points_from_windows
 from pipeline.headline import accuracy_evidence
@@ -54,18 +55,18 @@ COLUMNS = BASE_COLUMNS + tuple(REPORTED) + ("not_recorded",)
 NOT_RECORDED = "not recorded"
 
 
-def pareto_front(points: Iterable[tuple[Any, float, float]]) -> set:
-    """Keys of the points no other point beats: lower-or-equal latency and higher-or-equal accuracy, one strictly.
+def pareto_front(candidates: Iterable[tuple[Any, float, float]]) -> set:
+    """Keys of the candidates no other beats: lower-or-equal latency and higher-or-equal accuracy, one strictly.
 
     Args:
-        points: (key, latency, accuracy) triples.
+        candidates: (key, latency, accuracy) triples.
     """
-    points = list(points)
+    candidates = list(candidates)
     front = set()
-    for key, latency, accuracy in points:
+    for key, latency, accuracy in candidates:
         dominated = any(other_latency <= latency and other_accuracy >= accuracy
                         and (other_latency < latency or other_accuracy > accuracy)
-                        for _, other_latency, other_accuracy in points)
+                        for _, other_latency, other_accuracy in candidates)
         if not dominated:
             front.add(key)
     return front
@@ -525,7 +526,7 @@ def reason_notes(data: dict[str, Any]) -> dict[str, int]:
 
 def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_batch: int) -> dict[str, Any]:
     """Per row: each number as the median over the interleaved windows with its 95% interval, the
-    spread between windows, and why the windows were noisy (pipeline.stats, device.quiet)."""
+    spread between windows, and why the windows were noisy (pipeline.stats, device.contention)."""
     small = [r.run(latency_batch) for r in rounds]
     large = [r.run(throughput_batch) for r in rounds]
     p50 = [run.latency_p50_ms if run else None for run in small]
@@ -547,7 +548,7 @@ def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_b
         if run:
             flags.update(run.noise_flags)
     spread = stats.cv(p50)
-    if spread is not None and spread > quiet.WINDOW_CV_LIMIT:
+    if spread is not None and spread > contention.WINDOW_CV_LIMIT:
         flags["windows_disagree"] = (f"latency p50 varies {100 * spread:.0f}% between the interleaved windows; the "
                                      "device was not quiet: stop other work, lock clocks, or add rounds")
     return {"latency_p50_ms": p50_est, "latency_p50_low_ms": p50_low, "latency_p50_high_ms": p50_high,
@@ -948,21 +949,21 @@ def _power_front_plot(plt, fronts: list[dict[str, Any]]) -> str:
 def _accuracy_latency_plot(plt, measured: list[dict[str, Any]], devices: list[str], colors: dict) -> str:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for device in devices:
-        points = [r for r in measured if r["device"] == device]
-        if not points:
+        device_rungs = [r for r in measured if r["device"] == device]
+        if not device_rungs:
             continue
-        front = accuracy_front(points)
+        front = accuracy_front(device_rungs)
         # The latency's 95% interval over the interleaved windows, as horizontal error bars.
-        lows = [r["latency_p50_ms"] - (r.get("latency_p50_low_ms") or r["latency_p50_ms"]) for r in points]
-        highs = [(r.get("latency_p50_high_ms") or r["latency_p50_ms"]) - r["latency_p50_ms"] for r in points]
-        ax.errorbar([r["latency_p50_ms"] for r in points], [100 * r["top1"] for r in points], xerr=[lows, highs],
+        lows = [r["latency_p50_ms"] - (r.get("latency_p50_low_ms") or r["latency_p50_ms"]) for r in device_rungs]
+        highs = [(r.get("latency_p50_high_ms") or r["latency_p50_ms"]) - r["latency_p50_ms"] for r in device_rungs]
+        ax.errorbar([r["latency_p50_ms"] for r in device_rungs], [100 * r["top1"] for r in device_rungs], xerr=[lows, highs],
                     fmt="none", ecolor=colors[device], elinewidth=1, capsize=3, zorder=2)
-        ax.scatter([r["latency_p50_ms"] for r in points], [100 * r["top1"] for r in points], color=colors[device],
+        ax.scatter([r["latency_p50_ms"] for r in device_rungs], [100 * r["top1"] for r in device_rungs], color=colors[device],
                    label=device, s=40, zorder=3)
-        on_front = sorted((r for r in points if r["rung"] in front), key=lambda r: r["latency_p50_ms"])
+        on_front = sorted((r for r in device_rungs if r["rung"] in front), key=lambda r: r["latency_p50_ms"])
         ax.plot([r["latency_p50_ms"] for r in on_front], [100 * r["top1"] for r in on_front], color=colors[device],
                 linestyle="--", linewidth=1, zorder=2)
-        for index, r in enumerate(points):  # alternate label offsets: neighbouring rungs often sit close
+        for index, r in enumerate(device_rungs):  # alternate label offsets: neighbouring rungs often sit close
             ax.annotate(r["rung"] + (" ★" if r["rung"] in front else " (no score)" if no_score(r) else ""),
                         (r["latency_p50_ms"], 100 * r["top1"]),
                         textcoords="offset points", xytext=(5, 4 if index % 2 else -11), fontsize=8)

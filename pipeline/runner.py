@@ -17,7 +17,8 @@ from pipeline.codehash import code_sha256
 from pipeline.context import RunContext
 from pipeline.log import log
 from pipeline.devices import Device
-from pipeline.manifest import Manifest, sha256_file, sha256_json
+from device.files import sha256_file
+from pipeline.manifest import Manifest, sha256_json
 from pipeline.recipe import load_recipe
 from pipeline.stages import STAGE_ORDER, STAGES
 
@@ -80,6 +81,7 @@ def resolve_run_dir(runs_dir: Path, model: str, run_id: str | None, new: bool) -
 
 def _point_latest(run_dir: Path) -> None:
     latest = run_dir.parent / LATEST
+    # A symlink, not a file: files.atomic_writer writes bytes, so the link is swapped by os.replace here.
     tmp = run_dir.parent / f".{LATEST}.tmp"
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()

@@ -19,11 +19,12 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from device.files import atomic_writer
 from pipeline import distributed
 from pipeline.data.batches import Batches
 from pipeline.distributed import all_reduce_sum
 from pipeline.recipe import TrainConfig
-from pipeline.log import log
+from pipeline.log import log, progress_lines
 
 class Batch(NamedTuple):
     """One training batch as the loss sees it."""
@@ -110,9 +111,8 @@ def revert_sync_batchnorm(module: nn.Module) -> nn.Module:
 
 def _save_resume(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # a crash mid-save leaves the previous epoch's state intact
+    with atomic_writer(path) as handle:  # a crash mid-save leaves the previous epoch's state intact
+        torch.save(state, handle)
 
 
 def fit(model: nn.Module, batches: Batches, cfg: TrainConfig, loss_fn: LossFn, device: torch.device,
@@ -234,15 +234,17 @@ class _Trainer:
         return logits, loss
 
     def train_epoch(self, epoch: int) -> dict:
-        """One epoch with a progress bar (or a plain line every 10% without a terminal); its record."""
+        """One epoch with a progress bar (or a log line every 10% and 15 s without a terminal); its record."""
         self.train_model.train()
         seen = correct = 0
         loss_sum = data_s = 0.0  # data_s: time spent waiting for the next batch, the input pipeline's share
-        epoch_steps, first_step = min(self.steps_per_epoch, self.total_steps - self.step), self.step
+        epoch_steps = min(self.steps_per_epoch, self.total_steps - self.step)
         started = time.perf_counter()
-        last_line = (0, started)  # (steps, time) of the last plain-text progress line
-        bar = tqdm(total=epoch_steps, desc=f"{self.desc} {epoch + 1}/{self.epochs}", unit="batch",
-                   disable=self.hide_bar, leave=False, file=sys.stderr, dynamic_ncols=True)
+        desc = f"{self.desc} {epoch + 1}/{self.epochs}"
+        bar = tqdm(total=epoch_steps, desc=desc, unit="batch", disable=self.hide_bar, leave=False, file=sys.stderr,
+                   dynamic_ncols=True)
+        if bar.disable:  # no terminal, or EDGEFOLD_PROGRESS=0: the same progress as a log line every 10% and 15 s
+            bar = progress_lines(epoch_steps, desc, "batches", every=epoch_steps / 10, disable=not self.me.main)
         waited = time.perf_counter()
         for x, labels, positions, flipped in self.batches:
             data_s += time.perf_counter() - waited
@@ -253,16 +255,9 @@ class _Trainer:
             correct += int((logits.argmax(1) == labels.to(logits.device)).sum())
             loss_sum += float(loss.detach()) * len(labels)
             rate = seen / max(time.perf_counter() - started, 1e-9)
-            bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}%", img_s=f"{rate:.0f}")
+            bar.set_postfix({"loss": f"{loss_sum / seen:.3f}", "acc": f"{100 * correct / seen:.1f}%",
+                             "img/s": f"{rate:.0f}"}, refresh=False)  # shown with the next update, not per batch
             bar.update()
-            done_steps, now = self.step - first_step, time.perf_counter()
-            if self.me.main and bar.disable and done_steps - last_line[0] >= epoch_steps / 10 \
-                    and now - last_line[1] >= 15:
-                last_line = (done_steps, now)
-                done = done_steps / epoch_steps
-                eta = (now - started) * (1 - done) / max(done, 1e-9)
-                log(f"{self.desc} {epoch + 1}/{self.epochs}: {100 * done:3.0f}% ({done_steps}/{epoch_steps} batches), "
-                    f"loss {loss_sum / seen:.3f}, acc {100 * correct / seen:.1f}%, {rate:.0f} img/s, ETA {eta:.0f} s")
             waited = time.perf_counter()
         bar.close()
         seconds = time.perf_counter() - started

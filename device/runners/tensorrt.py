@@ -10,6 +10,14 @@ One engine per measured batch size (static profile, opt = that batch), so each b
 kernels tuned for it, and DLA builds (static shapes only) take the same engines.
 """
 
+# Polygraphy's loaders (NetworkFromOnnxPath, CreateConfig, EngineBytesFromNetwork, EngineFromBytes) and TrtRunner,
+# evaluated for issue 23 (polygraphy 0.53) and not used: they would remove no plumbing the tests' stand-in imitates.
+# CreateConfig and the loaders touch a wider TensorRT surface (tactic sources, progress monitors, calibrators, preview
+# features, builder-version fallbacks) and TrtRunner brings its own ctypes CUDA wrapper (polygraphy.cuda), so the
+# stand-in would have to imitate more of TensorRT plus that wrapper, not less. What stays ours either way: the engine
+# cache keyed by the device fingerprint, the precision checks, and CUDA-event device timing (TrtRunner times infer()
+# with the host clock); and the agent's Jetson bundle would carry one more package for it.
+
 from __future__ import annotations
 
 import ctypes
@@ -26,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device.client import file_sha256
+from device.files import sha256_file
 from device.engine import (BuildOptions, EngineCache, artifact_precision, build_engine, detect_gpu, fingerprint,
                            import_tensorrt, read_l4t, reconcile_precision)
 from device.errors import (DlaError, EngineBuildError, MissingDependencyError, RunnerError, ShapeOutsideProfileError,
@@ -237,7 +245,7 @@ class TensorRTRunner(Runner):
                                f"{self.runtime.num_DLA_cores} DLA core(s) (Jetson Orin Nano has none)",
                                fix="leave dla_core unset to run on the GPU")
             self.runtime.DLA_core = options.dla_core
-        sha = file_sha256(self.onnx)
+        sha = sha256_file(self.onnx)
         for batch in self.batch_sizes:
             path, built = self.cache.get_or_build(self.onnx, sha, fp, options.for_batch(batch), build)
             engine = self.runtime.deserialize_cuda_engine(path.read_bytes())

@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from device.errors import DataError
+from device.files import sha256_file
 from device.preprocess import read_image
 from device.registry import Registry
 
@@ -114,14 +115,6 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fashion_mnist_dir() -> Path:
     return Path(os.environ.get(FASHION_MNIST_ENV) or FASHION_MNIST_DIR)
 
@@ -163,7 +156,7 @@ def load_fashion_mnist(argument: str = "") -> DataSet:
         classes=list(FASHION_MNIST_CLASSES),
         train=Split(arrays["train_labels"].astype(np.int64), images=arrays["train_images"]),
         test=Split(arrays["test_labels"].astype(np.int64), images=arrays["test_images"]),
-        fingerprint={path.name: _sha256(path) for path in found.values()},
+        fingerprint={path.name: sha256_file(path) for path in found.values()},
     )
 
 

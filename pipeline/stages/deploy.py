@@ -26,12 +26,12 @@ from pydantic import ValidationError
 
 from device.client import AgentClient, AgentError, JobTimeoutError
 from device.errors import ConfigError, EdgeFoldError
-from device.files import write_json_atomic
+from device.files import sha256_file, write_json_atomic
 from device.schema import (EvaluationSpec, JobSpec, PreprocessSpec, SweepSpec, describe_problems, field_problems,
                            parse_result, safe_text)
 from pipeline.codehash import code_sha256
 from pipeline.devices import DEPLOY_SCHEMA, Device
-from pipeline.manifest import sha256_file, sha256_json
+from pipeline.manifest import sha256_json
 from pipeline.rungs import RUNGS
 from pipeline.stages.base import STAGES, Stage, StageResult
 

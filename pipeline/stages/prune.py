@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from device.errors import StageError, require
 from pipeline.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.models import ARCHITECTURES, count_macs, count_parameters
+from pipeline.models import ARCHITECTURES, count_macs, count_parameters, layer_macs
 from pipeline.recipe import PruneConfig
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.scores import assess, recorded_scores
@@ -159,8 +159,8 @@ class WidthPruner:
 def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, input_shape) -> PlanPruner:
     """A DepGraph MetaPruner for ``plan`` that never touches the classifier.
 
-    A plan prunes every layer at channel ratio ``ratio`` except the first ``dense_layers``
-    convolutions, which get ``dense_ratio``. Rounding to multiples of 8 makes the MACs of a
+    A plan prunes every layer at channel ratio ``ratio`` except the first ``harder_layers``
+    convolutions, which are pruned harder, at ``harder_ratio``. Rounding to multiples of 8 makes the MACs of a
     uniform ratio jump in steps (ResNet-50 at 32×32: 21.8% → 25.9% between ratios 0.500 and
     0.495), so mixing two neighbouring ratios layer by layer is what reaches a target within 5%.
     Grouped convolutions are left to :class:`PlanPruner`, which removes whole groups.
@@ -169,7 +169,7 @@ def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict,
     classifier = model.get_submodule(ARCHITECTURES.get(arch).classifier)
     grouped = grouped_convs(model)
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-    per_layer = {conv: plan["dense_ratio"] for conv in convs[: plan.get("dense_layers", 0)] if conv not in grouped}
+    per_layer = {conv: plan["harder_ratio"] for conv in convs[: plan.get("harder_layers", 0)] if conv not in grouped}
     tp_pruner = tp.pruner.MetaPruner(
         model,
         torch.zeros(input_shape),
@@ -223,11 +223,11 @@ def find_plan(model: torch.nn.Module, arch: str, cfg: PruneConfig, input_shape, 
     target, good_enough = cfg.macs_target, cfg.tolerance * cfg.macs_target / 4
 
     def uniform(ratio: float) -> float:
-        return macs_after(model, arch, cfg, {"ratio": ratio, "dense_ratio": ratio}, input_shape) / base_macs
+        return macs_after(model, arch, cfg, {"ratio": ratio, "harder_ratio": ratio}, input_shape) / base_macs
 
     tried = _bisect(uniform, 0.0, 0.98, target, good_enough, iterations=14)
     ratio, fraction = min(tried, key=lambda kv: abs(kv[1] - target))
-    best = ({"ratio": ratio, "dense_ratio": ratio, "dense_layers": 0}, fraction)
+    best = ({"ratio": ratio, "harder_ratio": ratio, "harder_layers": 0}, fraction)
     if abs(fraction - target) <= good_enough:
         return best
     above = max((kv for kv in tried if kv[1] > target), key=lambda kv: kv[0], default=(0.0, 1.0))
@@ -236,13 +236,13 @@ def find_plan(model: torch.nn.Module, arch: str, cfg: PruneConfig, input_shape, 
         return best
     convs = sum(1 for m in model.modules() if isinstance(m, torch.nn.Conv2d))
 
-    def mixed(dense_layers: int) -> float:
-        plan = {"ratio": above[0], "dense_ratio": below[0], "dense_layers": dense_layers}
+    def mixed(harder_layers: int) -> float:
+        plan = {"ratio": above[0], "harder_ratio": below[0], "harder_layers": harder_layers}
         return macs_after(model, arch, cfg, plan, input_shape) / base_macs
 
-    for dense_layers, value in _bisect(mixed, 0, convs, target, good_enough, iterations=10, integer=True):
+    for harder_layers, value in _bisect(mixed, 0, convs, target, good_enough, iterations=10, integer=True):
         if abs(value - target) < abs(best[1] - target):
-            best = ({"ratio": above[0], "dense_ratio": below[0], "dense_layers": int(dense_layers)}, value)
+            best = ({"ratio": above[0], "harder_ratio": below[0], "harder_layers": int(harder_layers)}, value)
     return best
 
 
@@ -271,8 +271,8 @@ class PruneStage(Stage):
             plan, pruner, latency_metrics = self._latency_plan(ctx, workdir, model, arch, cfg, input_shape)
         else:
             plan, predicted = find_plan(model, arch, cfg, input_shape, base_macs)
-            log(f"prune: channel ratio {plan['ratio']:.5f} ({plan['dense_ratio']:.5f} on the first "
-                f"{plan['dense_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
+            log(f"prune: channel ratio {plan['ratio']:.5f} ({plan['harder_ratio']:.5f} on the first "
+                f"{plan['harder_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
                 f"(target {100 * cfg.macs_target:.1f}%)")
             pruner = make_pruner(model, arch, cfg, plan, input_shape)
         before_shapes = _conv_shapes(model)
@@ -351,32 +351,32 @@ class PruneStage(Stage):
                 meter = latency.Meter(client, spec, identity, ctx.run_dir.parent / "latency-cache",
                                       workdir / "latency-onnx", target.windows, ctx.recipe.export.opset, input_shape,
                                       log=ctx.log)
-                planned = latency.plan_to_budget(model, arch, cfg, input_shape, meter, ctx.log,
+                search = latency.plan_to_budget(model, arch, cfg, input_shape, meter, ctx.log,
                                                  batches=train_batches)
-                checks = latency.check_table(model, arch, cfg, input_shape, meter, planned, ctx.log) \
+                checks = latency.check_table(model, arch, cfg, input_shape, meter, search, ctx.log) \
                     if target.check else None
         finally:
             # The exported sub-networks are scratch (the table and the cache keep their times), refused budget
             # or not: a float ResNet-50 table left gigabytes in .prune.partial/.
             shutil.rmtree(workdir / "latency-onnx", ignore_errors=True)
-        plans = planned["plans"] + ([{"plan": f"MACs target {100 * checks['macs_pruned']['macs_fraction']:.1f}%",
+        plans = search["plans"] + ([{"plan": f"MACs target {100 * checks['macs_pruned']['macs_fraction']:.1f}%",
                                       "macs_fraction": checks["macs_pruned"]["macs_fraction"],
                                       "predicted_ms": checks["macs_pruned"]["predicted_ms"],
                                       "measured_ms": checks["macs_pruned"]["measured_ms"]}] if checks else [])
         (workdir / "latency_table.json").write_text(json.dumps(
             {"format": latency.TABLE_FORMAT, "device": identity,
-             "spec": spec.model_dump(mode="json", exclude={"artifact"}), "tables": planned["tables"],
-             "rounds": planned["rounds"], "check": checks}, indent=1, sort_keys=True))
-        plot = latency.plot_plans(plans, planned["sweep"], planned["budget_ms"], workdir / "latency_plans.png")
-        measured = planned["measured_ms"]["p50_ms"]
-        metrics = {"device": target.device, "agent": identity.get("agent"), "budget_ms": planned["budget_ms"],
-                   "unpruned_ms": planned["unpruned_ms"], "predicted_ms": planned["predicted_ms"],
-                   "measured_ms": planned["measured_ms"], "prediction_error": (planned["predicted_ms"] - measured)
-                   / measured, "rounds": len(planned["rounds"]), "jobs": meter.jobs, "reused": meter.reused,
-                   "check": checks, "plans": plans, "sweep": planned["sweep"], "table": "prune/latency_table.json",
+             "spec": spec.model_dump(mode="json", exclude={"artifact"}), "tables": search["tables"],
+             "rounds": search["rounds"], "check": checks}, indent=1, sort_keys=True))
+        plot = latency.plot_plans(plans, search["sweep"], search["budget_ms"], workdir / "latency_plans.png")
+        measured = search["measured_ms"]["p50_ms"]
+        metrics = {"device": target.device, "agent": identity.get("agent"), "budget_ms": search["budget_ms"],
+                   "unpruned_ms": search["unpruned_ms"], "predicted_ms": search["predicted_ms"],
+                   "measured_ms": search["measured_ms"], "prediction_error": (search["predicted_ms"] - measured)
+                   / measured, "rounds": len(search["rounds"]), "jobs": meter.jobs, "reused": meter.reused,
+                   "check": checks, "plans": plans, "sweep": search["sweep"], "table": "prune/latency_table.json",
                    "plot": "prune/latency_plans.png" if plot else None}
-        plan = {"widths": planned["widths"], "latency_budget_ms": planned["budget_ms"]}
-        return plan, WidthPruner(model, arch, cfg, planned["groups"], planned["widths"], input_shape,
+        plan = {"widths": search["widths"], "latency_budget_ms": search["budget_ms"]}
+        return plan, WidthPruner(model, arch, cfg, search["groups"], search["widths"], input_shape,
                                  train_batches), metrics
 
     def summary(self, metrics):
@@ -415,32 +415,6 @@ def unpruned_layers(before: dict[str, tuple[int, int, int]], model: torch.nn.Mod
                      "rounded back to the full width"
         kept.append({"layer": name, "channels": cout, "groups": groups, "reason": reason})
     return kept
-
-
-def layer_macs(model: torch.nn.Module, input_shape) -> dict[str, int]:
-    """Multiply-accumulates of every convolution and linear layer in one forward pass."""
-    macs: dict[str, int] = {}
-    hooks = []
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Conv2d):
-            def conv_hook(m, _inputs, output, name=name):
-                kernel = m.kernel_size[0] * m.kernel_size[1]
-                macs[name] = int(output.shape[2] * output.shape[3] * m.out_channels * (m.in_channels // m.groups)
-                                 * kernel)
-            hooks.append(module.register_forward_hook(conv_hook))
-        elif isinstance(module, torch.nn.Linear):
-            def linear_hook(m, _inputs, _output, name=name):
-                macs[name] = int(m.in_features * m.out_features)
-            hooks.append(module.register_forward_hook(linear_hook))
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()(torch.zeros(input_shape))
-    finally:
-        model.train(was_training)
-        for hook in hooks:
-            hook.remove()
-    return macs
 
 
 def macs_concentration(before: dict[str, int], after: dict[str, int], top: int = 3,

@@ -342,8 +342,8 @@ class QuantizeStage(Stage):
         images, labels = np.concatenate(test_images), np.concatenate(test_labels)
         reference = onnx_accuracy(fp32, images, labels, save_predictions=workdir / "predictions.fp32.npy")
         attempts, accepted = [], None
-        plan = [(cfg.quantizer, method) for method in cfg.calibration_methods] + ([("modelopt", "qat")] if cfg.qat else [])
-        for quantizer, method in plan:
+        tries = [(cfg.quantizer, method) for method in cfg.calibration_methods] + ([("modelopt", "qat")] if cfg.qat else [])
+        for quantizer, method in tries:
             candidate = workdir / f"student.int8.{method}.onnx"
             if method == "qat":
                 candidate = quantization_aware_finetune(ctx, workdir, calibration)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from device.errors import CheckpointError
 from pipeline.checkpoint import apply_torchvision_state, load_torchvision_weights, save_checkpoint
-from pipeline.manifest import sha256_file
+from device.files import sha256_file
 from pipeline.models import ARCHITECTURES, build_model, size_metrics
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane

@@ -13,7 +13,8 @@ import time
 import httpx
 import pytest
 
-from device.client import AgentError, JobTimeoutError, file_sha256
+from device.client import AgentError, JobTimeoutError
+from device.files import sha256_file
 from device.schema import RESULT_SCHEMA
 from tests.device.agent_process import TOKEN, AgentProcess, tiny_onnx
 
@@ -314,8 +315,8 @@ def test_sigterm_marks_the_running_job_interrupted_and_keeps_the_queue(tmp_path,
 
 def test_client_upload_matches_file_hash(agent, model):
     with agent.client() as client:
-        assert client.upload(model) == file_sha256(model) == hashlib.sha256(model.read_bytes()).hexdigest()
-        assert client.has_artifact(file_sha256(model)) and not client.has_artifact("f" * 64)
+        assert client.upload(model) == sha256_file(model) == hashlib.sha256(model.read_bytes()).hexdigest()
+        assert client.has_artifact(sha256_file(model)) and not client.has_artifact("f" * 64)
 
 
 def test_unreachable_agent_is_a_clear_error():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from device.engine import (
-    BuildOptions, EngineCache, artifact_precision, build_engine, fingerprint, import_tensorrt, jetpack_for, plan_build,
+    BuildOptions, EngineCache, artifact_precision, build_engine, fingerprint, import_tensorrt, jetpack_for, build_settings,
     read_l4t, reconcile_precision, trtexec_command, trtexec_lines, detect_gpu,
 )
 from device.errors import ConfigError, DlaError, MissingDependencyError, PrecisionMismatchError
@@ -16,28 +16,28 @@ HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 
 
 def test_tensorrt_10_int8_uses_q_dq_with_fp16_fallback():
-    plan = plan_build("10.3.0", BuildOptions(precision="int8"))
-    assert plan.network_flags == () and plan.builder_flags == ("INT8", "FP16")
+    settings = build_settings("10.3.0", BuildOptions(precision="int8"))
+    assert settings.network_flags == () and settings.builder_flags == ("INT8", "FP16")
 
 
 def test_tensorrt_11_is_strongly_typed_without_precision_flags():
-    plan = plan_build("11.4.1", BuildOptions(precision="int8"))
-    assert plan.network_flags == ("STRONGLY_TYPED",) and plan.builder_flags == ()
+    settings = build_settings("11.4.1", BuildOptions(precision="int8"))
+    assert settings.network_flags == ("STRONGLY_TYPED",) and settings.builder_flags == ()
     with pytest.raises(ConfigError, match="no FP16 builder flag") as err:
-        plan_build("11.0.0", BuildOptions(precision="fp16"))
+        build_settings("11.0.0", BuildOptions(precision="fp16"))
     assert "modelopt.onnx.autocast" in err.value.fix
 
 
 def test_dla_adds_gpu_fallback_and_old_tensorrt_is_refused():
     # trtexec (sampleEngines.cpp) sets PREFER_PRECISION_CONSTRAINTS on every DLA build; 11 has no such flag.
-    assert plan_build("10.3.0", BuildOptions(dla_core=0)).builder_flags[-2:] == ("GPU_FALLBACK",
+    assert build_settings("10.3.0", BuildOptions(dla_core=0)).builder_flags[-2:] == ("GPU_FALLBACK",
                                                                                "PREFER_PRECISION_CONSTRAINTS")
-    assert plan_build("11.4.1", BuildOptions(dla_core=0), board="NVIDIA Jetson AGX Orin").builder_flags == (
+    assert build_settings("11.4.1", BuildOptions(dla_core=0), board="NVIDIA Jetson AGX Orin").builder_flags == (
         "GPU_FALLBACK",)
     with pytest.raises(ConfigError, match="too old"):
-        plan_build("8.6.1", BuildOptions())
+        build_settings("8.6.1", BuildOptions())
     with pytest.raises(ConfigError, match="cannot read the TensorRT version"):
-        plan_build("", BuildOptions())
+        build_settings("", BuildOptions())
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -79,13 +79,13 @@ def test_dla_needs_static_shapes_and_gets_the_fp16_artifact_never_fp32_built_as_
     """DLA takes no dynamic dimension, and runs FP16/INT8 only: an FP32 artifact is refused (issue 24: built
     "as FP16" it would be timed in one precision and scored in another); the FP16 artifact builds with FP16."""
     with pytest.raises(DlaError, match="static shapes"):
-        plan_build("10.3.0", BuildOptions(precision="fp16", batch=(1, 32, 32), dla_core=0))
+        build_settings("10.3.0", BuildOptions(precision="fp16", batch=(1, 32, 32), dla_core=0))
     with pytest.raises(DlaError, match="FP32 artifact cannot run on the DLA") as err:
-        plan_build("10.3.0", BuildOptions(precision="fp32", batch=(8, 8, 8), dla_core=0))
+        build_settings("10.3.0", BuildOptions(precision="fp32", batch=(8, 8, 8), dla_core=0))
     assert "student_fp16" in err.value.fix
-    plan = plan_build("10.3.0", BuildOptions(precision="fp16", batch=(8, 8, 8), dla_core=0), artifact="fp16")
-    assert plan.builder_flags == ("FP16", "GPU_FALLBACK", "PREFER_PRECISION_CONSTRAINTS")
-    assert plan_build("10.3.0", BuildOptions(precision="fp32")).builder_flags == ()  # the GPU keeps FP32
+    settings = build_settings("10.3.0", BuildOptions(precision="fp16", batch=(8, 8, 8), dla_core=0), artifact="fp16")
+    assert settings.builder_flags == ("FP16", "GPU_FALLBACK", "PREFER_PRECISION_CONSTRAINTS")
+    assert build_settings("10.3.0", BuildOptions(precision="fp32")).builder_flags == ()  # the GPU keeps FP32
 
 
 @pytest.mark.parametrize("version, board, precision, message", [
@@ -98,9 +98,9 @@ def test_dla_needs_static_shapes_and_gets_the_fp16_artifact_never_fp32_built_as_
 def test_tensorrt_11_dla_rules(version, board, precision, message):
     """Point 4: DLA is gone in 11.0–11.3, AGX Orin only from 11.4.1, and strongly typed (no FP32)."""
     with pytest.raises(DlaError, match=message):
-        plan_build(version, BuildOptions(precision=precision, dla_core=0), board=board)
-    plan = plan_build("11.4.1", BuildOptions(precision="int8", dla_core=0), board="NVIDIA Jetson AGX Orin Developer Kit")
-    assert plan.network_flags == ("STRONGLY_TYPED",) and plan.builder_flags == ("GPU_FALLBACK",)
+        build_settings(version, BuildOptions(precision=precision, dla_core=0), board=board)
+    settings = build_settings("11.4.1", BuildOptions(precision="int8", dla_core=0), board="NVIDIA Jetson AGX Orin Developer Kit")
+    assert settings.network_flags == ("STRONGLY_TYPED",) and settings.builder_flags == ("GPU_FALLBACK",)
 
 
 def test_requested_precision_must_agree_with_the_artifact(tmp_path):
@@ -120,7 +120,7 @@ def test_requested_precision_must_agree_with_the_artifact(tmp_path):
         with pytest.raises(PrecisionMismatchError, match="weights are FP32") as err:
             reconcile_precision("fp16", "fp32", version)
         assert "student_fp16" in err.value.fix
-    assert plan_build("11.1.0", BuildOptions(precision="fp16"), artifact="fp16").builder_flags == ()
+    assert build_settings("11.1.0", BuildOptions(precision="fp16"), artifact="fp16").builder_flags == ()
 
 
 def test_an_fp16_artifact_with_float32_io_is_fp16(tmp_path):
@@ -135,22 +135,22 @@ def test_an_fp16_artifact_with_float32_io_is_fp16(tmp_path):
     assert onnx.load(str(tmp_path / "h.onnx")).graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     assert artifact_precision(tmp_path / "h.onnx") == "fp16"
     # 10.12+ builds it strongly typed, as the INT8 rung: the graph's types, no deprecated flag.
-    plan = plan_build("10.12.0", BuildOptions(precision="fp16"), artifact="fp16")
-    assert plan.network_flags == ("STRONGLY_TYPED",) and plan.builder_flags == ()
-    assert plan_build("10.3.0", BuildOptions(precision="fp16"), artifact="fp16").builder_flags == ("FP16",)
+    settings = build_settings("10.12.0", BuildOptions(precision="fp16"), artifact="fp16")
+    assert settings.network_flags == ("STRONGLY_TYPED",) and settings.builder_flags == ()
+    assert build_settings("10.3.0", BuildOptions(precision="fp16"), artifact="fp16").builder_flags == ("FP16",)
 
 
 def test_from_10_12_int8_is_strongly_typed_without_deprecated_flags():
     """Point 6: BuilderFlag.INT8/FP16 are deprecated from 10.12; the Q/DQ model types the network."""
-    plan = plan_build("10.12.0", BuildOptions(precision="int8"))
-    assert plan.network_flags == ("STRONGLY_TYPED",) and plan.builder_flags == ()
+    settings = build_settings("10.12.0", BuildOptions(precision="int8"))
+    assert settings.network_flags == ("STRONGLY_TYPED",) and settings.builder_flags == ()
     line = trtexec_command("m.onnx", "m.plan", "input", (3, 8, 8), BuildOptions(precision="int8"), "10.16.0")
     assert "--stronglyTyped" in line and "--int8" not in line
     # TensorRT 10.8–10.16 have no DLA at all (10.7 was the last 10.x with it), so no DLA build is strongly typed
     # on 10.x: a 10.7 DLA build keeps the INT8/FP16 flags the float layers around the Q/DQ pairs need.
     with pytest.raises(DlaError, match="10.7 as the last"):
-        plan_build("10.16.0", BuildOptions(precision="int8", dla_core=0))
-    dla = plan_build("10.7.0", BuildOptions(precision="int8", dla_core=0))
+        build_settings("10.16.0", BuildOptions(precision="int8", dla_core=0))
+    dla = build_settings("10.7.0", BuildOptions(precision="int8", dla_core=0))
     assert dla.network_flags == () and dla.builder_flags[:3] == ("INT8", "FP16", "GPU_FALLBACK")
 
 

@@ -5,7 +5,8 @@ device's predictions are the host's when both run the same program."""
 import numpy as np
 import pytest
 
-from device.client import AgentError, file_sha256
+from device.client import AgentError
+from device.files import sha256_file
 from device.runners import make_runner
 from tests.device.agent_process import AgentProcess, tiny_onnx
 
@@ -46,4 +47,4 @@ def test_an_evaluation_set_that_is_not_float32_nchw_is_refused_on_upload(tmp_pat
         with pytest.raises(AgentError, match=message) as err:
             client.upload(path)
         assert err.value.status == 422
-        assert not list((agent.data_dir / "artifacts").glob(f"{file_sha256(path)}*"))
+        assert not list((agent.data_dir / "artifacts").glob(f"{sha256_file(path)}*"))

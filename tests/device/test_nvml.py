@@ -195,7 +195,7 @@ def test_power_comes_from_the_gpu_the_runner_uses(monkeypatch):
 def test_tensorrt_job_samples_the_runner_gpu(monkeypatch, tmp_path):
     """The whole chain: the TensorRT runner's cudaDeviceGetPCIBusId → the job → the NVML sampler
     (TensorRT, CUDA and NVML are stand-ins here: tests/device/trt_standin.py, two_gpu_pynvml)."""
-    from device.client import file_sha256
+    from device.files import sha256_file
     from device.jobrun import run_job
     from tests.device import trt_standin
     from tests.device.agent_process import tiny_onnx
@@ -205,7 +205,7 @@ def test_tensorrt_job_samples_the_runner_gpu(monkeypatch, tmp_path):
     module = two_gpu_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", module)
     model = tiny_onnx(tmp_path / "m.onnx")
-    job = {"spec": {"artifact": file_sha256(model), "runtime": "tensorrt", "precision": "fp32", "batch_sizes": [1],
+    job = {"spec": {"artifact": sha256_file(model), "runtime": "tensorrt", "precision": "fp32", "batch_sizes": [1],
                     "iterations": 5, "warmup_iterations": 1, "idle_s": 0.0, "telemetry": ["nvml"], "profile": False},
            "artifact_path": str(model), "engine_cache": str(tmp_path / "engines")}
     result = run_job(job, tmp_path)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from device.client import file_sha256
+from device.files import sha256_file
 from device.jobrun import run_job
 from device.profile import (BatchProfile, Profile, batch_profile, from_onnxruntime_trace, from_tensorrt,
                             int8_payoff_reasons, layer_precision, overhead_kind, profile_runner, type_precision)
@@ -122,7 +122,7 @@ def test_a_runner_without_a_profiler_says_so():
 def test_the_job_result_carries_the_profile(tmp_path):
     """device.jobrun: a separate profiling pass after the timed windows; results keep the whole table."""
     model = tiny_onnx(tmp_path / "m.onnx")
-    job = {"spec": {"artifact": file_sha256(model), "runtime": "onnxruntime", "batch_sizes": [1, 4],
+    job = {"spec": {"artifact": sha256_file(model), "runtime": "onnxruntime", "batch_sizes": [1, 4],
                     "iterations": 5, "warmup_iterations": 1, "idle_s": 0.0, "telemetry": ["host"], "threads": 1},
            "artifact_path": str(model)}
     result = run_job(job, tmp_path)

@@ -286,13 +286,13 @@ def test_timed_call_reports_trtexec_latency_and_gpu_compute(monkeypatch, tmp_pat
 def test_job_result_and_report_carry_three_latencies(monkeypatch, tmp_path, float_model):
     """A TensorRT job's result has trtexec's Latency and GPU Compute beside the wall time, and the report
     shows all three, each with its interval over the windows and named for what it is."""
-    from device.client import file_sha256
+    from device.files import sha256_file
     from device.jobrun import run_job
     from device.schema import JobResult
     from pipeline.report import TIMINGS_TEXT, _window_statistics, timing_rows
 
     trt_standin.install(monkeypatch, "10.3.0")
-    job = {"spec": {"artifact": file_sha256(float_model), "runtime": "tensorrt", "precision": "fp32",
+    job = {"spec": {"artifact": sha256_file(float_model), "runtime": "tensorrt", "precision": "fp32",
                     "batch_sizes": [2], "iterations": 6, "warmup_iterations": 1, "idle_s": 0.0,
                     "telemetry": ["host"], "profile": False},
            "artifact_path": str(float_model), "engine_cache": str(tmp_path / "engines")}
@@ -329,12 +329,12 @@ def _evaluation_set(tmp_path, images=37, seed=3):
 
 
 def _job(model, tmp_path, eval_path, images, artifact=None, precision="fp32"):
-    from device.client import file_sha256
+    from device.files import sha256_file
 
-    return {"spec": {"artifact": file_sha256(model), "runtime": "tensorrt", "precision": precision,
+    return {"spec": {"artifact": sha256_file(model), "runtime": "tensorrt", "precision": precision,
                      "batch_sizes": [1, 8], "iterations": 3, "warmup_iterations": 0, "idle_s": 0.0,
                      "telemetry": ["host"], "profile": False,
-                     "evaluation": {"artifact": artifact or file_sha256(eval_path), "images": images, "top_k": 5}},
+                     "evaluation": {"artifact": artifact or sha256_file(eval_path), "images": images, "top_k": 5}},
             "artifact_path": str(model), "engine_cache": str(tmp_path / "engines"), "evaluation_path": str(eval_path)}
 
 

@@ -118,7 +118,7 @@ def test_bundle_resolves_every_aarch64_wheel(tmp_path, l4t, family, python):
     bundle = tmp_path / f"edgefold-agent-{platforms.version()}-l4t{family}"
     wheels = {p.name.split("-")[0].lower().replace("_", "-"): p.name for p in (bundle / "wheels").glob("*.whl")}
     for needed in ("edgefold", "numpy", "onnxruntime", "onnx", "fastapi", "uvicorn", "pydantic-core", "psutil",
-                   "opencv-python-headless", "jetson-stats", "httpx", "pyyaml"):
+                   "prometheus-client", "opencv-python-headless", "jetson-stats", "httpx", "pyyaml"):
         assert needed in wheels, f"{needed} missing from the bundle"
     native = [name for name in wheels.values() if not name.endswith("-none-any.whl")]
     assert native and all("aarch64" in name for name in native), native

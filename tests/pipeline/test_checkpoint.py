@@ -14,7 +14,7 @@ def test_round_trip_with_weights_only(tmp_path):
     loaded, info = load_checkpoint(path)
     x = torch.randn(2, 3, 16, 16)
     torch.testing.assert_close(loaded(x), model(x))
-    assert info["meta"] == {"note": "x"} and not (tmp_path / "m.pt.tmp").exists()
+    assert info["meta"] == {"note": "x"} and [p.name for p in tmp_path.iterdir()] == ["m.pt"]  # no temporary left
 
 
 def test_pickled_module_is_refused(tmp_path):

@@ -14,7 +14,7 @@ import torch
 
 from device.errors import CheckpointError, ConfigError, DataError, ManifestError, StageError
 from pipeline import codehash
-from pipeline.manifest import sha256_file
+from device.files import sha256_file
 from pipeline.runner import run_pipeline, stage_code_roots
 from pipeline.scores import assess, points
 from pipeline.stages import STAGE_ORDER, STAGES

@@ -62,8 +62,6 @@ def test_knapsack_says_when_the_budget_is_unreachable():
     assert knapsack.solve([[1, 2]], [[1.0, 2.0]], 0.5) is None
 
 
-def test_monotone_smoothing_pools_noise():
-    assert latency._monotone([0.0, 2.0, 1.0, 3.0]) == [0.0, 1.5, 1.5, 3.0]
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -103,6 +101,16 @@ def test_recipe_takes_exactly_one_target():
     raw["prune"]["latency"] = {"device": "edge", "ratio": 0.5, "windws": 3}
     with pytest.raises(ConfigError, match="windws: unknown key"):
         parse_recipe(raw)
+
+
+def test_the_renamed_points_key_is_refused_naming_widths_per_group():
+    raw = _tiny_raw()
+    del raw["prune"]["macs_target"]
+    raw["prune"]["latency"] = {"device": "edge", "ratio": 0.5, "points": 3}
+    with pytest.raises(ConfigError, match="prune.latency: 'points' was renamed 'widths_per_group'"):
+        parse_recipe(raw)
+    raw["prune"]["latency"] = {"device": "edge", "ratio": 0.5, "widths_per_group": 3}
+    assert parse_recipe(raw).prune.latency.widths_per_group == 3
 
 
 # ------------------------------------------------------------------------------------------------ groups
@@ -155,14 +163,6 @@ def test_tables_time_the_deployed_precision_unless_told_float(tmp_path):
     assert out.shape == (1, 10)
 
 
-def test_long_measurements_say_how_far_they_are():
-    lines = []
-    progress = latency._Progress(lines.append, "jobs measured", 4, every_s=0.0)
-    for _ in range(4):
-        progress.step()
-    assert len(lines) == 3 and lines[0].startswith("[   prune] latency: 1/4 jobs measured, ") and "ETA" in lines[0]
-
-
 def test_step_widths_walk_evenly_to_the_plan():
     model = build_model("tiny_resnet", 10).eval()
     groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
@@ -204,7 +204,7 @@ def _latency_recipe(tmp_path, **latency_cfg) -> Path:
     raw = _tiny_raw()
     raw["teacher"]["train"]["epochs"] = 2
     raw["prune"] = {"round_to": 4, "steps": 2, "latency": {
-        "device": "edge", "ratio": 0.9, "windows": 2, "points": 3, "duration_s": 0.1, "tolerance": 0.1,
+        "device": "edge", "ratio": 0.9, "windows": 2, "widths_per_group": 3, "duration_s": 0.1, "tolerance": 0.1,
         "rounds": 5, **latency_cfg}}  # 5: a loaded host can need more than 3 to land
     raw["deploy"]["threads"] = 1
     path = tmp_path / "tiny_latency.yaml"
@@ -419,6 +419,18 @@ def _device(groups, ms_of):
     return Device
 
 
+def test_a_tables_measured_dip_is_pooled_so_a_wider_group_never_costs_less():
+    """stem.0 measured faster at 12 channels than at 8 (noise): the table's curve pools the two (isotonic
+    regression) instead of telling the knapsack that 8 channels cost more than 12."""
+    model = build_model("tiny_resnet", 10).eval()
+    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    full = {g.name: g.full for g in groups}
+    stem_ms = {4: 0.0, 8: 0.2, 12: 0.1, 16: 0.3}
+    Device = _device(groups, lambda widths: 1.0 + stem_ms[widths["stem.0"]])
+    table = latency.build_table(model, "tiny_resnet", SHAPE, groups, full, Device(), 4)
+    assert table.delta_ms["stem.0"] == pytest.approx([-0.3, -0.15, -0.15, 0.0])
+
+
 def test_a_plan_far_under_the_budget_is_refused_not_shipped():
     """A device on which every pruned plan measures a tenth of its prediction: no round lands near the
     budget, and the stage says so instead of shipping the closest plan under it (a needlessly small model)."""
@@ -428,7 +440,7 @@ def test_a_plan_far_under_the_budget_is_refused_not_shipped():
     full = {g.name: g.full for g in groups}
     Device = _device(groups, lambda widths: 1.0 if widths == full else
                      0.1 + 0.8 * sum(widths.values()) / sum(full.values()) / 10)
-    cfg = PruneConfig(round_to=4, importance="l2", latency={"ratio": 0.6, "points": 2, "rounds": 3, "tolerance": 0.05})
+    cfg = PruneConfig(round_to=4, importance="l2", latency={"ratio": 0.6, "widths_per_group": 2, "rounds": 3, "tolerance": 0.05})
     with pytest.raises(StageError, match="no measured plan came near the budget of 0.600 ms") as err:
         latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
     assert "rounds" in err.value.fix
@@ -508,16 +520,16 @@ def test_a_device_the_table_mispredicts_is_met_by_measuring_along_the_path(power
     full = {g.name: g.full for g in groups}
     Device = _device(groups, lambda widths: 0.05 + 0.95 * (sum(widths.values()) / sum(full.values())) ** power)
     cfg = PruneConfig(round_to=4, importance="l2",
-                      latency={"ratio": ratio, "points": 2, "rounds": 6, "tolerance": 0.05, "max_pruning_ratio": 1.0})
-    planned = latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
-    rounds = planned["rounds"]
-    assert abs(planned["measured_ms"]["p50_ms"] - ratio) <= 0.05 * ratio
+                      latency={"ratio": ratio, "widths_per_group": 2, "rounds": 6, "tolerance": 0.05, "max_pruning_ratio": 1.0})
+    search = latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+    rounds = search["rounds"]
+    assert abs(search["measured_ms"]["p50_ms"] - ratio) <= 0.05 * ratio
     assert 1 < len(rounds) <= 4, "round 1 missed; the path landed within three more"
     positions = [r["path_position"] for r in rounds]
     assert None not in positions and len(set(positions)) == len(positions), "round 1 is placed on the path too"
     assert {r["path_length"] for r in rounds} == {len(latency.nested_path(
-        latency.restricted(planned["table"], 1.0), planned["importance"], rounds[0]["widths"]))}
-    assert planned["widths"] == rounds[-1]["widths"]
+        latency.restricted(search["table"], 1.0), search["importance"], rounds[0]["widths"]))}
+    assert search["widths"] == rounds[-1]["widths"]
 
     # max_pruning_ratio bounds every group's cut (the table still measured every width: one cache for all);
     # a budget only deeper cuts reach is refused, naming the bound.
@@ -530,7 +542,7 @@ def test_a_device_the_table_mispredicts_is_met_by_measuring_along_the_path(power
     bounded = latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
     assert all(w >= g.full / 2 for g in groups for w in [bounded["widths"][g.name]])
     assert all(w >= g.full / 2 for g in groups for r in bounded["rounds"] for w in [r["widths"][g.name]])
-    assert bounded["tables"][0]["groups"] == planned["tables"][0]["groups"]
+    assert bounded["tables"][0]["groups"] == search["tables"][0]["groups"]
 
 
 def test_a_tables_context_is_measured_again_beside_its_networks(tmp_path):

@@ -147,7 +147,7 @@ def test_grouped_convolutions_are_pruned_by_whole_groups():
               for conv in grouped_convs(model)}
     shapes = _conv_shapes(model)
     cfg = PruneConfig(macs_target=0.5, round_to=8)
-    pruner = make_pruner(model, "regnet_y_400mf", cfg, {"ratio": 0.3, "dense_ratio": 0.3}, shape)
+    pruner = make_pruner(model, "regnet_y_400mf", cfg, {"ratio": 0.3, "harder_ratio": 0.3}, shape)
     pruner.step()
     after = grouped_convs(model)
     assert len(after) == len(before)

@@ -9,7 +9,7 @@ import pytest
 from device.errors import StageError
 from device.qdq_lint import lint_qdq
 from device.runners.onnxruntime import OnnxRuntimeRunner
-from pipeline.manifest import sha256_file
+from device.files import sha256_file
 from pipeline.runner import run_pipeline
 from pipeline.stages import quantize as quantize_stage
 

@@ -17,9 +17,9 @@ from tests.device.agent_process import AgentProcess
 
 
 def test_pareto_front_on_a_hand_made_set():
-    points = [("a", 1.0, 0.90), ("b", 2.0, 0.95), ("c", 3.0, 0.94),  # c: slower and worse than b
+    candidates = [("a", 1.0, 0.90), ("b", 2.0, 0.95), ("c", 3.0, 0.94),  # c: slower and worse than b
               ("d", 0.5, 0.80), ("e", 2.0, 0.93), ("f", 4.0, 0.99), ("g", 1.0, 0.90)]  # g ties a
-    assert pareto_front(points) == {"a", "b", "d", "f", "g"}
+    assert pareto_front(candidates) == {"a", "b", "d", "f", "g"}
     assert pareto_front([]) == set()
 
 
@@ -213,7 +213,8 @@ def test_report_reads_typed_results_only(repo):
 # ---------------------------------------------------------------- issue #23: a rebuild replaces the report whole
 def _run_with_a_recorded_report(tmp_path):
     """A run whose report stage recorded its four files (an older version's, by their bytes) in the manifest."""
-    from pipeline.manifest import Manifest, sha256_file
+    from device.files import sha256_file
+    from pipeline.manifest import Manifest
 
     run = tmp_path / "runs" / "tiny" / "r"
     manifest = Manifest.open(run, "tiny")
@@ -232,7 +233,8 @@ def _run_with_a_recorded_report(tmp_path):
 def test_a_report_rebuild_that_fails_changes_nothing_and_one_that_succeeds_keeps_the_manifest_true(tmp_path,
                                                                                                    monkeypatch):
     from pipeline import cli, report
-    from pipeline.manifest import Manifest, sha256_file
+    from device.files import sha256_file
+    from pipeline.manifest import Manifest
 
     run = _run_with_a_recorded_report(tmp_path)
     before = {path.name: path.read_bytes() for path in (run / "report").iterdir()}

@@ -8,7 +8,8 @@ import torch
 
 from device.errors import ConfigError, ManifestError
 from pipeline.checkpoint import load_checkpoint
-from pipeline.manifest import Manifest, sha256_file
+from device.files import sha256_file
+from pipeline.manifest import Manifest
 from pipeline.runner import list_runs, run_pipeline
 from pipeline.stages import STAGE_ORDER
 from pipeline.train import evaluate

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from device import quiet
+from device import contention
 from device.measure import MeasureSpec, measure
 from pipeline import stats
 
@@ -53,13 +53,13 @@ def test_a_ratio_whose_interval_holds_one_is_no_measurable_difference():
 
 
 def test_noise_flags_name_the_cause_and_the_fix():
-    flags = quiet.noise_flags({"other_cpu_cores": 0.9, "governor": "powersave"}, latency_cv=0.3, clocks_dropped=True)
+    flags = contention.noise_flags({"other_cpu_cores": 0.9, "governor": "powersave"}, latency_cv=0.3, clocks_dropped=True)
     assert set(flags) == {"busy_device", "high_variance", "clocks_dropped", "governor"}
     assert "stop other work" in flags["busy_device"] and "jetson_clocks" in flags["clocks_dropped"]
-    assert quiet.noise_flags({"other_cpu_cores": 0.01, "governor": "performance"}, latency_cv=0.02) == {}
+    assert contention.noise_flags({"other_cpu_cores": 0.01, "governor": "performance"}, latency_cv=0.02) == {}
     # NVML: SwThermalSlowdown (0x20) is throttling; GpuIdle (0x1) is not.
-    assert quiet.nvml_throttled({"series": {"throttle_reasons": {"peak": float(0x20 | 0x1)}}})
-    assert not quiet.nvml_throttled({"series": {"throttle_reasons": {"peak": 1.0}}})
+    assert contention.nvml_throttled({"series": {"throttle_reasons": {"peak": float(0x20 | 0x1)}}})
+    assert not contention.nvml_throttled({"series": {"throttle_reasons": {"peak": 1.0}}})
 
 
 class Sleeper:
@@ -82,7 +82,7 @@ def test_a_window_with_another_busy_process_is_flagged(tmp_path):
         hog.kill()
         hog.wait()
     assert busy_window["contention"]["other_cpu_cores"] > 0.5, busy_window["contention"]
-    assert "busy_device" in quiet.noise_flags(busy_window["contention"], busy_window["latency_cv"])
+    assert "busy_device" in contention.noise_flags(busy_window["contention"], busy_window["latency_cv"])
     assert quiet_window["contention"]["other_cpu_cores"] < busy_window["contention"]["other_cpu_cores"]
 
 

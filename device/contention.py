@@ -1,11 +1,10 @@
-"""Was the device quiet? What else used it during a timed window, read from the OS.
+"""Did something else use the device during a timed window? Contention read from the OS through psutil.
 
 A busy period (another job, a compile, a browser) slows whichever rung it hits; without a record of
 it a ratio between rungs is a coin toss. For each window this records the CPU time that *other*
-processes used (all CPUs' busy time from ``/proc/stat`` less this process's own from
-``/proc/self/stat``, in cores), the load average, and the CPU clock and governor where readable,
-so a noisy window is flagged with its cause, as trtexec warns on a high coefficient of variation.
-Linux only; elsewhere the fields are None.
+processes used (all CPUs' busy time less this process's own, in cores), the load average, and the CPU
+clock and governor where readable, so a noisy window is flagged with its cause, as trtexec warns on a
+high coefficient of variation. Where the OS does not say (no cpufreq, no load average), a field is None.
 """
 
 from __future__ import annotations
@@ -15,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from device.errors import require
+
 # Other processes using more than this many cores on average, or a window CV above this, is noisy.
 OTHER_CORES_LIMIT = 0.25
 WINDOW_CV_LIMIT = 0.10
@@ -23,63 +24,45 @@ WINDOW_CV_LIMIT = 0.10
 @dataclass(frozen=True)
 class Snapshot:
     wall_s: float
-    busy_ticks: int | None  # all CPUs: user + nice + system + irq + softirq + steal
-    own_ticks: int | None  # this process and its waited-for children: utime + stime + cutime + cstime
+    busy_s: float  # all CPUs: user + nice + system + irq + softirq + steal
+    own_s: float  # this process and its waited-for children: user + system + children's user + system
     freq_mhz: tuple[float, ...]
 
 
-def _busy_ticks() -> int | None:
-    try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    except (OSError, IndexError):
-        return None
-    values = [int(v) for v in fields]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (values + [0] * 8)[:8]
-    return user + nice + system + irq + softirq + steal
-
-
-def _own_ticks() -> int | None:
-    try:
-        stat = Path("/proc/self/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
-    return sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime (fields 14–17)
-
-
-def _frequencies() -> tuple[float, ...]:
-    out = []
-    for path in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_cur_freq")):
-        try:
-            out.append(int(path.read_text()) / 1000.0)  # kHz
-        except (OSError, ValueError):
-            continue
-    return tuple(out)
+def _psutil():
+    # Lazily, as device.telemetry.host does: the pipeline imports this module's limits without the agent's extras.
+    return require("psutil", "psutil", "pip install 'edgefold[device]'")
 
 
 def snapshot() -> Snapshot:
-    return Snapshot(time.monotonic(), _busy_ticks(), _own_ticks(), _frequencies())
+    """CPU time so far (all CPUs' busy, this process's own) and every CPU's clock, now."""
+    psutil = _psutil()
+    cpu = psutil.cpu_times()
+    # Fields other platforms lack count as 0 (psutil names only what the OS reports).
+    busy = sum(getattr(cpu, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+    own = psutil.Process().cpu_times()
+    try:
+        freqs = tuple(float(f.current) for f in psutil.cpu_freq(percpu=True) or () if f.current)
+    except (NotImplementedError, OSError):  # no cpufreq on this machine (some VMs, containers)
+        freqs = ()
+    return Snapshot(time.monotonic(), busy, own.user + own.system + own.children_user + own.children_system, freqs)
 
 
 def governor() -> str | None:
+    """cpu0's frequency governor; read from sysfs because psutil does not report it."""
     try:
         return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
     except OSError:
         return None
 
 
-def contention(before: Snapshot, after: Snapshot) -> dict:
+def between(before: Snapshot, after: Snapshot) -> dict:
     """What else ran between two snapshots, shaped as :class:`device.schema.Contention`."""
     wall = max(after.wall_s - before.wall_s, 1e-9)
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    other = None
-    if None not in (before.busy_ticks, after.busy_ticks, before.own_ticks, after.own_ticks):
-        busy = (after.busy_ticks - before.busy_ticks) / hz
-        own = (after.own_ticks - before.own_ticks) / hz
-        other = max(0.0, (busy - own) / wall)
+    other = max(0.0, ((after.busy_s - before.busy_s) - (after.own_s - before.own_s)) / wall)
     try:
-        load = os.getloadavg()[0]
-    except OSError:
+        load = _psutil().getloadavg()[0]
+    except (OSError, AttributeError):
         load = None
     freqs = before.freq_mhz + after.freq_mhz
     return {"other_cpu_cores": other, "loadavg_1m": load, "cpus": os.cpu_count(),
