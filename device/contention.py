@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from device.errors import require
+from device.schema import Contention, TelemetrySummary
+from device.telemetry import series
 
 # Other processes using more than this many cores on average, or a window CV above this, is noisy.
 OTHER_CORES_LIMIT = 0.25
@@ -56,8 +58,8 @@ def governor() -> str | None:
         return None
 
 
-def between(before: Snapshot, after: Snapshot) -> dict:
-    """What else ran between two snapshots, shaped as :class:`device.schema.Contention`."""
+def between(before: Snapshot, after: Snapshot) -> Contention:
+    """What else ran between two snapshots."""
     wall = max(after.wall_s - before.wall_s, 1e-9)
     other = max(0.0, ((after.busy_s - before.busy_s) - (after.own_s - before.own_s)) / wall)
     try:
@@ -65,9 +67,9 @@ def between(before: Snapshot, after: Snapshot) -> dict:
     except (OSError, AttributeError):
         load = None
     freqs = before.freq_mhz + after.freq_mhz
-    return {"other_cpu_cores": other, "loadavg_1m": load, "cpus": os.cpu_count(),
-            "cpu_freq_mhz_min": min(freqs) if freqs else None, "cpu_freq_mhz_max": max(freqs) if freqs else None,
-            "governor": governor()}
+    return Contention(other_cpu_cores=other, loadavg_1m=load, cpus=os.cpu_count(),
+                      cpu_freq_mhz_min=min(freqs) if freqs else None, cpu_freq_mhz_max=max(freqs) if freqs else None,
+                      governor=governor())
 
 
 # NVML clock-event reasons that mean the GPU slowed itself (not idle, not an application clock setting):
@@ -75,18 +77,18 @@ def between(before: Snapshot, after: Snapshot) -> dict:
 NVML_THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 
-def nvml_throttled(telemetry: dict) -> bool:
+def nvml_throttled(telemetry: TelemetrySummary) -> bool:
     """Whether an NVML sampler saw a throttling clock-event reason during the window."""
-    reasons = (telemetry.get("series") or {}).get("throttle_reasons") or {}
-    peak = reasons.get("peak")
+    reasons = telemetry.series.get(series.THROTTLE_REASONS)
+    peak = reasons.peak if reasons else None
     return peak is not None and peak == peak and int(peak) & NVML_THROTTLE_MASK != 0
 
 
-def noise_flags(contention_: dict | None, latency_cv: float | None, clocks_dropped: bool = False,
+def noise_flags(contention_: Contention | None, latency_cv: float | None, clocks_dropped: bool = False,
                 throttled: bool = False) -> dict[str, str]:
     """Why a window's numbers are noisy, each with the fix (trtexec-style): {flag: sentence}."""
     flags = {}
-    other = (contention_ or {}).get("other_cpu_cores")
+    other = contention_.other_cpu_cores if contention_ else None
     if other is not None and other > OTHER_CORES_LIMIT:
         flags["busy_device"] = (f"other processes used {other:.2f} CPU cores during the window; stop other work on "
                                 "the device (or pin the benchmark to reserved cores)")
@@ -99,7 +101,7 @@ def noise_flags(contention_: dict | None, latency_cv: float | None, clocks_dropp
         flags["clocks_dropped"] = "GPU/EMC clocks dropped during the window; run jetson_clocks and fix the nvpmodel"
     if throttled:
         flags["throttled"] = "the device throttled (temperature or power limit); cool it down and lock clocks"
-    governor_ = (contention_ or {}).get("governor")
+    governor_ = contention_.governor if contention_ else None
     if governor_ and governor_ not in ("performance",) and latency_cv is not None and latency_cv > WINDOW_CV_LIMIT:
         flags["governor"] = f"CPU frequency governor {governor_!r}; set 'performance' for stable timings"
     return flags

@@ -32,7 +32,7 @@ from device.measure import MeasureSpec, measure
 from device.power_modes import use_socket
 from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
-from device.schema import RESULT_SCHEMA, JobResult, JobSpec, PowerPoint, RunResult, RunSummary, reported_fields
+from device.schema import RESULT_SCHEMA, JobResult, JobSpec, PowerSetting, RunResult, RunSummary, reported_fields
 from device.sweep import point_facts, run_sweep
 from device.telemetry import series
 from device.telemetry.base import Sampler
@@ -193,9 +193,9 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
             measure_spec = MeasureSpec(warmup_iterations=spec.warmup_iterations, idle_s=spec.idle_s,
                                        min_iterations=spec.min_iterations, **spec.window())
 
-            def measure_point(point: PowerPoint | None, where: str = "") -> list[RunResult]:
-                rng = np.random.default_rng(0)  # every point times the same batches
-                facts = point_facts(static, point)
+            def measure_point(setting: PowerSetting | None, where: str = "") -> list[RunResult]:
+                rng = np.random.default_rng(0)  # every setting times the same batches
+                facts = point_facts(static, setting)
                 measured = []
                 for index, batch_size in enumerate(spec.batch_sizes, start=1):
                     progress(f"{where + ': ' if where else ''}batch {batch_size} ({index}/{len(spec.batch_sizes)}): "
@@ -204,11 +204,11 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                     run = measure(runner, batch, measure_spec, samplers, power_key=power_key, facts=facts)
                     run.summary = summarize(run)
                     run.noise_flags = contention.noise_flags(
-                        run.contention.model_dump() if run.contention else None, run.latency_cv,
+                        run.contention, run.latency_cv,
                         clocks_dropped=any(t.clocks_dropped for t in run.telemetry.values()),
-                        throttled=any(t.temp_limit_crossed or contention.nvml_throttled(t.model_dump())
+                        throttled=any(t.temp_limit_crossed or contention.nvml_throttled(t)
                                       for t in run.telemetry.values()))
-                    run.power_point = point
+                    run.power_setting = setting
                     measured.append(run)
                 return measured
 

@@ -196,7 +196,7 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
         power = power or ({"power_trace": trace_of_power} if trace_of_power else {})
     return RunResult(batch_size=images_per_call, iterations=len(latencies), images=images, window_s=window_s,
                      throughput_images_per_s=images / window_s, **latency_stats(latencies), telemetry=telemetry,
-                     contention=Contention(**window_contention[1]) if window_contention[1] is not None else None,
+                     contention=window_contention[1],
                      device_timing=device_timing(device_ms, getattr(runner, "timing_method", ""))
                      if len(device_ms) == len(latencies) else None, **power)
 

@@ -35,7 +35,7 @@ from device.files import write_json_atomic
 DEFAULT_CONF = "/etc/nvpmodel.conf"
 HOLD_FILE = "power_mode_hold.json"
 HOLD_SCHEMA = "edgefold.power-hold/1"
-# nvpmodel writes a cap and the kernel rounds it to the clock's nearest operating point, so a cap
+# nvpmodel writes a cap and the kernel rounds it to the clock's nearest operating setting, so a cap
 # read back may differ a little from the configured value; 2% is far below the gap between any two
 # modes' caps (Orin Nano: 625 vs 1020 MHz GPU, 1.51 vs 1.73 GHz CPU).
 CAP_TOLERANCE = 0.02
@@ -51,7 +51,7 @@ class PowerModeError(DeviceError):
 
 
 class ModeUnavailableError(PowerModeError):
-    """A point that is never set: its mode needs a reboot, or it asks for jetson_clocks the board lacks."""
+    """A setting that is never set: its mode needs a reboot, or it asks for jetson_clocks the board lacks."""
 
 
 class ModeNotSettledError(PowerModeError):
@@ -136,7 +136,7 @@ def parse_nvpmodel_conf(text: str) -> dict[int, ModeCaps]:
                     mode.gpu_max_hz = value
     if not modes:
         raise PowerModeError("the nvpmodel configuration defines no POWER_MODEL",
-                             fix="point the agent's nvpmodel_conf at the board's file (/etc/nvpmodel.conf)")
+                             fix="setting the agent's nvpmodel_conf at the board's file (/etc/nvpmodel.conf)")
     return modes
 
 
@@ -214,7 +214,7 @@ class Observed:
         return problems
 
     def to_point(self) -> dict[str, Any]:
-        """The fields of :class:`device.schema.PowerPoint` this measurement fills."""
+        """The fields of :class:`device.schema.PowerSetting` this measurement fills."""
         return {"online_cores": sorted(core for core, online in self.online.items() if online),
                 "cpu_max_khz": {core: khz for core, khz in sorted(self.cpu_max_khz.items()) if self.online.get(core)},
                 "gpu_max_khz": self.gpu_max_khz}
@@ -413,14 +413,14 @@ class ModeController:
             raise PowerModeError(f"jtop no longer lists the original power mode {original.describe()}",
                                  fix=f"set it by hand: sudo nvpmodel -m {original.nvpmodel_id}")
         # The original mode shares the mask the sweep ran under, so it needs no reboot; jtop's status is
-        # relative to the mode it started in, which is not the point here.
+        # relative to the mode it started in, which is not the setting here.
         mode = PowerMode(original.nvpmodel_id, original.nvpmodel_name, True)
         observed, _ = self.set(mode, original.jetson_clocks if self.has_jetson_clocks else None, caps, timeout_s)
         return observed
 
 
 def use_socket(socket: str | None) -> None:
-    """Points this process's jtop clients at ``socket`` (jtop reads the path from a module global)."""
+    """Settings this process's jtop clients at ``socket`` (jtop reads the path from a module global)."""
     if not socket:
         return
     try:

@@ -122,7 +122,7 @@ ModeId = Annotated[int, Field(ge=0, le=255)]
 class SweepSpec(Request):
     """A sweep over power modes and jetson_clocks states (Jetson, through the jtop service).
 
-    Each point (mode × jetson_clocks) is set, waited for until the device shows it (online cores and
+    Each setting (mode × jetson_clocks) is set, waited for until the device shows it (online cores and
     clock caps as the board's nvpmodel configuration says), and measured at every batch size of the job;
     the engine is loaded once. The mode and jetson_clocks state found are restored at the end.
     """
@@ -132,7 +132,7 @@ class SweepSpec(Request):
                     "a reboot are skipped with the reason)")
     jetson_clocks: Annotated[list[bool], Field(min_length=1, max_length=2)] | None = Field(
         None, description="jetson_clocks states to measure each mode in; null: leave it as found")
-    settle_timeout_s: float = Field(30.0, gt=0, le=600, description="how long a point may take to show its mode "
+    settle_timeout_s: float = Field(30.0, gt=0, le=600, description="how long a setting may take to show its mode "
                                                                    "before it is refused, not measured")
 
     @model_validator(mode="after")
@@ -174,7 +174,7 @@ class JobSpec(Request):
     evaluation: EvaluationSpec | None = Field(None, description="score the engine that was timed on this set, once, "
                                                                 "after the timed windows")
     sweep: SweepSpec | None = Field(None, description="measure every batch size under each power mode × jetson_clocks "
-                                                      "point (Jetson); the device is restored afterwards")
+                                                      "setting (Jetson); the device is restored afterwards")
 
     @model_validator(mode="after")
     def _window(self) -> "JobSpec":
@@ -252,7 +252,7 @@ class ErrorBody(Strict):
 # Versions: "edgefold.result/MAJOR.MINOR". Written strictly (an unknown key is a producer's bug and
 # fails the job); read leniently within a major version: keys a newer minor added are dropped on read,
 # and a field this version added reads as "not recorded" in an older result (``Reported.since``).
-RESULT_MAJOR, RESULT_MINOR = 2, 2  # 2.2: RunResult.power_point, JobResult.sweep
+RESULT_MAJOR, RESULT_MINOR = 2, 2  # 2.2: RunResult.power_setting, JobResult.sweep
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -429,7 +429,7 @@ class DeviceTiming(Measured):
     gpu_compute_mean_ms: float
 
 
-class PowerPoint(Measured):
+class PowerSetting(Measured):
     """The power mode a window ran under, as the device showed it once the mode had taken effect (2.2)."""
 
     nvpmodel_id: int
@@ -438,11 +438,11 @@ class PowerPoint(Measured):
     online_cores: list[int] = Field(description="indices of the CPU cores online")
     cpu_max_khz: dict[int, int] = Field(description="online core → its cpufreq scaling_max_freq cap, kHz")
     gpu_max_khz: int | None = Field(description="the GPU's devfreq max_freq cap, kHz")
-    settle_s: float = Field(description="seconds from setting the point until the device showed it")
+    settle_s: float = Field(description="seconds from setting the setting until the device showed it")
 
 
 class NotMeasured(Measured):
-    """A sweep point that was not measured, and why."""
+    """A sweep setting that was not measured, and why."""
 
     nvpmodel_id: int | None
     nvpmodel_name: str
@@ -453,7 +453,7 @@ class NotMeasured(Measured):
 
 
 class SweepResult(Measured):
-    """How a sweep went: the state it found and restored, and the points it did not measure (2.2)."""
+    """How a sweep went: the state it found and restored, and the settings it did not measure (2.2)."""
 
     controlled: bool = Field(description="false: no power-mode control (no jtop): only the current mode was measured")
     note: str | None = None
@@ -486,7 +486,7 @@ class RunResult(Measured):
     noise_flags: dict[str, str] = Field(default_factory=dict, description="why this window is noisy, with the fix")
     device_timing: DeviceTiming | None = Field(None, description="trtexec's Latency and GPU Compute Time of the "
                                                                  "same calls (TensorRT runner only)")
-    power_point: PowerPoint | None = Field(None, description="the sweep point this window ran under (sweeps only)")
+    power_setting: PowerSetting | None = Field(None, description="the sweep setting this window ran under (sweeps only)")
 
 
 class RuntimeInfo(Measured):
@@ -542,8 +542,8 @@ class JobResult(Measured):
     evaluation: EvaluationResult | None = Field(None, description="the evaluation set's predictions by the engine "
                                                                   "that was timed")
     environment: dict[str, Any] = Field(default_factory=dict)
-    sweep: SweepResult | None = Field(None, description="a sweep's original and restored state and the points it "
-                                                        "did not measure; its runs carry power_point")
+    sweep: SweepResult | None = Field(None, description="a sweep's original and restored state and the settings it "
+                                                        "did not measure; its runs carry power_setting")
 
     @field_validator("schema_")
     @classmethod
@@ -559,11 +559,11 @@ class JobResult(Measured):
         return result_version(self.schema_)[1]
 
     def run(self, batch_size: int) -> RunResult | None:
-        """The run at ``batch_size``, if one was measured (a sweep's first point's; see ``power_point``)."""
+        """The run at ``batch_size``, if one was measured (a sweep's first setting's; see ``power_setting``)."""
         return next((run for run in self.runs if run.batch_size == batch_size), None)
 
     def sweep_windows(self) -> list[dict[str, Any]]:
-        """One dict per timed window with its sweep point, in the shape the report's front takes
+        """One dict per timed window with its sweep setting, in the shape the report's front takes
         (``pipeline.front.points_from_windows``): ``mode``, ``mode_id``, ``jetson_clocks``, ``batch_size``,
         ``accelerator`` (``gpu``, ``dla0``, ``dla1``), ``latency_p50_ms``, ``energy_mj_per_image``,
         ``throughput_images_per_s``, ``power_mean_w``, ``energy_degraded``. A window of no sweep has mode None
@@ -571,10 +571,10 @@ class JobResult(Measured):
         accelerator = "gpu" if self.spec.dla_core is None else f"dla{self.spec.dla_core}"
         windows = []
         for run in self.runs:
-            point, summary = run.power_point, run.summary
+            setting, summary = run.power_setting, run.summary
             windows.append({
-                "mode": point.nvpmodel_name if point else None, "mode_id": point.nvpmodel_id if point else None,
-                "jetson_clocks": point.jetson_clocks if point else None, "batch_size": run.batch_size,
+                "mode": setting.nvpmodel_name if setting else None, "mode_id": setting.nvpmodel_id if setting else None,
+                "jetson_clocks": setting.jetson_clocks if setting else None, "batch_size": run.batch_size,
                 "accelerator": accelerator, "latency_p50_ms": run.latency_p50_ms,
                 "energy_mj_per_image": summary.energy_mj_per_image,
                 "throughput_images_per_s": run.throughput_images_per_s,

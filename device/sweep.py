@@ -1,10 +1,10 @@
-"""A sweep job's points: each power mode × jetson_clocks state set through jtop, waited for, measured.
+"""A sweep job's settings: each power mode × jetson_clocks state set through jtop, waited for, measured.
 
 Runs inside the job process (:mod:`device.jobrun`) with the runner already loaded: the engine is built
-once and every point reuses it. The hold (:mod:`device.power_modes`) is written before the first
+once and every setting reuses it. The hold (:mod:`device.power_modes`) is written before the first
 change; the original state is restored in a ``finally`` here, and by the agent if this process dies
-first. Points that need a reboot, or jetson_clocks on a board without it, are skipped with the
-reason; a point that never takes effect is refused with what differed, and not measured.
+first. Settings that need a reboot, or jetson_clocks on a board without it, are skipped with the
+reason; a setting that never takes effect is refused with what differed, and not measured.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any, Callable
 from device.errors import ConfigError, DeviceError, MissingDependencyError
 from device.power_modes import (DeviceHeldError, ModeController, ModeNotSettledError, ModeUnavailableError, PowerMode,
                                 PowerModeError, read_hold, read_nvpmodel_conf, write_hold)
-from device.schema import NotMeasured, PowerPoint, RunResult, SweepResult, SweepSpec
+from device.schema import NotMeasured, PowerSetting, RunResult, SweepResult, SweepSpec
 
 log = logging.getLogger("edgefold.sweep")
 RESTORE_TIMEOUT_S = 60.0
 
-# Measures every batch size of the job under whatever the device runs now, with the given point.
-MeasurePoint = Callable[[PowerPoint | None, str], list[RunResult]]
+# Measures every batch size of the job under whatever the device runs now, with the given setting.
+MeasurePoint = Callable[[PowerSetting | None, str], list[RunResult]]
 
 
 def resolve_modes(wanted: list[str | int] | str, modes: list[PowerMode]) -> list[PowerMode]:
@@ -50,7 +50,7 @@ def resolve_modes(wanted: list[str | int] | str, modes: list[PowerMode]) -> list
 
 def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | None, interval_s: float,
               measure_point: MeasurePoint, progress: Callable[[str], None]) -> tuple[list[RunResult], SweepResult]:
-    """Visits every point of ``sweep`` and restores the device.
+    """Visits every setting of ``sweep`` and restores the device.
 
     Args:
         sweep: The job's sweep.
@@ -67,7 +67,7 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
     Raises:
         DeviceHeldError: Another sweep's hold is still in place.
         ConfigError: The sweep names a mode the board does not have.
-        DeviceError: No point could be measured (the device is restored first).
+        DeviceError: No setting could be measured (the device is restored first).
         PowerModeError: The jtop service stopped answering or refused a request (the restore is still tried; the
             agent retries it if it fails).
     """
@@ -91,20 +91,20 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
                     if mode.id in caps and caps[mode.id].name != mode.name]
         if disagree:  # jtop numbers modes by their order in nvpmodel's output: another file would check wrong caps
             raise PowerModeError(f"jtop's power modes and {conf_path} disagree ({'; '.join(disagree)})",
-                                 fix="point the agent's nvpmodel_conf at the file nvpmodel uses "
+                                 fix="setting the agent's nvpmodel_conf at the file nvpmodel uses "
                                      "(nvpmodel -p --verbose prints its path)")
         modes = resolve_modes(sweep.power_modes, listed)
         clocks = sweep.jetson_clocks if sweep.jetson_clocks is not None else [None]
-        points = [(mode, jc) for mode in modes for jc in clocks]
+        settings = [(mode, jc) for mode in modes for jc in clocks]
         runs: list[RunResult] = []
         not_measured: list[NotMeasured] = []
         # The hold goes to disk before the first change: a kill -9 from here on leaves what to restore.
         write_hold(hold_path, job_id, original)
         restored, restore_note = False, None
         try:
-            for index, (mode, jc) in enumerate(points, start=1):
+            for index, (mode, jc) in enumerate(settings, start=1):
                 label = f"{mode.name}" + ("" if jc is None else f", jetson_clocks {'on' if jc else 'off'}")
-                where = f"point {index}/{len(points)} ({label})"
+                where = f"setting {index}/{len(settings)} ({label})"
                 try:
                     progress(f"sweep {where}: setting")
                     seen, settle_s = controller.set(mode, jc, caps.get(mode.id), sweep.settle_timeout_s)
@@ -117,9 +117,9 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
                     not_measured.append(NotMeasured(nvpmodel_id=mode.id, nvpmodel_name=mode.name, jetson_clocks=jc,
                                                     kind="skipped", reason=err.message))
                     continue
-                point = PowerPoint(nvpmodel_id=mode.id, nvpmodel_name=mode.name, jetson_clocks=seen.jetson_clocks,
+                setting = PowerSetting(nvpmodel_id=mode.id, nvpmodel_name=mode.name, jetson_clocks=seen.jetson_clocks,
                                    settle_s=settle_s, **seen.to_point())
-                runs += measure_point(point, f"sweep {where}")
+                runs += measure_point(setting, f"sweep {where}")
         finally:
             try:
                 progress("sweep: restoring the original mode")
@@ -131,14 +131,14 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
                 log.error("sweep: %s", restore_note)
     if not runs:
         reasons = "; ".join(f"{item.nvpmodel_name}: {item.reason}" for item in not_measured)
-        raise DeviceError(f"no point of the sweep could be measured: {reasons}",
+        raise DeviceError(f"no setting of the sweep could be measured: {reasons}",
                           fix="sweep modes that share the current mode's mask (see each reason)")
     return runs, SweepResult(controlled=True, original=original.to_dict(), restored=restored,
                              restore_note=restore_note, not_measured=not_measured)
 
 
-def point_facts(static: dict[str, dict[str, Any]], point: PowerPoint | None) -> dict[str, dict[str, Any]]:
-    """The samplers' facts with the point's mode and jetson_clocks: those read when jtop opened are the first's."""
-    if point is None or "jtop" not in static:
+def point_facts(static: dict[str, dict[str, Any]], setting: PowerSetting | None) -> dict[str, dict[str, Any]]:
+    """The samplers' facts with the setting's mode and jetson_clocks: those read when jtop opened are the first's."""
+    if setting is None or "jtop" not in static:
         return static
-    return {**static, "jtop": {**static["jtop"], "nvpmodel": point.nvpmodel_name, "jetson_clocks": point.jetson_clocks}}
+    return {**static, "jtop": {**static["jtop"], "nvpmodel": setting.nvpmodel_name, "jetson_clocks": setting.jetson_clocks}}

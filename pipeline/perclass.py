@@ -11,7 +11,6 @@ class by luck at 5%, so a drop within noise is not flagged.
 
 from __future__ import annotations
 
-from math import comb
 from typing import Any, Sequence
 
 import numpy as np
@@ -42,13 +41,13 @@ def per_class(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> 
 def mcnemar_exact(only_a: int, only_b: int) -> float:
     """Two-sided exact McNemar p-value: ``only_a`` images right under A alone, ``only_b`` under B alone.
 
-    Under "no difference" each disagreement is a fair coin: p = 2·P(X ≤ min) for X ~ Bin(n, ½), capped at 1.
+    Under "no difference" each disagreement is a fair coin: the exact binomial test of ``only_a`` of
+    ``only_a + only_b`` at ½ (SciPy's ``binomtest``); 1 when the two never disagree.
     """
+    from scipy.stats import binomtest
+
     n = only_a + only_b
-    if n == 0:
-        return 1.0
-    tail = sum(comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2**n
-    return min(1.0, 2 * tail)
+    return 1.0 if n == 0 else float(binomtest(min(only_a, only_b), n, 0.5).pvalue)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

@@ -27,7 +27,7 @@ from pipeline.device_accuracy import device_scores, paired_top1_change, per_clas
 from pipeline.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from device import contention
 from pipeline import perclass, stats
-from pipeline.front import choose, energy_front, points_from_windows
+from pipeline.front import choose, energy_front, settings_from_windows
 from pipeline.headline import accuracy_evidence
 from pipeline.headline import text as headline_text
 from pipeline.scores import points as _points
@@ -193,23 +193,23 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
 
 def power_fronts(devices: list[dict[str, Any]], budget_ms: float | None) -> list[dict[str, Any]]:
-    """Per device × rung that ran a power-mode sweep: every point (mode × jetson_clocks × batch × accelerator)
-    over the rounds with intervals, the energy–latency front, the points not measured and why, and the point
+    """Per device × rung that ran a power-mode sweep: every setting (mode × jetson_clocks × batch × accelerator)
+    over the rounds with intervals, the energy–latency front, the settings not measured and why, and the setting
     to ship under ``deploy.latency_budget_ms`` (:mod:`pipeline.front`)."""
     fronts = []
     for device in devices:
         for rung, entry in device.get("rungs", {}).items():
             if entry.get("state") != "succeeded" or entry["result"].sweep is None:
                 continue
-            points = points_from_windows(w for result in entry["rounds"] for w in result.sweep_windows())
-            on_front = {p["label"] for p in energy_front(points)}
-            for point in points:
-                point["on_front"] = point["label"] in on_front
+            settings = settings_from_windows(w for result in entry["rounds"] for w in result.sweep_windows())
+            on_front = {p["label"] for p in energy_front(settings)}
+            for setting in settings:
+                setting["on_front"] = setting["label"] in on_front
             sweep = entry["result"].sweep
-            fronts.append({"device": device["name"], "role": device["role"], "rung": rung, "points": points,
+            fronts.append({"device": device["name"], "role": device["role"], "rung": rung, "settings": settings,
                            "controlled": sweep.controlled, "note": sweep.note,
                            "not_measured": [n.model_dump() for n in sweep.not_measured],
-                           "budget_ms": budget_ms, "choice": choose(points, budget_ms)})
+                           "budget_ms": budget_ms, "choice": choose(settings, budget_ms)})
     return fronts
 
 
@@ -670,23 +670,23 @@ def report_sections(data: dict[str, Any], figures: dict[str, str | Figure | Text
     return sections
 
 
-POWER_TEXT = ("Each point is a power mode × jetson_clocks × batch size the device ran, measured in every round: "
+POWER_TEXT = ("Each setting is a power mode × jetson_clocks × batch size the device ran, measured in every round: "
               "p50 latency and energy per image are medians over the windows with their 95% intervals. The front "
-              "(★) holds the points no other beats on both; a point whose energy is degraded is shown, never on it. "
-              "A mode's watts in its name are nominal: the caps it set are in results.json (power_point).")
+              "(★) holds the settings no other beats on both; a setting whose energy is degraded is shown, never on it. "
+              "A mode's watts in its name are nominal: the caps it set are in results.json (power_setting).")
 
 
 def power_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Section:
-    """"Power modes: the energy–latency front": per device × rung, every point, the front and the choice."""
+    """"Power modes: the energy–latency front": per device × rung, every setting, the front and the choice."""
     blocks: list = [Text(POWER_TEXT)]
     for key in [k for k in (figures or {}) if k.startswith("power_front:")]:
         blocks.append(figures[key] if isinstance(figures[key], (Figure, Text)) else
                       Figure(key, figures[key], f"Energy per image against p50 latency on {key.split(':', 1)[1]}, "
-                                                "every rung's sweep points (the front joined, dominated points "
+                                                "every rung's sweep settings (the front joined, dominated settings "
                                                 "faded); throughput against mean power beside it."))
     for front in data["power_fronts"]:
-        rows = [["point", "p50 ms [95% CI]", "mJ/image [95% CI]", "images/s", "W", "windows", "front"]]
-        for p in sorted(front["points"], key=lambda p: (p["latency_p50_ms"] is None, p["latency_p50_ms"] or 0)):
+        rows = [["setting", "p50 ms [95% CI]", "mJ/image [95% CI]", "images/s", "W", "windows", "front"]]
+        for p in sorted(front["settings"], key=lambda p: (p["latency_p50_ms"] is None, p["latency_p50_ms"] or 0)):
             rows.append([p["label"], _interval(p["latency_p50_ms"], p["latency_p50_ms_low"], p["latency_p50_ms_high"],
                                                ".3f"),
                          _interval(p["energy_mj_per_image"], p["energy_mj_per_image_low"],
@@ -695,7 +695,7 @@ def power_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Secti
                          str(p["windows"]), "★" if p["on_front"] else ("degraded energy" if p["degraded"] else "")])
         blocks_of = [Text(("Chosen" + (f" within {front['budget_ms']:g} ms" if front["budget_ms"] else "")
                            + f": {front['choice']['text']}.") if front["choice"]["chosen"] else
-                          f"No point chosen: {front['choice']['text']}."), Table(rows)]
+                          f"No setting chosen: {front['choice']['text']}."), Table(rows)]
         if not front["controlled"]:
             blocks_of.insert(0, Text(f"Only the current mode was measured: {front['note']}"))
         if front["not_measured"]:
@@ -904,20 +904,20 @@ def plots(data: dict[str, Any]) -> dict[str, str | Text]:
         figures["per_class"] = _figure_png(perclass.plot(data["per_class"]))
     for device in dict.fromkeys(f["device"] for f in data.get("power_fronts") or []):
         fronts = [f for f in data["power_fronts"] if f["device"] == device]
-        drawable = any(p["energy_mj_per_image"] is not None for f in fronts for p in f["points"])
+        drawable = any(p["energy_mj_per_image"] is not None for f in fronts for p in f["settings"])
         figures[f"power_front:{device}"] = _power_front_plot(plt, fronts) if drawable else Text(
-            f"Energy against latency on {device}: {NOT_MEASURED} (no sweep point reported power).")
+            f"Energy against latency on {device}: {NOT_MEASURED} (no sweep setting reported power).")
     return figures
 
 
 def _power_front_plot(plt, fronts: list[dict[str, Any]]) -> str:
-    """Energy per image against p50 latency (front joined, dominated points faded, degraded hollow), and
+    """Energy per image against p50 latency (front joined, dominated settings faded, degraded hollow), and
     throughput against mean power beside it, one colour per rung."""
     fig, (ax, side) = plt.subplots(1, 2, figsize=(10, 4.2))
     for index, front in enumerate(fronts):
         color = plt.cm.tab10(index % 10)
-        points = [p for p in front["points"] if p["energy_mj_per_image"] is not None]
-        for p in points:
+        settings = [p for p in front["settings"] if p["energy_mj_per_image"] is not None]
+        for p in settings:
             xerr = [[p["latency_p50_ms"] - (p["latency_p50_ms_low"] or p["latency_p50_ms"])],
                     [(p["latency_p50_ms_high"] or p["latency_p50_ms"]) - p["latency_p50_ms"]]]
             yerr = [[p["energy_mj_per_image"] - (p["energy_mj_per_image_low"] or p["energy_mj_per_image"])],
@@ -927,10 +927,10 @@ def _power_front_plot(plt, fronts: list[dict[str, Any]]) -> str:
                         capsize=2, elinewidth=0.8)
             ax.annotate(f"{p['mode'] or 'current'} b{p['batch_size']}", (p["latency_p50_ms"], p["energy_mj_per_image"]),
                         textcoords="offset points", xytext=(4, 3), fontsize=7, alpha=1.0 if p["on_front"] else 0.5)
-        line = sorted((p for p in points if p["on_front"]), key=lambda p: p["latency_p50_ms"])
+        line = sorted((p for p in settings if p["on_front"]), key=lambda p: p["latency_p50_ms"])
         ax.plot([p["latency_p50_ms"] for p in line], [p["energy_mj_per_image"] for p in line], color=color,
                 linestyle="--", linewidth=1, label=front["rung"])
-        watts = [p for p in front["points"] if p["power_mean_w"] is not None and p["throughput_images_per_s"]]
+        watts = [p for p in front["settings"] if p["power_mean_w"] is not None and p["throughput_images_per_s"]]
         side.scatter([p["power_mean_w"] for p in watts], [p["throughput_images_per_s"] for p in watts], color=color,
                      label=front["rung"], s=25)
     ax.set_xlabel("latency p50, ms")

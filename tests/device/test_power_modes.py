@@ -106,36 +106,36 @@ def test_a_sweep_result_round_trips_and_a_2_1_reader_drops_what_2_2_added():
     from device.schema import READING, JobResult, parse_result
     from tests.results import job_result, run
 
-    point = {"nvpmodel_id": 2, "nvpmodel_name": "MAXN_SUPER", "jetson_clocks": True, "online_cores": [0, 1],
+    setting = {"nvpmodel_id": 2, "nvpmodel_name": "MAXN_SUPER", "jetson_clocks": True, "online_cores": [0, 1],
              "cpu_max_khz": {0: 1728000}, "gpu_max_khz": 1020000, "settle_s": 0.4}
-    document = job_result(runs=[{**run(1), "power_point": point}])
+    document = job_result(runs=[{**run(1), "power_setting": setting}])
     document["sweep"] = {"controlled": True, "original": {"nvpmodel_id": 0, "nvpmodel_name": "15W",
                                                           "jetson_clocks": False},
                          "restored": True, "not_measured": [{"nvpmodel_id": 1, "nvpmodel_name": "7W",
                                                              "jetson_clocks": True, "kind": "skipped",
                                                              "reason": "needs a reboot"}]}
     read = parse_result(JobResult.model_validate(document).dump())
-    assert read.minor == 2 and read.runs[0].power_point.cpu_max_khz == {0: 1728000}
+    assert read.minor == 2 and read.runs[0].power_setting.cpu_max_khz == {0: 1728000}
     assert read.sweep.not_measured[0].kind == "skipped"
     # An older result has neither: it reads as no sweep, not as an error.
     older = job_result()
     older["schema"] = "edgefold.result/2.1"
-    assert parse_result(older).sweep is None and parse_result(older).runs[0].power_point is None
+    assert parse_result(older).sweep is None and parse_result(older).runs[0].power_setting is None
     # Written strictly: a misspelt key fails the producer; read leniently within the major version.
-    document["runs"][0]["power_point"]["gpu_max_mhz"] = 1020.0
+    document["runs"][0]["power_setting"]["gpu_max_mhz"] = 1020.0
     with pytest.raises(ValidationError):
         JobResult.model_validate(document)
-    assert JobResult.model_validate(document, context=READING).runs[0].power_point.gpu_max_khz == 1020000
+    assert JobResult.model_validate(document, context=READING).runs[0].power_setting.gpu_max_khz == 1020000
 
 
 def test_sweep_windows_name_each_window_by_its_point_for_the_front():
     from device.schema import JobResult
     from tests.results import job_result, run
 
-    point = {"nvpmodel_id": 2, "nvpmodel_name": "MAXN_SUPER", "jetson_clocks": False, "online_cores": [0],
+    setting = {"nvpmodel_id": 2, "nvpmodel_name": "MAXN_SUPER", "jetson_clocks": False, "online_cores": [0],
              "cpu_max_khz": {0: 1728000}, "gpu_max_khz": 1020000, "settle_s": 0.4}
     summary = {"power_mean_mw": 12192.0, "energy_mj_per_image": 3.1, "energy_degraded": False}
-    result = JobResult.model_validate(job_result(runs=[{**run(8, summary=summary), "power_point": point}, run(1)]))
+    result = JobResult.model_validate(job_result(runs=[{**run(8, summary=summary), "power_setting": setting}, run(1)]))
     maxn, plain = result.sweep_windows()
     assert maxn == {"mode": "MAXN_SUPER", "mode_id": 2, "jetson_clocks": False, "batch_size": 8, "accelerator": "gpu",
                     "latency_p50_ms": 2.0, "energy_mj_per_image": 3.1, "throughput_images_per_s": 500.0,

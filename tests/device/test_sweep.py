@@ -52,22 +52,22 @@ def test_sweep_measures_each_mode_under_its_own_caps(swept):
     job = swept["job"]
     assert job["state"] == "succeeded", job["error"]
     assert job["result"]["schema"] == "edgefold.result/2.2"
-    points = {run["power_point"]["nvpmodel_name"]: run for run in job["result"]["runs"]}
-    assert sorted(points) == ["15W", "MAXN_SUPER"]
-    low, high = points["15W"]["power_point"], points["MAXN_SUPER"]["power_point"]
+    settings = {run["power_setting"]["nvpmodel_name"]: run for run in job["result"]["runs"]}
+    assert sorted(settings) == ["15W", "MAXN_SUPER"]
+    low, high = settings["15W"]["power_setting"], settings["MAXN_SUPER"]["power_setting"]
     assert (low["nvpmodel_id"], high["nvpmodel_id"]) == (0, 2)
     assert low["gpu_max_khz"] == 624750 and high["gpu_max_khz"] == 1020000
     assert set(low["cpu_max_khz"].values()) == {1510400} and set(high["cpu_max_khz"].values()) == {1728000}
     assert low["online_cores"] == high["online_cores"] == [0, 1, 2, 3, 4, 5]
     assert low["jetson_clocks"] is high["jetson_clocks"] is True
     # jetson_clocks pins the GPU at the mode's cap: the window's own telemetry shows each mode's clock.
-    assert points["15W"]["telemetry"]["jtop"]["series"]["gpu_freq_mhz"]["peak"] == pytest.approx(624.75)
-    assert points["MAXN_SUPER"]["telemetry"]["jtop"]["series"]["gpu_freq_mhz"]["low"] == pytest.approx(1020.0)
-    assert points["MAXN_SUPER"]["telemetry"]["jtop"]["facts"]["nvpmodel"] == "MAXN_SUPER"
-    assert all(run["latency_p50_ms"] > 0 for run in points.values())
+    assert settings["15W"]["telemetry"]["jtop"]["series"]["gpu_freq_mhz"]["peak"] == pytest.approx(624.75)
+    assert settings["MAXN_SUPER"]["telemetry"]["jtop"]["series"]["gpu_freq_mhz"]["low"] == pytest.approx(1020.0)
+    assert settings["MAXN_SUPER"]["telemetry"]["jtop"]["facts"]["nvpmodel"] == "MAXN_SUPER"
+    assert all(run["latency_p50_ms"] > 0 for run in settings.values())
     # The simulated modes' synthetic VDD_IN currents (1.2 A at 15W, 2.4 A at MAXN_SUPER, at 5.08 V).
-    assert points["15W"]["summary"]["power_mean_mw"] == pytest.approx(6096, rel=0.01)
-    assert points["MAXN_SUPER"]["summary"]["power_mean_mw"] == pytest.approx(12192, rel=0.01)
+    assert settings["15W"]["summary"]["power_mean_mw"] == pytest.approx(6096, rel=0.01)
+    assert settings["MAXN_SUPER"]["summary"]["power_mean_mw"] == pytest.approx(12192, rel=0.01)
 
 
 def test_a_mode_that_needs_a_reboot_is_skipped_with_the_reason_and_never_forced(swept):
@@ -99,7 +99,7 @@ def test_kill_9_mid_sweep_then_restart_restores_the_original_mode(tmp_path):
                 job = client.submit({"artifact": client.upload(model), **JOB, "iterations": None, "duration_s": 60.0,
                                      "sweep": {"power_modes": ["MAXN_SUPER", "15W"], "jetson_clocks": [True]}})
                 wait_for(lambda: "MAXN_SUPER" in (client.job(job["id"])["progress"] or "") and
-                         "measuring" in client.job(job["id"])["progress"], "the MAXN_SUPER point's window")
+                         "measuring" in client.job(job["id"])["progress"], "the MAXN_SUPER setting's window")
             assert mode_state(svc.root)["id"] == 2 and mode_state(svc.root)["jetson_clocks"] is True
         finally:
             agent.kill()  # SIGKILL: the agent cannot clean anything up
@@ -140,7 +140,7 @@ def test_a_cancelled_sweep_leaves_the_device_as_found(tmp_path):
         job = client.submit({"artifact": client.upload(model), **JOB, "iterations": None, "duration_s": 60.0,
                              "sweep": {"power_modes": ["MAXN_SUPER", "15W"], "jetson_clocks": [True]}})
         wait_for(lambda: "MAXN_SUPER" in (client.job(job["id"])["progress"] or "") and
-                 "measuring" in client.job(job["id"])["progress"], "the MAXN_SUPER point's window")
+                 "measuring" in client.job(job["id"])["progress"], "the MAXN_SUPER setting's window")
         assert mode_state(svc.root)["id"] == 2
         assert client.cancel(job["id"])["state"] == "cancelled"
         wait_for(lambda: not (tmp_path / "data" / HOLD).exists(), "the agent's restore after the cancel")
@@ -185,7 +185,7 @@ def test_a_point_that_never_takes_effect_is_refused_not_measured(tmp_path):
             "power_modes": ["MAXN_SUPER", "15W"], "settle_timeout_s": 3}})["id"], timeout_s=300)
         assert job["state"] == "succeeded", job["error"]
         result = job["result"]
-        assert [run["power_point"]["nvpmodel_name"] for run in result["runs"]] == ["15W"]
+        assert [run["power_setting"]["nvpmodel_name"] for run in result["runs"]] == ["15W"]
         refused = result["sweep"]["not_measured"]
         assert [(item["nvpmodel_name"], item["kind"]) for item in refused] == [("MAXN_SUPER", "refused")]
         assert "GPU max 624.75 MHz (the mode caps it at 1020 MHz)" in refused[0]["reason"]
@@ -202,7 +202,7 @@ def test_without_jtop_a_sweep_measures_the_current_mode_and_says_so(tmp_path):
     sweep = job["result"]["sweep"]
     assert sweep["controlled"] is False and "measured the current mode only" in sweep["note"]
     assert "jtop service is not reachable" in sweep["note"]
-    assert len(job["result"]["runs"]) == 1 and job["result"]["runs"][0]["power_point"] is None
+    assert len(job["result"]["runs"]) == 1 and job["result"]["runs"][0]["power_setting"] is None
     assert not (tmp_path / "data" / HOLD).exists()
 
 

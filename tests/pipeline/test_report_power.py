@@ -22,7 +22,7 @@ def _sweep_result(jitter: float) -> dict:
         r = run(batch, p50_ms=ms * jitter, p99_ms=ms * 1.5, images_per_s=batch / ms * 1e3,
                 summary={"energy_mj_per_image": mj * jitter, "power_mean_mw": 1e3 * mj * batch / ms,
                          "energy_degraded": degraded, "power_source": "jtop:VDD_IN"})
-        r["power_point"] = {"nvpmodel_id": MODES[mode], "nvpmodel_name": mode, "jetson_clocks": True,
+        r["power_setting"] = {"nvpmodel_id": MODES[mode], "nvpmodel_name": mode, "jetson_clocks": True,
                             "online_cores": [0, 1, 2, 3, 4, 5], "cpu_max_khz": {0: 1510400},
                             "gpu_max_khz": 624750, "settle_s": 0.4}
         runs.append(r)
@@ -49,8 +49,8 @@ def test_the_front_table_plot_and_headline_name_the_point_to_ship(tmp_path):
     paths = build_report(tmp_path)
     data = json.loads(paths["json"].read_text())
     front = next(f for f in data["power_fronts"] if f["rung"] == "student_int8")
-    on_front = sorted((p["mode"], p["batch_size"]) for p in front["points"] if p["on_front"])
-    assert on_front == [("15W", 1), ("15W", 8), ("MAXN_SUPER", 1), ("MAXN_SUPER", 8)], "the degraded point is off"
+    on_front = sorted((p["mode"], p["batch_size"]) for p in front["settings"] if p["on_front"])
+    assert on_front == [("15W", 1), ("15W", 8), ("MAXN_SUPER", 1), ("MAXN_SUPER", 8)], "the degraded setting is off"
     assert front["choice"]["chosen"]["mode"] == "MAXN_SUPER" and front["choice"]["chosen"]["batch_size"] == 8, \
         "15W batch 8 is cheaper but misses the 1.2 ms budget"
     choice = data["headline"]["power_mode_choices"][0]
@@ -101,8 +101,8 @@ def test_a_sweep_of_the_tiny_ladder_on_the_simulated_orin_nano_ends_in_the_front
     assert (after["id"], after["jetson_clocks"]) == (found["id"], found["jetson_clocks"]), "the board as found"
     data = json.loads((run / "report" / "results.json").read_text())
     front = next(f for f in data["power_fronts"] if f["rung"] == "student_int8")
-    assert sorted({p["mode"] for p in front["points"]}) == ["15W", "MAXN_SUPER"]
-    assert {p["batch_size"] for p in front["points"]} == {1, 8} and all(p["windows"] == 2 for p in front["points"])
+    assert sorted({p["mode"] for p in front["settings"]}) == ["15W", "MAXN_SUPER"]
+    assert {p["batch_size"] for p in front["settings"]} == {1, 8} and all(p["windows"] == 2 for p in front["settings"])
     assert [n["nvpmodel_name"] for n in front["not_measured"]] == ["7W"]
     markdown = (run / "report" / "report.md").read_text()
     assert "## Power modes: the energy–latency front" in markdown and "### student_int8 on edge" in markdown

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from device import contention
+from device.schema import Contention, SeriesStats, TelemetrySummary
 from device.measure import MeasureSpec, measure
 from pipeline import stats
 
@@ -53,13 +54,18 @@ def test_a_ratio_whose_interval_holds_one_is_no_measurable_difference():
 
 
 def test_noise_flags_name_the_cause_and_the_fix():
-    flags = contention.noise_flags({"other_cpu_cores": 0.9, "governor": "powersave"}, latency_cv=0.3, clocks_dropped=True)
+    flags = contention.noise_flags(Contention(other_cpu_cores=0.9, governor="powersave"), latency_cv=0.3,
+                                   clocks_dropped=True)
     assert set(flags) == {"busy_device", "high_variance", "clocks_dropped", "governor"}
     assert "stop other work" in flags["busy_device"] and "jetson_clocks" in flags["clocks_dropped"]
-    assert contention.noise_flags({"other_cpu_cores": 0.01, "governor": "performance"}, latency_cv=0.02) == {}
+    assert contention.noise_flags(Contention(other_cpu_cores=0.01, governor="performance"), latency_cv=0.02) == {}
     # NVML: SwThermalSlowdown (0x20) is throttling; GpuIdle (0x1) is not.
-    assert contention.nvml_throttled({"series": {"throttle_reasons": {"peak": float(0x20 | 0x1)}}})
-    assert not contention.nvml_throttled({"series": {"throttle_reasons": {"peak": 1.0}}})
+    def nvml(peak):
+        return TelemetrySummary(source="nvml", samples=2, samples_in_window=2,
+                                series={"throttle_reasons": SeriesStats(peak=peak)})
+
+    assert contention.nvml_throttled(nvml(float(0x20 | 0x1)))  # SwThermalSlowdown
+    assert not contention.nvml_throttled(nvml(1.0))  # GpuIdle only
 
 
 class Sleeper:
@@ -72,18 +78,18 @@ class Sleeper:
 @pytest.mark.slow
 def test_a_window_with_another_busy_process_is_flagged(tmp_path):
     quiet_window = measure(Sleeper(), np.zeros((1, 1), np.float32), MeasureSpec(warmup_iterations=0, iterations=50,
-                                                                             idle_s=0)).model_dump()
+                                                                             idle_s=0))
     hog = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
     try:
         time.sleep(0.3)
         busy_window = measure(Sleeper(), np.zeros((1, 1), np.float32), MeasureSpec(warmup_iterations=0, iterations=80,
-                                                                                idle_s=0)).model_dump()
+                                                                                idle_s=0))
     finally:
         hog.kill()
         hog.wait()
-    assert busy_window["contention"]["other_cpu_cores"] > 0.5, busy_window["contention"]
-    assert "busy_device" in contention.noise_flags(busy_window["contention"], busy_window["latency_cv"])
-    assert quiet_window["contention"]["other_cpu_cores"] < busy_window["contention"]["other_cpu_cores"]
+    assert busy_window.contention.other_cpu_cores > 0.5, busy_window.contention
+    assert "busy_device" in contention.noise_flags(busy_window.contention, busy_window.latency_cv)
+    assert quiet_window.contention.other_cpu_cores < busy_window.contention.other_cpu_cores
 
 
 @pytest.mark.slow
