@@ -174,9 +174,19 @@ def coco_reference(truth: Sequence[Boxes], detections: Sequence[Boxes], classes:
     return {"map": float(evaluator.stats[0]), "ap50": float(evaluator.stats[1]), "ap75": float(evaluator.stats[2])}
 
 
-def bootstrap_indices(images: int, resamples: int, seed: int) -> np.ndarray:
-    """Image indices of each resample (resamples × images), seeded so a report is reproducible."""
-    return np.random.default_rng(seed).integers(0, images, size=(resamples, images))
+def bootstrap_draws(images: int, statistic, resamples: int, seed: int) -> np.ndarray:
+    """``statistic(image indices)`` over SciPy's bootstrap resamples of the images (resamples × outputs), seeded
+    so a report is reproducible. The intervals are taken from the draws with NaN left out (a resample may hold
+    no box of a class), which SciPy's own interval does not do."""
+    import warnings
+
+    from scipy.stats import DegenerateDataWarning, bootstrap
+
+    with warnings.catch_warnings():  # a class no model changed has one value in every draw: its interval is that
+        warnings.simplefilter("ignore", DegenerateDataWarning)
+        result = bootstrap((np.arange(images),), lambda picked: np.atleast_1d(statistic(picked)), vectorized=False,
+                           n_resamples=resamples, method="percentile", rng=np.random.default_rng(seed))
+    return np.atleast_2d(result.bootstrap_distribution).T
 
 
 def evaluate(truth: Sequence[Boxes], detections: Sequence[Boxes], classes: Sequence[str],
@@ -198,8 +208,8 @@ def evaluate(truth: Sequence[Boxes], detections: Sequence[Boxes], classes: Seque
             raise StageError(f"detection metrics: {key} {mine:.6f} re-accumulated vs {reference[key]:.6f} from COCOeval",
                              fix="report this: the per-image matching differs from COCOeval's")
     out: dict[str, Any] = {**point, "images": len(truth), "resamples": resamples}
-    draws = np.array([[summary(accumulate(matches, sample))[key] for key in ("map", "ap50", "ap75")]
-                      for sample in bootstrap_indices(len(truth), resamples, seed)])
+    draws = bootstrap_draws(len(truth), lambda picked: [summary(accumulate(matches, picked))[key]
+                                                        for key in ("map", "ap50", "ap75")], resamples, seed)
     for column, key in enumerate(("map", "ap50", "ap75")):
         out[f"{key}_low"], out[f"{key}_high"] = (float(v) for v in np.nanpercentile(draws[:, column], [2.5, 97.5]))
     return out
@@ -214,10 +224,8 @@ def class_changes(truth: Sequence[Boxes], before: Sequence[Boxes], after: Sequen
     """
     a, b = match(truth, before, len(classes)), match(truth, after, len(classes))
     ap_a, ap_b = class_ap(accumulate(a)), class_ap(accumulate(b))
-    draws = []
-    for sample in bootstrap_indices(len(truth), resamples, seed):
-        draws.append(class_ap(accumulate(b, sample)) - class_ap(accumulate(a, sample)))
-    draws = 100 * np.array(draws)
+    draws = 100 * bootstrap_draws(len(truth), lambda picked: class_ap(accumulate(b, picked))
+                                  - class_ap(accumulate(a, picked)), resamples, seed)
     rows = []
     for k, name in enumerate(classes):
         if not a.boxes[:, k].sum():
