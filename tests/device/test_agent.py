@@ -15,12 +15,14 @@ import pytest
 
 from device.client import AgentError, JobTimeoutError, file_sha256
 from tests.device.agent_process import TOKEN, AgentProcess, tiny_onnx
+from tests.slow import slow_fixture
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUICK = {"iterations": 5, "warmup_iterations": 1, "idle_s": 0, "batch_sizes": [1, 4], "telemetry": ["host"]}
 
 
 @pytest.fixture(scope="module")
+@slow_fixture
 def agent(tmp_path_factory):
     root = tmp_path_factory.mktemp("agent")
     with AgentProcess(root / "data", env={"EDGEFOLD_AGENT_FAULT": "crash-me=segv,hang-me=hang"},

@@ -16,7 +16,6 @@ from pipeline.data.batches import Batches
 from pipeline.distributed import CpuSyncBatchNorm
 from pipeline.runner import run_pipeline
 
-pytestmark = pytest.mark.slow
 ENV = {"OMP_WAIT_POLICY": "PASSIVE", "EDGEFOLD_PROGRESS": "0", "EDGEFOLD_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
 # Two processes see the same global batches and normalize over them (CpuSyncBatchNorm), so only
 # float summation order differs: per-epoch losses agree to 2% and test top-1 to 1.5 points (355

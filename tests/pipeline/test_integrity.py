@@ -20,7 +20,6 @@ from pipeline.scores import assess, points
 from pipeline.stages import STAGE_ORDER, STAGES
 from pipeline.stages.quantize import within_budget
 
-pytestmark = pytest.mark.slow
 
 
 def write_digits_folder(root: Path, classes: int = 5, train_per_class: int = 60, val_per_class: int = 20,

@@ -22,6 +22,7 @@ from pipeline.checkpoint import load_checkpoint
 from pipeline.devices import Device
 from pipeline.models import build_model
 from pipeline.recipe import PruneConfig, parse_recipe
+from tests.slow import slow_fixture
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPE = (1, 3, 16, 16)
@@ -576,6 +577,7 @@ def test_a_tables_context_is_measured_again_beside_its_networks(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ issue #23
 @pytest.fixture(scope="module")
+@slow_fixture
 def agent(tmp_path_factory):
     """A real loopback agent on which jobs labelled ``hang-me`` hang after loading (the tests' stand-in for a
     deadlocked runtime, which cannot be produced on purpose)."""

@@ -13,7 +13,6 @@ from pipeline.runner import list_runs, run_pipeline
 from pipeline.stages import STAGE_ORDER
 from pipeline.train import evaluate
 
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
