@@ -6,7 +6,6 @@ import time
 import pytest
 
 from device.errors import MissingDependencyError
-from device.telemetry.base import energy_per_image
 from device.telemetry.jtop import JtopSampler, board_total
 
 pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
@@ -55,8 +54,6 @@ def test_orin_nano_power_change_shows_in_the_energy(tmp_path):
     assert trace.errors == []
     assert trace.peak("board_power_mw") == 5080 * 2000 // 1000
     assert 6096 < trace.mean("board_power_mw") < 10160, "the window saw both power levels"
-    energy = energy_per_image(trace, inferences=100, power_key="board_power_mw", idle_mw=6096)
-    assert energy["energy_above_idle_mj_per_image"] > 0
 
 
 @needs_root
