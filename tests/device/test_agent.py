@@ -251,6 +251,7 @@ def test_openapi_schema_names_every_route(agent):
     assert "HTTPBearer" in schema["components"]["securitySchemes"]
 
 
+@pytest.mark.slow
 def test_kill_9_mid_job_loses_nothing(tmp_path, model):
     process = AgentProcess(tmp_path / "data").start()
     try:
@@ -293,6 +294,7 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+@pytest.mark.slow
 def test_sigterm_marks_the_running_job_interrupted_and_keeps_the_queue(tmp_path, model):
     process = AgentProcess(tmp_path / "data").start()
     with process.client() as client:

@@ -12,7 +12,9 @@ import pytest
 from tests.device.agent_process import AgentProcess, tiny_onnx
 
 pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root")
+# Every test here starts the real jtop service (and the agent, or a timed window): all slow, none hidden.
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root"),
+              pytest.mark.slow]
 
 JOB = {"duration_s": 3.0, "idle_s": 1.0, "warmup_iterations": 2, "telemetry": ["jtop", "host"], "sample_hz": 20}
 

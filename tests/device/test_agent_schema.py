@@ -14,6 +14,7 @@ EXAMPLES_PER_OPERATION = 25
 AUTH = {"Authorization": f"Bearer {TOKEN}"}  # the API's description needs the token too
 
 
+@pytest.mark.slow
 def test_no_server_errors_on_any_operation(tmp_path):
     # schemathesis' own pytest plugin (from_fixture) breaks on this pytest, so the operations are
     # driven through hypothesis directly: the same generated cases and the same checks.

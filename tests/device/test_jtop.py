@@ -34,6 +34,7 @@ def test_board_total_follows_board_naming():
     assert board_total(nano) == ("VDD_IN", 6000.0)
 
 
+@pytest.mark.slow  # the real jtop service
 @needs_root
 def test_orin_nano_power_change_shows_in_the_energy(tmp_path):
     from tests.device.jetson_sim import set_current
@@ -56,6 +57,7 @@ def test_orin_nano_power_change_shows_in_the_energy(tmp_path):
     assert 6096 < trace.mean("board_power_mw") < 10160, "the window saw both power levels"
 
 
+@pytest.mark.slow  # the real jtop service
 @needs_root
 def test_agx_orin_total_is_the_sum_of_both_monitors_rails(tmp_path):
     with service(tmp_path, "agx-orin"), JtopSampler(rate_hz=5) as sampler:
@@ -67,6 +69,7 @@ def test_agx_orin_total_is_the_sum_of_both_monitors_rails(tmp_path):
     assert not any("NC" in key for key in values), "jtop skips the second monitor's NC channels"
 
 
+@pytest.mark.slow  # the real jtop service
 @needs_root
 def test_thor_total_is_vin_not_its_module_rails(tmp_path):
     with service(tmp_path, "thor"), JtopSampler(rate_hz=5) as sampler:
@@ -75,6 +78,7 @@ def test_thor_total_is_vin_not_its_module_rails(tmp_path):
     assert values["rail_VIN_SYS_5V0_mw"] == 5000 and values["rail_VDD_GPU_mw"] == 11400
 
 
+@pytest.mark.slow  # the real jtop service
 @needs_root
 def test_service_death_is_a_recorded_telemetry_failure(tmp_path):
     with service(tmp_path, "orin-nano") as svc, JtopSampler(rate_hz=10) as sampler:

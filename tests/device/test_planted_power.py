@@ -12,7 +12,9 @@ import os
 import pytest
 
 pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root")
+# Every test here starts the real jtop service (and the agent, or a timed window): all slow, none hidden.
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root"),
+              pytest.mark.slow]
 
 
 def run(tmp_path, board, case_name):

@@ -30,6 +30,7 @@ def edgefold_here(capsys, *args):
     return SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
+@pytest.mark.slow  # a Python and torch start
 def test_unknown_model_lists_recipes_without_traceback(repo):
     result = edgefold(repo, "run", "nope")
     assert result.returncode == 2

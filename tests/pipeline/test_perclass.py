@@ -135,6 +135,7 @@ def test_a_student_larger_than_its_teacher_is_refused_before_training(tmp_path):
 
 
 # ------------------------------------------------------------------ grouped convolutions
+@pytest.mark.slow  # prunes a RegNet
 def test_grouped_convolutions_are_pruned_by_whole_groups():
     from pipeline.models import build_model, count_macs
     from pipeline.recipe import PruneConfig
