@@ -80,7 +80,8 @@ def test_collapsed_rung_is_named_collapsed_not_chance(tiny_run):
     pruned = tiny_run.manifest.stage("evaluate")["metrics"]["rungs"]["pruned"]
     report = (tiny_run.run_dir / "report" / "report.md").read_text()
     # The report says of the pruned rung what its recorded sanity facts give, whichever they are.
-    (row,) = [line for line in report.splitlines() if line.startswith("| pruned | loopback |")]
+    ladder = report.split("## The ladder", 1)[1].split("\n## ", 1)[0]
+    (row,) = [line for line in ladder.splitlines() if line.startswith("| pruned | loopback |")]
     said = verdict("pruned", pruned)
     cell = row.split("|")[3].strip()  # top-1 host, then the verdict's first words
     assert cell == f"{100 * pruned['top1']:.2f}%" + (f" {said.split(':')[0]}" if said else ""), (said, row)
