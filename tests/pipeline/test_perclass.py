@@ -95,7 +95,6 @@ def test_collapsed_rung_is_named_collapsed_not_chance(tiny_run):
 
 
 # ------------------------------------------------------------------ data balance, larger students
-@pytest.mark.slow
 def test_imbalanced_folder_warns_where_data_enters(tmp_path, capsys):
     data = write_digits_folder(tmp_path / "data", classes=4, train_per_class=60, val_per_class=15)
     small = sorted((data / "train" / "digit3").glob("*.png"))
@@ -116,7 +115,6 @@ def test_imbalanced_folder_warns_where_data_enters(tmp_path, capsys):
     assert metrics["train_per_class"]["digit3"] == 8 and len(metrics["warnings"]) == 3
 
 
-@pytest.mark.slow
 def test_class_balanced_loss_weights(tmp_path):
     from pipeline.train import class_weights
 

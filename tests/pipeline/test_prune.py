@@ -32,7 +32,6 @@ def test_pruning_hits_the_macs_target_and_reloads(tmp_path, arch, target, shape)
     assert count_macs(reloaded, shape) == count_macs(model, shape)
 
 
-@pytest.mark.slow
 def test_iterative_pruning_reaches_the_same_budget():
     shape = (1, 3, 16, 16)
     model = build_model("tiny_resnet", 10).eval()

@@ -74,7 +74,7 @@ def test_force_redoes_one_stage(run_copy, capsys):
     before = json.loads((run_copy / "manifest.json").read_text())["stages"]
     marker = run_copy / "evaluate" / "left-by-the-last-run"
     marker.write_text("")
-    ctx = run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared", force=["evaluate"])
+    ctx = run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared", force=["evaluate"], until="evaluate")
     after = ctx.manifest.data["stages"]
     assert not marker.exists(), "a forced stage starts from an empty folder"
     assert after["evaluate"]["metrics"] == before["evaluate"]["metrics"]
@@ -101,7 +101,7 @@ def test_changed_config_reruns_that_stage_and_what_depends_on_it(run_copy, capsy
 
 def test_tampered_output_is_rebuilt(run_copy, capsys):
     (run_copy / "evaluate" / "metrics.json").write_text("{}")
-    run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared")
+    run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared", until="evaluate")
     assert "[evaluate] running" in capsys.readouterr().err
     assert json.loads((run_copy / "evaluate" / "metrics.json").read_text())
 
