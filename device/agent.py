@@ -39,6 +39,7 @@ from device.artifacts import ArtifactError, HashingWriter, check
 from device.errors import ConfigError, EdgeFoldError, StatusError, require
 from device.executor import Executor
 from device.info import describe_device, runtime_banner
+from device.power_modes import DEFAULT_CONF
 from device.schema import (FINISHED, SHA256, Artifact, ErrorBody, Health, Job, JobSpec, JobState, describe_problems,
                            field_problems, safe_text)
 from device.store import Store
@@ -59,6 +60,8 @@ class AgentConfig(BaseModel):
     max_upload_mib: int = Field(1024, ge=1)
     job_timeout_s: float = Field(1800.0, gt=0)
     jtop_socket: str = "/run/jtop.sock"
+    nvpmodel_conf: str = Field(DEFAULT_CONF, description="the board's nvpmodel configuration: a sweep checks that "
+                                                         "each mode took effect against its caps and online cores")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     public_docs: bool = Field(False, description="serve /docs, /redoc and /openapi.json without the token")
 
@@ -207,7 +210,8 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
     """
     token = token or load_token(config)
     store = Store(config.data_dir)
-    executor = Executor(store, job_timeout_s=config.job_timeout_s, jtop_socket=config.jtop_socket, env=child_env)
+    executor = Executor(store, job_timeout_s=config.job_timeout_s, jtop_socket=config.jtop_socket, env=child_env,
+                        nvpmodel_conf=config.nvpmodel_conf)
     started = time.time()
     metrics = Metrics(store, executor, started)
     device_cache: dict[str, Any] = {}

@@ -38,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--job-timeout-s", type=float, help="wall-clock limit of one job (default 1800)")
     serve.add_argument("--max-upload-mib", type=int, help="largest artifact accepted (default 1024)")
     serve.add_argument("--jtop-socket", help="the jtop service's socket (default /run/jtop.sock)")
+    serve.add_argument("--nvpmodel-conf", help="the board's nvpmodel configuration, which sweeps check each mode "
+                                               "against (default /etc/nvpmodel.conf)")
     args = parser.parse_args(argv)
     try:
         if args.command == "device":
@@ -47,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config = AgentConfig.load(args.config, host=args.host, port=args.port, data_dir=args.data_dir,
                                   token_file=args.token_file, job_timeout_s=args.job_timeout_s,
-                                  max_upload_mib=args.max_upload_mib, jtop_socket=args.jtop_socket)
+                                  max_upload_mib=args.max_upload_mib, jtop_socket=args.jtop_socket,
+                                  nvpmodel_conf=args.nvpmodel_conf)
         run_server(config)
         return 0
     except EdgeFoldError as err:

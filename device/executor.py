@@ -7,6 +7,13 @@ signal (SIGSEGV, SIGKILL from the OOM killer) or a timeout fails that job with t
 the tail of its log; the executor moves on to the next job. Nothing raised while claiming,
 starting or finishing a job stops the executor: the job fails with the reason, and an executor
 thread that is not alive shows in ``/v1/health``.
+
+Power modes: a sweep job's process records the device's mode in a hold file (:mod:`device.power_modes`)
+before changing it, and removes it once it has put the mode back. A hold still there when the job ends
+(cancelled, timed out, crashed), or found at start-up (the agent was killed), is restored here, in a
+process of its own; while it cannot be, every job is refused with the reason, since a job would
+measure, or a sweep record as original, a mode nobody chose. Jobs run one at a time, so a sweep never
+starts while another job runs.
 """
 
 from __future__ import annotations
@@ -24,12 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from device.errors import ResultError
+from device.power_modes import DEFAULT_CONF, HOLD_FILE, DeviceHeldError, PowerModeError, read_hold
 from device.schema import parse_result
 from device.store import Store
 
 log = logging.getLogger("edgefold.agent")
 LOG_TAIL_LINES = 15
 RETRY_S = 1.0  # back-off after the database or file system failed between jobs
+RESTORE_TIMEOUT_S = 120.0  # one restore: connecting to jtop, the mode, jetson_clocks, the caps showing
 
 
 def describe_exit(returncode: int) -> str:
@@ -110,12 +119,16 @@ class Executor:
         job_timeout_s: Default wall-clock limit of a job (load, engine build and measurement).
         jtop_socket: Where the jtop service listens (passed to the children).
         env: Extra environment for the children.
+        nvpmodel_conf: The board's nvpmodel configuration (a sweep checks each mode's caps against it).
     """
 
     def __init__(self, store: Store, job_timeout_s: float = 1800.0, jtop_socket: str | None = "/run/jtop.sock",
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, nvpmodel_conf: str | None = DEFAULT_CONF):
         self.store, self.job_timeout_s, self.jtop_socket = store, job_timeout_s, jtop_socket
         self.env = env or {}
+        self.nvpmodel_conf = nvpmodel_conf
+        self.hold_path = store.root / HOLD_FILE
+        self._restore_error: str | None = None
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -170,6 +183,8 @@ class Executor:
                         len(recovered), ", ".join(recovered))
         if interrupted:
             log.warning("marked %d job(s) interrupted after a restart: %s", len(interrupted), ", ".join(interrupted))
+        # After the orphaned children are dead: none of them can change the mode again behind the restore.
+        self.restore_power_mode()
         return interrupted
 
     def start(self) -> None:
@@ -228,6 +243,10 @@ class Executor:
     def _step(self) -> bool:
         """Runs the next queued job to its end; False when the queue was empty."""
         self._record_pending()
+        # A hold a restore left behind is tried again whenever a job waits (outside the lock: a restore can
+        # take a minute, and a cancel must not wait for it); idle, the agent leaves the device alone.
+        if self.hold_path.exists() and self.store.counts().get("queued", 0):
+            self.restore_power_mode()
         with self._lock:
             if self._stopping.is_set():
                 return True
@@ -252,6 +271,8 @@ class Executor:
         with self._lock:
             cancelled = self._cancelled == job.id
             self._release_child()
+        if self.hold_path.exists():  # a sweep that did not restore (cancelled, timed out, died, restore failed)
+            self.restore_power_mode()
         if cancelled:
             state, result, error = "cancelled", None, "cancelled by a client"
         elif self._stopping.is_set() and state != "succeeded":
@@ -285,8 +306,61 @@ class Executor:
         for job_id, state, result, error in pending:
             self._record(job_id, state, result, error)
 
+    def restore_power_mode(self) -> bool:
+        """Restores the mode a sweep's hold recorded, in a child process; True when nothing is held afterwards.
+
+        Never raises: a restore that fails is logged and remembered (:meth:`_held`), and tried again.
+        """
+        if not self.hold_path.exists():
+            self._restore_error = None
+            return True
+        command = [sys.executable, "-m", "device.power_modes", "restore", "--hold", str(self.hold_path),
+                   "--timeout-s", str(RESTORE_TIMEOUT_S / 2)]
+        command += ["--jtop-socket", self.jtop_socket] if self.jtop_socket else []
+        command += ["--conf", self.nvpmodel_conf] if self.nvpmodel_conf else []
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=RESTORE_TIMEOUT_S,
+                                  env=self._child_env(), start_new_session=True)
+            ok, said = done.returncode == 0, (done.stdout if done.returncode == 0 else done.stderr).strip()
+        except (OSError, subprocess.SubprocessError) as err:
+            ok, said = False, f"the restore process failed: {type(err).__name__}: {err}"
+        if ok and not self.hold_path.exists():
+            log.warning("power mode: %s", said)
+            self._restore_error = None
+            return True
+        # One line for the refusal it goes into: the reason and its fix, as the restore process printed them.
+        self._restore_error = " ".join(line.strip() for line in said.splitlines()) or "the restore process said nothing"
+        log.error("power mode not restored: %s", said)
+        return False
+
+    def _held(self, job) -> str | None:
+        """Why ``job`` cannot run while a hold remains; None when none does."""
+        try:
+            held = read_hold(self.hold_path)
+        except PowerModeError as err:
+            return f"the device's power mode is unknown: {err}"
+        if held is None:
+            return None
+        holder, original = held
+        return str(DeviceHeldError(
+            f"the device is held in a power mode set by sweep job {holder}: its original mode {original.describe()} "
+            f"could not be restored ({self._restore_error or 'not tried yet'}), so job {job.id} would measure a mode "
+            "nobody chose",
+            fix=f"start the jtop service (sudo systemctl restart jtop.service) and submit the job again: the agent "
+                f"restores the mode first; or set it by hand (sudo nvpmodel -m {original.nvpmodel_id}), delete "
+                f"{self.hold_path} and submit again"))
+
+    def _child_env(self) -> dict[str, str]:
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                          env.get("PYTHONPATH")]))
+        return env
+
     def _start(self, job) -> tuple[subprocess.Popen, Path, float]:
         """Writes the job's files and starts its child, recorded as this executor's (caller holds the lock)."""
+        held = self._held(job)
+        if held is not None:
+            raise _CannotStart(held)
         found = self.store.get_artifact(job.spec.artifact)
         if found is None:
             raise _CannotStart(f"artifact {job.spec.artifact} is no longer stored; upload it again")
@@ -302,11 +376,10 @@ class Executor:
         job_dir.mkdir(parents=True, exist_ok=True)
         (job_dir / "job.json").write_text(json.dumps({
             "spec": job.spec.model_dump(), "artifact_path": str(artifact_path), "evaluation_path": evaluation_path,
-            "engine_cache": str(self.store.root / "engines"), "jtop_socket": self.jtop_socket}))
+            "engine_cache": str(self.store.root / "engines"), "jtop_socket": self.jtop_socket, "job_id": job.id,
+            "hold_path": str(self.hold_path), "nvpmodel_conf": self.nvpmodel_conf}))
         timeout_s = job.spec.timeout_s or self.job_timeout_s
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
-                                                          env.get("PYTHONPATH")]))
+        env = self._child_env()
         with open(job_dir / "log.txt", "ab") as log_file:
             child = subprocess.Popen([sys.executable, "-m", "device.jobrun", str(job_dir)], stdout=log_file,
                                      stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=job_dir)

@@ -29,15 +29,19 @@ from device import quiet
 from device.errors import ConfigError, EdgeFoldError, MissingDependencyError
 from device.files import write_json_atomic
 from device.measure import MeasureSpec, measure
+from device.power_modes import use_socket
 from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
-from device.schema import RESULT_SCHEMA, JobResult, JobSpec
+from device.schema import RESULT_SCHEMA, JobResult, JobSpec, PowerPoint, RunResult, RunSummary, reported_fields
+from device.sweep import point_facts, run_sweep
+from device.telemetry import series
 from device.telemetry.base import Sampler
 
 SMOKE_IMAGE = Path(__file__).parent / "assets" / "smoke.png"
 # Which power series is the device's power, in order of preference, and how to name it.
-POWER_SOURCES = (("jtop", "board_power_mw"), ("nvml", "power_mw"))
-MEMORY_SOURCES = (("jtop", "ram_used_mb"), ("nvml", "gpu_mem_used_mb"), ("host", "rss_mb"))
+POWER_SOURCES = (("jtop", series.BOARD_POWER), ("nvml", series.GPU_POWER))
+MEMORY_SOURCES = (("jtop", series.RAM_USED), ("nvml", series.GPU_MEM_USED), ("host", series.PROCESS_RSS))
+SERIES_SOURCES = ("jtop", "nvml", "host")  # a series any of them reads comes from the first
 
 
 def _is_tegra() -> bool:
@@ -63,13 +67,7 @@ def open_samplers(wanted: list[str] | str, rate_hz: float, jtop_socket: str | No
     samplers, notes = [], []
     for name in names:
         if name == "jtop":
-            if jtop_socket:
-                try:
-                    import jtop.service
-
-                    jtop.service.JTOP_PIPE = jtop_socket
-                except ImportError:
-                    pass
+            use_socket(jtop_socket)
             if auto and not (jtop_socket and os.path.exists(jtop_socket)):
                 notes.append(f"jtop: no service socket at {jtop_socket}")
                 continue
@@ -92,41 +90,44 @@ def open_samplers(wanted: list[str] | str, rate_hz: float, jtop_socket: str | No
     return samplers, notes
 
 
-def summarize(run: dict[str, Any]) -> dict[str, Any]:
+def summarize(run: RunResult) -> RunSummary:
     """The headline numbers of one measured batch size, from the best telemetry source present.
 
     Energy comes with its quality: ``energy_coverage`` (the fraction of the window fresh samples
     cover), ``power_max_gap_s``, ``power_staleness_s``, and ``energy_degraded`` with
-    ``energy_degraded_reasons`` ({flag: sentence}) when the window fell short.
+    ``energy_degraded_reasons`` ({flag: sentence}) when the window fell short. Every field declared
+    with a telemetry series (:func:`device.schema.reported`) is filled from the first source that read it.
     """
-    telemetry = run["telemetry"]
-    summary: dict[str, Any] = {"power_source": None, "power_mean_mw": None, "power_peak_mw": None,
-                               "power_idle_mw": None, "energy_mj_per_image": None,
-                               "energy_above_idle_mj_per_image": None, "energy_method": None,
-                               "energy_coverage": None, "power_max_gap_s": None, "power_staleness_s": None,
-                               "power_sample_hz": None, "energy_degraded": None, "energy_degraded_reasons": {},
-                               "memory_source": None, "peak_memory_mb": None}
+    telemetry = run.telemetry
+    fields: dict[str, Any] = {}
     for sampler, key in POWER_SOURCES:
-        values = telemetry.get(sampler, {})
-        series = values.get("series", {}).get(key, {})
-        if series.get("mean") is not None and np.isfinite(series["mean"]):
-            rail = values.get("facts", {}).get("board_rail")
-            summary.update(power_source=f"{sampler}:{rail or key}", power_mean_mw=series["mean"],
-                           power_peak_mw=series.get("peak"), power_idle_mw=series.get("idle"),
-                           energy_mj_per_image=values.get("energy_mj_per_image"),
-                           energy_above_idle_mj_per_image=values.get("energy_above_idle_mj_per_image"),
-                           energy_method=values.get("energy_method"), energy_coverage=values.get("coverage"),
-                           power_max_gap_s=values.get("max_gap_s"), power_staleness_s=values.get("staleness_s"),
-                           power_sample_hz=values.get("achieved_hz"),
-                           energy_degraded=values.get("degraded"),
-                           energy_degraded_reasons=values.get("degraded_reasons") or {})
+        source = telemetry.get(sampler)
+        stats = source.series.get(key) if source else None
+        if stats and stats.mean is not None and np.isfinite(stats.mean):
+            rail = source.facts.get("board_rail")
+            fields.update(power_source=f"{sampler}:{rail or key}", power_mean_mw=stats.mean, power_peak_mw=stats.peak,
+                          power_idle_mw=stats.idle, energy_mj_per_image=source.energy_mj_per_image,
+                          energy_above_idle_mj_per_image=source.energy_above_idle_mj_per_image,
+                          energy_method=source.energy_method, energy_coverage=source.coverage,
+                          power_max_gap_s=source.max_gap_s, power_staleness_s=source.staleness_s,
+                          power_sample_hz=source.achieved_hz, energy_degraded=source.degraded,
+                          energy_degraded_reasons=source.degraded_reasons)
             break
     for sampler, key in MEMORY_SOURCES:
-        peak = telemetry.get(sampler, {}).get("series", {}).get(key, {}).get("peak")
-        if peak is not None and np.isfinite(peak):
-            summary.update(memory_source=f"{sampler}:{key}", peak_memory_mb=peak)
+        stats = telemetry[sampler].series.get(key) if sampler in telemetry else None
+        if stats and stats.peak is not None and np.isfinite(stats.peak):
+            fields.update(memory_source=f"{sampler}:{key}", peak_memory_mb=stats.peak)
             break
-    return summary
+    for name, how in reported_fields(RunSummary).items():
+        if how.series is None:
+            continue
+        for source in SERIES_SOURCES:
+            stats = telemetry[source].series.get(how.series) if source in telemetry else None
+            value = getattr(stats, how.stat) if stats else None
+            if value is not None and np.isfinite(value):
+                fields[name] = value
+                break
+    return RunSummary(**fields)
 
 
 def smoke(runner, chw: tuple[int, ...], preprocess: dict[str, Any] | None) -> dict[str, Any]:
@@ -179,6 +180,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
             raise ConfigError(f"the model's input has dynamic or unknown dimensions besides the batch: {chw}",
                               fix="export with a fixed C×H×W (only the batch axis dynamic)")
         smoke_result = smoke(runner, chw, spec.preprocess.model_dump() if spec.preprocess else None)
+        sweep = None
         samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
                                         pci_bus_id=getattr(runner, "pci_bus_id", None))
         try:
@@ -190,20 +192,32 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
             power_key = next((key for name, key in POWER_SOURCES if any(s.name == name for s in samplers)), None)
             measure_spec = MeasureSpec(warmup_iterations=spec.warmup_iterations, idle_s=spec.idle_s,
                                        min_iterations=spec.min_iterations, **spec.window())
-            rng = np.random.default_rng(0)
-            runs = []
-            for index, batch_size in enumerate(spec.batch_sizes, start=1):
-                progress(f"batch {batch_size} ({index}/{len(spec.batch_sizes)}): measuring")
-                batch = rng.standard_normal((batch_size, *chw)).astype(np.float32)
-                run = measure(runner, batch, measure_spec, samplers, power_key=power_key)
-                for sampler in samplers:
-                    run["telemetry"][sampler.name]["facts"] = static.get(sampler.name, {})
-                run["summary"] = summarize(run)
-                run["noise_flags"] = quiet.noise_flags(
-                    run.get("contention"), run["latency_cv"],
-                    clocks_dropped=any(t.get("clocks_dropped") for t in run["telemetry"].values()),
-                    throttled=any(t.get("temp_limit_crossed") or quiet.nvml_throttled(t) for t in run["telemetry"].values()))
-                runs.append(run)
+
+            def measure_point(point: PowerPoint | None, where: str = "") -> list[RunResult]:
+                rng = np.random.default_rng(0)  # every point times the same batches
+                facts = point_facts(static, point)
+                measured = []
+                for index, batch_size in enumerate(spec.batch_sizes, start=1):
+                    progress(f"{where + ': ' if where else ''}batch {batch_size} ({index}/{len(spec.batch_sizes)}): "
+                             "measuring")
+                    batch = rng.standard_normal((batch_size, *chw)).astype(np.float32)
+                    run = measure(runner, batch, measure_spec, samplers, power_key=power_key, facts=facts)
+                    run.summary = summarize(run)
+                    run.noise_flags = quiet.noise_flags(
+                        run.contention.model_dump() if run.contention else None, run.latency_cv,
+                        clocks_dropped=any(t.clocks_dropped for t in run.telemetry.values()),
+                        throttled=any(t.temp_limit_crossed or quiet.nvml_throttled(t.model_dump())
+                                      for t in run.telemetry.values()))
+                    run.power_point = point
+                    measured.append(run)
+                return measured
+
+            if spec.sweep is None:
+                runs = measure_point(None)
+            else:
+                use_socket(job.get("jtop_socket"))
+                runs, sweep = run_sweep(spec.sweep, job.get("job_id", job_dir.name), Path(job["hold_path"]),
+                                        job.get("nvpmodel_conf"), 1.0 / spec.sample_hz, measure_point, progress)
         finally:
             for sampler in samplers:
                 sampler.close()
@@ -237,7 +251,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     return JobResult.model_validate(
         {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
          "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "profile": profile, "evaluation": evaluation,
-         "environment": describe_device()}).dump()
+         "environment": describe_device(), "sweep": sweep}).dump()
 
 
 def ran_precision(runner, spec: JobSpec, artifact_path: str) -> str:

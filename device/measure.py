@@ -19,6 +19,8 @@ import numpy as np
 from device import quiet
 from device.errors import ConfigError
 from device.runners import Runner
+from device.schema import Contention, DeviceTiming, PowerTrace, RunResult, SeriesStats, TelemetrySummary
+from device.telemetry import series
 from device.telemetry.base import Sampler, Trace, window_energy
 
 
@@ -62,8 +64,8 @@ def latency_stats(latencies_s: Sequence[float]) -> dict[str, float]:
             "latency_std_ms": float(ms.std(ddof=1)), "latency_cv": float(ms.std(ddof=1) / mean) if mean else 0.0}
 
 
-def device_timing(calls_ms: Sequence[dict[str, float]], method: str) -> dict[str, Any] | None:
-    """trtexec's device-side times over the timed calls, shaped as :class:`device.schema.DeviceTiming`.
+def device_timing(calls_ms: Sequence[dict[str, float]], method: str) -> DeviceTiming | None:
+    """trtexec's device-side times over the timed calls.
 
     Args:
         calls_ms: One ``{"latency_ms", "gpu_compute_ms"}`` per timed call (``runner.last_device_ms``).
@@ -76,7 +78,7 @@ def device_timing(calls_ms: Sequence[dict[str, float]], method: str) -> dict[str
         values = np.asarray([call[key] for call in calls_ms], dtype=np.float64)
         out.update({f"{name}_p50_ms": float(np.percentile(values, 50)), f"{name}_p90_ms": float(np.percentile(values, 90)),
                     f"{name}_p99_ms": float(np.percentile(values, 99)), f"{name}_mean_ms": float(values.mean())})
-    return out
+    return DeviceTiming(**out)
 
 
 def power_trace(trace: Trace, key: str, idle_mw: float | None, source: str,
@@ -119,7 +121,7 @@ def counter_key(sampler: Sampler, trace: Trace) -> str | None:
 
 
 def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequence[Sampler] = (),
-            power_key: str | None = None) -> dict[str, Any]:
+            power_key: str | None = None, facts: dict[str, dict[str, Any]] | None = None) -> RunResult:
     """Measures ``runner`` on ``batch`` (already loaded); samplers must be open.
 
     Args:
@@ -128,6 +130,11 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
         spec: Iterations or duration, warm-up and idle baseline.
         samplers: Telemetry samplers, started for the idle baseline and for the timed window only.
         power_key: The power series (mW) to integrate for energy, e.g. ``board_power_mw``.
+        facts: Per sampler name, what it says of the device (board rail, nvpmodel …), recorded with its series.
+
+    Returns:
+        The window as the result schema's :class:`~device.schema.RunResult` (its ``summary`` and
+        ``noise_flags`` are the job's to fill: :func:`device.jobrun.summarize`).
     """
     images_per_call = int(batch.shape[0])
     idle_means: dict[str, float] = {}
@@ -180,41 +187,55 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
     (latencies, window_s), traces = _window(samplers, timed, keep_busy=lambda: runner.infer(batch))
     start, stop = bounds
     images = len(latencies) * images_per_call
-    result: dict[str, Any] = {"batch_size": images_per_call, "iterations": len(latencies), "images": images,
-                              "window_s": window_s, "throughput_images_per_s": images / window_s,
-                              **latency_stats(latencies), "telemetry": {}, "contention": quiet_before[1],
-                              "device_timing": device_timing(device_ms, getattr(runner, "timing_method", "")) if
-                              len(device_ms) == len(latencies) else None}
+    telemetry: dict[str, TelemetrySummary] = {}
+    power: dict[str, Any] = {}
     for sampler, trace in zip(samplers, traces):
-        inside = (trace.times_s >= start) & (trace.times_s <= stop)
-        # Shaped as device.schema.TelemetrySummary.
-        summary: dict[str, Any] = {"source": sampler.name, "samples": len(trace.times_s),
-                                   "samples_in_window": int(inside.sum()),
-                                   "requested_hz": trace.requested_hz, "achieved_hz": trace.achieved_hz,
-                                   "errors": trace.errors, "flags": dict(trace.flags),
-                                   "staleness_s": trace.staleness_max_s, "series": {}}
-        for key in trace.values:
-            summary["series"][key] = {"mean": trace.mean(key), "peak": trace.peak(key), "idle": idle_means.get(key)}
-        clocks = [k for k in trace.values if k.endswith(("_freq_mhz", "clock_mhz"))]
-        summary["clocks_dropped"] = any(np.nanmin(trace.values[k]) < 0.95 * np.nanmax(trace.values[k]) for k in clocks
-                                        if np.isfinite(trace.values[k]).any())
-        summary["temp_limit_crossed"] = any(trace.peak(k) > spec.temp_limit_c for k in trace.values
-                                            if k.startswith("temp_") or k == "gpu_temp_c")
-        counter = counter_key(sampler, trace)
-        if (power_key and power_key in trace.values) or counter:
-            key = power_key if power_key in trace.values else None
-            idle_mw = idle_power.get(sampler.name)
-            energy = window_energy(trace, start, stop, calls, power_key=key, counter_key=counter, idle_mw=idle_mw)
-            summary.update(energy, power_key=key)
-            if key:
-                # Mean and peak over the window itself, not the samples bracketing it.
-                series = summary["series"][key]
-                if energy["window_power_mw"] is not None:
-                    series["mean"] = energy["window_power_mw"]
-                if inside.any() and np.isfinite(trace.values[key][inside]).any():
-                    series["peak"] = float(np.nanmax(trace.values[key][inside]))
-                if idle_mw is not None:
-                    series["idle"] = idle_mw
-                result["power_trace"] = power_trace(trace, key, idle_mw, sampler.name, start=start)
-        result["telemetry"][sampler.name] = summary
-    return result
+        summary, trace_of_power = _telemetry_summary(sampler, trace, start, stop, calls, spec, power_key,
+                                                     idle_means, idle_power.get(sampler.name), (facts or {}).get(sampler.name))
+        telemetry[sampler.name] = summary
+        power = power or ({"power_trace": trace_of_power} if trace_of_power else {})
+    return RunResult(batch_size=images_per_call, iterations=len(latencies), images=images, window_s=window_s,
+                     throughput_images_per_s=images / window_s, **latency_stats(latencies), telemetry=telemetry,
+                     contention=Contention(**quiet_before[1]) if quiet_before[1] is not None else None,
+                     device_timing=device_timing(device_ms, getattr(runner, "timing_method", ""))
+                     if len(device_ms) == len(latencies) else None, **power)
+
+
+def _telemetry_summary(sampler: Sampler, trace: Trace, start: float, stop: float, calls, spec: MeasureSpec,
+                       power_key: str | None, idle_means: dict[str, float], idle_mw: float | None,
+                       facts: dict[str, Any] | None) -> tuple[TelemetrySummary, PowerTrace | None]:
+    """One source over the window: each series' statistics, its clocks and temperatures checked, and the
+    energy over exactly the window when it measures power."""
+    inside = (trace.times_s >= start) & (trace.times_s <= stop)
+    stats = {}
+    for key in trace.values:
+        values = trace.values[key][inside]
+        # The low (a clock's dip) over the window's own samples; a slow source may have none inside.
+        low = float(np.nanmin(values)) if np.isfinite(values).any() else trace.low(key)
+        stats[key] = {"mean": trace.mean(key), "peak": trace.peak(key), "low": low, "idle": idle_means.get(key)}
+    clocks = series.of_kind(trace.values, "clock")
+    fields: dict[str, Any] = {
+        "staleness_s": trace.staleness_max_s,  # the energy's own, over the window, replaces it below
+        "clocks_dropped": any(np.nanmin(trace.values[k]) < 0.95 * np.nanmax(trace.values[k]) for k in clocks
+                              if np.isfinite(trace.values[k]).any()),
+        "temp_limit_crossed": any(trace.peak(k) > spec.temp_limit_c for k in series.of_kind(trace.values, "temperature"))}
+    plot = None
+    counter = counter_key(sampler, trace)
+    if (power_key and power_key in trace.values) or counter:
+        key = power_key if power_key in trace.values else None
+        energy = window_energy(trace, start, stop, calls, power_key=key, counter_key=counter, idle_mw=idle_mw)
+        fields.update(energy, power_key=key)
+        if key:
+            # Mean and peak over the window itself, not the samples bracketing it.
+            if energy["window_power_mw"] is not None:
+                stats[key]["mean"] = energy["window_power_mw"]
+            if inside.any() and np.isfinite(trace.values[key][inside]).any():
+                stats[key]["peak"] = float(np.nanmax(trace.values[key][inside]))
+            if idle_mw is not None:
+                stats[key]["idle"] = idle_mw
+            plot = PowerTrace(**power_trace(trace, key, idle_mw, sampler.name, start=start))
+    summary = TelemetrySummary(source=sampler.name, samples=len(trace.times_s), samples_in_window=int(inside.sum()),
+                               requested_hz=trace.requested_hz, achieved_hz=trace.achieved_hz, errors=trace.errors,
+                               flags=dict(trace.flags), series={key: SeriesStats(**values) for key, values in stats.items()},
+                               facts=facts or {}, **fields)
+    return summary, plot

@@ -12,7 +12,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from device.errors import EdgeFoldError
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 Runtime = Literal["onnxruntime", "tensorrt", "torch"]
@@ -114,6 +114,36 @@ class EvaluationSpec(Request):
     top_k: int = Field(5, ge=1, le=5, description="predictions returned per image (k = min(5, classes))")
 
 
+# A power mode by the board's own name (``MAXN_SUPER``) or id (``nvpmodel -m ID``).
+ModeName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+$")]
+ModeId = Annotated[int, Field(ge=0, le=255)]
+
+
+class SweepSpec(Request):
+    """A sweep over power modes and jetson_clocks states (Jetson, through the jtop service).
+
+    Each point (mode × jetson_clocks) is set, waited for until the device shows it (online cores and
+    clock caps as the board's nvpmodel configuration says), and measured at every batch size of the job;
+    the engine is loaded once. The mode and jetson_clocks state found are restored at the end.
+    """
+
+    power_modes: Annotated[list[ModeName | ModeId], Field(min_length=1, max_length=16)] | Literal["all"] = Field(
+        description="modes by name or id, in the order to visit them; 'all': every mode jtop lists (those that need "
+                    "a reboot are skipped with the reason)")
+    jetson_clocks: Annotated[list[bool], Field(min_length=1, max_length=2)] | None = Field(
+        None, description="jetson_clocks states to measure each mode in; null: leave it as found")
+    settle_timeout_s: float = Field(30.0, gt=0, le=600, description="how long a point may take to show its mode "
+                                                                   "before it is refused, not measured")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "SweepSpec":
+        if isinstance(self.power_modes, list) and len(set(self.power_modes)) != len(self.power_modes):
+            raise ValueError("power_modes names each mode once")
+        if self.jetson_clocks is not None and len(set(self.jetson_clocks)) != len(self.jetson_clocks):
+            raise ValueError("jetson_clocks names each state once")
+        return self
+
+
 class JobSpec(Request):
     """One benchmark job: an uploaded artifact, a runtime, and how to measure it.
 
@@ -143,6 +173,8 @@ class JobSpec(Request):
                                                                 "Preprocess.to_dict) for the smoke inference")
     evaluation: EvaluationSpec | None = Field(None, description="score the engine that was timed on this set, once, "
                                                                 "after the timed windows")
+    sweep: SweepSpec | None = Field(None, description="measure every batch size under each power mode × jetson_clocks "
+                                                      "point (Jetson); the device is restored afterwards")
 
     @model_validator(mode="after")
     def _window(self) -> "JobSpec":
@@ -212,16 +244,72 @@ class ErrorBody(Strict):
 
 
 # ---------------------------------------------------------------- the job's result
-# What the agent measured, typed once: the job process writes it (validated), the client hands it
-# over, the deploy stage stores it and the report reads it. A field added to what the device measures
-# touches this schema, the code that fills it (device/measure.py, device/jobrun.py) and the report.
-RESULT_SCHEMA = "edgefold.result/2"
+# What the agent measured, typed once: the job process builds it from these models, the client hands
+# it over, the deploy stage stores it and the report reads it. A measured figure is declared once, on
+# its field (:func:`reported`): the summary fills it from its telemetry series and the report's ladder
+# detail and results.csv show it, with no list to extend elsewhere.
+#
+# Versions: "edgefold.result/MAJOR.MINOR". Written strictly (an unknown key is a producer's bug and
+# fails the job); read leniently within a major version: keys a newer minor added are dropped on read,
+# and a field this version added reads as "not recorded" in an older result (``Reported.since``).
+RESULT_MAJOR, RESULT_MINOR = 2, 2  # 2.2: RunResult.power_point, JobResult.sweep
+RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
+_RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
+READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
+
+
+def result_version(schema: Any) -> tuple[int, int] | None:
+    """(major, minor) of a result's ``schema`` string; ``edgefold.result/2`` is 2.0; None if not a result's."""
+    match = _RESULT_VERSION.match(schema) if isinstance(schema, str) else None
+    return (int(match["major"]), int(match["minor"] or 0)) if match else None
+
+
+class Reported(BaseModel):
+    """How a measured field appears in the report: its column, its format, and how a rung's windows combine.
+
+    Attributes:
+        label: The column's header (unit included).
+        fmt: Its format spec (``".1f"``).
+        combine: How the rung's figure comes from every timed window of every batch size: ``max`` for a
+            peak, ``min`` for a low.
+        since: The result schema's minor version that added the field: an older result shows "not recorded".
+        series: The telemetry series (:mod:`device.telemetry.series`) the summary fills it from, if any.
+        stat: Which of that series' window statistics (``peak``, ``low``, ``mean``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    label: str
+    fmt: str
+    combine: Literal["max", "min"]
+    since: int = 0
+    series: str | None = None
+    stat: Literal["peak", "low", "mean"] | None = None
+
+
+def reported(description: str, **report: Any) -> Any:
+    """A measured field (default None) that the report shows: ``reported("…", label=, fmt=, combine=, …)``."""
+    return Field(None, description=description, json_schema_extra={"reported": Reported(**report).model_dump()})
+
+
+def reported_fields(model: type[BaseModel]) -> dict[str, Reported]:
+    """The fields of ``model`` the report shows, in declaration order, with how."""
+    return {name: Reported(**field.json_schema_extra["reported"]) for name, field in model.model_fields.items()
+            if isinstance(field.json_schema_extra, dict) and "reported" in field.json_schema_extra}
 
 
 class Measured(BaseModel):
-    """A measured document: unknown keys refused (a renamed field must fail loudly, not read as missing)."""
+    """A measured document: unknown keys refused when written (a renamed field fails loudly, not as missing);
+    dropped when read with :data:`READING` as context (a newer minor version's addition)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_newer_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict) and info.context and info.context.get("reading"):
+            known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+            return {key: value for key, value in data.items() if key in known}
+        return data
 
 
 class SeriesStats(Measured):
@@ -229,6 +317,7 @@ class SeriesStats(Measured):
 
     mean: float | None = None
     peak: float | None = None
+    low: float | None = Field(None, description="the lowest reading (over the window's own samples, when it has some)")
     idle: float | None = Field(None, description="mean over the idle baseline before the job")
 
 
@@ -264,13 +353,14 @@ class TelemetrySummary(Measured):
                                                                     "rail, nvpmodel, jetson_clocks, provenance …")
 
     def peak_temperatures_c(self) -> dict[str, float]:
-        """Peak temperature per zone: the samplers name zone series ``temp_<zone>_c`` (jtop) and ``gpu_temp_c``."""
+        """Peak temperature per thermal zone (:func:`device.telemetry.series.describe`)."""
+        from device.telemetry.series import describe
+
         temps = {}
         for key, stats in self.series.items():
-            zone = key[len("temp_"):-len("_c")] if key.startswith("temp_") and key.endswith("_c") else \
-                ("gpu" if key == "gpu_temp_c" else None)
-            if zone and stats.peak is not None and stats.peak == stats.peak:  # NaN: no reading
-                temps[zone] = stats.peak
+            info = describe(key)
+            if info.kind == "temperature" and stats.peak is not None and stats.peak == stats.peak:  # NaN: no reading
+                temps[info.zone] = stats.peak
         return temps
 
 
@@ -292,6 +382,12 @@ class RunSummary(Measured):
     energy_degraded_reasons: dict[str, str] = Field(default_factory=dict)
     memory_source: str | None = None
     peak_memory_mb: float | None = None
+    gpu_temp_peak_c: float | None = reported(
+        "the GPU's peak temperature during the timed window (jtop's gpu zone, NVML's GPU sensor)",
+        label="GPU °C peak", fmt=".1f", combine="max", since=1, series="temp_gpu_c", stat="peak")
+    gpu_freq_low_mhz: float | None = reported(
+        "the GPU's lowest clock during the timed window: below the mode's maximum, DVFS or throttling slowed it",
+        label="GPU MHz low", fmt=".0f", combine="min", since=1, series="gpu_freq_mhz", stat="low")
 
 
 class PowerTrace(Measured):
@@ -333,6 +429,41 @@ class DeviceTiming(Measured):
     gpu_compute_mean_ms: float
 
 
+class PowerPoint(Measured):
+    """The power mode a window ran under, as the device showed it once the mode had taken effect (2.2)."""
+
+    nvpmodel_id: int
+    nvpmodel_name: str
+    jetson_clocks: bool | None = Field(description="null: the board has no jetson_clocks")
+    online_cores: list[int] = Field(description="indices of the CPU cores online")
+    cpu_max_khz: dict[int, int] = Field(description="online core → its cpufreq scaling_max_freq cap, kHz")
+    gpu_max_khz: int | None = Field(description="the GPU's devfreq max_freq cap, kHz")
+    settle_s: float = Field(description="seconds from setting the point until the device showed it")
+
+
+class NotMeasured(Measured):
+    """A sweep point that was not measured, and why."""
+
+    nvpmodel_id: int | None
+    nvpmodel_name: str
+    jetson_clocks: bool | None
+    kind: Literal["skipped", "refused"] = Field(description="skipped: never set (needs a reboot, no jetson_clocks); "
+                                                            "refused: set, but it never took effect")
+    reason: str
+
+
+class SweepResult(Measured):
+    """How a sweep went: the state it found and restored, and the points it did not measure (2.2)."""
+
+    controlled: bool = Field(description="false: no power-mode control (no jtop): only the current mode was measured")
+    note: str | None = None
+    original: dict[str, Any] | None = Field(None, description="nvpmodel_id, nvpmodel_name, jetson_clocks as found")
+    restored: bool | None = Field(None, description="whether the job process put the original state back (if not, "
+                                                    "the agent retries and refuses other jobs until it has)")
+    restore_note: str | None = None
+    not_measured: list[NotMeasured] = Field(default_factory=list)
+
+
 class RunResult(Measured):
     """One batch size's timed window. ``latency_*`` is the wall time of each whole call (preprocessed
     batch in, outputs out, as an application calls it); ``device_timing`` adds trtexec's two times."""
@@ -355,6 +486,7 @@ class RunResult(Measured):
     noise_flags: dict[str, str] = Field(default_factory=dict, description="why this window is noisy, with the fix")
     device_timing: DeviceTiming | None = Field(None, description="trtexec's Latency and GPU Compute Time of the "
                                                                  "same calls (TensorRT runner only)")
+    power_point: PowerPoint | None = Field(None, description="the sweep point this window ran under (sweeps only)")
 
 
 class RuntimeInfo(Measured):
@@ -399,7 +531,7 @@ class JobResult(Measured):
     the per-layer profile and the device's environment."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    schema_: Literal["edgefold.result/2"] = Field(RESULT_SCHEMA, alias="schema")
+    schema_: str = Field(RESULT_SCHEMA, alias="schema", description="edgefold.result/MAJOR.MINOR")
     spec: JobSpec
     input_chw: list[int]
     runtime: RuntimeInfo
@@ -410,10 +542,45 @@ class JobResult(Measured):
     evaluation: EvaluationResult | None = Field(None, description="the evaluation set's predictions by the engine "
                                                                   "that was timed")
     environment: dict[str, Any] = Field(default_factory=dict)
+    sweep: SweepResult | None = Field(None, description="a sweep's original and restored state and the points it "
+                                                        "did not measure; its runs carry power_point")
+
+    @field_validator("schema_")
+    @classmethod
+    def _same_major(cls, value: str) -> str:
+        version = result_version(value)
+        if version is None or version[0] != RESULT_MAJOR:
+            raise ValueError(f"schema {value!r} is not edgefold.result/{RESULT_MAJOR}.x")
+        return value
+
+    @property
+    def minor(self) -> int:
+        """The minor version the result was written with (fields added later read as not recorded)."""
+        return result_version(self.schema_)[1]
 
     def run(self, batch_size: int) -> RunResult | None:
-        """The run at ``batch_size``, if one was measured."""
+        """The run at ``batch_size``, if one was measured (a sweep's first point's; see ``power_point``)."""
         return next((run for run in self.runs if run.batch_size == batch_size), None)
+
+    def sweep_windows(self) -> list[dict[str, Any]]:
+        """One dict per timed window with its sweep point, in the shape the report's front takes
+        (``pipeline.front.points_from_windows``): ``mode``, ``mode_id``, ``jetson_clocks``, ``batch_size``,
+        ``accelerator`` (``gpu``, ``dla0``, ``dla1``), ``latency_p50_ms``, ``energy_mj_per_image``,
+        ``throughput_images_per_s``, ``power_mean_w``, ``energy_degraded``. A window of no sweep has mode None
+        (the current mode)."""
+        accelerator = "gpu" if self.spec.dla_core is None else f"dla{self.spec.dla_core}"
+        windows = []
+        for run in self.runs:
+            point, summary = run.power_point, run.summary
+            windows.append({
+                "mode": point.nvpmodel_name if point else None, "mode_id": point.nvpmodel_id if point else None,
+                "jetson_clocks": point.jetson_clocks if point else None, "batch_size": run.batch_size,
+                "accelerator": accelerator, "latency_p50_ms": run.latency_p50_ms,
+                "energy_mj_per_image": summary.energy_mj_per_image,
+                "throughput_images_per_s": run.throughput_images_per_s,
+                "power_mean_w": None if summary.power_mean_mw is None else summary.power_mean_mw / 1000,
+                "energy_degraded": summary.energy_degraded})
+        return windows
 
     def dump(self) -> dict[str, Any]:
         """The JSON document (with its ``schema`` key)."""
@@ -423,8 +590,10 @@ class JobResult(Measured):
 def parse_result(data: Any, where: str = "the job result") -> JobResult:
     """Validates a result document, refusing another schema version with a clear message.
 
+    Within the major version it reads leniently: keys a newer minor version added are dropped.
+
     Raises:
-        SchemaVersionError: A result of an older (or newer) agent.
+        SchemaVersionError: A result of another major version.
         ResultError: A document that does not fit this schema.
     """
     from pydantic import ValidationError
@@ -433,12 +602,13 @@ def parse_result(data: Any, where: str = "the job result") -> JobResult:
 
     if not isinstance(data, dict):
         raise ResultError(f"{where} is not a JSON object", fix="re-run the measurement")
-    if data.get("schema") != RESULT_SCHEMA:
+    version = result_version(data.get("schema"))
+    if version is None or version[0] != RESULT_MAJOR:
         raise SchemaVersionError(
-            f"{where} is schema {data.get('schema')!r}; this EdgeFold reads {RESULT_SCHEMA!r}",
-            fix="upgrade the agent to this EdgeFold's version and measure again (make edge FORCE=deploy)")
+            f"{where} is schema {data.get('schema')!r}; this EdgeFold reads edgefold.result/{RESULT_MAJOR}.x",
+            fix="use the same EdgeFold major version on the agent and here, and measure again (make edge FORCE=deploy)")
     try:
-        return JobResult.model_validate(data)
+        return JobResult.model_validate(data, context=READING)
     except ValidationError as err:
         raise ResultError(f"{where} does not fit {RESULT_SCHEMA}: {describe_problems(field_problems(err.errors()))}",
                           fix="the agent and this EdgeFold disagree on the result; use the same version on both") \

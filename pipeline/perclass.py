@@ -87,8 +87,9 @@ def class_changes(labels: np.ndarray, before: np.ndarray, after: np.ndarray, cla
     return sorted(rows, key=lambda r: (r["change_points"], r["class"]))
 
 
-# The comparisons the report shows: what distillation cost, and what INT8 cost on top.
-COMPARISONS = (("teacher", "student"), ("student", "student_int8"))
+# The comparisons the report shows: what distillation cost, what INT8 cost on top, and the whole fold
+# (the headline's accuracy change and the classes it names).
+COMPARISONS = (("teacher", "student"), ("student", "student_int8"), ("teacher", "student_int8"))
 
 
 def summarize(labels: np.ndarray, predictions: dict[str, np.ndarray], classes: Sequence[str]) -> dict[str, Any]:
@@ -102,33 +103,43 @@ def summarize(labels: np.ndarray, predictions: dict[str, np.ndarray], classes: S
     for before, after in COMPARISONS:
         if before in predictions and after in predictions:
             rows = class_changes(labels, predictions[before], predictions[after], classes)
+            right_before, right_after = predictions[before] == labels, predictions[after] == labels
+            lost, gained = int((right_before & ~right_after).sum()), int((~right_before & right_after).sum())
+            overall = {"images": int(len(labels)), "lost": lost, "gained": gained,
+                       "change_points": round(100 * (gained - lost) / max(1, len(labels)), 10) + 0.0,
+                       "p_value": mcnemar_exact(lost, gained)}
             comparisons.append({"before": before, "after": after, "test": "McNemar exact, Holm-corrected",
-                                "alpha": ALPHA, "classes": rows,
+                                "alpha": ALPHA, "overall": overall, "classes": rows,
                                 "significant_drops": [r["class"] for r in rows
                                                       if r["significant"] and r["change_points"] < 0]})
     return {"classes": list(classes), "rungs": rungs, "comparisons": comparisons}
 
 
-# ----------------------------------------------------------------- rendering (report)
-def markdown_section(summary: dict[str, Any], top: int = 5) -> list[str]:
-    """The report's "what the fold cost, per class" section as Markdown lines.
+# ----------------------------------------------------------------- the report's section
+def section(summary: dict[str, Any], top: int = 5):
+    """The report's "What the fold cost, per class" section (:class:`pipeline.sections.Section`).
 
     Args:
         summary: What the evaluate stage records: ``classes``, ``accuracy`` and ``never_predicted``
             per rung, and ``comparisons`` (see :func:`summarize`).
     """
-    lines = ["## What the fold cost, per class", ""]
-    for rung, never in summary["never_predicted"].items():
-        if never:
-            lines.append(f"- **{rung}** never predicts {', '.join(repr(c) for c in never)}"
-                         + (" (a pruned model before distillation is expected to be bad)" if rung == "pruned" else ""))
-    if any(summary["never_predicted"].values()):
-        lines.append("")
+    from pipeline.sections import Bullets, Section, Table, Text
+
+    blocks: list = []
+    never = [(rung, classes) for rung, classes in summary["never_predicted"].items() if classes]
+    if never:
+        blocks.append(Bullets([(rung, " never predicts " + ", ".join(map(repr, classes))
+                                + (" (a pruned model before distillation is expected to be bad)" if rung == "pruned"
+                                   else "")) for rung, classes in never]))
     for comparison in summary["comparisons"]:
         drops = comparison["significant_drops"]
-        lines += [f"**{comparison['before']} → {comparison['after']}** ({comparison['test']}, α = {comparison['alpha']}): "
-                  + (f"significant drops in {', '.join(repr(c) for c in drops)}." if drops
-                     else "no class dropped by more than noise."), ""]
+        overall = comparison.get("overall")
+        whole = (f" Over all {overall['images']} images: {overall['change_points']:+.2f} points, McNemar p = "
+                 f"{overall['p_value']:.2g}." if overall else "")
+        blocks.append(Text(f"{comparison['before']} → {comparison['after']} ({comparison['test']}, "
+                           f"α = {comparison['alpha']}): " + (f"significant drops in {', '.join(map(repr, drops))}."
+                                                              if drops else "no class dropped by more than noise.")
+                           + whole))
         rows = [["class", "images", comparison["before"], comparison["after"], "Δ points", "lost / gained",
                  "p (Holm)", "significant"]]
         for row in comparison["classes"][:top]:
@@ -136,44 +147,8 @@ def markdown_section(summary: dict[str, Any], top: int = 5) -> list[str]:
                          f"{100 * row['accuracy_after']:.1f}%", f"{row['change_points']:+.1f}",
                          f"{row['lost']} / {row['gained']}", f"{row['p_holm']:.3g}",
                          "yes" if row["significant"] else "no"])
-        lines += [_table(rows), ""]
-    return lines
-
-
-def html_section(summary: dict[str, Any], top: int = 5) -> str:
-    """The same section as HTML (tables as tables, not scraped from the Markdown)."""
-    from html import escape
-
-    parts = ["<h2>What the fold cost, per class</h2>"]
-    never = [(rung, classes) for rung, classes in summary["never_predicted"].items() if classes]
-    if never:
-        parts.append("<ul>" + "".join(
-            f"<li><b>{escape(rung)}</b> never predicts {escape(', '.join(map(repr, classes)))}"
-            + (" (a pruned model before distillation is expected to be bad)" if rung == "pruned" else "") + "</li>"
-            for rung, classes in never) + "</ul>")
-    for comparison in summary["comparisons"]:
-        drops = comparison["significant_drops"]
-        parts.append(f"<p><b>{escape(comparison['before'])} → {escape(comparison['after'])}</b> "
-                     f"({escape(comparison['test'])}, α = {comparison['alpha']}): "
-                     + (f"significant drops in {escape(', '.join(map(repr, drops)))}." if drops
-                        else "no class dropped by more than noise.") + "</p>")
-        head = ["class", "images", comparison["before"], comparison["after"], "Δ points", "lost / gained", "p (Holm)",
-                "significant"]
-        body = "".join(
-            "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in (
-                row["class"], str(row["images"]), f"{100 * row['accuracy_before']:.1f}%",
-                f"{100 * row['accuracy_after']:.1f}%", f"{row['change_points']:+.1f}",
-                f"{row['lost']} / {row['gained']}", f"{row['p_holm']:.3g}", "yes" if row["significant"] else "no"))
-            + "</tr>" for row in comparison["classes"][:top])
-        parts.append('<div class="scroll"><table><tr>' + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"
-                     + body + "</table></div>")
-    return "\n".join(parts)
-
-
-def _table(rows: list[list[str]]) -> str:
-    head, *body = rows
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-                     + ["| " + " | ".join(r) + " |" for r in body])
+        blocks.append(Table(rows))
+    return Section("What the fold cost, per class", blocks)
 
 
 def plot(summary: dict[str, Any]):
@@ -193,6 +168,7 @@ def plot(summary: dict[str, Any]):
     ax.set_ylabel("accuracy on the class's test images, %")
     ax.set_ylim(0, 105)
     ax.set_title("Per-class accuracy per rung")
-    ax.legend(fontsize=8, ncol=len(rungs))
+    # Below the axes: inside, the legend covered the bars of the first classes.
+    ax.legend(fontsize=8, ncol=min(len(rungs), 5), loc="upper center", bbox_to_anchor=(0.5, -0.28), frameon=False)
     ax.grid(True, axis="y", alpha=0.3)
     return fig

@@ -12,15 +12,15 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from device.errors import ConfigError, EdgeFoldError
 from device.preprocess import Preprocess
-from device.schema import (BatchSizes, IdleSeconds, MinIterations, SampleHz, Threads, TimeoutSeconds,
-                           WarmupIterations, WindowSeconds)
+from device.schema import (BatchSizes, IdleSeconds, MinIterations, ModeId, ModeName, SampleHz, Threads,
+                           TimeoutSeconds, WarmupIterations, WindowSeconds)
 from pipeline.rungs import RUNGS, FloatRungName, Fp16RungName, RungName
 
 RECIPES_ENV = "EDGEFOLD_MODELS_DIR"
@@ -286,6 +286,25 @@ class EvaluateConfig(_Strict):
     batch_size: int = Field(256, ge=1)
 
 
+class SweepConfig(_Strict):
+    """A power-mode sweep of every deployed rung on each Jetson (the agent's :class:`device.schema.SweepSpec`).
+
+    Each point — mode × jetson_clocks × batch size — is set through the device's jtop service, waited for
+    and measured in every round; the report draws the energy–latency front and names the point to ship.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    modes: Annotated[list[ModeName | ModeId], Field(min_length=1, max_length=16)] | Literal["all"] = Field(
+        "all", description="power modes by the board's names or ids; all: every mode jtop lists (those that need "
+                           "a reboot are skipped with the reason)")
+    jetson_clocks: Annotated[list[bool], Field(min_length=1, max_length=2)] | None = Field(
+        None, description="jetson_clocks states per mode, e.g. [false, true]; null: as found")
+    batch_sizes: BatchSizes | None = Field(None, description="the sweep's batch sizes; null: deploy.batch_sizes")
+    accelerators: list[Literal["gpu"]] = Field(["gpu"], description="gpu only: a DLA sweep is one job per DLA "
+                                                                     "core, not built yet")
+    settle_timeout_s: float = Field(30.0, gt=0, le=600, description="how long a point may take to show its mode")
+
+
 class DeployConfig(_Strict):
     """Benchmark jobs sent to every device's agent for every rung.
 
@@ -312,6 +331,10 @@ class DeployConfig(_Strict):
     evaluate_images: int = Field(
         1000, ge=0, le=100_000, description="test images (stratified per class) each rung's engine scores on each "
                                             "device, once, outside the timed windows; 0: host accuracy only")
+    sweep: SweepConfig | None = Field(None, description="power modes × jetson_clocks × batch on each Jetson")
+    latency_budget_ms: float | None = Field(None, gt=0, le=60_000, description="the p50 a product must meet: the "
+                                                                                "report names the least-energy "
+                                                                                "sweep point within it")
 
 
 class Recipe(_Strict):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import html
 import io
 import json
 import os
@@ -20,19 +19,25 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from device.errors import ManifestError, SchemaVersionError, require
-from device.schema import JobResult, parse_result
+from device.schema import JobResult, RunSummary, parse_result, reported_fields
 from pipeline.devices import DEPLOY_SCHEMA
 from pipeline.manifest import Manifest, sha256_file
-from pipeline.device_accuracy import CAUSES, device_scores, paired_top1_change, per_class_device
+from pipeline.device_accuracy import device_scores, paired_top1_change, per_class_device
 from pipeline.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from device import quiet
 from pipeline import perclass, stats
+from pipeline.front import choose, energy_front, points_from_windows
+from pipeline.headline import accuracy_evidence
+from pipeline.headline import text as headline_text
 from pipeline.scores import points as _points
 from pipeline.scores import verdict
+from pipeline.sections import Bullets, Details, Figure, Pre, Section, Table, Text, to_html, to_markdown
 
 SCHEMA = "edgefold.report/2"
 NOT_MEASURED = "not measured"
-COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", "params_m", "macs_g", "size_mb", "runtime",
+# The row's derived figures (intervals, ratios, accuracy on the device); the measured fields declared on the
+# result schema (device.schema.reported) follow them, so a new measured field needs no edit here.
+BASE_COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", "params_m", "macs_g", "size_mb", "runtime",
            "precision", "latency_batch", "latency_p50_ms", "latency_p50_low_ms", "latency_p50_high_ms",
            "latency_p99_ms", "latency_p99_low_ms", "latency_p99_high_ms", "latency_cv_windows", "windows",
            "throughput_batch", "throughput_images_per_s", "throughput_low", "throughput_high", "peak_memory_mb",
@@ -44,6 +49,9 @@ COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", "para
            "trt_latency_p50_ms", "trt_latency_p50_low_ms", "trt_latency_p50_high_ms", "gpu_compute_p50_ms",
            "gpu_compute_p50_low_ms", "gpu_compute_p50_high_ms", "runtime_fallback", "device_top1", "device_top1_correct",
            "device_images", "host_top1_same_images", "agreement", "mcnemar_p", "device_deviates")
+REPORTED = reported_fields(RunSummary)
+COLUMNS = BASE_COLUMNS + tuple(REPORTED) + ("not_recorded",)
+NOT_RECORDED = "not recorded"
 
 
 def pareto_front(points: Iterable[tuple[Any, float, float]]) -> set:
@@ -120,7 +128,8 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                            power_mean_w=summary.power_mean_mw / 1e3 if summary.power_mean_mw else None,
                            energy_mj_per_image=summary.energy_mj_per_image,
                            power_source=summary.power_source, **_energy_quality(summary.model_dump()),
-                           **_window_statistics(entry["rounds"], batches[0], batches[-1]))
+                           **_window_statistics(entry["rounds"], batches[0], batches[-1]),
+                           **reported_figures(entry["rounds"]))
                 if result.evaluation is not None and evaluation:
                     # The accuracy of the engine that was timed, beside the host's on the same images.
                     row.update(device_scores(evaluation, rung, result.evaluation.predictions),
@@ -142,6 +151,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         row.update(_ratios(row, baseline))
     headline = _headline(rows, edge, dc, baseline_device, baseline_rung)
     headline["teacher_precision_why"] = baseline_why
+    headline.update(accuracy_evidence(stages["evaluate"]["metrics"].get("per_class"), TEACHER, DEPLOYED))
     headline["device_deviations"] = [
         {"rung": r["rung"], "device": r["device"], "device_top1": r["device_top1"],
          "host_top1": r["host_top1_same_images"], "images": r["device_images"], "mcnemar_p": r["mcnemar_p"]}
@@ -150,6 +160,12 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     headline["int8_vs_fp16"] = [line for device in edge + dc
                                 if (line := _int8_vs_fp16(rows, device["name"], device_predictions, evaluation,
                                                           profiles))]
+    # The budget is the deploy stage's (recorded with its config): changing it re-runs deploy, whose windows are reused.
+    fronts = power_fronts(devices, ((stages.get("deploy") or {}).get("config") or {}).get("deploy", {})
+                          .get("latency_budget_ms"))
+    headline["power_mode_choices"] = [
+        {"device": f["device"], "rung": f["rung"], "text": f["choice"]["text"], "chosen": f["choice"]["chosen"]}
+        for f in fronts if f["rung"] == DEPLOYED and f["role"] == "edge"]
     groups = fleet_aggregates(rows)
     traces = []
     for device in devices:
@@ -171,8 +187,45 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "rungs": rungs, "rows": rows, "headline": headline,
             "per_class": stages["evaluate"]["metrics"].get("per_class"),
             "groups": groups,
-            "power_traces": traces, "provenance": provenance, "layer_profiles": profiles,
+            "power_traces": traces, "provenance": provenance, "layer_profiles": profiles, "power_fronts": fronts,
             "deployed": deploy is not None, "evaluation": _evaluation_summary(evaluation, rows, device_predictions)}
+
+
+def power_fronts(devices: list[dict[str, Any]], budget_ms: float | None) -> list[dict[str, Any]]:
+    """Per device × rung that ran a power-mode sweep: every point (mode × jetson_clocks × batch × accelerator)
+    over the rounds with intervals, the energy–latency front, the points not measured and why, and the point
+    to ship under ``deploy.latency_budget_ms`` (:mod:`pipeline.front`)."""
+    fronts = []
+    for device in devices:
+        for rung, entry in device.get("rungs", {}).items():
+            if entry.get("state") != "succeeded" or entry["result"].sweep is None:
+                continue
+            points = points_from_windows(w for result in entry["rounds"] for w in result.sweep_windows())
+            on_front = {p["label"] for p in energy_front(points)}
+            for point in points:
+                point["on_front"] = point["label"] in on_front
+            sweep = entry["result"].sweep
+            fronts.append({"device": device["name"], "role": device["role"], "rung": rung, "points": points,
+                           "controlled": sweep.controlled, "note": sweep.note,
+                           "not_measured": [n.model_dump() for n in sweep.not_measured],
+                           "budget_ms": budget_ms, "choice": choose(points, budget_ms)})
+    return fronts
+
+
+def reported_figures(rounds: list[JobResult]) -> dict[str, Any]:
+    """Each measured field the schema declares for the report, over every window of every batch size
+    (``combine``: a peak's max, a low's min), and ``not_recorded``: the fields some window's result is
+    too old to carry (a rung reused from the deploy cache), shown as "not recorded", never as zero."""
+    out: dict[str, Any] = {"not_recorded": []}
+    for name, how in REPORTED.items():
+        if any(result.minor < how.since for result in rounds):
+            out[name] = None
+            out["not_recorded"].append(name)
+            continue
+        values = [value for result in rounds for run in result.runs
+                  if (value := getattr(run.summary, name)) is not None and value == value]
+        out[name] = (max if how.combine == "max" else min)(values) if values else None
+    return out
 
 
 def fleet_aggregates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -278,27 +331,6 @@ def _int8_vs_fp16(rows: list[dict[str, Any]], device: str, predictions: dict, ev
     return out
 
 
-def int8_vs_fp16_text(verdict: dict[str, Any]) -> str:
-    """``INT8 vs FP16 on orin: ×0.61 latency [0.58, 0.64], ×0.70 energy per image [...], Δ top-1 −0.20 points
-    (device-measured, McNemar p = 0.5)`` and, when INT8 does not pay off, why."""
-    parts = []
-    for name, words in (("latency", "latency"), ("energy", "energy per image")):
-        if verdict.get(f"{name}_ratio") is not None:
-            ratio = f"×{verdict[f'{name}_ratio']:.2f} {words} [{verdict[f'{name}_low']:.2f}, {verdict[f'{name}_high']:.2f}]"
-            parts.append(ratio + ("" if verdict.get(f"{name}_significant") else " (no measurable difference)"))
-        else:
-            parts.append(f"{words} {NOT_MEASURED}")
-    if verdict.get("top1_delta_points") is not None:
-        p = f", McNemar p = {verdict['top1_p']:.2g}" if verdict.get("top1_p") is not None else ""
-        parts.append(f"Δ top-1 {verdict['top1_delta_points']:+.2f} points ({verdict['top1_source']}{p})")
-    text = f"INT8 vs FP16 on {verdict['device']}: " + ", ".join(parts)
-    if not verdict.get("pays_off"):
-        # The headline names each reason in a clause; the section "Where the time goes" has the layers.
-        text += "; INT8 does not pay off here: " + "; ".join(reason.split(" (")[0].split(": ")[0].rstrip(".")
-                                                            for reason in verdict.get("reasons", []))
-    return text
-
-
 def _evaluation_summary(evaluation: dict | None, rows: list[dict[str, Any]], predictions: dict) -> dict | None:
     """What the on-device evaluation covered, and each device's per-class accuracy of each rung."""
     if not evaluation:
@@ -369,120 +401,54 @@ def _paired(student: dict[str, Any], teacher: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def direction(value: float | None, lower: str, higher: str) -> str:
-    """A ratio in words: ``direction(2.31, "faster", "slower")`` → "2.31× slower"; 0.5 → "2.00× faster"."""
-    if value is None:
-        return NOT_MEASURED
-    if abs(value - 1.0) < 5e-3:
-        return "the same"
-    return f"{1 / value:.2f}× {lower}" if value < 1 else f"{value:.2f}× {higher}"
-
-
 # ----------------------------------------------------------------- rendering
 def _fmt(value, spec: str, missing: str = "—") -> str:
     return missing if value is None else format(value, spec)
 
 
-def _significant_direction(h: dict[str, Any], name: str, lower: str, higher: str) -> str:
-    """A headline ratio in words with its 95% interval; "no measurable difference" when the interval holds 1."""
-    value, low, high = h.get(f"{name}_ratio"), h.get(f"{name}_ratio_low"), h.get(f"{name}_ratio_high")
-    if value is None:
-        return NOT_MEASURED
-    if low is None or high is None:
-        return direction(value, lower, higher) + ", one window: no interval"
-    interval = f"×{value:.2f} [{low:.2f}, {high:.2f}] over {h.get(f'{name}_windows', '?')} paired windows"
-    if not h.get(f"{name}_ratio_significant"):
-        return f"no measurable difference: {interval}"
-    return f"{direction(value, lower, higher)}, {interval}"
+LADDER_CSS = ("", "", "ratio", "ratio")  # the ratio columns: the ones the report exists for, first after the names
 
 
-def headline_text(headline: dict[str, Any]) -> str:
-    """The headline as a few aligned lines (printed by ``make edge``), each direction said in words."""
-    fallbacks = [f"  runtime        on {device}: {why}" for device, why in (headline.get("runtime_fallbacks") or {}).items()]
-    if headline["status"] != "measured":
-        return "\n".join([f"headline: {NOT_MEASURED} ({headline['reason']})", *fallbacks])
-    h = headline
-    edge, dc = h.get("edge_precision", "int8").upper(), h.get("dc_precision", "fp32").upper()
-    lost = h["accuracy_lost_points"]
-    lines = [f"student {edge} on {h['edge_device']} vs teacher {dc} on {h['dc_device']}",
-             f"  top-1          {100 * h['top1_edge']:.2f}% vs {100 * h['top1_dc']:.2f}%  "
-             + ("(no change)" if not lost else f"({lost:.2f} points lost)" if lost > 0
-                else f"({-lost:.2f} points gained)"),
-             f"  latency p50    {h['latency_p50_ms_edge']:.3f} ms vs {h['latency_p50_ms_dc']:.3f} ms  "
-             f"({_significant_direction(h, 'latency', 'faster', 'slower')})",
-             f"  throughput     {h['throughput_edge']:.0f} vs {h['throughput_dc']:.0f} images/s  "
-             f"({_significant_direction(h, 'throughput', 'lower', 'higher')})"]
-    if h["energy_mj_edge"] is None and h["energy_mj_dc"] is None:
-        lines.append(f"  energy/image   {NOT_MEASURED}" + (f" ({h['energy_reason']})" if h.get("energy_reason") else ""))
-    else:
-        lines.append(f"  energy/image   {_fmt(h['energy_mj_edge'], '.2f', NOT_MEASURED)} vs "
-                     f"{_fmt(h['energy_mj_dc'], '.2f', NOT_MEASURED)} mJ"
-                     + (f"  ({_significant_direction(h, 'energy', 'less', 'more')})" if h["energy_ratio"] else ""))
-    if h.get("macs_ratio") is not None:
-        lines.append(f"  compute        {100 * h['macs_ratio']:.1f}% of the teacher's MACs, "
-                     f"{100 * h['params_ratio']:.1f}% of its parameters "
-                     f"({'smaller' if h['macs_ratio'] < 1 and h['params_ratio'] < 1 else 'NOT smaller'})")
-    if h.get("size_mb_student_fp32") is not None:
-        lines.append(f"  size, FP32     {h['size_mb_student_fp32']:.1f} MB vs {h['size_mb_dc']:.1f} MB  "
-                     f"({direction(h['size_mb_student_fp32'] / h['size_mb_dc'] if h['size_mb_dc'] else None, 'smaller', 'larger')});"
-                     f" deployed {edge} {h['size_mb_edge']:.1f} MB")
-    else:
-        lines.append(f"  model size     {h['size_mb_edge']:.1f} MB {edge} vs {h['size_mb_dc']:.1f} MB {dc}")
-    if h.get("teacher_precision_why"):
-        lines.append(f"  teacher as    {h['teacher_precision_why']}")
-    for d in h.get("device_deviations") or []:
-        lines.append(f"  device top-1  {d['rung']} on {d['device']}: {100 * d['device_top1']:.2f}% on the device vs "
-                     f"{100 * d['host_top1']:.2f}% on the host (same {d['images']} images, McNemar p = "
-                     f"{d['mcnemar_p']:.2g}): differs by more than noise; {CAUSES}")
-    lines += [f"  {int8_vs_fp16_text(v)}" for v in h.get("int8_vs_fp16") or []]
-    lines += fallbacks
-    if h.get("note"):
-        lines.append(f"  note: {h['note']}")
-    return "\n".join(lines)
+def _top1_cell(row: dict[str, Any]) -> str:
+    """The host's top-1, marked when FP16 is a CPU emulation there and when the score is no score."""
+    return (f"{100 * row['top1']:.2f}%" + (" emulated" if RUNGS[row["rung"]].precision == "fp16" else "")
+            + (" " + row["verdict"].split(":")[0] if row.get("verdict") else ""))
 
 
-def ladder_rows(data: dict[str, Any]) -> list[list[str]]:
+def ladder_tables(data: dict[str, Any]) -> tuple[Table, Table]:
+    """The ladder, narrow enough for a laptop (the ratios first), and its detail: every other figure,
+    the measured fields the result schema declares (:data:`REPORTED`) among them."""
     notes = reason_notes(data)
-    header = ["rung", "device", "top-1 host", "top-1 device", "Δ pts", "params M", "GMACs", "MB", "runtime",
-              "p50 ms [95% CI]", "p99 ms",
-              "CV", "images/s", "peak MB", "W", "mJ/image", "latency ×", "energy ×", "status"]
-    table = [header]
+    main = [["rung", "device", "latency ×", "energy ×", "top-1 host", "top-1 device", "Δ pts", "p50 ms [95% CI]",
+             "mJ/image", "status"]]
+    detail = [["rung", "device", "runtime", "params M", "GMACs", "MB", "p99 ms", "CV", "images/s", "peak MB", "W",
+               *(how.label for how in REPORTED.values())]]
     for r in data["rows"]:
         measured = r["status"] == "measured"
-        table.append([
-            r["rung"], r["device"], f"{100 * r['top1']:.2f}%" + (" emulated" if RUNGS[r["rung"]].precision == "fp16"
-                                                                 else "") + (" " + r["verdict"].split(":")[0]
-                                                                             if r.get("verdict") else ""),
-            _device_top1_cell(r),
+        device_top1 = "—" if r.get("device_top1") is None else (f"{100 * r['device_top1']:.2f}%"
+                                                                + (" ≠ host" if r.get("device_deviates") else ""))
+        main.append([
+            r["rung"], r["device"], _ratio_cell(r, "latency"), _ratio_cell(r, "energy"), _top1_cell(r), device_top1,
             _fmt(r["top1_delta_points"], "+.2f"),
-            f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}", f"{r['size_mb']:.1f}",
-            (f"{r['runtime']} {r['precision']}" + (f" (fallback) [{notes[r['runtime_fallback']]}]"
-                                                   if r.get("runtime_fallback") else "")) if measured else "—",
             _interval(r.get("latency_p50_ms"), r.get("latency_p50_low_ms"), r.get("latency_p50_high_ms"), ".3f")
             + (f" noisy [{notes[r['noise']]}]" if r.get("noise") else ""),
-            _fmt(r.get("latency_p99_ms"), ".3f"),
-            _fmt(100 * r["latency_cv_windows"] if r.get("latency_cv_windows") is not None else None, ".0f") +
-            ("%" if r.get("latency_cv_windows") is not None else ""),
-            _fmt(r.get("throughput_images_per_s"), ".0f"), _fmt(r.get("peak_memory_mb"), ".0f"),
-            _fmt(r.get("power_mean_w"), ".2f", NOT_MEASURED if measured else "—"),
             _fmt(r.get("energy_mj_per_image"), ".2f", NOT_MEASURED if measured else "—")
             + (f" degraded [{notes[r['energy_note']]}]" if r.get("energy_degraded") and r.get("energy_note") else ""),
-            _ratio_cell(r, "latency"), _ratio_cell(r, "energy"),
             ("measured" if measured else NOT_MEASURED) + (f" [{notes[r['reason']]}]" if r.get("reason") else ""),
         ])
-    return table
-
-
-def _device_top1_cell(row: dict[str, Any]) -> str:
-    """The device-measured top-1 with its counts, and whether it agrees with the host's on the same images."""
-    if row.get("device_top1") is None:
-        return "—"
-    text = f"{100 * row['device_top1']:.2f}% ({row['device_top1_correct']}/{row['device_images']})"
-    if row.get("device_deviates"):
-        return text + f" ≠ host (p = {row['mcnemar_p']:.2g})"
-    if row.get("agreement") is not None:
-        return text + f", {100 * row['agreement']:.1f}% same top-1"
-    return text
+        detail.append([
+            r["rung"], r["device"],
+            (f"{r['runtime']} {r['precision']}" + (f" (fallback) [{notes[r['runtime_fallback']]}]"
+                                                   if r.get("runtime_fallback") else "")) if measured else "—",
+            f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}", f"{r['size_mb']:.1f}", _fmt(r.get("latency_p99_ms"), ".3f"),
+            _fmt(100 * r["latency_cv_windows"] if r.get("latency_cv_windows") is not None else None, ".0f")
+            + ("%" if r.get("latency_cv_windows") is not None else ""),
+            _fmt(r.get("throughput_images_per_s"), ".0f"), _fmt(r.get("peak_memory_mb"), ".0f"),
+            _fmt(r.get("power_mean_w"), ".2f", NOT_MEASURED if measured else "—"),
+            *(NOT_RECORDED if name in (r.get("not_recorded") or []) else _fmt(r.get(name), how.fmt)
+              for name, how in REPORTED.items()),
+        ])
+    return Table(main, LADDER_CSS, css="ladder"), Table(detail)
 
 
 DEVICE_ACCURACY_TEXT = ("Each rung's engine, as the device built and timed it, ran the evaluation set once after its "
@@ -623,12 +589,6 @@ def _energy_quality(summary: dict[str, Any]) -> dict[str, Any]:
             "energy_note": "energy degraded: " + "; ".join(f"{flag}: {why}" for flag, why in sorted(reasons.items()))}
 
 
-def _markdown_table(table: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(table[0]) + " |", "|" + "---|" * len(table[0])]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in table[1:]]
-    return "\n".join(lines)
-
-
 def _batch_note(data) -> str:
     measured = [r for r in data["rows"] if r["status"] == "measured"]
     if not measured:
@@ -661,33 +621,101 @@ def provenance_lines(data: dict[str, Any]) -> list[tuple[str, str]]:
     return lines
 
 
-def render_markdown(data: dict[str, Any]) -> str:
-    parts = [f"# EdgeFold report: {data['model']} / {data['run']}", "", f"Generated {data['generated']}.", "",
-             "## Headline", "", "```", headline_text(data["headline"]), "```", "", "## The ladder", ""]
+def report_sections(data: dict[str, Any], figures: dict[str, str | Figure | Text] | None = None,
+                    extra: list[Section] = ()) -> list[Section]:
+    """Every section of the report, in order, as data (:mod:`pipeline.sections` renders both formats).
+
+    Args:
+        data: :func:`collect`'s result.
+        figures: The plots (:func:`plots`); a plot with nothing to draw is a line of text. None: no plots
+            section (report.md, which never embedded them).
+        extra: Stage-specific sections placed before the fleet (the latency-budget plan).
+    """
+    sections = [Section("Headline", [Text(f"Generated {data['generated']}."), Pre(headline_text(data["headline"]))])]
     if data["rows"]:
-        parts += [_batch_note(data), "", _markdown_table(ladder_rows(data)), ""]
-        parts += [f"[{number}] {reason}" + "  " for reason, number in reason_notes(data).items()]
+        main, detail = ladder_tables(data)
+        notes = [("", reason) for reason in reason_notes(data)]
+        sections.append(Section("The ladder", [Text(_batch_note(data)), main,
+                                               *([Bullets(notes, numbered=True, css="notes")] if notes else []),
+                                               Details("Ladder detail: runtime, size, p99, spread, throughput, "
+                                                       "memory, power, GPU temperature and clock", [detail])]))
     else:
-        parts.append(f"Devices: {NOT_MEASURED} (the run has no deploy stage). Accuracy and size only:")
-        parts += ["", _markdown_table([["rung", "top-1", "params M", "GMACs", "MB"]] + [
-            [name, f"{100 * r['top1']:.2f}%", f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}",
-             f"{r.get('onnx_mb', r['size_mb']):.1f}"] for name, r in data["rungs"].items()])]
+        sections.append(Section("The ladder", [
+            Text(f"Devices: {NOT_MEASURED} (the run has no deploy stage). Accuracy and size only:"),
+            Table([["rung", "top-1", "params M", "GMACs", "MB"]] + [
+                [name, f"{100 * r['top1']:.2f}%", f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}",
+                 f"{r.get('onnx_mb', r['size_mb']):.1f}"] for name, r in data["rungs"].items()])]))
     if data.get("per_class"):
-        parts += [""] + perclass.markdown_section(data["per_class"])
+        sections.append(perclass.section(data["per_class"]))
     if data.get("evaluation") and len(device_accuracy_rows(data)) > 1:
-        parts += ["", "## Accuracy on the device", "", _evaluation_note(data), "",
-                  _markdown_table(device_accuracy_rows(data)), "", "Per class, on the device (top-1 %):", "",
-                  _markdown_table(device_class_rows(data))]
+        sections.append(Section("Accuracy on the device", [
+            Text(_evaluation_note(data)), Table(device_accuracy_rows(data)), Text("Per class, on the device (top-1 %):"),
+            Table(device_class_rows(data))]))
     if _has_device_timings(data):
-        parts += ["", "## Latency as trtexec reports it", "", TIMINGS_TEXT, "", _markdown_table(timing_rows(data))]
+        sections.append(Section("Latency as trtexec reports it", [Text(TIMINGS_TEXT), Table(timing_rows(data))]))
     if data.get("layer_profiles"):
-        parts += [""] + time_section_markdown(data)
+        sections.append(time_section(data))
+    if data.get("power_fronts"):
+        sections.append(power_section(data, figures))
+    sections += list(extra)
     if _is_fleet(data):
-        parts += ["", "## Fleet", "", "Per group of devices of the same kind: the median and the spread across them.", "",
-                  _markdown_table(fleet_rows(data))]
-    parts += ["", "## Provenance", ""]
-    parts += [f"- **{name}**{text}" for name, text in provenance_lines(data)]
-    return "\n".join(parts) + "\n"
+        sections.append(Section("Fleet", [Text("Per group of devices of the same kind: the median and the spread "
+                                               "across them."), Table(fleet_rows(data))]))
+    if figures is not None:
+        sections.append(Section("Plots", [figure if isinstance(figure, (Figure, Text)) else
+                                          Figure(key, figure, PLOT_CAPTIONS[key]) for key, figure in figures.items()
+                                          if not key.startswith("power_front:")]))
+    sections.append(Section("Provenance", [Bullets(provenance_lines(data))]))
+    return sections
+
+
+POWER_TEXT = ("Each point is a power mode × jetson_clocks × batch size the device ran, measured in every round: "
+              "p50 latency and energy per image are medians over the windows with their 95% intervals. The front "
+              "(★) holds the points no other beats on both; a point whose energy is degraded is shown, never on it. "
+              "A mode's watts in its name are nominal: the caps it set are in results.json (power_point).")
+
+
+def power_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Section:
+    """"Power modes: the energy–latency front": per device × rung, every point, the front and the choice."""
+    blocks: list = [Text(POWER_TEXT)]
+    for key in [k for k in (figures or {}) if k.startswith("power_front:")]:
+        blocks.append(figures[key] if isinstance(figures[key], (Figure, Text)) else
+                      Figure(key, figures[key], f"Energy per image against p50 latency on {key.split(':', 1)[1]}, "
+                                                "every rung's sweep points (the front joined, dominated points "
+                                                "faded); throughput against mean power beside it."))
+    for front in data["power_fronts"]:
+        rows = [["point", "p50 ms [95% CI]", "mJ/image [95% CI]", "images/s", "W", "windows", "front"]]
+        for p in sorted(front["points"], key=lambda p: (p["latency_p50_ms"] is None, p["latency_p50_ms"] or 0)):
+            rows.append([p["label"], _interval(p["latency_p50_ms"], p["latency_p50_ms_low"], p["latency_p50_ms_high"],
+                                               ".3f"),
+                         _interval(p["energy_mj_per_image"], p["energy_mj_per_image_low"],
+                                   p["energy_mj_per_image_high"], ".3f") if p["energy_mj_per_image"] is not None
+                         else NOT_MEASURED, _fmt(p["throughput_images_per_s"], ".0f"), _fmt(p["power_mean_w"], ".2f"),
+                         str(p["windows"]), "★" if p["on_front"] else ("degraded energy" if p["degraded"] else "")])
+        blocks_of = [Text(("Chosen" + (f" within {front['budget_ms']:g} ms" if front["budget_ms"] else "")
+                           + f": {front['choice']['text']}.") if front["choice"]["chosen"] else
+                          f"No point chosen: {front['choice']['text']}."), Table(rows)]
+        if not front["controlled"]:
+            blocks_of.insert(0, Text(f"Only the current mode was measured: {front['note']}"))
+        if front["not_measured"]:
+            blocks_of.append(Bullets([(f"{n['nvpmodel_name']} ({n['kind']})", f": {n['reason']}")
+                                      for n in front["not_measured"]]))
+        blocks.append(Section(f"{front['rung']} on {front['device']}", blocks_of, level=3))
+    return Section("Power modes: the energy–latency front", blocks)
+
+
+def report_title(data: dict[str, Any]) -> str:
+    return f"EdgeFold report: {data['model']} / {data['run']}"
+
+
+def render_markdown(data: dict[str, Any], extra: list[Section] = ()) -> str:
+    """report.md."""
+    return to_markdown(report_title(data), report_sections(data, None, extra))
+
+
+def render_html(data: dict[str, Any], figures: dict[str, Any], extra: list[Section] = ()) -> str:
+    """The self-contained report.html (plots embedded as PNG data URIs)."""
+    return to_html(report_title(data), report_sections(data, figures, extra), CSS)
 
 
 # ----------------------------------------------------------------- where the time goes (per-layer profile)
@@ -809,49 +837,27 @@ def _has_device_timings(data: dict[str, Any]) -> bool:
     return any(r.get("trt_latency_p50_ms") is not None for r in data["rows"])
 
 
-def time_section_markdown(data: dict[str, Any]) -> list[str]:
+def time_section(data: dict[str, Any]) -> Section:
     """The "Where the time goes" section: per rung × device, the top layers by time and what they ran in."""
-    parts = ["## Where the time goes", "",
-             "Per-layer profile of the engine that ran, from a separate pass after the timed windows "
-             "(TensorRT: IEngineInspector + IProfiler; ONNX Runtime: its profiler). The latency batch is shown; "
-             f"results.json carries every batch and layer. Top {TOP_LAYERS} layers by time:"]
+    section = Section("Where the time goes", [Text(
+        "Per-layer profile of the engine that ran, from a separate pass after the timed windows (TensorRT: "
+        "IEngineInspector + IProfiler; ONNX Runtime: its profiler). The latency batch is shown; results.json "
+        f"carries every batch and layer. Top {TOP_LAYERS} layers by time:")])
     for entry in data["layer_profiles"]:
         if entry["status"] != "measured":
-            parts += ["", f"### {entry['rung']} on {entry['device']}", "", f"{NOT_MEASURED}: {entry['reason']}"]
+            section.blocks.append(Section(f"{entry['rung']} on {entry['device']}",
+                                          [Text(f"{NOT_MEASURED}: {entry['reason']}")], level=3))
             continue
         profile = entry["profile"]
         table = _shown_batch(profile)
-        parts += ["", f"### {entry['rung']} on {entry['device']} ({entry['runtime']}, {profile['requested_device']}, "
-                      f"batch {table['batch_size']})", "", _time_summary(table, entry["device"]), ""]
+        blocks: list = [Text(_time_summary(table, entry["device"]))]
         reasons = _payoff_reasons(table, entry["runtime"])
         if reasons:
-            parts += ["Why INT8 may not pay off here:", ""] + [f"- {reason}" for reason in reasons] + [""]
-        parts.append(_markdown_table(_time_rows(table)))
-    return parts
-
-
-def time_section_html(data: dict[str, Any]) -> str:
-    esc = html.escape
-    out = ["<h2>Where the time goes</h2><p>Per-layer profile of the engine that ran, from a separate pass after "
-           f"the timed windows; the latency batch, top {TOP_LAYERS} layers by time.</p>"]
-    for entry in data["layer_profiles"]:
-        if entry["status"] != "measured":
-            out.append(f"<h3>{esc(entry['rung'])} on {esc(entry['device'])}</h3><p>{NOT_MEASURED}: "
-                       f"{esc(str(entry['reason']))}</p>")
-            continue
-        table = _shown_batch(entry["profile"])
-        rows = _time_rows(table)
-        out.append(f"<h3>{esc(entry['rung'])} on {esc(entry['device'])} ({esc(entry['runtime'])}, batch "
-                   f"{table['batch_size']})</h3><p>{esc(_time_summary(table, entry['device']))}</p>"
-                   + _reasons_html(_payoff_reasons(table, entry["runtime"])) + html_table(rows))
-    return "".join(out)
-
-
-def _reasons_html(reasons: list[str]) -> str:
-    if not reasons:
-        return ""
-    return ("<p>Why INT8 may not pay off here:</p><ul>"
-            + "".join(f"<li>{html.escape(reason)}</li>" for reason in reasons) + "</ul>")
+            blocks += [Text("Why INT8 may not pay off here:"), Bullets([("", reason) for reason in reasons])]
+        blocks.append(Table(_time_rows(table)))
+        section.blocks.append(Section(f"{entry['rung']} on {entry['device']} ({entry['runtime']}, "
+                                      f"{profile['requested_device']}, batch {table['batch_size']})", blocks, level=3))
+    return section
 
 
 # ----------------------------------------------------------------- plots
@@ -864,23 +870,88 @@ def _figure_png(figure) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def plots(data: dict[str, Any]) -> dict[str, str]:
-    """Base64 PNGs: accuracy against latency with the Pareto front, energy per rung, power traces."""
+def no_score(row: dict[str, Any]) -> bool:
+    """A rung whose top-1 is no score (collapsed onto one class, or at chance): never on a Pareto front."""
+    return (row.get("verdict") or "").startswith(("collapsed", "at chance"))
+
+
+def accuracy_front(rows: list[dict[str, Any]]) -> set[str]:
+    """The rungs on one device's accuracy–latency Pareto front; a rung with no score is never on it."""
+    return pareto_front((r["rung"], r["latency_p50_ms"], r["top1"]) for r in rows if not no_score(r))
+
+
+def plots(data: dict[str, Any]) -> dict[str, str | Text]:
+    """Base64 PNGs: accuracy against latency with the Pareto front, energy per rung, power traces; a plot
+    with nothing measured is one line of text instead of an empty panel."""
     matplotlib = require("matplotlib", "matplotlib", "pip install 'edgefold[build]'")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figures: dict[str, str] = {}
-    measured = [r for r in data["rows"] if r["status"] == "measured"]
+    measured = [r for r in data["rows"] if r["status"] == "measured" and r.get("latency_p50_ms") is not None]
     devices = list(dict.fromkeys(r["device"] for r in data["rows"]))
     colors = {d: plt.cm.tab10(i % 10) for i, d in enumerate(devices)}
+    figures: dict[str, str | Text] = {"accuracy_latency": _accuracy_latency_plot(plt, measured, devices, colors)
+                                      if measured else Text(f"Accuracy against latency: {NOT_MEASURED} (no device "
+                                                            "measured a rung).")}
 
+    energies = [r for r in data["rows"] if r.get("energy_mj_per_image") is not None]
+    figures["energy"] = _energy_plot(plt, data, devices, colors) if energies else Text(
+        f"Energy per inference: {NOT_MEASURED} (no device reported power: jtop on a Jetson, NVML on a GPU server).")
+    figures["power"] = _power_plot(plt, data["power_traces"]) if data["power_traces"] else Text(
+        f"Power over each job's window: {NOT_MEASURED} (no device reported power).")
+    if data.get("per_class"):
+        figures["per_class"] = _figure_png(perclass.plot(data["per_class"]))
+    for device in dict.fromkeys(f["device"] for f in data.get("power_fronts") or []):
+        fronts = [f for f in data["power_fronts"] if f["device"] == device]
+        drawable = any(p["energy_mj_per_image"] is not None for f in fronts for p in f["points"])
+        figures[f"power_front:{device}"] = _power_front_plot(plt, fronts) if drawable else Text(
+            f"Energy against latency on {device}: {NOT_MEASURED} (no sweep point reported power).")
+    return figures
+
+
+def _power_front_plot(plt, fronts: list[dict[str, Any]]) -> str:
+    """Energy per image against p50 latency (front joined, dominated points faded, degraded hollow), and
+    throughput against mean power beside it, one colour per rung."""
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for index, front in enumerate(fronts):
+        color = plt.cm.tab10(index % 10)
+        points = [p for p in front["points"] if p["energy_mj_per_image"] is not None]
+        for p in points:
+            xerr = [[p["latency_p50_ms"] - (p["latency_p50_ms_low"] or p["latency_p50_ms"])],
+                    [(p["latency_p50_ms_high"] or p["latency_p50_ms"]) - p["latency_p50_ms"]]]
+            yerr = [[p["energy_mj_per_image"] - (p["energy_mj_per_image_low"] or p["energy_mj_per_image"])],
+                    [(p["energy_mj_per_image_high"] or p["energy_mj_per_image"]) - p["energy_mj_per_image"]]]
+            ax.errorbar(p["latency_p50_ms"], p["energy_mj_per_image"], xerr=xerr, yerr=yerr, fmt="o",
+                        color=color, alpha=1.0 if p["on_front"] else 0.3, mfc="none" if p["degraded"] else color,
+                        capsize=2, elinewidth=0.8)
+            ax.annotate(f"{p['mode'] or 'current'} b{p['batch_size']}", (p["latency_p50_ms"], p["energy_mj_per_image"]),
+                        textcoords="offset points", xytext=(4, 3), fontsize=7, alpha=1.0 if p["on_front"] else 0.5)
+        line = sorted((p for p in points if p["on_front"]), key=lambda p: p["latency_p50_ms"])
+        ax.plot([p["latency_p50_ms"] for p in line], [p["energy_mj_per_image"] for p in line], color=color,
+                linestyle="--", linewidth=1, label=front["rung"])
+        watts = [p for p in front["points"] if p["power_mean_w"] is not None and p["throughput_images_per_s"]]
+        side.scatter([p["power_mean_w"] for p in watts], [p["throughput_images_per_s"] for p in watts], color=color,
+                     label=front["rung"], s=25)
+    ax.set_xlabel("latency p50, ms")
+    ax.set_ylabel("energy per image, mJ")
+    ax.set_title("The energy–latency front (--- joins it)")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    side.set_xlabel("mean power, W")
+    side.set_ylabel("throughput, images/s")
+    side.set_title("Throughput against power")
+    side.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return _figure_png(fig)
+
+
+def _accuracy_latency_plot(plt, measured: list[dict[str, Any]], devices: list[str], colors: dict) -> str:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for device in devices:
         points = [r for r in measured if r["device"] == device]
         if not points:
             continue
-        front = pareto_front((r["rung"], r["latency_p50_ms"], r["top1"]) for r in points)
+        front = accuracy_front(points)
         # The latency's 95% interval over the interleaved windows, as horizontal error bars.
         lows = [r["latency_p50_ms"] - (r.get("latency_p50_low_ms") or r["latency_p50_ms"]) for r in points]
         highs = [(r.get("latency_p50_high_ms") or r["latency_p50_ms"]) - r["latency_p50_ms"] for r in points]
@@ -892,28 +963,25 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
         ax.plot([r["latency_p50_ms"] for r in on_front], [100 * r["top1"] for r in on_front], color=colors[device],
                 linestyle="--", linewidth=1, zorder=2)
         for index, r in enumerate(points):  # alternate label offsets: neighbouring rungs often sit close
-            ax.annotate(r["rung"] + (" ★" if r["rung"] in front else ""), (r["latency_p50_ms"], 100 * r["top1"]),
+            ax.annotate(r["rung"] + (" ★" if r["rung"] in front else " (no score)" if no_score(r) else ""),
+                        (r["latency_p50_ms"], 100 * r["top1"]),
                         textcoords="offset points", xytext=(5, 4 if index % 2 else -11), fontsize=8)
-    if measured:
-        latencies = [r["latency_p50_ms"] for r in measured]
-        log_scale = max(latencies) / max(min(latencies), 1e-9) >= 10  # a log axis only when the range needs one
-        if log_scale:
-            ax.set_xscale("log")
-        ax.legend(title="device (--- Pareto front, ★ on it)", fontsize=8)
-    else:
-        ax.text(0.5, 0.5, f"latency {NOT_MEASURED}", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel(f"latency p50, ms (batch {measured[0]['latency_batch'] if measured else 1}"
-                  f"{', log scale' if measured and log_scale else ''})")
+    latencies = [r["latency_p50_ms"] for r in measured]
+    log_scale = max(latencies) / max(min(latencies), 1e-9) >= 10  # a log axis only when the range needs one
+    if log_scale:
+        ax.set_xscale("log")
+    ax.legend(title="device (--- Pareto front, ★ on it)", fontsize=8)
+    ax.set_xlabel(f"latency p50, ms (batch {measured[0]['latency_batch']}{', log scale' if log_scale else ''})")
     ax.set_ylabel("top-1 accuracy, %")
     ax.ticklabel_format(axis="y", useOffset=False, style="plain")  # never "1e-7+2e1" when rungs score alike
     ax.set_title("Accuracy against latency")
     ax.grid(True, alpha=0.3)
-    figures["accuracy_latency"] = _figure_png(fig)
+    return _figure_png(fig)
 
+def _energy_plot(plt, data: dict[str, Any], devices: list[str], colors: dict) -> str:
     fig, ax = plt.subplots(figsize=(7, 3.8))
     rungs = list(data["rungs"])
     width = 0.8 / max(1, len(devices))
-    any_energy = False
     for i, device in enumerate(devices):
         for j, rung in enumerate(rungs):
             row = next((r for r in data["rows"] if r["device"] == device and r["rung"] == rung), None)
@@ -922,103 +990,47 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
             if value is None:
                 ax.text(x, 0, "n/m", ha="center", va="bottom", fontsize=7, rotation=90, color="grey")
                 continue
-            any_energy = True
             ax.bar(x, value, width=width, color=colors[device], label=device if j == 0 else None)
     ax.set_xticks(range(len(rungs)), rungs)
     ax.set_ylabel("energy per image, mJ")
-    ax.set_title("Energy per inference" + ("" if any_energy else f" — {NOT_MEASURED}: no device reported power"))
-    if any_energy:
-        ax.legend(fontsize=8)
+    ax.set_title("Energy per inference")
+    ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    figures["energy"] = _figure_png(fig)
+    return _figure_png(fig)
 
-    traces = data["power_traces"]
+
+def _power_plot(plt, traces: list[dict[str, Any]]) -> str:
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for trace in traces:
         line, = ax.plot(trace["t_s"], [v / 1e3 for v in trace["mw"]], linewidth=1,
                         label=f"{trace['device']} {trace['rung']} b{trace['batch_size']}")
         if trace.get("idle_mw") is not None:
             ax.axhline(trace["idle_mw"] / 1e3, color=line.get_color(), linestyle=":", linewidth=0.8)
-    if traces:
-        ax.legend(fontsize=7, ncol=2, title="dotted: idle baseline", title_fontsize=7)
-    else:
-        ax.text(0.5, 0.5, f"power {NOT_MEASURED}: no device reported power\n(jtop on a Jetson, NVML on a GPU server)",
-                ha="center", va="center", transform=ax.transAxes)
+    ax.legend(fontsize=7, ncol=2, title="dotted: idle baseline", title_fontsize=7)
     ax.set_xlabel("time in the timed window, s")
     ax.set_ylabel("power, W")
     ax.set_title("Power over each job's window")
     ax.grid(True, alpha=0.3)
-    figures["power"] = _figure_png(fig)
-    if data.get("per_class"):
-        figures["per_class"] = _figure_png(perclass.plot(data["per_class"]))
-    return figures
+    return _figure_png(fig)
 
 
-CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222;
-padding:0 1em}table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 7px;
-text-align:right;white-space:nowrap}th{background:#f2f2f2}td:first-child,td:nth-child(2),td:last-child{text-align:left}
-td.nm{color:#888;white-space:normal;max-width:22em}pre{background:#f7f7f7;padding:1em;border-radius:4px}
-figure{margin:0;flex:1 1 520px}figcaption{font-size:13px;color:#555}img{max-width:100%}
+CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1280px;color:#222;
+padding:0 1em}table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 6px;
+text-align:right;white-space:nowrap}th{background:#f2f2f2;white-space:normal}td:first-child,td:nth-child(2),
+td:last-child{text-align:left}td:last-child{white-space:normal;min-width:7em}th.ratio,td.ratio{background:#eef5ff;
+font-weight:600}pre{background:#f7f7f7;padding:1em;border-radius:4px;white-space:pre-wrap}
+figure{margin:0;flex:1 1 520px}figcaption{font-size:13px;color:#555}img{max-width:100%}summary{cursor:pointer}
 .grid{display:flex;flex-wrap:wrap;gap:1.5em}.scroll{overflow-x:auto}.notes{font-size:13px;color:#555}
 """
 
 
-def html_table(rows: list[list[str]]) -> str:
-    """A scrollable HTML table of text cells, the first row the header (every cell escaped)."""
-    esc = html.escape
-    return ('<div class="scroll"><table><tr>' + "".join(f"<th>{esc(c)}</th>" for c in rows[0]) + "</tr>"
-            + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
-            + "</table></div>")
-
-
-def render_html(data: dict[str, Any], figures: dict[str, str], sections: str = "") -> str:
-    """The self-contained report.html; ``sections``: HTML of stage-specific sections placed after the ladder's."""
-    esc = html.escape
-    table = ladder_rows(data) if data["rows"] else [["rung", "top-1", "params M", "GMACs", "MB"]] + [
-        [name, f"{100 * r['top1']:.2f}%", f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}",
-         f"{r.get('onnx_mb', r['size_mb']):.1f}"] for name, r in data["rungs"].items()]
-    rows_html = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in table[0]) + "</tr>"
-    for row in table[1:]:
-        cells = "".join(f"<td{' class=nm' if c.startswith(NOT_MEASURED) else ''}>{esc(c)}</td>" for c in row)
-        rows_html += f"<tr>{cells}</tr>"
-    notes_html = "".join(f"<li>{esc(reason)}</li>" for reason in reason_notes(data))
-    fleet_html = ""
-    if _is_fleet(data):
-        fleet = fleet_rows(data)
-        fleet_html = ("<h2>Fleet</h2><p>Per group of devices of the same kind: the median and the spread across "
-                      "them.</p>" + html_table(fleet))
-    captions = {"accuracy_latency": "Accuracy against latency per device, with the latency's 95% interval over the "
-                                    "interleaved windows; the dashed line joins the Pareto front.",
-                "energy": "Energy per image per rung and device (n/m: not measured).",
-                "power": "Power over each job's timed window; dotted lines are the idle baselines.",
-                "per_class": "Accuracy on each class's test images, per rung: where the fold cost most."}
-    figures_html = "".join(f'<figure><img alt="{key}" src="data:image/png;base64,{png}"><figcaption>'
-                           f"{esc(captions[key])}</figcaption></figure>" for key, png in figures.items())
-    timings_html = ("<h2>Latency as trtexec reports it</h2><p>" + esc(TIMINGS_TEXT) + "</p>"
-                    + html_table(timing_rows(data))) if _has_device_timings(data) else ""
-    if data.get("evaluation") and len(device_accuracy_rows(data)) > 1:
-        timings_html = ("<h2>Accuracy on the device</h2><p>" + esc(_evaluation_note(data)) + "</p>"
-                        + html_table(device_accuracy_rows(data)) + "<p>Per class, on the device (top-1 %):</p>"
-                        + html_table(device_class_rows(data)) + timings_html)
-    provenance_html = "<ul>" + "".join(f"<li><b>{esc(name)}</b>{esc(text)}</li>"
-                                       for name, text in provenance_lines(data)) + "</ul>"
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>EdgeFold report: {esc(str(data['model']))} / {esc(data['run'])}</title>
-<style>{CSS}</style></head><body>
-<h1>EdgeFold report: {esc(str(data['model']))} / {esc(data['run'])}</h1>
-<p>Generated {esc(data['generated'])}.</p>
-<h2>Headline</h2><pre>{esc(headline_text(data['headline']))}</pre>
-<h2>The ladder</h2><p>{esc(_batch_note(data))}</p><div class="scroll"><table>{rows_html}</table></div>
-<ol class="notes">{notes_html}</ol>
-{perclass.html_section(data["per_class"]) if data.get("per_class") else ""}
-{timings_html}
-{time_section_html(data) if data.get("layer_profiles") else ""}
-{sections}
-{fleet_html}
-<h2>Plots</h2><div class="grid">{figures_html}</div>
-<h2>Provenance</h2>{provenance_html}
-</body></html>
-"""
+PLOT_CAPTIONS = {
+    "accuracy_latency": "Accuracy against latency per device, with the latency's 95% interval over the interleaved "
+                        "windows; the dashed line joins the Pareto front (collapsed or chance-level rungs are "
+                        "never on it).",
+    "energy": "Energy per image per rung and device (n/m: not measured).",
+    "power": "Power over each job's timed window; dotted lines are the idle baselines.",
+    "per_class": "Accuracy on each class's test images, per rung: where the fold cost most."}
 
 
 def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
@@ -1039,13 +1051,10 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
         for row in data["rows"]:
             writer.writerow({k: ("" if row.get(k) is None else "; ".join(map(str, row[k])) if isinstance(row[k], list)
                                  else row[k]) for k in COLUMNS})
-    paths["md"].write_text(render_markdown(data))
     # The prune stage's latency plan (issue #16), when the run pruned to a latency budget: its own section.
-    manifest = json.loads(manifest_path.read_text())
-    section = latency_markdown(manifest, run_dir, out)
-    if section:
-        paths["md"].write_text(paths["md"].read_text() + section)
-    paths["html"].write_text(render_html(data, plots(data), sections=latency_html(manifest, run_dir)))
+    extra = latency_section(json.loads(manifest_path.read_text()), run_dir, out)
+    paths["md"].write_text(render_markdown(data, extra))
+    paths["html"].write_text(render_html(data, plots(data), extra))
     return paths
 
 
@@ -1107,7 +1116,7 @@ def _record_rebuild(run_dir: Path, paths: dict[str, Path]) -> None:
 def _report_parts(lat: dict[str, Any]) -> tuple[str, list[list[str]], str]:
     """The section's opening sentence, its plan table (header first) and the table check, for either format."""
     m = lat["measured_ms"]
-    intro = (f"Budget {lat['budget_ms']:.4f} ms on `{lat['device']}` (agent: {lat['agent']}); the unpruned network "
+    intro = (f"Budget {lat['budget_ms']:.4f} ms on {lat['device']} (agent: {lat['agent']}); the unpruned network "
              f"measured {lat['unpruned_ms']['p50_ms']:.4f} ms there. The student's plan: predicted by the latency "
              f"table {lat['predicted_ms']:.4f} ms, measured {m['p50_ms']:.4f} ms (windows {m['spread_ms'][0]:.4f}–"
              f"{m['spread_ms'][1]:.4f}; error {100 * lat['prediction_error']:+.1f}%), after {lat['rounds']} "
@@ -1128,40 +1137,22 @@ def _latency_metrics(manifest: dict[str, Any]) -> dict[str, Any] | None:
     return ((manifest.get("stages", {}).get("prune") or {}).get("metrics") or {}).get("latency")
 
 
-def latency_markdown(manifest: dict[str, Any], run_dir: Path, out_dir: Path) -> str:
-    """The report's "Pruned to a latency budget" section (empty when the run pruned to MACs).
+def latency_section(manifest: dict[str, Any], run_dir: Path, out_dir: Path) -> list[Section]:
+    """The report's "Pruned to a latency budget" section (none when the run pruned to MACs).
 
     Why the plan was chosen: the MACs against measured latency of the candidate plans (the plot, copied
-    beside the report), the student's predicted against measured latency, and the table's check.
+    beside the report for report.md, embedded in report.html), the student's predicted against
+    measured latency, and the table's check.
     """
     lat = _latency_metrics(manifest)
     if not lat:
-        return ""
+        return []
     intro, rows, check = _report_parts(lat)
-    lines = ["", "## Pruned to a latency budget", "", intro, "", _markdown_table(rows)]
-    if check:
-        lines += ["", check]
+    blocks: list = [Text(intro), Table(rows)] + ([Text(check)] if check else [])
     plot = run_dir / lat["plot"] if lat.get("plot") else None
     if plot and plot.is_file():
         shutil.copy(plot, Path(out_dir) / plot.name)
-        lines += ["", f"![MACs against measured latency of the candidate plans]({plot.name})"]
-    return "\n".join(lines) + "\n"
-
-
-def latency_html(manifest: dict[str, Any], run_dir: Path) -> str:
-    """The same section for report.html, its plot embedded (the HTML report is one self-contained file)."""
-    lat = _latency_metrics(manifest)
-    if not lat:
-        return ""
-    esc = html.escape
-    intro, rows, check = _report_parts(lat)
-    parts = ["<h2>Pruned to a latency budget</h2>", f"<p>{esc(intro.replace('`', ''))}</p>", html_table(rows)]
-    if check:
-        parts.append(f"<p>{esc(check)}</p>")
-    plot = run_dir / lat["plot"] if lat.get("plot") else None
-    if plot and plot.is_file():
-        png = base64.b64encode(plot.read_bytes()).decode("ascii")
-        parts.append(f'<figure><img alt="latency plans" src="data:image/png;base64,{png}"><figcaption>MACs against '
-                     "measured latency of the candidate plans; the chosen one starred, the budget dashed."
-                     "</figcaption></figure>")
-    return "\n".join(parts)
+        blocks.append(Figure("latency plans", base64.b64encode(plot.read_bytes()).decode("ascii"),
+                             "MACs against measured latency of the candidate plans; the chosen one starred, the "
+                             "budget dashed.", file=plot.name))
+    return [Section("Pruned to a latency budget", blocks)]

@@ -90,6 +90,11 @@ class Trace:
     def peak(self, key: str) -> float:
         return float(np.nanmax(self.values[key])) if key in self.values and len(self.values[key]) else float("nan")
 
+    def low(self, key: str) -> float:
+        """The lowest reading (NaN when never read)."""
+        values = self.values.get(key)
+        return float(np.nanmin(values)) if values is not None and np.isfinite(values).any() else float("nan")
+
     def integral(self, key: str) -> float:
         """Trapezoidal time integral of ``key`` over all samples (power in mW → energy in mJ)."""
         if key not in self.values or len(self.times_s) < 2:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from device.errors import require
+from device.telemetry import series
 from device.telemetry.base import Sampler
 
 RAPL = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
@@ -42,7 +43,8 @@ class HostSampler(Sampler):
     def read(self) -> dict[str, float]:
         if self._process is None:
             self.open()
-        values = {"rss_mb": self._process.memory_info().rss / 2**20, "cpu_percent": self._process.cpu_percent(None)}
+        values = {series.PROCESS_RSS: self._process.memory_info().rss / 2**20,
+                  series.PROCESS_CPU: self._process.cpu_percent(None)}
         if self.rapl_readable:
-            values["rapl_energy_uj"] = float(int(self.rapl_path.read_text()))
+            values[series.HOST_ENERGY] = float(int(self.rapl_path.read_text()))
         return values

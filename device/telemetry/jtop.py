@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from device.errors import MissingDependencyError, require
+from device.telemetry import series
 from device.telemetry.base import GAP_FACTOR, Sampler
 
 # Input rails by board naming, in jtop 7.2.2's order of preference (jtop/core/power.py total_power).
@@ -192,18 +193,18 @@ class JtopSampler(Sampler):
     def _values(self, jetson) -> dict[str, float]:
         power = jetson.power
         self.board_rail, total = board_total(power)
-        values = {"board_power_mw": total}
+        values = {series.BOARD_POWER: total}
         for name, rail in power.get("rail", {}).items():
-            values[f"rail_{name}_mw"] = float(rail["power"])
+            values[series.rail(name)] = float(rail["power"])
         ram = jetson.memory.get("RAM", {})
-        values["ram_used_mb"] = ram.get("used", float("nan")) / 1024
-        values["nvmap_mb"] = ram.get("shared", float("nan")) / 1024
+        values[series.RAM_USED] = ram.get("used", float("nan")) / 1024
+        values[series.NVMAP] = ram.get("shared", float("nan")) / 1024
         _, gpu = gpu_entry(jetson.gpu)
-        values["gpu_load_percent"] = float((gpu.get("status") or {}).get("load", float("nan")))
-        values["gpu_freq_mhz"] = gpu_freq_mhz(gpu)
+        values[series.GPU_LOAD] = float((gpu.get("status") or {}).get("load", float("nan")))
+        values[series.GPU_FREQ] = gpu_freq_mhz(gpu)
         for zone, reading in jetson.temperature.items():
             if reading.get("online", True) and reading.get("temp", -256) > -256:
-                values[f"temp_{zone}_c"] = float(reading["temp"])
+                values[series.temperature(zone)] = float(reading["temp"])
         return values
 
     def _check(self) -> None:

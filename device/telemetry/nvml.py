@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 from device.errors import MissingDependencyError, require
+from device.telemetry import series
 from device.telemetry.base import Sampler
 
 
@@ -57,9 +58,9 @@ def cuda_pci_bus_id() -> str | None:
 class NvmlSampler(Sampler):
     """Samples the GPU the job's runtime uses (CUDA device 0 of the process) through NVML.
 
-    Values: ``power_mw``, ``energy_mj`` (the driver's cumulative counter), ``gpu_mem_used_mb``,
-    ``gpu_util_percent``, ``sm_clock_mhz``, ``gpu_temp_c``, ``throttle_reasons`` (the clock-event
-    reasons bit mask). ``energy_counter_key`` names the counter when the GPU has one (the protocol
+    Values (:mod:`device.telemetry.series`): ``power_mw``, ``energy_mj`` (the driver's cumulative
+    counter), ``gpu_mem_used_mb``, ``gpu_load_percent``, ``gpu_freq_mhz`` (the SM clock), ``temp_gpu_c``,
+    ``throttle_reasons`` (the clock-event reasons bit mask). ``energy_counter_key`` names the counter when the GPU has one (the protocol
     then takes energy from it); ``provenance`` says where power and energy come from.
     """
 
@@ -86,13 +87,13 @@ class NvmlSampler(Sampler):
                                                "nvmlDeviceGetCurrentClocksThrottleReasons (deprecated; old binding)")
         reasons = reasons or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
         return {
-            "power_mw": lambda: float(nvml.nvmlDeviceGetPowerUsage(handle)),
-            "energy_mj": lambda: float(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)),
-            "gpu_mem_used_mb": lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20,
-            "gpu_util_percent": lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-            "sm_clock_mhz": lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
-            "gpu_temp_c": lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
-            "throttle_reasons": lambda: float(reasons(handle)),
+            series.GPU_POWER: lambda: float(nvml.nvmlDeviceGetPowerUsage(handle)),
+            series.GPU_ENERGY: lambda: float(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)),
+            series.GPU_MEM_USED: lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20,
+            series.GPU_LOAD: lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+            series.GPU_FREQ: lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            series.GPU_TEMP: lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+            series.THROTTLE_REASONS: lambda: float(reasons(handle)),
         }
 
     def open(self) -> None:
@@ -121,12 +122,12 @@ class NvmlSampler(Sampler):
                 self.supported[key] = query
             except nvml.NVMLError:
                 self.unsupported.append(key)
-        if "energy_mj" in self.supported:
-            self.energy_counter_key = "energy_mj"
+        if series.GPU_ENERGY in self.supported:
+            self.energy_counter_key = series.GPU_ENERGY
             self.provenance["energy"] = "nvmlDeviceGetTotalEnergyConsumption (mJ counter), differenced across the window"
             self.provenance["power"] = ("nvmlDeviceGetPowerUsage, for display: a 1 s average on Ampere and newer "
                                         "(except GA100)")
-        elif "power_mw" in self.supported:
+        elif series.GPU_POWER in self.supported:
             self.provenance["energy"] = ("integral of nvmlDeviceGetPowerUsage (no energy counter before Volta); "
                                          "the driver may average it")
 

@@ -27,8 +27,8 @@ from pydantic import ValidationError
 from device.client import AgentClient, AgentError, JobTimeoutError
 from device.errors import ConfigError, EdgeFoldError
 from device.files import write_json_atomic
-from device.schema import (EvaluationSpec, JobSpec, PreprocessSpec, describe_problems, field_problems, parse_result,
-                           safe_text)
+from device.schema import (EvaluationSpec, JobSpec, PreprocessSpec, SweepSpec, describe_problems, field_problems,
+                           parse_result, safe_text)
 from pipeline.codehash import code_sha256
 from pipeline.devices import DEPLOY_SCHEMA, Device
 from pipeline.manifest import sha256_file, sha256_json
@@ -88,14 +88,21 @@ def stratified_indices(labels: np.ndarray, count: int, seed: int = 0) -> np.ndar
 
 
 def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preprocess: dict[str, Any],
-             label: str, profile: bool = True, evaluation: EvaluationSpec | None = None) -> JobSpec:
-    """The benchmark job for one rung on one device, as the agent's own schema (validated here)."""
+             label: str, profile: bool = True, evaluation: EvaluationSpec | None = None, sweep=None) -> JobSpec:
+    """The benchmark job for one rung on one device, as the agent's own schema (validated here).
+
+    Args:
+        sweep: The recipe's ``deploy.sweep`` (:class:`pipeline.recipe.SweepConfig`), for the ladder's jobs only.
+    """
     runtime, _ = choose_runtime(cfg.runtime, device_info)
     # A rung's precision is its artifact's, on every runtime and TensorRT version: an FP32 rung is timed in
     # FP32 and the FP16 question is answered by the FP16 rungs, whose graphs say FP16.
     precision = RUNGS[rung].precision
     try:
-        return JobSpec(artifact=artifact, runtime=runtime, precision=precision, batch_sizes=list(cfg.batch_sizes),
+        return JobSpec(artifact=artifact, runtime=runtime, precision=precision,
+                       batch_sizes=list(sweep.batch_sizes or cfg.batch_sizes) if sweep else list(cfg.batch_sizes),
+                       sweep=SweepSpec(power_modes=sweep.modes, jetson_clocks=sweep.jetson_clocks,
+                                       settle_timeout_s=sweep.settle_timeout_s) if sweep else None,
                        duration_s=cfg.duration_s, warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
                        min_iterations=cfg.min_iterations, profile=profile, evaluation=evaluation,
                        sample_hz=cfg.sample_hz, threads=cfg.threads, telemetry="auto", timeout_s=cfg.job_timeout_s,
@@ -300,7 +307,7 @@ class DeployStage(Stage):
                     # Round 1 also scores the set through the engine it timed (once per rung × device).
                     spec = job_spec(rung, digests[rung], info, cfg, preprocess,
                                     f"{label}/{rung}/round{round_index + 1}", profile=round_index == 0,
-                                    evaluation=scoring if round_index == 0 else None)
+                                    evaluation=scoring if round_index == 0 else None, sweep=cfg.sweep)
                     # The agent itself is part of the key: two boards of one kind are each measured (a fleet);
                     # its name in the report is only a label. A loopback agent measures with this checkout's
                     # code: editing device/measure.py measures again.

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.report import build_report, direction, headline_text
+from pipeline.headline import one_line
+from pipeline.report import build_report, headline_text
 from pipeline.stages.base import STAGES, Stage, StageResult
 
 
@@ -28,15 +29,8 @@ class ReportStage(Stage):
         return StageResult(outputs=dict(paths), metrics={"headline": headline})
 
     def summary(self, metrics):
-        headline = metrics["headline"]
-        if headline["status"] != "measured":
-            return f"headline not measured ({headline['reason']})"
-        lost = headline["accuracy_lost_points"] or 0.0
-        accuracy = "no accuracy change" if not lost else (f"{lost:.2f} points lost" if lost > 0
-                                                          else f"{-lost:.2f} points gained")
-        return (f"student INT8 on {headline['edge_device']}: {accuracy}, "
-                f"{direction(headline['latency_ratio'], 'faster', 'slower')} than the teacher on "
-                f"{headline['dc_device']}")
+        # The same headline object, in the same words, as report.md and report.html.
+        return one_line(metrics["headline"])
 
 
 STAGES.add("report", ReportStage())

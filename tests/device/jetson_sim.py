@@ -5,12 +5,23 @@
 ``python -m tests.device.jetson_sim ROOT SOCK`` in its own session, where jtop's hard-coded
 absolute paths are redirected into ``root`` (only inside jtop's own modules) and its socket,
 config folder and group are moved to temporary places. Nothing of jtop itself is replaced.
+
+Power modes: ``plant`` writes the board's nvpmodel configuration (``etc/nvpmodel.conf``, NVIDIA's
+format) and two executables jtop's service runs, a simulated ``nvpmodel`` (on its PATH) and
+``jetson_clocks`` (at jtop's patched path). Both are Python scripts (:func:`tool_main`) that keep
+their state in the tree: ``nvpmodel -m ID`` writes the mode's CPU ``scaling_max_freq`` caps, GPU
+devfreq ``max_freq`` cap and online cores into the fake sysfs, the way the real tool does, so "the
+mode has taken effect" is checked on the same files jtop reads. A mode whose TPC power-gating mask
+differs from the current one needs a reboot: jtop marks it unavailable and never sets it unless
+forced; a forced set is recorded in ``reboots`` (a test asserts nobody forced one).
 """
 
 from __future__ import annotations
 
 import builtins
 import grp
+import json
+import logging
 import os
 import posixpath
 import signal
@@ -59,6 +70,27 @@ BOARDS = {
 }
 
 
+GPU_DEVFREQ = "sys/devices/platform/17000000.gpu/devfreq/17000000.gpu"
+# The simulated Orin Nano 8GB's power modes: name, online cores, CPU cap (kHz, both clusters), GPU cap (Hz)
+# and the TPC power-gating mask. Clocks and cores after NVIDIA's Jetson Linux developer guide (r36.4, "Supported
+# Modes and Power Efficiency", Orin Nano series: 15W 6 cores / 1.51 GHz CPU / 625 MHz GPU, 7W 4 cores / 1.13 GHz /
+# 420 MHz, MAXN SUPER 6 cores / 1.73 GHz / 1.02 GHz). Not taken from a board: the 7W mode's different TPC mask
+# is this simulation's choice, so one mode needs a reboot the way jtop expects (a different mask). ``rails_ma``
+# (VDD_IN, VDD_CPU_GPU_CV currents on the first INA3221, Orin Nano only) is SYNTHETIC: the guide lists clocks and
+# cores, not watts; 15W's are the currents planted before modes existed.
+ORIN_NANO_MODES = (
+    {"id": 0, "name": "15W", "online": (1, 1, 1, 1, 1, 1), "cpu_max_khz": 1510400, "gpu_max_hz": 624750000,
+     "tpc_pg_mask": 0, "rails_ma": (1200, 400)},
+    {"id": 1, "name": "7W", "online": (1, 1, 1, 1, 0, 0), "cpu_max_khz": 1113600, "gpu_max_hz": 420750000,
+     "tpc_pg_mask": 1, "rails_ma": (800, 200)},
+    {"id": 2, "name": "MAXN_SUPER", "online": (1, 1, 1, 1, 1, 1), "cpu_max_khz": 1728000, "gpu_max_hz": 1020000000,
+     "tpc_pg_mask": 0, "rails_ma": (2400, 1200)},
+)
+DEFAULT_MODE = 0
+CPU_CLUSTERS = ((0, 1, 2, 3), (4, 5))  # Orin Nano: two A78AE clusters, one cpufreq policy each
+CPU_MIN_KHZ, CPU_HW_MAX_KHZ, GPU_MIN_HZ = 115200, 1728000, 306000000
+
+
 def _write(root: Path, rel: str, value, end: str = "\n") -> None:
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,6 +112,16 @@ def set_current(root: str | os.PathLike, channel: int, milliamps: int, monitor: 
 def set_vin_power(root: str | os.PathLike, microwatts: int) -> None:
     """Changes Thor's INA238 system-input power."""
     _replace(Path(root) / HWMON_238 / "power1_input", microwatts)
+
+
+def set_gpu_temperature(root: str | os.PathLike, millidegrees: int) -> None:
+    """Changes the gpu-thermal zone's temperature (thermal_zone1), read on the service's next tick."""
+    _replace(Path(root) / "sys/devices/virtual/thermal/thermal_zone1/temp", millidegrees)
+
+
+def set_gpu_frequency(root: str | os.PathLike, hertz: int) -> None:
+    """Changes the GPU's current devfreq clock, as DVFS or a throttle would."""
+    _replace(Path(root) / "sys/devices/platform/17000000.gpu/devfreq/17000000.gpu/cur_freq", hertz)
 
 
 def rail_power_mw(millivolts: int, milliamps: int) -> int:
@@ -132,12 +174,12 @@ def plant(root: str | os.PathLike, board: str) -> Path:
         _write(root, f"sys/kernel/debug/bpmp/debug/clk/emc/{name}", value)
     _write(root, "sys/kernel/actmon_avg_activity/mc_all", 0)
     stat = ["cpu  2671 25 719 94839 90 0 35 0 0 0"]
-    for cpu in range(4):
+    for cpu in range(len(ORIN_NANO_MODES[0]["online"])):
         base = f"sys/devices/system/cpu/cpu{cpu}"
         _write(root, base + "/online", 1)
         _write(root, base + "/cpufreq/scaling_governor", "schedutil")
         for kind in ("scaling", "cpuinfo"):
-            for name, value in (("min_freq", 115200), ("max_freq", 1728000), ("cur_freq", 1510400)):
+            for name, value in (("min_freq", CPU_MIN_KHZ), ("max_freq", CPU_HW_MAX_KHZ), ("cur_freq", 1510400)):
                 _write(root, f"{base}/cpufreq/{kind}_{name}", value)
         stat.append(f"cpu{cpu} 445 4 119 15806 15 0 5 0 0 0")
     _write(root, "proc/stat", "\n".join(stat + ["intr 0", "ctxt 0", "btime 1674644431"]))
@@ -146,21 +188,217 @@ def plant(root: str | os.PathLike, board: str) -> Path:
         "Buffers:           81920 kB", "Cached:          1650000 kB", "SwapCached:            0 kB",
         "SReclaimable:     120000 kB", "SwapTotal:       3901056 kB", "SwapFree:        3901056 kB",
         "NvMapMemUsed:     524288 kB"]))
+    plant_power_modes(root, ORIN_NANO_MODES, DEFAULT_MODE, rails=board == "orin-nano")
+    return root
+
+
+def nvpmodel_conf(modes) -> str:
+    """``modes`` in the format of NVIDIA's ``/etc/nvpmodel.conf`` (PARAM definitions, then POWER_MODELs)."""
+    cores = len(modes[0]["online"])
+    lines = ["< PARAM TYPE=FILE NAME=CPU_ONLINE >"]
+    lines += [f"CORE_{cpu} /sys/devices/system/cpu/cpu{cpu}/online" for cpu in range(cores)]
+    lines += ["< PARAM TYPE=FILE NAME=TPC_POWER_GATING >", "TPC_PG_MASK /sys/devices/platform/17000000.gpu/tpc_pg_mask"]
+    for index, cluster in enumerate(CPU_CLUSTERS):
+        base = f"/sys/devices/system/cpu/cpu{cluster[0]}/cpufreq"
+        lines += [f"< PARAM TYPE=CLOCK NAME=CPU_A78_{index} >", f"FREQ_TABLE {base}/scaling_available_frequencies",
+                  f"MAX_FREQ {base}/scaling_max_freq", f"MIN_FREQ {base}/scaling_min_freq"]
+    lines += ["< PARAM TYPE=CLOCK NAME=GPU >", f"FREQ_TABLE /{GPU_DEVFREQ}/available_frequencies",
+              f"MAX_FREQ /{GPU_DEVFREQ}/max_freq", f"MIN_FREQ /{GPU_DEVFREQ}/min_freq", ""]
+    for mode in modes:
+        lines.append(f"< POWER_MODEL ID={mode['id']} NAME={mode['name']} >")
+        lines += [f"CPU_ONLINE CORE_{cpu} {online}" for cpu, online in enumerate(mode["online"])]
+        lines.append(f"TPC_POWER_GATING TPC_PG_MASK {mode['tpc_pg_mask']}")
+        for index in range(len(CPU_CLUSTERS)):
+            lines += [f"CPU_A78_{index} MIN_FREQ {CPU_MIN_KHZ}", f"CPU_A78_{index} MAX_FREQ {mode['cpu_max_khz']}"]
+        lines += [f"GPU MIN_FREQ {GPU_MIN_HZ}", f"GPU MAX_FREQ {mode['gpu_max_hz']}", ""]
+    lines.append(f"< PM_CONFIG DEFAULT={modes[0]['id']} >")
+    return "\n".join(lines) + "\n"
+
+
+def plant_power_modes(root: Path, modes, current: int, rails: bool = False) -> None:
+    """Writes the nvpmodel configuration, the two simulated tools and their state, and applies mode ``current``
+    (``rails``: a mode also sets its synthetic rail currents)."""
+    _write(root, "etc/nvpmodel.conf", nvpmodel_conf(modes), end="")
+    (root / "sim_modes.json").write_text(json.dumps({"modes": list(modes), "rails": rails}))
     bin_dir = root / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (root / "nvpmodel_state").write_text("0")
-    nvpmodel = bin_dir / "nvpmodel"
-    nvpmodel.write_text(f"""#!/bin/sh
-STATE="{root / 'nvpmodel_state'}"
-case "$1" in
-  -p) echo "NVPM VERB: PM_CONFIG: DEFAULT=15W(0)"; echo "NVPM VERB: POWER_MODEL: ID=0 NAME=15W";
-      echo "NVPM VERB: POWER_MODEL: ID=1 NAME=MAXN_SUPER" ;;
-  -q) id=$(cat "$STATE"); [ "$id" = 0 ] && echo "NV Power Mode: 15W" || echo "NV Power Mode: MAXN_SUPER"; echo "$id" ;;
-  -m) echo "$2" > "$STATE" ;;
-esac
-""")
-    nvpmodel.chmod(0o755)
-    return root
+    repo = str(Path(__file__).resolve().parents[2])
+    for tool in ("nvpmodel", "jetson_clocks"):
+        script = bin_dir / tool
+        # jtop's service runs `nvpmodel -q` on every tick: answered by the shell, not a Python start-up, so a
+        # 20 Hz sampler keeps its rate. The rest runs tool_main (absolute interpreter and repository paths).
+        query = (f'if [ "$1" = "-q" ]; then echo "NV Fan Mode:quiet"; '
+                 f'echo "NV Power Mode: $(cat "{root}/nvpmodel_name")"; cat "{root}/nvpmodel_state"; exit 0; fi\n'
+                 if tool == "nvpmodel" else "")
+        script.write_text(f"#!/bin/sh\n{query}exec {sys.executable} -c 'import sys; sys.path.insert(0, sys.argv[1]); "
+                          "from tests.device.jetson_sim import tool_main; "
+                          "sys.exit(tool_main(sys.argv[2], sys.argv[3], sys.argv[4:]))' "
+                          f"{repo!r} {tool} {str(root)!r} \"$@\"\n")
+        script.chmod(0o755)
+    _apply_mode(root, current)
+
+
+def _read_int(path: Path) -> int:
+    return int(path.read_text().strip())
+
+
+def mode_state(root: str | os.PathLike) -> dict:
+    """What the simulated board runs now: ``{"id", "name", "jetson_clocks", "gpu_max_hz", "cpu_max_khz",
+    "online"}``, read from the tree (a test's view, independent of jtop and the agent)."""
+    root = Path(root)
+    modes = json.loads((root / "sim_modes.json").read_text())["modes"]
+    current = _read_int(root / "nvpmodel_state")
+    cpus = _cpu_dirs(root)
+    online = [_read_int(cpu / "online") for cpu in cpus]
+    return {"id": current, "name": modes[current]["name"], "jetson_clocks": _clocks_pinned(root),
+            "gpu_max_hz": _read_int(root / GPU_DEVFREQ / "max_freq"),
+            "cpu_max_khz": _read_int(cpus[0] / "cpufreq/scaling_max_freq"), "online": online}
+
+
+def set_mode(root: str | os.PathLike, mode_id: int) -> None:
+    """Puts the simulated board in mode ``mode_id`` behind jtop's back (as a sweep killed mid-way leaves it)."""
+    _apply_mode(Path(root), mode_id)
+
+
+def set_nvpmodel_fault(root: str | os.PathLike, fault: str | None) -> None:
+    """``gpu_cap_stuck``: later ``nvpmodel -m`` calls record the mode but leave the GPU cap where it was
+    (a mode that never takes effect); None clears it."""
+    path = Path(root) / "nvpmodel_fault"
+    if fault is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(fault)
+
+
+def _cpu_dirs(root: Path) -> list[Path]:
+    return sorted(root.glob("sys/devices/system/cpu/cpu[0-9]*"), key=lambda path: int(path.name[3:]))
+
+
+def _clocks_pinned(root: Path) -> bool:
+    # What jtop's jetson_clocks_alive() checks: every online core's and the GPU's min == max, EMC at its max.
+    for cpu in _cpu_dirs(root):
+        if _read_int(cpu / "online") and _read_int(cpu / "cpufreq/scaling_min_freq") != \
+                _read_int(cpu / "cpufreq/scaling_max_freq"):
+            return False
+    gpu = root / GPU_DEVFREQ
+    emc = root / "sys/kernel/debug/bpmp/debug/clk/emc"
+    return _read_int(gpu / "min_freq") == _read_int(gpu / "max_freq") and \
+        _read_int(emc / "rate") == _read_int(emc / "max_rate")
+
+
+def _apply_mode(root: Path, mode_id: int) -> None:
+    """What ``nvpmodel -m`` does to sysfs: online cores, CPU and GPU caps (minimums and clocks kept under them)."""
+    data = json.loads((root / "sim_modes.json").read_text())
+    mode = data["modes"][mode_id]
+    fault = (root / "nvpmodel_fault").read_text().strip() if (root / "nvpmodel_fault").exists() else ""
+    cpus = _cpu_dirs(root)
+    for cpu, online in zip(cpus, mode["online"]):
+        _replace(cpu / "online", online)
+    for cpu in cpus:  # one cpufreq policy per cluster: every core of it takes the cap
+        freq = cpu / "cpufreq"
+        _replace(freq / "scaling_max_freq", mode["cpu_max_khz"])
+        for name in ("scaling_min_freq", "scaling_cur_freq"):
+            _replace(freq / name, min(_read_int(freq / name), mode["cpu_max_khz"]))
+    gpu = root / GPU_DEVFREQ
+    if fault != "gpu_cap_stuck":
+        _replace(gpu / "max_freq", mode["gpu_max_hz"])
+        for name in ("min_freq", "cur_freq"):
+            _replace(gpu / name, min(_read_int(gpu / name), mode["gpu_max_hz"]))
+    _replace(root / "sys/devices/platform/17000000.gpu/tpc_pg_mask", mode["tpc_pg_mask"])
+    if data["rails"]:
+        for channel, milliamps in enumerate(mode["rails_ma"], start=1):
+            set_current(root, channel, milliamps)
+    _replace(root / "nvpmodel_name", mode["name"])
+    _replace(root / "nvpmodel_state", mode_id)
+
+
+def _nvpmodel(root: Path, args: list[str]) -> int:
+    """The real tool's output lines as jtop 7.2.2 parses them (``NVPM VERB: POWER_MODEL: ID=… NAME=…``,
+    ``TPC_POWER_GATING TPC_PG_MASK …``, ``NV Power Mode: …`` then the id)."""
+    modes = json.loads((root / "sim_modes.json").read_text())["modes"]
+    current = _read_int(root / "nvpmodel_state")
+    if args[:1] == ["-p"]:
+        print("NVPM VERB: Config file: /etc/nvpmodel.conf")
+        print("NVPM VERB: parsing done for /etc/nvpmodel.conf")
+        print(f"NVPM VERB: PM_CONFIG: DEFAULT={modes[0]['name']}({modes[0]['id']})")
+        for mode in modes:
+            print(f"NVPM VERB: POWER_MODEL: ID={mode['id']} NAME={mode['name']}")
+            for cpu, online in enumerate(mode["online"]):
+                print(f"NVPM VERB: CPU_ONLINE CORE_{cpu} {online}")
+            print(f"NVPM VERB: TPC_POWER_GATING TPC_PG_MASK {mode['tpc_pg_mask']}")
+            print(f"NVPM VERB: GPU MAX_FREQ {mode['gpu_max_hz']}")
+        return 0
+    if args[:1] == ["-q"]:
+        print("NV Fan Mode:quiet")
+        print(f"NV Power Mode: {modes[current]['name']}")
+        print(current)
+        return 0
+    if args[:1] == ["-m"] and len(args) > 1:
+        target = int(args[1])
+        if not 0 <= target < len(modes):
+            print(f"NVPM ERROR: Invalid mode id {target}")
+            return 1
+        if modes[target]["tpc_pg_mask"] != modes[current]["tpc_pg_mask"]:
+            print(f"NVPM WARN: Reboot required for changing to this power mode: {target}")
+            print("NVPM WARN: DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm:")
+            answer = sys.stdin.readline().strip()
+            if answer.lower() != "yes":
+                return 0
+            with open(root / "reboots", "a") as log:  # a forced mode reboots the board: never in a test
+                log.write(f"{target}\n")
+        _apply_mode(root, target)
+        return 0
+    print(f"nvpmodel (simulated): unknown arguments {args}", file=sys.stderr)
+    return 2
+
+
+def _jetson_clocks(root: Path, args: list[str]) -> int:
+    """``--show``, ``--store FILE``, ``--restore FILE``, or no argument: pin CPU, GPU and EMC at their caps."""
+    cpus, gpu = _cpu_dirs(root), root / GPU_DEVFREQ
+    emc = root / "sys/kernel/debug/bpmp/debug/clk/emc"
+    if args[:1] == ["--show"]:
+        print("SOC family:tegra234  Machine:NVIDIA Jetson Orin Nano (simulated)")
+        for index, cpu in enumerate(cpus):
+            freq = cpu / "cpufreq"
+            print(f"cpu{index}: Online={_read_int(cpu / 'online')} Governor=schedutil "
+                  f"MinFreq={_read_int(freq / 'scaling_min_freq')} MaxFreq={_read_int(freq / 'scaling_max_freq')} "
+                  f"CurrentFreq={_read_int(freq / 'scaling_cur_freq')} IdleStates: C1=1 c7=1 ")
+        print(f"GPU MinFreq={_read_int(gpu / 'min_freq')} MaxFreq={_read_int(gpu / 'max_freq')} "
+              f"CurrentFreq={_read_int(gpu / 'cur_freq')}")
+        print(f"EMC MinFreq=204000000 MaxFreq={_read_int(emc / 'max_rate')} CurrentFreq={_read_int(emc / 'rate')} "
+              "FreqOverride=0")
+        return 0
+    if args[:1] == ["--store"] and len(args) > 1:
+        saved = {"cpu_min_khz": [_read_int(cpu / "cpufreq/scaling_min_freq") for cpu in cpus],
+                 "gpu_min_hz": _read_int(gpu / "min_freq"), "emc_hz": _read_int(emc / "rate")}
+        Path(args[1]).write_text(json.dumps(saved))
+        print(f"stored in {args[1]}")
+        return 0
+    if args[:1] == ["--restore"] and len(args) > 1:
+        saved = json.loads(Path(args[1]).read_text())
+        for cpu, khz in zip(cpus, saved["cpu_min_khz"]):
+            freq = cpu / "cpufreq"
+            _replace(freq / "scaling_min_freq", min(khz, _read_int(freq / "scaling_max_freq")))
+        _replace(gpu / "min_freq", min(saved["gpu_min_hz"], _read_int(gpu / "max_freq")))
+        _replace(emc / "rate", saved["emc_hz"])
+        return 0
+    if not args:
+        for cpu in cpus:
+            freq = cpu / "cpufreq"
+            cap = _read_int(freq / "scaling_max_freq")
+            _replace(freq / "scaling_min_freq", cap)
+            _replace(freq / "scaling_cur_freq", cap)
+        for name in ("min_freq", "cur_freq"):
+            _replace(gpu / name, _read_int(gpu / "max_freq"))
+        _replace(emc / "rate", _read_int(emc / "max_rate"))
+        return 0
+    print(f"jetson_clocks (simulated): unknown arguments {args}", file=sys.stderr)
+    return 2
+
+
+def tool_main(tool: str, root: str, args: list[str]) -> int:
+    """Entry point of the simulated ``nvpmodel`` and ``jetson_clocks`` executables planted in ``root/bin``."""
+    return (_nvpmodel if tool == "nvpmodel" else _jetson_clocks)(Path(root), args)
 
 
 def _redirecting_os(root: str) -> types.ModuleType:
@@ -221,7 +459,34 @@ def serve(root: str, sock: str) -> None:
     config.get_config_service = lambda data_folder=None: os.path.join(root, "jtop_config")
     jetson_clocks.PATH_JETSON_CLOCKS = [os.path.join(root, "bin", "jetson_clocks")]
     signal.signal(signal.SIGTERM, lambda *args: sys.exit(0))
+    ready = Path(root) / "service_ready"
+    ready.unlink(missing_ok=True)
+
+    class Ready(logging.Handler):
+        # The service logs "service ready" once jetson_clocks is initialised (two tool runs) and it reads its
+        # queue: a client connecting before that waits past its first-data timeout ("Error connection").
+        def emit(self, record):
+            if record.getMessage() == "service ready":
+                ready.touch()
+
+    service.logger.setLevel(logging.INFO)  # the last-resort handler still prints only warnings to the log
+    service.logger.addHandler(Ready(logging.INFO))
     service.JtopServer(force=True).loop_for_ever()
+
+
+def _listening(path: str) -> bool:
+    """Whether a Unix socket at ``path`` accepts connections: its file appears at bind(), connections are refused
+    until listen(), and a loaded host can stretch that gap. Read from /proc/net/unix (flag __SO_ACCEPTCON), not by
+    connecting: a probe would hand the service's manager a client that fails its handshake."""
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return os.path.exists(path)
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 8 and fields[7] == path and int(fields[3], 16) & 0x10000:
+            return True
+    return False
 
 
 class JtopService:
@@ -239,7 +504,7 @@ class JtopService:
             [sys.executable, "-m", "tests.device.jetson_sim", str(self.root), self.sock], cwd=repo,
             stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
-        while not os.path.exists(self.sock):
+        while not (_listening(self.sock) and (self.root / "service_ready").exists()):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"simulated jtop service did not start:\n{self.log.read_text()}")
             time.sleep(0.05)

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from device.client import AgentError, JobTimeoutError, file_sha256
+from device.schema import RESULT_SCHEMA
 from tests.device.agent_process import TOKEN, AgentProcess, tiny_onnx
 from tests.slow import slow_fixture
 
@@ -142,7 +143,7 @@ def test_a_job_measures_and_reports_with_units(agent, model):
     states = [j["state"] for j in seen]
     assert states[-1] == "succeeded" and set(states) <= {"queued", "running", "succeeded"}
     result = job["result"]
-    assert result["schema"] == "edgefold.result/2" and result["input_chw"] == [3, 16, 16]
+    assert result["schema"] == RESULT_SCHEMA and result["input_chw"] == [3, 16, 16]
     assert result["smoke"]["output_shape"] == [1, 10]
     assert [run["batch_size"] for run in result["runs"]] == [1, 4]
     for run in result["runs"]:

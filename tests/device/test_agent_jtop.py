@@ -27,7 +27,8 @@ def run_on(tmp_path, board, during=None):
             AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock)) as agent, agent.client() as client:
         job = client.submit({"artifact": client.upload(model), **JOB})
         if during:
-            while "measuring" not in (client.job(job["id"])["progress"] or ""):
+            while "measuring" not in ((now := client.job(job["id"]))["progress"] or ""):
+                assert now["state"] in ("queued", "running"), f"the job ended before measuring: {now['error']}"
                 time.sleep(0.05)
             time.sleep(1.0 + 1.0)  # past the idle baseline, one second into the timed window
             during(svc)
@@ -53,6 +54,25 @@ def test_orin_nano_power_change_during_a_job_shows_in_its_energy(tmp_path):
     assert summary["energy_degraded"] is bool(summary["energy_degraded_reasons"])
     assert jtop["series"]["gpu_freq_mhz"]["mean"] > 0 and "temp_gpu_c" in jtop["series"]
     assert summary["memory_source"] == "jtop:ram_used_mb"
+
+
+def test_gpu_temperature_peak_and_lowest_clock_of_the_window_reach_the_summary(tmp_path):
+    """The two fields declared on the schema (device.schema.reported) are filled from jtop's series by the
+    summary, with no code of their own: the GPU heats to 71.5 °C and DVFS drops its clock to 306 MHz
+    one second into the window."""
+    from tests.device.jetson_sim import set_gpu_frequency, set_gpu_temperature
+
+    def heat_and_slow(svc):
+        set_gpu_temperature(svc.root, 71500)
+        set_gpu_frequency(svc.root, 306000000)
+
+    job = run_on(tmp_path, "orin-nano", during=heat_and_slow)
+    assert job["state"] == "succeeded", job["error"]
+    run = job["result"]["runs"][0]
+    series = run["telemetry"]["jtop"]["series"]
+    assert run["summary"]["gpu_temp_peak_c"] == 71.5 == series["temp_gpu_c"]["peak"]
+    assert run["summary"]["gpu_freq_low_mhz"] == 306.0 == series["gpu_freq_mhz"]["low"]
+    assert series["gpu_freq_mhz"]["peak"] == pytest.approx(624.75), "before the drop, the window ran at 624.75 MHz"
 
 
 def test_jtop_service_dying_mid_job_is_recorded_not_fatal(tmp_path):

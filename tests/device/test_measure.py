@@ -29,7 +29,7 @@ def tiny_onnx(path):
 class BoardPower(Sampler):
     """A stand-in power rail (no Jetson here): 5 W idle, 8 W while the runner is busy."""
 
-    name = "board"
+    name = "jtop"  # a stand-in for jtop's board power
 
     def __init__(self, busy: threading.Event):
         super().__init__(rate_hz=100)
@@ -65,10 +65,10 @@ def test_protocol_fences_telemetry_to_the_window(tmp_path):
     batch = np.zeros((4, 3, 16, 16), dtype=np.float32)
     with OnnxRuntimeRunner(tiny_onnx(tmp_path / "tiny.onnx"), threads=1) as ort, BoardPower(busy) as board, \
             HostSampler(rate_hz=50) as host:
-        result = measure(BusyRunner(ort, busy, spec), batch, spec, [board, host], power_key="board_power_mw")
+        result = measure(BusyRunner(ort, busy, spec), batch, spec, [board, host], power_key="board_power_mw").model_dump()
     assert result["iterations"] == 60 and result["images"] == 240
     assert result["latency_p50_ms"] >= 2.0 and result["throughput_images_per_s"] > 0
-    tele = result["telemetry"]["board"]
+    tele = result["telemetry"]["jtop"]
     assert tele["series"]["board_power_mw"]["idle"] == pytest.approx(5000)
     # The window's first sample precedes the first call (the fence), so the mean sits just under 8 W.
     assert 7000 < tele["series"]["board_power_mw"]["mean"] <= 8000 and tele["series"]["board_power_mw"]["peak"] == 8000
@@ -83,7 +83,7 @@ def test_protocol_fences_telemetry_to_the_window(tmp_path):
 def test_duration_mode_and_bad_specs(tmp_path):
     with OnnxRuntimeRunner(tiny_onnx(tmp_path / "tiny.onnx"), threads=1) as ort:
         result = measure(ort, np.zeros((1, 3, 16, 16), dtype=np.float32),
-                         MeasureSpec(warmup_iterations=1, iterations=None, duration_s=0.2, idle_s=0))
+                         MeasureSpec(warmup_iterations=1, iterations=None, duration_s=0.2, idle_s=0)).model_dump()
     assert result["window_s"] >= 0.2 and result["iterations"] >= 2 and result["telemetry"] == {}
     for kw, message in ((dict(iterations=None), "exactly one"), (dict(iterations=1), "≥ 2"),
                         (dict(iterations=None, duration_s=-1.0), "positive"), (dict(idle_s=-1), "not be negative")):
@@ -94,7 +94,7 @@ def test_duration_mode_and_bad_specs(tmp_path):
 class PublishingRail(Sampler):
     """A source that publishes its measurements 30 ms late (as jtop's service does): 5 W idle, 8 W busy."""
 
-    name = "board"
+    name = "jtop"  # a stand-in for jtop's board power
     needs_post_sample = True
 
     def __init__(self, busy: threading.Event):
@@ -125,8 +125,9 @@ def test_the_device_stays_busy_until_a_measurement_after_the_window_arrives():
 
     rail = PublishingRail(busy)
     result = measure(Runner(), np.zeros((1, 1), dtype=np.float32),
-                     MeasureSpec(warmup_iterations=20, iterations=40, idle_s=0), [rail], power_key="board_power_mw")
+                     MeasureSpec(warmup_iterations=20, iterations=40, idle_s=0), [rail],
+                     power_key="board_power_mw").model_dump()
     assert result["iterations"] == 40 and Runner.calls > 60, "untimed calls kept the device busy after the window"
-    tele = result["telemetry"]["board"]
+    tele = result["telemetry"]["jtop"]
     assert tele["series"]["board_power_mw"]["mean"] == pytest.approx(8000) and tele["coverage"] == pytest.approx(1.0)
     assert tele["energy_mj_per_image"] == pytest.approx(8000 * result["window_s"] / 40, rel=0.02)

@@ -265,16 +265,20 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(latency_te
     assert all(w % 4 == 0 for w in got.values()) and model.fc.out_features == 10
     assert got != {g.name: g.full for g in groups}, "something was pruned"
 
+    from pipeline.sections import to_html_fragment, to_markdown_lines
+
     # The report's section says why: the plans' MACs against measured latency, predicted against measured.
     out = tmp_path / "report"
     out.mkdir()
-    section = report.latency_markdown(ctx.manifest.data, ctx.run_dir, out)
+    sections = report.latency_section(ctx.manifest.data, ctx.run_dir, out)
+    section = "\n".join(to_markdown_lines(sections[0]))
     assert "## Pruned to a latency budget" in section and "(chosen)" in section and "unpruned" in section
     assert f"{measured:.4f}" in section and (out / "latency_plans.png").is_file()
-    page = report.latency_html(ctx.manifest.data, ctx.run_dir)
+    assert "![MACs against measured latency of the candidate plans" in section, "report.md shows the copied plot"
+    page = to_html_fragment(sections[0])
     assert "<h2>Pruned to a latency budget</h2>" in page and "(chosen)" in page and f"{measured:.4f}" in page
     assert "data:image/png;base64," in page, "the plot is embedded: report.html is one file"
-    assert report.latency_html({"stages": {"prune": {"metrics": {}}}}, ctx.run_dir) == ""
+    assert report.latency_section({"stages": {"prune": {"metrics": {}}}}, ctx.run_dir, out) == []
 
     # A second run on the same device and structures measures nothing again: the table is cached.
     ctx2 = run_pipeline(str(recipe), until="prune", runs_dir=_copy_of(latency_teacher, runs, "b"), run_id="b")

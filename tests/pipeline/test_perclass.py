@@ -66,7 +66,12 @@ def test_default_run_reports_per_class_results(tiny_run):
     per = results["per_class"]
     assert set(per["accuracy"]) == {"teacher", "pruned", "student", "student_fp16", "student_int8"}
     assert len(per["accuracy"]["teacher"]) == 10
-    assert [c["before"] + "→" + c["after"] for c in per["comparisons"]] == ["teacher→student", "student→student_int8"]
+    assert [c["before"] + "→" + c["after"] for c in per["comparisons"]] == ["teacher→student", "student→student_int8",
+                                                                            "teacher→student_int8"]
+    # The whole fold's overall test is the headline's accuracy evidence, on every test image.
+    whole = per["comparisons"][-1]["overall"]
+    assert whole["images"] == tiny_run.manifest.stage("teacher")["metrics"]["images"]
+    assert results["headline"]["accuracy_p"] == whole["p_value"] and results["headline"]["per_class_tested"]
     evaluated = json.loads((tiny_run.run_dir / "evaluate" / "per_class.json").read_text())
     confusion = np.array(evaluated["rungs"]["teacher"]["confusion"])
     assert confusion.sum() == tiny_run.manifest.stage("teacher")["metrics"]["images"]
@@ -187,7 +192,7 @@ def test_a_concentrated_cut_is_named():
 
 @pytest.mark.slow
 def test_report_headline_says_directions_in_words(tiny_run):
-    from pipeline.report import direction
+    from pipeline.headline import direction
 
     assert direction(2.31, "faster", "slower") == "2.31× slower"
     assert direction(0.5, "faster", "slower") == "2.00× faster"

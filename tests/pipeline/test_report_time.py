@@ -2,7 +2,16 @@
 
 from device.profile import Profile, batch_profile
 from device.schema import parse_result
-from pipeline.report import layer_profiles, time_section_html, time_section_markdown
+from pipeline.report import layer_profiles, time_section
+from pipeline.sections import to_html_fragment, to_markdown_lines
+
+
+def time_section_markdown(data):
+    return to_markdown_lines(time_section(data))
+
+
+def time_section_html(data):
+    return to_html_fragment(time_section(data))
 from tests.results import job_result
 
 

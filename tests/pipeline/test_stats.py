@@ -73,12 +73,12 @@ class Sleeper:
 @pytest.mark.slow
 def test_a_window_with_another_busy_process_is_flagged(tmp_path):
     quiet_window = measure(Sleeper(), np.zeros((1, 1), np.float32), MeasureSpec(warmup_iterations=0, iterations=50,
-                                                                             idle_s=0))
+                                                                             idle_s=0)).model_dump()
     hog = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
     try:
         time.sleep(0.3)
         busy_window = measure(Sleeper(), np.zeros((1, 1), np.float32), MeasureSpec(warmup_iterations=0, iterations=80,
-                                                                                idle_s=0))
+                                                                                idle_s=0)).model_dump()
     finally:
         hog.kill()
         hog.wait()

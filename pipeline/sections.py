@@ -1,0 +1,176 @@
+"""The report's one section model and its two renderers: Markdown (report.md) and HTML (report.html).
+
+A report section is built once, as data (:class:`Section` holding text, tables, lists, figures and
+collapsible detail), and rendered to both formats here; no section writes Markdown or HTML itself.
+The HTML renderer escapes every piece of text it is given, in one place.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Text:
+    """A paragraph."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Pre:
+    """Preformatted lines (the headline)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Bullets:
+    """A list; each item an optional bold lead and its text. ``numbered`` for footnotes."""
+
+    items: list[tuple[str, str]]
+    numbered: bool = False
+    css: str = ""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of text cells, the first row the header. ``column_css`` names a CSS class per column."""
+
+    rows: list[list[str]]
+    column_css: tuple[str, ...] = ()
+    css: str = ""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A plot: embedded in the HTML as a PNG; in the Markdown only when it was written beside it (``file``)."""
+
+    key: str
+    png_base64: str
+    caption: str
+    file: str | None = None
+
+
+@dataclass(frozen=True)
+class Details:
+    """Detail behind a summary line: collapsed in the HTML, a sub-heading in the Markdown."""
+
+    summary: str
+    blocks: list["Block"]
+
+
+@dataclass
+class Section:
+    """A heading and its blocks; sub-sections are sections at ``level`` 3."""
+
+    title: str
+    blocks: list["Block"] = field(default_factory=list)
+    level: int = 2
+
+
+Block = Union[Text, Pre, Bullets, Table, Figure, Details, Section]
+
+
+# ----------------------------------------------------------------- Markdown
+def _md_cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
+
+def _md_block(block: Block) -> list[str]:
+    if isinstance(block, Text):
+        return [block.text, ""]
+    if isinstance(block, Pre):
+        return ["```", block.text, "```", ""]
+    if isinstance(block, Bullets):
+        return [(f"[{number}] " if block.numbered else "- ") + (f"**{lead}**" if lead else "") + text
+                + ("  " if block.numbered else "") for number, (lead, text) in enumerate(block.items, 1)] + [""]
+    if isinstance(block, Table):
+        head, *body = block.rows
+        return (["| " + " | ".join(map(_md_cell, head)) + " |", "|" + "---|" * len(head)]
+                + ["| " + " | ".join(map(_md_cell, row)) + " |" for row in body] + [""])
+    if isinstance(block, Figure):
+        return [f"![{block.caption}]({block.file})", ""] if block.file else []
+    if isinstance(block, Details):
+        return [f"**{block.summary}**", ""] + [line for inner in block.blocks for line in _md_block(inner)]
+    if isinstance(block, Section):
+        return to_markdown_lines(block)
+    raise TypeError(f"not a report block: {block!r}")
+
+
+def to_markdown_lines(section: Section) -> list[str]:
+    """One section as Markdown lines (a blank line after each block)."""
+    return ["#" * section.level + " " + section.title, ""] + [line for block in section.blocks
+                                                              for line in _md_block(block)]
+
+
+def to_markdown(title: str, sections: list[Section]) -> str:
+    """The whole Markdown document."""
+    lines = [f"# {title}", ""] + [line for section in sections for line in to_markdown_lines(section)]
+    while lines and lines[-1] == "":
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------- HTML
+def _attr(css: str) -> str:
+    return f' class="{html.escape(css)}"' if css else ""
+
+
+def html_table(table: Table) -> str:
+    """A table in a horizontally scrolling box (every cell escaped)."""
+    esc = html.escape
+    css = list(table.column_css) + [""] * (len(table.rows[0]) - len(table.column_css))
+    head = "".join(f"<th{_attr(c)}>{esc(cell)}</th>" for cell, c in zip(table.rows[0], css))
+    body = "".join("<tr>" + "".join(f"<td{_attr(c)}>{esc(cell)}</td>" for cell, c in zip(row, css)) + "</tr>"
+                   for row in table.rows[1:])
+    return f'<div class="scroll"><table{_attr(table.css)}><tr>{head}</tr>{body}</table></div>'
+
+
+def _html_block(block: Block) -> str:
+    esc = html.escape
+    if isinstance(block, Text):
+        return f"<p>{esc(block.text)}</p>"
+    if isinstance(block, Pre):
+        return f"<pre>{esc(block.text)}</pre>"
+    if isinstance(block, Bullets):
+        tag = "ol" if block.numbered else "ul"
+        return (f"<{tag}{_attr(block.css)}>" + "".join(f"<li>{f'<b>{esc(lead)}</b>' if lead else ''}{esc(text)}</li>"
+                                                       for lead, text in block.items) + f"</{tag}>")
+    if isinstance(block, Table):
+        return html_table(block)
+    if isinstance(block, Figure):
+        return (f'<figure><img alt="{esc(block.key)}" src="data:image/png;base64,{block.png_base64}">'
+                f"<figcaption>{esc(block.caption)}</figcaption></figure>")
+    if isinstance(block, Details):
+        return f"<details><summary>{esc(block.summary)}</summary>" + "".join(map(_html_block, block.blocks)) + "</details>"
+    if isinstance(block, Section):
+        return to_html_fragment(block)
+    raise TypeError(f"not a report block: {block!r}")
+
+
+def to_html_fragment(section: Section) -> str:
+    """One section as HTML; its figures side by side in a wrapping grid."""
+    parts, figures = [f"<h{section.level}>{html.escape(section.title)}</h{section.level}>"], []
+    for block in section.blocks:
+        if isinstance(block, Figure):
+            figures.append(_html_block(block))
+            continue
+        if figures:
+            parts.append('<div class="grid">' + "".join(figures) + "</div>")
+            figures = []
+        parts.append(_html_block(block))
+    if figures:
+        parts.append('<div class="grid">' + "".join(figures) + "</div>")
+    return "\n".join(parts)
+
+
+def to_html(title: str, sections: list[Section], css: str) -> str:
+    """The whole self-contained HTML page."""
+    esc = html.escape
+    body = "\n".join(to_html_fragment(section) for section in sections)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{esc(title)}</title>'
+            f"<style>{css}</style></head><body>\n<h1>{esc(title)}</h1>\n{body}\n</body></html>\n")
