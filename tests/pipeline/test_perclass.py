@@ -85,10 +85,11 @@ def test_collapsed_rung_is_named_collapsed_not_chance(tiny_run):
     pruned = tiny_run.manifest.stage("evaluate")["metrics"]["rungs"]["pruned"]
     report = (tiny_run.run_dir / "report" / "report.md").read_text()
     # The report says of the pruned rung what its recorded sanity facts give, whichever they are.
-    ladder = report.split("## The ladder", 1)[1].split("\n## ", 1)[0]
-    (row,) = [line for line in ladder.splitlines() if line.startswith("| pruned | loopback |")]
+    ladder = report.split("## The ladder", 1)[1].split("\n## ", 1)[0].splitlines()
+    columns = [c.strip() for c in next(line for line in ladder if line.startswith("| rung |")).strip("|").split("|")]
+    row = next(line for line in ladder if line.startswith("| pruned | loopback |"))  # the ladder's own table
     said = verdict("pruned", pruned)
-    cell = row.split("|")[3].strip()  # top-1 host, then the verdict's first words
+    cell = [c.strip() for c in row.strip("|").split("|")][columns.index("top-1 host")]  # then the verdict's words
     assert cell == f"{100 * pruned['top1']:.2f}%" + (f" {said.split(':')[0]}" if said else ""), (said, row)
     assert ("collapsed" in cell) == bool(pruned["sanity"]["collapsed"]), row
 
