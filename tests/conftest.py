@@ -12,7 +12,16 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests.slow import SLOW_FIXTURES, slow_fixture  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that uses a slow fixture (a pipeline run, a real agent), directly or through another, is slow."""
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +30,7 @@ def repo() -> Path:
 
 
 @pytest.fixture(scope="session")
+@slow_fixture
 def tiny_run(tmp_path_factory):
     """One full run of the ``tiny`` recipe, shared by the tests that read its results."""
     from pipeline.runner import run_pipeline

@@ -20,6 +20,7 @@ def test_dc_baseline_plumbing_on_cpu(repo, tmp_path):
     assert "| 3×32×32 | fp32 | 1 |" in next(tmp_path.glob("dc-baseline-*.md")).read_text()
 
 
+@pytest.mark.slow  # a Python and torch start
 def test_dc_baseline_refuses_to_run_without_a_gpu_unless_asked(repo):
     pytest.importorskip("torch")
     import torch

@@ -264,28 +264,6 @@ def window_energy(trace: Trace, start: float, stop: float, calls: Sequence[tuple
     return result
 
 
-def energy_per_image(trace: Trace, inferences: int, power_key: str = "power_mw",
-                         idle_mw: float | None = None) -> dict[str, float]:
-    """Energy per inference in millijoules over the whole trace, total and above the idle baseline.
-
-    The measurement protocol uses :func:`window_energy` (exact window, coverage); this is the plain
-    trapezoid over every sample, for a trace that is the window.
-
-    Args:
-        trace: The timed window's trace.
-        inferences: Images processed during the window.
-        power_key: Which power series to integrate (a board's total rail on a Jetson).
-        idle_mw: Mean power of the idle baseline taken before the window.
-    """
-    if inferences <= 0:
-        raise ConfigError(f"inferences must be positive, got {inferences}")
-    total = trace.integral(power_key)
-    result = {"energy_mj_per_image": total / inferences}
-    if idle_mw is not None:
-        result["energy_above_idle_mj_per_image"] = (total - idle_mw * trace.duration_s) / inferences
-    return result
-
-
 class Sampler(ABC):
     """Reads one telemetry source at ``rate_hz`` on its own thread between start() and stop().
 

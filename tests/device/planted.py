@@ -147,6 +147,7 @@ class Outcome:
     reasons: dict[str, str]
     coverage: float
     achieved_hz: float
+    uncertainty_rel: float | None = None  # the sampling uncertainty the sampler states for its figure
 
     @property
     def error(self) -> float | None:
@@ -195,4 +196,5 @@ def run_case(svc, board: str, case: Case, rate_hz: float = 20.0,
     result = window_energy(trace, start, stop, calls, power_key="board_power_mw")
     exact = planted.exact_energy_mj(start, stop) / len(calls)
     return Outcome(case.name, board, exact, result["energy_mj_per_image"], result["degraded"],
-                   result["degraded_reasons"], result["coverage"], trace.achieved_hz)
+                   result["degraded_reasons"], result["coverage"], trace.achieved_hz,
+                   result.get("energy_uncertainty_rel"))

@@ -17,12 +17,14 @@ from device.client import AgentError, JobTimeoutError
 from device.files import sha256_file
 from device.schema import RESULT_SCHEMA
 from tests.device.agent_process import TOKEN, AgentProcess, tiny_onnx
+from tests.slow import slow_fixture
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUICK = {"iterations": 5, "warmup_iterations": 1, "idle_s": 0, "batch_sizes": [1, 4], "telemetry": ["host"]}
 
 
 @pytest.fixture(scope="module")
+@slow_fixture
 def agent(tmp_path_factory):
     root = tmp_path_factory.mktemp("agent")
     with AgentProcess(root / "data", env={"EDGEFOLD_AGENT_FAULT": "crash-me=segv,hang-me=hang"},
@@ -251,6 +253,7 @@ def test_openapi_schema_names_every_route(agent):
     assert "HTTPBearer" in schema["components"]["securitySchemes"]
 
 
+@pytest.mark.slow
 def test_kill_9_mid_job_loses_nothing(tmp_path, model):
     process = AgentProcess(tmp_path / "data").start()
     try:
@@ -293,6 +296,7 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+@pytest.mark.slow
 def test_sigterm_marks_the_running_job_interrupted_and_keeps_the_queue(tmp_path, model):
     process = AgentProcess(tmp_path / "data").start()
     with process.client() as client:

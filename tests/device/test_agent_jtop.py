@@ -1,5 +1,8 @@
 """Jobs on a simulated Jetson: the agent's job process talks to the REAL jtop service (jetson-stats
-7.2.2) through the socket named in the agent's config, while the test changes a rail's power."""
+7.2.2) through the socket named in the agent's config, while the test changes a rail's power.
+
+Which rail is a board's total (AGX Orin's sum of rails, Thor's VIN) is the sampler's to read and is tested there
+(tests/device/test_jtop.py) and in the energy it gives (test_planted_power.py); here, the job around it."""
 
 import os
 import time
@@ -9,7 +12,9 @@ import pytest
 from tests.device.agent_process import AgentProcess, tiny_onnx
 
 pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root")
+# Every test here starts the real jtop service (and the agent, or a timed window): all slow, none hidden.
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root"),
+              pytest.mark.slow]
 
 JOB = {"duration_s": 3.0, "idle_s": 1.0, "warmup_iterations": 2, "telemetry": ["jtop", "host"], "sample_hz": 20}
 
@@ -68,28 +73,6 @@ def test_gpu_temperature_peak_and_lowest_clock_of_the_window_reach_the_summary(t
     assert run["summary"]["gpu_temp_peak_c"] == 71.5 == series["temp_gpu_c"]["peak"]
     assert run["summary"]["gpu_freq_low_mhz"] == 306.0 == series["gpu_freq_mhz"]["low"]
     assert series["gpu_freq_mhz"]["peak"] == pytest.approx(624.75), "before the drop, the window ran at 624.75 MHz"
-
-
-def test_agx_orin_total_is_the_sum_of_its_rails(tmp_path):
-    job = run_on(tmp_path, "agx-orin")
-    assert job["state"] == "succeeded", job["error"]
-    run = job["result"]["runs"][0]
-    summary, jtop = run["summary"], run["telemetry"]["jtop"]
-    assert summary["power_source"] == "jtop:sum of 4 rails"
-    assert jtop["facts"]["summed_rails"] == sorted(["VDD_CPU_CV", "VDD_GPU_SOC", "VDDQ_VDD2_1V8AO", "VIN_SYS_5V0"])
-    rails = sum(jtop["series"][f"rail_{name}_mw"]["mean"] for name in jtop["facts"]["summed_rails"])
-    assert summary["power_mean_mw"] == pytest.approx(rails) == pytest.approx(11000)  # VIN_SYS_5V0 alone: 5000
-
-
-def test_thor_total_is_the_ina238_vin(tmp_path):
-    from tests.device.jetson_sim import set_vin_power
-
-    job = run_on(tmp_path, "thor", during=lambda svc: set_vin_power(svc.root, 40_000_000))
-    assert job["state"] == "succeeded", job["error"]
-    summary = job["result"]["runs"][0]["summary"]
-    assert summary["power_source"] == "jtop:VIN"
-    assert summary["power_idle_mw"] == pytest.approx(28500, rel=0.01)
-    assert summary["power_peak_mw"] == 40000
 
 
 def test_jtop_service_dying_mid_job_is_recorded_not_fatal(tmp_path):

@@ -1,6 +1,7 @@
 """A bounded property-based run (schemathesis) against the agent's own OpenAPI schema: no 5xx, ever,
 and every documented response matches its schema. Real uvicorn on loopback, authenticated."""
 
+import httpx
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is in the dev extra (make installs it)")
@@ -13,6 +14,7 @@ EXAMPLES_PER_OPERATION = 25
 AUTH = {"Authorization": f"Bearer {TOKEN}"}  # the API's description needs the token too
 
 
+@pytest.mark.slow
 def test_no_server_errors_on_any_operation(tmp_path):
     # schemathesis' own pytest plugin (from_fixture) breaks on this pytest, so the operations are
     # driven through hypothesis directly: the same generated cases and the same checks.
@@ -32,8 +34,8 @@ def test_no_server_errors_on_any_operation(tmp_path):
                 case.validate_response(response, checks=(not_a_server_error, response_schema_conformance))
 
             exercise()
-        health = schemathesis.openapi.from_url(f"{agent.url}/openapi.json", headers=AUTH)  # the agent is still up
-        assert health is not None
+        health = httpx.get(f"{agent.url}/v1/health", timeout=30)  # after every generated case: still up and healthy
+        assert health.status_code == 200 and health.json()["status"] == "ok", health.text
     assert all(code < 500 for codes in seen.values() for code in codes), seen
     assert any(code == 201 or code == 200 for codes in seen.values() for code in codes), seen
     assert any(code in (400, 404, 422) for codes in seen.values() for code in codes), seen

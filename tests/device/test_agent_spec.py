@@ -78,16 +78,16 @@ def test_the_deploy_stage_sends_each_rungs_own_precision(tensorrt):
                     "student_int8": "int8"}
 
 
+# One case per rule of the job schema: pydantic applies the model-wide ones (strict types, finite floats, no
+# unknown keys) and each Field's bounds alike, so one field stands for each; the cross-field and text rules are
+# the schema's own. Each must name its field, and the answer must stay JSON.
 BAD = [
-    ("duration_s", math.nan), ("duration_s", math.inf), ("sample_hz", math.nan), ("idle_s", -math.inf),
-    ("timeout_s", math.nan), ("iterations", "5"), ("iterations", 5.0), ("threads", True), ("batch_sizes", [10**30]),
-    ("warmup_iterations", 10**400), ("channels_last", 1), ("label", "\ud800"), ("telemetry", ["host", "host"]),
+    ("duration_s", math.nan), ("idle_s", -math.inf), ("iterations", "5"), ("threads", True),
+    ("warmup_iterations", 10**400), ("label", "\ud800"), ("telemetry", ["host", "host"]),
     ("preprocess", {"input_size": 16, "resize": math.nan, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}),
     ("preprocess", {"input_size": 16, "resize": 16, "channels": True, "mean": [0.5], "std": [0.25]}),
     ("preprocess", {"input_size": 16, "resize": 16, "channels": 1, "mean": [math.inf], "std": [0.25]}),
-    ("preprocess", {"input_size": 16, "resize": 16, "channels": 1, "mean": [0.5], "std": [0.0]}),
     ("preprocess", {"input_size": 16, "resize": 8, "channels": 1, "mean": [0.5], "std": [0.25]}),
-    ("preprocess", {"input_size": "16", "resize": 16, "channels": 1, "mean": [0.5], "std": [0.25]}),
     ("preprocess", {"input_size": 16, "resize": 16, "channels": 1, "mean": [0.5], "std": [0.25], "extra": 1}),
 ]
 

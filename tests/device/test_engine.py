@@ -7,7 +7,7 @@ import json
 import pytest
 
 from device.engine import (
-    BuildOptions, EngineCache, artifact_precision, build_engine, fingerprint, import_tensorrt, jetpack_for, build_settings,
+    BuildOptions, EngineCache, artifact_precision, build_engine, build_settings, fingerprint, import_tensorrt,
     read_l4t, reconcile_precision, trtexec_command, trtexec_lines, detect_gpu,
 )
 from device.errors import ConfigError, DlaError, MissingDependencyError, PrecisionMismatchError
@@ -220,11 +220,11 @@ def test_libcudart_is_found_where_pip_puts_it(tmp_path):
     assert found.index("libcudart.so.12") < found.index("libcudart.so")
 
 
-def test_l4t_and_jetpack(tmp_path):
+def test_l4t_is_read_from_nv_tegra_release(tmp_path):
+    """The L4T → JetPack table is tested in test_jetson_facts.py; here, where the L4T release comes from."""
     release = tmp_path / "nv_tegra_release"
     release.write_text("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64\n")
-    assert read_l4t(str(release)) == "36.4.3" and jetpack_for("36.4.3") == "6.2"
-    assert jetpack_for("36.3.0") == "6.0" and jetpack_for("35.5.0") == "5.1.3" and jetpack_for("99.1") is None
+    assert read_l4t(str(release)) == "36.4.3"
     assert read_l4t(str(tmp_path / "absent")) is None
 
 

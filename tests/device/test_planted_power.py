@@ -1,8 +1,9 @@
 """Planted power traces on the simulated Jetson (the REAL jtop service): rails changed at known
 instants, the sampler's energy per image checked against the exact integral of the planted steps.
 
-Every case must come out within 2% of the exact energy or be flagged degraded; the cases whose
-answer is known (a service killed or stalled) must carry their named flag. Bounds only, never
+A step at 20 Hz must come out within 2% of the exact energy; every other case's answer is known and
+must carry its named flag (spikes and a short window: undersampled, with the true error inside the
+uncertainty the flag states; a service killed or stalled: its named flags). Bounds only, never
 timings: how the service's ticks fall against the planted instants varies run to run.
 """
 
@@ -11,7 +12,9 @@ import os
 import pytest
 
 pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root")
+# Every test here starts the real jtop service (and the agent, or a timed window): all slow, none hidden.
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root"),
+              pytest.mark.slow]
 
 
 def run(tmp_path, board, case_name):
@@ -24,41 +27,39 @@ def run(tmp_path, board, case_name):
 
 @pytest.mark.parametrize("board", ["orin-nano", "agx-orin", "thor"])
 def test_a_step_mid_window_is_within_two_percent(tmp_path, board):
+    """Within 2% whether or not a loaded host made a tick late (``stale``); on AGX Orin that needs every rail in
+    the total (VIN_SYS_5V0 alone, the old total, is 5 W of the planted 13–18 W: −60% or worse)."""
     outcome = run(tmp_path, board, "step")
     assert outcome.published_mj_per_image is not None, outcome.reasons
     # At 20 Hz one 5 W step leaves well under 2% of sampling uncertainty: it is never "undersampled".
-    assert "undersampled" not in outcome.reasons
-    assert outcome.acceptable, (outcome.error, outcome.reasons)
-    if not outcome.degraded:
-        assert abs(outcome.error) <= 0.02
+    assert "undersampled" not in outcome.reasons and outcome.uncertainty_rel <= 0.02, outcome
+    assert abs(outcome.error) <= 0.02, (outcome.error, outcome.reasons)
 
 
-def test_agx_orin_energy_is_the_sum_of_its_rails(tmp_path):
-    """VIN_SYS_5V0 alone (the old total) is 5 W of the planted 13–18 W: −60% or worse."""
-    outcome = run(tmp_path, "agx-orin", "step")
-    assert outcome.error is not None and abs(outcome.error) <= 0.05, outcome
+def _flagged_undersampled_and_honest(outcome):
+    """Flagged for the reason known beforehand, with the true error inside the ± the flag states (twice it:
+    the stated figure adds independent intervals in quadrature, a bound only for one step)."""
+    assert "undersampled" in outcome.reasons and outcome.degraded, outcome.reasons
+    assert outcome.published_mj_per_image is not None and outcome.uncertainty_rel > 0.02, outcome
+    assert abs(outcome.error) <= 2 * outcome.uncertainty_rel, (outcome.error, outcome.uncertainty_rel)
+    assert not {"low_coverage", "service_lost"} & set(outcome.reasons), "the service ran throughout"
 
 
-def test_spikes_are_within_two_percent_or_flagged(tmp_path):
-    outcome = run(tmp_path, "orin-nano", "spikes")
-    assert outcome.acceptable, (outcome.error, outcome.reasons)
+def test_spikes_are_flagged_undersampled_with_the_error_inside_the_stated_uncertainty(tmp_path):
+    _flagged_undersampled_and_honest(run(tmp_path, "orin-nano", "spikes"))
 
 
-def test_a_short_window_is_within_two_percent_or_flagged_undersampled(tmp_path):
-    outcome = run(tmp_path, "thor", "short")
-    assert outcome.acceptable, (outcome.error, outcome.reasons)
-    if outcome.error is None or abs(outcome.error) > 0.02:
-        assert "undersampled" in outcome.reasons
+def test_a_short_window_is_flagged_undersampled_with_the_error_inside_the_stated_uncertainty(tmp_path):
+    _flagged_undersampled_and_honest(run(tmp_path, "thor", "short"))
 
 
 def test_a_killed_service_is_flagged_and_counts_only_covered_images(tmp_path):
     """Killed 65% into the window: the old sampler divided the partial energy by all images (−35%)."""
     outcome = run(tmp_path, "agx-orin", "killed")
     assert outcome.degraded and "service_lost" in outcome.reasons and "low_coverage" in outcome.reasons
-    assert outcome.coverage < 0.95
-    if outcome.published_mj_per_image is not None:
-        # Over the covered time with the images of that time: close to the truth, though flagged.
-        assert abs(outcome.error) < 0.05, outcome
+    assert 0.5 <= outcome.coverage < 0.95, "about 65% covered: enough to publish, too little to trust"
+    # Over the covered time with the images of that time: close to the truth, though flagged.
+    assert outcome.published_mj_per_image is not None and abs(outcome.error) < 0.05, outcome
 
 
 def test_a_stalled_service_is_flagged_stale_not_frozen(tmp_path):

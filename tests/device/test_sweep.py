@@ -11,7 +11,9 @@ import pytest
 from tests.device.agent_process import AgentProcess, tiny_onnx
 
 pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root")
+# Every test here starts a real agent (and most the jtop service): all slow, none hidden.
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root"),
+              pytest.mark.slow]
 
 JOB = {"iterations": 20, "idle_s": 0.5, "warmup_iterations": 2, "telemetry": ["jtop", "host"], "sample_hz": 20,
        "profile": False}

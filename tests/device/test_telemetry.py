@@ -8,7 +8,6 @@ import pytest
 
 from device.errors import ConfigError
 from device.telemetry import Sampler, Trace
-from device.telemetry.base import energy_per_image
 from device.telemetry.host import HostSampler
 
 
@@ -28,15 +27,6 @@ def test_uneven_sampling_is_weighted_by_time():
     sample_mean = np.mean([v["power_mw"] for _, v in samples])
     assert trace.mean("power_mw") == pytest.approx((1000 * 1 + 3000 * 2) / 3)
     assert trace.mean("power_mw") > sample_mean
-
-
-def test_energy_per_image_total_and_above_idle():
-    trace = Trace.from_samples([(0.0, {"power_mw": 6000}), (2.0, {"power_mw": 6000})], 1.0)
-    result = energy_per_image(trace, inferences=100, idle_mw=4000)
-    assert result["energy_mj_per_image"] == pytest.approx(120.0)
-    assert result["energy_above_idle_mj_per_image"] == pytest.approx(40.0)
-    with pytest.raises(ConfigError, match="inferences must be positive"):
-        energy_per_image(trace, inferences=0)
 
 
 def test_missing_values_are_skipped_not_zeroed():

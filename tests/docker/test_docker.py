@@ -91,6 +91,7 @@ def test_tags_carry_version_and_l4t():
     assert result.returncode == 2 and "unknown L4T release" in result.stderr and "36.4" in result.stderr
 
 
+@pytest.mark.slow
 def test_smoke_check_against_a_real_agent(tmp_path):
     import platform
 

@@ -1,10 +1,17 @@
-"""The CLI as a user meets it: exit codes, fix-it messages, no tracebacks for mistakes."""
+"""The CLI as a user meets it: exit codes, fix-it messages, no tracebacks for mistakes.
+
+Two tests start ``python -m pipeline`` as a user does (a mistake, and a real run); the rest call the same
+``main`` in this process, which is what the console script runs, without paying for a Python and torch start each.
+"""
 
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+
+from pipeline.cli import main
 
 
 def edgefold(repo, *args, env_extra=None):
@@ -15,6 +22,15 @@ def edgefold(repo, *args, env_extra=None):
                           env=env, timeout=300)
 
 
+def edgefold_here(capsys, *args):
+    """``edgefold ARGS`` in this process: its exit code and what it printed."""
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+
+@pytest.mark.slow  # a Python and torch start
 def test_unknown_model_lists_recipes_without_traceback(repo):
     result = edgefold(repo, "run", "nope")
     assert result.returncode == 2
@@ -23,41 +39,45 @@ def test_unknown_model_lists_recipes_without_traceback(repo):
     assert "Traceback" not in result.stderr
 
 
-def test_bad_set_and_bad_stage(repo, tmp_path):
-    result = edgefold(repo, "run", "tiny", "--set", "prune.macs_targt=0.3", "--runs-dir", str(tmp_path))
+def test_bad_set_and_bad_stage(capsys, tmp_path):
+    result = edgefold_here(capsys, "run", "tiny", "--set", "prune.macs_targt=0.3", "--runs-dir", str(tmp_path))
     assert result.returncode == 2 and "prune.macs_targt: unknown key" in result.stderr
-    result = edgefold(repo, "run", "tiny", "--until", "deplyo", "--runs-dir", str(tmp_path))
+    result = edgefold_here(capsys, "run", "tiny", "--until", "deplyo", "--runs-dir", str(tmp_path))
     assert result.returncode == 2 and "unknown stage 'deplyo'" in result.stderr and "deploy" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_missing_fashion_mnist_is_explained(repo, tmp_path):
-    result = edgefold(repo, "run", "tiny", "--data", "fashion-mnist", "--runs-dir", str(tmp_path),
-                      env_extra={"EDGEFOLD_FASHION_MNIST_DIR": str(tmp_path / "none")})
+def test_missing_fashion_mnist_is_explained(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEFOLD_FASHION_MNIST_DIR", str(tmp_path / "none"))
+    result = edgefold_here(capsys, "run", "tiny", "--data", "fashion-mnist", "--runs-dir", str(tmp_path))
     assert result.returncode == 2
     assert "Fashion-MNIST not found" in result.stderr and "apt-get install dataset-fashion-mnist" in result.stderr
 
 
-def test_recipes_and_recipe_commands(repo):
-    result = edgefold(repo, "recipes", "--check")
+def test_recipes_and_recipe_commands(capsys):
+    result = edgefold_here(capsys, "recipes", "--check")
     assert result.returncode == 0 and "resnet50" in result.stdout and "FAIL" not in result.stdout
-    result = edgefold(repo, "recipe", "resnet50", "--get", "data.source")
+    result = edgefold_here(capsys, "recipe", "resnet50", "--get", "data.source")
     assert result.stdout.strip() == "fashion-mnist"
-    result = edgefold(repo, "recipe", "tiny", "--get", "prune")
+    result = edgefold_here(capsys, "recipe", "tiny", "--get", "prune")
     assert json.loads(result.stdout)["macs_target"] == 0.5
 
 
 @pytest.mark.slow
-def test_run_and_runs_listing(repo, tmp_path):
-    result = edgefold(repo, "run", "tiny", "--runs-dir", str(tmp_path), "--until", "teacher")
+def test_run_and_runs_listing(repo, tmp_path, capsys):
+    # Two epochs: the listing needs a trained teacher, not the recipe's best one.
+    result = edgefold(repo, "run", "tiny", "--runs-dir", str(tmp_path), "--until", "teacher",
+                      "--set", "teacher.train.epochs=2")
     assert result.returncode == 0, result.stderr
     assert "manifest:" in result.stdout
-    listing = edgefold(repo, "runs", "--runs-dir", str(tmp_path), "--json")
+    listing = edgefold_here(capsys, "runs", "--runs-dir", str(tmp_path), "--json")
     rows = json.loads(listing.stdout)
     assert rows[0]["model"] == "tiny" and rows[0]["stages"] == ["data", "teacher"]
     assert 0.5 < rows[0]["teacher_top1"] <= 1.0
 
 
-def test_help_tells_the_stages(repo):
-    result = edgefold(repo, "run", "--help")
-    assert result.returncode == 0 and "--until STAGE" in result.stdout and "prune" in result.stdout
+def test_help_tells_the_stages(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "--until STAGE" in out and "prune" in out

@@ -3,6 +3,8 @@ the device, and is cancelled on the agent."""
 
 import threading
 
+import pytest
+
 from device.client import AgentClient
 from pipeline.devices import Device
 from pipeline.recipe import DeployConfig
@@ -23,6 +25,7 @@ class Log:
         self.lines.append(line)
 
 
+@pytest.mark.slow
 def test_a_job_that_outlasts_the_wait_fails_its_rung_is_cancelled_and_the_other_rungs_run(tmp_path, monkeypatch):
     # The agent kills a job at its own timeout_s and deploy waits 120 s longer: the wait runs out first only when a
     # job sat queued or the agent could not kill it. The hung job's wait is cut to 3 s to stand in for both; the

@@ -20,7 +20,6 @@ from pipeline.scores import assess, points
 from pipeline.stages import STAGE_ORDER, STAGES
 from pipeline.stages.quantize import within_budget
 
-pytestmark = pytest.mark.slow
 
 
 def write_digits_folder(root: Path, classes: int = 5, train_per_class: int = 60, val_per_class: int = 20,
@@ -60,6 +59,7 @@ def digits_folder(tmp_path_factory):
 
 
 # ------------------------------------------------------------------ 1. a collapsed teacher
+@pytest.mark.slow  # trains a teacher
 def test_stale_batchnorm_teacher_is_refused_not_reported_as_a_win(digits_folder, tmp_path):
     """MobileNetV3's BatchNorm momentum 0.01: after two short epochs its running statistics are stale and
     it predicts one class. Without re-estimation the teacher stage must fail, naming the collapse."""
@@ -69,6 +69,7 @@ def test_stale_batchnorm_teacher_is_refused_not_reported_as_a_win(digits_folder,
     assert "within noise of chance" in str(err.value) and "bn_recalibration" in str(err.value)
 
 
+@pytest.mark.slow  # trains a teacher
 def test_batchnorm_statistics_are_re_estimated_for_low_momentum_architectures(digits_folder, tmp_path):
     recipe = mobilenet_recipe(tmp_path, digits_folder)  # bn_recalibration: auto
     ctx = run_pipeline(str(recipe), runs_dir=tmp_path / "runs", until="teacher")
@@ -215,6 +216,7 @@ def interrupt_after_first_epoch(monkeypatch):
     monkeypatch.setattr(train, "_save_resume", save_then_die)
 
 
+@pytest.mark.slow  # trains a teacher
 def test_resume_after_interruption_gives_the_uninterrupted_model(tmp_path, monkeypatch, capsys):
     overrides = {"teacher.train.epochs": 2}
     whole = run_pipeline("tiny", runs_dir=tmp_path / "a", until="teacher", overrides=overrides)
@@ -240,6 +242,7 @@ def interrupted_teacher(runs_dir, monkeypatch) -> dict:
     return overrides
 
 
+@pytest.mark.slow  # trains a teacher
 def test_changed_data_never_resumes_old_weights(tmp_path, monkeypatch, capsys):
     overrides = interrupted_teacher(tmp_path, monkeypatch)
     capsys.readouterr()
@@ -248,6 +251,7 @@ def test_changed_data_never_resumes_old_weights(tmp_path, monkeypatch, capsys):
     assert "resuming" not in err and "teacher epoch 1/2" in err
 
 
+@pytest.mark.slow  # trains a teacher
 def test_a_resume_state_that_does_not_fit_is_discarded_not_a_crash(tmp_path, monkeypatch, capsys):
     overrides = interrupted_teacher(tmp_path, monkeypatch)
     (state_file,) = (tmp_path / "tiny" / "latest").resolve().glob("resume/teacher-*.pt")

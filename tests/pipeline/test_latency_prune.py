@@ -8,6 +8,7 @@ import copy
 import json
 import math
 import random
+import shutil
 import socket
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from pipeline.checkpoint import load_checkpoint
 from pipeline.devices import Device
 from pipeline.models import build_model
 from pipeline.recipe import PruneConfig, parse_recipe
+from tests.slow import slow_fixture
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPE = (1, 3, 16, 16)
@@ -212,12 +214,29 @@ def _latency_recipe(tmp_path, **latency_cfg) -> Path:
     return path
 
 
-def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(tmp_path):
+@pytest.fixture(scope="module")
+@slow_fixture
+def latency_teacher(tmp_path_factory) -> Path:
+    """The latency recipe's data and teacher stages, run once: each test prunes a copy its own way (the stages'
+    config and inputs are unchanged, so the manifest skips them)."""
+    from pipeline.runner import run_pipeline
+
+    root = tmp_path_factory.mktemp("latency-teacher")
+    return run_pipeline(str(_latency_recipe(root)), until="teacher", runs_dir=root / "runs", run_id="a").run_dir
+
+
+def _copy_of(teacher_run: Path, runs: Path, run_id: str) -> Path:
+    shutil.copytree(teacher_run, runs / teacher_run.parent.name / run_id)
+    return runs
+
+
+def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(latency_teacher, tmp_path, capsys):
     from pipeline.runner import run_pipeline
 
     recipe = _latency_recipe(tmp_path)
-    runs = tmp_path / "runs"
+    runs = _copy_of(latency_teacher, tmp_path / "runs", "a")
     ctx = run_pipeline(str(recipe), until="prune", runs_dir=runs, run_id="a")
+    assert "[ teacher] cached" in capsys.readouterr().err
     stage = ctx.manifest.stage("prune")
     lat = stage["metrics"]["latency"]
     budget, measured = lat["budget_ms"], lat["measured_ms"]["p50_ms"]
@@ -262,18 +281,19 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(tmp_path):
     assert report.latency_section({"stages": {"prune": {"metrics": {}}}}, ctx.run_dir, out) == []
 
     # A second run on the same device and structures measures nothing again: the table is cached.
-    ctx2 = run_pipeline(str(recipe), until="prune", runs_dir=runs, run_id="b")
+    ctx2 = run_pipeline(str(recipe), until="prune", runs_dir=_copy_of(latency_teacher, runs, "b"), run_id="b")
     lat2 = ctx2.manifest.stage("prune")["metrics"]["latency"]
     assert lat2["jobs"] == 0 and lat2["reused"] > 0
     assert np.isclose(lat2["budget_ms"], budget)
 
 
-def test_an_unreachable_budget_is_refused_with_a_fix(tmp_path):
+def test_an_unreachable_budget_is_refused_with_a_fix(latency_teacher, tmp_path):
     from pipeline.runner import run_pipeline
 
-    recipe = _latency_recipe(tmp_path, ratio=0.01, check=False, rounds=1)
+    # The fewest measurements that still export and time every group's sub-networks (2 widths, 1 window).
+    recipe = _latency_recipe(tmp_path, ratio=0.01, check=False, rounds=1, points=2, windows=1)
     with pytest.raises(StageError) as err:
-        run_pipeline(str(recipe), until="prune", runs_dir=tmp_path / "runs", run_id="a")
+        run_pipeline(str(recipe), until="prune", runs_dir=_copy_of(latency_teacher, tmp_path / "runs", "a"), run_id="a")
     assert "below the narrowest plan's measured" in err.value.message and "prune.latency.ratio" in err.value.fix
     # The refusal removes the exported sub-networks (a float ResNet-50 table left gigabytes there).
     (staging,) = (tmp_path / "runs").glob("*/a/.prune.partial")
@@ -592,6 +612,7 @@ def test_a_tables_context_is_measured_again_beside_its_networks(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ issue #23
 @pytest.fixture(scope="module")
+@slow_fixture
 def agent(tmp_path_factory):
     """A real loopback agent on which jobs labelled ``hang-me`` hang after loading (the tests' stand-in for a
     deadlocked runtime, which cannot be produced on purpose)."""

@@ -80,11 +80,18 @@ def test_default_run_reports_per_class_results(tiny_run):
 
 @pytest.mark.slow
 def test_collapsed_rung_is_named_collapsed_not_chance(tiny_run):
+    from pipeline.scores import verdict
+
     pruned = tiny_run.manifest.stage("evaluate")["metrics"]["rungs"]["pruned"]
     report = (tiny_run.run_dir / "report" / "report.md").read_text()
-    if pruned["sanity"]["collapsed"]:
-        assert "collapsed" in report
-    from pipeline.scores import verdict
+    # The report says of the pruned rung what its recorded sanity facts give, whichever they are.
+    ladder = report.split("## The ladder", 1)[1].split("\n## ", 1)[0].splitlines()
+    columns = [c.strip() for c in next(line for line in ladder if line.startswith("| rung |")).strip("|").split("|")]
+    row = next(line for line in ladder if line.startswith("| pruned | loopback |"))  # the ladder's own table
+    said = verdict("pruned", pruned)
+    cell = [c.strip() for c in row.strip("|").split("|")][columns.index("top-1 host")]  # then the verdict's words
+    assert cell == f"{100 * pruned['top1']:.2f}%" + (f" {said.split(':')[0]}" if said else ""), (said, row)
+    assert ("collapsed" in cell) == bool(pruned["sanity"]["collapsed"]), row
 
     facts = {"sanity": {"collapsed": True, "at_chance": True, "top_predicted_class": "Bag",
                         "top_predicted_share": 1.0}}
@@ -94,7 +101,6 @@ def test_collapsed_rung_is_named_collapsed_not_chance(tiny_run):
 
 
 # ------------------------------------------------------------------ data balance, larger students
-@pytest.mark.slow
 def test_imbalanced_folder_warns_where_data_enters(tmp_path, capsys):
     data = write_digits_folder(tmp_path / "data", classes=4, train_per_class=60, val_per_class=15)
     small = sorted((data / "train" / "digit3").glob("*.png"))
@@ -115,7 +121,6 @@ def test_imbalanced_folder_warns_where_data_enters(tmp_path, capsys):
     assert metrics["train_per_class"]["digit3"] == 8 and len(metrics["warnings"]) == 3
 
 
-@pytest.mark.slow
 def test_class_balanced_loss_weights(tmp_path):
     from pipeline.train import class_weights
 
@@ -135,6 +140,7 @@ def test_a_student_larger_than_its_teacher_is_refused_before_training(tmp_path):
 
 
 # ------------------------------------------------------------------ grouped convolutions
+@pytest.mark.slow  # prunes a RegNet
 def test_grouped_convolutions_are_pruned_by_whole_groups():
     from pipeline.models import build_model, count_macs
     from pipeline.recipe import PruneConfig
@@ -194,7 +200,14 @@ def test_report_headline_says_directions_in_words(tiny_run):
     text = (tiny_run.run_dir / "report" / "report.md").read_text()
     headline = text.split("## Headline", 1)[1].split("## The ladder", 1)[0]
     assert "student INT8 on loopback vs teacher FP32 on loopback" in headline
-    assert ("slower," in headline or "faster," in headline or "no measurable difference" in headline)
-    assert "paired windows" in headline
+    # The latency line says the direction the recorded ratio and its interval give, and only that one.
+    h = json.loads((tiny_run.run_dir / "report" / "results.json").read_text())["headline"]
+    low, ratio, high = h["latency_ratio_low"], h["latency_ratio"], h["latency_ratio_high"]
+    assert low <= ratio <= high and h["latency_ratio_significant"] == (not low <= 1 <= high)
+    (latency,) = [line for line in headline.splitlines() if line.strip().startswith("latency p50")]
+    said = {word for word in ("faster,", "slower,", "no measurable difference") if word in latency}
+    expected = "no measurable difference" if low <= 1 <= high else "faster," if ratio < 1 else "slower,"
+    assert said == {expected}, latency
+    assert f"[{low:.2f}, {high:.2f}] over {h['latency_windows']} paired windows" in latency
     assert "size, FP32" in headline and "deployed INT8" in headline
     assert "not measured vs not measured" not in headline

@@ -13,7 +13,6 @@ from device.files import sha256_file
 from pipeline.runner import run_pipeline
 from pipeline.stages import quantize as quantize_stage
 
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

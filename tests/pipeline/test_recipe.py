@@ -118,24 +118,29 @@ def test_registry_errors_are_config_errors():
     assert issubclass(UnknownKeyError, ConfigError)
 
 
-@pytest.mark.parametrize("key, value, bound", [
-    ("deploy.batch_sizes", [0, 8], "greater than or equal to 1"),
-    ("deploy.batch_sizes", [1, 8192], "less than or equal to 4096"),
-    ("deploy.batch_sizes", list(range(1, 10)), "at most 8"),
-    ("deploy.duration_s", 0, "greater than 0"),
-    ("deploy.duration_s", 7200, "less than or equal to 3600"),
-    ("deploy.duration_s", float("nan"), "finite number"),
-    ("deploy.warmup_iterations", 10**6, "less than or equal to 100000"),
-    ("deploy.idle_s", 61, "less than or equal to 60"),
-    ("deploy.sample_hz", 0, "greater than 0"),
-    ("deploy.job_timeout_s", 10**6, "less than or equal to 86400"),
-    ("deploy.threads", 1000, "less than or equal to 256"),
-])
-def test_out_of_range_deploy_values_are_refused_before_any_stage(key, value, bound, tmp_path):
-    """The deploy section takes its bounds from the agent's JobSpec: refused when the recipe loads."""
+# One value past each bound the deploy section shares with the agent's JobSpec (the recipe's key, JobSpec's field).
+PAST_THE_AGENTS_BOUNDS = [
+    ("batch_sizes", "batch_sizes", [0, 8]), ("batch_sizes", "batch_sizes", [1, 8192]),
+    ("batch_sizes", "batch_sizes", list(range(1, 10))), ("duration_s", "duration_s", 0),
+    ("duration_s", "duration_s", 7200), ("duration_s", "duration_s", float("nan")),
+    ("warmup_iterations", "warmup_iterations", 10**6), ("idle_s", "idle_s", 61), ("sample_hz", "sample_hz", 0),
+    ("job_timeout_s", "timeout_s", 10**6), ("threads", "threads", 1000), ("min_iterations", "min_iterations", 1),
+]
+
+
+def test_deploy_values_the_agent_would_refuse_are_refused_before_any_stage(tiny_raw, tmp_path):
+    """The deploy section takes its bounds from the agent's JobSpec (pydantic enforces both): whatever the agent
+    refuses, the recipe refuses when it loads, naming the key, before any stage runs."""
+    from pydantic import ValidationError
+
+    from device.schema import JobSpec
     from pipeline.runner import run_pipeline
 
-    with pytest.raises(ConfigError, match=re.escape(key)) as err:
-        run_pipeline("tiny", runs_dir=tmp_path, overrides={key: value})
-    assert bound in str(err.value)
-    assert not (tmp_path / "tiny").exists() or not list((tmp_path / "tiny").glob("*/data")), "no stage ran"
+    for key, field, value in PAST_THE_AGENTS_BOUNDS:
+        with pytest.raises(ValidationError):
+            JobSpec.model_validate({"artifact": "a" * 64, field: value})
+        with pytest.raises(ConfigError, match=re.escape(f"deploy.{key}")):
+            parse_recipe(copy.deepcopy(tiny_raw), overrides={f"deploy.{key}": value})
+    with pytest.raises(ConfigError, match=re.escape("deploy.duration_s")):
+        run_pipeline("tiny", runs_dir=tmp_path, overrides={"deploy.duration_s": 0})
+    assert not list(tmp_path.rglob("manifest.json")), "no stage ran"

@@ -14,6 +14,7 @@ from device.measure import MeasureSpec, measure
 from pipeline import stats
 
 
+@pytest.mark.slow  # 300 simulated experiments
 def test_median_interval_has_its_width_and_coverage_on_synthetic_windows():
     """Windows drawn from N(10, 1): the median's standard error is σ·sqrt(π/2)/sqrt(n), and about 95% of
     intervals over repeated experiments hold the true 10."""
