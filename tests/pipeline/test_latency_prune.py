@@ -291,7 +291,7 @@ def test_an_unreachable_budget_is_refused_with_a_fix(latency_teacher, tmp_path):
     from pipeline.runner import run_pipeline
 
     # The fewest measurements that still export and time every group's sub-networks (2 widths, 1 window).
-    recipe = _latency_recipe(tmp_path, ratio=0.01, check=False, rounds=1, points=2, windows=1)
+    recipe = _latency_recipe(tmp_path, ratio=0.01, check=False, rounds=1, widths_per_group=2, windows=1)
     with pytest.raises(StageError) as err:
         run_pipeline(str(recipe), until="prune", runs_dir=_copy_of(latency_teacher, tmp_path / "runs", "a"), run_id="a")
     assert "below the narrowest plan's measured" in err.value.message and "prune.latency.ratio" in err.value.fix
