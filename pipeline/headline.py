@@ -72,7 +72,8 @@ def one_line(h: dict[str, Any]) -> str:
             f"{h['dc_device']}")
 
 
-def _fmt(value, spec: str, missing: str = "—") -> str:
+def fmt(value, spec: str, missing: str = "—") -> str:
+    """``value`` formatted by ``spec``, or ``missing`` when there is none."""
     return missing if value is None else format(value, spec)
 
 
@@ -91,8 +92,8 @@ def text(h: dict[str, Any]) -> str:
     if h["energy_mj_edge"] is None and h["energy_mj_dc"] is None:
         lines.append(f"  energy/image   {NOT_MEASURED}" + (f" ({h['energy_reason']})" if h.get("energy_reason") else ""))
     else:
-        lines.append(f"  energy/image   {_fmt(h['energy_mj_edge'], '.2f', NOT_MEASURED)} vs "
-                     f"{_fmt(h['energy_mj_dc'], '.2f', NOT_MEASURED)} mJ"
+        lines.append(f"  energy/image   {fmt(h['energy_mj_edge'], '.2f', NOT_MEASURED)} vs "
+                     f"{fmt(h['energy_mj_dc'], '.2f', NOT_MEASURED)} mJ"
                      + (f"  ({significant_direction(h, 'energy', 'less', 'more')})" if h["energy_ratio"] else ""))
     if h.get("macs_ratio") is not None:
         lines.append(f"  compute        {100 * h['macs_ratio']:.1f}% of the teacher's MACs, "

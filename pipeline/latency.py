@@ -95,9 +95,9 @@ class ChannelGroup:
 
 
 def _tp():
-    from pipeline.stages.prune import _torch_pruning
+    from pipeline.pruning import torch_pruning
 
-    return _torch_pruning()
+    return torch_pruning()
 
 
 def _graph(model: nn.Module, input_shape):
@@ -133,10 +133,10 @@ def prunable_groups(model: nn.Module, arch: str, input_shape, round_to: int) -> 
     """The channel groups of ``model`` with their candidate widths (multiples of ``round_to`` and the full width).
 
     A group that holds a grouped convolution (RegNet's, ResNeXt's) loses whole conv-groups, as on the MACs
-    path (:func:`pipeline.stages.prune.grouped_convs`): its widths are multiples of both ``round_to`` and
+    path (:func:`pipeline.pruning.grouped_convs`): its widths are multiples of both ``round_to`` and
     the conv-group width.
     """
-    from pipeline.stages.prune import grouped_convs
+    from pipeline.pruning import grouped_convs
 
     grouped = set(grouped_convs(model))
     groups = []
@@ -225,7 +225,7 @@ def channel_scores(model: nn.Module, arch: str, input_shape, importance: str,
     Raises:
         ConfigError: For ``taylor`` without training batches.
     """
-    from pipeline.stages.prune import grouped_convs
+    from pipeline.pruning import grouped_convs
 
     if importance == "taylor" and batches is None:
         raise ConfigError("prune.importance taylor needs training batches", fix="use l2, or run it in the prune stage")
@@ -257,7 +257,7 @@ def set_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int],
     Raises:
         StageError: When a width is not whole conv-groups of a grouped convolution, or Torch-Pruning refuses.
     """
-    from pipeline.stages.prune import grouped_convs, whole_group_graph
+    from pipeline.pruning import grouped_convs, whole_group_graph
 
     if scores is None and importance:
         scores = channel_scores(model, arch, input_shape, importance)
@@ -365,7 +365,7 @@ class Meter:
         """
         from device.client import AgentError, JobTimeoutError
         from device.schema import JobSpec
-        from pipeline.stages.export import export_onnx
+        from pipeline.onnx_export import export_onnx
 
         results: dict[Any, Measurement] = {}
         pending: dict[Any, tuple[str, str]] = {}
@@ -470,12 +470,12 @@ def _unreachable(err) -> StageError:
 
 def device_spec(device_info: dict[str, Any], deploy_cfg, target, preprocess: dict[str, Any], label: str):
     """The job spec of a latency-table measurement: the deploy stage's runtime, precision and threads for this
-    device (its own :func:`pipeline.stages.deploy.job_spec`; the deployed rung's, INT8, unless
+    device (its own :func:`pipeline.jobs.job_spec`; the deployed rung's, INT8, unless
     ``target.precision`` is ``float``), with the table's batch size and short windows, no idle baseline and
     no telemetry (latency only)."""
     from device.schema import JobSpec
     from pipeline.rungs import DEPLOYED
-    from pipeline.stages.deploy import job_spec
+    from pipeline.jobs import job_spec
 
     rung = DEPLOYED if target.precision == "deployed" else "student"
     base = job_spec(rung, "0" * 64, device_info, deploy_cfg, preprocess, label)
@@ -852,7 +852,7 @@ def open_agent(devices, name: str, log: Callable[[str], None]) -> Iterator[tuple
     """
     from device.client import AgentClient, AgentError
     from pipeline.codehash import code_sha256
-    from pipeline.stages.deploy import FINGERPRINT_KEYS
+    from pipeline.jobs import FINGERPRINT_KEYS
 
     loopback, tmp = None, None
     try:
@@ -1037,11 +1037,11 @@ def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, sea
                 log: Callable[[str], None]) -> dict[str, Any]:
     """Predicted against measured latency of the unpruned and of a MACs-pruned network (the table's error).
 
-    The MACs-pruned network is the MACs path's own plan (:func:`pipeline.stages.prune.find_plan`) at
+    The MACs-pruned network is the MACs path's own plan (:func:`pipeline.pruning.find_plan`) at
     ``check_macs_target``, by default the chosen plan's MACs fraction (half the MACs when the plan kept
     almost everything).
     """
-    from pipeline.stages.prune import find_plan, make_pruner
+    from pipeline.pruning import find_plan, make_pruner
 
     table: LatencyTable = search["table"]
     groups = search["groups"]

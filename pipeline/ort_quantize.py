@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from device.errors import require
-from pipeline.stages.export import INPUT_NAME
+from pipeline.onnx_export import INPUT_NAME
 
 
 @contextlib.contextmanager

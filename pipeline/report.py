@@ -28,7 +28,7 @@ from pipeline.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from device import contention
 from pipeline import perclass, stats
 from pipeline.front import choose, energy_front, settings_from_windows
-from pipeline.headline import accuracy_evidence
+from pipeline.headline import accuracy_evidence, fmt
 from pipeline.headline import text as headline_text
 from pipeline.scores import points as _points
 from pipeline.scores import verdict
@@ -257,9 +257,9 @@ def fleet_rows(data: dict[str, Any]) -> list[list[str]]:
                   if g["latency_p50_ms_min"] is not None else "—")
         energy = (f"{g['energy_mj_per_image_min']:.2f}–{g['energy_mj_per_image_max']:.2f}"
                   if g["energy_mj_per_image_min"] is not None else NOT_MEASURED)
-        table.append([g["group"], g["rung"], f"{g['measured']}/{g['devices']}", _fmt(g["latency_p50_ms_median"], ".3f"),
-                      spread, _fmt(g["throughput_images_per_s_median"], ".0f"),
-                      _fmt(g["energy_mj_per_image_median"], ".2f", NOT_MEASURED), energy])
+        table.append([g["group"], g["rung"], f"{g['measured']}/{g['devices']}", fmt(g["latency_p50_ms_median"], ".3f"),
+                      spread, fmt(g["throughput_images_per_s_median"], ".0f"),
+                      fmt(g["energy_mj_per_image_median"], ".2f", NOT_MEASURED), energy])
     return table
 
 
@@ -403,10 +403,6 @@ def _paired(student: dict[str, Any], teacher: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------- rendering
-def _fmt(value, spec: str, missing: str = "—") -> str:
-    return missing if value is None else format(value, spec)
-
-
 LADDER_CSS = ("", "", "ratio", "ratio")  # the ratio columns: the ones the report exists for, first after the names
 
 
@@ -430,10 +426,10 @@ def ladder_tables(data: dict[str, Any]) -> tuple[Table, Table]:
                                                                 + (" ≠ host" if r.get("device_deviates") else ""))
         main.append([
             r["rung"], r["device"], _ratio_cell(r, "latency"), _ratio_cell(r, "energy"), _top1_cell(r), device_top1,
-            _fmt(r["top1_delta_points"], "+.2f"),
+            fmt(r["top1_delta_points"], "+.2f"),
             _interval(r.get("latency_p50_ms"), r.get("latency_p50_low_ms"), r.get("latency_p50_high_ms"), ".3f")
             + (f" noisy [{notes[r['noise']]}]" if r.get("noise") else ""),
-            _fmt(r.get("energy_mj_per_image"), ".2f", NOT_MEASURED if measured else "—")
+            fmt(r.get("energy_mj_per_image"), ".2f", NOT_MEASURED if measured else "—")
             + (f" degraded [{notes[r['energy_note']]}]" if r.get("energy_degraded") and r.get("energy_note") else ""),
             ("measured" if measured else NOT_MEASURED) + (f" [{notes[r['reason']]}]" if r.get("reason") else ""),
         ])
@@ -441,12 +437,12 @@ def ladder_tables(data: dict[str, Any]) -> tuple[Table, Table]:
             r["rung"], r["device"],
             (f"{r['runtime']} {r['precision']}" + (f" (fallback) [{notes[r['runtime_fallback']]}]"
                                                    if r.get("runtime_fallback") else "")) if measured else "—",
-            f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}", f"{r['size_mb']:.1f}", _fmt(r.get("latency_p99_ms"), ".3f"),
-            _fmt(100 * r["latency_cv_windows"] if r.get("latency_cv_windows") is not None else None, ".0f")
+            f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}", f"{r['size_mb']:.1f}", fmt(r.get("latency_p99_ms"), ".3f"),
+            fmt(100 * r["latency_cv_windows"] if r.get("latency_cv_windows") is not None else None, ".0f")
             + ("%" if r.get("latency_cv_windows") is not None else ""),
-            _fmt(r.get("throughput_images_per_s"), ".0f"), _fmt(r.get("peak_memory_mb"), ".0f"),
-            _fmt(r.get("power_mean_w"), ".2f", NOT_MEASURED if measured else "—"),
-            *(NOT_RECORDED if name in (r.get("not_recorded") or []) else _fmt(r.get(name), how.fmt)
+            fmt(r.get("throughput_images_per_s"), ".0f"), fmt(r.get("peak_memory_mb"), ".0f"),
+            fmt(r.get("power_mean_w"), ".2f", NOT_MEASURED if measured else "—"),
+            *(NOT_RECORDED if name in (r.get("not_recorded") or []) else fmt(r.get(name), how.fmt)
               for name, how in REPORTED.items()),
         ])
     return Table(main, LADDER_CSS, css="ladder"), Table(detail)
@@ -469,8 +465,8 @@ def device_accuracy_rows(data: dict[str, Any]) -> list[list[str]]:
                 if r.get("host_top1_same_images") is not None else "—")
         table.append([r["rung"], r["device"], f"{r['runtime']} {r['precision']}",
                       f"{100 * r['device_top1']:.2f}% ({r['device_top1_correct']}/{r['device_images']})", host,
-                      _fmt(100 * r["agreement"] if r.get("agreement") is not None else None, ".1f") + "%",
-                      _fmt(r.get("mcnemar_p"), ".2g"),
+                      fmt(100 * r["agreement"] if r.get("agreement") is not None else None, ".1f") + "%",
+                      fmt(r.get("mcnemar_p"), ".2g"),
                       "differs by more than noise" if r.get("device_deviates") else "same within noise"])
     return table
 
@@ -481,7 +477,7 @@ def device_class_rows(data: dict[str, Any]) -> list[list[str]]:
     columns = sorted(summary["per_class_device"])
     table = [["class", *columns]]
     for index, name in enumerate(summary["classes"]):
-        table.append([str(name)] + [_fmt(100 * acc if (acc := summary["per_class_device"][c][index]) is not None
+        table.append([str(name)] + [fmt(100 * acc if (acc := summary["per_class_device"][c][index]) is not None
                                          else None, ".1f") for c in columns])
     return table
 
@@ -691,7 +687,7 @@ def power_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Secti
                                                ".3f"),
                          _interval(p["energy_mj_per_image"], p["energy_mj_per_image_low"],
                                    p["energy_mj_per_image_high"], ".3f") if p["energy_mj_per_image"] is not None
-                         else NOT_MEASURED, _fmt(p["throughput_images_per_s"], ".0f"), _fmt(p["power_mean_w"], ".2f"),
+                         else NOT_MEASURED, fmt(p["throughput_images_per_s"], ".0f"), fmt(p["power_mean_w"], ".2f"),
                          str(p["windows"]), "★" if p["on_front"] else ("degraded energy" if p["degraded"] else "")])
         blocks_of = [Text(("Chosen" + (f" within {front['budget_ms']:g} ms" if front["budget_ms"] else "")
                            + f": {front['choice']['text']}.") if front["choice"]["chosen"] else

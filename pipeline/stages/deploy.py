@@ -22,51 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from device.client import AgentClient, AgentError, JobTimeoutError
 from device.errors import ConfigError, EdgeFoldError
 from device.files import sha256_file, write_json_atomic
-from device.schema import (EvaluationSpec, JobSpec, PreprocessSpec, SweepSpec, describe_problems, field_problems,
-                           parse_result, safe_text)
+from device.schema import EvaluationSpec, JobSpec, parse_result
 from pipeline.codehash import code_sha256
 from pipeline.devices import DEPLOY_SCHEMA, Device
+from pipeline.jobs import FINGERPRINT_KEYS, choose_runtime, job_spec
 from pipeline.manifest import sha256_json
 from pipeline.rungs import RUNGS
 from pipeline.stages.base import STAGES, Stage, StageResult
 
-# What makes two measurements comparable: a change in any of these measures again.
-FINGERPRINT_KEYS = ("hostname", "machine", "board", "l4t", "jetpack", "gpu", "compute_capability", "cuda", "tensorrt",
-                    "onnxruntime", "torch", "nvpmodel", "jetson_clocks", "edgefold")
 LOOPBACK = Device("loopback", "edge", "", "loopback")
-
-
-def _trt_major(device_info: dict[str, Any]) -> int:
-    try:
-        return int(str(device_info.get("tensorrt") or "0").split(".")[0] or 0)
-    except ValueError:
-        return 0
-
-
-def choose_runtime(requested: str, device_info: dict[str, Any]) -> tuple[str, str | None]:
-    """The runtime a device runs the ladder with, and, when ``auto`` could not pick TensorRT, why — in words
-    the report prints beside every number that device measured.
-
-    Args:
-        requested: ``deploy.runtime`` (``auto``, ``tensorrt`` or ``onnxruntime``).
-        device_info: The agent's ``/v1/device`` (``tensorrt``, ``tensorrt_status``).
-    """
-    if requested != "auto":
-        return requested, None
-    if _trt_major(device_info) >= 10:  # the engine builder needs TensorRT 10 or newer (JetPack 6.1+)
-        return "tensorrt", None
-    status = device_info.get("tensorrt_status") or {}
-    if device_info.get("tensorrt"):
-        why = f"its TensorRT {device_info['tensorrt']} is older than 10 (JetPack 6.1+ ships 10.3)"
-    else:
-        why = status.get("reason") or "the agent found no TensorRT"
-    fix = f" (fix: {status['fix']})" if status.get("fix") else ""
-    return "onnxruntime", f"ONNX Runtime ran instead of TensorRT: {why}{fix}"
 
 
 def stratified_indices(labels: np.ndarray, count: int, seed: int = 0) -> np.ndarray:
@@ -85,32 +53,6 @@ def stratified_indices(labels: np.ndarray, count: int, seed: int = 0) -> np.ndar
                                      for c, q, s in zip(classes, quota, sizes)]))
     # More classes than images asked for: every class once is more than count, and says so in the count.
     return chosen
-
-
-def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preprocess: dict[str, Any],
-             label: str, profile: bool = True, evaluation: EvaluationSpec | None = None, sweep=None) -> JobSpec:
-    """The benchmark job for one rung on one device, as the agent's own schema (validated here).
-
-    Args:
-        sweep: The recipe's ``deploy.sweep`` (:class:`pipeline.recipe.SweepConfig`), for the ladder's jobs only.
-    """
-    runtime, _ = choose_runtime(cfg.runtime, device_info)
-    # A rung's precision is its artifact's, on every runtime and TensorRT version: an FP32 rung is timed in
-    # FP32 and the FP16 question is answered by the FP16 rungs, whose graphs say FP16.
-    precision = RUNGS[rung].precision
-    try:
-        return JobSpec(artifact=artifact, runtime=runtime, precision=precision,
-                       batch_sizes=list(sweep.batch_sizes or cfg.batch_sizes) if sweep else list(cfg.batch_sizes),
-                       sweep=SweepSpec(power_modes=sweep.modes, jetson_clocks=sweep.jetson_clocks,
-                                       settle_timeout_s=sweep.settle_timeout_s) if sweep else None,
-                       duration_s=cfg.duration_s, warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
-                       min_iterations=cfg.min_iterations, profile=profile, evaluation=evaluation,
-                       sample_hz=cfg.sample_hz, threads=cfg.threads, telemetry="auto", timeout_s=cfg.job_timeout_s,
-                       preprocess=PreprocessSpec(**preprocess), label=safe_text(label, 200))
-    except ValidationError as err:  # the recipe was validated with the same bounds: this is a bug, said plainly
-        raise ConfigError(f"deploy: the job for {rung} does not fit the agent's schema: "
-                          f"{describe_problems(field_problems(err.errors()))}",
-                          fix="check the recipe's deploy section and the export stage's preprocess.json") from None
 
 
 def unmeasured_edges(results: dict[str, Any]) -> list[dict[str, Any]] | None:

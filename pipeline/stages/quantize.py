@@ -25,7 +25,7 @@ from pipeline.scores import points, require_sane
 from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.ort_quantize import quantize_ort
 from pipeline.ort_quantize import quiet as _quiet
-from pipeline.stages.export import INPUT_NAME
+from pipeline.onnx_export import INPUT_NAME
 from pipeline.log import log
 
 QUANTIZERS: Registry = Registry("quantizer")
@@ -275,7 +275,7 @@ def quantization_aware_finetune(ctx, workdir: Path, calibration: np.ndarray) -> 
     from pipeline.checkpoint import load_checkpoint
     from pipeline.losses import kd_loss
     from pipeline.models import fold_batchnorm
-    from pipeline.stages.export import export_onnx
+    from pipeline.onnx_export import export_onnx
     from pipeline.train import fit
 
     try:

@@ -361,3 +361,23 @@ def test_report_names_the_baseline_when_no_data_center_device_exists(tiny_run):
     assert "Ratios are against the data-center device" not in text
     assert "no data-center device configured" in text
     assert "-0.00" not in text and "−0.00" not in text
+
+
+def test_libraries_never_import_a_stage():
+    """A stage's cache key follows its imports: a library that imported a stage would tie every stage using it to
+    that stage's code (a MACs-target prune re-ran when the deploy stage changed). Only the runner and the CLI,
+    which drive the stages, may import them."""
+    root = Path(codehash.PROJECT_ROOT)
+    drivers = {"pipeline.runner", "pipeline.cli", "pipeline.__main__"}
+    offenders = {}
+    for path in sorted((root / "pipeline").rglob("*.py")):
+        name = ".".join(path.relative_to(root).with_suffix("").parts)
+        if name.startswith("pipeline.stages") or name in drivers or name.endswith("__init__"):
+            continue
+        stages = sorted(m for m in codehash.imported_modules(name) if m.startswith("pipeline.stages"))
+        if stages:
+            offenders[name] = stages
+    assert offenders == {}
+    # A prune no longer hashes the deploy and export stages through the latency library.
+    prune = codehash.closure(["pipeline.stages.prune"])
+    assert "pipeline.stages.deploy" not in prune and "pipeline.stages.export" not in prune

@@ -144,7 +144,8 @@ def test_a_student_larger_than_its_teacher_is_refused_before_training(tmp_path):
 def test_grouped_convolutions_are_pruned_by_whole_groups():
     from pipeline.models import build_model, count_macs
     from pipeline.recipe import PruneConfig
-    from pipeline.stages.prune import _conv_shapes, grouped_convs, make_pruner, unpruned_layers
+    from pipeline.pruning import grouped_convs, make_pruner
+    from pipeline.stages.prune import _conv_shapes, unpruned_layers
 
     model = build_model("regnet_y_400mf", 10)
     shape = (1, 3, 32, 32)

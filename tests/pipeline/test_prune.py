@@ -4,7 +4,8 @@ import torch
 from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.models import build_model, count_macs
 from pipeline.recipe import PruneConfig
-from pipeline.stages.prune import _channels_off_multiple, find_plan, make_pruner
+from pipeline.pruning import find_plan, make_pruner
+from pipeline.stages.prune import _channels_off_multiple
 
 
 @pytest.mark.parametrize("arch, target, shape", [
