@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 import traceback
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from device.power_modes import use_socket
 from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
 from device.schema import RESULT_SCHEMA, JobResult, JobSpec, PowerSetting, RunResult, RunSummary, reported_fields
-from device.sweep import point_facts, run_sweep
+from device.sweep import accelerator_dla_core, open_accelerator, point_facts, run_sweep
 from device.telemetry import series
 from device.telemetry.base import Sampler
 
@@ -163,13 +164,29 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
 
     progress("loading")
     started = time.perf_counter()
-    runner = make_runner(spec.runtime, job["artifact_path"], precision=spec.precision, threads=spec.threads,
-                         batch_sizes=spec.batch_sizes, dla_core=spec.dla_core, engine_cache=job.get("engine_cache"),
-                         channels_last=spec.channels_last, cuda_graphs=spec.cuda_graphs)
+    # A sweep's first accelerator is the job's runner (smoke, profile, evaluation); the others are loaded beside it.
+    accelerators = list(spec.sweep.accelerators) if spec.sweep is not None else [None]
+    dla_core = spec.dla_core if accelerators[0] is None else accelerator_dla_core(accelerators[0], spec.runtime)
+
+    def make(core: int | None):
+        return make_runner(spec.runtime, job["artifact_path"], precision=spec.precision, threads=spec.threads,
+                           batch_sizes=spec.batch_sizes, dla_core=core, engine_cache=job.get("engine_cache"),
+                           channels_last=spec.channels_last, cuda_graphs=spec.cuda_graphs)
+
+    runner = make(dla_core)
     faults = dict(item.split("=", 1) for item in os.environ.get("EDGEFOLD_AGENT_FAULT", "").split(",") if "=" in item)
     fault = faults.get(spec.label) if spec.label else None
-    with runner:
+    with runner, ExitStack() as others:
         load_s = time.perf_counter() - started
+        runners = {accelerators[0]: runner}
+        skipped = []
+        for name in accelerators[1:]:
+            progress(f"loading {name}")
+            loaded, why = open_accelerator(name, spec.runtime, make)
+            if loaded is None:
+                skipped.append(why)
+                continue
+            runners[name] = others.enter_context(loaded)
         if fault == "segv":
             os.kill(os.getpid(), signal.SIGSEGV)
         elif fault == "hang":
@@ -197,19 +214,22 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                 rng = np.random.default_rng(0)  # every setting times the same batches
                 facts = point_facts(static, setting)
                 measured = []
-                for index, batch_size in enumerate(spec.batch_sizes, start=1):
-                    progress(f"{where + ': ' if where else ''}batch {batch_size} ({index}/{len(spec.batch_sizes)}): "
-                             "measuring")
-                    batch = rng.standard_normal((batch_size, *chw)).astype(np.float32)
-                    run = measure(runner, batch, measure_spec, samplers, power_key=power_key, facts=facts)
-                    run.summary = summarize(run)
-                    run.noise_flags = contention.noise_flags(
-                        run.contention, run.latency_cv,
-                        clocks_dropped=any(t.clocks_dropped for t in run.telemetry.values()),
-                        throttled=any(t.temp_limit_crossed or contention.nvml_throttled(t)
-                                      for t in run.telemetry.values()))
-                    run.power_setting = setting
-                    measured.append(run)
+                for accelerator, timed in runners.items():
+                    on = f"{accelerator}, " if accelerator else ""
+                    for index, batch_size in enumerate(spec.batch_sizes, start=1):
+                        progress(f"{where + ': ' if where else ''}{on}batch {batch_size} "
+                                 f"({index}/{len(spec.batch_sizes)}): measuring")
+                        batch = rng.standard_normal((batch_size, *chw)).astype(np.float32)
+                        run = measure(timed, batch, measure_spec, samplers, power_key=power_key, facts=facts)
+                        run.summary = summarize(run)
+                        run.noise_flags = contention.noise_flags(
+                            run.contention, run.latency_cv,
+                            clocks_dropped=any(t.clocks_dropped for t in run.telemetry.values()),
+                            throttled=any(t.temp_limit_crossed or contention.nvml_throttled(t)
+                                          for t in run.telemetry.values()))
+                        run.power_setting = setting
+                        run.accelerator = accelerator
+                        measured.append(run)
                 return measured
 
             if spec.sweep is None:
@@ -218,6 +238,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                 use_socket(job.get("jtop_socket"))
                 runs, sweep = run_sweep(spec.sweep, job.get("job_id", job_dir.name), Path(job["hold_path"]),
                                         job.get("nvpmodel_conf"), 1.0 / spec.sample_hz, measure_point, progress)
+                sweep.not_measured = skipped + sweep.not_measured
         finally:
             for sampler in samplers:
                 sampler.close()

@@ -119,6 +119,10 @@ ModeName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0
 ModeId = Annotated[int, Field(ge=0, le=255)]
 
 
+# Where a sweep point runs: the GPU, or a DLA core (TensorRT, built with GPU fallback).
+Accelerator = Literal["gpu", "dla0", "dla1"]
+
+
 class SweepSpec(Request):
     """A sweep over power modes and jetson_clocks states (Jetson, through the jtop service).
 
@@ -134,6 +138,11 @@ class SweepSpec(Request):
         None, description="jetson_clocks states to measure each mode in; null: leave it as found")
     settle_timeout_s: float = Field(30.0, gt=0, le=600, description="how long a setting may take to show its mode "
                                                                    "before it is refused, not measured")
+    accelerators: Annotated[list[Accelerator], Field(min_length=1, max_length=3)] = Field(
+        ["gpu"], description="where each setting is measured: gpu, dla0, dla1 (TensorRT, GPU fallback on, one static "
+                             "engine per batch); each is loaded once and measured under every setting. The first is "
+                             "the job's runner (a failure to load it fails the job); a later one the device or runtime "
+                             "cannot give is recorded as not measured, with the reason")
 
     @model_validator(mode="after")
     def _distinct(self) -> "SweepSpec":
@@ -141,6 +150,8 @@ class SweepSpec(Request):
             raise ValueError("power_modes names each mode once")
         if self.jetson_clocks is not None and len(set(self.jetson_clocks)) != len(self.jetson_clocks):
             raise ValueError("jetson_clocks names each state once")
+        if len(set(self.accelerators)) != len(self.accelerators):
+            raise ValueError("accelerators names each accelerator once")
         return self
 
 
@@ -184,6 +195,8 @@ class JobSpec(Request):
             raise ValueError("telemetry names each sampler once")
         if self.dla_core is not None and self.runtime != "tensorrt":
             raise ValueError("dla_core needs runtime 'tensorrt'")
+        if self.dla_core is not None and self.sweep is not None and self.sweep.accelerators != ["gpu"]:
+            raise ValueError("a sweep names its accelerators in sweep.accelerators; leave dla_core unset")
         return self
 
     def window(self) -> dict[str, Any]:
@@ -252,7 +265,8 @@ class ErrorBody(Strict):
 # Versions: "edgefold.result/MAJOR.MINOR". Written strictly (an unknown key is a producer's bug and
 # fails the job); read leniently within a major version: keys a newer minor added are dropped on read,
 # and a field this version added reads as "not recorded" in an older result (``Reported.since``).
-RESULT_MAJOR, RESULT_MINOR = 2, 2  # 2.2: RunResult.power_setting, JobResult.sweep
+# 2.2: RunResult.power_setting, JobResult.sweep; 2.3: RunResult.accelerator, NotMeasured.accelerator
+RESULT_MAJOR, RESULT_MINOR = 2, 3
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -447,9 +461,12 @@ class NotMeasured(Measured):
     nvpmodel_id: int | None
     nvpmodel_name: str
     jetson_clocks: bool | None
-    kind: Literal["skipped", "refused"] = Field(description="skipped: never set (needs a reboot, no jetson_clocks); "
-                                                            "refused: set, but it never took effect")
+    kind: Literal["skipped", "refused"] = Field(description="skipped: never set (needs a reboot, no jetson_clocks, an "
+                                                            "accelerator the device lacks); refused: set, but it never "
+                                                            "took effect")
     reason: str
+    accelerator: str | None = Field(None, description="the accelerator never measured (every setting of it); null: "
+                                                      "the setting, on every accelerator (2.3)")
 
 
 class SweepResult(Measured):
@@ -487,6 +504,8 @@ class RunResult(Measured):
     device_timing: DeviceTiming | None = Field(None, description="trtexec's Latency and GPU Compute Time of the "
                                                                  "same calls (TensorRT runner only)")
     power_setting: PowerSetting | None = Field(None, description="the sweep setting this window ran under (sweeps only)")
+    accelerator: Accelerator | None = Field(None, description="where a sweep window ran (gpu, dla0, dla1); null: the "
+                                                              "job's own (dla_core) (2.3)")
 
 
 class RuntimeInfo(Measured):
@@ -568,10 +587,11 @@ class JobResult(Measured):
         ``accelerator`` (``gpu``, ``dla0``, ``dla1``), ``latency_p50_ms``, ``energy_mj_per_image``,
         ``throughput_images_per_s``, ``power_mean_w``, ``energy_degraded``. A window of no sweep has mode None
         (the current mode)."""
-        accelerator = "gpu" if self.spec.dla_core is None else f"dla{self.spec.dla_core}"
+        job_accelerator = "gpu" if self.spec.dla_core is None else f"dla{self.spec.dla_core}"
         windows = []
         for run in self.runs:
             setting, summary = run.power_setting, run.summary
+            accelerator = run.accelerator or job_accelerator
             windows.append({
                 "mode": setting.nvpmodel_name if setting else None, "mode_id": setting.nvpmodel_id if setting else None,
                 "jetson_clocks": setting.jetson_clocks if setting else None, "batch_size": run.batch_size,

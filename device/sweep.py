@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from device.errors import ConfigError, DeviceError, MissingDependencyError
+from device.errors import ConfigError, DeviceError, EdgeFoldError, MissingDependencyError
 from device.power_modes import (DeviceHeldError, ModeController, ModeNotSettledError, ModeUnavailableError, PowerMode,
                                 PowerModeError, read_hold, read_nvpmodel_conf, write_hold)
 from device.schema import NotMeasured, PowerSetting, RunResult, SweepResult, SweepSpec
@@ -135,6 +135,57 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
                           fix="sweep modes that share the current mode's mask (see each reason)")
     return runs, SweepResult(controlled=True, original=original.to_dict(), restored=restored,
                              restore_note=restore_note, not_measured=not_measured)
+
+
+def accelerator_dla_core(accelerator: str, runtime: str) -> int | None:
+    """The DLA core a sweep accelerator names (None: the GPU).
+
+    Raises:
+        ConfigError: A DLA core asked of a runtime other than TensorRT (ONNX Runtime would run it on the GPU or CPU
+            and the result would say DLA).
+    """
+    if accelerator == "gpu":
+        return None
+    if runtime != "tensorrt":
+        raise ConfigError(f"sweep accelerator {accelerator} needs the TensorRT runtime; this job runs {runtime}",
+                          fix="run the job with runtime tensorrt (an agent with TensorRT), or sweep the gpu only")
+    return int(accelerator[len("dla"):])
+
+
+def open_accelerator(accelerator: str, runtime: str, make: Callable[[int | None], Any]) -> tuple[Any, NotMeasured | None]:
+    """Loads the runner for one more sweep accelerator (its engines built once, per batch, and kept for every
+    setting), or says why it cannot be measured: a DLA the runtime, the TensorRT version or the board lacks.
+
+    Args:
+        accelerator: ``gpu``, ``dla0`` or ``dla1``.
+        runtime: The job's runtime.
+        make: Makes an unloaded runner for a DLA core (None: the GPU).
+
+    Returns:
+        (the loaded runner, None), or (None, the accelerator's not-measured record with the reason and its fix).
+    """
+    try:
+        runner = make(accelerator_dla_core(accelerator, runtime))
+        runner.load()
+    except EdgeFoldError as err:  # DlaError (no core, a TensorRT without DLA, FP32), an engine that did not build
+        reason = err.message + (f" (fix: {err.fix})" if err.fix else "")
+        log.warning("sweep: %s not measured: %s", accelerator, reason)
+        return None, NotMeasured(nvpmodel_id=None, nvpmodel_name="every setting", jetson_clocks=None, kind="skipped",
+                                 reason=reason, accelerator=accelerator)
+    return _Loaded(runner), None
+
+
+class _Loaded:
+    """A loaded runner as a context manager that only closes it (ExitStack must not load it twice)."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+
+    def __enter__(self):
+        return self.runner
+
+    def __exit__(self, *exc) -> None:
+        self.runner.close()
 
 
 def point_facts(static: dict[str, dict[str, Any]], setting: PowerSetting | None) -> dict[str, dict[str, Any]]:

@@ -301,6 +301,11 @@ class EvaluateConfig(_Strict):
     batch_size: int = Field(256, ge=1)
 
 
+def accelerator_name(accelerator: str) -> str:
+    """The agent's name for a recipe accelerator: ``dla`` is DLA core 0 (both of an AGX Orin's cores are alike)."""
+    return "dla0" if accelerator == "dla" else accelerator
+
+
 class SweepConfig(_Strict):
     """A power-mode sweep of every deployed rung on each Jetson (the agent's :class:`device.schema.SweepSpec`).
 
@@ -315,8 +320,22 @@ class SweepConfig(_Strict):
     jetson_clocks: Annotated[list[bool], Field(min_length=1, max_length=2)] | None = Field(
         None, description="jetson_clocks states per mode, e.g. [false, true]; null: as found")
     batch_sizes: BatchSizes | None = Field(None, description="the sweep's batch sizes; null: deploy.batch_sizes")
-    accelerators: list[Literal["gpu"]] = Field(["gpu"], description="gpu only: a DLA sweep is one job per DLA "
-                                                                     "core, not built yet")
+    accelerators: Annotated[list[Literal["gpu", "dla", "dla0", "dla1"]], Field(min_length=1, max_length=3)] = Field(
+        ["gpu"], description="where each point runs: gpu, dla (DLA core 0) or dla0/dla1 (TensorRT, GPU fallback, one "
+                             "static engine per batch, built once and kept across modes); on a board or TensorRT "
+                             "without that DLA the points are recorded as not measured, with the reason")
+
+    @field_validator("accelerators")
+    @classmethod
+    def _one_each(cls, value: list[str]) -> list[str]:
+        cores = [accelerator_name(a) for a in value]
+        if len(set(cores)) != len(cores):
+            raise ValueError("accelerators names each accelerator once (dla is dla0)")
+        return value
+
+    def job_accelerators(self) -> list[str]:
+        """The agent's names (:data:`device.schema.Accelerator`), in the recipe's order."""
+        return [accelerator_name(a) for a in self.accelerators]
     settle_timeout_s: float = Field(30.0, gt=0, le=600, description="how long a point may take to show its mode")
 
 

@@ -695,8 +695,9 @@ def power_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Secti
         if not front["controlled"]:
             blocks_of.insert(0, Text(f"Only the current mode was measured: {front['note']}"))
         if front["not_measured"]:
-            blocks_of.append(Bullets([(f"{n['nvpmodel_name']} ({n['kind']})", f": {n['reason']}")
-                                      for n in front["not_measured"]]))
+            blocks_of.append(Bullets([(f"{n['nvpmodel_name']}" + (f" on {n['accelerator'].upper()}"
+                                                                   if n.get("accelerator") else "")
+                                       + f" ({n['kind']})", f": {n['reason']}") for n in front["not_measured"]]))
         blocks.append(Section(f"{front['rung']} on {front['device']}", blocks_of, level=3))
     return Section("Power modes: the energy–latency front", blocks)
 

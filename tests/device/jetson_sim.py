@@ -91,6 +91,32 @@ ORIN_NANO_MODES = (
 DEFAULT_MODE = 0
 CPU_CLUSTERS = ((0, 1, 2, 3), (4, 5))  # Orin Nano: two A78AE clusters, one cpufreq policy each
 CPU_MIN_KHZ, CPU_HW_MAX_KHZ, GPU_MIN_HZ = 115200, 1728000, 306000000
+# The simulated AGX Orin 64GB's power modes, by the names its nvpmodel.conf gives them (MAXN, MODE_15W, MODE_30W,
+# MODE_50W). Online cores, CPU cap and GPU cap after NVIDIA's Jetson Linux developer guide (r36.4, "Supported Modes
+# and Power Efficiency", Jetson AGX Orin series, AGX Orin 64GB column: MAXN 12 cores / 2.2016 GHz CPU / 1.3005 GHz
+# GPU / 8 TPC; 15W 4 cores / 1.1136 GHz / 408 MHz / 3 TPC; 30W 8 cores / 1.728 GHz / 624.75 MHz / 4 TPC; 50W 12 cores
+# / 1.4976 GHz / 828.75 MHz / 8 TPC). The TPC masks are this simulation's: one per TPC count (8 TPCs: mask 0), so
+# 15W and 30W need a reboot from MAXN or 50W, as jtop decides by the mask. ``rails_ma`` (VDD_GPU_SOC, VDD_CPU_CV
+# currents on the first INA3221) is SYNTHETIC; 50W's are the currents planted before modes existed, and the board
+# starts in 50W (AGX_START_MODE), so a tree planted for the power tests reads as before.
+AGX_ORIN_MODES = (
+    {"id": 0, "name": "MAXN", "online": (1,) * 12, "cpu_max_khz": 2201600, "gpu_max_hz": 1300500000,
+     "tpc_pg_mask": 0, "rails_ma": (3000, 1000)},
+    {"id": 1, "name": "MODE_15W", "online": (1,) * 4 + (0,) * 8, "cpu_max_khz": 1113600, "gpu_max_hz": 408000000,
+     "tpc_pg_mask": 248, "rails_ma": (300, 200)},
+    {"id": 2, "name": "MODE_30W", "online": (1,) * 8 + (0,) * 4, "cpu_max_khz": 1728000, "gpu_max_hz": 624750000,
+     "tpc_pg_mask": 240, "rails_ma": (450, 300)},
+    {"id": 3, "name": "MODE_50W", "online": (1,) * 12, "cpu_max_khz": 1497600, "gpu_max_hz": 828750000,
+     "tpc_pg_mask": 0, "rails_ma": (600, 400)},
+)
+AGX_START_MODE = 3
+AGX_CPU_CLUSTERS = ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11))  # three A78AE clusters of four
+AGX_CPU_HW_MAX_KHZ = 2201600
+# Which table each simulated board runs: (modes, CPU clusters, hardware CPU max kHz, start mode, rails set by
+# the mode). Thor keeps the Orin Nano table with its rails left alone, as before modes were per board.
+BOARD_MODES = {"orin-nano": (ORIN_NANO_MODES, CPU_CLUSTERS, CPU_HW_MAX_KHZ, DEFAULT_MODE, True),
+               "agx-orin": (AGX_ORIN_MODES, AGX_CPU_CLUSTERS, AGX_CPU_HW_MAX_KHZ, AGX_START_MODE, True),
+               "thor": (ORIN_NANO_MODES, CPU_CLUSTERS, CPU_HW_MAX_KHZ, DEFAULT_MODE, False)}
 
 
 def _write(root: Path, rel: str, value, end: str = "\n") -> None:
@@ -176,12 +202,13 @@ def plant(root: str | os.PathLike, board: str) -> Path:
         _write(root, f"sys/kernel/debug/bpmp/debug/clk/emc/{name}", value)
     _write(root, "sys/kernel/actmon_avg_activity/mc_all", 0)
     stat = ["cpu  2671 25 719 94839 90 0 35 0 0 0"]
-    for cpu in range(len(ORIN_NANO_MODES[0]["online"])):
+    modes, clusters, hw_max_khz, start, rails = BOARD_MODES[board]
+    for cpu in range(len(modes[0]["online"])):
         base = f"sys/devices/system/cpu/cpu{cpu}"
         _write(root, base + "/online", 1)
         _write(root, base + "/cpufreq/scaling_governor", "schedutil")
         for kind in ("scaling", "cpuinfo"):
-            for name, value in (("min_freq", CPU_MIN_KHZ), ("max_freq", CPU_HW_MAX_KHZ), ("cur_freq", 1510400)):
+            for name, value in (("min_freq", CPU_MIN_KHZ), ("max_freq", hw_max_khz), ("cur_freq", 1510400)):
                 _write(root, f"{base}/cpufreq/{kind}_{name}", value)
         stat.append(f"cpu{cpu} 445 4 119 15806 15 0 5 0 0 0")
     _write(root, "proc/stat", "\n".join(stat + ["intr 0", "ctxt 0", "btime 1674644431"]))
@@ -190,17 +217,18 @@ def plant(root: str | os.PathLike, board: str) -> Path:
         "Buffers:           81920 kB", "Cached:          1650000 kB", "SwapCached:            0 kB",
         "SReclaimable:     120000 kB", "SwapTotal:       3901056 kB", "SwapFree:        3901056 kB",
         "NvMapMemUsed:     524288 kB"]))
-    plant_power_modes(root, ORIN_NANO_MODES, DEFAULT_MODE, rails=board == "orin-nano")
+    plant_power_modes(root, modes, start, rails=rails, clusters=clusters)
     return root
 
 
-def nvpmodel_conf(modes) -> str:
-    """``modes`` in the format of NVIDIA's ``/etc/nvpmodel.conf`` (PARAM definitions, then POWER_MODELs)."""
+def nvpmodel_conf(modes, clusters=CPU_CLUSTERS) -> str:
+    """``modes`` in the format of NVIDIA's ``/etc/nvpmodel.conf`` (PARAM definitions, then POWER_MODELs), with one
+    CPU clock per cluster of ``clusters``."""
     cores = len(modes[0]["online"])
     lines = ["< PARAM TYPE=FILE NAME=CPU_ONLINE >"]
     lines += [f"CORE_{cpu} /sys/devices/system/cpu/cpu{cpu}/online" for cpu in range(cores)]
     lines += ["< PARAM TYPE=FILE NAME=TPC_POWER_GATING >", "TPC_PG_MASK /sys/devices/platform/17000000.gpu/tpc_pg_mask"]
-    for index, cluster in enumerate(CPU_CLUSTERS):
+    for index, cluster in enumerate(clusters):
         base = f"/sys/devices/system/cpu/cpu{cluster[0]}/cpufreq"
         lines += [f"< PARAM TYPE=CLOCK NAME=CPU_A78_{index} >", f"FREQ_TABLE {base}/scaling_available_frequencies",
                   f"MAX_FREQ {base}/scaling_max_freq", f"MIN_FREQ {base}/scaling_min_freq"]
@@ -210,17 +238,17 @@ def nvpmodel_conf(modes) -> str:
         lines.append(f"< POWER_MODEL ID={mode['id']} NAME={mode['name']} >")
         lines += [f"CPU_ONLINE CORE_{cpu} {online}" for cpu, online in enumerate(mode["online"])]
         lines.append(f"TPC_POWER_GATING TPC_PG_MASK {mode['tpc_pg_mask']}")
-        for index in range(len(CPU_CLUSTERS)):
+        for index in range(len(clusters)):
             lines += [f"CPU_A78_{index} MIN_FREQ {CPU_MIN_KHZ}", f"CPU_A78_{index} MAX_FREQ {mode['cpu_max_khz']}"]
         lines += [f"GPU MIN_FREQ {GPU_MIN_HZ}", f"GPU MAX_FREQ {mode['gpu_max_hz']}", ""]
     lines.append(f"< PM_CONFIG DEFAULT={modes[0]['id']} >")
     return "\n".join(lines) + "\n"
 
 
-def plant_power_modes(root: Path, modes, current: int, rails: bool = False) -> None:
+def plant_power_modes(root: Path, modes, current: int, rails: bool = False, clusters=CPU_CLUSTERS) -> None:
     """Writes the nvpmodel configuration, the two simulated tools and their state, and applies mode ``current``
     (``rails``: a mode also sets its synthetic rail currents)."""
-    _write(root, "etc/nvpmodel.conf", nvpmodel_conf(modes), end="")
+    _write(root, "etc/nvpmodel.conf", nvpmodel_conf(modes, clusters), end="")
     (root / "sim_modes.json").write_text(json.dumps({"modes": list(modes), "rails": rails}))
     bin_dir = root / "bin"
     bin_dir.mkdir(exist_ok=True)

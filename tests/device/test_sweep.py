@@ -53,7 +53,7 @@ def swept(tmp_path_factory):
 def test_sweep_measures_each_mode_under_its_own_caps(swept):
     job = swept["job"]
     assert job["state"] == "succeeded", job["error"]
-    assert job["result"]["schema"] == "edgefold.result/2.2"
+    assert job["result"]["schema"] == "edgefold.result/2.3"
     settings = {run["power_setting"]["nvpmodel_name"]: run for run in job["result"]["runs"]}
     assert sorted(settings) == ["15W", "MAXN_SUPER"]
     low, high = settings["15W"]["power_setting"], settings["MAXN_SUPER"]["power_setting"]

@@ -54,6 +54,9 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
     major = _version(version)[0]
     trt.log: list[str] = []
     trt.planted_swap_every = 0  # see Context.execute_async_v3: 0 = the engine computes what ONNX Runtime does
+    # Planted device time (tests only): a callable (dla_core or None, batch) → seconds each execute_async_v3 takes
+    # on top of the ONNX Runtime arithmetic (tests/device/clocked_runtime.py scales it with a simulated clock).
+    trt.planted_call_s = None
 
     # --------------------------------------------------------------- enums (pyCore.cpp, NvInfer.h)
     # NvInfer.h v10.3.0: kEXPLICIT_BATCH = 0 (deprecated), kSTRONGLY_TYPED = 1. v11.1: kSTRONGLY_TYPED = 0,
@@ -476,6 +479,10 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
                     first, second = np.argsort(-result[row])[:2]
                     result[row, [first, second]] = result[row, [second, first]]
             ctypes.memmove(self.addresses[output], result.ctypes.data, result.nbytes)
+            if trt.planted_call_s is not None:
+                import time
+
+                time.sleep(trt.planted_call_s(plan["dla_core"], self.shape[0]))
             if self._profiler is not None and self.enqueue_emits_profile:
                 # IProfiler docs: called once per layer for each enqueueV3 (after execution). Synthetic
                 # times: INT8 layers cost less than float ones, so shares are deterministic and non-trivial.
