@@ -144,3 +144,20 @@ def test_deploy_values_the_agent_would_refuse_are_refused_before_any_stage(tiny_
     with pytest.raises(ConfigError, match=re.escape("deploy.duration_s")):
         run_pipeline("tiny", runs_dir=tmp_path, overrides={"deploy.duration_s": 0})
     assert not list(tmp_path.rglob("manifest.json")), "no stage ran"
+
+
+def test_sweep_accelerators_become_the_agents_names_and_are_checked(tiny_raw):
+    """deploy.sweep.accelerators: dla is DLA core 0; a core named twice, or an accelerator EdgeFold does not know,
+    is refused when the recipe loads, naming the key."""
+    from device.schema import SweepSpec
+    from pipeline.jobs import job_spec
+
+    recipe = parse_recipe(copy.deepcopy(tiny_raw), overrides={"deploy.sweep": {"accelerators": ["gpu", "dla"]}})
+    assert recipe.deploy.sweep.job_accelerators() == ["gpu", "dla0"]
+    spec = job_spec("student_int8", "a" * 64, {"tensorrt": "10.3.0"}, recipe.deploy,
+                    {"input_size": 16, "resize": 16, "channels": 1, "mean": [0.5], "std": [0.25]}, "x",
+                    sweep=recipe.deploy.sweep)
+    assert isinstance(spec.sweep, SweepSpec) and spec.sweep.accelerators == ["gpu", "dla0"] and spec.dla_core is None
+    for bad in (["dla", "dla0"], ["gpu", "npu"], []):
+        with pytest.raises(ConfigError, match=re.escape("deploy.sweep.accelerators")):
+            parse_recipe(copy.deepcopy(tiny_raw), overrides={"deploy.sweep": {"accelerators": bad}})
