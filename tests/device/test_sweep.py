@@ -222,3 +222,111 @@ def test_a_conf_that_is_not_the_boards_fails_the_sweep_before_any_change(tmp_pat
         assert job["state"] == "failed"
         assert "disagree (id 2: jtop MAXN_SUPER, the file 25W)" in job["error"]
         assert mode_state(svc.root)["id"] == 0 and not (tmp_path / "data" / HOLD).exists()
+
+
+# ------------------------------------------------------------------ AGX Orin: the planted front, end to end
+AGX_ORIN = "Jetson AGX Orin Developer Kit"
+BUDGET_MS = 8.5  # between MAXN batch 4 on the GPU (6 ms planted) and 50W batch 4 (9.4 ms planted)
+
+
+@pytest.fixture(scope="module")
+def agx_swept(tmp_path_factory):
+    """Every mode of the simulated AGX Orin 64GB × jetson_clocks on × batch 1, 4 × GPU and DLA core 0, through a real
+    agent whose job process runs the clocked TensorRT stand-in (tests/device/clocked_runtime.py: time per call from
+    the simulated GPU clock, not TensorRT). The board starts in MODE_50W with jetson_clocks off."""
+    from tests.device.clocked_runtime import sitecustomize_dir
+    from tests.device.jetson_sim import JtopService, mode_state
+    from tests.device.trt_standin import qdq_classifier
+
+    tmp = tmp_path_factory.mktemp("agx")
+    model = qdq_classifier(tmp / "int8.onnx")
+    with JtopService(tmp, "agx-orin") as svc:
+        _, env = sitecustomize_dir(tmp / "site", svc.root, "10.3.0", dla_cores=2, board=AGX_ORIN)
+        with AgentProcess(tmp / "data", env=env, args=agent_args(svc)) as agent, agent.client() as client:
+            before = mode_state(svc.root)
+            job = client.submit({"artifact": client.upload(model), **JOB, "runtime": "tensorrt", "precision": "int8",
+                                 "batch_sizes": [1, 4],
+                                 "sweep": {"power_modes": "all", "jetson_clocks": [True],
+                                           "accelerators": ["gpu", "dla0"]}})
+            job = client.wait(job["id"], timeout_s=300)
+            return {"job": job, "before": before, "after": mode_state(svc.root), "root": svc.root,
+                    "data": tmp / "data"}
+
+
+def test_agx_orin_sweep_visits_every_point_its_modes_allow_and_restores(agx_swept):
+    from tests.device.jetson_sim import AGX_ORIN_MODES
+
+    job = agx_swept["job"]
+    assert job["state"] == "succeeded", job["error"]
+    result = job["result"]
+    points = sorted((run["power_setting"]["nvpmodel_name"], run["accelerator"], run["batch_size"])
+                    for run in result["runs"])
+    assert points == sorted((mode, accelerator, batch) for mode in ("MAXN", "MODE_50W")
+                            for accelerator in ("gpu", "dla0") for batch in (1, 4))
+    # 15W and 30W gate TPCs (another mask): jtop marks them unavailable from 50W; never forced.
+    skipped = [(n["nvpmodel_name"], n["kind"]) for n in result["sweep"]["not_measured"]]
+    assert skipped == [("MODE_15W", "skipped"), ("MODE_30W", "skipped")]
+    assert not (agx_swept["root"] / "reboots").exists()
+    caps = {mode["name"]: mode for mode in AGX_ORIN_MODES}
+    for run in result["runs"]:
+        setting = run["power_setting"]
+        mode = caps[setting["nvpmodel_name"]]
+        assert setting["gpu_max_khz"] == mode["gpu_max_hz"] // 1000
+        assert setting["online_cores"] == list(range(12)) and set(setting["cpu_max_khz"].values()) == \
+            {mode["cpu_max_khz"]}
+    assert agx_swept["before"]["name"] == "MODE_50W" and agx_swept["after"] == agx_swept["before"]
+    assert result["sweep"]["restored"] is True and not (agx_swept["data"] / HOLD).exists()
+
+
+def test_agx_orin_sweep_times_follow_the_planted_clock_and_power(agx_swept):
+    """Each window's p50 is the planted call time at its mode's GPU clock (plus the host's own overhead), and its
+    energy per image the planted board power over it: the stand-in really ran at each mode's clock."""
+    from tests.device.clocked_runtime import planted_point
+    from tests.device.jetson_sim import AGX_ORIN_MODES, BOARDS
+
+    modes = {mode["name"]: mode for mode in AGX_ORIN_MODES}
+    for run in agx_swept["job"]["result"]["runs"]:
+        planted = planted_point(modes[run["power_setting"]["nvpmodel_name"]], run["batch_size"], run["accelerator"],
+                                BOARDS["agx-orin"])
+        where = (run["power_setting"]["nvpmodel_name"], run["accelerator"], run["batch_size"])
+        assert planted["latency_p50_ms"] <= run["latency_p50_ms"] <= planted["latency_p50_ms"] + 2.5, where
+        power_w = run["summary"]["power_mean_mw"] / 1000
+        expected_w = planted["energy_mj_per_image"] * run["batch_size"] / planted["latency_p50_ms"]
+        assert power_w == pytest.approx(expected_w, rel=0.02), where
+
+
+@pytest.mark.parametrize("budget_ms", [None, BUDGET_MS])
+def test_the_report_names_the_most_efficient_planted_point(agx_swept, tmp_path, budget_ms):
+    """The planted front recovered end to end: the point the report's headline names is the planted point of least
+    energy per image within the budget (50W batch 4 on the GPU without one; MAXN batch 4 within 8.5 ms)."""
+    from device.schema import parse_result
+    from pipeline.devices import DEPLOY_SCHEMA
+    from pipeline.report import build_report
+    from tests.device.clocked_runtime import planted_point
+    from tests.device.jetson_sim import AGX_ORIN_MODES, BOARDS
+
+    planted = [planted_point(mode, batch, accelerator, BOARDS["agx-orin"])
+               for mode in AGX_ORIN_MODES if mode["name"] in ("MAXN", "MODE_50W")
+               for batch in (1, 4) for accelerator in ("gpu", "dla0")]
+    best = min((p for p in planted if budget_ms is None or p["latency_p50_ms"] <= budget_ms),
+               key=lambda p: p["energy_mj_per_image"])
+    result = parse_result(agx_swept["job"]["result"]).dump()
+    rungs = {"student_int8": {"top1": 0.9, "params_m": 0.5, "macs_g": 0.05, "size_mb": 1.0, "top1_delta_points": 0.0}}
+    device = {"name": "agx", "role": "edge", "url": "http://agx:8321", "status": "ok", "error": None, "info": {},
+              "rungs": {"student_int8": {"state": "succeeded", "spec": {}, "result": result, "rounds": [result]}}}
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "deploy" / "results.json").write_text(json.dumps({"schema": DEPLOY_SCHEMA, "devices": [device]}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"model": "tiny", "stages": {
+        "evaluate": {"metrics": {"rungs": rungs}},
+        "deploy": {"outputs": {"results": "deploy/results.json"},
+                   "config": {"deploy": {"latency_budget_ms": budget_ms}}}}}))
+    data = json.loads(build_report(tmp_path)["json"].read_text())
+    (choice,) = data["headline"]["power_mode_choices"]
+    chosen = choice["chosen"]
+    assert (chosen["mode"], chosen["batch_size"], chosen["accelerator"]) == \
+        (best["mode"], best["batch_size"], best["accelerator"])
+    assert choice["text"].startswith(f"{best['mode']}, jetson_clocks on, batch {best['batch_size']}, "
+                                     f"{best['accelerator'].upper()}: ")
+    front = data["power_fronts"][0]
+    assert any(p["accelerator"] == "dla0" and not p["on_front"] for p in front["settings"]), \
+        "the planted DLA costs more cycles per image: dominated, drawn grey"
