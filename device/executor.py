@@ -346,8 +346,8 @@ class Executor:
             f"the device is held in a power mode set by sweep job {holder}: its original mode {original.describe()} "
             f"could not be restored ({self._restore_error or 'not tried yet'}), so job {job.id} would measure a mode "
             "nobody chose",
-            fix=f"start the jtop service (sudo systemctl restart jtop.service) and submit the job again: the agent "
-                f"restores the mode first; or set it by hand (sudo nvpmodel -m {original.nvpmodel_id}), delete "
+            fix=f"{'start the jtop service (sudo systemctl restart jtop.service) and ' if hasattr(original, 'nvpmodel_id') else ''}"
+                f"submit the job again: the agent restores the original first; or set it by hand ({original.by_hand()}), delete "
                 f"{self.hold_path} and submit again"))
 
     def _child_env(self) -> dict[str, str]:

@@ -234,6 +234,12 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
 
             if spec.sweep is None:
                 runs = measure_point(None)
+            elif spec.sweep.power_modes is None:  # a data-center GPU: NVML's power limit or locked clocks
+                from device.gpu_power import run_gpu_sweep
+
+                runs, sweep = run_gpu_sweep(spec.sweep, job.get("job_id", job_dir.name), Path(job["hold_path"]),
+                                            getattr(runner, "pci_bus_id", None), measure_point, progress)
+                sweep.not_measured = skipped + sweep.not_measured
             else:
                 use_socket(job.get("jtop_socket"))
                 runs, sweep = run_sweep(spec.sweep, job.get("job_id", job_dir.name), Path(job["hold_path"]),

@@ -172,6 +172,10 @@ class DeviceState:
         clocks = "" if self.jetson_clocks is None else f", jetson_clocks {'on' if self.jetson_clocks else 'off'}"
         return f"{self.nvpmodel_name} (id {self.nvpmodel_id}){clocks}"
 
+    def by_hand(self) -> str:
+        """The command that restores it without EdgeFold."""
+        return f"sudo nvpmodel -m {self.nvpmodel_id}"
+
 
 @dataclass(frozen=True)
 class PowerMode:
@@ -438,8 +442,9 @@ def write_hold(path: str | Path, job_id: str, original: DeviceState) -> None:
                       indent=1)
 
 
-def read_hold(path: str | Path) -> tuple[str, DeviceState] | None:
-    """(job id, original state) of the hold at ``path``; None when there is none.
+def read_hold(path: str | Path) -> tuple[str, Any] | None:
+    """(job id, original state) of the hold at ``path``; None when there is none. The state is a
+    :class:`DeviceState` (a Jetson's mode) or a :class:`device.gpu_power.GpuState` (a GPU's NVML power limit).
 
     Raises:
         PowerModeError: A file that is not a hold (it is kept: it may be the only record of the original mode).
@@ -453,6 +458,10 @@ def read_hold(path: str | Path) -> tuple[str, DeviceState] | None:
                              fix="set the board's mode by hand (sudo nvpmodel -m ID; jetson_clocks --restore), "
                                  f"then delete {path}") from None
     try:
+        from device.gpu_power import GPU_HOLD_SCHEMA, gpu_hold_state
+
+        if data.get("schema") == GPU_HOLD_SCHEMA:
+            return str(data["job"]), gpu_hold_state(data)
         if data.get("schema") != HOLD_SCHEMA:
             raise KeyError("schema")
         state = DeviceState(int(data["nvpmodel_id"]), str(data["nvpmodel_name"]),
@@ -477,6 +486,12 @@ def restore_hold(path: str | Path, conf_path: str | Path | None, timeout_s: floa
     if held is None:
         return None
     job_id, original = held
+    if not isinstance(original, DeviceState):  # a data-center GPU's power limit: NVML, not jtop
+        from device.gpu_power import restore_gpu_hold
+
+        restore_gpu_hold(original)
+        Path(path).unlink(missing_ok=True)
+        return f"restored {original.describe()} after sweep job {job_id}"
     caps = None
     if conf_path:
         try:

@@ -119,6 +119,8 @@ ModeName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0
 ModeId = Annotated[int, Field(ge=0, le=255)]
 
 
+PowerLimitWatts = Annotated[float, Field(gt=0, le=5000)]
+ClockMHz = Annotated[int, Field(ge=1, le=10_000)]
 # Where a sweep point runs: the GPU, or a DLA core (TensorRT, built with GPU fallback).
 Accelerator = Literal["gpu", "dla0", "dla1"]
 
@@ -131,9 +133,15 @@ class SweepSpec(Request):
     the engine is loaded once. The mode and jetson_clocks state found are restored at the end.
     """
 
-    power_modes: Annotated[list[ModeName | ModeId], Field(min_length=1, max_length=16)] | Literal["all"] = Field(
-        description="modes by name or id, in the order to visit them; 'all': every mode jtop lists (those that need "
-                    "a reboot are skipped with the reason)")
+    power_modes: Annotated[list[ModeName | ModeId], Field(min_length=1, max_length=16)] | Literal["all"] | None = Field(
+        None, description="Jetson: modes by name or id, in the order to visit them; 'all': every mode jtop lists "
+                          "(those that need a reboot are skipped with the reason)")
+    power_limits_w: Annotated[list[PowerLimitWatts], Field(min_length=1, max_length=16)] | None = Field(
+        None, description="data-center GPU: NVML power management limits to measure under, in watts (each within the "
+                          "GPU's nvmlDeviceGetPowerManagementLimitConstraints; root)")
+    gpu_clocks_mhz: Annotated[list[ClockMHz], Field(min_length=1, max_length=16)] | None = Field(
+        None, description="data-center GPU: graphics clocks to lock (nvmlDeviceSetGpuLockedClocks, min = max), in MHz, "
+                          "each within the GPU's supported graphics clocks; root")
     jetson_clocks: Annotated[list[bool], Field(min_length=1, max_length=2)] | None = Field(
         None, description="jetson_clocks states to measure each mode in; null: leave it as found")
     settle_timeout_s: float = Field(30.0, gt=0, le=600, description="how long a setting may take to show its mode "
@@ -146,6 +154,15 @@ class SweepSpec(Request):
 
     @model_validator(mode="after")
     def _distinct(self) -> "SweepSpec":
+        knobs = [name for name in ("power_modes", "power_limits_w", "gpu_clocks_mhz") if getattr(self, name) is not None]
+        if len(knobs) != 1:
+            raise ValueError("a sweep varies one of power_modes (Jetson), power_limits_w or gpu_clocks_mhz (NVML)")
+        if self.jetson_clocks is not None and self.power_modes is None:
+            raise ValueError("jetson_clocks goes with power_modes (Jetson)")
+        for name in ("power_limits_w", "gpu_clocks_mhz"):
+            values = getattr(self, name)
+            if values is not None and len(set(values)) != len(values):
+                raise ValueError(f"{name} names each value once")
         if isinstance(self.power_modes, list) and len(set(self.power_modes)) != len(self.power_modes):
             raise ValueError("power_modes names each mode once")
         if self.jetson_clocks is not None and len(set(self.jetson_clocks)) != len(self.jetson_clocks):
@@ -265,7 +282,8 @@ class ErrorBody(Strict):
 # Versions: "edgefold.result/MAJOR.MINOR". Written strictly (an unknown key is a producer's bug and
 # fails the job); read leniently within a major version: keys a newer minor added are dropped on read,
 # and a field this version added reads as "not recorded" in an older result (``Reported.since``).
-# 2.2: RunResult.power_setting, JobResult.sweep; 2.3: RunResult.accelerator, NotMeasured.accelerator
+# 2.2: RunResult.power_setting, JobResult.sweep; 2.3: RunResult.accelerator, NotMeasured.accelerator,
+# PowerSetting.power_limit_w and gpu_locked_mhz (NVML sweeps)
 RESULT_MAJOR, RESULT_MINOR = 2, 3
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
@@ -444,15 +462,27 @@ class DeviceTiming(Measured):
 
 
 class PowerSetting(Measured):
-    """The power mode a window ran under, as the device showed it once the mode had taken effect (2.2)."""
+    """The power setting a window ran under, as the device showed it once it had taken effect (2.2): a Jetson's
+    nvpmodel mode, or a data-center GPU's NVML power limit or locked clocks (2.3)."""
 
-    nvpmodel_id: int
-    nvpmodel_name: str
-    jetson_clocks: bool | None = Field(description="null: the board has no jetson_clocks")
-    online_cores: list[int] = Field(description="indices of the CPU cores online")
-    cpu_max_khz: dict[int, int] = Field(description="online core → its cpufreq scaling_max_freq cap, kHz")
-    gpu_max_khz: int | None = Field(description="the GPU's devfreq max_freq cap, kHz")
+    nvpmodel_id: int | None = None
+    nvpmodel_name: str | None = None
+    jetson_clocks: bool | None = Field(None, description="null: the board has no jetson_clocks (or is no Jetson)")
+    online_cores: list[int] = Field(default_factory=list, description="indices of the CPU cores online")
+    cpu_max_khz: dict[int, int] = Field(default_factory=dict, description="online core → its cpufreq "
+                                                                          "scaling_max_freq cap, kHz")
+    gpu_max_khz: int | None = Field(None, description="the GPU's devfreq max_freq cap, kHz")
+    power_limit_w: float | None = Field(None, description="NVML's power management limit read back, W (2.3)")
+    gpu_locked_mhz: int | None = Field(None, description="the graphics clock locked through NVML, MHz (2.3)")
     settle_s: float = Field(description="seconds from setting the setting until the device showed it")
+
+    def label(self) -> str:
+        """The setting's name in the front: the nvpmodel mode, ``250 W limit`` or ``1410 MHz locked``."""
+        if self.nvpmodel_name is not None:
+            return self.nvpmodel_name
+        if self.power_limit_w is not None:
+            return f"{self.power_limit_w:g} W limit"
+        return f"{self.gpu_locked_mhz} MHz locked"
 
 
 class NotMeasured(Measured):
@@ -593,7 +623,7 @@ class JobResult(Measured):
             setting, summary = run.power_setting, run.summary
             accelerator = run.accelerator or job_accelerator
             windows.append({
-                "mode": setting.nvpmodel_name if setting else None, "mode_id": setting.nvpmodel_id if setting else None,
+                "mode": setting.label() if setting else None, "mode_id": setting.nvpmodel_id if setting else None,
                 "jetson_clocks": setting.jetson_clocks if setting else None, "batch_size": run.batch_size,
                 "accelerator": accelerator, "latency_p50_ms": run.latency_p50_ms,
                 "energy_mj_per_image": summary.energy_mj_per_image,

@@ -190,6 +190,6 @@ class _Loaded:
 
 def point_facts(static: dict[str, dict[str, Any]], setting: PowerSetting | None) -> dict[str, dict[str, Any]]:
     """The samplers' facts with the setting's mode and jetson_clocks: those read when jtop opened are the first's."""
-    if setting is None or "jtop" not in static:
+    if setting is None or setting.nvpmodel_name is None or "jtop" not in static:
         return static
     return {**static, "jtop": {**static["jtop"], "nvpmodel": setting.nvpmodel_name, "jetson_clocks": setting.jetson_clocks}}

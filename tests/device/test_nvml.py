@@ -12,7 +12,9 @@ from device.telemetry.nvml import NvmlSampler
 
 
 class FakeNVMLError(Exception):
-    pass
+    def __init__(self, message: str = "", value: int | None = None):
+        super().__init__(message)
+        self.value = value  # pynvml's NVMLError carries the nvmlReturn_t code as .value
 
 
 def fake_pynvml(energy_supported=True, init_fails=False):
@@ -209,3 +211,156 @@ def test_tensorrt_job_samples_the_runner_gpu(monkeypatch, tmp_path):
     result = run_job(job, tmp_path)
     series = result["runs"][0]["telemetry"]["nvml"]["series"]["power_mw"]
     assert series["peak"] == 300_000 and ("index", 0) not in module.lookups  # GPU 0 would read 100 W
+
+
+# ------------------------------------------------------------------ the data-center sweep (issue 27, item 4)
+def controllable_pynvml(root: bool = True):
+    """The two-GPU stand-in (not NVML) with the device commands a sweep uses, per GPU: a power limit in mW within
+    [100, 350] W (300 W by default), and a locked graphics clock. A GPU draws min(300 W, its limit), scaled by a
+    locked clock against 1980 MHz, so a window shows which setting it ran under. Without ``root`` every command
+    answers NVML_ERROR_NO_PERMISSION (NVML's device commands "require root/admin access")."""
+    module = two_gpu_pynvml()
+    module.NVML_ERROR_NO_PERMISSION, module.NVML_ERROR_INVALID_ARGUMENT = 4, 2
+    buses = {0: "00000000:01:00.0", 1: "00000000:41:00.0"}
+    module.limits_mw = {0: 300_000, 1: 300_000}
+    module.locked = {0: None, 1: None}
+    module.commands = []
+    graphics = list(range(210, 1981, 15))
+
+    def command(name, handle, apply):
+        module.commands.append((name, handle[1]))
+        if not root:
+            raise FakeNVMLError("Insufficient Permissions", value=module.NVML_ERROR_NO_PERMISSION)
+        apply()
+
+    def set_limit(handle, mw):
+        if not 100_000 <= mw <= 350_000:
+            raise FakeNVMLError("Invalid Argument", value=module.NVML_ERROR_INVALID_ARGUMENT)
+        command("set_limit", handle, lambda: module.limits_mw.__setitem__(handle[1], mw))
+
+    def lock(handle, low, high):
+        if low != high or low not in graphics:
+            raise FakeNVMLError("Invalid Argument", value=module.NVML_ERROR_INVALID_ARGUMENT)
+        command("lock", handle, lambda: module.locked.__setitem__(handle[1], low))
+
+    def draw(handle):
+        watts = min(300_000, module.limits_mw[handle[1]]) if handle[1] == 1 else 100_000
+        return int(watts * (module.locked[handle[1]] / 1980 if module.locked[handle[1]] else 1))
+
+    module.nvmlDeviceGetUUID = lambda handle: f"GPU-standin-{handle[1]}"
+    module.nvmlDeviceGetHandleByUUID = lambda uuid: ("gpu", int(uuid.rsplit("-", 1)[1]))
+    module.nvmlDeviceGetPciInfo = lambda handle: types.SimpleNamespace(busId=buses[handle[1]].encode())
+    module.nvmlDeviceGetPowerManagementLimit = lambda handle: module.limits_mw[handle[1]]
+    module.nvmlDeviceGetPowerManagementLimitConstraints = lambda handle: [100_000, 350_000]
+    module.nvmlDeviceGetSupportedMemoryClocks = lambda handle: [2619, 1593]
+    module.nvmlDeviceGetSupportedGraphicsClocks = lambda handle, memory: list(reversed(graphics))
+    module.nvmlDeviceSetPowerManagementLimit = set_limit
+    module.nvmlDeviceSetGpuLockedClocks = lock
+    module.nvmlDeviceResetGpuLockedClocks = lambda handle: command(
+        "reset", handle, lambda: module.locked.__setitem__(handle[1], None))
+    module.nvmlDeviceGetPowerUsage = draw
+    return module
+
+
+def _gpu_sweep_job(tmp_path, monkeypatch, sweep, root=True):
+    from device.files import sha256_file
+    from tests.device import trt_standin
+    from tests.device.agent_process import tiny_onnx
+
+    trt_standin.install(monkeypatch, "10.3.0")
+    monkeypatch.setattr(trt_standin.FakeCuda, "bus_id", "0000:41:00.0")  # the runner's GPU is NVML's index 1
+    module = controllable_pynvml(root=root)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    model = tiny_onnx(tmp_path / "m.onnx")
+    job = {"spec": {"artifact": sha256_file(model), "runtime": "tensorrt", "precision": "fp32", "batch_sizes": [1],
+                    "iterations": 5, "warmup_iterations": 1, "idle_s": 0.0, "telemetry": ["nvml"], "profile": False,
+                    "sweep": sweep},
+           "artifact_path": str(model), "engine_cache": str(tmp_path / "engines"),
+           "hold_path": str(tmp_path / "hold.json"), "job_id": "gpu-sweep"}
+    return job, module
+
+
+def test_gpu_sweep_measures_each_power_limit_on_the_runners_gpu_and_restores_it(monkeypatch, tmp_path):
+    from device.jobrun import run_job
+    from device.schema import JobResult
+
+    job, module = _gpu_sweep_job(tmp_path, monkeypatch, {"power_limits_w": [150, 250]})
+    module.limits_mw[1] = 280_000  # as found: not the default, so the restore must remember it
+    result = JobResult.model_validate(run_job(job, tmp_path))
+    assert [run.power_setting.power_limit_w for run in result.runs] == [150, 250]
+    assert [run.telemetry["nvml"].series["power_mw"].peak for run in result.runs] == [150_000, 250_000]
+    assert [w["mode"] for w in result.sweep_windows()] == ["150 W limit", "250 W limit"]
+    assert {gpu for _, gpu in module.commands} == {1} and ("index", 0) not in module.lookups, "GPU 0 never touched"
+    assert module.limits_mw == {0: 300_000, 1: 280_000} and module.locked == {0: None, 1: None}
+    sweep = result.sweep
+    assert sweep.controlled and sweep.restored and sweep.original == {
+        "pci_bus_id": "00000000:41:00.0", "uuid": "GPU-standin-1", "power_limit_mw": 280_000}
+    assert not (tmp_path / "hold.json").exists()
+
+
+def test_gpu_sweep_locks_clocks_then_unlocks_and_refuses_what_the_gpu_lacks(monkeypatch, tmp_path):
+    from device.errors import ConfigError
+    from device.jobrun import run_job
+    from device.schema import JobResult
+
+    job, module = _gpu_sweep_job(tmp_path, monkeypatch, {"gpu_clocks_mhz": [1410, 990]})
+    result = JobResult.model_validate(run_job(job, tmp_path))
+    assert [run.power_setting.gpu_locked_mhz for run in result.runs] == [1410, 990]
+    assert [c for c in module.commands if c[0] in ("lock", "reset")] == [("lock", 1), ("lock", 1), ("reset", 1)]
+    assert module.locked[1] is None and result.sweep.restored
+    job["spec"]["sweep"] = {"gpu_clocks_mhz": [2500]}
+    module.commands.clear()
+    with pytest.raises(ConfigError, match=r"2500\] is outside this GPU's graphics clocks \[210, 1980\] MHz"):
+        run_job(job, tmp_path)
+    job["spec"]["sweep"] = {"power_limits_w": [90]}
+    with pytest.raises(ConfigError, match=r"outside this GPU's limits \[100, 350\] W"):
+        run_job(job, tmp_path)
+    assert module.commands == [] and not (tmp_path / "hold.json").exists(), "refused before any change"
+
+
+def test_without_permission_the_gpu_sweep_measures_the_current_setting_and_says_so(monkeypatch, tmp_path):
+    from device.jobrun import run_job
+    from device.schema import JobResult
+
+    job, module = _gpu_sweep_job(tmp_path, monkeypatch, {"power_limits_w": [150, 250]}, root=False)
+    result = JobResult.model_validate(run_job(job, tmp_path))
+    assert result.sweep.controlled is False and "no permission" in result.sweep.note
+    assert "measured the current setting only" in result.sweep.note
+    assert len(result.runs) == 1 and result.runs[0].power_setting is None
+    assert module.limits_mw[1] == 300_000 and not (tmp_path / "hold.json").exists()
+
+
+def test_a_gpu_hold_left_by_a_killed_sweep_is_restored_by_the_agents_restore(monkeypatch, tmp_path):
+    """After kill -9 (or a cancel, which kills the job process) the agent runs ``python -m device.power_modes
+    restore --hold``: the same hold file, here holding a GPU's limit, restored through NVML by UUID."""
+    from device.gpu_power import GpuState, write_gpu_hold
+    from device.power_modes import main, read_hold
+
+    module = controllable_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    hold = tmp_path / "power_mode_hold.json"
+    original = GpuState("00000000:41:00.0", "GPU-standin-1", 280_000)
+    write_gpu_hold(hold, "killed-job", original)
+    module.limits_mw[1], module.locked[1] = 150_000, 990  # where the killed sweep left GPU 1
+    assert read_hold(hold) == ("killed-job", original)
+    assert "sudo nvidia-smi -i 00000000:41:00.0 -pl 280" in original.by_hand()
+    assert main(["restore", "--hold", str(hold)]) == 0
+    assert module.limits_mw == {0: 300_000, 1: 280_000} and module.locked[1] is None and not hold.exists()
+    write_gpu_hold(hold, "killed-job", original)
+    module.limits_mw[1] = 150_000
+    monkeypatch.setitem(sys.modules, "pynvml", controllable_pynvml(root=False))
+    assert main(["restore", "--hold", str(hold)]) == 3 and hold.exists(), "a failed restore keeps the hold"
+
+
+def test_gpu_sweep_spec_varies_one_knob():
+    from pydantic import ValidationError
+
+    from device.schema import JobSpec
+
+    base = {"artifact": "a" * 64}
+    assert JobSpec.model_validate({**base, "sweep": {"power_limits_w": [150.0, 250]}}).sweep.power_modes is None
+    for bad in ({"power_limits_w": [150], "gpu_clocks_mhz": [990]}, {"power_limits_w": [150], "power_modes": "all"},
+                {"power_limits_w": [150, 150]}, {"power_limits_w": [0]}, {"gpu_clocks_mhz": [990.5]},
+                {"gpu_clocks_mhz": [990], "jetson_clocks": [True]}, {}):
+        with pytest.raises(ValidationError):
+            JobSpec.model_validate({**base, "sweep": bad})
