@@ -44,6 +44,23 @@ def choose_runtime(requested: str, device_info: dict[str, Any]) -> tuple[str, st
     return "onnxruntime", f"ONNX Runtime ran instead of TensorRT: {why}{fix}"
 
 
+def sweep_spec(sweep, device_info: dict[str, Any]) -> SweepSpec:
+    """The agent's sweep for one device: a Jetson (it reports an L4T) sweeps nvpmodel modes; a GPU server sweeps
+    NVML's power limits or locked clocks when the recipe gives them, else its current setting is measured (the agent
+    says it has no power-mode control).
+
+    Args:
+        sweep: The recipe's ``deploy.sweep`` (:class:`pipeline.recipe.SweepConfig`).
+        device_info: The agent's ``/v1/device``.
+    """
+    common = {"settle_timeout_s": sweep.settle_timeout_s, "accelerators": sweep.job_accelerators()}
+    if not device_info.get("l4t") and sweep.power_limits_w is not None:
+        return SweepSpec(power_limits_w=sweep.power_limits_w, **common)
+    if not device_info.get("l4t") and sweep.gpu_clocks_mhz is not None:
+        return SweepSpec(gpu_clocks_mhz=sweep.gpu_clocks_mhz, **common)
+    return SweepSpec(power_modes=sweep.modes, jetson_clocks=sweep.jetson_clocks, **common)
+
+
 def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preprocess: dict[str, Any],
              label: str, profile: bool = True, evaluation: EvaluationSpec | None = None, sweep=None) -> JobSpec:
     """The benchmark job for one rung on one device, as the agent's own schema (validated here).
@@ -58,9 +75,7 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
     try:
         return JobSpec(artifact=artifact, runtime=runtime, precision=precision,
                        batch_sizes=list(sweep.batch_sizes or cfg.batch_sizes) if sweep else list(cfg.batch_sizes),
-                       sweep=SweepSpec(power_modes=sweep.modes, jetson_clocks=sweep.jetson_clocks,
-                                       settle_timeout_s=sweep.settle_timeout_s,
-                                       accelerators=sweep.job_accelerators()) if sweep else None,
+                       sweep=sweep_spec(sweep, device_info) if sweep else None,
                        duration_s=cfg.duration_s, warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
                        min_iterations=cfg.min_iterations, profile=profile, evaluation=evaluation,
                        sample_hz=cfg.sample_hz, threads=cfg.threads, telemetry="auto", timeout_s=cfg.job_timeout_s,

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from device.errors import ConfigError, EdgeFoldError
 from device.preprocess import Preprocess
-from device.schema import (BatchSizes, IdleSeconds, MinIterations, ModeId, ModeName, SampleHz, Threads,
+from device.schema import (BatchSizes, ClockMHz, IdleSeconds, PowerLimitWatts, MinIterations, ModeId, ModeName, SampleHz, Threads,
                            TimeoutSeconds, WarmupIterations, WindowSeconds)
 from pipeline.rungs import RUNGS, FloatRungName, Fp16RungName, RungName
 
@@ -337,6 +337,21 @@ class SweepConfig(_Strict):
         """The agent's names (:data:`device.schema.Accelerator`), in the recipe's order."""
         return [accelerator_name(a) for a in self.accelerators]
     settle_timeout_s: float = Field(30.0, gt=0, le=600, description="how long a point may take to show its mode")
+    power_limits_w: Annotated[list[PowerLimitWatts], Field(min_length=1, max_length=16)] | None = Field(
+        None, description="GPU servers: NVML power limits to sweep, W (root; each within the GPU's constraints); "
+                          "Jetsons sweep modes")
+    gpu_clocks_mhz: Annotated[list[ClockMHz], Field(min_length=1, max_length=16)] | None = Field(
+        None, description="GPU servers: graphics clocks to lock through NVML, MHz (root), instead of power limits")
+
+    @model_validator(mode="after")
+    def _one_gpu_knob(self) -> "SweepConfig":
+        if self.power_limits_w is not None and self.gpu_clocks_mhz is not None:
+            raise ValueError("a GPU server's sweep varies power_limits_w or gpu_clocks_mhz, not both")
+        for name in ("power_limits_w", "gpu_clocks_mhz"):
+            values = getattr(self, name)
+            if values is not None and len(set(values)) != len(values):
+                raise ValueError(f"{name} names each value once")
+        return self
 
 
 class DeployConfig(_Strict):

@@ -161,3 +161,20 @@ def test_sweep_accelerators_become_the_agents_names_and_are_checked(tiny_raw):
     for bad in (["dla", "dla0"], ["gpu", "npu"], []):
         with pytest.raises(ConfigError, match=re.escape("deploy.sweep.accelerators")):
             parse_recipe(copy.deepcopy(tiny_raw), overrides={"deploy.sweep": {"accelerators": bad}})
+
+
+def test_a_gpu_servers_sweep_varies_nvml_and_a_jetsons_its_modes(tiny_raw):
+    """deploy.sweep.power_limits_w / gpu_clocks_mhz: validated when the recipe loads (one knob, each value once,
+    within the agent's bounds); a GPU server's job gets them, a Jetson's (it reports an L4T) the power modes."""
+    from pipeline.jobs import sweep_spec
+
+    recipe = parse_recipe(copy.deepcopy(tiny_raw), overrides={"deploy.sweep": {"modes": ["15W"],
+                                                                              "power_limits_w": [150, 250]}})
+    server = sweep_spec(recipe.deploy.sweep, {"gpu": "NVIDIA H100", "l4t": None})
+    jetson = sweep_spec(recipe.deploy.sweep, {"gpu": "ga10b iGPU", "l4t": "36.4.3"})
+    assert (server.power_limits_w, server.power_modes) == ([150, 250], None)
+    assert (jetson.power_modes, jetson.power_limits_w) == (["15W"], None)
+    for bad in ({"power_limits_w": [150], "gpu_clocks_mhz": [990]}, {"power_limits_w": [150, 150]},
+                {"power_limits_w": [0]}, {"gpu_clocks_mhz": [99999]}, {"power_limit_w": [150]}):
+        with pytest.raises(ConfigError, match=re.escape("deploy.sweep")):
+            parse_recipe(copy.deepcopy(tiny_raw), overrides={"deploy.sweep": bad})
