@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
     sweep.add_argument("--modes", default="all", help="power modes by name or id, comma-separated (default: all)")
     sweep.add_argument("--jetson-clocks", metavar="on,off", help="jetson_clocks states per mode (default: as found)")
+    sweep.add_argument("--accelerators", metavar="gpu,dla", help="where each point runs: gpu, dla (DLA core 0), dla0, "
+                                                                 "dla1 (default: gpu)")
+    sweep.add_argument("--power-limits-w", metavar="W,W", help="GPU servers: NVML power limits to sweep, W (root)")
+    sweep.add_argument("--gpu-clocks-mhz", metavar="MHZ,MHZ", help="GPU servers: graphics clocks to lock, MHz (root)")
     sweep.add_argument("--budget-ms", type=float, help="deploy.latency_budget_ms: the p50 the point to ship must meet")
     sweep.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                        help="another deploy key, e.g. --set deploy.rounds=3 (only deploy.* keys)")
@@ -186,8 +190,19 @@ def _cmd_sweep(args) -> int:
         raise ConfigError(f"--jetson-clocks {args.jetson_clocks!r}: each state is on or off", fix="--jetson-clocks on,off")
     modes = args.modes if args.modes == "all" else [int(m) if m.strip().isdigit() else m.strip()
                                                      for m in args.modes.split(",")]
-    overrides = {**manifest.get("overrides", {}), **extra,
-                 "deploy.sweep": {"modes": modes, "jetson_clocks": clocks},
+    sweep = {"modes": modes, "jetson_clocks": clocks}
+    for flag, key, kind in (("accelerators", "accelerators", str), ("power_limits_w", "power_limits_w", float),
+                            ("gpu_clocks_mhz", "gpu_clocks_mhz", int)):
+        given = getattr(args, flag)
+        if given is not None:
+            try:
+                sweep[key] = [kind(value.strip()) for value in given.split(",")]
+            except ValueError:
+                raise ConfigError(f"--{flag.replace('_', '-')} {given!r}: comma-separated {kind.__name__} values",
+                                  fix=f"--{flag.replace('_', '-')} " + {"accelerators": "gpu,dla",
+                                                                       "power_limits_w": "150,250",
+                                                                       "gpu_clocks_mhz": "990,1410"}[flag]) from None
+    overrides = {**manifest.get("overrides", {}), **extra, "deploy.sweep": sweep,
                  **({"deploy.latency_budget_ms": args.budget_ms} if args.budget_ms else {})}
     ctx = run_pipeline(str(recipe), run_id=run_dir.name, runs_dir=run_dir.parent.parent, overrides=overrides,
                        devices=load_devices(args.edge, args.dc, args.devices, args.token_file))
