@@ -165,7 +165,8 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     progress("loading")
     started = time.perf_counter()
     # A sweep's first accelerator is the job's runner (smoke, profile, evaluation); the others are loaded beside it.
-    accelerators = list(spec.sweep.accelerators) if spec.sweep is not None else [None]
+    # A job's own dla_core (a sweep's accelerators left at gpu) keeps the job on that core, as before 2.3.
+    accelerators = list(spec.sweep.accelerators) if spec.sweep is not None and spec.dla_core is None else [None]
     dla_core = spec.dla_core if accelerators[0] is None else accelerator_dla_core(accelerators[0], spec.runtime)
 
     def make(core: int | None):

@@ -83,3 +83,14 @@ def test_sweep_accelerators_are_validated():
             JobSpec.model_validate({**base, "sweep": {"power_modes": "all", "accelerators": bad}})
     with pytest.raises(ValidationError, match="leave dla_core unset"):
         JobSpec.model_validate({**base, "dla_core": 0, "sweep": {"power_modes": "all", "accelerators": ["dla1"]}})
+
+
+def test_a_sweep_job_on_its_own_dla_core_stays_there(monkeypatch, tmp_path):
+    """dla_core with the sweep's accelerators left at gpu: every window on that core, named so in the front."""
+    model = trt_standin.qdq_classifier(tmp_path / "int8.onnx")
+    trt_standin.install(monkeypatch, "10.3.0", dla_cores=2, board=AGX_ORIN)
+    job = _job(model, tmp_path, ["gpu"])
+    job["spec"]["dla_core"] = 1
+    result = JobResult.model_validate(run_job(job, tmp_path))
+    assert result.runtime.device.startswith("dla:1")
+    assert {w["accelerator"] for w in result.sweep_windows()} == {"dla1"}
