@@ -91,22 +91,22 @@ ORIN_NANO_MODES = (
 DEFAULT_MODE = 0
 CPU_CLUSTERS = ((0, 1, 2, 3), (4, 5))  # Orin Nano: two A78AE clusters, one cpufreq policy each
 CPU_MIN_KHZ, CPU_HW_MAX_KHZ, GPU_MIN_HZ = 115200, 1728000, 306000000
-# The simulated AGX Orin 64GB's power modes, by the names its nvpmodel.conf gives them (MAXN, MODE_15W, MODE_30W,
-# MODE_50W). Online cores, CPU cap and GPU cap after NVIDIA's Jetson Linux developer guide (r36.4, "Supported Modes
-# and Power Efficiency", Jetson AGX Orin series, AGX Orin 64GB column: MAXN 12 cores / 2.2016 GHz CPU / 1.3005 GHz
-# GPU / 8 TPC; 15W 4 cores / 1.1136 GHz / 408 MHz / 3 TPC; 30W 8 cores / 1.728 GHz / 624.75 MHz / 4 TPC; 50W 12 cores
-# / 1.4976 GHz / 828.75 MHz / 8 TPC). The TPC masks are this simulation's: one per TPC count (8 TPCs: mask 0), so
-# 15W and 30W need a reboot from MAXN or 50W, as jtop decides by the mask. ``rails_ma`` (VDD_GPU_SOC, VDD_CPU_CV
-# currents on the first INA3221) is SYNTHETIC; 50W's are the currents planted before modes existed, and the board
-# starts in 50W (AGX_START_MODE), so a tree planted for the power tests reads as before.
+# The simulated AGX Orin's power modes, as NVIDIA's nvpmodel configuration for the AGX Orin module P3701-0000
+# (nvpmodel_p3701_0000.conf, L4T r36) gives them: MAXN 12 cores, no CPU or GPU cap (the hardware maxima, 2.2016 GHz
+# and 1.3005 GHz, are read back), TPC mask 0; MODE_15W 4 cores / 1.1136 GHz CPU / 408 MHz GPU / mask 248; MODE_30W
+# 8 cores / 1.728 GHz / 612 MHz / mask 240; MODE_50W 12 cores / 1.4976 GHz / 816 MHz / mask 0 (the developer guide's
+# "Supported Modes and Power Efficiency" table lists the same cores and caps per module). jtop decides a reboot by the
+# mask, so 15W and 30W need one from MAXN or 50W. ``rails_ma`` (VDD_GPU_SOC, VDD_CPU_CV currents on the first
+# INA3221) is SYNTHETIC; 50W's are the currents planted before modes existed, and the board starts in 50W
+# (AGX_START_MODE), so a tree planted for the power tests reads as before.
 AGX_ORIN_MODES = (
     {"id": 0, "name": "MAXN", "online": (1,) * 12, "cpu_max_khz": 2201600, "gpu_max_hz": 1300500000,
      "tpc_pg_mask": 0, "rails_ma": (3000, 1000)},
     {"id": 1, "name": "MODE_15W", "online": (1,) * 4 + (0,) * 8, "cpu_max_khz": 1113600, "gpu_max_hz": 408000000,
      "tpc_pg_mask": 248, "rails_ma": (300, 200)},
-    {"id": 2, "name": "MODE_30W", "online": (1,) * 8 + (0,) * 4, "cpu_max_khz": 1728000, "gpu_max_hz": 624750000,
+    {"id": 2, "name": "MODE_30W", "online": (1,) * 8 + (0,) * 4, "cpu_max_khz": 1728000, "gpu_max_hz": 612000000,
      "tpc_pg_mask": 240, "rails_ma": (450, 300)},
-    {"id": 3, "name": "MODE_50W", "online": (1,) * 12, "cpu_max_khz": 1497600, "gpu_max_hz": 828750000,
+    {"id": 3, "name": "MODE_50W", "online": (1,) * 12, "cpu_max_khz": 1497600, "gpu_max_hz": 816000000,
      "tpc_pg_mask": 0, "rails_ma": (600, 400)},
 )
 AGX_START_MODE = 3

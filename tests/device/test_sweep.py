@@ -231,7 +231,7 @@ BUDGET_MS = 8.5  # between MAXN batch 4 on the GPU (6 ms planted) and 50W batch 
 
 @pytest.fixture(scope="module")
 def agx_swept(tmp_path_factory):
-    """Every mode of the simulated AGX Orin 64GB × jetson_clocks on × batch 1, 4 × GPU and DLA core 0, through a real
+    """Every mode of the simulated AGX Orin × jetson_clocks on × batch 1, 4 × GPU and DLA core 0, through a real
     agent whose job process runs the clocked TensorRT stand-in (tests/device/clocked_runtime.py: time per call from
     the simulated GPU clock, not TensorRT). The board starts in MODE_50W with jetson_clocks off."""
     from tests.device.clocked_runtime import sitecustomize_dir
