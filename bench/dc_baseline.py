@@ -43,6 +43,7 @@ def main() -> int:
     parser.add_argument("--throughput-batch", type=int, default=256)
     parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16"])
     parser.add_argument("--duration-s", type=float, default=8.0, help="timed window per job and batch size")
+    parser.add_argument("--idle-s", type=float, default=2.0, help="idle power baseline before each job")
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (a plumbing check, no baseline)")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
@@ -59,7 +60,8 @@ def main() -> int:
             for precision in args.precisions:
                 spec = {"artifact": artifact, "runtime": "torch", "precision": precision, "channels_last": True,
                         "cuda_graphs": cuda, "batch_sizes": [1, args.throughput_batch], "duration_s": args.duration_s,
-                        "warmup_iterations": 20, "idle_s": 2.0, "telemetry": ["nvml", "host"] if cuda else ["host"],
+                        "warmup_iterations": 20, "idle_s": args.idle_s,
+                        "telemetry": ["nvml", "host"] if cuda else ["host"],
                         "sample_hz": 50, "label": f"dc-baseline resnet50 {size}px {precision}", "timeout_s": 1200}
                 job = client.wait(client.submit(spec)["id"], timeout_s=1500)
                 jobs.append(job)

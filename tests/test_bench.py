@@ -11,7 +11,8 @@ import pytest
 def test_dc_baseline_plumbing_on_cpu(repo, tmp_path):
     pytest.importorskip("torchvision")
     result = subprocess.run([sys.executable, "bench/dc_baseline.py", "--allow-cpu", "--sizes", "32", "--precisions",
-                             "fp32", "--throughput-batch", "4", "--duration-s", "0.3", "--out", str(tmp_path)],
+                             "fp32", "--throughput-batch", "4", "--duration-s", "0.3", "--idle-s", "0",
+                             "--out", str(tmp_path)],
                             cwd=repo, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(next(tmp_path.glob("dc-baseline-*.json")).read_text())
