@@ -359,7 +359,14 @@ def detect_gpu(device_tree: str = "/proc/device-tree/compatible",
 
 # ------------------------------------------------------------------ cache and build
 class EngineCache:
-    """Engines under ``root/<onnx sha256>-<fingerprint key>/`` with the fingerprint beside them."""
+    """Engines under ``root/<onnx sha256>-<fingerprint key>/`` with the fingerprint beside them.
+
+    Attributes:
+        filename: The cached file's name in its folder (a TensorRT plan here; the Torch-TensorRT runner
+            caches a compiled program under the same folder rules).
+    """
+
+    filename = "engine.plan"
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
@@ -371,7 +378,7 @@ class EngineCache:
     def lookup(self, onnx_sha256: str, fp: dict[str, Any], options: BuildOptions) -> Path | None:
         """The cached engine when it was built by a device with exactly this fingerprint."""
         folder = self.folder(onnx_sha256, fp, options)
-        engine, recorded = folder / "engine.plan", folder / "fingerprint.json"
+        engine, recorded = folder / self.filename, folder / "fingerprint.json"
         if not engine.is_file() or not recorded.is_file():
             return None
         try:
@@ -389,9 +396,9 @@ class EngineCache:
             return cached, False
         folder = self.folder(onnx_sha256, fp, options)
         folder.mkdir(parents=True, exist_ok=True)
-        engine = folder / "engine.plan"
+        engine = folder / self.filename
         # Not files.atomic_writer: ``build`` (TensorRT's serializer or trtexec) writes the file by path itself.
-        tmp = folder / "engine.plan.tmp"
+        tmp = folder / f"{self.filename}.tmp"
         build(Path(onnx), options, tmp)
         os.replace(tmp, engine)
         write_atomic(folder / "fingerprint.json", json.dumps(fp, indent=2, sort_keys=True) + "\n")

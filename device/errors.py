@@ -137,6 +137,10 @@ class RunnerError(DeviceError):
     """A runner failed while running a loaded model."""
 
 
+class ProgramVersionError(RunnerError):
+    """A ``torch.export`` program this device's torch cannot load (another serialization schema): both named."""
+
+
 class ShapeOutsideProfileError(RunnerError):
     """A batch outside the engine's optimization profile (TensorRT's set_input_shape returned False)."""
 

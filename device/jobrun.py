@@ -267,7 +267,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                    "load_s": load_s, "python": platform.python_version(), "threads": spec.threads}
         if profile_note:
             runtime["profile_note"] = profile_note
-        for attr in ("precision_built", "trtexec", "dla_unsupported_layers"):  # TensorRT: what was built, exactly
+        for attr in ("precision_built", "trtexec", "dla_unsupported_layers", "torch_tensorrt"):  # TensorRT: what was built, exactly
             if getattr(runner, attr, None):
                 runtime[attr] = getattr(runner, attr)
         for attr in ("providers", "engine_path", "built_now", "device"):

@@ -15,7 +15,7 @@ from device.errors import EdgeFoldError
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-Runtime = Literal["onnxruntime", "tensorrt", "torch"]
+Runtime = Literal["onnxruntime", "tensorrt", "torch", "torch_tensorrt"]
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 JobState = Literal["queued", "running", "succeeded", "failed", "interrupted", "cancelled"]
 FINISHED = ("succeeded", "failed", "interrupted", "cancelled")
@@ -283,8 +283,8 @@ class ErrorBody(Strict):
 # fails the job); read leniently within a major version: keys a newer minor added are dropped on read,
 # and a field this version added reads as "not recorded" in an older result (``Reported.since``).
 # 2.2: RunResult.power_setting, JobResult.sweep; 2.3: RunResult.accelerator, NotMeasured.accelerator,
-# PowerSetting.power_limit_w and gpu_locked_mhz (NVML sweeps)
-RESULT_MAJOR, RESULT_MINOR = 2, 3
+# PowerSetting.power_limit_w and gpu_locked_mhz (NVML sweeps); 2.4: runtime torch_tensorrt, RuntimeInfo.torch_tensorrt
+RESULT_MAJOR, RESULT_MINOR = 2, 4
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -555,6 +555,9 @@ class RuntimeInfo(Measured):
     trtexec: dict[int, str] | None = Field(None, description="batch size → the trtexec line of that engine's build")
     dla_unsupported_layers: list[str] | None = None
     profile_note: str | None = None
+    torch_tensorrt: dict[str, Any] | None = Field(None, description="Torch-TensorRT: release, the rules used (with "
+                                                                   "their sources), compile arguments and the ops "
+                                                                   "that fell back to PyTorch, per batch (2.4)")
 
 
 class EvaluationResult(Measured):

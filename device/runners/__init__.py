@@ -83,7 +83,16 @@ def _torch(artifact: str, *, precision: str, channels_last: bool, cuda_graphs: b
                        threads=threads)
 
 
+def _torch_tensorrt(artifact: str, *, precision: str, batch_sizes: tuple[int, ...], engine_cache: str | None,
+                    **_: Any) -> Runner:
+    from device.runners.torch_tensorrt import TorchTensorRTRunner
+
+    # Static shapes, one compiled module per measured batch, as the TensorRT runner builds one engine per batch.
+    return TorchTensorRTRunner(artifact, precision=precision, batch_sizes=batch_sizes, cache_dir=engine_cache)
+
+
 RUNNERS: Registry = Registry("runtime")
 RUNNERS.add("onnxruntime", _onnxruntime)
 RUNNERS.add("tensorrt", _tensorrt)
 RUNNERS.add("torch", _torch)
+RUNNERS.add("torch_tensorrt", _torch_tensorrt)

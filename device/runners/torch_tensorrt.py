@@ -1,0 +1,438 @@
+"""Torch-TensorRT runner: compiles a ``torch.export`` program (``.pt2``) on this device, one static engine set
+per measured batch, and runs it — the PyTorch user's road to TensorRT, beside the ONNX road
+(:mod:`device.runners.tensorrt`).
+
+Torch-TensorRT's API moves between releases (JetPack 6's builds are 2.3–2.5; PyPI's newest is 2.14), so
+everything this runner asks of it that depends on the release is in ONE table, :data:`RULES`, each rule with
+the file and tag of the ``pytorch/TensorRT`` sources it was read from; :func:`rules_for` picks the rules of the
+release installed, and the result says which release and rules ran.
+
+What it does, per job:
+
+1. Reads the program's serialization schema and torch version from the archive (no torch needed) and refuses,
+   naming both versions, a program this device's torch cannot load (:func:`check_program_versions`).
+2. Loads it with ``torch.export.load`` and reads its precision from the graph: INT8 when it carries ModelOpt's
+   quantizer ops (``tensorrt.quantize_op``), FP16 when its weights are half, else FP32; the job's precision
+   must agree, except that an FP32 program may be run in FP16 (the runner casts the module, then the graph
+   is FP16 before it is compiled, so what is compiled is what is timed).
+3. For each measured batch: re-exports the module at that static shape on the GPU, compiles it with
+   ``torch_tensorrt.dynamo.compile`` (``Input(shape=…)``: min = opt = max), counts the ops left to PyTorch
+   (:func:`fallback_report`) and saves the compiled program with ``torch_tensorrt.save`` into the engine
+   cache, keyed like TensorRT engines (:class:`device.engine.EngineCache`: artifact sha256, device
+   fingerprint, options) with the Torch-TensorRT and torch versions added to the fingerprint.
+
+torch and torch_tensorrt are imported only in :meth:`TorchTensorRTRunner.load`, so ``device`` imports without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import zipfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from device.engine import BuildOptions, EngineCache, detect_gpu, fingerprint, read_l4t
+from device.errors import (ConfigError, DeviceError, EngineBuildError, PrecisionMismatchError,
+                           ProgramVersionError, ShapeOutsideProfileError, require)
+from device.files import sha256_file, write_atomic
+from device.runners import Runner
+
+# The sources read: pytorch/TensorRT at these refs. No v2.14.0 tag existed in the snapshot read (2026-08-22):
+# "main" is commit d7f2062 whose version.txt says 2.14.0a0, the newest; v2.13.0 is the newest tag.
+MAIN = "main@d7f2062 (version.txt 2.14.0a0)"
+DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "float32"}  # an INT8 program keeps float I/O
+QUANTIZE_OP = "tensorrt.quantize_op"  # the op ModelOpt's export_torch_mode() leaves in a quantized graph
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One release-dependent fact about Torch-TensorRT.
+
+    Attributes:
+        name: What it decides (``precision_arguments``, ``engine_prefix`` …).
+        since: First release (major, minor) it holds for.
+        until: First release it no longer holds for (None: still holds at the newest read).
+        value: The fact.
+        source: Where it was read: file@tag in pytorch/TensorRT.
+    """
+
+    name: str
+    since: tuple[int, int]
+    until: tuple[int, int] | None
+    value: Any
+    source: str
+
+
+# The one table. Every call this runner makes into torch_tensorrt whose form depends on the release is here.
+RULES: tuple[Rule, ...] = (
+    # Oldest release read. Older ones are refused rather than guessed.
+    Rule("supported", (2, 3), None, True,
+         "py/torch_tensorrt/dynamo/_compiler.py@v2.3.0: compile(exported_program, inputs, *, …) takes a "
+         "torch.export program"),
+    # Precision: weakly typed; the set becomes TensorRT builder flags.
+    Rule("precision_arguments", (2, 3), (2, 6),
+         {"fp32": {"enabled_precisions": ("float32",)}, "fp16": {"enabled_precisions": ("float16",)},
+          "int8": {"enabled_precisions": ("int8",)}},
+         "py/torch_tensorrt/dynamo/_compiler.py@v2.5.0 (compile(…, enabled_precisions=…), default {dtype.f32} in "
+         "_defaults.py@v2.5.0); INT8 from examples/dynamo/vgg16_ptq.py@v2.5.0 (enabled_precisions={torch.int8})"),
+    # Precision: use_explicit_typing keeps the graph's own types; with it, enabled_precisions must stay {f32}.
+    Rule("precision_arguments", (2, 6), (2, 13),
+         {"fp32": {"use_explicit_typing": True}, "fp16": {"use_explicit_typing": True},
+          "int8": {"enabled_precisions": ("int8",)}},
+         "py/torch_tensorrt/dynamo/_compiler.py@v2.6.0 and @v2.12.0 (use_explicit_typing \"respects the precisions "
+         "set in the Pytorch model\"; an AssertionError when enabled_precisions is not {f32} with it); INT8 from "
+         "examples/dynamo/vgg16_ptq.py@v2.9.0 (enabled_precisions={torch.int8})"),
+    # Precision: always strongly typed; both arguments removed (#4195). compile() still has **kwargs, so a
+    # removed argument passed anyway is swallowed SILENTLY: the runner must not pass it.
+    Rule("precision_arguments", (2, 13), None, {"fp32": {}, "fp16": {}, "int8": {}},
+         f"py/torch_tensorrt/dynamo/_compiler.py@v2.13.0 and @{MAIN} (neither argument in compile()); "
+         "docsrc/user_guide/compilation/compilation_settings.rst@main d7f2062: \"Strong typing (explicit typing) "
+         "is always enabled in the Dynamo path\"; examples/dynamo/vgg16_ptq.py@main d7f2062 (INT8: no argument)"),
+    Rule("static_input", (2, 3), None, "Input(shape=(batch, C, H, W), dtype=…)",
+         f"py/torch_tensorrt/_Input.py@v2.5.0 and @{MAIN}: \"shape (Tuple or List, optional): Static shape of "
+         "input tensor\""),
+    Rule("engine_prefix", (2, 3), None, "_run_on_acc",
+         f"py/torch_tensorrt/dynamo/_compiler.py@v2.5.0 and @{MAIN} (compile_module): children named _run_on_acc* "
+         "become TensorRT modules; the other GraphModule children run in PyTorch"),
+    Rule("fallback_nodes", (2, 3), None, "call_function/call_method nodes except operator.getitem",
+         f"py/torch_tensorrt/dynamo/_DryRunTracker.py@v2.5.0 and @{MAIN} (parse_non_trt_nodes)"),
+    Rule("save", (2, 3), None, {"output_format": "exported_program"},
+         f"py/torch_tensorrt/_compile.py@v2.5.0 and @{MAIN}: save(module, file_path, *, output_format="
+         "\"exported_program\", arg_inputs=[tensors]); a GraphModule needs example tensors"),
+    Rule("load", (2, 3), None, "torch_tensorrt.load(file_path) -> ExportedProgram",
+         "py/torch_tensorrt/_compile.py@v2.5.0 (torch.jit.load first, then torch.export.load) and "
+         f"@{MAIN} (torch.export.load first)"),
+    Rule("int8_needs_modelopt", (2, 3), None, "modelopt.torch.quantization",
+         f"py/torch_tensorrt/dynamo/conversion/aten_ops_converters.py@v2.5.0 and @{MAIN}: the converter of "
+         "torch.ops.tensorrt.quantize_op registers only when modelopt.torch.quantization imports"),
+)
+
+
+def release(version: str) -> tuple[int, int]:
+    """``2.5.0a0+b1f3…`` → (2, 5).
+
+    Raises:
+        ConfigError: An unreadable version string.
+    """
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    if not match:
+        raise ConfigError(f"cannot read the Torch-TensorRT version {version!r}",
+                          fix="reinstall torch-tensorrt (torch_tensorrt.__version__ must be X.Y…)")
+    return int(match.group(1)), int(match.group(2))
+
+
+def rules_for(version: str) -> dict[str, Rule]:
+    """The rules (by name) that hold for Torch-TensorRT ``version``.
+
+    Raises:
+        ConfigError: A release older than the oldest whose sources were read.
+    """
+    have = release(version)
+    chosen = {rule.name: rule for rule in RULES
+              if rule.since <= have and (rule.until is None or have < rule.until)}
+    if "supported" not in chosen:
+        oldest = min(rule.since for rule in RULES if rule.name == "supported")
+        raise ConfigError(f"Torch-TensorRT {version} is older than {oldest[0]}.{oldest[1]}, the oldest release this "
+                          "runner was written against",
+                          fix="install Torch-TensorRT ≥ 2.3 (JetPack 6: jetson-containers' torch_tensorrt), or use "
+                              "runtime 'tensorrt' with the ONNX")
+    return chosen
+
+
+def compile_arguments(rules: dict[str, Rule], precision: str) -> dict[str, Any]:
+    """The precision keyword arguments of ``dynamo.compile`` for this release, dtype names unresolved."""
+    return dict(rules["precision_arguments"].value[precision])
+
+
+# ------------------------------------------------------------------ the program's versions (no torch)
+@dataclass(frozen=True)
+class ProgramVersions:
+    """What a ``.pt2`` says about who wrote it."""
+
+    schema: tuple[int, int] | None
+    torch: str | None
+    quantized: bool
+
+
+def read_program_versions(path: str | os.PathLike) -> ProgramVersions:
+    """Reads the serialization schema, the torch version and whether ModelOpt quantizer ops are present,
+    from the archive itself (``models/*.json``; EdgeFold's ``extra/edgefold.json`` when the build side wrote it).
+
+    Raises:
+        DeviceError: Not a ``torch.export`` archive.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            model = next((n for n in names if re.search(r"(^|/)models/[^/]+\.json$", n)), None)
+            if model is None:
+                raise DeviceError(f"{path} is not a torch.export program (no models/*.json in the archive)",
+                                  fix="save it with torch.export.save(torch.export.export(model, args), path)")
+            text = archive.read(model).decode(errors="replace")
+            extra = next((n for n in names if n.endswith("extra/edgefold.json")), None)
+            recorded = json.loads(archive.read(extra)) if extra else {}
+    except zipfile.BadZipFile:
+        raise DeviceError(f"{path} is not a torch.export program (not a zip archive)",
+                          fix="save it with torch.export.save(torch.export.export(model, args), path)") from None
+    document = json.loads(text)
+    schema = document.get("schema_version") or {}
+    version = (int(schema["major"]), int(schema["minor"])) if "major" in schema else None
+    return ProgramVersions(version, recorded.get("torch") or document.get("torch_version"), QUANTIZE_OP in text)
+
+
+def check_program_versions(program: ProgramVersions, torch_version: str, schema: Sequence[int]) -> list[str]:
+    """Refuses a program this device's torch cannot deserialize; returns notes for the risky cases.
+
+    torch's own rule (torch/_export/serde/serialize.py, ExportedProgramDeserializer.deserialize): a different
+    schema MAJOR is refused. A newer MINOR passes that check but may carry fields the older reader lacks:
+    noted here, and a failed load then names both versions too.
+
+    Raises:
+        ProgramVersionError: Naming the program's torch and schema and the device's.
+    """
+    device_schema = (int(schema[0]), int(schema[1]))
+    if program.schema is None:
+        return [f"the program records no serialization schema (written by torch {program.torch or 'unknown'})"]
+    wrote = f"torch {program.torch or 'unknown'} (serialization schema {program.schema[0]}.{program.schema[1]})"
+    here = f"torch {torch_version} (schema {device_schema[0]}.{device_schema[1]})"
+    if program.schema[0] != device_schema[0]:
+        raise ProgramVersionError(
+            f"the program was exported by {wrote}; this device has {here}, which cannot load it",
+            fix=f"export on the device with its own torch {torch_version} from the checkpoint (state + architecture "
+                f"key), or install torch {program.torch or 'of the build host'} on the device")
+    if program.schema > device_schema:
+        return [f"the program was exported by {wrote}, newer than this device's {here}: loads if it uses no newer "
+                "field"]
+    return []
+
+
+# ------------------------------------------------------------------ what fell back to PyTorch
+def fallback_report(compiled, engine_prefix: str = "_run_on_acc") -> dict[str, Any]:
+    """The ops a compiled module runs in PyTorch, by name and count, and its TensorRT engine submodules.
+
+    Children named ``engine_prefix…`` are TensorRT modules; every other GraphModule child, and the top graph
+    (the global partitioner leaves unsupported nodes there), runs in PyTorch: their call_function/call_method
+    nodes, less ``operator.getitem`` (a tuple access, not an op), are what fell back — Torch-TensorRT's own
+    count in dryrun mode (see :data:`RULES`, ``fallback_nodes``).
+    """
+    import operator
+
+    engines, ops = [], Counter()
+
+    def count(graph) -> None:
+        for node in graph.nodes:
+            if node.op in ("call_function", "call_method") and node.target is not operator.getitem:
+                ops[str(getattr(node.target, "__name__", node.target)) if node.op == "call_method"
+                    else str(node.target)] += 1
+
+    for name, child in compiled.named_children():
+        if name.startswith(engine_prefix):
+            engines.append(name)
+        elif getattr(child, "graph", None) is not None:
+            count(child.graph)
+    if getattr(compiled, "graph", None) is not None:
+        count(compiled.graph)
+    return {"engines": len(engines), "engine_submodules": engines, "fallback_ops": dict(sorted(ops.items())),
+            "fallback_count": int(sum(ops.values()))}
+
+
+def program_precision(module, quantized: bool) -> str:
+    """``int8`` for a graph with ModelOpt quantizer ops, ``fp16`` when most float weights are half, else ``fp32``."""
+    if quantized:
+        return "int8"
+    floats = [p.dtype for p in module.state_dict().values() if getattr(p, "is_floating_point", lambda: False)()]
+    half = sum(str(d) in ("torch.float16", "torch.bfloat16") for d in floats)
+    return "fp16" if floats and half * 2 > len(floats) else "fp32"
+
+
+def reconcile(requested: str, artifact: str, version: str) -> str:
+    """The precision to compile: the program's own, or FP16 cast from an FP32 program by the runner.
+
+    Raises:
+        PrecisionMismatchError: The job asks for a precision the program cannot be run in honestly.
+    """
+    if requested == artifact or (requested == "fp16" and artifact == "fp32"):
+        return requested
+    if artifact == "int8":
+        what, fix = "the program carries ModelOpt quantizers (INT8)", "send precision int8 with this program"
+    elif requested == "int8":
+        what = "the program has no ModelOpt quantizer ops: it would be compiled in float and reported as INT8"
+        fix = "export the INT8 rung on the device from the checkpoint and its modelopt_state (export_torch_mode)"
+    else:
+        what, fix = f"the program is {artifact}", f"send precision {artifact}"
+    raise PrecisionMismatchError(f"the job asks for {requested} but {what} (Torch-TensorRT {version})", fix=fix)
+
+
+def compute_device(torch):
+    """The device Torch-TensorRT compiles for: the CUDA GPU (the tests' stand-in replaces this function).
+
+    Raises:
+        DeviceError: On a host without CUDA.
+    """
+    if not torch.cuda.is_available():
+        raise DeviceError("Torch-TensorRT compiles for a CUDA GPU and this host has none",
+                          fix="use runtime 'torch' or 'onnxruntime' on a CPU-only host")
+    return torch.device("cuda")
+
+
+def _optional_version(module: str) -> str | None:
+    try:
+        return importlib.import_module(module).__version__
+    except Exception:  # noqa: BLE001 (absent or broken: the fingerprint says unknown)
+        return None
+
+
+class CompiledCache(EngineCache):
+    """Compiled Torch-TensorRT programs under the engine cache's folder rules."""
+
+    filename = "compiled.pt2"
+
+
+class TorchTensorRTRunner(Runner):
+    """Compiles a ``torch.export`` program with Torch-TensorRT at each measured batch, and runs it.
+
+    Args:
+        path: The ``.pt2`` file.
+        precision: ``fp32``, ``fp16`` or ``int8``; must agree with the program (:func:`reconcile`).
+        batch_sizes: The batches the job measures: one compiled module each (static shapes).
+        cache_dir: Cache folder (default: ``engines/`` beside the program).
+    """
+
+    name = "torch_tensorrt"
+
+    def __init__(self, path: str | os.PathLike, precision: str = "fp32", batch_sizes: Sequence[int] = (1,),
+                 cache_dir: str | os.PathLike | None = None):
+        if precision not in DTYPES:
+            raise ConfigError(f"the torch_tensorrt runner runs fp32, fp16 or int8, not {precision!r}",
+                              fix="use precision fp32, fp16 or int8")
+        self.path, self.precision = str(path), precision
+        self.batch_sizes = tuple(sorted(set(batch_sizes)))
+        self.cache = CompiledCache(cache_dir or Path(path).parent / "engines")
+        self._modules: dict[int, Any] = {}
+        self.engine_path: Path | None = None
+        self.built_now = False
+        self.precision_built: str | None = None
+        self.pci_bus_id: str | None = None
+        self.torch_tensorrt: dict[str, Any] = {}
+
+    def load(self) -> None:
+        torch = require("torch", "PyTorch", "pip install 'edgefold[torch-tensorrt]' (JetPack: NVIDIA's torch wheel)")
+        tt = require("torch_tensorrt", "Torch-TensorRT",
+                     "pip install 'edgefold[torch-tensorrt]' on x86/SBSA; on JetPack 6 use jetson-containers' "
+                     "torch_tensorrt build")
+        self.torch, self.tt = torch, tt
+        rules = rules_for(tt.__version__)
+        from torch._export.serde.schema import SCHEMA_VERSION
+
+        versions = read_program_versions(self.path)
+        notes = check_program_versions(versions, torch.__version__, SCHEMA_VERSION)
+        if versions.quantized:
+            # The quantize op is ModelOpt's: it must be registered before the program is deserialized.
+            require("modelopt.torch.quantization", "NVIDIA ModelOpt",
+                    "pip install nvidia-modelopt (Torch-TensorRT compiles INT8 programs through ModelOpt's op)")
+        try:
+            program = torch.export.load(self.path)
+        except Exception as err:  # torch raises several types for a foreign or truncated archive
+            raise ProgramVersionError(
+                f"torch {torch.__version__} could not load {Path(self.path).name}, exported by torch "
+                f"{versions.torch or 'unknown'} (schema {versions.schema}): {err}",
+                fix=f"export on the device with its own torch {torch.__version__}, or match the build host's torch")
+        self.device = compute_device(torch)
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(0)
+            self.pci_bus_id = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+        module = program.module()
+        artifact = program_precision(module, versions.quantized)
+        self.precision_built = reconcile(self.precision, artifact, tt.__version__)
+        self.dtype = getattr(torch, DTYPES[self.precision_built])
+        self.input_chw = self._input_chw(program)
+        gpu, capability = detect_gpu(pci_bus_id=self.pci_bus_id)
+        fp = fingerprint(_optional_version("tensorrt") or "unknown", gpu, capability, read_l4t())
+        fp.update({"torch_tensorrt": tt.__version__, "torch": torch.__version__})
+        sha = sha256_file(self.path)
+        reports: dict[int, Any] = {}
+        for batch in self.batch_sizes:
+            options = BuildOptions(precision=self.precision_built, batch=(batch, batch, batch))
+            path, built = self.cache.get_or_build(
+                self.path, sha, fp, options,
+                lambda _src, _opts, out, b=batch: self._compile(module, b, rules, out))
+            record = json.loads((path.parent / "build.json").read_text())
+            reports[batch] = record
+            self._modules[batch] = tt.load(str(path)).module().to(self.device)
+            self.built_now = self.built_now or built
+        self.engine_path = path.parent
+        first = reports[self.batch_sizes[0]]
+        self.torch_tensorrt = {
+            "version": tt.__version__, "torch": torch.__version__, "program_torch": versions.torch,
+            "program_schema": list(versions.schema) if versions.schema else None,
+            "rules": {name: rule.source for name, rule in sorted(rules.items())},
+            "compile_arguments": {b: r["compile_arguments"] for b, r in reports.items()},
+            "fallback": {b: r["fallback"] for b, r in reports.items()},
+            "fallback_count": first["fallback"]["fallback_count"], "notes": notes}
+
+    def _input_chw(self, program) -> tuple[int | None, ...]:
+        example = program.example_inputs[0][0] if program.example_inputs else None
+        if example is not None:
+            return tuple(int(d) for d in example.shape[1:])
+        placeholder = next(n for n in program.graph.nodes if n.op == "placeholder"
+                           and n.name in program.graph_signature.user_inputs)
+        return tuple(int(d) if isinstance(d, int) else None for d in placeholder.meta["val"].shape[1:])
+
+    def _compile(self, module, batch: int, rules: dict[str, Rule], out: Path) -> None:
+        """Re-exports ``module`` at ``batch`` on the GPU in the compiled precision, compiles it, saves it to ``out``
+        and writes ``build.json`` (arguments, fallback report, release rules) beside it."""
+        torch, tt = self.torch, self.tt
+        if any(d is None for d in self.input_chw):
+            raise ConfigError(f"the program's input has dynamic dimensions besides the batch: {self.input_chw}",
+                              fix="export with a fixed C×H×W (only the batch axis dynamic)")
+        shape = (batch, *self.input_chw)
+        moved = module.to(self.device, self.dtype) if self.precision_built == "fp16" else module.to(self.device)
+        example = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # A static re-export on the device: the graph compiled is the one timed, in the precision it is timed in.
+        static = torch.export.export(moved, (example,), strict=False)
+        arguments = compile_arguments(rules, self.precision_built)
+        resolved = {key: {getattr(torch, name) for name in value} if key == "enabled_precisions" else value
+                    for key, value in arguments.items()}
+        inputs = [tt.Input(shape=shape, dtype=self.dtype)]
+        try:
+            compiled = tt.dynamo.compile(static, inputs=inputs, **resolved)
+        except TypeError:
+            raise  # a release rule that is wrong for this build: a bug to fix here, never retried
+        except Exception as err:  # converters and TensorRT raise their own types
+            raise EngineBuildError(f"Torch-TensorRT {tt.__version__} could not compile {Path(self.path).name} at "
+                                   f"batch {batch}: {err}",
+                                   fix="see the job log; ops without converters fall back to PyTorch, a failing "
+                                       "converter does not") from None
+        report = fallback_report(compiled, rules["engine_prefix"].value)
+        tt.save(compiled, str(out), arg_inputs=[example], **rules["save"].value)
+        shown = {key: sorted(value) if isinstance(value, tuple) else value for key, value in arguments.items()}
+        record = {"torch_tensorrt": tt.__version__, "torch": torch.__version__, "batch": batch,
+                  "precision": self.precision_built,
+                  "compile_arguments": {"inputs": f"[Input(shape={shape}, dtype={self.dtype})]", **shown},
+                  "fallback": report}
+        write_atomic(out.parent / "build.json", json.dumps(record, indent=1, default=str) + "\n")
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        module = self._modules.get(batch.shape[0])
+        if module is None:
+            raise ShapeOutsideProfileError(f"no compiled module for batch {batch.shape[0]} (compiled: "
+                                           f"{list(self._modules)})", fix="measure the batch sizes the job names")
+        torch = self.torch
+        with torch.inference_mode():
+            tensor = torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32)).to(self.device, self.dtype)
+            out = module(tensor)
+            if isinstance(out, (tuple, list)):
+                out = out[0]
+            return out.float().cpu().numpy()  # .cpu() synchronizes: the latency includes the GPU's work
+
+    def close(self) -> None:
+        self._modules = {}
+        if getattr(self, "device", None) is not None and self.device.type == "cuda":
+            self.torch.cuda.empty_cache()
