@@ -40,7 +40,7 @@ import numpy as np
 
 from device.engine import BuildOptions, EngineCache, detect_gpu, fingerprint, read_l4t
 from device.errors import (ConfigError, DeviceError, EngineBuildError, PrecisionMismatchError,
-                           ProgramVersionError, ShapeOutsideProfileError, require)
+                           ProgramVersionError, RunnerError, ShapeOutsideProfileError, require)
 from device.files import sha256_file, write_atomic
 from device.runners import Runner
 
@@ -340,10 +340,14 @@ class TorchTensorRTRunner(Runner):
         try:
             program = torch.export.load(self.path)
         except Exception as err:  # torch raises several types for a foreign or truncated archive
+            if versions.schema == tuple(SCHEMA_VERSION)[:2] and versions.torch in (None, torch.__version__):
+                raise RunnerError(f"torch {torch.__version__} could not load {Path(self.path).name}: {err}",
+                                  fix="re-export the program (torch.export.save)") from None
             raise ProgramVersionError(
-                f"torch {torch.__version__} could not load {Path(self.path).name}, exported by torch "
-                f"{versions.torch or 'unknown'} (schema {versions.schema}): {err}",
-                fix=f"export on the device with its own torch {torch.__version__}, or match the build host's torch")
+                f"torch {torch.__version__} (schema {SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}) could not load "
+                f"{Path(self.path).name}, exported by torch {versions.torch or 'unknown'} (schema {versions.schema}): "
+                f"{err}", fix=f"export on the device with its own torch {torch.__version__}, or match the build "
+                              "host's torch") from None
         self.device = compute_device(torch)
         if self.device.type == "cuda":
             props = torch.cuda.get_device_properties(0)

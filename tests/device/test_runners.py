@@ -9,7 +9,7 @@ from tests.device.agent_process import tiny_onnx
 
 
 def test_registry_suggests_near_runtimes():
-    assert RUNNERS.names() == ["onnxruntime", "tensorrt", "torch"]
+    assert RUNNERS.names() == ["onnxruntime", "tensorrt", "torch", "torch_tensorrt"]
     with pytest.raises(UnknownKeyError) as err:
         make_runner("onnxruntim", "x.onnx")
     assert "onnxruntime" in err.value.fix

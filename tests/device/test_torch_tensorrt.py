@@ -1,0 +1,289 @@
+"""The agent's torch_tensorrt runtime against the Torch-TensorRT STAND-IN (tests/device/torch_tensorrt_standin.py),
+for JetPack 6's release (2.5), a middle one (2.9) and the newest read (2.14); the real one where it exists."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device.errors import ConfigError, PrecisionMismatchError, ProgramVersionError
+from device.runners import RUNNERS, make_runner
+from device.runners.torch_tensorrt import (RULES, ProgramVersions, check_program_versions, compile_arguments,
+                                           read_program_versions, rules_for)
+from tests.device.agent_process import AgentProcess
+from tests.slow import slow_fixture
+
+torch = pytest.importorskip("torch")
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(8, 5)).eval()
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    """A float torch.export program as the export stage writes it (batch axis dynamic, torch version recorded)."""
+    model = tiny_model()
+    path = tmp_path_factory.mktemp("pt2") / "student.pt2"
+    exported = torch.export.export(model, (torch.zeros(2, 3, 16, 16),),
+                                   dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    torch.export.save(exported, path, extra_files={"edgefold.json": json.dumps({"torch": torch.__version__})})
+    return model, path
+
+
+def standin(monkeypatch, version: str):
+    """Installs the stand-in for ``version`` in this test only (compiling for the CPU)."""
+    import device.runners.torch_tensorrt as runtime
+    from tests.device import trt_standin
+    from tests.device.torch_tensorrt_standin import make_torch_tensorrt, with_spec
+
+    tt = make_torch_tensorrt(version)
+    monkeypatch.setitem(sys.modules, "torch_tensorrt", tt)
+    monkeypatch.setitem(sys.modules, "tensorrt", with_spec(trt_standin.make_tensorrt("10.3.0", 0), "tensorrt"))
+    monkeypatch.setattr(runtime, "compute_device", lambda torch: torch.device("cpu"))
+    monkeypatch.setattr(runtime, "detect_gpu", lambda **_: (trt_standin.STANDIN_DEVICE, "8.7"))
+    return tt
+
+
+# ------------------------------------------------------------------ the release table
+def test_registered_beside_the_other_runtimes():
+    assert "torch_tensorrt" in RUNNERS.names()
+
+
+def test_each_release_gets_its_own_precision_arguments_and_every_rule_cites_a_tag():
+    assert compile_arguments(rules_for("2.5.0a0+jetson"), "fp16") == {"enabled_precisions": ("float16",)}
+    assert compile_arguments(rules_for("2.5.0"), "int8") == {"enabled_precisions": ("int8",)}
+    assert compile_arguments(rules_for("2.9.0"), "fp16") == {"use_explicit_typing": True}
+    assert compile_arguments(rules_for("2.9.0"), "int8") == {"enabled_precisions": ("int8",)}
+    assert compile_arguments(rules_for("2.14.0"), "fp16") == {}
+    assert compile_arguments(rules_for("2.13.0"), "int8") == {}
+    assert all("@" in rule.source and rule.source.startswith(("py/", "docsrc/", "examples/")) for rule in RULES)
+    # Every release read gets exactly one rule of each name.
+    for version in ("2.3.0", "2.5.0", "2.6.0", "2.12.0", "2.13.0", "2.14.0"):
+        names = [r.name for r in RULES if r.since <= tuple(map(int, version.split(".")[:2]))
+                 and (r.until is None or tuple(map(int, version.split(".")[:2])) < r.until)]
+        assert len(names) == len(set(names)) and "precision_arguments" in names
+
+
+def test_a_release_older_than_any_read_is_refused():
+    with pytest.raises(ConfigError, match="older than 2.3"):
+        rules_for("2.2.0")
+    with pytest.raises(ConfigError, match="cannot read"):
+        rules_for("nightly")
+
+
+@pytest.mark.parametrize("version", ["2.5.0", "2.9.0", "2.14.0"])
+def test_standin_accepts_exactly_what_its_release_documents(version):
+    from tests.device.torch_tensorrt_standin import make_torch_tensorrt
+
+    tt = make_torch_tensorrt(version)
+    program = torch.export.export(tiny_model(), (torch.zeros(1, 3, 16, 16),))
+    spec = [tt.Input(shape=(1, 3, 16, 16), dtype=torch.float32)]
+    removed = {"2.5.0": "use_explicit_typing", "2.9.0": "make_it_fast", "2.14.0": "enabled_precisions"}[version]
+    with pytest.raises(TypeError, match=removed):
+        tt.dynamo.compile(program, inputs=spec, **{removed: True})
+    with pytest.raises(AssertionError, match="static"):
+        tt.dynamo.compile(program, inputs=[tt.Input(min_shape=(1, 3, 16, 16), opt_shape=(2, 3, 16, 16),
+                                                     max_shape=(4, 3, 16, 16))])
+
+
+def test_standin_keeps_the_explicit_typing_assertion_of_2_6_to_2_12():
+    from tests.device.torch_tensorrt_standin import make_torch_tensorrt
+
+    tt = make_torch_tensorrt("2.9.0")
+    program = torch.export.export(tiny_model(), (torch.zeros(1, 3, 16, 16),))
+    with pytest.raises(AssertionError, match="use_explicit_typing"):
+        tt.dynamo.compile(program, inputs=[tt.Input(shape=(1, 3, 16, 16))], use_explicit_typing=True,
+                          enabled_precisions={torch.float16})
+
+
+# ------------------------------------------------------------------ the runner
+@pytest.mark.parametrize("version,expected", [("2.5.0", {"enabled_precisions": {torch.float32}}),
+                                              ("2.9.0", {"use_explicit_typing": True}),
+                                              ("2.14.0", {})])
+def test_runner_compiles_each_batch_with_its_release_arguments(monkeypatch, tmp_path, program, version, expected):
+    model, path = program
+    tt = standin(monkeypatch, version)
+    with make_runner("torch_tensorrt", str(path), batch_sizes=(1, 4), engine_cache=str(tmp_path)) as runner:
+        batch = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
+        out = runner.infer(batch)
+        with torch.inference_mode():
+            eager = model(torch.from_numpy(batch)).numpy()
+        np.testing.assert_allclose(out, eager, rtol=1e-4, atol=1e-5)
+        assert runner.infer(batch[:1]).shape == (1, 5)
+        info = runner.torch_tensorrt
+    assert [call["inputs"] for call in tt.calls] == [[((1, 3, 16, 16), torch.float32)],
+                                                     [((4, 3, 16, 16), torch.float32)]]
+    assert all(call["kwargs"] == expected for call in tt.calls)
+    assert info["version"] == version and runner.precision_built == "fp32"
+    assert "v2.5.0" in info["rules"]["static_input"]
+
+
+def test_runner_reports_the_ops_that_fell_back_by_name_and_count(monkeypatch, tmp_path, program):
+    _, path = program
+    standin(monkeypatch, "2.5.0")
+    with make_runner("torch_tensorrt", str(path), batch_sizes=(2,), engine_cache=str(tmp_path)) as runner:
+        report = runner.torch_tensorrt["fallback"][2]
+    assert report["fallback_ops"] == {"aten.adaptive_avg_pool2d.default": 1}
+    assert report["fallback_count"] == 1 and runner.torch_tensorrt["fallback_count"] == 1
+    # conv+relu before the pool, flatten+linear after it: two TensorRT engines around one PyTorch island.
+    assert report["engines"] == 2 and all(name.startswith("_run_on_acc") for name in report["engine_submodules"])
+
+
+def test_runner_casts_an_fp32_program_to_fp16_before_compiling(monkeypatch, tmp_path, program):
+    _, path = program
+    tt = standin(monkeypatch, "2.9.0")
+    with make_runner("torch_tensorrt", str(path), precision="fp16", batch_sizes=(1,),
+                     engine_cache=str(tmp_path)) as runner:
+        out = runner.infer(np.zeros((1, 3, 16, 16), np.float32))
+    assert out.dtype == np.float32 and runner.precision_built == "fp16"
+    assert tt.calls[0]["inputs"] == [((1, 3, 16, 16), torch.float16)]
+    assert tt.calls[0]["kwargs"] == {"use_explicit_typing": True}
+
+
+def test_compiled_programs_are_cached_by_the_engine_fingerprint(monkeypatch, tmp_path, program):
+    _, path = program
+    tt = standin(monkeypatch, "2.5.0")
+    with make_runner("torch_tensorrt", str(path), batch_sizes=(1,), engine_cache=str(tmp_path)) as first:
+        first_out = first.infer(np.ones((1, 3, 16, 16), np.float32))
+    assert first.built_now and len(tt.calls) == 1
+    recorded = json.loads((first.engine_path / "fingerprint.json").read_text())
+    assert recorded["torch_tensorrt"] == "2.5.0" and recorded["torch"] == torch.__version__
+    assert (first.engine_path / "compiled.pt2").is_file()
+    with make_runner("torch_tensorrt", str(path), batch_sizes=(1,), engine_cache=str(tmp_path)) as again:
+        np.testing.assert_allclose(again.infer(np.ones((1, 3, 16, 16), np.float32)), first_out, rtol=1e-5)
+        assert again.torch_tensorrt["fallback_count"] == 1  # the report travels with the cached program
+    assert not again.built_now and len(tt.calls) == 1
+    # Another Torch-TensorRT release: another fingerprint, compiled again.
+    newer = standin(monkeypatch, "2.14.0")
+    with make_runner("torch_tensorrt", str(path), batch_sizes=(1,), engine_cache=str(tmp_path)) as other:
+        pass
+    assert other.built_now and len(newer.calls) == 1 and other.engine_path != first.engine_path
+
+
+def test_an_int8_job_on_a_float_program_is_refused(monkeypatch, tmp_path, program):
+    _, path = program
+    standin(monkeypatch, "2.14.0")
+    with pytest.raises(PrecisionMismatchError, match="no ModelOpt quantizer ops") as err:
+        make_runner("torch_tensorrt", str(path), precision="int8", engine_cache=str(tmp_path)).load()
+    assert "modelopt_state" in err.value.fix
+
+
+# ------------------------------------------------------------------ program versions
+def rewrite_schema(source: Path, target: Path, major: int, torch_version: str) -> Path:
+    """A copy of ``source`` whose archive claims another serialization schema and torch version."""
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+        for item in old.infolist():
+            data = old.read(item.filename)
+            if item.filename.endswith("models/model.json"):
+                document = json.loads(data)
+                document["schema_version"] = {"major": major, "minor": 0}
+                document["torch_version"] = torch_version
+                data = json.dumps(document).encode()
+            elif item.filename.endswith("extra/edgefold.json"):
+                data = json.dumps({"torch": torch_version}).encode()
+            new.writestr(item, data)
+    return target
+
+
+def test_program_versions_are_read_without_torch(program):
+    _, path = program
+    versions = read_program_versions(path)
+    from torch._export.serde.schema import SCHEMA_VERSION
+
+    assert versions.torch == torch.__version__ and versions.schema == tuple(SCHEMA_VERSION)[:2]
+    assert versions.quantized is False
+
+
+def test_a_program_from_another_schema_major_is_refused_naming_both_versions(monkeypatch, tmp_path, program):
+    _, path = program
+    standin(monkeypatch, "2.5.0")
+    foreign = rewrite_schema(path, tmp_path / "newer.pt2", 99, "2.99.0")
+    with pytest.raises(ProgramVersionError) as err:
+        make_runner("torch_tensorrt", str(foreign), engine_cache=str(tmp_path)).load()
+    assert "torch 2.99.0" in err.value.message and f"torch {torch.__version__}" in err.value.message
+    assert "schema 99.0" in err.value.message and "export on the device" in err.value.fix
+
+
+def test_version_rule_matches_torchs_own():
+    # A JetPack 6 device (torch 2.5, schema 7.x) and a program from torch 2.14 (schema 8.20): refused.
+    with pytest.raises(ProgramVersionError, match=r"torch 2\.14\.1.*torch 2\.5\.0"):
+        check_program_versions(ProgramVersions((8, 20), "2.14.1", False), "2.5.0", (7, 3))
+    # Same major, newer minor: torch's check passes; noted, not refused.
+    notes = check_program_versions(ProgramVersions((8, 21), "2.15.0", False), "2.14.1", (8, 20))
+    assert len(notes) == 1 and "2.15.0" in notes[0]
+    assert check_program_versions(ProgramVersions((8, 2), "2.9.0", False), "2.14.1", (8, 20)) == []
+
+
+def test_a_quantized_program_is_recognised_from_its_archive(tmp_path, program):
+    _, path = program
+    quantized = tmp_path / "q.pt2"
+    with zipfile.ZipFile(path) as old, zipfile.ZipFile(quantized, "w") as new:
+        for item in old.infolist():
+            data = old.read(item.filename)
+            if item.filename.endswith("models/model.json"):
+                data = data.replace(b"aten.relu.default", b"tensorrt.quantize_op.default")
+            new.writestr(item, data)
+    assert read_program_versions(quantized).quantized is True
+
+
+def test_not_a_program_is_a_device_error(tmp_path):
+    from device.errors import DeviceError
+
+    bogus = tmp_path / "x.pt2"
+    bogus.write_bytes(b"not a zip")
+    with pytest.raises(DeviceError, match="not a torch.export program"):
+        read_program_versions(bogus)
+
+
+# ------------------------------------------------------------------ through the real agent
+@pytest.fixture(scope="module")
+@slow_fixture
+def agent_job(tmp_path_factory, program):
+    from tests.device.torch_tensorrt_standin import sitecustomize_dir
+
+    _, path = program
+    tmp = tmp_path_factory.mktemp("ttagent")
+    _, env = sitecustomize_dir(tmp / "site", "2.5.0")
+    with AgentProcess(tmp / "data", env=env) as agent, agent.client() as client:
+        sha = client.upload(path)
+        job = client.submit({"artifact": sha, "runtime": "torch_tensorrt", "iterations": 5, "warmup_iterations": 1,
+                             "idle_s": 0, "batch_sizes": [1, 2], "telemetry": ["host"], "label": "student"})
+        return client.wait(job["id"], timeout_s=300)
+
+
+def test_a_torch_tensorrt_job_runs_through_the_real_agent(agent_job):
+    assert agent_job["state"] == "succeeded", agent_job["error"]
+    result = agent_job["result"]
+    runtime = result["runtime"]
+    assert runtime["name"] == "torch_tensorrt" and runtime["precision"] == "fp32"
+    assert runtime["torch_tensorrt"]["version"] == "2.5.0"
+    assert runtime["torch_tensorrt"]["fallback_count"] == 1
+    assert sorted(run["batch_size"] for run in result["runs"]) == [1, 2]
+    assert all(run["latency_p50_ms"] > 0 for run in result["runs"])
+    assert result["smoke"]["output_shape"] == [1, 5]
+
+
+# ------------------------------------------------------------------ the real thing
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+def test_real_torch_tensorrt_compiles_and_matches_eager(tmp_path, program):
+    pytest.importorskip("torch_tensorrt")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model, path = program
+    with make_runner("torch_tensorrt", str(path), batch_sizes=(1, 4), engine_cache=str(tmp_path)) as runner:
+        batch = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
+        out = runner.infer(batch)
+    with torch.inference_mode():
+        eager = model(torch.from_numpy(batch)).numpy()
+    np.testing.assert_allclose(out, eager, rtol=1e-2, atol=1e-3)
+    assert runner.torch_tensorrt["fallback"][4]["engines"] >= 1
