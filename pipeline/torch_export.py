@@ -1,0 +1,54 @@
+"""The ``torch.export`` program (``.pt2``) a rung ships for the Torch-TensorRT road, and its parity check.
+
+The agent's ``torch_tensorrt`` runtime compiles this program on the device (device/runners/torch_tensorrt.py), and
+refuses one its torch cannot load: the program records the torch that wrote it (``extra/edgefold.json``) beside
+torch's own serialization schema version, so the refusal can name both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# The largest batch the exported program admits; the runtime re-exports at each measured batch (static shapes).
+MAX_BATCH = 4096
+
+
+def export_program(model: torch.nn.Module, path: Path, input_shape: tuple[int, ...]) -> dict:
+    """Exports ``model`` (eval mode, CPU) with a dynamic batch axis and saves it with the torch version recorded.
+
+    Args:
+        model: The rung's float model.
+        path: Where to write the ``.pt2``.
+        input_shape: (1, C, H, W).
+
+    Returns:
+        Facts: the torch version, the serialization schema, the graph's ATen op count, the size.
+    """
+    from torch._export.serde.schema import SCHEMA_VERSION
+
+    model = model.eval().cpu()
+    # An example batch of 2, not 1: torch.export specializes a dimension whose example size is 0 or 1.
+    example = torch.zeros((2, *input_shape[1:]))
+    program = torch.export.export(model, (example,),
+                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=MAX_BATCH)},))
+    record = {"torch": torch.__version__, "schema": f"{SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}"}
+    torch.export.save(program, str(path), extra_files={"edgefold.json": json.dumps(record)})
+    ops = sum(node.op == "call_function" for node in program.graph.nodes)
+    return {**record, "aten_ops": int(ops), "size_mb": path.stat().st_size / 1e6}
+
+
+def check_program_parity(model: torch.nn.Module, path: Path, images: np.ndarray) -> dict:
+    """Compares ``model`` with the saved program as the agent's Torch runner loads and runs it."""
+    from device.runners.torch import TorchRunner
+
+    with torch.no_grad():
+        reference = model.eval()(torch.from_numpy(images)).numpy()
+    with TorchRunner(path, channels_last=False) as runner:
+        got = np.concatenate([runner.infer(images[i : i + 64]) for i in range(0, len(images), 64)])
+    diff = np.abs(got - reference)
+    return {"images": int(len(images)), "max_abs_diff": float(diff.max()),
+            "top1_agreement": float((got.argmax(1) == reference.argmax(1)).mean())}
