@@ -374,6 +374,11 @@ class DeployConfig(_Strict):
     threads: Threads = Field(0, description="intra-op CPU threads of the runtime; 0 = its default")
     runtime: Literal["auto", "tensorrt", "onnxruntime"] = Field(
         "auto", description="auto: TensorRT where the agent has it, else ONNX Runtime")
+    runtimes: list[Literal["tensorrt", "torch_tensorrt"]] = Field(
+        ["tensorrt"], min_length=1, description="the roads to each device: tensorrt is the ONNX road (its runtime "
+                                                "chosen by deploy.runtime); torch_tensorrt adds the PyTorch road "
+                                                "(torch.export programs and ModelOpt's quantizer state, compiled by "
+                                                "Torch-TensorRT on the device)")
     job_timeout_s: TimeoutSeconds = Field(1800.0, description="per job, engine build included")
     parallel_devices: int = Field(8, ge=1, le=256, description="devices benchmarked at once")
     retries: int = Field(1, ge=0, le=5, description="resubmissions of a job that failed or was interrupted")
@@ -384,6 +389,13 @@ class DeployConfig(_Strict):
     latency_budget_ms: float | None = Field(None, gt=0, le=60_000, description="the p50 a product must meet: the "
                                                                                 "report names the least-energy "
                                                                                 "sweep point within it")
+
+    @field_validator("runtimes")
+    @classmethod
+    def _roads_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"deploy.runtimes names each road once, got {value}")
+        return value
 
 
 class Recipe(_Strict):

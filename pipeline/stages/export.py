@@ -1,4 +1,7 @@
 """export stage: ONNX (opset ≥ 17, dynamic batch, BatchNorm folded) for every measured rung,
+and, when ``deploy.runtimes`` names ``torch_tensorrt``, a ``torch.export`` program (``<rung>.pt2``, torch version
+recorded, run back through the agent's Torch runner for parity) for the Torch-TensorRT road: the device casts it to
+FP16 itself for an FP16 rung, so only the float rungs get one,
 with its outputs checked against torch on real test images by ONNX Runtime; and the FP16 forms
 (``teacher_fp16``, ``student_fp16``): FP16 weights and compute written in the graph, float32 I/O,
 scored on the whole test split by ONNX Runtime — an emulation on the host's CPU (casts around most
@@ -27,7 +30,7 @@ class ExportStage(Stage):
 
     def config(self, ctx):
         return {"export": ctx.recipe.section("export"), "preprocess": ctx.preprocess.to_dict(),
-                "torch": torch.__version__}
+                "torch": torch.__version__, "runtimes": list(ctx.recipe.deploy.runtimes)}
 
     def run(self, ctx, workdir: Path) -> StageResult:
         cfg = ctx.recipe.export
@@ -48,12 +51,30 @@ class ExportStage(Stage):
                     fix="report this model to EdgeFold; try export.opset: 18, or loosen export.parity_atol",
                 )
             outputs[rung] = path
+            if "torch_tensorrt" in ctx.recipe.deploy.runtimes:
+                outputs[f"{rung}_pt2"] = self._program(ctx, model, rung, workdir, images, metrics[rung])
         if cfg.fp16_rungs:
             outputs.update(self._fp16_forms(ctx, workdir, outputs, metrics))
         # The device needs the preprocessing with the model to feed it correctly.
         (workdir / "preprocess.json").write_text(json.dumps(ctx.preprocess.to_dict(), indent=2) + "\n")
         outputs["preprocess"] = workdir / "preprocess.json"
         return StageResult(outputs=outputs, metrics={"rungs": metrics})
+
+    @staticmethod
+    def _program(ctx, model, rung: str, workdir: Path, images: np.ndarray, metrics: dict) -> Path:
+        """Writes ``<rung>.pt2`` and checks it against torch as the agent's Torch runner runs it."""
+        from pipeline.torch_export import check_program_parity, export_program
+
+        cfg = ctx.recipe.export
+        path = workdir / f"{rung}.pt2"
+        facts = export_program(model, path, ctx.preprocess.input_shape(1))
+        parity = check_program_parity(model, path, images)
+        metrics["program"] = {**facts, "parity": parity}
+        if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
+            raise StageError(f"the torch.export program of {rung} disagrees with torch: max |Δlogit| "
+                             f"{parity['max_abs_diff']:.3g} (allowed {cfg.parity_atol:g})",
+                             fix="report this model to EdgeFold, or leave torch_tensorrt out of deploy.runtimes")
+        return path
 
     @staticmethod
     def _fp16_forms(ctx, workdir: Path, exported: dict, metrics: dict) -> dict:

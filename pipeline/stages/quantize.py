@@ -317,12 +317,13 @@ class QuantizeStage(Stage):
 
     def needs(self, ctx):
         # Quantization-aware fine-tuning starts from the distilled checkpoint, not from the ONNX.
-        return ("data", "export") + (("distill",) if ctx.recipe.quantize.qat else ())
+        torch_road = "torch_tensorrt" in ctx.recipe.deploy.runtimes
+        return ("data", "export") + (("distill",) if ctx.recipe.quantize.qat or torch_road else ())
 
     def config(self, ctx):
         # The batch sizes shape the recorded trtexec lines (one engine per measured batch).
         return {"quantize": ctx.recipe.section("quantize"), "calib_size": ctx.recipe.data.calib_size,
-                "batch_sizes": list(ctx.recipe.deploy.batch_sizes)}
+                "batch_sizes": list(ctx.recipe.deploy.batch_sizes), "runtimes": list(ctx.recipe.deploy.runtimes)}
 
     def run(self, ctx, workdir: Path) -> StageResult:
         cfg = ctx.recipe.quantize
@@ -415,17 +416,56 @@ class QuantizeStage(Stage):
             "student.int8.onnx", "student.int8", INPUT_NAME, chw, ctx.recipe.deploy.batch_sizes, "int8", version)
             for version in ("10.3", "11.1")}
         scored = ("top1", "top5", "top1_correct", "top5_correct", "images", "predicted_counts", "label_counts")
+        outputs = {"student_int8": workdir / "student.int8.onnx", "predictions": workdir / "predictions.npy",
+                   "fp32_predictions": workdir / "predictions.fp32.npy"}
+        torch_road = None
+        if "torch_tensorrt" in ctx.recipe.deploy.runtimes:
+            outputs["student_int8_modelopt"], torch_road = self._modelopt_state(ctx, workdir, calibration, images,
+                                                                                labels, reference)
         return StageResult(
-            outputs={"student_int8": workdir / "student.int8.onnx", "predictions": workdir / "predictions.npy",
-                     "fp32_predictions": workdir / "predictions.fp32.npy"},
+            outputs=outputs,
             metrics={"fp32_top1": reference["top1"], "fp32_top1_correct": reference["top1_correct"],
                      **{key: accepted[key] for key in scored}, "sanity": sanity,
                      "drop_points": accepted["drop_points"],
                      "method": accepted["method"], "size_mb": accepted["size_mb"],
                      "float_islands": accepted["float_islands"],
                      "fp32_size_mb": exported.stat().st_size / 1e6,
-                     "attempts": attempts, "trtexec": trtexec},
+                     "attempts": attempts, "trtexec": trtexec, "torch_road": torch_road},
         )
+
+    @staticmethod
+    def _modelopt_state(ctx, workdir: Path, calibration: np.ndarray, images: np.ndarray, labels: np.ndarray,
+                        reference: dict) -> tuple[Path, dict]:
+        """The Torch-TensorRT road's INT8 rung: ModelOpt's quantizer state calibrated (max) on the same calibration
+        images, restored into a fresh student and gated with fake quantization on the same budget as the ONNX road.
+
+        Raises:
+            StageError: When the restored, fake-quantized student misses the budget.
+        """
+        import torch
+
+        from pipeline.checkpoint import load_checkpoint
+        from pipeline.modelopt_state import calibrate, restore
+
+        cfg = ctx.recipe.quantize
+        checkpoint = ctx.manifest.output("distill", "model")
+        path = workdir / "student.modelopt.pth"
+        with _quiet("modelopt"):
+            record = calibrate(load_checkpoint(checkpoint)[0], calibration, path, "max")
+            restored = restore(load_checkpoint(checkpoint)[0], path)  # what the device does: a fresh student
+        with torch.no_grad():
+            predicted = np.concatenate([restored(torch.from_numpy(images[i : i + 256])).argmax(1).numpy()
+                                        for i in range(0, len(images), 256)])
+        correct = int((predicted == labels).sum())
+        drop = 100 * (reference["top1_correct"] - correct) / len(labels)
+        gate = {**record, "top1": correct / len(labels), "top1_correct": correct, "drop_points": drop,
+                "host_note": "ModelOpt fake quantization on CPU; the device compiles the restored student"}
+        if not within_budget(reference["top1_correct"], correct, len(labels), cfg.accuracy_budget_points):
+            raise StageError(f"the ModelOpt INT8 student (Torch-TensorRT road, max calibration) drops {drop:.2f} "
+                             f"points, over the budget of {cfg.accuracy_budget_points}",
+                             fix="raise quantize.accuracy_budget_points, enlarge data.calib_size, or leave "
+                                 "torch_tensorrt out of deploy.runtimes")
+        return path, gate
 
     def summary(self, metrics):
         return (f"INT8 top-1 {100 * metrics['top1']:.2f}% ({points(-metrics['drop_points']):+.2f} points, {metrics['method']}), "

@@ -83,3 +83,57 @@ def test_a_student_without_the_state_is_not_restored(tmp_path, student):
     with pytest.raises(CheckpointError, match="no ModelOpt quantizer state") as err:
         restore(student, bogus)
     assert "--force quantize" in err.value.fix
+
+
+# ------------------------------------------------------------------ the recipe key and the stages
+def test_roads_default_to_the_onnx_road_and_unknown_ones_are_refused(repo):
+    import yaml
+
+    from device.errors import ConfigError
+    from pipeline.recipe import parse_recipe
+
+    raw = yaml.safe_load((repo / "models" / "tiny.yaml").read_text())
+    assert parse_recipe(raw).deploy.runtimes == ["tensorrt"]
+    raw["deploy"]["runtimes"] = ["tensorrt", "torch_tensorrt"]
+    assert parse_recipe(raw).deploy.runtimes == ["tensorrt", "torch_tensorrt"]
+    for wrong, why in ((["tensorrt", "torchtrt"], r"deploy\.runtimes"), (["tensorrt", "tensorrt"], "once"),
+                       ([], r"deploy\.runtimes")):
+        raw["deploy"]["runtimes"] = wrong
+        with pytest.raises(ConfigError, match=why):
+            parse_recipe(raw)
+
+
+@pytest.fixture(scope="module")
+def torch_road_run(tiny_run, tmp_path_factory):
+    """The tiny run's export and quantize stages again with both roads selected."""
+    import shutil
+
+    from pipeline.runner import run_pipeline
+
+    runs = tmp_path_factory.mktemp("torchroad")
+    shutil.copytree(tiny_run.run_dir, runs / "tiny" / "shared")
+    return run_pipeline("tiny", runs_dir=runs, run_id="shared", until="quantize",
+                        overrides={"deploy.runtimes": ["tensorrt", "torch_tensorrt"]})
+
+
+def test_export_stage_writes_a_program_per_float_rung(torch_road_run):
+    from device.runners.torch_tensorrt import read_program_versions
+
+    entry = torch_road_run.manifest.stage("export")
+    for rung in ("teacher", "pruned", "student"):
+        path = torch_road_run.run_dir / entry["outputs"][f"{rung}_pt2"]
+        assert path.is_file() and read_program_versions(path).torch == torch.__version__
+        program = entry["metrics"]["rungs"][rung]["program"]
+        assert program["parity"]["top1_agreement"] == 1.0 and program["torch"] == torch.__version__
+    assert "student_fp16_pt2" not in entry["outputs"]  # the device casts the student's program itself
+
+
+def test_quantize_stage_ships_the_modelopt_state_behind_the_gate(torch_road_run):
+    pytest.importorskip("modelopt.torch.quantization")
+    entry = torch_road_run.manifest.stage("quantize")
+    state = torch_road_run.run_dir / entry["outputs"]["student_int8_modelopt"]
+    assert state.is_file() and entry["metrics"]["torch_road"]["modelopt_algorithm"] == "max"
+    road = entry["metrics"]["torch_road"]
+    assert road["calibration_images"] == torch_road_run.recipe.data.calib_size  # the ONNX road's images
+    assert road["drop_points"] <= torch_road_run.recipe.quantize.accuracy_budget_points
+    assert 0.5 < road["top1"] <= 1.0
