@@ -155,6 +155,7 @@ def describe_device() -> dict[str, Any]:
         "tensorrt_status": tensorrt_status(),
         "onnxruntime": package_version("onnxruntime", "onnxruntime-gpu"),
         "torch": package_version("torch"), "jetson_stats": package_version("jetson-stats"),
+        "torch_tensorrt": torch_tensorrt_version(),
     }
     info["tensorrt"] = info["tensorrt_status"]["version"]
     try:
@@ -165,6 +166,15 @@ def describe_device() -> dict[str, Any]:
         info["onnxruntime_providers"] = []
     info.update(power_mode())
     return info
+
+
+def torch_tensorrt_version() -> str | None:
+    """Torch-TensorRT's version: its distribution's (``torch-tensorrt``; jetson-containers' build registers
+    ``torch_tensorrt``), else a module already imported in this process (a source build without metadata).
+    Never imported here: it imports torch, seconds and gigabytes on a small Jetson."""
+    found = package_version("torch-tensorrt", "torch_tensorrt")
+    module = sys.modules.get("torch_tensorrt")
+    return found or (getattr(module, "__version__", None) if module is not None else None)
 
 
 def runtime_banner(info: dict[str, Any]) -> str:

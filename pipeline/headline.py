@@ -112,11 +112,35 @@ def text(h: dict[str, Any]) -> str:
                      f"{100 * d['host_top1']:.2f}% on the host (same {d['images']} images, McNemar p = "
                      f"{d['mcnemar_p']:.2g}): differs by more than noise; {CAUSES}")
     lines += [f"  {int8_vs_fp16_text(v)}" for v in h.get("int8_vs_fp16") or []]
+    lines += [f"  {two_roads_text(v)}" for v in h.get("two_roads") or []]
     lines += [f"  power mode     {c['rung']} on {c['device']}: {c['text']}" for c in h.get("power_mode_choices") or []]
     lines += fallbacks
     if h.get("note"):
         lines.append(f"  note: {h['note']}")
     return "\n".join(lines)
+
+
+def two_roads_text(line: dict[str, Any]) -> str:
+    """``student on orin, Torch-TensorRT 2.5.0 vs ONNX → TensorRT: ×1.08 latency [1.02, 1.15], ×1.05 energy per
+    image [...], top-1 97.9% vs 98.0% (device-measured), 1 op fell back to PyTorch (aten.adaptive_avg_pool2d ×1)``."""
+    parts = []
+    for name, words in (("latency", "latency"), ("energy", "energy per image")):
+        if line.get(f"{name}_ratio") is not None:
+            ratio = f"×{line[f'{name}_ratio']:.2f} {words} [{line[f'{name}_low']:.2f}, {line[f'{name}_high']:.2f}]"
+            parts.append(ratio + ("" if line.get(f"{name}_significant") else " (no measurable difference)"))
+        else:
+            parts.append(f"{words} {NOT_MEASURED}")
+    top1 = [f"{100 * line[key]:.1f}%" if line.get(key) is not None else NOT_MEASURED
+            for key in ("torch_top1", "onnx_top1")]
+    parts.append(f"top-1 {top1[0]} vs {top1[1]} (device-measured)")
+    count = line.get("fallback_count")
+    if count is None:
+        parts.append(f"fallback {NOT_MEASURED}")
+    else:
+        ops = ", ".join(f"{name} ×{n}" for name, n in sorted(line.get("fallback_ops", {}).items()))
+        parts.append(f"{count} op{'s' if count != 1 else ''} fell back to PyTorch" + (f" ({ops})" if ops else ""))
+    return (f"two roads     {line['rung']} on {line['device']}, Torch-TensorRT {line.get('torch_tensorrt')} vs ONNX → "
+            f"{line.get('onnx_runtime')}: " + ", ".join(parts))
 
 
 def int8_vs_fp16_text(verdict: dict[str, Any]) -> str:

@@ -62,13 +62,20 @@ def sweep_spec(sweep, device_info: dict[str, Any]) -> SweepSpec:
 
 
 def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preprocess: dict[str, Any],
-             label: str, profile: bool = True, evaluation: EvaluationSpec | None = None, sweep=None) -> JobSpec:
+             label: str, profile: bool = True, evaluation: EvaluationSpec | None = None, sweep=None,
+             road: str = "tensorrt") -> JobSpec:
     """The benchmark job for one rung on one device, as the agent's own schema (validated here).
 
     Args:
         sweep: The recipe's ``deploy.sweep`` (:class:`pipeline.recipe.SweepConfig`), for the ladder's jobs only.
+        road: ``tensorrt`` (the ONNX road: ``deploy.runtime`` picks the runtime) or ``torch_tensorrt`` (the rung's
+            ``torch.export`` program compiled by Torch-TensorRT on the device; never swept: the sweep is the
+            ONNX road's).
     """
-    runtime, _ = choose_runtime(cfg.runtime, device_info)
+    if road == "torch_tensorrt":
+        runtime, sweep = "torch_tensorrt", None
+    else:
+        runtime, _ = choose_runtime(cfg.runtime, device_info)
     # A rung's precision is its artifact's, on every runtime and TensorRT version: an FP32 rung is timed in
     # FP32 and the FP16 question is answered by the FP16 rungs, whose graphs say FP16.
     precision = RUNGS[rung].precision

@@ -88,6 +88,13 @@ def load_deploy_results(path: Path) -> dict[str, Any]:
                 entry["result"] = parse_result(entry["result"], f"{path}: {device['name']}/{rung}")
                 entry["rounds"] = [parse_result(r, f"{path}: {device['name']}/{rung} round {i + 1}")
                                    for i, r in enumerate(entry.get("rounds") or [])] or [entry["result"]]
+        for name, road in (device.get("roads") or {}).items():
+            for rung, entry in road.get("rungs", {}).items():
+                if entry.get("state") == "succeeded":
+                    where = f"{path}: {device['name']}/{rung}@{name}"
+                    entry["result"] = parse_result(entry["result"], where)
+                    entry["rounds"] = [parse_result(r, f"{where} round {i + 1}")
+                                       for i, r in enumerate(entry.get("rounds") or [])] or [entry["result"]]
     return deploy
 
 
@@ -157,6 +164,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         {"rung": r["rung"], "device": r["device"], "device_top1": r["device_top1"],
          "host_top1": r["host_top1_same_images"], "images": r["device_images"], "mcnemar_p": r["mcnemar_p"]}
         for r in rows if r.get("device_deviates")]
+    headline["two_roads"] = [line for device in edge + dc for line in _two_roads(rows, device, evaluation)]
     profiles = layer_profiles(devices)
     headline["int8_vs_fp16"] = [line for device in edge + dc
                                 if (line := _int8_vs_fp16(rows, device["name"], device_predictions, evaluation,
@@ -330,6 +338,37 @@ def _int8_vs_fp16(rows: list[dict[str, Any]], device: str, predictions: dict, ev
             reasons = int8_payoff_reasons(BatchProfile.model_validate(table))
         out["reasons"] = reasons or ["the per-layer profile names no cause (see \"Where the time goes\")"]
     return out
+
+
+def _two_roads(rows: list[dict[str, Any]], device: dict[str, Any], evaluation: dict | None) -> list[dict[str, Any]]:
+    """A line per rung that ran on both roads on ``device``: Torch-TensorRT against the ONNX road — paired latency
+    (at the latency batch) and energy ratios with intervals over the interleaved rounds, each road's top-1 as the
+    device measured it, and the ops that fell back to PyTorch."""
+    lines = []
+    for rung, entry in ((device.get("roads") or {}).get("torch_tensorrt") or {}).get("rungs", {}).items():
+        onnx = next((r for r in rows if r["device"] == device["name"] and r["rung"] == rung
+                     and r["status"] == "measured"), None)
+        if onnx is None or entry.get("state") != "succeeded":
+            continue
+        result: JobResult = entry["result"]
+        batches = sorted(run.batch_size for run in result.runs)
+        torch_road = _window_statistics(entry["rounds"], onnx["latency_batch"], onnx["throughput_batch"])
+        info = result.runtime.torch_tensorrt or {}
+        fallback = (info.get("fallback") or {}).get(str(batches[0])) or (info.get("fallback") or {}).get(batches[0]) or {}
+        out: dict[str, Any] = {"device": device["name"], "rung": rung, "onnx_runtime": onnx.get("runtime"),
+                               "torch_tensorrt": info.get("version"), "fallback_count": info.get("fallback_count"),
+                               "fallback_ops": fallback.get("fallback_ops") or {},
+                               "onnx_top1": onnx.get("device_top1"), "torch_top1": None}
+        for name, key in (("latency", "latency_p50_windows_ms"), ("energy", "energy_windows_mj")):
+            if onnx.get(key) and torch_road.get(key) and all(v is not None for v in onnx[key] + torch_road[key]):
+                estimate, low, high = stats.ratio_interval(torch_road[key], onnx[key])
+                if estimate == estimate:
+                    out.update({f"{name}_ratio": estimate, f"{name}_low": low, f"{name}_high": high,
+                                f"{name}_significant": stats.significant(low, high)})
+        if result.evaluation is not None and evaluation:
+            out["torch_top1"] = device_scores(evaluation, rung, result.evaluation.predictions)["device_top1"]
+        lines.append(out)
+    return lines
 
 
 def _evaluation_summary(evaluation: dict | None, rows: list[dict[str, Any]], predictions: dict) -> dict | None:

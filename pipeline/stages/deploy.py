@@ -138,6 +138,15 @@ class DeployStage(Stage):
             stage, key = RUNGS[rung].onnx
             if ctx.manifest.stage(stage) and key in ctx.manifest.stage(stage)["outputs"]:
                 artifacts[rung] = ctx.manifest.output(stage, key)
+        # The Torch-TensorRT road: each float rung's torch.export program; an FP16 rung is its FP32 form's program,
+        # cast on the device. The INT8 rung needs ModelOpt restored and exported where CUDA is: not sent yet.
+        programs = {}
+        if "torch_tensorrt" in cfg.runtimes:
+            outputs = ctx.manifest.stage("export")["outputs"]
+            for rung in cfg.rungs:
+                source = rung if RUNGS[rung].checkpoint_stage else RUNGS[rung].form_of
+                if RUNGS[rung].precision != "int8" and f"{source}_pt2" in outputs:
+                    programs[rung] = ctx.manifest.output("export", f"{source}_pt2")
         preprocess = json.loads(ctx.manifest.output("export", "preprocess").read_text())
         cache = ctx.run_dir / "deploy-cache"
         cache.mkdir(exist_ok=True)
@@ -160,7 +169,8 @@ class DeployStage(Stage):
         def deploy_one(device: Device) -> dict[str, Any]:
             token = loopback.token if loopback and device is LOOPBACK else None
             url = loopback.url if loopback and device is LOOPBACK else device.url
-            return self._device(device, url, token, artifacts, preprocess, cfg, cache, label, ctx, lock, evaluation)
+            return self._device(device, url, token, artifacts, preprocess, cfg, cache, label, ctx, lock, evaluation,
+                                programs)
 
         targets = devices or [LOOPBACK]
         try:
@@ -178,6 +188,9 @@ class DeployStage(Stage):
         results = {"schema": DEPLOY_SCHEMA, "devices": outcomes, "evaluation": evaluation,
                    "artifacts": {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
                                  for rung, path in artifacts.items()}}
+        if programs:
+            results["programs"] = {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
+                                   for rung, path in programs.items()}
         (workdir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
         measured = sum(1 for d in outcomes for r in d["rungs"].values() if r["state"] == "succeeded")
         windows = sum(len(r.get("rounds", [])) for d in outcomes for r in d["rungs"].values())
@@ -212,7 +225,7 @@ class DeployStage(Stage):
 
     def _device(self, device: Device, url: str, token: str | None, artifacts: dict[str, Path], preprocess, cfg,
                 cache: Path, label: str, ctx, lock: threading.Lock,
-                evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
+                evaluation: dict[str, Any] | None = None, programs: dict[str, Path] | None = None) -> dict[str, Any]:
         outcome: dict[str, Any] = {**device.public(), "url": url if device is not LOOPBACK else "loopback",
                                    "status": "ok", "error": None, "fingerprint": None, "info": None, "rungs": {}}
         try:
@@ -233,7 +246,20 @@ class DeployStage(Stage):
             # Interleaved rounds: teacher, pruned, student, INT8, teacher, … one window each per round, so a
             # busy spell hits every rung of its round and cancels in their paired ratios (pipeline.stats).
             code = code_sha256(self.code_modules)[0] if device is LOOPBACK else None
-            digests = {rung: sha256_file(path) for rung, path in artifacts.items()}
+            # Every job of a round, in order: the ONNX road's rungs, then the Torch-TensorRT road's where the agent
+            # has Torch-TensorRT, interleaved in the same rounds so the two roads' paired ratios share conditions.
+            jobs = [(rung, "tensorrt", path) for rung, path in artifacts.items()]
+            if programs:
+                road = {"status": "ok", "reason": None, "torch_tensorrt": info.get("torch_tensorrt"), "rungs": {}}
+                if info.get("torch_tensorrt"):
+                    jobs += [(rung, "torch_tensorrt", path) for rung, path in programs.items()]
+                else:
+                    road.update(status="not measured", reason="the agent has no Torch-TensorRT (pip install "
+                                                              "'edgefold[torch-tensorrt]' on the device)")
+                    with lock:
+                        ctx.log(f"[  deploy] {device.name}: Torch-TensorRT road not measured: {road['reason']}")
+                outcome["roads"] = {"torch_tensorrt": road}
+            digests = {path: sha256_file(path) for _, _, path in jobs}
             scoring = None
             if evaluation is not None:
                 try:  # content-addressed like a model: uploaded once per device, never twice
@@ -241,19 +267,20 @@ class DeployStage(Stage):
                                              top_k=evaluation["top_k"])
                 except AgentError as err:
                     outcome["evaluation_error"] = err.message
-            rounds: dict[str, list[dict[str, Any]]] = {rung: [] for rung in artifacts}
+            rounds: dict[tuple[str, str], list[dict[str, Any]]] = {(rung, road): [] for rung, road, _ in jobs}
             for round_index in range(cfg.rounds):
-                for rung, path in artifacts.items():
+                for rung, road_name, path in jobs:
                     if outcome["status"] == "lost":
                         break
+                    shown = rung if road_name == "tensorrt" else f"{rung}@{road_name}"
                     # Round 1 also scores the set through the engine it timed (once per rung × device).
-                    spec = job_spec(rung, digests[rung], info, cfg, preprocess,
-                                    f"{label}/{rung}/round{round_index + 1}", profile=round_index == 0,
-                                    evaluation=scoring if round_index == 0 else None, sweep=cfg.sweep)
+                    spec = job_spec(rung, digests[path], info, cfg, preprocess,
+                                    f"{label}/{shown}/round{round_index + 1}", profile=round_index == 0,
+                                    evaluation=scoring if round_index == 0 else None, sweep=cfg.sweep, road=road_name)
                     # The agent itself is part of the key: two boards of one kind are each measured (a fleet);
                     # its name in the report is only a label. A loopback agent measures with this checkout's
                     # code: editing device/measure.py measures again.
-                    key = sha256_json({"artifact": digests[rung], "agent": device.url, "code": code,
+                    key = sha256_json({"artifact": digests[path], "agent": device.url, "code": code,
                                        "fingerprint": fingerprint, "round": round_index,
                                        "spec": spec.model_dump(mode="json", exclude={"label"}, exclude_none=True)})
                     cached = cache / f"{key}.json"
@@ -262,19 +289,22 @@ class DeployStage(Stage):
                     if cached.is_file():
                         # Not flagged in the record: results.json stays byte-identical, so the report is cached.
                         record = json.loads(cached.read_text())
-                        outcome.setdefault("reused", []).append(rung)
+                        outcome.setdefault("reused", []).append(shown)
                         with lock:
-                            ctx.log(f"[  deploy] {device.name}: {rung} round {round_index + 1} reused "
+                            ctx.log(f"[  deploy] {device.name}: {shown} round {round_index + 1} reused "
                                     "(same artifact, device and job)")
                     else:
-                        record = self._benchmark(client, device, rung, path, spec, cfg, ctx, lock)
+                        record = self._benchmark(client, device, shown, path, spec, cfg, ctx, lock)
                         if record["state"] == "succeeded":
                             write_json_atomic(cached, record, sort_keys=True)
                         elif record.get("unreachable"):
                             outcome.update(status="lost", error=record["error"])
-                    rounds[rung].append(record)
-            for rung in artifacts:
-                outcome["rungs"][rung] = _rung_record(rounds[rung], outcome)
+                    rounds[(rung, road_name)].append(record)
+            for (rung, road_name), records in rounds.items():
+                if road_name == "tensorrt":
+                    outcome["rungs"][rung] = _rung_record(records, outcome)
+                else:
+                    outcome["roads"][road_name]["rungs"][rung] = _rung_record(records, outcome)
         return outcome
 
         return outcome

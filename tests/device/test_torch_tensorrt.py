@@ -287,3 +287,91 @@ def test_real_torch_tensorrt_compiles_and_matches_eager(tmp_path, program):
         eager = model(torch.from_numpy(batch)).numpy()
     np.testing.assert_allclose(out, eager, rtol=1e-2, atol=1e-3)
     assert runner.torch_tensorrt["fallback"][4]["engines"] >= 1
+
+
+# ------------------------------------------------------------------ both roads through the deploy stage and the report
+class _Log:
+    def __init__(self):
+        self.lines = []
+
+    def log(self, line: str) -> None:
+        self.lines.append(line)
+
+
+PREPROCESS = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
+
+
+@pytest.fixture(scope="module")
+@slow_fixture
+def two_roads(tmp_path_factory, program):
+    """The deploy stage's jobs for one rung on both roads, against a real agent whose job processes have the
+    Torch-TensorRT stand-in; then the same against an agent without it."""
+    import threading
+
+    from pipeline.devices import Device
+    from pipeline.recipe import DeployConfig
+    from pipeline.stages.deploy import DeployStage
+    from tests.device.agent_process import tiny_onnx
+    from tests.device.torch_tensorrt_standin import sitecustomize_dir
+
+    _, path = program
+    tmp = tmp_path_factory.mktemp("roads")
+    models = {"student": tiny_onnx(tmp / "student.onnx", classes=5)}
+    cfg = DeployConfig(rungs=["student"], batch_sizes=[1], duration_s=0.1, rounds=2, warmup_iterations=1, idle_s=0,
+                       job_timeout_s=600, runtimes=["tensorrt", "torch_tensorrt"])
+    outcomes, logs = {}, {}
+    for name, env in (("with", sitecustomize_dir(tmp / "site", "2.14.0")[1]), ("without", {})):
+        (tmp / f"cache-{name}").mkdir()
+        with AgentProcess(tmp / f"agent-{name}", env=env) as agent:
+            device = Device(name, "edge", agent.url, "edge", str(agent.token_file))
+            logs[name] = _Log()
+            outcomes[name] = DeployStage()._device(device, agent.url, None, models, PREPROCESS, cfg,
+                                                   tmp / f"cache-{name}", "t", logs[name], threading.Lock(),
+                                                   programs={"student": path})
+    return outcomes, logs
+
+
+def test_deploy_runs_a_rung_on_both_roads_in_the_same_rounds(two_roads):
+    outcomes, _ = two_roads
+    outcome = outcomes["with"]
+    assert outcome["rungs"]["student"]["state"] == "succeeded", outcome["rungs"]["student"].get("error")
+    road = outcome["roads"]["torch_tensorrt"]
+    assert road["status"] == "ok" and road["torch_tensorrt"] == "2.14.0"
+    entry = road["rungs"]["student"]
+    assert entry["state"] == "succeeded", entry.get("error")
+    assert len(entry["rounds"]) == 2 and entry["spec"]["runtime"] == "torch_tensorrt"
+    assert entry["result"]["runtime"]["torch_tensorrt"]["fallback_count"] == 1
+
+
+def test_an_agent_without_torch_tensorrt_skips_that_road_and_says_why(two_roads):
+    outcomes, logs = two_roads
+    road = outcomes["without"]["roads"]["torch_tensorrt"]
+    assert road["status"] == "not measured" and road["rungs"] == {}
+    assert "no Torch-TensorRT" in road["reason"] and any("not measured" in line for line in logs["without"].lines)
+    assert outcomes["without"]["rungs"]["student"]["state"] == "succeeded"  # the ONNX road is unaffected
+
+
+def test_report_puts_the_two_roads_side_by_side(two_roads):
+    import copy
+
+    from device.schema import parse_result
+    from pipeline.headline import two_roads_text
+    from pipeline.report import _two_roads, _window_statistics
+
+    device = copy.deepcopy(two_roads[0]["with"])
+    onnx_entry = device["rungs"]["student"]
+    onnx_rounds = [parse_result(r, "onnx") for r in onnx_entry["rounds"]]
+    entry = device["roads"]["torch_tensorrt"]["rungs"]["student"]
+    entry["result"] = parse_result(entry["result"], "torch")
+    entry["rounds"] = [parse_result(r, "torch") for r in entry["rounds"]]
+    row = {"device": "with", "rung": "student", "status": "measured", "latency_batch": 1, "throughput_batch": 1,
+           "runtime": onnx_rounds[0].runtime.name, "device_top1": 0.9, **_window_statistics(onnx_rounds, 1, 1)}
+    [line] = _two_roads([row], device, None)
+    expected = (np.median(_window_statistics(entry["rounds"], 1, 1)["latency_p50_windows_ms"])
+                / np.median(row["latency_p50_windows_ms"]))
+    assert line["latency_ratio"] == pytest.approx(expected)
+    assert line["latency_low"] <= line["latency_ratio"] <= line["latency_high"]
+    assert line["fallback_ops"] == {"aten.adaptive_avg_pool2d.default": 1} and line["fallback_count"] == 1
+    text = two_roads_text(line)
+    assert "Torch-TensorRT 2.14.0 vs ONNX → onnxruntime" in text and "1 op fell back to PyTorch" in text
+    assert "top-1 not measured vs 90.0%" in text

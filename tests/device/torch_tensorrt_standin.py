@@ -181,8 +181,7 @@ def with_spec(module: types.ModuleType, name: str) -> types.ModuleType:
 
 
 def install_in_process(version: str = "2.5.0", unsupported: Iterable[str] = DEFAULT_UNSUPPORTED):
-    """Installs the stand-in (and the TensorRT stand-in, for the fingerprint's version) in this process, compiling
-    for the CPU; returns the stand-in module."""
+    """Installs the stand-in in this process, compiling for the CPU; returns the stand-in module."""
     import sys
 
     import device.runners.torch_tensorrt as runtime
@@ -191,7 +190,8 @@ def install_in_process(version: str = "2.5.0", unsupported: Iterable[str] = DEFA
     tt = make_torch_tensorrt(version, unsupported)
     sys.modules["torch_tensorrt"] = tt
     sys.modules["torch_tensorrt.dynamo"] = tt.dynamo
-    sys.modules.setdefault("tensorrt", with_spec(trt_standin.make_tensorrt("10.3.0", 0), "tensorrt"))
+    # No TensorRT stand-in here: the agent would then choose TensorRT for the ONNX road (runtime auto) and run the
+    # real TensorRT runner's CUDA calls. The compiled programs' fingerprint says TensorRT "unknown".
     runtime.compute_device = lambda torch: torch.device("cpu")
     runtime.detect_gpu = lambda **_: (trt_standin.STANDIN_DEVICE, "8.7")
     return tt
