@@ -2,7 +2,9 @@
 per measured batch, and runs it — the PyTorch user's road to TensorRT, beside the ONNX road
 (:mod:`device.runners.tensorrt`).
 
-Torch-TensorRT's API moves between releases (JetPack 6's builds are 2.3–2.5; PyPI's newest is 2.14), so
+Torch-TensorRT's API moves between releases (JetPack 6's builds: jetson-containers'
+packages/pytorch/torch_tensorrt/config.py@1791966 builds branch lluo/jp6.1, the 2.4–2.5 era, below JetPack 6.2 and
+v2.9.0 from 6.2; PyPI's newest is 2.14), so
 everything this runner asks of it that depends on the release is in ONE table, :data:`RULES`, each rule with
 the file and tag of the ``pytorch/TensorRT`` sources it was read from; :func:`rules_for` picks the rules of the
 release installed, and the result says which release and rules ran.
