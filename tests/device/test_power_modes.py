@@ -103,7 +103,7 @@ def test_sweep_spec_takes_names_ids_and_all():
 
 
 def test_a_sweep_result_round_trips_and_a_2_1_reader_drops_what_2_2_added():
-    from device.schema import READING, JobResult, parse_result
+    from device.schema import READING, RESULT_MINOR, JobResult, parse_result
     from tests.results import job_result, run
 
     setting = {"nvpmodel_id": 2, "nvpmodel_name": "MAXN_SUPER", "jetson_clocks": True, "online_cores": [0, 1],
@@ -115,7 +115,7 @@ def test_a_sweep_result_round_trips_and_a_2_1_reader_drops_what_2_2_added():
                                                              "jetson_clocks": True, "kind": "skipped",
                                                              "reason": "needs a reboot"}]}
     read = parse_result(JobResult.model_validate(document).dump())
-    assert read.minor == 3 and read.runs[0].power_setting.cpu_max_khz == {0: 1728000}
+    assert read.minor == RESULT_MINOR and read.runs[0].power_setting.cpu_max_khz == {0: 1728000}
     assert read.sweep.not_measured[0].kind == "skipped"
     # An older result has neither: it reads as no sweep, not as an error.
     older = job_result()

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from device.schema import RESULT_SCHEMA
 from tests.device.agent_process import AgentProcess, tiny_onnx
 
 pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
@@ -53,7 +54,7 @@ def swept(tmp_path_factory):
 def test_sweep_measures_each_mode_under_its_own_caps(swept):
     job = swept["job"]
     assert job["state"] == "succeeded", job["error"]
-    assert job["result"]["schema"] == "edgefold.result/2.3"
+    assert job["result"]["schema"] == RESULT_SCHEMA
     settings = {run["power_setting"]["nvpmodel_name"]: run for run in job["result"]["runs"]}
     assert sorted(settings) == ["15W", "MAXN_SUPER"]
     low, high = settings["15W"]["power_setting"], settings["MAXN_SUPER"]["power_setting"]
