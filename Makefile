@@ -91,7 +91,7 @@ $(STAMP): setup.cfg pyproject.toml | venv-system-site
 # Fashion-MNIST is only needed when the recipe (or DATA=) asks for it.
 data: $(STAMP)
 	@src="$(DATA)"; [ -n "$$src" ] || src=$$($(EDGEFOLD) recipe $(MODEL) --get data.source) || exit 2; \
-	case "$$src" in fashion-mnist) ;; *) exit 0 ;; esac; \
+	case "$$src" in fashion-mnist|fmnist-det) ;; *) exit 0 ;; esac; \
 	[ -n "$$EDGEFOLD_FASHION_MNIST_DIR" ] && exit 0; \
 	[ -f $(FASHION_MNIST_DIR)/t10k-labels-idx1-ubyte.gz ] && exit 0; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from device import __version__
-from device.errors import ConfigError, ManifestError
+from device.errors import ConfigError, ManifestError, StageError
 from pipeline import distributed
 from pipeline.codehash import code_sha256
 from pipeline.context import RunContext
@@ -115,6 +115,23 @@ def _check_inputs_untouched(name: str, run_dir: Path, input_sha: dict[str, str])
                 fix=f"this is a bug in stage {name} (it must work on a copy); re-run with --force {rel.split('/')[0]}")
 
 
+DETECTION_BUILT = ("recipe validation (task: detection)", "architectures (pipeline.detection_models)",
+                   "head-respecting pruning to a MACs target (pipeline.detection_pruning)",
+                   "composited and COCO data (pipeline.data.detection)", "COCO metrics (pipeline.detection_metrics)")
+DETECTION_NOT_BUILT = ("data", "teacher", "prune", "distill", "export", "quantize", "evaluate", "deploy", "report")
+
+
+def _refuse_unbuilt_task(recipe) -> None:
+    """Stops a detection recipe before any run directory is made: the classification stages would read its
+    boxes as class labels, and a wrong result is worse than none (issue 28 builds the detection stages)."""
+    if getattr(recipe, "task", "classification") == "detection":
+        raise StageError(
+            f"recipe {recipe.name}: task detection has no pipeline stages yet, so nothing was run; not built: the "
+            f"detection {', '.join(DETECTION_NOT_BUILT)} stages",
+            fix=f"built so far, as libraries: {'; '.join(DETECTION_BUILT)}. Run a classification recipe "
+                "(MODEL=tiny, MODEL=resnet50) meanwhile")
+
+
 def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] = (), run_id: str | None = None,
                  new: bool = False, overrides: dict[str, Any] | None = None, runs_dir: str | Path = "runs",
                  devices: Sequence[Device] = ()) -> RunContext:
@@ -137,6 +154,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
     me = distributed.init()  # a no-op outside torchrun
     overrides = {k: v for k, v in (overrides or {}).items() if v not in (None, "")}
     recipe, recipe_path, recipe_sha = load_recipe(model, overrides)
+    _refuse_unbuilt_task(recipe)
     # Rank 0 names the run (a new run's id is a timestamp) and owns the manifest; the others follow.
     run_dir = Path(distributed.broadcast_object(
         str(resolve_run_dir(Path(runs_dir), recipe.name, run_id, new)) if me.main else None))

@@ -1,0 +1,99 @@
+"""Detection recipes: validated like classification ones, unknown keys rejected, and stopped before any stage."""
+
+import copy
+
+import pytest
+import yaml
+
+from device.errors import ConfigError, StageError
+from pipeline.recipe import DetectionRecipe, Recipe, load_recipe, parse_recipe
+
+
+@pytest.fixture
+def det_raw(repo):
+    return yaml.safe_load((repo / "models" / "tiny-det.yaml").read_text())
+
+
+@pytest.mark.parametrize("name,arch,source", [("ssdlite", "ssdlite320_mobilenet_v3_large", "fmnist-det"),
+                                              ("tiny-det", "tiny_fcos", "digits-det")])
+def test_shipped_detection_recipes_validate(repo, name, arch, source):
+    recipe, path, _ = load_recipe(str(repo / "models" / f"{name}.yaml"))
+    assert isinstance(recipe, DetectionRecipe) and recipe.task == "detection" and recipe.name == path.stem
+    assert recipe.teacher.arch == arch and recipe.data.source == source
+    assert recipe.teacher.size() == (320 if arch.startswith("ssdlite") else 64)
+
+
+def test_classification_recipes_stay_classification(repo):
+    recipe, _, _ = load_recipe(str(repo / "models" / "tiny.yaml"))
+    assert isinstance(recipe, Recipe) and recipe.task == "classification"
+
+
+def test_coco_source_is_accepted_with_a_path(det_raw):
+    recipe = parse_recipe(det_raw, overrides={"data.source": "coco:/data/annotations/instances_val2017.json"})
+    assert recipe.data.source.startswith("coco:")
+    with pytest.raises(ConfigError, match="annotations file"):
+        parse_recipe(copy.deepcopy(det_raw), overrides={"data.source": "coco:"})
+
+
+def test_unknown_detection_key_is_named_with_a_suggestion(det_raw):
+    det_raw["prune"]["macs_targt"] = 0.3
+    with pytest.raises(ConfigError) as err:
+        parse_recipe(det_raw, "tiny-det.yaml")
+    assert "prune.macs_targt: unknown key" in str(err.value)
+    assert "did you mean 'prune.macs_target'" in str(err.value)
+
+
+def test_a_classification_section_is_refused_in_a_detection_recipe(det_raw):
+    det_raw["distill"] = {"student": "pruned"}  # not built for detection: refused, never silently ignored
+    with pytest.raises(ConfigError, match="distill: unknown key"):
+        parse_recipe(det_raw)
+
+
+def test_bad_detector_key_names_the_near_keys(det_raw):
+    det_raw["teacher"]["arch"] = "ssdlite320_mobilenet"
+    with pytest.raises(ConfigError) as err:
+        parse_recipe(det_raw)
+    assert "teacher.arch" in str(err.value) and "ssdlite320_mobilenet_v3_large" in str(err.value)
+
+
+def test_a_classifier_key_is_not_a_detector(det_raw):
+    det_raw["teacher"]["arch"] = "resnet50"
+    with pytest.raises(ConfigError, match="unknown detection architecture 'resnet50'"):
+        parse_recipe(det_raw)
+
+
+def test_bad_detection_source_names_the_near_keys(det_raw):
+    det_raw["data"]["source"] = "fmnist-dt"
+    with pytest.raises(ConfigError) as err:
+        parse_recipe(det_raw)
+    assert "data.source" in str(err.value) and "'fmnist-det'" in str(err.value)
+
+
+def test_ssdlite_refuses_another_input_size(det_raw):
+    with pytest.raises(ConfigError, match="320"):
+        parse_recipe(det_raw, overrides={"teacher.arch": "ssdlite320_mobilenet_v3_large", "teacher.input_size": 256})
+
+
+@pytest.mark.parametrize("canvas,message", [({"objects": [3, 1]}, "fewest"), ({"scale": [0.6, 0.2]}, "smallest"),
+                                            ({"size": 8}, "greater than or equal to 16")])
+def test_an_undrawable_canvas_is_refused_when_loaded(det_raw, canvas, message):
+    det_raw["data"]["canvas"].update(canvas)
+    with pytest.raises(ConfigError, match=message):
+        parse_recipe(det_raw)
+
+
+def test_an_unknown_task_names_the_tasks(det_raw):
+    det_raw["task"] = "detect"
+    with pytest.raises(ConfigError) as err:
+        parse_recipe(det_raw)
+    assert "'detection'" in err.value.fix
+
+
+def test_a_detection_run_stops_before_any_stage_naming_what_is_missing(repo, tmp_path):
+    from pipeline.runner import run_pipeline
+
+    with pytest.raises(StageError) as err:
+        run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=tmp_path)
+    assert "not built" in err.value.message and "teacher" in err.value.message
+    assert "pipeline.detection_pruning" in err.value.fix
+    assert not any(tmp_path.iterdir())  # no run directory claims a result
