@@ -146,7 +146,7 @@ def _tiny_fcos(num_classes: int, input_size: int) -> nn.Module:
     anchors = AnchorGenerator(sizes=((8,), (16,)), aspect_ratios=((1.0,), (1.0,)))
     head = FCOSHead(backbone.out_channels, 1, num_classes, num_convs=1)
     return FCOS(backbone, num_classes, min_size=input_size, max_size=input_size, anchor_generator=anchors, head=head,
-                image_mean=[0.0] * 3, image_std=[1.0] * 3)
+                image_mean=[0.0] * 3, image_std=[1.0] * 3, score_thresh=0.05)  # COCO scoring keeps low scores
 
 
 DETECTORS.add("ssdlite320_mobilenet_v3_large", Detector(
