@@ -29,7 +29,8 @@ class RunContext:
         self._dataset: DataSet | None = None
         self._geometry_cache: dict = {}
         self._device = None
-        self.preprocess = recipe.preprocess.to_preprocess()
+        # A detection recipe has no classification preprocessing: its detectors resize and normalise themselves.
+        self.preprocess = recipe.preprocess.to_preprocess() if hasattr(recipe, "preprocess") else None
 
     @staticmethod
     def log(message: str) -> None:

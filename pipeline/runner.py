@@ -12,6 +12,7 @@ from typing import Any, Iterable, Sequence
 
 from device import __version__
 from device.errors import ConfigError, ManifestError, StageError
+from device.registry import Registry
 from pipeline import distributed
 from pipeline.codehash import code_sha256
 from pipeline.context import RunContext
@@ -115,21 +116,26 @@ def _check_inputs_untouched(name: str, run_dir: Path, input_sha: dict[str, str])
                 fix=f"this is a bug in stage {name} (it must work on a copy); re-run with --force {rel.split('/')[0]}")
 
 
-DETECTION_BUILT = ("recipe validation (task: detection)", "architectures (pipeline.detection_models)",
-                   "head-respecting pruning to a MACs target (pipeline.detection_pruning)",
-                   "composited and COCO data (pipeline.data.detection)", "COCO metrics (pipeline.detection_metrics)")
-DETECTION_NOT_BUILT = ("data", "teacher", "prune", "distill", "export", "quantize", "evaluate", "deploy", "report")
-
-
-def _refuse_unbuilt_task(recipe) -> None:
-    """Stops a detection recipe before any run directory is made: the classification stages would read its
-    boxes as class labels, and a wrong result is worse than none (issue 28 builds the detection stages)."""
+def _stages_for(recipe) -> Registry:
+    """The stages of the recipe's task: detection has its own (:mod:`pipeline.stages.detection`), under the same
+    names, for as far as they are built."""
     if getattr(recipe, "task", "classification") == "detection":
-        raise StageError(
-            f"recipe {recipe.name}: task detection has no pipeline stages yet, so nothing was run; not built: the "
-            f"detection {', '.join(DETECTION_NOT_BUILT)} stages",
-            fix=f"built so far, as libraries: {'; '.join(DETECTION_BUILT)}. Run a classification recipe "
-                "(MODEL=tiny, MODEL=resnet50) meanwhile")
+        from pipeline.stages.detection import DETECTION_STAGES
+
+        return DETECTION_STAGES
+    return STAGES
+
+
+def _refuse_unbuilt_stage(recipe, name: str, registry: Registry) -> None:
+    """Stops a run at the first stage its task does not have: a classification stage would read a detector's
+    checkpoint and boxes as a classifier's, and a wrong result is worse than none (issue 28 builds the rest)."""
+    if name not in registry:
+        built = [n for n in STAGE_ORDER if n in registry]
+        missing = [n for n in STAGE_ORDER if n not in registry]
+        raise StageError(f"recipe {recipe.name}: the {name} stage is not built for task {recipe.task} yet; built: "
+                         f"{', '.join(built)}; not built: {', '.join(missing)}",
+                         fix=f"stop before it with --until {built[-1]} (UNTIL={built[-1]}); the results so far are "
+                             "recorded in the run's manifest")
 
 
 def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] = (), run_id: str | None = None,
@@ -154,7 +160,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
     me = distributed.init()  # a no-op outside torchrun
     overrides = {k: v for k, v in (overrides or {}).items() if v not in (None, "")}
     recipe, recipe_path, recipe_sha = load_recipe(model, overrides)
-    _refuse_unbuilt_task(recipe)
+    registry = _stages_for(recipe)
     # Rank 0 names the run (a new run's id is a timestamp) and owns the manifest; the others follow.
     run_dir = Path(distributed.broadcast_object(
         str(resolve_run_dir(Path(runs_dir), recipe.name, run_id, new)) if me.main else None))
@@ -171,10 +177,12 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
     ctx = RunContext(recipe, manifest, devices=devices)
     log(f"run {run_dir}" + (f" ({me.size} processes)" if me.distributed else ""))
     for name in names:
-        STAGES.get(name).preflight(ctx)
+        if name in registry:
+            registry.get(name).preflight(ctx)
     env = None
     for name in names:
-        stage = STAGES.get(name)
+        _refuse_unbuilt_stage(recipe, name, registry)
+        stage = registry.get(name)
         needs = stage.needs(ctx)
         for need in needs:
             if not manifest.stage(need):

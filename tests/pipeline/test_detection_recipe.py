@@ -89,11 +89,24 @@ def test_an_unknown_task_names_the_tasks(det_raw):
     assert "'detection'" in err.value.fix
 
 
-def test_a_detection_run_stops_before_any_stage_naming_what_is_missing(repo, tmp_path):
+def test_a_stage_detection_lacks_is_refused_naming_built_and_missing(repo):
+    from pipeline.runner import _refuse_unbuilt_stage, _stages_for
+
+    recipe, _, _ = load_recipe(str(repo / "models" / "tiny-det.yaml"))
+    registry = _stages_for(recipe)
+    assert {"data", "teacher", "prune"} <= set(registry.names())
+    _refuse_unbuilt_stage(recipe, "prune", registry)  # built: passes
+    with pytest.raises(StageError) as err:
+        _refuse_unbuilt_stage(recipe, "export", registry)
+    assert "export stage is not built for task detection" in err.value.message
+    assert "built: data, teacher, prune" in err.value.message and "--until prune" in err.value.fix
+
+
+def test_a_bad_coco_file_is_named_by_the_data_stage(repo, tmp_path):
+    from device.errors import DataError
     from pipeline.runner import run_pipeline
 
-    with pytest.raises(StageError) as err:
-        run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=tmp_path)
-    assert "not built" in err.value.message and "teacher" in err.value.message
-    assert "pipeline.detection_pruning" in err.value.fix
-    assert not any(tmp_path.iterdir())  # no run directory claims a result
+    (tmp_path / "ann.json").write_text('{"images": [], "annotations": []}')
+    with pytest.raises(DataError, match="categories"):
+        run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=tmp_path / "runs",
+                     overrides={"data.source": f"coco:{tmp_path / 'ann.json'}"})

@@ -1,0 +1,67 @@
+"""The detection stages built so far: data → teacher → prune recorded in the manifest, then a clear stop."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from device.errors import StageError
+from pipeline.data.detection_files import load_split, save_splits
+from pipeline.detection_checkpoint import load_detector, save_detector
+from pipeline.detection_metrics import Boxes
+from pipeline.data.detection import DetectionSplit
+from pipeline.detection_models import build_detector
+from pipeline.detection_pruning import prune_with_ratio
+from tests.slow import slow_fixture
+
+
+def test_canvases_round_trip_with_images_without_boxes(tmp_path):
+    split = DetectionSplit(np.arange(3 * 4 * 4, dtype=np.uint8).reshape(3, 4, 4),
+                           [Boxes(np.array([[0.0, 0, 2, 2]]), np.array([1])), Boxes.empty(),
+                            Boxes(np.array([[1.0, 1, 3, 3], [0, 0, 1, 1]]), np.array([0, 2]))])
+    path = save_splits(tmp_path / "c.npz", {"test": split})
+    back = load_split(path, "test")
+    assert np.array_equal(back.images, split.images) and [len(b.labels) for b in back.boxes] == [1, 0, 2]
+    assert back.boxes[2].labels.tolist() == [0, 2] and back.boxes[2].xyxy.tolist() == [[1, 1, 3, 3], [0, 0, 1, 1]]
+
+
+def test_a_pruned_detector_checkpoint_reloads_with_its_widths(tmp_path):
+    torch.manual_seed(0)
+    model = prune_with_ratio(build_detector("tiny_fcos", 3), "tiny_fcos", 0.5, 64, round_to=4).eval()
+    path = save_detector(tmp_path / "m.pt", model, "tiny_fcos", 3, 64)
+    loaded, meta = load_detector(path)
+    assert meta["arch"] == "tiny_fcos" and loaded.backbone.stages[-1][0].out_channels == 24
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        before = model.head(list(model.backbone(x).values()))["cls_logits"]
+        after = loaded.head(list(loaded.backbone(x).values()))["cls_logits"]
+    assert torch.equal(before, after)
+
+
+@pytest.fixture(scope="module")
+@slow_fixture
+def det_run(repo, tmp_path_factory):
+    """tiny-det with fewer canvases and epochs (about 15 s on two cores): it stops at distill."""
+    from pipeline.runner import run_pipeline
+
+    runs = tmp_path_factory.mktemp("det-runs")
+    overrides = {"data.train_images": 512, "teacher.train.epochs": 4, "teacher.train.lr": 0.003}
+    with pytest.raises(StageError) as err:
+        run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=runs, new=True, overrides=overrides)
+    manifest = json.loads(next(runs.glob("tiny-det/*/manifest.json")).read_text())
+    return err.value, manifest
+
+
+def test_detection_run_records_data_teacher_and_prune_then_stops_at_distill(det_run):
+    err, manifest = det_run
+    assert "distill stage is not built for task detection" in err.message
+    stages = manifest["stages"]
+    assert list(stages) == ["data", "teacher", "prune"]
+    assert stages["data"]["metrics"]["generator"]["source"] == "digits"
+    teacher = stages["teacher"]["metrics"]
+    assert teacher["ap50"] > 0.05 and teacher["map_low"] <= teacher["map_high"]
+    pruning = stages["prune"]["metrics"]["pruning"]
+    assert abs(pruning["fraction"] - 0.6) <= 0.1 * 0.6
+    assert [k["module"] for k in pruning["kept_whole"]][0] == "head.classification_head.cls_logits"
+    assert stages["prune"]["metrics"]["macs_g"] < teacher["macs_g"]
