@@ -10,7 +10,7 @@ distill stages will call it.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -48,8 +48,8 @@ def _hflip(images: torch.Tensor, batch: list[dict[str, torch.Tensor]], flip: tor
     return images, batch
 
 
-def _optimizer(model: torch.nn.Module, cfg: TrainConfig, steps: int):
-    params = [p for p in model.parameters() if p.requires_grad]
+def _optimizer(model: torch.nn.Module, cfg: TrainConfig, steps: int, extra: torch.nn.Module | None = None):
+    params = [p for m in (model, extra) if m is not None for p in m.parameters() if p.requires_grad]
     if cfg.optimizer == "adamw":
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
@@ -70,8 +70,13 @@ def _optimizer(model: torch.nn.Module, cfg: TrainConfig, steps: int):
 
 
 def train_detector(model: torch.nn.Module, split: DetectionSplit, cfg: TrainConfig, label_offset: int = 0,
-                   log=None) -> list[float]:
+                   log=None, extra_loss: Callable | None = None, extra_modules: torch.nn.Module | None = None
+                   ) -> list[float]:
     """Trains ``model`` in place on ``split`` with the detector's own losses (summed); returns each epoch's mean.
+
+    Args:
+        extra_loss: ``extra_loss(images, targets) -> tensor`` added to each batch's loss (distillation terms).
+        extra_modules: Trained alongside the model (the distillation adapters).
 
     Raises:
         ConfigError: ``augment.crop_padding`` is set (a crop would cut boxes; only ``hflip`` moves them here).
@@ -83,7 +88,7 @@ def train_detector(model: torch.nn.Module, split: DetectionSplit, cfg: TrainConf
     generator = torch.Generator().manual_seed(cfg.seed)
     images, truth = image_tensors(split.images), targets(split.boxes, label_offset)
     per_epoch = math.ceil(len(split) / cfg.batch_size)
-    optimizer, schedule = _optimizer(model, cfg, max(1, int(round(cfg.epochs * per_epoch))))
+    optimizer, schedule = _optimizer(model, cfg, max(1, int(round(cfg.epochs * per_epoch))), extra_modules)
     total, losses = int(round(cfg.epochs * per_epoch)), []
     model.train()
     step = 0
@@ -97,10 +102,13 @@ def train_detector(model: torch.nn.Module, split: DetectionSplit, cfg: TrainConf
             if cfg.augment.hflip:
                 x, batch = _hflip(x, batch, torch.rand(len(idx), generator=generator) < 0.5)
             loss = sum(model(list(x), batch).values())
+            if extra_loss is not None:
+                loss = loss + extra_loss(x, batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
+                                               cfg.grad_clip)
             optimizer.step()
             schedule.step()
             running.append(float(loss.detach()))

@@ -536,6 +536,16 @@ class DetectionPruneConfig(_Strict):
     iterations: int = Field(10, ge=1, le=30, description="most trial prunes while bisecting the channel ratio")
 
 
+class DetectionDistillConfig(_Strict):
+    """The pruned detector fine-tuned with the teacher (:mod:`pipeline.detection_distill`, Chen et al. 2017)."""
+
+    temperature: float = Field(2.0, gt=0, description="softens both detectors' class scores")
+    kd_weight: float = Field(1.0, ge=0, description="weight of KD on the matched anchors' class scores; 0 with "
+                                                    "feature_weight 0 fine-tunes without the teacher")
+    feature_weight: float = Field(1.0, ge=0, description="weight of feature imitation on the levels the head reads")
+    train: TrainConfig
+
+
 class DetectionRecipe(_Strict):
     """A detection recipe (``task: detection``): the same ladder for detectors, built stage by stage."""
 
@@ -545,6 +555,7 @@ class DetectionRecipe(_Strict):
     data: DetectionDataConfig
     teacher: DetectionTeacherConfig
     prune: DetectionPruneConfig
+    distill: DetectionDistillConfig
 
     def section(self, name: str) -> dict[str, Any]:
         """A section as plain JSON-able data (what a stage hashes into its config)."""

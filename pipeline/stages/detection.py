@@ -1,4 +1,4 @@
-"""Detection stages (``task: detection``): data → teacher → prune so far; the rest of the ladder is not built.
+"""Detection stages (``task: detection``): data → teacher → prune → distill so far; the rest is not built yet.
 
 They register in their own registry under the classification stages' names, so ``--until`` and ``--force`` take
 the same words; the runner picks the registry by the recipe's task and stops with a StageError at the first stage
@@ -153,5 +153,56 @@ class DetectionPruneStage(Stage):
                 f"head layers kept whole), mAP before fine-tuning {100 * metrics['map']:.1f}")
 
 
-for _stage in (DetectionDataStage(), DetectionTeacherStage(), DetectionPruneStage()):
+class DetectionDistillStage(Stage):
+    """Fine-tunes the pruned detector with the teacher: its own detection loss + class KD + feature imitation."""
+
+    name = "distill"
+
+    def needs(self, ctx):
+        return ("data", "teacher", "prune")
+
+    def config(self, ctx):
+        return {"distill": ctx.recipe.section("distill")}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        import torch
+
+        from pipeline.data.detection_files import load_split
+        from pipeline.detection_checkpoint import load_detector, save_detector
+        from pipeline.detection_distill import DetectionDistillLoss
+        from pipeline.detection_metrics import class_changes
+        from pipeline.detection_models import DETECTORS
+        from pipeline.detection_train import predict, score_detector, targets, train_detector
+
+        cfg, classes = ctx.recipe.distill, _classes(ctx)
+        teacher, meta = load_detector(ctx.manifest.output("teacher", "model"))
+        student, _ = load_detector(ctx.manifest.output("prune", "model"))
+        spec = DETECTORS.get(meta["arch"])
+        canvases = ctx.manifest.output("data", "canvases")
+        torch.manual_seed(cfg.train.seed)
+        teaching = cfg.kd_weight > 0 or cfg.feature_weight > 0
+        loss = DetectionDistillLoss(student, teacher, "softmax" if spec.label_offset else "sigmoid",
+                                    cfg.temperature, cfg.kd_weight, cfg.feature_weight, meta["input_size"]) \
+            if teaching else None
+        student.train()
+        history = train_detector(student, load_split(canvases, "train"), cfg.train, spec.label_offset, log=ctx.log,
+                                 extra_loss=(lambda x, batch: loss(student, teacher, x, batch)["total"]) if loss else None,
+                                 extra_modules=loss)
+        test = load_split(canvases, "test")
+        scores = score_detector(student, test, classes, "the distilled student", spec.label_offset)
+        changes = class_changes(test.boxes, predict(teacher, test.images, spec.label_offset),
+                                predict(student, test.images, spec.label_offset), classes, resamples=200)
+        path = save_detector(workdir / "model.pt", student, meta["arch"], meta["num_classes"], meta["input_size"],
+                             distilled=teaching)
+        return StageResult(outputs={"model": path},
+                           metrics={**scores, **_size_metrics(student, meta["input_size"]), "history": history,
+                                    "with_teacher": teaching, "class_changes_vs_teacher": changes})
+
+    def summary(self, metrics):
+        return (f"mAP {100 * metrics['map']:.1f} [{100 * metrics['map_low']:.1f}, {100 * metrics['map_high']:.1f}], "
+                f"AP50 {100 * metrics['ap50']:.1f}, {metrics['macs_g']:.3f} GMACs"
+                + ("" if metrics["with_teacher"] else " (fine-tuned without the teacher)"))
+
+
+for _stage in (DetectionDataStage(), DetectionTeacherStage(), DetectionPruneStage(), DetectionDistillStage()):
     DETECTION_STAGES.add(_stage.name, _stage)

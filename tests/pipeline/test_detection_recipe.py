@@ -44,8 +44,8 @@ def test_unknown_detection_key_is_named_with_a_suggestion(det_raw):
 
 
 def test_a_classification_section_is_refused_in_a_detection_recipe(det_raw):
-    det_raw["distill"] = {"student": "pruned"}  # not built for detection: refused, never silently ignored
-    with pytest.raises(ConfigError, match="distill: unknown key"):
+    det_raw["quantize"] = {"quantizer": "ort"}  # not built for detection: refused, never silently ignored
+    with pytest.raises(ConfigError, match="quantize: unknown key"):
         parse_recipe(det_raw)
 
 
@@ -94,12 +94,12 @@ def test_a_stage_detection_lacks_is_refused_naming_built_and_missing(repo):
 
     recipe, _, _ = load_recipe(str(repo / "models" / "tiny-det.yaml"))
     registry = _stages_for(recipe)
-    assert {"data", "teacher", "prune"} <= set(registry.names())
+    assert {"data", "teacher", "prune", "distill"} <= set(registry.names())
     _refuse_unbuilt_stage(recipe, "prune", registry)  # built: passes
     with pytest.raises(StageError) as err:
         _refuse_unbuilt_stage(recipe, "export", registry)
     assert "export stage is not built for task detection" in err.value.message
-    assert "built: data, teacher, prune" in err.value.message and "--until prune" in err.value.fix
+    assert "built: data, teacher, prune, distill" in err.value.message and "--until distill" in err.value.fix
 
 
 def test_a_bad_coco_file_is_named_by_the_data_stage(repo, tmp_path):

@@ -42,22 +42,23 @@ def test_a_pruned_detector_checkpoint_reloads_with_its_widths(tmp_path):
 @pytest.fixture(scope="module")
 @slow_fixture
 def det_run(repo, tmp_path_factory):
-    """tiny-det with fewer canvases and epochs (about 15 s on two cores): it stops at distill."""
+    """tiny-det with fewer canvases and epochs (about 25 s on two cores): it stops at export."""
     from pipeline.runner import run_pipeline
 
     runs = tmp_path_factory.mktemp("det-runs")
-    overrides = {"data.train_images": 512, "teacher.train.epochs": 4, "teacher.train.lr": 0.003}
+    overrides = {"data.train_images": 512, "teacher.train.epochs": 4, "teacher.train.lr": 0.003,
+                 "distill.train.epochs": 1}
     with pytest.raises(StageError) as err:
         run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=runs, new=True, overrides=overrides)
     manifest = json.loads(next(runs.glob("tiny-det/*/manifest.json")).read_text())
     return err.value, manifest
 
 
-def test_detection_run_records_data_teacher_and_prune_then_stops_at_distill(det_run):
+def test_detection_run_records_data_teacher_prune_distill_then_stops_at_export(det_run):
     err, manifest = det_run
-    assert "distill stage is not built for task detection" in err.message
+    assert "export stage is not built for task detection" in err.message
     stages = manifest["stages"]
-    assert list(stages) == ["data", "teacher", "prune"]
+    assert list(stages) == ["data", "teacher", "prune", "distill"]
     assert stages["data"]["metrics"]["generator"]["source"] == "digits"
     teacher = stages["teacher"]["metrics"]
     assert teacher["ap50"] > 0.05 and teacher["map_low"] <= teacher["map_high"]
@@ -65,3 +66,8 @@ def test_detection_run_records_data_teacher_and_prune_then_stops_at_distill(det_
     assert abs(pruning["fraction"] - 0.6) <= 0.1 * 0.6
     assert [k["module"] for k in pruning["kept_whole"]][0] == "head.classification_head.cls_logits"
     assert stages["prune"]["metrics"]["macs_g"] < teacher["macs_g"]
+    distill = stages["distill"]["metrics"]
+    assert distill["with_teacher"] and distill["ap50"] > 0.05
+    assert distill["macs_g"] == stages["prune"]["metrics"]["macs_g"]  # fine-tuning keeps the pruned widths
+    rows = distill["class_changes_vs_teacher"]
+    assert rows and all({"change_points", "change_low", "change_high", "p_holm"} <= set(row) for row in rows)
