@@ -218,3 +218,11 @@ def unfreeze_batchnorm(model: nn.Module) -> int:
             setattr(parent, name, bn)
             converted += 1
     return converted
+
+
+def detector_size_metrics(model: nn.Module, input_size: int) -> dict[str, float]:
+    """Parameters (millions) and MACs (billions) per image at the detector's input size, as the manifest records."""
+    from pipeline.models import count_macs, count_parameters
+
+    return {"params_m": count_parameters(model) / 1e6,
+            "macs_g": count_macs(model, (1, 3, input_size, input_size)) / 1e9, "input_size": input_size}

@@ -21,7 +21,7 @@ from pipeline.devices import Device
 from device.files import sha256_file
 from pipeline.manifest import Manifest, sha256_json
 from pipeline.recipe import load_recipe
-from pipeline.stages import STAGE_ORDER, STAGES
+from pipeline.stages import DETECTION_STAGES, STAGE_ORDER, STAGES
 
 LATEST = "latest"
 
@@ -117,11 +117,9 @@ def _check_inputs_untouched(name: str, run_dir: Path, input_sha: dict[str, str])
 
 
 def _stages_for(recipe) -> Registry:
-    """The stages of the recipe's task: detection has its own (:mod:`pipeline.stages.detection`), under the same
+    """The stages of the recipe's task: detection has its own (``pipeline.stages.detection_*``), under the same
     names, for as far as they are built."""
     if getattr(recipe, "task", "classification") == "detection":
-        from pipeline.stages.detection import DETECTION_STAGES
-
         return DETECTION_STAGES
     return STAGES
 

@@ -1,7 +1,10 @@
-"""The pipeline stages, each registered in :data:`pipeline.stages.base.STAGES` on import."""
+"""The pipeline stages, each registered in :data:`pipeline.stages.base.STAGES` (classification) or
+:data:`pipeline.stages.detection_base.DETECTION_STAGES` (``task: detection``) on import."""
 
 from pipeline.stages import (  # noqa: F401  (registration)
-    data, deploy, distill, evaluate, export, prune, quantize, report, teacher)
+    data, deploy, detection_data, detection_distill, detection_prune, detection_teacher, distill, evaluate, export,
+    prune, quantize, report, teacher)
 from pipeline.stages.base import STAGE_ORDER, STAGES, Stage, StageResult
+from pipeline.stages.detection_base import DETECTION_STAGES
 
-__all__ = ["STAGES", "STAGE_ORDER", "Stage", "StageResult"]
+__all__ = ["DETECTION_STAGES", "STAGES", "STAGE_ORDER", "Stage", "StageResult"]

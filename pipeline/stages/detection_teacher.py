@@ -1,0 +1,60 @@
+"""detection teacher stage: the teacher detector trained on the canvases and scored with COCO mAP and intervals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from device.errors import StageError
+from pipeline.detection_models import detector_size_metrics
+from pipeline.stages.base import Stage, StageResult
+from pipeline.stages.detection_base import DETECTION_STAGES
+
+
+def _classes(ctx) -> list[str]:
+    return json.loads(ctx.manifest.output("data", "dataset").read_text())["classes"]
+
+
+class DetectionTeacherStage(Stage):
+    """Trains the teacher detector from scratch on CPU or GPU and scores it with COCO mAP and intervals."""
+
+    name = "teacher"
+
+    def preflight(self, ctx):
+        if ctx.recipe.teacher.weights:
+            raise StageError("teacher.weights for a detector: loading a user's detector is not built yet (its "
+                             "FrozenBatchNorm is converted by pipeline.detection_models.unfreeze_batchnorm)",
+                             fix="set teacher.weights: null to train the teacher on the data")
+
+    def needs(self, ctx):
+        return ("data",)
+
+    def config(self, ctx):
+        return {"teacher": ctx.recipe.section("teacher")}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        import torch
+
+        from pipeline.data.detection_files import load_split
+        from pipeline.detection_checkpoint import save_detector
+        from pipeline.detection_models import DETECTORS, build_detector
+        from pipeline.detection_train import score_detector, train_detector
+
+        cfg, classes = ctx.recipe.teacher, _classes(ctx)
+        canvases = ctx.manifest.output("data", "canvases")
+        torch.manual_seed(cfg.train.seed)
+        model = build_detector(cfg.arch, len(classes), cfg.size())
+        offset = DETECTORS.get(cfg.arch).label_offset
+        history = train_detector(model, load_split(canvases, "train"), cfg.train, offset, log=ctx.log) \
+            if cfg.train.epochs else []
+        scores = score_detector(model, load_split(canvases, "test"), classes, "the teacher", offset)
+        path = save_detector(workdir / "model.pt", model, cfg.arch, len(classes), cfg.size())
+        return StageResult(outputs={"model": path},
+                           metrics={**scores, **detector_size_metrics(model, cfg.size()), "history": history})
+
+    def summary(self, metrics):
+        return (f"mAP {100 * metrics['map']:.1f} [{100 * metrics['map_low']:.1f}, {100 * metrics['map_high']:.1f}], "
+                f"AP50 {100 * metrics['ap50']:.1f}, {metrics['params_m']:.2f} M params, {metrics['macs_g']:.3f} GMACs")
+
+
+DETECTION_STAGES.add(DetectionTeacherStage.name, DetectionTeacherStage())
