@@ -56,7 +56,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
-	@echo "     variables: DATA=fashion-mnist|digits|imagefolder:/path WEIGHTS=path|imagenet RUN=id UNTIL=stage FORCE='stage …' SET='key=value …'"
+	@echo "     variables: DATA=fashion-mnist|digits|imagefolder:/path (detection: fmnist-det|digits-det|coco:/path.json) WEIGHTS=path|imagenet RUN=id UNTIL=stage FORCE='stage …' SET='key=value …'"
 	@echo "     NPROC=8: teacher and distill as one DDP job over 8 processes (torchrun)"
 	@echo "     devices:   EDGE=http://jetson:8765[,…] DC=http://gpu:8765 DEVICES=devices.yaml TOKEN_FILE=path (none: a loopback agent)"
 	@echo "make report MODEL= RUN=id      rebuild a run's report (default: the model's latest run)"

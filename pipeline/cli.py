@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--force", metavar="STAGE", action="append", default=[], help="redo this stage even if cached (repeatable)")
     run.add_argument("--run-id", help="run directory name (default: the model's latest run, or a new timestamped one)")
     run.add_argument("--new", action="store_true", help="start a new run instead of resuming the latest")
-    run.add_argument("--data", help="override data.source: fashion-mnist, digits or imagefolder:/path")
+    run.add_argument("--data", help="override data.source: fashion-mnist, digits or imagefolder:/path; for a "
+                                       "detection recipe fmnist-det, digits-det or coco:/path/annotations.json")
     run.add_argument("--weights", help="override teacher.weights: a torchvision state_dict path, or 'imagenet'")
     run.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                      help="override any recipe key, e.g. --set teacher.train.epochs=1 (value parsed as YAML)")
