@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from device.errors import StageError
 from pipeline.detection_models import detector_size_metrics
 from pipeline.stages.base import Stage, StageResult
 from pipeline.stages.detection_base import DETECTION_STAGES
@@ -16,27 +15,34 @@ def _classes(ctx) -> list[str]:
 
 
 class DetectionTeacherStage(Stage):
-    """Trains the teacher detector from scratch on CPU or GPU and scores it with COCO mAP and intervals."""
+    """The teacher detector, from a user's state_dict or trained from scratch, scored with COCO mAP and intervals."""
 
     name = "teacher"
 
     def preflight(self, ctx):
-        if ctx.recipe.teacher.weights:
-            raise StageError("teacher.weights for a detector: loading a user's detector is not built yet (its "
-                             "FrozenBatchNorm is converted by pipeline.detection_models.unfreeze_batchnorm)",
-                             fix="set teacher.weights: null to train the teacher on the data")
+        from device.errors import CheckpointError
+
+        weights = ctx.recipe.teacher.weights
+        if weights and not Path(weights).is_file():  # before the data stage, not after it
+            raise CheckpointError(f"teacher.weights {weights} does not exist",
+                                  fix="pass a torchvision detector state_dict (WEIGHTS=path), or null to train")
 
     def needs(self, ctx):
         return ("data",)
 
     def config(self, ctx):
-        return {"teacher": ctx.recipe.section("teacher")}
+        from device.files import sha256_file
+
+        weights = ctx.recipe.teacher.weights
+        # The weights file's bytes, not its name, decide whether the teacher is still valid.
+        return {"teacher": ctx.recipe.section("teacher"),
+                "weights_sha256": sha256_file(weights) if weights and Path(weights).is_file() else None}
 
     def run(self, ctx, workdir: Path) -> StageResult:
         import torch
 
         from pipeline.data.detection_files import load_split
-        from pipeline.detection_checkpoint import save_detector
+        from pipeline.detection_checkpoint import load_detector_weights, save_detector
         from pipeline.detection_models import DETECTORS, build_detector
         from pipeline.detection_train import score_detector, train_detector
 
@@ -44,13 +50,17 @@ class DetectionTeacherStage(Stage):
         canvases = ctx.manifest.output("data", "canvases")
         torch.manual_seed(cfg.train.seed)
         model = build_detector(cfg.arch, len(classes), cfg.size())
+        replaced = load_detector_weights(model, cfg.arch, cfg.weights) if cfg.weights else []
+        if replaced:
+            ctx.log(f"teacher: head re-initialised for {len(classes)} classes ({', '.join(replaced)})")
         offset = DETECTORS.get(cfg.arch).label_offset
         history = train_detector(model, load_split(canvases, "train"), cfg.train, offset, log=ctx.log) \
             if cfg.train.epochs else []
         scores = score_detector(model, load_split(canvases, "test"), classes, "the teacher", offset)
         path = save_detector(workdir / "model.pt", model, cfg.arch, len(classes), cfg.size())
         return StageResult(outputs={"model": path},
-                           metrics={**scores, **detector_size_metrics(model, cfg.size()), "history": history})
+                           metrics={**scores, **detector_size_metrics(model, cfg.size()), "history": history,
+                                    "weights": cfg.weights, "replaced_head": replaced})
 
     def summary(self, metrics):
         return (f"mAP {100 * metrics['map']:.1f} [{100 * metrics['map_low']:.1f}, {100 * metrics['map_high']:.1f}], "

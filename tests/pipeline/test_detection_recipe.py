@@ -110,3 +110,13 @@ def test_a_bad_coco_file_is_named_by_the_data_stage(repo, tmp_path):
     with pytest.raises(DataError, match="categories"):
         run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=tmp_path / "runs",
                      overrides={"data.source": f"coco:{tmp_path / 'ann.json'}"})
+
+
+def test_missing_detector_weights_are_named_before_the_data_stage(repo, tmp_path):
+    from device.errors import CheckpointError
+    from pipeline.runner import run_pipeline
+
+    with pytest.raises(CheckpointError, match="does not exist"):
+        run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=tmp_path,
+                     overrides={"teacher.weights": str(tmp_path / "nope.pth")})
+    assert not list(tmp_path.glob("tiny-det/*/data"))

@@ -71,3 +71,24 @@ def test_detection_run_records_data_teacher_prune_distill_then_stops_at_export(d
     assert distill["macs_g"] == stages["prune"]["metrics"]["macs_g"]  # fine-tuning keeps the pruned widths
     rows = distill["class_changes_vs_teacher"]
     assert rows and all({"change_points", "change_low", "change_high", "p_holm"} <= set(row) for row in rows)
+
+
+def test_a_users_detector_weights_load_with_a_head_for_other_classes(tmp_path):
+    """A state saved from FrozenBatchNorm layers (no num_batches_tracked) loads into the prunable BatchNorm model;
+    the class logits trained for 3 classes are left fresh for 5, and named."""
+    from device.errors import CheckpointError
+    from pipeline.detection_checkpoint import load_detector_weights
+
+    torch.manual_seed(0)
+    source = build_detector("tiny_fcos", 3)
+    state = {k: v for k, v in source.state_dict().items() if not k.endswith("num_batches_tracked")}
+    torch.save({"model": state}, tmp_path / "w.pth")  # torchvision's reference scripts wrap it so
+    target = build_detector("tiny_fcos", 5)
+    replaced = load_detector_weights(target, "tiny_fcos", tmp_path / "w.pth")
+    assert replaced == ["head.classification_head.cls_logits.weight", "head.classification_head.cls_logits.bias"]
+    assert torch.equal(target.backbone.stages[0][0].weight, source.backbone.stages[0][0].weight)
+    assert target.head.classification_head.cls_logits.out_channels == 5
+    state["backbone.stages.0.0.weight"] = torch.zeros(8, 3, 3, 3)  # outside the head: refused, never reshaped
+    torch.save(state, tmp_path / "bad.pth")
+    with pytest.raises(CheckpointError, match="other shapes"):
+        load_detector_weights(build_detector("tiny_fcos", 5), "tiny_fcos", tmp_path / "bad.pth")
