@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from device.errors import ConfigError, DeviceError, MissingDependencyError, require
 from device.files import write_json_atomic
-from device.power_modes import DeviceHeldError, PowerModeError, read_hold
+from device.power_modes import Control, DeviceHeldError, PowerModeError, read_hold
 from device.schema import NotMeasured, PowerSetting, RunResult, SweepResult, SweepSpec
 
 GPU_HOLD_SCHEMA = "edgefold.gpu-power-hold/1"
@@ -75,7 +75,7 @@ def gpu_hold_state(data: dict[str, Any]) -> GpuState:
     return GpuState(str(data["pci_bus_id"]), str(data["uuid"]), int(data["power_limit_mw"]))
 
 
-class NvmlPowerControl:
+class NvmlPowerControl(Control):
     """Reads and changes one GPU's power limit and locked clocks through NVML.
 
     Args:
@@ -88,13 +88,6 @@ class NvmlPowerControl:
         self.pci_bus_id, self.uuid = pci_bus_id, uuid
         self._nvml = None
         self._handle = None
-
-    def __enter__(self) -> "NvmlPowerControl":
-        self.open()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def open(self) -> None:
         """Initialises NVML and finds the GPU.

@@ -224,7 +224,24 @@ class Observed:
                 "gpu_max_khz": self.gpu_max_khz}
 
 
-class ModeController:
+class Control:
+    """Something a sweep opens, changes and closes (the jtop service, NVML): a context manager over open/close."""
+
+    def open(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ModeController(Control):
     """Sets and reads power modes through a jtop client of its own.
 
     Open it at the rate the job's jtop sampler asks for: the service's interval belongs to its first client.
@@ -237,13 +254,6 @@ class ModeController:
     def __init__(self, interval_s: float = 0.5, poll_s: float = 0.1):
         self.interval_s, self.poll_s = interval_s, poll_s
         self._jetson = None
-
-    def __enter__(self) -> "ModeController":
-        self.open()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def open(self) -> None:
         """Connects to the jtop service.

@@ -120,16 +120,23 @@ def text(h: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def ratio_parts(line: dict[str, Any]) -> list[str]:
+    """``×1.08 latency [1.02, 1.15]`` and ``×1.05 energy per image [...]`` from a comparison's ``latency_*`` and
+    ``energy_*`` keys, each said "(no measurable difference)" when its interval holds 1, or "not measured"."""
+    parts = []
+    for name, words in (("latency", "latency"), ("energy", "energy per image")):
+        if line.get(f"{name}_ratio") is None:
+            parts.append(f"{words} {NOT_MEASURED}")
+            continue
+        ratio = f"×{line[f'{name}_ratio']:.2f} {words} [{line[f'{name}_low']:.2f}, {line[f'{name}_high']:.2f}]"
+        parts.append(ratio + ("" if line.get(f"{name}_significant") else " (no measurable difference)"))
+    return parts
+
+
 def two_roads_text(line: dict[str, Any]) -> str:
     """``student on orin, Torch-TensorRT 2.5.0 vs ONNX → TensorRT: ×1.08 latency [1.02, 1.15], ×1.05 energy per
     image [...], top-1 97.9% vs 98.0% (device-measured), 1 op fell back to PyTorch (aten.adaptive_avg_pool2d ×1)``."""
-    parts = []
-    for name, words in (("latency", "latency"), ("energy", "energy per image")):
-        if line.get(f"{name}_ratio") is not None:
-            ratio = f"×{line[f'{name}_ratio']:.2f} {words} [{line[f'{name}_low']:.2f}, {line[f'{name}_high']:.2f}]"
-            parts.append(ratio + ("" if line.get(f"{name}_significant") else " (no measurable difference)"))
-        else:
-            parts.append(f"{words} {NOT_MEASURED}")
+    parts = ratio_parts(line)
     top1 = [f"{100 * line[key]:.1f}%" if line.get(key) is not None else NOT_MEASURED
             for key in ("torch_top1", "onnx_top1")]
     parts.append(f"top-1 {top1[0]} vs {top1[1]} (device-measured)")
@@ -146,13 +153,7 @@ def two_roads_text(line: dict[str, Any]) -> str:
 def int8_vs_fp16_text(verdict: dict[str, Any]) -> str:
     """``INT8 vs FP16 on orin: ×0.61 latency [0.58, 0.64], ×0.70 energy per image [...], Δ top-1 −0.20 points
     (device-measured, McNemar p = 0.5)`` and, when INT8 does not pay off, why."""
-    parts = []
-    for name, words in (("latency", "latency"), ("energy", "energy per image")):
-        if verdict.get(f"{name}_ratio") is not None:
-            ratio = f"×{verdict[f'{name}_ratio']:.2f} {words} [{verdict[f'{name}_low']:.2f}, {verdict[f'{name}_high']:.2f}]"
-            parts.append(ratio + ("" if verdict.get(f"{name}_significant") else " (no measurable difference)"))
-        else:
-            parts.append(f"{words} {NOT_MEASURED}")
+    parts = ratio_parts(verdict)
     if verdict.get("top1_delta_points") is not None:
         p = f", McNemar p = {verdict['top1_p']:.2g}" if verdict.get("top1_p") is not None else ""
         parts.append(f"Δ top-1 {verdict['top1_delta_points']:+.2f} points ({verdict['top1_source']}{p})")
