@@ -62,6 +62,8 @@ def test_detection_run_records_data_teacher_prune_distill_then_stops_at_export(d
     assert stages["data"]["metrics"]["generator"]["source"] == "digits"
     teacher = stages["teacher"]["metrics"]
     assert teacher["ap50"] > 0.05 and teacher["map_low"] <= teacher["map_high"]
+    losses = teacher["history"]
+    assert len(losses) == 4 and losses[-1] < 0.7 * losses[0], "the from-scratch detector learned"
     pruning = stages["prune"]["metrics"]["pruning"]
     assert abs(pruning["fraction"] - 0.6) <= 0.1 * 0.6
     assert [k["module"] for k in pruning["kept_whole"]][0] == "head.classification_head.cls_logits"
