@@ -18,7 +18,11 @@ import torch
 import yaml
 
 from device.errors import ConfigError, StageError
-from pipeline import knapsack, latency, report
+from pipeline import channels, knapsack, report
+from pipeline.latency import budget as lbudget
+from pipeline.latency import measure
+from pipeline.latency import search as lsearch
+from pipeline.latency import model as lmodel
 from pipeline.checkpoint import load_checkpoint
 from pipeline.devices import Device
 from pipeline.models import build_model
@@ -74,13 +78,13 @@ def test_latency_ms_reads_a_batch_and_gives_an_interval():
     one, eight = run(1, p50_ms=2.0), run(8, p50_ms=9.0)
     eight["latency_std_ms"] = 0.0
     result = job_result(runs=[one, eight])
-    p50, low, high = latency.latency_ms(result, 1)
+    p50, low, high = measure.latency_ms(result, 1)
     assert p50 == 2.0 and low < 2.0 < high
-    assert latency.latency_ms(result, 8) == (9.0, 9.0, 9.0)
+    assert measure.latency_ms(result, 8) == (9.0, 9.0, 9.0)
     with pytest.raises(StageError):
-        latency.latency_ms(result, 4)
+        measure.latency_ms(result, 4)
     with pytest.raises(SchemaVersionError):
-        latency.latency_ms({**result, "schema": "edgefold.result/1"}, 1)
+        measure.latency_ms({**result, "schema": "edgefold.result/1"}, 1)
 
 
 # ------------------------------------------------------------------------------------------------ recipe
@@ -119,20 +123,20 @@ def test_the_renamed_points_key_is_refused_naming_widths_per_group():
 def test_groups_widths_and_importance_on_the_tiny_net():
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     assert {g.name for g in groups} >= {"stem.0", "layers.0.conv1", "layers.2.conv1"}
     assert all(c % 4 == 0 for g in groups for c in g.candidates) and all(g.candidates[-1] == g.full for g in groups)
     assert "fc" not in {g.name for g in groups}, "the classifier is never a group"
     widths = {g.name: g.candidates[len(g.candidates) // 2 - 1] for g in groups}
-    pruned = latency.at_widths(model, "tiny_resnet", SHAPE, widths)
-    assert latency.widths_of(pruned, groups) == widths
+    pruned = channels.at_widths(model, "tiny_resnet", SHAPE, widths)
+    assert channels.widths_of(pruned, groups) == widths
     assert pruned.fc.out_features == 10 and pruned(torch.zeros(2, 3, 16, 16)).shape == (2, 10)
-    assert latency.widths_of(model, groups) == {g.name: g.full for g in groups}, "the original is untouched"
+    assert channels.widths_of(model, groups) == {g.name: g.full for g in groups}, "the original is untouched"
 
     # Importance: the channels kept are the group's most important ones (a planted strong filter survives).
     with torch.no_grad():
         model.layers[0].conv1.weight[13].mul_(100.0)
-    latency.set_widths(model, "tiny_resnet", SHAPE, {"layers.0.conv1": 4}, importance="l2")
+    channels.set_widths(model, "tiny_resnet", SHAPE, {"layers.0.conv1": 4}, importance="l2")
     assert model.layers[0].conv1.out_channels == 4
     assert model.layers[0].conv1.weight.abs().sum(dim=(1, 2, 3)).max() > 10 * 0.5
 
@@ -149,15 +153,15 @@ def test_tables_time_the_deployed_precision_unless_told_float(tmp_path):
     recipe = parse_recipe(_tiny_raw())
     info = {"tensorrt": None, "runtimes": ["onnxruntime"]}
     preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
-    deployed = latency.device_spec(info, recipe.deploy, LatencyTarget(ratio=0.5), preprocess, "t")
-    floating = latency.device_spec(info, recipe.deploy, LatencyTarget(ratio=0.5, precision="float"), preprocess, "t")
+    deployed = measure.device_spec(info, recipe.deploy, LatencyTarget(ratio=0.5), preprocess, "t")
+    floating = measure.device_spec(info, recipe.deploy, LatencyTarget(ratio=0.5, precision="float"), preprocess, "t")
     assert (deployed.precision, floating.precision) == ("int8", "fp32")
     assert deployed.batch_sizes == [1] and deployed.idle_s == 0
 
     model = build_model("tiny_resnet", 10).eval()
     fp32, int8 = tmp_path / "m.onnx", tmp_path / "m.int8.onnx"
     export_onnx(model, fp32, SHAPE, 17)
-    latency.quantize_for_timing(fp32, int8, SHAPE)
+    measure.quantize_for_timing(fp32, int8, SHAPE)
     ops = {node.op_type for node in onnx.load(str(int8)).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
     session = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"])
@@ -167,9 +171,9 @@ def test_tables_time_the_deployed_precision_unless_told_float(tmp_path):
 
 def test_step_widths_walk_evenly_to_the_plan():
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     final = {g.name: g.candidates[0] for g in groups}
-    steps = [latency.step_widths(groups, final, s, 3, 4) for s in (1, 2, 3)]
+    steps = [channels.step_widths(groups, final, s, 3, 4) for s in (1, 2, 3)]
     assert steps[-1] == final
     for g in groups:
         seq = [g.full] + [s[g.name] for s in steps]
@@ -188,7 +192,7 @@ def test_an_unreachable_agent_says_how_to_fix_it(tmp_path):
     token.write_text("x\n")
     device = Device("edge", "edge", f"http://127.0.0.1:{_closed_port()}", "edge", str(token))
     with pytest.raises(StageError) as err:
-        with latency.open_agent([device], "edge", lambda m: None):
+        with measure.open_agent([device], "edge", lambda m: None):
             pass
     assert "unreachable" in err.value.message and "EDGE=/DC=/DEVICES=" in err.value.fix
     assert "loopback" in err.value.fix
@@ -197,7 +201,7 @@ def test_an_unreachable_agent_says_how_to_fix_it(tmp_path):
 def test_a_budget_on_an_unknown_device_is_refused(tmp_path):
     device = Device("orin", "edge", "http://127.0.0.1:1", "orin")
     with pytest.raises(ConfigError, match="'jetson' is none of the configured devices"):
-        with latency.open_agent([device], "jetson", lambda m: None):
+        with measure.open_agent([device], "jetson", lambda m: None):
             pass
 
 
@@ -249,17 +253,17 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(latency_te
         assert check["error"] == pytest.approx((check["predicted_ms"] - check["measured_ms"]["p50_ms"])
                                                / check["measured_ms"]["p50_ms"])
     assert sum(1 for p in lat["plans"] if p.get("chosen")) == 1
-    assert (ctx.run_dir / "prune" / "latency_plans.png").stat().st_size > 1000
+    assert not list((ctx.run_dir / "prune").glob("*.png")), "the stage records data; the report draws the plots"
     table = json.loads((ctx.run_dir / "prune" / "latency_table.json").read_text())
-    assert table["format"] == latency.TABLE_FORMAT and table["device"]["agent"] == "loopback"
+    assert table["format"] == lmodel.TABLE_FORMAT and table["device"]["agent"] == "loopback"
     assert table["spec"]["batch_sizes"] == [1] and table["spec"]["threads"] == 1
     assert table["spec"]["precision"] == "int8", "timed in the deployed rung's precision by default"
     assert table["spec"]["runtime"] == "onnxruntime"
 
     # The checkpoint holds exactly the plan's widths, on round_to, classifier whole; it reloads.
     model, _ = load_checkpoint(ctx.run_dir / "prune" / "model.pt")
-    groups = latency.prunable_groups(build_model("tiny_resnet", 10), "tiny_resnet", SHAPE, 4)
-    got = latency.widths_of(model, groups)
+    groups = channels.prunable_groups(build_model("tiny_resnet", 10), "tiny_resnet", SHAPE, 4)
+    got = channels.widths_of(model, groups)
     chosen = next(p["plan"] for p in lat["plans"] if p.get("chosen"))  # not always the last round on a busy host
     assert got == table["rounds"][int(chosen.split()[-1]) - 1]["widths"] == stage["metrics"]["plan"]["widths"]
     assert all(w % 4 == 0 for w in got.values()) and model.fc.out_features == 10
@@ -273,7 +277,7 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(latency_te
     sections = report.latency_section(ctx.manifest.data, ctx.run_dir, out)
     section = "\n".join(to_markdown_lines(sections[0]))
     assert "## Pruned to a latency budget" in section and "(chosen)" in section and "unpruned" in section
-    assert f"{measured:.4f}" in section and (out / "latency_plans.png").is_file()
+    assert f"{measured:.4f}" in section and (out / "latency_plans.png").stat().st_size > 1000
     assert "![MACs against measured latency of the candidate plans" in section, "report.md shows the copied plot"
     page = to_html_fragment(sections[0])
     assert "<h2>Pruned to a latency budget</h2>" in page and "(chosen)" in page and f"{measured:.4f}" in page
@@ -305,8 +309,8 @@ def test_layer_model_prices_two_neighbouring_cuts_where_the_additive_table_doubl
     # fixed overhead; the fit sees only the table's single-group changes, like the real table.
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
-    layers = latency.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    layers = lmodel.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
     assert layers.in_group[layers.names.index("layers.0.conv2")] == "layers.0.conv1"
     assert layers.out_group[layers.names.index("layers.0.conv1")] == "layers.0.conv1"
     assert layers.in_group[layers.names.index("fc")] is not None and layers.out_group[layers.names.index("fc")] is None
@@ -335,26 +339,26 @@ def test_taylor_importance_is_for_the_latency_target_and_ranks_by_loss_change():
     model = build_model("tiny_resnet", 10).eval()
     batches = [(torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))) for _ in range(2)]
     with pytest.raises(ConfigError, match="needs training batches"):
-        latency.group_importance(model, "tiny_resnet", SHAPE, "taylor")
-    scores = latency.group_importance(model, "tiny_resnet", SHAPE, "taylor", batches)
+        channels.group_importance(model, "tiny_resnet", SHAPE, "taylor")
+    scores = channels.group_importance(model, "tiny_resnet", SHAPE, "taylor", batches)
     assert all(p.grad is None for p in model.parameters()), "gradients cleared"
-    assert set(scores) == {g.name for g in latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)}
+    assert set(scores) == {g.name for g in channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)}
     assert all(np.all(np.diff(v) <= 0) and np.all(v >= 0) for v in scores.values()), "sorted, non-negative"
     # Not normalized per group: group totals differ (magnitude importance makes each total its width).
     totals = [v.sum() / len(v) for v in scores.values()]
     assert max(totals) > 2 * min(totals)
     # Squared per batch and averaged: one batch's scores are its own (|Σ w·g|)², the mean of two batches'
     # squares is not the square of their summed gradients (which cancel at a trained model).
-    one = latency.taylor_scores(model, "tiny_resnet", SHAPE, batches[:1])
-    two = latency.taylor_scores(model, "tiny_resnet", SHAPE, batches)
-    other = latency.taylor_scores(model, "tiny_resnet", SHAPE, batches[1:])
+    one = channels.taylor_scores(model, "tiny_resnet", SHAPE, batches[:1])
+    two = channels.taylor_scores(model, "tiny_resnet", SHAPE, batches)
+    other = channels.taylor_scores(model, "tiny_resnet", SHAPE, batches[1:])
     for name in one:
         assert torch.allclose(two[name], (one[name] + other[name]) / 2)
     # set_widths keeps the channels the scores rank highest.
     name = next(n for n, v in one.items() if len(v) >= 8)
     width = len(one[name]) // 2
     keep = set(torch.argsort(one[name], descending=True)[:width].tolist())
-    pruned = latency.set_widths(copy.deepcopy(model), "tiny_resnet", SHAPE, {name: width}, "taylor", scores=one)
+    pruned = channels.set_widths(copy.deepcopy(model), "tiny_resnet", SHAPE, {name: width}, "taylor", scores=one)
     kept = dict(pruned.named_modules())[name]
     original = dict(model.named_modules())[name]
     assert torch.equal(kept.weight, original.weight[sorted(keep)])
@@ -368,18 +372,18 @@ def test_grouped_convolutions_lose_whole_groups_on_the_latency_path():
     torch.manual_seed(0)
     shape = (1, 3, 32, 32)
     model = build_model("regnet_y_400mf", 10).eval()
-    groups = {g.name: g for g in latency.prunable_groups(model, "regnet_y_400mf", shape, 4)}
+    groups = {g.name: g for g in channels.prunable_groups(model, "regnet_y_400mf", shape, 4)}
     blocked = [g for g in groups.values() if g.block > 1]
     assert blocked, "RegNet's bottlenecks hold grouped convolutions"
     for group in blocked:  # 8-channel conv-groups with round_to 4: multiples of 8
         assert group.block == 8 and all(c % 8 == 0 for c in group.candidates)
     assert any(c % 8 for g in groups.values() if g.block == 1 for c in g.candidates[:-1]), "round_to 4 elsewhere"
 
-    scores = latency.channel_scores(model, "regnet_y_400mf", shape, "l2")
+    scores = channels.channel_scores(model, "regnet_y_400mf", shape, "l2")
     name = blocked[0].name
     blocks = scores[name].reshape(-1, 8)
     assert torch.allclose(blocks, blocks[:, :1].expand_as(blocks)), "one value per conv-group"
-    values = latency.group_importance(model, "regnet_y_400mf", shape, "l2")[name]
+    values = channels.group_importance(model, "regnet_y_400mf", shape, "l2")[name]
     assert np.allclose(values.reshape(-1, 8), values.reshape(-1, 8)[:, :1])
 
     before = {id(conv): conv.groups for conv in grouped_convs(model)}
@@ -388,13 +392,13 @@ def test_grouped_convolutions_lose_whole_groups_on_the_latency_path():
     kept_blocks = torch.argsort(blocks[:, 0], descending=True)[: width // 8].sort().values
     expected = conv_a.weight.detach().reshape(-1, 8, *conv_a.weight.shape[1:])[kept_blocks].reshape(
         -1, *conv_a.weight.shape[1:]).clone()
-    pruned = latency.set_widths(model, "regnet_y_400mf", shape, {name: width}, "l2")
+    pruned = channels.set_widths(model, "regnet_y_400mf", shape, {name: width}, "l2")
     assert torch.equal(dict(pruned.named_modules())[name].weight, expected), "the top conv-groups are kept"
     changed = [conv for conv in grouped_convs(pruned) if conv.groups != before[id(conv)]]
     assert len(changed) == 1 and changed[0].out_channels == width and changed[0].groups == width // 8
     assert pruned(torch.zeros(shape)).shape == (1, 10)
     with pytest.raises(StageError, match="not whole groups"):
-        latency.set_widths(pruned, "regnet_y_400mf", shape, {blocked[1].name: 12}, "l2")
+        channels.set_widths(pruned, "regnet_y_400mf", shape, {blocked[1].name: 12}, "l2")
 
 
 def test_the_plan_fills_the_budget_by_the_full_prediction():
@@ -403,24 +407,24 @@ def test_the_plan_fills_the_budget_by_the_full_prediction():
     the budget by the full prediction and no single step up still fits (nothing left on the table)."""
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
-    layers = latency.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    layers = lmodel.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
     full = {g.name: g.full for g in groups}
     for seed, fraction in ((12, 0.5), (3, 0.05), (11, 0.2), (5, 0.5), (0, 0.8)):
         layers.coef = np.concatenate([[0.02, 0.0], np.random.default_rng(seed).uniform(0.1, 3.0, len(layers.names))])
-        table = latency.LatencyTable(full, latency.Measurement(layers.predict(full), (0, 0), [0]), groups,
+        table = lmodel.LatencyTable(full, lmodel.Measurement(layers.predict(full), (0, 0), [0]), groups,
                                      model=layers)
         rng = np.random.default_rng(seed + 100)
         importance = {g.name: np.sort(rng.uniform(0, 1, g.full))[::-1] for g in groups}
         narrowest = table.predict({g.name: g.candidates[0] for g in groups})
         budget = narrowest + fraction * (table.predict(full) - narrowest)
-        plan = latency.solve_plan(table, importance, budget)
+        plan = lsearch.solve_plan(table, importance, budget)
         assert table.predict(plan) <= budget + 1e-9
         for g in groups:
             index = g.candidates.index(plan[g.name])
             if index + 1 < len(g.candidates):
                 assert table.predict({**plan, g.name: g.candidates[index + 1]}) > budget, f"{g.name} could grow"
-    assert latency.solve_plan(table, importance, narrowest * 0.9) is None
+    assert lsearch.solve_plan(table, importance, narrowest * 0.9) is None
 
 
 def _device(groups, ms_of):
@@ -432,8 +436,8 @@ def _device(groups, ms_of):
         def measure(self, models, refresh=()):
             out = {}
             for name, m in models.items():
-                ms = ms_of(latency.widths_of(m if isinstance(m, torch.nn.Module) else m(), groups))
-                out[name] = latency.Measurement(ms, (ms, ms), [ms])
+                ms = ms_of(channels.widths_of(m if isinstance(m, torch.nn.Module) else m(), groups))
+                out[name] = lmodel.Measurement(ms, (ms, ms), [ms])
             return out
 
     return Device
@@ -443,11 +447,11 @@ def test_a_tables_measured_dip_is_pooled_so_a_wider_group_never_costs_less():
     """stem.0 measured faster at 12 channels than at 8 (noise): the table's curve pools the two (isotonic
     regression) instead of telling the knapsack that 8 channels cost more than 12."""
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     full = {g.name: g.full for g in groups}
     stem_ms = {4: 0.0, 8: 0.2, 12: 0.1, 16: 0.3}
     Device = _device(groups, lambda widths: 1.0 + stem_ms[widths["stem.0"]])
-    table = latency.build_table(model, "tiny_resnet", SHAPE, groups, full, Device(), 4)
+    table = lmodel.build_table(model, "tiny_resnet", SHAPE, groups, full, Device(), 4)
     assert table.delta_ms["stem.0"] == pytest.approx([-0.3, -0.15, -0.15, 0.0])
 
 
@@ -456,27 +460,27 @@ def test_a_plan_far_under_the_budget_is_refused_not_shipped():
     budget, and the stage says so instead of shipping the closest plan under it (a needlessly small model)."""
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     full = {g.name: g.full for g in groups}
     Device = _device(groups, lambda widths: 1.0 if widths == full else
                      0.1 + 0.8 * sum(widths.values()) / sum(full.values()) / 10)
     cfg = PruneConfig(round_to=4, importance="l2", latency={"ratio": 0.6, "widths_per_group": 2, "rounds": 3, "tolerance": 0.05})
     with pytest.raises(StageError, match="no measured plan came near the budget of 0.600 ms") as err:
-        latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+        lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
     assert "rounds" in err.value.fix
 
 
 def test_the_nested_path_narrows_one_step_at_a_time_through_the_knapsacks_plan():
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
-    layers = latency.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    layers = lmodel.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
     layers.coef = np.concatenate([[0.02, 0.0], np.random.default_rng(1).uniform(0.1, 3.0, len(layers.names))])
     full = {g.name: g.full for g in groups}
-    table = latency.LatencyTable(full, latency.Measurement(layers.predict(full), (0, 0), [0]), groups, model=layers)
+    table = lmodel.LatencyTable(full, lmodel.Measurement(layers.predict(full), (0, 0), [0]), groups, model=layers)
     importance = {g.name: np.sort(np.random.default_rng(2).uniform(0, 1, g.full))[::-1] for g in groups}
-    through = latency.solve_plan(table, importance, 0.5 * table.predict(full))
-    path = latency.nested_path(table, importance, through)
+    through = lsearch.solve_plan(table, importance, 0.5 * table.predict(full))
+    path = lsearch.nested_path(table, importance, through)
     assert path[0] == full and path[-1] == {g.name: g.candidates[0] for g in groups} and through in path
     assert len(path) == 1 + sum(len(g.candidates) - 1 for g in groups)
     for wider, narrower in zip(path, path[1:]):
@@ -500,7 +504,7 @@ def test_the_search_on_the_path_brackets_and_closes_whatever_the_prediction(shap
     for budget in (0.3, 0.83, 2.0, 3.5):
         measured, bracket, calls = {0: truth(0)}, None, 0
         while True:
-            position, bracket = latency.next_on_path(predicted, measured, budget, bracket)
+            position, bracket = lsearch.next_on_path(predicted, measured, budget, bracket)
             if position is None or abs(truth(position) - budget) <= 0.05 * budget:
                 break
             measured[position] = truth(position)
@@ -515,18 +519,18 @@ def test_the_search_measures_the_paths_end_and_reads_noise_from_the_narrow_side(
     predicted = list(np.linspace(2.0, 0.2, 20))
     # Only the narrowest plan meets the budget and it was never measured: it is measured, not skipped.
     measured, bracket, picked = {0: 3.0}, None, []
-    while (step := latency.next_on_path(predicted, measured, 0.5, bracket))[0] is not None:
+    while (step := lsearch.next_on_path(predicted, measured, 0.5, bracket))[0] is not None:
         position, bracket = step
         picked.append(position)
         measured[position] = 0.4 if position == 19 else 0.9
     assert picked[-1] == 19 and len(picked) <= 8
     # Out of order (a noisy plan under the budget before one over it): the bracket starts past the last over.
-    position, _ = latency.next_on_path(predicted, {0: 3.0, 5: 0.4, 8: 0.9, 12: 0.3}, 0.5, None)
+    position, _ = lsearch.next_on_path(predicted, {0: 3.0, 5: 0.4, 8: 0.9, 12: 0.3}, 0.5, None)
     assert 8 < position < 12
     # Nothing measured over the budget: nothing wider to try.
-    assert latency.next_on_path(predicted, {0: 0.3, 4: 0.2}, 0.5, None) == (None, 0)
+    assert lsearch.next_on_path(predicted, {0: 0.3, 4: 0.2}, 0.5, None) == (None, 0)
     # The path's end measured over it: nothing left.
-    assert latency.next_on_path(predicted, {0: 3.0, 19: 0.9}, 0.5, None)[0] is None
+    assert lsearch.next_on_path(predicted, {0: 3.0, 19: 0.9}, 0.5, None)[0] is None
 
 
 @pytest.mark.parametrize("power, ratio", [(0.3, 0.6), (3.0, 0.3)])
@@ -536,19 +540,19 @@ def test_a_device_the_table_mispredicts_is_met_by_measuring_along_the_path(power
     path through it and land within the tolerance in a few rounds (the knapsack-budget secant took 5–6)."""
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     full = {g.name: g.full for g in groups}
     Device = _device(groups, lambda widths: 0.05 + 0.95 * (sum(widths.values()) / sum(full.values())) ** power)
     cfg = PruneConfig(round_to=4, importance="l2",
                       latency={"ratio": ratio, "widths_per_group": 2, "rounds": 6, "tolerance": 0.05, "max_pruning_ratio": 1.0})
-    search = latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+    search = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
     rounds = search["rounds"]
     assert abs(search["measured_ms"]["p50_ms"] - ratio) <= 0.05 * ratio
     assert 1 < len(rounds) <= 4, "round 1 missed; the path landed within three more"
     positions = [r["path_position"] for r in rounds]
     assert None not in positions and len(set(positions)) == len(positions), "round 1 is placed on the path too"
-    assert {r["path_length"] for r in rounds} == {len(latency.nested_path(
-        latency.restricted(search["table"], 1.0), search["importance"], rounds[0]["widths"]))}
+    assert {r["path_length"] for r in rounds} == {len(lsearch.nested_path(
+        lmodel.restricted(search["table"], 1.0), search["importance"], rounds[0]["widths"]))}
     assert search["widths"] == rounds[-1]["widths"]
 
     # max_pruning_ratio bounds every group's cut (the table still measured every width: one cache for all);
@@ -556,10 +560,10 @@ def test_a_device_the_table_mispredicts_is_met_by_measuring_along_the_path(power
     cfg = cfg.model_copy(update={"latency": cfg.latency.model_copy(update={"max_pruning_ratio": 0.5})})
     if power < 1:  # half of every group costs 0.05 + 0.95 · 0.5^0.3 = 0.82 ms here
         with pytest.raises(StageError, match="below the narrowest plan's measured 0.82") as err:
-            latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+            lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
         assert "max_pruning_ratio" in err.value.fix
         return
-    bounded = latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+    bounded = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
     assert all(w >= g.full / 2 for g in groups for w in [bounded["widths"][g.name]])
     assert all(w >= g.full / 2 for g in groups for r in bounded["rounds"] for w in [r["widths"][g.name]])
     assert bounded["tables"][0]["groups"] == search["tables"][0]["groups"]
@@ -592,17 +596,17 @@ def test_a_tables_context_is_measured_again_beside_its_networks(tmp_path):
 
     recipe = parse_recipe(_tiny_raw())
     preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
-    spec = latency.device_spec({"tensorrt": None}, recipe.deploy, LatencyTarget(ratio=0.5, precision="float"),
+    spec = measure.device_spec({"tensorrt": None}, recipe.deploy, LatencyTarget(ratio=0.5, precision="float"),
                                preprocess, "t")
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     full = {g.name: g.full for g in groups}
     client = Client()
-    meter = latency.Meter(client, spec, {"agent": "stand-in"}, tmp_path / "cache", tmp_path / "onnx", 1, 17, SHAPE)
-    first = meter.measure({"unpruned": latency.at_widths(model, "tiny_resnet", SHAPE, full)})["unpruned"]
+    meter = measure.Meter(client, spec, {"agent": "stand-in"}, tmp_path / "cache", tmp_path / "onnx", 1, 17, SHAPE)
+    first = meter.measure({"unpruned": channels.at_widths(model, "tiny_resnet", SHAPE, full)})["unpruned"]
     name = groups[0].name
-    narrow = {"context": latency.at_widths(model, "tiny_resnet", SHAPE, full),
-              "narrow": lambda: latency.at_widths(model, "tiny_resnet", SHAPE, {**full, name: groups[0].candidates[0]})}
+    narrow = {"context": channels.at_widths(model, "tiny_resnet", SHAPE, full),
+              "narrow": lambda: channels.at_widths(model, "tiny_resnet", SHAPE, {**full, name: groups[0].candidates[0]})}
     again = meter.measure(narrow, refresh=["context"])
     assert len(client.uploads) == 3 and meter.jobs == 3, "the cached context was measured again"
     assert again["context"].p50_ms != first.p50_ms
@@ -627,10 +631,10 @@ def _meter(agent, tmp_path, label: str):
 
     recipe = parse_recipe(_tiny_raw())
     preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
-    spec = latency.device_spec({"tensorrt": None}, recipe.deploy,
+    spec = measure.device_spec({"tensorrt": None}, recipe.deploy,
                                LatencyTarget(ratio=0.5, precision="float", duration_s=0.1), preprocess, label)
     lines = []
-    meter = latency.Meter(agent.client(), spec, {"agent": agent.url}, tmp_path / "cache", tmp_path / "onnx", 1, 17,
+    meter = measure.Meter(agent.client(), spec, {"agent": agent.url}, tmp_path / "cache", tmp_path / "onnx", 1, 17,
                           SHAPE, log=lines.append)
     return meter, lines
 
@@ -646,7 +650,7 @@ def test_a_truncated_cache_entry_is_measured_again_not_a_crash(agent, tmp_path):
     again = meter.measure({"m": model})["m"]
     assert meter.jobs == 2 and meter.reused == 0, "the torn entry was measured again"
     assert any("unreadable" in line and "measuring it again" in line for line in lines), "with a warning"
-    assert latency.Measurement.from_json(json.loads(entry.read_text())) == again and first.p50_ms > 0
+    assert lmodel.Measurement.from_json(json.loads(entry.read_text())) == again and first.p50_ms > 0
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [entry.name], "no temporary file left beside it"
 
 
@@ -660,8 +664,8 @@ def test_a_latency_job_that_outlasts_the_wait_is_cancelled_not_taken_for_an_unre
     monkeypatch.setattr(AgentClient, "wait", lambda self, job_id, timeout_s=3600.0, **kw: wait(self, job_id, 3.0, **kw))
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
-    narrow = latency.at_widths(model, "tiny_resnet", SHAPE, {groups[0].name: groups[0].candidates[0]})
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    narrow = channels.at_widths(model, "tiny_resnet", SHAPE, {groups[0].name: groups[0].candidates[0]})
     meter, _ = _meter(agent, tmp_path, "hang-me")
     with pytest.raises(StageError) as err:
         meter.measure({"wide": model, "narrow": narrow})
