@@ -165,7 +165,8 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     started = time.perf_counter()
     runner = make_runner(spec.runtime, job["artifact_path"], precision=spec.precision, threads=spec.threads,
                          batch_sizes=spec.batch_sizes, dla_core=spec.dla_core, engine_cache=job.get("engine_cache"),
-                         channels_last=spec.channels_last, cuda_graphs=spec.cuda_graphs)
+                         channels_last=spec.channels_last, cuda_graphs=spec.cuda_graphs,
+                         timing_cache=spec.timing_cache)
     faults = dict(item.split("=", 1) for item in os.environ.get("EDGEFOLD_AGENT_FAULT", "").split(",") if "=" in item)
     fault = faults.get(spec.label) if spec.label else None
     with runner:

@@ -194,6 +194,13 @@ class LatencyTarget(_Strict):
     check: bool = Field(True, description="check the table against measured unpruned and MACs-pruned networks")
     check_macs_target: Optional[float] = Field(None, gt=0, le=1, description="the MACs-pruned network checked; "
                                                                               "default: the chosen plan's MACs")
+    holdout: int = Field(3, ge=0, le=20, description="plans measured after the search and never fitted: the "
+                                                     "table's error out of sample")
+    kernel_multiple: Optional[int] = Field(None, ge=1, le=256, description="the channel tile the device's kernels "
+                                           "step at (widths are priced padded to it; default: prune.round_to)")
+    max_networks: int = Field(600, ge=1, le=100_000, description="the most networks (engines on TensorRT) a budget "
+                                                                 "search may build; refused before measuring when "
+                                                                 "over it")
 
     @model_validator(mode="before")
     @classmethod

@@ -1125,7 +1125,9 @@ def _report_parts(lat: dict[str, Any]) -> tuple[str, list[list[str]], str]:
                      f"{plan['predicted_ms']:.4f}" if plan.get("predicted_ms") is not None else "—",
                      f"{pm['p50_ms']:.4f} [{pm['spread_ms'][0]:.4f}–{pm['spread_ms'][1]:.4f}]"])
     check = ("The table checked against measured full runs: " + "; ".join(
-        f"{name.replace('_', ' ')} {100 * c['error']:+.1f}%" for name, c in lat["check"].items()) + ".") \
+        f"{name.replace('_', ' ')} {100 * c['error']:+.1f}%"
+        + ({True: " (in the fit)", False: " (out of sample)"}.get(c.get("in_fit"), ""))
+        for name, c in lat["check"].items()) + ".") \
         if lat.get("check") else ""
     return intro, rows, check
 

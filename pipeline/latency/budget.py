@@ -9,17 +9,19 @@ The prune stage loads this module by name, only for a latency budget (``pipeline
 from __future__ import annotations
 
 import copy
-import json
+import functools
 import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 from torch import nn
 
-from device.errors import StageError
+from device.errors import ConfigError, StageError
+from device.files import write_json_atomic
 from pipeline.channels import at_widths, group_importance, prunable_groups, widths_of
 from pipeline.latency.measure import Meter
-from pipeline.latency.model import TABLE_FORMAT, LatencyTable, Measurement, build_table, restricted
+from pipeline.latency.model import TABLE_FORMAT, LatencyTable, Measurement, build_table, restricted, table_cost
 from pipeline.latency.search import nested_path, next_on_path, solve_plan
 
 
@@ -53,21 +55,36 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
         ``widths``, ``budget_ms``, ``unpruned``/``predicted``/``measured`` latencies, ``rounds`` (each with its
         plan, its position on the nested path, prediction and measurement), ``tables`` (the measured
         table, JSON), ``table`` (the one the plans were chosen from, ``max_pruning_ratio`` applied) and
-        ``plans`` (every measured plan's MACs and latency, for the report's plot).
+        ``plans`` (every measured plan's MACs and latency, for the report's plot), ``cost`` (what the search
+        was estimated to build and take) and ``holdout`` (plans measured after the search and never fitted:
+        predicted against measured, the table's error out of sample).
 
     Raises:
+        ConfigError: When the search would build more networks than ``prune.latency.max_networks``.
         StageError: When the budget is below the narrowest plan, or every measured plan missed it.
     """
     target = cfg.latency
     groups = prunable_groups(model, arch, input_shape, cfg.round_to)
     full = {g.name: g.full for g in groups}
+    runtime = getattr(getattr(meter, "spec", None), "runtime", "onnxruntime")
+    cost = table_cost(groups, full, target, runtime)
+    log(f"[   prune] latency: the search builds at most {cost['networks']} {cost['unit']} ({cost['table_networks']} "
+        f"for the table) and runs {cost['jobs']} jobs: about {cost['estimate_s'] / 60:.0f} min on the device "
+        f"(an estimate; cached measurements are not rebuilt)")
+    if cost["networks"] > target.max_networks:
+        raise ConfigError(
+            f"prune: the latency search would build {cost['networks']} {cost['unit']} (about "
+            f"{cost['estimate_s'] / 3600:.1f} h), over prune.latency.max_networks = {target.max_networks}",
+            fix="raise prune.latency.max_networks if that is acceptable, or lower prune.latency.widths_per_group, "
+                "raise prune.round_to (fewer groups' widths), or lower prune.latency.rounds/holdout")
     importance = group_importance(model, arch, input_shape, cfg.importance,
                                   batches() if cfg.importance == "taylor" and batches is not None else None)
     base_macs = _macs(model, arch, input_shape, full)
     log(f"[   prune] latency: {len(groups)} channel groups; measuring the table around the unpruned network")
     # The unpruned network is the table's context, measured in the table's own session: the budget's
     # reference and the table's changes share one moment of the device.
-    measured_table = build_table(model, arch, input_shape, groups, full, meter, target.widths_per_group)
+    measured_table = build_table(model, arch, input_shape, groups, full, meter, target.widths_per_group,
+                                 target.kernel_multiple or cfg.round_to)
     # The plans choose among the candidates max_pruning_ratio allows; the table measures all of them (its
     # cache is shared by every bound).
     table = restricted(measured_table, target.max_pruning_ratio)
@@ -152,11 +169,51 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
         if option is not None:
             sweep.append({"budget_ms": budget * factor, "predicted_ms": table.predict(option),
                           "macs_fraction": _macs(model, arch, input_shape, option) / base_macs})
-    return {"widths": chosen["widths"], "budget_ms": budget, "unpruned_ms": unpruned.to_json(),
+    holdout = measure_holdout(model, arch, input_shape, meter, table, importance, budget, rounds, base_macs,
+                              target.holdout, log)
+    return {"widths": chosen["widths"], "budget_ms": budget, "cost": cost, "holdout": holdout, "unpruned_ms": unpruned.to_json(),
             "predicted_ms": chosen["predicted_ms"], "measured_ms": chosen["measured_ms"],
             "macs_fraction": chosen["macs_fraction"], "chosen_round": chosen["round"],
             "rounds": rounds, "tables": [measured_table.to_json()], "table": table, "groups": groups,
             "plans": plans, "sweep": sweep, "base_macs": base_macs, "importance": importance}
+
+
+def measure_holdout(model: nn.Module, arch: str, input_shape, meter, table: LatencyTable,
+                    importance: dict[str, Any], budget_ms: float, rounds: list[dict[str, Any]], base_macs: int,
+                    count: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The table's error out of sample: ``count`` plans it was never fitted to, predicted, then measured.
+
+    The knapsack's plans for budgets around this one (from 0.7× to 1.4×: the plans a neighbouring budget
+    would ship), skipping those already measured as rounds; they are measured in one interleaved call and
+    never added to the fit. A round's prediction is out of sample too (made before it was measured), but
+    the rounds walk towards the budget and every one of them refined the fit the next was predicted by.
+    """
+    if count <= 0:
+        return []
+    seen = [r["widths"] for r in rounds]
+    plans: dict[str, dict[str, int]] = {}
+    for factor in np.linspace(0.7, 1.4, max(count * 2, 4)):
+        option = solve_plan(table, importance, budget_ms * factor)
+        if option is not None and option not in seen:
+            seen.append(option)
+            plans[f"held out {len(plans) + 1} ({factor:.2f}× budget)"] = option
+        if len(plans) == count:
+            break
+    if not plans:
+        return []
+    predicted = {name: table.predict(widths) for name, widths in plans.items()}  # before measuring: honest
+    measured = meter.measure({name: functools.partial(at_widths, model, arch, input_shape, widths)
+                              for name, widths in plans.items()})
+    out = []
+    for name, widths in plans.items():
+        m = measured[name]
+        out.append({"plan": name, "widths": widths, "predicted_ms": predicted[name], "measured_ms": m.to_json(),
+                    "error": (predicted[name] - m.p50_ms) / m.p50_ms,
+                    "macs_fraction": _macs(model, arch, input_shape, widths) / base_macs})
+    log("[   prune] latency table out of sample: " + "; ".join(
+        f"{h['plan']} predicted {h['predicted_ms']:.3f} ms, measured {h['measured_ms']['p50_ms']:.3f} ms "
+        f"({100 * h['error']:+.1f}%)" for h in out))
+    return out
 
 
 def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, search: dict[str, Any],
@@ -190,8 +247,9 @@ def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, sea
                                  ("macs_pruned", macs_widths, measured),
                                  ("plan", search["widths"], Measurement.from_json(search["measured_ms"]))):
         predicted = table.predict(widths)
+        # The unpruned network and the chosen plan were fitted (in sample); the MACs-pruned one never was.
         checks[label] = {"predicted_ms": predicted, "measured_ms": value.to_json(),
-                         "error": (predicted - value.p50_ms) / value.p50_ms}
+                         "error": (predicted - value.p50_ms) / value.p50_ms, "in_fit": label != "macs_pruned"}
     checks["macs_pruned"].update(macs_fraction=achieved, plan=macs_plan)
     log("[   prune] latency table check: " + "; ".join(
         f"{k} predicted {v['predicted_ms']:.3f} ms, measured {v['measured_ms']['p50_ms']:.3f} ms "
@@ -232,13 +290,16 @@ def latency_plan(ctx, workdir: Path, model: nn.Module, arch: str, cfg, input_sha
                                   "macs_fraction": checks["macs_pruned"]["macs_fraction"],
                                   "predicted_ms": checks["macs_pruned"]["predicted_ms"],
                                   "measured_ms": checks["macs_pruned"]["measured_ms"]}] if checks else [])
-    (workdir / "latency_table.json").write_text(json.dumps(
-        {"format": TABLE_FORMAT, "device": identity, "spec": spec.model_dump(mode="json", exclude={"artifact"}),
-         "tables": search["tables"], "rounds": search["rounds"], "check": checks}, indent=1, sort_keys=True))
+    write_json_atomic(workdir / "latency_table.json",
+                      {"format": TABLE_FORMAT, "device": identity, "spec": spec.model_dump(mode="json", exclude={"artifact"}),
+                       "tables": search["tables"], "rounds": search["rounds"], "check": checks,
+                       "holdout": search["holdout"]})
     measured = search["measured_ms"]["p50_ms"]
     metrics = {"device": target.device, "agent": identity.get("agent"), "budget_ms": search["budget_ms"],
                "unpruned_ms": search["unpruned_ms"], "predicted_ms": search["predicted_ms"],
                "measured_ms": search["measured_ms"], "prediction_error": (search["predicted_ms"] - measured) / measured,
                "rounds": len(search["rounds"]), "jobs": meter.jobs, "reused": meter.reused, "check": checks,
-               "plans": plans, "sweep": search["sweep"], "table": "prune/latency_table.json"}
+               "plans": plans, "sweep": search["sweep"], "table": "prune/latency_table.json",
+               "cost": search["cost"], "holdout": [{k: v for k, v in h.items() if k != "widths"}
+                                                   for h in search["holdout"]]}
     return search["widths"], search["budget_ms"], search["groups"], metrics

@@ -26,6 +26,10 @@ from pipeline.latency.model import Measurement
 from pipeline.log import progress_lines
 from pipeline.manifest import sha256_json
 
+# The one timing cache (a name: the agent keeps the file beside its engines) every latency table's TensorRT
+# builds share on a device.
+TIMING_CACHE = "latency-table"
+
 
 def latency_ms(result: dict[str, Any], batch_size: int) -> tuple[float, float, float]:
     """The median latency of one batch size in an agent's job result (device.schema.JobResult), with a
@@ -74,7 +78,8 @@ class Meter:
     def _cache_key(self, model: nn.Module) -> str:
         from pipeline.checkpoint import capture_structure
 
-        spec = self.spec.model_dump(mode="json", exclude={"label", "artifact"}, exclude_none=True)
+        # The timing cache speeds up builds; it does not change which network is timed, or on what.
+        spec = self.spec.model_dump(mode="json", exclude={"label", "artifact", "timing_cache"}, exclude_none=True)
         return sha256_json({"structure": capture_structure(model), "input": list(self.input_shape),
                             "device": self.key, "spec": spec, "windows": self.windows, "opset": self.opset})
 
@@ -199,7 +204,12 @@ def device_spec(device_info: dict[str, Any], deploy_cfg, target, preprocess: dic
     """The job spec of a latency-table measurement: the deploy stage's runtime, precision and threads for this
     device (its own :func:`pipeline.jobs.job_spec`; the deployed rung's, INT8, unless
     ``target.precision`` is ``float``), with the table's batch size and short windows, no idle baseline and
-    no telemetry (latency only)."""
+    no telemetry (latency only).
+
+    On TensorRT every table point is an engine build on the device: they all name one timing cache
+    (``TIMING_CACHE``), so a build reuses the tactic timings of the layers earlier builds already timed
+    (most layers of a sub-network are unchanged from the context's).
+    """
     from device.schema import JobSpec
     from pipeline.rungs import DEPLOYED
     from pipeline.jobs import job_spec
@@ -208,7 +218,8 @@ def device_spec(device_info: dict[str, Any], deploy_cfg, target, preprocess: dic
     base = job_spec(rung, "0" * 64, device_info, deploy_cfg, preprocess, label)
     return JobSpec.model_validate({**base.model_dump(exclude_none=True), "batch_sizes": [target.batch_size],
                                    "duration_s": target.duration_s, "warmup_iterations": target.warmup_iterations,
-                                   "idle_s": 0.0, "telemetry": []})
+                                   "idle_s": 0.0, "telemetry": [],
+                                   **({"timing_cache": TIMING_CACHE} if base.runtime == "tensorrt" else {})})
 
 
 def quantize_for_timing(fp32: Path, out: Path, input_shape) -> Path:

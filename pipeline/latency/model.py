@@ -67,6 +67,34 @@ def _layer_shapes(model: nn.Module, input_shape) -> dict[str, tuple[int, int, bo
     return shapes
 
 
+# Seconds to make one network measurable, by runtime: the host's export (and Q/DQ for INT8) plus the device's
+# build. Rough, and said to be: a Jetson Orin builds a ResNet-18/50-sized INT8 engine in about 20–60 s (each
+# table point is an engine build there); ONNX Runtime opens a session in well under a second.
+BUILD_SECONDS = {"tensorrt": 40.0, "onnxruntime": 1.0, "torch": 2.0}
+JOB_OVERHEAD_S = 0.5  # submit, load from the engine cache, smoke inference, result: per window
+
+
+def table_cost(groups: list[ChannelGroup], context: dict[str, int], target, runtime: str) -> dict[str, Any]:
+    """How many networks (TensorRT engines or ONNX Runtime sessions) a budget search builds at most, the
+    agent jobs it runs, and an estimate of the time, before anything is measured.
+
+    Counts the table (the context and each group's measured widths), then the narrowest plan, the search's
+    rounds, the check's networks and the held-out plans. Cached measurements are not rebuilt, so this is an
+    upper bound.
+
+    Args:
+        target: The recipe's :class:`pipeline.recipe.LatencyTarget`.
+        runtime: The job spec's runtime (``tensorrt``: each network is an engine build on the device).
+    """
+    table = 1 + sum(len(_measured_widths(g, target.widths_per_group, context[g.name])) - 1 for g in groups)
+    networks = table + 1 + target.rounds + (1 if target.check else 0) + target.holdout
+    jobs = networks * target.windows
+    per_job = target.duration_s + JOB_OVERHEAD_S
+    estimate = networks * BUILD_SECONDS.get(runtime, 1.0) + jobs * per_job
+    return {"networks": networks, "table_networks": table, "jobs": jobs, "estimate_s": estimate,
+            "unit": "TensorRT engines" if runtime == "tensorrt" else f"{runtime} sessions"}
+
+
 @dataclass
 class LayerModel:
     """A device latency model fitted to the table's measurements: ``T = c + Σ_l α_l·MACs_l + β·activations``.
@@ -77,6 +105,16 @@ class LayerModel:
     layer runs far from peak) and ``β`` (time per output element: the memory-bound part, BatchNorm, ReLU,
     residual adds) are fitted by non-negative least squares to every whole-network measurement, with a
     ridge pull of each ``α_l`` towards the network's mean so the fit stays defined with few measurements.
+
+    **Latency is not smooth in the channel count.** A GPU kernel pads channels to its tile (Tensor Cores:
+    multiples of 8, 16 or 32 by precision and kernel), so 33 channels cost what 64 cost and the time steps at
+    the multiples. The model therefore never interpolates inside a step: a width enters every feature
+    *padded* to ``kernel_multiple`` (``ceil(w / k)·k``), so predictions are piecewise constant between
+    multiples and only the multiples themselves carry new information. Plans choose widths on ``round_to``
+    (the candidates); with ``kernel_multiple`` equal to it (the default) every candidate is a step edge, and
+    with a smaller ``round_to`` the model says that widths inside one step cost the same — the knapsack
+    then keeps the step's widest width for free. A device whose steps are elsewhere is met by the search
+    measuring plans, not by the model.
     """
 
     names: list[str]
@@ -87,9 +125,11 @@ class LayerModel:
     depthwise: list[bool]
     full: dict[str, int]
     coef: np.ndarray | None = None  # [c, β, α_1 … α_L] in ms per unit of the normalized features
+    kernel_multiple: int = 1  # widths enter padded to this multiple (the kernels' channel tile)
 
     @classmethod
-    def of(cls, model: nn.Module, arch: str, input_shape, groups: list[ChannelGroup]) -> "LayerModel":
+    def of(cls, model: nn.Module, arch: str, input_shape, groups: list[ChannelGroup],
+           kernel_multiple: int = 1) -> "LayerModel":
         """Maps every layer to the groups whose widths scale its inputs and outputs (one probe per group)."""
         base = _layer_shapes(model, input_shape)
         names = list(base)
@@ -108,12 +148,19 @@ class LayerModel:
         total_elems = sum(v[4] for v in base.values())
         return cls(names, np.array([base[n][3] / total_macs for n in names]),
                    np.array([base[n][4] / total_elems for n in names]), in_group, out_group,
-                   [base[n][2] for n in names], {g.name: g.full for g in groups})
+                   [base[n][2] for n in names], {g.name: g.full for g in groups}, kernel_multiple=kernel_multiple)
+
+    def padded(self, width: int) -> int:
+        """``width`` rounded up to the kernels' channel tile: what a step-wise kernel costs."""
+        return -(-width // self.kernel_multiple) * self.kernel_multiple
 
     def features(self, widths: dict[str, int]) -> np.ndarray:
-        """[1, activations, MACs_1 … MACs_L] of a plan, normalized by the unpruned network's totals."""
+        """[1, activations, MACs_1 … MACs_L] of a plan (widths padded to ``kernel_multiple``), normalized by the
+        unpruned network's totals."""
         def ratio(group):
-            return 1.0 if group is None else widths.get(group, self.full[group]) / self.full[group]
+            if group is None:
+                return 1.0
+            return self.padded(widths.get(group, self.full[group])) / self.padded(self.full[group])
 
         r_out = np.array([ratio(g) for g in self.out_group])
         r_in = np.array([1.0 if dw else ratio(g) for g, dw in zip(self.in_group, self.depthwise)])
@@ -170,6 +217,7 @@ class LatencyTable:
     def to_json(self) -> dict[str, Any]:
         return {"format": TABLE_FORMAT, "context": self.context, "context_ms": self.context_ms.to_json(),
                 "model": {"layers": self.model.names, "coef": [float(c) for c in self.model.coef],
+                          "kernel_multiple": self.model.kernel_multiple,
                           "in_group": self.model.in_group, "out_group": self.model.out_group,
                           "fit_residual_ms": [t - self.predict(w) for w, t in self.samples]},
                 "groups": {g.name: {"full": g.full, "candidates": list(g.candidates), "delta_ms": self.delta_ms[g.name],
@@ -178,7 +226,7 @@ class LatencyTable:
 
 
 def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGroup], context: dict[str, int],
-                meter: Meter, widths_per_group: int) -> LatencyTable:
+                meter, widths_per_group: int, kernel_multiple: int = 1) -> LatencyTable:
     """Measures the table around ``context``: each group at ``widths_per_group`` widths, the others at the context;
     fits the layer model to every measurement."""
     from scipy.optimize import isotonic_regression  # lazily: only a latency budget builds a table
@@ -190,7 +238,8 @@ def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGr
                 models[(group.name, width)] = functools.partial(at_widths, model, arch, input_shape,
                                                                 {**context, group.name: width})
     measured = meter.measure(models, refresh=["context"])
-    table = LatencyTable(context, measured["context"], groups, model=LayerModel.of(model, arch, input_shape, groups))
+    table = LatencyTable(context, measured["context"], groups, model=LayerModel.of(model, arch, input_shape, groups,
+                                                                                   kernel_multiple))
     table.samples.append((dict(context), measured["context"].p50_ms))
     for group in groups:
         at = {context[group.name]: measured["context"]}
@@ -202,7 +251,10 @@ def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGr
         ys = [at[w].p50_ms - table.context_ms.p50_ms for w in xs]
         # The closest non-decreasing curve (pool adjacent violators): a wider group never costs less time;
         # a measured dip is noise.
-        delta = [float(d) for d in isotonic_regression(np.interp(group.candidates, xs, ys)).x]
+        # Between measured widths, the change of the measured width at or above (the step the width pads to),
+        # never a line through a step; the record's additive view only, the plan uses the layer model.
+        above = [ys[min(np.searchsorted(xs, c), len(xs) - 1)] for c in group.candidates]
+        delta = [float(d) for d in isotonic_regression(above).x]
         shift = delta[group.candidates.index(context[group.name])]
         table.delta_ms[group.name] = [d - shift for d in delta]
     table.model.fit(table.samples)

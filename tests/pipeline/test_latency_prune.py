@@ -253,6 +253,11 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(latency_te
         assert check["error"] == pytest.approx((check["predicted_ms"] - check["measured_ms"]["p50_ms"])
                                                / check["measured_ms"]["p50_ms"])
     assert sum(1 for p in lat["plans"] if p.get("chosen")) == 1
+    # Out of sample: held-out plans, predicted then measured, never fitted; the cost was said before measuring.
+    assert lat["holdout"] and all(h["error"] == pytest.approx((h["predicted_ms"] - h["measured_ms"]["p50_ms"])
+                                                              / h["measured_ms"]["p50_ms"]) for h in lat["holdout"])
+    assert lat["check"]["macs_pruned"]["in_fit"] is False and lat["check"]["plan"]["in_fit"] is True
+    assert lat["cost"]["jobs"] >= lat["jobs"] and lat["cost"]["unit"] == "onnxruntime sessions"
     assert not list((ctx.run_dir / "prune").glob("*.png")), "the stage records data; the report draws the plots"
     table = json.loads((ctx.run_dir / "prune" / "latency_table.json").read_text())
     assert table["format"] == lmodel.TABLE_FORMAT and table["device"]["agent"] == "loopback"
@@ -674,3 +679,121 @@ def test_a_latency_job_that_outlasts_the_wait_is_cancelled_not_taken_for_an_unre
     with agent.client() as client:
         jobs = [job for job in client.jobs() if job["spec"]["label"] == "hang-me"]
     assert len(jobs) == 2 and {job["state"] for job in jobs} == {"cancelled"}, "both, the queued one too"
+
+
+# ------------------------------------------------------------------------------------------------ issue #26
+def _counting_device(groups, ms_of):
+    """The stand-in meter of ``_device``, counting the networks it was asked to measure."""
+    base = _device(groups, ms_of)
+
+    class Counting(base):
+        networks = 0
+
+        def measure(self, models, refresh=()):
+            type(self).networks += len(models)
+            return super().measure(models, refresh)
+
+    return Counting
+
+
+def test_a_search_says_what_it_will_build_first_and_is_refused_over_the_cap():
+    """Before measuring, the search logs how many networks (engines on TensorRT) it builds and how long that takes;
+    over prune.latency.max_networks it is refused naming the key, having measured nothing."""
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    full = {g.name: g.full for g in groups}
+    Device = _counting_device(groups, lambda w: 0.05 + 0.95 * sum(w.values()) / sum(full.values()))
+    latency_cfg = {"ratio": 0.6, "widths_per_group": 3, "rounds": 4, "tolerance": 0.05, "holdout": 2}
+    cost = lmodel.table_cost(groups, full, PruneConfig(round_to=4, latency=latency_cfg).latency, "tensorrt")
+    assert cost["unit"] == "TensorRT engines" and cost["estimate_s"] >= cost["networks"] * 10, "a build is seconds"
+    cfg = PruneConfig(round_to=4, importance="l2", latency={**latency_cfg, "max_networks": cost["networks"] - 1})
+    with pytest.raises(ConfigError, match=f"would build {cost['networks']} onnxruntime sessions") as err:
+        lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+    assert "prune.latency.max_networks" in err.value.message and "widths_per_group" in err.value.fix
+    assert Device.networks == 0, "refused before measuring anything"
+
+    lines = []
+    cfg = PruneConfig(round_to=4, importance="l2", latency=latency_cfg)
+    search = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lines.append)
+    assert any(f"builds at most {cost['networks']} onnxruntime sessions ({cost['table_networks']} for the table)"
+               in line for line in lines[:1]), "said first"
+    assert cost["table_networks"] < Device.networks <= cost["networks"], "an upper bound that counts the table"
+
+
+def test_the_tensorrt_table_shares_one_timing_cache_that_does_not_key_its_measurements(tmp_path):
+    from pipeline.recipe import LatencyTarget
+
+    recipe = parse_recipe(_tiny_raw())
+    preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
+    trt = measure.device_spec({"tensorrt": "10.3.0"}, recipe.deploy, LatencyTarget(ratio=0.5), preprocess, "t")
+    ort = measure.device_spec({"tensorrt": None}, recipe.deploy, LatencyTarget(ratio=0.5), preprocess, "t")
+    assert trt.runtime == "tensorrt" and trt.timing_cache == measure.TIMING_CACHE
+    assert ort.runtime == "onnxruntime" and ort.timing_cache is None
+    model = build_model("tiny_resnet", 10).eval()
+    keys = [measure.Meter(None, spec, {"agent": "a"}, tmp_path / "c", tmp_path / "o", 1, 17, SHAPE)._cache_key(model)
+            for spec in (trt, trt.model_copy(update={"timing_cache": None}))]
+    assert keys[0] == keys[1], "the cache name changes build time, not what is measured"
+
+
+def test_the_latency_model_steps_at_the_kernels_channel_multiple():
+    """A device whose kernels pad channels to 16 (time steps at multiples of 16, flat between): with
+    kernel_multiple 16 the model prices 20 and 32 channels alike and fits the staircase from the table's
+    single-group changes; assuming latency smooth in the channel count (kernel_multiple 1) it cannot."""
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    stepped = lmodel.LayerModel.of(model, "tiny_resnet", SHAPE, groups, kernel_multiple=16)
+    truth = np.concatenate([[0.02, 0.0], np.random.default_rng(0).uniform(0.5, 2.0, len(stepped.names))])
+
+    def device(widths):
+        return float(stepped.features(widths) @ truth)
+
+    wide = next(g for g in groups if g.full >= 32)
+    full = {g.name: g.full for g in groups}
+    assert device({**full, wide.name: 20}) == device({**full, wide.name: 32}) > device({**full, wide.name: 16})
+    samples = [(full, device(full))] + [({**full, g.name: w}, device({**full, g.name: w}))
+                                        for g in groups for w in g.candidates[:-1]]
+    plans = [{g.name: g.candidates[i % len(g.candidates)] for g in groups} for i in range(1, 6)]
+    errors = {}
+    for multiple in (16, 1):
+        fitted = lmodel.LayerModel.of(model, "tiny_resnet", SHAPE, groups, kernel_multiple=multiple).fit(samples)
+        errors[multiple] = max(abs(fitted.predict(p) - device(p)) / device(p) for p in plans)
+        if multiple == 16:
+            assert fitted.predict({**full, wide.name: 20}) == pytest.approx(fitted.predict({**full, wide.name: 32}))
+    assert errors[16] < 0.03 and errors[1] > 2 * errors[16], errors
+
+
+def test_the_tables_error_is_reported_on_plans_it_was_never_fitted_to(tmp_path):
+    """Held-out plans are predicted, then measured, and never added to the fit; the report's latency section
+    states their errors and plots predicted against measured."""
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    full = {g.name: g.full for g in groups}
+    Device = _device(groups, lambda w: 0.05 + 0.95 * (sum(w.values()) / sum(full.values())) ** 2)
+    cfg = PruneConfig(round_to=4, importance="l2", latency={"ratio": 0.5, "widths_per_group": 2, "rounds": 6,
+                                                            "tolerance": 0.05, "holdout": 3, "max_pruning_ratio": 1.0})
+    search = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+    holdout = search["holdout"]
+    assert len(holdout) == 3
+    fitted = [w for w, _ in search["table"].samples]
+    rounds = [r["widths"] for r in search["rounds"]]
+    for h in holdout:
+        assert h["widths"] not in fitted and h["widths"] not in rounds, "never fitted, never a round"
+        truth = 0.05 + 0.95 * (sum(h["widths"].values()) / sum(full.values())) ** 2
+        assert h["measured_ms"]["p50_ms"] == pytest.approx(truth)
+        assert h["error"] == pytest.approx((h["predicted_ms"] - truth) / truth)
+    assert len({tuple(sorted(h["widths"].items())) for h in holdout}) == 3, "three different plans"
+
+    from pipeline.sections import to_markdown_lines
+
+    lat = {"budget_ms": search["budget_ms"], "device": "edge", "agent": "loopback", "unpruned_ms": search["unpruned_ms"],
+           "predicted_ms": search["predicted_ms"], "measured_ms": search["measured_ms"], "prediction_error": 0.0,
+           "rounds": len(rounds), "jobs": 1, "reused": 0, "plans": search["plans"], "sweep": search["sweep"],
+           "check": None, "holdout": [{k: v for k, v in h.items() if k != "widths"} for h in holdout]}
+    sections = report.latency_section({"stages": {"prune": {"metrics": {"latency": lat}}}}, tmp_path, tmp_path)
+    text = "\n".join(to_markdown_lines(sections[0]))
+    assert "Out of sample (the table was not fitted to these 3 plans)" in text
+    assert f"{100 * holdout[0]['error']:+.1f}%" in text
+    assert (tmp_path / "latency_holdout.png").stat().st_size > 1000 and "latency_holdout.png" in text
