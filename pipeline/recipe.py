@@ -222,18 +222,25 @@ class PruneConfig(_Strict):
     tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on macs_target")
     round_to: int = Field(8, ge=1, description="channel counts rounded to this multiple (Tensor Cores want 8/16/32)")
     importance: Literal["auto", "l1", "l2", "taylor"] = Field(
-        "auto", description="channel importance: weight magnitude, or (latency target only) the first-order loss "
-                            "change on training batches, comparable across groups; auto: taylor for a latency "
-                            "target (a knapsack needs values comparable across groups), l2 for macs_target")
+        "auto", description="channel importance: weight magnitude (a uniform ratio per layer on the MACs target), "
+                            "or the first-order loss change on training batches, comparable across groups (a "
+                            "knapsack over groups, with MACs or latency as the cost); auto: taylor for a latency "
+                            "target, l2 for macs_target")
+    max_pruning_ratio: Optional[float] = Field(None, gt=0, le=1, description="macs_target with importance taylor: "
+                                                                             "the most of a group the knapsack may "
+                                                                             "remove (default 0.9)")
     steps: int = Field(1, ge=1, description="iterative prune-and-finetune steps")
+    seed: int = Field(0, ge=0, description="seed of the training batches the Taylor importance is computed on (a "
+                                           "benchmark pairs it with the distillation's seed)")
     finetune: Optional[TrainConfig] = Field(None, description="fine-tuning after each step; null = none")
 
     @model_validator(mode="after")
     def _one_target(self) -> "PruneConfig":
         if (self.macs_target is None) == (self.latency is None):
             raise ValueError("give exactly one target: macs_target (a MACs fraction) or latency ({device, ratio|ms})")
-        if self.importance == "taylor" and self.latency is None:
-            raise ValueError("importance taylor is for the latency target; the MACs target uses l1 or l2")
+        if self.max_pruning_ratio is not None and not (self.importance == "taylor" and self.macs_target is not None):
+            raise ValueError("max_pruning_ratio bounds the MACs target's knapsack (importance taylor); a latency "
+                             "budget takes prune.latency.max_pruning_ratio")
         if self.importance == "auto":  # resolved here, so that the run's recorded recipe says what was used
             object.__setattr__(self, "importance", "taylor" if self.latency is not None else "l2")
         return self

@@ -16,6 +16,7 @@ import numpy as np
 
 from pipeline import knapsack
 from pipeline.channels import ChannelGroup
+from pipeline.latency.model import LayerModel
 
 
 def solve_plan(table, importance: dict[str, np.ndarray], budget_ms: float,
@@ -169,3 +170,66 @@ def _best_step(table, values: list[list[float]], options: list[int], predicted: 
             best = (score, index, trial)
     return None if best is None else (best[1], best[2])
 
+
+
+class MacsCost:
+    """A plan's MACs as a fraction of the unpruned network's, as :func:`pipeline.models.count_macs` counts them:
+    the cost of the MACs target's knapsack. Not fitted: each layer's MACs are bilinear in the widths of the groups
+    it joins, and the elementwise rest (BatchNorm, activations, adds) scales with the layers' outputs.
+
+    Args:
+        layers: The network's :class:`pipeline.latency.model.LayerModel` (its coefficients are not used).
+        groups: The groups and candidate widths the plan chooses among.
+        layer_share: The convolutions' and linear layers' share of the counted MACs (the rest is elementwise).
+    """
+
+    def __init__(self, layers: LayerModel, groups: list[ChannelGroup], layer_share: float = 1.0):
+        self.layers, self.groups, self.layer_share = layers, groups, layer_share
+
+    @classmethod
+    def of(cls, model, arch: str, input_shape, groups: list[ChannelGroup]) -> "MacsCost":
+        from pipeline.models import count_macs, layer_macs
+
+        share = sum(layer_macs(model, input_shape).values()) / count_macs(model, input_shape)
+        return cls(LayerModel.of(model, arch, input_shape, groups), groups, min(share, 1.0))
+
+    def predict(self, widths: dict[str, int]) -> float:
+        features = self.layers.features(widths)
+        return float(self.layer_share * features[2:].sum() + (1 - self.layer_share) * features[1])
+
+
+def macs_knapsack_plan(model, arch: str, cfg, input_shape, batches) -> tuple[dict[str, int], list[ChannelGroup], float]:
+    """The MACs target's plan with Taylor importance: the latency budget's knapsack and repair with MACs as the
+    cost (the control that differs from a latency budget in the objective alone).
+
+    Each group may lose at most ``cfg.max_pruning_ratio`` of its channels (default 0.9: the latency budget's
+    default, for the same reason).
+
+    Args:
+        cfg: The recipe's :class:`pipeline.recipe.PruneConfig` (``macs_target`` set, ``importance`` taylor).
+        batches: Training batches for the Taylor importance.
+
+    Returns:
+        (widths, the groups, the plan's MACs fraction by the cost model).
+
+    Raises:
+        StageError: When even the narrowest plan allowed is above the target.
+    """
+    from dataclasses import replace
+
+    from device.errors import StageError
+    from pipeline.channels import group_importance, prunable_groups
+
+    groups = prunable_groups(model, arch, input_shape, cfg.round_to)
+    bound = cfg.max_pruning_ratio if cfg.max_pruning_ratio is not None else 0.9
+    allowed = [replace(g, candidates=tuple(w for w in g.candidates if w >= (1 - bound) * g.full - 1e-9)) for g in groups]
+    cost = MacsCost.of(model, arch, input_shape, groups)
+    cost.groups = allowed
+    importance = group_importance(model, arch, input_shape, "taylor", batches)
+    widths = solve_plan(cost, importance, cfg.macs_target)
+    if widths is None:
+        narrowest = cost.predict({g.name: g.candidates[0] for g in allowed})
+        raise StageError(f"prune: a MACs target of {100 * cfg.macs_target:.1f}% is below the narrowest plan the "
+                         f"knapsack may choose ({100 * narrowest:.1f}%)",
+                         fix="raise prune.macs_target or prune.max_pruning_ratio, or lower prune.round_to")
+    return widths, groups, cost.predict(widths)

@@ -25,6 +25,7 @@ from pipeline.scores import assess, recorded_scores
 from pipeline.train import evaluate, fit, recalibrate_if_needed
 from pipeline.log import log
 from pipeline.channels import WidthPruner
+from pipeline.latency.search import macs_knapsack_plan
 from pipeline.pruning import find_plan, make_pruner
 
 
@@ -61,6 +62,16 @@ class PruneStage(Stage):
         latency_metrics = None
         if cfg.latency is not None:
             plan, pruner, latency_metrics = self._latency_plan(ctx, workdir, model, arch, cfg, input_shape)
+        elif cfg.importance == "taylor":
+            # The latency budget's knapsack with MACs as the cost: the control for "latency as the objective".
+            def train_batches():
+                return ctx.batches("train", 64, shuffle=True, seed=cfg.seed)
+
+            widths, groups, predicted = macs_knapsack_plan(model, arch, cfg, input_shape, train_batches())
+            log(f"prune: knapsack over {len(groups)} channel groups by Taylor importance → {100 * predicted:.1f}% of "
+                f"the teacher's MACs (target {100 * cfg.macs_target:.1f}%)")
+            plan = {"widths": widths, "macs_target": cfg.macs_target, "importance": "taylor"}
+            pruner = WidthPruner(model, arch, cfg, groups, widths, input_shape, train_batches)
         else:
             plan, predicted = find_plan(model, arch, cfg, input_shape, base_macs)
             log(f"prune: channel ratio {plan['ratio']:.5f} ({plan['harder_ratio']:.5f} on the first "
@@ -129,7 +140,7 @@ class PruneStage(Stage):
         import importlib
 
         def train_batches():  # for the Taylor importance: the loss change of removing a channel, on training data
-            return ctx.batches("train", 64, shuffle=True, seed=0)
+            return ctx.batches("train", 64, shuffle=True, seed=cfg.seed)
 
         widths, budget_ms, groups, metrics = importlib.import_module(LATENCY_PATH).latency_plan(
             ctx, workdir, model, arch, cfg, input_shape, train_batches)

@@ -335,11 +335,7 @@ def test_layer_model_prices_two_neighbouring_cuts_where_the_additive_table_doubl
         assert abs(additive - device(plan)) > additive_error * device(plan), "single-group changes double-count"
 
 
-def test_taylor_importance_is_for_the_latency_target_and_ranks_by_loss_change():
-    raw = _tiny_raw()
-    raw["prune"]["importance"] = "taylor"
-    with pytest.raises(ConfigError, match="importance taylor is for the latency target"):
-        parse_recipe(raw)
+def test_taylor_importance_ranks_by_loss_change():
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
     batches = [(torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))) for _ in range(2)]
@@ -797,3 +793,53 @@ def test_the_tables_error_is_reported_on_plans_it_was_never_fitted_to(tmp_path):
     assert "Out of sample (the table was not fitted to these 3 plans)" in text
     assert f"{100 * holdout[0]['error']:+.1f}%" in text
     assert (tmp_path / "latency_holdout.png").stat().st_size > 1000 and "latency_holdout.png" in text
+
+
+def test_taylor_importance_with_a_macs_target_is_configurable():
+    """Arm A′ of the benchmark: the latency budget's knapsack and Taylor importance, MACs as the cost."""
+    raw = _tiny_raw()
+    raw["prune"].update(importance="taylor", max_pruning_ratio=0.8)
+    prune = parse_recipe(raw).prune
+    assert prune.importance == "taylor" and prune.macs_target is not None and prune.max_pruning_ratio == 0.8
+    raw["prune"]["importance"] = "l2"
+    with pytest.raises(ConfigError, match="max_pruning_ratio bounds the MACs target's knapsack"):
+        parse_recipe(raw)
+
+
+def test_the_macs_knapsack_meets_the_target_by_counted_macs_within_its_bound():
+    from pipeline.models import count_macs
+
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    batches = [(torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))) for _ in range(2)]
+    full_macs = count_macs(model, SHAPE)
+    for target, bound in ((0.5, 0.9), (0.3, 0.9), (0.6, 0.5)):
+        cfg = PruneConfig(round_to=4, importance="taylor", macs_target=target, max_pruning_ratio=bound)
+        widths, groups, predicted = lsearch.macs_knapsack_plan(model, "tiny_resnet", cfg, SHAPE, batches)
+        assert lsearch.MacsCost.of(model, "tiny_resnet", SHAPE, groups).predict(
+            {g.name: g.full for g in groups}) == pytest.approx(1.0), "the cost is the MACs fraction"
+        counted = count_macs(channels.at_widths(model, "tiny_resnet", SHAPE, widths), SHAPE) / full_macs
+        assert predicted <= target + 1e-9 and counted == pytest.approx(predicted, rel=0.005), "the cost is the count"
+        assert counted > target * (1 - cfg.tolerance), "filled to the target, not far under it"
+        assert all(widths[g.name] >= (1 - bound) * g.full for g in groups), "no group cut past the bound"
+    cfg = PruneConfig(round_to=4, importance="taylor", macs_target=0.3, max_pruning_ratio=0.2)
+    with pytest.raises(StageError, match="below the narrowest plan the knapsack may choose") as err:
+        lsearch.macs_knapsack_plan(model, "tiny_resnet", cfg, SHAPE, batches)
+    assert "prune.max_pruning_ratio" in err.value.fix
+
+
+@pytest.mark.slow  # prunes and fine-tunes the tiny teacher
+def test_the_prune_stage_runs_the_macs_knapsack_with_taylor_importance(latency_teacher, tmp_path):
+    from pipeline.runner import run_pipeline
+
+    raw = yaml.safe_load(_latency_recipe(tmp_path).read_text())
+    raw["prune"] = {"round_to": 4, "steps": 1, "macs_target": 0.5, "importance": "taylor"}
+    recipe = tmp_path / "tiny_latency.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    ctx = run_pipeline(str(recipe), until="prune", runs_dir=_copy_of(latency_teacher, tmp_path / "runs", "a"), run_id="a")
+    metrics = ctx.manifest.stage("prune")["metrics"]
+    assert abs(metrics["macs_fraction"] - 0.5) <= 0.05 * 0.5 and metrics["plan"]["importance"] == "taylor"
+    model, _ = load_checkpoint(ctx.run_dir / "prune" / "model.pt")
+    groups = channels.prunable_groups(build_model("tiny_resnet", 10), "tiny_resnet", SHAPE, 4)
+    assert channels.widths_of(model, groups) == metrics["plan"]["widths"]
+    assert "pipeline.latency.budget" not in ctx.manifest.stage("prune")["code_modules"], "the MACs path only"
