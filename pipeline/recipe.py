@@ -198,6 +198,9 @@ class LatencyTarget(_Strict):
                                                      "table's error out of sample")
     kernel_multiple: Optional[int] = Field(None, ge=1, le=256, description="the channel tile the device's kernels "
                                            "step at (widths are priced padded to it; default: prune.round_to)")
+    reference: Optional[str] = Field(None, description="a checkpoint (model.pt) the ratio is of instead of the "
+                                                       "unpruned network: measured afresh beside the table and "
+                                                       "beside every plan, never cached (a benchmark's arm A)")
     max_networks: int = Field(600, ge=1, le=100_000, description="the most networks (engines on TensorRT) a budget "
                                                                  "search may build; refused before measuring when "
                                                                  "over it")
@@ -211,6 +214,8 @@ class LatencyTarget(_Strict):
     def _one_budget(self) -> "LatencyTarget":
         if (self.ratio is None) == (self.ms is None):
             raise ValueError("give exactly one of ratio (of the unpruned latency) and ms")
+        if self.reference is not None and self.ratio is None:
+            raise ValueError("reference needs ratio (the budget is ratio × the reference's measured latency), not ms")
         return self
 
 

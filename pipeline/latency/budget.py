@@ -32,7 +32,8 @@ def _macs(model: nn.Module, arch: str, input_shape, widths: dict[str, int]) -> i
 
 
 def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
-                   log: Callable[[str], None], batches: Callable[[], Any] | None = None) -> dict[str, Any]:
+                   log: Callable[[str], None], batches: Callable[[], Any] | None = None,
+                   reference: nn.Module | None = None) -> dict[str, Any]:
     """The widths for ``cfg.latency``'s budget: table, knapsack, and a search by measurement along a nested path.
 
     The table ranks the choices (which group gives up channels for how much time), and round 1 measures the
@@ -47,9 +48,16 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     interpolation; re-measuring the whole table around each plan costs a table per round and oscillated
     on ResNet-18.
 
+    **A reference network** (``prune.latency.reference``: another student, a benchmark's arm A) makes the
+    budget ``ratio`` × *its* latency, measured afresh beside the table's context and again beside every
+    round's plan (never from the cache): each plan is judged by its ratio to the reference in its own
+    session, expressed in the table session's milliseconds, so a drift of the device between rounds does not
+    move the budget.
+
     Args:
         model: The unpruned model (not changed).
         cfg: The recipe's :class:`pipeline.recipe.PruneConfig` (``latency`` set).
+        reference: The reference network (``ratio`` is then of its latency).
 
     Returns:
         ``widths``, ``budget_ms``, ``unpruned``/``predicted``/``measured`` latencies, ``rounds`` (each with its
@@ -84,19 +92,33 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
     # The unpruned network is the table's context, measured in the table's own session: the budget's
     # reference and the table's changes share one moment of the device.
     measured_table = build_table(model, arch, input_shape, groups, full, meter, target.widths_per_group,
-                                 target.kernel_multiple or cfg.round_to)
+                                 target.kernel_multiple or cfg.round_to,
+                                 also={"reference": reference} if reference is not None else None)
     # The plans choose among the candidates max_pruning_ratio allows; the table measures all of them (its
     # cache is shared by every bound).
     table = restricted(measured_table, target.max_pruning_ratio)
     unpruned = table.context_ms
-    budget = target.ms if target.ms is not None else target.ratio * unpruned.p50_ms
+    reference_ms = measured_table.also_ms["reference"].p50_ms if reference is not None else None
+    budget = target.ms if target.ms is not None else target.ratio * (reference_ms or unpruned.p50_ms)
     log(f"[   prune] latency: unpruned {unpruned.p50_ms:.3f} ms (windows {min(unpruned.windows_ms):.3f}–"
-        f"{max(unpruned.windows_ms):.3f}); budget {budget:.3f} ms")
+        f"{max(unpruned.windows_ms):.3f}); budget {budget:.3f} ms"
+        + (f" ({target.ratio:g} × the reference's {reference_ms:.3f} ms, measured beside it)" if reference_ms else ""))
+
+    def timed(widths: dict[str, int]) -> tuple[Measurement, float | None]:
+        """A plan's measurement, with a reference in the table session's ms (and the reference's own time)."""
+        plan = at_widths(model, arch, input_shape, widths)
+        if reference is None:
+            return meter.measure({"plan": plan})["plan"], None
+        got = meter.measure({"plan": plan, "reference": reference}, fresh=["plan", "reference"])
+        scale = reference_ms / got["reference"].p50_ms
+        m = got["plan"]
+        return Measurement(m.p50_ms * scale, (m.ci_ms[0] * scale, m.ci_ms[1] * scale),
+                           [w * scale for w in m.windows_ms]), got["reference"].p50_ms
     rounds, plans = [], [{"plan": "unpruned", "macs_fraction": 1.0, "measured_ms": unpruned.to_json()}]
     narrowest_widths = {g.name: g.candidates[0] for g in table.groups}
     narrowest = table.predict(narrowest_widths)
     if budget < narrowest:  # the prediction is extrapolated this far out: measured before refusing
-        narrowest = meter.measure({"narrowest": at_widths(model, arch, input_shape, narrowest_widths)})["narrowest"].p50_ms
+        narrowest = timed(narrowest_widths)[0].p50_ms
         table.add(narrowest_widths, narrowest)
         if budget < narrowest:
             raise StageError(f"prune: a latency of {budget:.3f} ms is below the narrowest plan's measured "
@@ -125,11 +147,12 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
                 break
             widths = path[position]
         predicted = table.predict(widths)
-        measured = meter.measure({"plan": at_widths(model, arch, input_shape, widths)})["plan"]
+        measured, reference_now = timed(widths)
         macs_fraction = _macs(model, arch, input_shape, widths) / base_macs
         rounds.append({"round": index + 1, "path_position": position, "path_length": len(path) if path else None,
                        "widths": widths, "predicted_ms": predicted, "additive_ms": table.additive(widths),
-                       "measured_ms": measured.to_json(), "macs_fraction": macs_fraction})
+                       "measured_ms": measured.to_json(), "macs_fraction": macs_fraction,
+                       **({"reference_ms": reference_now} if reference is not None else {})})
         table.add(widths, measured.p50_ms)
         if position is not None:
             on_path[position] = measured.p50_ms
@@ -171,7 +194,8 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
                           "macs_fraction": _macs(model, arch, input_shape, option) / base_macs})
     holdout = measure_holdout(model, arch, input_shape, meter, table, importance, budget, rounds, base_macs,
                               target.holdout, log)
-    return {"widths": chosen["widths"], "budget_ms": budget, "cost": cost, "holdout": holdout, "unpruned_ms": unpruned.to_json(),
+    return {"widths": chosen["widths"], "budget_ms": budget, "cost": cost, "holdout": holdout,
+            "reference_ms": reference_ms, "unpruned_ms": unpruned.to_json(),
             "predicted_ms": chosen["predicted_ms"], "measured_ms": chosen["measured_ms"],
             "macs_fraction": chosen["macs_fraction"], "chosen_round": chosen["round"],
             "rounds": rounds, "tables": [measured_table.to_json()], "table": table, "groups": groups,
@@ -280,7 +304,13 @@ def latency_plan(ctx, workdir: Path, model: nn.Module, arch: str, cfg, input_sha
                                        f"{ctx.recipe.name}/{ctx.run_dir.name}/latency-table")
             meter = Meter(client, spec, identity, ctx.run_dir.parent / "latency-cache", workdir / "latency-onnx",
                           target.windows, ctx.recipe.export.opset, input_shape, log=ctx.log)
-            search = plan_to_budget(model, arch, cfg, input_shape, meter, ctx.log, batches=train_batches)
+            reference = None
+            if target.reference:
+                from pipeline.checkpoint import load_checkpoint
+
+                reference = load_checkpoint(target.reference)[0].eval()
+            search = plan_to_budget(model, arch, cfg, input_shape, meter, ctx.log, batches=train_batches,
+                                    reference=reference)
             checks = check_table(model, arch, cfg, input_shape, meter, search, ctx.log) if target.check else None
     finally:
         # The exported sub-networks are scratch (the table and the cache keep their times), refused budget
@@ -300,6 +330,6 @@ def latency_plan(ctx, workdir: Path, model: nn.Module, arch: str, cfg, input_sha
                "measured_ms": search["measured_ms"], "prediction_error": (search["predicted_ms"] - measured) / measured,
                "rounds": len(search["rounds"]), "jobs": meter.jobs, "reused": meter.reused, "check": checks,
                "plans": plans, "sweep": search["sweep"], "table": "prune/latency_table.json",
-               "cost": search["cost"], "holdout": [{k: v for k, v in h.items() if k != "widths"}
+               "reference_ms": search["reference_ms"], "cost": search["cost"], "holdout": [{k: v for k, v in h.items() if k != "widths"}
                                                    for h in search["holdout"]]}
     return search["widths"], search["budget_ms"], search["groups"], metrics

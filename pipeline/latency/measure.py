@@ -84,7 +84,7 @@ class Meter:
                             "device": self.key, "spec": spec, "windows": self.windows, "opset": self.opset})
 
     def measure(self, models: dict[Any, nn.Module | Callable[[], nn.Module]],
-                refresh: Iterable[Any] = ()) -> dict[Any, Measurement]:
+                refresh: Iterable[Any] = (), fresh: Iterable[Any] = ()) -> dict[Any, Measurement]:
         """Measures every model (cached ones are read back); windows interleave across models, so a slow
         drift of the device spreads over all of them instead of biasing the ones measured last.
 
@@ -94,6 +94,8 @@ class Meter:
                 the reference the others are differences against (a table's context) must share their
                 session. A context read from the cache had been measured while the host was busy, and a
                 whole ResNet-50 table came out as differences against a time 1.7× too long.
+            fresh: Names measured in this call whatever the cache holds (a budget's reference and the plan
+                compared with it: their ratio must come from one session, never from a cached figure).
         """
         from device.client import AgentError, JobTimeoutError
         from device.schema import JobSpec
@@ -103,7 +105,7 @@ class Meter:
         pending: dict[Any, tuple[str, str]] = {}
         # Tables take minutes: a line with rate and ETA every 15 s.
         progress = progress_lines(len(models), "[   prune] latency: exporting or finding cached", "networks", self.log)
-        refresh = set(refresh)
+        refresh, fresh = set(refresh), set(fresh)
         for name, model in sorted(models.items(), key=lambda item: item[0] in refresh):  # references last
             progress.update()
             # A builder is called here and its model dropped once exported: a table of a ResNet-50 holds
@@ -111,7 +113,7 @@ class Meter:
             model = model if isinstance(model, nn.Module) else model()
             key = self._cache_key(model)
             cached = self._cached(key)
-            if cached is not None and not (name in refresh and pending):
+            if cached is not None and name not in fresh and not (name in refresh and pending):
                 results[name] = cached
                 self.reused += 1
                 continue

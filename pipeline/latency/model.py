@@ -197,6 +197,7 @@ class LatencyTable:
     delta_ms: dict[str, list[float]] = field(default_factory=dict)  # per candidate width, smoothed
     model: LayerModel | None = None
     samples: list[tuple[dict[str, int], float]] = field(default_factory=list)
+    also_ms: dict[str, Measurement] = field(default_factory=dict)  # networks measured beside the context
 
     def additive(self, widths: dict[str, int]) -> float:
         """The first-order prediction: the context's time plus each group's measured change (kept for the record)."""
@@ -226,9 +227,15 @@ class LatencyTable:
 
 
 def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGroup], context: dict[str, int],
-                meter, widths_per_group: int, kernel_multiple: int = 1) -> LatencyTable:
+                meter, widths_per_group: int, kernel_multiple: int = 1,
+                also: dict[str, nn.Module] | None = None) -> LatencyTable:
     """Measures the table around ``context``: each group at ``widths_per_group`` widths, the others at the context;
-    fits the layer model to every measurement."""
+    fits the layer model to every measurement.
+
+    Args:
+        also: Networks measured afresh in the same call, interleaved with the context (a budget's reference),
+            kept in ``table.also_ms``.
+    """
     from scipy.optimize import isotonic_regression  # lazily: only a latency budget builds a table
 
     models: dict[Any, Any] = {"context": at_widths(model, arch, input_shape, context)}
@@ -237,9 +244,12 @@ def build_table(model: nn.Module, arch: str, input_shape, groups: list[ChannelGr
             if width != context[group.name]:  # built by the meter one at a time
                 models[(group.name, width)] = functools.partial(at_widths, model, arch, input_shape,
                                                                 {**context, group.name: width})
-    measured = meter.measure(models, refresh=["context"])
+    also = also or {}
+    models.update(also)
+    measured = meter.measure(models, refresh=["context"], **({"fresh": list(also)} if also else {}))
     table = LatencyTable(context, measured["context"], groups, model=LayerModel.of(model, arch, input_shape, groups,
                                                                                    kernel_multiple))
+    table.also_ms = {name: measured[name] for name in also}
     table.samples.append((dict(context), measured["context"].p50_ms))
     for group in groups:
         at = {context[group.name]: measured["context"]}

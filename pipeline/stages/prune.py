@@ -52,6 +52,10 @@ class PruneStage(Stage):
             deploy = ctx.recipe.deploy
             config.update(devices=[d.public() for d in ctx.devices],
                           deploy={"runtime": deploy.runtime, "threads": deploy.threads}, opset=ctx.recipe.export.opset)
+            if ctx.recipe.prune.latency.reference:  # the budget is of that network's latency: its bytes count
+                from device.files import sha256_file
+
+                config["reference_sha256"] = sha256_file(ctx.recipe.prune.latency.reference)
         return config
 
     def run(self, ctx, workdir: Path) -> StageResult:

@@ -434,7 +434,7 @@ def _device(groups, ms_of):
     class Device:
         jobs = reused = 0
 
-        def measure(self, models, refresh=()):
+        def measure(self, models, refresh=(), fresh=()):
             out = {}
             for name, m in models.items():
                 ms = ms_of(channels.widths_of(m if isinstance(m, torch.nn.Module) else m(), groups))
@@ -685,9 +685,9 @@ def _counting_device(groups, ms_of):
     class Counting(base):
         networks = 0
 
-        def measure(self, models, refresh=()):
+        def measure(self, models, refresh=(), fresh=()):
             type(self).networks += len(models)
-            return super().measure(models, refresh)
+            return super().measure(models, refresh, fresh)
 
     return Counting
 
@@ -843,3 +843,44 @@ def test_the_prune_stage_runs_the_macs_knapsack_with_taylor_importance(latency_t
     groups = channels.prunable_groups(build_model("tiny_resnet", 10), "tiny_resnet", SHAPE, 4)
     assert channels.widths_of(model, groups) == metrics["plan"]["widths"]
     assert "pipeline.latency.budget" not in ctx.manifest.stage("prune")["code_modules"], "the MACs path only"
+
+
+def test_a_budget_of_a_reference_is_measured_beside_every_plan_and_survives_a_drifting_device():
+    """Arm B's budget is arm A's latency measured beside B's plans, never a cached figure: on a device that gets 15%
+    slower with every call, each plan is judged by its ratio to the reference in its own call, and the chosen plan's
+    true time lands on the reference's."""
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    full = {g.name: g.full for g in groups}
+
+    def true_ms(widths):
+        return 0.05 + 0.95 * (sum(widths.values()) / sum(full.values())) ** 1.5
+
+    half = {g.name: g.candidates[len(g.candidates) // 2] for g in groups}
+    reference = channels.at_widths(model, "tiny_resnet", SHAPE, half)
+
+    class Drifting:
+        calls, fresh_seen = 0, []
+
+        def measure(self, models, refresh=(), fresh=()):
+            type(self).calls += 1
+            drift = 1.15 ** self.calls
+            if "reference" in models:
+                type(self).fresh_seen.append(set(fresh))
+            out = {}
+            for name, m in models.items():
+                ms = true_ms(channels.widths_of(m if isinstance(m, torch.nn.Module) else m(), groups)) * drift
+                out[name] = lmodel.Measurement(ms, (ms, ms), [ms])
+            return out
+
+    cfg = PruneConfig(round_to=4, importance="l2", latency={"ratio": 1.0, "reference": "a.pt", "widths_per_group": 2,
+                                                            "rounds": 6, "tolerance": 0.05, "holdout": 0,
+                                                            "max_pruning_ratio": 1.0})
+    search = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Drifting(), lambda m: None, reference=reference)
+    assert abs(true_ms(search["widths"]) - true_ms(half)) <= 0.05 * true_ms(half) + 1e-9
+    assert all("reference_ms" in r for r in search["rounds"]), "the reference measured beside every round's plan"
+    assert Drifting.fresh_seen[0] == {"reference"} and all(f == {"plan", "reference"} for f in Drifting.fresh_seen[1:])
+    assert len(Drifting.fresh_seen) == 1 + len(search["rounds"])
+    with pytest.raises(ValueError, match="reference needs ratio"):
+        PruneConfig(latency={"ms": 1.0, "reference": "a.pt"})
