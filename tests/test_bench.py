@@ -100,7 +100,7 @@ def test_latency_bench_arms_differ_only_where_the_design_says():
     args = bench.parse_args(["--work", "w"])
     assert args.seeds >= 5 and args.final_windows >= 30 and args.arms == ["A", "A'", "B", "C"]
     a, a_prime, b, c = (bench._arm_prune(arm, args, 3, "ref.pt", 0.42) for arm in bench.ARMS)
-    assert a == {"round_to": 4, "seed": 3, "macs_target": args.macs_target, "importance": "l2"}
+    assert a == {"round_to": 4, "seed": 3, "macs_target": args.macs_target, "importance": "l2", "tolerance": 0.1}
     assert a_prime["importance"] == b["importance"] == c["importance"] == "taylor" and a_prime["macs_target"] == 0.42
     assert a_prime["max_pruning_ratio"] == b["latency"]["max_pruning_ratio"] == c["latency"]["max_pruning_ratio"]
     assert b["latency"]["ratio"] == 1.0 and c["latency"]["ratio"] == pytest.approx(1 / 1.3)
@@ -121,19 +121,22 @@ def test_latency_bench_runs_end_to_end_and_resumes(repo, tmp_path):
                "--data", "digits", "--input-size", "16", "--train-size", "900", "--val-size", "200",
                "--teacher-epochs", "2", "--distill-epochs", "1", "--seeds", "1", "--windows", "1",
                "--widths-per-group", "2", "--duration-s", "0.05", "--final-windows", "2", "--match-steps", "3",
-               "--match-tolerance", "0.1", "--tag", "smoke"]
+               "--match-tolerance", "0.1", "--tolerance", "0.15", "--tag", "smoke"]
     env = {**__import__("os").environ, "OMP_WAIT_POLICY": "PASSIVE"}
     first = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=1500, env=env)
     assert first.returncode == 0, first.stderr[-4000:]
     assert first.stdout.index("Goal, stated before the run") < first.stdout.index("**Goal ")
     (result_path,) = tmp_path.glob("latency-prune-smoke-*.json")
     result = json.loads(result_path.read_text())
-    assert set(result["records"]) == {"A/0", "A'/0", "B/0", "C/0"}
+    # A refused budget is a result (recorded, retried on a rerun); on this host B and C usually land.
+    assert {"A/0", "A'/0"} <= set(result["records"]) and set(result["records"]) | set(result["failures"]) == {
+        "A/0", "A'/0", "B/0", "C/0"}
     assert all(len(result["final"]["times"][p][k]) == 2 for p in ("int8", "fp32") for k in result["records"])
-    assert result["records"]["B/0"]["latency"]["reference_ms"] > 0 and result["records"]["A'/0"]["matched"]
+    assert result["records"]["A'/0"]["matched"]
+    assert all(result["records"][k]["latency"]["reference_ms"] > 0 for k in ("B/0", "C/0") if k in result["records"])
     assert all(0 < r["val_top1"] <= 1 for r in result["records"].values())
     assert "/tmp/" not in result_path.read_text(), "no machine paths"
     result_path.unlink()
     second = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600, env=env)
     assert second.returncode == 0, second.stderr[-4000:]
-    assert second.stderr.count("recorded, skipped") == 4, "a rerun resumes: every finished arm × seed is skipped"
+    assert second.stderr.count("recorded, skipped") == len(result["records"]), "a rerun skips every finished arm"

@@ -163,6 +163,16 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
             f"{measured.p50_ms:.3f} ms (budget {budget:.3f}), {100 * macs_fraction:.1f}% of the MACs")
         if abs(measured.p50_ms - budget) <= target.tolerance * budget:
             break
+    if unpruned.p50_ms <= budget * (1 + target.tolerance) and all(r["widths"] != full for r in rounds):
+        # The unpruned network meets the budget (a budget of another network's latency can): it is the widest
+        # plan, measured in the table's session, and a candidate like the rounds.
+        rounds.append({"round": len(rounds) + 1, "path_position": 0, "path_length": len(path) if path else None,
+                       "widths": dict(full), "predicted_ms": table.predict(full), "additive_ms": table.additive(full),
+                       "measured_ms": unpruned.to_json(), "macs_fraction": 1.0, "unpruned": True})
+        plans.append({"plan": f"round {len(rounds)} (unpruned)", "macs_fraction": 1.0,
+                      "predicted_ms": table.predict(full), "measured_ms": unpruned.to_json()})
+        log(f"[   prune] latency: the unpruned network measured {unpruned.p50_ms:.3f} ms, within the budget of "
+            f"{budget:.3f} ms: it is a candidate plan")
     # The measured plan closest to the budget without exceeding it by more than the tolerance.
     meeting = [i for i, r in enumerate(rounds) if r["measured_ms"]["p50_ms"] <= budget * (1 + target.tolerance)]
     if not meeting:

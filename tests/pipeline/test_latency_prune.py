@@ -884,3 +884,22 @@ def test_a_budget_of_a_reference_is_measured_beside_every_plan_and_survives_a_dr
     assert len(Drifting.fresh_seen) == 1 + len(search["rounds"])
     with pytest.raises(ValueError, match="reference needs ratio"):
         PruneConfig(latency={"ms": 1.0, "reference": "a.pt"})
+
+
+def test_an_unpruned_network_within_the_budget_is_a_plan_not_a_refusal():
+    """A device on which any cut saves 30% at once (a step) and the budget is just under the unpruned time: every
+    pruned plan lands far under it, but the unpruned network is within the tolerance and is shipped as the plan."""
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    full = {g.name: g.full for g in groups}
+    Device = _device(groups, lambda w: 1.0 if w == full else 0.7)
+    cfg = PruneConfig(round_to=4, importance="l2", latency={"ratio": 0.98, "widths_per_group": 2, "rounds": 4,
+                                                            "tolerance": 0.05, "holdout": 0})
+    lines = []
+    search = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lines.append)
+    assert search["widths"] == full and search["rounds"][-1].get("unpruned")
+    assert any("within the budget" in line for line in lines)
+    cfg = cfg.model_copy(update={"latency": cfg.latency.model_copy(update={"ratio": 0.9})})
+    with pytest.raises(StageError, match="no measured plan came near the budget"):
+        lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
