@@ -176,8 +176,8 @@ def judge(summary: dict) -> dict:
         ok = [f"top1_minus_{c}" in gains and gains[f"top1_minus_{c}"][0] >= 0.5 and gains[f"top1_minus_{c}"][1] > 0
               for c in ("A", "A'")]
         why.append(f"{how}: " + "; ".join(
-            f"vs {c} {gains[k][0]:+.2f} points [{gains[k][1]:+.2f}, {gains[k][2]:+.2f}]" for c in ("A", "A'")
-            for k in [f"top1_minus_{c}"] if k in gains))
+            f"vs {c} {_fmt(gains[k], spec='+.2f')} points" for c in ("A", "A'") for k in [f"top1_minus_{c}"]
+            if k in gains))
         if all(ok):
             met_by = "equal latency"
     else:
@@ -187,8 +187,8 @@ def judge(summary: dict) -> dict:
         speed = (1 / c["ratio_to_A"][0], 1 / c["ratio_to_A"][2] if c["ratio_to_A"][2] else math.nan)
         diff = c["top1_minus_A"]
         ok = speed[0] >= SPEEDUP and speed[1] > 1.2 and math.isfinite(diff[1]) and diff[1] >= -0.3
-        why.append(f"C: {speed[0]:.2f}x faster than A (lower bound {speed[1]:.2f}), top-1 {diff[0]:+.2f} points "
-                   f"[{diff[1]:+.2f}, {diff[2]:+.2f}]")
+        why.append(f"C: {speed[0]:.2f}x faster than A (lower bound {speed[1]:.2f}), top-1 "
+                   f"{_fmt(diff, spec='+.2f')} points")
         if ok and met_by is None:
             met_by = "1.3x lower latency"
     return {"met": met_by is not None, "by": met_by, "why": why}
@@ -427,6 +427,8 @@ def run(args) -> dict:
 
 def _fmt(interval, scale: float = 1.0, spec: str = ".2f") -> str:
     mean, low, high = (v * scale if v is not None and math.isfinite(v) else math.nan for v in interval)
+    if not math.isfinite(mean):
+        return "—"
     if not math.isfinite(low):
         return f"{mean:{spec}}"
     return f"{mean:{spec}} [{low:{spec}}, {high:{spec}}]"
@@ -452,8 +454,8 @@ def markdown(result: dict) -> str:
             f"{_fmt(fp32.get('ratio_to_A', NAN3), spec='.3f')} | {_fmt(row['macs_fraction'], 100, '.1f')} | "
             f"{_fmt(row['params_m'], spec='.3f')} |")
     if s8.get("interpolated"):
-        lines += ["", f"B missed the equal-latency band or not: top-1 interpolated at A's latency between B and C "
-                      f"(seeds {s8['interpolated']['seeds']}): " + "; ".join(
+        lines += ["", f"Top-1 interpolated at A's latency between B and C, per seed, where A's latency lay between "
+                      f"theirs (seeds {s8['interpolated']['seeds']}; no interval with one seed): " + "; ".join(
                           f"vs {c} {_fmt(s8['interpolated'][k])}" for c in ("A", "A'")
                           for k in [f"top1_minus_{c}"] if k in s8["interpolated"])]
     for key, why in result.get("failures", {}).items():
@@ -491,6 +493,8 @@ def parse_args(argv=None):
     parser.add_argument("--final-seed", type=int, default=0, help="seed of the final rounds' random order")
     parser.add_argument("--tag", default=None)
     parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--render", default=None, metavar="RESULT.json",
+                        help="only write a finished result's Markdown again beside it (the numbers are the JSON's)")
     args = parser.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",")]
     unknown = set(args.arms) - set(ARMS)
@@ -503,6 +507,13 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    if argv is None and "--render" in sys.argv:  # no run: the Markdown of a finished result
+        path = Path(sys.argv[sys.argv.index("--render") + 1])
+        result = json.loads(path.read_text())
+        result["verdict"] = judge(result["summary"]["int8"])
+        path.with_suffix(".md").write_text(markdown(result))
+        print(markdown(result))
+        return 0
     args = parse_args(argv)
     result = run(args)
     out = Path(args.out)

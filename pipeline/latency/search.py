@@ -10,7 +10,6 @@ latency budget in the cost alone).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
