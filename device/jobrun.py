@@ -172,7 +172,8 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     def make(core: int | None):
         return make_runner(spec.runtime, job["artifact_path"], precision=spec.precision, threads=spec.threads,
                            batch_sizes=spec.batch_sizes, dla_core=core, engine_cache=job.get("engine_cache"),
-                           channels_last=spec.channels_last, cuda_graphs=spec.cuda_graphs)
+                           channels_last=spec.channels_last, cuda_graphs=spec.cuda_graphs,
+                           timing_cache=spec.timing_cache)
 
     runner = make(dla_core)
     faults = dict(item.split("=", 1) for item in os.environ.get("EDGEFOLD_AGENT_FAULT", "").split(",") if "=" in item)

@@ -191,6 +191,10 @@ class JobSpec(Request):
     threads: Threads = Field(0, description="intra-op CPU threads; 0 = the runtime's default")
     profile: bool = Field(True, description="run the per-layer profiling pass after the timed windows")
     dla_core: int | None = Field(None, ge=0, le=1)
+    timing_cache: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                                     description="tensorrt: a name; every build with it reads and updates one timing "
+                                                 "cache file beside the agent's engines (a latency table's builds "
+                                                 "share one: later builds skip the tactic timing earlier ones did)")
     telemetry: Annotated[list[TelemetryName], Field(max_length=3)] | Literal["auto"] = "auto"
     sample_hz: SampleHz = 20.0
     timeout_s: TimeoutSeconds | None = Field(None, description="default: the agent's job_timeout_s")
@@ -214,6 +218,8 @@ class JobSpec(Request):
             raise ValueError("dla_core needs runtime 'tensorrt'")
         if self.dla_core is not None and self.sweep is not None and self.sweep.accelerators != ["gpu"]:
             raise ValueError("a sweep names its accelerators in sweep.accelerators; leave dla_core unset")
+        if self.timing_cache is not None and self.runtime != "tensorrt":
+            raise ValueError("timing_cache needs runtime 'tensorrt'")
         return self
 
     def window(self) -> dict[str, Any]:

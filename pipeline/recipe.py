@@ -194,6 +194,16 @@ class LatencyTarget(_Strict):
     check: bool = Field(True, description="check the table against measured unpruned and MACs-pruned networks")
     check_macs_target: Optional[float] = Field(None, gt=0, le=1, description="the MACs-pruned network checked; "
                                                                               "default: the chosen plan's MACs")
+    holdout: int = Field(3, ge=0, le=20, description="plans measured after the search and never fitted: the "
+                                                     "table's error out of sample")
+    kernel_multiple: Optional[int] = Field(None, ge=1, le=256, description="the channel tile the device's kernels "
+                                           "step at (widths are priced padded to it; default: prune.round_to)")
+    reference: Optional[str] = Field(None, description="a checkpoint (model.pt) the ratio is of instead of the "
+                                                       "unpruned network: measured afresh beside the table and "
+                                                       "beside every plan, never cached (a benchmark's arm A)")
+    max_networks: int = Field(600, ge=1, le=100_000, description="the most networks (engines on TensorRT) a budget "
+                                                                 "search may build; refused before measuring when "
+                                                                 "over it")
 
     @model_validator(mode="before")
     @classmethod
@@ -204,6 +214,8 @@ class LatencyTarget(_Strict):
     def _one_budget(self) -> "LatencyTarget":
         if (self.ratio is None) == (self.ms is None):
             raise ValueError("give exactly one of ratio (of the unpruned latency) and ms")
+        if self.reference is not None and self.ratio is None:
+            raise ValueError("reference needs ratio (the budget is ratio × the reference's measured latency), not ms")
         return self
 
 
@@ -215,18 +227,25 @@ class PruneConfig(_Strict):
     tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on macs_target")
     round_to: int = Field(8, ge=1, description="channel counts rounded to this multiple (Tensor Cores want 8/16/32)")
     importance: Literal["auto", "l1", "l2", "taylor"] = Field(
-        "auto", description="channel importance: weight magnitude, or (latency target only) the first-order loss "
-                            "change on training batches, comparable across groups; auto: taylor for a latency "
-                            "target (a knapsack needs values comparable across groups), l2 for macs_target")
+        "auto", description="channel importance: weight magnitude (a uniform ratio per layer on the MACs target), "
+                            "or the first-order loss change on training batches, comparable across groups (a "
+                            "knapsack over groups, with MACs or latency as the cost); auto: taylor for a latency "
+                            "target, l2 for macs_target")
+    max_pruning_ratio: Optional[float] = Field(None, gt=0, le=1, description="macs_target with importance taylor: "
+                                                                             "the most of a group the knapsack may "
+                                                                             "remove (default 0.9)")
     steps: int = Field(1, ge=1, description="iterative prune-and-finetune steps")
+    seed: int = Field(0, ge=0, description="seed of the training batches the Taylor importance is computed on (a "
+                                           "benchmark pairs it with the distillation's seed)")
     finetune: Optional[TrainConfig] = Field(None, description="fine-tuning after each step; null = none")
 
     @model_validator(mode="after")
     def _one_target(self) -> "PruneConfig":
         if (self.macs_target is None) == (self.latency is None):
             raise ValueError("give exactly one target: macs_target (a MACs fraction) or latency ({device, ratio|ms})")
-        if self.importance == "taylor" and self.latency is None:
-            raise ValueError("importance taylor is for the latency target; the MACs target uses l1 or l2")
+        if self.max_pruning_ratio is not None and not (self.importance == "taylor" and self.macs_target is not None):
+            raise ValueError("max_pruning_ratio bounds the MACs target's knapsack (importance taylor); a latency "
+                             "budget takes prune.latency.max_pruning_ratio")
         if self.importance == "auto":  # resolved here, so that the run's recorded recipe says what was used
             object.__setattr__(self, "importance", "taylor" if self.latency is not None else "l2")
         return self

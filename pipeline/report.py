@@ -1165,9 +1165,19 @@ def _report_parts(lat: dict[str, Any]) -> tuple[str, list[list[str]], str]:
                      f"{plan['predicted_ms']:.4f}" if plan.get("predicted_ms") is not None else "—",
                      f"{pm['p50_ms']:.4f} [{pm['spread_ms'][0]:.4f}–{pm['spread_ms'][1]:.4f}]"])
     check = ("The table checked against measured full runs: " + "; ".join(
-        f"{name.replace('_', ' ')} {100 * c['error']:+.1f}%" for name, c in lat["check"].items()) + ".") \
+        f"{name.replace('_', ' ')} {100 * c['error']:+.1f}%"
+        + ({True: " (in the fit)", False: " (out of sample)"}.get(c.get("in_fit"), ""))
+        for name, c in lat["check"].items()) + ".") \
         if lat.get("check") else ""
     return intro, rows, check
+
+
+def _holdout_text(holdout: list[dict[str, Any]]) -> str:
+    """One sentence on the table's error out of sample (plans measured but never fitted)."""
+    errors = [h["error"] for h in holdout]
+    return (f"Out of sample (the table was not fitted to these {len(errors)} plans): prediction errors "
+            + ", ".join(f"{100 * e:+.1f}%" for e in errors)
+            + f"; mean absolute error {100 * sum(abs(e) for e in errors) / len(errors):.1f}%.")
 
 
 def _latency_metrics(manifest: dict[str, Any]) -> dict[str, Any] | None:
@@ -1181,15 +1191,28 @@ def latency_section(manifest: dict[str, Any], run_dir: Path, out_dir: Path) -> l
     beside the report for report.md, embedded in report.html), the student's predicted against
     measured latency, and the table's check.
     """
+    from pipeline.latency_plots import plot_holdout, plot_plans
+
     lat = _latency_metrics(manifest)
     if not lat:
         return []
     intro, rows, check = _report_parts(lat)
     blocks: list = [Text(intro), Table(rows)] + ([Text(check)] if check else [])
-    plot = run_dir / lat["plot"] if lat.get("plot") else None
-    if plot and plot.is_file():
-        shutil.copy(plot, Path(out_dir) / plot.name)
+    holdout = lat.get("holdout") or []
+    if holdout:
+        blocks.append(Text(_holdout_text(holdout)))
+    out_dir = Path(out_dir)
+    # Drawn here from the recorded data (the stage records no pictures); a run recorded before that kept its PNG.
+    plot = plot_plans(lat["plans"], lat.get("sweep", []), lat["budget_ms"], out_dir / "latency_plans.png")
+    if plot is None and lat.get("plot") and (run_dir / lat["plot"]).is_file():
+        plot = Path(shutil.copy(run_dir / lat["plot"], out_dir / "latency_plans.png"))
+    if plot is not None:
         blocks.append(Figure("latency plans", base64.b64encode(plot.read_bytes()).decode("ascii"),
                              "MACs against measured latency of the candidate plans; the chosen one starred, the "
                              "budget dashed.", file=plot.name))
+    plot = plot_holdout(holdout, out_dir / "latency_holdout.png")
+    if plot is not None:
+        blocks.append(Figure("latency table out of sample", base64.b64encode(plot.read_bytes()).decode("ascii"),
+                             "Predicted against measured latency of plans the table was not fitted to; dashed: "
+                             "prediction = measurement.", file=plot.name))
     return [Section("Pruned to a latency budget", blocks)]

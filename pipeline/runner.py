@@ -98,10 +98,13 @@ def _stage_names(until: str | None, force: Iterable[str]) -> tuple[list[str], se
     return list(STAGE_ORDER[: last + 1]), set(force)
 
 
-def stage_code_roots(stage) -> list[str]:
+def stage_code_roots(stage, ctx=None) -> list[str]:
     """The modules whose import closure is a stage's code: its own, the run context it reads data
-    through, and any it runs without importing (``Stage.code_modules``: the agent's job process)."""
-    return [type(stage).__module__, "pipeline.context", *stage.code_modules]
+    through, any it runs without importing (``Stage.code_modules``: the agent's job process) and, given
+    the run's context, those its configuration loads by name (``Stage.code_roots``: the prune stage's
+    latency path, for a latency budget only)."""
+    return [type(stage).__module__, "pipeline.context", *stage.code_modules,
+            *(stage.code_roots(ctx) if ctx is not None else ())]
 
 
 def _check_inputs_untouched(name: str, run_dir: Path, input_sha: dict[str, str]) -> None:
@@ -190,7 +193,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         config = stage.config(ctx)
         # The project code the stage runs (its module and every project module it imports, transitively)
         # is part of its identity: editing train.py or qdq_lint.py redoes exactly the stages that use them.
-        code_sha, code_modules = code_sha256(stage_code_roots(stage))
+        code_sha, code_modules = code_sha256(stage_code_roots(stage, ctx))
         config_sha = sha256_json({"config": config, "code_sha256": code_sha})
         prior = manifest.stage(name)
         if (name not in forced and not stage.always_run and prior and prior.get("config_sha256") == config_sha

@@ -6,6 +6,7 @@ Each runner imports its framework lazily, so ``device`` imports without any of t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,11 +53,30 @@ class Runner(ABC):
 
 def make_runner(runtime: str, artifact: str, *, precision: str = "fp32", threads: int = 0, batch_sizes=(1,),
                 dla_core: int | None = None, engine_cache: str | None = None, channels_last: bool = True,
-                cuda_graphs: bool = False) -> Runner:
-    """The runner for ``runtime`` (a key of :data:`RUNNERS`), its framework imported only now."""
+                cuda_graphs: bool = False, timing_cache: str | None = None) -> Runner:
+    """The runner for ``runtime`` (a key of :data:`RUNNERS`), its framework imported only now.
+
+    Args:
+        timing_cache: TensorRT only: a timing cache *name* (``JobSpec.timing_cache``), resolved to one file
+            beside the engine cache (:func:`timing_cache_path`).
+    """
     return RUNNERS.get(runtime)(artifact, precision=precision, threads=threads, batch_sizes=tuple(batch_sizes),
                                 dla_core=dla_core, engine_cache=engine_cache, channels_last=channels_last,
-                                cuda_graphs=cuda_graphs)
+                                cuda_graphs=cuda_graphs, timing_cache=timing_cache)
+
+
+def timing_cache_path(engine_cache: str | None, name: str | None) -> str | None:
+    """The file of timing cache ``name``: ``<engine cache>/timing/<name>.cache`` (None without a name or a cache).
+
+    A name, not a path, crosses the wire: the client chooses which builds share a cache, the agent where it
+    lives. TensorRT reads it before a build and writes it back atomically after (device.engine), and the agent
+    runs one job at a time, so the builds sharing it never race.
+    """
+    if not name or not engine_cache:
+        return None
+    folder = Path(engine_cache) / "timing"
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder / f"{name}.cache")
 
 
 def _onnxruntime(artifact: str, *, threads: int, **_: Any) -> Runner:
@@ -66,13 +86,14 @@ def _onnxruntime(artifact: str, *, threads: int, **_: Any) -> Runner:
 
 
 def _tensorrt(artifact: str, *, precision: str, batch_sizes: tuple[int, ...], dla_core: int | None,
-              engine_cache: str | None, **_: Any) -> Runner:
+              engine_cache: str | None, timing_cache: str | None = None, **_: Any) -> Runner:
     from device.engine import BuildOptions
     from device.runners.tensorrt import TensorRTRunner
 
     # One engine per measured batch, each with opt = that batch (BuildOptions.for_batch): the kernels
     # timed at batch 1 are the ones tuned for batch 1, not for the largest batch.
-    options = BuildOptions(precision=precision, dla_core=dla_core)
+    options = BuildOptions(precision=precision, dla_core=dla_core,
+                           timing_cache=timing_cache_path(engine_cache, timing_cache))
     return TensorRTRunner(artifact, options, cache_dir=engine_cache, batch_sizes=batch_sizes)
 
 

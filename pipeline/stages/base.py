@@ -40,6 +40,11 @@ class Stage:
         """Checks that need the recipe but no earlier stage's output, run for every stage before the
         first one starts: a mistake is reported before an hour of training, not after."""
 
+    def code_roots(self, ctx: "RunContext") -> tuple[str, ...]:
+        """Modules the stage runs in this run's configuration beyond its own imports (those it loads by name
+        for one mode only, so that the other modes' code hashes leave them out)."""
+        return ()
+
     def needs(self, ctx: "RunContext") -> tuple[str, ...]:
         """Earlier stages whose recorded outputs this stage reads."""
         return ()

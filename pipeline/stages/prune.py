@@ -2,7 +2,7 @@
 
 A latency budget (``prune.latency``) is measured on the named device's agent: a latency table per
 channel group, a knapsack over group importance under the budget, and the chosen plan measured
-(see :mod:`pipeline.latency`). The MACs target works as before:
+(see :mod:`pipeline.latency`; loaded by name, only then). The MACs target works as before:
 
 Torch-Pruning takes a channel ratio, not a MACs budget, so the ratio is found by bisection
 on throw-away copies; channel counts are rounded to the recipe's multiple because odd counts
@@ -11,7 +11,6 @@ defeat Tensor Cores (a pruned model with odd widths is often *slower* in TensorR
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -25,28 +24,15 @@ from pipeline.stages.base import STAGES, Stage, StageResult
 from pipeline.scores import assess, recorded_scores
 from pipeline.train import evaluate, fit, recalibrate_if_needed
 from pipeline.log import log
+from pipeline.channels import WidthPruner
+from pipeline.latency.search import macs_knapsack_plan
 from pipeline.pruning import find_plan, make_pruner
 
 
-class WidthPruner:
-    """The latency plan's pruner: per-group widths reached in ``cfg.steps`` even steps, each group keeping its
-    most important channels (importance recomputed on the fine-tuned model at every step)."""
-
-    def __init__(self, model, arch: str, cfg: PruneConfig, groups, widths: dict[str, int], input_shape,
-                 batches=None):
-        self.model, self.arch, self.cfg, self.groups, self.widths = model, arch, cfg, groups, widths
-        self.input_shape, self.batches = input_shape, batches
-        self.done = 0
-
-    def step(self) -> None:
-        from pipeline import latency
-
-        self.done += 1
-        goal = latency.step_widths(self.groups, self.widths, self.done, self.cfg.steps, self.cfg.round_to)
-        scores = latency.taylor_scores(self.model, self.arch, self.input_shape, self.batches()) \
-            if self.cfg.importance == "taylor" else None
-        latency.set_widths(self.model, self.arch, self.input_shape, goal, importance=self.cfg.importance,
-                           scores=scores)
+# The latency path, loaded by name (importlib) and only for a latency budget: the code hash follows imports,
+# lazy ones included, and that path reaches the agent, its runners and the ONNX export. Declared as a code
+# root for that mode alone (PruneStage.code_roots), so a MACs target is not re-run by an edit there.
+LATENCY_PATH = "pipeline.latency.budget"
 
 
 class PruneStage(Stage):
@@ -55,6 +41,10 @@ class PruneStage(Stage):
     def needs(self, ctx):
         return ("data", "teacher")
 
+    def code_roots(self, ctx) -> tuple[str, ...]:
+        """The MACs path is this module's own imports; a latency budget adds the latency path."""
+        return (LATENCY_PATH,) if ctx.recipe.prune.latency is not None else ()
+
     def config(self, ctx):
         config = {"prune": ctx.recipe.section("prune"), "preprocess": ctx.preprocess.to_dict()}
         if ctx.recipe.prune.latency is not None:
@@ -62,6 +52,10 @@ class PruneStage(Stage):
             deploy = ctx.recipe.deploy
             config.update(devices=[d.public() for d in ctx.devices],
                           deploy={"runtime": deploy.runtime, "threads": deploy.threads}, opset=ctx.recipe.export.opset)
+            if ctx.recipe.prune.latency.reference:  # the budget is of that network's latency: its bytes count
+                from device.files import sha256_file
+
+                config["reference_sha256"] = sha256_file(ctx.recipe.prune.latency.reference)
         return config
 
     def run(self, ctx, workdir: Path) -> StageResult:
@@ -72,6 +66,16 @@ class PruneStage(Stage):
         latency_metrics = None
         if cfg.latency is not None:
             plan, pruner, latency_metrics = self._latency_plan(ctx, workdir, model, arch, cfg, input_shape)
+        elif cfg.importance == "taylor":
+            # The latency budget's knapsack with MACs as the cost: the control for "latency as the objective".
+            def train_batches():
+                return ctx.batches("train", 64, shuffle=True, seed=cfg.seed)
+
+            widths, groups, predicted = macs_knapsack_plan(model, arch, cfg, input_shape, train_batches())
+            log(f"prune: knapsack over {len(groups)} channel groups by Taylor importance → {100 * predicted:.1f}% of "
+                f"the teacher's MACs (target {100 * cfg.macs_target:.1f}%)")
+            plan = {"widths": widths, "macs_target": cfg.macs_target, "importance": "taylor"}
+            pruner = WidthPruner(model, arch, cfg, groups, widths, input_shape, train_batches)
         else:
             plan, predicted = find_plan(model, arch, cfg, input_shape, base_macs)
             log(f"prune: channel ratio {plan['ratio']:.5f} ({plan['harder_ratio']:.5f} on the first "
@@ -132,55 +136,20 @@ class PruneStage(Stage):
 
     @staticmethod
     def _latency_plan(ctx, workdir: Path, model, arch: str, cfg: PruneConfig, input_shape):
-        """The latency path: table, knapsack and measured plan on the budget's device; a pruner for its widths.
+        """The latency path (:func:`pipeline.latency.budget.latency_plan`): table, knapsack, measured plan.
 
         Returns:
-            (plan recorded in the checkpoint, pruner, the ``latency`` metrics: budget, the student's predicted
-            and measured latency, the rounds, the table check and the plot's data).
+            (plan recorded in the checkpoint, pruner, the ``latency`` metrics).
         """
-        import json
-
-        from pipeline import latency
-
-        target = cfg.latency
+        import importlib
 
         def train_batches():  # for the Taylor importance: the loss change of removing a channel, on training data
-            return ctx.batches("train", 64, shuffle=True, seed=0)
+            return ctx.batches("train", 64, shuffle=True, seed=cfg.seed)
 
-        try:
-            with latency.open_agent(ctx.devices, target.device, ctx.log) as (client, info, identity):
-                spec = latency.device_spec(info, ctx.recipe.deploy, target, ctx.preprocess.to_dict(),
-                                           f"{ctx.recipe.name}/{ctx.run_dir.name}/latency-table")
-                meter = latency.Meter(client, spec, identity, ctx.run_dir.parent / "latency-cache",
-                                      workdir / "latency-onnx", target.windows, ctx.recipe.export.opset, input_shape,
-                                      log=ctx.log)
-                search = latency.plan_to_budget(model, arch, cfg, input_shape, meter, ctx.log,
-                                                 batches=train_batches)
-                checks = latency.check_table(model, arch, cfg, input_shape, meter, search, ctx.log) \
-                    if target.check else None
-        finally:
-            # The exported sub-networks are scratch (the table and the cache keep their times), refused budget
-            # or not: a float ResNet-50 table left gigabytes in .prune.partial/.
-            shutil.rmtree(workdir / "latency-onnx", ignore_errors=True)
-        plans = search["plans"] + ([{"plan": f"MACs target {100 * checks['macs_pruned']['macs_fraction']:.1f}%",
-                                      "macs_fraction": checks["macs_pruned"]["macs_fraction"],
-                                      "predicted_ms": checks["macs_pruned"]["predicted_ms"],
-                                      "measured_ms": checks["macs_pruned"]["measured_ms"]}] if checks else [])
-        (workdir / "latency_table.json").write_text(json.dumps(
-            {"format": latency.TABLE_FORMAT, "device": identity,
-             "spec": spec.model_dump(mode="json", exclude={"artifact"}), "tables": search["tables"],
-             "rounds": search["rounds"], "check": checks}, indent=1, sort_keys=True))
-        plot = latency.plot_plans(plans, search["sweep"], search["budget_ms"], workdir / "latency_plans.png")
-        measured = search["measured_ms"]["p50_ms"]
-        metrics = {"device": target.device, "agent": identity.get("agent"), "budget_ms": search["budget_ms"],
-                   "unpruned_ms": search["unpruned_ms"], "predicted_ms": search["predicted_ms"],
-                   "measured_ms": search["measured_ms"], "prediction_error": (search["predicted_ms"] - measured)
-                   / measured, "rounds": len(search["rounds"]), "jobs": meter.jobs, "reused": meter.reused,
-                   "check": checks, "plans": plans, "sweep": search["sweep"], "table": "prune/latency_table.json",
-                   "plot": "prune/latency_plans.png" if plot else None}
-        plan = {"widths": search["widths"], "latency_budget_ms": search["budget_ms"]}
-        return plan, WidthPruner(model, arch, cfg, search["groups"], search["widths"], input_shape,
-                                 train_batches), metrics
+        widths, budget_ms, groups, metrics = importlib.import_module(LATENCY_PATH).latency_plan(
+            ctx, workdir, model, arch, cfg, input_shape, train_batches)
+        plan = {"widths": widths, "latency_budget_ms": budget_ms}
+        return plan, WidthPruner(model, arch, cfg, groups, widths, input_shape, train_batches), metrics
 
     def summary(self, metrics):
         return (f"{100 * metrics['macs_fraction']:.1f}% of the teacher's MACs ({metrics['macs_g']:.3f} G), "

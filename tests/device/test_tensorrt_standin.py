@@ -394,3 +394,29 @@ def test_an_evaluation_set_that_is_not_the_jobs_is_refused(monkeypatch, tmp_path
         run_job(_job(float_model, tmp_path, wrong, 4), tmp_path)
     with pytest.raises(EvaluationSetError, match="holds 37 images, the job says 40"):
         run_job(_job(float_model, tmp_path, eval_path, 40), tmp_path)
+
+
+def test_builds_naming_one_timing_cache_share_its_file(monkeypatch, tmp_path, float_model, half_model):
+    """A latency table's engine builds name one timing cache (JobSpec.timing_cache): the agent resolves the name
+    to one file beside its engines, the first build writes it, the next reads and rewrites it; a job without a
+    name builds without one."""
+    from device.runners import timing_cache_path
+    from device.schema import JobSpec
+
+    trt_standin.install(monkeypatch, "10.3.0")
+    engines = tmp_path / "engines"
+    cache = engines / "timing" / "latency-table.cache"
+    with runner(float_model, tmp_path, timing_cache="latency-table") as first:
+        assert first.options.timing_cache == str(cache)
+    assert cache.read_bytes().startswith(b"STANDIN-CACHE:")
+    written = cache.stat().st_mtime_ns
+    with runner(half_model, tmp_path, precision="fp16", timing_cache="latency-table") as second:
+        assert second.options.timing_cache == str(cache)
+    assert cache.stat().st_mtime_ns >= written and len(list(cache.parent.iterdir())) == 1, "one shared file"
+    with runner(float_model, tmp_path) as plain:
+        assert plain.options.timing_cache is None
+    assert timing_cache_path(None, "latency-table") is None and timing_cache_path(str(engines), None) is None
+    with pytest.raises(ValueError, match="timing_cache needs runtime 'tensorrt'"):
+        JobSpec.model_validate({"artifact": "0" * 64, "runtime": "onnxruntime", "timing_cache": "t"})
+    with pytest.raises(ValueError, match="timing_cache"):
+        JobSpec.model_validate({"artifact": "0" * 64, "runtime": "tensorrt", "timing_cache": "../escape"})

@@ -381,3 +381,97 @@ def test_libraries_never_import_a_stage():
     # A prune no longer hashes the deploy and export stages through the latency library.
     prune = codehash.closure(["pipeline.stages.prune"])
     assert "pipeline.stages.deploy" not in prune and "pipeline.stages.export" not in prune
+
+
+def _module_graph(package: str) -> dict[str, set[str]]:
+    """Every module of ``package`` and the project modules it imports (lazy imports included)."""
+    root = Path(codehash.PROJECT_ROOT)
+    graph = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[name] = codehash.imported_modules(name)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], 0
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            child = next((w for w in edges if w in graph), None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_among_pipeline_modules():
+    """Libraries below, stages above: a cycle (the latency library and the prune stage imported each other) ties
+    every module in it to the others' code hashes. Lazy imports count: the code hash follows them."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]], "the check finds one"
+    assert _cycles(_module_graph("pipeline")) == []
+
+
+def _prune_ctx(**prune):
+    from types import SimpleNamespace
+
+    from pipeline.recipe import PruneConfig
+
+    return SimpleNamespace(recipe=SimpleNamespace(prune=PruneConfig(round_to=4, **prune)))
+
+
+@pytest.mark.parametrize("edited, macs_changes, latency_changes", [
+    ("device.runners.tensorrt", False, True),   # the agent's engine builds: what the latency table timed
+    ("pipeline.jobs", False, True),             # the job spec the table is measured with (the deploy stage's own)
+    ("pipeline.stages.deploy", False, False),   # the deploy stage itself: neither prunes through it
+    ("pipeline.channels", True, True),          # the pruning mechanics both modes share
+])
+def test_a_prunes_code_hash_follows_its_mode(tmp_path, edited, macs_changes, latency_changes):
+    """A MACs target hashes the MACs path only: editing the runners or the job spec no longer re-runs it (its
+    closure held 35 modules, the agent's among them); a latency budget, which times networks on the agent, still
+    re-runs when they change."""
+    project = tmp_path / "project"
+    for package in codehash.PROJECT_PACKAGES:
+        shutil.copytree(codehash.PROJECT_ROOT / package, project / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    stage = STAGES.get("prune")
+    modes = {"macs": _prune_ctx(macs_target=0.5), "latency": _prune_ctx(latency={"ratio": 0.5})}
+    roots = {mode: stage_code_roots(stage, ctx) for mode, ctx in modes.items()}
+    before = {mode: codehash.code_sha256(r, project)[0] for mode, r in roots.items()}
+    macs_modules = codehash.closure(roots["macs"], project)
+    assert "pipeline.latency.budget" not in macs_modules and "device.client" not in macs_modules
+    assert len(macs_modules) < len(codehash.closure(roots["latency"], project))
+    path = codehash.module_path(edited, project)
+    path.write_text(path.read_text() + "\n# edited\n")
+    after = {mode: codehash.code_sha256(r, project)[0] for mode, r in roots.items()}
+    assert (before["macs"] != after["macs"]) is macs_changes
+    assert (before["latency"] != after["latency"]) is latency_changes

@@ -18,7 +18,11 @@ import torch
 import yaml
 
 from device.errors import ConfigError, StageError
-from pipeline import knapsack, latency, report
+from pipeline import channels, knapsack, report
+from pipeline.latency import budget as lbudget
+from pipeline.latency import measure
+from pipeline.latency import search as lsearch
+from pipeline.latency import model as lmodel
 from pipeline.checkpoint import load_checkpoint
 from pipeline.devices import Device
 from pipeline.models import build_model
@@ -74,13 +78,13 @@ def test_latency_ms_reads_a_batch_and_gives_an_interval():
     one, eight = run(1, p50_ms=2.0), run(8, p50_ms=9.0)
     eight["latency_std_ms"] = 0.0
     result = job_result(runs=[one, eight])
-    p50, low, high = latency.latency_ms(result, 1)
+    p50, low, high = measure.latency_ms(result, 1)
     assert p50 == 2.0 and low < 2.0 < high
-    assert latency.latency_ms(result, 8) == (9.0, 9.0, 9.0)
+    assert measure.latency_ms(result, 8) == (9.0, 9.0, 9.0)
     with pytest.raises(StageError):
-        latency.latency_ms(result, 4)
+        measure.latency_ms(result, 4)
     with pytest.raises(SchemaVersionError):
-        latency.latency_ms({**result, "schema": "edgefold.result/1"}, 1)
+        measure.latency_ms({**result, "schema": "edgefold.result/1"}, 1)
 
 
 # ------------------------------------------------------------------------------------------------ recipe
@@ -119,20 +123,20 @@ def test_the_renamed_points_key_is_refused_naming_widths_per_group():
 def test_groups_widths_and_importance_on_the_tiny_net():
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     assert {g.name for g in groups} >= {"stem.0", "layers.0.conv1", "layers.2.conv1"}
     assert all(c % 4 == 0 for g in groups for c in g.candidates) and all(g.candidates[-1] == g.full for g in groups)
     assert "fc" not in {g.name for g in groups}, "the classifier is never a group"
     widths = {g.name: g.candidates[len(g.candidates) // 2 - 1] for g in groups}
-    pruned = latency.at_widths(model, "tiny_resnet", SHAPE, widths)
-    assert latency.widths_of(pruned, groups) == widths
+    pruned = channels.at_widths(model, "tiny_resnet", SHAPE, widths)
+    assert channels.widths_of(pruned, groups) == widths
     assert pruned.fc.out_features == 10 and pruned(torch.zeros(2, 3, 16, 16)).shape == (2, 10)
-    assert latency.widths_of(model, groups) == {g.name: g.full for g in groups}, "the original is untouched"
+    assert channels.widths_of(model, groups) == {g.name: g.full for g in groups}, "the original is untouched"
 
     # Importance: the channels kept are the group's most important ones (a planted strong filter survives).
     with torch.no_grad():
         model.layers[0].conv1.weight[13].mul_(100.0)
-    latency.set_widths(model, "tiny_resnet", SHAPE, {"layers.0.conv1": 4}, importance="l2")
+    channels.set_widths(model, "tiny_resnet", SHAPE, {"layers.0.conv1": 4}, importance="l2")
     assert model.layers[0].conv1.out_channels == 4
     assert model.layers[0].conv1.weight.abs().sum(dim=(1, 2, 3)).max() > 10 * 0.5
 
@@ -149,15 +153,15 @@ def test_tables_time_the_deployed_precision_unless_told_float(tmp_path):
     recipe = parse_recipe(_tiny_raw())
     info = {"tensorrt": None, "runtimes": ["onnxruntime"]}
     preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
-    deployed = latency.device_spec(info, recipe.deploy, LatencyTarget(ratio=0.5), preprocess, "t")
-    floating = latency.device_spec(info, recipe.deploy, LatencyTarget(ratio=0.5, precision="float"), preprocess, "t")
+    deployed = measure.device_spec(info, recipe.deploy, LatencyTarget(ratio=0.5), preprocess, "t")
+    floating = measure.device_spec(info, recipe.deploy, LatencyTarget(ratio=0.5, precision="float"), preprocess, "t")
     assert (deployed.precision, floating.precision) == ("int8", "fp32")
     assert deployed.batch_sizes == [1] and deployed.idle_s == 0
 
     model = build_model("tiny_resnet", 10).eval()
     fp32, int8 = tmp_path / "m.onnx", tmp_path / "m.int8.onnx"
     export_onnx(model, fp32, SHAPE, 17)
-    latency.quantize_for_timing(fp32, int8, SHAPE)
+    measure.quantize_for_timing(fp32, int8, SHAPE)
     ops = {node.op_type for node in onnx.load(str(int8)).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
     session = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"])
@@ -167,9 +171,9 @@ def test_tables_time_the_deployed_precision_unless_told_float(tmp_path):
 
 def test_step_widths_walk_evenly_to_the_plan():
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     final = {g.name: g.candidates[0] for g in groups}
-    steps = [latency.step_widths(groups, final, s, 3, 4) for s in (1, 2, 3)]
+    steps = [channels.step_widths(groups, final, s, 3, 4) for s in (1, 2, 3)]
     assert steps[-1] == final
     for g in groups:
         seq = [g.full] + [s[g.name] for s in steps]
@@ -188,7 +192,7 @@ def test_an_unreachable_agent_says_how_to_fix_it(tmp_path):
     token.write_text("x\n")
     device = Device("edge", "edge", f"http://127.0.0.1:{_closed_port()}", "edge", str(token))
     with pytest.raises(StageError) as err:
-        with latency.open_agent([device], "edge", lambda m: None):
+        with measure.open_agent([device], "edge", lambda m: None):
             pass
     assert "unreachable" in err.value.message and "EDGE=/DC=/DEVICES=" in err.value.fix
     assert "loopback" in err.value.fix
@@ -197,7 +201,7 @@ def test_an_unreachable_agent_says_how_to_fix_it(tmp_path):
 def test_a_budget_on_an_unknown_device_is_refused(tmp_path):
     device = Device("orin", "edge", "http://127.0.0.1:1", "orin")
     with pytest.raises(ConfigError, match="'jetson' is none of the configured devices"):
-        with latency.open_agent([device], "jetson", lambda m: None):
+        with measure.open_agent([device], "jetson", lambda m: None):
             pass
 
 
@@ -249,17 +253,22 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(latency_te
         assert check["error"] == pytest.approx((check["predicted_ms"] - check["measured_ms"]["p50_ms"])
                                                / check["measured_ms"]["p50_ms"])
     assert sum(1 for p in lat["plans"] if p.get("chosen")) == 1
-    assert (ctx.run_dir / "prune" / "latency_plans.png").stat().st_size > 1000
+    # Out of sample: held-out plans, predicted then measured, never fitted; the cost was said before measuring.
+    assert lat["holdout"] and all(h["error"] == pytest.approx((h["predicted_ms"] - h["measured_ms"]["p50_ms"])
+                                                              / h["measured_ms"]["p50_ms"]) for h in lat["holdout"])
+    assert lat["check"]["macs_pruned"]["in_fit"] is False and lat["check"]["plan"]["in_fit"] is True
+    assert lat["cost"]["jobs"] >= lat["jobs"] and lat["cost"]["unit"] == "onnxruntime sessions"
+    assert not list((ctx.run_dir / "prune").glob("*.png")), "the stage records data; the report draws the plots"
     table = json.loads((ctx.run_dir / "prune" / "latency_table.json").read_text())
-    assert table["format"] == latency.TABLE_FORMAT and table["device"]["agent"] == "loopback"
+    assert table["format"] == lmodel.TABLE_FORMAT and table["device"]["agent"] == "loopback"
     assert table["spec"]["batch_sizes"] == [1] and table["spec"]["threads"] == 1
     assert table["spec"]["precision"] == "int8", "timed in the deployed rung's precision by default"
     assert table["spec"]["runtime"] == "onnxruntime"
 
     # The checkpoint holds exactly the plan's widths, on round_to, classifier whole; it reloads.
     model, _ = load_checkpoint(ctx.run_dir / "prune" / "model.pt")
-    groups = latency.prunable_groups(build_model("tiny_resnet", 10), "tiny_resnet", SHAPE, 4)
-    got = latency.widths_of(model, groups)
+    groups = channels.prunable_groups(build_model("tiny_resnet", 10), "tiny_resnet", SHAPE, 4)
+    got = channels.widths_of(model, groups)
     chosen = next(p["plan"] for p in lat["plans"] if p.get("chosen"))  # not always the last round on a busy host
     assert got == table["rounds"][int(chosen.split()[-1]) - 1]["widths"] == stage["metrics"]["plan"]["widths"]
     assert all(w % 4 == 0 for w in got.values()) and model.fc.out_features == 10
@@ -273,7 +282,7 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(latency_te
     sections = report.latency_section(ctx.manifest.data, ctx.run_dir, out)
     section = "\n".join(to_markdown_lines(sections[0]))
     assert "## Pruned to a latency budget" in section and "(chosen)" in section and "unpruned" in section
-    assert f"{measured:.4f}" in section and (out / "latency_plans.png").is_file()
+    assert f"{measured:.4f}" in section and (out / "latency_plans.png").stat().st_size > 1000
     assert "![MACs against measured latency of the candidate plans" in section, "report.md shows the copied plot"
     page = to_html_fragment(sections[0])
     assert "<h2>Pruned to a latency budget</h2>" in page and "(chosen)" in page and f"{measured:.4f}" in page
@@ -305,8 +314,8 @@ def test_layer_model_prices_two_neighbouring_cuts_where_the_additive_table_doubl
     # fixed overhead; the fit sees only the table's single-group changes, like the real table.
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
-    layers = latency.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    layers = lmodel.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
     assert layers.in_group[layers.names.index("layers.0.conv2")] == "layers.0.conv1"
     assert layers.out_group[layers.names.index("layers.0.conv1")] == "layers.0.conv1"
     assert layers.in_group[layers.names.index("fc")] is not None and layers.out_group[layers.names.index("fc")] is None
@@ -326,35 +335,31 @@ def test_layer_model_prices_two_neighbouring_cuts_where_the_additive_table_doubl
         assert abs(additive - device(plan)) > additive_error * device(plan), "single-group changes double-count"
 
 
-def test_taylor_importance_is_for_the_latency_target_and_ranks_by_loss_change():
-    raw = _tiny_raw()
-    raw["prune"]["importance"] = "taylor"
-    with pytest.raises(ConfigError, match="importance taylor is for the latency target"):
-        parse_recipe(raw)
+def test_taylor_importance_ranks_by_loss_change():
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
     batches = [(torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))) for _ in range(2)]
     with pytest.raises(ConfigError, match="needs training batches"):
-        latency.group_importance(model, "tiny_resnet", SHAPE, "taylor")
-    scores = latency.group_importance(model, "tiny_resnet", SHAPE, "taylor", batches)
+        channels.group_importance(model, "tiny_resnet", SHAPE, "taylor")
+    scores = channels.group_importance(model, "tiny_resnet", SHAPE, "taylor", batches)
     assert all(p.grad is None for p in model.parameters()), "gradients cleared"
-    assert set(scores) == {g.name for g in latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)}
+    assert set(scores) == {g.name for g in channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)}
     assert all(np.all(np.diff(v) <= 0) and np.all(v >= 0) for v in scores.values()), "sorted, non-negative"
     # Not normalized per group: group totals differ (magnitude importance makes each total its width).
     totals = [v.sum() / len(v) for v in scores.values()]
     assert max(totals) > 2 * min(totals)
     # Squared per batch and averaged: one batch's scores are its own (|Σ w·g|)², the mean of two batches'
     # squares is not the square of their summed gradients (which cancel at a trained model).
-    one = latency.taylor_scores(model, "tiny_resnet", SHAPE, batches[:1])
-    two = latency.taylor_scores(model, "tiny_resnet", SHAPE, batches)
-    other = latency.taylor_scores(model, "tiny_resnet", SHAPE, batches[1:])
+    one = channels.taylor_scores(model, "tiny_resnet", SHAPE, batches[:1])
+    two = channels.taylor_scores(model, "tiny_resnet", SHAPE, batches)
+    other = channels.taylor_scores(model, "tiny_resnet", SHAPE, batches[1:])
     for name in one:
         assert torch.allclose(two[name], (one[name] + other[name]) / 2)
     # set_widths keeps the channels the scores rank highest.
     name = next(n for n, v in one.items() if len(v) >= 8)
     width = len(one[name]) // 2
     keep = set(torch.argsort(one[name], descending=True)[:width].tolist())
-    pruned = latency.set_widths(copy.deepcopy(model), "tiny_resnet", SHAPE, {name: width}, "taylor", scores=one)
+    pruned = channels.set_widths(copy.deepcopy(model), "tiny_resnet", SHAPE, {name: width}, "taylor", scores=one)
     kept = dict(pruned.named_modules())[name]
     original = dict(model.named_modules())[name]
     assert torch.equal(kept.weight, original.weight[sorted(keep)])
@@ -368,18 +373,18 @@ def test_grouped_convolutions_lose_whole_groups_on_the_latency_path():
     torch.manual_seed(0)
     shape = (1, 3, 32, 32)
     model = build_model("regnet_y_400mf", 10).eval()
-    groups = {g.name: g for g in latency.prunable_groups(model, "regnet_y_400mf", shape, 4)}
+    groups = {g.name: g for g in channels.prunable_groups(model, "regnet_y_400mf", shape, 4)}
     blocked = [g for g in groups.values() if g.block > 1]
     assert blocked, "RegNet's bottlenecks hold grouped convolutions"
     for group in blocked:  # 8-channel conv-groups with round_to 4: multiples of 8
         assert group.block == 8 and all(c % 8 == 0 for c in group.candidates)
     assert any(c % 8 for g in groups.values() if g.block == 1 for c in g.candidates[:-1]), "round_to 4 elsewhere"
 
-    scores = latency.channel_scores(model, "regnet_y_400mf", shape, "l2")
+    scores = channels.channel_scores(model, "regnet_y_400mf", shape, "l2")
     name = blocked[0].name
     blocks = scores[name].reshape(-1, 8)
     assert torch.allclose(blocks, blocks[:, :1].expand_as(blocks)), "one value per conv-group"
-    values = latency.group_importance(model, "regnet_y_400mf", shape, "l2")[name]
+    values = channels.group_importance(model, "regnet_y_400mf", shape, "l2")[name]
     assert np.allclose(values.reshape(-1, 8), values.reshape(-1, 8)[:, :1])
 
     before = {id(conv): conv.groups for conv in grouped_convs(model)}
@@ -388,13 +393,13 @@ def test_grouped_convolutions_lose_whole_groups_on_the_latency_path():
     kept_blocks = torch.argsort(blocks[:, 0], descending=True)[: width // 8].sort().values
     expected = conv_a.weight.detach().reshape(-1, 8, *conv_a.weight.shape[1:])[kept_blocks].reshape(
         -1, *conv_a.weight.shape[1:]).clone()
-    pruned = latency.set_widths(model, "regnet_y_400mf", shape, {name: width}, "l2")
+    pruned = channels.set_widths(model, "regnet_y_400mf", shape, {name: width}, "l2")
     assert torch.equal(dict(pruned.named_modules())[name].weight, expected), "the top conv-groups are kept"
     changed = [conv for conv in grouped_convs(pruned) if conv.groups != before[id(conv)]]
     assert len(changed) == 1 and changed[0].out_channels == width and changed[0].groups == width // 8
     assert pruned(torch.zeros(shape)).shape == (1, 10)
     with pytest.raises(StageError, match="not whole groups"):
-        latency.set_widths(pruned, "regnet_y_400mf", shape, {blocked[1].name: 12}, "l2")
+        channels.set_widths(pruned, "regnet_y_400mf", shape, {blocked[1].name: 12}, "l2")
 
 
 def test_the_plan_fills_the_budget_by_the_full_prediction():
@@ -403,24 +408,24 @@ def test_the_plan_fills_the_budget_by_the_full_prediction():
     the budget by the full prediction and no single step up still fits (nothing left on the table)."""
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
-    layers = latency.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    layers = lmodel.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
     full = {g.name: g.full for g in groups}
     for seed, fraction in ((12, 0.5), (3, 0.05), (11, 0.2), (5, 0.5), (0, 0.8)):
         layers.coef = np.concatenate([[0.02, 0.0], np.random.default_rng(seed).uniform(0.1, 3.0, len(layers.names))])
-        table = latency.LatencyTable(full, latency.Measurement(layers.predict(full), (0, 0), [0]), groups,
+        table = lmodel.LatencyTable(full, lmodel.Measurement(layers.predict(full), (0, 0), [0]), groups,
                                      model=layers)
         rng = np.random.default_rng(seed + 100)
         importance = {g.name: np.sort(rng.uniform(0, 1, g.full))[::-1] for g in groups}
         narrowest = table.predict({g.name: g.candidates[0] for g in groups})
         budget = narrowest + fraction * (table.predict(full) - narrowest)
-        plan = latency.solve_plan(table, importance, budget)
+        plan = lsearch.solve_plan(table, importance, budget)
         assert table.predict(plan) <= budget + 1e-9
         for g in groups:
             index = g.candidates.index(plan[g.name])
             if index + 1 < len(g.candidates):
                 assert table.predict({**plan, g.name: g.candidates[index + 1]}) > budget, f"{g.name} could grow"
-    assert latency.solve_plan(table, importance, narrowest * 0.9) is None
+    assert lsearch.solve_plan(table, importance, narrowest * 0.9) is None
 
 
 def _device(groups, ms_of):
@@ -429,11 +434,11 @@ def _device(groups, ms_of):
     class Device:
         jobs = reused = 0
 
-        def measure(self, models, refresh=()):
+        def measure(self, models, refresh=(), fresh=()):
             out = {}
             for name, m in models.items():
-                ms = ms_of(latency.widths_of(m if isinstance(m, torch.nn.Module) else m(), groups))
-                out[name] = latency.Measurement(ms, (ms, ms), [ms])
+                ms = ms_of(channels.widths_of(m if isinstance(m, torch.nn.Module) else m(), groups))
+                out[name] = lmodel.Measurement(ms, (ms, ms), [ms])
             return out
 
     return Device
@@ -443,11 +448,11 @@ def test_a_tables_measured_dip_is_pooled_so_a_wider_group_never_costs_less():
     """stem.0 measured faster at 12 channels than at 8 (noise): the table's curve pools the two (isotonic
     regression) instead of telling the knapsack that 8 channels cost more than 12."""
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     full = {g.name: g.full for g in groups}
     stem_ms = {4: 0.0, 8: 0.2, 12: 0.1, 16: 0.3}
     Device = _device(groups, lambda widths: 1.0 + stem_ms[widths["stem.0"]])
-    table = latency.build_table(model, "tiny_resnet", SHAPE, groups, full, Device(), 4)
+    table = lmodel.build_table(model, "tiny_resnet", SHAPE, groups, full, Device(), 4)
     assert table.delta_ms["stem.0"] == pytest.approx([-0.3, -0.15, -0.15, 0.0])
 
 
@@ -456,27 +461,27 @@ def test_a_plan_far_under_the_budget_is_refused_not_shipped():
     budget, and the stage says so instead of shipping the closest plan under it (a needlessly small model)."""
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     full = {g.name: g.full for g in groups}
     Device = _device(groups, lambda widths: 1.0 if widths == full else
                      0.1 + 0.8 * sum(widths.values()) / sum(full.values()) / 10)
     cfg = PruneConfig(round_to=4, importance="l2", latency={"ratio": 0.6, "widths_per_group": 2, "rounds": 3, "tolerance": 0.05})
     with pytest.raises(StageError, match="no measured plan came near the budget of 0.600 ms") as err:
-        latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+        lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
     assert "rounds" in err.value.fix
 
 
 def test_the_nested_path_narrows_one_step_at_a_time_through_the_knapsacks_plan():
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
-    layers = latency.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    layers = lmodel.LayerModel.of(model, "tiny_resnet", SHAPE, groups)
     layers.coef = np.concatenate([[0.02, 0.0], np.random.default_rng(1).uniform(0.1, 3.0, len(layers.names))])
     full = {g.name: g.full for g in groups}
-    table = latency.LatencyTable(full, latency.Measurement(layers.predict(full), (0, 0), [0]), groups, model=layers)
+    table = lmodel.LatencyTable(full, lmodel.Measurement(layers.predict(full), (0, 0), [0]), groups, model=layers)
     importance = {g.name: np.sort(np.random.default_rng(2).uniform(0, 1, g.full))[::-1] for g in groups}
-    through = latency.solve_plan(table, importance, 0.5 * table.predict(full))
-    path = latency.nested_path(table, importance, through)
+    through = lsearch.solve_plan(table, importance, 0.5 * table.predict(full))
+    path = lsearch.nested_path(table, importance, through)
     assert path[0] == full and path[-1] == {g.name: g.candidates[0] for g in groups} and through in path
     assert len(path) == 1 + sum(len(g.candidates) - 1 for g in groups)
     for wider, narrower in zip(path, path[1:]):
@@ -500,7 +505,7 @@ def test_the_search_on_the_path_brackets_and_closes_whatever_the_prediction(shap
     for budget in (0.3, 0.83, 2.0, 3.5):
         measured, bracket, calls = {0: truth(0)}, None, 0
         while True:
-            position, bracket = latency.next_on_path(predicted, measured, budget, bracket)
+            position, bracket = lsearch.next_on_path(predicted, measured, budget, bracket)
             if position is None or abs(truth(position) - budget) <= 0.05 * budget:
                 break
             measured[position] = truth(position)
@@ -515,18 +520,18 @@ def test_the_search_measures_the_paths_end_and_reads_noise_from_the_narrow_side(
     predicted = list(np.linspace(2.0, 0.2, 20))
     # Only the narrowest plan meets the budget and it was never measured: it is measured, not skipped.
     measured, bracket, picked = {0: 3.0}, None, []
-    while (step := latency.next_on_path(predicted, measured, 0.5, bracket))[0] is not None:
+    while (step := lsearch.next_on_path(predicted, measured, 0.5, bracket))[0] is not None:
         position, bracket = step
         picked.append(position)
         measured[position] = 0.4 if position == 19 else 0.9
     assert picked[-1] == 19 and len(picked) <= 8
     # Out of order (a noisy plan under the budget before one over it): the bracket starts past the last over.
-    position, _ = latency.next_on_path(predicted, {0: 3.0, 5: 0.4, 8: 0.9, 12: 0.3}, 0.5, None)
+    position, _ = lsearch.next_on_path(predicted, {0: 3.0, 5: 0.4, 8: 0.9, 12: 0.3}, 0.5, None)
     assert 8 < position < 12
     # Nothing measured over the budget: nothing wider to try.
-    assert latency.next_on_path(predicted, {0: 0.3, 4: 0.2}, 0.5, None) == (None, 0)
+    assert lsearch.next_on_path(predicted, {0: 0.3, 4: 0.2}, 0.5, None) == (None, 0)
     # The path's end measured over it: nothing left.
-    assert latency.next_on_path(predicted, {0: 3.0, 19: 0.9}, 0.5, None)[0] is None
+    assert lsearch.next_on_path(predicted, {0: 3.0, 19: 0.9}, 0.5, None)[0] is None
 
 
 @pytest.mark.parametrize("power, ratio", [(0.3, 0.6), (3.0, 0.3)])
@@ -536,19 +541,19 @@ def test_a_device_the_table_mispredicts_is_met_by_measuring_along_the_path(power
     path through it and land within the tolerance in a few rounds (the knapsack-budget secant took 5–6)."""
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     full = {g.name: g.full for g in groups}
     Device = _device(groups, lambda widths: 0.05 + 0.95 * (sum(widths.values()) / sum(full.values())) ** power)
     cfg = PruneConfig(round_to=4, importance="l2",
                       latency={"ratio": ratio, "widths_per_group": 2, "rounds": 6, "tolerance": 0.05, "max_pruning_ratio": 1.0})
-    search = latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+    search = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
     rounds = search["rounds"]
     assert abs(search["measured_ms"]["p50_ms"] - ratio) <= 0.05 * ratio
     assert 1 < len(rounds) <= 4, "round 1 missed; the path landed within three more"
     positions = [r["path_position"] for r in rounds]
     assert None not in positions and len(set(positions)) == len(positions), "round 1 is placed on the path too"
-    assert {r["path_length"] for r in rounds} == {len(latency.nested_path(
-        latency.restricted(search["table"], 1.0), search["importance"], rounds[0]["widths"]))}
+    assert {r["path_length"] for r in rounds} == {len(lsearch.nested_path(
+        lmodel.restricted(search["table"], 1.0), search["importance"], rounds[0]["widths"]))}
     assert search["widths"] == rounds[-1]["widths"]
 
     # max_pruning_ratio bounds every group's cut (the table still measured every width: one cache for all);
@@ -556,10 +561,10 @@ def test_a_device_the_table_mispredicts_is_met_by_measuring_along_the_path(power
     cfg = cfg.model_copy(update={"latency": cfg.latency.model_copy(update={"max_pruning_ratio": 0.5})})
     if power < 1:  # half of every group costs 0.05 + 0.95 · 0.5^0.3 = 0.82 ms here
         with pytest.raises(StageError, match="below the narrowest plan's measured 0.82") as err:
-            latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+            lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
         assert "max_pruning_ratio" in err.value.fix
         return
-    bounded = latency.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+    bounded = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
     assert all(w >= g.full / 2 for g in groups for w in [bounded["widths"][g.name]])
     assert all(w >= g.full / 2 for g in groups for r in bounded["rounds"] for w in [r["widths"][g.name]])
     assert bounded["tables"][0]["groups"] == search["tables"][0]["groups"]
@@ -592,17 +597,17 @@ def test_a_tables_context_is_measured_again_beside_its_networks(tmp_path):
 
     recipe = parse_recipe(_tiny_raw())
     preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
-    spec = latency.device_spec({"tensorrt": None}, recipe.deploy, LatencyTarget(ratio=0.5, precision="float"),
+    spec = measure.device_spec({"tensorrt": None}, recipe.deploy, LatencyTarget(ratio=0.5, precision="float"),
                                preprocess, "t")
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
     full = {g.name: g.full for g in groups}
     client = Client()
-    meter = latency.Meter(client, spec, {"agent": "stand-in"}, tmp_path / "cache", tmp_path / "onnx", 1, 17, SHAPE)
-    first = meter.measure({"unpruned": latency.at_widths(model, "tiny_resnet", SHAPE, full)})["unpruned"]
+    meter = measure.Meter(client, spec, {"agent": "stand-in"}, tmp_path / "cache", tmp_path / "onnx", 1, 17, SHAPE)
+    first = meter.measure({"unpruned": channels.at_widths(model, "tiny_resnet", SHAPE, full)})["unpruned"]
     name = groups[0].name
-    narrow = {"context": latency.at_widths(model, "tiny_resnet", SHAPE, full),
-              "narrow": lambda: latency.at_widths(model, "tiny_resnet", SHAPE, {**full, name: groups[0].candidates[0]})}
+    narrow = {"context": channels.at_widths(model, "tiny_resnet", SHAPE, full),
+              "narrow": lambda: channels.at_widths(model, "tiny_resnet", SHAPE, {**full, name: groups[0].candidates[0]})}
     again = meter.measure(narrow, refresh=["context"])
     assert len(client.uploads) == 3 and meter.jobs == 3, "the cached context was measured again"
     assert again["context"].p50_ms != first.p50_ms
@@ -627,10 +632,10 @@ def _meter(agent, tmp_path, label: str):
 
     recipe = parse_recipe(_tiny_raw())
     preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
-    spec = latency.device_spec({"tensorrt": None}, recipe.deploy,
+    spec = measure.device_spec({"tensorrt": None}, recipe.deploy,
                                LatencyTarget(ratio=0.5, precision="float", duration_s=0.1), preprocess, label)
     lines = []
-    meter = latency.Meter(agent.client(), spec, {"agent": agent.url}, tmp_path / "cache", tmp_path / "onnx", 1, 17,
+    meter = measure.Meter(agent.client(), spec, {"agent": agent.url}, tmp_path / "cache", tmp_path / "onnx", 1, 17,
                           SHAPE, log=lines.append)
     return meter, lines
 
@@ -646,7 +651,7 @@ def test_a_truncated_cache_entry_is_measured_again_not_a_crash(agent, tmp_path):
     again = meter.measure({"m": model})["m"]
     assert meter.jobs == 2 and meter.reused == 0, "the torn entry was measured again"
     assert any("unreadable" in line and "measuring it again" in line for line in lines), "with a warning"
-    assert latency.Measurement.from_json(json.loads(entry.read_text())) == again and first.p50_ms > 0
+    assert lmodel.Measurement.from_json(json.loads(entry.read_text())) == again and first.p50_ms > 0
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [entry.name], "no temporary file left beside it"
 
 
@@ -660,8 +665,8 @@ def test_a_latency_job_that_outlasts_the_wait_is_cancelled_not_taken_for_an_unre
     monkeypatch.setattr(AgentClient, "wait", lambda self, job_id, timeout_s=3600.0, **kw: wait(self, job_id, 3.0, **kw))
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10).eval()
-    groups = latency.prunable_groups(model, "tiny_resnet", SHAPE, 4)
-    narrow = latency.at_widths(model, "tiny_resnet", SHAPE, {groups[0].name: groups[0].candidates[0]})
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    narrow = channels.at_widths(model, "tiny_resnet", SHAPE, {groups[0].name: groups[0].candidates[0]})
     meter, _ = _meter(agent, tmp_path, "hang-me")
     with pytest.raises(StageError) as err:
         meter.measure({"wide": model, "narrow": narrow})
@@ -670,3 +675,231 @@ def test_a_latency_job_that_outlasts_the_wait_is_cancelled_not_taken_for_an_unre
     with agent.client() as client:
         jobs = [job for job in client.jobs() if job["spec"]["label"] == "hang-me"]
     assert len(jobs) == 2 and {job["state"] for job in jobs} == {"cancelled"}, "both, the queued one too"
+
+
+# ------------------------------------------------------------------------------------------------ issue #26
+def _counting_device(groups, ms_of):
+    """The stand-in meter of ``_device``, counting the networks it was asked to measure."""
+    base = _device(groups, ms_of)
+
+    class Counting(base):
+        networks = 0
+
+        def measure(self, models, refresh=(), fresh=()):
+            type(self).networks += len(models)
+            return super().measure(models, refresh, fresh)
+
+    return Counting
+
+
+def test_a_search_says_what_it_will_build_first_and_is_refused_over_the_cap():
+    """Before measuring, the search logs how many networks (engines on TensorRT) it builds and how long that takes;
+    over prune.latency.max_networks it is refused naming the key, having measured nothing."""
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    full = {g.name: g.full for g in groups}
+    Device = _counting_device(groups, lambda w: 0.05 + 0.95 * sum(w.values()) / sum(full.values()))
+    latency_cfg = {"ratio": 0.6, "widths_per_group": 3, "rounds": 4, "tolerance": 0.05, "holdout": 2}
+    cost = lmodel.table_cost(groups, full, PruneConfig(round_to=4, latency=latency_cfg).latency, "tensorrt")
+    assert cost["unit"] == "TensorRT engines" and cost["estimate_s"] >= cost["networks"] * 10, "a build is seconds"
+    cfg = PruneConfig(round_to=4, importance="l2", latency={**latency_cfg, "max_networks": cost["networks"] - 1})
+    with pytest.raises(ConfigError, match=f"would build {cost['networks']} onnxruntime sessions") as err:
+        lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+    assert "prune.latency.max_networks" in err.value.message and "widths_per_group" in err.value.fix
+    assert Device.networks == 0, "refused before measuring anything"
+
+    lines = []
+    cfg = PruneConfig(round_to=4, importance="l2", latency=latency_cfg)
+    search = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lines.append)
+    assert any(f"builds at most {cost['networks']} onnxruntime sessions ({cost['table_networks']} for the table)"
+               in line for line in lines[:1]), "said first"
+    assert cost["table_networks"] < Device.networks <= cost["networks"], "an upper bound that counts the table"
+
+
+def test_the_tensorrt_table_shares_one_timing_cache_that_does_not_key_its_measurements(tmp_path):
+    from pipeline.recipe import LatencyTarget
+
+    recipe = parse_recipe(_tiny_raw())
+    preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
+    trt = measure.device_spec({"tensorrt": "10.3.0"}, recipe.deploy, LatencyTarget(ratio=0.5), preprocess, "t")
+    ort = measure.device_spec({"tensorrt": None}, recipe.deploy, LatencyTarget(ratio=0.5), preprocess, "t")
+    assert trt.runtime == "tensorrt" and trt.timing_cache == measure.TIMING_CACHE
+    assert ort.runtime == "onnxruntime" and ort.timing_cache is None
+    model = build_model("tiny_resnet", 10).eval()
+    keys = [measure.Meter(None, spec, {"agent": "a"}, tmp_path / "c", tmp_path / "o", 1, 17, SHAPE)._cache_key(model)
+            for spec in (trt, trt.model_copy(update={"timing_cache": None}))]
+    assert keys[0] == keys[1], "the cache name changes build time, not what is measured"
+
+
+def test_the_latency_model_steps_at_the_kernels_channel_multiple():
+    """A device whose kernels pad channels to 16 (time steps at multiples of 16, flat between): with
+    kernel_multiple 16 the model prices 20 and 32 channels alike and fits the staircase from the table's
+    single-group changes; assuming latency smooth in the channel count (kernel_multiple 1) it cannot."""
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    stepped = lmodel.LayerModel.of(model, "tiny_resnet", SHAPE, groups, kernel_multiple=16)
+    truth = np.concatenate([[0.02, 0.0], np.random.default_rng(0).uniform(0.5, 2.0, len(stepped.names))])
+
+    def device(widths):
+        return float(stepped.features(widths) @ truth)
+
+    wide = next(g for g in groups if g.full >= 32)
+    full = {g.name: g.full for g in groups}
+    assert device({**full, wide.name: 20}) == device({**full, wide.name: 32}) > device({**full, wide.name: 16})
+    samples = [(full, device(full))] + [({**full, g.name: w}, device({**full, g.name: w}))
+                                        for g in groups for w in g.candidates[:-1]]
+    plans = [{g.name: g.candidates[i % len(g.candidates)] for g in groups} for i in range(1, 6)]
+    errors = {}
+    for multiple in (16, 1):
+        fitted = lmodel.LayerModel.of(model, "tiny_resnet", SHAPE, groups, kernel_multiple=multiple).fit(samples)
+        errors[multiple] = max(abs(fitted.predict(p) - device(p)) / device(p) for p in plans)
+        if multiple == 16:
+            assert fitted.predict({**full, wide.name: 20}) == pytest.approx(fitted.predict({**full, wide.name: 32}))
+    assert errors[16] < 0.03 and errors[1] > 2 * errors[16], errors
+
+
+def test_the_tables_error_is_reported_on_plans_it_was_never_fitted_to(tmp_path):
+    """Held-out plans are predicted, then measured, and never added to the fit; the report's latency section
+    states their errors and plots predicted against measured."""
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    full = {g.name: g.full for g in groups}
+    Device = _device(groups, lambda w: 0.05 + 0.95 * (sum(w.values()) / sum(full.values())) ** 2)
+    cfg = PruneConfig(round_to=4, importance="l2", latency={"ratio": 0.5, "widths_per_group": 2, "rounds": 6,
+                                                            "tolerance": 0.05, "holdout": 3, "max_pruning_ratio": 1.0})
+    search = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
+    holdout = search["holdout"]
+    assert len(holdout) == 3
+    fitted = [w for w, _ in search["table"].samples]
+    rounds = [r["widths"] for r in search["rounds"]]
+    for h in holdout:
+        assert h["widths"] not in fitted and h["widths"] not in rounds, "never fitted, never a round"
+        truth = 0.05 + 0.95 * (sum(h["widths"].values()) / sum(full.values())) ** 2
+        assert h["measured_ms"]["p50_ms"] == pytest.approx(truth)
+        assert h["error"] == pytest.approx((h["predicted_ms"] - truth) / truth)
+    assert len({tuple(sorted(h["widths"].items())) for h in holdout}) == 3, "three different plans"
+
+    from pipeline.sections import to_markdown_lines
+
+    lat = {"budget_ms": search["budget_ms"], "device": "edge", "agent": "loopback", "unpruned_ms": search["unpruned_ms"],
+           "predicted_ms": search["predicted_ms"], "measured_ms": search["measured_ms"], "prediction_error": 0.0,
+           "rounds": len(rounds), "jobs": 1, "reused": 0, "plans": search["plans"], "sweep": search["sweep"],
+           "check": None, "holdout": [{k: v for k, v in h.items() if k != "widths"} for h in holdout]}
+    sections = report.latency_section({"stages": {"prune": {"metrics": {"latency": lat}}}}, tmp_path, tmp_path)
+    text = "\n".join(to_markdown_lines(sections[0]))
+    assert "Out of sample (the table was not fitted to these 3 plans)" in text
+    assert f"{100 * holdout[0]['error']:+.1f}%" in text
+    assert (tmp_path / "latency_holdout.png").stat().st_size > 1000 and "latency_holdout.png" in text
+
+
+def test_taylor_importance_with_a_macs_target_is_configurable():
+    """Arm A′ of the benchmark: the latency budget's knapsack and Taylor importance, MACs as the cost."""
+    raw = _tiny_raw()
+    raw["prune"].update(importance="taylor", max_pruning_ratio=0.8)
+    prune = parse_recipe(raw).prune
+    assert prune.importance == "taylor" and prune.macs_target is not None and prune.max_pruning_ratio == 0.8
+    raw["prune"]["importance"] = "l2"
+    with pytest.raises(ConfigError, match="max_pruning_ratio bounds the MACs target's knapsack"):
+        parse_recipe(raw)
+
+
+def test_the_macs_knapsack_meets_the_target_by_counted_macs_within_its_bound():
+    from pipeline.models import count_macs
+
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    batches = [(torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))) for _ in range(2)]
+    full_macs = count_macs(model, SHAPE)
+    for target, bound in ((0.5, 0.9), (0.3, 0.9), (0.6, 0.5)):
+        cfg = PruneConfig(round_to=4, importance="taylor", macs_target=target, max_pruning_ratio=bound)
+        widths, groups, predicted = lsearch.macs_knapsack_plan(model, "tiny_resnet", cfg, SHAPE, batches)
+        assert lsearch.MacsCost.of(model, "tiny_resnet", SHAPE, groups).predict(
+            {g.name: g.full for g in groups}) == pytest.approx(1.0), "the cost is the MACs fraction"
+        counted = count_macs(channels.at_widths(model, "tiny_resnet", SHAPE, widths), SHAPE) / full_macs
+        assert predicted <= target + 1e-9 and counted == pytest.approx(predicted, rel=0.005), "the cost is the count"
+        assert counted > target * (1 - cfg.tolerance), "filled to the target, not far under it"
+        assert all(widths[g.name] >= (1 - bound) * g.full for g in groups), "no group cut past the bound"
+    cfg = PruneConfig(round_to=4, importance="taylor", macs_target=0.3, max_pruning_ratio=0.2)
+    with pytest.raises(StageError, match="below the narrowest plan the knapsack may choose") as err:
+        lsearch.macs_knapsack_plan(model, "tiny_resnet", cfg, SHAPE, batches)
+    assert "prune.max_pruning_ratio" in err.value.fix
+
+
+@pytest.mark.slow  # prunes and fine-tunes the tiny teacher
+def test_the_prune_stage_runs_the_macs_knapsack_with_taylor_importance(latency_teacher, tmp_path):
+    from pipeline.runner import run_pipeline
+
+    raw = yaml.safe_load(_latency_recipe(tmp_path).read_text())
+    raw["prune"] = {"round_to": 4, "steps": 1, "macs_target": 0.5, "importance": "taylor"}
+    recipe = tmp_path / "tiny_latency.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    ctx = run_pipeline(str(recipe), until="prune", runs_dir=_copy_of(latency_teacher, tmp_path / "runs", "a"), run_id="a")
+    metrics = ctx.manifest.stage("prune")["metrics"]
+    assert abs(metrics["macs_fraction"] - 0.5) <= 0.05 * 0.5 and metrics["plan"]["importance"] == "taylor"
+    model, _ = load_checkpoint(ctx.run_dir / "prune" / "model.pt")
+    groups = channels.prunable_groups(build_model("tiny_resnet", 10), "tiny_resnet", SHAPE, 4)
+    assert channels.widths_of(model, groups) == metrics["plan"]["widths"]
+    assert "pipeline.latency.budget" not in ctx.manifest.stage("prune")["code_modules"], "the MACs path only"
+
+
+def test_a_budget_of_a_reference_is_measured_beside_every_plan_and_survives_a_drifting_device():
+    """Arm B's budget is arm A's latency measured beside B's plans, never a cached figure: on a device that gets 15%
+    slower with every call, each plan is judged by its ratio to the reference in its own call, and the chosen plan's
+    true time lands on the reference's."""
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    full = {g.name: g.full for g in groups}
+
+    def true_ms(widths):
+        return 0.05 + 0.95 * (sum(widths.values()) / sum(full.values())) ** 1.5
+
+    half = {g.name: g.candidates[len(g.candidates) // 2] for g in groups}
+    reference = channels.at_widths(model, "tiny_resnet", SHAPE, half)
+
+    class Drifting:
+        calls, fresh_seen = 0, []
+
+        def measure(self, models, refresh=(), fresh=()):
+            type(self).calls += 1
+            drift = 1.15 ** self.calls
+            if "reference" in models:
+                type(self).fresh_seen.append(set(fresh))
+            out = {}
+            for name, m in models.items():
+                ms = true_ms(channels.widths_of(m if isinstance(m, torch.nn.Module) else m(), groups)) * drift
+                out[name] = lmodel.Measurement(ms, (ms, ms), [ms])
+            return out
+
+    cfg = PruneConfig(round_to=4, importance="l2", latency={"ratio": 1.0, "reference": "a.pt", "widths_per_group": 2,
+                                                            "rounds": 6, "tolerance": 0.05, "holdout": 0,
+                                                            "max_pruning_ratio": 1.0})
+    search = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Drifting(), lambda m: None, reference=reference)
+    assert abs(true_ms(search["widths"]) - true_ms(half)) <= 0.05 * true_ms(half) + 1e-9
+    assert all("reference_ms" in r for r in search["rounds"]), "the reference measured beside every round's plan"
+    assert Drifting.fresh_seen[0] == {"reference"} and all(f == {"plan", "reference"} for f in Drifting.fresh_seen[1:])
+    assert len(Drifting.fresh_seen) == 1 + len(search["rounds"])
+    with pytest.raises(ValueError, match="reference needs ratio"):
+        PruneConfig(latency={"ms": 1.0, "reference": "a.pt"})
+
+
+def test_an_unpruned_network_within_the_budget_is_a_plan_not_a_refusal():
+    """A device on which any cut saves 30% at once (a step) and the budget is just under the unpruned time: every
+    pruned plan lands far under it, but the unpruned network is within the tolerance and is shipped as the plan."""
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    groups = channels.prunable_groups(model, "tiny_resnet", SHAPE, 4)
+    full = {g.name: g.full for g in groups}
+    Device = _device(groups, lambda w: 1.0 if w == full else 0.7)
+    cfg = PruneConfig(round_to=4, importance="l2", latency={"ratio": 0.98, "widths_per_group": 2, "rounds": 4,
+                                                            "tolerance": 0.05, "holdout": 0})
+    lines = []
+    search = lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lines.append)
+    assert search["widths"] == full and search["rounds"][-1].get("unpruned")
+    assert any("within the budget" in line for line in lines)
+    cfg = cfg.model_copy(update={"latency": cfg.latency.model_copy(update={"ratio": 0.9})})
+    with pytest.raises(StageError, match="no measured plan came near the budget"):
+        lbudget.plan_to_budget(model, "tiny_resnet", cfg, SHAPE, Device(), lambda m: None)
