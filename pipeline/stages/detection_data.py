@@ -21,7 +21,7 @@ class DetectionDataStage(Stage):
     def run(self, ctx, workdir: Path) -> StageResult:
         from pipeline.data.detection import composited, load_coco
         from pipeline.data.detection_files import save_splits
-        from pipeline.recipe import DETECTION_SOURCES
+        from pipeline.detection_recipe import DETECTION_SOURCES
 
         cfg = ctx.recipe.data
         if cfg.source.startswith("coco:"):

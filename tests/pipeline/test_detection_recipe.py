@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from device.errors import ConfigError, StageError
-from pipeline.recipe import DetectionRecipe, Recipe, load_recipe, parse_recipe
+from pipeline.detection_recipe import DetectionRecipe
+from pipeline.recipe import Recipe, load_recipe, parse_recipe
 
 
 @pytest.fixture

@@ -441,6 +441,18 @@ def test_no_import_cycle_among_pipeline_modules():
     assert _cycles(_module_graph("pipeline")) == []
 
 
+def test_no_classification_stage_hashes_detection_code():
+    """Every classification stage reads the recipe module; detection recipes, models and metrics live beside it
+    and are loaded by name, so editing them re-runs no classification stage (it re-ran all of them)."""
+    from pipeline.runner import DETECTION_STAGES
+
+    for name in STAGE_ORDER:
+        closure = codehash.closure(stage_code_roots(STAGES.get(name)))
+        assert not [m for m in closure if "detection" in m], f"{name} hashes detection code"
+    detection = codehash.closure(stage_code_roots(DETECTION_STAGES.get("data")))
+    assert "pipeline.detection_recipe" in detection or "pipeline.data.detection" in detection, "the check can fail"
+
+
 def _prune_ctx(**prune):
     from types import SimpleNamespace
 

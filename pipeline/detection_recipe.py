@@ -1,0 +1,156 @@
+"""Detection recipes (``task: detection``, issue 28): validated like classification recipes, in a module of their own.
+
+:func:`pipeline.recipe.parse_recipe` loads this module by name only for a recipe that says ``task: detection``:
+a stage's code hash follows its imports (:mod:`pipeline.codehash`), and every classification stage imports
+:mod:`pipeline.recipe`, so importing the detectors from there would re-run every classification stage whenever
+detection code changed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from device.errors import ConfigError, DataError, UnknownKeyError
+from pipeline.recipe import TrainConfig, _as_value_error, _Strict
+
+DETECTION_SOURCES = {"fmnist-det": "fashion-mnist", "digits-det": "digits"}
+"""Composited canvas sets by recipe key → the classification source whose images are placed on the canvases."""
+
+
+def check_detection_source(source: str) -> None:
+    """Validates a detection ``data.source`` without loading anything.
+
+    Raises:
+        UnknownKeyError: Neither a composited set nor ``coco:`` with a path; the near keys are named.
+    """
+
+    name, colon, argument = source.partition(":")
+    if name == "coco" and colon:
+        if not argument.partition("@")[0].strip():
+            raise ConfigError("coco: needs the annotations file", fix="e.g. coco:/data/annotations/instances_val2017.json")
+        return
+    if source in DETECTION_SOURCES:
+        return
+    known = [*DETECTION_SOURCES, "coco:/path/annotations.json"]
+    near = difflib.get_close_matches(source, known, n=2, cutoff=0.5)
+    hint = f"did you mean {' or '.join(repr(n) for n in near)}? " if near else ""
+    raise UnknownKeyError(f"unknown detection data source {source!r}", fix=f"{hint}known: {', '.join(known)}")
+
+
+def _check_detector(name: str) -> None:
+    from pipeline.detection_models import DETECTORS
+
+    DETECTORS.get(name)
+
+
+class CanvasConfig(_Strict):
+    """How the composited canvases are drawn (:class:`pipeline.data.detection.CanvasSpec`; the seed is data.seed)."""
+
+    size: int = Field(96, ge=16, description="canvas side, pixels")
+    objects: tuple[int, int] = Field((1, 4), description="fewest and most objects per canvas")
+    scale: tuple[float, float] = Field((0.2, 0.5), description="object side as a fraction of the canvas side")
+    max_iou: float = Field(0.2, ge=0, le=1, description="most overlap (IoU) between two objects' boxes")
+    texture: float = Field(0.3, ge=0, le=1, description="background texture amplitude")
+
+    @model_validator(mode="after")
+    def _drawable(self) -> "CanvasConfig":
+        from device.errors import DataError
+
+        try:
+            self.to_spec(0)  # the generator's own checks, so a bad canvas fails when the recipe is loaded
+        except DataError as err:
+            raise ValueError(f"{err.message}; {err.fix}" if err.fix else err.message) from None
+        return self
+
+    def to_spec(self, seed: int):
+        from pipeline.data.detection import CanvasSpec
+
+        return CanvasSpec(size=self.size, objects=tuple(self.objects), scale=tuple(self.scale), max_iou=self.max_iou,
+                          texture=self.texture, seed=seed)
+
+
+class DetectionDataConfig(_Strict):
+    """Detection images: a composited canvas set built in the data stage, or the user's COCO JSON."""
+
+    source: str = Field(description="fmnist-det | digits-det | coco:/path/annotations.json[@/path/images]")
+    train_images: int = Field(2000, ge=1, description="composited training canvases")
+    test_images: int = Field(500, ge=1, description="composited test canvases")
+    canvas: CanvasConfig = CanvasConfig()
+    seed: int = 0
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, value: str) -> str:
+        _as_value_error(check_detection_source, value)
+        return value
+
+
+class DetectionTeacherConfig(_Strict):
+    """The teacher detector: an architecture from :data:`pipeline.detection_models.DETECTORS`."""
+
+    arch: str
+    input_size: Optional[int] = Field(None, ge=16, description="square input side; null = the architecture's own")
+    weights: Optional[str] = Field(None, description="path to a torchvision detector state_dict (FrozenBatchNorm "
+                                                     "converted to BatchNorm), or null to train")
+    train: TrainConfig
+
+    @field_validator("arch")
+    @classmethod
+    def _known_arch(cls, value: str) -> str:
+        _as_value_error(_check_detector, value)
+        return value
+
+    @model_validator(mode="after")
+    def _size_fits(self) -> "DetectionTeacherConfig":
+        from pipeline.detection_models import DETECTORS
+
+        spec = DETECTORS.get(self.arch)
+        if spec.fixed_size and self.input_size not in (None, spec.input_size):
+            raise ValueError(f"{self.arch} is laid out for {spec.input_size}×{spec.input_size} inputs; set "
+                             f"input_size: {spec.input_size} or null")
+        return self
+
+    def size(self) -> int:
+        """The input side the detector runs (and its MACs are counted) at."""
+        from pipeline.detection_models import DETECTORS
+
+        return self.input_size or DETECTORS.get(self.arch).input_size
+
+
+class DetectionPruneConfig(_Strict):
+    """Backbone and neck pruned to a MACs target; the head's anchor-sized layers kept whole."""
+
+    macs_target: float = Field(gt=0, le=1, description="pruned MACs as a fraction of the teacher's, at its input size")
+    tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on macs_target")
+    round_to: int = Field(8, ge=1, description="channel counts rounded to this multiple (Tensor Cores want 8/16/32)")
+    importance: Literal["l1", "l2"] = Field("l2", description="channel importance: weight magnitude")
+    iterations: int = Field(10, ge=1, le=30, description="most trial prunes while bisecting the channel ratio")
+
+
+class DetectionDistillConfig(_Strict):
+    """The pruned detector fine-tuned with the teacher (:mod:`pipeline.detection_distill`, Chen et al. 2017)."""
+
+    temperature: float = Field(2.0, gt=0, description="softens both detectors' class scores")
+    kd_weight: float = Field(1.0, ge=0, description="weight of KD on the matched anchors' class scores; 0 with "
+                                                    "feature_weight 0 fine-tunes without the teacher")
+    feature_weight: float = Field(1.0, ge=0, description="weight of feature imitation on the levels the head reads")
+    train: TrainConfig
+
+
+class DetectionRecipe(_Strict):
+    """A detection recipe (``task: detection``): the same ladder for detectors, built stage by stage."""
+
+    name: str
+    description: str = ""
+    task: Literal["detection"]
+    data: DetectionDataConfig
+    teacher: DetectionTeacherConfig
+    prune: DetectionPruneConfig
+    distill: DetectionDistillConfig
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A section as plain JSON-able data (what a stage hashes into its config)."""
+        return getattr(self, name).model_dump(mode="json")
