@@ -24,6 +24,8 @@ BUNDLE_DIR ?= dist
 RUNS     ?= runs
 EXTRAS   ?= build,device,modelopt,nvml,dev
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist, the dev extra); each test file runs whole on one worker. 1: no xdist.
+TEST_WORKERS ?= 2
 BENCH_MODEL ?= resnet50
 
 # On a Jetson, JetPack installs TensorRT's Python bindings into the system Python's dist-packages: the
@@ -63,7 +65,7 @@ help:
 	@echo "make agent [HOST= PORT= AGENT_DATA= TOKEN_FILE=]  run the device agent here (on a Jetson its venv sees JetPack's TensorRT)"
 	@echo "make docker-jetson L4T=36.4.3 | docker-dc | docker-pipeline   build (and smoke-test) the images"
 	@echo "make bundle L4T=36.4.3     offline agent bundle for an air-gapped Jetson (dist/)"
-	@echo "make test                  run the tests"
+	@echo "make test                  run the tests (TEST_WORKERS=2 pytest-xdist workers; PYTEST_ARGS=...)"
 	@echo "make bench                 time the default run (first and cached) into bench/results/"
 	@echo "make data                  install Fashion-MNIST (Debian's dataset-fashion-mnist)"
 	@echo "make clean | distclean     remove runs/ | also the virtual environment"
@@ -108,7 +110,7 @@ edge: $(STAMP) data
 	$(RUN_CMD) run $(MODEL) $(EDGE_ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 bench: $(STAMP) data
 	$(BIN)/python bench/edge_bench.py --model $(BENCH_MODEL) --runs-dir '$(RUNS)'

@@ -316,11 +316,7 @@ def _int8_vs_fp16(rows: list[dict[str, Any]], device: str, predictions: dict, ev
         return None
     out: dict[str, Any] = {"device": device, "runtime": int8.get("runtime")}
     for name, key in (("latency", "latency_p50_windows_ms"), ("energy", "energy_windows_mj")):
-        if int8.get(key) and half.get(key) and all(v is not None for v in int8[key] + half[key]):
-            estimate, low, high = stats.ratio_interval(int8[key], half[key])
-            if estimate == estimate:
-                out.update({f"{name}_ratio": estimate, f"{name}_low": low, f"{name}_high": high,
-                            f"{name}_significant": stats.significant(low, high)})
+        out.update(_ratio_fields(name, _paired_ratio(int8.get(key), half.get(key))))
     if evaluation and (device, DEPLOYED) in predictions and (device, fp16) in predictions:
         change = paired_top1_change(evaluation, predictions[(device, fp16)], predictions[(device, DEPLOYED)])
         out.update(top1_delta_points=change["delta_points"], top1_p=change["mcnemar_p"], top1_source="device-measured",
@@ -360,11 +356,7 @@ def _two_roads(rows: list[dict[str, Any]], device: dict[str, Any], evaluation: d
                                "fallback_ops": fallback.get("fallback_ops") or {},
                                "onnx_top1": onnx.get("device_top1"), "torch_top1": None}
         for name, key in (("latency", "latency_p50_windows_ms"), ("energy", "energy_windows_mj")):
-            if onnx.get(key) and torch_road.get(key) and all(v is not None for v in onnx[key] + torch_road[key]):
-                estimate, low, high = stats.ratio_interval(torch_road[key], onnx[key])
-                if estimate == estimate:
-                    out.update({f"{name}_ratio": estimate, f"{name}_low": low, f"{name}_high": high,
-                                f"{name}_significant": stats.significant(low, high)})
+            out.update(_ratio_fields(name, _paired_ratio(torch_road.get(key), onnx.get(key))))
         if result.evaluation is not None and evaluation:
             out["torch_top1"] = device_scores(evaluation, rung, result.evaluation.predictions)["device_top1"]
         lines.append(out)
@@ -425,19 +417,33 @@ def _headline(rows, edge, dc, baseline_device, baseline_rung: str = TEACHER) -> 
             "params_ratio": ratio(student["params_m"], teacher["params_m"])}
 
 
+def _paired_ratio(a: list | None, b: list | None) -> tuple[float, float, float, bool] | None:
+    """``a / b`` from two rows' windows, paired by round: (estimate, 95% low, high, significant), or None when
+    either side has no windows, a window without a value, or no finite ratio."""
+    if not a or not b or any(v is None for v in (*a, *b)):
+        return None
+    estimate, low, high = stats.ratio_interval(a, b)
+    return (estimate, low, high, stats.significant(low, high)) if estimate == estimate else None
+
+
+def _ratio_fields(name: str, ratio: tuple | None, infix: str = "") -> dict[str, Any]:
+    """``ratio`` (from :func:`_paired_ratio`) as ``{name}_ratio``, ``{name}{infix}_low``, ``…_high`` and
+    ``…_significant``; nothing when there is no ratio."""
+    if ratio is None:
+        return {}
+    keys = (f"{name}_ratio", f"{name}{infix}_low", f"{name}{infix}_high", f"{name}{infix}_significant")
+    return dict(zip(keys, ratio))
+
+
 def _paired(student: dict[str, Any], teacher: dict[str, Any]) -> dict[str, Any]:
     """The headline's ratios from the windows of both rows, paired by round, with their 95% intervals."""
     out = {}
     for name, key in (("latency", "latency_p50_windows_ms"), ("throughput", "throughput_windows"),
                       ("energy", "energy_windows_mj")):
-        a, b = student.get(key), teacher.get(key)
-        if not a or not b:
-            continue
-        estimate, low, high = stats.ratio_interval(a, b)
-        if estimate == estimate:
-            out.update({f"{name}_ratio": estimate, f"{name}_ratio_low": low, f"{name}_ratio_high": high,
-                        f"{name}_ratio_significant": stats.significant(low, high),
-                        f"{name}_windows": min(len(a), len(b))})
+        ratio = _paired_ratio(student.get(key), teacher.get(key))
+        if ratio:
+            out.update(_ratio_fields(name, ratio, "_ratio"),
+                       **{f"{name}_windows": min(len(student[key]), len(teacher[key]))})
     return out
 
 
@@ -604,15 +610,9 @@ def _ratios(row: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, A
             out.update({f"{name}_ratio_vs_dc_teacher": 1.0 if row.get(key) else None, f"{name}_ratio_low": None,
                         f"{name}_ratio_high": None, f"{name}_ratio_significant": None})
             continue
-        if not baseline or not row.get(key) or not baseline.get(key):
-            out.update({f"{name}_ratio_vs_dc_teacher": None, f"{name}_ratio_low": None, f"{name}_ratio_high": None,
-                        f"{name}_ratio_significant": None})
-            continue
-        estimate, low, high = stats.ratio_interval(row[key], baseline[key])
-        finite = estimate == estimate
-        out.update({f"{name}_ratio_vs_dc_teacher": estimate if finite else None,
-                    f"{name}_ratio_low": low if finite else None, f"{name}_ratio_high": high if finite else None,
-                    f"{name}_ratio_significant": stats.significant(low, high) if finite else None})
+        ratio = _paired_ratio(row.get(key), (baseline or {}).get(key)) or (None,) * 4
+        out.update(zip((f"{name}_ratio_vs_dc_teacher", f"{name}_ratio_low", f"{name}_ratio_high",
+                        f"{name}_ratio_significant"), ratio))
     return out
 
 

@@ -32,9 +32,28 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 @slow_fixture
 def tiny_run(tmp_path_factory):
-    """One full run of the ``tiny`` recipe, shared by the tests that read its results."""
+    """One full run of the ``tiny`` recipe, shared by the tests that read its results.
+
+    Under pytest-xdist every worker would run it again (session fixtures are per worker): the first worker to get
+    here runs it into the session's shared base folder, the others wait on a lock, copy that runs folder and
+    re-run the recipe there, which finds every stage cached (a few seconds). Each worker keeps its own copy, so a
+    test that edits its run cannot disturb another worker's.
+    """
     from pipeline.runner import run_pipeline
 
+    recipe = str(REPO / "models" / "tiny.yaml")
     runs = tmp_path_factory.mktemp("runs")
-    ctx = run_pipeline(str(REPO / "models" / "tiny.yaml"), runs_dir=runs, run_id="shared")
-    return ctx
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import shutil
+
+        from filelock import FileLock  # torch's own dependency
+
+        shared = tmp_path_factory.getbasetemp().parent / "tiny-run-shared"
+        with FileLock(f"{shared}.lock"):
+            if not (shared / "complete").exists():
+                shutil.rmtree(shared, ignore_errors=True)
+                run_pipeline(recipe, runs_dir=shared / "runs", run_id="shared")
+                (shared / "complete").touch()
+        shutil.rmtree(runs)
+        shutil.copytree(shared / "runs", runs, symlinks=True)
+    return run_pipeline(recipe, runs_dir=runs, run_id="shared")

@@ -78,19 +78,28 @@ class Sleeper:
 
 @pytest.mark.slow
 def test_a_window_with_another_busy_process_is_flagged(tmp_path):
-    quiet_window = measure(Sleeper(), np.zeros((1, 1), np.float32), MeasureSpec(warmup_iterations=0, iterations=50,
-                                                                             idle_s=0))
+    """The hog's CPU time, read from the hog itself, is counted in the window's other-process cores and flagged.
+
+    Compared with the hog's own rate, not with a "quiet" window: under pytest-xdist (or any busy host) no window
+    is quiet, and the other processes' load changes from one window to the next.
+    """
+    import psutil
+
     hog = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
     try:
         time.sleep(0.3)
+        process = psutil.Process(hog.pid)
+        cpu_before, started = sum(process.cpu_times()[:2]), time.perf_counter()
         busy_window = measure(Sleeper(), np.zeros((1, 1), np.float32), MeasureSpec(warmup_iterations=0, iterations=80,
                                                                                 idle_s=0))
+        hog_cores = (sum(process.cpu_times()[:2]) - cpu_before) / (time.perf_counter() - started)
     finally:
         hog.kill()
         hog.wait()
-    assert busy_window.contention.other_cpu_cores > 0.5, busy_window.contention
+    assert hog_cores > contention.OTHER_CORES_LIMIT, f"the hog ran at {hog_cores:.2f} cores: the host is saturated"
+    # The window is a little shorter than the measure() call around it; the hog's rate is steady.
+    assert busy_window.contention.other_cpu_cores >= 0.8 * hog_cores, (busy_window.contention, hog_cores)
     assert "busy_device" in contention.noise_flags(busy_window.contention, busy_window.latency_cv)
-    assert quiet_window.contention.other_cpu_cores < busy_window.contention.other_cpu_cores
 
 
 @pytest.mark.slow
