@@ -57,6 +57,7 @@ def planted_point(mode: dict, batch: int, accelerator: str, board: dict) -> dict
 def install_in_process(root: str | os.PathLike, version: str = "10.3.0", dla_cores: int = 0,
                        board: str | None = None):
     """Installs the clocked stand-in in this process (no monkeypatch: a job process lives only for its job)."""
+    import device.cuda
     import device.engine
     import device.runners.tensorrt
     from tests.device import trt_standin
@@ -65,7 +66,7 @@ def install_in_process(root: str | os.PathLike, version: str = "10.3.0", dla_cor
     clock = Path(root) / GPU_DEVFREQ / "cur_freq"
     trt.planted_call_s = lambda dla_core, batch: planted_call_s(dla_core, batch, float(clock.read_text()))
     sys.modules["tensorrt"] = trt
-    device.runners.tensorrt.CudaRuntime = trt_standin.FakeCuda
+    device.runners.tensorrt.CudaRuntime = device.cuda.CudaRuntime = trt_standin.FakeCuda
     device.engine.board_model = lambda *a, **k: board
     device.runners.tensorrt.detect_gpu = lambda **_: (trt_standin.STANDIN_DEVICE, "8.7")
     return trt
