@@ -20,6 +20,17 @@ def _pyplot():
     return plt
 
 
+def _finish(plt, fig, ax, xlabel: str, ylabel: str, path: Path) -> Path:
+    """Labels, legend and layout, then the PNG written and the figure closed (pyplot keeps every open one)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_plans(plans: list[dict[str, Any]], sweep: list[dict[str, Any]], budget_ms: float, path: Path) -> Path | None:
     """MACs against measured latency of the candidate plans, the chosen one marked (a PNG)."""
     plt = _pyplot()
@@ -36,13 +47,8 @@ def plot_plans(plans: list[dict[str, Any]], sweep: list[dict[str, Any]], budget_
         ax.errorbar([100 * plan["macs_fraction"]], [m["p50_ms"]], yerr=spread, fmt="*" if chosen else "o",
                     markersize=12 if chosen else 6, label=f"{plan['plan']} (measured)")
     ax.axhline(budget_ms, color="red", linestyle="--", linewidth=1, label="budget")
-    ax.set_xlabel("MACs (% of the unpruned network)")
-    ax.set_ylabel("latency on the device (ms)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    xlabel, ylabel = "MACs (% of the unpruned network)", "latency on the device (ms)"
+    return _finish(plt, fig, ax, xlabel, ylabel, path)
 
 
 def plot_holdout(holdout: list[dict[str, Any]], path: Path) -> Path | None:
@@ -58,10 +64,5 @@ def plot_holdout(holdout: list[dict[str, Any]], path: Path) -> Path | None:
         ax.annotate(h["plan"], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     low, high = min(measured + predicted) * 0.9, max(measured + predicted) * 1.1
     ax.plot([low, high], [low, high], "--", color="grey", linewidth=1, label="prediction = measurement")
-    ax.set_xlabel("measured latency (ms)")
-    ax.set_ylabel("predicted by the table (ms)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    xlabel, ylabel = "measured latency (ms)", "predicted by the table (ms)"
+    return _finish(plt, fig, ax, xlabel, ylabel, path)
