@@ -313,6 +313,14 @@ def from_tensorrt(engine_information: str, layer_times_ms: dict[str, Any], batch
         iterations: Profiled inferences.
         requested_device: ``dla`` for a DLA build, else ``gpu``.
     """
+    return batch_profile(batch_size, iterations, tensorrt_timings(engine_information, layer_times_ms, requested_device),
+                         requested_device)
+
+
+def tensorrt_timings(engine_information: str, layer_times_ms: dict[str, Any],
+                     requested_device: str) -> list[dict[str, Any]]:
+    """One engine's layers as :func:`batch_profile` timings (see :func:`from_tensorrt` for the arguments);
+    engines of one model (Torch-TensorRT compiles one per TensorRT-supported subgraph) are added together."""
     info = {layer["Name"]: layer for layer in inspector_layers(engine_information)}
     timings = []
     for name, times in layer_times_ms.items():
@@ -323,7 +331,7 @@ def from_tensorrt(engine_information: str, layer_times_ms: dict[str, Any], batch
                         "precision": layer_precision(types),
                         "device": "dla" if transfer or _on_dla(layer) else "gpu", "tactic": layer.get("TacticName"),
                         **({"samples_ms": list(times)} if isinstance(times, (list, tuple)) else {"total_ms": times})})
-    return batch_profile(batch_size, iterations, timings, requested_device)
+    return timings
 
 
 # ----------------------------------------------------------------- why INT8 may not pay off
@@ -390,7 +398,8 @@ def profile_runner(runner, batch_sizes: Sequence[int], chw: Sequence[int], itera
 
     Args:
         runner: A loaded runner; profiled only when it has ``profile_batch(batch, iterations, warmup)``
-            (returns a :class:`BatchProfile`) and ``profile_meta()`` (source, requested device, notes).
+            (returns a :class:`BatchProfile`) and ``profile_meta()`` (source, requested device, notes);
+            ``profile_unavailable()``, where present, returns why this installation cannot profile (or None).
 
     Returns:
         (``Profile.model_dump()`` or None, why there is none or None).
@@ -402,6 +411,11 @@ def profile_runner(runner, batch_sizes: Sequence[int], chw: Sequence[int], itera
 
     if not hasattr(runner, "profile_batch"):
         return None, f"the {getattr(runner, 'name', 'runner')} runner has no per-layer profiler"
+    # A runner whose runtime offers no per-layer timing in this installation says why instead of guessing.
+    unavailable = getattr(runner, "profile_unavailable", None)
+    reason = unavailable() if unavailable else None
+    if reason:
+        return None, reason
     import time
 
     rng = np.random.default_rng(1)

@@ -23,6 +23,10 @@ What it does, per job:
    cache, keyed like TensorRT engines (:class:`device.engine.EngineCache`: artifact sha256, device
    fingerprint, options) with the Torch-TensorRT and torch versions added to the fingerprint.
 
+4. Where the job asks for the per-layer profile: times each TensorRT engine's layers with Torch-TensorRT's own
+   engine profiler (:mod:`device.runners.torch_tensorrt_profile`, rules ``engine_profiler*``), or says why it
+   cannot (no C++ runtime, no engine) instead of filling the table with guesses.
+
 torch and torch_tensorrt are imported only in :meth:`TorchTensorRTRunner.load`, so ``device`` imports without them.
 """
 
@@ -111,6 +115,39 @@ RULES: tuple[Rule, ...] = (
     Rule("load", (2, 3), None, "torch_tensorrt.load(file_path) -> ExportedProgram",
          "py/torch_tensorrt/_compile.py@v2.5.0 (torch.jit.load first, then torch.export.load) and "
          f"@{MAIN} (torch.export.load first)"),
+    # Per-layer timing (device/runners/torch_tensorrt_profile.py). The engine object of a loaded program and its
+    # profiling methods: the torchbind class's bindings, the same calls TorchTensorRTModule.enable_profiling makes.
+    Rule("engine_profiler", (2, 3), (2, 8),
+         {"trace_suffix": "_engine_exectuion_profile.trace", "format": "perfetto", "set_format": False,
+          "layer_information_suffix": "_layer_information.json"},
+         "core/runtime/register_jit_hooks.cpp@v2.5.0 (Engine: enable_profiling, disable_profiling, "
+         "profile_path_prefix; no set_profile_format), core/runtime/TRTEngine.cpp@v2.5.0 and @v2.7.0 "
+         "(set_profiling_paths: <prefix>/<name>_engine_exectuion_profile.trace, sic; dump_engine_layer_info: "
+         "<name>_layer_information.json), core/runtime/TRTEngineProfiler.cpp@v2.5.0 (dump_trace: Chrome-trace "
+         "events, dur = the layer's summed time x1000, us), core/runtime/execute_engine.cpp@v2.5.0 (both rewritten "
+         "after every execution while profiling), py/torch_tensorrt/dynamo/runtime/_TorchTensorRTModule.py@v2.5.0 "
+         "(enable_profiling(profiling_results_dir) sets profile_path_prefix, then enable_profiling())"),
+    Rule("engine_profiler", (2, 8), None,
+         {"trace_suffix": "_engine_execution_profile.trace", "format": "trex", "set_format": True,
+          "layer_information_suffix": "_layer_information.json"},
+         f"core/runtime/register_jit_hooks.cpp@v2.8.0, @v2.9.0 and @{MAIN} (Engine.set_profile_format added), "
+         f"core/runtime/TRTEngineProfiler.cpp@v2.9.0 and @{MAIN} (dump_trace, kTREX: name, timeMs, averageMs = "
+         "time / invocations, percentage), core/runtime/TRTEngine.cpp@v2.9.0 (<name>_engine_execution_profile"
+         ".trace; set_profile_format accepts trex or perfetto), py/torch_tensorrt/dynamo/runtime/"
+         f"_TorchTensorRTModule.py@v2.9.0 and @{MAIN} (enable_profiling(profiling_results_dir, profile_format): "
+         "prefix, enable_profiling(), set_profile_format())"),
+    # Without the C++ runtime (ENABLED_FEATURES.torch_tensorrt_runtime False) a 2.13+ program runs on the Python
+    # TRTEngine, whose profiler prints; before 2.13 such a program does not load at all.
+    Rule("engine_profiler_runtime", (2, 3), None,
+         "its Python engine's enable_profiling() attaches tensorrt.Profiler, which prints per-layer times to the "
+         "log and writes no trace",
+         f"py/torch_tensorrt/dynamo/runtime/_TRTEngine.py@v2.13.0 and @{MAIN} (enable_profiling: context.profiler "
+         "= trt.Profiler(); set_profile_format only validates); py/torch_tensorrt/_features.py@v2.5.0 and "
+         f"@{MAIN} (ENABLED_FEATURES.torch_tensorrt_runtime)"),
+    # Why a profile's precisions are "other": Torch-TensorRT builds with detailed verbosity only when debugging.
+    Rule("layer_information", (2, 3), None, "ProfilingVerbosity.LAYER_NAMES_ONLY unless debugging",
+         "py/torch_tensorrt/dynamo/conversion/_TRTInterpreter.py@v2.5.0 (DETAILED only with debug=True), "
+         f"@v2.9.0 (only under a Debugger with save_engine_profile), @v2.13.0 and @{MAIN} (only under a Debugger)"),
     Rule("int8_needs_modelopt", (2, 3), None, "modelopt.torch.quantization",
          f"py/torch_tensorrt/dynamo/conversion/aten_ops_converters.py@v2.5.0 and @{MAIN}: the converter of "
          "torch.ops.tensorrt.quantize_op registers only when modelopt.torch.quantization imports"),
@@ -323,6 +360,7 @@ class TorchTensorRTRunner(Runner):
         self.precision_built: str | None = None
         self.pci_bus_id: str | None = None
         self.torch_tensorrt: dict[str, Any] = {}
+        self.rules: dict[str, Rule] = {}
 
     def load(self) -> None:
         torch = require("torch", "PyTorch", "pip install 'edgefold[torch-tensorrt]' (JetPack: NVIDIA's torch wheel)")
@@ -330,7 +368,7 @@ class TorchTensorRTRunner(Runner):
                      "pip install 'edgefold[torch-tensorrt]' on x86/SBSA; on JetPack 6 use jetson-containers' "
                      "torch_tensorrt build")
         self.torch, self.tt = torch, tt
-        rules = rules_for(tt.__version__)
+        rules = self.rules = rules_for(tt.__version__)
         from torch._export.serde.schema import SCHEMA_VERSION
 
         versions = read_program_versions(self.path)
@@ -437,6 +475,50 @@ class TorchTensorRTRunner(Runner):
             if isinstance(out, (tuple, list)):
                 out = out[0]
             return out.float().cpu().numpy()  # .cpu() synchronizes: the latency includes the GPU's work
+
+    # ------------------------------------------------------------- per-layer profile
+    def profile_unavailable(self) -> str | None:
+        """Why this installation cannot time layers (no engine profiler, no C++ runtime, no engine), or None."""
+        from device.runners.torch_tensorrt_profile import unavailable
+
+        features = getattr(self.tt, "ENABLED_FEATURES", None)  # torch_tensorrt/__init__.py re-exports _features'
+        return unavailable(self.tt.__version__, self.rules, bool(getattr(features, "torch_tensorrt_runtime", False)),
+                           list(self._modules.values()))
+
+    def profile_batch(self, batch: np.ndarray, iterations: int, warmup: int):
+        """Per-layer times of the compiled module's TensorRT engines at this batch, from Torch-TensorRT's own
+        engine profiler, in a separate pass (it makes every enqueue synchronous).
+
+        Returns:
+            A :class:`device.profile.BatchProfile`.
+        """
+        from device.runners.torch_tensorrt_profile import profile_engines
+
+        module = self._modules.get(batch.shape[0])
+        if module is None:
+            raise ShapeOutsideProfileError(f"no compiled module for batch {batch.shape[0]}",
+                                           fix="profile the batch sizes the job measures")
+        table, detailed = profile_engines(module, lambda: self.infer(batch), batch.shape[0], iterations, warmup,
+                                          self.rules["engine_profiler"].value)
+        self._profile_detailed = detailed
+        return table
+
+    def profile_meta(self) -> dict[str, Any]:
+        spec = self.rules["engine_profiler"].value
+        fallback = self.torch_tensorrt.get("fallback", {}).get(self.batch_sizes[0], {})
+        notes = []
+        if fallback.get("fallback_count"):
+            ops = ", ".join(f"{op} x{count}" for op, count in fallback["fallback_ops"].items())
+            notes.append(f"TensorRT engines only: {fallback['fallback_count']} op(s) fell back to PyTorch ({ops}) and "
+                         "run between the engines, outside this table; their time is the latency minus the table's")
+        if not getattr(self, "_profile_detailed", False):
+            notes.append("layer precisions unknown: Torch-TensorRT builds its engines with ProfilingVerbosity."
+                         "LAYER_NAMES_ONLY outside debugging, so its layer information names layers only ("
+                         + self.rules["layer_information"].source.split(" (")[0] + ")")
+        return {"source": f"Torch-TensorRT {self.tt.__version__} engine profiler (Engine.enable_profiling with "
+                          f"profile_path_prefix; *{spec['trace_suffix']} in its {spec['format']} format and "
+                          f"*{spec['layer_information_suffix']}), a separate pass",
+                "requested_device": "gpu", "notes": notes}
 
     def close(self) -> None:
         self._modules = {}

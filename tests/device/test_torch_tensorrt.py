@@ -39,13 +39,13 @@ def program(tmp_path_factory):
     return model, path
 
 
-def standin(monkeypatch, version: str):
+def standin(monkeypatch, version: str, cpp_runtime: bool = True):
     """Installs the stand-in for ``version`` in this test only (compiling for the CPU)."""
     import device.runners.torch_tensorrt as runtime
     from tests.device import trt_standin
     from tests.device.torch_tensorrt_standin import make_torch_tensorrt, with_spec
 
-    tt = make_torch_tensorrt(version)
+    tt = make_torch_tensorrt(version, cpp_runtime=cpp_runtime)
     monkeypatch.setitem(sys.modules, "torch_tensorrt", tt)
     monkeypatch.setitem(sys.modules, "tensorrt", with_spec(trt_standin.make_tensorrt("10.3.0", 0), "tensorrt"))
     monkeypatch.setattr(runtime, "compute_device", lambda torch: torch.device("cpu"))
@@ -65,7 +65,7 @@ def test_each_release_gets_its_own_precision_arguments_and_every_rule_cites_a_ta
     assert compile_arguments(rules_for("2.9.0"), "int8") == {"enabled_precisions": ("int8",)}
     assert compile_arguments(rules_for("2.14.0"), "fp16") == {}
     assert compile_arguments(rules_for("2.13.0"), "int8") == {}
-    assert all("@" in rule.source and rule.source.startswith(("py/", "docsrc/", "examples/")) for rule in RULES)
+    assert all("@" in rule.source and rule.source.startswith(("py/", "docsrc/", "examples/", "core/")) for rule in RULES)
     # Every release read gets exactly one rule of each name.
     for version in ("2.3.0", "2.5.0", "2.6.0", "2.12.0", "2.13.0", "2.14.0"):
         names = [r.name for r in RULES if r.since <= tuple(map(int, version.split(".")[:2]))
@@ -177,6 +177,74 @@ def test_an_int8_job_on_a_float_program_is_refused(monkeypatch, tmp_path, progra
     assert "modelopt_state" in err.value.fix
 
 
+# ------------------------------------------------------------------ per-layer timing
+@pytest.mark.parametrize("version,trace,keys", [
+    ("2.5.0", "_engine_exectuion_profile.trace", {"name", "ph", "ts", "dur", "tid", "pid", "args"}),
+    ("2.9.0", "_engine_execution_profile.trace", {"name", "timeMs", "averageMs", "percentage"})])
+def test_standin_engines_write_their_releases_trace(tmp_path, version, trace, keys):
+    """The STAND-IN's engines: the trace file name and format of the release (TRTEngine.cpp, TRTEngineProfiler.cpp)."""
+    from tests.device.torch_tensorrt_standin import make_torch_tensorrt
+    from device.runners.torch_tensorrt_profile import find_engines
+
+    tt = make_torch_tensorrt(version)
+    path = tmp_path / "c.pt2"
+    program = torch.export.export(tiny_model(), (torch.zeros(1, 3, 16, 16),))
+    tt.save(tt.dynamo.compile(program, inputs=[tt.Input(shape=(1, 3, 16, 16))]), str(path),
+            arg_inputs=[torch.zeros(1, 3, 16, 16)])
+    module = tt.load(str(path)).module()
+    [(name, engine), _] = find_engines(module)
+    engine.profile_path_prefix = str(tmp_path)
+    engine.enable_profiling()
+    if version == "2.9.0":
+        engine.set_profile_format("trex")
+    else:
+        assert not hasattr(engine, "set_profile_format")  # bound from 2.8 on
+    module(torch.zeros(1, 3, 16, 16))
+    module(torch.zeros(1, 3, 16, 16))
+    events = json.loads((tmp_path / f"{engine.name}{trace}").read_text())
+    assert name == f"{engine.name}_engine" and events and all(set(event) == keys for event in events)
+    if version == "2.9.0":  # summed over both calls; the average is one call's
+        assert all(event["timeMs"] == pytest.approx(2 * event["averageMs"]) for event in events)
+    assert json.loads((tmp_path / f"{engine.name}_layer_information.json").read_text())["Layers"]
+
+
+@pytest.mark.parametrize("version,fmt", [("2.5.0", "perfetto"), ("2.9.0", "trex"), ("2.14.0", "trex")])
+def test_runner_times_each_engine_layer_with_its_releases_profiler(monkeypatch, tmp_path, program, version, fmt):
+    """Against the STAND-IN: the runner's profile is the engines' own trace, read in the release's format."""
+    from device.profile import profile_runner
+    from device.runners.torch_tensorrt_profile import find_engines
+
+    _, path = program
+    standin(monkeypatch, version)
+    with make_runner("torch_tensorrt", str(path), batch_sizes=(2,), engine_cache=str(tmp_path)) as runner:
+        profile, note = profile_runner(runner, (2,), (3, 16, 16), iterations=4, warmup=1)
+        engines = find_engines(runner._modules[2])
+        assert all(engine._profile is None and engine.profile_path_prefix != "" for _, engine in engines)
+    assert note is None and profile["runtime"] == "torch_tensorrt"
+    assert f"Torch-TensorRT {version}" in profile["source"] and fmt in profile["source"]
+    [table] = profile["batches"]
+    names = {layer["name"] for layer in table["layers"]}
+    # Two engines around the pool that fell back: their ATen ops, each under its engine's name; never the pool.
+    assert {name.split("/")[0] for name in names} == {name for name, _ in engines} and len(engines) == 2
+    assert any("conv" in name for name in names) and not any("adaptive" in name for name in names), names
+    assert table["iterations"] == 4 and table["total_ms"] > 0
+    assert sum(layer["share"] for layer in table["layers"]) == pytest.approx(1.0)
+    assert any("fell back to PyTorch (aten.adaptive_avg_pool2d.default x1)" in n for n in profile["notes"])
+    assert any("LAYER_NAMES_ONLY" in n for n in profile["notes"])
+
+
+def test_without_the_cpp_runtime_the_profile_says_so_instead_of_guessing(monkeypatch, tmp_path, program, capsys):
+    """Against the STAND-IN of 2.14 without its C++ runtime: the Python engine prints, writes no trace."""
+    from device.profile import profile_runner
+
+    _, path = program
+    standin(monkeypatch, "2.14.0", cpp_runtime=False)
+    with make_runner("torch_tensorrt", str(path), batch_sizes=(1,), engine_cache=str(tmp_path)) as runner:
+        profile, note = profile_runner(runner, (1,), (3, 16, 16), iterations=3, warmup=0)
+    assert profile is None
+    assert "without its C++ runtime" in note and "writes no trace" in note and "_TRTEngine.py@v2.13.0" in note
+
+
 # ------------------------------------------------------------------ program versions
 def rewrite_schema(source: Path, target: Path, major: int, torch_version: str) -> Path:
     """A copy of ``source`` whose archive claims another serialization schema and torch version."""
@@ -270,6 +338,12 @@ def test_a_torch_tensorrt_job_runs_through_the_real_agent(agent_job):
     assert sorted(run["batch_size"] for run in result["runs"]) == [1, 2]
     assert all(run["latency_p50_ms"] > 0 for run in result["runs"])
     assert result["smoke"]["output_shape"] == [1, 5]
+    # The per-layer profile, from the STAND-IN's 2.5 engine traces (perfetto), reaches the job's result.
+    profile = result["profile"]
+    assert profile is not None, runtime.get("profile_note")
+    assert profile["runtime"] == "torch_tensorrt" and "perfetto" in profile["source"]
+    assert [table["batch_size"] for table in profile["batches"]] == [1, 2]
+    assert all(table["layers"] and table["total_ms"] > 0 for table in profile["batches"])
 
 
 # ------------------------------------------------------------------ the real thing
@@ -287,6 +361,26 @@ def test_real_torch_tensorrt_compiles_and_matches_eager(tmp_path, program):
         eager = model(torch.from_numpy(batch)).numpy()
     np.testing.assert_allclose(out, eager, rtol=1e-2, atol=1e-3)
     assert runner.torch_tensorrt["fallback"][4]["engines"] >= 1
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+def test_real_torch_tensorrt_times_its_engine_layers(tmp_path, program):
+    pytest.importorskip("torch_tensorrt")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from device.profile import profile_runner
+
+    _, path = program
+    with make_runner("torch_tensorrt", str(path), batch_sizes=(4,), engine_cache=str(tmp_path)) as runner:
+        profile, note = profile_runner(runner, (4,), (3, 16, 16), iterations=5, warmup=1)
+    import torch_tensorrt
+
+    if not torch_tensorrt.ENABLED_FEATURES.torch_tensorrt_runtime:
+        assert profile is None and "C++ runtime" in note
+    else:
+        assert profile is not None, note
+        assert profile["batches"][0]["layers"] and profile["batches"][0]["total_ms"] > 0
 
 
 # ------------------------------------------------------------------ both roads through the deploy stage and the report
@@ -341,6 +435,8 @@ def test_deploy_runs_a_rung_on_both_roads_in_the_same_rounds(two_roads):
     assert entry["state"] == "succeeded", entry.get("error")
     assert len(entry["rounds"]) == 2 and entry["spec"]["runtime"] == "torch_tensorrt"
     assert entry["result"]["runtime"]["torch_tensorrt"]["fallback_count"] == 1
+    # Round 1 profiles (the deploy stage's rule): the STAND-IN's 2.14 engines write trex traces.
+    assert "trex" in entry["rounds"][0]["profile"]["source"]
 
 
 def test_an_agent_without_torch_tensorrt_skips_that_road_and_says_why(two_roads):

@@ -22,6 +22,20 @@ What it encodes, per release, from pytorch/TensorRT's sources (file@tag):
 * ``save(module, path, *, output_format="exported_program", arg_inputs=…)`` re-exports and saves (a GraphModule
   without example inputs is a ``ValueError``, as in _compile.py@v2.5.0); ``load`` is ``torch.export.load``.
 
+* Loading and profiling: ``load`` returns the program whose ``module()`` runs each ``_run_on_acc_<i>`` subgraph
+  through an engine object (:class:`StandinEngine`, attribute ``_run_on_acc_<i>_engine``, read by a ``get_attr``
+  node and passed to a call of ``execute_engine(inputs, engine)``, as _exporter.py's inline_trt_modules leaves
+  them). Its profiling API is the C++ ``torch.classes.tensorrt.Engine``'s (core/runtime/register_jit_hooks.cpp):
+  ``profile_path_prefix``, ``enable_profiling()``, ``disable_profiling()``, and from 2.8 ``set_profile_format``.
+  While profiling, each call times every ATen op (a "layer") and rewrites, as core/runtime/execute_engine.cpp
+  does, ``<prefix>/<name>_engine_exectuion_profile.trace`` (sic, before 2.8; Chrome-trace events whose ``dur``
+  is µs summed since enable_profiling) or ``<name>_engine_execution_profile.trace`` (2.8+, ``trex``: name,
+  timeMs, averageMs, percentage) — core/runtime/TRTEngineProfiler.cpp's dump_trace — and
+  ``<name>_layer_information.json`` (the inspector's JSON at LAYER_NAMES_ONLY: ``{"Layers": [names]}``).
+  With ``cpp_runtime=False`` (2.13+'s Python TRTEngine, ``ENABLED_FEATURES.torch_tensorrt_runtime`` False) the
+  profiler prints and writes nothing (_TRTEngine.py@v2.13.0). The subgraph's outputs are returned as it returns
+  them (the real op returns a list); the times are this CPU's, not a GPU's.
+
 Every ``compile`` call is appended to ``module.calls`` (its keyword arguments and input specs) so tests can
 check what the runner asked of each release.
 """
@@ -29,6 +43,7 @@ check what the runner asked of each release.
 from __future__ import annotations
 
 import types
+import warnings
 from typing import Any, Iterable
 
 # dynamo.compile's keyword-only parameters, by release (ast of py/torch_tensorrt/dynamo/_compiler.py@tag).
@@ -113,8 +128,129 @@ def _partition(graph_module, unsupported: Iterable[str]):
     return split
 
 
-def make_torch_tensorrt(version: str = "2.5.0", unsupported: Iterable[str] = DEFAULT_UNSUPPORTED) -> types.ModuleType:
-    """A ``torch_tensorrt`` module object for ``version`` (a key of :data:`COMPILE_PARAMETERS`)."""
+def execute_engine(inputs, engine):
+    """``torch.ops.tensorrt.execute_engine(inputs, engine)``: runs the engine on its inputs."""
+    return engine.execute(inputs)
+
+
+class StandinEngine:
+    """``torch.classes.tensorrt.Engine`` (or, with ``cpp_runtime`` False, 2.13+'s Python ``TRTEngine``): one
+    subgraph, and the profiling API of the release (see the module docstring)."""
+
+    def __init__(self, name: str, module, version: str, cpp_runtime: bool = True):
+        import tempfile
+
+        self.name, self._module, self._cpp_runtime = name, module, cpp_runtime
+        self._release = tuple(int(part) for part in version.split(".")[:2])
+        self.profile_path_prefix = tempfile.gettempdir()  # TRTEngine.h's default
+        self._profile: dict[str, list[float]] | None = None  # layer → [summed ms, invocations], in report order
+        self._format = "perfetto"
+
+    def enable_profiling(self) -> None:
+        self._profile, self._format = {}, "perfetto"
+
+    def __getattr__(self, name: str):
+        # set_profile_format is bound from 2.8 on (register_jit_hooks.cpp@v2.8.0): before, the attribute is absent.
+        if name == "set_profile_format" and self.__dict__.get("_release", (0, 0)) >= (2, 8):
+            return self._set_profile_format
+        raise AttributeError(name)
+
+    def _set_profile_format(self, profile_format: str) -> None:
+        if profile_format not in ("trex", "perfetto"):
+            raise RuntimeError(f"Invalid profile format: {profile_format}")
+        self._format = profile_format
+
+    def disable_profiling(self) -> None:
+        self._profile = None
+
+    def execute(self, inputs):
+        if self._profile is None:
+            return self._module(*inputs)
+        import time
+
+        import torch
+
+        report = self._report_layer_time
+
+        class Timed(torch.fx.Interpreter):
+            def run_node(self, node):
+                started = time.perf_counter()
+                out = super().run_node(node)
+                if node.op == "call_function":
+                    report(node.name, (time.perf_counter() - started) * 1e3)
+                return out
+
+        out = Timed(self._module).run(*inputs)
+        self._dump()
+        return out
+
+    def _report_layer_time(self, name: str, ms: float) -> None:
+        entry = self._profile.setdefault(name, [0.0, 0])
+        entry[0] += ms
+        entry[1] += 1
+
+    def _dump(self) -> None:
+        import json
+        from pathlib import Path
+
+        if not self._cpp_runtime:  # tensorrt.Profiler: a printed table, no file
+            print("\n".join(f"{name}: {total / count:.3f} ms" for name, (total, count) in self._profile.items()))
+            return
+        folder = Path(self.profile_path_prefix)
+        if self._release < (2, 8):
+            trace = folder / f"{self.name}_engine_exectuion_profile.trace"
+        else:
+            trace = folder / f"{self.name}_engine_execution_profile.trace"
+        events, running = [], 0.0
+        total = sum(ms for ms, _ in self._profile.values()) or 1.0
+        for name, (ms, count) in self._profile.items():
+            if self._format == "perfetto":
+                events.append({"name": name, "ph": "X", "ts": running * 1000, "dur": ms * 1000, "tid": 1,
+                               "pid": f"{self.name} Engine Execution", "args": {}})
+            else:
+                events.append({"name": name, "timeMs": ms, "averageMs": ms / count, "percentage": ms * 100 / total})
+            running += ms
+        trace.write_text(json.dumps(events, indent=2) + "\n")
+        (folder / f"{self.name}_layer_information.json").write_text(
+            json.dumps({"Layers": list(self._profile), "Bindings": ["input", "output"]}))
+
+
+class _LoadedProgram:
+    """What ``torch_tensorrt.load`` returns: the program, whose ``module()`` runs its engines."""
+
+    def __init__(self, program, tt):
+        self._program, self._tt = program, tt
+
+    def __getattr__(self, name: str):
+        return getattr(self._program, name)
+
+    def module(self):
+        flat = self._program.module()
+        split = _partition(flat, self._tt.unsupported)
+        graph = split.graph
+        for node in list(graph.nodes):
+            if node.op != "call_module" or not node.target.startswith("_run_on_acc_"):
+                continue
+            attribute = f"{node.target}_engine"
+            setattr(split, attribute, StandinEngine(node.target, getattr(split, node.target), self._tt.__version__,
+                                                    self._tt.ENABLED_FEATURES.torch_tensorrt_runtime))
+            with graph.inserting_before(node), warnings.catch_warnings():
+                # FX warns that the attribute is no module, parameter or buffer: so is the real torchbind engine.
+                warnings.simplefilter("ignore", UserWarning)
+                call = graph.call_function(execute_engine, (list(node.args), graph.get_attr(attribute)))
+            node.replace_all_uses_with(call)
+            graph.erase_node(node)
+            delattr(split, node.target)
+        split.recompile()
+        return split
+
+
+def make_torch_tensorrt(version: str = "2.5.0", unsupported: Iterable[str] = DEFAULT_UNSUPPORTED,
+                        cpp_runtime: bool = True) -> types.ModuleType:
+    """A ``torch_tensorrt`` module object for ``version`` (a key of :data:`COMPILE_PARAMETERS`); ``cpp_runtime``
+    False stands for a 2.13+ install without the C++ runtime (its Python engine prints its profile)."""
+    import collections
+
     import torch
 
     release = COMPILE_PARAMETERS[version]
@@ -129,6 +265,10 @@ def make_torch_tensorrt(version: str = "2.5.0", unsupported: Iterable[str] = DEF
     tt.Input = Input
     tt.calls = []
     tt.unsupported = tuple(unsupported)
+    # _features.py's FeatureSet, re-exported by torch_tensorrt/__init__.py
+    features = collections.namedtuple("FeatureSet", ["torchscript_frontend", "torch_tensorrt_runtime",
+                                                     "dynamo_frontend", "fx_frontend"])
+    tt.ENABLED_FEATURES = features(cpp_runtime, cpp_runtime, True, True)
 
     def compile(exported_program, inputs=None, **kwargs):  # noqa: A001 (the real name)
         unknown = sorted(set(kwargs) - known)
@@ -164,7 +304,7 @@ def make_torch_tensorrt(version: str = "2.5.0", unsupported: Iterable[str] = DEF
         torch.export.save(program, file_path)
 
     def load(file_path=""):
-        return torch.export.load(file_path)
+        return _LoadedProgram(torch.export.load(file_path), tt)
 
     tt.dynamo = types.ModuleType("torch_tensorrt.dynamo")
     tt.dynamo.compile = compile
