@@ -65,6 +65,7 @@ help:
 	@echo "make agent [HOST= PORT= AGENT_DATA= TOKEN_FILE=]  run the device agent here (on a Jetson its venv sees JetPack's TensorRT)"
 	@echo "make docker-jetson L4T=36.4.3 | docker-dc | docker-pipeline   build (and smoke-test) the images"
 	@echo "make bundle L4T=36.4.3     offline agent bundle for an air-gapped Jetson (dist/)"
+	@echo "   TORCH_TENSORRT=1          with docker-jetson, docker-dc and bundle: + Torch-TensorRT and ModelOpt"
 	@echo "make test                  run the tests (TEST_WORKERS=2 pytest-xdist workers; PYTEST_ARGS=...)"
 	@echo "make bench                 time the default run (first and cached) into bench/results/"
 	@echo "make data                  install Fashion-MNIST (Debian's dataset-fashion-mnist)"
@@ -135,13 +136,15 @@ PLATFORMS := $(PYTHON) docker/platforms.py
 
 docker-jetson:
 	@test -n "$(L4T)" || { echo "error: L4T is required, e.g. make docker-jetson L4T=36.4.3 (cat /etc/nv_tegra_release on the Jetson)" >&2; exit 2; }
-	@args=$$($(PLATFORMS) build-args '$(L4T)') && tag=$$($(PLATFORMS) tag jetson '$(L4T)') && \
+	@args=$$($(PLATFORMS) build-args '$(L4T)' $(if $(filter 1,$(TORCH_TENSORRT)),--torch-tensorrt)) && \
+	  tag=$$($(PLATFORMS) tag jetson '$(L4T)' $(if $(filter 1,$(TORCH_TENSORRT)),--torch-tensorrt)) && \
 	  set -x && $(DOCKER) buildx build --platform linux/arm64 $$args -t "$$tag" -f docker/jetson.Dockerfile --load . && \
 	  docker/smoke.sh "$$tag" aarch64
 
 docker-dc:
-	@tag=$$($(PLATFORMS) tag dc) && set -x && \
-	  $(DOCKER) buildx build --platform linux/amd64 -t "$$tag" -f docker/dc.Dockerfile --load . && \
+	@tag=$$($(PLATFORMS) tag dc $(if $(filter 1,$(TORCH_TENSORRT)),--torch-tensorrt)) && set -x && \
+	  $(DOCKER) buildx build --platform linux/amd64 $(if $(filter 1,$(TORCH_TENSORRT)),--build-arg=WITH_TORCH_TENSORRT=1) \
+	    -t "$$tag" -f docker/dc.Dockerfile --load . && \
 	  docker/smoke.sh "$$tag" x86_64
 
 docker-pipeline:
@@ -151,7 +154,7 @@ docker-pipeline:
 
 bundle: $(STAMP)
 	@test -n "$(L4T)" || { echo "error: L4T is required, e.g. make bundle L4T=36.4.3" >&2; exit 2; }
-	$(BIN)/python docker/bundle.py --l4t '$(L4T)' --out '$(BUNDLE_DIR)'
+	$(BIN)/python docker/bundle.py --l4t '$(L4T)' --out '$(BUNDLE_DIR)' $(if $(filter 1,$(TORCH_TENSORRT)),--torch-tensorrt)
 
 clean:
 	rm -rf $(RUNS) .pytest_cache

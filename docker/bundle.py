@@ -4,6 +4,8 @@ Writes ``dist/edgefold-agent-<version>-l4t<release>/``: the agent's wheel, every
 for the Jetson's platform and Python (``pip download --platform … --python-version …
 --only-binary=:all:``), ``install.sh``, the systemd unit, and ``SHA256SUMS``; then a ``.tar.gz`` of it.
 ``--platform``/``--python-version`` build the same for another target (the tests use this host's).
+``--torch-tensorrt`` adds Torch-TensorRT and ModelOpt for an L4T release whose wheels are documented
+(``platforms.JETSON_TORCH_TENSORRT``); for any other release it is an error saying none is known.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
-from platforms import PlatformError, release, version  # noqa: E402
+from platforms import PlatformError, release, torch_tensorrt, version  # noqa: E402
 
 from device.files import sha256_file  # noqa: E402  (make bundle runs in the project's venv)
 
@@ -43,12 +45,24 @@ if ! command -v "$python" >/dev/null; then
 fi
 # --system-site-packages: JetPack's TensorRT bindings live in the system Python (VENV_ARGS= for an isolated one).
 "$python" -m venv ${VENV_ARGS---system-site-packages} "$prefix"
-"$prefix/bin/pip" install --no-index --find-links "$here/wheels" "edgefold[@EXTRAS@]==@VERSION@"
+@TORCH_TENSORRT_CHECK@"$prefix/bin/pip" install --no-index --find-links "$here/wheels" "edgefold[@EXTRAS@]==@VERSION@"@EXTRA_PACKAGES@
 "$prefix/bin/edgefold-agent" device >/dev/null
 echo "installed: $prefix/bin/edgefold-agent"
 echo "next: install -m 644 $here/edgefold-agent.service /etc/systemd/system/ (ExecStart: $prefix/bin/edgefold-agent)"
 echo "      and create the token file it names; then systemctl enable --now edgefold-agent"
 """
+
+
+TORCH_TENSORRT_CHECK = r"""# torch_tensorrt's JetPack wheel requires JetPack's own TensorRT (python3-libnvinfer): no wheel of it is bundled.
+if ! "$prefix/bin/python" -c "import tensorrt" 2>/dev/null; then
+  echo "error: this bundle's Torch-TensorRT needs JetPack's TensorRT in $python (python3-libnvinfer)" >&2
+  echo "  fix: sudo apt-get install nvidia-jetpack (or python3-libnvinfer), and keep VENV_ARGS unset" >&2
+  exit 2
+fi
+"""
+# The JetPack index's wheels are built with setup.py bdist_wheel, tagged linux_aarch64 (the guide's own example:
+# torch_tensorrt-2.8.0.dev0+d8318d8fc-cp310-cp310-linux_aarch64.whl), not manylinux: pip must accept that tag too.
+JETPACK_WHEEL_TAG = "linux_aarch64"
 
 
 def manylinux_tags(glibc_minor: int, arch: str) -> list[str]:
@@ -61,7 +75,38 @@ def run(command: list[str]) -> None:
     subprocess.run(command, check=True)
 
 
-def build(out_root: Path, name: str, platforms: list[str], python_version: str, extras: str = EXTRAS) -> Path:
+def download_commands(requirement: str, platforms: list[str], python_version: str, dest: Path,
+                      torch_tensorrt_wheels: dict | None = None) -> list[list[str]]:
+    """The ``pip download`` calls that fill ``dest``.
+
+    Without Torch-TensorRT, one: the agent's wheel with its extras. With it: ``torch_tensorrt`` alone without its
+    dependencies (its ``tensorrt`` requirement is JetPack's own install, which has no wheel), then the agent, torch,
+    ModelOpt and torch_tensorrt's other requirements resolved TOGETHER, so one consistent set is downloaded (its
+    ``numpy<2.0.0`` binds the agent's numpy too).
+    """
+    common = [sys.executable, "-m", "pip", "download", "--only-binary=:all:"]
+    target = ["--python-version", python_version, "--implementation", "cp", "--dest", str(dest)]
+    if torch_tensorrt_wheels is None:
+        flags = [flag for platform in platforms for flag in ("--platform", platform)]
+        return [[*common, *flags, *target, requirement]]
+    flags = [flag for platform in [*platforms, JETPACK_WHEEL_TAG] for flag in ("--platform", platform)]
+    index = ["--extra-index-url", torch_tensorrt_wheels["index"]]
+    alone = [p for p in torch_tensorrt_wheels["packages"] if p.startswith("torch_tensorrt")]
+    rest = [p for p in torch_tensorrt_wheels["packages"] if p not in alone]
+    return [[*common, *flags, *target, *index, "--no-deps", *alone],
+            [*common, *flags, *target, *index, requirement, *rest, *torch_tensorrt_wheels["requirements"]]]
+
+
+def install_script(python_version: str, extras: str, torch_tensorrt_wheels: dict | None = None) -> str:
+    """``install.sh``: with Torch-TensorRT, its pinned packages join the agent's one ``pip install``."""
+    extra = "".join(f' "{p}"' for p in torch_tensorrt_wheels["packages"]) if torch_tensorrt_wheels else ""
+    return (INSTALL.replace("@PYTHON_VERSION@", python_version).replace("@EXTRAS@", extras)
+            .replace("@TORCH_TENSORRT_CHECK@", TORCH_TENSORRT_CHECK if torch_tensorrt_wheels else "")
+            .replace("@EXTRA_PACKAGES@", extra).replace("@VERSION@", version()))
+
+
+def build(out_root: Path, name: str, platforms: list[str], python_version: str, extras: str = EXTRAS,
+          torch_tensorrt_wheels: dict | None = None) -> Path:
     """Builds the bundle folder and its tarball; returns the folder."""
     bundle = out_root / name
     if bundle.exists():
@@ -76,12 +121,10 @@ def build(out_root: Path, name: str, platforms: list[str], python_version: str, 
             shutil.copytree(REPO / package, Path(source) / package, ignore=shutil.ignore_patterns("__pycache__"))
         run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), source])
     agent_wheel = next(wheels.glob("edgefold-*.whl"))
-    platform_flags = [flag for platform in platforms for flag in ("--platform", platform)]
-    run([sys.executable, "-m", "pip", "download", "--only-binary=:all:", *platform_flags,
-         "--python-version", python_version, "--implementation", "cp", "--dest", str(wheels),
-         f"{agent_wheel}[{extras}]"])
-    script = INSTALL.replace("@PYTHON_VERSION@", python_version).replace("@EXTRAS@", extras)
-    (bundle / "install.sh").write_text(script.replace("@VERSION@", version()))
+    for command in download_commands(f"{agent_wheel}[{extras}]", platforms, python_version, wheels,
+                                     torch_tensorrt_wheels):
+        run(command)
+    (bundle / "install.sh").write_text(install_script(python_version, extras, torch_tensorrt_wheels))
     (bundle / "install.sh").chmod(0o755)
     shutil.copy(REPO / "device" / "edgefold-agent.service", bundle / "edgefold-agent.service")
     files = sorted(p for p in bundle.rglob("*") if p.is_file())
@@ -96,25 +139,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--l4t", help="the Jetson's L4T release (cat /etc/nv_tegra_release)")
     parser.add_argument("--platform", action="append", help="pip platform tags instead of the L4T's")
     parser.add_argument("--python-version", help="with --platform: the target's Python (3.11)")
+    parser.add_argument("--torch-tensorrt", action="store_true",
+                        help="add Torch-TensorRT and ModelOpt (only for an L4T release with known wheels)")
     parser.add_argument("--out", default=str(REPO / "dist"))
     args = parser.parse_args(argv)
+    wheels = None
     try:
         if args.platform:
             if not args.python_version:
                 parser.error("--platform needs --python-version")
+            if args.torch_tensorrt:
+                parser.error("--torch-tensorrt needs --l4t: its wheels are per L4T release")
             name, platforms, python_version = (f"edgefold-agent-{version()}-{args.platform[-1]}", args.platform,
                                                args.python_version)
         elif args.l4t:
             key, entry = release(args.l4t)
             platforms = manylinux_tags(GLIBC[entry["ubuntu"]], "aarch64")
             name, python_version = f"edgefold-agent-{version()}-l4t{key}", entry["agent_python"]
+            if args.torch_tensorrt:
+                wheels = torch_tensorrt(args.l4t)
+                name += f"-torchtrt{wheels['torch_tensorrt']}"
         else:
             parser.error("give --l4t RELEASE (or --platform TAG --python-version X.Y)")
     except PlatformError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        bundle = build(Path(args.out), name, platforms, python_version)
+        bundle = build(Path(args.out), name, platforms, python_version, torch_tensorrt_wheels=wheels)
     except subprocess.CalledProcessError as err:
         print(f"error: {' '.join(err.cmd[:4])}… failed (exit {err.returncode}); a dependency may have no wheel for "
               f"{platforms[0]} (or older) and Python {python_version}", file=sys.stderr)

@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # EdgeFold's agent for data-center GPU servers (linux/amd64) on NVIDIA's TensorRT container:
 #   make docker-dc
+#   make docker-dc TORCH_TENSORRT=1      (+ Torch-TensorRT and ModelOpt, with the TensorRT that release requires)
 #   docker run -d --gpus all -p 8765:8765 -v /etc/edgefold/token:/run/secrets/edgefold-token:ro \
 #     -v edgefold-data:/var/lib/edgefold-agent IMAGE
 # TensorRT 10.8, CUDA 12.8, Ubuntu 24.04, Python 3.12.
@@ -18,6 +19,16 @@ FROM ${BASE}
 ARG WITH_TORCH=1
 ARG TORCH_VERSION=2.14.1
 ARG TORCHVISION_VERSION=0.29.1
+# The torch_tensorrt runtime (needs WITH_TORCH=1): Torch-TensorRT 2.14 pairs with torch 2.14 (pyproject.toml:
+# torch>=2.14.0.dev,<2.15.0) and requires TensorRT 11.1 (setup.py get_x86_64_requirements: tensorrt>=11.1.0,<11.2.0
+# and, for PyPI's CUDA 13 torch, tensorrt-cu13{,-bindings,-libs} of that range, from https://pypi.nvidia.com, the
+# index its pyproject.toml names) — pytorch/TensorRT @main d7f2062, version.txt 2.14.0a0 (docker/platforms.py
+# DC_TORCH_TENSORRT). Those wheels come first in the venv, so with this flag BOTH roads build with TensorRT 11.1,
+# not the base image's 10.8: the side-by-side compares the roads, not two TensorRT releases.
+ARG WITH_TORCH_TENSORRT=0
+ARG TORCH_TENSORRT_VERSION=2.14.0
+ARG TORCH_TENSORRT_TENSORRT=">=11.1.0,<11.2.0"
+ARG MODELOPT_VERSION=0.47.0
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE
 # hadolint ignore=DL3008
@@ -29,6 +40,13 @@ RUN wheel="$(ls /wheels/edgefold-*.whl)" \
  && /opt/edgefold/bin/pip install --no-cache-dir "${wheel}[device,nvml]" \
  && if [ "$WITH_TORCH" = 1 ]; then \
       /opt/edgefold/bin/pip install --no-cache-dir "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"; \
+    fi \
+ && if [ "$WITH_TORCH_TENSORRT" = 1 ]; then \
+      if [ "$WITH_TORCH" != 1 ]; then echo "error: WITH_TORCH_TENSORRT=1 needs WITH_TORCH=1" >&2; exit 2; fi; \
+      /opt/edgefold/bin/pip install --no-cache-dir --extra-index-url https://pypi.nvidia.com \
+        "torch==${TORCH_VERSION}" "torch-tensorrt==${TORCH_TENSORRT_VERSION}" "nvidia-modelopt==${MODELOPT_VERSION}" \
+        "tensorrt${TORCH_TENSORRT_TENSORRT}" "tensorrt-cu13${TORCH_TENSORRT_TENSORRT}" \
+        "tensorrt-cu13-bindings${TORCH_TENSORRT_TENSORRT}" "tensorrt-cu13-libs${TORCH_TENSORRT_TENSORRT}"; \
     fi \
  && rm -rf /wheels
 COPY docker/smoke_check.py /opt/edgefold/smoke_check.py

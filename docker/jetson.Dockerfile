@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
 # EdgeFold's agent for Jetson (linux/arm64), cross-built on an x86 workstation:
 #   make docker-jetson L4T=36.4.3        (base image and Python from device/l4t.json)
+#   make docker-jetson L4T=36.4.3 TORCH_TENSORRT=1   (+ Torch-TensorRT and ModelOpt: only for an L4T release
+#                                         whose wheels docker/platforms.py knows; any other is refused by name)
 # Run it on the Jetson (the jtop service runs on the host; the token is mounted, never baked in):
 #   docker run -d --runtime nvidia --network host -v /run/jtop.sock:/run/jtop.sock \
 #     -v /etc/edgefold/token:/run/secrets/edgefold-token:ro -v edgefold-data:/var/lib/edgefold-agent IMAGE
@@ -17,6 +19,11 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 FROM ${BASE}
 ARG PYTHON_VERSION=3.10
 ARG PYTHON_SOURCE=system
+# The torch_tensorrt runtime: set by `docker/platforms.py build-args L4T --torch-tensorrt`, never by hand (the index
+# and the pinned, comma-separated packages come from its JETSON_TORCH_TENSORRT table and the sources it cites).
+ARG WITH_TORCH_TENSORRT=0
+ARG TORCH_TENSORRT_INDEX=
+ARG TORCH_TENSORRT_PACKAGES=
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE
 # JetPack 5 ships Python 3.8; the agent needs 3.10, which deadsnakes provides on Ubuntu 20.04.
@@ -32,9 +39,35 @@ RUN apt-get update \
 # --system-site-packages: JetPack's TensorRT bindings (python3-libnvinfer) live in the system Python.
 RUN "python${PYTHON_VERSION}" -m venv --system-site-packages /opt/edgefold
 COPY --from=wheel /wheels /wheels
-RUN wheel="$(ls /wheels/edgefold-*.whl)" \
- && /opt/edgefold/bin/pip install --no-cache-dir "${wheel}[device,jetson]" \
- && rm -rf /wheels
+# With Torch-TensorRT, one pip call resolves the agent and the wheels together (torch_tensorrt's JetPack wheel
+# requires numpy<2 and JetPack's TensorRT 10.3, which the venv sees in the system site packages). The torch wheel
+# needs cuSPARSELt: pytorch/TensorRT's JetPack guide (docsrc/getting_started/jetpack.rst@v2.9.0) installs this
+# archive when /usr/local/cuda/lib64/libcusparseLt.so is missing.
+ARG CUSPARSELT=https://developer.download.nvidia.com/compute/cusparselt/redist/libcusparse_lt/linux-sbsa/libcusparse_lt-linux-sbsa-0.5.2.1-archive.tar.xz
+# set -e: every step of the flag's branch must succeed (the SHELL has pipefail, not errexit).
+RUN set -e; \
+    wheel="$(ls /wheels/edgefold-*.whl)"; \
+    if [ "$WITH_TORCH_TENSORRT" = 1 ]; then \
+      if [ -z "$TORCH_TENSORRT_INDEX" ] || [ -z "$TORCH_TENSORRT_PACKAGES" ]; then \
+        echo "error: WITH_TORCH_TENSORRT=1 without TORCH_TENSORRT_INDEX/PACKAGES; use: make docker-jetson L4T=... TORCH_TENSORRT=1" >&2; \
+        exit 2; \
+      fi; \
+      echo "$TORCH_TENSORRT_PACKAGES" | tr , '\n' > /tmp/torch-tensorrt.txt; \
+      /opt/edgefold/bin/pip install --no-cache-dir --extra-index-url "$TORCH_TENSORRT_INDEX" "${wheel}[device,jetson]" \
+        -r /tmp/torch-tensorrt.txt; \
+      rm /tmp/torch-tensorrt.txt; \
+      if [ ! -e /usr/local/cuda/lib64/libcusparseLt.so ]; then \
+        /opt/edgefold/bin/python -c "import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], '/tmp/cusparselt.tar.xz')" "$CUSPARSELT"; \
+        mkdir /tmp/cusparselt; \
+        tar -xJf /tmp/cusparselt.tar.xz -C /tmp/cusparselt --strip-components=1; \
+        cp -a /tmp/cusparselt/include/* /usr/local/cuda/include/; \
+        cp -a /tmp/cusparselt/lib/* /usr/local/cuda/lib64/; \
+        rm -rf /tmp/cusparselt /tmp/cusparselt.tar.xz; \
+      fi; \
+    else \
+      /opt/edgefold/bin/pip install --no-cache-dir "${wheel}[device,jetson]"; \
+    fi; \
+    rm -rf /wheels
 COPY docker/smoke_check.py /opt/edgefold/smoke_check.py
 ENV PATH=/opt/edgefold/bin:$PATH
 VOLUME ["/var/lib/edgefold-agent"]

@@ -153,3 +153,79 @@ def test_bundle_installs_offline_into_a_fresh_venv(tmp_path):
     refused = subprocess.run(["bash", str(bundle / "install.sh"), str(tmp_path / "venv2")], capture_output=True,
                              text=True, env=env, timeout=300)
     assert refused.returncode == 1 and "corrupted" in refused.stderr and not (tmp_path / "venv2").exists()
+
+
+# ------------------------------------------------------------------ Torch-TensorRT behind a flag (issue 29)
+@pytest.mark.parametrize("l4t", ["36.4.3", "36.4.0", "36.5.0"])
+def test_torch_tensorrt_wheels_are_the_documented_jetpack_6_ones(l4t):
+    wheels = platforms.torch_tensorrt(l4t)
+    assert wheels["index"] == "https://pypi.jetson-ai-lab.io/jp6/cu126"  # docsrc/getting_started/jetpack.rst
+    assert wheels["packages"] == ["torch==2.8.0", "torch_tensorrt==2.8.0", "nvidia-modelopt==0.47.0"]
+    assert "numpy<2.0.0" in wheels["requirements"] and "jetpack.rst@v2.9.0" in wheels["source"]
+    # The wheel's TensorRT is JetPack's own: the release's table entry must carry that TensorRT.
+    assert platforms.release(l4t)[1]["tensorrt"].startswith(wheels["tensorrt"])
+    args = platforms.build_args(l4t, with_torch_tensorrt=True)
+    assert "--build-arg=WITH_TORCH_TENSORRT=1" in args
+    assert f"--build-arg=TORCH_TENSORRT_PACKAGES={','.join(wheels['packages'])}" in args
+    assert not any("TORCH_TENSORRT" in arg for arg in platforms.build_args(l4t))  # off unless asked
+    assert platforms.tag("jetson", l4t, with_torch_tensorrt=True).endswith("-torchtrt2.8.0")
+
+
+@pytest.mark.parametrize("l4t, jetpack", [("35.4.1", "5.1.2"), ("36.3.0", "6.0"), ("38.4.0", "7.1")])
+def test_torch_tensorrt_flag_refuses_a_release_without_a_known_wheel(l4t, jetpack):
+    with pytest.raises(platforms.PlatformError,
+                       match=rf"no Torch-TensorRT wheel is known for L4T {l4t} \(JetPack {jetpack}"):
+        platforms.torch_tensorrt(l4t)
+    if platforms.release(l4t)[1]["base"]:  # JetPack 7 has no image at all: refused before the flag is looked at
+        result = subprocess.run([sys.executable, str(DOCKER / "platforms.py"), "build-args", l4t, "--torch-tensorrt"],
+                                capture_output=True, text=True)
+        assert result.returncode == 2 and "no Torch-TensorRT wheel is known" in result.stderr
+
+
+def test_dockerfiles_install_torch_tensorrt_only_behind_the_flag():
+    jetson = (DOCKER / "jetson.Dockerfile").read_text()
+    assert "ARG WITH_TORCH_TENSORRT=0" in jetson and '"$TORCH_TENSORRT_INDEX"' in jetson
+    assert "jetson-ai-lab" not in jetson, "the index comes from platforms.py's table, not the Dockerfile"
+    assert "RUN set -e;" in jetson  # a failed pip in the flag's branch fails the build
+    dc = (DOCKER / "dc.Dockerfile").read_text()
+    pins = dict(line[4:].split("=", 1) for line in dc.splitlines() if line.startswith("ARG ") and "=" in line)
+    paired = platforms.DC_TORCH_TENSORRT
+    assert pins["WITH_TORCH_TENSORRT"] == "0" and pins["TORCH_TENSORRT_VERSION"] == paired["torch_tensorrt"]
+    # Torch-TensorRT X.Y requires torch X.Y (pyproject.toml: torch>=2.14.0.dev,<2.15.0) and its TensorRT.
+    assert pins["TORCH_VERSION"] == paired["torch"]
+    assert pins["TORCH_VERSION"].split(".")[:2] == pins["TORCH_TENSORRT_VERSION"].split(".")[:2]
+    assert pins["TORCH_TENSORRT_TENSORRT"].strip('"') == paired["tensorrt"]
+    assert all(f'"{name}${{TORCH_TENSORRT_TENSORRT}}"' in dc for name in ["tensorrt", *paired["tensorrt_packages"]])
+    assert "--extra-index-url https://pypi.nvidia.com" in dc and paired["index"] == "https://pypi.nvidia.com"
+
+
+def test_makefile_passes_the_flag_to_images_and_bundle():
+    for target, flag in (("docker-jetson", "--torch-tensorrt"), ("docker-dc", "WITH_TORCH_TENSORRT=1"),
+                         ("bundle", "--torch-tensorrt")):
+        on = subprocess.run(["make", "-n", target, "L4T=36.4.3", "TORCH_TENSORRT=1"], cwd=REPO, capture_output=True,
+                            text=True)
+        off = subprocess.run(["make", "-n", target, "L4T=36.4.3"], cwd=REPO, capture_output=True, text=True)
+        assert flag in on.stdout and flag not in off.stdout, (target, on.stdout + on.stderr)
+
+
+def test_bundle_adds_torch_tensorrt_only_for_known_releases(tmp_path):
+    import bundle
+
+    wheels = platforms.torch_tensorrt("36.4.3")
+    tags = bundle.manylinux_tags(35, "aarch64")
+    plain = bundle.download_commands("edgefold.whl[device,jetson]", tags, "3.10", tmp_path)
+    assert len(plain) == 1 and "--extra-index-url" not in plain[0] and "linux_aarch64" not in plain[0]
+    alone, together = bundle.download_commands("edgefold.whl[device,jetson]", tags, "3.10", tmp_path, wheels)
+    # torch_tensorrt without its deps (its tensorrt is JetPack's); everything else resolved with the agent.
+    assert alone[-2:] == ["--no-deps", "torch_tensorrt==2.8.0"] and wheels["index"] in alone
+    assert {"edgefold.whl[device,jetson]", "torch==2.8.0", "nvidia-modelopt==0.47.0", "numpy<2.0.0"} <= set(together)
+    assert "torch_tensorrt==2.8.0" not in together and "linux_aarch64" in together
+    script = bundle.install_script("3.10", "device,jetson", wheels)
+    assert '"edgefold[device,jetson]==' in script and '"torch_tensorrt==2.8.0" "nvidia-modelopt==0.47.0"' in script
+    assert script.index('import tensorrt') < script.index("pip\" install")  # JetPack's TensorRT checked first
+    assert "import tensorrt" not in bundle.install_script("3.10", "device,jetson")
+    # An L4T release without known wheels: refused before anything is downloaded.
+    assert bundle.main(["--l4t", "35.4.1", "--torch-tensorrt", "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        bundle.main(["--platform", "manylinux2014_x86_64", "--python-version", "3.11", "--torch-tensorrt"])
