@@ -763,16 +763,20 @@ def layer_profiles(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per rung × device: the job's whole per-layer profile (``device.profile.Profile``), or why there is none."""
     entries = []
     for device in devices:
-        for rung, entry in device.get("rungs", {}).items():
-            if entry.get("state") != "succeeded":
-                continue
-            result: JobResult = entry["result"]
-            profile = result.profile
-            entries.append({"device": device["name"], "rung": rung, "runtime": result.runtime.name,
-                            "status": "measured" if profile else NOT_MEASURED,
-                            "reason": None if profile else (result.runtime.profile_note
-                                                            or "the agent recorded no per-layer profile"),
-                            "profile": profile})
+        # The ONNX road's rungs, then each other road's (Torch-TensorRT): their deploy entries have the same shape.
+        roads = [device.get("rungs", {})] + [road.get("rungs", {}) for road in (device.get("roads") or {}).values()]
+        for rungs in roads:
+            for rung, entry in rungs.items():
+                if entry.get("state") != "succeeded":
+                    continue
+                result: JobResult = entry["result"]
+                # Deploy profiles the first round only: a road's entry may keep another round as its result.
+                profile = result.profile or next((r.profile for r in entry.get("rounds") or [] if r.profile), None)
+                entries.append({"device": device["name"], "rung": rung, "runtime": result.runtime.name,
+                                "status": "measured" if profile else NOT_MEASURED,
+                                "reason": None if profile else (result.runtime.profile_note
+                                                                or "the agent recorded no per-layer profile"),
+                                "profile": profile})
     return entries
 
 
@@ -892,6 +896,8 @@ def time_section(data: dict[str, Any]) -> Section:
         if reasons:
             blocks += [Text("Why INT8 may not pay off here:"), Bullets([("", reason) for reason in reasons])]
         blocks.append(Table(_time_rows(table)))
+        if profile.get("notes"):  # what the numbers leave out (ops outside the engines, unknown precisions …)
+            blocks.append(Bullets([("", note) for note in profile["notes"]]))
         section.blocks.append(Section(f"{entry['rung']} on {entry['device']} ({entry['runtime']}, "
                                       f"{profile['requested_device']}, batch {table['batch_size']})", blocks, level=3))
     return section

@@ -468,6 +468,15 @@ def test_report_puts_the_two_roads_side_by_side(two_roads):
     assert line["latency_ratio"] == pytest.approx(expected)
     assert line["latency_low"] <= line["latency_ratio"] <= line["latency_high"]
     assert line["fallback_ops"] == {"aten.adaptive_avg_pool2d.default": 1} and line["fallback_count"] == 1
+    # "Where the time goes" shows the Torch-TensorRT road's profile too, with what it leaves out.
+    from pipeline.report import layer_profiles, time_section
+    from pipeline.sections import to_markdown_lines
+
+    onnx_entry.update(result=onnx_rounds[0], rounds=onnx_rounds)
+    profiles = [e for e in layer_profiles([device]) if e["runtime"] == "torch_tensorrt"]
+    assert [(e["rung"], e["status"]) for e in profiles] == [("student", "measured")]
+    page = "\n".join(to_markdown_lines(time_section({"layer_profiles": profiles})))
+    assert "### student on with (torch_tensorrt, gpu, batch 1)" in page and "fell back to PyTorch" in page
     text = two_roads_text(line)
     assert "Torch-TensorRT 2.14.0 vs ONNX → onnxruntime" in text and "1 op fell back to PyTorch" in text
     assert "top-1 not measured vs 90.0%" in text
