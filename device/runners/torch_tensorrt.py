@@ -513,8 +513,8 @@ class TorchTensorRTRunner(Runner):
                          "run between the engines, outside this table; their time is the latency minus the table's")
         if not getattr(self, "_profile_detailed", False):
             notes.append("layer precisions unknown: Torch-TensorRT builds its engines with ProfilingVerbosity."
-                         "LAYER_NAMES_ONLY outside debugging, so its layer information names layers only ("
-                         + self.rules["layer_information"].source.split(" (")[0] + ")")
+                         "LAYER_NAMES_ONLY outside debugging, so its layer information names layers only "
+                         "(py/torch_tensorrt/dynamo/conversion/_TRTInterpreter.py; RULES layer_information)")
         return {"source": f"Torch-TensorRT {self.tt.__version__} engine profiler (Engine.enable_profiling with "
                           f"profile_path_prefix; *{spec['trace_suffix']} in its {spec['format']} format and "
                           f"*{spec['layer_information_suffix']}), a separate pass",
