@@ -115,7 +115,12 @@ RULES: tuple[Rule, ...] = (
     Rule("load", (2, 3), None, "torch_tensorrt.load(file_path) -> ExportedProgram",
          "py/torch_tensorrt/_compile.py@v2.5.0 (torch.jit.load first, then torch.export.load) and "
          f"@{MAIN} (torch.export.load first)"),
-    # Per-layer timing (device/runners/torch_tensorrt_profile.py). The engine object of a loaded program and its
+    # Per-layer timing (device/runners/torch_tensorrt_profile.py). Where a loaded program keeps its engines:
+    Rule("engine_attribute", (2, 3), None,
+         "get_attr <submodule>_engine passed to tensorrt.execute_engine(inputs, engine)",
+         f"py/torch_tensorrt/dynamo/_exporter.py@v2.5.0 and @{MAIN} (inline_trt_modules: setattr(gm, "
+         "f\"{name}_engine\", trt_module.engine); execute_engine.default(args, engine_node))"),
+    # The engine object of a loaded program and its
     # profiling methods: the torchbind class's bindings, the same calls TorchTensorRTModule.enable_profiling makes.
     Rule("engine_profiler", (2, 3), (2, 8),
          {"trace_suffix": "_engine_exectuion_profile.trace", "format": "perfetto", "set_format": False,
