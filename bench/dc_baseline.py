@@ -74,7 +74,8 @@ def export(path: Path, size: int, classes: int, arch: str = "resnet50") -> Path:
     return path
 
 
-def export_onnx(folder: Path, size: int, classes: int, arch: str = "resnet50") -> tuple[dict[str, Path], dict[str, str]]:
+def export_onnx(folder: Path, size: int, classes: int,
+                arch: str = "resnet50") -> tuple[dict[str, Path], dict[str, str]]:
     """The ONNX road's artifacts: FP32, and FP16 written in the graph (TensorRT builds what the graph says).
 
     Returns:
@@ -191,7 +192,7 @@ def main() -> int:
                 for road in (r for r in args.roads if roads[r]["measured"]):
                     if road == "tensorrt" and precision not in onnx:
                         skipped.append(f"{road} {size}px {precision}: {missing.get(precision, 'no ONNX model')}")
-                        print(f"road {road} {size}px {precision}: NOT MEASURED: {skipped[-1]}", file=sys.stderr)
+                        print(f"NOT MEASURED: {skipped[-1]}", file=sys.stderr)
                         continue
                     artifact = onnx[precision] if road == "tensorrt" else program
                     spec = job_spec(road, artifact, precision, size, args, cuda)
@@ -201,7 +202,8 @@ def main() -> int:
                     if job["state"] == "succeeded":
                         rows.extend(rows_of(job, road, size, precision))
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "arch": args.arch, "gpu": device.get("gpu"), "cuda": device.get("cuda"),
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "arch": args.arch, "gpu": device.get("gpu"),
+              "cuda": device.get("cuda"),
               "torch": device.get("torch"), "torch_tensorrt": device.get("torch_tensorrt"),
               "tensorrt": device.get("tensorrt"), "device": device, "roads": roads, "rows": rows,
               "not_measured": skipped,

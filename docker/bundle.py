@@ -53,7 +53,7 @@ echo "      and create the token file it names; then systemctl enable --now edge
 """
 
 
-TORCH_TENSORRT_CHECK = r"""# torch_tensorrt's JetPack wheel requires JetPack's own TensorRT (python3-libnvinfer): no wheel of it is bundled.
+TORCH_TENSORRT_CHECK = r"""# torch_tensorrt's JetPack wheel requires JetPack's TensorRT (python3-libnvinfer), which has no wheel.
 if ! "$prefix/bin/python" -c "import tensorrt" 2>/dev/null; then
   echo "error: this bundle's Torch-TensorRT needs JetPack's TensorRT in $python (python3-libnvinfer)" >&2
   echo "  fix: sudo apt-get install nvidia-jetpack (or python3-libnvinfer), and keep VENV_ARGS unset" >&2

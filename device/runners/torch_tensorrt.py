@@ -4,7 +4,8 @@ per measured batch, and runs it — the PyTorch user's road to TensorRT, beside 
 
 Torch-TensorRT's API moves between releases (JetPack 6's builds: jetson-containers'
 packages/pytorch/torch_tensorrt/config.py@1791966 builds branch lluo/jp6.1, the 2.4–2.5 era, below JetPack 6.2 and
-v2.9.0 from 6.2; PyPI's newest is 2.14), so
+v2.9.0 from 6.2; the wheel pytorch/TensorRT documents for JetPack 6.2 is 2.8.0, docsrc/getting_started/
+jetpack.rst@v2.9.0, which docker/platforms.py installs; PyPI's newest is 2.14), so
 everything this runner asks of it that depends on the release is in ONE table, :data:`RULES`, each rule with
 the file and tag of the ``pytorch/TensorRT`` sources it was read from; :func:`rules_for` picks the rules of the
 release installed, and the result says which release and rules ran.
@@ -120,8 +121,8 @@ RULES: tuple[Rule, ...] = (
          "get_attr <submodule>_engine passed to tensorrt.execute_engine(inputs, engine)",
          f"py/torch_tensorrt/dynamo/_exporter.py@v2.5.0 and @{MAIN} (inline_trt_modules: setattr(gm, "
          "f\"{name}_engine\", trt_module.engine); execute_engine.default(args, engine_node))"),
-    # The engine object of a loaded program and its
-    # profiling methods: the torchbind class's bindings, the same calls TorchTensorRTModule.enable_profiling makes.
+    # The engine's profiling methods: the torchbind class's bindings, the calls TorchTensorRTModule.enable_profiling
+    # makes on it. The trace's name and format changed in 2.8.
     Rule("engine_profiler", (2, 3), (2, 8),
          {"trace_suffix": "_engine_exectuion_profile.trace", "format": "perfetto", "set_format": False,
           "layer_information_suffix": "_layer_information.json"},
@@ -185,8 +186,8 @@ def rules_for(version: str) -> dict[str, Rule]:
         oldest = min(rule.since for rule in RULES if rule.name == "supported")
         raise ConfigError(f"Torch-TensorRT {version} is older than {oldest[0]}.{oldest[1]}, the oldest release this "
                           "runner was written against",
-                          fix="install Torch-TensorRT ≥ 2.3 (JetPack 6: jetson-containers' torch_tensorrt), or use "
-                              "runtime 'tensorrt' with the ONNX")
+                          fix="install Torch-TensorRT ≥ 2.3 (JetPack 6.2: 2.8.0 via TORCH_TENSORRT=1, docker/README.md), "
+                              "or use runtime 'tensorrt' with the ONNX")
     return chosen
 
 
@@ -366,12 +367,13 @@ class TorchTensorRTRunner(Runner):
         self.pci_bus_id: str | None = None
         self.torch_tensorrt: dict[str, Any] = {}
         self.rules: dict[str, Rule] = {}
+        self._profile_detailed = False
 
     def load(self) -> None:
         torch = require("torch", "PyTorch", "pip install 'edgefold[torch-tensorrt]' (JetPack: NVIDIA's torch wheel)")
         tt = require("torch_tensorrt", "Torch-TensorRT",
-                     "pip install 'edgefold[torch-tensorrt]' on x86/SBSA; on JetPack 6 use jetson-containers' "
-                     "torch_tensorrt build")
+                     "pip install 'edgefold[torch-tensorrt]' on x86/SBSA; on JetPack 6 (L4T 36.4/36.5) make bundle "
+                     "or docker-jetson with TORCH_TENSORRT=1 (docker/README.md)")
         self.torch, self.tt = torch, tt
         rules = self.rules = rules_for(tt.__version__)
         from torch._export.serde.schema import SCHEMA_VERSION
@@ -486,7 +488,7 @@ class TorchTensorRTRunner(Runner):
         """Why this installation cannot time layers (no engine profiler, no C++ runtime, no engine), or None."""
         from device.runners.torch_tensorrt_profile import unavailable
 
-        features = getattr(self.tt, "ENABLED_FEATURES", None)  # torch_tensorrt/__init__.py re-exports _features'
+        features = getattr(self.tt, "ENABLED_FEATURES", None)  # torch_tensorrt/__init__.py re-exports _features.py's
         return unavailable(self.tt.__version__, self.rules, bool(getattr(features, "torch_tensorrt_runtime", False)),
                            list(self._modules.values()))
 
@@ -515,8 +517,9 @@ class TorchTensorRTRunner(Runner):
         if fallback.get("fallback_count"):
             ops = ", ".join(f"{op} x{count}" for op, count in fallback["fallback_ops"].items())
             notes.append(f"TensorRT engines only: {fallback['fallback_count']} op(s) fell back to PyTorch ({ops}) and "
-                         "run between the engines, outside this table; their time is the latency minus the table's")
-        if not getattr(self, "_profile_detailed", False):
+                         "run between the engines, outside this table (the latency less the table's total bounds "
+                         "their time)")
+        if not self._profile_detailed:
             notes.append("layer precisions unknown: Torch-TensorRT builds its engines with ProfilingVerbosity."
                          "LAYER_NAMES_ONLY outside debugging, so its layer information names layers only "
                          "(py/torch_tensorrt/dynamo/conversion/_TRTInterpreter.py; RULES layer_information)")

@@ -47,7 +47,8 @@ def test_dc_baseline_names_a_road_that_does_not_import(repo, monkeypatch):
     spec.loader.exec_module(bench)
     monkeypatch.setitem(sys.modules, "torch_tensorrt", None)  # import raises ImportError
     status = bench.road_status("torch_tensorrt")
-    assert status["measured"] is False and "torch_tensorrt does not import here (ModuleNotFoundError" in status["reason"]
+    assert status["measured"] is False
+    assert "torch_tensorrt does not import here (ModuleNotFoundError" in status["reason"]
     line = bench.road_line("torch_tensorrt", status)
     assert "NOT MEASURED" in line and "WITH_TORCH_TENSORRT=1" in line
     assert bench.road_line("torch", bench.road_status("torch")).startswith("road torch (Torch): measured with torch")

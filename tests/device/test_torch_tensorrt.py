@@ -65,7 +65,8 @@ def test_each_release_gets_its_own_precision_arguments_and_every_rule_cites_a_ta
     assert compile_arguments(rules_for("2.9.0"), "int8") == {"enabled_precisions": ("int8",)}
     assert compile_arguments(rules_for("2.14.0"), "fp16") == {}
     assert compile_arguments(rules_for("2.13.0"), "int8") == {}
-    assert all("@" in rule.source and rule.source.startswith(("py/", "docsrc/", "examples/", "core/")) for rule in RULES)
+    assert all("@" in rule.source and rule.source.startswith(("py/", "docsrc/", "examples/", "core/"))
+               for rule in RULES)
     # Every release read gets exactly one rule of each name.
     for version in ("2.3.0", "2.5.0", "2.6.0", "2.12.0", "2.13.0", "2.14.0"):
         names = [r.name for r in RULES if r.since <= tuple(map(int, version.split(".")[:2]))
