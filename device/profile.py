@@ -170,13 +170,20 @@ def overhead_kind(kind: str, name: str) -> OverheadKind | None:
 
     Args:
         kind: The ONNX op type (ONNX Runtime) or TensorRT LayerType.
-        name: The layer's name. Only an unfused name counts: TensorRT joins fused layers with ``' + '``
-            and names Myelin subgraphs ``{ForeignNode[QuantizeLinear_0...Gemm_9]}``, and those compute.
+        name: The layer's name. A reformat TensorRT inserted is named after the layer it feeds, fused or not
+            (``Reformatting CopyNode for Input Tensor 0 to conv1 + relu1``); otherwise only an unfused name counts:
+            TensorRT joins fused layers with ``' + '`` and names Myelin subgraphs
+            ``{ForeignNode[QuantizeLinear_0...Gemm_9]}``, and those compute.
     """
     found = _OVERHEAD_KINDS.get(kind.lower())
-    if found or " + " in name or name.startswith("{"):
+    if found:
         return found
     text = name.lower()
+    if not name.startswith("{") and any(needle in text for needle, category in _OVERHEAD_NAMES
+                                        if category == "reformat"):
+        return "reformat"
+    if " + " in name or name.startswith("{"):
+        return None
     return next((category for needle, category in _OVERHEAD_NAMES if needle in text), None)
 
 

@@ -234,6 +234,74 @@ def test_runner_times_each_engine_layer_with_its_releases_profiler(monkeypatch, 
     assert any("LAYER_NAMES_ONLY" in n for n in profile["notes"])
 
 
+# The traces as core/runtime/TRTEngineProfiler.cpp's dump_trace writes them (its stream formatting, two layers run
+# twice: 1.5 ms and 0.25 ms each time), and the inspector's LAYER_NAMES_ONLY JSON.
+PERFETTO_2_5 = """[
+  {
+    "name": "conv1 + relu1",
+    "ph": "X",
+    "ts": 0,
+    "dur": 3000,
+    "tid": 1,
+    "pid": "_run_on_acc_0 Engine Execution",
+    "args": {}
+  },
+  {
+    "name": "Reformatting CopyNode for Output Tensor 0 to conv1 + relu1",
+    "ph": "X",
+    "ts": 3000,
+    "dur": 500,
+    "tid": 1,
+    "pid": "_run_on_acc_0 Engine Execution",
+    "args": {}
+  }
+]
+"""
+TREX_2_9 = """[
+  {
+    "name": "conv1 + relu1",
+    "timeMs": 3,
+    "averageMs": 1.5,
+    "percentage": 85.7143
+  },
+  {
+    "name": "Reformatting CopyNode for Output Tensor 0 to conv1 + relu1",
+    "timeMs": 0.5,
+    "averageMs": 0.25,
+    "percentage": 14.2857
+  }
+]
+"""
+
+
+@pytest.mark.parametrize("version,name,text", [("2.5.0", "_run_on_acc_0_engine_exectuion_profile.trace", PERFETTO_2_5),
+                                               ("2.9.0", "_run_on_acc_0_engine_execution_profile.trace", TREX_2_9)])
+def test_traces_in_torch_tensorrts_own_format_become_the_table(tmp_path, version, name, text):
+    from device.profile import batch_profile
+    from device.runners.torch_tensorrt_profile import read_engine_trace, tensorrt_timings
+
+    spec = rules_for(version)["engine_profiler"].value
+    (tmp_path / name).write_text(text)
+    (tmp_path / "_run_on_acc_0_layer_information.json").write_text(
+        json.dumps({"Layers": ["conv1 + relu1", "Reformatting CopyNode for Output Tensor 0 to conv1 + relu1"],
+                    "Bindings": ["x", "out"]}))
+    times, information = read_engine_trace(tmp_path, spec, iterations=2)
+    table = batch_profile(1, 2, tensorrt_timings(information, times, "gpu"), "gpu")
+    by_name = {layer.name: layer for layer in table.layers}
+    assert by_name["conv1 + relu1"].time_ms == pytest.approx(1.5) and table.total_ms == pytest.approx(1.75)
+    assert by_name["Reformatting CopyNode for Output Tensor 0 to conv1 + relu1"].overhead == "reformat"
+    assert table.overhead_share == pytest.approx(0.25 / 1.75)
+
+
+def test_a_missing_trace_is_an_error_naming_what_was_written(tmp_path):
+    from device.errors import RunnerError
+    from device.runners.torch_tensorrt_profile import read_engine_trace
+
+    (tmp_path / "x_layer_information.json").write_text("{}")
+    with pytest.raises(RunnerError, match=r"wrote no \*_engine_execution_profile.trace.*x_layer_information.json"):
+        read_engine_trace(tmp_path, rules_for("2.14.0")["engine_profiler"].value, iterations=1)
+
+
 def test_without_the_cpp_runtime_the_profile_says_so_instead_of_guessing(monkeypatch, tmp_path, program, capsys):
     """Against the STAND-IN of 2.14 without its C++ runtime: the Python engine prints, writes no trace."""
     from device.profile import profile_runner
