@@ -20,7 +20,7 @@ What it encodes, per release, from pytorch/TensorRT's sources (file@tag):
   engines in the real one) — the names _compiler.py's partitioner gives. Here every child is the real ATen
   subgraph, so the compiled module's outputs are the program's own.
 * ``save(module, path, *, output_format="exported_program", arg_inputs=…)`` re-exports and saves (a GraphModule
-  without example inputs is a ``ValueError``, as in _compile.py@v2.5.0); ``load`` is ``torch.export.load``.
+  without example inputs is a ``ValueError``, as in _compile.py@v2.5.0); ``load`` wraps ``torch.export.load``.
 
 * Loading and profiling: ``load`` returns the program whose ``module()`` runs each ``_run_on_acc_<i>`` subgraph
   through an engine object (:class:`StandinEngine`, attribute ``_run_on_acc_<i>_engine``, read by a ``get_attr``
