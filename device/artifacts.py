@@ -41,7 +41,8 @@ class HashingWriter:
 
 
 def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> str:
-    """The kind of a received file ("onnx" or "torch-export") once its hash and content check out."""
+    """The kind of a received file ("onnx", "torch-export", "eval-set" or "detection-head") once its hash and
+    content check out."""
     if actual_sha256 != expected_sha256:
         raise ArtifactError(f"upload corrupted: its bytes hash to sha256 {actual_sha256}, not {expected_sha256}",
                             fix="upload again; the artifact is named by the sha256 of its exact bytes")
@@ -53,7 +54,23 @@ def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> st
         return _check_torch_export(path)
     if magic == b"\x93NUM":
         return _check_eval_set(path)
+    if magic[:1] == b"{":
+        return _check_detection_head(path)
     return _check_onnx(path)
+
+
+def _check_detection_head(path: Path) -> str:
+    """A detection sidecar (``.head.json``: anchors, box coder, thresholds) that decodes as the device will use it."""
+    import json
+
+    from device.detection_post import HeadSpecError, head_spec_from_dict
+
+    try:
+        head_spec_from_dict(json.loads(path.read_text()), "the uploaded detection sidecar")
+    except (ValueError, HeadSpecError) as err:  # JSONDecodeError is a ValueError
+        raise ArtifactError(f"not a detection sidecar: {getattr(err, 'message', err)}",
+                            fix="upload the .head.json the export stage wrote beside the ONNX", status=422) from None
+    return "detection-head"
 
 
 def _check_eval_set(path: Path) -> str:

@@ -258,7 +258,14 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
             progress("profiling layers")
             profile, profile_note = profile_runner(runner, spec.batch_sizes, chw)
         evaluation = None
-        if spec.evaluation is not None:
+        if spec.evaluation is not None and spec.evaluation.head is not None:
+            from device.detection_evaluation import evaluate_detection_runner
+
+            progress(f"evaluating {spec.evaluation.images} images (decode + NMS after each batch)")
+            evaluation = evaluate_detection_runner(runner, job["evaluation_path"], spec.evaluation.artifact,
+                                                   spec.evaluation.images, job["head_path"], spec.evaluation.head,
+                                                   chw, spec.batch_sizes)
+        elif spec.evaluation is not None:
             from device.evaluation import evaluate_runner
 
             progress(f"evaluating {spec.evaluation.images} images")

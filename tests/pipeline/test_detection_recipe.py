@@ -119,6 +119,7 @@ def test_a_stage_detection_lacks_is_refused_naming_built_and_missing(repo):
     assert "evaluate stage is not built for task detection" in err.value.message
     assert "built: data, teacher, prune, distill, export, quantize; not built: evaluate, deploy, report" \
         in err.value.message and "--until quantize" in err.value.fix
+    assert "device-measured mAP" in err.value.message, "what remains is named, not only the stages' names"
 
 
 def test_a_bad_coco_file_is_named_by_the_data_stage(repo, tmp_path):
