@@ -15,6 +15,9 @@ from pathlib import Path
 from device.errors import StatusError, require
 
 
+DETECTION_POST = "device.detection_post"
+
+
 class ArtifactError(StatusError):
     """An upload was refused; ``status`` is the HTTP status the agent answers with."""
 
@@ -61,13 +64,17 @@ def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> st
 
 def _check_detection_head(path: Path) -> str:
     """A detection sidecar (``.head.json``: anchors, box coder, thresholds) that decodes as the device will use it."""
+    import importlib
     import json
 
-    from device.detection_post import HeadSpecError, head_spec_from_dict
+    from device.errors import ConfigError
 
+    # Loaded by name, as device.jobrun loads the detection evaluation: a classification deploy's code hash (which
+    # covers the agent) must not follow the detection decoder.
+    decoder = importlib.import_module(DETECTION_POST)
     try:
-        head_spec_from_dict(json.loads(path.read_text()), "the uploaded detection sidecar")
-    except (ValueError, HeadSpecError) as err:  # JSONDecodeError is a ValueError
+        decoder.head_spec_from_dict(json.loads(path.read_text()), "the uploaded detection sidecar")
+    except (ValueError, ConfigError) as err:  # JSONDecodeError is a ValueError; HeadSpecError a ConfigError
         raise ArtifactError(f"not a detection sidecar: {getattr(err, 'message', err)}",
                             fix="upload the .head.json the export stage wrote beside the ONNX", status=422) from None
     return "detection-head"

@@ -176,6 +176,28 @@ class DetectionQuantizeConfig(_Strict):
                                                     "intervals and the per-class changes")
 
 
+class DetectionDeployConfig(_Strict):
+    """Every rung to each device's agent (a loopback agent without EDGE=/DC=/DEVICES=): timed, then scored on the
+    device with its own decode + NMS (device.detection_evaluation)."""
+
+    runtime: Literal["auto", "onnxruntime", "tensorrt"] = Field(
+        "auto", description="tensorrt where the agent has TensorRT 10+, else onnxruntime (said so in the report)")
+    batch_sizes: list[int] = Field([1], min_length=1, description="engine batches timed")
+    iterations: int = Field(50, ge=2, description="timed calls per batch")
+    warmup_iterations: int = Field(5, ge=0)
+    evaluate_images: Optional[int] = Field(None, ge=1, description="test images the device scores (null = all)")
+    profile: bool = Field(True, description="the per-layer profile after the timed windows")
+    timeout_s: int = Field(1800, ge=10, description="longest wait for one job")
+    resamples: int = Field(200, ge=10, description="bootstrap resamples for the device-measured mAP's interval")
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(b < 1 for b in value) or len(set(value)) != len(value):
+            raise ValueError("batch sizes are distinct positive integers")
+        return value
+
+
 class DetectionRecipe(_Strict):
     """A detection recipe (``task: detection``): the same ladder for detectors, built stage by stage."""
 
@@ -189,6 +211,7 @@ class DetectionRecipe(_Strict):
     export: DetectionExportConfig = DetectionExportConfig()
     quantize: DetectionQuantizeConfig = DetectionQuantizeConfig()
     postprocess: DetectionPostprocessConfig = DetectionPostprocessConfig()
+    deploy: DetectionDeployConfig = DetectionDeployConfig()
 
     def section(self, name: str) -> dict[str, Any]:
         """A section as plain JSON-able data (what a stage hashes into its config)."""

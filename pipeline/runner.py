@@ -22,7 +22,6 @@ from device.files import sha256_file
 from pipeline.manifest import Manifest, sha256_json
 from pipeline.recipe import load_recipe
 from pipeline.stages import DETECTION_STAGES, STAGE_ORDER, STAGES
-from pipeline.stages.detection_base import NOT_BUILT
 
 LATEST = "latest"
 
@@ -134,9 +133,8 @@ def _refuse_unbuilt_stage(recipe, name: str, registry: Registry) -> None:
     if name not in registry:
         built = [n for n in STAGE_ORDER if n in registry]
         missing = [n for n in STAGE_ORDER if n not in registry]
-        remaining = "; ".join(NOT_BUILT[n] for n in missing if n in NOT_BUILT) if registry is DETECTION_STAGES else ""
         raise StageError(f"recipe {recipe.name}: the {name} stage is not built for task {recipe.task} yet; built: "
-                         f"{', '.join(built)}; not built: {', '.join(missing)}" + (f" ({remaining})" if remaining else ""),
+                         f"{', '.join(built)}; not built: {', '.join(missing)}",
                          fix=f"stop before it with --until {built[-1]} (UNTIL={built[-1]}); the results so far are "
                              "recorded in the run's manifest")
 

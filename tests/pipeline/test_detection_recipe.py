@@ -45,8 +45,8 @@ def test_unknown_detection_key_is_named_with_a_suggestion(det_raw):
 
 
 def test_a_classification_section_is_refused_in_a_detection_recipe(det_raw):
-    det_raw["deploy"] = {"runtimes": ["onnxruntime"]}  # not built for detection: refused, never silently ignored
-    with pytest.raises(ConfigError, match="deploy: unknown key"):
+    det_raw["preprocess"] = {"resize": 72}  # the detector resizes itself: refused, never silently ignored
+    with pytest.raises(ConfigError, match="preprocess: unknown key"):
         parse_recipe(det_raw)
 
 
@@ -107,19 +107,21 @@ def test_an_unknown_task_names_the_tasks(det_raw):
     assert "'detection'" in err.value.fix
 
 
-def test_a_stage_detection_lacks_is_refused_naming_built_and_missing(repo):
+def test_detection_has_every_stage_and_a_missing_one_is_still_refused(repo):
+    from device.registry import Registry
     from pipeline.runner import _refuse_unbuilt_stage, _stages_for
+    from pipeline.stages import STAGE_ORDER
 
     recipe, _, _ = load_recipe(str(repo / "models" / "tiny-det.yaml"))
     registry = _stages_for(recipe)
-    assert {"data", "teacher", "prune", "distill", "export", "quantize"} <= set(registry.names())
-    _refuse_unbuilt_stage(recipe, "quantize", registry)  # built: passes
+    assert set(registry.names()) == set(STAGE_ORDER)
+    partial = Registry("detection stage")
+    for name in STAGE_ORDER[:-1]:
+        partial.add(name, registry.get(name))
+    _refuse_unbuilt_stage(recipe, "deploy", partial)  # built: passes
     with pytest.raises(StageError) as err:
-        _refuse_unbuilt_stage(recipe, "evaluate", registry)
-    assert "evaluate stage is not built for task detection" in err.value.message
-    assert "built: data, teacher, prune, distill, export, quantize; not built: evaluate, deploy, report" \
-        in err.value.message and "--until quantize" in err.value.fix
-    assert "device-measured mAP" in err.value.message, "what remains is named, not only the stages' names"
+        _refuse_unbuilt_stage(recipe, "report", partial)
+    assert "report stage is not built for task detection" in err.value.message and "--until deploy" in err.value.fix
 
 
 def test_a_bad_coco_file_is_named_by_the_data_stage(repo, tmp_path):

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from device.errors import StageError
 from pipeline.data.detection_files import load_split, save_splits
 from pipeline.detection_checkpoint import load_detector, save_detector
 from pipeline.detection_metrics import Boxes
@@ -42,23 +41,22 @@ def test_a_pruned_detector_checkpoint_reloads_with_its_widths(tmp_path):
 @pytest.fixture(scope="module")
 @slow_fixture
 def det_run(repo, tmp_path_factory):
-    """tiny-det with fewer canvases and epochs (about 35 s on two cores): it stops at evaluate."""
+    """tiny-det with fewer canvases, epochs and resamples, end to end on a loopback agent (about 60 s on two cores)."""
     from pipeline.runner import run_pipeline
 
     runs = tmp_path_factory.mktemp("det-runs")
     overrides = {"data.train_images": 512, "teacher.train.epochs": 4, "teacher.train.lr": 0.003,
-                 "distill.train.epochs": 1, "quantize.resamples": 50}
-    with pytest.raises(StageError) as err:
-        run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=runs, new=True, overrides=overrides)
+                 "distill.train.epochs": 1, "quantize.resamples": 50, "deploy.resamples": 50,
+                 "deploy.iterations": 5, "deploy.warmup_iterations": 1, "deploy.profile": False}
+    ctx = run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=runs, new=True, overrides=overrides)
     manifest = json.loads(next(runs.glob("tiny-det/*/manifest.json")).read_text())
-    return err.value, manifest
+    return ctx.run_dir, manifest
 
 
-def test_detection_run_records_data_teacher_prune_distill_then_stops_at_evaluate(det_run):
-    err, manifest = det_run
-    assert "evaluate stage is not built for task detection" in err.message
+def test_detection_run_records_every_stage(det_run):
+    _, manifest = det_run
     stages = manifest["stages"]
-    assert list(stages) == ["data", "teacher", "prune", "distill", "export", "quantize"]
+    assert list(stages) == ["data", "teacher", "prune", "distill", "export", "quantize", "evaluate", "deploy", "report"]
     assert stages["data"]["metrics"]["generator"]["source"] == "digits"
     teacher = stages["teacher"]["metrics"]
     assert teacher["ap50"] > 0.05 and teacher["map_low"] <= teacher["map_high"]
@@ -119,3 +117,23 @@ def test_a_users_detector_weights_load_with_a_head_for_other_classes(tmp_path):
     torch.save(state, tmp_path / "bad.pth")
     with pytest.raises(CheckpointError, match="other shapes"):
         load_detector_weights(build_detector("tiny_fcos", 5), "tiny_fcos", tmp_path / "bad.pth")
+
+
+def test_detection_rungs_are_scored_on_the_loopback_agent_and_reported(det_run):
+    """Every rung's device-measured mAP comes from the engine the agent timed, decoded there; with ONNX Runtime on
+    both sides it equals the host's, and the report shows both with the post-processing's time apart."""
+    run_dir, manifest = det_run
+    ladder = json.loads((run_dir / manifest["stages"]["evaluate"]["outputs"]["ladder"]).read_text())["rungs"]
+    assert set(ladder) == {"teacher", "student", "student_int8", "student_int8_box_int8"}
+    results = json.loads((run_dir / manifest["stages"]["deploy"]["outputs"]["results"]).read_text())
+    (device,) = results["devices"]
+    assert device["status"] == "ok" and results["images"] == 128
+    for rung, row in ladder.items():
+        measured = device["rungs"][rung]
+        assert measured["state"] == "succeeded", measured
+        assert abs(measured["scores"]["map"] - row["map"]) < 1e-6, f"{rung}: the device ran what the host scored"
+        assert measured["postprocess_ms_per_image"] > 0 and measured["network_ms_per_image"] > 0
+    report = (run_dir / manifest["stages"]["report"]["outputs"]["markdown"]).read_text()
+    assert "| student_int8 | int8 | float |" in report and "decode + NMS ms/img" in report
+    assert "Quantizing the box head" in report
+
