@@ -78,7 +78,7 @@ class DetectionDeployStage(Stage):
             loopback = LoopbackAgent(Path(tmp) / "agent").start()
             ctx.log(f"[  deploy] no EDGE=/DC=/DEVICES= given: loopback agent at {loopback.url} (this machine)")
         try:
-            outcomes = [self._device(ctx, device, loopback, artifacts, sizes, sets, test, count, ladder["classes"])
+            outcomes = [self._device(ctx, device, loopback, artifacts, sizes, sets, test, count, ladder)
                         for device in devices]
         finally:
             if loopback is not None:
@@ -94,7 +94,7 @@ class DetectionDeployStage(Stage):
                            metrics={"devices": {d["name"]: d["status"] for d in outcomes}, "jobs_succeeded": succeeded,
                                     "jobs": len(outcomes) * len(artifacts)})
 
-    def _device(self, ctx, device, loopback, artifacts, sizes, sets, test, count, classes) -> dict[str, Any]:
+    def _device(self, ctx, device, loopback, artifacts, sizes, sets, test, count, ladder) -> dict[str, Any]:
         from device.client import AgentClient
         from device.errors import EdgeFoldError
         from device.schema import parse_result
@@ -114,7 +114,8 @@ class DetectionDeployStage(Stage):
                 truth = test.boxes[:count]
                 image_sizes = [tuple(image.shape[:2]) for image in test.images[:count]]
                 for rung, path in artifacts.items():
-                    precision = "int8" if ".int8" in path.name and runtime == "tensorrt" else "fp32"
+                    # TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored.
+                    precision = ladder["rungs"][rung]["precision"] if runtime == "tensorrt" else "fp32"
                     spec = {"artifact": client.upload(path), "runtime": runtime, "precision": precision,
                             "batch_sizes": list(cfg.batch_sizes), "iterations": cfg.iterations,
                             "warmup_iterations": cfg.warmup_iterations, "profile": cfg.profile,
@@ -127,9 +128,13 @@ class DetectionDeployStage(Stage):
                         outcome["rungs"][rung] = {"state": job["state"], "error": job.get("error")}
                         continue
                     result = parse_result(job["result"], f"{rung} on {device.name}")
+                    if result.evaluation is None or result.evaluation.detections is None:
+                        outcome["rungs"][rung] = {"state": "failed", "error": "the agent returned no detections: it "
+                                                  "predates result schema 2.5 (upgrade the agent to this EdgeFold)"}
+                        continue
                     found = device_boxes([d.model_dump() for d in result.evaluation.detections], sizes[rung],
                                          image_sizes)
-                    scores = evaluate(truth, found, classes, image_sizes, resamples=cfg.resamples)
+                    scores = evaluate(truth, found, ladder["classes"], image_sizes, resamples=cfg.resamples)
                     outcome["rungs"][rung] = {
                         "state": "succeeded", "job_id": job["id"], "precision": result.runtime.precision,
                         "scores": scores,
