@@ -63,8 +63,6 @@ class DetectionQuantizeStage(Stage):
                 "size_mb": out.stat().st_size / 1e6, "lint": lint.to_dict()}
 
     def run(self, ctx, workdir: Path) -> StageResult:
-        import numpy as np
-
         from pipeline.data.detection_files import load_split
         from pipeline.detection_export import network_inputs, sidecar_path
         from pipeline.detection_metrics import class_changes
