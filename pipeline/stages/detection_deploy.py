@@ -47,7 +47,7 @@ class DetectionDeployStage(Stage):
     code_modules = ("device.jobrun", "device.agent", "device.detection_evaluation")
 
     def needs(self, ctx):
-        return ("data", "evaluate")
+        return ("data", "export", "quantize", "evaluate")  # the rungs and their sidecars are those stages' outputs
 
     def config(self, ctx):
         return {"deploy": ctx.recipe.section("deploy")}

@@ -26,7 +26,7 @@ class DetectionEvaluateStage(Stage):
     name = "evaluate"
 
     def needs(self, ctx):
-        return ("teacher", "distill", "export", "quantize")
+        return ("data", "teacher", "distill", "export", "quantize")
 
     def config(self, ctx):
         return {}
