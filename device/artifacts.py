@@ -15,6 +15,9 @@ from pathlib import Path
 from device.errors import StatusError, require
 
 
+DETECTION_POST = "device.detection_post"
+
+
 class ArtifactError(StatusError):
     """An upload was refused; ``status`` is the HTTP status the agent answers with."""
 
@@ -41,7 +44,8 @@ class HashingWriter:
 
 
 def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> str:
-    """The kind of a received file ("onnx" or "torch-export") once its hash and content check out."""
+    """The kind of a received file ("onnx", "torch-export", "eval-set" or "detection-head") once its hash and
+    content check out."""
     if actual_sha256 != expected_sha256:
         raise ArtifactError(f"upload corrupted: its bytes hash to sha256 {actual_sha256}, not {expected_sha256}",
                             fix="upload again; the artifact is named by the sha256 of its exact bytes")
@@ -53,7 +57,27 @@ def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> st
         return _check_torch_export(path)
     if magic == b"\x93NUM":
         return _check_eval_set(path)
+    if magic[:1] == b"{":
+        return _check_detection_head(path)
     return _check_onnx(path)
+
+
+def _check_detection_head(path: Path) -> str:
+    """A detection sidecar (``.head.json``: anchors, box coder, thresholds) that decodes as the device will use it."""
+    import importlib
+    import json
+
+    from device.errors import ConfigError
+
+    # Loaded by name, as device.jobrun loads the detection evaluation: a classification deploy's code hash (which
+    # covers the agent) must not follow the detection decoder.
+    decoder = importlib.import_module(DETECTION_POST)
+    try:
+        decoder.head_spec_from_dict(json.loads(path.read_text()), "the uploaded detection sidecar")
+    except (ValueError, ConfigError) as err:  # JSONDecodeError is a ValueError; HeadSpecError a ConfigError
+        raise ArtifactError(f"not a detection sidecar: {getattr(err, 'message', err)}",
+                            fix="upload the .head.json the export stage wrote beside the ONNX", status=422) from None
+    return "detection-head"
 
 
 def _check_eval_set(path: Path) -> str:

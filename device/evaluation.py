@@ -23,6 +23,39 @@ class EvaluationSetError(ConfigError):
     """An evaluation set that is not the one the job names, or does not fit the model's input."""
 
 
+def load_evaluation_set(path: str | Path, artifact: str, images: int, chw: Sequence[int]) -> np.ndarray:
+    """The stored set, memory-mapped, once its bytes, shape, dtype and count match what the job says.
+
+    Raises:
+        EvaluationSetError: A hash, count or shape that does not match, naming both.
+    """
+    actual = sha256_file(path)
+    if actual != artifact:
+        raise EvaluationSetError(f"the evaluation set's bytes hash to sha256 {actual}, not {artifact} as the job says",
+                                 fix="upload the set again (the deploy stage does), then resubmit the job")
+    data = np.load(path, mmap_mode="r", allow_pickle=False)
+    if data.ndim != 4 or tuple(data.shape[1:]) != tuple(chw) or data.dtype != np.float32:
+        raise EvaluationSetError(
+            f"the evaluation set holds {data.dtype} images of shape {tuple(data.shape)}, but the model takes "
+            f"float32 N×{'×'.join(map(str, chw))}",
+            fix="build the set with the preprocessing recorded with this model (export/preprocess.json)")
+    if data.shape[0] != images:
+        raise EvaluationSetError(f"the evaluation set holds {data.shape[0]} images, the job says {images}",
+                                 fix="resubmit the job with the set's own count")
+    return data
+
+
+def padded_batches(data: np.ndarray, batch: int):
+    """``(chunk, real)`` over the set at exactly ``batch`` images: an engine built for this batch only gets the
+    last batch padded with its last image repeated; ``real`` says how many of the chunk's outputs to keep."""
+    for start in range(0, len(data), batch):
+        chunk = np.asarray(data[start : start + batch], dtype=np.float32)
+        real = len(chunk)
+        if real < batch:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - real, axis=0)])
+        yield chunk, real
+
+
 def evaluate_runner(runner, path: str | Path, artifact: str, images: int, top_k: int, chw: Sequence[int],
                     batch_sizes: Sequence[int]) -> dict[str, Any]:
     """Runs every image of the set through ``runner`` at the largest batch it was built for.
@@ -42,27 +75,11 @@ def evaluate_runner(runner, path: str | Path, artifact: str, images: int, top_k:
     Raises:
         EvaluationSetError: A hash, count or shape that does not match, naming both.
     """
-    actual = sha256_file(path)
-    if actual != artifact:
-        raise EvaluationSetError(f"the evaluation set's bytes hash to sha256 {actual}, not {artifact} as the job says",
-                                 fix="upload the set again (the deploy stage does), then resubmit the job")
-    data = np.load(path, mmap_mode="r", allow_pickle=False)
-    if data.ndim != 4 or tuple(data.shape[1:]) != tuple(chw) or data.dtype != np.float32:
-        raise EvaluationSetError(
-            f"the evaluation set holds {data.dtype} images of shape {tuple(data.shape)}, but the model takes "
-            f"float32 N×{'×'.join(map(str, chw))}",
-            fix="build the set with the preprocessing recorded with this model (export/preprocess.json)")
-    if data.shape[0] != images:
-        raise EvaluationSetError(f"the evaluation set holds {data.shape[0]} images, the job says {images}",
-                                 fix="resubmit the job with the set's own count")
+    data = load_evaluation_set(path, artifact, images, chw)
     batch = max(batch_sizes)
     started = time.perf_counter()
     predictions = []
-    for start in range(0, images, batch):
-        chunk = np.asarray(data[start : start + batch], dtype=np.float32)
-        real = len(chunk)
-        if real < batch:  # an engine built for this batch only: the last batch is padded, the padding dropped
-            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - real, axis=0)])
+    for chunk, real in padded_batches(data, batch):
         logits = np.asarray(runner.infer(chunk), dtype=np.float32).reshape(batch, -1)[:real]
         predictions.append(np.argsort(-logits, axis=1, kind="stable")[:, :top_k])
     ranked = np.concatenate(predictions).astype(int)

@@ -372,10 +372,18 @@ class Executor:
                 raise _CannotStart(f"evaluation set {job.spec.evaluation.artifact} is not stored as an evaluation "
                                    "set; upload it again")
             evaluation_path = str(found_set[1])
+        head_path = None
+        if job.spec.evaluation is not None and job.spec.evaluation.head is not None:
+            found_head = self.store.get_artifact(job.spec.evaluation.head)
+            if found_head is None or found_head[0].kind != "detection-head":
+                raise _CannotStart(f"detection sidecar {job.spec.evaluation.head} is not stored as one; upload the "
+                                   ".head.json again")
+            head_path = str(found_head[1])
         job_dir = self.store.job_dir(job.id)
         job_dir.mkdir(parents=True, exist_ok=True)
         (job_dir / "job.json").write_text(json.dumps({
             "spec": job.spec.model_dump(), "artifact_path": str(artifact_path), "evaluation_path": evaluation_path,
+            "head_path": head_path,
             "engine_cache": str(self.store.root / "engines"), "jtop_socket": self.jtop_socket, "job_id": job.id,
             "hold_path": str(self.hold_path), "nvpmodel_conf": self.nvpmodel_conf}))
         timeout_s = job.spec.timeout_s or self.job_timeout_s

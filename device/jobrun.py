@@ -13,6 +13,7 @@ purpose otherwise. Unset (always, outside tests) it does nothing.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -42,6 +43,8 @@ SMOKE_IMAGE = Path(__file__).parent / "assets" / "smoke.png"
 # Which power series is the device's power, in order of preference, and how to name it.
 POWER_SOURCES = (("jtop", series.BOARD_POWER), ("nvml", series.GPU_POWER))
 MEMORY_SOURCES = (("jtop", series.RAM_USED), ("nvml", series.GPU_MEM_USED), ("host", series.PROCESS_RSS))
+DETECTION_EVALUATION = "device.detection_evaluation"
+"""The detection evaluation pass, imported by name only for a job whose evaluation names a sidecar."""
 SERIES_SOURCES = ("jtop", "nvml", "host")  # a series any of them reads comes from the first
 
 
@@ -258,7 +261,15 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
             progress("profiling layers")
             profile, profile_note = profile_runner(runner, spec.batch_sizes, chw)
         evaluation = None
-        if spec.evaluation is not None:
+        if spec.evaluation is not None and spec.evaluation.head is not None:
+            # Loaded by name: the pipeline's code hashes follow import statements, and a classification deploy
+            # must not be re-run by an edit to the detection decoder (pipeline.recipe.TASKS does the same).
+            evaluate_detection_runner = importlib.import_module(DETECTION_EVALUATION).evaluate_detection_runner
+            progress(f"evaluating {spec.evaluation.images} images (decode + NMS after each batch)")
+            evaluation = evaluate_detection_runner(runner, job["evaluation_path"], spec.evaluation.artifact,
+                                                   spec.evaluation.images, job["head_path"], spec.evaluation.head,
+                                                   chw, spec.batch_sizes)
+        elif spec.evaluation is not None:
             from device.evaluation import evaluate_runner
 
             progress(f"evaluating {spec.evaluation.images} images")

@@ -112,6 +112,9 @@ class EvaluationSpec(Request):
     artifact: str = Field(pattern=SHA256.pattern, description="sha256 of the uploaded evaluation set (.npy)")
     images: int = Field(ge=1, le=1_000_000, description="how many images the set holds (checked on the device)")
     top_k: int = Field(5, ge=1, le=5, description="predictions returned per image (k = min(5, classes))")
+    head: str | None = Field(None, pattern=SHA256.pattern,
+                             description="sha256 of an uploaded detection sidecar (.head.json): the device decodes "
+                                         "and runs NMS after each batch and returns detections, not classes (2.5)")
 
 
 # A power mode by the board's own name (``MAXN_SUPER``) or id (``nvpmodel -m ID``).
@@ -246,7 +249,7 @@ class Job(Strict):
 
 class Artifact(Strict):
     sha256: str
-    kind: Literal["onnx", "torch-export", "eval-set"]
+    kind: Literal["onnx", "torch-export", "eval-set", "detection-head"]
     size_bytes: int
     stored_at: float
 
@@ -290,8 +293,8 @@ class ErrorBody(Strict):
 # and a field this version added reads as "not recorded" in an older result (``Reported.since``).
 # 2.2: RunResult.power_setting, JobResult.sweep; 2.3: RunResult.accelerator, NotMeasured.accelerator,
 # PowerSetting.power_limit_w and gpu_locked_mhz (NVML sweeps); 2.4: runtime torch_tensorrt, RuntimeInfo.torch_tensorrt,
-# JobSpec.timing_cache
-RESULT_MAJOR, RESULT_MINOR = 2, 4
+# JobSpec.timing_cache; 2.5: EvaluationSpec.head, EvaluationResult.detections, network_s and postprocess_s (detection)
+RESULT_MAJOR, RESULT_MINOR = 2, 5
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -567,6 +570,15 @@ class RuntimeInfo(Measured):
                                                                    "that fell back to PyTorch, per batch (2.4)")
 
 
+class Detections(Measured):
+    """One image's detections as the device's post-processing left them: xyxy boxes in the network input's pixels,
+    scores, and the data's class indices (2.5)."""
+
+    boxes: list[list[float]]
+    scores: list[float]
+    labels: list[int]
+
+
 class EvaluationResult(Measured):
     """The top-k classes the device's engine gave each image of the evaluation set (not logits), in order."""
 
@@ -575,7 +587,11 @@ class EvaluationResult(Measured):
     top_k: int
     batch_size: int = Field(description="the engine batch the set ran at (the last batch padded, the padding dropped)")
     seconds: float = Field(description="wall time of the evaluation pass (outside every timed window)")
-    predictions: list[list[int]]
+    predictions: list[list[int]] = Field(default_factory=list, description="classification: top-k per image")
+    detections: list[Detections] | None = Field(None, description="detection: each image's boxes after decode + "
+                                                                 "NMS on the device (2.5)")
+    network_s: float | None = Field(None, description="detection: the engine's share of the pass (2.5)")
+    postprocess_s: float | None = Field(None, description="detection: decode + NMS's share of the pass (2.5)")
 
 
 class SmokeResult(Measured):

@@ -140,6 +140,64 @@ class DetectionDistillConfig(_Strict):
     train: TrainConfig
 
 
+class DetectionPostprocessConfig(_Strict):
+    """Decode + per-class NMS after the network (:mod:`device.detection_post`, the same on host and device);
+    a key left null keeps the architecture's own value (torchvision's)."""
+
+    score_threshold: Optional[float] = Field(None, ge=0, lt=1, description="scores kept above this")
+    iou_threshold: Optional[float] = Field(None, gt=0, le=1, description="per-class NMS IoU")
+    max_detections: Optional[int] = Field(None, ge=1, description="detections kept per image (COCO scores 100)")
+    topk_candidates: Optional[int] = Field(None, ge=1, description="candidates per level (FPN) or class (SSD)")
+
+
+class DetectionExportConfig(_Strict):
+    """ONNX up to the raw head outputs (:mod:`pipeline.detection_export`), teacher and student."""
+
+    opset: int = Field(17, ge=13, le=21)
+    parity_images: int = Field(32, ge=1, description="test images whose raw outputs torch and ONNX Runtime compare")
+    parity_atol: float = Field(1e-3, gt=0, description="largest |Δ| allowed between torch's and the ONNX's raw output")
+
+
+class DetectionQuantizeConfig(_Strict):
+    """INT8 Q/DQ on backbone and neck with ONNX Runtime's static quantizer (the classification ``ort`` path),
+    gated on COCO mAP."""
+
+    calibration_methods: list[Literal["max", "entropy", "percentile"]] = Field(
+        ["max"], min_length=1, description="tried in order until one is within the mAP budget")
+    per_channel: bool = True
+    calib_images: int = Field(256, ge=1, description="training canvases the activations are calibrated on")
+    box_head: Literal["float", "int8"] = Field(
+        "float", description="the box-regression branch: left float (default; where INT8 loses box accuracy) or "
+                             "quantized")
+    compare_box_head: bool = Field(True, description="also quantize with the other box_head setting and record "
+                                                     "its mAP (what quantizing the box head costs)")
+    accuracy_budget_points: float = Field(1.0, ge=0, description="largest mAP drop allowed, in points (×100)")
+    resamples: int = Field(200, ge=10, description="bootstrap resamples over test images for the FP32 and INT8 "
+                                                    "intervals and the per-class changes")
+
+
+class DetectionDeployConfig(_Strict):
+    """Every rung to each device's agent (a loopback agent without EDGE=/DC=/DEVICES=): timed, then scored on the
+    device with its own decode + NMS (device.detection_evaluation)."""
+
+    runtime: Literal["auto", "onnxruntime", "tensorrt"] = Field(
+        "auto", description="tensorrt where the agent has TensorRT 10+, else onnxruntime (said so in the report)")
+    batch_sizes: list[int] = Field([1], min_length=1, description="engine batches timed")
+    iterations: int = Field(50, ge=2, description="timed calls per batch")
+    warmup_iterations: int = Field(5, ge=0)
+    evaluate_images: Optional[int] = Field(None, ge=1, description="test images the device scores (null = all)")
+    profile: bool = Field(True, description="the per-layer profile after the timed windows")
+    timeout_s: int = Field(1800, ge=10, description="longest wait for one job")
+    resamples: int = Field(200, ge=10, description="bootstrap resamples for the device-measured mAP's interval")
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(b < 1 for b in value) or len(set(value)) != len(value):
+            raise ValueError("batch sizes are distinct positive integers")
+        return value
+
+
 class DetectionRecipe(_Strict):
     """A detection recipe (``task: detection``): the same ladder for detectors, built stage by stage."""
 
@@ -150,6 +208,10 @@ class DetectionRecipe(_Strict):
     teacher: DetectionTeacherConfig
     prune: DetectionPruneConfig
     distill: DetectionDistillConfig
+    export: DetectionExportConfig = DetectionExportConfig()
+    quantize: DetectionQuantizeConfig = DetectionQuantizeConfig()
+    postprocess: DetectionPostprocessConfig = DetectionPostprocessConfig()
+    deploy: DetectionDeployConfig = DetectionDeployConfig()
 
     def section(self, name: str) -> dict[str, Any]:
         """A section as plain JSON-able data (what a stage hashes into its config)."""

@@ -8,6 +8,7 @@ import contextlib
 import io
 import logging
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -30,11 +31,15 @@ def quiet(*loggers: str):
             logging.getLogger(name).setLevel(level)
 
 
-def quantize_ort(fp32: Path, out: Path, calibration: np.ndarray, method: str, per_channel: bool) -> None:
+def quantize_ort(fp32: Path, out: Path, calibration: np.ndarray, method: str, per_channel: bool,
+                 nodes_to_exclude: Sequence[str] = ()) -> None:
     """ONNX Runtime ``quantize_static`` with the options TensorRT accepts.
 
     Symmetric int8 activations and weights (zero points 0), Q/DQ format, and no bias
     quantization: ORT's default int32 biases in DequantizeLinear are rejected by TensorRT's parser.
+
+    Args:
+        nodes_to_exclude: Node names left in float (a detector's box-regression branch).
     """
     ortq = require("onnxruntime.quantization", "ONNX Runtime", "pip install 'edgefold[device]'")
     CalibrationDataReader, CalibrationMethod = ortq.CalibrationDataReader, ortq.CalibrationMethod
@@ -55,6 +60,6 @@ def quantize_ort(fp32: Path, out: Path, calibration: np.ndarray, method: str, pe
             str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, calibrate_method=methods[method],
             # Conv and the residual Add: the placement TensorRT recommends; the classifier stays float.
-            op_types_to_quantize=["Conv", "Add"],
+            op_types_to_quantize=["Conv", "Add"], nodes_to_exclude=list(nodes_to_exclude) or None,
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
         )

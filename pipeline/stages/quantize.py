@@ -23,6 +23,7 @@ from device.runners.onnxruntime import OnnxRuntimeRunner
 from pipeline.onnx_scores import onnx_accuracy
 from pipeline.scores import points, require_sane
 from pipeline.stages.base import STAGES, Stage, StageResult
+from pipeline.int8_weights import float_weights
 from pipeline.ort_quantize import quantize_ort
 from pipeline.ort_quantize import quiet as _quiet
 from pipeline.onnx_export import INPUT_NAME
@@ -75,26 +76,6 @@ def within_budget(fp32_correct: int, int8_correct: int, images: int, budget_poin
     decimal text: in floats one image of 100 is 1.0000000000000009 points and fails a 1.0 budget.
     """
     return Fraction(100 * (fp32_correct - int8_correct)) <= Fraction(str(budget_points)) * images
-
-
-def float_weights(path: Path) -> list[str]:
-    """Weights that reach a DequantizeLinear in float: quantized at run time, stored at full size.
-
-    A real INT8 artifact stores each quantized weight as an int8 initializer feeding a
-    DequantizeLinear; a float initializer behind a QuantizeLinear (what a fake-quantized torch
-    model exports) is four times the size and only pretends to be INT8 on disk.
-    """
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    floats = {t.name for t in graph.initializer if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)}
-    return [node.name or node.input[0] for node in graph.node
-            if node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.input[0] in floats
-            and len(_initializer_dims(graph, node.input[0])) > 1]
-
-
-def _initializer_dims(graph, name: str) -> list[int]:
-    return next((list(t.dims) for t in graph.initializer if t.name == name), [])
 
 
 def store_weights_as_int8(path: Path) -> int:

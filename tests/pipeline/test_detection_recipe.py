@@ -45,9 +45,26 @@ def test_unknown_detection_key_is_named_with_a_suggestion(det_raw):
 
 
 def test_a_classification_section_is_refused_in_a_detection_recipe(det_raw):
-    det_raw["quantize"] = {"quantizer": "ort"}  # not built for detection: refused, never silently ignored
-    with pytest.raises(ConfigError, match="quantize: unknown key"):
+    det_raw["preprocess"] = {"resize": 72}  # the detector resizes itself: refused, never silently ignored
+    with pytest.raises(ConfigError, match="preprocess: unknown key"):
         parse_recipe(det_raw)
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("quantize", "box_head", "fp16", "quantize.box_head"),          # float | int8 only
+    ("quantize", "quantizer", "modelopt", "quantize.quantizer: unknown key"),  # detection uses the ort path alone
+    ("postprocess", "iou_threshold", 1.5, "postprocess.iou_threshold"),
+    ("export", "opset", 11, "export.opset"),
+])
+def test_detection_export_quantize_and_postprocess_keys_are_validated(det_raw, section, key, value, message):
+    det_raw.setdefault(section, {})[key] = value
+    with pytest.raises(ConfigError, match=message):
+        parse_recipe(det_raw)
+
+
+def test_box_head_defaults_to_float_and_takes_int8(det_raw):
+    assert parse_recipe(copy.deepcopy(det_raw)).quantize.box_head == "float"
+    assert parse_recipe(det_raw, overrides={"quantize.box_head": "int8"}).quantize.box_head == "int8"
 
 
 def test_bad_detector_key_names_the_near_keys(det_raw):
@@ -90,17 +107,21 @@ def test_an_unknown_task_names_the_tasks(det_raw):
     assert "'detection'" in err.value.fix
 
 
-def test_a_stage_detection_lacks_is_refused_naming_built_and_missing(repo):
+def test_detection_has_every_stage_and_a_missing_one_is_still_refused(repo):
+    from device.registry import Registry
     from pipeline.runner import _refuse_unbuilt_stage, _stages_for
+    from pipeline.stages import STAGE_ORDER
 
     recipe, _, _ = load_recipe(str(repo / "models" / "tiny-det.yaml"))
     registry = _stages_for(recipe)
-    assert {"data", "teacher", "prune", "distill"} <= set(registry.names())
-    _refuse_unbuilt_stage(recipe, "prune", registry)  # built: passes
+    assert set(registry.names()) == set(STAGE_ORDER)
+    partial = Registry("detection stage")
+    for name in STAGE_ORDER[:-1]:
+        partial.add(name, registry.get(name))
+    _refuse_unbuilt_stage(recipe, "deploy", partial)  # built: passes
     with pytest.raises(StageError) as err:
-        _refuse_unbuilt_stage(recipe, "export", registry)
-    assert "export stage is not built for task detection" in err.value.message
-    assert "built: data, teacher, prune, distill" in err.value.message and "--until distill" in err.value.fix
+        _refuse_unbuilt_stage(recipe, "report", partial)
+    assert "report stage is not built for task detection" in err.value.message and "--until deploy" in err.value.fix
 
 
 def test_a_bad_coco_file_is_named_by_the_data_stage(repo, tmp_path):

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from device.errors import StageError
 from pipeline.data.detection_files import load_split, save_splits
 from pipeline.detection_checkpoint import load_detector, save_detector
 from pipeline.detection_metrics import Boxes
@@ -42,23 +41,22 @@ def test_a_pruned_detector_checkpoint_reloads_with_its_widths(tmp_path):
 @pytest.fixture(scope="module")
 @slow_fixture
 def det_run(repo, tmp_path_factory):
-    """tiny-det with fewer canvases and epochs (about 25 s on two cores): it stops at export."""
+    """tiny-det with fewer canvases, epochs and resamples, end to end on a loopback agent (about 60 s on two cores)."""
     from pipeline.runner import run_pipeline
 
     runs = tmp_path_factory.mktemp("det-runs")
     overrides = {"data.train_images": 512, "teacher.train.epochs": 4, "teacher.train.lr": 0.003,
-                 "distill.train.epochs": 1}
-    with pytest.raises(StageError) as err:
-        run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=runs, new=True, overrides=overrides)
+                 "distill.train.epochs": 1, "quantize.resamples": 50, "deploy.resamples": 50,
+                 "deploy.iterations": 5, "deploy.warmup_iterations": 1, "deploy.profile": False}
+    ctx = run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=runs, new=True, overrides=overrides)
     manifest = json.loads(next(runs.glob("tiny-det/*/manifest.json")).read_text())
-    return err.value, manifest
+    return ctx.run_dir, manifest
 
 
-def test_detection_run_records_data_teacher_prune_distill_then_stops_at_export(det_run):
-    err, manifest = det_run
-    assert "export stage is not built for task detection" in err.message
+def test_detection_run_records_every_stage(det_run):
+    _, manifest = det_run
     stages = manifest["stages"]
-    assert list(stages) == ["data", "teacher", "prune", "distill"]
+    assert list(stages) == ["data", "teacher", "prune", "distill", "export", "quantize", "evaluate", "deploy", "report"]
     assert stages["data"]["metrics"]["generator"]["source"] == "digits"
     teacher = stages["teacher"]["metrics"]
     assert teacher["ap50"] > 0.05 and teacher["map_low"] <= teacher["map_high"]
@@ -73,6 +71,31 @@ def test_detection_run_records_data_teacher_prune_distill_then_stops_at_export(d
     assert distill["macs_g"] == stages["prune"]["metrics"]["macs_g"]  # fine-tuning keeps the pruned widths
     rows = distill["class_changes_vs_teacher"]
     assert rows and all({"change_points", "change_low", "change_high", "p_holm"} <= set(row) for row in rows)
+
+
+def test_detection_export_decodes_on_the_device_path_as_torchvision_did(det_run):
+    _, manifest = det_run
+    export = manifest["stages"]["export"]
+    assert {"teacher", "teacher_head", "student", "student_head"} <= set(export["outputs"])
+    for rung, stage in (("teacher", "teacher"), ("student", "distill")):
+        m = export["metrics"]["rungs"][rung]
+        assert m["parity_max_abs_diff"] < 1e-3
+        assert abs(m["scores"]["map"] - manifest["stages"][stage]["metrics"]["map"]) < 0.01
+        assert m["scores"]["timing"]["postprocess_ms"] > 0
+
+
+def test_detection_int8_keeps_the_box_head_float_and_records_what_quantizing_it_costs(det_run):
+    _, manifest = det_run
+    quantize = manifest["stages"]["quantize"]
+    m = quantize["metrics"]
+    assert m["box_head"] == "float" and m["attempts"][0]["box_nodes_float"] > 0
+    assert m["attempts"][0]["lint"]["float_layers"], "the box branch's layers stay float"
+    assert m["drop_points"] == pytest.approx(100 * (m["fp32"]["map"] - m["int8"]["map"]), abs=1e-3)
+    assert m["drop_points"] <= 1.0, "within the recipe's mAP budget, or the stage would have failed"
+    assert m["int8"]["map_low"] <= m["int8"]["map_high"] and m["int8"]["resamples"] == 50
+    other = m["other_box_head"]
+    assert other["box_head"] == "int8" and other["box_nodes_float"] == 0 and not other["lint"]["float_layers"]
+    assert m["size_mb"] < m["fp32_size_mb"] and {"student_int8", "student_int8_head"} <= set(quantize["outputs"])
 
 
 def test_a_users_detector_weights_load_with_a_head_for_other_classes(tmp_path):
@@ -94,3 +117,23 @@ def test_a_users_detector_weights_load_with_a_head_for_other_classes(tmp_path):
     torch.save(state, tmp_path / "bad.pth")
     with pytest.raises(CheckpointError, match="other shapes"):
         load_detector_weights(build_detector("tiny_fcos", 5), "tiny_fcos", tmp_path / "bad.pth")
+
+
+def test_detection_rungs_are_scored_on_the_loopback_agent_and_reported(det_run):
+    """Every rung's device-measured mAP comes from the engine the agent timed, decoded there; with ONNX Runtime on
+    both sides it equals the host's, and the report shows both with the post-processing's time apart."""
+    run_dir, manifest = det_run
+    ladder = json.loads((run_dir / manifest["stages"]["evaluate"]["outputs"]["ladder"]).read_text())["rungs"]
+    assert set(ladder) == {"teacher", "student", "student_int8", "student_int8_box_int8"}
+    results = json.loads((run_dir / manifest["stages"]["deploy"]["outputs"]["results"]).read_text())
+    (device,) = results["devices"]
+    assert device["status"] == "ok" and results["images"] == 128
+    for rung, row in ladder.items():
+        measured = device["rungs"][rung]
+        assert measured["state"] == "succeeded", measured
+        assert abs(measured["scores"]["map"] - row["map"]) < 1e-6, f"{rung}: the device ran what the host scored"
+        assert measured["postprocess_ms_per_image"] > 0 and measured["network_ms_per_image"] > 0
+    report = (run_dir / manifest["stages"]["report"]["outputs"]["markdown"]).read_text()
+    assert "| student_int8 | int8 | float |" in report and "decode + NMS ms/img" in report
+    assert "Quantizing the box head" in report
+
