@@ -24,7 +24,8 @@ BUNDLE_DIR ?= dist
 RUNS     ?= runs
 EXTRAS   ?= build,device,modelopt,nvml,dev
 PYTEST_ARGS ?=
-# Test workers (pytest-xdist, the dev extra); each test file runs whole on one worker. 1: no xdist.
+# Test workers (pytest-xdist, the dev extra); each test file runs whole on one worker, the longest files first
+# (tests/conftest.py). 1: no xdist.
 TEST_WORKERS ?= 2
 BENCH_MODEL ?= resnet50
 
@@ -111,7 +112,7 @@ edge: $(STAMP) data
 	$(RUN_CMD) run $(MODEL) $(EDGE_ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 bench: $(STAMP) data
 	$(BIN)/python bench/edge_bench.py --model $(BENCH_MODEL) --runs-dir '$(RUNS)'

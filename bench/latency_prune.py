@@ -46,6 +46,8 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from pipeline.stats import mean_interval  # noqa: E402  (after the checkout is on the path)
+
 ARMS = ("A", "A'", "B", "C")
 SPEEDUP = 1.3
 EQUAL_BAND = (0.95, 1.05)
@@ -70,21 +72,6 @@ DEFAULTS_NOTE = (
 
 
 # ------------------------------------------------------------------------------------------------ statistics
-def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): Student's t interval over seeds (nan bounds with fewer than two)."""
-    import numpy as np
-    from scipy import stats
-
-    data = np.asarray(values, dtype=float)
-    if len(data) == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(data.mean())
-    if len(data) < 2:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf(0.5 + level / 2, len(data) - 1) * data.std(ddof=1) / math.sqrt(len(data)))
-    return mean, mean - half, mean + half
-
-
 def ratio_over_seeds(ratios: list[float]) -> tuple[float, float, float]:
     """(geometric mean, low, high) of per-seed latency ratios: the t interval of their logarithms."""
     mean, low, high = mean_interval([math.log(r) for r in ratios])

@@ -22,6 +22,7 @@ and the "basic" interval can reach below zero for a latency.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -81,3 +82,18 @@ def cv(values: Sequence[float]) -> float | None:
 def significant(low: float, high: float) -> bool:
     """Whether a ratio's interval excludes 1 (otherwise: no measurable difference)."""
     return bool(np.isfinite(low) and np.isfinite(high) and (high < 1 or low > 1))
+
+
+def mean_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """(mean, low, high): Student's t interval of a mean over independent replicates (a benchmark's seeds); nan
+    bounds with fewer than two, all nan with none."""
+    from scipy import stats
+
+    data = np.asarray(values, dtype=float)
+    if len(data) == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(data.mean())
+    if len(data) < 2:
+        return mean, math.nan, math.nan
+    half = float(stats.t.ppf(0.5 + level / 2, len(data) - 1) * data.std(ddof=1) / math.sqrt(len(data)))
+    return mean, mean - half, mean + half

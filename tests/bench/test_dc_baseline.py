@@ -1,8 +1,4 @@
-"""The prepared benchmark scripts run end to end here (as plumbing checks; their numbers come from GPUs).
-
-The slowest tests live in ``tests/bench/``, collected first, so that on several pytest-xdist workers the longest
-files start first instead of ending the run on one worker.
-"""
+"""The prepared benchmark scripts run end to end here (as plumbing checks; their numbers come from GPUs)."""
 
 import importlib.util
 import json

@@ -137,3 +137,26 @@ def test_detection_rungs_are_scored_on_the_loopback_agent_and_reported(det_run):
     assert "| student_int8 | int8 | float |" in report and "decode + NMS ms/img" in report
     assert "Quantizing the box head" in report
 
+
+
+def test_the_detection_benchmark_reads_every_rungs_figures_from_a_run(det_run):
+    """bench/detection.py's record of a real run: host and device mAP per rung, timings, the box-head pair."""
+    import importlib.util
+
+    from pipeline.codehash import PROJECT_ROOT
+    from pipeline.manifest import Manifest
+
+    spec = importlib.util.spec_from_file_location("detection_bench", PROJECT_ROOT / "bench" / "detection.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run_dir, manifest = det_run
+    record = bench.record(Manifest.load(run_dir), "distilled")
+    assert record["student_fp32"]["map"] == manifest["stages"]["distill"]["metrics"]["map"]
+    assert {row["box_head"] for row in record["host"].values() if row["box_head"]} == {"float", "int8"}
+    for rung, row in record["device"]["rungs"].items():
+        assert row["state"] == "succeeded" and 0 <= row["map"] <= 1, rung
+        assert row["network_ms_per_image"] > 0 and row["postprocess_ms_per_image"] > 0
+    summary = bench.summarize({"distilled/0": record, "no_teacher/0": {"student_fp32": record["student_fp32"]}},
+                              record["host"]["teacher"])
+    assert summary["int8_box_float"]["minus_fp32_points"][0] == pytest.approx(
+        100 * (record["host"]["student_int8"]["map"] - record["host"]["student"]["map"]))
