@@ -116,6 +116,8 @@ def _cmd_run(args) -> int:
     if not distributed.world().main:  # under torchrun, rank 0 prints the tables
         distributed.shutdown()
         return 0
+    if getattr(ctx.recipe, "task", "classification") == "detection":
+        return _detection_summary(ctx)
     evaluated = ctx.manifest.stage("evaluate")
     if evaluated:
         print(ladder_table(evaluated["metrics"]["rungs"]))
@@ -127,6 +129,19 @@ def _cmd_run(args) -> int:
     print(f"manifest: {ctx.manifest.path}")
     distributed.shutdown()
     _require_an_edge_measurement(ctx)
+    return 0
+
+
+def _detection_summary(ctx) -> int:
+    """A detection run's end: its report's tables (mAP per rung on host and device, timings) and where it is."""
+    from pipeline import distributed
+
+    if ctx.manifest.stage("report"):
+        markdown = ctx.manifest.output("report", "markdown")
+        print(markdown.read_text())
+        print(f"report: {markdown}")
+    print(f"manifest: {ctx.manifest.path}")
+    distributed.shutdown()
     return 0
 
 

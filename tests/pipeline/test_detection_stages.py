@@ -160,3 +160,18 @@ def test_the_detection_benchmark_reads_every_rungs_figures_from_a_run(det_run):
                               record["host"]["teacher"])
     assert summary["int8_box_float"]["minus_fp32_points"][0] == pytest.approx(
         100 * (record["host"]["student_int8"]["map"] - record["host"]["student"]["map"]))
+
+
+def test_the_run_command_ends_a_detection_run_with_its_report(det_run, capsys):
+    """`edgefold run` / `make edge MODEL=tiny-det` prints the detection report, not the classification ladder (it
+    once crashed there, after every stage had run)."""
+    from types import SimpleNamespace
+
+    from pipeline import cli
+    from pipeline.manifest import Manifest
+
+    run_dir, _ = det_run
+    assert cli._detection_summary(SimpleNamespace(manifest=Manifest.load(run_dir))) == 0
+    out = capsys.readouterr().out
+    assert "| rung | precision | box head | host mAP [95% CI] | device mAP [95% CI]" in out
+    assert f"report: {run_dir / 'report' / 'report.md'}" in out
