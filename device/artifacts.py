@@ -2,7 +2,7 @@
 
 An artifact is named by the sha256 of its bytes. The agent streams the upload into a temporary file
 through :class:`HashingWriter` (a running hash and a size cap); only when the hash matches and the file parses as an ONNX model (or a
-``torch.export`` archive) is it moved into the store. Anything else is refused and deleted.
+``torch.export`` archive, or a device checkpoint of tensors only) is it moved into the store. Anything else is refused and deleted.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ class HashingWriter:
 
 
 def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> str:
-    """The kind of a received file ("onnx", "torch-export", "eval-set" or "detection-head") once its hash and
-    content check out."""
+    """The kind of a received file ("onnx", "torch-export", "torch-checkpoint", "eval-set" or "detection-head") once
+    its hash and content check out."""
     if actual_sha256 != expected_sha256:
         raise ArtifactError(f"upload corrupted: its bytes hash to sha256 {actual_sha256}, not {expected_sha256}",
                             fix="upload again; the artifact is named by the sha256 of its exact bytes")
@@ -54,7 +54,7 @@ def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> st
     with open(path, "rb") as handle:
         magic = handle.read(4)
     if magic == b"PK\x03\x04":
-        return _check_torch_export(path)
+        return _check_torch_archive(path)
     if magic == b"\x93NUM":
         return _check_eval_set(path)
     if magic[:1] == b"{":
@@ -98,15 +98,31 @@ def _check_eval_set(path: Path) -> str:
     return "eval-set"
 
 
-def _check_torch_export(path: Path) -> str:
+def _check_torch_archive(path: Path) -> str:
+    """A ``torch.export`` program, or an EdgeFold device checkpoint (``torch.save`` of tensors only: its pickle's
+    globals are read without torch and anything ``torch.load(weights_only=True)`` would refuse is refused here)."""
     try:
         names = zipfile.ZipFile(path).namelist()
     except zipfile.BadZipFile as err:
         raise ArtifactError(f"not a torch.export archive: {err}", status=422) from None
-    if not any(n.endswith("/archive_format") for n in names) or not any("/models/" in n for n in names):
-        raise ArtifactError("a zip file, but not a torch.export archive (no archive_format or models/)",
-                            fix="save with torch.export.save(exported_program, 'model.pt2')", status=422)
-    return "torch-export"
+    if any(n.endswith("/archive_format") for n in names) and any("/models/" in n for n in names):
+        return "torch-export"
+    if not any(n.endswith("/data.pkl") for n in names):
+        raise ArtifactError("a zip file, but neither a torch.export archive (no archive_format or models/) nor a "
+                            "torch.save checkpoint (no data.pkl)",
+                            fix="upload the .pt2 or the .device.pt the pipeline's export or quantize stage wrote",
+                            status=422)
+    from device.torch_checkpoint import pickle_globals, unsafe_globals
+
+    try:
+        unsafe = unsafe_globals(pickle_globals(path))
+    except Exception as err:  # noqa: BLE001 (pickletools and zipfile raise several types on damaged bytes)
+        raise ArtifactError(f"a damaged torch.save checkpoint: {type(err).__name__}: {err}", status=422) from None
+    if unsafe:
+        raise ArtifactError(f"a torch.save file that pickles Python objects, not only tensors ({', '.join(unsafe[:3])})"
+                            ": loading it would run code", fix="upload the .device.pt the pipeline wrote "
+                            "(state and architecture key, never a pickled module)", status=422)
+    return "torch-checkpoint"
 
 
 def _check_onnx(path: Path) -> str:

@@ -249,7 +249,7 @@ class Job(Strict):
 
 class Artifact(Strict):
     sha256: str
-    kind: Literal["onnx", "torch-export", "eval-set", "detection-head"]
+    kind: Literal["onnx", "torch-export", "torch-checkpoint", "eval-set", "detection-head"]
     size_bytes: int
     stored_at: float
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from device.errors import CheckpointError
 from device.files import atomic_writer
-from pipeline.checkpoint import _load_state_strict, _torch_load, apply_structure, capture_structure
+from device.torch_checkpoint import apply_structure, capture_structure, load_state_strict, torch_load
 from pipeline.detection_models import DETECTORS, build_detector
 
 FORMAT = "edgefold.detector/1"
@@ -44,14 +44,14 @@ def load_detector(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
     fix = "re-run the stage that produces it (--force STAGE)"
     if not path.is_file():
         raise CheckpointError(f"detector checkpoint {path} does not exist", fix=fix)
-    payload = _torch_load(path, f"detector checkpoint {path}", fix_unsafe=fix, fix_corrupt=fix)
+    payload = torch_load(path, f"detector checkpoint {path}", fix_unsafe=fix, fix_corrupt=fix)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an EdgeFold detector checkpoint ({FORMAT})", fix=fix)
     if payload["arch"] not in DETECTORS:
         raise CheckpointError(f"{path} names unknown detector {payload['arch']!r}", fix=DETECTORS.suggest(payload["arch"]))
     model = build_detector(payload["arch"], payload["num_classes"], payload["input_size"])
     apply_structure(model, payload.get("structure") or {}, payload["state_dict"])
-    _load_state_strict(model, payload["state_dict"], str(path))
+    load_state_strict(model, payload["state_dict"], str(path))
     return model.eval(), {k: payload[k] for k in ("arch", "num_classes", "input_size", "meta")}
 
 
@@ -72,7 +72,7 @@ def load_detector_weights(model: nn.Module, arch: str, path: str | os.PathLike) 
     fix = "pass the file written by torch.save(detector.state_dict(), path) for this architecture"
     if not path.is_file():
         raise CheckpointError(f"detector weights {path} do not exist", fix=fix)
-    state = _torch_load(path, f"detector weights {path}", fix_unsafe=fix, fix_corrupt=fix)
+    state = torch_load(path, f"detector weights {path}", fix_unsafe=fix, fix_corrupt=fix)
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

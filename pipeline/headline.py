@@ -136,6 +136,10 @@ def ratio_parts(line: dict[str, Any]) -> list[str]:
 def two_roads_text(line: dict[str, Any]) -> str:
     """``student on orin, Torch-TensorRT 2.5.0 vs ONNX → TensorRT: ×1.08 latency [1.02, 1.15], ×1.05 energy per
     image [...], top-1 97.9% vs 98.0% (device-measured), 1 op fell back to PyTorch (aten.adaptive_avg_pool2d ×1)``."""
+    if line.get("error"):
+        sent = f" (sent: {line['sent']})" if line.get("sent") else ""
+        return (f"two roads     {line['rung']} on {line['device']}, Torch-TensorRT {line.get('torch_tensorrt')}: "
+                f"{NOT_MEASURED}: {line['error']}{sent}")
     parts = ratio_parts(line)
     top1 = [f"{100 * line[key]:.1f}%" if line.get(key) is not None else NOT_MEASURED
             for key in ("torch_top1", "onnx_top1")]
@@ -146,8 +150,9 @@ def two_roads_text(line: dict[str, Any]) -> str:
     else:
         ops = ", ".join(f"{name} ×{n}" for name, n in sorted(line.get("fallback_ops", {}).items()))
         parts.append(f"{count} op{'s' if count != 1 else ''} fell back to PyTorch" + (f" ({ops})" if ops else ""))
-    return (f"two roads     {line['rung']} on {line['device']}, Torch-TensorRT {line.get('torch_tensorrt')} vs ONNX → "
-            f"{line.get('onnx_runtime')}: " + ", ".join(parts))
+    exported = " (exported on the device from its checkpoint)" if line.get("exported_on_device") else ""
+    return (f"two roads     {line['rung']} on {line['device']}, Torch-TensorRT {line.get('torch_tensorrt')}{exported} "
+            f"vs ONNX → {line.get('onnx_runtime')}: " + ", ".join(parts))
 
 
 def int8_vs_fp16_text(verdict: dict[str, Any]) -> str:

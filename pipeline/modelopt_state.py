@@ -1,11 +1,12 @@
 """ModelOpt's PyTorch INT8 quantizer state for the Torch-TensorRT road: calibrated here, restored on the device.
 
 ModelOpt's INT8 export through ``torch.export`` needs CUDA tensors (on CPU its quantizers keep the legacy
-fake-quant that ``torch.export`` rejects), so the build host ships the student's checkpoint plus the quantizer
-state (``mto.save``: ``modelopt_state`` and the state dict with each quantizer's amax), calibrated on the same
-calibration images as the ONNX road; the device restores it (``mto.restore``), exports under ModelOpt's
-``export_torch_mode`` and compiles. On CPU the restored model runs with fake quantization: that is what the
-accuracy gate scores here.
+fake-quant that ``torch.export`` rejects), so the build host ships one file: the student's checkpoint with the
+quantizer state beside its weights (``modelopt``: ``mto.modelopt_state`` and the quantized state dict with each
+quantizer's amax; :mod:`device.torch_checkpoint`), calibrated on the same calibration images as the ONNX road.
+The device restores it, exports under ModelOpt's ``export_torch_mode`` and compiles
+(:mod:`device.runners.torch_tensorrt`). On CPU the restored model runs with fake quantization: that is what the
+accuracy gate scores here, restored by the device's own code from the file the device gets.
 
 The recipe's calibration methods map onto ModelOpt's PyTorch algorithms (:data:`MODELOPT_METHODS`).
 """
@@ -14,11 +15,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from device.errors import CheckpointError, MissingDependencyError
+from device.architectures import fold_batchnorm
+from device.files import atomic_writer
+from device.torch_checkpoint import load_for_export, model_from_payload, modelopt_modules, read_payload
 
 # Recipe method → ModelOpt algorithm (modelopt/torch/quantization/config.py, 0.47.0: MaxCalibConfig "max",
 # MseCalibConfig "mse"). ModelOpt's PyTorch algorithms have no entropy or percentile: "mse" (the amax that
@@ -26,40 +30,25 @@ from device.errors import CheckpointError, MissingDependencyError
 MODELOPT_METHODS = {"max": "max", "entropy": "mse", "percentile": "mse"}
 
 
-def _modelopt():
-    try:
-        import modelopt.torch.opt as mto
-        import modelopt.torch.quantization as mtq
-    except ImportError as err:
-        raise MissingDependencyError(f"the Torch-TensorRT road's INT8 rung needs ModelOpt ({err})",
-                                     fix="pip install 'edgefold[modelopt]', or leave torch_tensorrt out of "
-                                         "deploy.runtimes") from None
-    return mto, mtq
-
-
-def prepare(model: torch.nn.Module) -> torch.nn.Module:
-    """The student as both sides quantize it: eval mode, BatchNorm folded into its Conv (as the ONNX export does),
-    so the quantizers see the weights TensorRT runs."""
-    from pipeline.models import fold_batchnorm
-
-    return fold_batchnorm(model.eval().cpu())
-
-
-def calibrate(model: torch.nn.Module, calibration: np.ndarray, path: Path, method: str = "max") -> dict:
-    """Inserts ModelOpt's INT8 quantizers into ``prepare(model)``, calibrates them on ``calibration`` and saves the
-    quantizer state with the weights (``mto.save``) to ``path``, with a JSON record beside it.
+def calibrate(checkpoint: Path, calibration: np.ndarray, path: Path, method: str = "max",
+              input_chw: Sequence[int] | None = None) -> dict:
+    """Inserts ModelOpt's INT8 quantizers into the checkpoint's student (BatchNorm folded, as the ONNX export does,
+    so the quantizers see the weights TensorRT runs), calibrates them on ``calibration`` and writes the device
+    checkpoint (the student's own checkpoint plus ``modelopt`` and ``input_chw``) to ``path``, with a JSON record
+    beside it.
 
     Returns:
         The record: ModelOpt's algorithm, the recipe method it stands for, versions, quantizer count.
     """
     import copy
 
-    mto, mtq = _modelopt()
+    mto, mtq = modelopt_modules()
     import modelopt
 
+    payload = read_payload(checkpoint)
     config = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
     config["algorithm"] = MODELOPT_METHODS[method]
-    prepared = prepare(model)
+    prepared = fold_batchnorm(model_from_payload(payload, str(checkpoint)))
 
     def forward_loop(module) -> None:
         with torch.no_grad():
@@ -67,21 +56,32 @@ def calibrate(model: torch.nn.Module, calibration: np.ndarray, path: Path, metho
                 module(torch.from_numpy(calibration[start : start + 64]))
 
     quantized = mtq.quantize(prepared, config, forward_loop)
-    mto.save(quantized, str(path))
+    chw = list(input_chw) if input_chw is not None else list(calibration.shape[1:])
+    device_checkpoint = {**payload, "input_chw": [int(d) for d in chw],
+                         "modelopt": {"version": modelopt.__version__, "state": mto.modelopt_state(quantized),
+                                      "state_dict": {k: v.detach().cpu().contiguous()
+                                                     for k, v in quantized.state_dict().items()}}}
+    with atomic_writer(path) as handle:
+        torch.save(device_checkpoint, handle)
     quantizers = [name for name, module in quantized.named_modules() if type(module).__name__ == "TensorQuantizer"]
     record = {"method": method, "modelopt_algorithm": MODELOPT_METHODS[method], "modelopt": modelopt.__version__,
               "torch": torch.__version__, "calibration_images": int(len(calibration)), "batchnorm_folded": True,
-              "quantizers": len(quantizers), "config": "mtq.INT8_DEFAULT_CFG"}
+              "quantizers": len(quantizers), "config": "mtq.INT8_DEFAULT_CFG", "input_chw": chw}
     Path(f"{path}.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
-def restore(model: torch.nn.Module, path: Path) -> torch.nn.Module:
-    """``model`` (a fresh student from its checkpoint) prepared as :func:`calibrate` did, with the saved quantizer
-    state and weights restored (``mto.restore``): fake-quantized on CPU."""
-    mto, _ = _modelopt()
-    try:
-        return mto.restore(prepare(model), str(path)).eval()
-    except (KeyError, TypeError, ValueError) as err:  # ModelOpt's own checks of the file's dict
-        raise CheckpointError(f"{path} holds no ModelOpt quantizer state that fits this student ({err!r})",
-                              fix="re-run the quantize stage: edgefold run … --force quantize") from None
+def restore(path: Path) -> torch.nn.Module:
+    """The student with its quantizers restored from the device checkpoint at ``path``, as the device restores it
+    (:func:`device.torch_checkpoint.load_for_export`): fake-quantized on CPU.
+
+    Raises:
+        CheckpointError: ``path`` is no device checkpoint with ModelOpt's state that fits its student.
+    """
+    from device.errors import CheckpointError
+
+    model, facts = load_for_export(path)
+    if not facts["quantized"]:
+        raise CheckpointError(f"{path} holds no ModelOpt quantizer state (a float checkpoint)",
+                              fix="re-run the quantize stage: edgefold run … --force quantize")
+    return model

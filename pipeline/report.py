@@ -341,10 +341,15 @@ def _two_roads(rows: list[dict[str, Any]], device: dict[str, Any], evaluation: d
     (at the latency batch) and energy ratios with intervals over the interleaved rounds, each road's top-1 as the
     device measured it, and the ops that fell back to PyTorch."""
     lines = []
-    for rung, entry in ((device.get("roads") or {}).get("torch_tensorrt") or {}).get("rungs", {}).items():
+    road = (device.get("roads") or {}).get("torch_tensorrt") or {}
+    for rung, entry in road.get("rungs", {}).items():
         onnx = next((r for r in rows if r["device"] == device["name"] and r["rung"] == rung
                      and r["status"] == "measured"), None)
-        if onnx is None or entry.get("state") != "succeeded":
+        if entry.get("state") != "succeeded":  # said, not dropped: why this rung has no Torch-TensorRT figure
+            lines.append({"device": device["name"], "rung": rung, "torch_tensorrt": road.get("torch_tensorrt"),
+                          "error": entry.get("error") or entry.get("state"), "sent": (road.get("sent") or {}).get(rung)})
+            continue
+        if onnx is None:
             continue
         result: JobResult = entry["result"]
         batches = sorted(run.batch_size for run in result.runs)
@@ -354,7 +359,8 @@ def _two_roads(rows: list[dict[str, Any]], device: dict[str, Any], evaluation: d
         out: dict[str, Any] = {"device": device["name"], "rung": rung, "onnx_runtime": onnx.get("runtime"),
                                "torch_tensorrt": info.get("version"), "fallback_count": info.get("fallback_count"),
                                "fallback_ops": fallback.get("fallback_ops") or {},
-                               "onnx_top1": onnx.get("device_top1"), "torch_top1": None}
+                               "onnx_top1": onnx.get("device_top1"), "torch_top1": None,
+                               "exported_on_device": bool(info.get("exported_on_device"))}
         for name, key in (("latency", "latency_p50_windows_ms"), ("energy", "energy_windows_mj")):
             out.update(_ratio_fields(name, _paired_ratio(torch_road.get(key), onnx.get(key))))
         if result.evaluation is not None and evaluation:

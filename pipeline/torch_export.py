@@ -52,3 +52,17 @@ def check_program_parity(model: torch.nn.Module, path: Path, images: np.ndarray)
     diff = np.abs(got - reference)
     return {"images": int(len(images)), "max_abs_diff": float(diff.max()),
             "top1_agreement": float((got.argmax(1) == reference.argmax(1)).mean())}
+
+
+def write_device_checkpoint(checkpoint: Path, path: Path, input_chw: tuple[int, ...]) -> Path:
+    """A float rung's device checkpoint: its checkpoint with ``input_chw`` added, sent instead of the ``.pt2`` to a
+    device whose torch is another release, which rebuilds the rung and exports it on its own torch
+    (:func:`device.torch_checkpoint.load_for_export`)."""
+    from device.files import atomic_writer
+    from device.torch_checkpoint import read_payload
+
+    payload = read_payload(checkpoint)
+    with atomic_writer(path) as handle:
+        torch.save({**payload, "input_chw": [int(d) for d in input_chw]}, handle)
+    return path
+

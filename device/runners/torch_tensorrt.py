@@ -18,6 +18,11 @@ What it does, per job:
    quantizer ops (``tensorrt.quantize_op``), FP16 when its weights are half, else FP32; the job's precision
    must agree, except that an FP32 program may be run in FP16 (the runner casts the module, then the graph
    is FP16 before it is compiled, so what is compiled is what is timed).
+   Or, given a device checkpoint (``.device.pt``: state, architecture key, input C×H×W; for the INT8 rung also
+   ModelOpt's quantizer state calibrated on the build host), rebuilds the rung with :mod:`device.architectures`
+   and :mod:`device.torch_checkpoint` and exports it with this device's own torch: for a device whose torch
+   cannot load the build host's program, and always for INT8 (ModelOpt's export needs CUDA, under
+   ``export_torch_mode``; rules ``int8_export``).
 3. For each measured batch: re-exports the module at that static shape on the GPU, compiles it with
    ``torch_tensorrt.dynamo.compile`` (``Input(shape=…)``: min = opt = max), counts the ops left to PyTorch
    (:func:`fallback_report`) and saves the compiled program with ``torch_tensorrt.save`` into the engine
@@ -154,6 +159,15 @@ RULES: tuple[Rule, ...] = (
     Rule("layer_information", (2, 3), None, "ProfilingVerbosity.LAYER_NAMES_ONLY unless debugging",
          "py/torch_tensorrt/dynamo/conversion/_TRTInterpreter.py@v2.5.0 (DETAILED only with debug=True), "
          f"@v2.9.0 (only under a Debugger with save_engine_profile), @v2.13.0 and @{MAIN} (only under a Debugger)"),
+    # How a ModelOpt-quantized module is exported: always inside torch.no_grad() and ModelOpt's export_torch_mode(),
+    # on CUDA, and compiled inside them too. The export call itself changed with the torch of the era.
+    Rule("int8_export", (2, 3), (2, 7), "torch.export._trace._export",
+         "examples/dynamo/vgg16_ptq.py@v2.5.0 and @v2.6.0 (\"torch.export.export() failed due to RuntimeError: "
+         "Attempting to use FunctionalTensor on its own\": from torch.export._trace import _export; "
+         "_export(model, (input_tensor,)))"),
+    Rule("int8_export", (2, 7), None, "torch.export.export(strict=False)",
+         f"examples/dynamo/vgg16_ptq.py@v2.7.0, @v2.8.0 and @{MAIN} (torch.export.export(model, (input_tensor,), "
+         "strict=False) under export_torch_mode)"),
     Rule("int8_needs_modelopt", (2, 3), None, "modelopt.torch.quantization",
          f"py/torch_tensorrt/dynamo/conversion/aten_ops_converters.py@v2.5.0 and @{MAIN}: the converter of "
          "torch.ops.tensorrt.quantize_op registers only when modelopt.torch.quantization imports"),
@@ -230,6 +244,20 @@ def read_program_versions(path: str | os.PathLike) -> ProgramVersions:
     schema = document.get("schema_version") or {}
     version = (int(schema["major"]), int(schema["minor"])) if "major" in schema else None
     return ProgramVersions(version, recorded.get("torch") or document.get("torch_version"), QUANTIZE_OP in text)
+
+
+def artifact_kind(path: str | os.PathLike) -> str:
+    """``torch-export`` for a ``.pt2`` archive, ``torch-checkpoint`` for a device checkpoint (``torch.save``'s zip),
+    as the agent classified it at upload (:func:`device.artifacts.check`), read without torch."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except zipfile.BadZipFile:
+        raise DeviceError(f"{path} is neither a torch.export program nor a device checkpoint (not a zip archive)",
+                          fix="send the .pt2 or the .device.pt the pipeline wrote") from None
+    if any(re.search(r"(^|/)models/[^/]+\.json$", n) for n in names):
+        return "torch-export"
+    return "torch-checkpoint" if any(n.endswith("data.pkl") for n in names) else "torch-export"
 
 
 def check_program_versions(program: ProgramVersions, torch_version: str, schema: Sequence[int]) -> list[str]:
@@ -309,7 +337,8 @@ def reconcile(requested: str, artifact: str, version: str) -> str:
         what, fix = "the program carries ModelOpt quantizers (INT8)", "send precision int8 with this program"
     elif requested == "int8":
         what = "the program has no ModelOpt quantizer ops: it would be compiled in float and reported as INT8"
-        fix = "export the INT8 rung on the device from the checkpoint and its modelopt_state (export_torch_mode)"
+        fix = ("send the INT8 rung's device checkpoint (student.int8.device.pt: the student and ModelOpt's quantizer "
+               "state), which the device restores and exports under export_torch_mode")
     else:
         what, fix = f"the program is {artifact}", f"send precision {artifact}"
     raise PrecisionMismatchError(f"the job asks for {requested} but {what} (Torch-TensorRT {version})", fix=fix)
@@ -368,6 +397,7 @@ class TorchTensorRTRunner(Runner):
         self.torch_tensorrt: dict[str, Any] = {}
         self.rules: dict[str, Rule] = {}
         self._profile_detailed = False
+        self.quantized = False
 
     def load(self) -> None:
         torch = require("torch", "PyTorch", "pip install 'edgefold[torch-tensorrt]' (JetPack: NVIDIA's torch wheel)")
@@ -378,32 +408,24 @@ class TorchTensorRTRunner(Runner):
         rules = self.rules = rules_for(tt.__version__)
         from torch._export.serde.schema import SCHEMA_VERSION
 
-        versions = read_program_versions(self.path)
-        notes = check_program_versions(versions, torch.__version__, SCHEMA_VERSION)
-        if versions.quantized:
-            # The quantize op is ModelOpt's: it must be registered before the program is deserialized.
-            require("modelopt.torch.quantization", "NVIDIA ModelOpt",
-                    "pip install nvidia-modelopt (Torch-TensorRT compiles INT8 programs through ModelOpt's op)")
-        try:
-            program = torch.export.load(self.path)
-        except Exception as err:  # torch raises several types for a foreign or truncated archive
-            if versions.schema == tuple(SCHEMA_VERSION)[:2] and versions.torch in (None, torch.__version__):
-                raise RunnerError(f"torch {torch.__version__} could not load {Path(self.path).name}: {err}",
-                                  fix="re-export the program (torch.export.save)") from None
-            raise ProgramVersionError(
-                f"torch {torch.__version__} (schema {SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}) could not load "
-                f"{Path(self.path).name}, exported by torch {versions.torch or 'unknown'} (schema {versions.schema}): "
-                f"{err}", fix=f"export on the device with its own torch {torch.__version__}, or match the build "
-                              "host's torch") from None
         self.device = compute_device(torch)
         if self.device.type == "cuda":
             props = torch.cuda.get_device_properties(0)
             self.pci_bus_id = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
-        module = program.module()
-        artifact = program_precision(module, versions.quantized)
+        if artifact_kind(self.path) == "torch-checkpoint":
+            module, artifact, notes, source = self._from_checkpoint(torch)
+            versions = ProgramVersions(None, None, artifact == "int8")
+        else:
+            versions = read_program_versions(self.path)
+            notes = check_program_versions(versions, torch.__version__, SCHEMA_VERSION)
+            program = self._load_program(torch, versions, SCHEMA_VERSION)
+            module = program.module()
+            artifact = program_precision(module, versions.quantized)
+            self.input_chw = self._input_chw(program)
+            source = {"artifact": "torch.export program", "exported_on_device": False}
+        self.quantized = versions.quantized
         self.precision_built = reconcile(self.precision, artifact, tt.__version__)
         self.dtype = getattr(torch, DTYPES[self.precision_built])
-        self.input_chw = self._input_chw(program)
         gpu, capability = detect_gpu(pci_bus_id=self.pci_bus_id)
         fp = fingerprint(_optional_version("tensorrt") or "unknown", gpu, capability, read_l4t())
         fp.update({"torch_tensorrt": tt.__version__, "torch": torch.__version__})
@@ -426,7 +448,49 @@ class TorchTensorRTRunner(Runner):
             "rules": {name: rule.source for name, rule in sorted(rules.items())},
             "compile_arguments": {b: r["compile_arguments"] for b, r in reports.items()},
             "fallback": {b: r["fallback"] for b, r in reports.items()},
-            "fallback_count": first["fallback"]["fallback_count"], "notes": notes}
+            "fallback_count": first["fallback"]["fallback_count"], "notes": notes, **source}
+
+    def _load_program(self, torch, versions: ProgramVersions, schema):
+        """``torch.export.load`` of the ``.pt2``, a failure named with both torch versions."""
+        if versions.quantized:
+            # The quantize op is ModelOpt's: it must be registered before the program is deserialized.
+            require("modelopt.torch.quantization", "NVIDIA ModelOpt",
+                    "pip install nvidia-modelopt (Torch-TensorRT compiles INT8 programs through ModelOpt's op)")
+        try:
+            return torch.export.load(self.path)
+        except Exception as err:  # torch raises several types for a foreign or truncated archive
+            if versions.schema == tuple(schema)[:2] and versions.torch in (None, torch.__version__):
+                raise RunnerError(f"torch {torch.__version__} could not load {Path(self.path).name}: {err}",
+                                  fix="re-export the program (torch.export.save)") from None
+            raise ProgramVersionError(
+                f"torch {torch.__version__} (schema {schema[0]}.{schema[1]}) could not load "
+                f"{Path(self.path).name}, exported by torch {versions.torch or 'unknown'} (schema {versions.schema}): "
+                f"{err}", fix=f"export on the device with its own torch {torch.__version__}, or match the build "
+                              "host's torch") from None
+
+    def _from_checkpoint(self, torch):
+        """The rung rebuilt from its device checkpoint with this device's torch: the float student, or the student
+        with ModelOpt's quantizers restored (INT8), exported here at each measured batch.
+
+        Raises:
+            DeviceError: An INT8 checkpoint on a host without CUDA (ModelOpt's export needs CUDA tensors).
+        """
+        from device.torch_checkpoint import load_for_export
+
+        module, facts = load_for_export(self.path)
+        if facts["input_chw"] is None:
+            raise ConfigError(f"{Path(self.path).name} records no input_chw: the device cannot export it at a static "
+                              "shape", fix="send the .device.pt the pipeline's export or quantize stage wrote")
+        if facts["quantized"] and self.device.type != "cuda":
+            raise DeviceError("ModelOpt's INT8 export through torch.export needs CUDA tensors (on CPU its quantizers "
+                              "keep the legacy fake quantization, which torch.export rejects)",
+                              fix="run the INT8 rung of the Torch-TensorRT road on a device with a CUDA GPU")
+        self.input_chw = facts["input_chw"]
+        notes = [f"exported on the device by torch {torch.__version__} from the checkpoint ({facts['arch']}"
+                 + (f", ModelOpt {facts['modelopt']} quantizer state" if facts["quantized"] else "") + ")"]
+        source = {"artifact": "device checkpoint", "exported_on_device": True, "arch": facts["arch"],
+                  "modelopt": facts["modelopt"]}
+        return module, "int8" if facts["quantized"] else "fp32", notes, source
 
     def _input_chw(self, program) -> tuple[int | None, ...]:
         example = program.example_inputs[0][0] if program.example_inputs else None
@@ -446,14 +510,17 @@ class TorchTensorRTRunner(Runner):
         shape = (batch, *self.input_chw)
         moved = module.to(self.device, self.dtype) if self.precision_built == "fp16" else module.to(self.device)
         example = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        # A static re-export on the device: the graph compiled is the one timed, in the precision it is timed in.
-        static = torch.export.export(moved, (example,), strict=False)
         arguments = compile_arguments(rules, self.precision_built)
         resolved = {key: {getattr(torch, name) for name in value} if key == "enabled_precisions" else value
                     for key, value in arguments.items()}
         inputs = [tt.Input(shape=shape, dtype=self.dtype)]
         try:
-            compiled = tt.dynamo.compile(static, inputs=inputs, **resolved)
+            # A static re-export on the device: the graph compiled is the one timed, in the precision it is timed in.
+            # ModelOpt's quantizers export as tensorrt.quantize_op only under its export_torch_mode; export and
+            # compile both run inside it (RULES int8_export).
+            with torch.no_grad(), self._export_mode():
+                static = self._export(moved, example, rules)
+                compiled = tt.dynamo.compile(static, inputs=inputs, **resolved)
         except TypeError:
             raise  # a release rule that is wrong for this build: a bug to fix here, never retried
         except Exception as err:  # converters and TensorRT raise their own types
@@ -469,6 +536,26 @@ class TorchTensorRTRunner(Runner):
                   "compile_arguments": {"inputs": f"[Input(shape={shape}, dtype={self.dtype})]", **shown},
                   "fallback": report}
         write_atomic(out.parent / "build.json", json.dumps(record, indent=1, default=str) + "\n")
+
+    def _export(self, module, example, rules: dict[str, Rule]):
+        """``torch.export`` of ``module`` at the example's static shape; a quantized module the way its release's
+        INT8 example does it (:data:`RULES` ``int8_export``)."""
+        torch = self.torch
+        if self.quantized and rules["int8_export"].value == "torch.export._trace._export":
+            from torch.export._trace import _export
+
+            return _export(module, (example,))
+        return torch.export.export(module, (example,), strict=False)
+
+    def _export_mode(self):
+        """ModelOpt's ``export_torch_mode()`` for a quantized module, else nothing."""
+        import contextlib
+
+        if not self.quantized:
+            return contextlib.nullcontext()
+        utils = require("modelopt.torch.quantization.utils", "NVIDIA ModelOpt",
+                        "pip install nvidia-modelopt (the INT8 rung's quantizers are ModelOpt's)")
+        return utils.export_torch_mode()
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         module = self._modules.get(batch.shape[0])

@@ -31,6 +31,7 @@ from pipeline.codehash import code_sha256
 from pipeline.devices import DEPLOY_SCHEMA, Device
 from pipeline.jobs import FINGERPRINT_KEYS, choose_runtime, job_spec
 from pipeline.manifest import sha256_json
+from pipeline.road_artifacts import RoadArtifacts
 from pipeline.rungs import RUNGS
 from pipeline.stages.base import STAGES, Stage, StageResult
 
@@ -138,15 +139,22 @@ class DeployStage(Stage):
             stage, key = RUNGS[rung].onnx
             if ctx.manifest.stage(stage) and key in ctx.manifest.stage(stage)["outputs"]:
                 artifacts[rung] = ctx.manifest.output(stage, key)
-        # The Torch-TensorRT road: each float rung's torch.export program; an FP16 rung is its FP32 form's program,
-        # cast on the device. The INT8 rung needs ModelOpt restored and exported where CUDA is: not sent yet.
+        # The Torch-TensorRT road: each float rung's torch.export program and device checkpoint (an FP16 rung is its
+        # FP32 form's, cast on the device); the INT8 rung's device checkpoint with ModelOpt's state, exported there.
         programs = {}
         if "torch_tensorrt" in cfg.runtimes:
-            outputs = ctx.manifest.stage("export")["outputs"]
+            exported = ctx.manifest.stage("export")["outputs"]
+            quantized = (ctx.manifest.stage("quantize") or {}).get("outputs", {})
             for rung in cfg.rungs:
                 source = rung if RUNGS[rung].checkpoint_stage else RUNGS[rung].form_of
-                if RUNGS[rung].precision != "int8" and f"{source}_pt2" in outputs:
-                    programs[rung] = ctx.manifest.output("export", f"{source}_pt2")
+                if RUNGS[rung].precision == "int8":
+                    if "student_int8_device_checkpoint" in quantized:
+                        programs[rung] = RoadArtifacts(
+                            checkpoint=ctx.manifest.output("quantize", "student_int8_device_checkpoint"))
+                elif f"{source}_pt2" in exported:
+                    checkpoint = (ctx.manifest.output("export", f"{source}_device_checkpoint")
+                                  if f"{source}_device_checkpoint" in exported else None)
+                    programs[rung] = RoadArtifacts(ctx.manifest.output("export", f"{source}_pt2"), checkpoint)
         preprocess = json.loads(ctx.manifest.output("export", "preprocess").read_text())
         cache = ctx.run_dir / "deploy-cache"
         cache.mkdir(exist_ok=True)
@@ -189,8 +197,10 @@ class DeployStage(Stage):
                    "artifacts": {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
                                  for rung, path in artifacts.items()}}
         if programs:
-            results["programs"] = {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
-                                   for rung, path in programs.items()}
+            results["programs"] = {rung: {kind: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
+                                          for kind, path in (("program", art.program), ("checkpoint", art.checkpoint))
+                                          if path is not None}
+                                   for rung, art in programs.items()}
         (workdir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
         measured = sum(1 for d in outcomes for r in d["rungs"].values() if r["state"] == "succeeded")
         windows = sum(len(r.get("rounds", [])) for d in outcomes for r in d["rungs"].values())
@@ -225,7 +235,8 @@ class DeployStage(Stage):
 
     def _device(self, device: Device, url: str, token: str | None, artifacts: dict[str, Path], preprocess, cfg,
                 cache: Path, label: str, ctx, lock: threading.Lock,
-                evaluation: dict[str, Any] | None = None, programs: dict[str, Path] | None = None) -> dict[str, Any]:
+                evaluation: dict[str, Any] | None = None,
+                programs: dict[str, RoadArtifacts] | None = None) -> dict[str, Any]:
         outcome: dict[str, Any] = {**device.public(), "url": url if device is not LOOPBACK else "loopback",
                                    "status": "ok", "error": None, "fingerprint": None, "info": None, "rungs": {}}
         try:
@@ -252,7 +263,11 @@ class DeployStage(Stage):
             if programs:
                 road = {"status": "ok", "reason": None, "torch_tensorrt": info.get("torch_tensorrt"), "rungs": {}}
                 if info.get("torch_tensorrt"):
-                    jobs += [(rung, "torch_tensorrt", path) for rung, path in programs.items()]
+                    for rung, artifacts_of_rung in programs.items():
+                        path, why = artifacts_of_rung.for_device(info.get("torch"))
+                        road["sent"] = {**road.get("sent", {}), rung: why}
+                        if path is not None:
+                            jobs.append((rung, "torch_tensorrt", path))
                 else:
                     road.update(status="not measured", reason="the agent has no Torch-TensorRT (pip install "
                                                               "'edgefold[torch-tensorrt]' on the device)")
@@ -305,8 +320,6 @@ class DeployStage(Stage):
                     outcome["rungs"][rung] = _rung_record(records, outcome)
                 else:
                     outcome["roads"][road_name]["rungs"][rung] = _rung_record(records, outcome)
-        return outcome
-
         return outcome
 
     @staticmethod

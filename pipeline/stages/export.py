@@ -1,7 +1,8 @@
 """export stage: ONNX (opset ≥ 17, dynamic batch, BatchNorm folded) for every measured rung,
 and, when ``deploy.runtimes`` names ``torch_tensorrt``, a ``torch.export`` program (``<rung>.pt2``, torch version
 recorded, run back through the agent's Torch runner for parity) for the Torch-TensorRT road: the device casts it to
-FP16 itself for an FP16 rung, so only the float rungs get one,
+FP16 itself for an FP16 rung, so only the float rungs get one; beside it the rung's device checkpoint
+(``<rung>.device.pt``: state, architecture key, input C×H×W) for a device whose torch cannot load the program,
 with its outputs checked against torch on real test images by ONNX Runtime; and the FP16 forms
 (``teacher_fp16``, ``student_fp16``): FP16 weights and compute written in the graph, float32 I/O,
 scored on the whole test split by ONNX Runtime — an emulation on the host's CPU (casts around most
@@ -21,6 +22,8 @@ from pipeline.onnx_export import check_parity, export_onnx
 from pipeline.onnx_scores import onnx_accuracy
 from pipeline.rungs import RUNGS
 from pipeline.stages.base import STAGES, Stage, StageResult
+from pipeline.torch_export import write_device_checkpoint
+
 
 class ExportStage(Stage):
     name = "export"
@@ -53,6 +56,10 @@ class ExportStage(Stage):
             outputs[rung] = path
             if "torch_tensorrt" in ctx.recipe.deploy.runtimes:
                 outputs[f"{rung}_pt2"] = self._program(ctx, model, rung, workdir, images, metrics[rung])
+                # For a device whose torch is another release: it rebuilds the rung and exports it itself.
+                outputs[f"{rung}_device_checkpoint"] = write_device_checkpoint(
+                    ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model"), workdir / f"{rung}.device.pt",
+                    ctx.preprocess.input_shape(1)[1:])
         if cfg.fp16_rungs:
             outputs.update(self._fp16_forms(ctx, workdir, outputs, metrics))
         # The device needs the preprocessing with the model to feed it correctly.

@@ -401,7 +401,7 @@ class QuantizeStage(Stage):
                    "fp32_predictions": workdir / "predictions.fp32.npy"}
         torch_road = None
         if "torch_tensorrt" in ctx.recipe.deploy.runtimes:
-            outputs["student_int8_modelopt"], torch_road = self._modelopt_state(ctx, workdir, calibration, images,
+            outputs["student_int8_device_checkpoint"], torch_road = self._modelopt_state(ctx, workdir, calibration, images,
                                                                                 labels, reference)
         return StageResult(
             outputs=outputs,
@@ -425,15 +425,14 @@ class QuantizeStage(Stage):
         """
         import torch
 
-        from pipeline.checkpoint import load_checkpoint
         from pipeline.modelopt_state import calibrate, restore
 
         cfg = ctx.recipe.quantize
         checkpoint = ctx.manifest.output("distill", "model")
-        path = workdir / "student.modelopt.pth"
+        path = workdir / "student.int8.device.pt"
         with _quiet("modelopt"):
-            record = calibrate(load_checkpoint(checkpoint)[0], calibration, path, "max")
-            restored = restore(load_checkpoint(checkpoint)[0], path)  # what the device does: a fresh student
+            record = calibrate(checkpoint, calibration, path, "max", ctx.preprocess.input_shape(1)[1:])
+            restored = restore(path)  # what the device does, with the device's code, from the file it gets
         with torch.no_grad():
             predicted = np.concatenate([restored(torch.from_numpy(images[i : i + 256])).argmax(1).numpy()
                                         for i in range(0, len(images), 256)])

@@ -3,6 +3,7 @@ for JetPack 6's release (2.5), a middle one (2.9) and the newest read (2.14); th
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -175,7 +176,7 @@ def test_an_int8_job_on_a_float_program_is_refused(monkeypatch, tmp_path, progra
     standin(monkeypatch, "2.14.0")
     with pytest.raises(PrecisionMismatchError, match="no ModelOpt quantizer ops") as err:
         make_runner("torch_tensorrt", str(path), precision="int8", engine_cache=str(tmp_path)).load()
-    assert "modelopt_state" in err.value.fix
+    assert "device checkpoint" in err.value.fix
 
 
 # ------------------------------------------------------------------ per-layer timing
@@ -473,6 +474,7 @@ def two_roads(tmp_path_factory, program):
 
     from pipeline.devices import Device
     from pipeline.recipe import DeployConfig
+    from pipeline.road_artifacts import RoadArtifacts
     from pipeline.stages.deploy import DeployStage
     from tests.device.agent_process import tiny_onnx
     from tests.device.torch_tensorrt_standin import sitecustomize_dir
@@ -482,6 +484,16 @@ def two_roads(tmp_path_factory, program):
     models = {"student": tiny_onnx(tmp / "student.onnx", classes=5)}
     cfg = DeployConfig(rungs=["student"], batch_sizes=[1], duration_s=0.1, rounds=2, warmup_iterations=1, idle_s=0,
                        job_timeout_s=600, runtimes=["tensorrt", "torch_tensorrt"])
+    programs = {"student": RoadArtifacts(program=path)}
+    if importlib.util.find_spec("modelopt") is not None:  # the INT8 rung: its device checkpoint, ModelOpt's state in it
+        from pipeline.checkpoint import save_checkpoint
+        from pipeline.models import build_model
+        from pipeline.modelopt_state import calibrate
+
+        checkpoint = save_checkpoint(tmp / "model.pt", build_model("tiny_resnet", 5).eval(), "tiny_resnet", 5)
+        calibration = np.random.default_rng(0).standard_normal((16, 3, 16, 16)).astype(np.float32)
+        calibrate(checkpoint, calibration, tmp / "student.int8.device.pt")
+        programs["student_int8"] = RoadArtifacts(checkpoint=tmp / "student.int8.device.pt")
     outcomes, logs = {}, {}
     for name, env in (("with", sitecustomize_dir(tmp / "site", "2.14.0")[1]), ("without", {})):
         (tmp / f"cache-{name}").mkdir()
@@ -490,7 +502,7 @@ def two_roads(tmp_path_factory, program):
             logs[name] = _Log()
             outcomes[name] = DeployStage()._device(device, agent.url, None, models, PREPROCESS, cfg,
                                                    tmp / f"cache-{name}", "t", logs[name], threading.Lock(),
-                                                   programs={"student": path})
+                                                   programs=programs)
     return outcomes, logs
 
 
@@ -506,6 +518,17 @@ def test_deploy_runs_a_rung_on_both_roads_in_the_same_rounds(two_roads):
     assert entry["result"]["runtime"]["torch_tensorrt"]["fallback_count"] == 1
     # Round 1 profiles (the deploy stage's rule): the STAND-IN's 2.14 engines write trex traces.
     assert "trex" in entry["rounds"][0]["profile"]["source"]
+
+
+def test_the_int8_rung_is_sent_as_its_device_checkpoint_and_a_cpu_agent_says_why_it_cannot(two_roads):
+    road = two_roads[0]["with"]["roads"]["torch_tensorrt"]
+    if "student_int8" not in road["sent"]:
+        pytest.skip("needs nvidia-modelopt to write the INT8 device checkpoint")
+    assert road["sent"]["student_int8"].startswith("device checkpoint: ModelOpt's INT8 export runs on the device")
+    assert road["sent"]["student"].startswith("torch.export program")  # the agent's torch wrote it
+    entry = road["rungs"]["student_int8"]
+    # The agent stored the upload as a device checkpoint, restored ModelOpt's state, and refused to export on CPU.
+    assert entry["state"] == "failed" and "needs CUDA tensors" in entry["error"]
 
 
 def test_an_agent_without_torch_tensorrt_skips_that_road_and_says_why(two_roads):
@@ -531,7 +554,12 @@ def test_report_puts_the_two_roads_side_by_side(two_roads):
     entry["rounds"] = [parse_result(r, "torch") for r in entry["rounds"]]
     row = {"device": "with", "rung": "student", "status": "measured", "latency_batch": 1, "throughput_batch": 1,
            "runtime": onnx_rounds[0].runtime.name, "device_top1": 0.9, **_window_statistics(onnx_rounds, 1, 1)}
-    [line] = _two_roads([row], device, None)
+    lines = {line["rung"]: line for line in _two_roads([row], device, None)}
+    line = lines["student"]
+    if "student_int8" in lines:  # a rung that failed on this road is said, with why, not dropped
+        failed = two_roads_text(lines["student_int8"])
+        assert "student_int8 on with, Torch-TensorRT 2.14.0: not measured: " in failed
+        assert "needs CUDA tensors" in failed and "sent: device checkpoint" in failed
     expected = (np.median(_window_statistics(entry["rounds"], 1, 1)["latency_p50_windows_ms"])
                 / np.median(row["latency_p50_windows_ms"]))
     assert line["latency_ratio"] == pytest.approx(expected)

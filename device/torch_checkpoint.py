@@ -1,0 +1,316 @@
+"""EdgeFold checkpoints, read the same way on both sides: state, never pickled modules.
+
+A checkpoint holds the architecture key, the class count, the layer *structure* (channel counts changed by
+pruning) and the state_dict, all plain tensors and numbers, so it loads with ``torch.load(weights_only=True)``
+and is validated against the architecture it names. The build side writes it (:mod:`pipeline.checkpoint`); the
+device reads it when it must export a rung on its own torch (the Torch-TensorRT road: a ``.pt2`` from a newer
+torch does not load, and ModelOpt's INT8 export needs CUDA, which the build host may lack).
+
+Optional keys a device checkpoint adds:
+
+* ``input_chw``: the network input's C×H×W, for the static export at each measured batch;
+* ``modelopt``: the INT8 rung of the Torch-TensorRT road, ModelOpt's quantizer state calibrated on the build
+  host: ``{"version": modelopt's, "state": mto.modelopt_state(model), "state_dict": the quantized (BatchNorm
+  folded) model's state_dict with each quantizer's amax}``. The device rebuilds the student, folds its BatchNorm
+  as the build host did (:func:`device.architectures.fold_batchnorm`), restores the quantizers
+  (``mto.restore_from_modelopt_state``) and loads the state: what ``mto.restore`` does with ``mto.save``'s file
+  (modelopt/torch/opt/conversion.py, 0.47.0), from a file ``torch.load(weights_only=True)`` reads.
+
+torch is imported inside the functions: ``device`` imports without it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickletools
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from device.architectures import ARCHITECTURES, build_model, fold_batchnorm
+from device.errors import CheckpointError, MissingDependencyError
+
+FORMAT = "edgefold.checkpoint/1"
+
+# Attributes that describe a layer's shape, by layer type name (torch.nn's); pruning rewrites exactly these.
+STRUCTURE_ATTRS = {
+    "Conv2d": ("in_channels", "out_channels", "groups"),
+    "BatchNorm2d": ("num_features",),
+    "Linear": ("in_features", "out_features"),
+    "LayerNorm": ("normalized_shape",),
+}
+
+
+def _structured_type(module) -> str | None:
+    """The layer type name when ``module`` is exactly one of torch.nn's shaped layers (not a subclass)."""
+    from torch import nn
+
+    name = type(module).__name__
+    return name if name in STRUCTURE_ATTRS and type(module) is getattr(nn, name) else None
+
+
+def capture_structure(model) -> dict[str, dict[str, Any]]:
+    """The shape-defining attributes of every conv, norm and linear layer."""
+    structure = {}
+    for name, module in model.named_modules():
+        kind = _structured_type(module)
+        if kind is None:
+            continue
+        structure[name] = {"type": kind}
+        for attr in STRUCTURE_ATTRS[kind]:
+            value = getattr(module, attr)
+            structure[name][attr] = list(value) if isinstance(value, tuple) else value
+    return structure
+
+
+def apply_structure(model, structure: dict[str, dict[str, Any]], state_dict: dict[str, Any]) -> None:
+    """Reshapes ``model`` in place to the recorded (pruned) structure.
+
+    Raises:
+        CheckpointError: If a recorded layer is missing or of another type.
+    """
+    import torch
+    from torch import nn
+
+    modules = dict(model.named_modules())
+    for name, attrs in structure.items():
+        module = modules.get(name)
+        if module is None or type(module).__name__ != attrs.get("type"):
+            found = type(module).__name__ if module is not None else "nothing"
+            raise CheckpointError(
+                f"checkpoint layer {name!r} is a {attrs.get('type')} but the architecture has {found} there",
+                fix="the checkpoint was made for another architecture; check the recipe's arch",
+            )
+        for attr, value in attrs.items():
+            if attr != "type":
+                setattr(module, attr, tuple(value) if isinstance(value, list) else value)
+    # Tensors whose saved shape differs are replaced by empty ones of that shape, then filled
+    # by load_state_dict; parameters stay parameters so the model still trains.
+    for key, saved in state_dict.items():
+        module_name, _, tensor_name = key.rpartition(".")
+        if module_name not in structure:
+            continue  # layers pruning never reshapes keep their shapes; load_state_strict checks them
+        module = modules[module_name]
+        current = getattr(module, tensor_name, None)
+        if isinstance(current, torch.Tensor) and current.shape != saved.shape:
+            replacement = torch.empty(saved.shape, dtype=current.dtype)
+            if isinstance(current, nn.Parameter):
+                setattr(module, tensor_name, nn.Parameter(replacement, requires_grad=current.requires_grad))
+            else:
+                module.register_buffer(tensor_name, replacement)
+    for name in structure:
+        _check_layer(name, modules[name])
+
+
+def _expected_shapes(module) -> dict[str, tuple[int, ...]]:
+    from torch import nn
+
+    if isinstance(module, nn.Conv2d):
+        shapes = {"weight": (module.out_channels, module.in_channels // module.groups, *module.kernel_size)}
+        return {**shapes, "bias": (module.out_channels,)} if module.bias is not None else shapes
+    if isinstance(module, nn.BatchNorm2d):
+        return {k: (module.num_features,) for k in ("weight", "bias", "running_mean", "running_var")
+                if getattr(module, k, None) is not None}
+    if isinstance(module, nn.Linear):
+        shapes = {"weight": (module.out_features, module.in_features)}
+        return {**shapes, "bias": (module.out_features,)} if module.bias is not None else shapes
+    return {}
+
+
+def _check_layer(name: str, module) -> None:
+    """A layer's tensors must agree with its recorded channel counts (catches tampered files)."""
+    for tensor_name, shape in _expected_shapes(module).items():
+        actual = tuple(getattr(module, tensor_name).shape)
+        if actual != shape:
+            raise CheckpointError(
+                f"checkpoint layer {name}.{tensor_name} has shape {actual} but its recorded structure says {shape}",
+                fix="the checkpoint is corrupt or was edited; re-run the stage that produced it (--force STAGE)",
+            )
+
+
+def load_state_strict(model, state_dict: dict[str, Any], source: str) -> None:
+    """``load_state_dict`` that names the first missing, unexpected or misshapen tensor."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{source} does not fit the architecture: missing {missing[:3]}, unexpected {unexpected[:3]}",
+            fix="the weights were saved from another architecture; check the recipe's arch",
+        )
+    for key, tensor in state_dict.items():
+        if expected[key].shape != tensor.shape:
+            raise CheckpointError(
+                f"{source}: layer {key} has shape {tuple(tensor.shape)} but the model expects {tuple(expected[key].shape)}",
+                fix="the weights were saved from another architecture or width; check the recipe's arch",
+            )
+    model.load_state_dict(state_dict)
+
+
+def torch_load(path: Path, what: str, fix_unsafe: str, fix_corrupt: str) -> Any:
+    """``torch.load(weights_only=True)`` with the failure named for what it is.
+
+    torch's own messages for a text file ("101"), a truncated archive ("failed finding central
+    directory") and a pickled module ("Weights only load failed") all need different fixes.
+    """
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for corrupt or unsafe files
+        head = path.read_bytes()[:64] if path.stat().st_size else b""
+        text = str(err)
+        unsafe = "Weights only load failed" in text or "Unsupported global" in text
+        if not head:
+            problem, fix = "is empty", fix_corrupt
+        elif zipfile.is_zipfile(path) or head[:2] == b"PK":
+            problem, fix = ((UNSAFE, fix_unsafe) if unsafe else
+                            (f"is a damaged torch archive ({text.splitlines()[0][:160]}): truncated or corrupt",
+                             fix_corrupt))
+        elif head[:1] == b"\x80":  # a legacy (non-zip) torch pickle
+            problem, fix = ((UNSAFE, fix_unsafe) if unsafe else
+                            (f"is a damaged legacy torch file ({text.splitlines()[0][:160]})", fix_corrupt))
+        else:
+            sample = head[:24].decode("utf-8", "replace")
+            problem = f"is not a torch file (it starts with {sample!r})"
+            fix = "pass the file written by torch.save(model.state_dict(), path)"
+        raise CheckpointError(f"{what} {problem}", fix=fix) from None
+
+
+UNSAFE = "holds pickled Python objects, not only tensors (refused: loading runs code)"
+
+
+def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that produces it (--force STAGE)") -> dict:
+    """The checkpoint's dict, loaded with ``weights_only=True`` and checked to be an EdgeFold checkpoint.
+
+    Raises:
+        CheckpointError: Missing, unreadable, unsafe, or not an EdgeFold checkpoint; or an unknown architecture.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist", fix=fix)
+    payload = torch_load(path, f"checkpoint {path}", fix_unsafe=fix, fix_corrupt=fix)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an EdgeFold checkpoint ({FORMAT})",
+                              fix="torchvision state_dicts are passed as WEIGHTS=path, not as a stage checkpoint")
+    if payload.get("arch") not in ARCHITECTURES:
+        raise CheckpointError(f"{path} names unknown architecture {payload.get('arch')!r}",
+                              fix=ARCHITECTURES.suggest(str(payload.get("arch"))))
+    return payload
+
+
+def model_from_payload(payload: dict, source: str):
+    """The float model a checkpoint's dict describes (eval mode, CPU), its pruned widths applied and checked."""
+    model = build_model(payload["arch"], payload["num_classes"])
+    state_dict = payload["state_dict"]
+    apply_structure(model, payload.get("structure") or {}, state_dict)
+    load_state_strict(model, state_dict, source)
+    return model.eval()
+
+
+def load_checkpoint(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
+    """Loads and validates a checkpoint.
+
+    Returns:
+        The model (eval mode, on CPU) and the checkpoint's metadata (``arch``, ``num_classes``, ``meta``).
+
+    Raises:
+        CheckpointError: Missing file, not a checkpoint, unknown architecture, or shapes that do not fit the
+            recorded structure.
+    """
+    payload = read_payload(path)
+    model = model_from_payload(payload, str(path))
+    return model, {"arch": payload["arch"], "num_classes": payload["num_classes"], "meta": payload.get("meta", {})}
+
+
+def modelopt_modules():
+    """ModelOpt's ``opt`` and ``quantization`` modules, or a :class:`MissingDependencyError` saying what to install."""
+    try:
+        import modelopt.torch.opt as mto
+        import modelopt.torch.quantization as mtq
+    except ImportError as err:
+        raise MissingDependencyError(f"the Torch-TensorRT road's INT8 rung needs NVIDIA ModelOpt ({err})",
+                                     fix="pip install 'edgefold[modelopt]' (on JetPack 6: make bundle or docker-jetson "
+                                         "with TORCH_TENSORRT=1), or leave torch_tensorrt out of deploy.runtimes") \
+            from None
+    return mto, mtq
+
+
+def restore_quantized(model, modelopt: dict, source: str):
+    """``model`` (the float student) folded as the build host folded it, with ModelOpt's quantizers restored from
+    ``modelopt`` (the checkpoint's ``modelopt`` key) and their amax loaded: fake-quantized, eval mode.
+
+    Raises:
+        CheckpointError: The state does not fit this student.
+        MissingDependencyError: ModelOpt is not installed.
+    """
+    mto, _ = modelopt_modules()
+    fix = "re-run the quantize stage: edgefold run … --force quantize"
+    try:
+        restored = mto.restore_from_modelopt_state(fold_batchnorm(model.eval().cpu()), modelopt["state"])
+        load_state_strict(restored, modelopt["state_dict"], f"{source} (ModelOpt state)")
+    except CheckpointError as err:  # the quantized weights or amax do not fit the restored quantizers
+        raise CheckpointError(err.message, fix=fix) from None
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:  # ModelOpt's own checks of the state's dict
+        raise CheckpointError(f"{source} holds no ModelOpt quantizer state that fits this student ({err!r})",
+                              fix=fix) from None
+    return restored.eval()
+
+
+def load_for_export(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
+    """The module a device exports from a checkpoint: the float student, or with a ``modelopt`` key, the student
+    with ModelOpt's INT8 quantizers restored.
+
+    Returns:
+        The module (CPU, eval) and ``{"arch", "quantized", "input_chw", "modelopt"}`` (ModelOpt's version that
+        calibrated, or None).
+    """
+    payload = read_payload(path, fix="send the checkpoint the pipeline's export or quantize stage wrote")
+    model = model_from_payload(payload, str(path))
+    modelopt = payload.get("modelopt")
+    if modelopt is not None:
+        model = restore_quantized(model, modelopt, str(path))
+    chw = payload.get("input_chw")
+    return model, {"arch": payload["arch"], "quantized": modelopt is not None,
+                   "input_chw": tuple(int(d) for d in chw) if chw else None,
+                   "modelopt": (modelopt or {}).get("version")}
+
+
+# Globals torch.load(weights_only=True) needs for a checkpoint of tensors, dicts and dtypes: anything else in the
+# pickle would run code on load. Checked at upload, without torch, so a bad file is refused before it is stored.
+_SAFE_MODULES = {"torch", "torch._utils", "collections"}
+_SAFE_COLLECTIONS = {"OrderedDict"}
+_SAFE_TORCH = {"Size", "device", "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+               "uint8", "bool", "float8_e4m3fn", "float8_e5m2"}
+
+
+def pickle_globals(path: str | os.PathLike) -> list[str]:
+    """The ``module name`` globals a torch.save archive's pickle references (read with pickletools, no torch)."""
+    with zipfile.ZipFile(path) as archive:
+        data = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+        if len(data) != 1:
+            raise ValueError(f"expected one data.pkl in the archive, found {len(data)}")
+        pickled = archive.read(data[0])
+    found, strings = [], []
+    for op, arg, _ in pickletools.genops(pickled):
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+            strings.append(arg)
+        elif op.name == "GLOBAL":
+            found.append(str(arg))
+        elif op.name == "STACK_GLOBAL":
+            found.append(" ".join(strings[-2:]))
+    return sorted(set(found))
+
+
+def unsafe_globals(names: list[str]) -> list[str]:
+    """The globals of :func:`pickle_globals` that a tensors-only checkpoint never needs."""
+    unsafe = []
+    for name in names:
+        module, _, attr = name.partition(" ")
+        if module not in _SAFE_MODULES or (module == "collections" and attr not in _SAFE_COLLECTIONS):
+            unsafe.append(name)
+        elif module == "torch._utils" and not attr.startswith("_rebuild_"):
+            unsafe.append(name)
+        elif module == "torch" and attr not in _SAFE_TORCH and not attr.endswith("Storage"):
+            unsafe.append(name)
+    return unsafe

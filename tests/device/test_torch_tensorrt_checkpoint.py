@@ -1,0 +1,139 @@
+"""The Torch-TensorRT road from a device checkpoint: the device rebuilds the rung (architecture registry, pruned
+widths, ModelOpt's quantizer state) and exports it with its own torch. Against the Torch-TensorRT STAND-IN
+(tests/device/torch_tensorrt_standin.py) compiling for the CPU; the INT8 rung's export needs CUDA, so here it is
+restored for real and then refused with the reason, and the real thing runs where a GPU and Torch-TensorRT exist."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from device.errors import DeviceError
+from device.runners import make_runner
+from device.runners.torch_tensorrt import artifact_kind, rules_for
+from tests.device.test_torch_tensorrt import program, standin  # noqa: F401 (the fixture and the stand-in)
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """A pruned-width tiny_resnet's checkpoint, its float device checkpoint and its INT8 one (ModelOpt, max)."""
+    from pipeline.checkpoint import save_checkpoint
+    from pipeline.models import build_model
+    from pipeline.torch_export import write_device_checkpoint
+
+    tmp = tmp_path_factory.mktemp("devckpt")
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 5)
+    # A pruned width (12 of 16 stem channels) that only the recorded structure can rebuild.
+    import torch_pruning as tp
+
+    group = tp.DependencyGraph().build_dependency(model, torch.zeros(1, 3, 16, 16)).get_pruning_group(
+        model.stem[0], tp.prune_conv_out_channels, idxs=[0, 1, 2, 3])
+    group.prune()
+    model.eval()
+    checkpoint = save_checkpoint(tmp / "model.pt", model, "tiny_resnet", 5)
+    float_path = write_device_checkpoint(checkpoint, tmp / "student.device.pt", (3, 16, 16))
+    images = np.random.default_rng(0).standard_normal((40, 3, 16, 16)).astype(np.float32)
+    int8_path = None
+    try:
+        from pipeline.modelopt_state import calibrate
+
+        int8_path = tmp / "student.int8.device.pt"
+        calibrate(checkpoint, images[:32], int8_path, "max", (3, 16, 16))
+    except ImportError:
+        pass
+    return model, float_path, int8_path, images
+
+
+def test_a_device_checkpoint_is_told_from_a_program_without_torch(checkpoints, program):  # noqa: F811
+    _, float_path, _, _ = checkpoints
+    assert artifact_kind(float_path) == "torch-checkpoint" and artifact_kind(program[1]) == "torch-export"
+
+
+@pytest.mark.parametrize("version", ["2.5.0", "2.14.0"])
+def test_a_float_rung_is_rebuilt_and_exported_on_the_device(monkeypatch, tmp_path, checkpoints, version):
+    model, float_path, _, images = checkpoints
+    tt = standin(monkeypatch, version)
+    with make_runner("torch_tensorrt", str(float_path), batch_sizes=(1, 4), engine_cache=str(tmp_path)) as runner:
+        out = runner.infer(images[:4])
+        info = runner.torch_tensorrt
+    with torch.no_grad():
+        eager = model(torch.from_numpy(images[:4])).numpy()
+    np.testing.assert_allclose(out, eager, rtol=1e-4, atol=1e-5)  # the pruned widths came back
+    assert runner.precision_built == "fp32" and [c["inputs"][0][0] for c in tt.calls] == [(1, 3, 16, 16),
+                                                                                         (4, 3, 16, 16)]
+    assert info["artifact"] == "device checkpoint" and info["exported_on_device"] and info["arch"] == "tiny_resnet"
+    assert info["modelopt"] is None and f"torch {torch.__version__}" in info["notes"][0]
+
+
+def test_an_int8_rung_is_restored_then_refused_without_cuda(monkeypatch, tmp_path, checkpoints):
+    _, _, int8_path, _ = checkpoints
+    if int8_path is None:
+        pytest.skip("needs nvidia-modelopt")
+    standin(monkeypatch, "2.14.0")
+    calls = []
+    import device.torch_checkpoint as device_checkpoint
+
+    real = device_checkpoint.restore_quantized
+    monkeypatch.setattr(device_checkpoint, "restore_quantized",
+                        lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    with pytest.raises(DeviceError, match="needs CUDA tensors") as err:
+        make_runner("torch_tensorrt", str(int8_path), precision="int8", engine_cache=str(tmp_path)).load()
+    assert calls == [str(int8_path)]  # restored first: a bad state would have been a CheckpointError
+    assert "CUDA GPU" in err.value.fix
+
+
+def test_the_int8_export_follows_its_releases_example():
+    assert rules_for("2.5.0")["int8_export"].value == "torch.export._trace._export"
+    assert rules_for("2.8.0")["int8_export"].value == "torch.export.export(strict=False)"
+    assert "vgg16_ptq.py@v2.7.0" in rules_for("2.8.0")["int8_export"].source
+
+
+def test_the_road_sends_the_program_to_its_own_torch_and_the_checkpoint_elsewhere(checkpoints, program):  # noqa: F811
+    from pipeline.road_artifacts import RoadArtifacts
+
+    _, float_path, int8_path, _ = checkpoints
+    both = RoadArtifacts(program[1], float_path)
+    assert both.for_device(torch.__version__)[0] == program[1]
+    sent, why = both.for_device("2.5.0a0+nv24.08")  # JetPack 6's NVIDIA torch, older than the build host's
+    assert sent == float_path and "own torch" in why
+    assert RoadArtifacts(checkpoint=int8_path or float_path).for_device(torch.__version__)[1].startswith(
+        "device checkpoint: ModelOpt")
+    assert RoadArtifacts().for_device(torch.__version__) == (None, "no artifact for this rung on the "
+                                                                   "Torch-TensorRT road")
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+def test_real_int8_rung_compiles_from_its_device_checkpoint(tmp_path, checkpoints):
+    pytest.importorskip("torch_tensorrt")
+    pytest.importorskip("modelopt.torch.quantization")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from pipeline.modelopt_state import restore
+
+    _, _, int8_path, images = checkpoints
+    with make_runner("torch_tensorrt", str(int8_path), precision="int8", batch_sizes=(4,),
+                     engine_cache=str(tmp_path)) as runner:
+        out = runner.infer(images[:4])
+    with torch.no_grad():
+        fake_quant = restore(int8_path)(torch.from_numpy(images[:4])).numpy()
+    assert runner.precision_built == "int8" and runner.torch_tensorrt["exported_on_device"]
+    assert (out.argmax(1) == fake_quant.argmax(1)).mean() >= 0.75
+
+
+def test_a_zip_that_is_neither_program_nor_checkpoint_is_refused_at_upload(tmp_path):
+    import zipfile
+
+    from device.artifacts import ArtifactError, check
+    from device.files import sha256_file
+
+    path = tmp_path / "notes.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("notes/readme.txt", "hello")
+    sha = sha256_file(path)
+    with pytest.raises(ArtifactError, match="neither a torch.export archive .* nor a torch.save checkpoint") as err:
+        check(path, sha, sha, path.stat().st_size)
+    assert err.value.status == 422 and ".device.pt" in err.value.fix
