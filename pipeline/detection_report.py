@@ -52,11 +52,12 @@ def render(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: 
     lines += [f"Images scored on the device: {deploy['images']}. Host mAP: the teacher through torchvision's "
               "post-processing, the others through ONNX Runtime and the device's decode + NMS "
               "(device/detection_post.py); device mAP: the engine that was timed, decoded on the device.", ""]
-    other = quantize.get("other_box_head")
-    if other:
+    others = quantize.get("other_box_heads")
+    if others:
         lines += [f"Quantizing the box head: against the FP32 student, INT8 with the box head {quantize['box_head']} "
-                  f"changes mAP by {-quantize['drop_points']:+.2f} points, with it {other['box_head']} by "
-                  f"{-other['drop_points']:+.2f} (host, {quantize['method']} calibration).", ""]
+                  f"changes mAP by {-quantize['drop_points']:+.2f} points, "
+                  + ", ".join(f"with it {o['box_head']} by {-o['drop_points']:+.2f}" for o in others)
+                  + f" (host, {quantize['method']} calibration).", ""]
     rows = quantize.get("class_changes_vs_fp32") or []
     if rows:
         lines += ["## INT8 fold, per class (AP change in points, paired bootstrap 95% CI, Holm-corrected)", "",

@@ -29,7 +29,7 @@ class DetectionReportStage(Stage):
         quantize = ctx.manifest.stage("quantize")["metrics"]
         (workdir / "report.md").write_text(render(ctx.recipe.name, ladder, deploy, quantize))
         (workdir / "report.json").write_text(json.dumps({"ladder": ladder, "deploy": deploy, "quantize": {
-            key: quantize[key] for key in ("box_head", "drop_points", "method", "other_box_head",
+            key: quantize[key] for key in ("box_head", "drop_points", "method", "other_box_heads",
                                            "class_changes_vs_fp32") if key in quantize}}, indent=1) + "\n")
         return StageResult(outputs={"markdown": workdir / "report.md", "json": workdir / "report.json"},
                            metrics={"rungs": len(ladder["rungs"])})

@@ -84,18 +84,38 @@ def test_detection_export_decodes_on_the_device_path_as_torchvision_did(det_run)
         assert m["scores"]["timing"]["postprocess_ms"] > 0
 
 
-def test_detection_int8_keeps_the_box_head_float_and_records_what_quantizing_it_costs(det_run):
-    _, manifest = det_run
+def test_detection_int8_puts_the_box_head_in_fp16_and_records_what_each_setting_costs(det_run):
+    """The default: the box branch out of Q/DQ and in FP16 (its nodes only), linted and int8-weights checked as a
+    classifier's INT8 is, scoring as the FP32 box head does; float and int8 quantized beside it and recorded."""
+    import onnx
+
+    from device.qdq_lint import lint_qdq
+    from pipeline.detection_export import box_branch_nodes
+    from pipeline.fp16_nodes import fp16_nodes
+    from pipeline.int8_weights import float_weights
+
+    run_dir, manifest = det_run
     quantize = manifest["stages"]["quantize"]
     m = quantize["metrics"]
-    assert m["box_head"] == "float" and m["attempts"][0]["box_nodes_float"] > 0
-    assert m["attempts"][0]["lint"]["float_layers"], "the box branch's layers stay float"
+    chosen = m["attempts"][-1]
+    assert m["box_head"] == "fp16" and chosen["box_nodes_fp16"] > 0 and chosen["box_nodes_float"] > 0
+    assert chosen["lint"]["ok"] and chosen["lint"]["float_layers"], "the box branch's layers stay out of Q/DQ"
     assert m["drop_points"] == pytest.approx(100 * (m["fp32"]["map"] - m["int8"]["map"]), abs=1e-3)
     assert m["drop_points"] <= 1.0, "within the recipe's mAP budget, or the stage would have failed"
     assert m["int8"]["map_low"] <= m["int8"]["map_high"] and m["int8"]["resamples"] == 50
-    other = m["other_box_head"]
-    assert other["box_head"] == "int8" and other["box_nodes_float"] == 0 and not other["lint"]["float_layers"]
-    assert m["size_mb"] < m["fp32_size_mb"] and {"student_int8", "student_int8_head"} <= set(quantize["outputs"])
+    others = {other["box_head"]: other for other in m["other_box_heads"]}
+    assert set(others) == {"float", "int8"}
+    assert others["int8"]["box_nodes_float"] == 0 and not others["int8"]["lint"]["float_layers"]
+    assert others["float"]["box_nodes_float"] == chosen["box_nodes_float"] and "box_nodes_fp16" not in others["float"]
+    # What the issue asks of FP16: no measurable cost against the FP32 box head on the tiny set.
+    assert abs(100 * (m["int8"]["map"] - others["float"]["scores"]["map"])) <= 0.5
+    path = run_dir / quantize["outputs"]["student_int8"]
+    halves = fp16_nodes(onnx.load(str(path)))
+    assert halves and halves <= set(box_branch_nodes(path)), "FP16 in the box branch and nowhere else"
+    assert lint_qdq(path).ok and float_weights(path) == []
+    assert m["size_mb"] < others["float"]["size_mb"] < m["fp32_size_mb"], "FP16 box weights are half the size"
+    assert {"student_int8", "student_int8_head", "student_int8_box_float", "student_int8_box_int8"} <= set(
+        quantize["outputs"])
 
 
 def test_a_users_detector_weights_load_with_a_head_for_other_classes(tmp_path):
@@ -124,7 +144,7 @@ def test_detection_rungs_are_scored_on_the_loopback_agent_and_reported(det_run):
     both sides it equals the host's, and the report shows both with the post-processing's time apart."""
     run_dir, manifest = det_run
     ladder = json.loads((run_dir / manifest["stages"]["evaluate"]["outputs"]["ladder"]).read_text())["rungs"]
-    assert set(ladder) == {"teacher", "student", "student_int8", "student_int8_box_int8"}
+    assert set(ladder) == {"teacher", "student", "student_int8", "student_int8_box_float", "student_int8_box_int8"}
     results = json.loads((run_dir / manifest["stages"]["deploy"]["outputs"]["results"]).read_text())
     (device,) = results["devices"]
     assert device["status"] == "ok" and results["images"] == 128
@@ -134,8 +154,8 @@ def test_detection_rungs_are_scored_on_the_loopback_agent_and_reported(det_run):
         assert abs(measured["scores"]["map"] - row["map"]) < 1e-6, f"{rung}: the device ran what the host scored"
         assert measured["postprocess_ms_per_image"] > 0 and measured["network_ms_per_image"] > 0
     report = (run_dir / manifest["stages"]["report"]["outputs"]["markdown"]).read_text()
-    assert "| student_int8 | int8 | float |" in report and "decode + NMS ms/img" in report
-    assert "Quantizing the box head" in report
+    assert "| student_int8 | int8 | fp16 |" in report and "decode + NMS ms/img" in report
+    assert "Quantizing the box head" in report and "with it float by" in report
 
 
 
@@ -152,13 +172,13 @@ def test_the_detection_benchmark_reads_every_rungs_figures_from_a_run(det_run):
     run_dir, manifest = det_run
     record = bench.record(Manifest.load(run_dir), "distilled")
     assert record["student_fp32"]["map"] == manifest["stages"]["distill"]["metrics"]["map"]
-    assert {row["box_head"] for row in record["host"].values() if row["box_head"]} == {"float", "int8"}
+    assert {row["box_head"] for row in record["host"].values() if row["box_head"]} == {"fp16", "float", "int8"}
     for rung, row in record["device"]["rungs"].items():
         assert row["state"] == "succeeded" and 0 <= row["map"] <= 1, rung
         assert row["network_ms_per_image"] > 0 and row["postprocess_ms_per_image"] > 0
     summary = bench.summarize({"distilled/0": record, "no_teacher/0": {"student_fp32": record["student_fp32"]}},
                               record["host"]["teacher"])
-    assert summary["int8_box_float"]["minus_fp32_points"][0] == pytest.approx(
+    assert summary["int8_box_fp16"]["minus_fp32_points"][0] == pytest.approx(
         100 * (record["host"]["student_int8"]["map"] - record["host"]["student"]["map"]))
 
 
@@ -175,3 +195,4 @@ def test_the_run_command_ends_a_detection_run_with_its_report(det_run, capsys):
     out = capsys.readouterr().out
     assert "| rung | precision | box head | host mAP [95% CI] | device mAP [95% CI]" in out
     assert f"report: {run_dir / 'report' / 'report.md'}" in out
+
