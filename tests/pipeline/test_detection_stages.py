@@ -1,6 +1,7 @@
 """The detection stages built so far: data → teacher → prune recorded in the manifest, then a clear stop."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -155,7 +156,7 @@ def test_detection_rungs_are_scored_on_the_loopback_agent_and_reported(det_run):
         assert measured["postprocess_ms_per_image"] > 0 and measured["network_ms_per_image"] > 0
     report = (run_dir / manifest["stages"]["report"]["outputs"]["markdown"]).read_text()
     assert "| student_int8 | int8 | fp16 |" in report and "decode + NMS ms/img" in report
-    assert "Quantizing the box head" in report and "with it float by" in report
+    assert "## What each box-head setting costs" in report
 
 
 
@@ -184,7 +185,7 @@ def test_the_detection_benchmark_reads_every_rungs_figures_from_a_run(det_run):
 
 def test_the_run_command_ends_a_detection_run_with_its_report(det_run, capsys):
     """`edgefold run` / `make edge MODEL=tiny-det` prints the detection report, not the classification ladder (it
-    once crashed there, after every stage had run)."""
+    once crashed there, after every stage had run), and says where report.html is."""
     from types import SimpleNamespace
 
     from pipeline import cli
@@ -194,5 +195,62 @@ def test_the_run_command_ends_a_detection_run_with_its_report(det_run, capsys):
     assert cli._detection_summary(SimpleNamespace(manifest=Manifest.load(run_dir))) == 0
     out = capsys.readouterr().out
     assert "| rung | precision | box head | host mAP [95% CI] | device mAP [95% CI]" in out
-    assert f"report: {run_dir / 'report' / 'report.md'}" in out
+    assert f"report: {run_dir / 'report' / 'report.html'}" in out
+    assert f"markdown: {run_dir / 'report' / 'report.md'}" in out
 
+
+def _html_rows(page: str) -> list[list[str]]:
+    """Every table row of an HTML page as its cells' text."""
+    import html
+
+    return [[html.unescape(cell) for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", page)]
+
+
+def _points(scores: dict, key: str) -> str:
+    return f"{100 * scores[key]:.1f} [{100 * scores[key + '_low']:.1f}, {100 * scores[key + '_high']:.1f}]"
+
+
+def test_the_detection_report_html_shows_report_json_s_rungs_and_is_self_contained(det_run):
+    """report.html: every rung's device mAP, AP50 and AP75 with intervals, host mAP, network and decode + NMS times,
+    and the per-class changes with their Holm p, as report.json records them; no external resource; hashed."""
+    from device.files import sha256_file
+
+    run_dir, manifest = det_run
+    report = manifest["stages"]["report"]
+    page_path = run_dir / report["outputs"]["html"]
+    assert report["sha256"][report["outputs"]["html"]] == sha256_file(page_path), "the manifest hashes report.html"
+    page = page_path.read_text()
+    data = json.loads((run_dir / report["outputs"]["json"]).read_text())
+    rows = {row[0]: row for row in _html_rows(page) if row}
+    (device,) = data["deploy"]["devices"]
+    assert f"{device['name']} ({device['runtime']}; {device['status']})" in page
+    for rung, host in data["ladder"]["rungs"].items():
+        measured = device["rungs"][rung]
+        row = rows[rung]
+        assert _points(host, "map") in row, (rung, row)
+        for key in ("map", "ap50", "ap75"):
+            assert _points(measured["scores"], key) in row, (rung, key, row)
+        assert row[-2:] == [f"{measured['network_ms_per_image']:.2f}", f"{measured['postprocess_ms_per_image']:.2f}"]
+    changes = data["quantize"]["class_changes_vs_fp32"]
+    assert changes
+    for change in changes:
+        row = next(r for r in _html_rows(page) if r[:2] == [change["class"], str(change["boxes"])])
+        assert row[4].startswith(f"{change['change_points']:+.2f}") and row[6] == f"{change['p_holm']:.3f}"
+        assert row[5] == f"[{change['change_low']:+.2f}, {change['change_high']:+.2f}]"
+    assert len(re.findall(r'<img [^>]*src="data:image/png;base64,', page)) == 2, "both plots drawn inline"
+    assert not re.search(r'(src|href)="(?!data:)', page) and "<link" not in page and "<script" not in page
+
+
+def test_the_detection_report_html_fits_a_1400_px_page(det_run):
+    """Rendered by Chromium 1400 px wide: both plots load, no table runs off the page, nothing scrolls sideways."""
+    from tests.browser import render_probe
+
+    run_dir, manifest = det_run
+    check = ("const imgs=[...document.images];const tables=[...document.querySelectorAll('table')];"
+             "document.title=[window.innerWidth,imgs.filter(i=>i.complete&&i.naturalWidth>300).length,"
+             "tables.length,tables.filter(t=>t.getBoundingClientRect().right<=window.innerWidth).length,"
+             "document.documentElement.scrollWidth<=window.innerWidth].join(':')")
+    tables = len(re.findall("<table", (run_dir / manifest["stages"]["report"]["outputs"]["html"]).read_text()))
+    title = render_probe(run_dir / manifest["stages"]["report"]["outputs"]["html"], check, 1400)
+    assert title == f"1400:2:{tables}:{tables}:true"
