@@ -136,10 +136,13 @@ def _detection_summary(ctx) -> int:
     """A detection run's end: its report's tables (mAP per rung on host and device, timings) and where it is."""
     from pipeline import distributed
 
-    if ctx.manifest.stage("report"):
+    reported = ctx.manifest.stage("report")
+    if reported:
         markdown = ctx.manifest.output("report", "markdown")
         print(markdown.read_text())
-        print(f"report: {markdown}")
+        if "html" in reported["outputs"]:  # a run reported before report.html existed has the Markdown alone
+            print(f"report: {ctx.manifest.output('report', 'html')}")
+        print(f"markdown: {markdown}")
     print(f"manifest: {ctx.manifest.path}")
     distributed.shutdown()
     return 0

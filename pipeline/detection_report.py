@@ -1,70 +1,127 @@
-"""The detection ladder's report section: mAP per rung (host and device, with intervals), what quantizing the box
-head costs, the network's and the post-processing's time apart, and the INT8 fold's per-class changes."""
+"""The detection ladder's report: mAP, AP50 and AP75 per rung on host and device (with intervals), what each box-head
+setting costs, the network's and the post-processing's time apart, and the INT8 fold's per-class changes.
+
+Built once as sections (:mod:`pipeline.sections`) and rendered by the classification report's own renderers: the
+same Markdown for report.md and the console, the same self-contained HTML page (stylesheet, scrolling tables,
+plots embedded as PNG) for report.html.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pipeline.sections import Figure, Section, Table, Text, to_html, to_markdown
 
-def _ap(scores: dict[str, Any] | None) -> str:
-    if not scores or scores.get("map") is None:
+RUNG_COLUMNS = ["rung", "precision", "box head", "host mAP [95% CI]", "device mAP [95% CI]", "device AP50 [95% CI]",
+                "device AP75 [95% CI]", "size MB", "network p50 ms (batch)", "network ms/img (eval)",
+                "decode + NMS ms/img"]
+BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "int8": "INT8, quantized"}
+SCORED_TEXT = ("Host mAP: the teacher through torchvision's post-processing, the others through ONNX Runtime and the "
+               "device's decode + NMS (device/detection_post.py); device mAP, AP50 and AP75: the engine that was timed, "
+               "decoded on the device. Intervals: 95% bootstrap over images. The network's time and the decode + NMS "
+               "time are per image over the evaluation pass; p50 is the timed windows' median per call.")
+
+
+def interval(scores: dict[str, Any] | None, key: str = "map") -> str:
+    """``scores[key]`` in points with its ``_low``/``_high`` interval (``17.1 [16.4, 20.8]``); — when absent."""
+    if not scores or scores.get(key) is None:
         return "—"
-    low, high = scores.get("map_low"), scores.get("map_high")
-    interval = f" [{100 * low:.1f}, {100 * high:.1f}]" if low is not None and high is not None else ""
-    return f"{100 * scores['map']:.1f}{interval}"
+    low, high = scores.get(f"{key}_low"), scores.get(f"{key}_high")
+    bounds = f" [{100 * low:.1f}, {100 * high:.1f}]" if low is not None and high is not None else ""
+    return f"{100 * scores[key]:.1f}{bounds}"
 
 
 def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
-def render(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any]) -> str:
-    """The Markdown section.
+def rung_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[str]]:
+    """The rungs table of one device: header, then one row per rung of the ladder."""
+    rows = [list(RUNG_COLUMNS)]
+    for rung, row in ladder["rungs"].items():
+        measured = device["rungs"].get(rung, {})
+        ok = measured.get("state") == "succeeded"
+        scores = measured.get("scores") if ok else None
+        p50 = ", ".join(f"{v:.2f} ({b})" for b, v in measured.get("latency_p50_ms", {}).items()) if ok else \
+            measured.get("state", "not measured")
+        rows.append([rung, row["precision"], row.get("box_head") or "—", interval(row), interval(scores),
+                     interval(scores, "ap50"), interval(scores, "ap75"), f"{row['size_mb']:.2f}", p50,
+                     _ms(measured.get("network_ms_per_image")), _ms(measured.get("postprocess_ms_per_image"))])
+    return rows
+
+
+def device_section(ladder: dict[str, Any], device: dict[str, Any]) -> Section:
+    """One device's rungs, with why it fell back to another runtime or measured nothing."""
+    blocks: list = []
+    if device.get("runtime_fallback"):
+        blocks.append(Text(device["runtime_fallback"]))
+    if device.get("error"):
+        blocks.append(Text(f"not measured: {device['error']}"))
+    blocks.append(Table(rung_rows(ladder, device), css="ladder"))
+    return Section(f"{device['name']} ({device.get('runtime') or '—'}; {device['status']})", blocks)
+
+
+def box_head_rows(quantize: dict[str, Any]) -> list[list[str]]:
+    """Each box-head setting quantized: the accepted one first, then those ``compare_box_head`` added."""
+    accepted = quantize["attempts"][-1]  # the stage stops at the first calibration within the budget
+    rows = [["box head", "rung", "host mAP [95% CI]", "change vs FP32, points", "box nodes in FP16", "size MB"]]
+    for index, entry in enumerate([accepted, *quantize.get("other_box_heads", ())]):
+        rung = "student_int8" if index == 0 else f"student_int8_box_{entry['box_head']}"
+        rows.append([f"{entry['box_head']} ({BOX_HEAD_WORDS.get(entry['box_head'], entry['box_head'])})", rung,
+                     interval(entry.get("scores")), f"{-entry['drop_points']:+.2f}",
+                     str(entry.get("box_nodes_fp16", 0)),
+                     "—" if entry.get("size_mb") is None else f"{entry['size_mb']:.2f}"])
+    return rows
+
+
+def class_rows(changes: list[dict[str, Any]]) -> list[list[str]]:
+    """The INT8 fold's per-class AP changes (a class whose Holm-corrected p is below 0.05 is starred)."""
+    rows = [["class", "boxes", "AP FP32", "AP INT8", "change", "95% CI", "p (Holm)", "verdict"]]
+    for r in changes:
+        rows.append([r["class"], str(r["boxes"]), f"{100 * r['ap_before']:.1f}", f"{100 * r['ap_after']:.1f}",
+                     f"{r['change_points']:+.2f}" + (" *" if r["significant"] else ""),
+                     f"[{r['change_low']:+.2f}, {r['change_high']:+.2f}]", f"{r['p_holm']:.3f}",
+                     ("lost beyond noise" if r["change_points"] < 0 else "gained beyond noise") if r["significant"]
+                     else "within noise"])
+    return rows
+
+
+def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
+                    figures: dict[str, Figure | Text] | None = None) -> list[Section]:
+    """Every section of the detection report, in order, as data.
 
     Args:
-        name: The recipe's name.
         ladder: The evaluate stage's ``ladder.json``.
         deploy: The deploy stage's ``results.json``.
         quantize: The quantize stage's metrics.
+        figures: The plots (:func:`pipeline.detection_plots.plots`); None leaves them out (report.md).
     """
-    lines = [f"# {name}: detection ladder", ""]
-    for device in deploy["devices"]:
-        runtime = device.get("runtime") or "—"
-        lines += [f"## {device['name']} ({runtime}; {device['status']})", ""]
-        if device.get("runtime_fallback"):
-            lines += [f"> {device['runtime_fallback']}", ""]
-        if device.get("error"):
-            lines += [f"> not measured: {device['error']}", ""]
-        lines += ["| rung | precision | box head | host mAP [95% CI] | device mAP [95% CI] | AP50 (device) | size MB "
-                  "| network p50 ms (batch) | network ms/img (eval) | decode + NMS ms/img |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for rung, row in ladder["rungs"].items():
-            measured = device["rungs"].get(rung, {})
-            ok = measured.get("state") == "succeeded"
-            p50 = ", ".join(f"{v:.2f} ({b})" for b, v in measured.get("latency_p50_ms", {}).items()) if ok else \
-                measured.get("state", "not measured")
-            ap50 = f"{100 * measured['scores']['ap50']:.1f}" if ok else "—"
-            lines.append(f"| {rung} | {row['precision']} | {row.get('box_head', '—')} | {_ap(row)} | "
-                         f"{_ap(measured.get('scores')) if ok else '—'} | {ap50} | {row['size_mb']:.2f} | {p50} | "
-                         f"{_ms(measured.get('network_ms_per_image'))} | "
-                         f"{_ms(measured.get('postprocess_ms_per_image'))} |")
-        lines.append("")
-    lines += [f"Images scored on the device: {deploy['images']}. Host mAP: the teacher through torchvision's "
-              "post-processing, the others through ONNX Runtime and the device's decode + NMS "
-              "(device/detection_post.py); device mAP: the engine that was timed, decoded on the device.", ""]
-    other = quantize.get("other_box_head")
-    if other:
-        lines += [f"Quantizing the box head: against the FP32 student, INT8 with the box head {quantize['box_head']} "
-                  f"changes mAP by {-quantize['drop_points']:+.2f} points, with it {other['box_head']} by "
-                  f"{-other['drop_points']:+.2f} (host, {quantize['method']} calibration).", ""]
-    rows = quantize.get("class_changes_vs_fp32") or []
-    if rows:
-        lines += ["## INT8 fold, per class (AP change in points, paired bootstrap 95% CI, Holm-corrected)", "",
-                  "| class | boxes | AP FP32 | AP INT8 | change | 95% CI | p (Holm) |", "|---|---|---|---|---|---|---|"]
-        for r in rows:
-            mark = " *" if r["significant"] else ""
-            lines.append(f"| {r['class']} | {r['boxes']} | {100 * r['ap_before']:.1f} | {100 * r['ap_after']:.1f} | "
-                         f"{r['change_points']:+.2f}{mark} | [{r['change_low']:+.2f}, {r['change_high']:+.2f}] | "
-                         f"{r['p_holm']:.3f} |")
-        lines.append("")
-    return "\n".join(lines)
+    sections = [device_section(ladder, device) for device in deploy["devices"]]
+    sections.append(Section("How the rungs were scored", [Text(f"Images scored on the device: {deploy['images']}. "
+                                                               + SCORED_TEXT)]))
+    if quantize.get("other_box_heads"):
+        sections.append(Section("What each box-head setting costs", [
+            Text(f"The same INT8 student ({quantize['method']} calibration) with its box-regression branch set each "
+                 "way; the change is against the FP32 student's host mAP."), Table(box_head_rows(quantize))]))
+    changes = quantize.get("class_changes_vs_fp32") or []
+    if changes:
+        sections.append(Section("INT8 fold, per class (AP change in points, paired bootstrap 95% CI, "
+                                "Holm-corrected)", [Table(class_rows(changes))]))
+    if figures is not None:
+        sections.append(Section("Plots", list(figures.values())))
+    return sections
+
+
+def title(name: str) -> str:
+    return f"{name}: detection ladder"
+
+
+def render(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any]) -> str:
+    """report.md (also what ``edgefold run`` prints)."""
+    return to_markdown(title(name), report_sections(ladder, deploy, quantize))
+
+
+def render_html(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
+                figures: dict[str, Figure | Text]) -> str:
+    """The self-contained report.html: the classification report's page, stylesheet and figure embedding."""
+    return to_html(title(name), report_sections(ladder, deploy, quantize, figures))

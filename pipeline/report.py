@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import io
 import json
 import os
 import shutil
@@ -32,7 +31,8 @@ from pipeline.headline import accuracy_evidence, fmt
 from pipeline.headline import text as headline_text
 from pipeline.scores import points as _points
 from pipeline.scores import verdict
-from pipeline.sections import Bullets, Details, Figure, Pre, Section, Table, Text, to_html, to_markdown
+from pipeline.sections import (Bullets, Details, Figure, Pre, Section, Table, Text, figure_png, to_html,
+                               to_markdown)
 
 SCHEMA = "edgefold.report/2"
 NOT_MEASURED = "not measured"
@@ -758,7 +758,7 @@ def render_markdown(data: dict[str, Any], extra: list[Section] = ()) -> str:
 
 def render_html(data: dict[str, Any], figures: dict[str, Any], extra: list[Section] = ()) -> str:
     """The self-contained report.html (plots embedded as PNG data URIs)."""
-    return to_html(report_title(data), report_sections(data, figures, extra), CSS)
+    return to_html(report_title(data), report_sections(data, figures, extra))
 
 
 # ----------------------------------------------------------------- where the time goes (per-layer profile)
@@ -910,15 +910,6 @@ def time_section(data: dict[str, Any]) -> Section:
 
 
 # ----------------------------------------------------------------- plots
-def _figure_png(figure) -> str:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
 def no_score(row: dict[str, Any]) -> bool:
     """A rung whose top-1 is no score (collapsed onto one class, or at chance): never on a Pareto front."""
     return (row.get("verdict") or "").startswith(("collapsed", "at chance"))
@@ -949,7 +940,7 @@ def plots(data: dict[str, Any]) -> dict[str, str | Text]:
     figures["power"] = _power_plot(plt, data["power_traces"]) if data["power_traces"] else Text(
         f"Power over each job's window: {NOT_MEASURED} (no device reported power).")
     if data.get("per_class"):
-        figures["per_class"] = _figure_png(perclass.plot(data["per_class"]))
+        figures["per_class"] = figure_png(perclass.plot(data["per_class"]))
     for device in dict.fromkeys(f["device"] for f in data.get("power_fronts") or []):
         fronts = [f for f in data["power_fronts"] if f["device"] == device]
         drawable = any(p["energy_mj_per_image"] is not None for f in fronts for p in f["settings"])
@@ -991,7 +982,7 @@ def _power_front_plot(plt, fronts: list[dict[str, Any]]) -> str:
     side.set_title("Throughput against power")
     side.grid(True, alpha=0.3)
     fig.tight_layout()
-    return _figure_png(fig)
+    return figure_png(fig)
 
 
 def _accuracy_latency_plot(plt, measured: list[dict[str, Any]], devices: list[str], colors: dict) -> str:
@@ -1025,7 +1016,7 @@ def _accuracy_latency_plot(plt, measured: list[dict[str, Any]], devices: list[st
     ax.ticklabel_format(axis="y", useOffset=False, style="plain")  # never "1e-7+2e1" when rungs score alike
     ax.set_title("Accuracy against latency")
     ax.grid(True, alpha=0.3)
-    return _figure_png(fig)
+    return figure_png(fig)
 
 def _energy_plot(plt, data: dict[str, Any], devices: list[str], colors: dict) -> str:
     fig, ax = plt.subplots(figsize=(7, 3.8))
@@ -1045,7 +1036,7 @@ def _energy_plot(plt, data: dict[str, Any], devices: list[str], colors: dict) ->
     ax.set_title("Energy per inference")
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    return _figure_png(fig)
+    return figure_png(fig)
 
 
 def _power_plot(plt, traces: list[dict[str, Any]]) -> str:
@@ -1060,17 +1051,9 @@ def _power_plot(plt, traces: list[dict[str, Any]]) -> str:
     ax.set_ylabel("power, W")
     ax.set_title("Power over each job's window")
     ax.grid(True, alpha=0.3)
-    return _figure_png(fig)
+    return figure_png(fig)
 
 
-CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1280px;color:#222;
-padding:0 1em}table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 6px;
-text-align:right;white-space:nowrap}th{background:#f2f2f2;white-space:normal}td:first-child,td:nth-child(2),
-td:last-child{text-align:left}td:last-child{white-space:normal;min-width:7em}th.ratio,td.ratio{background:#eef5ff;
-font-weight:600}pre{background:#f7f7f7;padding:1em;border-radius:4px;white-space:pre-wrap}
-figure{margin:0;flex:1 1 520px}figcaption{font-size:13px;color:#555}img{max-width:100%}summary{cursor:pointer}
-.grid{display:flex;flex-wrap:wrap;gap:1.5em}.scroll{overflow-x:auto}.notes{font-size:13px;color:#555}
-"""
 
 
 PLOT_CAPTIONS = {

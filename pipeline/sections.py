@@ -1,13 +1,16 @@
-"""The report's one section model and its two renderers: Markdown (report.md) and HTML (report.html).
+"""The reports' one section model and its two renderers: Markdown (report.md) and HTML (report.html).
 
 A report section is built once, as data (:class:`Section` holding text, tables, lists, figures and
 collapsible detail), and rendered to both formats here; no section writes Markdown or HTML itself.
-The HTML renderer escapes every piece of text it is given, in one place.
+The HTML renderer escapes every piece of text it is given, in one place, and styles every page with one
+stylesheet (:data:`CSS`): the classification report and the detection report are the same kind of page.
 """
 
 from __future__ import annotations
 
+import base64
 import html
+import io
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -115,6 +118,27 @@ def to_markdown(title: str, sections: list[Section]) -> str:
 
 
 # ----------------------------------------------------------------- HTML
+# The page's width is capped and every table scrolls inside its own box (html_table), so a wide table never runs
+# off a laptop's screen; the ratio columns are highlighted where a table names them.
+CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1280px;color:#222;
+padding:0 1em}table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 6px;
+text-align:right;white-space:nowrap}th{background:#f2f2f2;white-space:normal}td:first-child,td:nth-child(2),
+td:last-child{text-align:left}td:last-child{white-space:normal;min-width:7em}th.ratio,td.ratio{background:#eef5ff;
+font-weight:600}pre{background:#f7f7f7;padding:1em;border-radius:4px;white-space:pre-wrap}
+figure{margin:0;flex:1 1 520px}figcaption{font-size:13px;color:#555}img{max-width:100%}summary{cursor:pointer}
+.grid{display:flex;flex-wrap:wrap;gap:1.5em}.scroll{overflow-x:auto}.notes{font-size:13px;color:#555}
+"""
+
+
+def figure_png(figure) -> str:
+    """A matplotlib figure as base64 PNG (what :class:`Figure` embeds), the figure closed."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return base64.b64encode(buffer.getvalue()).decode()
+
 def _attr(css: str) -> str:
     return f' class="{html.escape(css)}"' if css else ""
 
@@ -167,7 +191,7 @@ def to_html_fragment(section: Section) -> str:
     return "\n".join(parts)
 
 
-def to_html(title: str, sections: list[Section], css: str) -> str:
+def to_html(title: str, sections: list[Section], css: str = CSS) -> str:
     """The whole self-contained HTML page."""
     esc = html.escape
     body = "\n".join(to_html_fragment(section) for section in sections)

@@ -13,7 +13,7 @@ from pathlib import Path
 from pipeline.stages.base import Stage, StageResult
 from pipeline.stages.detection_base import DETECTION_STAGES
 
-SCORED = ("map", "map_low", "map_high", "ap50", "ap75", "per_class_ap")
+SCORED = ("map", "map_low", "map_high", "ap50", "ap50_low", "ap50_high", "ap75", "ap75_low", "ap75_high", "per_class_ap")
 
 
 def _row(scores: dict, artifact: str, size_mb: float, **extra) -> dict:
@@ -44,8 +44,7 @@ class DetectionEvaluateStage(Stage):
             "student_int8": _row(q["int8"], quantize["outputs"]["student_int8"], q["size_mb"], precision="int8",
                                  box_head=q["box_head"], macs_g=m.stage("distill")["metrics"]["macs_g"]),
         }
-        other = q.get("other_box_head")
-        if other:
+        for other in q.get("other_box_heads", ()):
             key = f"student_int8_box_{other['box_head']}"
             ladder[key] = _row(other["scores"], quantize["outputs"][key], other["size_mb"], precision="int8",
                                box_head=other["box_head"], macs_g=m.stage("distill")["metrics"]["macs_g"])

@@ -1,11 +1,13 @@
-"""detection quantize stage: the student to INT8 Q/DQ on backbone and neck, the box branch float unless the recipe
-says ``quantize.box_head: int8``, gated on COCO mAP.
+"""detection quantize stage: the student to INT8 Q/DQ on backbone and neck, the box branch outside Q/DQ in FP16 unless
+the recipe says ``quantize.box_head: float`` (FP32) or ``int8`` (quantized too), gated on COCO mAP.
 
 The quantizer is the classification ``ort`` path (:func:`pipeline.ort_quantize.quantize_ort`: ONNX Runtime's static
-quantizer, symmetric int8, Q/DQ on Conv and Add) with the box-regression branch's nodes excluded; each candidate passes
-the same TensorRT Q/DQ lint and int8-weights check as a classifier's. Its mAP comes from ONNX Runtime and the device's
-own decode + NMS (:mod:`pipeline.detection_onnx`). With ``compare_box_head`` the other box-head setting is quantized
-with the accepted calibration too, and its mAP recorded: what quantizing the box head costs (issue 28's benchmark).
+quantizer, symmetric int8, Q/DQ on Conv and Add) with the box-regression branch's nodes excluded; for ``fp16`` those
+nodes alone are then rewritten to FP16 with Casts at the branch's edges (:mod:`pipeline.fp16_nodes`), so the precision
+is written in the graph, where a strongly typed TensorRT build takes it. Each candidate passes the same TensorRT Q/DQ
+lint and int8-weights check as a classifier's. Its mAP comes from ONNX Runtime and the device's own decode + NMS
+(:mod:`pipeline.detection_onnx`). With ``compare_box_head`` the other box-head settings are quantized with the
+accepted calibration too, and their mAP recorded: what each costs (issue 28's benchmark).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from device.errors import StageError
+from pipeline.detection_recipe import BOX_HEADS
 from pipeline.stages.base import Stage, StageResult
 from pipeline.stages.detection_base import DETECTION_STAGES
 
@@ -49,8 +52,9 @@ class DetectionQuantizeStage(Stage):
         from pipeline.int8_weights import float_weights
         from pipeline.ort_quantize import quantize_ort
 
-        excluded = box_branch_nodes(fp32) if box_head == "float" else []
+        excluded = box_branch_nodes(fp32) if box_head in ("fp16", "float") else []
         quantize_ort(fp32, out, calibration, method, per_channel, excluded)
+        halves = self._box_branch_fp16(out, excluded) if box_head == "fp16" else {}
         lint = lint_qdq(out)
         if not lint.ok:
             raise StageError(f"{out.name} breaks TensorRT's Q/DQ rules: {lint.describe()}",
@@ -59,8 +63,31 @@ class DetectionQuantizeStage(Stage):
         if unconverted:
             raise StageError(f"{out.name} stores {len(unconverted)} quantized weights in float (e.g. {unconverted[0]}): "
                              "not an INT8 artifact", fix="this is a quantizer bug; report it with the ONNX")
-        return {"method": method, "box_head": box_head, "box_nodes_float": len(excluded),
+        return {"method": method, "box_head": box_head, "box_nodes_float": len(excluded), **halves,
                 "size_mb": out.stat().st_size / 1e6, "lint": lint.to_dict()}
+
+    @staticmethod
+    def _box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
+        """Rewrites the quantized graph's box branch (left float by the quantizer) to FP16, in place.
+
+        Raises:
+            StageError: The rewrite put a node outside the box branch in FP16, or none inside it.
+        """
+        import onnx
+
+        from pipeline.fp16_nodes import fp16_nodes, nodes_to_fp16
+
+        model = onnx.load(str(path))
+        facts = nodes_to_fp16(model, box_nodes)
+        halves = fp16_nodes(model)
+        stray = sorted(halves - set(box_nodes))
+        if stray or not halves:
+            raise StageError(f"the box branch's FP16 rewrite of {path.name} left "
+                             + (f"{len(stray)} node(s) outside the branch in FP16 (e.g. {stray[0]})" if stray
+                                else "no node in FP16"),
+                             fix="this is a bug in pipeline/fp16_nodes.py; set quantize.box_head: float meanwhile")
+        onnx.save(model, str(path))
+        return {"box_nodes_fp16": facts["fp16_nodes"], "box_casts": facts["casts_in"] + facts["casts_out"]}
 
     def run(self, ctx, workdir: Path) -> StageResult:
         from pipeline.data.detection_files import load_split
@@ -106,7 +133,7 @@ class DetectionQuantizeStage(Stage):
         if accepted is None:
             table = "\n".join(f"  ort/{a['method']}: mAP {100 * a['scores']['map']:.2f}, drop {a['drop_points']:.2f} "
                               "points" for a in attempts)
-            other = "; or set quantize.box_head: float" if cfg.box_head == "int8" else ""
+            other = "; or set quantize.box_head: fp16" if cfg.box_head == "int8" else ""
             raise StageError(f"INT8 misses the mAP budget of {cfg.accuracy_budget_points} points (FP32 student mAP "
                              f"{100 * reference['map']:.2f}), box head {cfg.box_head}:\n{table}",
                              fix="raise quantize.accuracy_budget_points, add calibration methods, or raise "
@@ -122,22 +149,24 @@ class DetectionQuantizeStage(Stage):
                    "class_changes_vs_fp32": class_changes(test.boxes, fp32_detections, detections, classes,
                                                           resamples=cfg.resamples)}
         if cfg.compare_box_head:
-            other = "int8" if cfg.box_head == "float" else "float"
-            path = workdir / f"student.int8.box_{other}.onnx"
-            with quiet():
-                facts = self._candidate(fp32, path, calibration, chosen["method"], other, cfg.per_channel)
-            scores, _ = score(path, f"the INT8 student (box head {other})")
-            metrics["other_box_head"] = {**facts, "scores": scores,
-                                         "drop_points": _points(reference["map"] - scores["map"])}
-            outputs[f"student_int8_box_{other}"], outputs[f"student_int8_box_{other}_head"] = path, sidecar_path(path)
+            metrics["other_box_heads"] = []
+            for other in (setting for setting in BOX_HEADS if setting != cfg.box_head):
+                path = workdir / f"student.int8.box_{other}.onnx"
+                with quiet():
+                    facts = self._candidate(fp32, path, calibration, chosen["method"], other, cfg.per_channel)
+                scores, _ = score(path, f"the INT8 student (box head {other})")
+                drop = _points(reference["map"] - scores["map"])
+                metrics["other_box_heads"].append({**facts, "scores": scores, "drop_points": drop})
+                ctx.log(f"quantize: box head {other}: INT8 mAP {100 * scores['map']:.2f} ({-drop:+.2f} points)")
+                outputs[f"student_int8_box_{other}"] = path
+                outputs[f"student_int8_box_{other}_head"] = sidecar_path(path)
         shutil.rmtree(scratch)
         return StageResult(outputs=outputs, metrics=metrics)
 
     def summary(self, metrics):
         line = (f"INT8 mAP {100 * metrics['int8']['map']:.1f} ({-metrics['drop_points']:+.2f} points vs FP32 "
                 f"{100 * metrics['fp32']['map']:.1f}; box head {metrics['box_head']}, {metrics['method']})")
-        other = metrics.get("other_box_head")
-        if other:
+        for other in metrics.get("other_box_heads", ()):
             line += f"; box head {other['box_head']}: mAP {100 * other['scores']['map']:.1f} ({-other['drop_points']:+.2f})"
         return line
 

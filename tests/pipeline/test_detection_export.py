@@ -1,8 +1,11 @@
-"""A detector exported to its raw head outputs, decoded on the device's path, and quantized with its box branch float."""
+"""A detector exported to its raw head outputs, decoded on the device's path, and quantized with its box branch in
+FP16, in FP32 or quantized."""
 
 import json
+import shutil
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -12,9 +15,11 @@ from device.qdq_lint import lint_qdq
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from pipeline.detection_export import box_branch_nodes, export_detector, network_inputs, raw_outputs, sidecar_path
 from pipeline.detection_models import build_detector
+from pipeline.detection_recipe import BOX_HEADS
 from pipeline.detection_train import predict
+from pipeline.fp16_nodes import fp16_nodes
 from pipeline.int8_weights import float_weights
-from pipeline.ort_quantize import quantize_ort
+from pipeline.stages.detection_quantize import DetectionQuantizeStage
 
 
 @pytest.fixture(scope="module")
@@ -57,23 +62,59 @@ def test_device_decoding_of_the_onnx_reproduces_the_torch_detector(exported):
         np.testing.assert_allclose(mine["boxes"], theirs.xyxy, atol=1e-3)
 
 
-@pytest.mark.parametrize("box_head", ["float", "int8"])
-def test_box_branch_stays_float_unless_asked_and_passes_the_classification_checks(exported, tmp_path, box_head):
+def _quantized(exported, tmp_path, box_head):
+    """The quantize stage's own candidate for ``box_head`` (quantized, rewritten, linted, int8 weights checked)."""
     _, path, _, images = exported
+    fp32 = tmp_path / "student.onnx"  # the quantizer writes beside its input: a copy, never the shared fixture's
+    shutil.copyfile(path, fp32)
     out = tmp_path / f"box_{box_head}.onnx"
-    box_nodes = box_branch_nodes(path)
+    facts = DetectionQuantizeStage()._candidate(fp32, out, network_inputs(images, 64), "max", box_head, True)
+    return out, facts
+
+
+@pytest.mark.parametrize("box_head", BOX_HEADS)
+def test_each_box_head_setting_passes_the_classification_checks_and_only_fp16_has_fp16_nodes(exported, tmp_path,
+                                                                                             box_head):
+    path = exported[1]
+    out, facts = _quantized(exported, tmp_path, box_head)
+    box_nodes = set(box_branch_nodes(path))
     assert box_nodes and all("/regression_head/" in name for name in box_nodes)
-    quantize_ort(path, out, network_inputs(images, 64), "max", True, box_nodes if box_head == "float" else ())
     lint = lint_qdq(out)
     assert lint.ok, lint.describe()
     assert float_weights(out) == []
     box_convs = {n for n in lint.float_layers + lint.quantized_layers if "/regression_head/" in n}
     assert box_convs, "the lint sees the box branch's convolutions"
+    halves = fp16_nodes(onnx.load(str(out)))
+    if box_head == "int8":
+        assert box_convs <= set(lint.quantized_layers) and not lint.float_layers and not halves
+        return
+    assert box_convs <= set(lint.float_layers) and any("/backbone/" in n for n in lint.quantized_layers)
     if box_head == "float":
-        assert box_convs <= set(lint.float_layers)
-        assert any("/backbone/" in n for n in lint.quantized_layers)
-    else:
-        assert box_convs <= set(lint.quantized_layers) and not lint.float_layers
+        assert not halves and "box_nodes_fp16" not in facts
+        return
+    # fp16: every computing node of the box branch, and nothing outside it.
+    computing = {n.name for n in onnx.load(str(out)).graph.node
+                 if n.name in box_nodes and n.op_type in ("Conv", "InstanceNormalization", "Relu")}
+    assert computing <= halves <= box_nodes and facts["box_nodes_fp16"] == len(halves)
+
+
+def test_the_fp16_box_head_moves_only_the_box_columns_and_by_fp16_rounding(exported, tmp_path):
+    """The class tower is untouched (its logits equal the FP32 box head's bit for bit: the issue's GroupNorm finding
+    was about the class tower in FP16), and the box regressions and centerness differ by FP16's rounding alone."""
+    path, images = exported[1], exported[3]
+    spec = load_head_spec(sidecar_path(path))
+    inputs = network_inputs(images, 64)
+    outputs = {}
+    for box_head in ("fp16", "float"):
+        (tmp_path / box_head).mkdir()
+        out, _ = _quantized(exported, tmp_path / box_head, box_head)
+        with OnnxRuntimeRunner(out) as runner:
+            outputs[box_head] = runner.infer(inputs)
+    (start, end), box = spec.layout["cls_logits"], slice(spec.layout["cls_logits"][1], None)
+    assert np.array_equal(outputs["fp16"][..., start:end], outputs["float"][..., start:end])
+    half, full = outputs["fp16"][..., box], outputs["float"][..., box]
+    assert not np.array_equal(half, full), "the box branch ran in FP16"
+    np.testing.assert_allclose(half, full, rtol=1e-2, atol=1e-2 * np.abs(full).max())
 
 
 def test_a_size_the_transform_would_pad_is_refused(tmp_path):

@@ -51,7 +51,7 @@ def test_a_classification_section_is_refused_in_a_detection_recipe(det_raw):
 
 
 @pytest.mark.parametrize("section, key, value, message", [
-    ("quantize", "box_head", "fp16", "quantize.box_head"),          # float | int8 only
+    ("quantize", "box_head", "bf16", "quantize.box_head"),          # fp16 | float | int8 only
     ("quantize", "quantizer", "modelopt", "quantize.quantizer: unknown key"),  # detection uses the ort path alone
     ("postprocess", "iou_threshold", 1.5, "postprocess.iou_threshold"),
     ("export", "opset", 11, "export.opset"),
@@ -62,9 +62,11 @@ def test_detection_export_quantize_and_postprocess_keys_are_validated(det_raw, s
         parse_recipe(det_raw)
 
 
-def test_box_head_defaults_to_float_and_takes_int8(det_raw):
-    assert parse_recipe(copy.deepcopy(det_raw)).quantize.box_head == "float"
-    assert parse_recipe(det_raw, overrides={"quantize.box_head": "int8"}).quantize.box_head == "int8"
+def test_box_head_defaults_to_fp16_and_takes_float_and_int8(det_raw):
+    del det_raw["quantize"]["box_head"]  # the shipped recipe names it; the default is what a user's recipe gets
+    assert parse_recipe(copy.deepcopy(det_raw)).quantize.box_head == "fp16"
+    for setting in ("float", "int8"):
+        assert parse_recipe(copy.deepcopy(det_raw), overrides={"quantize.box_head": setting}).quantize.box_head == setting
 
 
 def test_bad_detector_key_names_the_near_keys(det_raw):

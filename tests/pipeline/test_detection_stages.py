@@ -1,6 +1,7 @@
 """The detection stages built so far: data → teacher → prune recorded in the manifest, then a clear stop."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -84,18 +85,38 @@ def test_detection_export_decodes_on_the_device_path_as_torchvision_did(det_run)
         assert m["scores"]["timing"]["postprocess_ms"] > 0
 
 
-def test_detection_int8_keeps_the_box_head_float_and_records_what_quantizing_it_costs(det_run):
-    _, manifest = det_run
+def test_detection_int8_puts_the_box_head_in_fp16_and_records_what_each_setting_costs(det_run):
+    """The default: the box branch out of Q/DQ and in FP16 (its nodes only), linted and int8-weights checked as a
+    classifier's INT8 is, scoring as the FP32 box head does; float and int8 quantized beside it and recorded."""
+    import onnx
+
+    from device.qdq_lint import lint_qdq
+    from pipeline.detection_export import box_branch_nodes
+    from pipeline.fp16_nodes import fp16_nodes
+    from pipeline.int8_weights import float_weights
+
+    run_dir, manifest = det_run
     quantize = manifest["stages"]["quantize"]
     m = quantize["metrics"]
-    assert m["box_head"] == "float" and m["attempts"][0]["box_nodes_float"] > 0
-    assert m["attempts"][0]["lint"]["float_layers"], "the box branch's layers stay float"
+    chosen = m["attempts"][-1]
+    assert m["box_head"] == "fp16" and chosen["box_nodes_fp16"] > 0 and chosen["box_nodes_float"] > 0
+    assert chosen["lint"]["ok"] and chosen["lint"]["float_layers"], "the box branch's layers stay out of Q/DQ"
     assert m["drop_points"] == pytest.approx(100 * (m["fp32"]["map"] - m["int8"]["map"]), abs=1e-3)
     assert m["drop_points"] <= 1.0, "within the recipe's mAP budget, or the stage would have failed"
     assert m["int8"]["map_low"] <= m["int8"]["map_high"] and m["int8"]["resamples"] == 50
-    other = m["other_box_head"]
-    assert other["box_head"] == "int8" and other["box_nodes_float"] == 0 and not other["lint"]["float_layers"]
-    assert m["size_mb"] < m["fp32_size_mb"] and {"student_int8", "student_int8_head"} <= set(quantize["outputs"])
+    others = {other["box_head"]: other for other in m["other_box_heads"]}
+    assert set(others) == {"float", "int8"}
+    assert others["int8"]["box_nodes_float"] == 0 and not others["int8"]["lint"]["float_layers"]
+    assert others["float"]["box_nodes_float"] == chosen["box_nodes_float"] and "box_nodes_fp16" not in others["float"]
+    # What the issue asks of FP16: no measurable cost against the FP32 box head on the tiny set.
+    assert abs(100 * (m["int8"]["map"] - others["float"]["scores"]["map"])) <= 0.5
+    path = run_dir / quantize["outputs"]["student_int8"]
+    halves = fp16_nodes(onnx.load(str(path)))
+    assert halves and halves <= set(box_branch_nodes(path)), "FP16 in the box branch and nowhere else"
+    assert lint_qdq(path).ok and float_weights(path) == []
+    assert m["size_mb"] < others["float"]["size_mb"] < m["fp32_size_mb"], "FP16 box weights are half the size"
+    assert {"student_int8", "student_int8_head", "student_int8_box_float", "student_int8_box_int8"} <= set(
+        quantize["outputs"])
 
 
 def test_a_users_detector_weights_load_with_a_head_for_other_classes(tmp_path):
@@ -124,7 +145,7 @@ def test_detection_rungs_are_scored_on_the_loopback_agent_and_reported(det_run):
     both sides it equals the host's, and the report shows both with the post-processing's time apart."""
     run_dir, manifest = det_run
     ladder = json.loads((run_dir / manifest["stages"]["evaluate"]["outputs"]["ladder"]).read_text())["rungs"]
-    assert set(ladder) == {"teacher", "student", "student_int8", "student_int8_box_int8"}
+    assert set(ladder) == {"teacher", "student", "student_int8", "student_int8_box_float", "student_int8_box_int8"}
     results = json.loads((run_dir / manifest["stages"]["deploy"]["outputs"]["results"]).read_text())
     (device,) = results["devices"]
     assert device["status"] == "ok" and results["images"] == 128
@@ -134,8 +155,8 @@ def test_detection_rungs_are_scored_on_the_loopback_agent_and_reported(det_run):
         assert abs(measured["scores"]["map"] - row["map"]) < 1e-6, f"{rung}: the device ran what the host scored"
         assert measured["postprocess_ms_per_image"] > 0 and measured["network_ms_per_image"] > 0
     report = (run_dir / manifest["stages"]["report"]["outputs"]["markdown"]).read_text()
-    assert "| student_int8 | int8 | float |" in report and "decode + NMS ms/img" in report
-    assert "Quantizing the box head" in report
+    assert "| student_int8 | int8 | fp16 |" in report and "decode + NMS ms/img" in report
+    assert "## What each box-head setting costs" in report
 
 
 
@@ -152,19 +173,19 @@ def test_the_detection_benchmark_reads_every_rungs_figures_from_a_run(det_run):
     run_dir, manifest = det_run
     record = bench.record(Manifest.load(run_dir), "distilled")
     assert record["student_fp32"]["map"] == manifest["stages"]["distill"]["metrics"]["map"]
-    assert {row["box_head"] for row in record["host"].values() if row["box_head"]} == {"float", "int8"}
+    assert {row["box_head"] for row in record["host"].values() if row["box_head"]} == {"fp16", "float", "int8"}
     for rung, row in record["device"]["rungs"].items():
         assert row["state"] == "succeeded" and 0 <= row["map"] <= 1, rung
         assert row["network_ms_per_image"] > 0 and row["postprocess_ms_per_image"] > 0
     summary = bench.summarize({"distilled/0": record, "no_teacher/0": {"student_fp32": record["student_fp32"]}},
                               record["host"]["teacher"])
-    assert summary["int8_box_float"]["minus_fp32_points"][0] == pytest.approx(
+    assert summary["int8_box_fp16"]["minus_fp32_points"][0] == pytest.approx(
         100 * (record["host"]["student_int8"]["map"] - record["host"]["student"]["map"]))
 
 
 def test_the_run_command_ends_a_detection_run_with_its_report(det_run, capsys):
     """`edgefold run` / `make edge MODEL=tiny-det` prints the detection report, not the classification ladder (it
-    once crashed there, after every stage had run)."""
+    once crashed there, after every stage had run), and says where report.html is."""
     from types import SimpleNamespace
 
     from pipeline import cli
@@ -174,4 +195,62 @@ def test_the_run_command_ends_a_detection_run_with_its_report(det_run, capsys):
     assert cli._detection_summary(SimpleNamespace(manifest=Manifest.load(run_dir))) == 0
     out = capsys.readouterr().out
     assert "| rung | precision | box head | host mAP [95% CI] | device mAP [95% CI]" in out
-    assert f"report: {run_dir / 'report' / 'report.md'}" in out
+    assert f"report: {run_dir / 'report' / 'report.html'}" in out
+    assert f"markdown: {run_dir / 'report' / 'report.md'}" in out
+
+
+def _html_rows(page: str) -> list[list[str]]:
+    """Every table row of an HTML page as its cells' text."""
+    import html
+
+    return [[html.unescape(cell) for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", page)]
+
+
+def _points(scores: dict, key: str) -> str:
+    return f"{100 * scores[key]:.1f} [{100 * scores[key + '_low']:.1f}, {100 * scores[key + '_high']:.1f}]"
+
+
+def test_the_detection_report_html_shows_report_json_s_rungs_and_is_self_contained(det_run):
+    """report.html: every rung's device mAP, AP50 and AP75 with intervals, host mAP, network and decode + NMS times,
+    and the per-class changes with their Holm p, as report.json records them; no external resource; hashed."""
+    from device.files import sha256_file
+
+    run_dir, manifest = det_run
+    report = manifest["stages"]["report"]
+    page_path = run_dir / report["outputs"]["html"]
+    assert report["sha256"][report["outputs"]["html"]] == sha256_file(page_path), "the manifest hashes report.html"
+    page = page_path.read_text()
+    data = json.loads((run_dir / report["outputs"]["json"]).read_text())
+    rows = {row[0]: row for row in _html_rows(page) if row}
+    (device,) = data["deploy"]["devices"]
+    assert f"{device['name']} ({device['runtime']}; {device['status']})" in page
+    for rung, host in data["ladder"]["rungs"].items():
+        measured = device["rungs"][rung]
+        row = rows[rung]
+        assert _points(host, "map") in row, (rung, row)
+        for key in ("map", "ap50", "ap75"):
+            assert _points(measured["scores"], key) in row, (rung, key, row)
+        assert row[-2:] == [f"{measured['network_ms_per_image']:.2f}", f"{measured['postprocess_ms_per_image']:.2f}"]
+    changes = data["quantize"]["class_changes_vs_fp32"]
+    assert changes
+    for change in changes:
+        row = next(r for r in _html_rows(page) if r[:2] == [change["class"], str(change["boxes"])])
+        assert row[4].startswith(f"{change['change_points']:+.2f}") and row[6] == f"{change['p_holm']:.3f}"
+        assert row[5] == f"[{change['change_low']:+.2f}, {change['change_high']:+.2f}]"
+    assert len(re.findall(r'<img [^>]*src="data:image/png;base64,', page)) == 2, "both plots drawn inline"
+    assert not re.search(r'(src|href)="(?!data:)', page) and "<link" not in page and "<script" not in page
+
+
+def test_the_detection_report_html_fits_a_1400_px_page(det_run):
+    """Rendered by Chromium 1400 px wide: both plots load, no table runs off the page, nothing scrolls sideways."""
+    from tests.browser import render_probe
+
+    run_dir, manifest = det_run
+    check = ("const imgs=[...document.images];const tables=[...document.querySelectorAll('table')];"
+             "document.title=[window.innerWidth,imgs.filter(i=>i.complete&&i.naturalWidth>300).length,"
+             "tables.length,tables.filter(t=>t.getBoundingClientRect().right<=window.innerWidth).length,"
+             "document.documentElement.scrollWidth<=window.innerWidth].join(':')")
+    tables = len(re.findall("<table", (run_dir / manifest["stages"]["report"]["outputs"]["html"]).read_text()))
+    title = render_probe(run_dir / manifest["stages"]["report"]["outputs"]["html"], check, 1400)
+    assert title == f"1400:2:{tables}:{tables}:true"
