@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
                      help="agent token file for --edge/--dc (default: $EDGEFOLD_AGENT_TOKEN)")
 
-    report = sub.add_parser("report", help="rebuild a run's report (report.md/.html, results.json/.csv)")
+    report = sub.add_parser("report", help="rebuild a run's report (report.md/.html, results.json/.csv; a detection "
+                                           "run's report.json)")
     report.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
     report.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
 
@@ -235,9 +236,14 @@ def _cmd_report(args) -> int:
     from pipeline.report import headline_text, rebuild_report
 
     run_dir = _run_dir(args.run, args.runs_dir)
-    paths = rebuild_report(run_dir)
-    data = json.loads(paths["json"].read_text())
-    print(headline_text(data["headline"]))
+    from pipeline.detection_report import build_from_run, is_detection_run
+
+    if is_detection_run(run_dir):
+        paths = rebuild_report(run_dir, build_from_run)
+        print(paths["markdown"].read_text())  # as edgefold run ends a detection run
+    else:
+        paths = rebuild_report(run_dir)
+        print(headline_text(json.loads(paths["json"].read_text())["headline"]))
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0

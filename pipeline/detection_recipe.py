@@ -53,7 +53,7 @@ def _check_detector(name: str) -> None:
 class CanvasConfig(_Strict):
     """How the composited canvases are drawn (:class:`pipeline.data.detection.CanvasSpec`; the seed is data.seed)."""
 
-    size: int = Field(96, ge=16, description="canvas side, pixels")
+    size: int = Field(96, ge=16, description="canvas side, pixels (coco: each image letterboxed to this square)")
     objects: tuple[int, int] = Field((1, 4), description="fewest and most objects per canvas")
     scale: tuple[float, float] = Field((0.2, 0.5), description="object side as a fraction of the canvas side")
     max_iou: float = Field(0.2, ge=0, le=1, description="most overlap (IoU) between two objects' boxes")
@@ -80,8 +80,10 @@ class DetectionDataConfig(_Strict):
     """Detection images: a composited canvas set built in the data stage, or the user's COCO JSON."""
 
     source: str = Field(description="fmnist-det | digits-det | coco:/path/annotations.json[@/path/images]")
-    train_images: int = Field(2000, ge=1, description="composited training canvases")
-    test_images: int = Field(500, ge=1, description="composited test canvases")
+    train_images: int = Field(2000, ge=1, description="composited training canvases (coco: at most this many "
+                                                      "training images)")
+    test_images: int = Field(500, ge=1, description="composited test canvases (coco: at most this many test images, "
+                                                    "and a fifth of the set; drawn first by data.seed)")
     canvas: CanvasConfig = CanvasConfig()
     seed: int = 0
 

@@ -8,6 +8,8 @@ plots embedded as PNG) for report.html.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from pipeline.sections import Figure, Section, Table, Text, to_html, to_markdown
@@ -125,3 +127,50 @@ def render_html(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quant
                 figures: dict[str, Figure | Text]) -> str:
     """The self-contained report.html: the classification report's page, stylesheet and figure embedding."""
     return to_html(title(name), report_sections(ladder, deploy, quantize, figures))
+
+
+QUANTIZE_KEYS = ("box_head", "drop_points", "method", "attempts", "other_box_heads", "class_changes_vs_fp32")
+"""The quantize stage's metrics the report shows (report.json keeps them beside the ladder and the deploy results)."""
+
+
+def write_report(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize_metrics: dict[str, Any],
+                 out: Path) -> dict[str, Path]:
+    """Writes report.md, report.html (plots inline) and report.json into ``out``; returns their paths."""
+    from pipeline.detection_plots import plots
+
+    quantize = {key: quantize_metrics[key] for key in QUANTIZE_KEYS if key in quantize_metrics}
+    paths = {"markdown": out / "report.md", "html": out / "report.html", "json": out / "report.json"}
+    paths["markdown"].write_text(render(name, ladder, deploy, quantize))
+    paths["html"].write_text(render_html(name, ladder, deploy, quantize, plots(ladder, deploy, quantize)))
+    paths["json"].write_text(json.dumps({"ladder": ladder, "deploy": deploy, "quantize": quantize}, indent=1) + "\n")
+    return paths
+
+
+def is_detection_run(run_dir: Path) -> bool:
+    """Whether ``run_dir``'s manifest is a detection run's (its evaluate stage recorded a ``ladder``)."""
+    try:
+        manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return "ladder" in ((manifest.get("stages") or {}).get("evaluate") or {}).get("outputs", {})
+
+
+def build_from_run(run_dir: Path, out: Path) -> dict[str, Path]:
+    """The report of a finished detection run rebuilt from what its stages recorded (``edgefold report RUN``).
+
+    Raises:
+        ManifestError: The run has not reached its deploy stage.
+    """
+    from device.errors import ManifestError
+
+    manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+    stages = manifest.get("stages") or {}
+    missing = [stage for stage in ("evaluate", "quantize", "deploy") if stage not in stages]
+    if missing:
+        raise ManifestError(f"{run_dir} has no {', '.join(missing)} stage yet: nothing to report",
+                            fix=f"finish the run first: edgefold run {manifest.get('model')} --run-id {Path(run_dir).name}")
+    ladder = json.loads((Path(run_dir) / stages["evaluate"]["outputs"]["ladder"]).read_text())
+    deploy = json.loads((Path(run_dir) / stages["deploy"]["outputs"]["results"]).read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    return write_report(manifest.get("model", Path(run_dir).parent.name), ladder, deploy,
+                        stages["quantize"].get("metrics", {}), out)

@@ -15,7 +15,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from device.errors import ManifestError, SchemaVersionError, require
 from device.schema import JobResult, RunSummary, parse_result, reported_fields
@@ -1090,7 +1090,8 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     return paths
 
 
-def rebuild_report(run_dir: str | Path) -> dict[str, Path]:
+def rebuild_report(run_dir: str | Path, build: Callable[[Path, Path], dict[str, Path]] | None = None
+                   ) -> dict[str, Path]:
     """Rebuilds a run's ``report/`` folder whole (``edgefold report RUN``) and keeps the manifest's record of it true.
 
     The files are rendered into a folder beside ``report/`` that takes its place only once all of
@@ -1099,8 +1100,14 @@ def rebuild_report(run_dir: str | Path) -> dict[str, Path]:
     them (and the headline) are updated: a rebuild had made them false, so the next run redid the
     stage and no recorded hash could be checked.
 
+    Args:
+        run_dir: The run.
+        build: Writes the report's files of ``run_dir`` into a folder (default :func:`build_report`, the
+            classification ladder's; a detection run passes :func:`pipeline.detection_report.build_from_run`).
+
     Returns:
-        The paths of report.md, report.html, results.json and results.csv in ``report/``.
+        The paths of the files written in ``report/`` (classification: report.md, report.html, results.json and
+        results.csv).
     """
     run_dir = Path(run_dir)
     final = run_dir / "report"
@@ -1108,7 +1115,7 @@ def rebuild_report(run_dir: str | Path) -> dict[str, Path]:
     staging = run_dir / f".report.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial"
     staging.mkdir()
     try:
-        built = build_report(run_dir, staging)
+        built = (build or build_report)(run_dir, staging)
         # Two renames: no call replaces a folder that holds files. Between them the old report waits
         # whole in .report.*.old (a crash there loses nothing).
         old = staging.with_suffix(".old") if final.exists() else None
@@ -1139,7 +1146,9 @@ def _record_rebuild(run_dir: Path, paths: dict[str, Path]) -> None:
     entry["sha256"] = {**entry.get("sha256", {}),
                        **{rel: sha256_file(run_dir / rel) for rel in entry.get("outputs", {}).values()
                           if (run_dir / rel).is_file()}}
-    entry.setdefault("metrics", {})["headline"] = json.loads(paths["json"].read_text())["headline"]
+    headline = json.loads(paths["json"].read_text()).get("headline")
+    if headline is not None:  # a detection report has none
+        entry.setdefault("metrics", {})["headline"] = headline
     entry["rebuilt"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     manifest.save()
 

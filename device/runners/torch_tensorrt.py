@@ -278,8 +278,9 @@ def check_program_versions(program: ProgramVersions, torch_version: str, schema:
     if program.schema[0] != device_schema[0]:
         raise ProgramVersionError(
             f"the program was exported by {wrote}; this device has {here}, which cannot load it",
-            fix=f"export on the device with its own torch {torch_version} from the checkpoint (state + architecture "
-                f"key), or install torch {program.torch or 'of the build host'} on the device")
+            fix=f"send the rung's device checkpoint (<rung>.device.pt), which this device exports with its own torch "
+                f"{torch_version} (EdgeFold's deploy does when the agent's torch is another release), or install torch "
+                f"{program.torch or 'of the build host'} on the device")
     if program.schema > device_schema:
         return [f"the program was exported by {wrote}, newer than this device's {here}: loads if it uses no newer "
                 "field"]
@@ -465,8 +466,8 @@ class TorchTensorRTRunner(Runner):
             raise ProgramVersionError(
                 f"torch {torch.__version__} (schema {schema[0]}.{schema[1]}) could not load "
                 f"{Path(self.path).name}, exported by torch {versions.torch or 'unknown'} (schema {versions.schema}): "
-                f"{err}", fix=f"export on the device with its own torch {torch.__version__}, or match the build "
-                              "host's torch") from None
+                f"{err}", fix=f"send the rung's device checkpoint (<rung>.device.pt), which this device exports with its "
+                              f"own torch {torch.__version__}, or match the build host's torch") from None
 
     def _from_checkpoint(self, torch):
         """The rung rebuilt from its device checkpoint with this device's torch: the float student, or the student

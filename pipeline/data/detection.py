@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -227,3 +227,80 @@ def load_coco(argument: str) -> tuple[list[str], list[dict[str, Any]], list[Boxe
                          for a in annotations], np.float64).reshape(-1, 4)
         boxes.append(Boxes(xyxy, np.array([index[a["category_id"]] for a in annotations], np.int64)))
     return [c["name"] for c in categories], document["images"], boxes, images_dir
+
+
+def letterbox(image: np.ndarray, size: int) -> tuple[np.ndarray, float]:
+    """``image`` (H×W×3 uint8) scaled to fit a ``size``×``size`` square (aspect kept), placed at its top-left corner
+    on black: boxes then map by one factor, with no offset. Returns the square and that factor."""
+    import cv2
+
+    height, width = image.shape[:2]
+    factor = size / max(height, width)
+    new = (max(1, int(round(width * factor))), max(1, int(round(height * factor))))
+    resized = cv2.resize(image, new, interpolation=cv2.INTER_AREA if factor < 1 else cv2.INTER_LINEAR)
+    square = np.zeros((size, size, 3), np.uint8)
+    square[:new[1], :new[0]] = resized
+    return square, factor
+
+
+def coco_set(argument: str, train_images: int, test_images: int, size: int, seed: int,
+             log: Callable[[str], None] | None = None) -> DetectionSet:
+    """The user's COCO set as the pipeline trains on it: checked whole (:func:`load_coco`), split by ``seed`` (the
+    test images drawn first: at most ``test_images`` and a fifth of the set; then at most ``train_images`` of the
+    rest), each image letterboxed to ``size``×``size`` RGB (:func:`letterbox`) with its boxes scaled alike.
+
+    Images are read as stored (EXIF orientation ignored, as COCO's tools read them, so the boxes still fit).
+    Box IoU does not change under one scale factor, so mAP on the letterboxed images is the images' own, except
+    COCO's small/medium/large area ranges, which EdgeFold does not report.
+
+    Args:
+        log: Where progress lines (images read, rate, ETA) go on a set that takes more than a few seconds.
+
+    Raises:
+        DataError: A bad annotation (all named), an unreadable image or one whose size is not the one recorded,
+            or a set too small to split.
+    """
+    import cv2
+
+    from device.files import sha256_file
+    from pipeline.log import progress_lines
+
+    classes, entries, boxes, images_dir = load_coco(argument)
+    if len(entries) < 2:
+        raise DataError(f"coco:{argument} has {len(entries)} image(s): a test and a training split need 2 or more",
+                        fix="annotate more images")
+    order = np.random.default_rng(seed).permutation(len(entries))
+    test_count = max(1, min(test_images, len(entries) // 5))
+    chosen = {"test": order[:test_count], "train": order[test_count:test_count + train_images]}
+    splits, problems = {}, []
+    progress = progress_lines(sum(len(i) for i in chosen.values()), "reading COCO images", "images",
+                              **({"log_fn": log} if log else {}))
+    for name, indices in chosen.items():
+        images, scaled = np.zeros((len(indices), size, size, 3), np.uint8), []
+        for row, index in enumerate(indices):
+            entry, path = entries[index], images_dir / entries[index]["file_name"]
+            image = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+            if image is None:
+                problems.append(f"{path} is not an image OpenCV can read")
+                continue
+            if image.shape[:2] != (entry["height"], entry["width"]):
+                problems.append(f"{path} is {image.shape[1]}×{image.shape[0]}, but the annotations say "
+                                f"{entry['width']}×{entry['height']}")
+                continue
+            images[row], factor = letterbox(cv2.cvtColor(image, cv2.COLOR_BGR2RGB), size)
+            scaled.append(Boxes(boxes[index].xyxy * factor, boxes[index].labels))
+            progress.update()
+        splits[name] = DetectionSplit(images, scaled)
+    progress.close()
+    if problems:
+        raise DataError(f"coco:{argument}: {len(problems)} image(s) do not match their annotations: "
+                        + "; ".join(problems[:10]) + (f"; … and {len(problems) - 10} more" if len(problems) > 10 else ""),
+                        fix="re-export the annotations from the images as they are on disk")
+    annotations = Path(parse_coco_argument(argument)[0])
+    return DetectionSet(name=f"coco:{annotations.name}", classes=classes, train=splits["train"], test=splits["test"],
+                        generator={"source": f"coco:{argument}", "annotations_sha256": sha256_file(annotations),
+                                   "images": len(entries), "seed": seed, "letterbox": size,
+                                   "train_images": len(chosen["train"]), "test_images": len(chosen["test"]),
+                                   "split": "seeded: test drawn first (at most test_images and a fifth of the set), "
+                                            "then at most train_images of the rest"})
+

@@ -1,34 +1,45 @@
-"""detection data stage: the composited canvas set made once (seeded, its generator recorded), or COCO checked."""
+"""detection data stage: the composited canvas set made once (seeded, its generator recorded), or the user's COCO
+set checked, split by seed and letterboxed to the recipe's square (``data.canvas.size``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from device.errors import DataError, StageError
+from device.errors import DataError
+from device.files import sha256_file
 from pipeline.stages.base import Stage, StageResult
 from pipeline.stages.detection_base import DETECTION_STAGES
 
 
 class DetectionDataStage(Stage):
-    """Composites the canvas set once (seeded; its generator's parameters recorded), or checks a COCO set."""
+    """Composites the canvas set once (seeded; its generator's parameters recorded), or reads a COCO set."""
 
     name = "data"
 
     def config(self, ctx):
-        return {"data": ctx.recipe.section("data")}
+        config = {"data": ctx.recipe.section("data")}
+        source = ctx.recipe.data.source
+        if source.startswith("coco:"):  # an edited annotations file under the same path makes the set again
+            from pipeline.data.detection import parse_coco_argument
+
+            annotations = parse_coco_argument(source.partition(":")[2])[0]
+            if annotations.is_file():
+                config["annotations_sha256"] = sha256_file(annotations)
+        return config
 
     def run(self, ctx, workdir: Path) -> StageResult:
-        from pipeline.data.detection import composited, load_coco
+        from pipeline.data.detection import coco_set, composited
         from pipeline.data.detection_files import save_splits
         from pipeline.detection_recipe import DETECTION_SOURCES
 
         cfg = ctx.recipe.data
-        if cfg.source.startswith("coco:"):
-            load_coco(cfg.source.partition(":")[2])  # names every bad annotation before anything else
-            raise StageError(f"{cfg.source}: the annotations check out, but training detectors on COCO files is not "
-                             "built yet (images of many sizes)", fix="use data.source: fmnist-det or digits-det for now")
-        data = composited(DETECTION_SOURCES[cfg.source], cfg.train_images, cfg.test_images, cfg.canvas.to_spec(cfg.seed))
+        if cfg.source.startswith("coco:"):  # every bad annotation named before an image is read
+            data = coco_set(cfg.source.partition(":")[2], cfg.train_images, cfg.test_images, cfg.canvas.size, cfg.seed,
+                            log=ctx.log)
+        else:
+            data = composited(DETECTION_SOURCES[cfg.source], cfg.train_images, cfg.test_images,
+                              cfg.canvas.to_spec(cfg.seed))
         boxes = {name: sum(len(b.labels) for b in split.boxes) for name, split in (("train", data.train),
                                                                                    ("test", data.test))}
         if not all(boxes.values()):
@@ -43,8 +54,9 @@ class DetectionDataStage(Stage):
                                     "generator": data.generator})
 
     def summary(self, metrics):
+        what = "images" if metrics["source"].startswith("coco:") else "canvases"
         return (f"{metrics['source']}: {metrics['num_classes']} classes, {metrics['train']} train / {metrics['test']} "
-                f"test canvases, {metrics['train_boxes']} / {metrics['test_boxes']} boxes")
+                f"test {what}, {metrics['train_boxes']} / {metrics['test_boxes']} boxes")
 
 
 DETECTION_STAGES.add(DetectionDataStage.name, DetectionDataStage())

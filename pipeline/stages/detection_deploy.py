@@ -122,7 +122,9 @@ class DetectionDeployStage(Stage):
                             "label": f"{ctx.recipe.name}/{rung}",
                             "evaluation": {"artifact": uploaded_sets[sizes[rung]], "images": count,
                                            "head": client.upload(sidecar_path(path))}}
-                    ctx.log(f"[  deploy] {device.name}: {rung} ({runtime}, {precision})")
+                    # Logged as the graph's own precision: ONNX Runtime runs a Q/DQ graph in INT8 whatever the job
+                    # field says (the result's runtime.precision records what ran).
+                    ctx.log(f"[  deploy] {device.name}: {rung} ({runtime}, {ladder['rungs'][rung]['precision']})")
                     job = client.wait(client.submit(spec)["id"], timeout_s=cfg.timeout_s)
                     if job["state"] != "succeeded":
                         outcome["rungs"][rung] = {"state": job["state"], "error": job.get("error")}

@@ -9,9 +9,6 @@ from pathlib import Path
 from pipeline.stages.base import Stage, StageResult
 from pipeline.stages.detection_base import DETECTION_STAGES
 
-QUANTIZE_KEYS = ("box_head", "drop_points", "method", "attempts", "other_box_heads", "class_changes_vs_fp32")
-"""The quantize stage's metrics the report shows (report.json keeps them beside the ladder and the deploy results)."""
-
 
 class DetectionReportStage(Stage):
     """Writes ``report.md``, ``report.html`` and ``report.json``: mAP per rung on host and device, box-head costs,
@@ -27,19 +24,11 @@ class DetectionReportStage(Stage):
         return {}
 
     def run(self, ctx, workdir: Path) -> StageResult:
-        from pipeline.detection_plots import plots
-        from pipeline.detection_report import render, render_html
+        from pipeline.detection_report import write_report
 
         ladder = json.loads(ctx.manifest.output("evaluate", "ladder").read_text())
         deploy = json.loads(ctx.manifest.output("deploy", "results").read_text())
-        metrics = ctx.manifest.stage("quantize")["metrics"]
-        quantize = {key: metrics[key] for key in QUANTIZE_KEYS if key in metrics}
-        paths = {"markdown": workdir / "report.md", "html": workdir / "report.html", "json": workdir / "report.json"}
-        paths["markdown"].write_text(render(ctx.recipe.name, ladder, deploy, quantize))
-        paths["html"].write_text(render_html(ctx.recipe.name, ladder, deploy, quantize,
-                                             plots(ladder, deploy, quantize)))
-        paths["json"].write_text(json.dumps({"ladder": ladder, "deploy": deploy, "quantize": quantize}, indent=1)
-                                 + "\n")
+        paths = write_report(ctx.recipe.name, ladder, deploy, ctx.manifest.stage("quantize")["metrics"], workdir)
         return StageResult(outputs=paths, metrics={"rungs": len(ladder["rungs"])})
 
     def summary(self, metrics):

@@ -199,6 +199,25 @@ def test_the_run_command_ends_a_detection_run_with_its_report(det_run, capsys):
     assert f"markdown: {run_dir / 'report' / 'report.md'}" in out
 
 
+def test_edgefold_report_rebuilds_a_detection_run_and_keeps_the_manifest_true(det_run, tmp_path, capsys):
+    import shutil
+
+    from device.files import sha256_file
+    from pipeline import cli
+
+    run_dir = tmp_path / "tiny-det" / det_run[0].name
+    shutil.copytree(det_run[0], run_dir)
+    (run_dir / "report" / "report.md").write_text("stale")
+    assert cli.main(["report", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "| rung | precision | box head | host mAP [95% CI]" in out and "html: " in out
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    entry = manifest["stages"]["report"]
+    assert (run_dir / "report" / "report.md").read_text() != "stale"
+    assert all(entry["sha256"][rel] == sha256_file(run_dir / rel) for rel in entry["outputs"].values())
+    assert "rebuilt" in entry and not list(run_dir.glob(".report.*"))
+
+
 def _html_rows(page: str) -> list[list[str]]:
     """Every table row of an HTML page as its cells' text."""
     import html
