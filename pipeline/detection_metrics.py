@@ -189,9 +189,36 @@ def bootstrap_draws(images: int, statistic, resamples: int, seed: int) -> np.nda
     return np.atleast_2d(result.bootstrap_distribution).T
 
 
+def bias_corrected_interval(draws: np.ndarray, point: float, level: float = 0.95) -> tuple[float, float]:
+    """The bias-corrected (BC) percentile interval of ``point`` from its bootstrap ``draws`` (NaN draws left out).
+
+    mAP's bootstrap draws sit above the point estimate: on synthetic scenes of 128 images, 33–40% of 500 draws
+    fell below it at four seeds, not half (likely the interpolated precision, a running maximum, turning
+    resampling noise into gains), so the plain percentile interval came out shifted up, the point near its lower
+    end (17.0 [16.1, 20.8] on tiny-det). By the bootstrap's own logic the sample's mAP is then biased up against
+    the population's by as much, so the interval belongs around the point less that bias, not around the point
+    plus it. Efron's bias correction (BCa without the acceleration; Efron & Tibshirani, An Introduction to the
+    Bootstrap, ch. 14) takes the draws' percentiles at Φ(2·z0 ± z), z0 = Φ⁻¹(share of draws below the point),
+    which does exactly that; with no bias (z0 = 0) it is the percentile interval.
+    """
+    from scipy.stats import norm
+
+    draws = np.asarray(draws, float)
+    draws = draws[~np.isnan(draws)]
+    if not len(draws) or point != point:
+        return float("nan"), float("nan")
+    below = (np.sum(draws < point) + 0.5 * np.sum(draws == point)) / len(draws)
+    below = min(max(below, 0.5 / len(draws)), 1 - 0.5 / len(draws))  # all draws on one side: z0 stays finite
+    z0 = norm.ppf(below)
+    tails = norm.cdf(2 * z0 + norm.ppf([(1 - level) / 2, (1 + level) / 2]))
+    low, high = np.percentile(draws, 100 * tails)
+    return float(low), float(high)
+
+
 def evaluate(truth: Sequence[Boxes], detections: Sequence[Boxes], classes: Sequence[str],
              sizes: Sequence[tuple[int, int]], resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """COCO metrics of one model with 95% bootstrap intervals over images, checked against COCOeval.
+    """COCO metrics of one model with 95% bootstrap intervals over images (bias-corrected,
+    :func:`bias_corrected_interval`), checked against COCOeval.
 
     Returns:
         ``map``, ``ap50``, ``ap75`` (each with ``_low``/``_high``), ``per_class_ap``, ``images``, ``resamples``.
@@ -211,7 +238,7 @@ def evaluate(truth: Sequence[Boxes], detections: Sequence[Boxes], classes: Seque
     draws = bootstrap_draws(len(truth), lambda picked: [summary(accumulate(matches, picked))[key]
                                                         for key in ("map", "ap50", "ap75")], resamples, seed)
     for column, key in enumerate(("map", "ap50", "ap75")):
-        out[f"{key}_low"], out[f"{key}_high"] = (float(v) for v in np.nanpercentile(draws[:, column], [2.5, 97.5]))
+        out[f"{key}_low"], out[f"{key}_high"] = bias_corrected_interval(draws[:, column], point[key])
     return out
 
 

@@ -20,7 +20,8 @@ RUNG_COLUMNS = ["rung", "precision", "box head", "host mAP [95% CI]", "device mA
 BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "int8": "INT8, quantized"}
 SCORED_TEXT = ("Host mAP: the teacher through torchvision's post-processing, the others through ONNX Runtime and the "
                "device's decode + NMS (device/detection_post.py); device mAP, AP50 and AP75: the engine that was timed, "
-               "decoded on the device. Intervals: 95% bootstrap over images. The network's time and the decode + NMS "
+               "decoded on the device. Intervals: 95% bootstrap over images, bias-corrected (mAP's resamples sit "
+               "above the point, so the interval is moved down by as much). The network's time and the decode + NMS "
                "time are per image over the evaluation pass; p50 is the timed windows' median per call.")
 
 

@@ -155,3 +155,32 @@ def test_a_detector_that_finds_nothing_or_one_class_everywhere_fails_with_the_nu
     one = [Boxes(d.xyxy, np.full_like(d.labels, 3), d.scores) for d in detections]
     with pytest.raises(StageError, match="calls 'fish' for 100% of its .* which hold 0% of the boxes"):
         require_sane_detector(one, truth, CLASSES, "student")
+
+
+def test_the_bias_corrected_interval_undoes_a_shift_of_the_draws():
+    from pipeline.detection_metrics import bias_corrected_interval
+
+    rng = np.random.default_rng(0)
+    draws = rng.normal(0.5, 1.0, 20000)  # the draws' median half a unit above the point (0): a bias of +0.5
+    low, high = bias_corrected_interval(draws, 0.0)
+    # z0 = Φ⁻¹(Φ(−0.5)) = −0.5; the draws' quantiles at Φ(−1 ± 1.96) are 0.5 − 1 ± 1.96: the point less the bias.
+    assert low == pytest.approx(-2.46, abs=0.06) and high == pytest.approx(1.46, abs=0.06)
+    centred = rng.normal(0.0, 1.0, 20000)
+    assert np.allclose(bias_corrected_interval(centred, 0.0), np.percentile(centred, [2.5, 97.5]), atol=0.06)
+    assert np.isnan(bias_corrected_interval(np.array([np.nan]), 0.3)[0])
+
+
+def test_map_intervals_are_bias_corrected_against_draws_that_sit_above_the_point():
+    """On a synthetic scene the draws sit above the point; the reported interval is moved down by that bias."""
+    from pipeline.detection_metrics import bootstrap_draws
+
+    truth, detections = _random_scene(np.random.default_rng(1), images=128)
+    scores = evaluate(truth, detections, CLASSES, [(64, 64)] * len(truth), resamples=500)
+    matches = match(truth, detections, len(CLASSES))
+    draws = bootstrap_draws(len(truth), lambda p: [summary(accumulate(matches, p))["map"]], 500, 0)[:, 0]
+    assert np.mean(draws < scores["map"]) < 0.45, "the planted problem: draws mostly above the point"
+    plain_low, plain_high = np.percentile(draws, [2.5, 97.5])
+    bias = np.median(draws) - scores["map"]
+    assert scores["map_low"] < plain_low and scores["map_high"] < plain_high
+    middle, plain_middle = (scores["map_low"] + scores["map_high"]) / 2, (plain_low + plain_high) / 2
+    assert middle == pytest.approx(plain_middle - 2 * bias, abs=0.5 * bias)
