@@ -190,6 +190,9 @@ class DetectionDeployConfig(_Strict):
         "auto", description="tensorrt where the agent has TensorRT 10+, else onnxruntime (said so in the report)")
     batch_sizes: list[int] = Field([1], min_length=1, description="engine batches timed")
     iterations: int = Field(50, ge=2, description="timed calls per batch")
+    rounds: int = Field(3, ge=1, le=50, description="interleaved timing rounds: every rung once per round, so a busy "
+                                                    "spell hits all of them; the network p50's interval and each "
+                                                    "rung's ratio to the FP32 student are over rounds")
     warmup_iterations: int = Field(5, ge=0)
     evaluate_images: Optional[int] = Field(None, ge=1, description="test images the device scores (null = all)")
     profile: bool = Field(True, description="the per-layer profile after the timed windows")

@@ -15,14 +15,16 @@ from typing import Any
 from pipeline.sections import Figure, Section, Table, Text, to_html, to_markdown
 
 RUNG_COLUMNS = ["rung", "precision", "box head", "host mAP [95% CI]", "device mAP [95% CI]", "device AP50 [95% CI]",
-                "device AP75 [95% CI]", "size MB", "network p50 ms (batch)", "network ms/img (eval)",
-                "decode + NMS ms/img"]
+                "device AP75 [95% CI]", "size MB", "network p50 ms [95% CI]",
+                "× FP32 student [95% CI]", "network ms/img (eval)", "decode + NMS ms/img"]
 BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "int8": "INT8, quantized"}
 SCORED_TEXT = ("Host mAP: the teacher through torchvision's post-processing, the others through ONNX Runtime and the "
                "device's decode + NMS (device/detection_post.py); device mAP, AP50 and AP75: the engine that was timed, "
                "decoded on the device. Intervals: 95% bootstrap over images, bias-corrected (mAP's resamples sit "
                "above the point, so the interval is moved down by as much). The network's time and the decode + NMS "
-               "time are per image over the evaluation pass; p50 is the timed windows' median per call.")
+               "time are per image over the evaluation pass; p50 is each timed window's median per call, then its "
+               "median over the interleaved rounds with a bootstrap interval; the ratio to the FP32 student is "
+               "paired by round.")
 
 
 def interval(scores: dict[str, Any] | None, key: str = "map") -> str:
@@ -38,6 +40,36 @@ def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
+def _p50(measured: dict[str, Any]) -> str:
+    """``0.71 [0.69, 0.74]``: the median over rounds of the network p50 with its interval; a result from before
+    rounds has its one window per batch (``0.71 (1)``)."""
+    p50 = measured.get("network_p50")
+    if p50 is None:
+        return ", ".join(f"{v:.2f} ({b})" for b, v in measured.get("latency_p50_ms", {}).items())
+    return f"{p50['median_ms']:.2f} [{p50['low_ms']:.2f}, {p50['high_ms']:.2f}]"
+
+
+def _versus(measured: dict[str, Any]) -> str:
+    """``×0.81 [0.78, 0.85]``, ending in ``n.s.`` when the interval holds 1 (no measurable difference); — without
+    one."""
+    ratio = measured.get("vs_student")
+    if not ratio:
+        return "—"
+    text = f"×{ratio['ratio']:.2f} [{ratio['low']:.2f}, {ratio['high']:.2f}]"
+    return text if ratio["significant"] else f"{text} n.s."
+
+
+def timing_text(device: dict[str, Any]) -> str | None:
+    """What the p50 column is on this device: the batch and how many interleaved rounds."""
+    timed = [r["network_p50"] for r in device["rungs"].values() if r.get("network_p50")]
+    if not timed:
+        return None
+    rounds = sorted({t["rounds"] for t in timed})
+    return (f"Network p50 at batch {timed[0]['batch']}, median over {'–'.join(map(str, rounds))} interleaved "
+            "round(s) with a 95% bootstrap interval; × FP32 student: that ratio paired by round (n.s.: the interval "
+            "holds 1, no measurable difference).")
+
+
 def rung_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[str]]:
     """The rungs table of one device: header, then one row per rung of the ladder."""
     rows = [list(RUNG_COLUMNS)]
@@ -45,10 +77,9 @@ def rung_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[str]]
         measured = device["rungs"].get(rung, {})
         ok = measured.get("state") == "succeeded"
         scores = measured.get("scores") if ok else None
-        p50 = ", ".join(f"{v:.2f} ({b})" for b, v in measured.get("latency_p50_ms", {}).items()) if ok else \
-            measured.get("state", "not measured")
         rows.append([rung, row["precision"], row.get("box_head") or "—", interval(row), interval(scores),
-                     interval(scores, "ap50"), interval(scores, "ap75"), f"{row['size_mb']:.2f}", p50,
+                     interval(scores, "ap50"), interval(scores, "ap75"), f"{row['size_mb']:.2f}",
+                     _p50(measured) if ok else measured.get("state", "not measured"), _versus(measured),
                      _ms(measured.get("network_ms_per_image")), _ms(measured.get("postprocess_ms_per_image"))])
     return rows
 
@@ -60,6 +91,8 @@ def device_section(ladder: dict[str, Any], device: dict[str, Any]) -> Section:
         blocks.append(Text(device["runtime_fallback"]))
     if device.get("error"):
         blocks.append(Text(f"not measured: {device['error']}"))
+    if timing_text(device):
+        blocks.append(Text(timing_text(device)))
     blocks.append(Table(rung_rows(ladder, device), css="ladder"))
     return Section(f"{device['name']} ({device.get('runtime') or '—'}; {device['status']})", blocks)
 

@@ -5,8 +5,10 @@ times the network, then runs the set through the same runner with its own decode
 (:mod:`device.detection_evaluation`), timing the two apart, and returns the detections. The build host, which holds
 the boxes, scales them to the canvases and computes COCO mAP with intervals: the rung's device-measured mAP.
 
-Unlike the classification deploy stage this one has no result cache, no interleaved rounds and no power sweep
-(issue 28's benchmark needs one window per rung; those are for a later change).
+Every rung is timed in ``deploy.rounds`` interleaved rounds (one window per rung per round; round 1 also scores the
+set and profiles), so each rung's network p50 has an interval over rounds and its ratio to the FP32 student one
+paired by round; each round's result is cached by artifact, agent, code (loopback) and job, so a second run
+measures nothing again. Unlike the classification deploy stage this one has no power sweep.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from pipeline.devices import Device
 from pipeline.stages.base import Stage, StageResult
@@ -53,8 +57,6 @@ class DetectionDeployStage(Stage):
         return {"deploy": ctx.recipe.section("deploy")}
 
     def run(self, ctx, workdir: Path) -> StageResult:
-        import numpy as np
-
         from pipeline.data.detection_files import load_split
         from pipeline.detection_export import network_inputs, sidecar_path
 
@@ -90,67 +92,152 @@ class DetectionDeployStage(Stage):
         path = workdir / "results.json"
         path.write_text(json.dumps({"devices": outcomes, "images": count}, indent=1) + "\n")
         succeeded = sum(1 for d in outcomes for r in d["rungs"].values() if r["state"] == "succeeded")
+        reused = sum(r.get("reused_rounds", 0) for d in outcomes for r in d["rungs"].values())
         return StageResult(outputs={"results": path},
                            metrics={"devices": {d["name"]: d["status"] for d in outcomes}, "jobs_succeeded": succeeded,
-                                    "jobs": len(outcomes) * len(artifacts)})
+                                    "jobs": len(outcomes) * len(artifacts), "rounds": cfg.rounds,
+                                    "windows_reused": reused})
 
     def _device(self, ctx, device, loopback, artifacts, sizes, sets, test, count, ladder) -> dict[str, Any]:
         from device.client import AgentClient
         from device.errors import EdgeFoldError
-        from device.schema import parse_result
+        from device.files import sha256_file, write_json_atomic
+        from pipeline.codehash import code_sha256
         from pipeline.detection_export import sidecar_path
-        from pipeline.detection_metrics import evaluate
         from pipeline.jobs import choose_runtime
+        from pipeline.manifest import sha256_json
 
         cfg = ctx.recipe.deploy
         url, token = (loopback.url, loopback.token) if loopback is not None else (device.url, None)
         outcome = {**device.public(), "url": "loopback" if loopback is not None else device.url, "status": "ok",
                    "error": None, "rungs": {}}
+        cache = ctx.run_dir / "deploy-cache"
+        cache.mkdir(exist_ok=True)
+        # A loopback agent measures with this checkout's code: editing the job process measures again.
+        code = code_sha256(self.code_modules)[0] if loopback is not None else None
+        records: dict[str, list[dict[str, Any]]] = {rung: [] for rung in artifacts}
         try:
             with AgentClient(url, token or device.token(), timeout_s=60) as client:
                 runtime, fallback = choose_runtime(cfg.runtime, client.device())
                 outcome.update(runtime=runtime, runtime_fallback=fallback)
                 uploaded_sets = {size: client.upload(path) for size, path in sets.items()}
-                truth = test.boxes[:count]
-                image_sizes = [tuple(image.shape[:2]) for image in test.images[:count]]
-                for rung, path in artifacts.items():
-                    # TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored.
-                    precision = ladder["rungs"][rung]["precision"] if runtime == "tensorrt" else "fp32"
-                    spec = {"artifact": client.upload(path), "runtime": runtime, "precision": precision,
-                            "batch_sizes": list(cfg.batch_sizes), "iterations": cfg.iterations,
-                            "warmup_iterations": cfg.warmup_iterations, "profile": cfg.profile,
-                            "label": f"{ctx.recipe.name}/{rung}",
-                            "evaluation": {"artifact": uploaded_sets[sizes[rung]], "images": count,
-                                           "head": client.upload(sidecar_path(path))}}
-                    # Logged as the graph's own precision: ONNX Runtime runs a Q/DQ graph in INT8 whatever the job
-                    # field says (the result's runtime.precision records what ran).
-                    ctx.log(f"[  deploy] {device.name}: {rung} ({runtime}, {ladder['rungs'][rung]['precision']})")
-                    job = client.wait(client.submit(spec)["id"], timeout_s=cfg.timeout_s)
-                    if job["state"] != "succeeded":
-                        outcome["rungs"][rung] = {"state": job["state"], "error": job.get("error")}
-                        continue
-                    result = parse_result(job["result"], f"{rung} on {device.name}")
-                    if result.evaluation is None or result.evaluation.detections is None:
-                        outcome["rungs"][rung] = {"state": "failed", "error": "the agent returned no detections: it "
-                                                  "predates result schema 2.5 (upgrade the agent to this EdgeFold)"}
-                        continue
-                    found = device_boxes([d.model_dump() for d in result.evaluation.detections], sizes[rung],
-                                         image_sizes)
-                    scores = evaluate(truth, found, ladder["classes"], image_sizes, resamples=cfg.resamples)
-                    outcome["rungs"][rung] = {
-                        "state": "succeeded", "job_id": job["id"], "precision": result.runtime.precision,
-                        "scores": scores,
-                        "latency_p50_ms": {run.batch_size: run.latency_p50_ms for run in result.runs},
-                        "network_ms_per_image": 1e3 * result.evaluation.network_s / count,
-                        "postprocess_ms_per_image": 1e3 * result.evaluation.postprocess_s / count,
-                        "evaluation_batch": result.evaluation.batch_size}
+                heads = {rung: client.upload(sidecar_path(path)) for rung, path in artifacts.items()}
+                digests = {rung: sha256_file(path) for rung, path in artifacts.items()}
+                # Interleaved rounds: every rung once per round, so a busy spell hits all of that round's rungs and
+                # cancels in their paired ratios (pipeline.stats). Round 1 also scores the set and profiles.
+                for round_index in range(cfg.rounds):
+                    for rung, path in artifacts.items():
+                        # TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored.
+                        precision = ladder["rungs"][rung]["precision"] if runtime == "tensorrt" else "fp32"
+                        spec = {"artifact": digests[rung], "runtime": runtime, "precision": precision,
+                                "batch_sizes": list(cfg.batch_sizes), "iterations": cfg.iterations,
+                                "warmup_iterations": cfg.warmup_iterations,
+                                "profile": cfg.profile and round_index == 0}
+                        if round_index == 0:
+                            spec["evaluation"] = {"artifact": uploaded_sets[sizes[rung]], "images": count,
+                                                  "head": heads[rung]}
+                        key = sha256_json({"agent": device.url or "loopback", "code": code, "round": round_index,
+                                           "spec": spec})
+                        records[rung].append(self._job(ctx, client, device, rung, path, spec, round_index, ladder,
+                                                       runtime, cache / f"{key}.json", write_json_atomic))
         except EdgeFoldError as err:  # an unreachable or failing device is recorded, as classification's deploy does
             outcome.update(status="failed", error=str(err))
+        for rung, rounds in records.items():
+            if rounds:
+                outcome["rungs"][rung] = self._rung(rung, rounds, test, count, sizes, ladder, cfg)
+        _ratios(outcome["rungs"])
         return outcome
 
+    @staticmethod
+    def _job(ctx, client, device, rung: str, path: Path, spec: dict, round_index: int, ladder, runtime: str,
+             cached: Path, write_json_atomic) -> dict[str, Any]:
+        """One round of one rung: the agent's job (or its cached record, when the same artifact, agent, code and
+        job were measured before), as ``{"state", "job", "reused"}``."""
+        from device.schema import parse_result
+
+        if cached.is_file():
+            try:
+                record = json.loads(cached.read_text())
+                parse_result(record["result"], str(cached))  # written by another version: measured again
+                ctx.log(f"[  deploy] {device.name}: {rung} round {round_index + 1} reused (same artifact, device and "
+                        "job)")
+                return {"state": "succeeded", "job": record, "reused": True}
+            except Exception:  # noqa: BLE001 (a torn or foreign cache entry is measured again, never a crash)
+                cached.unlink(missing_ok=True)
+        client.upload(path)
+        # Logged as the graph's own precision: ONNX Runtime runs a Q/DQ graph in INT8 whatever the job field says
+        # (the result's runtime.precision records what ran).
+        ctx.log(f"[  deploy] {device.name}: {rung} round {round_index + 1} ({runtime}, "
+                f"{ladder['rungs'][rung]['precision']})")
+        job = client.wait(client.submit({**spec, "label": f"{ctx.recipe.name}/{rung}/round{round_index + 1}"})["id"],
+                          timeout_s=ctx.recipe.deploy.timeout_s)
+        if job["state"] != "succeeded":
+            return {"state": job["state"], "error": job.get("error")}
+        write_json_atomic(cached, {"id": job["id"], "result": job["result"]}, sort_keys=True)
+        return {"state": "succeeded", "job": {"id": job["id"], "result": job["result"]}, "reused": False}
+
+    @staticmethod
+    def _rung(rung: str, rounds: list[dict[str, Any]], test, count: int, sizes, ladder, cfg) -> dict[str, Any]:
+        """A rung's record: round 1's scores (device mAP through its own decode + NMS) and timings, and every round's
+        network p50 with the median's interval over rounds."""
+        from device.schema import parse_result
+        from pipeline.detection_metrics import evaluate
+        from pipeline.stats import median_interval
+
+        first = rounds[0]
+        if first["state"] != "succeeded":
+            return {"state": first["state"], "error": first.get("error")}
+        result = parse_result(first["job"]["result"], f"{rung} round 1")
+        if result.evaluation is None or result.evaluation.detections is None:
+            return {"state": "failed", "error": "the agent returned no detections: it predates result schema 2.5 "
+                                                "(upgrade the agent to this EdgeFold)"}
+        image_sizes = [tuple(image.shape[:2]) for image in test.images[:count]]
+        found = device_boxes([d.model_dump() for d in result.evaluation.detections], sizes[rung], image_sizes)
+        scores = evaluate(test.boxes[:count], found, ladder["classes"], image_sizes, resamples=cfg.resamples)
+        windows = {}
+        for entry in rounds:
+            if entry["state"] == "succeeded":
+                for run in parse_result(entry["job"]["result"], rung).runs:
+                    windows.setdefault(run.batch_size, []).append(run.latency_p50_ms)
+        batch = min(windows)
+        median, low, high = median_interval(windows[batch])
+        return {"state": "succeeded", "job_id": first["job"]["id"], "precision": result.runtime.precision,
+                "scores": scores, "latency_p50_ms": {b: float(np.median(v)) for b, v in windows.items()},
+                "latency_p50_windows_ms": {b: v for b, v in windows.items()},
+                "network_p50": {"batch": batch, "median_ms": median, "low_ms": low, "high_ms": high,
+                                "rounds": len(windows[batch])},
+                "rounds_failed": [e.get("error") for e in rounds if e["state"] != "succeeded"],
+                "reused_rounds": sum(1 for e in rounds if e.get("reused")),
+                "network_ms_per_image": 1e3 * result.evaluation.network_s / count,
+                "postprocess_ms_per_image": 1e3 * result.evaluation.postprocess_s / count,
+                "evaluation_batch": result.evaluation.batch_size}
+
+
+REFERENCE_RUNG = "student"  # the FP32 student: what the INT8 fold is compared with
+
+
+def _ratios(rungs: dict[str, dict[str, Any]]) -> None:
+    """Each rung's network p50 over the FP32 student's, paired by round (a round's busy spell cancels), with its
+    interval (:func:`pipeline.stats.ratio_interval`); ``vs_student`` in each measured rung's record."""
+    from pipeline.stats import ratio_interval, significant
+
+    reference = rungs.get(REFERENCE_RUNG, {})
+    if reference.get("state") != "succeeded":
+        return
+    batch = reference["network_p50"]["batch"]
+    for name, entry in rungs.items():
+        windows = (entry.get("latency_p50_windows_ms") or {}).get(batch)
+        if entry.get("state") != "succeeded" or name == REFERENCE_RUNG or not windows:
+            continue
+        ratio, low, high = ratio_interval(windows, reference["latency_p50_windows_ms"][batch])
+        entry["vs_student"] = {"batch": batch, "ratio": ratio, "low": low, "high": high,
+                               "significant": significant(low, high)}
+
+
     def summary(self, metrics):
-        return f"{metrics['jobs_succeeded']}/{metrics['jobs']} jobs succeeded on " + ", ".join(
-            f"{name} ({status})" for name, status in metrics["devices"].items())
+        return (f"{metrics['jobs_succeeded']}/{metrics['jobs']} rungs measured in {metrics.get('rounds', 1)} "
+                f"interleaved rounds ({metrics.get('windows_reused', 0)} windows reused) on "
+                + ", ".join(f"{name} ({status})" for name, status in metrics["devices"].items()))
 
 
 DETECTION_STAGES.add(DetectionDeployStage.name, DetectionDeployStage())

@@ -159,6 +159,44 @@ def test_detection_rungs_are_scored_on_the_loopback_agent_and_reported(det_run):
     assert "## What each box-head setting costs" in report
 
 
+def test_every_rung_is_timed_in_interleaved_rounds_with_its_ratio_to_the_fp32_student(det_run):
+    from pipeline.stats import ratio_interval
+
+    run_dir, manifest = det_run
+    rounds = manifest["stages"]["deploy"]["metrics"]["rounds"]
+    (device,) = json.loads((run_dir / manifest["stages"]["deploy"]["outputs"]["results"]).read_text())["devices"]
+    student = device["rungs"]["student"]["latency_p50_windows_ms"]["1"]
+    assert rounds == 3 and len(student) == rounds
+    for rung, measured in device["rungs"].items():
+        p50 = measured["network_p50"]
+        assert p50["rounds"] == rounds and p50["low_ms"] <= p50["median_ms"] <= p50["high_ms"], rung
+        if rung == "student":
+            assert "vs_student" not in measured
+            continue
+        versus = measured["vs_student"]
+        # The ratio is paired by round: recomputed here from the windows the record keeps.
+        assert (versus["ratio"], versus["low"], versus["high"]) == pytest.approx(
+            ratio_interval(measured["latency_p50_windows_ms"]["1"], student))
+    report = (run_dir / manifest["stages"]["report"]["outputs"]["markdown"]).read_text()
+    assert f"median over {rounds} interleaved round(s)" in report and "× FP32 student [95% CI]" in report
+
+
+def test_a_second_run_reuses_every_measured_window(det_run, tmp_path):
+    """The deploy stage always runs, but a round of a rung already measured with the same artifact, agent, code and
+    job is read back from the run's deploy cache, not measured again."""
+    import shutil
+
+    from pipeline.runner import run_pipeline
+
+    run_dir, manifest = det_run
+    copy = tmp_path / "tiny-det" / run_dir.name
+    shutil.copytree(run_dir, copy)
+    ctx = run_pipeline(manifest["recipe"]["path"], runs_dir=tmp_path, run_id=run_dir.name,
+                       overrides=manifest.get("overrides") or {})
+    deploy = ctx.manifest.stage("deploy")["metrics"]
+    assert deploy["windows_reused"] == deploy["rounds"] * deploy["jobs"] and deploy["jobs_succeeded"] == deploy["jobs"]
+
+
 
 def test_the_detection_benchmark_reads_every_rungs_figures_from_a_run(det_run):
     """bench/detection.py's record of a real run: host and device mAP per rung, timings, the box-head pair."""
