@@ -99,8 +99,9 @@ def _check_eval_set(path: Path) -> str:
 
 
 def _check_torch_archive(path: Path) -> str:
-    """A ``torch.export`` program, or an EdgeFold device checkpoint (``torch.save`` of tensors only: its pickle's
-    globals are read without torch and anything ``torch.load(weights_only=True)`` would refuse is refused here)."""
+    """A ``torch.export`` program, or an EdgeFold device checkpoint: a ``torch.save`` archive whose pickle, read
+    without torch, names only tensor, dtype and OrderedDict globals (:func:`device.torch_checkpoint.pickle_globals`:
+    no TorchScript entries, no compressed pickle, no opcode that calls anything else)."""
     try:
         names = zipfile.ZipFile(path).namelist()
     except zipfile.BadZipFile as err:
@@ -112,16 +113,18 @@ def _check_torch_archive(path: Path) -> str:
                             "torch.save checkpoint (no data.pkl)",
                             fix="upload the .pt2 or the .device.pt the pipeline's export or quantize stage wrote",
                             status=422)
-    from device.torch_checkpoint import pickle_globals, unsafe_globals
+    from device.torch_checkpoint import UnsafeArchiveError, pickle_globals, unsafe_globals
 
+    fix = "upload the .device.pt the pipeline wrote (state and architecture key, never a pickled module)"
     try:
         unsafe = unsafe_globals(pickle_globals(path))
+    except UnsafeArchiveError as err:
+        raise ArtifactError(f"a torch.save file refused: {err}", fix=fix, status=422) from None
     except Exception as err:  # noqa: BLE001 (pickletools and zipfile raise several types on damaged bytes)
         raise ArtifactError(f"a damaged torch.save checkpoint: {type(err).__name__}: {err}", status=422) from None
     if unsafe:
         raise ArtifactError(f"a torch.save file that pickles Python objects, not only tensors ({', '.join(unsafe[:3])})"
-                            ": loading it would run code", fix="upload the .device.pt the pipeline wrote "
-                            "(state and architecture key, never a pickled module)", status=422)
+                            ": loading it would run code", fix=fix, status=422)
     return "torch-checkpoint"
 
 

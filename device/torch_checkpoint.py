@@ -251,7 +251,7 @@ def restore_quantized(model, modelopt: dict, source: str):
         load_state_strict(restored, modelopt["state_dict"], f"{source} (ModelOpt state)")
     except CheckpointError as err:  # the quantized weights or amax do not fit the restored quantizers
         raise CheckpointError(err.message, fix=fix) from None
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:  # ModelOpt's own checks of the state's dict
+    except (AssertionError, KeyError, TypeError, ValueError, RuntimeError) as err:  # ModelOpt checks with assert too
         raise CheckpointError(f"{source} holds no ModelOpt quantizer state that fits this student ({err!r})",
                               fix=fix) from None
     return restored.eval()
@@ -276,29 +276,53 @@ def load_for_export(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
                    "modelopt": (modelopt or {}).get("version")}
 
 
-# Globals torch.load(weights_only=True) needs for a checkpoint of tensors, dicts and dtypes: anything else in the
-# pickle would run code on load. Checked at upload, without torch, so a bad file is refused before it is stored.
+# What a checkpoint's pickle may reference. torch.save writes pickle protocol 2 (torch.serialization's
+# DEFAULT_PROTOCOL), where a global is named only by the GLOBAL opcode, so every other way of naming or calling one
+# is refused outright; the GLOBALs must be what torch.load(weights_only=True) needs for tensors, dicts and dtypes.
+# Checked at upload, without torch, so a bad file is refused before it is stored (torch's own weights-only
+# unpickler still runs on load: this is a second wall, not the only one).
 _SAFE_MODULES = {"torch", "torch._utils", "collections"}
 _SAFE_COLLECTIONS = {"OrderedDict"}
 _SAFE_TORCH = {"Size", "device", "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
                "uint8", "bool", "float8_e4m3fn", "float8_e5m2"}
+_REFUSED_OPCODES = {"STACK_GLOBAL", "INST", "OBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4"}
+# A TorchScript archive: torch < 2.6 hands it to torch.jit.load even under weights_only=True (CVE-2025-32434).
+_TORCHSCRIPT_ENTRIES = ("/constants.pkl", "/code/")
+MAX_PICKLE_BYTES = 256 << 20  # the pickle of a checkpoint is its small metadata; the tensors are separate entries
+
+
+class UnsafeArchiveError(ValueError):
+    """A torch.save archive refused before loading: it could run code or exhaust memory."""
 
 
 def pickle_globals(path: str | os.PathLike) -> list[str]:
-    """The ``module name`` globals a torch.save archive's pickle references (read with pickletools, no torch)."""
+    """The ``module name`` globals a torch.save archive's pickle references (read with pickletools, no torch).
+
+    Raises:
+        UnsafeArchiveError: A TorchScript archive; a compressed or oversized pickle entry (torch.save stores entries
+            uncompressed: a compressed one could expand without bound); or an opcode that names or calls a global
+            other than ``GLOBAL`` (see :data:`_REFUSED_OPCODES`).
+        ValueError: Not exactly one ``data.pkl``, or a pickle that does not parse.
+    """
     with zipfile.ZipFile(path) as archive:
-        data = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+        entries = archive.infolist()
+        script = [e.filename for e in entries if any(mark in f"/{e.filename}" for mark in _TORCHSCRIPT_ENTRIES)]
+        if script:
+            raise UnsafeArchiveError(f"a TorchScript archive ({script[0]}): torch before 2.6 runs its code even "
+                                     "with weights_only=True")
+        data = [e for e in entries if e.filename.endswith("/data.pkl") or e.filename == "data.pkl"]
         if len(data) != 1:
             raise ValueError(f"expected one data.pkl in the archive, found {len(data)}")
+        if data[0].compress_type != zipfile.ZIP_STORED or data[0].file_size > MAX_PICKLE_BYTES:
+            raise UnsafeArchiveError(f"{data[0].filename} is compressed or over {MAX_PICKLE_BYTES >> 20} MiB "
+                             f"({data[0].file_size} bytes): torch.save stores it uncompressed and small")
         pickled = archive.read(data[0])
-    found, strings = [], []
+    found = []
     for op, arg, _ in pickletools.genops(pickled):
-        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
-            strings.append(arg)
-        elif op.name == "GLOBAL":
+        if op.name in _REFUSED_OPCODES:
+            raise UnsafeArchiveError(f"its pickle uses {op.name}, which torch.save (protocol 2) never writes")
+        if op.name == "GLOBAL":
             found.append(str(arg))
-        elif op.name == "STACK_GLOBAL":
-            found.append(" ".join(strings[-2:]))
     return sorted(set(found))
 
 

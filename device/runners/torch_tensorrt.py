@@ -161,14 +161,17 @@ RULES: tuple[Rule, ...] = (
          f"@v2.9.0 (only under a Debugger with save_engine_profile), @v2.13.0 and @{MAIN} (only under a Debugger)"),
     # How a ModelOpt-quantized module is exported: always inside torch.no_grad() and ModelOpt's export_torch_mode(),
     # on CUDA, and compiled inside them too. The export call itself changed with the torch of the era.
-    Rule("int8_export", (2, 3), (2, 7), "torch.export._trace._export",
+    # Before 2.5 the only quantized example is FP8 (examples/dynamo/vgg16_fp8_ptq.py@v2.3.0; impl/quantize.py is
+    # quantize_fp8): no INT8 through ModelOpt, refused by name. The _export form below is reachable only with a
+    # ModelOpt older than the 0.47 this project pins (which needs torch >= 2.8, hence Torch-TensorRT >= 2.8).
+    Rule("int8_export", (2, 5), (2, 7), "torch.export._trace._export",
          "examples/dynamo/vgg16_ptq.py@v2.5.0 and @v2.6.0 (\"torch.export.export() failed due to RuntimeError: "
          "Attempting to use FunctionalTensor on its own\": from torch.export._trace import _export; "
          "_export(model, (input_tensor,)))"),
     Rule("int8_export", (2, 7), None, "torch.export.export(strict=False)",
          f"examples/dynamo/vgg16_ptq.py@v2.7.0, @v2.8.0 and @{MAIN} (torch.export.export(model, (input_tensor,), "
          "strict=False) under export_torch_mode)"),
-    Rule("int8_needs_modelopt", (2, 3), None, "modelopt.torch.quantization",
+    Rule("int8_needs_modelopt", (2, 5), None, "modelopt.torch.quantization",
          f"py/torch_tensorrt/dynamo/conversion/aten_ops_converters.py@v2.5.0 and @{MAIN}: the converter of "
          "torch.ops.tensorrt.quantize_op registers only when modelopt.torch.quantization imports"),
 )
@@ -247,8 +250,17 @@ def read_program_versions(path: str | os.PathLike) -> ProgramVersions:
 
 
 def artifact_kind(path: str | os.PathLike) -> str:
-    """``torch-export`` for a ``.pt2`` archive, ``torch-checkpoint`` for a device checkpoint (``torch.save``'s zip),
-    as the agent classified it at upload (:func:`device.artifacts.check`), read without torch."""
+    """``torch-export`` (a ``.pt2``) or ``torch-checkpoint`` (a ``.device.pt``).
+
+    The agent stores each upload under the suffix of the kind its check found (:data:`device.store.ARTIFACT_SUFFIX`),
+    so the suffix decides: a file the check passed as a program is never unpickled as a checkpoint. A path with
+    neither suffix (the runner used directly) is read: ``models/*.json`` makes a program, ``data.pkl`` a checkpoint.
+    """
+    name = os.fspath(path)
+    if name.endswith(".device.pt"):
+        return "torch-checkpoint"
+    if name.endswith(".pt2"):
+        return "torch-export"
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -425,6 +437,11 @@ class TorchTensorRTRunner(Runner):
             self.input_chw = self._input_chw(program)
             source = {"artifact": "torch.export program", "exported_on_device": False}
         self.quantized = versions.quantized
+        if self.quantized and "int8_export" not in rules:
+            raise ConfigError(f"Torch-TensorRT {tt.__version__} has no INT8 path through ModelOpt (before 2.5 its only "
+                              "quantized example is FP8: examples/dynamo/vgg16_fp8_ptq.py@v2.3.0)",
+                              fix="install Torch-TensorRT ≥ 2.5 (JetPack 6.2: 2.8.0 via TORCH_TENSORRT=1), or measure "
+                                  "the INT8 rung on the ONNX road")
         self.precision_built = reconcile(self.precision, artifact, tt.__version__)
         self.dtype = getattr(torch, DTYPES[self.precision_built])
         gpu, capability = detect_gpu(pci_bus_id=self.pci_bus_id)

@@ -280,6 +280,7 @@ def coco_set(argument: str, train_images: int, test_images: int, size: int, seed
         for row, index in enumerate(indices):
             entry, path = entries[index], images_dir / entries[index]["file_name"]
             image = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+            progress.update()
             if image is None:
                 problems.append(f"{path} is not an image OpenCV can read")
                 continue
@@ -289,7 +290,6 @@ def coco_set(argument: str, train_images: int, test_images: int, size: int, seed
                 continue
             images[row], factor = letterbox(cv2.cvtColor(image, cv2.COLOR_BGR2RGB), size)
             scaled.append(Boxes(boxes[index].xyxy * factor, boxes[index].labels))
-            progress.update()
         splits[name] = DetectionSplit(images, scaled)
     progress.close()
     if problems:

@@ -137,3 +137,54 @@ def test_a_zip_that_is_neither_program_nor_checkpoint_is_refused_at_upload(tmp_p
     with pytest.raises(ArtifactError, match="neither a torch.export archive .* nor a torch.save checkpoint") as err:
         check(path, sha, sha, path.stat().st_size)
     assert err.value.status == 422 and ".device.pt" in err.value.fix
+
+
+def _zip_with_pickle(path, pickled: bytes, extra: dict[str, bytes] | None = None, compress=None):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=compress or zipfile.ZIP_STORED) as archive:
+        archive.writestr("ckpt/data.pkl", pickled)
+        archive.writestr("ckpt/version", b"3\n")
+        for name, data in (extra or {}).items():
+            archive.writestr(name, data)
+    return path
+
+
+@pytest.mark.parametrize("what,pickled,extra,compress,refused", [
+    # INST: names os.system inside the opcode itself, no GLOBAL at all.
+    ("INST", b"(S'true'\nios\nsystem\n.", None, None, "uses INST"),
+    # STACK_GLOBAL: the callable's names come from the memo, not the last two strings pushed.
+    ("STACK_GLOBAL", b"\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x8c\x05torch\x8c\x04Size\x86\x94h\x00h\x01\x93.",
+     None, None, "uses STACK_GLOBAL"),
+    ("TorchScript", b"\x80\x02}q\x00.", {"ckpt/constants.pkl": b"\x80\x02).", "ckpt/code/m.py": b"x = 1"}, None,
+     "TorchScript archive"),
+    ("compressed", b"\x80\x02}q\x00." + b"N0" * 4096 + b".", None, 8, "compressed"),
+])
+def test_a_checkpoint_upload_that_could_run_code_or_blow_up_is_refused(tmp_path, what, pickled, extra, compress,
+                                                                       refused):
+    """The agent's upload check reads the pickle without torch: every way of naming a callable other than torch.save's
+    own GLOBALs, a TorchScript archive (torch < 2.6 runs it under weights_only) and a compressed pickle (a zip bomb)."""
+    from device.artifacts import ArtifactError, check
+    from device.files import sha256_file
+
+    path = _zip_with_pickle(tmp_path / f"{what}.pt", pickled, extra, compress)
+    sha = sha256_file(path)
+    with pytest.raises(ArtifactError, match=refused) as err:
+        check(path, sha, sha, path.stat().st_size)
+    assert err.value.status == 422 and ".device.pt" in err.value.fix
+
+
+def test_the_runner_reads_an_artifact_as_the_kind_the_agent_stored_it_as(tmp_path, checkpoints):
+    """A file the upload check passed as a program (stored as .pt2) is never unpickled as a checkpoint, whatever
+    else its zip holds."""
+    import shutil
+
+    _, float_path, _, _ = checkpoints
+    disguised = tmp_path / "0123.pt2"
+    shutil.copy(float_path, disguised)
+    assert artifact_kind(disguised) == "torch-export" and artifact_kind(tmp_path / "x.device.pt") == "torch-checkpoint"
+
+
+def test_releases_before_2_5_have_no_int8_rung():
+    assert "int8_export" not in rules_for("2.4.0") and "int8_needs_modelopt" not in rules_for("2.3.0")
+    assert rules_for("2.5.0")["int8_export"].since == (2, 5)
