@@ -148,6 +148,11 @@ class DetectionDeployStage(Stage):
         _ratios(outcome["rungs"])
         return outcome
 
+    def summary(self, metrics):
+        return (f"{metrics['jobs_succeeded']}/{metrics['jobs']} rungs measured in {metrics.get('rounds', 1)} "
+                f"interleaved rounds ({metrics.get('windows_reused', 0)} windows reused) on "
+                + ", ".join(f"{name} ({status})" for name, status in metrics["devices"].items()))
+
     @staticmethod
     def _job(ctx, client, device, rung: str, path: Path, spec: dict, round_index: int, ladder, runtime: str,
              cached: Path, write_json_atomic) -> dict[str, Any]:
@@ -232,12 +237,6 @@ def _ratios(rungs: dict[str, dict[str, Any]]) -> None:
         ratio, low, high = ratio_interval(windows, reference["latency_p50_windows_ms"][batch])
         entry["vs_student"] = {"batch": batch, "ratio": ratio, "low": low, "high": high,
                                "significant": significant(low, high)}
-
-
-    def summary(self, metrics):
-        return (f"{metrics['jobs_succeeded']}/{metrics['jobs']} rungs measured in {metrics.get('rounds', 1)} "
-                f"interleaved rounds ({metrics.get('windows_reused', 0)} windows reused) on "
-                + ", ".join(f"{name} ({status})" for name, status in metrics["devices"].items()))
 
 
 DETECTION_STAGES.add(DetectionDeployStage.name, DetectionDeployStage())

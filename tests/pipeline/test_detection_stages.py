@@ -181,7 +181,7 @@ def test_every_rung_is_timed_in_interleaved_rounds_with_its_ratio_to_the_fp32_st
     assert f"median over {rounds} interleaved round(s)" in report and "× FP32 student [95% CI]" in report
 
 
-def test_a_second_run_reuses_every_measured_window(det_run, tmp_path):
+def test_a_second_run_reuses_every_measured_window(det_run, tmp_path, capfd):
     """The deploy stage always runs, but a round of a rung already measured with the same artifact, agent, code and
     job is read back from the run's deploy cache, not measured again."""
     import shutil
@@ -195,6 +195,9 @@ def test_a_second_run_reuses_every_measured_window(det_run, tmp_path):
                        overrides=manifest.get("overrides") or {})
     deploy = ctx.manifest.stage("deploy")["metrics"]
     assert deploy["windows_reused"] == deploy["rounds"] * deploy["jobs"] and deploy["jobs_succeeded"] == deploy["jobs"]
+    logged = capfd.readouterr().err
+    assert (f"{deploy['jobs']}/{deploy['jobs']} rungs measured in {deploy['rounds']} interleaved rounds "
+            f"({deploy['windows_reused']} windows reused)") in logged, "the stage's own summary line"
 
 
 
