@@ -21,7 +21,8 @@ BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "
 SCORED_TEXT = ("Host mAP: the teacher through torchvision's post-processing, the others through ONNX Runtime and the "
                "device's decode + NMS (device/detection_post.py); device mAP, AP50 and AP75: the engine that was timed, "
                "decoded on the device. Intervals: 95% bootstrap over images, bias-corrected (mAP's resamples sit "
-               "above the point, so the interval is moved down by as much). The network's time and the decode + NMS "
+               "above the point, so the interval is moved down by as much; plain percentile when nearly all sit on "
+               "one side). The network's time and the decode + NMS "
                "time are per image over the evaluation pass; p50 is each timed window's median per call, then its "
                "median over the interleaved rounds with a bootstrap interval; the ratio to the FP32 student is "
                "paired by round.")
@@ -143,9 +144,31 @@ def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: di
     if changes:
         sections.append(Section("INT8 fold, per class (AP change in points, paired bootstrap 95% CI, "
                                 "Holm-corrected)", [Table(class_rows(changes))]))
+    profiles = layer_profiles(deploy)
+    if profiles:
+        from pipeline.report import time_section  # the classification report's section, on the same entries
+
+        sections.append(time_section({"layer_profiles": profiles}))
     if figures is not None:
         sections.append(Section("Plots", list(figures.values())))
     return sections
+
+
+def layer_profiles(deploy: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rung × device, round 1's per-layer profile or why there is none, shaped as the classification
+    report's "Where the time goes" reads them (:func:`pipeline.report.layer_profiles`); none for a run deployed
+    before profiles were kept."""
+    entries = []
+    for device in deploy.get("devices", []):
+        for rung, measured in device.get("rungs", {}).items():
+            if measured.get("state") != "succeeded" or "profile" not in measured:
+                continue
+            profile = measured["profile"]
+            entries.append({"device": device["name"], "rung": rung, "runtime": measured.get("runtime"),
+                            "status": "measured" if profile else "not measured", "profile": profile,
+                            "reason": None if profile else (measured.get("profile_note")
+                                                            or "the agent recorded no per-layer profile")})
+    return entries
 
 
 def title(name: str) -> str:

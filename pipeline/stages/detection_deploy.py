@@ -213,6 +213,9 @@ class DetectionDeployStage(Stage):
                                 "rounds": len(windows[batch])},
                 "rounds_failed": [e.get("error") for e in rounds if e["state"] != "succeeded"],
                 "reused_rounds": sum(1 for e in rounds if e.get("reused")),
+                # Round 1's per-layer profile of the engine it timed (or why there is none), for "where the time goes".
+                "profile": result.profile, "profile_note": result.runtime.profile_note,
+                "runtime": result.runtime.name,
                 "network_ms_per_image": 1e3 * result.evaluation.network_s / count,
                 "postprocess_ms_per_image": 1e3 * result.evaluation.postprocess_s / count,
                 "evaluation_batch": result.evaluation.batch_size}

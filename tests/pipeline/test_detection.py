@@ -168,6 +168,10 @@ def test_the_bias_corrected_interval_undoes_a_shift_of_the_draws():
     centred = rng.normal(0.0, 1.0, 20000)
     assert np.allclose(bias_corrected_interval(centred, 0.0), np.percentile(centred, [2.5, 97.5]), atol=0.06)
     assert np.isnan(bias_corrected_interval(np.array([np.nan]), 0.3)[0])
+    # Nearly every draw above the point: BC would collapse onto the top draws; the percentile interval is kept.
+    lopsided = rng.normal(3.0, 1.0, 20000)
+    low, high = bias_corrected_interval(lopsided, 0.0)
+    assert (low, high) == pytest.approx(tuple(np.percentile(lopsided, [2.5, 97.5]))) and high - low > 3.5
 
 
 def test_map_intervals_are_bias_corrected_against_draws_that_sit_above_the_point():

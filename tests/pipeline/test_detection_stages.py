@@ -48,7 +48,7 @@ def det_run(repo, tmp_path_factory):
     runs = tmp_path_factory.mktemp("det-runs")
     overrides = {"data.train_images": 512, "teacher.train.epochs": 4, "teacher.train.lr": 0.003,
                  "distill.train.epochs": 1, "quantize.resamples": 50, "deploy.resamples": 50,
-                 "deploy.iterations": 5, "deploy.warmup_iterations": 1, "deploy.profile": False}
+                 "deploy.iterations": 5, "deploy.warmup_iterations": 1}
     ctx = run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=runs, new=True, overrides=overrides)
     manifest = json.loads(next(runs.glob("tiny-det/*/manifest.json")).read_text())
     return ctx.run_dir, manifest
@@ -179,6 +179,22 @@ def test_every_rung_is_timed_in_interleaved_rounds_with_its_ratio_to_the_fp32_st
             ratio_interval(measured["latency_p50_windows_ms"]["1"], student))
     report = (run_dir / manifest["stages"]["report"]["outputs"]["markdown"]).read_text()
     assert f"median over {rounds} interleaved round(s)" in report and "× FP32 student [95% CI]" in report
+
+
+def test_the_report_says_where_each_rungs_time_goes_from_the_engine_it_timed(det_run):
+    """Round 1's per-layer profile (ONNX Runtime's profiler on the loopback agent) reaches the record and the
+    report's "Where the time goes", one table per rung, its layers the profile's own."""
+    run_dir, manifest = det_run
+    (device,) = json.loads((run_dir / manifest["stages"]["deploy"]["outputs"]["results"]).read_text())["devices"]
+    report = (run_dir / manifest["stages"]["report"]["outputs"]["markdown"]).read_text()
+    assert "## Where the time goes" in report
+    for rung, measured in device["rungs"].items():
+        profile = measured["profile"]
+        assert profile is not None, measured.get("profile_note")
+        table = min(profile["batches"], key=lambda b: b["batch_size"])
+        assert table["layers"] and table["total_ms"] > 0
+        assert f"### {rung} on loopback (onnxruntime" in report
+        assert table["layers"][0]["name"] in report  # the costliest layer is in its table
 
 
 def test_a_second_run_reuses_every_measured_window(det_run, tmp_path, capfd):
