@@ -189,6 +189,16 @@ def bootstrap_draws(images: int, statistic, resamples: int, seed: int) -> np.nda
     return np.atleast_2d(result.bootstrap_distribution).T
 
 
+def resampled_summary(matches: Matches, picked: np.ndarray, full: np.ndarray) -> dict[str, Any]:
+    """:func:`summary` of a resample, every class of the full set counted: a class the resample drew no box of
+    keeps its full-set AP (``full``, the T×K table of all images). Otherwise a draw averages fewer classes than the
+    point does, and losing a weak detector's rare class (AP 0) raised the mean."""
+    ap = accumulate(matches, picked)
+    lost = np.isnan(ap) & ~np.isnan(full)
+    ap[lost] = full[lost]
+    return summary(ap)
+
+
 def bias_corrected_interval(draws: np.ndarray, point: float, level: float = 0.95) -> tuple[float, float]:
     """The bias-corrected (BC) percentile interval of ``point`` from its bootstrap ``draws`` (NaN draws left out).
 
@@ -242,7 +252,8 @@ def evaluate(truth: Sequence[Boxes], detections: Sequence[Boxes], classes: Seque
             raise StageError(f"detection metrics: {key} {mine:.6f} re-accumulated vs {reference[key]:.6f} from COCOeval",
                              fix="report this: the per-image matching differs from COCOeval's")
     out: dict[str, Any] = {**point, "images": len(truth), "resamples": resamples}
-    draws = bootstrap_draws(len(truth), lambda picked: [summary(accumulate(matches, picked))[key]
+    full = accumulate(matches)
+    draws = bootstrap_draws(len(truth), lambda picked: [resampled_summary(matches, picked, full)[key]
                                                         for key in ("map", "ap50", "ap75")], resamples, seed)
     for column, key in enumerate(("map", "ap50", "ap75")):
         out[f"{key}_low"], out[f"{key}_high"] = bias_corrected_interval(draws[:, column], point[key])

@@ -188,3 +188,22 @@ def test_map_intervals_are_bias_corrected_against_draws_that_sit_above_the_point
     assert scores["map_low"] < plain_low and scores["map_high"] < plain_high
     middle, plain_middle = (scores["map_low"] + scores["map_high"]) / 2, (plain_low + plain_high) / 2
     assert middle == pytest.approx(plain_middle - 2 * bias, abs=0.5 * bias)
+
+
+def test_a_resample_that_loses_a_rare_class_still_averages_every_class():
+    """One box of class 2 in the whole set, never found (AP 0): a resample without its image used to average the
+    other classes alone, a jump up; it now keeps class 2's full-set AP."""
+    from pipeline.detection_metrics import class_ap, resampled_summary
+
+    truth, detections = _random_scene(np.random.default_rng(2), images=60)
+    truth = [Boxes(t.xyxy, np.where(t.labels == 2, 1, t.labels)) for t in truth]
+    truth[5] = Boxes(np.vstack([truth[5].xyxy, [[1, 1, 9, 9]]]), np.append(truth[5].labels, 2))  # the rare box
+    detections = [Boxes(d.xyxy, np.where(d.labels == 2, 1, d.labels), d.scores) for d in detections]
+    matches = match(truth, detections, len(CLASSES))
+    full = accumulate(matches)
+    assert class_ap(full)[2] == 0.0
+    without = np.array([i for i in range(60) if i != 5] * 2)[:60]  # a resample that never draws image 5
+    dropped = summary(accumulate(matches, without))["map"]  # class 2 left out of the mean
+    kept = resampled_summary(matches, without, full)
+    assert np.isnan(class_ap(accumulate(matches, without))[2]) and kept["per_class_ap"][2] == 0.0
+    assert kept["map"] == pytest.approx(dropped * 2 / 3, rel=1e-9)  # the same two classes' APs, over three
