@@ -17,8 +17,7 @@ from torch import nn
 from device.errors import CheckpointError
 from device.files import atomic_writer
 # The format and its reading live in device/: the device rebuilds a rung from its checkpoint on its own torch.
-from device.torch_checkpoint import (FORMAT, apply_structure, capture_structure, load_checkpoint,  # noqa: F401
-                                     torch_load)
+from device.torch_checkpoint import FORMAT, capture_structure, load_checkpoint, torch_load  # noqa: F401
 from pipeline import distributed
 from pipeline.models import ARCHITECTURES
 

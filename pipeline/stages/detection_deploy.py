@@ -101,7 +101,7 @@ class DetectionDeployStage(Stage):
     def _device(self, ctx, device, loopback, artifacts, sizes, sets, test, count, ladder) -> dict[str, Any]:
         from device.client import AgentClient
         from device.errors import EdgeFoldError
-        from device.files import sha256_file, write_json_atomic
+        from device.files import sha256_file
         from pipeline.codehash import code_sha256
         from pipeline.detection_export import sidecar_path
         from pipeline.jobs import choose_runtime
@@ -139,7 +139,7 @@ class DetectionDeployStage(Stage):
                         key = sha256_json({"agent": device.url or "loopback", "code": code, "round": round_index,
                                            "spec": spec})
                         records[rung].append(self._job(ctx, client, device, rung, path, spec, round_index, ladder,
-                                                       runtime, cache / f"{key}.json", write_json_atomic))
+                                                       runtime, cache / f"{key}.json"))
         except EdgeFoldError as err:  # an unreachable or failing device is recorded, as classification's deploy does
             outcome.update(status="failed", error=str(err))
         for rung, rounds in records.items():
@@ -155,18 +155,19 @@ class DetectionDeployStage(Stage):
 
     @staticmethod
     def _job(ctx, client, device, rung: str, path: Path, spec: dict, round_index: int, ladder, runtime: str,
-             cached: Path, write_json_atomic) -> dict[str, Any]:
+             cached: Path) -> dict[str, Any]:
         """One round of one rung: the agent's job (or its cached record, when the same artifact, agent, code and
-        job were measured before), as ``{"state", "job", "reused"}``."""
+        job were measured before), as ``{"state", "result", "job_id", "reused"}``, the result parsed once here."""
+        from device.files import write_json_atomic
         from device.schema import parse_result
 
         if cached.is_file():
             try:
                 record = json.loads(cached.read_text())
-                parse_result(record["result"], str(cached))  # written by another version: measured again
+                result = parse_result(record["result"], str(cached))  # written by another version: measured again
                 ctx.log(f"[  deploy] {device.name}: {rung} round {round_index + 1} reused (same artifact, device and "
                         "job)")
-                return {"state": "succeeded", "job": record, "reused": True}
+                return {"state": "succeeded", "result": result, "job_id": record["id"], "reused": True}
             except Exception:  # noqa: BLE001 (a torn or foreign cache entry is measured again, never a crash)
                 cached.unlink(missing_ok=True)
         client.upload(path)
@@ -178,21 +179,21 @@ class DetectionDeployStage(Stage):
                           timeout_s=ctx.recipe.deploy.timeout_s)
         if job["state"] != "succeeded":
             return {"state": job["state"], "error": job.get("error")}
+        result = parse_result(job["result"], f"{rung} round {round_index + 1} on {device.name}")
         write_json_atomic(cached, {"id": job["id"], "result": job["result"]}, sort_keys=True)
-        return {"state": "succeeded", "job": {"id": job["id"], "result": job["result"]}, "reused": False}
+        return {"state": "succeeded", "result": result, "job_id": job["id"], "reused": False}
 
     @staticmethod
     def _rung(rung: str, rounds: list[dict[str, Any]], test, count: int, sizes, ladder, cfg) -> dict[str, Any]:
         """A rung's record: round 1's scores (device mAP through its own decode + NMS) and timings, and every round's
         network p50 with the median's interval over rounds."""
-        from device.schema import parse_result
         from pipeline.detection_metrics import evaluate
         from pipeline.stats import median_interval
 
         first = rounds[0]
         if first["state"] != "succeeded":
             return {"state": first["state"], "error": first.get("error")}
-        result = parse_result(first["job"]["result"], f"{rung} round 1")
+        result = first["result"]
         if result.evaluation is None or result.evaluation.detections is None:
             return {"state": "failed", "error": "the agent returned no detections: it predates result schema 2.5 "
                                                 "(upgrade the agent to this EdgeFold)"}
@@ -202,11 +203,11 @@ class DetectionDeployStage(Stage):
         windows = {}
         for entry in rounds:
             if entry["state"] == "succeeded":
-                for run in parse_result(entry["job"]["result"], rung).runs:
+                for run in entry["result"].runs:
                     windows.setdefault(run.batch_size, []).append(run.latency_p50_ms)
         batch = min(windows)
         median, low, high = median_interval(windows[batch])
-        return {"state": "succeeded", "job_id": first["job"]["id"], "precision": result.runtime.precision,
+        return {"state": "succeeded", "job_id": first["job_id"], "precision": result.runtime.precision,
                 "scores": scores, "latency_p50_ms": {b: float(np.median(v)) for b, v in windows.items()},
                 "latency_p50_windows_ms": {b: v for b, v in windows.items()},
                 "network_p50": {"batch": batch, "median_ms": median, "low_ms": low, "high_ms": high,

@@ -47,9 +47,19 @@ def checkpoints(tmp_path_factory):
     return model, float_path, int8_path, images
 
 
-def test_a_device_checkpoint_is_told_from_a_program_without_torch(checkpoints, program):  # noqa: F811
+def test_a_device_checkpoint_is_told_from_a_program_without_torch(tmp_path, checkpoints, program):  # noqa: F811
+    """By its stored suffix, and, under a name that says nothing, by what its zip holds."""
+    import shutil
+
     _, float_path, _, _ = checkpoints
     assert artifact_kind(float_path) == "torch-checkpoint" and artifact_kind(program[1]) == "torch-export"
+    shutil.copy(float_path, tmp_path / "a.bin")
+    shutil.copy(program[1], tmp_path / "b.bin")
+    assert artifact_kind(tmp_path / "a.bin") == "torch-checkpoint"
+    assert artifact_kind(tmp_path / "b.bin") == "torch-export"
+    (tmp_path / "c.bin").write_text("not a zip")
+    with pytest.raises(DeviceError, match="not a zip archive"):
+        artifact_kind(tmp_path / "c.bin")
 
 
 @pytest.mark.parametrize("version", ["2.5.0", "2.14.0"])
