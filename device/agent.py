@@ -10,7 +10,9 @@ JSON can carry: what the client sent is named, never echoed (it may be NaN or a 
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import hashlib
 import hmac
 import logging
 import os
@@ -25,7 +27,7 @@ from typing import Any, Literal
 
 import fastapi
 import yaml
-from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
@@ -48,6 +50,9 @@ from device.store import Store
 
 log = logging.getLogger("edgefold.agent")
 TOKEN_ENV = "EDGEFOLD_AGENT_TOKEN"
+MAX_WAIT_S = 30.0  # the longest long poll (GET /v1/jobs/{id}?wait=); a client's read timeout must exceed it
+LONG_POLL_TICK_S = 0.05
+STARTUP_FAILURE = 3  # uvicorn's exit status when the server never started
 MAX_JOB_BYTES = 64 << 10  # a job spec is well under 2 KiB; more is a mistake or an attack, refused unread (413)
 
 
@@ -372,12 +377,31 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
     def list_jobs(state: JobState | None = None, limit: int = Query(100, ge=1, le=1000)) -> list[Job]:
         return store.list(state=state, limit=limit)
 
-    @app.get("/v1/jobs/{job_id}", response_model=Job, dependencies=auth, responses=errors, tags=["jobs"])
-    def get_job(job_id: str) -> Job:
-        job = store.get(job_id)
-        if job is None:
-            raise fastapi.HTTPException(404, f"no job {safe_text(job_id, 100)!r}")
-        return job
+    @app.get("/v1/jobs/{job_id}", response_model=Job, dependencies=auth, tags=["jobs"],
+             responses={**errors, 304: {"description": "unchanged: the If-None-Match ETag is still the job's (after "
+                                                       "waiting up to `wait` seconds for a change)"}})
+    async def get_job(request: Request, response: Response, job_id: str,
+                      wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S, description=(
+                          "with If-None-Match: hold the request up to this many seconds until the job changes "
+                          "(state, progress, result), then answer at once (a long poll)")),
+                      if_none_match: str | None = Header(None)) -> Job | Response:
+        """A job. Its ``ETag`` changes whenever the job does; send it back as ``If-None-Match`` with ``wait``
+        to be answered as soon as the job changes (304 when it did not within ``wait`` seconds)."""
+        deadline = time.monotonic() + wait
+        while True:
+            changes = store.job_changes
+            job = await run_in_threadpool(store.get, job_id)
+            if job is None:
+                raise fastapi.HTTPException(404, f"no job {safe_text(job_id, 100)!r}")
+            etag = job_etag(job)
+            if if_none_match != etag:
+                response.headers["ETag"] = etag
+                return job
+            if job.state in FINISHED or time.monotonic() >= deadline or _exiting(request):
+                return Response(status_code=304, headers={"ETag": etag})
+            # Compared in memory at 20 Hz: nothing is read from the database until some job changed.
+            while store.job_changes == changes and time.monotonic() < deadline and not _exiting(request):
+                await asyncio.sleep(LONG_POLL_TICK_S)
 
     @app.delete("/v1/jobs/{job_id}", response_model=Job, dependencies=auth,
                 responses={**errors, 409: {"model": ErrorBody}}, tags=["jobs"])
@@ -397,6 +421,17 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
 
     app.state.store, app.state.executor, app.state.config = store, executor, config
     return app
+
+
+def job_etag(job: Job) -> str:
+    """A strong ETag of the job as served: it changes with its state, progress, error and result."""
+    return '"' + hashlib.sha256(job.model_dump_json().encode()).hexdigest()[:32] + '"'
+
+
+def _exiting(request: Request) -> bool:
+    """Whether uvicorn is shutting down: a held long poll answers then, or shutdown would wait it out."""
+    server = getattr(request.app.state, "server", None)
+    return bool(server is not None and server.should_exit)
 
 
 def _disk_full(data_dir: Path, needed: int | None, written: int) -> ArtifactError:
@@ -419,4 +454,12 @@ def serve(config: AgentConfig) -> None:
     # ONNX Runtime under the board's name says so before it serves anything.
     print(runtime_banner(describe_device()), file=sys.stderr, flush=True)
     app = create_app(config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                           access_log=False))
+    app.state.server = server  # its should_exit ends held long polls at shutdown
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    if not server.started:  # what uvicorn.run does: a port in use, a failed startup
+        sys.exit(STARTUP_FAILURE)

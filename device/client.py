@@ -21,6 +21,7 @@ from device.files import sha256_file
 from device.schema import FINISHED, JobResult, JobSpec, describe_problems, field_problems
 
 CHUNK = 1 << 20
+LONG_POLL_S = 10.0  # the longest a wait() request is held by the agent (its limit: device.agent.MAX_WAIT_S)
 
 
 class AgentError(StatusError):
@@ -81,6 +82,7 @@ class AgentClient:
         httpx = require("httpx", "httpx", "pip install 'edgefold[device]'")
         self.url = url.rstrip("/")
         self._httpx = httpx
+        self._timeout_s = timeout_s
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
                                   headers={"Authorization": f"Bearer {token}"})
 
@@ -196,29 +198,42 @@ class AgentClient:
 
     def wait(self, job_id: str, timeout_s: float = 3600.0, poll_s: float = 0.5,
              on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """Polls until the job finishes; ``on_progress`` sees each change of state or progress.
+        """Waits until the job finishes; ``on_progress`` sees each change of state or progress.
+
+        Long-polls: each request is held by the agent until the job changes (its ETag), so a finished job is
+        seen at once and an idle wait costs one request per :data:`LONG_POLL_S`. An agent that sends no ETag
+        (before long polls) is polled every ``poll_s`` seconds instead.
 
         Raises:
             JobTimeoutError: When ``timeout_s`` passes first; the job goes on on the agent until cancelled.
             AgentError: When the agent refuses or cannot be reached.
         """
         deadline = time.monotonic() + timeout_s
-        seen = None
+        seen, job, etag = None, None, None
         while True:
-            job = self.job(job_id)
-            marker = (job["state"], job.get("progress"))
-            if on_progress and marker != seen:
-                on_progress(job)
-                seen = marker
-            if job["state"] in FINISHED:
-                return job
+            remaining = deadline - time.monotonic()
+            if etag is None:
+                response = self._request("GET", f"/v1/jobs/{job_id}")
+            else:  # held until the job changes; within this client's read timeout
+                hold = max(0.0, min(LONG_POLL_S, self._timeout_s / 2, remaining))
+                response = self._request("GET", f"/v1/jobs/{job_id}", params={"wait": f"{hold:.3f}"},
+                                         headers={"If-None-Match": etag})
+            if response.status_code != 304:  # 304: unchanged, the job we hold is still the job
+                job, etag = response.json(), response.headers.get("etag")
+                marker = (job["state"], job.get("progress"))
+                if on_progress and marker != seen:
+                    on_progress(job)
+                    seen = marker
+                if job["state"] in FINISHED:
+                    return job
             if time.monotonic() > deadline:
                 raise JobTimeoutError(
                     f"job {job_id} on {self.url} still {job['state']} after waiting {timeout_s:g} s",
                     fix=f"cancel it (AgentClient.cancel, DELETE /v1/jobs/{job_id}): it holds the agent's queue; a "
                         f"hung runtime shows in the agent's DATA_DIR/jobs/{job_id}/log.txt, a slow model needs a "
                         "longer timeout (deploy.job_timeout_s)", job_id=job_id)
-            time.sleep(poll_s)
+            if etag is None:
+                time.sleep(poll_s)
 
     def benchmark(self, path: str | os.PathLike, timeout_s: float = 3600.0, verbose: bool = False,
                   **spec: Any) -> dict[str, Any]:

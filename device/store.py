@@ -11,6 +11,7 @@ or unencodable text in a stored result are read as ``null`` / escaped text.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -77,9 +78,16 @@ class Store:
         self.db_path = self.root / "agent.db"
         self._lock = threading.Lock()
         self.finished_total: dict[str, int] = {}  # every terminal transition this process made, by state
+        # Bumped by every write to a job row: a long-polling GET compares it in memory instead of reading the
+        # database at its poll rate (this process is the database's only writer).
+        self._change_numbers = itertools.count(1)  # next() is atomic: the API's threads and the executor's share it
+        self.job_changes = 0
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA)
+
+    def _changed(self) -> None:
+        self.job_changes = next(self._change_numbers)
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -162,6 +170,7 @@ class Store:
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
             db.execute("INSERT INTO jobs (id, state, spec, created_at, seq) VALUES (?, 'queued', ?, ?, ?)",
                        (job_id, spec.model_dump_json(), time.time(), seq))
+        self._changed()
         return self.get(job_id)
 
     def get(self, job_id: str) -> Job | None:
@@ -216,6 +225,7 @@ class Store:
                 raise
             for _ in range(failed):
                 self._count("failed")
+            self._changed()
         if row is None:
             return None
         return Job(id=row["id"], state="running", spec=spec, created_at=row["created_at"], started_at=started)
@@ -228,6 +238,7 @@ class Store:
         with self._connect() as db:
             db.execute("UPDATE jobs SET progress = ? WHERE id = ? AND state = 'running'",
                        (safe_text(progress, 500), job_id))
+        self._changed()
 
     def finish(self, job_id: str, state: str, result: dict[str, Any] | None = None, error: str | None = None) -> bool:
         """Records a job's end; False when it had already finished (e.g. cancelled meanwhile).
@@ -245,6 +256,7 @@ class Store:
                 (state, time.time(), stored, safe_text(error) if error is not None else None, job_id))
             if cursor.rowcount == 1:
                 self._count(state)
+                self._changed()
         return cursor.rowcount == 1
 
     def running_pids(self) -> list[tuple[str, int | None]]:

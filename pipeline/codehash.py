@@ -41,14 +41,31 @@ def imported_modules(name: str, root: Path | None = None) -> set[str]:
     path = module_path(name, root)
     if path is None:
         return set()
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = name if _is_package(path) else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for candidates in _import_candidates(name, path):
+        existing = next((c for c in candidates if module_path(c, root)), None)
+        if existing is not None:
+            found.add(existing)
+    found.discard(name)
+    return found
+
+
+# Parsed once per module name and source text: every stage of every run walks much the same closure, and the
+# parse was half a second per stage. Which candidates exist is looked up each time (a module may appear later).
+_CANDIDATES: dict[tuple[str, bytes], tuple[tuple[str, ...], ...]] = {}
+
+
+def _import_candidates(name: str, path: Path) -> tuple[tuple[str, ...], ...]:
+    """Per import in the source: the module names it may mean, the first existing one wins."""
+    source = path.read_bytes()
+    key = (name, hashlib.sha256(source).digest())
+    if key in _CANDIDATES:
+        return _CANDIDATES[key]
+    package = name if _is_package(path) else name.rpartition(".")[0]
+    found: list[tuple[str, ...]] = []
+    for node in ast.walk(ast.parse(source, filename=str(path))):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                if module_path(alias.name, root):
-                    found.add(alias.name)
+            found.extend((alias.name,) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: from .x import y
                 parts = package.split(".")
@@ -56,14 +73,9 @@ def imported_modules(name: str, root: Path | None = None) -> set[str]:
                 base = f"{anchor}.{node.module}" if node.module else anchor
             else:
                 base = node.module or ""
-            for alias in node.names:
-                submodule = f"{base}.{alias.name}"
-                if module_path(submodule, root):
-                    found.add(submodule)
-                elif module_path(base, root):
-                    found.add(base)
-    found.discard(name)
-    return found
+            found.extend((f"{base}.{alias.name}", base) for alias in node.names)
+    _CANDIDATES[key] = tuple(found)
+    return _CANDIDATES[key]
 
 
 def closure(roots: Iterable[str], root: Path | None = None) -> list[str]:

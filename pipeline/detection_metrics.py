@@ -15,7 +15,7 @@ as the classification report does with McNemar's test.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -62,10 +62,27 @@ class Matches:
     scores: list[list[np.ndarray]]     # [image][class] → (n,)
     true_positive: list[list[np.ndarray]]  # [image][class] → (T, n) bool
     boxes: np.ndarray                  # (images, classes) ground-truth count
+    _ranked: list[tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def images(self) -> int:
         return len(self.scores)
+
+    def ranked(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Class ``k``'s detections of every image in one ranking (score descending; ties in image order, as
+        COCOeval's stable sort leaves them): each one's image index (n,) and true-positive flags (T, n)."""
+        if self._ranked is None:
+            ranked = []
+            for c in range(self.boxes.shape[1]):
+                scores = np.concatenate([np.zeros(0)] + [per[c] for per in self.scores])
+                image = np.concatenate([np.zeros(0, np.int64)] + [np.full(len(per[c]), i, np.int64)
+                                                                  for i, per in enumerate(self.scores)])
+                tp = np.concatenate([np.zeros((len(IOU_THRESHOLDS), 0), bool)] + [per[c] for per in self.true_positive],
+                                    axis=1)
+                order = np.argsort(-scores, kind="mergesort")
+                ranked.append((image[order], tp[:, order]))
+            self._ranked = ranked
+        return self._ranked[k]
 
 
 def match(truth: Sequence[Boxes], detections: Sequence[Boxes], classes: int,
@@ -107,28 +124,34 @@ def match(truth: Sequence[Boxes], detections: Sequence[Boxes], classes: int,
 
 def accumulate(matches: Matches, images: np.ndarray | None = None) -> np.ndarray:
     """AP per IoU threshold and class (T×K; NaN for a class with no boxes) over ``images`` (indices, with
-    repeats for a resample; all by default), interpolated as COCOeval's accumulate()."""
-    images = np.arange(matches.images) if images is None else images
+    repeats for a resample; all by default), interpolated as COCOeval's accumulate().
+
+    A resample weighs each image by how often it was drawn instead of concatenating its copies: the cumulative
+    counts at each detection are the same, and a copy's own point on the curve (between two of its drawn
+    copies) never sets the interpolated precision, which is the running maximum to its right.
+    """
+    weight = np.ones(matches.images) if images is None else np.bincount(images, minlength=matches.images)
     classes = matches.boxes.shape[1]
     ap = np.full((len(IOU_THRESHOLDS), classes), np.nan)
+    totals = weight @ matches.boxes
     for k in range(classes):
-        total = int(matches.boxes[images, k].sum())
-        if total == 0:
+        if totals[k] == 0:
             continue
-        scores = np.concatenate([matches.scores[i][k] for i in images])
-        tp = np.concatenate([matches.true_positive[i][k] for i in images], axis=1)
-        order = np.argsort(-scores, kind="mergesort")
-        tp = tp[:, order]
-        tp_sum, fp_sum = np.cumsum(tp, axis=1, dtype=np.float64), np.cumsum(~tp, axis=1, dtype=np.float64)
-        for t in range(len(IOU_THRESHOLDS)):
-            recall = tp_sum[t] / total
-            precision = tp_sum[t] / (tp_sum[t] + fp_sum[t] + np.spacing(1))
-            precision = np.maximum.accumulate(precision[::-1])[::-1]  # COCO's right-to-left envelope
-            where = np.searchsorted(recall, RECALL_POINTS, side="left")
-            q = np.zeros(len(RECALL_POINTS))
-            valid = where < len(precision)
-            q[valid] = precision[where[valid]]
-            ap[t, k] = q.mean()
+        image, tp = matches.ranked(k)
+        drawn = weight[image]
+        kept = drawn > 0
+        drawn, tp = drawn[kept], tp[:, kept]
+        tp_sum, fp_sum = np.cumsum(tp * drawn, axis=1), np.cumsum(~tp * drawn, axis=1)
+        recall = tp_sum / totals[k]
+        precision = tp_sum / (tp_sum + fp_sum + np.spacing(1))
+        precision = np.maximum.accumulate(precision[:, ::-1], axis=1)[:, ::-1]  # COCO's right-to-left envelope
+        ranked = precision.shape[1]
+        if not ranked:  # boxes but no detection of the class
+            ap[:, k] = 0.0
+            continue
+        where = np.stack([np.searchsorted(row, RECALL_POINTS, side="left") for row in recall])
+        reached = np.take_along_axis(precision, np.minimum(where, ranked - 1), axis=1)
+        ap[:, k] = np.where(where < ranked, reached, 0.0).mean(axis=1)
     return ap
 
 
@@ -253,8 +276,11 @@ def evaluate(truth: Sequence[Boxes], detections: Sequence[Boxes], classes: Seque
                              fix="report this: the per-image matching differs from COCOeval's")
     out: dict[str, Any] = {**point, "images": len(truth), "resamples": resamples}
     full = accumulate(matches)
-    draws = bootstrap_draws(len(truth), lambda picked: [resampled_summary(matches, picked, full)[key]
-                                                        for key in ("map", "ap50", "ap75")], resamples, seed)
+    def statistic(picked: np.ndarray) -> list[float]:
+        drawn = resampled_summary(matches, picked, full)
+        return [drawn[key] for key in ("map", "ap50", "ap75")]
+
+    draws = bootstrap_draws(len(truth), statistic, resamples, seed)
     for column, key in enumerate(("map", "ap50", "ap75")):
         out[f"{key}_low"], out[f"{key}_high"] = bias_corrected_interval(draws[:, column], point[key])
     return out

@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from device.errors import ConfigError, DataError, UnknownKeyError
+from device.schema import IdleSeconds
 from pipeline.recipe import TrainConfig, _as_value_error, _Strict
 
 BOX_HEADS = ("fp16", "float", "int8")
@@ -194,6 +195,7 @@ class DetectionDeployConfig(_Strict):
                                                     "spell hits all of them; the network p50's interval and each "
                                                     "rung's ratio to the FP32 student are over rounds")
     warmup_iterations: int = Field(5, ge=0)
+    idle_s: IdleSeconds = Field(1.0, description="idle power baseline before each job")
     evaluate_images: Optional[int] = Field(None, ge=1, description="test images the device scores (null = all)")
     profile: bool = Field(True, description="the per-layer profile after the timed windows")
     timeout_s: int = Field(1800, ge=10, description="longest wait for one job")

@@ -131,7 +131,7 @@ class DetectionDeployStage(Stage):
                         precision = ladder["rungs"][rung]["precision"] if runtime == "tensorrt" else "fp32"
                         spec = {"artifact": digests[rung], "runtime": runtime, "precision": precision,
                                 "batch_sizes": list(cfg.batch_sizes), "iterations": cfg.iterations,
-                                "warmup_iterations": cfg.warmup_iterations,
+                                "warmup_iterations": cfg.warmup_iterations, "idle_s": cfg.idle_s,
                                 "profile": cfg.profile and round_index == 0}
                         if round_index == 0:
                             spec["evaluation"] = {"artifact": uploaded_sets[sizes[rung]], "images": count,

@@ -213,6 +213,60 @@ def test_a_wait_that_runs_out_is_a_job_timeout_not_an_unreachable_agent(agent, m
         assert "ended meanwhile" in client.abandon(hang["id"]), "a job that already ended is left as it is"
 
 
+def test_a_long_poll_is_answered_when_the_job_changes_and_304_when_it_does_not(agent, model):
+    """GET /v1/jobs/{id} with the job's ETag as If-None-Match and ``wait``: held until the job changes."""
+    with agent.client() as client:
+        sha = client.upload(model)
+        hang = client.submit({"artifact": sha, **QUICK, "label": "hang-me", "timeout_s": 300})
+        queued = client.submit({"artifact": sha, **QUICK})
+    url = f"{agent.url}/v1/jobs/{queued['id']}"
+    first = httpx.get(url, headers=AUTH)
+    etag = first.headers["etag"]
+    assert first.status_code == 200 and first.json()["state"] == "queued" and etag.startswith('"')
+    assert httpx.get(url, headers={**AUTH, "If-None-Match": etag}).status_code == 304, "a conditional GET"
+    started = time.monotonic()
+    unchanged = httpx.get(url, params={"wait": 1.0}, headers={**AUTH, "If-None-Match": etag}, timeout=60)
+    assert unchanged.status_code == 304 and unchanged.headers["etag"] == etag and not unchanged.content
+    assert time.monotonic() - started >= 0.9, "held for its wait although the hung job ahead of it changed"
+
+    cancel = threading.Timer(1.0, lambda: httpx.delete(f"{agent.url}/v1/jobs/{hang['id']}", headers=AUTH))
+    cancel.start()
+    try:
+        changed = httpx.get(url, params={"wait": 30}, headers={**AUTH, "If-None-Match": etag}, timeout=60)
+    finally:
+        cancel.join()
+    assert changed.status_code == 200 and changed.json()["state"] != "queued", "answered when the queue moved"
+    assert changed.headers["etag"] != etag
+    with agent.client() as client:
+        done = client.wait(queued["id"], timeout_s=120)
+    assert done["state"] == "succeeded", done["error"]
+    final = httpx.get(url, headers=AUTH).headers["etag"]
+    started = time.monotonic()
+    assert httpx.get(url, params={"wait": 30}, headers={**AUTH, "If-None-Match": final},
+                     timeout=60).status_code == 304
+    assert time.monotonic() - started < 20, "a finished job cannot change: answered at once, not after 30 s"
+    for bad in (-1, 31, "soon"):
+        assert httpx.get(url, params={"wait": bad}, headers=AUTH).status_code == 422
+
+
+def test_wait_polls_an_agent_that_sends_no_etag():
+    """An agent from before long polls (no ETag): wait() polls it every poll_s, never sending ``wait``."""
+    from device.client import AgentClient
+
+    states, requests = iter(["queued", "running", "running", "succeeded"]), []
+
+    def older_agent(request):
+        requests.append(request)
+        return httpx.Response(200, json={"id": "j", "state": next(states), "progress": None})
+
+    client = AgentClient("http://agent", TOKEN)
+    client._http = httpx.Client(base_url="http://agent", transport=httpx.MockTransport(older_agent))
+    started = time.monotonic()
+    assert client.wait("j", timeout_s=30, poll_s=0.2)["state"] == "succeeded"
+    assert len(requests) == 4 and time.monotonic() - started >= 0.55, "polled at poll_s"
+    assert all("wait" not in r.url.params and "if-none-match" not in r.headers for r in requests)
+
+
 def test_cancel_a_running_job_and_keep_finished_ones(agent, model):
     with agent.client() as client:
         sha = client.upload(model)
@@ -305,8 +359,17 @@ def test_sigterm_marks_the_running_job_interrupted_and_keeps_the_queue(tmp_path,
         queued = client.submit({"artifact": sha, **QUICK})
         while client.job(long["id"])["state"] != "running":
             time.sleep(0.1)
+        etag = httpx.get(f"{process.url}/v1/jobs/{queued['id']}", headers=AUTH).headers["etag"]
+    held = threading.Thread(target=lambda: httpx.get(f"{process.url}/v1/jobs/{queued['id']}", params={"wait": 30},
+                                                     headers={**AUTH, "If-None-Match": etag}, timeout=60))
+    held.start()
+    time.sleep(0.3)
+    started = time.monotonic()
     process.kill(signal.SIGTERM)
-    assert process.process.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after shutting down
+    held.join(60)
+    # uvicorn re-raises the signal after shutting down; a held long poll does not keep it waiting (a SIGKILL after
+    # 30 s would show as -9)
+    assert process.process.returncode in (0, -signal.SIGTERM) and time.monotonic() - started < 20
     process.start()
     try:
         with process.client() as client:
