@@ -48,6 +48,25 @@ def test_the_reaccumulation_reproduces_cocoeval():
     assert mine["per_class_ap"][3] is None, "a class with no boxes has no AP (not 0)"
 
 
+def test_a_resample_accumulates_as_cocoeval_on_the_images_it_drew():
+    """A resample weighs each image by its draws; COCOeval on the drawn copies gives the same numbers (images drawn
+    three times included). Scores are made distinct: one image's equal scores rank its copies one detection at a
+    time here, copy by copy in COCOeval, a tie rule either way (the point estimate is COCOeval's, ties and all)."""
+    rng = np.random.default_rng(5)
+    truth, tied = _random_scene(rng)
+    detections = [Boxes(d.xyxy, d.labels, d.scores + rng.uniform(0, 0.01, len(d.scores))) for d in tied]
+    matches = match(truth, detections, len(CLASSES))
+    for _ in range(3):
+        picked = rng.integers(0, len(truth), len(truth))
+        assert np.bincount(picked).max() >= 3
+        drawn = np.sort(picked)
+        reference = coco_reference([truth[i] for i in drawn], [detections[i] for i in drawn], CLASSES,
+                                   [(64, 64)] * len(drawn))
+        mine = summary(accumulate(matches, picked))
+        for key in ("map", "ap50", "ap75"):
+            assert mine[key] == pytest.approx(reference[key], abs=1e-9), key
+
+
 def test_intervals_bracket_the_estimate_and_widen_with_fewer_images():
     truth, detections = _random_scene(np.random.default_rng(5), images=60)
     sizes = [(64, 64)] * 60
