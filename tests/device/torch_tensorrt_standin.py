@@ -337,9 +337,34 @@ def install_in_process(version: str = "2.5.0", unsupported: Iterable[str] = DEFA
     return tt
 
 
+def install_lazily(version: str = "2.5.0") -> None:
+    """Installs the stand-in in this process when ``torch_tensorrt`` is first imported (or looked up), so a
+    process that never uses it (the agent's ONNX Runtime jobs) does not import torch for it."""
+    import importlib.abc
+    import importlib.machinery
+    import sys
+
+    class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch_tensorrt":
+                return importlib.machinery.ModuleSpec(name, self)
+            return None
+
+        def create_module(self, spec):
+            sys.meta_path.remove(self)
+            install_in_process(version)
+            return sys.modules["torch_tensorrt"]
+
+        def exec_module(self, module):
+            pass
+
+    sys.meta_path.insert(0, StandInFinder())
+
+
 def sitecustomize_dir(folder, version: str = "2.5.0"):
-    """A folder with a ``sitecustomize`` that installs the stand-in in the agent's job processes, and the environment
-    the agent needs (``PYTHONPATH``: the folder, then the repository)."""
+    """A folder with a ``sitecustomize`` that installs the stand-in in the agent's job processes (on their first
+    import of ``torch_tensorrt``), and the environment the agent needs (``PYTHONPATH``: the folder, then the
+    repository)."""
     import os
     from pathlib import Path
 
@@ -350,8 +375,13 @@ def sitecustomize_dir(folder, version: str = "2.5.0"):
         "# STAND-IN for Torch-TensorRT in EdgeFold's tests (tests/device/torch_tensorrt_standin.py)\n"
         "import os\n"
         "if os.environ.get('EDGEFOLD_TEST_TORCH_TENSORRT'):\n"
-        "    from tests.device.torch_tensorrt_standin import install_in_process\n"
-        "    install_in_process(os.environ['EDGEFOLD_TEST_TORCH_TENSORRT'])\n")
+        "    from tests.device.torch_tensorrt_standin import install_lazily\n"
+        "    install_lazily(os.environ['EDGEFOLD_TEST_TORCH_TENSORRT'])\n")
+    # The distribution's metadata, as a wheel leaves it: the agent reads the version from it without importing
+    # torch_tensorrt (device.info.torch_tensorrt_version), and the stand-in installs itself only on that import.
+    metadata = folder / f"torch_tensorrt-{version}.dist-info"
+    metadata.mkdir(exist_ok=True)
+    (metadata / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch-tensorrt\nVersion: {version}\n")
     env = {"PYTHONPATH": os.pathsep.join([str(folder), str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "EDGEFOLD_TEST_TORCH_TENSORRT": version}
     return folder, env
