@@ -1,7 +1,7 @@
 """Runs the agent's queued jobs one at a time, each in a child process with a timeout.
 
 Measurements need the device to themselves, so there is one executor thread and one child at a
-time. The child (``python -m device.jobrun``) gets its own session so a timeout or a cancel kills
+time. The child (``device.jobrun``, forked from a warm parent: :mod:`device.launcher`) gets its own session so a timeout or a cancel kills
 it and anything it started. Its exit is read from the files it wrote and its exit status: a
 signal (SIGSEGV, SIGKILL from the OOM killer) or a timeout fails that job with the reason and
 the tail of its log; the executor moves on to the next job. Nothing raised while claiming,
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from device.errors import ResultError
+from device.launcher import JobProcess, Launcher
 from device.power_modes import DEFAULT_CONF, HOLD_FILE, DeviceHeldError, PowerModeError, read_hold
 from device.schema import parse_result
 from device.store import Store
@@ -65,14 +66,22 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 def pid_is_job(pid: int, job_dir: Path) -> bool:
     """Whether ``pid`` is still the child that ran the job in ``job_dir`` (not a recycled pid).
 
-    The job dir is on the child's command line and lies under this agent's data dir, so two agents
-    on one host never take each other's children for their own.
+    A fresh child has the job dir on its command line; a child forked by the zygote has the zygote's
+    (``device.jobrun --zygote``) and the job dir as its working directory. The job dir lies under this
+    agent's data dir, so two agents on one host never take each other's children for their own.
     """
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"device.jobrun" in cmdline and os.fsencode(str(job_dir)) in cmdline
+    if b"device.jobrun" not in cmdline:
+        return False
+    if os.fsencode(str(job_dir)) in cmdline:
+        return True
+    try:
+        return os.readlink(f"/proc/{pid}/cwd") == str(job_dir)
+    except OSError:
+        return False
 
 
 def _ended(job_dir: Path) -> tuple[str, dict[str, Any] | None, str | None] | None:
@@ -120,10 +129,12 @@ class Executor:
         jtop_socket: Where the jtop service listens (passed to the children).
         env: Extra environment for the children.
         nvpmodel_conf: The board's nvpmodel configuration (a sweep checks each mode's caps against it).
+        use_zygote: Fork each job from a warm parent (:mod:`device.launcher`); False starts each one fresh.
     """
 
     def __init__(self, store: Store, job_timeout_s: float = 1800.0, jtop_socket: str | None = "/run/jtop.sock",
-                 env: dict[str, str] | None = None, nvpmodel_conf: str | None = DEFAULT_CONF):
+                 env: dict[str, str] | None = None, nvpmodel_conf: str | None = DEFAULT_CONF,
+                 use_zygote: bool = True):
         self.store, self.job_timeout_s, self.jtop_socket = store, job_timeout_s, jtop_socket
         self.env = env or {}
         self.nvpmodel_conf = nvpmodel_conf
@@ -133,7 +144,8 @@ class Executor:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # claim + start + record the child, versus cancel and stop
-        self._child: subprocess.Popen | None = None
+        self._child: JobProcess | None = None
+        self._launcher = Launcher(self._child_env(), store.jobs_dir, use_zygote=use_zygote)
         self._child_job: str | None = None
         self._cancelled: str | None = None
         # Ends the store could not record (database locked, disk full): retried before the next claim.
@@ -189,6 +201,7 @@ class Executor:
 
     def start(self) -> None:
         self.recover()
+        self._launcher.start()
         self._thread = threading.Thread(target=self._loop, name="edgefold-executor", daemon=True)
         self._thread.start()
 
@@ -200,6 +213,7 @@ class Executor:
             self._kill_child()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self._launcher.close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -356,7 +370,7 @@ class Executor:
                                                           env.get("PYTHONPATH")]))
         return env
 
-    def _start(self, job) -> tuple[subprocess.Popen, Path, float]:
+    def _start(self, job) -> tuple[JobProcess, Path, float]:
         """Writes the job's files and starts its child, recorded as this executor's (caller holds the lock)."""
         held = self._held(job)
         if held is not None:
@@ -387,15 +401,12 @@ class Executor:
             "engine_cache": str(self.store.root / "engines"), "jtop_socket": self.jtop_socket, "job_id": job.id,
             "hold_path": str(self.hold_path), "nvpmodel_conf": self.nvpmodel_conf}))
         timeout_s = job.spec.timeout_s or self.job_timeout_s
-        env = self._child_env()
-        with open(job_dir / "log.txt", "ab") as log_file:
-            child = subprocess.Popen([sys.executable, "-m", "device.jobrun", str(job_dir)], stdout=log_file,
-                                     stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=job_dir)
+        child = self._launcher.launch(job_dir, job_dir / "log.txt")
         self._child, self._child_job, self._cancelled = child, job.id, None
         self.store.set_pid(job.id, child.pid)
         return child, job_dir, timeout_s
 
-    def _watch(self, job, child: subprocess.Popen, job_dir: Path,
+    def _watch(self, job, child: JobProcess, job_dir: Path,
                timeout_s: float) -> tuple[str, dict[str, Any] | None, str | None]:
         """Waits for the child (progress relayed, timeout enforced) and reads how it ended."""
         deadline = time.monotonic() + timeout_s

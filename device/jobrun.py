@@ -1,4 +1,5 @@
-"""One benchmark job, run in a child process of the agent: ``python -m device.jobrun JOB_DIR``.
+"""One benchmark job, run in a child process of the agent: ``python -m device.jobrun JOB_DIR``, or forked with
+this module already imported by ``python -m device.jobrun --zygote`` (:mod:`device.launcher`).
 
 The agent writes ``JOB_DIR/job.json`` (the spec, the artifact's path, the agent's telemetry
 settings) and waits. This process loads the runner, runs a smoke inference on a real image through
@@ -330,4 +331,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--zygote"]:  # the agent's warm parent of job processes (device.launcher)
+        from device.launcher import zygote_main
+
+        sys.exit(zygote_main())
     sys.exit(main())

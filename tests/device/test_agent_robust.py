@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 
 import pytest
 from fastapi.testclient import TestClient
@@ -243,15 +242,16 @@ class CancelWhenStarting(Store):
 
 
 def test_a_cancel_between_claim_and_child_start_kills_the_child(tmp_path, model, monkeypatch):
-    children = []
+    from device.launcher import Launcher
 
-    def popen(*args, **kwargs):
-        child = subprocess.Popen(*args, **kwargs)
+    children, launch = [], Launcher.launch
+
+    def launch_and_keep(self, *args, **kwargs):
+        child = launch(self, *args, **kwargs)
         children.append(child)
         return child
 
-    monkeypatch.setattr(executor_module, "subprocess", types.SimpleNamespace(
-        Popen=popen, STDOUT=subprocess.STDOUT, TimeoutExpired=subprocess.TimeoutExpired))
+    monkeypatch.setattr(Launcher, "launch", launch_and_keep)
     store = CancelWhenStarting(tmp_path / "data")
     store.answers = []
     sha = hashlib.sha256(model.read_bytes()).hexdigest()
@@ -365,6 +365,37 @@ def test_recovery_kills_only_this_agents_children(tmp_path):
                 try:
                     stream.close()
                 except BrokenPipeError:  # the unflushed ping of a killed process
+                    pass
+
+
+def test_recovery_finds_a_forked_child_by_its_working_directory(tmp_path):
+    """A job forked by the zygote has the zygote's command line (``device.jobrun --zygote``): only its working
+    directory names its job."""
+    store = Store(tmp_path / "mine")
+    mine_id = insert_raw_job(store, json.dumps({"artifact": "a" * 64}), state="running")
+    theirs_id = insert_raw_job(store, json.dumps({"artifact": "b" * 64}), state="running")
+    elsewhere = tmp_path / "other-agent" / "jobs" / theirs_id
+    for folder in (store.job_dir(mine_id), elsewhere):
+        folder.mkdir(parents=True)
+    command = [sys.executable, "-c", "import sys\nfor line in sys.stdin: print(line, end='', flush=True)",
+               "-m", "device.jobrun", "--zygote"]
+    mine, theirs = (subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+                                     cwd=folder) for folder in (store.job_dir(mine_id), elsewhere))
+    try:
+        assert _answers(mine) and _answers(theirs)
+        store.set_pid(mine_id, mine.pid)
+        store.set_pid(theirs_id, theirs.pid)
+        Executor(store, jtop_socket=None).recover()
+        assert _answers(theirs), "a zygote-forked process of another job dir was killed"
+        assert not _answers(mine) and mine.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        for process in (mine, theirs):
+            process.kill()
+            process.wait()
+            for stream in (process.stdin, process.stdout):
+                try:
+                    stream.close()
+                except BrokenPipeError:
                     pass
 
 
