@@ -60,6 +60,98 @@ class ForkedJob:
 JobProcess = Union[ForkedJob, subprocess.Popen]
 
 
+class _Zygote:
+    """One zygote process and what its reader thread learns from it: readiness, each fork's pid, each exit.
+
+    Everything is per zygote: a zygote that died late must not answer a fork of its successor, nor end its
+    successor's children.
+    """
+
+    def __init__(self, env: dict[str, str], cwd: Path):
+        self.process = subprocess.Popen([sys.executable, "-m", "device.jobrun", "--zygote"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd,
+                                        start_new_session=True)
+        self.ready = threading.Event()
+        self.replies: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.children: dict[int, ForkedJob] = {}
+        self.early: dict[int, int] = {}  # exits read before their fork's reply was taken
+        threading.Thread(target=self._read, name="edgefold-zygote", daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def fork(self, job_dir: Path) -> ForkedJob | None:
+        if not self.ready.wait(READY_TIMEOUT_S):  # still importing: as long as a fresh process would take
+            log.warning("job zygote not ready after %g s: this job starts as a fresh process", READY_TIMEOUT_S)
+            return None
+        try:
+            self.process.stdin.write((json.dumps({"job_dir": str(job_dir)}) + "\n").encode())
+            self.process.stdin.flush()
+            pid = self.replies.get(timeout=FORK_TIMEOUT_S)
+        except (OSError, ValueError, queue.Empty) as err:
+            log.warning("job zygote did not fork (%s): this job starts as a fresh process", err or "no answer")
+            self.kill()
+            return None
+        if pid is None:  # it ended while forking
+            return None
+        child = ForkedJob(pid)
+        with self.lock:
+            if pid in self.early:
+                child.ended(self.early.pop(pid))
+            else:
+                self.children[pid] = child
+        return child
+
+    def kill(self) -> None:
+        try:
+            self.process.kill()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        try:
+            self.process.stdin.close()
+            self.process.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.kill()
+            self.process.wait()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if message.get("ready"):
+                self.ready.set()
+            elif "code" in message:
+                with self.lock:
+                    child = self.children.pop(message["pid"], None)
+                    if child is None:
+                        self.early[message["pid"]] = message["code"]
+                if child is not None:
+                    child.ended(message["code"])
+            elif "pid" in message:
+                self.replies.put(message["pid"])
+        self.replies.put(None)
+        self._orphaned()
+
+    def _orphaned(self) -> None:
+        """This zygote is gone: its running children's exits can no longer be read, so they are ended here."""
+        with self.lock:
+            children, self.children = self.children, {}
+        for child in children.values():
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            child.ended(-signal.SIGKILL)
+        if children:
+            log.error("the job zygote died with %d job(s) running; they were killed", len(children))
+
+
 class Launcher:
     """Starts job processes from the zygote (started here), or fresh when it cannot.
 
@@ -71,34 +163,26 @@ class Launcher:
 
     def __init__(self, env: dict[str, str], cwd: Path, use_zygote: bool = True):
         self.env, self.cwd, self.use_zygote = env, cwd, use_zygote
-        self._zygote: subprocess.Popen | None = None
-        self._ready = threading.Event()
-        self._replies: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
-        self._children: dict[int, ForkedJob] = {}
-        self._early: dict[int, int] = {}  # exits reported before their fork's reply was read
+        self._zygote: _Zygote | None = None
 
     def start(self) -> None:
         """Starts the zygote in the background (it imports while the agent starts serving)."""
-        if not self.use_zygote or (self._zygote is not None and self._zygote.poll() is None):
+        if not self.use_zygote or (self._zygote is not None and self._zygote.alive):
             return
-        self._ready.clear()
-        self._replies = queue.Queue()
         try:
-            zygote = subprocess.Popen([sys.executable, "-m", "device.jobrun", "--zygote"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.env, cwd=self.cwd,
-                                      start_new_session=True)
+            self._zygote = _Zygote(self.env, self.cwd)
         except OSError as err:
             log.warning("job zygote not started (%s): jobs start as fresh processes", err)
-            return
-        self._zygote = zygote
-        threading.Thread(target=self._read, args=(zygote,), name="edgefold-zygote", daemon=True).start()
 
     def launch(self, job_dir: Path, log_path: Path) -> JobProcess:
         """Starts the job in ``job_dir`` (its stdout and stderr appended to ``log_path``)."""
-        forked = self._fork(job_dir) if self.use_zygote else None
-        if forked is not None:
-            return forked
+        zygote = self._zygote
+        if self.use_zygote and (zygote is None or not zygote.alive):
+            self.start()  # for the next job; this one starts fresh
+        elif zygote is not None:
+            forked = zygote.fork(job_dir)
+            if forked is not None:
+                return forked
         with open(log_path, "ab") as log_file:
             return subprocess.Popen([sys.executable, "-m", "device.jobrun", str(job_dir)], stdout=log_file,
                                     stderr=subprocess.STDOUT, start_new_session=True, env=self.env, cwd=job_dir)
@@ -106,81 +190,8 @@ class Launcher:
     def close(self) -> None:
         """Stops the zygote (a running child of it is the executor's to kill first)."""
         zygote, self._zygote = self._zygote, None
-        if zygote is None:
-            return
-        try:
-            zygote.stdin.close()
-            zygote.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            zygote.kill()
-            zygote.wait()
-
-    # ----------------------------------------------------------------- internals
-    def _fork(self, job_dir: Path) -> ForkedJob | None:
-        zygote = self._zygote
-        if zygote is None or zygote.poll() is not None:
-            self.start()  # for the next job; this one starts fresh
-            return None
-        if not self._ready.wait(READY_TIMEOUT_S):  # still importing: as long as a fresh process would take
-            log.warning("job zygote not ready after %g s: this job starts as a fresh process", READY_TIMEOUT_S)
-            return None
-        try:
-            zygote.stdin.write((json.dumps({"job_dir": str(job_dir)}) + "\n").encode())
-            zygote.stdin.flush()
-            pid = self._replies.get(timeout=FORK_TIMEOUT_S)
-        except (OSError, ValueError, queue.Empty) as err:
-            log.warning("job zygote did not fork (%s): this job starts as a fresh process", err or "no answer")
-            self._abandon(zygote)
-            return None
-        if pid is None:  # the zygote ended while forking
-            return None
-        with self._lock:
-            child = ForkedJob(pid)
-            if pid in self._early:
-                child.ended(self._early.pop(pid))
-            else:
-                self._children[pid] = child
-        return child
-
-    def _read(self, zygote: subprocess.Popen) -> None:
-        """The zygote's answers: ready, each fork's pid, each child's exit."""
-        for line in zygote.stdout:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
-            if message.get("ready"):
-                self._ready.set()
-            elif "code" in message:
-                with self._lock:
-                    child = self._children.pop(message["pid"], None)
-                    if child is None:
-                        self._early[message["pid"]] = message["code"]
-                if child is not None:
-                    child.ended(message["code"])
-            elif "pid" in message:
-                self._replies.put(message["pid"])
-        self._replies.put(None)
-        self._orphaned()
-
-    def _abandon(self, zygote: subprocess.Popen) -> None:
-        try:
-            zygote.kill()
-        except OSError:
-            pass
-
-    def _orphaned(self) -> None:
-        """The zygote is gone: its running children's exits can no longer be read, so they are ended here."""
-        with self._lock:
-            children, self._children = self._children, {}
-        for child in children.values():
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            child.ended(-signal.SIGKILL)
-        if children:
-            log.error("the job zygote died with %d job(s) running; they were killed", len(children))
+        if zygote is not None:
+            zygote.close()
 
 
 def zygote_main() -> int:

@@ -23,18 +23,21 @@ REPO = Path(__file__).resolve().parent.parent
 # run while the second needs none. A file missing here only runs later; nothing else depends on the list.
 LONGEST_FIRST = (
     "tests/pipeline/test_integrity.py",
-    "tests/bench/test_latency_prune.py",
     "tests/pipeline/test_latency_prune.py",
-    "tests/pipeline/test_detection_stages.py",
+    "tests/bench/test_latency_prune.py",
     "tests/docker/test_docker.py",
-    "tests/pipeline/test_distributed.py",
+    "tests/pipeline/test_detection_stages.py",
     "tests/device/test_sweep.py",
-    "tests/pipeline/test_report.py",
+    "tests/pipeline/test_distributed.py",
     "tests/device/test_torch_tensorrt.py",
     "tests/pipeline/test_quantize.py",
-    "tests/bench/test_dc_baseline.py",
-    "tests/pipeline/test_report_power.py",
+    "tests/pipeline/test_report.py",
+    "tests/device/test_agent.py",
     "tests/pipeline/test_detection_pruning.py",
+    "tests/pipeline/test_report_power.py",
+    "tests/bench/test_dc_baseline.py",
+    "tests/device/test_planted_power.py",
+    "tests/device/test_agent_jtop.py",
 )
 
 

@@ -56,7 +56,7 @@ def run(executor, **spec) -> str:
 
 
 def zygote_pid(executor) -> int:
-    return executor._launcher._zygote.pid
+    return executor._launcher._zygote.process.pid
 
 
 def test_jobs_are_forked_children_of_one_zygote_each_in_its_own_session(executor):
@@ -88,7 +88,7 @@ def test_a_dead_zygote_costs_one_fresh_process_and_is_started_again(executor):
     old = zygote_pid(executor)
     os.kill(old, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while executor._launcher._zygote.poll() is None:
+    while executor._launcher._zygote.process.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     fresh, again = run(executor), run(executor)
