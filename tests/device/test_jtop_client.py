@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from device.telemetry.jtop import JtopSampler, _boottime, gpu_entry, gpu_freq_mhz
+from device.telemetry.jtop import JtopSampler, _boottime, clock_offset, gpu_entry, gpu_freq_mhz
 
 GPU_ORIN_JP5 = {"ga10b": {"type": "integrated", "status": {"load": 40.0}, "freq": {"cur": 918000}}}
 GPU_THOR = {"Thor": {"type": "integrated", "status": {"load": 12.0}, "freq": {"governor": "nvml", "cur": 1575}}}
@@ -72,7 +72,7 @@ def test_measurements_carry_the_services_data_time_not_the_samplers(fake_jtop):
         client.publish(7000, measured)
         client.publish(7000, measured)  # handed out again (the client re-delivers while a service stalls)
         trace = sampler.stop()
-    offset = _boottime() - time.monotonic()
+    offset = clock_offset()
     stamps = trace.times_s[trace.values["board_power_mw"] == 7000]
     assert len(stamps) == 1, "a repeated measurement is one sample"
     assert stamps[0] == pytest.approx(measured - offset + 0.005, abs=0.002)
@@ -114,3 +114,10 @@ def test_sampler_reads_the_gpu_under_its_own_name(fake_jtop):
         values = sampler.read()
     assert sampler.gpu_name == "ga10b"
     assert values["gpu_load_percent"] == 40.0 and values["gpu_freq_mhz"] == 918.0
+
+
+def test_the_clock_offset_comes_from_the_tightest_bracket():
+    """A preemption between the monotonic and boottime reads (here 40 ms on the first try) stays out of the offset."""
+    monotonic = iter([10.000, 10.040, 11.000, 11.0001, 12.000, 12.002])  # before/after per try
+    boottime = iter([110.039, 111.00005, 112.0015])  # the true offset is 100.0
+    assert clock_offset(lambda: next(monotonic), lambda: next(boottime)) == pytest.approx(100.0, abs=1e-6)
