@@ -234,17 +234,26 @@ def zygote_main() -> int:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             job_dir = json.loads(line)["job_dir"]
+            # The pid is told only once the child leads its own session: a cancel right after the fork kills its
+            # process group, which does not exist before the child's setsid (Popen's start_new_session waits too).
+            session_r, session_w = os.pipe()
             pid = os.fork()
             if pid == 0:
-                _child(job_dir, jobrun, random, np)
+                os.close(session_r)
+                _child(job_dir, jobrun, random, np, session_w)
+            os.close(session_w)
+            os.read(session_r, 1)  # a byte after its setsid, or end of file if it died first
+            os.close(session_r)
             say(job_dir=job_dir, pid=pid)
 
 
-def _child(job_dir: str, jobrun, random, np) -> None:
+def _child(job_dir: str, jobrun, random, np, session_w: int) -> None:
     """In the forked child: a job process as ``python -m device.jobrun JOB_DIR`` would be; never returns."""
     code = 1
     try:
         os.setsid()
+        os.write(session_w, b"s")
+        os.close(session_w)
         os.chdir(job_dir)
         log_fd = os.open(os.path.join(job_dir, "log.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
