@@ -46,3 +46,29 @@ def tiny_onnx(path: Path, channels: int = 3, size: int = 16, classes: int = 10, 
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
+
+
+def keep_launched(monkeypatch) -> list:
+    """Every job process the agent's launcher starts in this test, in order (forked or fresh)."""
+    from device.launcher import Launcher
+
+    children, launch = [], Launcher.launch
+
+    def launch_and_keep(self, *args, **kwargs):
+        children.append(launch(self, *args, **kwargs))
+        return children[-1]
+
+    monkeypatch.setattr(Launcher, "launch", launch_and_keep)
+    return children
+
+
+def store_model(store, path: Path) -> str:
+    """Stores a tiny real ONNX model (written at ``path``) as an uploaded artifact; returns its sha256."""
+    import hashlib
+
+    model = tiny_onnx(path)
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    copy = store.temp_file()
+    copy.write_bytes(model.read_bytes())
+    store.add_artifact(sha, "onnx", copy)
+    return sha

@@ -24,7 +24,7 @@ from device.agent import AgentConfig, create_app
 from device.executor import Executor
 from device.schema import JobSpec
 from device.store import Store
-from tests.device.agent_process import TOKEN, tiny_onnx
+from tests.device.agent_process import TOKEN, keep_launched, tiny_onnx
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUICK = {"iterations": 3, "warmup_iterations": 0, "idle_s": 0, "batch_sizes": [1], "telemetry": ["host"]}
@@ -242,16 +242,7 @@ class CancelWhenStarting(Store):
 
 
 def test_a_cancel_between_claim_and_child_start_kills_the_child(tmp_path, model, monkeypatch):
-    from device.launcher import Launcher
-
-    children, launch = [], Launcher.launch
-
-    def launch_and_keep(self, *args, **kwargs):
-        child = launch(self, *args, **kwargs)
-        children.append(child)
-        return child
-
-    monkeypatch.setattr(Launcher, "launch", launch_and_keep)
+    children = keep_launched(monkeypatch)
     store = CancelWhenStarting(tmp_path / "data")
     store.answers = []
     sha = hashlib.sha256(model.read_bytes()).hexdigest()
@@ -343,6 +334,17 @@ def _answers(process: subprocess.Popen) -> bool:
     return process.stdout.readline() == b"ping\n"
 
 
+def _end(*processes: subprocess.Popen) -> None:
+    for process in processes:
+        process.kill()
+        process.wait()
+        for stream in (process.stdin, process.stdout):
+            try:
+                stream.close()
+            except BrokenPipeError:  # the unflushed ping of a killed process
+                pass
+
+
 def test_recovery_kills_only_this_agents_children(tmp_path):
     store = Store(tmp_path / "mine")
     mine_id = insert_raw_job(store, json.dumps({"artifact": "a" * 64}), state="running")
@@ -358,14 +360,7 @@ def test_recovery_kills_only_this_agents_children(tmp_path):
         assert not _answers(mine) and mine.wait(timeout=30) == -signal.SIGKILL
         assert {store.get(mine_id).state, store.get(theirs_id).state} == {"interrupted"}
     finally:
-        for process in (mine, theirs):
-            process.kill()
-            process.wait()
-            for stream in (process.stdin, process.stdout):
-                try:
-                    stream.close()
-                except BrokenPipeError:  # the unflushed ping of a killed process
-                    pass
+        _end(mine, theirs)
 
 
 def test_recovery_finds_a_forked_child_by_its_working_directory(tmp_path):
@@ -389,14 +384,7 @@ def test_recovery_finds_a_forked_child_by_its_working_directory(tmp_path):
         assert _answers(theirs), "a zygote-forked process of another job dir was killed"
         assert not _answers(mine) and mine.wait(timeout=30) == -signal.SIGKILL
     finally:
-        for process in (mine, theirs):
-            process.kill()
-            process.wait()
-            for stream in (process.stdin, process.stdout):
-                try:
-                    stream.close()
-                except BrokenPipeError:
-                    pass
+        _end(mine, theirs)
 
 
 def test_api_description_needs_the_token_unless_configured_public(tmp_path):

@@ -3,7 +3,6 @@
 The executor runs in-process on a real store; its jobs are real children on a tiny real ONNX model.
 """
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -12,10 +11,10 @@ import time
 import pytest
 
 from device.executor import Executor
-from device.launcher import ForkedJob, Launcher
+from device.launcher import ForkedJob
 from device.schema import JobSpec
 from device.store import Store
-from tests.device.agent_process import tiny_onnx
+from tests.device.agent_process import keep_launched, store_model
 
 QUICK = {"iterations": 3, "warmup_iterations": 0, "idle_s": 0, "batch_sizes": [1], "telemetry": ["host"]}
 WAIT_S = 120
@@ -24,25 +23,24 @@ WAIT_S = 120
 @pytest.fixture
 def executor(tmp_path, monkeypatch):
     """A started executor whose job processes are kept in ``executor.children``, with a stored tiny model."""
-    children, launch = [], Launcher.launch
-
-    def launch_and_keep(self, *args, **kwargs):
-        child = launch(self, *args, **kwargs)
-        children.append(child)
-        return child
-
-    monkeypatch.setattr(Launcher, "launch", launch_and_keep)
+    children = keep_launched(monkeypatch)
     store = Store(tmp_path / "data")
-    model = tiny_onnx(tmp_path / "tiny.onnx")
-    sha = hashlib.sha256(model.read_bytes()).hexdigest()
-    copy = store.temp_file()
-    copy.write_bytes(model.read_bytes())
-    store.add_artifact(sha, "onnx", copy)
     executor = Executor(store, jtop_socket=None)
-    executor.children, executor.sha = children, sha
+    executor.children, executor.sha = children, store_model(store, tmp_path / "tiny.onnx")
     executor.start()
     yield executor
     executor.stop()
+
+
+def start_long_job(executor):
+    """Submits a 60 s job and returns it and its process once the job is measuring."""
+    job = executor.store.submit(JobSpec(artifact=executor.sha, duration_s=60, idle_s=0, telemetry=["host"]))
+    executor.wake()
+    deadline = time.monotonic() + WAIT_S
+    while not executor.children or not (executor.store.job_dir(job.id) / "progress.json").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return job, executor.children[-1]
 
 
 def run(executor, **spec) -> str:
@@ -71,13 +69,7 @@ def test_jobs_are_forked_children_of_one_zygote_each_in_its_own_session(executor
 
 
 def test_a_forked_job_is_killed_with_its_group_by_a_cancel(executor):
-    job = executor.store.submit(JobSpec(artifact=executor.sha, duration_s=60, idle_s=0, telemetry=["host"]))
-    executor.wake()
-    deadline = time.monotonic() + WAIT_S
-    while not executor.children or not (executor.store.job_dir(job.id) / "progress.json").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    child = executor.children[-1]
+    job, child = start_long_job(executor)
     assert isinstance(child, ForkedJob) and os.getpgid(child.pid) == child.pid, "its own process group"
     assert executor.cancel(job.id)
     assert child.wait(timeout=30) == -signal.SIGKILL and executor.store.get(job.id).state == "cancelled"
@@ -98,13 +90,7 @@ def test_a_dead_zygote_costs_one_fresh_process_and_is_started_again(executor):
 
 
 def test_a_job_whose_zygote_dies_fails_as_killed_instead_of_waiting_forever(executor):
-    job = executor.store.submit(JobSpec(artifact=executor.sha, duration_s=60, idle_s=0, telemetry=["host"]))
-    executor.wake()
-    deadline = time.monotonic() + WAIT_S
-    while not executor.children or not (executor.store.job_dir(job.id) / "progress.json").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    child = executor.children[-1]
+    job, child = start_long_job(executor)
     os.kill(zygote_pid(executor), signal.SIGKILL)
     assert child.wait(timeout=30) == -signal.SIGKILL
     deadline = time.monotonic() + 30
@@ -122,13 +108,8 @@ def test_fork_jobs_false_starts_each_job_fresh_and_no_zygote(tmp_path, monkeypat
 
     app = create_app(AgentConfig(data_dir=tmp_path / "data", fork_jobs=False), token="t" * 24)
     executor = app.state.executor
-    children, launch = [], Launcher.launch
-    monkeypatch.setattr(Launcher, "launch", lambda self, *a: children.append(launch(self, *a)) or children[-1])
-    model = tiny_onnx(tmp_path / "tiny.onnx")
-    executor.sha = hashlib.sha256(model.read_bytes()).hexdigest()
-    copy = executor.store.temp_file()
-    copy.write_bytes(model.read_bytes())
-    executor.store.add_artifact(executor.sha, "onnx", copy)
+    children = keep_launched(monkeypatch)
+    executor.sha = store_model(executor.store, tmp_path / "tiny.onnx")
     executor.start()
     try:
         assert executor.store.get(run(executor)).state == "succeeded"
