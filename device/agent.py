@@ -105,6 +105,10 @@ def load_token(config: AgentConfig) -> str:
             raise ConfigError(f"cannot read the token file {config.token_file}: {err.strerror}",
                               fix="create it: python -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE; "
                                   "chmod 600 FILE") from None
+        mode = config.token_file.expanduser().stat().st_mode
+        if mode & 0o077:
+            log.warning("the token file %s can be read by other users (mode %o): chmod 600 %s", config.token_file,
+                        mode & 0o777, config.token_file)
         if len(token) < 16:
             raise ConfigError(f"the token in {config.token_file} is shorter than 16 characters",
                               fix="use a random token: python -c 'import secrets; print(secrets.token_urlsafe(32))'")

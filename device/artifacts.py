@@ -1,8 +1,20 @@
-"""Verifying uploaded artifacts before they are stored: size, sha256, and that they are what they claim.
+"""Verifying artifacts: at upload, before they are stored, and again on the device just before a runner loads one.
 
-An artifact is named by the sha256 of its bytes. The agent streams the upload into a temporary file
-through :class:`HashingWriter` (a running hash and a size cap); only when the hash matches and the file parses as an ONNX model (or a
-``torch.export`` archive, or a device checkpoint of tensors only) is it moved into the store. Anything else is refused and deleted.
+An artifact is named by the sha256 of its bytes. The agent streams the upload into a temporary file through
+:class:`HashingWriter` (a running hash and a size cap); only when the hash matches and the file is what it claims, and
+holds nothing that would run code or read outside itself when loaded, is it moved into the store. Per kind:
+
+* ``onnx``: a valid model whose tensors are all inside the file (external data would be read from the agent's own
+  disk, wherever its location points) and whose nodes use only the standard and ONNX Runtime domains or the model's
+  own functions (a custom-op domain makes a runtime look up code the model does not carry);
+* ``torch-export`` (``.pt2``): :func:`device.archive_check.check_program`;
+* ``torch-checkpoint`` (``.device.pt``): a bounded zip whose pickle :func:`device.safe_pickle.check_torch_save` passes;
+* ``eval-set`` (``.npy``): float32 N×C×H×W in C order, no object dtype, its size exactly what the header says;
+* ``detection-head`` (``.head.json``): at most 1 MiB, nested at most 32 deep, a valid sidecar.
+
+TensorRT engines are never accepted: they are built on the device from the ONNX, so an engine's bytes fail every
+kind's check. :func:`verify` makes the same check before a runner loads a stored file, so a file put into the store by
+other means fails its job with the reason and runs nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +24,7 @@ import os
 import zipfile
 from pathlib import Path
 
-from device.errors import StatusError, require
+from device.errors import RunnerError, StatusError, require
 
 
 DETECTION_POST = "device.detection_post"
@@ -54,84 +66,140 @@ def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> st
     with open(path, "rb") as handle:
         magic = handle.read(4)
     if magic == b"PK\x03\x04":
-        return _check_torch_archive(path)
+        return _KINDS[_sniff_zip(path)](path)
     if magic == b"\x93NUM":
         return _check_eval_set(path)
-    if magic[:1] == b"{":
+    if magic[:1] in (b"{", b"["):
         return _check_detection_head(path)
     return _check_onnx(path)
 
 
+MAX_HEAD_BYTES = 1 << 20
+MAX_HEAD_DEPTH = 32
+# Domains a runtime implements itself: ONNX's, ONNX-ML's and ONNX Runtime's contrib ops (compiled in, not looked up).
+ONNX_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
+_KINDS = {}
+
+
+def _kind(name: str):
+    def register(check):
+        _KINDS[name] = check
+        return check
+    return register
+
+
+@_kind("detection-head")
 def _check_detection_head(path: Path) -> str:
     """A detection sidecar (``.head.json``: anchors, box coder, thresholds) that decodes as the device will use it."""
     import importlib
-    import json
 
+    from device.archive_check import load_json
     from device.errors import ConfigError
 
+    fix = "upload the .head.json the export stage wrote beside the ONNX"
+    size = path.stat().st_size
+    if size > MAX_HEAD_BYTES:
+        raise ArtifactError(f"a detection sidecar of {size} bytes, over {MAX_HEAD_BYTES >> 10} KiB", fix=fix,
+                            status=422)
     # Loaded by name, as device.jobrun loads the detection evaluation: a classification deploy's code hash (which
     # covers the agent) must not follow the detection decoder.
     decoder = importlib.import_module(DETECTION_POST)
     try:
-        decoder.head_spec_from_dict(json.loads(path.read_text()), "the uploaded detection sidecar")
-    except (ValueError, ConfigError) as err:  # JSONDecodeError is a ValueError; HeadSpecError a ConfigError
-        raise ArtifactError(f"not a detection sidecar: {getattr(err, 'message', err)}",
-                            fix="upload the .head.json the export stage wrote beside the ONNX", status=422) from None
+        document = load_json(path.read_bytes(), "the sidecar", max_depth=MAX_HEAD_DEPTH)
+        if not isinstance(document, dict):
+            raise ValueError(f"the sidecar is a JSON {type(document).__name__}, not an object")
+        decoder.head_spec_from_dict(document, "the uploaded detection sidecar")
+    except (ValueError, ConfigError) as err:  # UnicodeDecodeError is a ValueError; HeadSpecError a ConfigError
+        raise ArtifactError(f"not a detection sidecar: {getattr(err, 'message', err)}", fix=fix, status=422) from None
     return "detection-head"
 
 
+@_kind("eval-set")
 def _check_eval_set(path: Path) -> str:
-    """An evaluation set: a ``.npy`` of float32 images, N×C×H×W, no pickled objects (its header only is read)."""
+    """An evaluation set: a ``.npy`` of float32 images, N×C×H×W, no pickled objects (its header only is read), and
+    exactly as many bytes as the header says."""
     import numpy as np
 
+    fix = "save the preprocessed test images with numpy.save(path, images.astype(np.float32))"
     try:
         with open(path, "rb") as handle:
             major, _ = np.lib.format.read_magic(handle)
             read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
             shape, fortran, dtype = read_header(handle)
-    except (ValueError, OSError) as err:
-        raise ArtifactError(f"not a readable .npy file: {err}", status=422) from None
+            offset = handle.tell()
+    except (ValueError, OSError, SyntaxError) as err:
+        raise ArtifactError(f"not a readable .npy file: {err}", fix=fix, status=422) from None
     if dtype != np.float32 or len(shape) != 4 or fortran or shape[0] < 1:
         raise ArtifactError(f"an evaluation set must be float32 images N×C×H×W in C order, got {dtype} {shape}",
-                            fix="save the preprocessed test images with numpy.save(path, images.astype(np.float32))",
-                            status=422)
+                            fix=fix, status=422)
+    expected = offset + int(np.prod(shape, dtype=np.int64)) * 4
+    if path.stat().st_size != expected:
+        raise ArtifactError(f"the .npy header says {shape} float32 ({expected} bytes with the header) but the file "
+                            f"has {path.stat().st_size} bytes", fix=fix, status=422)
     return "eval-set"
 
 
-def _check_torch_archive(path: Path) -> str:
-    """A ``torch.export`` program, or an EdgeFold device checkpoint: a ``torch.save`` archive whose pickle, read
-    without torch, names only tensor, dtype and OrderedDict globals (:func:`device.torch_checkpoint.pickle_globals`:
-    no TorchScript entries, no compressed pickle, no opcode that calls anything else)."""
+def _sniff_zip(path: Path) -> str:
+    """``torch-export`` or ``torch-checkpoint`` by what the zip holds (the agent then stores it under that suffix)."""
     try:
-        names = zipfile.ZipFile(path).namelist()
-    except zipfile.BadZipFile as err:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as err:
         raise ArtifactError(f"not a torch.export archive: {err}", status=422) from None
-    if any(n.endswith("/archive_format") for n in names) and any("/models/" in n for n in names):
+    if any(n.endswith("/archive_format") for n in names) or any("/models/" in n for n in names):
         return "torch-export"
-    if not any(n.endswith("/data.pkl") for n in names):
-        raise ArtifactError("a zip file, but neither a torch.export archive (no archive_format or models/) nor a "
-                            "torch.save checkpoint (no data.pkl)",
-                            fix="upload the .pt2 or the .device.pt the pipeline's export or quantize stage wrote",
-                            status=422)
-    from device.torch_checkpoint import UnsafeArchiveError, pickle_globals, unsafe_globals
+    if any(n.endswith("/data.pkl") or n == "data.pkl" for n in names):
+        return "torch-checkpoint"
+    raise ArtifactError("a zip file, but neither a torch.export archive (no archive_format or models/) nor a "
+                        "torch.save checkpoint (no data.pkl)",
+                        fix="upload the .pt2 or the .device.pt the pipeline's export or quantize stage wrote",
+                        status=422)
+
+
+@_kind("torch-export")
+def _check_program(path: Path) -> str:
+    """A ``torch.export`` program: :func:`device.archive_check.check_program`."""
+    from device.archive_check import ArchiveRefused, check_program
+
+    try:
+        check_program(path)
+    except ArchiveRefused as err:
+        raise ArtifactError(f"a torch.export program refused: {err}", fix=err.fix, status=422) from None
+    return "torch-export"
+
+
+@_kind("torch-checkpoint")
+def _check_checkpoint(path: Path) -> str:
+    """An EdgeFold device checkpoint: a bounded ``torch.save`` archive whose pickle can only rebuild tensors and plain
+    data (:func:`device.safe_pickle.check_torch_save`: no TorchScript entries, no compressed pickle, no call outside
+    the tensor rules)."""
+    from device.archive_check import ArchiveRefused, check_zip
+    from device.safe_pickle import UnsafePickleError, check_torch_save
 
     fix = "upload the .device.pt the pipeline wrote (state and architecture key, never a pickled module)"
     try:
-        unsafe = unsafe_globals(pickle_globals(path))
-    except UnsafeArchiveError as err:
+        with zipfile.ZipFile(path) as archive:
+            check_zip(archive, "the checkpoint")
+            check_torch_save(archive)
+    except (UnsafePickleError, ArchiveRefused) as err:
         raise ArtifactError(f"a torch.save file refused: {err}", fix=fix, status=422) from None
-    except Exception as err:  # noqa: BLE001 (pickletools and zipfile raise several types on damaged bytes)
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
         raise ArtifactError(f"a damaged torch.save checkpoint: {type(err).__name__}: {err}", status=422) from None
-    if unsafe:
-        raise ArtifactError(f"a torch.save file that pickles Python objects, not only tensors ({', '.join(unsafe[:3])})"
-                            ": loading it would run code", fix=fix, status=422)
     return "torch-checkpoint"
 
 
+@_kind("onnx")
 def _check_onnx(path: Path) -> str:
     onnx = require("onnx", "onnx", "pip install 'edgefold[device]'")
     try:
         model = onnx.load(os.fspath(path), load_external_data=False)
+    except Exception as err:  # protobuf's DecodeError, …
+        model = err
+    if not isinstance(model, Exception):
+        _check_onnx_contents(onnx, model)  # first: onnx's checker would name an outside path less plainly
+    try:
+        if isinstance(model, Exception):
+            raise model
         onnx.checker.check_model(model)
     except Exception as err:  # protobuf's DecodeError, onnx's ValidationError, …
         raise ArtifactError(f"not a valid ONNX model: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
@@ -139,3 +207,59 @@ def _check_onnx(path: Path) -> str:
     if not model.graph.input:
         raise ArtifactError("the ONNX model has no inputs", status=422)
     return "onnx"
+
+
+def _onnx_graphs(onnx, model):
+    """Every graph of the model (subgraphs of If/Loop/Scan included) and every local function's nodes."""
+    pending = [model.graph]
+    while pending:
+        graph = pending.pop()
+        yield graph.name, list(graph.node), list(graph.initializer), list(graph.sparse_initializer)
+        for node in graph.node:
+            for attr in node.attribute:
+                pending.extend([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs))
+    for function in model.functions:
+        yield f"function {function.domain}:{function.name}", list(function.node), [], []
+
+
+def _check_onnx_contents(onnx, model) -> None:
+    """Refuses tensors stored outside the file and nodes of domains no runtime here implements."""
+    local = {(f.domain, f.name) for f in model.functions}
+    for where, nodes, initializers, sparse in _onnx_graphs(onnx, model):
+        tensors = [*initializers, *(s.values for s in sparse), *(s.indices for s in sparse)]
+        for node in nodes:
+            for attr in node.attribute:
+                tensors.extend([attr.t] if attr.type == onnx.AttributeProto.TENSOR else list(attr.tensors))
+                if attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+                    tensors.extend([attr.sparse_tensor.values, attr.sparse_tensor.indices])
+            if node.domain not in ONNX_DOMAINS and (node.domain, node.op_type) not in local:
+                raise ArtifactError(
+                    f"the ONNX model's node {node.name or node.op_type!r} ({where}) is op {node.op_type!r} of domain "
+                    f"{node.domain!r}: a custom op the runtime would look up in code the model does not carry",
+                    fix="export with standard ONNX ops only (TensorRT plugins and custom ops are not run on uploads)",
+                    status=422)
+        for tensor in tensors:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                location = next((e.value for e in tensor.external_data if e.key == "location"), "?")
+                raise ArtifactError(
+                    f"the ONNX model's tensor {tensor.name!r} keeps its data outside the file (location "
+                    f"{location!r}): the agent stores one file per artifact and would read that path from its own disk",
+                    fix="save the model with its weights inside: onnx.save_model(model, path, "
+                        "save_as_external_data=False) (models under 2 GiB)", status=422)
+
+
+class UnsafeArtifactError(RunnerError):
+    """A stored artifact that fails its upload check when a job is about to load it."""
+
+
+def verify(path: str | os.PathLike, kind: str) -> None:
+    """The upload check of ``kind``, made again on the stored file just before a runner loads it.
+
+    Raises:
+        UnsafeArtifactError: The file fails it (named, with the check's reason); nothing of it was loaded.
+    """
+    try:
+        _KINDS[kind](Path(path))
+    except ArtifactError as err:
+        raise UnsafeArtifactError(f"{Path(path).name} fails the {kind} check and was not loaded: {err.message}",
+                                  fix=err.fix or "upload the artifact again through the agent") from None

@@ -159,6 +159,19 @@ def smoke(runner, chw: tuple[int, ...], preprocess: dict[str, Any] | None) -> di
             "top1_index": int(out.reshape(out.shape[0], -1)[0].argmax()), "preprocess": prep.to_dict()}
 
 
+def verify_stored(job: dict[str, Any]) -> None:
+    """Each stored file the job names passes its upload check again (:func:`device.artifacts.verify`), by the kind its
+    suffix says the agent stored it as: a file put into the store by other means fails the job here, unread."""
+    from device.artifacts import verify
+    from device.store import ARTIFACT_SUFFIX
+
+    for key in ("artifact_path", "evaluation_path", "head_path"):
+        path = job.get(key)
+        kind = next((k for k, suffix in ARTIFACT_SUFFIX.items() if path and str(path).endswith(suffix)), None)
+        if path and kind:
+            verify(path, kind)
+
+
 def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     """Runs one job described by the agent's ``job.json``; returns the result document."""
     spec = JobSpec.model_validate(job["spec"])
@@ -168,6 +181,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
 
     progress("loading")
     started = time.perf_counter()
+    verify_stored(job)
     # A sweep's first accelerator is the job's runner (smoke, profile, evaluation); the others are loaded beside it.
     # A job's own dla_core (a sweep's accelerators left at gpu) keeps the job on that core, as before 2.3.
     accelerators = list(spec.sweep.accelerators) if spec.sweep is not None and spec.dla_core is None else [None]

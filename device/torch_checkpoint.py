@@ -22,7 +22,6 @@ torch is imported inside the functions: ``device`` imports without it.
 from __future__ import annotations
 
 import os
-import pickletools
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -177,6 +176,29 @@ def torch_load(path: Path, what: str, fix_unsafe: str, fix_corrupt: str) -> Any:
         raise CheckpointError(f"{what} {problem}", fix=fix) from None
 
 
+def check_archive(path: Path, what: str, fix: str) -> None:
+    """The torch-free check the agent makes at upload (:func:`device.safe_pickle.check_torch_save`), made again before
+    ``torch.load``: torch's weights-only unpickler is the second wall, not the only one. A legacy (non-zip) file is
+    left to that unpickler: the pipeline reads users' older state dicts, and the agent accepts only zip archives.
+
+    Raises:
+        CheckpointError: The archive's pickle could run code or is not what torch.save of tensors writes.
+    """
+    from device.archive_check import ArchiveRefused, check_zip
+    from device.safe_pickle import UnsafePickleError, check_torch_save
+
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            check_zip(archive, what)
+            check_torch_save(archive)
+    except (UnsafePickleError, ArchiveRefused) as err:
+        raise CheckpointError(f"{what} refused: {err}", fix=fix) from None
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        raise CheckpointError(f"{what} is a damaged torch archive ({err})", fix=fix) from None
+
+
 UNSAFE = "holds pickled Python objects, not only tensors (refused: loading runs code)"
 
 
@@ -189,6 +211,7 @@ def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that prod
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist", fix=fix)
+    check_archive(path, f"checkpoint {path}", fix)
     payload = torch_load(path, f"checkpoint {path}", fix_unsafe=fix, fix_corrupt=fix)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an EdgeFold checkpoint ({FORMAT})",
@@ -274,67 +297,3 @@ def load_for_export(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
     return model, {"arch": payload["arch"], "quantized": modelopt is not None,
                    "input_chw": tuple(int(d) for d in chw) if chw else None,
                    "modelopt": (modelopt or {}).get("version")}
-
-
-# What a checkpoint's pickle may reference. torch.save writes pickle protocol 2 (torch.serialization's
-# DEFAULT_PROTOCOL), where a global is named only by the GLOBAL opcode, so every other way of naming or calling one
-# is refused outright; the GLOBALs must be what torch.load(weights_only=True) needs for tensors, dicts and dtypes.
-# Checked at upload, without torch, so a bad file is refused before it is stored (torch's own weights-only
-# unpickler still runs on load: this is a second wall, not the only one).
-_SAFE_MODULES = {"torch", "torch._utils", "collections"}
-_SAFE_COLLECTIONS = {"OrderedDict"}
-_SAFE_TORCH = {"Size", "device", "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
-               "uint8", "bool", "float8_e4m3fn", "float8_e5m2"}
-_REFUSED_OPCODES = {"STACK_GLOBAL", "INST", "OBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4"}
-# A TorchScript archive: torch < 2.6 hands it to torch.jit.load even under weights_only=True (CVE-2025-32434).
-_TORCHSCRIPT_ENTRIES = ("/constants.pkl", "/code/")
-MAX_PICKLE_BYTES = 256 << 20  # the pickle of a checkpoint is its small metadata; the tensors are separate entries
-
-
-class UnsafeArchiveError(ValueError):
-    """A torch.save archive refused before loading: it could run code or exhaust memory."""
-
-
-def pickle_globals(path: str | os.PathLike) -> list[str]:
-    """The ``module name`` globals a torch.save archive's pickle references (read with pickletools, no torch).
-
-    Raises:
-        UnsafeArchiveError: A TorchScript archive; a compressed or oversized pickle entry (torch.save stores entries
-            uncompressed: a compressed one could expand without bound); or an opcode that names or calls a global
-            other than ``GLOBAL`` (see :data:`_REFUSED_OPCODES`).
-        ValueError: Not exactly one ``data.pkl``, or a pickle that does not parse.
-    """
-    with zipfile.ZipFile(path) as archive:
-        entries = archive.infolist()
-        script = [e.filename for e in entries if any(mark in f"/{e.filename}" for mark in _TORCHSCRIPT_ENTRIES)]
-        if script:
-            raise UnsafeArchiveError(f"a TorchScript archive ({script[0]}): torch before 2.6 runs its code even "
-                                     "with weights_only=True")
-        data = [e for e in entries if e.filename.endswith("/data.pkl") or e.filename == "data.pkl"]
-        if len(data) != 1:
-            raise ValueError(f"expected one data.pkl in the archive, found {len(data)}")
-        if data[0].compress_type != zipfile.ZIP_STORED or data[0].file_size > MAX_PICKLE_BYTES:
-            raise UnsafeArchiveError(f"{data[0].filename} is compressed or over {MAX_PICKLE_BYTES >> 20} MiB "
-                             f"({data[0].file_size} bytes): torch.save stores it uncompressed and small")
-        pickled = archive.read(data[0])
-    found = []
-    for op, arg, _ in pickletools.genops(pickled):
-        if op.name in _REFUSED_OPCODES:
-            raise UnsafeArchiveError(f"its pickle uses {op.name}, which torch.save (protocol 2) never writes")
-        if op.name == "GLOBAL":
-            found.append(str(arg))
-    return sorted(set(found))
-
-
-def unsafe_globals(names: list[str]) -> list[str]:
-    """The globals of :func:`pickle_globals` that a tensors-only checkpoint never needs."""
-    unsafe = []
-    for name in names:
-        module, _, attr = name.partition(" ")
-        if module not in _SAFE_MODULES or (module == "collections" and attr not in _SAFE_COLLECTIONS):
-            unsafe.append(name)
-        elif module == "torch._utils" and not attr.startswith("_rebuild_"):
-            unsafe.append(name)
-        elif module == "torch" and attr not in _SAFE_TORCH and not attr.endswith("Storage"):
-            unsafe.append(name)
-    return unsafe

@@ -1,7 +1,10 @@
 """Torch runner for data-center baselines where TensorRT is not installed.
 
-Runs a ``torch.export`` program (``.pt2``, saved with ``torch.export.save``): a serialized graph and
-its weights, not a pickled module, so loading it runs no arbitrary code. On CUDA it supports
+Runs a ``torch.export`` program (``.pt2``, saved with ``torch.export.save``): a serialized graph and its weights.
+``torch.export.load`` itself would unpickle parts of the file without restriction; here it is loaded through
+:func:`device.runners.export_load.load_program`, which trusts only a file that passes the upload check again (ATen
+and quantize operators, integer shape expressions, tensor-only pickles) and refuses any unrestricted unpickling while
+torch reads it. What it still trusts: torch's own operators and its weights-only unpickler. On CUDA it supports
 fp32/bf16/fp16, channels_last, and replaying a captured CUDA graph (what a serving stack does to
 hide launch overhead at batch 1). torch is imported only when this runner loads.
 """
@@ -13,7 +16,9 @@ import os
 import numpy as np
 
 from device.errors import ConfigError, RunnerError, require
+from device.artifacts import UnsafeArtifactError
 from device.runners import Runner
+from device.runners.export_load import load_program
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -55,7 +60,9 @@ class TorchRunner(Runner):
             props = torch.cuda.get_device_properties(0)
             self.pci_bus_id = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
         try:
-            program = torch.export.load(self.path)
+            program = load_program(torch, self.path)
+        except UnsafeArtifactError:
+            raise
         except Exception as err:  # torch raises several types for a foreign or truncated archive
             raise RunnerError(f"{self.path} is not a torch.export program: {err}",
                              fix="save the model with torch.export.save(torch.export.export(model, args), path)") from None

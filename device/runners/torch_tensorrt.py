@@ -14,7 +14,9 @@ What it does, per job:
 
 1. Reads the program's serialization schema and torch version from the archive (no torch needed) and refuses,
    naming both versions, a program this device's torch cannot load (:func:`check_program_versions`).
-2. Loads it with ``torch.export.load`` and reads its precision from the graph: INT8 when it carries ModelOpt's
+2. Loads it through :func:`device.runners.export_load.load_program` (the agent's upload check made again: ATen and
+   quantize operators only, integer shape expressions, tensor-only pickles; then ``torch.export.load`` with every
+   unpickling weights-only and its ``weights_only=False`` fallback refused) and reads its precision from the graph: INT8 when it carries ModelOpt's
    quantizer ops (``tensorrt.quantize_op``), FP16 when its weights are half, else FP32; the job's precision
    must agree, except that an FP32 program may be run in FP16 (the runner casts the module, then the graph
    is FP16 before it is compiled, so what is compiled is what is timed).
@@ -32,6 +34,11 @@ What it does, per job:
 4. Where the job asks for the per-layer profile: times each TensorRT engine's layers with Torch-TensorRT's own
    engine profiler (:mod:`device.runners.torch_tensorrt_profile`, rules ``engine_profiler*``), or says why it
    cannot (no C++ runtime, no engine) instead of filling the table with guesses.
+
+What loading trusts: torch's operators, its weights-only unpickler, ModelOpt's quantize op when the program names it,
+and the compiled programs in the engine cache, which this runner wrote itself (``torch_tensorrt.load`` of those runs
+their pickles unrestricted: the cache directory must stay the agent's own). A device checkpoint is read by
+:func:`device.torch_checkpoint.read_payload`: the upload's pickle check again, then ``torch.load(weights_only=True)``.
 
 torch and torch_tensorrt are imported only in :meth:`TorchTensorRTRunner.load`, so ``device`` imports without them.
 """
@@ -474,8 +481,13 @@ class TorchTensorRTRunner(Runner):
             # The quantize op is ModelOpt's: it must be registered before the program is deserialized.
             require("modelopt.torch.quantization", "NVIDIA ModelOpt",
                     "pip install nvidia-modelopt (Torch-TensorRT compiles INT8 programs through ModelOpt's op)")
+        from device.artifacts import UnsafeArtifactError
+        from device.runners.export_load import load_program
+
         try:
-            return torch.export.load(self.path)
+            return load_program(torch, self.path)
+        except UnsafeArtifactError:
+            raise
         except Exception as err:  # torch raises several types for a foreign or truncated archive
             if versions.schema == tuple(schema)[:2] and versions.torch in (None, torch.__version__):
                 raise RunnerError(f"torch {torch.__version__} could not load {Path(self.path).name}: {err}",

@@ -1,0 +1,279 @@
+"""What a ``torch.export`` program (``.pt2``) may hold before the device loads it, checked without torch.
+
+``torch.export.load`` trusts its file: in torch 2.14 it unpickles pickled weights and constants with
+``weights_only=False``, retries sample inputs the same way when the safe load refuses them, unpickles "opaque"
+constants with ``pickle.loads``, resolves a node's target by walking attributes from ``torch`` (``torch.os.system`` is
+a valid walk), and hands every symbolic-shape string to ``sympy.sympify``, which evaluates it as Python. So a program
+is accepted only when every one of those inputs is inert:
+
+* the zip's entries are bounded in count and size, stored or deflated within a ratio, under one root, with names that
+  stay inside the archive, and each is one of the entries ``torch.export.save`` writes (no AOTInductor shared
+  libraries, no TorchScript or opaque-object constants);
+* every pickle (sample inputs, pickled weights and tensor constants, legacy weight files) passes
+  :func:`device.safe_pickle.check_torch_save`;
+* in ``models/*.json``, every operator is an ATen, prims or quantize op (or one of ``operator``'s, ``math``'s and
+  torch's ``sym_*`` helpers) and every shape expression parses to sympy's and torch's symbolic functions over
+  integer symbols and literals.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import zipfile
+from pathlib import PurePosixPath
+from typing import Any
+
+from device.safe_pickle import UnsafePickleError, check_torch_save
+
+MAX_ENTRIES = 20_000
+MAX_ENTRY_BYTES = 8 << 30
+MAX_TOTAL_BYTES = 16 << 30
+MAX_RATIO = 200  # a deflated entry may expand at most this much (zip bombs reach 1000× and more)
+MAX_JSON_BYTES = 64 << 20
+MAX_JSON_DEPTH = 200
+
+# The entries torch.export.save writes (torch/export/pt2_archive/constants.py, 2.6-2.14), under the archive's root.
+_NAME = r"[A-Za-z0-9_.\-]+"
+_PROGRAM_ENTRIES = [re.compile(p) for p in (
+    r"archive_format", r"archive_version", r"byteorder", r"version", r"\.data/version", r"\.data/serialization_id",
+    rf"models/{_NAME}\.json", rf"data/sample_inputs/{_NAME}\.pt",
+    rf"data/weights/{_NAME}", rf"data/constants/{_NAME}", r"extra/[^/]+",
+)]
+_REFUSED_ENTRIES = {
+    "data/aotinductor/": "an AOTInductor package: its compiled shared libraries would be loaded and run",
+    "data/executorch/": "an ExecuTorch payload, which this device does not run",
+    "data/mtia/": "an MTIA payload, which this device does not run",
+    "data/constants/custom_obj": "a TorchScript custom-object constant, which torch unpickles with code of its class",
+    "data/constants/opaque_obj": "an opaque Python object constant, which torch reads with pickle.loads",
+}
+_FIX = ("export a graph of tensor operations only: torch.export.save(torch.export.export(model, args), path), with "
+        "tensor constants and no custom or opaque objects (EdgeFold's export stage writes such a .pt2)")
+
+# Operators a graph node may name (torch._export.serde.serialize.GraphModuleDeserializer.deserialize_operator).
+_TORCH_OP = re.compile(r"torch\.ops\.(aten|prims|quantized_decomposed|tensorrt|higher_order)\.[A-Za-z][A-Za-z0-9_]*"
+                       r"(\.[A-Za-z][A-Za-z0-9_]*)?|torch\.ops\.aten\._[A-Za-z0-9_]+(\.[A-Za-z][A-Za-z0-9_]*)?")
+_OPERATORS = {"getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne",
+              "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift"}
+_MATH = {"sqrt", "floor", "ceil", "trunc", "exp", "log", "log2", "sin", "cos", "tan", "tanh", "pow", "fabs"}
+_SYM = re.compile(r"torch\._?sym_[a-z_]+")
+
+# Names a shape expression may use (sympy's and torch.utils._sympy.functions' as torch prints them).
+_EXPR_FUNCTIONS = {
+    "Symbol", "Integer", "Float", "Rational", "Add", "Mul", "Pow", "Max", "Min", "Abs", "Eq", "Ne", "Lt", "Le", "Gt",
+    "Ge", "And", "Or", "Not", "Piecewise", "floor", "ceiling", "sqrt", "oo", "zoo", "nan", "true", "false", "True",
+    "False", "FloorDiv", "ModularIndexing", "Where", "PythonMod", "Mod", "CleanDiv", "CeilToInt", "FloorToInt",
+    "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv",
+    "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal", "ToFloat",
+    "Identity", "BitwiseFn_bitwise_and", "BitwiseFn_bitwise_or", "BitwiseFn_bitwise_xor",
+}
+_EXPR_SYMBOL = re.compile(r"[a-z]{1,4}\d+")  # s0, u3, zuf0: torch's symbol names; no Python builtin has this shape
+_EXPR_KEYWORDS = {"positive", "integer", "real", "nonnegative", "negative", "nonzero", "finite", "zero"}
+_EXPR_NODES = (ast.Expression, ast.Call, ast.Name, ast.Load, ast.Constant, ast.keyword, ast.BinOp, ast.UnaryOp,
+               ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd, ast.Compare,
+               ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Tuple)
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+class ArchiveRefused(ValueError):
+    """An archive the device will not load; the message names the entry and the reason, :data:`fix` the remedy."""
+
+    fix = _FIX
+
+
+def check_zip(archive: zipfile.ZipFile, what: str) -> str:
+    """Bounds a zip before anything reads it: entry count and sizes, compression ratio, names inside one root.
+
+    Returns:
+        The root folder every entry sits under (``torch.save`` and ``torch.export.save`` write one).
+
+    Raises:
+        ArchiveRefused: A zip bomb, a name that leaves the archive, or entries under several roots.
+    """
+    entries = archive.infolist()
+    if len(entries) > MAX_ENTRIES:
+        raise ArchiveRefused(f"{what} has {len(entries)} entries, over {MAX_ENTRIES}")
+    total, roots, seen = 0, set(), set()
+    for entry in entries:
+        name = entry.filename
+        parts = PurePosixPath(name).parts
+        if (name.startswith(("/", "\\")) or "\\" in name or "\x00" in name or re.match(r"[A-Za-z]:", name)
+                or ".." in parts or not parts):
+            raise ArchiveRefused(f"{what} has an entry named {name!r}, which leaves the archive")
+        if name in seen:
+            raise ArchiveRefused(f"{what} has two entries named {name!r}")
+        seen.add(name)
+        if entry.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise ArchiveRefused(f"{what}: entry {name} uses compression method {entry.compress_type}")
+        if entry.file_size > MAX_ENTRY_BYTES or (
+                entry.compress_type == zipfile.ZIP_DEFLATED and entry.file_size > MAX_RATIO * max(entry.compress_size, 1)):
+            raise ArchiveRefused(f"{what}: entry {name} expands to {entry.file_size} bytes from "
+                                 f"{entry.compress_size} (a zip bomb)")
+        total += entry.file_size
+        roots.add(parts[0])
+    if total > MAX_TOTAL_BYTES:
+        raise ArchiveRefused(f"{what} expands to {total} bytes, over {MAX_TOTAL_BYTES >> 30} GiB")
+    if len(roots) != 1 or all(len(PurePosixPath(e.filename).parts) < 2 for e in entries):
+        raise ArchiveRefused(f"{what} is not under one root folder ({', '.join(sorted(roots)[:3])})")
+    return roots.pop()
+
+
+def check_program(path) -> None:
+    """Checks a ``.pt2`` as described in the module docstring.
+
+    Raises:
+        ArchiveRefused: The entry or value that is refused, and why.
+    """
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as err:
+        raise ArchiveRefused(f"not a torch.export archive: {err}") from None
+    with archive:
+        root = check_zip(archive, "the program")
+        names = {e.filename[len(root) + 1:]: e for e in archive.infolist() if not e.is_dir()}
+        for name in names:
+            for prefix, why in _REFUSED_ENTRIES.items():
+                if name.startswith(prefix):
+                    raise ArchiveRefused(f"the program holds {name}: {why}")
+            if not any(p.fullmatch(name) for p in _PROGRAM_ENTRIES):
+                raise ArchiveRefused(f"the program holds {name}, which torch.export.save does not write")
+        models = [n for n in names if n.startswith("models/")]
+        if not models:
+            raise ArchiveRefused("the archive holds no models/*.json: not a torch.export program")
+        for name in models:
+            _check_graph_document(_read_json(archive, names[name]), name)
+        pickled = [n for n in names if n.startswith("data/sample_inputs/") or n.endswith(".pt")]
+        for name in names:
+            if name.endswith("_config.json") and name.startswith(("data/weights/", "data/constants/")):
+                pickled += _pickled_payloads(_read_json(archive, names[name]), name)
+        for name in sorted(set(pickled)):
+            if name not in names:
+                raise ArchiveRefused(f"the program's configuration names {name}, which the archive does not hold")
+            _check_nested_torch_save(archive, names[name], name)
+
+
+def _read_json(archive: zipfile.ZipFile, entry: zipfile.ZipInfo) -> Any:
+    if entry.file_size > MAX_JSON_BYTES:
+        raise ArchiveRefused(f"{entry.filename} is {entry.file_size} bytes of JSON, over {MAX_JSON_BYTES >> 20} MiB")
+    try:
+        return load_json(archive.read(entry), entry.filename)
+    except ValueError as err:
+        raise ArchiveRefused(str(err)) from None
+
+
+def load_json(data: bytes | str, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` with its nesting bounded first (CPython's parser recurses: a deep document exhausts the stack).
+
+    Raises:
+        ValueError: Not JSON, or nested deeper than ``max_depth``.
+    """
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    depth = 0
+    for bracket in _BRACKETS.findall(_STRINGS.sub("", text)):  # brackets inside strings do not nest
+        depth += 1 if bracket in "[{" else -1
+        if depth > max_depth:
+            raise ValueError(f"{what} nests deeper than {max_depth} levels")
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{what} is not valid JSON: {err}") from None
+
+
+def _pickled_payloads(config: Any, name: str) -> list[str]:
+    """The entries a weights or constants configuration says are pickled; every ``path_name`` a plain file name."""
+    folder = name.rsplit("/", 1)[0]
+    if not isinstance(config, dict) or not isinstance(config.get("config"), dict):
+        raise ArchiveRefused(f"{name} is not a payload configuration ({{'config': {{...}}}})")
+    pickled = []
+    for fqn, meta in config["config"].items():
+        path_name = meta.get("path_name") if isinstance(meta, dict) else None
+        if not isinstance(path_name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", path_name):
+            raise ArchiveRefused(f"{name}: payload {fqn!r} has path_name {path_name!r}, not a plain file name")
+        if path_name.startswith(("custom_obj", "opaque_obj")):
+            raise ArchiveRefused(f"{name}: constant {fqn!r} is {_REFUSED_ENTRIES['data/constants/' + path_name[:10]]}")
+        if meta.get("use_pickle"):
+            pickled.append(f"{folder}/{path_name}")
+    return pickled
+
+
+def _check_nested_torch_save(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, name: str) -> None:
+    import io
+
+    data = archive.read(entry)
+    try:
+        inner = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile:
+        raise ArchiveRefused(f"{name} is not a torch.save archive (torch would unpickle it as a legacy file)") from None
+    with inner:
+        try:
+            check_zip(inner, name)
+            check_torch_save(inner, f"{name}: ")
+        except UnsafePickleError as err:
+            raise ArchiveRefused(str(err)) from None
+
+
+def _check_graph_document(document: Any, name: str) -> None:
+    """Walks a serialized ExportedProgram: every operator and every shape expression."""
+    stack = [(document, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                where = f"{path}/{key}"
+                if key in ("target", "as_operator") and isinstance(item, str):
+                    _check_operator(item, f"{name}{where}")
+                elif key == "expr_str" and isinstance(item, str):
+                    check_expression(item, f"{name}{where}")
+                elif key == "range_constraints" and isinstance(item, dict):
+                    for symbol in item:
+                        check_expression(symbol, f"{name}{where}")
+                stack.append((item, where))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[]") for item in value)
+
+
+def _check_operator(target: str, where: str) -> None:
+    module, _, attr = target.partition(".")
+    allowed = ("__" not in target and (
+        _TORCH_OP.fullmatch(target) or _SYM.fullmatch(target)
+        or (module == "_operator" and attr in _OPERATORS) or (module == "math" and attr in _MATH)))
+    if not allowed:
+        raise ArchiveRefused(f"{where} names operator {target!r}: only ATen, prims and quantize ops, operator's "
+                             "arithmetic and torch's sym_* helpers are run on this device")
+
+
+def check_expression(text: str, where: str) -> None:
+    """A shape expression as torch serializes it (``Symbol('s77', positive=True, integer=True)``, ``2*s0 + 1``):
+    torch hands it to ``sympy.sympify``, which evaluates it as Python, so only symbols, literals and known functions
+    pass.
+
+    Raises:
+        ArchiveRefused: Anything else, named.
+    """
+    if len(text) > 10_000:
+        raise ArchiveRefused(f"{where}: a shape expression of {len(text)} characters")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise ArchiveRefused(f"{where}: {text[:80]!r} is not a shape expression") from None
+    for node in ast.walk(tree):
+        bad = None
+        if not isinstance(node, _EXPR_NODES):
+            bad = type(node).__name__
+        elif isinstance(node, ast.Name) and node.id not in _EXPR_FUNCTIONS and not _EXPR_SYMBOL.fullmatch(node.id):
+            bad = f"the name {node.id!r}"
+        elif isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _EXPR_FUNCTIONS):
+            bad = "a call of something other than a sympy function"
+        elif isinstance(node, ast.keyword) and node.arg not in _EXPR_KEYWORDS:
+            bad = f"the keyword {node.arg!r}"
+        elif isinstance(node, ast.Constant) and not (
+                isinstance(node.value, (int, float, bool)) or (isinstance(node.value, str)
+                                                               and _EXPR_SYMBOL.fullmatch(node.value))):
+            bad = f"the literal {node.value!r}"
+        if bad:
+            raise ArchiveRefused(f"{where}: shape expression {text[:80]!r} holds {bad} (torch would evaluate it as "
+                                 "Python)")

@@ -1,0 +1,414 @@
+"""Uploaded files never run code on the device: crafted files of every kind the agent accepts, refused at upload
+and, put into the store by other means, refused again when a job would load them. Each crafted payload runs
+``touch MARKER`` if anything executes it; every test asserts the marker never appears. Real torch, ONNX, NumPy and a
+real agent on loopback; no stand-in."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device.artifacts import ArtifactError, UnsafeArtifactError, check, verify
+from device.files import sha256_file
+from tests.device.agent_process import AgentProcess, tiny_onnx
+from tests.slow import slow_fixture
+
+torch = pytest.importorskip("torch")
+
+
+class Touch:
+    """Pickles as a call of ``os.system("touch <marker>")``: what a crafted file smuggles in."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def upload_check(path: Path) -> str:
+    sha = sha256_file(path)
+    return check(path, sha, sha, path.stat().st_size)
+
+
+def refused_at_upload(path: Path, reason: str) -> ArtifactError:
+    with pytest.raises(ArtifactError, match=reason) as err:
+        upload_check(path)
+    assert err.value.status == 422 and err.value.fix
+    return err.value
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> Path:
+    """A two-layer convolutional program, saved by torch.export.save with a dynamic batch (shape expressions)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).eval()
+    exported = torch.export.export(model, (torch.zeros(2, 3, 8, 8),),
+                                   dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    path = tmp_path_factory.mktemp("program") / "model.pt2"
+    torch.export.save(exported, path, extra_files={"edgefold.json": json.dumps({"torch": torch.__version__})})
+    return path
+
+
+def rewrite(source: Path, target: Path, replace: dict[str, bytes | None], compress: int = zipfile.ZIP_STORED) -> Path:
+    """``source``'s entries into ``target`` with some replaced (None drops one), added, or renamed by the key."""
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w", compression=compress) as new:
+        root = old.namelist()[0].split("/")[0]
+        for info in old.infolist():
+            name = info.filename[len(root) + 1:]
+            if name in replace:
+                if replace[name] is not None:
+                    new.writestr(info.filename, replace.pop(name))
+                else:
+                    replace.pop(name)
+                continue
+            new.writestr(info.filename, old.read(info))
+        for name, data in replace.items():
+            new.writestr(name if name.startswith(("/", "..")) else f"{root}/{name}", data)
+    return target
+
+
+def pickled(value) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def entry(path: Path, name: str) -> bytes:
+    with zipfile.ZipFile(path) as archive:
+        return archive.read(next(n for n in archive.namelist() if n.endswith(name)))
+
+
+# -- torch.export programs -------------------------------------------------------------------------------------------
+
+def test_a_program_as_torch_export_save_writes_it_passes_and_loads(program):
+    from device.runners import make_runner
+
+    assert upload_check(program) == "torch-export"
+    with make_runner("torch", str(program)) as runner:
+        assert runner.infer(np.zeros((3, 3, 8, 8), np.float32)).shape == (3, 2)
+
+
+@pytest.fixture
+def crafted(program, tmp_path):
+    """The program with its sample inputs replaced by a pickle that runs ``touch`` (the reported exploit)."""
+    marker = tmp_path / "ran"
+    path = rewrite(program, tmp_path / "crafted.pt2", {"data/sample_inputs/model.pt": pickled(Touch(marker))})
+    return path, marker
+
+
+def test_the_crafted_sample_inputs_run_code_through_plain_torch_export_load(crafted):
+    """The exploit is real on this torch: without EdgeFold's walls, loading the file runs the command."""
+    path, marker = crafted
+    try:
+        torch.export.load(str(path))
+    except Exception:  # noqa: BLE001 (torch fails after the command ran: "'int' object is not subscriptable")
+        pass
+    assert marker.exists()
+
+
+def test_the_crafted_program_is_refused_at_upload_and_never_loaded(crafted):
+    path, marker = crafted
+    err = refused_at_upload(path, r"sample_inputs/model\.pt: it names (posix|os)\.system")
+    assert "torch.export.save" in err.fix
+    with pytest.raises(UnsafeArtifactError, match="fails the torch-export check"):
+        verify(path, "torch-export")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("runtime", ["torch", "torch_tensorrt"])
+def test_a_crafted_program_put_in_the_store_fails_its_runner_without_running(crafted, tmp_path, runtime):
+    from device.runners import make_runner
+
+    if runtime == "torch_tensorrt":
+        pytest.importorskip("torch_tensorrt")
+    path, marker = crafted
+    stored = tmp_path / f"{sha256_file(path)}.pt2"
+    stored.write_bytes(path.read_bytes())
+    with pytest.raises(UnsafeArtifactError, match=r"(posix|os)\.system"):
+        make_runner(runtime, str(stored)).load()
+    assert not marker.exists()
+
+
+def test_the_unsafe_fallback_is_refused_even_when_the_check_is_skipped(crafted, monkeypatch):
+    """The second wall alone: torch.export.load asks for weights_only=False and gets a weights-only load."""
+    import device.runners.export_load as export_load
+
+    path, marker = crafted
+    real_load = torch.load
+    monkeypatch.setattr(export_load, "verify", lambda *_: None)
+    with pytest.raises(UnsafeArtifactError, match="fell back to an unrestricted torch.load .* refused"):
+        export_load.load_program(torch, path)
+    assert not marker.exists() and torch.load is real_load  # torch's loaders are put back
+
+
+def test_pickled_weights_of_plain_tensors_still_load_weights_only(program, tmp_path, monkeypatch):
+    """torch asks weights_only=False for pickled weights; forced to True, plain tensors load and the program runs."""
+    import device.runners.export_load as export_load
+
+    config = json.loads(entry(program, "model_weights_config.json"))
+    name, meta = next(iter(config["config"].items()))
+    meta["use_pickle"] = True
+    weight = torch.frombuffer(bytearray(entry(program, f"weights/{meta['path_name']}")), dtype=torch.float32)
+    weight = weight.reshape([s["as_int"] for s in meta["tensor_meta"]["sizes"]]).clone()
+    path = rewrite(program, tmp_path / "pickled.pt2", {
+        "data/weights/model_weights_config.json": json.dumps(config).encode(),
+        f"data/weights/{meta['path_name']}": pickled(torch.nn.Parameter(weight))})
+    assert upload_check(path) == "torch-export"
+    loaded = export_load.load_program(torch, path)
+    assert torch.equal(loaded.state_dict[name], weight)
+
+
+@pytest.mark.parametrize("what,replace,reason", [
+    ("a pickled weight that runs code", "weights", r"data/weights/weight_0: it names (posix|os)\.system"),
+    ("an opaque object constant", "opaque", "opaque Python object constant"),
+    ("a TorchScript custom object", "custom", "TorchScript custom-object constant"),
+    ("a node calling torch.os.system", "target", r"operator 'torch\.os\.system'"),
+    ("a shape expression that imports os", "expr", "shape expression .* holds"),
+    ("an AOTInductor library", "aoti", "AOTInductor package"),
+    ("an entry that climbs out", "dotdot", "leaves the archive"),
+    ("an absolute entry", "absolute", "leaves the archive"),
+    ("a zip bomb", "bomb", "zip bomb"),
+    ("an unknown entry", "unknown", "torch.export.save does not write"),
+])
+def test_every_way_a_program_could_run_code_is_refused_at_upload(program, tmp_path, what, replace, reason):
+    marker = tmp_path / "ran"
+    document = json.loads(entry(program, "models/model.json"))
+    changes: dict[str, bytes | None] = {}
+    compress = zipfile.ZIP_STORED
+    if replace == "weights":
+        config = json.loads(entry(program, "model_weights_config.json"))
+        first = next(iter(config["config"].values()))
+        first["use_pickle"] = True
+        changes = {"data/weights/model_weights_config.json": json.dumps(config).encode(),
+                   f"data/weights/{first['path_name']}": pickled(Touch(marker))}
+    elif replace in ("opaque", "custom"):
+        prefix = {"opaque": "opaque_obj", "custom": "custom_obj"}[replace]
+        config = {"config": {"c": {"path_name": f"{prefix}0", "is_param": False, "use_pickle": True,
+                                   "tensor_meta": None}}}
+        changes = {"data/constants/model_constants_config.json": json.dumps(config).encode()}
+        if replace == "opaque":  # the entry too, so the archive is what torch.export.save would write
+            import pickle
+
+            changes[f"data/constants/{prefix}0"] = pickle.dumps(Touch(marker))
+    elif replace == "target":
+        document["graph_module"]["graph"]["nodes"][0]["target"] = "torch.os.system"
+        changes = {"models/model.json": json.dumps(document).encode()}
+    elif replace == "expr":
+        sizes = next(v["sizes"] for v in document["graph_module"]["graph"]["tensor_values"].values()
+                     if any("as_expr" in size for size in v["sizes"]))
+        sizes[0] = {"as_expr": {"expr_str": f"__import__('os').system('touch {marker}')", "hint": None}}
+        changes = {"models/model.json": json.dumps(document).encode()}
+    elif replace == "aoti":
+        changes = {"data/aotinductor/model/model.so": b"\x7fELF"}
+    elif replace == "dotdot":
+        changes = {"../evil.txt": b"x"}
+    elif replace == "absolute":
+        changes = {"/tmp/evil.txt": b"x"}
+    elif replace == "bomb":
+        changes = {"extra/padding.txt": b"\0" * (4 << 20)}
+        compress = zipfile.ZIP_DEFLATED
+    elif replace == "unknown":
+        changes = {"code/model.py": b"import os"}
+    path = rewrite(program, tmp_path / f"{replace}.pt2", changes, compress)
+    refused_at_upload(path, reason)
+    with pytest.raises(UnsafeArtifactError):
+        verify(path, "torch-export")
+    assert not marker.exists()
+
+
+def test_the_shape_expression_check_passes_what_torch_writes_and_nothing_callable():
+    from device.archive_check import ArchiveRefused, check_expression
+
+    for text in ("Symbol('s77', positive=True, integer=True)", "2*s0 + 1", "Max(1, s0)", "FloorDiv(s0, 2)", "s0 <= 64",
+                 "-s1 + 3.5"):
+        check_expression(text, "x")
+    for text in ("eval('1')", "s0.__class__", "open(s0)", "Symbol('__import__')", "[s0][0]", "lambda: 1",
+                 "Symbol('s0', evaluate=exec)", "(1).real"):
+        with pytest.raises(ArchiveRefused):
+            check_expression(text, "x")
+
+
+# -- device checkpoints ----------------------------------------------------------------------------------------------
+
+def _checkpoint(tmp_path: Path, pickle_bytes: bytes, storages: dict[str, bytes] | None = None) -> Path:
+    path = tmp_path / "crafted.device.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("ckpt/data.pkl", pickle_bytes)
+        archive.writestr("ckpt/version", b"3\n")
+        for key, data in (storages or {}).items():
+            archive.writestr(f"ckpt/data/{key}", data)
+    return path
+
+
+G_REBUILD = b"ctorch._utils\n_rebuild_tensor_v2\n"
+STORAGE = b"(X\x07\x00\x00\x00storageq\x00ctorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x04tQ"
+HOOKS = b"ccollections\nOrderedDict\n)R"
+
+
+@pytest.mark.parametrize("what,body,reason", [
+    ("hooks that are not empty", G_REBUILD + b"(" + STORAGE + b"K\x00K\x04\x85K\x01\x85\x89ccollections\nOrderedDict\n)R"
+     b"K\x01X\x01\x00\x00\x00xstR.", "arguments that are not a tensor's"),
+    ("a storage that is a string", G_REBUILD + b"(X\x01\x00\x00\x00xK\x00K\x04\x85K\x01\x85\x89" + HOOKS + b"tR.",
+     "arguments that are not a tensor's"),
+    ("a view past its storage", G_REBUILD + b"(" + STORAGE + b"K\x00K\x09\x85K\x01\x85\x89" + HOOKS + b"tR.",
+     "reaches past its storage"),
+    ("state set on a tensor", G_REBUILD + b"(" + STORAGE + b"K\x00K\x04\x85K\x01\x85\x89" + HOOKS + b"tR}bh.",
+     "BUILD"),
+    ("a dtype called", b"ctorch\nfloat32\n)R.", "calls torch.float32"),
+    ("a callable handed around in the memo", b"ctorch\nSize\nq\x00h\x00X\x02\x00\x00\x00osq\x01\x85R.",
+     "torch.Size"),
+    ("os.system by GLOBAL", b"cposix\nsystem\nX\x04\x00\x00\x00trueq\x00\x85R.", r"names posix\.system"),
+])
+def test_a_checkpoint_pickle_is_run_on_symbols_and_refused(tmp_path, what, body, reason):
+    path = _checkpoint(tmp_path, b"\x80\x02" + body, {"0": b"\0" * 16})
+    refused_at_upload(path, reason)
+    with pytest.raises(UnsafeArtifactError):
+        verify(path, "torch-checkpoint")
+
+
+def test_a_real_checkpoint_passes_the_symbolic_run(tmp_path):
+    from device.safe_pickle import Mapping, Tensor, check_torch_save
+
+    state = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).state_dict()
+    path = tmp_path / "real.device.pt"
+    torch.save({"format": "edgefold.checkpoint/1", "state_dict": state, "input_chw": [3, 8, 8],
+                "dtype": torch.float16, "size": torch.Size([1, 2]), "meta": {"top1": 0.5, "ok": True}}, path)
+    assert upload_check(path) == "torch-checkpoint"
+    with zipfile.ZipFile(path) as archive:
+        value = check_torch_save(archive)
+    state_dict = dict(value.items)["state_dict"]
+    assert isinstance(state_dict, Mapping) and state_dict.ordered
+    assert all(isinstance(tensor, Tensor) for _, tensor in state_dict.items)
+
+
+# -- ONNX --------------------------------------------------------------------------------------------------------------
+
+def _with_external(tmp_path: Path, location: str) -> Path:
+    import onnx
+
+    model = onnx.load(tiny_onnx(tmp_path / "tiny.onnx"))
+    weight = model.graph.initializer[0]
+    weight.ClearField("raw_data")
+    weight.ClearField("float_data")
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "864")):
+        weight.external_data.add(key=key, value=value)
+    path = tmp_path / "external.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("location", ["/etc/hostname", "../../secret.bin", "weights.bin"])
+def test_onnx_with_external_data_is_refused_wherever_it_points(tmp_path, location):
+    path = _with_external(tmp_path, location)
+    refused_at_upload(path, f"keeps its data outside the file \\(location '{location}'\\)")
+    with pytest.raises(UnsafeArtifactError, match="outside the file"):
+        verify(path, "onnx")
+
+
+def test_onnx_with_a_custom_op_domain_is_refused(tmp_path):
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(tiny_onnx(tmp_path / "tiny.onnx"))
+    relu = next(n for n in model.graph.node if n.op_type == "Relu")
+    relu.op_type, relu.domain = "EvilRelu", "com.example.plugins"
+    model.opset_import.append(helper.make_opsetid("com.example.plugins", 1))
+    path = tmp_path / "custom.onnx"
+    path.write_bytes(model.SerializeToString())
+    refused_at_upload(path, "op 'EvilRelu' of domain 'com.example.plugins': a custom op")
+
+
+def test_a_job_on_onnx_put_in_the_store_with_external_data_fails_before_loading(tmp_path):
+    from device.jobrun import verify_stored
+
+    path = _with_external(tmp_path, "/etc/hostname")
+    stored = tmp_path / "0123.onnx"
+    stored.write_bytes(path.read_bytes())
+    with pytest.raises(UnsafeArtifactError, match="0123.onnx fails the onnx check"):
+        verify_stored({"artifact_path": str(stored)})
+
+
+def test_an_engine_is_never_accepted(tmp_path):
+    """Engines are built on the device; bytes of a serialized plan (TensorRT's 'ftrt' magic) are refused."""
+    path = tmp_path / "model.engine"
+    path.write_bytes(b"ftrt" + bytes(range(256)) * 64)
+    refused_at_upload(path, "not a valid ONNX model")
+
+
+# -- evaluation sets and detection sidecars ---------------------------------------------------------------------------
+
+def test_an_evaluation_set_with_objects_or_extra_bytes_is_refused(tmp_path):
+    marker = tmp_path / "ran"
+    objects = tmp_path / "objects.npy"
+    np.save(objects, np.array([Touch(marker)], dtype=object), allow_pickle=True)
+    refused_at_upload(objects, "float32 images .* got object")
+    padded = tmp_path / "padded.npy"
+    np.save(padded, np.zeros((2, 3, 4, 4), np.float32))
+    with open(padded, "ab") as handle:
+        handle.write(b"\x80\x02cposix\nsystem\n")
+    refused_at_upload(padded, "header says .* but the file has")
+    good = tmp_path / "good.npy"
+    np.save(good, np.zeros((2, 3, 4, 4), np.float32))
+    assert upload_check(good) == "eval-set"
+    with pytest.raises(UnsafeArtifactError):
+        verify(objects, "eval-set")
+    assert not marker.exists()
+
+
+def test_a_detection_sidecar_of_absurd_size_or_depth_is_refused(tmp_path):
+    deep = tmp_path / "deep.head.json"
+    deep.write_text('{"a": ' + "[" * 200_000 + "]" * 200_000 + "}")  # json.loads would exhaust the stack
+    big = tmp_path / "big.head.json"
+    big.write_text('{"pad": "' + "x" * (2 << 20) + '"}')
+    for path, reason in ((deep, "nests deeper than 32"), (big, "over 1024 KiB")):
+        refused_at_upload(path, reason)
+        with pytest.raises(UnsafeArtifactError):
+            verify(path, "detection-head")
+
+
+# -- through the agent ----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+@slow_fixture
+def agent_with_planted(tmp_path_factory, program):
+    """An agent whose store holds the crafted program, put there by hand before it started."""
+    from device.store import Store
+
+    root = tmp_path_factory.mktemp("agent")
+    marker = root / "ran"
+    crafted = rewrite(program, root / "crafted.pt2", {"data/sample_inputs/model.pt": pickled(Touch(marker))})
+    store = Store(root / "data")
+    sha = sha256_file(crafted)
+    copy = store.temp_file()
+    copy.write_bytes(crafted.read_bytes())
+    store.add_artifact(sha, "torch-export", copy)
+    with AgentProcess(root / "data") as agent:
+        yield agent, crafted, sha, marker
+
+
+def test_the_agent_refuses_the_crafted_upload_and_fails_a_planted_one_without_running_it(agent_with_planted):
+    import httpx
+
+    from tests.device.agent_process import TOKEN
+
+    agent, crafted, sha, marker = agent_with_planted
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    # The same exploit under another hash (the planted one is already stored): refused, and nothing is stored.
+    again = rewrite(crafted, crafted.with_name("again.pt2"), {"extra/note.txt": b"x"})
+    response = httpx.put(f"{agent.url}/v1/artifacts/{sha256_file(again)}", content=again.read_bytes(), headers=auth)
+    assert response.status_code == 422 and "system" in response.text, response.text
+    assert httpx.get(f"{agent.url}/v1/artifacts/{sha256_file(again)}", headers=auth).status_code == 404
+    with agent.client() as client:
+        job = client.submit({"artifact": sha, "runtime": "torch", "precision": "fp32", "batch_sizes": [1],
+                             "iterations": 2, "warmup_iterations": 1, "idle_s": 0, "telemetry": ["host"]})
+        done = client.wait(job["id"], timeout_s=120)
+    assert done["state"] == "failed" and "system" in done["error"] and "fails the torch-export check" in done["error"]
+    assert not marker.exists()
