@@ -5,8 +5,11 @@ export on its own torch (the Torch-TensorRT road, :mod:`device.torch_checkpoint`
 the pipeline imports it (``pipeline`` → ``device``, never back). ``device`` imports without torch: every factory
 imports torch and torchvision when it is called, never at import.
 
-Every factory takes ``num_classes`` and returns an untrained ``nn.Module``; ``classifier`` names the head that
-pruning must never touch and that is replaced when loaded weights were trained for another class count.
+Every factory takes ``num_classes`` and ``in_channels`` and returns an untrained ``nn.Module``; ``classifier`` names
+the head that pruning must never touch and that is replaced when loaded weights were trained for another class count.
+Grey input (``in_channels=1``) replaces the stem, the model's first convolution, with one of the same shape but one
+input channel; ImageNet weights for it are folded by summing the stem's kernels over RGB (:func:`fold_stem_weight`,
+what timm's ``adapt_input_conv`` does for ``in_chans=1``).
 """
 
 from __future__ import annotations
@@ -24,27 +27,64 @@ class Architecture:
 
     Attributes:
         name: Registry key.
-        build: ``build(num_classes) -> nn.Module`` (3-channel input unless stated).
+        build: ``build(num_classes, in_channels) -> nn.Module``.
         classifier: Dotted module name of the final classification layer.
         torchvision_name: The torchvision builder whose ImageNet weights fit, if any.
-        in_channels: Input channels the architecture expects.
     """
 
     name: str
-    build: Callable[[int], Any]
+    build: Callable[[int, int], Any]
     classifier: str
     torchvision_name: str | None = None
-    in_channels: int = 3
 
 
 ARCHITECTURES: Registry[Architecture] = Registry("architecture")
 
 
+def stem_name(model) -> str:
+    """The dotted name of the model's first convolution (every registered architecture begins with one)."""
+    from torch import nn
+
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d):
+            return name
+    raise ValueError(f"{type(model).__name__} has no convolution to take the input")
+
+
+def with_input_channels(model, in_channels: int):
+    """``model`` with its stem replaced by the same convolution over ``in_channels`` inputs (freshly initialised)."""
+    from torch import nn
+
+    name = stem_name(model)
+    stem = model.get_submodule(name)
+    if stem.in_channels == in_channels:
+        return model
+    if stem.groups != 1:
+        raise ValueError(f"the stem {name} of {type(model).__name__} is a grouped convolution")
+    parent, _, attr = name.rpartition(".")
+    replacement = nn.Conv2d(in_channels, stem.out_channels, stem.kernel_size, stride=stem.stride,
+                            padding=stem.padding, dilation=stem.dilation, bias=stem.bias is not None,
+                            padding_mode=stem.padding_mode)
+    setattr(model.get_submodule(parent) if parent else model, attr, replacement)
+    return model
+
+
+def fold_stem_weight(weight, in_channels: int):
+    """A stem kernel trained on RGB (out × 3 × k × k) for ``in_channels`` inputs: summed over RGB for grey, as timm's
+    ``adapt_input_conv`` does, so a grey image x·(1,1,1) gives the same response as before; unchanged for 3."""
+    if weight.shape[1] == in_channels:
+        return weight
+    if in_channels == 1 and weight.shape[1] == 3:
+        return weight.sum(dim=1, keepdim=True)
+    raise ValueError(f"cannot fold a stem of {weight.shape[1]} input channels to {in_channels}")
+
+
 def _torchvision(name: str, classifier: str) -> None:
-    def build(num_classes: int):
+    def build(num_classes: int, in_channels: int = 3):
         import torchvision
 
-        return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+        return with_input_channels(torchvision.models.get_model(name, weights=None, num_classes=num_classes),
+                                   in_channels)
 
     ARCHITECTURES.add(name, Architecture(name, build, classifier, torchvision_name=name))
 
@@ -107,16 +147,17 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-ARCHITECTURES.add("tiny_resnet", Architecture("tiny_resnet", lambda n: tiny_resnet_class()(n), "fc"))
+ARCHITECTURES.add("tiny_resnet", Architecture("tiny_resnet", lambda n, c=3: tiny_resnet_class()(n, in_channels=c),
+                                              "fc"))
 
 
-def build_model(arch: str, num_classes: int):
-    """Builds an untrained model of a registered architecture.
+def build_model(arch: str, num_classes: int, in_channels: int = 3):
+    """Builds an untrained model of a registered architecture for ``in_channels`` input channels (1 or 3).
 
     Raises:
         UnknownKeyError: ``arch`` is not registered (the error suggests near names).
     """
-    return ARCHITECTURES.get(arch).build(num_classes)
+    return ARCHITECTURES.get(arch).build(num_classes, in_channels)
 
 
 def fold_batchnorm(model):

@@ -224,7 +224,7 @@ def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that prod
 
 def model_from_payload(payload: dict, source: str):
     """The float model a checkpoint's dict describes (eval mode, CPU), its pruned widths applied and checked."""
-    model = build_model(payload["arch"], payload["num_classes"])
+    model = build_model(payload["arch"], payload["num_classes"], int(payload.get("in_channels", 3)))
     state_dict = payload["state_dict"]
     apply_structure(model, payload.get("structure") or {}, state_dict)
     load_state_strict(model, state_dict, source)

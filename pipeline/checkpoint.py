@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from device.architectures import fold_stem_weight, stem_name
 from device.errors import CheckpointError
 from device.files import atomic_writer
 # The format and its reading live in device/: the device rebuilds a rung from its checkpoint on its own torch.
@@ -32,6 +33,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, arch: str, num_cl
         "format": FORMAT,
         "arch": arch,
         "num_classes": int(num_classes),
+        "in_channels": int(model.get_submodule(stem_name(model)).in_channels),
         "structure": capture_structure(model),
         "state_dict": {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
         "meta": meta,
@@ -76,6 +78,12 @@ def apply_torchvision_state(model: nn.Module, arch: str, state: dict[str, torch.
     state = {k.removeprefix("module."): v for k, v in state.items()}
     classifier = ARCHITECTURES.get(arch).classifier
     expected = model.state_dict()
+    stem = f"{stem_name(model)}.weight"
+    if stem in state and stem in expected and state[stem].shape[1] != expected[stem].shape[1]:
+        try:  # RGB weights for a grey model: the stem's kernels summed over RGB
+            state[stem] = fold_stem_weight(state[stem], expected[stem].shape[1])
+        except ValueError as err:
+            raise CheckpointError(f"{source}: {err}", fix="set preprocess.channels to the weights' channels") from None
     replaced = []
     for key, tensor in list(state.items()):
         if key in expected and expected[key].shape != tensor.shape:

@@ -32,7 +32,9 @@ class DistillStage(Stage):
 
         shape = ctx.preprocess.input_shape(1)
         # Ten classes stand in for the data's: the head is a rounding error next to the body.
-        teacher, student = build_model(ctx.recipe.teacher.arch, 10), build_model(cfg.student, 10)
+        channels = ctx.preprocess.channels
+        teacher, student = (build_model(ctx.recipe.teacher.arch, 10, channels),
+                            build_model(cfg.student, 10, channels))
         t_macs, s_macs = count_macs(teacher, shape), count_macs(student, shape)
         t_params, s_params = count_parameters(teacher), count_parameters(student)
         if s_macs >= t_macs or s_params >= t_params:
@@ -55,7 +57,7 @@ class DistillStage(Stage):
             arch = info["arch"]
         else:
             torch.manual_seed(cfg.train.seed)
-            arch, student = cfg.student, build_model(cfg.student, num_classes)
+            arch, student = cfg.student, build_model(cfg.student, num_classes, ctx.preprocess.channels)
         device = ctx.device
         train = ctx.batches("train", cfg.train.batch_size, shuffle=True, augment=cfg.train.augment,
                             seed=cfg.train.seed, drop_last=True)

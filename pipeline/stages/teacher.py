@@ -17,8 +17,9 @@ from pipeline.train import class_weights, evaluate, finish_and_score, fit
 from pipeline.log import log
 
 
-def _imagenet_weights(arch: str, num_classes: int) -> tuple[torch.nn.Module, list[str]]:
-    """torchvision's pretrained weights (needs internet), head replaced for ``num_classes``."""
+def _imagenet_weights(arch: str, num_classes: int, in_channels: int) -> tuple[torch.nn.Module, list[str]]:
+    """torchvision's pretrained weights (needs internet), head replaced for ``num_classes``, the stem folded to grey
+    for ``in_channels=1``."""
     import torchvision
 
     entry = ARCHITECTURES.get(arch)
@@ -31,7 +32,7 @@ def _imagenet_weights(arch: str, num_classes: int) -> tuple[torch.nn.Module, lis
             f"could not download torchvision's ImageNet weights for {arch}: {err}",
             fix="WEIGHTS=imagenet needs internet; download the file elsewhere and pass WEIGHTS=/path/to/state_dict.pth",
         ) from None
-    model = build_model(arch, num_classes)
+    model = build_model(arch, num_classes, in_channels)
     replaced = apply_torchvision_state(model, arch, pretrained.state_dict(), f"torchvision's ImageNet weights for {arch}")
     return model, replaced
 
@@ -55,10 +56,11 @@ class TeacherStage(Stage):
         num_classes = ctx.dataset().num_classes
         torch.manual_seed(cfg.train.seed)
         replaced: list[str] = []
+        channels = ctx.preprocess.channels
         if cfg.weights == "imagenet":
-            model, replaced = _imagenet_weights(cfg.arch, num_classes)
+            model, replaced = _imagenet_weights(cfg.arch, num_classes, channels)
         else:
-            model = build_model(cfg.arch, num_classes)
+            model = build_model(cfg.arch, num_classes, channels)
             if cfg.weights:
                 replaced = load_torchvision_weights(model, cfg.arch, cfg.weights)
         test = ctx.batches("test", ctx.recipe.evaluate.batch_size)

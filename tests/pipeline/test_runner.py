@@ -197,3 +197,26 @@ def test_a_failed_rerun_keeps_the_previous_outputs(run_copy, monkeypatch):
     after = json.loads((run_copy / "manifest.json").read_text())["stages"]["prune"]
     assert after == before, "the manifest still describes the previous prune"
     assert sha256_file(checkpoint) == before["sha256"][before["outputs"]["model"]]
+
+
+@pytest.mark.slow
+def test_grey_input_runs_end_to_end(tmp_path):
+    """preprocess.channels: 1 builds a one-channel stem, exports and quantizes one-channel ONNX, and the loopback
+    agent's jobs (fed by the device's preprocessing) time and score it."""
+    import onnx
+
+    overrides = {"preprocess.channels": 1, "preprocess.mean": [0.3], "preprocess.std": [0.38],
+                 "teacher.train.epochs": 3, "distill.train.epochs": 2, "deploy.rounds": 1}
+    ctx = run_pipeline("tiny", runs_dir=tmp_path, overrides=overrides)
+    student, info = load_checkpoint(ctx.run_dir / "distill" / "model.pt")
+    assert student(torch.zeros(1, 1, 16, 16)).shape == (1, 10)
+    for path in (ctx.run_dir / "export" / "student.onnx", ctx.run_dir / "quantize" / "student.int8.onnx"):
+        dims = onnx.load(path).graph.input[0].type.tensor_type.shape.dim
+        assert [d.dim_value for d in dims[1:]] == [1, 16, 16], path
+    rungs = ctx.manifest.data["stages"]["evaluate"]["metrics"]["rungs"]
+    assert rungs["teacher"]["top1"] >= 0.8
+    rows = json.loads((ctx.run_dir / "report" / "results.json").read_text())["rows"]
+    measured = {row["rung"]: row for row in rows if row["status"] == "measured"}
+    assert {"teacher", "student", "student_int8"} <= set(measured)
+    assert all(row["latency_p50_ms"] > 0 for row in measured.values())
+    assert measured["student_int8"]["device_top1"] == pytest.approx(rungs["student_int8"]["top1"], abs=0.05)
