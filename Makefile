@@ -23,6 +23,9 @@ DOCKER   ?= docker
 BUNDLE_DIR ?= dist
 RUNS     ?= runs
 EXTRAS   ?= build,device,modelopt,nvml,dev
+# The exact versions the tests and benchmarks ran with, for x86_64 and aarch64 (make lock refreshes it); setup.cfg
+# keeps ranges for people who install EdgeFold into an environment of their own. LOCK= (empty) installs without it.
+LOCK     ?= constraints.txt
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist, the dev extra); each test file runs whole on one worker, the longest files first
 # (tests/conftest.py). 1: no xdist.
@@ -55,7 +58,7 @@ RUN_CMD := $(if $(filter-out 1,$(NPROC)),$(BIN)/torchrun --standalone --nproc_pe
 
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: help venv agent-venv edge test bench data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
+.PHONY: help venv agent-venv lock edge test bench data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
 
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
@@ -70,6 +73,7 @@ help:
 	@echo "make test                  run the tests (TEST_WORKERS=2 pytest-xdist workers; PYTEST_ARGS=...)"
 	@echo "make bench                 time the default run (first and cached) into bench/results/"
 	@echo "make data                  install Fashion-MNIST (Debian's dataset-fashion-mnist)"
+	@echo "make lock                  re-resolve constraints.txt, the exact versions make installs (x86_64 and aarch64)"
 	@echo "make clean | distclean     remove runs/ | also the virtual environment"
 
 venv: $(STAMP)
@@ -87,9 +91,11 @@ venv-system-site: $(BIN)/python
 	  { echo "$(VENV) was made without the system's packages (JetPack's TensorRT lives there): switching it over"; \
 	    $(PYTHON) -m venv --system-site-packages --upgrade --without-pip $(VENV); },@true)
 
-$(STAMP): setup.cfg pyproject.toml | venv-system-site
+LOCK_ARGS := $(if $(LOCK),-c '$(LOCK)')
+
+$(STAMP): setup.cfg pyproject.toml $(LOCK) | venv-system-site
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]' $(LOCK_ARGS)
 	touch $@
 
 # Fashion-MNIST is only needed when the recipe (or DATA=) asks for it.
@@ -119,10 +125,22 @@ bench: $(STAMP) data
 
 agent-venv: $(AGENT_STAMP)
 
-$(AGENT_STAMP): setup.cfg pyproject.toml | venv-system-site
+$(AGENT_STAMP): setup.cfg pyproject.toml $(LOCK) | venv-system-site
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[$(AGENT_EXTRAS)]'
+	$(BIN)/python -m pip install --quiet -e '.[$(AGENT_EXTRAS)]' $(LOCK_ARGS)
 	touch $@
+
+# One universal resolve (uv) of every extra make installs, for Python 3.10+ on x86_64 and aarch64 (markers say
+# which line is whose). Re-run after changing setup.cfg, then make test.
+LOCK_EXTRAS := build device modelopt nvml dev jetson
+lock: | venv-system-site
+	$(BIN)/python -m pip install --quiet 'uv>=0.9'
+	@{ echo "# EdgeFold's lock: generated $$(date -u +%Y-%m-%d) by 'make lock', which runs:"; \
+	   echo "#   uv pip compile setup.cfg $(foreach e,$(LOCK_EXTRAS),--extra $(e)) --universal --python-version 3.10"; \
+	   echo "# make installs with it as pip constraints (-c); setup.cfg keeps the ranges."; \
+	   $(BIN)/uv pip compile setup.cfg $(foreach e,$(LOCK_EXTRAS),--extra $(e)) --universal --python-version 3.10 \
+	     --no-header --quiet; } > $(LOCK).new && mv $(LOCK).new $(LOCK)
+	@echo "wrote $(LOCK): $$(grep -c '==' $(LOCK)) pins"
 
 # Its first line says which TensorRT it found (or why none) and what runtime `auto` will measure with.
 agent: $(AGENT_STAMP)

@@ -68,6 +68,11 @@ _EXPR_FUNCTIONS = {
     "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal", "ToFloat",
     "Identity", "BitwiseFn_bitwise_and", "BitwiseFn_bitwise_or", "BitwiseFn_bitwise_xor",
 }
+# Keys whose values torch writes into generated source as attribute paths (ExportGraphSignature's specs).
+_PATH_KEYS = {"parameter_name", "buffer_name", "tensor_constant_name", "custom_obj_name", "fqn"}
+_ATTRIBUTE_PATH = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+_TREESPEC_TYPES = {None, "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict",
+                   "torch.fx.immutable_collections.immutable_list", "torch.fx.immutable_collections.immutable_dict"}
 _EXPR_SYMBOL = re.compile(r"[a-z]{1,4}\d+")  # s0, u3, zuf0: torch's symbol names; no Python builtin has this shape
 _EXPR_KEYWORDS = {"positive", "integer", "real", "nonnegative", "negative", "nonzero", "finite", "zero"}
 _EXPR_NODES = (ast.Expression, ast.Call, ast.Name, ast.Load, ast.Constant, ast.keyword, ast.BinOp, ast.UnaryOp,
@@ -190,6 +195,7 @@ def _pickled_payloads(config: Any, name: str) -> list[str]:
         raise ArchiveRefused(f"{name} is not a payload configuration ({{'config': {{...}}}})")
     pickled = []
     for fqn, meta in config["config"].items():
+        check_attribute_path(fqn, f"{name}: payload name")
         path_name = meta.get("path_name") if isinstance(meta, dict) else None
         if not isinstance(path_name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", path_name):
             raise ArchiveRefused(f"{name}: payload {fqn!r} has path_name {path_name!r}, not a plain file name")
@@ -217,23 +223,76 @@ def _check_nested_torch_save(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, n
 
 
 def _check_graph_document(document: Any, name: str) -> None:
-    """Walks a serialized ExportedProgram: every operator and every shape expression."""
+    """Walks a serialized ExportedProgram: every operator, shape expression, attribute path, argument name and
+    pytree spec (torch turns the first into calls, the second into Python it evaluates, the next two into the source
+    of the ``forward`` it generates, and the last into imports)."""
     stack = [(document, "")]
     while stack:
         value, path = stack.pop()
         if isinstance(value, dict):
             for key, item in value.items():
-                where = f"{path}/{key}"
+                where = f"{name}{path}/{key}"
                 if key in ("target", "as_operator") and isinstance(item, str):
-                    _check_operator(item, f"{name}{where}")
+                    _check_operator(item, where)
                 elif key == "expr_str" and isinstance(item, str):
-                    check_expression(item, f"{name}{where}")
+                    check_expression(item, where)
                 elif key == "range_constraints" and isinstance(item, dict):
                     for symbol in item:
-                        check_expression(symbol, f"{name}{where}")
-                stack.append((item, where))
+                        check_expression(symbol, where)
+                elif key in _PATH_KEYS and isinstance(item, str):
+                    check_attribute_path(item, where)
+                elif key == "forward_arg_names" and isinstance(item, list):
+                    for argument in item:
+                        _check_identifier(argument, where)
+                elif key in ("in_spec", "out_spec") and isinstance(item, str):
+                    _check_treespec(item, where)
+                stack.append((item, f"{path}/{key}"))
         elif isinstance(value, list):
             stack.extend((item, f"{path}[]") for item in value)
+
+
+def check_attribute_path(text: Any, where: str) -> None:
+    """A module attribute path (``layer1.0.conv1.weight``, or ``""`` for the root): torch writes it into generated
+    Python source (``getattr(self, "…")``), so anything but dot-separated words is refused."""
+    if not isinstance(text, str) or not (text == "" or _ATTRIBUTE_PATH.fullmatch(text)):
+        raise ArchiveRefused(f"{where}: {str(text)[:80]!r} is not a module attribute path (words joined by dots); "
+                             "torch would write it into the program's generated code")
+
+
+def _check_identifier(text: Any, where: str) -> None:
+    import keyword
+
+    if not isinstance(text, str) or not text.isidentifier() or keyword.iskeyword(text):
+        raise ArchiveRefused(f"{where}: argument name {str(text)[:80]!r} is not a Python identifier; torch would "
+                             "write it into the program's generated code")
+
+
+def _check_treespec(text: str, where: str) -> None:
+    """A serialized pytree spec (``[protocol, {"type", "context", "children_spec"}]``): only the containers a model's
+    inputs and outputs use, with contexts of plain keys. torch resolves ``type`` by name and decodes ``context`` with a
+    hook that imports any module named in an ``__enum__`` object."""
+    try:
+        document = load_json(text, where, max_depth=MAX_JSON_DEPTH)
+    except ValueError as err:
+        raise ArchiveRefused(str(err)) from None
+    if not (isinstance(document, list) and len(document) == 2 and isinstance(document[1], dict)):
+        raise ArchiveRefused(f"{where}: not a pytree spec ([protocol, node])")
+    nodes = [document[1]]
+    while nodes:
+        node = nodes.pop()
+        if not isinstance(node, dict) or node.get("type") not in _TREESPEC_TYPES:
+            kind = node.get("type") if isinstance(node, dict) else node
+            raise ArchiveRefused(f"{where}: pytree node type {str(kind)[:80]!r} (only tuples, lists, dicts and "
+                                 f"leaves: {', '.join(sorted(t for t in _TREESPEC_TYPES if t))})")
+        context = node.get("context")
+        decoded = load_json(context, where) if isinstance(context, str) else context
+        if decoded is not None and not (isinstance(decoded, list) and all(
+                isinstance(key, (str, int)) and not isinstance(key, bool) for key in decoded)):
+            raise ArchiveRefused(f"{where}: pytree context {str(context)[:80]!r} is not null or a list of plain keys")
+        children = node.get("children_spec", [])
+        if not isinstance(children, list):
+            raise ArchiveRefused(f"{where}: pytree children_spec is not a list")
+        nodes.extend(children)
 
 
 def _check_operator(target: str, where: str) -> None:
@@ -244,6 +303,21 @@ def _check_operator(target: str, where: str) -> None:
     if not allowed:
         raise ArchiveRefused(f"{where} names operator {target!r}: only ATen, prims and quantize ops, operator's "
                              "arithmetic and torch's sym_* helpers are run on this device")
+
+
+MAX_EXPONENT = 64
+_POWER_FUNCTIONS = {"Pow", "PowByNatural", "FloatPow"}
+
+
+def _is_power(node: ast.AST) -> bool:
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _POWER_FUNCTIONS)
+
+
+def _small_exponent(node: ast.AST) -> bool:
+    exponent = node.right if isinstance(node, ast.BinOp) else (node.args[1] if len(node.args) == 2 else None)
+    return (isinstance(exponent, ast.Constant) and type(exponent.value) is int
+            and abs(exponent.value) <= MAX_EXPONENT)
 
 
 def check_expression(text: str, where: str) -> None:
@@ -258,7 +332,7 @@ def check_expression(text: str, where: str) -> None:
         raise ArchiveRefused(f"{where}: a shape expression of {len(text)} characters")
     try:
         tree = ast.parse(text, mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # deep nesting exhausts the parser
         raise ArchiveRefused(f"{where}: {text[:80]!r} is not a shape expression") from None
     for node in ast.walk(tree):
         bad = None
@@ -270,6 +344,8 @@ def check_expression(text: str, where: str) -> None:
             bad = "a call of something other than a sympy function"
         elif isinstance(node, ast.keyword) and node.arg not in _EXPR_KEYWORDS:
             bad = f"the keyword {node.arg!r}"
+        elif _is_power(node) and not _small_exponent(node):
+            bad = f"a power whose exponent is not an integer literal of at most {MAX_EXPONENT} (sympy would compute it)"
         elif isinstance(node, ast.Constant) and not (
                 isinstance(node.value, (int, float, bool)) or (isinstance(node.value, str)
                                                                and _EXPR_SYMBOL.fullmatch(node.value))):

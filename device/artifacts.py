@@ -165,6 +165,9 @@ def _check_program(path: Path) -> str:
         check_program(path)
     except ArchiveRefused as err:
         raise ArtifactError(f"a torch.export program refused: {err}", fix=err.fix, status=422) from None
+    except (RecursionError, MemoryError, UnicodeDecodeError) as err:  # a document built to exhaust the checker
+        raise ArtifactError(f"a torch.export program refused: it could not be checked ({type(err).__name__})",
+                            fix=ArchiveRefused.fix, status=422) from None
     return "torch-export"
 
 
@@ -210,16 +213,19 @@ def _check_onnx(path: Path) -> str:
 
 
 def _onnx_graphs(onnx, model):
-    """Every graph of the model (subgraphs of If/Loop/Scan included) and every local function's nodes."""
-    pending = [model.graph]
+    """Every node list of the model, with its tensors: the main graph, every local function's body, and every subgraph
+    (If/Loop/Scan) anywhere in either, however deep."""
+    pending = [(model.graph.name, list(model.graph.node), list(model.graph.initializer),
+                list(model.graph.sparse_initializer))]
+    pending += [(f"function {f.domain}:{f.name}", list(f.node), [], []) for f in model.functions]
     while pending:
-        graph = pending.pop()
-        yield graph.name, list(graph.node), list(graph.initializer), list(graph.sparse_initializer)
-        for node in graph.node:
+        where, nodes, initializers, sparse = pending.pop()
+        yield where, nodes, initializers, sparse
+        for node in nodes:
             for attr in node.attribute:
-                pending.extend([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs))
-    for function in model.functions:
-        yield f"function {function.domain}:{function.name}", list(function.node), [], []
+                for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    pending.append((f"{where} > {node.name or node.op_type}", list(graph.node),
+                                    list(graph.initializer), list(graph.sparse_initializer)))
 
 
 def _check_onnx_contents(onnx, model) -> None:

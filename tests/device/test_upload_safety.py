@@ -171,6 +171,12 @@ def test_pickled_weights_of_plain_tensors_still_load_weights_only(program, tmp_p
     ("a TorchScript custom object", "custom", "TorchScript custom-object constant"),
     ("a node calling torch.os.system", "target", r"operator 'torch\.os\.system'"),
     ("a shape expression that imports os", "expr", "shape expression .* holds"),
+    ("a parameter name written into generated code", "param_name", "is not a module attribute path"),
+    ("a pytree context that imports a module", "enum", "pytree context .* is not null or a list of plain keys"),
+    ("a pytree type that is not a container", "pytree_type", "pytree node type 'collections.defaultdict'"),
+    ("an argument name that is code", "arg_name", "is not a Python identifier"),
+    ("a power sympy would compute for ever", "power", "a power whose exponent"),
+    ("an expression that exhausts the parser", "deep", "is not a shape expression"),
     ("an AOTInductor library", "aoti", "AOTInductor package"),
     ("an entry that climbs out", "dotdot", "leaves the archive"),
     ("an absolute entry", "absolute", "leaves the archive"),
@@ -204,6 +210,31 @@ def test_every_way_a_program_could_run_code_is_refused_at_upload(program, tmp_pa
         sizes = next(v["sizes"] for v in document["graph_module"]["graph"]["tensor_values"].values()
                      if any("as_expr" in size for size in v["sizes"]))
         sizes[0] = {"as_expr": {"expr_str": f"__import__('os').system('touch {marker}')", "hint": None}}
+        changes = {"models/model.json": json.dumps(document).encode()}
+    elif replace == "param_name":
+        evil = '0.weight", __import__("os").system("touch ' + str(marker) + '") or "'
+        spec = next(i for i in document["graph_module"]["signature"]["input_specs"] if "parameter" in i)
+        config = json.loads(entry(program, "model_weights_config.json"))
+        config["config"][evil] = config["config"].pop(spec["parameter"]["parameter_name"])
+        spec["parameter"]["parameter_name"] = evil
+        changes = {"models/model.json": json.dumps(document).encode(),
+                   "data/weights/model_weights_config.json": json.dumps(config).encode()}
+    elif replace in ("enum", "pytree_type", "arg_name"):
+        signature = document["graph_module"]["module_call_graph"][0]["signature"]
+        spec = json.loads(signature["in_spec"])
+        if replace == "enum":
+            spec[1]["context"] = json.dumps({"__enum__": True, "fqn": "this:d", "name": "x"})
+        elif replace == "pytree_type":
+            spec[1]["type"] = "collections.defaultdict"
+        else:
+            signature["forward_arg_names"] = ["x=__import__('os').system('true')"]
+        signature["in_spec"] = json.dumps(spec)
+        changes = {"models/model.json": json.dumps(document).encode()}
+    elif replace in ("power", "deep"):
+        sizes = next(v["sizes"] for v in document["graph_module"]["graph"]["tensor_values"].values()
+                     if any("as_expr" in size for size in v["sizes"]))
+        text = "s0 + 0*9**9**9**9" if replace == "power" else "-" * 9000 + "1"
+        sizes[0] = {"as_expr": {"expr_str": text, "hint": None}}
         changes = {"models/model.json": json.dumps(document).encode()}
     elif replace == "aoti":
         changes = {"data/aotinductor/model/model.so": b"\x7fELF"}
@@ -311,6 +342,34 @@ def test_onnx_with_external_data_is_refused_wherever_it_points(tmp_path, locatio
     refused_at_upload(path, f"keeps its data outside the file \\(location '{location}'\\)")
     with pytest.raises(UnsafeArtifactError, match="outside the file"):
         verify(path, "onnx")
+
+
+def test_onnx_external_data_inside_a_function_body_subgraph_is_found(tmp_path):
+    """Function bodies' If/Loop subgraphs are walked too (external data or a custom domain could hide there)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    leak = helper.make_tensor("leak", TensorProto.UINT8, [4], [0, 0, 0, 0])
+    leak.ClearField("int32_data")
+    leak.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "model.pt2"), ("offset", "0"), ("length", "4")):
+        leak.external_data.add(key=key, value=value)
+    branch = lambda name, value: helper.make_graph(  # noqa: E731
+        [helper.make_node("Constant", [], [name], value=value)], name, [],
+        [helper.make_tensor_value_info(name, TensorProto.UINT8, [4])])
+    body = [helper.make_node("Constant", [], ["c"], value=helper.make_tensor("t", TensorProto.BOOL, [], [True])),
+            helper.make_node("If", ["c"], ["y"], then_branch=branch("tv", leak),
+                             else_branch=branch("ev", helper.make_tensor("z", TensorProto.UINT8, [4], [0] * 4)))]
+    function = helper.make_function("local", "F", ["x"], ["y"], body, [helper.make_opsetid("", 17)])
+    graph = helper.make_graph([helper.make_node("F", ["X"], ["Y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("Y", TensorProto.UINT8, [4])])
+    model = helper.make_model(graph, functions=[function],
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+    path = tmp_path / "function.onnx"
+    path.write_bytes(model.SerializeToString())
+    (tmp_path / "model.pt2").write_bytes(b"PK\x03\x04")
+    refused_at_upload(path, "tensor 'leak' keeps its data outside the file")
 
 
 def test_onnx_with_a_custom_op_domain_is_refused(tmp_path):
