@@ -84,6 +84,7 @@ def text(h: dict[str, Any]) -> str:
         return "\n".join([f"headline: {NOT_MEASURED} ({h['reason']})", *fallbacks])
     edge, dc = h.get("edge_precision", "int8").upper(), h.get("dc_precision", "fp32").upper()
     lines = [f"student {edge} on {h['edge_device']} vs teacher {dc} on {h['dc_device']}",
+             *int8_not_measured_lines(h),
              f"  top-1          {100 * h['top1_edge']:.2f}% vs {100 * h['top1_dc']:.2f}%  ({accuracy_words(h)})",
              f"  latency p50    {h['latency_p50_ms_edge']:.3f} ms vs {h['latency_p50_ms_dc']:.3f} ms  "
              f"({significant_direction(h, 'latency', 'faster', 'slower')})",
@@ -118,6 +119,15 @@ def text(h: dict[str, Any]) -> str:
     if h.get("note"):
         lines.append(f"  note: {h['note']}")
     return "\n".join(lines)
+
+
+def int8_not_measured_lines(h: dict[str, Any]) -> list[str]:
+    """Why the headline leads with a float rung: the device ran no INT8 compute, and how to measure INT8."""
+    missing = h.get("int8_not_measured")
+    if not missing:
+        return []
+    return [f"  INT8 rung      not measured as INT8 on {missing['device']}: {missing['reason']}",
+            f"                 {missing['fix']}"]
 
 
 def ratio_parts(line: dict[str, Any]) -> list[str]:

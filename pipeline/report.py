@@ -157,15 +157,17 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         row["top1_delta_points"] = (_points(rungs[row["rung"]]["top1_delta_points"])
                                     if rungs.get(row["rung"], {}).get("top1_delta_points") is not None else None)
         row.update(_ratios(row, baseline))
-    headline = _headline(rows, edge, dc, baseline_device, baseline_rung)
+    profiles = layer_profiles(devices)
+    lead, int8_not_measured = _lead_rung(rows, (edge or [None])[0], profiles)
+    headline = _headline(rows, edge, dc, baseline_device, baseline_rung, lead)
     headline["teacher_precision_why"] = baseline_why
-    headline.update(accuracy_evidence(stages["evaluate"]["metrics"].get("per_class"), TEACHER, DEPLOYED))
+    headline["int8_not_measured"] = int8_not_measured
+    headline.update(accuracy_evidence(stages["evaluate"]["metrics"].get("per_class"), TEACHER, lead))
     headline["device_deviations"] = [
         {"rung": r["rung"], "device": r["device"], "device_top1": r["device_top1"],
          "host_top1": r["host_top1_same_images"], "images": r["device_images"], "mcnemar_p": r["mcnemar_p"]}
         for r in rows if r.get("device_deviates")]
     headline["two_roads"] = [line for device in edge + dc for line in _two_roads(rows, device, evaluation)]
-    profiles = layer_profiles(devices)
     headline["int8_vs_fp16"] = [line for device in edge + dc
                                 if (line := _int8_vs_fp16(rows, device["name"], device_predictions, evaluation,
                                                           profiles))]
@@ -380,12 +382,62 @@ def _evaluation_summary(evaluation: dict | None, rows: list[dict[str, Any]], pre
             "per_class_device": per_class, "seconds_total": sum(seconds) if seconds else None}
 
 
-def _headline(rows, edge, dc, baseline_device, baseline_rung: str = TEACHER) -> dict[str, Any]:
-    """Student INT8 on the edge device against the teacher on the data-center device."""
+INT8_FIX = ("measure it where TensorRT builds INT8 engines: EDGE=http://<jetson>:8765 (make agent on the Jetson) or "
+            "DC=http://<gpu-server>:8765 (an agent with TensorRT)")
+
+
+def _lead_rung(rows: list[dict[str, Any]], edge_device: dict[str, Any] | None,
+               profiles: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
+    """The rung the headline leads with on the edge device: the INT8 student, unless the device's own profile of it
+    shows no compute layer ran in INT8 (ONNX Runtime's CPU provider runs the Q/DQ graph with every quantize and
+    dequantize node a layer of its own); then the fastest student form the device really ran, with why and how to
+    measure INT8.
+
+    Returns:
+        The rung's name, and ``{"device", "rung", "reason", "fix"}`` when INT8 was not measured as INT8, else None.
+    """
+    if edge_device is None:
+        return DEPLOYED, None
+    name = edge_device["name"]
+
+    def profile(rung: str) -> dict[str, Any] | None:  # the ONNX road's, listed first
+        return next((p for p in profiles if p["device"] == name and p["rung"] == rung and p["status"] == "measured"),
+                    None)
+
+    def computes_in(rung: str) -> bool:
+        """Whether a compute layer ran in the rung's precision (true when there is no profile to say otherwise)."""
+        entry, precision = profile(rung), RUNGS[rung].precision
+        if entry is None or precision == "fp32":
+            return True
+        layers = _time_table(_shown_batch(entry["profile"]))["layers"]
+        return any(_get(layer, "precision") == precision and not _get(layer, "overhead") for layer in layers)
+
+    entry = profile(DEPLOYED)
+    if entry is None or computes_in(DEPLOYED):
+        return DEPLOYED, None
+    forms = {RUNGS[DEPLOYED].form_of, fp16_form(RUNGS[DEPLOYED].form_of)}
+    ran = [r for r in rows if r["device"] == name and r["rung"] in forms and r["status"] == "measured"
+           and r.get("latency_p50_ms") is not None and not no_score(r) and computes_in(r["rung"])]
+    if not ran:
+        return DEPLOYED, None
+    fastest = min(ran, key=lambda r: r["latency_p50_ms"])
+    runtime = entry.get("runtime") or "the runtime"
+    reason = (f"no compute layer ran in INT8 there: {runtime} ran the INT8 rung's Q/DQ graph with its quantize and "
+              "dequantize nodes as layers of their own (its profile, \"Where the time goes\")")
+    return fastest["rung"], {"device": name, "rung": DEPLOYED, "reason": reason, "fix": INT8_FIX}
+
+
+def _get(item: Any, key: str) -> Any:
+    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
+
+
+def _headline(rows, edge, dc, baseline_device, baseline_rung: str = TEACHER, lead: str = DEPLOYED) -> dict[str, Any]:
+    """The lead student rung (the INT8 one, unless the device ran no INT8 compute: :func:`_lead_rung`) on the edge
+    device against the teacher on the data-center device."""
     edge_device = (edge or [None])[0]
     if edge_device is None or baseline_device is None:
         return {"status": NOT_MEASURED, "reason": "no reachable device measured the ladder"}
-    student = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == DEPLOYED), None)
+    student = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == lead), None)
     teacher = next((r for r in rows if r["device"] == baseline_device["name"] and r["rung"] == baseline_rung), None)
     note = None if dc else ("no data-center device configured (DC=): the teacher's numbers come from the same "
                             f"device, {edge_device['name']}")
@@ -393,16 +445,17 @@ def _headline(rows, edge, dc, baseline_device, baseline_rung: str = TEACHER) -> 
     fallbacks = {d["name"]: d.get("runtime_fallback") for d in (edge_device, baseline_device)
                  if d.get("runtime_fallback")}
     if not student or not teacher or student["status"] != "measured" or teacher["status"] != "measured":
-        return {"status": NOT_MEASURED, "reason": "student INT8 or teacher not measured", "note": note,
+        return {"status": NOT_MEASURED, "reason": f"{lead} or teacher not measured", "note": note,
                 "runtime_fallbacks": fallbacks}
 
     def ratio(a, b):
         return a / b if a is not None and b else None
 
     # Like with like: the deployed rung's float form (same network) against the float teacher.
-    float_form = RUNGS[DEPLOYED].form_of
+    float_form = RUNGS[lead].form_of or lead
     student_fp32 = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == float_form), None)
-    return {"status": "measured", "edge_device": edge_device["name"], "dc_device": baseline_device["name"],
+    return {"status": "measured", "lead_rung": lead, "edge_device": edge_device["name"],
+            "dc_device": baseline_device["name"],
             "note": note, "runtime_fallbacks": fallbacks, "top1_edge": student["top1"], "top1_dc": teacher["top1"],
             "edge_precision": student.get("precision") or "int8", "dc_precision": teacher.get("precision") or "fp32",
             "accuracy_lost_points": _points(-student["top1_delta_points"]) if student["top1_delta_points"] is not None

@@ -329,3 +329,32 @@ def test_every_rung_is_scored_by_the_engine_that_was_timed(tiny_run):
     assert bool(verdict.get("reasons")) == ("INT8 does not pay off here: " in markdown) == (not verdict["pays_off"])
     # The pass is outside the timed windows and short against them.
     assert 0 < data["evaluation"]["seconds_total"]
+
+
+def _profile(*layers):
+    """A planted per-layer profile of one batch: (precision, overhead kind or None, share) per layer."""
+    table = [{"name": f"l{i}", "kind": "Conv", "precision": precision, "ms": share, "share": share,
+              "overhead": overhead} for i, (precision, overhead, share) in enumerate(layers)]
+    return {"batches": [{"batch_size": 1, "iterations": 1, "total_ms": 1.0, "layers": table,
+                         "share_by_precision": {}, "int8_share": 0.0, "overhead_share": 0.0}]}
+
+
+def test_the_headline_leads_with_a_rung_the_device_really_ran():
+    """INT8 leads only where a compute layer ran in INT8; else the fastest student form that computed in its own
+    precision (an FP16 graph that a CPU ran in FP32 is passed over), with why and how to measure INT8."""
+    from pipeline.report import DEPLOYED, _lead_rung
+
+    rows = [{"device": "orin", "rung": rung, "status": "measured", "latency_p50_ms": ms, "verdict": ""}
+            for rung, ms in (("student", 2.0), ("student_fp16", 1.0), ("student_int8", 3.0))]
+    unfused = {"device": "orin", "rung": DEPLOYED, "status": "measured", "runtime": "onnxruntime",
+               "profile": _profile(("int8", "qdq", 0.6), ("fp32", None, 0.4))}
+    fp16_as_fp32 = {"device": "orin", "rung": "student_fp16", "status": "measured",
+                    "profile": _profile(("fp16", "cast", 0.2), ("fp32", None, 0.8))}
+    lead, missing = _lead_rung(rows, {"name": "orin"}, [unfused, fp16_as_fp32])
+    assert lead == "student" and missing["device"] == "orin" and "onnxruntime" in missing["reason"]
+    assert "EDGE=" in missing["fix"] and "DC=" in missing["fix"]
+    fp16_ran = {**fp16_as_fp32, "profile": _profile(("fp16", None, 1.0))}
+    assert _lead_rung(rows, {"name": "orin"}, [unfused, fp16_ran])[0] == "student_fp16"
+    fused = {**unfused, "profile": _profile(("int8", None, 0.9), ("fp16", "reformat", 0.1))}
+    assert _lead_rung(rows, {"name": "orin"}, [fused, fp16_ran]) == (DEPLOYED, None)
+    assert _lead_rung(rows, {"name": "orin"}, []) == (DEPLOYED, None)  # no profile: nothing to say otherwise
