@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import zipfile
 from pathlib import PurePosixPath
@@ -51,9 +52,33 @@ _REFUSED_ENTRIES = {
 _FIX = ("export a graph of tensor operations only: torch.export.save(torch.export.export(model, args), path), with "
         "tensor constants and no custom or opaque objects (EdgeFold's export stage writes such a .pt2)")
 
-# Operators a graph node may name (torch._export.serde.serialize.GraphModuleDeserializer.deserialize_operator).
-_TORCH_OP = re.compile(r"torch\.ops\.(aten|prims|quantized_decomposed|tensorrt|higher_order)\.[A-Za-z][A-Za-z0-9_]*"
-                       r"(\.[A-Za-z][A-Za-z0-9_]*)?|torch\.ops\.aten\._[A-Za-z0-9_]+(\.[A-Za-z][A-Za-z0-9_]*)?")
+# Operators a graph node may name (torch._export.serde.serialize.GraphModuleDeserializer.deserialize_operator): the
+# inference ops of image networks, by name, any overload. Not a namespace: ATen also has ops that open files
+# (aten.from_file maps any path, read-write) or allocate what they are told.
+_ATEN_OPS = frozenset("""
+    conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d convolution _convolution linear addmm mm bmm
+    matmul baddbmm einsum batch_norm native_batch_norm _native_batch_norm_legit_no_training
+    _native_batch_norm_legit_functional layer_norm native_layer_norm group_norm native_group_norm instance_norm
+    relu relu_ relu6 hardtanh hardtanh_ hardswish hardswish_ hardsigmoid hardsigmoid_ sigmoid sigmoid_ silu silu_ gelu
+    gelu_ tanh tanh_ leaky_relu leaky_relu_ elu elu_ mish mish_ softplus clamp clamp_ clamp_min clamp_max prelu
+    add add_ sub sub_ rsub mul mul_ div div_ neg exp log log2 sqrt rsqrt pow abs reciprocal maximum minimum where floor
+    ceil round trunc sign eq ne lt le gt ge logical_and logical_or logical_not isnan
+    adaptive_avg_pool1d adaptive_avg_pool2d adaptive_max_pool2d avg_pool1d avg_pool2d max_pool1d max_pool2d
+    max_pool2d_with_indices upsample_nearest2d upsample_bilinear2d
+    view reshape _unsafe_view flatten unflatten permute transpose t contiguous clone squeeze unsqueeze expand cat
+    concat stack split split_with_sizes chunk slice select narrow index_select gather unbind repeat flip pad
+    constant_pad_nd sym_size sym_numel sym_stride sym_storage_offset alias detach _to_copy to type_as
+    mean sum amax amin max min argmax argmin topk sort softmax log_softmax _softmax _log_softmax norm
+    linalg_vector_norm cumsum
+    dropout dropout_ feature_dropout feature_dropout_ alpha_dropout scalar_tensor zeros_like ones_like full_like
+    masked_fill nonzero index
+    _assert_scalar _assert_async _assert_tensor_metadata sym_constrain_range sym_constrain_range_for_size
+""".split())
+_OTHER_OPS = frozenset({"tensorrt.quantize_op", "quantized_decomposed.quantize_per_tensor",
+                        "quantized_decomposed.dequantize_per_tensor", "quantized_decomposed.quantize_per_channel",
+                        "quantized_decomposed.dequantize_per_channel"})
+_TORCH_OP = re.compile(r"torch\.ops\.(?P<namespace>[a-z_]+)\.(?P<op>[A-Za-z_][A-Za-z0-9_]*)(\.[A-Za-z][A-Za-z0-9_]*)?")
+_ENUM_WORD = re.compile(r"[A-Za-z0-9_]{0,32}")  # a string argument: an enum ("same", "tanh", "floor"), never a path
 _OPERATORS = {"getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne",
               "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift"}
 _MATH = {"sqrt", "floor", "ceil", "trunc", "exp", "log", "log2", "sin", "cos", "tan", "tanh", "pow", "fabs"}
@@ -154,7 +179,8 @@ def check_program(path) -> None:
         pickled = [n for n in names if n.startswith("data/sample_inputs/") or n.endswith(".pt")]
         for name in names:
             if name.endswith("_config.json") and name.startswith(("data/weights/", "data/constants/")):
-                pickled += _pickled_payloads(_read_json(archive, names[name]), name)
+                pickled += _pickled_payloads(_read_json(archive, names[name]), name,
+                                             {n: e.file_size for n, e in names.items()})
         for name in sorted(set(pickled)):
             if name not in names:
                 raise ArchiveRefused(f"the program's configuration names {name}, which the archive does not hold")
@@ -170,7 +196,11 @@ def _read_json(archive: zipfile.ZipFile, entry: zipfile.ZipInfo) -> Any:
         raise ArchiveRefused(str(err)) from None
 
 
-def load_json(data: bytes | str, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+def load_json(data: bytes | str, what: str, max_depth: int = MAX_JSON_DEPTH, finite: bool = False) -> Any:
     """``json.loads`` with its nesting bounded first (CPython's parser recurses: a deep document exhausts the stack).
 
     Raises:
@@ -183,13 +213,14 @@ def load_json(data: bytes | str, what: str, max_depth: int = MAX_JSON_DEPTH) -> 
         if depth > max_depth:
             raise ValueError(f"{what} nests deeper than {max_depth} levels")
     try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as err:
+        return json.loads(text, parse_constant=_no_constant) if finite else json.loads(text)
+    except (ValueError, RecursionError) as err:
         raise ValueError(f"{what} is not valid JSON: {err}") from None
 
 
-def _pickled_payloads(config: Any, name: str) -> list[str]:
-    """The entries a weights or constants configuration says are pickled; every ``path_name`` a plain file name."""
+def _pickled_payloads(config: Any, name: str, sizes: dict[str, int]) -> list[str]:
+    """The entries a weights or constants configuration says are pickled; every ``path_name`` a plain file name, and
+    every raw payload's view within its bytes."""
     folder = name.rsplit("/", 1)[0]
     if not isinstance(config, dict) or not isinstance(config.get("config"), dict):
         raise ArchiveRefused(f"{name} is not a payload configuration ({{'config': {{...}}}})")
@@ -203,7 +234,39 @@ def _pickled_payloads(config: Any, name: str) -> list[str]:
             raise ArchiveRefused(f"{name}: constant {fqn!r} is {_REFUSED_ENTRIES['data/constants/' + path_name[:10]]}")
         if meta.get("use_pickle"):
             pickled.append(f"{folder}/{path_name}")
+        else:
+            _check_tensor_meta(meta.get("tensor_meta"), f"{name}: payload {fqn!r}", sizes.get(f"{folder}/{path_name}"))
     return pickled
+
+
+# torch._export.serde.schema.ScalarType → bytes per element.
+_ITEMSIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 2, 7: 4, 8: 8, 9: 4, 10: 8, 11: 16, 12: 1, 13: 2, 28: 2, 29: 1, 30: 1,
+             31: 1, 32: 1, 33: 1, 34: 4, 35: 8}
+
+
+def _check_tensor_meta(meta: Any, where: str, payload_bytes: int | None) -> None:
+    """A raw payload's view: known dtype, integer sizes and strides, and no more elements than its payload holds (a
+    stride-0 view of a few bytes would be made dense, gigabytes, by the first copy)."""
+    if not isinstance(meta, dict):
+        raise ArchiveRefused(f"{where}: no tensor_meta for a raw payload")
+    itemsize = _ITEMSIZE.get(meta.get("dtype"))
+
+    def ints(values: Any) -> list[int]:
+        out = [v.get("as_int") if isinstance(v, dict) else None for v in (values or [])]
+        if not isinstance(values, list) or len(out) > 16 or not all(type(v) is int and v >= 0 for v in out):
+            raise ArchiveRefused(f"{where}: sizes and strides must be at most 16 non-negative integers")
+        return out
+
+    sizes, strides = ints(meta.get("sizes")), ints(meta.get("strides"))
+    offset = (meta.get("storage_offset") or {}).get("as_int", 0)
+    if itemsize is None or len(sizes) != len(strides) or type(offset) is not int or offset < 0:
+        raise ArchiveRefused(f"{where}: dtype {meta.get('dtype')!r}, {len(sizes)} sizes, {len(strides)} strides")
+    numel = math.prod(sizes)
+    extent = offset + sum((n - 1) * st for n, st in zip(sizes, strides)) + 1 if numel else 0
+    elements = (payload_bytes or 0) // itemsize
+    if payload_bytes is None or numel > elements or extent > elements:
+        raise ArchiveRefused(f"{where}: a view of {numel} elements (extent {extent}) over a payload of {elements}: "
+                             "weights are dense views of their own bytes")
 
 
 def _check_nested_torch_save(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, name: str) -> None:
@@ -246,6 +309,11 @@ def _check_graph_document(document: Any, name: str) -> None:
                         _check_identifier(argument, where)
                 elif key in ("in_spec", "out_spec") and isinstance(item, str):
                     _check_treespec(item, where)
+                elif key in ("as_string", "as_strings"):
+                    for text in (item if isinstance(item, list) else [item]):
+                        if not isinstance(text, str) or not _ENUM_WORD.fullmatch(text):
+                            raise ArchiveRefused(f"{where}: string argument {str(text)[:80]!r} is not an enum word "
+                                                 "(a path or code has no place in an inference graph)")
                 stack.append((item, f"{path}/{key}"))
         elif isinstance(value, list):
             stack.extend((item, f"{path}[]") for item in value)
@@ -297,12 +365,14 @@ def _check_treespec(text: str, where: str) -> None:
 
 def _check_operator(target: str, where: str) -> None:
     module, _, attr = target.partition(".")
-    allowed = ("__" not in target and (
-        _TORCH_OP.fullmatch(target) or _SYM.fullmatch(target)
-        or (module == "_operator" and attr in _OPERATORS) or (module == "math" and attr in _MATH)))
+    op = _TORCH_OP.fullmatch(target)
+    allowed = "__" not in target and (
+        (op and (op["op"] in _ATEN_OPS if op["namespace"] == "aten" else f"{op['namespace']}.{op['op']}" in _OTHER_OPS))
+        or _SYM.fullmatch(target) or (module == "_operator" and attr in _OPERATORS)
+        or (module == "math" and attr in _MATH))
     if not allowed:
-        raise ArchiveRefused(f"{where} names operator {target!r}: only ATen, prims and quantize ops, operator's "
-                             "arithmetic and torch's sym_* helpers are run on this device")
+        raise ArchiveRefused(f"{where} names operator {target!r}, which is not among the image-network inference "
+                             "ops this device runs (device/archive_check.py: _ATEN_OPS)")
 
 
 MAX_EXPONENT = 64

@@ -20,11 +20,12 @@ other means fails its job with the reason and runs nothing.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import zipfile
 from pathlib import Path
 
-from device.errors import RunnerError, StatusError, require
+from device.errors import MissingDependencyError, RunnerError, StatusError, require
 
 
 DETECTION_POST = "device.detection_post"
@@ -66,12 +67,24 @@ def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> st
     with open(path, "rb") as handle:
         magic = handle.read(4)
     if magic == b"PK\x03\x04":
-        return _KINDS[_sniff_zip(path)](path)
+        return _checked(lambda: _KINDS[_sniff_zip(path)](path))
     if magic == b"\x93NUM":
-        return _check_eval_set(path)
+        return _checked(lambda: _check_eval_set(path))
     if magic[:1] in (b"{", b"["):
-        return _check_detection_head(path)
-    return _check_onnx(path)
+        return _checked(lambda: _check_detection_head(path))
+    return _checked(lambda: _check_onnx(path))
+
+
+def _checked(check_kind) -> str:
+    """Runs one kind's check; a file that makes the check itself fail (a damaged zip entry, a header numpy cannot
+    tokenize, a document built to exhaust a parser) is refused with what failed, never answered with a 500."""
+    try:
+        return check_kind()
+    except (ArtifactError, MissingDependencyError):
+        raise
+    except Exception as err:  # noqa: BLE001 (zipfile, numpy, onnx and json raise many types on crafted bytes)
+        raise ArtifactError(f"the file could not be checked: {type(err).__name__}: {str(err)[:200]}",
+                            fix="upload the file the pipeline wrote (it is damaged or crafted)", status=422) from None
 
 
 MAX_HEAD_BYTES = 1 << 20
@@ -105,11 +118,11 @@ def _check_detection_head(path: Path) -> str:
     # covers the agent) must not follow the detection decoder.
     decoder = importlib.import_module(DETECTION_POST)
     try:
-        document = load_json(path.read_bytes(), "the sidecar", max_depth=MAX_HEAD_DEPTH)
+        document = load_json(path.read_bytes(), "the sidecar", max_depth=MAX_HEAD_DEPTH, finite=True)
         if not isinstance(document, dict):
             raise ValueError(f"the sidecar is a JSON {type(document).__name__}, not an object")
         decoder.head_spec_from_dict(document, "the uploaded detection sidecar")
-    except (ValueError, ConfigError) as err:  # UnicodeDecodeError is a ValueError; HeadSpecError a ConfigError
+    except (ValueError, ConfigError, TypeError, AttributeError, OverflowError) as err:  # a value of the wrong kind
         raise ArtifactError(f"not a detection sidecar: {getattr(err, 'message', err)}", fix=fix, status=422) from None
     return "detection-head"
 
@@ -132,7 +145,7 @@ def _check_eval_set(path: Path) -> str:
     if dtype != np.float32 or len(shape) != 4 or fortran or shape[0] < 1:
         raise ArtifactError(f"an evaluation set must be float32 images N×C×H×W in C order, got {dtype} {shape}",
                             fix=fix, status=422)
-    expected = offset + int(np.prod(shape, dtype=np.int64)) * 4
+    expected = offset + math.prod(shape) * 4  # Python ints: numpy's product wraps at 2**63
     if path.stat().st_size != expected:
         raise ArtifactError(f"the .npy header says {shape} float32 ({expected} bytes with the header) but the file "
                             f"has {path.stat().st_size} bytes", fix=fix, status=422)
@@ -265,7 +278,7 @@ def verify(path: str | os.PathLike, kind: str) -> None:
         UnsafeArtifactError: The file fails it (named, with the check's reason); nothing of it was loaded.
     """
     try:
-        _KINDS[kind](Path(path))
+        _checked(lambda: _KINDS[kind](Path(path)))
     except ArtifactError as err:
         raise UnsafeArtifactError(f"{Path(path).name} fails the {kind} check and was not loaded: {err.message}",
                                   fix=err.fix or "upload the artifact again through the agent") from None

@@ -12,6 +12,7 @@ pickled weights), and again just before the device loads one.
 
 from __future__ import annotations
 
+import math
 import pickletools
 import zipfile
 from dataclasses import dataclass, field
@@ -103,10 +104,12 @@ def _rebuild_tensor_v2(args: tuple) -> Tensor:
     size, stride = _ints(args[2], "a tensor's size"), _ints(args[3], "a tensor's stride")
     if len(size) != len(stride):
         raise UnsafePickleError(f"a tensor's size {size} and stride {stride} differ in length")
-    extent = offset + sum((s - 1) * st for s, st in zip(size, stride)) + 1 if all(size) else 0
-    if extent > storage.numel:
-        raise UnsafePickleError(f"a tensor view (size {size}, stride {stride}, offset {offset}) reaches past its "
-                                f"storage of {storage.numel} elements")
+    numel = math.prod(size)
+    extent = offset + sum((s - 1) * st for s, st in zip(size, stride)) + 1 if numel else 0
+    if extent > storage.numel or numel > storage.numel:
+        # More elements than the storage holds means overlapping strides (stride 0): the first copy makes it dense.
+        raise UnsafePickleError(f"a tensor view (size {size}, stride {stride}, offset {offset}) reaches past or "
+                                f"repeats its storage of {storage.numel} elements")
     return Tensor(storage)
 
 

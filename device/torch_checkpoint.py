@@ -31,6 +31,9 @@ from device.errors import CheckpointError, MissingDependencyError
 
 FORMAT = "edgefold.checkpoint/1"
 
+MAX_WIDTH = 1 << 16  # channels or features of one layer
+MAX_CLASSES = 1 << 20
+_CORRUPT = "the checkpoint is corrupt or was edited; re-run the stage that produced it (--force STAGE)"
 # Attributes that describe a layer's shape, by layer type name (torch.nn's); pruning rewrites exactly these.
 STRUCTURE_ATTRS = {
     "Conv2d": ("in_channels", "out_channels", "groups"),
@@ -73,6 +76,8 @@ def apply_structure(model, structure: dict[str, dict[str, Any]], state_dict: dic
 
     modules = dict(model.named_modules())
     for name, attrs in structure.items():
+        if not isinstance(attrs, dict):
+            raise CheckpointError(f"checkpoint layer {name!r} has no recorded attributes", fix=_CORRUPT)
         module = modules.get(name)
         if module is None or type(module).__name__ != attrs.get("type"):
             found = type(module).__name__ if module is not None else "nothing"
@@ -80,9 +85,17 @@ def apply_structure(model, structure: dict[str, dict[str, Any]], state_dict: dic
                 f"checkpoint layer {name!r} is a {attrs.get('type')} but the architecture has {found} there",
                 fix="the checkpoint was made for another architecture; check the recipe's arch",
             )
+        allowed = STRUCTURE_ATTRS[attrs["type"]]
         for attr, value in attrs.items():
-            if attr != "type":
-                setattr(module, attr, tuple(value) if isinstance(value, list) else value)
+            if attr == "type":
+                continue
+            # Only the widths pruning changes, each a positive count in reach of a real network: anything else in a
+            # file would set arbitrary attributes (a stride or padding that explodes the compute) or allocate freely.
+            values = value if isinstance(value, list) else [value]
+            if attr not in allowed or not values or not all(type(v) is int and 0 < v <= MAX_WIDTH for v in values):
+                raise CheckpointError(f"checkpoint layer {name}.{attr} = {str(value)[:40]} is not a recorded width "
+                                      f"(allowed: {', '.join(allowed)}, integers 1..{MAX_WIDTH})", fix=_CORRUPT)
+            setattr(module, attr, tuple(value) if isinstance(value, list) else value)
     # Tensors whose saved shape differs are replaced by empty ones of that shape, then filled
     # by load_state_dict; parameters stay parameters so the model still trains.
     for key, saved in state_dict.items():
@@ -216,6 +229,10 @@ def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that prod
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an EdgeFold checkpoint ({FORMAT})",
                               fix="torchvision state_dicts are passed as WEIGHTS=path, not as a stage checkpoint")
+    classes, channels = payload.get("num_classes"), payload.get("in_channels", 3)
+    if type(classes) is not int or not 0 < classes <= MAX_CLASSES or channels not in (1, 3):
+        raise CheckpointError(f"{path} records {classes!r} classes and {channels!r} input channels",
+                              fix=_CORRUPT)
     if payload.get("arch") not in ARCHITECTURES:
         raise CheckpointError(f"{path} names unknown architecture {payload.get('arch')!r}",
                               fix=ARCHITECTURES.suggest(str(payload.get("arch"))))

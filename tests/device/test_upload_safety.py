@@ -177,6 +177,9 @@ def test_pickled_weights_of_plain_tensors_still_load_weights_only(program, tmp_p
     ("an argument name that is code", "arg_name", "is not a Python identifier"),
     ("a power sympy would compute for ever", "power", "a power whose exponent"),
     ("an expression that exhausts the parser", "deep", "is not a shape expression"),
+    ("an ATen op that maps a file", "from_file", r"operator 'torch\.ops\.aten\.from_file\.default', which is not"),
+    ("a path as a string argument", "string_arg", "string argument '/etc/passwd' is not an enum word"),
+    ("a stride-0 weight a copy would make huge", "stride0", "weights are dense views of their own bytes"),
     ("an AOTInductor library", "aoti", "AOTInductor package"),
     ("an entry that climbs out", "dotdot", "leaves the archive"),
     ("an absolute entry", "absolute", "leaves the archive"),
@@ -236,6 +239,18 @@ def test_every_way_a_program_could_run_code_is_refused_at_upload(program, tmp_pa
         text = "s0 + 0*9**9**9**9" if replace == "power" else "-" * 9000 + "1"
         sizes[0] = {"as_expr": {"expr_str": text, "hint": None}}
         changes = {"models/model.json": json.dumps(document).encode()}
+    elif replace in ("from_file", "string_arg"):
+        node = document["graph_module"]["graph"]["nodes"][0]
+        if replace == "from_file":
+            node["target"] = "torch.ops.aten.from_file.default"
+        node["inputs"].append({"name": "filename", "arg": {"as_string": "/etc/passwd"}, "kind": 1})
+        changes = {"models/model.json": json.dumps(document).encode()}
+    elif replace == "stride0":
+        config = json.loads(entry(program, "model_weights_config.json"))
+        meta = next(iter(config["config"].values()))["tensor_meta"]
+        meta["sizes"] = [{"as_int": n} for n in (2, 3, 12000, 12000)]
+        meta["strides"] = [{"as_int": 0}] * 4
+        changes = {"data/weights/model_weights_config.json": json.dumps(config).encode()}
     elif replace == "aoti":
         changes = {"data/aotinductor/model/model.so": b"\x7fELF"}
     elif replace == "dotdot":
@@ -289,7 +304,9 @@ HOOKS = b"ccollections\nOrderedDict\n)R"
     ("a storage that is a string", G_REBUILD + b"(X\x01\x00\x00\x00xK\x00K\x04\x85K\x01\x85\x89" + HOOKS + b"tR.",
      "arguments that are not a tensor's"),
     ("a view past its storage", G_REBUILD + b"(" + STORAGE + b"K\x00K\x09\x85K\x01\x85\x89" + HOOKS + b"tR.",
-     "reaches past its storage"),
+     "reaches past or repeats its storage"),
+    ("a stride-0 view that a copy makes huge", G_REBUILD + b"(" + STORAGE + b"K\x00M\x00\x10M\x00\x10\x86K\x00K\x00"
+     b"\x86\x89" + HOOKS + b"tR.", "reaches past or repeats its storage"),
     ("state set on a tensor", G_REBUILD + b"(" + STORAGE + b"K\x00K\x04\x85K\x01\x85\x89" + HOOKS + b"tR}bh.",
      "BUILD"),
     ("a dtype called", b"ctorch\nfloat32\n)R.", "calls torch.float32"),
@@ -302,6 +319,54 @@ def test_a_checkpoint_pickle_is_run_on_symbols_and_refused(tmp_path, what, body,
     refused_at_upload(path, reason)
     with pytest.raises(UnsafeArtifactError):
         verify(path, "torch-checkpoint")
+
+
+def test_a_checkpoint_sets_only_the_widths_pruning_records(tmp_path):
+    """Its structure may set a layer's recorded widths and nothing else (a padding of 50 would explode the compute),
+    and its class count is bounded before anything is built."""
+    from device.errors import CheckpointError
+    from device.torch_checkpoint import load_checkpoint
+    from pipeline.checkpoint import save_checkpoint
+    from pipeline.models import build_model
+
+    path = save_checkpoint(tmp_path / "model.pt", build_model("tiny_resnet", 5), "tiny_resnet", 5)
+    assert load_checkpoint(path)[1]["num_classes"] == 5
+    payload = torch.load(path, weights_only=True)
+    for change, reason in ((lambda p: p["structure"]["stem.0"].update(padding=[50, 50]), "stem.0.padding"),
+                           (lambda p: p["structure"]["fc"].update(out_features=1 << 30), "fc.out_features"),
+                           (lambda p: p.update(num_classes=1 << 40), "classes")):
+        edited = {**payload, "structure": {k: dict(v) for k, v in payload["structure"].items()}}
+        change(edited)
+        torch.save(edited, tmp_path / "edited.pt")
+        with pytest.raises(CheckpointError, match=reason):
+            load_checkpoint(tmp_path / "edited.pt")
+
+
+def test_damaged_bytes_of_every_kind_are_refused_never_a_crash(program, tmp_path):
+    """Bytes flipped anywhere in a program, a checkpoint, a set and a sidecar: each check passes or refuses with an
+    ArtifactError (the agent's 422), never another exception (a 500)."""
+    import random
+
+    np.save(tmp_path / "set.npy", np.zeros((2, 3, 4, 4), np.float32))
+    (tmp_path / "head.json").write_text('{"layout": [], "num_classes": 1e999}')
+    torch.save({"w": torch.zeros(4)}, tmp_path / "ckpt.pt")
+    rng = random.Random(0)
+    outcomes = set()
+    for source in (program, tmp_path / "set.npy", tmp_path / "head.json", tmp_path / "ckpt.pt"):
+        data = source.read_bytes()
+        for case in range(40):
+            damaged = bytearray(data)
+            for _ in range(rng.randint(1, 4)):
+                damaged[rng.randrange(4 if case % 2 else 0, len(damaged))] ^= 1 << rng.randrange(8)
+            path = tmp_path / f"case{case}"
+            path.write_bytes(bytes(damaged[: rng.randint(len(damaged) // 2, len(damaged))] if case % 5 == 0
+                                   else damaged))
+            try:
+                outcomes.add(upload_check(path))
+            except ArtifactError as err:
+                outcomes.add(err.status)
+    assert 422 in outcomes and outcomes <= {422, 400, "torch-export", "torch-checkpoint", "eval-set",
+                                            "detection-head", "onnx"}
 
 
 def test_a_real_checkpoint_passes_the_symbolic_run(tmp_path):
@@ -420,6 +485,23 @@ def test_an_evaluation_set_with_objects_or_extra_bytes_is_refused(tmp_path):
     with pytest.raises(UnsafeArtifactError):
         verify(objects, "eval-set")
     assert not marker.exists()
+
+
+def test_an_evaluation_set_whose_shape_overflows_is_refused(tmp_path):
+    path = tmp_path / "wrap.npy"
+    header = {"descr": "<f4", "fortran_order": False, "shape": (2 ** 62 + 1, 4, 1, 1)}
+    with open(path, "wb") as handle:
+        np.lib.format.write_array_header_1_0(handle, header)
+        handle.write(b"\0" * 16)  # numpy's int64 product of the shape wraps to 4 elements: 16 bytes
+    refused_at_upload(path, "header says")
+
+
+def test_a_detection_sidecar_with_values_of_the_wrong_kind_is_refused(tmp_path):
+    for name, text in (("nan", '{"score_threshold": NaN}'), ("layout", '{"layout": []}'),
+                       ("huge", '{"num_classes": 1e999}')):
+        path = tmp_path / f"{name}.head.json"
+        path.write_text(text)
+        refused_at_upload(path, "not a detection sidecar")
 
 
 def test_a_detection_sidecar_of_absurd_size_or_depth_is_refused(tmp_path):

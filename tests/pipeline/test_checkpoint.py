@@ -20,7 +20,7 @@ def test_round_trip_with_weights_only(tmp_path):
 def test_pickled_module_is_refused(tmp_path):
     path = tmp_path / "pickled.pt"
     torch.save(build_model("tiny_resnet", 10), path)
-    with pytest.raises(CheckpointError, match="holds pickled Python objects"):
+    with pytest.raises(CheckpointError, match="(holds pickled Python objects|a file of tensors never needs)"):
         load_checkpoint(path)
 
 
