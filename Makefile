@@ -58,7 +58,7 @@ RUN_CMD := $(if $(filter-out 1,$(NPROC)),$(BIN)/torchrun --standalone --nproc_pe
 
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: help venv agent-venv lock edge test bench data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
+.PHONY: help venv agent-venv lock edge test bench bench-seeds readme-figures data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
 
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
@@ -72,6 +72,8 @@ help:
 	@echo "   TORCH_TENSORRT=1          with docker-jetson, docker-dc and bundle: + Torch-TensorRT and ModelOpt"
 	@echo "make test                  run the tests (TEST_WORKERS=2 pytest-xdist workers; PYTEST_ARGS=...)"
 	@echo "make bench                 time the default run (first and cached) into bench/results/"
+	@echo "make bench-seeds MODEL=tiny SEEDS=5   a recipe's gates and figures over seeds into bench/results/"
+	@echo "make readme-figures        the README's figures block from bench/results/seeds-*.json"
 	@echo "make data                  install Fashion-MNIST (Debian's dataset-fashion-mnist)"
 	@echo "make lock                  re-resolve constraints.txt, the exact versions make installs (x86_64 and aarch64)"
 	@echo "make clean | distclean     remove runs/ | also the virtual environment"
@@ -122,6 +124,14 @@ test: $(STAMP)
 
 bench: $(STAMP) data
 	$(BIN)/python bench/edge_bench.py --model $(BENCH_MODEL) --runs-dir '$(RUNS)'
+
+# A recipe's gates over seeds (SEEDS runs, resumable), then the README's figures from the result files.
+SEEDS ?= 5
+bench-seeds: $(STAMP) data
+	$(BIN)/python bench/recipe_seeds.py --recipe $(MODEL) --seeds $(SEEDS)
+
+readme-figures: $(STAMP)
+	$(BIN)/python bench/readme_figures.py
 
 agent-venv: $(AGENT_STAMP)
 

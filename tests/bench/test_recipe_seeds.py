@@ -1,0 +1,57 @@
+"""The seeds benchmark runs a real recipe, records a failed gate instead of stopping, and the README's figures come
+from its result files only."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_two_seeds_of_tiny_record_every_run_and_the_machine(repo, tmp_path):
+    out = tmp_path / "results"
+    result = subprocess.run([sys.executable, "bench/recipe_seeds.py", "--recipe", "tiny", "--seeds", "2",
+                             "--until", "evaluate", "--work", str(tmp_path / "work"), "--out", str(out)],
+                            cwd=repo, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stdout.startswith("goal: ")  # the goal is said before any run
+    doc = json.loads(next(out.glob("seeds-tiny-*.json")).read_text())
+    assert [run["seed"] for run in doc["runs"]] == [0, 1] and doc["summary"]["goal_met"]
+    assert doc["runs"][0]["overrides"] == {"data.seed": 0, "teacher.train.seed": 0, "distill.train.seed": 0}
+    assert doc["runs"][0]["teacher"] != doc["runs"][1]["teacher"] or doc["runs"][0]["student"] != doc["runs"][1]["student"]
+    assert doc["machine"]["cpu"] and doc["machine"]["kernels"] in ("AVX-512", "AVX2", "other")
+    assert all(run["quantize_method"] in ("max", "percentile", "entropy") for run in doc["runs"])
+    summary = doc["summary"]["INT8"]
+    assert summary["n"] == 2 and summary["low"] <= summary["mean"] <= summary["high"]
+
+
+def _seeds_file(folder, recipe, stamp, teacher, passed=5):
+    figure = {"mean": teacher, "low": teacher - 1, "high": teacher + 1, "n": 5}
+    doc = {"schema": "edgefold.bench.seeds/1", "recipe": recipe, "date": "2026-12-02",
+           "machine": {"cpu": "Planted CPU", "cores": 2, "kernels": "AVX2", "vector_flags": ["avx2"]},
+           "runs": [], "summary": {"seeds": 5, "passed": passed, "goal_met": passed == 5, "teacher": figure,
+                                   "student": figure, "INT8": figure, "int8_drop_points": figure, "seconds": figure}}
+    (folder / f"seeds-{recipe}-{stamp}.json").write_text(json.dumps(doc))
+
+
+def test_the_readme_figures_block_is_written_from_the_newest_files_and_checked(repo, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_figures", repo / "bench" / "readme_figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    BEGIN, END, main = figures.BEGIN, figures.END, figures.main
+
+    results = tmp_path / "results"
+    results.mkdir()
+    _seeds_file(results, "tiny", "20261201-000000", 90.0)
+    _seeds_file(results, "tiny", "20261202-000000", 97.5, passed=4)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{BEGIN}\nold\n{END}\noutro\n")
+    assert main(["--readme", str(readme), "--results", str(results), "--check"]) == 1
+    assert main(["--readme", str(readme), "--results", str(results)]) == 0
+    text = readme.read_text()
+    assert "| tiny | 4 of 5 | 97.50 [96.50, 98.50] |" in text and "90.00" not in text
+    assert "Planted CPU, 2 cores, AVX2" in text and text.startswith("intro\n") and text.endswith("outro\n")
+    assert main(["--readme", str(readme), "--results", str(results), "--check"]) == 0
