@@ -148,6 +148,15 @@ class Outcome:
     coverage: float
     achieved_hz: float
     uncertainty_rel: float | None = None  # the sampling uncertainty the sampler states for its figure
+    # The largest gap between the service's own sample stamps before any planted fault: a loaded host that starved
+    # the service shows here, in the data, whatever the wall clock of the test did.
+    largest_gap_s: float = 0.0
+    stale_limit_s: float = float("inf")
+
+    @property
+    def starved(self) -> bool:
+        """The service published nothing for longer than the sampler's staleness limit before any fault."""
+        return self.largest_gap_s > self.stale_limit_s
 
     @property
     def error(self) -> float | None:
@@ -195,6 +204,9 @@ def run_case(svc, board: str, case: Case, rate_hz: float = 20.0,
     calls = [(t, min(t + CALL_S, stop), 1) for t in np.arange(start, stop, CALL_S)]
     result = window_energy(trace, start, stop, calls, power_key="board_power_mw")
     exact = planted.exact_energy_mj(start, stop) / len(calls)
+    until = start + (case.fault_at_s if case.fault else case.window_s)
+    stamps = [t for t in trace.times_s if t <= until] + [until]
+    gaps = np.diff(stamps) if len(stamps) > 1 else np.zeros(1)
     return Outcome(case.name, board, exact, result["energy_mj_per_image"], result["degraded"],
                    result["degraded_reasons"], result["coverage"], trace.achieved_hz,
-                   result.get("energy_uncertainty_rel"))
+                   result.get("energy_uncertainty_rel"), float(gaps.max()), sampler.stale_limit_s)

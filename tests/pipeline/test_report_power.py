@@ -108,5 +108,11 @@ def test_a_sweep_of_the_tiny_ladder_on_the_simulated_orin_nano_ends_in_the_front
     assert "## Power modes: the energy–latency front" in markdown and "### student_int8 on edge" in markdown
     assert "| 15W, jetson_clocks on, batch 8, GPU |" in markdown and "**7W (skipped)**" in markdown
     chosen = front["choice"]["chosen"]
-    assert chosen is not None and f"power mode     student_int8 on edge: {chosen['label']}: " in markdown
+    if chosen is None:
+        # A loaded host can starve the simulated service in every window: then nothing is chosen, and the report
+        # must say so for that reason, never pick a setting from degraded energy.
+        assert all(p["degraded"] for p in front["settings"]), front["settings"]
+        assert "no setting with undegraded energy" in markdown
+    else:
+        assert f"power mode     student_int8 on edge: {chosen['label']}: " in markdown
     assert 'alt="power_front:edge"' in (run / "report" / "report.html").read_text()
