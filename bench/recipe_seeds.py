@@ -77,7 +77,9 @@ def one_run(recipe: str, seed: int, runs: Path, until: str | None) -> dict[str, 
         record["failed_stage"] = next((s for s in ("data", "teacher", "prune", "distill", "export", "quantize",
                                                    "evaluate", "deploy", "report") if s not in order), None)
     for label, stage in FIGURES:
-        record[label] = score((stages.get(stage) or {}).get("metrics") or {})
+        metrics = (stages.get(stage) or {}).get("metrics") or {}
+        # Detection's quantize stage keeps the INT8 rung's scores under "int8" (classification's at the top).
+        record[label] = score(metrics["int8"] if isinstance(metrics.get("int8"), dict) else metrics)
     quantize = (stages.get("quantize") or {}).get("metrics") or {}
     record["quantize_method"] = quantize.get("method")
     record["int8_drop_points"] = quantize.get("drop_points")
