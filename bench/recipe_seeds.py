@@ -33,6 +33,7 @@ GOAL = ("every stage's gate passes on every seed with the recipe as shipped (tea
         "stage's accuracy budget through its fallbacks)")
 SEED_KEYS = ("data.seed", "teacher.train.seed", "distill.train.seed")
 FIGURES = (("teacher", "teacher"), ("student", "distill"), ("INT8", "quantize"))
+BUILD_STAGES = ("data", "teacher", "prune", "distill", "export", "quantize", "evaluate")
 
 
 def machine() -> dict[str, Any]:
@@ -68,10 +69,13 @@ def one_run(recipe: str, seed: int, runs: Path, until: str | None) -> dict[str, 
         run_pipeline(recipe, runs_dir=runs, run_id=f"seed{seed}", overrides=overrides, until=until)
     except EdgeFoldError as err:  # a gate that refused: recorded, and the next seed runs
         record.update(passed=False, error=str(err).splitlines()[0][:400])
-    record["seconds"] = round(time.perf_counter() - started, 1)
+    record["wall_s"] = round(time.perf_counter() - started, 1)  # this call's (a resumed run finds stages cached)
     manifest = json.loads(next(runs.glob(f"*/seed{seed}/manifest.json")).read_text())
     stages = manifest.get("stages", {})
+    # Each stage's time as recorded when it ran: the first run's cost, however often the benchmark resumed. Deploy
+    # and report run again on every resume (reusing the measurements), so the figure is the build side's stages.
     record["stage_seconds"] = {name: stage.get("seconds") for name, stage in stages.items()}
+    record["build_seconds"] = round(sum(record["stage_seconds"].get(name) or 0 for name in BUILD_STAGES), 1)
     if not record["passed"]:
         order = list(stages)
         record["failed_stage"] = next((s for s in ("data", "teacher", "prune", "distill", "export", "quantize",
@@ -101,7 +105,7 @@ def t_interval(values: list[float]) -> tuple[float, float, float] | None:
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out = {"seeds": len(runs), "passed": sum(r["passed"] for r in runs), "goal_met": all(r["passed"] for r in runs)}
-    for label in ("teacher", "student", "INT8", "int8_drop_points", "seconds"):
+    for label in ("teacher", "student", "INT8", "int8_drop_points", "build_seconds"):
         values = [r[label] for r in runs if isinstance(r.get(label), (int, float))]
         interval = t_interval(values)
         out[label] = None if interval is None else {"mean": interval[0], "low": interval[1], "high": interval[2],
@@ -116,17 +120,17 @@ def markdown(doc: dict[str, Any]) -> str:
              f"gate. Machine: {m['cpu']}, {m['cores']} cores, {m['kernels']} kernels "
              f"({', '.join(m['vector_flags'])}); {doc['date']}.", "",
              "| figure | mean over seeds [95% t interval] |", "|---|---|"]
-    for label in ("teacher", "student", "INT8", "int8_drop_points", "seconds"):
+    for label in ("teacher", "student", "INT8", "int8_drop_points", "build_seconds"):
         f = s.get(label)
         if f:
             lines.append(f"| {label} | {f['mean']:.2f} [{f['low']:.2f}, {f['high']:.2f}] (n={f['n']}) |")
-    lines += ["", "Every run:", "", "| seed | passed | teacher | student | INT8 | INT8 − student | method | seconds | "
+    lines += ["", "Every run:", "", "| seed | passed | teacher | student | INT8 | INT8 − student | method | build s | "
               "failed gate |", "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         cell = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
         lines.append(f"| {r['seed']} | {'yes' if r['passed'] else 'NO'} | {cell(r['teacher'])} | {cell(r['student'])} | "
                      f"{cell(r['INT8'])} | {cell(r['int8_drop_points'] and -r['int8_drop_points'])} | "
-                     f"{r['quantize_method'] or '—'} | {r['seconds']} | {r['error'] or ''} |")
+                     f"{r['quantize_method'] or '—'} | {r['build_seconds']} | {r['error'] or ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -151,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         state_path.write_text(json.dumps(state, indent=1))
         print(f"seed {seed}: {'passed' if record['passed'] else 'FAILED ' + str(record['error'])} "
               f"teacher {record['teacher']} student {record['student']} INT8 {record['INT8']} "
-              f"({record['seconds']} s)", flush=True)
+              f"({record['build_seconds']} s data to evaluate)", flush=True)
     runs = [state[str(s)] for s in range(args.seeds)]
     doc = {"schema": "edgefold.bench.seeds/1", "recipe": Path(args.recipe).stem, "date": time.strftime("%Y-%m-%d"),
            "goal": GOAL, "seed_keys": list(SEED_KEYS), "until": args.until, "machine": machine(), "runs": runs,

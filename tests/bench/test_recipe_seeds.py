@@ -55,3 +55,10 @@ def test_the_readme_figures_block_is_written_from_the_newest_files_and_checked(r
     assert "| tiny | 4 of 5 | 97.50 [96.50, 98.50] |" in text and "90.00" not in text
     assert "Planted CPU, 2 cores, AVX2" in text and text.startswith("intro\n") and text.endswith("outro\n")
     assert main(["--readme", str(readme), "--results", str(results), "--check"]) == 0
+
+
+def test_the_readme_figures_are_what_the_result_files_say(repo):
+    """No figure in the README's block is typed by hand: it is exactly what bench/results/seeds-*.json hold."""
+    result = subprocess.run([sys.executable, "bench/readme_figures.py", "--check"], cwd=repo, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
