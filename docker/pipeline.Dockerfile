@@ -7,11 +7,12 @@ FROM python:3.11-slim-bookworm AS build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY setup.cfg pyproject.toml README.md ./
+COPY setup.cfg pyproject.toml README.md constraints.txt ./
 COPY device/ device/
 COPY pipeline/ pipeline/
+# The lock the tests ran with (make lock), as make installs it.
 RUN python -m venv /opt/edgefold \
- && /opt/edgefold/bin/pip install --no-cache-dir ".[build,device,modelopt,nvml]"
+ && /opt/edgefold/bin/pip install --no-cache-dir ".[build,device,modelopt,nvml]" -c constraints.txt
 
 FROM python:3.11-slim-bookworm
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
