@@ -53,7 +53,7 @@ def main() -> int:
         "cpus": os.cpu_count(), "torch": stages["teacher"]["env"]["torch"],
         "first_run_s": round(first, 1), "cached_rerun_s": round(second, 1),
         "stage_seconds": {name: stages[name]["seconds"] for name in STAGE_ORDER if name in stages},
-        "rungs": rungs, "run": str(Path(args.runs_dir) / args.model / run_id),
+        "rungs": rungs, "run": f"{Path(args.runs_dir).name}/{args.model}/{run_id}",  # read on other machines: no host path
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
