@@ -159,6 +159,11 @@ def smoke(runner, chw: tuple[int, ...], preprocess: dict[str, Any] | None) -> di
             "top1_index": int(out.reshape(out.shape[0], -1)[0].argmax()), "preprocess": prep.to_dict()}
 
 
+# Kinds whose loaders make the upload check themselves, just before torch reads the file
+# (device.runners.export_load.load_program, device.torch_checkpoint.read_payload): checked there, not twice.
+CHECKED_BY_LOADER = ("torch-export", "torch-checkpoint")
+
+
 def verify_stored(job: dict[str, Any]) -> None:
     """Each stored file the job names passes its upload check again (:func:`device.artifacts.verify`), by the kind its
     suffix says the agent stored it as: a file put into the store by other means fails the job here, unread."""
@@ -168,7 +173,7 @@ def verify_stored(job: dict[str, Any]) -> None:
     for key in ("artifact_path", "evaluation_path", "head_path"):
         path = job.get(key)
         kind = next((k for k, suffix in ARTIFACT_SUFFIX.items() if path and str(path).endswith(suffix)), None)
-        if path and kind:
+        if path and kind and kind not in CHECKED_BY_LOADER:
             verify(path, kind)
 
 
