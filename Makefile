@@ -18,6 +18,8 @@ HOST     ?= 127.0.0.1
 PORT     ?= 8765
 AGENT_DATA ?= $(HOME)/.local/share/edgefold-agent
 L4T      ?=
+# The host jtop service's jetson-stats version for the Jetson image's client (jtop refuses another major.minor).
+JETSON_STATS ?=
 NPROC    ?= 1
 DOCKER   ?= docker
 BUNDLE_DIR ?= dist
@@ -36,8 +38,10 @@ BENCH_MODEL ?= resnet50
 # virtualenv must see the system's packages, or the agent cannot import TensorRT and times ONNX Runtime.
 JETSON_RELEASE ?= /etc/nv_tegra_release
 SYSTEM_SITE_PACKAGES ?= $(if $(wildcard $(JETSON_RELEASE)),1,)
-# The agent's own packages (no torch): jtop on a Jetson, NVML elsewhere.
-AGENT_EXTRAS ?= $(if $(SYSTEM_SITE_PACKAGES),device$(COMMA)jetson,device$(COMMA)nvml)
+# The agent's own packages (no torch): NVML off a Jetson. On a Jetson the venv sees the system's jtop client, which
+# matches the system's jtop service; jetson-stats is installed into the venv only where no jtop is importable (a
+# client of another major.minor than the service is refused by it).
+AGENT_EXTRAS ?= $(if $(SYSTEM_SITE_PACKAGES),device,device$(COMMA)nvml)
 COMMA    := ,
 
 BIN      := $(VENV)/bin
@@ -138,6 +142,8 @@ agent-venv: $(AGENT_STAMP)
 $(AGENT_STAMP): setup.cfg pyproject.toml $(LOCK) | venv-system-site
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[$(AGENT_EXTRAS)]' $(LOCK_ARGS)
+	$(if $(SYSTEM_SITE_PACKAGES),$(BIN)/python -c 'import jtop' 2>/dev/null || \
+	  $(BIN)/python -m pip install --quiet 'jetson-stats' $(LOCK_ARGS))
 	touch $@
 
 # One universal resolve (uv) of every extra make installs, for Python 3.10+ on x86_64 and aarch64 (markers say
@@ -167,7 +173,8 @@ docker-jetson:
 	@test -n "$(L4T)" || { echo "error: L4T is required, e.g. make docker-jetson L4T=36.4.3 (cat /etc/nv_tegra_release on the Jetson)" >&2; exit 2; }
 	@args=$$($(PLATFORMS) build-args '$(L4T)' $(if $(filter 1,$(TORCH_TENSORRT)),--torch-tensorrt)) && \
 	  tag=$$($(PLATFORMS) tag jetson '$(L4T)' $(if $(filter 1,$(TORCH_TENSORRT)),--torch-tensorrt)) && \
-	  set -x && $(DOCKER) buildx build --platform linux/arm64 $$args -t "$$tag" -f docker/jetson.Dockerfile --load . && \
+	  set -x && $(DOCKER) buildx build --platform linux/arm64 $$args $(if $(JETSON_STATS),--build-arg JETSON_STATS='$(JETSON_STATS)') \
+	    -t "$$tag" -f docker/jetson.Dockerfile --load . && \
 	  docker/smoke.sh "$$tag" aarch64
 
 docker-dc:

@@ -42,7 +42,7 @@ from device import __version__
 from device.artifacts import ArtifactError, HashingWriter, check
 from device.errors import ConfigError, EdgeFoldError, StatusError, require
 from device.executor import Executor
-from device.info import describe_device, runtime_banner
+from device.info import describe_device, jtop_banner, jtop_status, runtime_banner
 from device.power_modes import DEFAULT_CONF
 from device.schema import (FINISHED, SHA256, Artifact, ErrorBody, Health, Job, JobSpec, JobState, describe_problems,
                            field_problems, safe_text)
@@ -314,9 +314,10 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
 
     @app.get("/v1/device", dependencies=auth, responses=errors, tags=["agent"])
     def device() -> dict[str, Any]:
-        """Board, L4T/JetPack, GPU, CUDA, TensorRT/ONNX Runtime/torch versions, nvpmodel and jetson_clocks."""
+        """Board, L4T/JetPack, GPU, CUDA, TensorRT/ONNX Runtime/torch versions, nvpmodel and jetson_clocks; on a Jetson
+        ``jtop``: the jtop service's and client's jetson-stats versions and whether the service accepts the client."""
         if not device_cache or time.time() - device_cache["at"] > 60:
-            device_cache.update(info=describe_device(), at=time.time())
+            device_cache.update(info={**describe_device(), "jtop": jtop_status(config.jtop_socket)}, at=time.time())
         return device_cache["info"]
 
     sha_param = PathParam(pattern=SHA256.pattern, description="lowercase hex sha256 of the artifact's bytes")
@@ -460,6 +461,9 @@ def serve(config: AgentConfig) -> None:
     # The first line says which TensorRT this agent found, or why none: a Jetson agent that would time
     # ONNX Runtime under the board's name says so before it serves anything.
     print(runtime_banner(describe_device()), file=sys.stderr, flush=True)
+    jtop_line = jtop_banner(jtop_status(config.jtop_socket))
+    if jtop_line:
+        print(jtop_line, file=sys.stderr, flush=True)
     app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                            access_log=False))

@@ -89,6 +89,10 @@ class CudaRuntime:
         self.check(self.lib.cudaStreamCreate(ctypes.byref(handle)), "cudaStreamCreate")
         return int(handle.value or 0)
 
+    def destroy_stream(self, stream: int) -> None:
+        """``cudaStreamDestroy``: a loaded runner per batch and accelerator each holds one until it closes."""
+        self.lib.cudaStreamDestroy(ctypes.c_void_p(stream))
+
     def copy(self, dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
         self.check(self.lib.cudaMemcpyAsync(ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_size_t(nbytes),
                                             kind, ctypes.c_void_p(stream)), "cudaMemcpyAsync")

@@ -199,13 +199,21 @@ def build_settings(trt_version: str, options: BuildOptions, board: str | None = 
 
 
 def trtexec_command(onnx: str, engine: str, input_name: str, chw: tuple[int, int, int], options: BuildOptions,
-                    trt_version: str, board: str | None = None) -> list[str]:
-    """The trtexec line that builds the same engine by hand (same profile, flags and verbosity)."""
+                    trt_version: str, board: str | None = None, static_batch: bool = False) -> list[str]:
+    """The trtexec line that builds the same engine by hand (same profile, flags and verbosity).
+
+    Args:
+        static_batch: The ONNX input's batch is fixed: the line gives no shapes, which trtexec refuses for a static
+            model ("Static model does not take explicit shapes", samples/common/sampleEngines.cpp at v10.3.0 and
+            v10.16), as the build gives it no optimization profile.
+    """
     settings = build_settings(trt_version, options, board=board, artifact=options.precision)
     shape = lambda b: f"{input_name}:{b}x" + "x".join(str(d) for d in chw)  # noqa: E731
     low, opt, high = options.batch
-    cmd = ["trtexec", f"--onnx={onnx}", f"--saveEngine={engine}", f"--minShapes={shape(low)}",
-           f"--optShapes={shape(opt)}", f"--maxShapes={shape(high)}", f"--memPoolSize=workspace:{options.workspace_mib}M"]
+    cmd = ["trtexec", f"--onnx={onnx}", f"--saveEngine={engine}"]
+    if not static_batch:
+        cmd += [f"--minShapes={shape(low)}", f"--optShapes={shape(opt)}", f"--maxShapes={shape(high)}"]
+    cmd.append(f"--memPoolSize=workspace:{options.workspace_mib}M")
     if settings.trt_major == 10:
         cmd += [f"--{flag.lower()}" for flag in settings.builder_flags if flag in ("INT8", "FP16")]
         if "STRONGLY_TYPED" in settings.network_flags:
@@ -511,7 +519,7 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
     chw = tuple(int(d) for d in shape[1:])
     record = {"tensorrt": trt.__version__, "settings": asdict(settings), "options": asdict(options),
               "trtexec": " ".join(trtexec_command(str(onnx), str(Path(engine_path).parent / "engine.plan"), tensor.name, chw, options,
-                                                  trt.__version__, board=board)),
+                                                  trt.__version__, board=board, static_batch=shape[0] > 0)),
               "dla_unsupported_layers": refused}
     write_atomic(Path(engine_path).parent / "build.json", json.dumps(record, indent=1, default=list) + "\n")
     if cache_path is not None:

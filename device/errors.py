@@ -96,6 +96,19 @@ class DeviceError(EdgeFoldError):
     """
 
 
+class SweepStoppedError(DeviceError):
+    """A sweep ended by an error between its first change and its restore; the message carries both outcomes
+    (the job's error is all a failed job's result keeps)."""
+
+    @classmethod
+    def after(cls, err: BaseException, where: str, restore_note: str | None) -> "SweepStoppedError":
+        """The error for a sweep that ``err`` stopped at ``where``, once the restore told ``restore_note``."""
+        said = err.message if isinstance(err, EdgeFoldError) else f"{type(err).__name__}: {err}"
+        return cls(f"the sweep stopped at {where}: {said}; {restore_note or 'nothing to restore'}",
+                   fix=getattr(err, "fix", None) or "see the error; the agent restores the device from its hold "
+                                                     "file at its next start if the job could not")
+
+
 class NoEdgeMeasuredError(DeviceError):
     """Edge devices were named but none measured a rung: the report is written, the run did not do its job.
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from device.errors import ResultError
+from device.files import sweep_temporaries
 from device.launcher import JobProcess, Launcher
 from device.power_modes import DEFAULT_CONF, HOLD_FILE, DeviceHeldError, PowerModeError, read_hold
 from device.schema import parse_result
@@ -181,6 +182,7 @@ class Executor:
                     os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+            sweep_temporaries(job_dir)
             ended = _ended(job_dir)
             if ended is not None:
                 state, result, error = ended
@@ -285,6 +287,7 @@ class Executor:
         with self._lock:
             cancelled = self._cancelled == job.id
             self._release_child()
+        sweep_temporaries(job_dir)  # however the job ended, its child is gone: what it left half-written goes
         if self.hold_path.exists():  # a sweep that did not restore (cancelled, timed out, died, restore failed)
             self.restore_power_mode()
         if cancelled:

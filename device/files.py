@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +47,31 @@ def atomic_writer(path: str | os.PathLike, text: bool = False) -> Iterator[IO]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+# The temporaries atomic_writer names: ".<name>.<pid>-<8 hex>.tmp".
+_TEMPORARY = re.compile(r"^\..+\.\d+-[0-9a-f]{8}\.tmp$")
+
+
+def sweep_temporaries(folder: str | os.PathLike) -> list[str]:
+    """Removes the temporaries :func:`atomic_writer` left in ``folder`` (not below it): a writer killed between
+    creating and renaming one (a job cancelled while it wrote its progress) cannot remove its own.
+
+    Call it only when no writer is left in the folder. Returns the names removed.
+    """
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if _TEMPORARY.match(entry.name) and entry.is_file(follow_symlinks=False):
+            try:
+                os.unlink(entry.path)
+                removed.append(entry.name)
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:

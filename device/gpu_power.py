@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from device.errors import ConfigError, DeviceError, MissingDependencyError, require
+from device.errors import ConfigError, DeviceError, MissingDependencyError, SweepStoppedError, require
 from device.files import write_json_atomic
 from device.power_modes import Control, DeviceHeldError, PowerModeError, read_hold
 from device.schema import NotMeasured, PowerSetting, RunResult, SweepResult, SweepSpec
@@ -221,6 +221,20 @@ def _settings(sweep: SweepSpec, control: NvmlPowerControl) -> list[tuple[str, fl
     return [("locked_clocks", mhz) for mhz in sweep.gpu_clocks_mhz]
 
 
+def _restore(control, original, hold_path: Path, progress: Callable[[str], None]) -> tuple[bool, str | None]:
+    """Puts back the limit and clocks found before the sweep; (whether they came back, what happened), never
+    raising: the hold stays when they did not, and the agent retries and refuses other jobs until then."""
+    if not hold_path.exists():  # nothing was changed
+        return False, None
+    try:
+        progress("sweep: restoring the GPU's power limit and clocks")
+        control.restore(original)
+        hold_path.unlink(missing_ok=True)
+        return True, f"restored {original.describe()}"
+    except (GpuPowerError, OSError) as err:
+        return False, f"{original.describe()} not restored by the job: {err}"
+
+
 def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: str | None,
                   measure_point: MeasurePoint, progress: Callable[[str], None]) -> tuple[list[RunResult], SweepResult]:
     """Visits every power limit or locked clock of ``sweep`` on the job's GPU and restores it.
@@ -258,7 +272,7 @@ def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: st
         write_gpu_hold(hold_path, job_id, original)  # before the first change: a kill -9 leaves what to restore
         runs: list[RunResult] = []
         not_measured: list[NotMeasured] = []
-        restored, restore_note = False, None
+        where = "before the first setting"
         try:
             for index, (kind, value) in enumerate(settings, start=1):
                 label = f"{value:g} W limit" if kind == "power_limit" else f"{value} MHz locked"
@@ -286,15 +300,10 @@ def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: st
                     continue
                 setting.settle_s = time.monotonic() - started
                 runs += measure_point(setting, f"sweep {where}")
-        finally:
-            if hold_path.exists():
-                try:
-                    progress("sweep: restoring the GPU's power limit and clocks")
-                    control.restore(original)
-                    hold_path.unlink(missing_ok=True)
-                    restored, restore_note = True, f"restored {original.describe()}"
-                except (GpuPowerError, OSError) as err:  # the hold stays: the agent retries and refuses other jobs
-                    restore_note = f"not restored by the job: {err}"
+        except Exception as err:
+            restored, restore_note = _restore(control, original, hold_path, progress)
+            raise SweepStoppedError.after(err, where, restore_note) from err
+        restored, restore_note = _restore(control, original, hold_path, progress)
     if not runs:
         reasons = "; ".join(f"{item.nvpmodel_name}: {item.reason}" for item in not_measured)
         raise DeviceError(f"no setting of the sweep could be measured: {reasons}",

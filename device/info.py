@@ -177,6 +177,26 @@ def torch_tensorrt_version() -> str | None:
     return found or (getattr(module, "__version__", None) if module is not None else None)
 
 
+def jtop_status(socket: str | None) -> dict[str, Any] | None:
+    """jetson-stats on both sides of the jtop socket: the client this agent's jobs import and the service's
+    release, and whether the service accepts the client (it refuses another major.minor). ``None`` off a Jetson
+    (no socket)."""
+    if not socket or not Path(socket).exists():
+        return None
+    from device.jtop_client import probe
+
+    return probe(socket)
+
+
+def jtop_banner(status: dict[str, Any] | None) -> str | None:
+    """The agent's line on jtop: both versions, or what is wrong with the fix."""
+    if status is None:
+        return None
+    if status.get("ok"):
+        return f"jtop: service jetson-stats {status.get('service')}, client {status.get('client')}"
+    return f"jtop: NOT usable ({status.get('error')}). fix: {status.get('fix')}"
+
+
 def runtime_banner(info: dict[str, Any]) -> str:
     """The agent's first line: which TensorRT it found (or why none) and what ``runtime: auto`` runs."""
     status = info.get("tensorrt_status") or {}

@@ -228,6 +228,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
         try:
             static = {s.name: {k: getattr(s, k) for k in ("board_rail", "summed_rails", "nvpmodel", "jetson_clocks",
                                                             "board", "gpu_name", "service_interval_s", "data_time",
+                                                            "service_version", "client_version",
                                                             "unsupported", "rapl_readable", "provenance")
                                if hasattr(s, k)}
                       for s in samplers}

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from device.errors import DeviceError, MissingDependencyError, require
+from device import jtop_client
+from device.errors import DeviceError, MissingDependencyError
 from device.files import write_json_atomic
 
 DEFAULT_CONF = "/etc/nvpmodel.conf"
@@ -56,6 +57,13 @@ class ModeUnavailableError(PowerModeError):
 
 class ModeNotSettledError(PowerModeError):
     """A mode was set but the device did not show it (cores, caps, jetson_clocks) within the time limit."""
+
+
+class ServiceLostError(PowerModeError):
+    """The jtop service stopped answering (or its connection was lost) while a mode was set, read or restored."""
+
+
+LOST_FIX = "sudo systemctl restart jtop.service, then restart the agent (it restores the original mode)"
 
 
 class DeviceHeldError(PowerModeError):
@@ -254,6 +262,7 @@ class ModeController(Control):
     def __init__(self, interval_s: float = 0.5, poll_s: float = 0.1):
         self.interval_s, self.poll_s = interval_s, poll_s
         self._jetson = None
+        self._lost: tuple[type[BaseException], ...] = (EOFError, OSError)
 
     def open(self) -> None:
         """Connects to the jtop service.
@@ -262,14 +271,8 @@ class ModeController(Control):
             MissingDependencyError: jetson-stats is not installed, the service does not answer, or the
                 board has no nvpmodel.
         """
-        client = require("jtop", "jetson-stats", "pip install 'edgefold[jetson]'")
-        jetson = client.jtop(interval=self.interval_s)
-        try:
-            jetson.start()
-        except client.JtopException as err:
-            raise MissingDependencyError(f"the jtop service is not reachable: {err}",
-                                         fix="sudo systemctl restart jtop.service; in Docker mount "
-                                             "-v /run/jtop.sock:/run/jtop.sock") from None
+        jetson = jtop_client.start(self.interval_s)
+        self._lost = jtop_client.lost_errors()
         if jetson.nvpmodel is None:
             jetson.close()
             raise MissingDependencyError("jtop reports no nvpmodel on this board: power modes cannot be set",
@@ -293,6 +296,9 @@ class ModeController(Control):
 
     def state(self) -> DeviceState:
         """The mode and jetson_clocks state jtop reports now."""
+        return self._guarded("reading the power mode", self._state)
+
+    def _state(self) -> DeviceState:
         jc = self.jetson.jetson_clocks
         return DeviceState(int(self.jetson.nvpmodel.id), str(self.jetson.nvpmodel.name),
                            None if jc is None else bool(jc))
@@ -303,6 +309,9 @@ class ModeController(Control):
 
     def modes(self) -> list[PowerMode]:
         """Every mode jtop lists, in id order, with whether it can be set without a reboot."""
+        return self._guarded("listing the power modes", self._modes)
+
+    def _modes(self) -> list[PowerMode]:
         status = list(self.jetson.nvpmodel.status)
         return [PowerMode(index, name, bool(status[index]) if index < len(status) else False)
                 for index, name in enumerate(self.jetson.nvpmodel.models)]
@@ -324,22 +333,29 @@ class ModeController(Control):
         return Observed(online, cpu_max, gpu_max, state.jetson_clocks, state.nvpmodel_id)
 
     def _wait(self, deadline: float) -> None:
-        # ok() without blocking: its blocking form stops the client's reader for good after one stall. A
-        # dead service makes it raise raw EOFError/ConnectionResetError, not JtopException.
+        # ok() without blocking: its blocking form stops the client's reader for good after one stall.
         time.sleep(self.poll_s)
-        try:
-            alive = self.jetson.ok(spin=True)
-        except (EOFError, OSError):
-            alive = False
-        if not alive:
-            raise PowerModeError("the jtop service stopped answering while a power mode was being set",
-                                 fix="sudo systemctl restart jtop.service, then restart the agent (it restores "
-                                     "the original mode)")
+        if not self.jetson.ok(spin=True):
+            raise ServiceLostError("the jtop service stopped answering while a power mode was being set "
+                                   "(its client missed three intervals)", fix=LOST_FIX)
         if time.monotonic() > deadline:
             raise TimeoutError
 
+    def _guarded(self, what: str, call, *args):
+        """Runs ``call`` with a lost service's errors, whichever jtop raises, as :class:`ServiceLostError`."""
+        try:
+            return call(*args)
+        except self._lost as err:
+            raise ServiceLostError(f"the jtop service was lost while {what}: {type(err).__name__}: {err}",
+                                   fix=LOST_FIX) from err
+
     def set(self, mode: PowerMode, jetson_clocks: bool | None, caps: ModeCaps | None,
             timeout_s: float) -> tuple[Observed, float]:
+        """Sets ``mode``: see :meth:`_set`; a lost service raises :class:`ServiceLostError` with jtop's own error."""
+        return self._guarded(f"setting power mode {mode.name}", self._set, mode, jetson_clocks, caps, timeout_s)
+
+    def _set(self, mode: PowerMode, jetson_clocks: bool | None, caps: ModeCaps | None,
+             timeout_s: float) -> tuple[Observed, float]:
         """Sets ``mode`` (and jetson_clocks unless None) and waits until the device shows it.
 
         jetson_clocks is switched off before a mode change and on after it, as jtop's own nvpmodel
@@ -403,6 +419,8 @@ class ModeController(Control):
     def _mode(self, mode_id: int) -> None:
         try:  # by id: the id is what nvpmodel -m takes
             self.jetson.nvpmodel = mode_id
+        except (EOFError, OSError):  # the request's socket is closed: a lost service, not a refusal
+            raise
         except Exception as err:  # jtop's JtopException/ValueError: a mode it does not list
             raise PowerModeError(f"jtop refused power mode {mode_id}: {err}",
                                  fix="list the board's modes: nvpmodel -p --verbose") from None
@@ -410,6 +428,8 @@ class ModeController(Control):
     def _clocks(self, on: bool) -> None:
         try:
             self.jetson.jetson_clocks = on
+        except (EOFError, OSError):
+            raise
         except Exception as err:  # jtop refuses to switch off a jetson_clocks it did not start ("uncontrolled")
             raise PowerModeError(f"jtop cannot switch jetson_clocks {'on' if on else 'off'}: {err}",
                                  fix="switch it by hand (sudo jetson_clocks --restore), then restart jtop.service") \
@@ -420,8 +440,12 @@ class ModeController(Control):
 
         Raises:
             ModeNotSettledError: It did not come back within ``timeout_s``.
+            ServiceLostError: The jtop service is gone (jtop's own error in the message).
             PowerModeError: jtop no longer lists the original mode.
         """
+        return self._guarded(f"restoring {original.describe()}", self._restore, original, caps, timeout_s)
+
+    def _restore(self, original: DeviceState, caps: ModeCaps | None, timeout_s: float) -> Observed:
         modes = {mode.id: mode for mode in self.modes()}
         if original.nvpmodel_id not in modes:
             raise PowerModeError(f"jtop no longer lists the original power mode {original.describe()}",
@@ -429,7 +453,7 @@ class ModeController(Control):
         # The original mode shares the mask the sweep ran under, so it needs no reboot; jtop's status is
         # relative to the mode it started in, which is not the setting here.
         mode = PowerMode(original.nvpmodel_id, original.nvpmodel_name, True)
-        observed, _ = self.set(mode, original.jetson_clocks if self.has_jetson_clocks else None, caps, timeout_s)
+        observed, _ = self._set(mode, original.jetson_clocks if self.has_jetson_clocks else None, caps, timeout_s)
         return observed
 
 

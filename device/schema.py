@@ -457,7 +457,9 @@ class DeviceTiming(Measured):
     """The timed calls as trtexec reports them (TensorRT only), beside the wall time of the whole call.
 
     ``latency_*`` is trtexec's "Latency" (host-to-device copy + GPU compute + device-to-host copy, CUDA
-    events, pinned buffers); ``gpu_compute_*`` is its "GPU Compute Time" (events around the enqueue).
+    events, pinned buffers); ``gpu_compute_*`` is its "GPU Compute Time" (events around the enqueue). One
+    inference is in flight at a time, synchronized after each call: trtexec ``--exposeDMA``, not its default of
+    overlapped streams.
     """
 
     method: str = Field("", description="how the runner took the times")

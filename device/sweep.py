@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from device.errors import ConfigError, DeviceError, EdgeFoldError, MissingDependencyError
+from device.errors import ConfigError, DeviceError, EdgeFoldError, MissingDependencyError, SweepStoppedError
 from device.power_modes import (DeviceHeldError, ModeController, ModeNotSettledError, ModeUnavailableError, PowerMode,
                                 PowerModeError, read_hold, read_nvpmodel_conf, write_hold)
 from device.schema import NotMeasured, PowerSetting, RunResult, SweepResult, SweepSpec
@@ -100,7 +100,7 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
         not_measured: list[NotMeasured] = []
         # The hold goes to disk before the first change: a kill -9 from here on leaves what to restore.
         write_hold(hold_path, job_id, original)
-        restored, restore_note = False, None
+        restored, restore_note, where = False, None, "before the first setting"
         try:
             for index, (mode, jc) in enumerate(settings, start=1):
                 label = f"{mode.name}" + ("" if jc is None else f", jetson_clocks {'on' if jc else 'off'}")
@@ -120,21 +120,35 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
                 setting = PowerSetting(nvpmodel_id=mode.id, nvpmodel_name=mode.name, jetson_clocks=seen.jetson_clocks,
                                    settle_s=settle_s, **seen.to_point())
                 runs += measure_point(setting, f"sweep {where}")
-        finally:
-            try:
-                progress("sweep: restoring the original mode")
-                controller.restore(original, caps.get(original.nvpmodel_id), RESTORE_TIMEOUT_S)
-                hold_path.unlink(missing_ok=True)
-                restored, restore_note = True, f"restored {original.describe()}"
-            except (PowerModeError, OSError) as err:  # the hold stays: the agent retries and refuses other jobs
-                restore_note = f"not restored by the job: {err}"
-                log.error("sweep: %s", restore_note)
+        except Exception as err:
+            # The job fails with this error, and the restore's outcome belongs in the same message: the job's
+            # error is all its result keeps.
+            restored, restore_note = _restore(controller, original, caps, hold_path, progress)
+            raise SweepStoppedError.after(err, where, restore_note) from err
+        else:
+            restored, restore_note = _restore(controller, original, caps, hold_path, progress)
     if not runs:
         reasons = "; ".join(f"{item.nvpmodel_name}: {item.reason}" for item in not_measured)
         raise DeviceError(f"no setting of the sweep could be measured: {reasons}",
                           fix="sweep modes that share the current mode's mask (see each reason)")
     return runs, SweepResult(controlled=True, original=original.to_dict(), restored=restored,
                              restore_note=restore_note, not_measured=not_measured)
+
+
+def _restore(controller: ModeController, original, caps, hold_path: Path,
+             progress: Callable[[str], None]) -> tuple[bool, str]:
+    """Restores the mode found before the sweep; (whether it came back, what happened), never raising: the hold
+    stays when it did not, and the agent retries it and refuses other jobs until then."""
+    try:
+        progress("sweep: restoring the original mode")
+        controller.restore(original, caps.get(original.nvpmodel_id), RESTORE_TIMEOUT_S)
+        hold_path.unlink(missing_ok=True)
+        return True, f"restored the original mode {original.describe()}"
+    except PowerModeError as err:
+        note = (f"the original mode {original.describe()} was not restored by the job ({err.message}); the agent "
+                "restores it from its hold file")
+        log.error("sweep: %s", note)
+        return False, note
 
 
 def accelerator_dla_core(accelerator: str, runtime: str) -> int | None:

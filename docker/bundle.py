@@ -25,7 +25,7 @@ from platforms import PlatformError, release, torch_tensorrt, version  # noqa: E
 
 from device.files import sha256_file  # noqa: E402  (make bundle runs in the project's venv)
 
-EXTRAS = "device,jetson"
+EXTRAS = "device,jetson"  # jetson: its wheel travels in the bundle; install.sh installs it only where no jtop is
 GLIBC = {"20.04": 31, "22.04": 35, "24.04": 39}  # Ubuntu release → glibc 2.x
 
 INSTALL = r"""#!/usr/bin/env bash
@@ -46,6 +46,9 @@ fi
 # --system-site-packages: JetPack's TensorRT bindings live in the system Python (VENV_ARGS= for an isolated one).
 "$python" -m venv ${VENV_ARGS---system-site-packages} "$prefix"
 @TORCH_TENSORRT_CHECK@"$prefix/bin/pip" install --no-index --find-links "$here/wheels" "edgefold[@EXTRAS@]==@VERSION@"@EXTRA_PACKAGES@
+# The system's jtop client matches the system's jtop service (jtop refuses another major.minor): the bundle's
+# jetson-stats only where the venv sees none.
+"$prefix/bin/python" -c "import jtop" 2>/dev/null || "$prefix/bin/pip" install --no-index --find-links "$here/wheels" jetson-stats
 "$prefix/bin/edgefold-agent" device >/dev/null
 echo "installed: $prefix/bin/edgefold-agent"
 echo "next: install -m 644 $here/edgefold-agent.service /etc/systemd/system/ (ExecStart: $prefix/bin/edgefold-agent)"
@@ -100,6 +103,8 @@ def download_commands(requirement: str, platforms: list[str], python_version: st
 def install_script(python_version: str, extras: str, torch_tensorrt_wheels: dict | None = None) -> str:
     """``install.sh``: with Torch-TensorRT, its pinned packages join the agent's one ``pip install``."""
     extra = "".join(f' "{p}"' for p in torch_tensorrt_wheels["packages"]) if torch_tensorrt_wheels else ""
+    # jetson-stats is installed apart, only where the system has no jtop client (see INSTALL).
+    extras = ",".join(name for name in extras.split(",") if name != "jetson")
     return (INSTALL.replace("@PYTHON_VERSION@", python_version).replace("@EXTRAS@", extras)
             .replace("@TORCH_TENSORRT_CHECK@", TORCH_TENSORRT_CHECK if torch_tensorrt_wheels else "")
             .replace("@EXTRA_PACKAGES@", extra).replace("@VERSION@", version()))

@@ -21,6 +21,9 @@ ARG PYTHON_VERSION=3.10
 ARG PYTHON_SOURCE=system
 # The torch_tensorrt runtime: set by `docker/platforms.py build-args L4T --torch-tensorrt`, never by hand (the index
 # and the pinned, comma-separated packages come from its JETSON_TORCH_TENSORRT table and the sources it cites).
+# The jtop client in the image must be the host service's major.minor (jtop refuses any other): pass the host's
+# version (pip3 show jetson-stats on the Jetson) as make docker-jetson JETSON_STATS=4.2.12.
+ARG JETSON_STATS=7.2.2
 ARG WITH_TORCH_TENSORRT=0
 ARG TORCH_TENSORRT_INDEX=
 ARG TORCH_TENSORRT_PACKAGES=
@@ -53,7 +56,7 @@ RUN set -e; \
         exit 2; \
       fi; \
       echo "$TORCH_TENSORRT_PACKAGES" | tr , '\n' > /tmp/torch-tensorrt.txt; \
-      /opt/edgefold/bin/pip install --no-cache-dir --extra-index-url "$TORCH_TENSORRT_INDEX" "${wheel}[device,jetson]" \
+      /opt/edgefold/bin/pip install --no-cache-dir --extra-index-url "$TORCH_TENSORRT_INDEX" "${wheel}[device]" "jetson-stats==${JETSON_STATS}" \
         -r /tmp/torch-tensorrt.txt; \
       rm /tmp/torch-tensorrt.txt; \
       if [ ! -e /usr/local/cuda/lib64/libcusparseLt.so ]; then \
@@ -65,7 +68,7 @@ RUN set -e; \
         rm -rf /tmp/cusparselt /tmp/cusparselt.tar.xz; \
       fi; \
     else \
-      /opt/edgefold/bin/pip install --no-cache-dir "${wheel}[device,jetson]"; \
+      /opt/edgefold/bin/pip install --no-cache-dir "${wheel}[device]" "jetson-stats==${JETSON_STATS}"; \
     fi; \
     rm -rf /wheels
 COPY docker/smoke_check.py /opt/edgefold/smoke_check.py

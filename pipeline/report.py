@@ -913,8 +913,9 @@ TIMINGS_TEXT = ("Three latencies of the same timed calls at the latency batch, e
                 "into the runtime, the copies, the enqueue, the wait, Python) — the ladder's p50. trtexec Latency: "
                 "host-to-device copy + GPU compute + device-to-host copy, timed with CUDA events on pinned "
                 "buffers, the input shape set once — compare this with trtexec's \"Latency\". GPU Compute: CUDA "
-                "events around execute_async_v3 — trtexec's \"GPU Compute Time\". ONNX Runtime and torch rows "
-                "have the wall time only.")
+                "events around execute_async_v3 — trtexec's \"GPU Compute Time\". One inference is in flight at a "
+                "time, synchronized after each call: trtexec --exposeDMA, not trtexec's default of overlapped "
+                "streams, whose throughput can be higher. ONNX Runtime and torch rows have the wall time only.")
 
 
 def timing_rows(data: dict[str, Any]) -> list[list[str]]:

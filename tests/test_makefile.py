@@ -53,14 +53,16 @@ def _jetson(tmp_path):
 
 
 def test_make_agent_on_a_jetson_gives_the_venv_the_systems_packages(repo, tmp_path):
-    """Issue 25, point 1: JetPack's TensorRT is in the system's dist-packages; the agent's venv must see it,
-    and it installs only the agent's packages (no torch)."""
+    """JetPack's TensorRT is in the system's dist-packages; the agent's venv must see it, and it installs only the
+    agent's packages (no torch). jetson-stats is not pinned there: the system's jtop client is the one that matches
+    the system's jtop service, and the venv gets its own only where none is importable."""
     venv = tmp_path / "venv"
     args = ["make", "-n", "agent", f"VENV={venv}", "PYTHON=python3"]
     on_jetson = subprocess.run([*args, f"JETSON_RELEASE={_jetson(tmp_path)}"], cwd=repo, capture_output=True,
                                text=True, timeout=60).stdout
     assert f"-m venv --system-site-packages {venv}" in on_jetson
-    assert "--upgrade" in on_jetson and ".[device,jetson]" in on_jetson and "build" not in on_jetson
+    assert "--upgrade" in on_jetson and ".[device]" in on_jetson and "build" not in on_jetson
+    assert "python -c 'import jtop' 2>/dev/null || " in on_jetson and "pip install --quiet 'jetson-stats'" in on_jetson
     elsewhere = subprocess.run([*args, f"JETSON_RELEASE={tmp_path / 'none'}"], cwd=repo, capture_output=True,
                                text=True, timeout=60).stdout
     assert "--system-site-packages" not in elsewhere and ".[device,nvml]" in elsewhere

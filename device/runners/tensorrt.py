@@ -65,6 +65,10 @@ TIMING_NAMES = {
     "latency_ms": "trtexec \"Latency\": host-to-device copy + GPU compute + device-to-host copy, CUDA events, "
                   "pinned buffers",
     "gpu_compute_ms": "trtexec \"GPU Compute Time\": CUDA events around execute_async_v3",
+    # trtexec's default keeps several inferences in flight on overlapping streams (sampleOptions.h, sampleInference.cpp
+    # at v10.3.0); these calls run one at a time with a sync after each, which is trtexec --exposeDMA.
+    "depth": "one inference in flight, synchronized after each call (trtexec --exposeDMA), not trtexec's "
+             "default of overlapped streams: throughput is 1 / latency, not the overlapped figure",
 }
 
 
@@ -312,3 +316,6 @@ class TensorRTRunner(Runner):
         for event in self._events or ():
             self.cuda.destroy_event(event)
         self._events = None
+        if getattr(self, "stream", None):
+            self.cuda.destroy_stream(self.stream)
+            self.stream = None

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from device.errors import MissingDependencyError, require
+from device import jtop_client
 from device.telemetry import series
 from device.telemetry.base import GAP_FACTOR, Sampler
 
@@ -112,7 +112,8 @@ class JtopSampler(Sampler):
     Values: ``board_power_mw``, ``rail_<NAME>_mw`` per rail, ``ram_used_mb``, ``nvmap_mb``,
     ``gpu_load_percent``, ``gpu_freq_mhz``, ``temp_<zone>_c``. ``board_rail`` names the total's
     source (``summed_rails`` the rails of a sum); ``nvpmodel``, ``jetson_clocks``, ``gpu_name`` and
-    ``service_interval_s`` (the rate the service actually runs at) are read when the sampler opens.
+    ``service_interval_s`` (the rate the service actually runs at) are read when the sampler opens, with
+    ``service_version`` and ``client_version`` (jetson-stats on either side).
     """
 
     name = "jtop"
@@ -124,7 +125,6 @@ class JtopSampler(Sampler):
     def __init__(self, rate_hz: float = 10.0):
         super().__init__(rate_hz)
         self._jetson = None
-        self._client = None
         self._lock = threading.Lock()
         self._ticks: list[tuple[float, dict[str, float]]] = []
         self._last_tick: tuple[float, dict[str, float]] | None = None
@@ -139,6 +139,8 @@ class JtopSampler(Sampler):
         self.gpu_name: str | None = None
         self.service_interval_s: float | None = None
         self.data_time: str = "jtop uptime"
+        self.service_version: str | None = None
+        self.client_version: str | None = None
 
     @property
     def gap_limit_s(self) -> float:
@@ -147,18 +149,11 @@ class JtopSampler(Sampler):
         return GAP_FACTOR * interval
 
     def open(self) -> None:
-        client = require("jtop", "jetson-stats", "pip install 'edgefold[jetson]'")
-        jetson = client.jtop(interval=1.0 / self.rate_hz)
-        # Attached before start(): the reader thread iterates the observers without a lock.
-        jetson.attach(self._on_tick)
-        try:
-            jetson.start()
-        except client.JtopException as err:
-            raise MissingDependencyError(
-                f"the jtop service is not reachable: {err}",
-                fix="sudo systemctl restart jtop.service; in Docker mount -v /run/jtop.sock:/run/jtop.sock",
-            ) from None
-        self._client, self._jetson = client, jetson
+        # A service of another release raises JtopVersionError, which no telemetry: auto may drop.
+        jetson = jtop_client.start(1.0 / self.rate_hz, observer=self._on_tick)
+        self._jetson = jetson
+        self.service_version = jetson.service_version
+        self.client_version = jtop_client.client_version()
         self.board = dict(jetson.board.get("hardware", {}))
         self.nvpmodel = str(jetson.nvpmodel) if jetson.nvpmodel is not None else None
         self.jetson_clocks = bool(jetson.jetson_clocks) if jetson.jetson_clocks is not None else None

@@ -491,8 +491,14 @@ class _ReplacedOnClose:
             os.replace(self._temporary, self._path)
 
 
-def serve(root: str, sock: str) -> None:
-    """Runs jtop's real JtopServer against ``root`` (in a process of its own; blocks)."""
+def serve(root: str, sock: str, version: str | None = None) -> None:
+    """Runs jtop's real JtopServer against ``root`` (in a process of its own; blocks).
+
+    Args:
+        version: The release the service announces in its init message instead of its own (a board whose
+            service is another jetson-stats: jetson-stats 7.2.2's JtopServer keeps it in ``_version`` and sends it
+            as ``init["version"]``, jtop/service.py at 7.2.2; the client compares major.minor, jtop/jtop.py start()).
+    """
     import platform
 
     os.environ["PATH"] = f"{root}/bin{os.pathsep}{os.environ.get('PATH', '')}"
@@ -534,7 +540,10 @@ def serve(root: str, sock: str) -> None:
 
     service.logger.setLevel(logging.INFO)  # the last-resort handler still prints only warnings to the log
     service.logger.addHandler(Ready(logging.INFO))
-    service.JtopServer(force=True).loop_for_ever()
+    server = service.JtopServer(force=True)
+    if version:
+        server._version = version
+    server.loop_for_ever()
 
 
 def _listening(path: str) -> bool:
@@ -555,7 +564,8 @@ def _listening(path: str) -> bool:
 class JtopService:
     """Starts the simulated service for a board and points this process's jtop client at it."""
 
-    def __init__(self, tmp_path: Path, board: str):
+    def __init__(self, tmp_path: Path, board: str, version: str | None = None):
+        self.version = version
         self.root = plant(tmp_path / "root", board)
         self.sock = str(tmp_path / "jtop.sock")
         self.log = tmp_path / "service.log"
@@ -564,7 +574,7 @@ class JtopService:
     def __enter__(self) -> "JtopService":
         repo = Path(__file__).resolve().parents[2]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.device.jetson_sim", str(self.root), self.sock], cwd=repo,
+            [sys.executable, "-m", "tests.device.jetson_sim", str(self.root), self.sock, *([self.version] if self.version else [])], cwd=repo,
             stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         # A Jetson's jtop service has the board to itself; here it shares two cores with another test worker,
         # which stalled it past the samplers' staleness limit (every window's energy degraded, nothing chosen).
@@ -612,4 +622,4 @@ class JtopService:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2])
+    serve(*sys.argv[1:4])

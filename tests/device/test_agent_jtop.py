@@ -85,3 +85,42 @@ def test_jtop_service_dying_mid_job_is_recorded_not_fatal(tmp_path):
     summary = run["summary"]
     assert summary["energy_degraded"] is True and "service_lost" in summary["energy_degraded_reasons"]
     assert summary["energy_coverage"] < 0.95 and "low_coverage" in summary["energy_degraded_reasons"]
+
+
+def test_a_service_of_another_release_fails_the_job_with_the_fix_and_the_agent_names_both_versions(tmp_path):
+    """The real service announcing jetson-stats 4.2.12 (a common JetPack 5 install) to this 7.2.2 client: jtop
+    refuses the client. ``telemetry: auto`` must not drop jtop with a note blaming the service: the job fails
+    with both versions and the fix, and the agent's banner and /v1/device say the same before any job."""
+    from tests.device.jetson_sim import JtopService
+
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    with JtopService(tmp_path, "orin-nano", version="4.2.12") as svc, \
+            AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock)) as agent, agent.client() as client:
+        device = client.device()
+        job = client.wait(client.submit({"artifact": client.upload(model), **JOB, "telemetry": "auto"})["id"],
+                          timeout_s=120)
+        banner = agent.log.read_text()
+    assert device["jtop"]["service"] == "4.2.12" and device["jtop"]["client"] == "7.2.2"
+    assert device["jtop"]["ok"] is False and "sudo pip3 install -U jetson-stats" in device["jtop"]["fix"]
+    assert "jtop: NOT usable (the jtop service runs jetson-stats 4.2.12 and this client is 7.2.2" in banner
+    assert job["state"] == "failed"
+    assert "the jtop service runs jetson-stats 4.2.12 and this client is 7.2.2" in job["error"]
+    assert "fix: make them one release: sudo pip3 install -U jetson-stats && sudo systemctl restart jtop" in job["error"]
+    assert "not reachable" not in job["error"]
+
+
+def test_the_agent_and_each_result_name_the_jtop_versions(tmp_path):
+    from tests.device.jetson_sim import JtopService
+
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    with JtopService(tmp_path, "orin-nano") as svc, \
+            AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock)) as agent, agent.client() as client:
+        device = client.device()
+        job = client.wait(client.submit({"artifact": client.upload(model), **JOB, "duration_s": 0.5})["id"],
+                          timeout_s=120)
+        banner = agent.log.read_text()
+    assert device["jtop"] == {"client": "7.2.2", "service": "7.2.2", "ok": True, "error": None, "fix": None}
+    assert "jtop: service jetson-stats 7.2.2, client 7.2.2" in banner
+    assert job["state"] == "succeeded", job["error"]
+    facts = job["result"]["runs"][0]["telemetry"]["jtop"]["facts"]
+    assert (facts["service_version"], facts["client_version"]) == ("7.2.2", "7.2.2")

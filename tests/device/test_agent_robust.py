@@ -284,6 +284,33 @@ def test_a_cancelled_running_job_leaves_no_child(tmp_path, model):
             time.sleep(0.05)
 
 
+def test_a_job_folder_is_swept_of_half_written_files_however_the_job_ends(tmp_path, model):
+    """A child killed between creating a temporary and renaming it (a cancel 17 ms in, while it wrote its
+    progress) leaves ``.progress.json.<pid>-<hex>.tmp``: swept when the job ends and at the next start."""
+    from device.files import sweep_temporaries
+
+    with TestClient(make_app(tmp_path)) as client:
+        sha = upload(client, model)
+        job_id = post_raw(client, {"artifact": sha, "duration_s": 60, "idle_s": 0, "telemetry": ["host"]}).json()["id"]
+        deadline = time.monotonic() + WAIT_S
+        while "measuring" not in (client.get(f"/v1/jobs/{job_id}", headers=AUTH).json()["progress"] or ""):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        job_dir = client.app.state.executor.store.job_dir(job_id)
+        torn = job_dir / ".progress.json.4242-0badc0de.tmp"
+        torn.write_text('{"progr')
+        assert client.delete(f"/v1/jobs/{job_id}", headers=AUTH).json()["state"] == "cancelled"
+        deadline = time.monotonic() + 30
+        while torn.exists():
+            assert time.monotonic() < deadline, "the cancelled job's temporary is still there"
+            time.sleep(0.05)
+        assert (job_dir / "job.json").exists() and (job_dir / "log.txt").exists(), "only temporaries go"
+    # The rule itself: atomic_writer's names only, never a file that merely ends in .tmp.
+    (tmp_path / ".result.json.17-0123abcd.tmp").write_text("x")
+    (tmp_path / "mine.tmp").write_text("x")
+    assert sweep_temporaries(tmp_path) == [".result.json.17-0123abcd.tmp"] and (tmp_path / "mine.tmp").exists()
+
+
 def _gone_or_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as handle:
@@ -440,9 +467,12 @@ def test_a_result_written_before_the_agent_died_is_recovered_not_interrupted(tmp
     finally:
         executor.stop()  # the agent dies: the end it kept in memory to retry dies with it
     assert store.get(job.id).state == "running"
+    torn = store.job_dir(job.id) / ".progress.json.4242-0badc0de.tmp"  # a writer that died mid-write
+    torn.write_text("{")
 
     restarted = Executor(Store(tmp_path / "data"), jtop_socket=None)  # the same SQLite file, a new process's view
     assert restarted.recover() == []
+    assert not torn.exists(), "recovery sweeps the half-written files of the jobs it ends"
     recovered = restarted.store.get(job.id)
     assert recovered.state == "succeeded", recovered.error
     assert recovered.result == json.loads(result_file.read_text()) and recovered.result["runs"][0]["batch_size"] == 1

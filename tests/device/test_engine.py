@@ -61,6 +61,8 @@ def test_trtexec_lines_for_both_generations():
                    "--timingCacheFile=cache.bin"]
     eleven = trtexec_command("m.onnx", "m.plan", "input", (3, 32, 32), BuildOptions(), "11.4.1")
     assert not any(flag in eleven for flag in ("--int8", "--fp16", "--stronglyTyped"))
+    static = trtexec_command("m.onnx", "m.plan", "input", (3, 32, 32), options, "10.3.0", static_batch=True)
+    assert static == [flag for flag in ten if "Shapes=" not in flag]
 
 
 # ------------------------------------------------------------------ issue 18

@@ -116,6 +116,30 @@ def test_kill_9_mid_sweep_then_restart_restores_the_original_mode(tmp_path):
             assert client.job(job["id"])["state"] == "interrupted"
 
 
+def test_a_service_lost_mid_sweep_fails_the_job_with_jtops_error_and_the_restores_outcome(tmp_path):
+    """The real jtop service SIGKILLed during the first setting's window: the next setting meets jetson-stats'
+    own error for a lost service, the restore meets it too, and the job's error carries both (the hold stays)."""
+    from tests.device.jetson_sim import JtopService, mode_state
+
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    with JtopService(tmp_path, "orin-nano") as svc, AgentProcess(tmp_path / "data", args=agent_args(svc)) as agent, \
+            agent.client() as client:
+        job = client.submit({"artifact": client.upload(model), **JOB, "iterations": None, "duration_s": 3.0,
+                             "sweep": {"power_modes": ["MAXN_SUPER", "15W"], "settle_timeout_s": 20}})
+        wait_for(lambda: "MAXN_SUPER" in (client.job(job["id"])["progress"] or "") and
+                 "measuring" in client.job(job["id"])["progress"], "the MAXN_SUPER setting's window")
+        svc.kill()
+        failed = client.wait(job["id"], timeout_s=300)
+    assert failed["state"] == "failed"
+    error = failed["error"]
+    assert "the sweep stopped at setting 2/2 (15W): the jtop service was lost while setting power mode 15W" in error
+    assert "the original mode 15W (id 0), jetson_clocks off was not restored by the job (the jtop service was lost " \
+           "while restoring" in error
+    assert "fix: sudo systemctl restart jtop.service" in error
+    assert mode_state(svc.root)["id"] == 2, "nothing could restore the board without its service"
+    assert (tmp_path / "data" / HOLD).exists(), "the hold stays for the agent's next restore"
+
+
 def test_stopping_the_agent_mid_sweep_restores_before_it_exits(tmp_path):
     """SIGTERM (systemctl stop): the executor kills the job process, restores, then the agent exits."""
     from tests.device.jetson_sim import JtopService, mode_state

@@ -189,6 +189,10 @@ def test_a_static_batch_onnx_is_named_not_blamed_on_the_workspace(monkeypatch, t
     assert "dynamic batch axis" in err.value.fix and "workspace" not in err.value.fix
     with runner(static, tmp_path, batch_sizes=(1,)) as trt_runner:  # its own batch builds fine
         assert trt_runner.infer(np.zeros((1, 3, 16, 16), np.float32)).shape == (1, 10)
+        # trtexec refuses explicit shapes for a static model (sampleEngines.cpp, v10.3.0 and v10.16): the line
+        # recorded for this build gives none, like the build itself, which adds no optimization profile.
+        line = trt_runner.trtexec[1]
+        assert line.startswith("trtexec --onnx=") and "Shapes=" not in line
 
 
 def test_tensorrt_10_16_builds_int8_strongly_typed(monkeypatch, tmp_path, qdq_model):
@@ -307,7 +311,7 @@ def test_job_result_and_report_carry_three_latencies(monkeypatch, tmp_path, floa
     header, cells = timing_rows({"rows": [row]})
     assert header[3:] == ["wall p50 ms", "trtexec Latency p50 ms", "GPU Compute p50 ms"]
     assert all(cell != "—" and "[" in cell for cell in cells[3:])
-    assert "GPU Compute Time" in TIMINGS_TEXT and "pinned" in TIMINGS_TEXT
+    assert "GPU Compute Time" in TIMINGS_TEXT and "pinned" in TIMINGS_TEXT and "--exposeDMA" in TIMINGS_TEXT
 
 
 # ------------------------------------------------------------------ issue 24: score the engine that was timed
@@ -420,3 +424,16 @@ def test_builds_naming_one_timing_cache_share_its_file(monkeypatch, tmp_path, fl
         JobSpec.model_validate({"artifact": "0" * 64, "runtime": "onnxruntime", "timing_cache": "t"})
     with pytest.raises(ValueError, match="timing_cache"):
         JobSpec.model_validate({"artifact": "0" * 64, "runtime": "tensorrt", "timing_cache": "../escape"})
+
+
+def test_closing_a_runner_destroys_its_cuda_stream(monkeypatch, tmp_path, float_model):
+    """A sweep keeps a runner per accelerator and a job per batch; each stream is given back when its runner closes
+    (the stand-in's CUDA refuses a stream destroyed twice)."""
+    trt_standin.install(monkeypatch, "10.3.0")
+    trt_runner = runner(float_model, tmp_path, batch_sizes=(1, 2))
+    trt_runner.load()
+    cuda, stream = trt_runner.cuda, trt_runner.stream
+    assert cuda.streams == {stream}
+    trt_runner.close()
+    assert cuda.streams == set() and cuda.streams_destroyed == [stream]
+    trt_runner.close()  # twice is harmless

@@ -573,7 +573,14 @@ class FakeCuda:
         self.blocks.pop(pointer, None)
 
     def stream(self) -> int:
-        return 1
+        self.streams = getattr(self, "streams", set())
+        handle = len(self.streams) + 1 + len(getattr(self, "streams_destroyed", []))
+        self.streams.add(handle)
+        return handle
+
+    def destroy_stream(self, stream: int) -> None:
+        self.streams.remove(stream)  # a stream destroyed twice, or never created, fails here as in CUDA
+        self.streams_destroyed = [*getattr(self, "streams_destroyed", []), stream]
 
     def copy(self, dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
         ctypes.memmove(dst, src, nbytes)

@@ -223,9 +223,11 @@ def test_bundle_adds_torch_tensorrt_only_for_known_releases(tmp_path):
     assert {"edgefold.whl[device,jetson]", "torch==2.8.0", "nvidia-modelopt==0.47.0", "numpy<2.0.0"} <= set(together)
     assert "torch_tensorrt==2.8.0" not in together and "linux_aarch64" in together
     script = bundle.install_script("3.10", "device,jetson", wheels)
-    assert '"edgefold[device,jetson]==' in script and '"torch_tensorrt==2.8.0" "nvidia-modelopt==0.47.0"' in script
+    assert '"edgefold[device]==' in script and '"torch_tensorrt==2.8.0" "nvidia-modelopt==0.47.0"' in script
     assert script.index('import tensorrt') < script.index("pip\" install")  # JetPack's TensorRT checked first
     assert "import tensorrt" not in bundle.install_script("3.10", "device,jetson")
+    # The system's jtop client (the service's own release) wins; the bundle's jetson-stats only where none is.
+    assert 'python" -c "import jtop" 2>/dev/null || "$prefix/bin/pip" install' in script
     # An L4T release without known wheels: refused before anything is downloaded.
     assert bundle.main(["--l4t", "35.4.1", "--torch-tensorrt", "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
