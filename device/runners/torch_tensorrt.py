@@ -98,22 +98,38 @@ RULES: tuple[Rule, ...] = (
     # Precision: weakly typed; the set becomes TensorRT builder flags.
     Rule("precision_arguments", (2, 3), (2, 6),
          {"fp32": {"enabled_precisions": ("float32",)}, "fp16": {"enabled_precisions": ("float16",)},
-          "int8": {"enabled_precisions": ("int8",)}},
+          "int8": {"enabled_precisions": ("int8", "float16")}},
          "py/torch_tensorrt/dynamo/_compiler.py@v2.5.0 (compile(…, enabled_precisions=…), default {dtype.f32} in "
-         "_defaults.py@v2.5.0); INT8 from examples/dynamo/vgg16_ptq.py@v2.5.0 (enabled_precisions={torch.int8})"),
+         "_defaults.py@v2.5.0); INT8 from examples/dynamo/vgg16_ptq.py@v2.5.0 (enabled_precisions={torch.int8}), "
+         "with float16 beside it so the float islands build FP16 as on the ONNX road (TensorRT 10's INT8 + FP16 "
+         "builder flags; the same example's FP4 branch at main d7f2062 enables several precisions together)"),
     # Precision: use_explicit_typing keeps the graph's own types; with it, enabled_precisions must stay {f32}.
     Rule("precision_arguments", (2, 6), (2, 13),
          {"fp32": {"use_explicit_typing": True}, "fp16": {"use_explicit_typing": True},
-          "int8": {"enabled_precisions": ("int8",)}},
+          "int8": {"enabled_precisions": ("int8", "float16")}},
          "py/torch_tensorrt/dynamo/_compiler.py@v2.6.0 and @v2.12.0 (use_explicit_typing \"respects the precisions "
          "set in the Pytorch model\"; an AssertionError when enabled_precisions is not {f32} with it); INT8 from "
-         "examples/dynamo/vgg16_ptq.py@v2.9.0 (enabled_precisions={torch.int8})"),
+         "examples/dynamo/vgg16_ptq.py@v2.9.0 (enabled_precisions={torch.int8}, weakly typed), float16 beside it "
+         "for FP16 float islands"),
     # Precision: always strongly typed; both arguments removed (#4195). compile() still has **kwargs, so a
     # removed argument passed anyway is swallowed SILENTLY: the runner must not pass it.
     Rule("precision_arguments", (2, 13), None, {"fp32": {}, "fp16": {}, "int8": {}},
          f"py/torch_tensorrt/dynamo/_compiler.py@v2.13.0 and @{MAIN} (neither argument in compile()); "
          "docsrc/user_guide/compilation/compilation_settings.rst@main d7f2062: \"Strong typing (explicit typing) "
          "is always enabled in the Dynamo path\"; examples/dynamo/vgg16_ptq.py@main d7f2062 (INT8: no argument)"),
+    # Where INT8 leaves layers in float: FP16 where the release's arguments can ask for it; strongly typed releases
+    # build them in the graph's own type, and no source read shows a ModelOpt-quantized graph cast to half.
+    Rule("int8_float_islands", (2, 3), (2, 13), "fp16",
+         "py/torch_tensorrt/dynamo/_compiler.py@v2.5.0 and @v2.12.0: enabled_precisions becomes TensorRT's builder "
+         "flags (weakly typed), so {int8, float16} lets unquantized layers run FP16"),
+    Rule("int8_float_islands", (2, 13), None, "the graph's dtype (fp32)",
+         f"docsrc/user_guide/compilation/compilation_settings.rst@{MAIN}: strong typing always on, so each layer "
+         "runs in its type in the graph; examples/dynamo/vgg16_ptq.py@main d7f2062 quantizes an FP32 model"),
+    # Blocks smaller than this stay in PyTorch (default 5, _defaults.py@v2.5.0 MIN_BLOCK_SIZE); upstream's INT8
+    # example compiles every convertible op.
+    Rule("min_block_size", (2, 3), None, 1,
+         "examples/dynamo/vgg16_ptq.py@v2.5.0 … @v2.13.0: dynamo.compile(…, min_block_size=1); "
+         "py/torch_tensorrt/dynamo/_defaults.py@v2.5.0 (MIN_BLOCK_SIZE = 5)"),
     Rule("static_input", (2, 3), None, "Input(shape=(batch, C, H, W), dtype=…)",
          f"py/torch_tensorrt/_Input.py@v2.5.0 and @{MAIN}: \"shape (Tuple or List, optional): Static shape of "
          "input tensor\""),
@@ -215,9 +231,26 @@ def rules_for(version: str) -> dict[str, Rule]:
     return chosen
 
 
+def cuda_pci_bus_id(torch, index: int = 0) -> str | None:
+    """GPU ``index``'s PCI bus id (``00000000:01:00.0``, NVML's form): from torch's device properties where its build
+    has the PCI fields (torch's own stubs do not list them, and older Jetson wheels lack them), else from the CUDA
+    runtime (``cudaDeviceGetPCIBusId``)."""
+    props = torch.cuda.get_device_properties(index)
+    fields = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    if all(isinstance(value, int) for value in fields):
+        return f"{fields[0]:08X}:{fields[1]:02X}:{fields[2]:02X}.0"
+    try:
+        from device.cuda import CudaRuntime
+
+        return CudaRuntime().pci_bus_id(index)
+    except Exception:  # noqa: BLE001 (no libcudart found: NVML then falls back to its first GPU, and says so)
+        return None
+
+
 def compile_arguments(rules: dict[str, Rule], precision: str) -> dict[str, Any]:
-    """The precision keyword arguments of ``dynamo.compile`` for this release, dtype names unresolved."""
-    return dict(rules["precision_arguments"].value[precision])
+    """The keyword arguments of ``dynamo.compile`` for this release (precision, ``min_block_size``), dtype names
+    unresolved."""
+    return {**rules["precision_arguments"].value[precision], "min_block_size": rules["min_block_size"].value}
 
 
 # ------------------------------------------------------------------ the program's versions (no torch)
@@ -430,8 +463,7 @@ class TorchTensorRTRunner(Runner):
 
         self.device = compute_device(torch)
         if self.device.type == "cuda":
-            props = torch.cuda.get_device_properties(0)
-            self.pci_bus_id = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+            self.pci_bus_id = cuda_pci_bus_id(torch)
         if artifact_kind(self.path) == "torch-checkpoint":
             module, artifact, notes, source = self._from_checkpoint(torch)
             versions = ProgramVersions(None, None, artifact == "int8")
@@ -474,6 +506,9 @@ class TorchTensorRTRunner(Runner):
             "compile_arguments": {b: r["compile_arguments"] for b, r in reports.items()},
             "fallback": {b: r["fallback"] for b, r in reports.items()},
             "fallback_count": first["fallback"]["fallback_count"], "notes": notes, **source}
+        if self.precision_built == "int8":
+            # The ONNX road builds INT8 with FP16 float islands (TensorRT 10's flags): say where this road differs.
+            self.torch_tensorrt["int8_float_islands"] = rules["int8_float_islands"].value
 
     def _load_program(self, torch, versions: ProgramVersions, schema):
         """``torch.export.load`` of the ``.pt2``, a failure named with both torch versions."""

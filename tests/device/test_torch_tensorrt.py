@@ -60,12 +60,16 @@ def test_registered_beside_the_other_runtimes():
 
 
 def test_each_release_gets_its_own_precision_arguments_and_every_rule_cites_a_tag():
-    assert compile_arguments(rules_for("2.5.0a0+jetson"), "fp16") == {"enabled_precisions": ("float16",)}
-    assert compile_arguments(rules_for("2.5.0"), "int8") == {"enabled_precisions": ("int8",)}
-    assert compile_arguments(rules_for("2.9.0"), "fp16") == {"use_explicit_typing": True}
-    assert compile_arguments(rules_for("2.9.0"), "int8") == {"enabled_precisions": ("int8",)}
-    assert compile_arguments(rules_for("2.14.0"), "fp16") == {}
-    assert compile_arguments(rules_for("2.13.0"), "int8") == {}
+    one = {"min_block_size": 1}  # every convertible op compiled, as upstream's INT8 example (the default is 5)
+    assert compile_arguments(rules_for("2.5.0a0+jetson"), "fp16") == {"enabled_precisions": ("float16",), **one}
+    # INT8 with FP16 beside it where the release is weakly typed: the float islands build FP16, as on the ONNX road.
+    assert compile_arguments(rules_for("2.5.0"), "int8") == {"enabled_precisions": ("int8", "float16"), **one}
+    assert compile_arguments(rules_for("2.9.0"), "fp16") == {"use_explicit_typing": True, **one}
+    assert compile_arguments(rules_for("2.9.0"), "int8") == {"enabled_precisions": ("int8", "float16"), **one}
+    assert compile_arguments(rules_for("2.14.0"), "fp16") == one
+    assert compile_arguments(rules_for("2.13.0"), "int8") == one
+    assert rules_for("2.8.0")["int8_float_islands"].value == "fp16"
+    assert rules_for("2.13.0")["int8_float_islands"].value.startswith("the graph's dtype")
     assert all("@" in rule.source and rule.source.startswith(("py/", "docsrc/", "examples/", "core/"))
                for rule in RULES)
     # Every release read gets exactly one rule of each name.
@@ -108,9 +112,9 @@ def test_standin_keeps_the_explicit_typing_assertion_of_2_6_to_2_12():
 
 
 # ------------------------------------------------------------------ the runner
-@pytest.mark.parametrize("version,expected", [("2.5.0", {"enabled_precisions": {torch.float32}}),
-                                              ("2.9.0", {"use_explicit_typing": True}),
-                                              ("2.14.0", {})])
+@pytest.mark.parametrize("version,expected", [("2.5.0", {"enabled_precisions": {torch.float32}, "min_block_size": 1}),
+                                              ("2.9.0", {"use_explicit_typing": True, "min_block_size": 1}),
+                                              ("2.14.0", {"min_block_size": 1})])
 def test_runner_compiles_each_batch_with_its_release_arguments(monkeypatch, tmp_path, program, version, expected):
     model, path = program
     tt = standin(monkeypatch, version)
@@ -148,7 +152,7 @@ def test_runner_casts_an_fp32_program_to_fp16_before_compiling(monkeypatch, tmp_
         out = runner.infer(np.zeros((1, 3, 16, 16), np.float32))
     assert out.dtype == np.float32 and runner.precision_built == "fp16"
     assert tt.calls[0]["inputs"] == [((1, 3, 16, 16), torch.float16)]
-    assert tt.calls[0]["kwargs"] == {"use_explicit_typing": True}
+    assert tt.calls[0]["kwargs"] == {"use_explicit_typing": True, "min_block_size": 1}
 
 
 def test_compiled_programs_are_cached_by_the_engine_fingerprint(monkeypatch, tmp_path, program):
@@ -578,3 +582,33 @@ def test_report_puts_the_two_roads_side_by_side(two_roads):
     text = two_roads_text(line)
     assert "Torch-TensorRT 2.14.0 vs ONNX → onnxruntime" in text and "1 op fell back to PyTorch" in text
     assert "top-1 not measured vs 90.0%" in text
+
+
+def test_the_gpus_pci_bus_id_falls_back_to_the_cuda_runtime_where_torch_lacks_the_fields(monkeypatch):
+    """torch's own stubs do not list pci_domain_id/pci_bus_id/pci_device_id and an older Jetson wheel lacks them:
+    the id then comes from cudaDeviceGetPCIBusId (a STAND-IN CUDA runtime here: no GPU)."""
+    import types
+
+    import device.cuda
+    from device.runners.torch_tensorrt import cuda_pci_bus_id
+
+    def fake_torch(**fields):
+        props = types.SimpleNamespace(name="Orin", **fields)
+        return types.SimpleNamespace(cuda=types.SimpleNamespace(get_device_properties=lambda index: props))
+
+    full = fake_torch(pci_domain_id=0, pci_bus_id=1, pci_device_id=0)
+    assert cuda_pci_bus_id(full) == "00000000:01:00.0"
+
+    class Runtime:
+        def pci_bus_id(self, device=0):
+            return "0000:00:00.0"
+
+    monkeypatch.setattr(device.cuda, "CudaRuntime", Runtime)
+    assert cuda_pci_bus_id(fake_torch()) == "0000:00:00.0"
+
+    class Missing:
+        def __init__(self):
+            raise OSError("libcudart.so: cannot open shared object file")
+
+    monkeypatch.setattr(device.cuda, "CudaRuntime", Missing)
+    assert cuda_pci_bus_id(fake_torch()) is None
