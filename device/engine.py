@@ -413,18 +413,18 @@ class EngineCache:
         return engine, True
 
 
-def dla_refused_layers(trt, network, config) -> list[str]:
-    """The network's layers ``IBuilderConfig.can_run_on_DLA`` refuses, less those the parser made
-    (:data:`PARSER_LAYER_TYPES`): the layers that will really run on the GPU."""
+def dla_placement(trt, network, config) -> tuple[list[str], list[str]]:
+    """(the network's layers placed on the DLA, those refused), by ``IBuilderConfig.can_run_on_DLA``, less the
+    layers the parser made (:data:`PARSER_LAYER_TYPES`). The refused run on the GPU; the placed are how the
+    per-layer profile tells DLA engine layers from GPU ones (the inspector's JSON does not say)."""
     parser_made = {getattr(trt.LayerType, name) for name in PARSER_LAYER_TYPES if hasattr(trt.LayerType, name)}
-    refused = []
+    placed, refused = [], []
     for index in range(network.num_layers):
         layer = network.get_layer(index)
         if getattr(layer, "type", None) in parser_made:
             continue
-        if not config.can_run_on_DLA(layer):
-            refused.append(layer.name)
-    return refused
+        (placed if config.can_run_on_DLA(layer) else refused).append(layer.name)
+    return placed, refused
 
 
 def import_tensorrt():
@@ -492,11 +492,12 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
         profile = builder.create_optimization_profile()
         profile.set_shape(tensor.name, (low, *shape[1:]), (opt, *shape[1:]), (high, *shape[1:]))
         config.add_optimization_profile(profile)
+    placed: list[str] | None = None
     refused: list[str] = []
     if options.dla_core is not None:
         config.default_device_type = trt.DeviceType.DLA
         config.DLA_core = options.dla_core
-        refused = dla_refused_layers(trt, network, config)
+        placed, refused = dla_placement(trt, network, config)
     cache_path = Path(options.timing_cache) if options.timing_cache else None
     if cache_path is not None:
         cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
@@ -520,7 +521,7 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
     record = {"tensorrt": trt.__version__, "settings": asdict(settings), "options": asdict(options),
               "trtexec": " ".join(trtexec_command(str(onnx), str(Path(engine_path).parent / "engine.plan"), tensor.name, chw, options,
                                                   trt.__version__, board=board, static_batch=shape[0] > 0)),
-              "dla_unsupported_layers": refused}
+              "dla_unsupported_layers": refused, "dla_layers": placed}
     write_atomic(Path(engine_path).parent / "build.json", json.dumps(record, indent=1, default=list) + "\n")
     if cache_path is not None:
         # Shared by every build on this device: written whole or not at all, so a kill mid-write cannot

@@ -22,8 +22,9 @@ No torch, no TensorRT: the builders take the runtimes' outputs as plain data.
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Collection, Iterable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -301,15 +302,53 @@ def is_dla_transfer(name: str) -> bool:
     return name.endswith(DLA_TRANSFER_SUFFIXES)
 
 
-def _on_dla(layer: dict[str, Any]) -> bool:
-    # A DLA subgraph is one engine layer ({ForeignNode[...]}) whose type/tactic names the DLA; a
-    # Myelin ForeignNode on the GPU names no DLA, so the name alone is not evidence.
+_FOREIGN = re.compile(r"^\{ForeignNode\[(?P<first>.*?)(?:\.\.\.(?P<last>.*))?\]\}$")
+
+
+def _members(name: str) -> list[str]:
+    """The network layers an engine layer's name covers: ``{ForeignNode[first...last]}`` (a DLA or Myelin
+    subgraph: its ends), ``a + b`` (fused), else the name itself."""
+    found = _FOREIGN.match(name)
+    if found:
+        return [found["first"], *([found["last"]] if found["last"] else [])]
+    return name.split(" + ")
+
+
+def _on_dla(layer: dict[str, Any], dla_layers: Collection[str] | None) -> bool:
+    """Whether an engine layer ran on the DLA.
+
+    With the build's record of the network layers it placed on the DLA (``dla_layers``: those
+    ``IBuilderConfig.can_run_on_DLA`` accepted), an engine layer is on the DLA when every network layer its name
+    covers is. No source read documents what the inspector says of a DLA layer, so without the record (an engine
+    built before it was kept) the only evidence left is a type, tactic or parameter type that names the DLA; a
+    Myelin ``{ForeignNode[…]}`` on the GPU names none.
+    """
+    if dla_layers is not None:
+        members = _members(str(layer.get("Name", "")))
+        return bool(members) and all(member in dla_layers for member in members)
     text = f"{layer.get('LayerType', '')} {layer.get('TacticName', '')} {layer.get('ParameterType', '')}".lower()
     return "dla" in text
 
 
+def _inspector_overhead(layer: dict[str, Any]) -> OverheadKind | None:
+    """Q/DQ as TensorRT's inspector marks it: by origin, not type.
+
+    trex (tools/experimental/trt-engine-explorer at v10.16) keys an unfused Q/DQ on ``LayerType`` ``Reformat`` with
+    ``Origin`` ``QDQ`` (graphing.py; its example engines carry ``"LayerType": "Reformat", "Origin": "QDQ"``), and its
+    Q/DQ linter (lint.py) finds a dangling Q/DQ as a ``Scale`` layer with INT8 on one side only.
+    """
+    if str(layer.get("Origin", "")).upper() == "QDQ":
+        return "qdq"
+    if str(layer.get("LayerType", "")).lower() == "scale":
+        sides = [[type_precision(t.get("Format/Datatype", "")) for t in layer.get(key, [])]
+                 for key in ("Inputs", "Outputs")]
+        if ("int8" in sides[0]) != ("int8" in sides[1]):
+            return "qdq"
+    return None
+
+
 def from_tensorrt(engine_information: str, layer_times_ms: dict[str, Any], batch_size: int, iterations: int,
-                  requested_device: str) -> BatchProfile:
+                  requested_device: str, dla_layers: Collection[str] | None = None) -> BatchProfile:
     """The table from the inspector's JSON and the ``IProfiler``'s per-layer times.
 
     Args:
@@ -319,13 +358,15 @@ def from_tensorrt(engine_information: str, layer_times_ms: dict[str, Any], batch
         batch_size: The batch profiled.
         iterations: Profiled inferences.
         requested_device: ``dla`` for a DLA build, else ``gpu``.
+        dla_layers: The network layers the build placed on the DLA (its ``build.json``); None when not recorded.
     """
-    return batch_profile(batch_size, iterations, tensorrt_timings(engine_information, layer_times_ms, requested_device),
+    return batch_profile(batch_size, iterations,
+                         tensorrt_timings(engine_information, layer_times_ms, requested_device, dla_layers),
                          requested_device)
 
 
-def tensorrt_timings(engine_information: str, layer_times_ms: dict[str, Any],
-                     requested_device: str) -> list[dict[str, Any]]:
+def tensorrt_timings(engine_information: str, layer_times_ms: dict[str, Any], requested_device: str,
+                     dla_layers: Collection[str] | None = None) -> list[dict[str, Any]]:
     """One engine's layers as :func:`batch_profile` timings (see :func:`from_tensorrt` for the arguments);
     engines of one model (Torch-TensorRT compiles one per TensorRT-supported subgraph) are added together."""
     info = {layer["Name"]: layer for layer in inspector_layers(engine_information)}
@@ -334,9 +375,12 @@ def tensorrt_timings(engine_information: str, layer_times_ms: dict[str, Any],
         layer = info.get(name, {"Name": name})
         types = [t.get("Format/Datatype", "") for t in layer.get("Inputs", []) + layer.get("Outputs", [])]
         transfer = requested_device == "dla" and name not in info and is_dla_transfer(name)
+        on_dla = requested_device == "dla" and (transfer or _on_dla(layer, dla_layers))
+        overhead = _inspector_overhead(layer)
         timings.append({"name": name, "kind": "DLA transfer" if transfer else layer.get("LayerType", "?"),
                         "precision": layer_precision(types),
-                        "device": "dla" if transfer or _on_dla(layer) else "gpu", "tactic": layer.get("TacticName"),
+                        "device": "dla" if on_dla else "gpu", "tactic": layer.get("TacticName"),
+                        **({"overhead": overhead} if overhead else {}),
                         **({"samples_ms": list(times)} if isinstance(times, (list, tuple)) else {"total_ms": times})})
     return timings
 
@@ -385,9 +429,12 @@ def int8_payoff_reasons(table: BatchProfile, runtime: str | None = None) -> list
                  "provider (TensorRT on the device fuses what the CPU provider does not)")
         reasons.append(f"{len(qdq)} Q/DQ layer(s) run as layers of their own, unfused ({_named(qdq)}); {place}.")
     if qdq and table.int8_share == 0:
+        where = ("TensorRT built no INT8 kernel: check that the engine was built with INT8 allowed (the build's "
+                 "precision_built and trtexec line) and that each Q/DQ pair sits on a Conv/Gemm input it can fuse into"
+                 if tensorrt else
+                 "the runtime, not the model, decides this: measure the INT8 rung with TensorRT on the device")
         reasons.append("No compute layer ran in INT8: the Q/DQ only round the values (fake quantization) and the "
-                       "layers between them ran in float, so INT8 costs time here and saves none; the runtime, not the "
-                       "model, decides this: measure the INT8 rung with TensorRT on the device.")
+                       f"layers between them ran in float, so INT8 costs time here and saves none; {where}.")
     floats = [layer for layer in layers if not layer.overhead and layer.precision in FLOAT_PRECISIONS]
     float_share = sum(layer.share for layer in floats)
     if float_share > FLOAT_ISLAND_SHARE and table.int8_share > 0:

@@ -288,3 +288,45 @@ def test_no_reasons_for_a_float_model_or_a_clean_int8_engine():
         {"name": "Reformatting CopyNode for Input Tensor 0 to conv1 + relu1", "kind": "Reformat",
          "precision": "int8", "device": "gpu", "total_ms": 1.0, "tactic": "copy"}], "gpu")
     assert clean.overhead_share == pytest.approx(0.1) and int8_payoff_reasons(clean) == []
+
+
+def test_an_unfused_q_dq_is_known_by_its_origin_and_a_dangling_one_by_its_scale_layer():
+    """TensorRT's inspector reports an unfused Q/DQ as a Reformat whose Origin is QDQ (trex's example engines,
+    trex graphing.py at v10.16) and a dangling one as a Scale with INT8 on one side only (trex lint.py): both
+    are Q/DQ overhead, so the verdict's "unfused Q/DQ" and "no INT8 compute" reasons can fire on TensorRT."""
+    int8, fp16 = "Channel major INT8 format where channel % 16 == 0", "Channel major FP16 format where channel % 8 == 0"
+
+    def layer(name, kind, fmt_in, fmt_out, **extra):
+        return {"Name": name, "LayerType": kind, "TacticName": "t", **extra,
+                "Inputs": [{"Name": "i", "Format/Datatype": fmt_in}], "Outputs": [{"Name": "o", "Format/Datatype": fmt_out}]}
+
+    info = {"Layers": [layer("quant_input", "Reformat", fp16, int8, Origin="QDQ"),
+                       layer("input reformatter", "Reformat", fp16, fp16, Origin="REFORMAT"),
+                       layer("dq_head", "Scale", int8, fp16),
+                       layer("bias_scale", "Scale", fp16, fp16),
+                       layer("conv1 + relu1", "CaskConvolution", fp16, fp16)]}
+    times = {"quant_input": 1.0, "input reformatter": 1.0, "dq_head": 1.0, "bias_scale": 1.0, "conv1 + relu1": 6.0}
+    table = from_tensorrt(json.dumps(info), times, batch_size=1, iterations=1, requested_device="gpu")
+    kinds = {layer.name: layer.overhead for layer in table.layers}
+    assert kinds == {"quant_input": "qdq", "input reformatter": "reformat", "dq_head": "qdq", "bias_scale": None,
+                     "conv1 + relu1": None}
+    reasons = " ".join(int8_payoff_reasons(table))
+    assert "2 Q/DQ layer(s) run as layers of their own" in reasons and "quant_input (Reformat" in reasons
+    assert "No compute layer ran in INT8" in reasons and "TensorRT built no INT8 kernel" in reasons
+
+
+def test_dla_layers_come_from_the_builds_record_not_from_a_guessed_layer_type():
+    """The inspector's JSON for a DLA subgraph is documented by no source read: the build's record of the network
+    layers can_run_on_DLA accepted decides. A Myelin ForeignNode over GPU layers stays on the GPU."""
+    fmt = "Channel major INT8 format where channel % 16 == 0"
+    info = {"Layers": [{"Name": name, "LayerType": "Unknown", "Inputs": [{"Name": "i", "Format/Datatype": fmt}],
+                        "Outputs": []} for name in ("{ForeignNode[conv1...relu3]}", "{ForeignNode[Flatten_0...Gemm_1]}",
+                                                    "conv4 + relu4")]}
+    times = {"{ForeignNode[conv1...relu3]}": 3.0, "{ForeignNode[Flatten_0...Gemm_1]}": 1.0, "conv4 + relu4": 1.0}
+    placed = ["conv1", "relu1", "conv2", "relu2", "conv3", "relu3", "conv4", "relu4"]
+    table = from_tensorrt(json.dumps(info), times, 1, 1, "dla", dla_layers=placed)
+    assert {layer.name: layer.device for layer in table.layers} == {
+        "{ForeignNode[conv1...relu3]}": "dla", "{ForeignNode[Flatten_0...Gemm_1]}": "gpu", "conv4 + relu4": "dla"}
+    assert table.fallback_layers == ["{ForeignNode[Flatten_0...Gemm_1]}"] and table.dla_share == pytest.approx(0.8)
+    # A GPU build is never on the DLA, whatever it names.
+    assert all(layer.device == "gpu" for layer in from_tensorrt(json.dumps(info), times, 1, 1, "gpu", placed).layers)

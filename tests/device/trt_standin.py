@@ -515,11 +515,23 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             layers = []
             for layer in plan["layers"]:
                 dla = layer["device"] == "dla"
-                layers.append({"Name": layer["name"], "LayerType": "DLA" if dla else {"Conv": "CaskConvolution",
-                               "Gemm": "CaskGemmConvolution"}.get(layer["op"], layer["op"]),
-                               "Inputs": [{"Name": "in", "Format/Datatype": fmt_of[layer["precision"]]}],
-                               "Outputs": [{"Name": "out", "Format/Datatype": fmt_of[layer["precision"]]}],
-                               "TacticName": "dla_standin" if dla else f"standin_{layer['precision']}_kernel"})
+                entry = {"Name": layer["name"],
+                         "LayerType": {"Conv": "CaskConvolution", "Gemm": "CaskGemmConvolution"}.get(layer["op"],
+                                                                                                  layer["op"]),
+                         "Inputs": [{"Name": "in", "Format/Datatype": fmt_of[layer["precision"]]}],
+                         "Outputs": [{"Name": "out", "Format/Datatype": fmt_of[layer["precision"]]}],
+                         "TacticName": f"standin_{layer['precision']}_kernel"}
+                if layer["op"] in ("QuantizeLinear", "DequantizeLinear"):
+                    # An unfused Q/DQ is marked by its origin, not its type: trex's example engines
+                    # (tools/experimental/trt-engine-explorer, kept in the v10 tree) carry "LayerType": "Reformat",
+                    # "Origin": "QDQ", and trex's graphing.py at v10.16 keys on exactly that.
+                    entry.update(LayerType="Reformat", Origin="QDQ")
+                if dla:
+                    # No source read documents a DLA layer's inspector JSON: nothing here names the DLA, so the
+                    # profile must take the placement from the build's own record (build.json dla_layers).
+                    entry.update(LayerType="Unknown")
+                    entry.pop("TacticName")
+                layers.append(entry)
             return json.dumps({"Layers": layers, "Bindings": [plan["input"], self.engine.output_name]})
 
     return trt
