@@ -281,21 +281,19 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
         if spec.profile:
             progress("profiling layers")
             profile, profile_note = profile_runner(runner, spec.batch_sizes, chw)
-        evaluation = None
-        if spec.evaluation is not None and spec.evaluation.head is not None:
-            # Loaded by name: the pipeline's code hashes follow import statements, and a classification deploy
-            # must not be re-run by an edit to the detection decoder (pipeline.recipe.TASKS does the same).
-            evaluate_detection_runner = importlib.import_module(DETECTION_EVALUATION).evaluate_detection_runner
-            progress(f"evaluating {spec.evaluation.images} images (decode + NMS after each batch)")
-            evaluation = evaluate_detection_runner(runner, job["evaluation_path"], spec.evaluation.artifact,
-                                                   spec.evaluation.images, job["head_path"], spec.evaluation.head,
-                                                   chw, spec.batch_sizes)
-        elif spec.evaluation is not None:
-            from device.evaluation import evaluate_runner
-
-            progress(f"evaluating {spec.evaluation.images} images")
-            evaluation = evaluate_runner(runner, job["evaluation_path"], spec.evaluation.artifact,
-                                         spec.evaluation.images, spec.evaluation.top_k, chw, spec.batch_sizes)
+        evaluation, more_evaluations, evaluation_note = None, [], None
+        if spec.evaluation is not None:
+            engines = timed_engines(runners, spec.batch_sizes)
+            scored = []
+            for index, (accelerator, timed, batch) in enumerate(engines, start=1):
+                on = f"{accelerator}, " if accelerator else ""
+                progress(f"evaluating {spec.evaluation.images} images ({on}batch {batch}; engine {index}/"
+                         f"{len(engines)})")
+                scored.append({**evaluate_engine(spec, job, timed, chw, batch), "accelerator": accelerator})
+            evaluation, more_evaluations = scored[0], scored[1:]
+            if runner.batch_sizes is None and len(spec.batch_sizes) > 1:
+                evaluation_note = (f"one {spec.runtime} model serves every batch size: scored once, at batch "
+                                   f"{max(spec.batch_sizes)}")
         runtime = {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]),
                    "load_s": load_s, "python": platform.python_version(), "threads": spec.threads}
         if profile_note:
@@ -312,7 +310,38 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     return JobResult.model_validate(
         {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
          "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "profile": profile, "evaluation": evaluation,
+         "more_evaluations": more_evaluations, "evaluation_note": evaluation_note,
          "environment": describe_device(), "sweep": sweep}).dump()
+
+
+def timed_engines(runners: dict[str | None, Any], batch_sizes: list[int]) -> list[tuple[str | None, Any, int]]:
+    """Every engine a job timed, the one its result's ``evaluation`` scores first: (accelerator, runner, batch).
+
+    A runner that builds one engine per batch (TensorRT, Torch-TensorRT: ``batch_sizes`` set) has one per measured
+    batch, each a build of its own that weakly typed TensorRT may give other per-layer precisions; a runner whose one
+    model takes any batch (ONNX Runtime, torch) has one. Each sweep accelerator's runner adds its own. The first is
+    the first accelerator's largest batch.
+    """
+    engines = []
+    for accelerator, timed in runners.items():
+        batches = sorted(set(batch_sizes), reverse=True) if timed.batch_sizes is not None else [max(batch_sizes)]
+        engines += [(accelerator, timed, batch) for batch in batches]
+    return engines
+
+
+def evaluate_engine(spec: JobSpec, job: dict[str, Any], runner, chw: tuple[int, ...], batch: int) -> dict[str, Any]:
+    """The evaluation set through ``runner``'s engine for ``batch``: top-k classes, or detections after the
+    device's decode + NMS when the job names a head."""
+    if spec.evaluation.head is not None:
+        # Loaded by name: the pipeline's code hashes follow import statements, and a classification deploy
+        # must not be re-run by an edit to the detection decoder (pipeline.recipe.TASKS does the same).
+        evaluate_detection_runner = importlib.import_module(DETECTION_EVALUATION).evaluate_detection_runner
+        return evaluate_detection_runner(runner, job["evaluation_path"], spec.evaluation.artifact,
+                                         spec.evaluation.images, job["head_path"], spec.evaluation.head, chw, [batch])
+    from device.evaluation import evaluate_runner
+
+    return evaluate_runner(runner, job["evaluation_path"], spec.evaluation.artifact, spec.evaluation.images,
+                           spec.evaluation.top_k, chw, [batch])
 
 
 def ran_precision(runner, spec: JobSpec, artifact_path: str) -> str:

@@ -293,8 +293,9 @@ class ErrorBody(Strict):
 # and a field this version added reads as "not recorded" in an older result (``Reported.since``).
 # 2.2: RunResult.power_setting, JobResult.sweep; 2.3: RunResult.accelerator, NotMeasured.accelerator,
 # PowerSetting.power_limit_w and gpu_locked_mhz (NVML sweeps); 2.4: runtime torch_tensorrt, RuntimeInfo.torch_tensorrt,
-# JobSpec.timing_cache; 2.5: EvaluationSpec.head, EvaluationResult.detections, network_s and postprocess_s (detection)
-RESULT_MAJOR, RESULT_MINOR = 2, 5
+# JobSpec.timing_cache; 2.5: EvaluationSpec.head, EvaluationResult.detections, network_s and postprocess_s (detection);
+# 2.6: JobResult.more_evaluations and evaluation_note, EvaluationResult.accelerator (every timed engine scored)
+RESULT_MAJOR, RESULT_MINOR = 2, 6
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -594,6 +595,8 @@ class EvaluationResult(Measured):
                                                                  "NMS on the device (2.5)")
     network_s: float | None = Field(None, description="detection: the engine's share of the pass (2.5)")
     postprocess_s: float | None = Field(None, description="detection: decode + NMS's share of the pass (2.5)")
+    accelerator: str | None = Field(None, description="the sweep accelerator whose engine this is (gpu, dla0, dla1); "
+                                                      "null: the job's own device (2.6)")
 
 
 class SmokeResult(Measured):
@@ -617,7 +620,12 @@ class JobResult(Measured):
     runs: list[RunResult]
     profile: dict[str, Any] | None = Field(None, description="device.profile.Profile (per-layer times)")
     evaluation: EvaluationResult | None = Field(None, description="the evaluation set's predictions by the engine "
-                                                                  "that was timed")
+                                                                  "that was timed (the largest batch's)")
+    more_evaluations: list[EvaluationResult] = Field(
+        default_factory=list, description="the set through every other engine the job timed: each batch's where the "
+                                          "runtime builds one per batch (TensorRT, Torch-TensorRT), each sweep "
+                                          "accelerator's (2.6)")
+    evaluation_note: str | None = Field(None, description="why the timed batches share one score, if they do (2.6)")
     environment: dict[str, Any] = Field(default_factory=dict)
     sweep: SweepResult | None = Field(None, description="a sweep's original and restored state and the settings it "
                                                         "did not measure; its runs carry power_setting")

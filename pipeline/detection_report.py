@@ -95,6 +95,11 @@ def device_section(ladder: dict[str, Any], device: dict[str, Any]) -> Section:
     if timing_text(device):
         blocks.append(Text(timing_text(device)))
     blocks.append(Table(rung_rows(ladder, device), css="ladder"))
+    others = [f"{rung} {entry['label']} {100 * entry['map']:.1f}" for rung, measured in device["rungs"].items()
+              for entry in measured.get("other_engines") or []]
+    if others:
+        blocks.append(Text("Device mAP is the largest batch's engine's; every other engine timed, scored on the same "
+                           "images: " + "; ".join(others) + "."))
     return Section(f"{device['name']} ({device.get('runtime') or '—'}; {device['status']})", blocks)
 
 

@@ -141,7 +141,9 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                 if result.evaluation is not None and evaluation:
                     # The accuracy of the engine that was timed, beside the host's on the same images.
                     row.update(device_scores(evaluation, rung, result.evaluation.predictions),
-                               evaluation_seconds=result.evaluation.seconds)
+                               evaluation_seconds=result.evaluation.seconds,
+                               engines_scored=engines_scored(evaluation, rung, result),
+                               evaluation_note=result.evaluation_note)
                     device_predictions[(device["name"], rung)] = result.evaluation.predictions
                 if summary.power_mean_mw is None:
                     notes = result.telemetry_notes
@@ -164,9 +166,10 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     headline["int8_not_measured"] = int8_not_measured
     headline.update(accuracy_evidence(stages["evaluate"]["metrics"].get("per_class"), TEACHER, lead))
     headline["device_deviations"] = [
-        {"rung": r["rung"], "device": r["device"], "device_top1": r["device_top1"],
-         "host_top1": r["host_top1_same_images"], "images": r["device_images"], "mcnemar_p": r["mcnemar_p"]}
-        for r in rows if r.get("device_deviates")]
+        {"rung": r["rung"] + (f" ({engine['label']})" if index else ""), "device": r["device"],
+         "device_top1": engine["device_top1"], "host_top1": r["host_top1_same_images"], "images": r["device_images"],
+         "mcnemar_p": engine["mcnemar_p"]}
+        for r in rows for index, engine in enumerate(r.get("engines_scored") or []) if engine.get("device_deviates")]
     headline["two_roads"] = [line for device in edge + dc for line in _two_roads(rows, device, evaluation)]
     headline["int8_vs_fp16"] = [line for device in edge + dc
                                 if (line := _int8_vs_fp16(rows, device["name"], device_predictions, evaluation,
@@ -552,8 +555,10 @@ def ladder_tables(data: dict[str, Any]) -> tuple[Table, Table]:
     return Table(main, LADDER_CSS, css="ladder"), Table(detail)
 
 
-DEVICE_ACCURACY_TEXT = ("Each rung's engine, as the device built and timed it, ran the evaluation set once after its "
-                        "timed windows (same precision, same build, at its largest measured batch). Host: ONNX "
+DEVICE_ACCURACY_TEXT = ("Every engine the device built and timed ran the evaluation set once after its timed "
+                        "windows: TensorRT builds one per measured batch (each may choose other per-layer precisions) "
+                        "and a sweep one per accelerator, each scored, the largest batch's first; ONNX Runtime and "
+                        "torch run one model at every batch, scored once. Host: ONNX "
                         "Runtime on the build host on the same images (FP16 rungs there are a CPU emulation). "
                         "Agreement: share of images with the same top-1; McNemar's exact test on the images one got "
                         "right and the other wrong.")
@@ -567,12 +572,28 @@ def device_accuracy_rows(data: dict[str, Any]) -> list[list[str]]:
             continue
         host = (f"{100 * r['host_top1_same_images']:.2f}% ({r['host_top1_correct_same_images']}/{r['device_images']})"
                 if r.get("host_top1_same_images") is not None else "—")
-        table.append([r["rung"], r["device"], f"{r['runtime']} {r['precision']}",
-                      f"{100 * r['device_top1']:.2f}% ({r['device_top1_correct']}/{r['device_images']})", host,
-                      fmt(100 * r["agreement"] if r.get("agreement") is not None else None, ".1f") + "%",
-                      fmt(r.get("mcnemar_p"), ".2g"),
-                      "differs by more than noise" if r.get("device_deviates") else "same within noise"])
+        # Results written before every engine was scored carry the largest batch's only: the row itself.
+        for index, e in enumerate(r.get("engines_scored") or [r]):
+            table.append([r["rung"] + (f" · {e['label']}" if index else ""), r["device"],
+                          f"{r['runtime']} {r['precision']}",
+                          f"{100 * e['device_top1']:.2f}% ({e['device_top1_correct']}/{r['device_images']})", host,
+                          fmt(100 * e["agreement"] if e.get("agreement") is not None else None, ".1f") + "%",
+                          fmt(e.get("mcnemar_p"), ".2g"),
+                          "differs by more than noise" if e.get("device_deviates") else "same within noise"])
     return table
+
+
+def engines_scored(evaluation: dict[str, Any], rung: str, result: JobResult) -> list[dict[str, Any]]:
+    """Each engine the job timed and scored, the largest batch's first: its label (batch, accelerator), device top-1
+    and how it agrees with the host's predictions (:func:`device_scores`)."""
+    engines = []
+    for scored in [result.evaluation, *result.more_evaluations]:
+        scores = device_scores(evaluation, rung, scored.predictions)
+        label = f"batch {scored.batch_size}" + (f" on {scored.accelerator}" if scored.accelerator else "")
+        engines.append({"label": label, "batch_size": scored.batch_size, "accelerator": scored.accelerator,
+                        **{key: scores.get(key) for key in ("device_top1", "device_top1_correct", "agreement",
+                                                            "mcnemar_p", "device_deviates")}})
+    return engines
 
 
 def device_class_rows(data: dict[str, Any]) -> list[list[str]]:

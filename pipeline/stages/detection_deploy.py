@@ -200,6 +200,16 @@ class DetectionDeployStage(Stage):
         image_sizes = [tuple(image.shape[:2]) for image in test.images[:count]]
         found = device_boxes([d.model_dump() for d in result.evaluation.detections], sizes[rung], image_sizes)
         scores = evaluate(test.boxes[:count], found, ladder["classes"], image_sizes, resamples=cfg.resamples)
+        # Every other engine the job timed (TensorRT's per batch, a sweep's per accelerator): its mAP on the same
+        # images, a point figure (the interval is the largest batch's).
+        from pipeline.detection_metrics import accumulate, match, summary
+
+        others = []
+        for scored in result.more_evaluations:
+            boxes = device_boxes([d.model_dump() for d in scored.detections or []], sizes[rung], image_sizes)
+            point = summary(accumulate(match(test.boxes[:count], boxes, len(ladder["classes"]))))
+            others.append({"label": f"batch {scored.batch_size}" + (f" on {scored.accelerator}" if scored.accelerator
+                                                                     else ""), "map": point["map"]})
         windows = {}
         for entry in rounds:
             if entry["state"] == "succeeded":
@@ -219,7 +229,8 @@ class DetectionDeployStage(Stage):
                 "runtime": result.runtime.name,
                 "network_ms_per_image": 1e3 * result.evaluation.network_s / count,
                 "postprocess_ms_per_image": 1e3 * result.evaluation.postprocess_s / count,
-                "evaluation_batch": result.evaluation.batch_size}
+                "evaluation_batch": result.evaluation.batch_size, "other_engines": others,
+                "evaluation_note": result.evaluation_note}
 
 
 REFERENCE_RUNG = "student"  # the FP32 student: what the INT8 fold is compared with

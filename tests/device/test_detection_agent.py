@@ -69,3 +69,32 @@ def test_a_sidecar_that_does_not_decode_is_refused_on_upload(agent, detector_onn
         with pytest.raises(AgentError, match="not a detection sidecar: .*anchors_per_level") as err:
             client.upload(bad)
     assert err.value.status == 422
+
+
+def test_every_engine_of_a_detection_job_is_scored_through_the_devices_decode(detector_onnx, tmp_path):
+    """A runtime that builds one engine per measured batch (TensorRT) gets each scored: here ONNX Runtime's runner
+    declares per-batch engines (``batch_sizes``, as the TensorRT runner sets it), since neither TensorRT nor its
+    stand-in runs this multi-output detector on this machine. The largest batch comes first."""
+    from device.files import sha256_file
+    from device.jobrun import evaluate_engine, timed_engines
+    from device.schema import JobSpec
+
+    images = network_inputs((np.random.default_rng(1).random((5, 64, 64)) * 255).astype(np.uint8), 64)
+    eval_path = tmp_path / "eval.npy"
+    np.save(eval_path, images)
+    head = sidecar_path(detector_onnx)
+    spec = JobSpec.model_validate({**QUICK, "artifact": sha256_file(detector_onnx), "evaluation": {
+        "artifact": sha256_file(eval_path), "images": 5, "head": sha256_file(head)}})
+    job = {"evaluation_path": str(eval_path), "head_path": str(head)}
+    with make_runner("onnxruntime", str(detector_onnx)) as runner:
+        assert [batch for _, _, batch in timed_engines({None: runner}, [1, 4])] == [4]  # one model: scored once
+        runner.batch_sizes = (1, 4)
+        engines = timed_engines({None: runner}, [1, 4])
+        assert [(accelerator, batch) for accelerator, _, batch in engines] == [(None, 4), (None, 1)]
+        swept = timed_engines({"gpu": runner, "dla0": runner}, [1, 4])  # a sweep: each accelerator's engines too
+        assert [(accelerator, batch) for accelerator, _, batch in swept] == [("gpu", 4), ("gpu", 1), ("dla0", 4),
+                                                                              ("dla0", 1)]
+        scored = [evaluate_engine(spec, job, timed, (3, 64, 64), batch) for _, timed, batch in engines]
+    assert [s["batch_size"] for s in scored] == [4, 1] and all(len(s["detections"]) == 5 for s in scored)
+    for got, want in zip(scored[1]["detections"], scored[0]["detections"]):
+        assert got["labels"] == want["labels"]

@@ -382,6 +382,51 @@ def test_a_planted_tensorrt_deviation_from_the_host_is_found_and_flagged(monkeyp
     assert "differs by more than noise" in text and "fused INT8 layer" in text and "per-layer profile" in text
 
 
+def test_every_timed_engine_is_scored_and_one_that_parts_from_the_others_is_found(monkeypatch, tmp_path,
+                                                                                  float_model):
+    """TensorRT builds one engine per measured batch, and weakly typed 10.3 may give each other precisions: the set
+    runs through each (batch 8 first, the result's ``evaluation``; batch 1 in ``more_evaluations``). A deviation
+    planted in the batch-1 engine only is invisible in the batch-8 score and found in its own."""
+    from device.jobrun import run_job
+    from device.schema import JobResult
+    from pipeline.device_accuracy import device_scores
+
+    eval_path = _evaluation_set(tmp_path)
+    with make_runner("onnxruntime", str(float_model)) as host:
+        host_top1 = host.infer(np.load(eval_path)).argmax(1)
+    record = {"labels": host_top1.tolist(), "host_top1": {"student_int8": host_top1.tolist()}}
+    trt = trt_standin.install(monkeypatch, "10.3.0")
+    trt.planted_swap_every, trt.planted_swap_batches = 3, {1}
+    result = JobResult.model_validate(run_job(_job(float_model, tmp_path, eval_path, 37), tmp_path))
+    assert result.evaluation.batch_size == 8 and result.evaluation_note is None
+    assert [(e.batch_size, e.accelerator) for e in result.more_evaluations] == [(1, None)]
+    assert device_scores(record, "student_int8", result.evaluation.predictions)["agreement"] == 1.0
+    one = device_scores(record, "student_int8", result.more_evaluations[0].predictions)
+    assert one["only_host_correct"] == 37 and one["device_deviates"]  # row 0 of every single-image call swapped
+    # The report scores each engine and names the one that parts, in its table and its headline's deviations.
+    from pipeline.report import device_accuracy_rows, engines_scored
+
+    engines = engines_scored(record, "student_int8", result)
+    assert [(e["label"], e["device_deviates"]) for e in engines] == [("batch 8", False), ("batch 1", True)]
+    row = {"rung": "student_int8", "device": "orin", "runtime": "tensorrt", "precision": "fp32", "device_images": 37,
+           "host_top1_same_images": 1.0, "host_top1_correct_same_images": 37, **engines[0], "engines_scored": engines}
+    table = device_accuracy_rows({"rows": [row]})
+    assert [line[0] for line in table[1:]] == ["student_int8", "student_int8 · batch 1"]
+    assert table[2][3] == "0.00% (0/37)" and table[2][-1] == "differs by more than noise"
+
+
+def test_a_runtime_with_one_model_for_every_batch_is_scored_once_and_says_so(tmp_path, float_model):
+    from device.jobrun import run_job
+    from device.schema import JobResult
+
+    eval_path = _evaluation_set(tmp_path)
+    job = _job(float_model, tmp_path, eval_path, 37)
+    job["spec"]["runtime"] = "onnxruntime"
+    result = JobResult.model_validate(run_job(job, tmp_path))
+    assert result.more_evaluations == [] and result.evaluation.batch_size == 8
+    assert result.evaluation_note == "one onnxruntime model serves every batch size: scored once, at batch 8"
+
+
 def test_an_evaluation_set_that_is_not_the_jobs_is_refused(monkeypatch, tmp_path, float_model):
     """Its hash or its shape against the model's input: named, with the fix, never scored."""
     from device.evaluation import EvaluationSetError

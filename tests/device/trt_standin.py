@@ -54,6 +54,7 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
     major = _version(version)[0]
     trt.log: list[str] = []
     trt.planted_swap_every = 0  # see Context.execute_async_v3: 0 = the engine computes what ONNX Runtime does
+    trt.planted_swap_batches = None  # None: every engine deviates; else only the engines built for these batches
     # Planted device time (tests only): a callable (dla_core or None, batch) → seconds each execute_async_v3 takes
     # on top of the ONNX Runtime arithmetic (tests/device/clocked_runtime.py scales it with a simulated clock).
     trt.planted_call_s = None
@@ -472,7 +473,8 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
                 self.addresses[plan["input"]]), dtype=io).reshape(self.shape)
             session = _ort(plan["onnx"])
             result = session.run(None, {plan["input"]: data.copy()})[0].astype(io)
-            if trt.planted_swap_every:
+            if trt.planted_swap_every and (trt.planted_swap_batches is None
+                                           or self.shape[0] in trt.planted_swap_batches):
                 # A planted device-side deviation (tests only): every n-th image of a call has its top two
                 # classes swapped, as a fused INT8 layer's rounding might flip close calls on a real board.
                 for row in range(0, len(result), trt.planted_swap_every):
