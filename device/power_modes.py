@@ -232,6 +232,18 @@ class Observed:
                 "gpu_max_khz": self.gpu_max_khz}
 
 
+def gpu_khz(value: Any) -> int | None:
+    """jtop's GPU clock in kHz whatever unit it came in: the sysfs devfreq path gives kHz, Thor's NVML path MHz
+    (jetson-stats 7.2.2 jtop/core/gpu.py nvml_read_gpu_status: nvmlDeviceGetMaxClockInfo), and its gpu-gpc-0
+    fallback ``max_freq // 1000`` — kHz from a devfreq node in Hz. A clock in MHz is below
+    :data:`device.telemetry.jtop.KHZ_THRESHOLD`, one in kHz far above it."""
+    from device.telemetry.jtop import KHZ_THRESHOLD
+
+    if not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return int(value) if value > KHZ_THRESHOLD else int(round(value * 1000))
+
+
 class Control:
     """Something a sweep opens, changes and closes (the jtop service, NVML): a context manager over open/close."""
 
@@ -325,9 +337,9 @@ class ModeController(Control):
             if online[index] and isinstance(cpu.get("freq"), dict) and "max" in cpu["freq"]:
                 cpu_max[index] = int(cpu["freq"]["max"])
         gpu_max = None
-        for entry in jetson.gpu.values():  # the integrated GPU's devfreq caps, in kHz
+        for entry in jetson.gpu.values():
             if isinstance(entry, dict) and isinstance(entry.get("freq"), dict) and "max" in entry["freq"]:
-                gpu_max = int(entry["freq"]["max"])
+                gpu_max = gpu_khz(entry["freq"]["max"])
                 break
         state = self.state()
         return Observed(online, cpu_max, gpu_max, state.jetson_clocks, state.nvpmodel_id)

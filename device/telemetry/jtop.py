@@ -31,7 +31,7 @@ from device.telemetry.base import GAP_FACTOR, Sampler
 # Input rails by board naming, in jtop 7.2.2's order of preference (jtop/core/power.py total_power).
 INPUT_RAILS = ("VIN", "POM_5V_IN", "VDD_IN")
 # A devfreq clock in kHz is above this; an NVML clock in MHz (JetPack 7 Thor) below it.
-_KHZ_THRESHOLD = 20_000
+KHZ_THRESHOLD = 20_000
 # /proc/uptime prints hundredths truncated: the measurement lies on average half a step later.
 _UPTIME_HALF_STEP_S = 0.005
 
@@ -82,7 +82,7 @@ def gpu_freq_mhz(entry: dict[str, Any]) -> float:
     cur = (entry.get("freq") or {}).get("cur")
     if not isinstance(cur, (int, float)) or not cur:
         return float("nan")
-    return float(cur) / 1000 if cur > _KHZ_THRESHOLD else float(cur)
+    return float(cur) / 1000 if cur > KHZ_THRESHOLD else float(cur)
 
 
 def _boottime() -> float:

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from tests.device.jetson_sim import GPU_DEVFREQ, rail_power_mw
+from tests.device.jetson_sim import gpu_devfreq, rail_power_mw
 
 # Planted work of one call, in GPU cycles: FIXED_CYCLES per call plus IMAGE_CYCLES per image (× DLA_FACTOR on a
 # DLA). At MAXN's 1300.5 MHz a batch-1 call takes 3 ms, a batch-4 call 6 ms.
@@ -63,7 +63,7 @@ def install_in_process(root: str | os.PathLike, version: str = "10.3.0", dla_cor
     from tests.device import trt_standin
 
     trt = trt_standin.make_tensorrt(version, dla_cores)
-    clock = Path(root) / GPU_DEVFREQ / "cur_freq"
+    clock = gpu_devfreq(root) / "cur_freq"
     trt.planted_call_s = lambda dla_core, batch: planted_call_s(dla_core, batch, float(clock.read_text()))
     sys.modules["tensorrt"] = trt
     device.runners.tensorrt.CudaRuntime = device.cuda.CudaRuntime = trt_standin.FakeCuda

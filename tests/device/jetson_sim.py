@@ -62,7 +62,13 @@ BOARDS = {
     },
     # Thor: module rails (VDD_GPU, VDD_CPU_SOC_MSS, VIN_SYS_5V0) on an INA3221, the carrier board's
     # system input on an INA238, which jtop names VIN (power in microwatts) and takes as the total.
+    # JetPack 7 (L4T R38): jetson-stats 7.2.2 reads Thor's GPU through NVML, not sysfs (jtop/core/gpu.py
+    # _initialize_gpu_method: is_thor() — a /sys/class/devfreq/gpu-gpc-0 folder — and check_jetpack_version() ≥ 7.0;
+    # nvml_read_gpu_status gives freq max = nvmlDeviceGetMaxClockInfo in MHz). The simulation plants both and
+    # answers NVML in the service's process (serve): its clocks are gpu-gpc-0's, in MHz.
     "thor": {
+        "l4t": "# R38 (release), REVISION: 2.0, GCID: 41844464, BOARD: generic, EABI: aarch64",
+        "gpu_devfreq": "sys/class/devfreq/gpu-gpc-0",
         "model": "NVIDIA Jetson AGX Thor Developer Kit",
         "compatible": "nvidia,p3971-0000+p3834-0008\0nvidia,p3834-0008\0nvidia,tegra264",
         "boardids": "3834:0008",
@@ -149,7 +155,7 @@ def set_gpu_temperature(root: str | os.PathLike, millidegrees: int) -> None:
 
 def set_gpu_frequency(root: str | os.PathLike, hertz: int) -> None:
     """Changes the GPU's current devfreq clock, as DVFS or a throttle would."""
-    _replace(Path(root) / "sys/devices/platform/17000000.gpu/devfreq/17000000.gpu/cur_freq", hertz)
+    _replace(gpu_devfreq(root) / "cur_freq", hertz)
 
 
 def rail_power_mw(millivolts: int, milliamps: int) -> int:
@@ -160,7 +166,8 @@ def rail_power_mw(millivolts: int, milliamps: int) -> int:
 def plant(root: str | os.PathLike, board: str) -> Path:
     """Writes a JetPack 6.2 (L4T 36.4.3) tree for ``board`` under ``root``."""
     root, spec = Path(root), BOARDS[board]
-    _write(root, "etc/nv_tegra_release", "# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64")
+    _write(root, "etc/nv_tegra_release",
+           spec.get("l4t", "# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64"))
     _write(root, "sys/firmware/devicetree/base/model", spec["model"], end="\0")
     _write(root, "sys/firmware/devicetree/base/serial-number", "1421000000000", end="\0")
     _write(root, "proc/device-tree/nvidia,boardids", spec["boardids"], end="\0")
@@ -191,6 +198,10 @@ def plant(root: str | os.PathLike, board: str) -> Path:
     os.symlink("../..", freq / "device")
     (root / "sys/class/devfreq").mkdir(parents=True, exist_ok=True)
     os.symlink("../../devices/platform/17000000.gpu/devfreq/17000000.gpu", root / "sys/class/devfreq/17000000.gpu")
+    if "gpu_devfreq" in spec:  # Thor's GPC clock domain (Hz, as devfreq reports)
+        for name, value in (("cur_freq", 624750000), ("max_freq", 1020000000), ("min_freq", 306000000),
+                            ("governor", "nvhost_podgov")):
+            _write(root, f"{spec['gpu_devfreq']}/{name}", value)
     for index, (name, millidegrees) in enumerate((("cpu-thermal", 48250), ("gpu-thermal", 46500), ("tj-thermal", 48500))):
         _write(root, f"sys/devices/virtual/thermal/thermal_zone{index}/type", name)
         _write(root, f"sys/devices/virtual/thermal/thermal_zone{index}/temp", millidegrees)
@@ -217,11 +228,12 @@ def plant(root: str | os.PathLike, board: str) -> Path:
         "Buffers:           81920 kB", "Cached:          1650000 kB", "SwapCached:            0 kB",
         "SReclaimable:     120000 kB", "SwapTotal:       3901056 kB", "SwapFree:        3901056 kB",
         "NvMapMemUsed:     524288 kB"]))
-    plant_power_modes(root, modes, start, rails=rails, clusters=clusters)
+    plant_power_modes(root, modes, start, rails=rails, clusters=clusters,
+                      devfreq=spec.get("gpu_devfreq", GPU_DEVFREQ))
     return root
 
 
-def nvpmodel_conf(modes, clusters=CPU_CLUSTERS) -> str:
+def nvpmodel_conf(modes, clusters=CPU_CLUSTERS, devfreq: str = GPU_DEVFREQ) -> str:
     """``modes`` in the format of NVIDIA's ``/etc/nvpmodel.conf`` (PARAM definitions, then POWER_MODELs), with one
     CPU clock per cluster of ``clusters``."""
     cores = len(modes[0]["online"])
@@ -232,8 +244,8 @@ def nvpmodel_conf(modes, clusters=CPU_CLUSTERS) -> str:
         base = f"/sys/devices/system/cpu/cpu{cluster[0]}/cpufreq"
         lines += [f"< PARAM TYPE=CLOCK NAME=CPU_A78_{index} >", f"FREQ_TABLE {base}/scaling_available_frequencies",
                   f"MAX_FREQ {base}/scaling_max_freq", f"MIN_FREQ {base}/scaling_min_freq"]
-    lines += ["< PARAM TYPE=CLOCK NAME=GPU >", f"FREQ_TABLE /{GPU_DEVFREQ}/available_frequencies",
-              f"MAX_FREQ /{GPU_DEVFREQ}/max_freq", f"MIN_FREQ /{GPU_DEVFREQ}/min_freq", ""]
+    lines += ["< PARAM TYPE=CLOCK NAME=GPU >", f"FREQ_TABLE /{devfreq}/available_frequencies",
+              f"MAX_FREQ /{devfreq}/max_freq", f"MIN_FREQ /{devfreq}/min_freq", ""]
     for mode in modes:
         lines.append(f"< POWER_MODEL ID={mode['id']} NAME={mode['name']} >")
         lines += [f"CPU_ONLINE CORE_{cpu} {online}" for cpu, online in enumerate(mode["online"])]
@@ -245,11 +257,12 @@ def nvpmodel_conf(modes, clusters=CPU_CLUSTERS) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plant_power_modes(root: Path, modes, current: int, rails: bool = False, clusters=CPU_CLUSTERS) -> None:
+def plant_power_modes(root: Path, modes, current: int, rails: bool = False, clusters=CPU_CLUSTERS,
+                      devfreq: str = GPU_DEVFREQ) -> None:
     """Writes the nvpmodel configuration, the two simulated tools and their state, and applies mode ``current``
-    (``rails``: a mode also sets its synthetic rail currents)."""
-    _write(root, "etc/nvpmodel.conf", nvpmodel_conf(modes, clusters), end="")
-    (root / "sim_modes.json").write_text(json.dumps({"modes": list(modes), "rails": rails}))
+    (``rails``: a mode also sets its synthetic rail currents; ``devfreq``: the GPU clock domain a mode caps)."""
+    _write(root, "etc/nvpmodel.conf", nvpmodel_conf(modes, clusters, devfreq), end="")
+    (root / "sim_modes.json").write_text(json.dumps({"modes": list(modes), "rails": rails, "gpu_devfreq": devfreq}))
     bin_dir = root / "bin"
     bin_dir.mkdir(exist_ok=True)
     repo = str(Path(__file__).resolve().parents[2])
@@ -272,6 +285,14 @@ def _read_int(path: Path) -> int:
     return int(path.read_text().strip())
 
 
+def gpu_devfreq(root: str | os.PathLike) -> Path:
+    """The GPU clock domain of the board planted at ``root`` (17000000.gpu on Orin, gpu-gpc-0 on Thor)."""
+    root = Path(root)
+    planted = root / "sim_modes.json"
+    name = json.loads(planted.read_text()).get("gpu_devfreq", GPU_DEVFREQ) if planted.exists() else GPU_DEVFREQ
+    return root / name
+
+
 def mode_state(root: str | os.PathLike) -> dict:
     """What the simulated board runs now: ``{"id", "name", "jetson_clocks", "gpu_max_hz", "cpu_max_khz",
     "online"}``, read from the tree (a test's view, independent of jtop and the agent)."""
@@ -281,7 +302,7 @@ def mode_state(root: str | os.PathLike) -> dict:
     cpus = _cpu_dirs(root)
     online = [_read_int(cpu / "online") for cpu in cpus]
     return {"id": current, "name": modes[current]["name"], "jetson_clocks": _clocks_pinned(root),
-            "gpu_max_hz": _read_int(root / GPU_DEVFREQ / "max_freq"),
+            "gpu_max_hz": _read_int(gpu_devfreq(root) / "max_freq"),
             "cpu_max_khz": _read_int(cpus[0] / "cpufreq/scaling_max_freq"), "online": online}
 
 
@@ -310,7 +331,7 @@ def _clocks_pinned(root: Path) -> bool:
         if _read_int(cpu / "online") and _read_int(cpu / "cpufreq/scaling_min_freq") != \
                 _read_int(cpu / "cpufreq/scaling_max_freq"):
             return False
-    gpu = root / GPU_DEVFREQ
+    gpu = gpu_devfreq(root)
     emc = root / "sys/kernel/debug/bpmp/debug/clk/emc"
     return _read_int(gpu / "min_freq") == _read_int(gpu / "max_freq") and \
         _read_int(emc / "rate") == _read_int(emc / "max_rate")
@@ -329,7 +350,7 @@ def _apply_mode(root: Path, mode_id: int) -> None:
         _replace(freq / "scaling_max_freq", mode["cpu_max_khz"])
         for name in ("scaling_min_freq", "scaling_cur_freq"):
             _replace(freq / name, min(_read_int(freq / name), mode["cpu_max_khz"]))
-    gpu = root / GPU_DEVFREQ
+    gpu = gpu_devfreq(root)
     if fault != "gpu_cap_stuck":
         _replace(gpu / "max_freq", mode["gpu_max_hz"])
         for name in ("min_freq", "cur_freq"):
@@ -384,7 +405,7 @@ def _nvpmodel(root: Path, args: list[str]) -> int:
 
 def _jetson_clocks(root: Path, args: list[str]) -> int:
     """``--show``, ``--store FILE``, ``--restore FILE``, or no argument: pin CPU, GPU and EMC at their caps."""
-    cpus, gpu = _cpu_dirs(root), root / GPU_DEVFREQ
+    cpus, gpu = _cpu_dirs(root), gpu_devfreq(root)
     emc = root / "sys/kernel/debug/bpmp/debug/clk/emc"
     if args[:1] == ["--show"]:
         print("SOC family:tegra234  Machine:NVIDIA Jetson Orin Nano (simulated)")
@@ -502,6 +523,9 @@ def serve(root: str, sock: str, version: str | None = None) -> None:
     import platform
 
     os.environ["PATH"] = f"{root}/bin{os.pathsep}{os.environ.get('PATH', '')}"
+    devfreq = gpu_devfreq(root)
+    if devfreq.name == "gpu-gpc-0":  # jtop's gpu.py imports pynvml when it is imported: answer before that
+        sys.modules["pynvml"] = thor_nvml(devfreq)
     import jtop.core.config as config
     import jtop.core.hardware as hardware
     import jtop.core.jetson_clocks as jetson_clocks
@@ -544,6 +568,41 @@ def serve(root: str, sock: str, version: str | None = None) -> None:
     if version:
         server._version = version
     server.loop_for_ever()
+
+
+def thor_nvml(devfreq: Path) -> types.ModuleType:
+    """A STAND-IN ``pynvml`` for the simulated Thor's jtop service: the calls jetson-stats 7.2.2's
+    nvml_read_gpu_status makes (jtop/core/gpu.py), answered from the planted gpu-gpc-0 clock domain. Clocks in MHz as
+    NVML gives them; the maximum is the domain's ``max_freq``, i.e. the power mode's cap — whether a real Thor's
+    nvmlDeviceGetMaxClockInfo reports the mode's cap or the hardware's is not confirmed by any source read. Anything
+    else raises NVMLError_NotSupported, which jtop's _safe_nvml_call turns into None, as on a Jetson."""
+    module = types.ModuleType("pynvml")
+    module.__doc__ = "STAND-IN for pynvml (tests/device/jetson_sim.py), not NVML"
+
+    class NVMLError(Exception):
+        pass
+
+    def mhz(name: str) -> int:
+        return _read_int(devfreq / name) // 1_000_000
+
+    module.NVMLError = module.NVMLError_NotSupported = NVMLError
+    module.NVML_CLOCK_SM, module.NVML_CLOCK_MEM, module.NVML_TEMPERATURE_GPU = 1, 2, 0
+    module.nvmlInit = module.nvmlShutdown = lambda: None
+    module.nvmlDeviceGetCount = lambda: 1
+    module.nvmlDeviceGetHandleByIndex = lambda index: index
+    module.nvmlDeviceGetName = lambda handle: "NVIDIA Thor"
+    module.nvmlDeviceGetUtilizationRates = lambda handle: types.SimpleNamespace(gpu=35, memory=0)
+    module.nvmlDeviceGetClockInfo = lambda handle, clock: mhz("cur_freq") if clock == module.NVML_CLOCK_SM else None
+    module.nvmlDeviceGetMaxClockInfo = lambda handle, clock: mhz("max_freq")
+
+    def not_supported(name: str):
+        def call(*args, **kwargs):
+            raise NVMLError(f"{name}: Not Supported (simulated Thor)")
+        return call
+
+    module.__getattr__ = lambda name: not_supported(name) if name.startswith("nvml") else (_ for _ in ()).throw(
+        AttributeError(name))
+    return module
 
 
 def _listening(path: str) -> bool:

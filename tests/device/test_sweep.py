@@ -140,6 +140,26 @@ def test_a_service_lost_mid_sweep_fails_the_job_with_jtops_error_and_the_restore
     assert (tmp_path / "data" / HOLD).exists(), "the hold stays for the agent's next restore"
 
 
+def test_a_thor_sweep_reads_the_gpu_cap_in_the_unit_jtop_gives_it(tmp_path):
+    """JetPack 7 Thor: jtop 7.2.2 reads the GPU through NVML, whose clocks are MHz (the sysfs path's are kHz). Taken
+    as kHz, every GPU-capped mode looked unsettled ("GPU max 1.02 MHz") and the sweep measured nothing."""
+    from tests.device.jetson_sim import JtopService, mode_state
+
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    with JtopService(tmp_path, "thor") as svc, AgentProcess(tmp_path / "data", args=agent_args(svc)) as agent, \
+            agent.client() as client:
+        before = mode_state(svc.root)
+        job = client.wait(client.submit({"artifact": client.upload(model), **JOB, "sweep": {
+            "power_modes": ["MAXN_SUPER", "15W"], "settle_timeout_s": 20}})["id"], timeout_s=300)
+        after = mode_state(svc.root)
+    assert job["state"] == "succeeded", job["error"]
+    result = job["result"]
+    assert result["sweep"]["not_measured"] == [] and result["sweep"]["restored"] is True and after == before
+    caps = {run["power_setting"]["nvpmodel_name"]: run["power_setting"]["gpu_max_khz"] for run in result["runs"]}
+    assert caps == {"MAXN_SUPER": 1020000, "15W": 624000}  # NVML's whole MHz, as kHz
+    assert result["runs"][0]["telemetry"]["jtop"]["facts"]["gpu_name"] == "Thor"
+
+
 def test_stopping_the_agent_mid_sweep_restores_before_it_exits(tmp_path):
     """SIGTERM (systemctl stop): the executor kills the job process, restores, then the agent exits."""
     from tests.device.jetson_sim import JtopService, mode_state
