@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from device.errors import ConfigError, DataError, UnknownKeyError
 from device.schema import IdleSeconds
-from pipeline.recipe import TrainConfig, _as_value_error, _Strict
+from pipeline.recipe import LadderConfig, TrainConfig, _as_value_error, _Strict
 
 BOX_HEADS = ("fp16", "float", "int8")
 """How the quantize stage may leave the box-regression branch (``quantize.box_head``): FP16 or FP32 outside Q/DQ, or
@@ -165,20 +165,16 @@ class DetectionExportConfig(_Strict):
     parity_atol: float = Field(1e-3, gt=0, description="largest |Δ| allowed between torch's and the ONNX's raw output")
 
 
-class DetectionQuantizeConfig(_Strict):
-    """INT8 Q/DQ on backbone and neck with ONNX Runtime's static quantizer (the classification ``ort`` path),
-    gated on COCO mAP."""
+class DetectionQuantizeConfig(LadderConfig):
+    """INT8 Q/DQ on backbone and neck through the ladder every task climbs (ONNX Runtime or ModelOpt, each
+    calibration method, then QAT), gated on COCO mAP."""
 
-    calibration_methods: list[Literal["max", "entropy", "percentile"]] = Field(
-        ["max"], min_length=1, description="tried in order until one is within the mAP budget")
-    per_channel: bool = True
     calib_images: int = Field(256, ge=1, description="training canvases the activations are calibrated on")
     box_head: Literal[BOX_HEADS] = Field(
         "fp16", description="the box-regression branch, which INT8 calibration hurts most: left out of Q/DQ in FP16 "
                             "(default; only its nodes, Casts at its edges), in FP32 (float), or quantized (int8)")
     compare_box_head: bool = Field(True, description="also quantize with the other box_head settings and record "
                                                      "their mAP (what each setting of the box head costs)")
-    accuracy_budget_points: float = Field(1.0, ge=0, description="largest mAP drop allowed, in points (×100)")
     resamples: int = Field(200, ge=10, description="bootstrap resamples over test images for the FP32 and INT8 "
                                                     "intervals and the per-class changes")
 

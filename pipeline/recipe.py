@@ -301,16 +301,23 @@ class ExportConfig(_Strict):
         return self
 
 
-class QuantizeConfig(_Strict):
-    """INT8 explicit Q/DQ of the student for TensorRT, with an accuracy gate."""
+class LadderConfig(_Strict):
+    """The INT8 ladder every task climbs (:mod:`pipeline.quantize_ladder`): each calibration method in order, then
+    quantization-aware fine-tuning, until the INT8 student is within the budget of the FP32 one."""
 
     quantizer: Literal["ort", "modelopt"] = Field("ort", description="ONNX Runtime quantize_static, or NVIDIA ModelOpt")
     calibration_methods: list[Literal["max", "entropy", "percentile"]] = Field(
         ["max", "percentile"], min_length=1, description="tried in order until the accuracy budget is met")
-    accuracy_budget_points: float = Field(1.0, ge=0, description="largest allowed top-1 drop against the FP32 student")
+    accuracy_budget_points: float = Field(1.0, ge=0, description="largest allowed drop of the task's score (top-1, "
+                                                                  "mAP) against the FP32 student, in points")
     per_channel: bool = True
-    qat: Optional[TrainConfig] = Field(None, description="quantization-aware fine-tuning (ModelOpt) when every "
-                                                         "calibration method misses the budget; null = off")
+    qat: Optional[TrainConfig] = Field(None, description="quantization-aware fine-tuning (ModelOpt, distilled from the "
+                                                         "FP32 student) when every calibration method misses the "
+                                                         "budget; null = off")
+
+
+class QuantizeConfig(LadderConfig):
+    """INT8 explicit Q/DQ of the student for TensorRT, with an accuracy gate."""
     float_islands: Literal["fp16", "fp32"] = Field(
         "fp16", description="precision of the layers left out of INT8, written in the graph (ModelOpt's "
                             "high_precision_dtype): fp16 means the same on TensorRT 10 (FP16 flag) and on strongly "

@@ -1,13 +1,14 @@
-"""detection quantize stage: the student to INT8 Q/DQ on backbone and neck, the box branch outside Q/DQ in FP16 unless
-the recipe says ``quantize.box_head: float`` (FP32) or ``int8`` (quantized too), gated on COCO mAP.
+"""detection quantize stage: the student to INT8 Q/DQ on backbone and neck through the ladder every task climbs
+(:mod:`pipeline.quantize_ladder`: ONNX Runtime or ModelOpt with each calibration method in order, then QAT distilled
+from the FP32 student), the box branch outside Q/DQ in FP16 unless the recipe says ``quantize.box_head: float``
+(FP32) or ``int8`` (quantized too), gated on COCO mAP.
 
-The quantizer is the classification ``ort`` path (:func:`pipeline.ort_quantize.quantize_ort`: ONNX Runtime's static
-quantizer, symmetric int8, Q/DQ on Conv and Add) with the box-regression branch's nodes excluded; for ``fp16`` those
-nodes alone are then rewritten to FP16 with Casts at the branch's edges (:mod:`pipeline.fp16_nodes`), so the precision
-is written in the graph, where a strongly typed TensorRT build takes it. Each candidate passes the same TensorRT Q/DQ
-lint and int8-weights check as a classifier's. Its mAP comes from ONNX Runtime and the device's own decode + NMS
-(:mod:`pipeline.detection_onnx`). With ``compare_box_head`` the other box-head settings are quantized with the
-accepted calibration too, and their mAP recorded: what each costs (issue 28's benchmark).
+The box-regression branch's nodes are excluded from Q/DQ; for ``fp16`` those nodes alone are then rewritten to FP16
+with Casts at the branch's edges (:mod:`pipeline.fp16_nodes`), so the precision is written in the graph, where a
+strongly typed TensorRT build takes it. Each candidate passes the ladder's TensorRT Q/DQ lint and int8-weights check.
+Its mAP comes from ONNX Runtime and the device's own decode + NMS (:mod:`pipeline.detection_onnx`). With
+``compare_box_head`` the other box-head settings are quantized with the accepted calibration too, and their mAP
+recorded: what each costs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from device.errors import StageError
 from pipeline.detection_recipe import BOX_HEADS
+from pipeline.quantize_ladder import LadderTask, Step, check_candidate, climb, steps
 from pipeline.stages.base import Stage, StageResult
 from pipeline.stages.detection_base import DETECTION_STAGES
 
@@ -26,8 +28,95 @@ def _classes(ctx) -> list[str]:
     return json.loads(ctx.manifest.output("data", "dataset").read_text())["classes"]
 
 
-def _points(value: float) -> float:
-    return round(100 * value, 4)
+def box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
+    """Rewrites the quantized graph's box branch (left float by the quantizer) to FP16, in place.
+
+    Raises:
+        StageError: The rewrite put a node outside the box branch in FP16, or none inside it.
+    """
+    import onnx
+
+    from pipeline.fp16_nodes import fp16_nodes, nodes_to_fp16
+
+    model = onnx.load(str(path))
+    facts = nodes_to_fp16(model, box_nodes)
+    halves = fp16_nodes(model)
+    stray = sorted(halves - set(box_nodes))
+    if stray or not halves:
+        raise StageError(f"the box branch's FP16 rewrite of {path.name} left "
+                         + (f"{len(stray)} node(s) outside the branch in FP16 (e.g. {stray[0]})" if stray
+                            else "no node in FP16"),
+                         fix="this is a bug in pipeline/fp16_nodes.py; set quantize.box_head: float meanwhile")
+    onnx.save(model, str(path))
+    return {"box_nodes_fp16": facts["fp16_nodes"], "box_casts": facts["casts_in"] + facts["casts_out"]}
+
+
+class DetectionLadder(LadderTask):
+    """The detector on the shared ladder: COCO mAP of ONNX Runtime + the device's decode on the test canvases; the box
+    branch kept out of Q/DQ as ``box_head`` says; QAT towards the FP32 student's raw head outputs."""
+
+    metric = "mAP"
+
+    def __init__(self, ctx, workdir: Path, fp32: Path, calibration, train, size: int, inputs, test, classes, sizes,
+                 box_head: str):
+        self.ctx, self.workdir, self.fp32, self.box_head = ctx, workdir, fp32, box_head
+        self.calibration, self.train, self.size, self.inputs = calibration, train, size, inputs
+        self.test, self.classes, self.sizes = test, classes, sizes
+        self.cfg = ctx.recipe.quantize
+        self.budget_points = self.cfg.accuracy_budget_points
+        self.detections: dict[str, list] = {}
+
+    def reference(self) -> dict:
+        from pipeline.detection_onnx import score_onnx_detector
+
+        scores, self.detections["fp32"] = score_onnx_detector(self.fp32, self.inputs, self.test.boxes, self.classes,
+                                                              self.sizes, "the FP32 student", resamples=self.cfg.resamples)
+        return {**scores, "value": scores["map"]}
+
+    def quantize(self, step: Step, out: Path, box_head: str | None = None) -> dict:
+        from pipeline.detection_export import box_branch_nodes, sidecar_path
+        from pipeline.ort_quantize import quantize_ort, quiet
+        from pipeline.quantizers import logged_to, quantize_modelopt, run_isolated
+
+        box_head = box_head or self.box_head
+        excluded = box_branch_nodes(self.fp32) if box_head in ("fp16", "float") else []
+        if step.quantizer == "modelopt":
+            # ModelOpt writes every layer it leaves float in high_precision_dtype: FP16 only where the box head is.
+            islands = "fp16" if box_head == "fp16" else "fp32"
+            run_isolated(logged_to, self.workdir / "quantizer.log", quantize_modelopt, self.fp32, out, self.calibration,
+                         step.method, self.cfg.per_channel, islands, excluded)
+            halves = {"float_islands": islands}
+        else:
+            with quiet():
+                quantize_ort(self.fp32, out, self.calibration, step.method, self.cfg.per_channel, excluded)
+            halves = box_branch_fp16(out, excluded) if box_head == "fp16" else {}
+        shutil.copyfile(sidecar_path(self.fp32), sidecar_path(out))  # the same anchors and thresholds
+        return {"box_head": box_head, "box_nodes_float": len(excluded), **halves}
+
+    def fine_tune(self, out: Path) -> dict:
+        from pipeline.detection_export import box_branch_nodes, network_inputs
+        from pipeline.detection_qat import detector_qat
+
+        train_inputs = network_inputs(self.train.images, self.size)  # only here: QAT is the one step that trains
+        facts = detector_qat(self.ctx.manifest.output("distill", "model"), out, self.calibration, train_inputs,
+                             self.cfg.qat, self.box_head, self.ctx.recipe.export.opset,
+                             self.ctx.recipe.section("postprocess"))
+        excluded = box_branch_nodes(out) if self.box_head in ("fp16", "float") else []
+        halves = box_branch_fp16(out, excluded) if self.box_head == "fp16" else {}
+        return {"box_head": self.box_head, "box_nodes_float": len(excluded), **halves, **facts}
+
+    def score(self, candidate: Path, step: Step) -> dict:
+        from pipeline.detection_onnx import score_onnx_detector
+
+        scores, self.detections[step.method] = score_onnx_detector(
+            candidate, self.inputs, self.test.boxes, self.classes, self.sizes, f"the INT8 student ({step})",
+            resamples=self.cfg.resamples)
+        return {"scores": scores, "value": scores["map"]}
+
+    def fix(self, qat: bool) -> str:
+        other = "; or set quantize.box_head: fp16" if self.box_head == "int8" else ""
+        return ("raise quantize.accuracy_budget_points, add calibration methods, raise quantize.calib_images"
+                + ("" if qat else ", or set quantize.qat (a short fine-tuning schedule)") + other)
 
 
 class DetectionQuantizeStage(Stage):
@@ -36,65 +125,16 @@ class DetectionQuantizeStage(Stage):
     name = "quantize"
 
     def needs(self, ctx):
-        return ("data", "export")
+        # Quantization-aware fine-tuning starts from the distilled checkpoint, not from the ONNX.
+        return ("data", "export") + (("distill",) if ctx.recipe.quantize.qat else ())
 
     def config(self, ctx):
         return {"quantize": ctx.recipe.section("quantize")}
-
-    def _candidate(self, fp32: Path, out: Path, calibration, method: str, box_head: str, per_channel: bool) -> dict:
-        """Quantizes ``fp32`` into ``out`` and runs the classification rung's checks on it.
-
-        Raises:
-            StageError: The Q/DQ lint or the int8-weights check fails.
-        """
-        from device.qdq_lint import lint_qdq
-        from pipeline.detection_export import box_branch_nodes
-        from pipeline.int8_weights import float_weights
-        from pipeline.ort_quantize import quantize_ort
-
-        excluded = box_branch_nodes(fp32) if box_head in ("fp16", "float") else []
-        quantize_ort(fp32, out, calibration, method, per_channel, excluded)
-        halves = self._box_branch_fp16(out, excluded) if box_head == "fp16" else {}
-        lint = lint_qdq(out)
-        if not lint.ok:
-            raise StageError(f"{out.name} breaks TensorRT's Q/DQ rules: {lint.describe()}",
-                             fix="this is a quantizer bug; report it with the ONNX")
-        unconverted = float_weights(out)
-        if unconverted:
-            raise StageError(f"{out.name} stores {len(unconverted)} quantized weights in float (e.g. {unconverted[0]}): "
-                             "not an INT8 artifact", fix="this is a quantizer bug; report it with the ONNX")
-        return {"method": method, "box_head": box_head, "box_nodes_float": len(excluded), **halves,
-                "size_mb": out.stat().st_size / 1e6, "lint": lint.to_dict()}
-
-    @staticmethod
-    def _box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
-        """Rewrites the quantized graph's box branch (left float by the quantizer) to FP16, in place.
-
-        Raises:
-            StageError: The rewrite put a node outside the box branch in FP16, or none inside it.
-        """
-        import onnx
-
-        from pipeline.fp16_nodes import fp16_nodes, nodes_to_fp16
-
-        model = onnx.load(str(path))
-        facts = nodes_to_fp16(model, box_nodes)
-        halves = fp16_nodes(model)
-        stray = sorted(halves - set(box_nodes))
-        if stray or not halves:
-            raise StageError(f"the box branch's FP16 rewrite of {path.name} left "
-                             + (f"{len(stray)} node(s) outside the branch in FP16 (e.g. {stray[0]})" if stray
-                                else "no node in FP16"),
-                             fix="this is a bug in pipeline/fp16_nodes.py; set quantize.box_head: float meanwhile")
-        onnx.save(model, str(path))
-        return {"box_nodes_fp16": facts["fp16_nodes"], "box_casts": facts["casts_in"] + facts["casts_out"]}
 
     def run(self, ctx, workdir: Path) -> StageResult:
         from pipeline.data.detection_files import load_split
         from pipeline.detection_export import network_inputs, sidecar_path
         from pipeline.detection_metrics import class_changes
-        from pipeline.detection_onnx import score_onnx_detector
-        from pipeline.ort_quantize import quiet
 
         cfg, classes = ctx.recipe.quantize, _classes(ctx)
         exported = ctx.manifest.output("export", "student")
@@ -110,53 +150,33 @@ class DetectionQuantizeStage(Stage):
         fp32 = scratch / "student.onnx"
         shutil.copyfile(exported, fp32)
         shutil.copyfile(ctx.manifest.output("export", "student_head"), sidecar_path(fp32))
-        reference, fp32_detections = score_onnx_detector(fp32, inputs, test.boxes, classes, sizes, "the FP32 student",
-                                                         resamples=cfg.resamples)
-
-        def score(path: Path, what: str):
-            shutil.copyfile(sidecar_path(fp32), sidecar_path(path))  # the same anchors and thresholds
-            return score_onnx_detector(path, inputs, test.boxes, classes, sizes, what, resamples=cfg.resamples)
-
-        attempts, accepted = [], None
-        for method in cfg.calibration_methods:
-            candidate = workdir / f"student.int8.{method}.onnx"
-            with quiet():
-                facts = self._candidate(fp32, candidate, calibration, method, cfg.box_head, cfg.per_channel)
-            scores, detections = score(candidate, f"the INT8 student ({method})")
-            drop = _points(reference["map"] - scores["map"])
-            attempts.append({**facts, "scores": scores, "drop_points": drop})
-            ctx.log(f"quantize: ort/{method}, box head {cfg.box_head}: INT8 mAP {100 * scores['map']:.2f} "
-                    f"({-drop:+.2f} points vs FP32 {100 * reference['map']:.2f})")
-            if drop <= cfg.accuracy_budget_points + 1e-9:  # the budget is decimal points; 1e-9 absorbs float noise
-                accepted = (candidate, attempts[-1], detections)
-                break
-        if accepted is None:
-            table = "\n".join(f"  ort/{a['method']}: mAP {100 * a['scores']['map']:.2f}, drop {a['drop_points']:.2f} "
-                              "points" for a in attempts)
-            other = "; or set quantize.box_head: fp16" if cfg.box_head == "int8" else ""
-            raise StageError(f"INT8 misses the mAP budget of {cfg.accuracy_budget_points} points (FP32 student mAP "
-                             f"{100 * reference['map']:.2f}), box head {cfg.box_head}:\n{table}",
-                             fix="raise quantize.accuracy_budget_points, add calibration methods, or raise "
-                                 f"quantize.calib_images{other}")
-        candidate, chosen, detections = accepted
+        task = DetectionLadder(ctx, workdir, fp32, calibration, train, size, inputs, test, classes, sizes, cfg.box_head)
+        reference, attempts, candidate = climb(task, steps(cfg.quantizer, cfg.calibration_methods, bool(cfg.qat)),
+                                               workdir)
+        chosen = attempts[-1]
         final = workdir / "student.int8.onnx"
         shutil.copyfile(candidate, final)
         shutil.copyfile(sidecar_path(candidate), sidecar_path(final))
         outputs = {"student_int8": final, "student_int8_head": sidecar_path(final)}
-        metrics = {"fp32": reference, "int8": chosen["scores"], "drop_points": chosen["drop_points"],
-                   "method": chosen["method"], "box_head": cfg.box_head, "size_mb": chosen["size_mb"],
-                   "fp32_size_mb": exported.stat().st_size / 1e6, "attempts": attempts,
-                   "class_changes_vs_fp32": class_changes(test.boxes, fp32_detections, detections, classes,
+        fp32_scores = {key: value for key, value in reference.items() if key != "value"}
+        metrics = {"fp32": fp32_scores, "int8": chosen["scores"], "drop_points": chosen["drop_points"],
+                   "quantizer": chosen["quantizer"], "method": chosen["method"], "box_head": cfg.box_head,
+                   "size_mb": chosen["size_mb"], "fp32_size_mb": exported.stat().st_size / 1e6, "attempts": attempts,
+                   "class_changes_vs_fp32": class_changes(test.boxes, task.detections["fp32"],
+                                                          task.detections[chosen["method"]], classes,
                                                           resamples=cfg.resamples)}
         if cfg.compare_box_head:
+            # The other settings with the same quantizer and calibration (QAT's pick: the first calibration method).
+            step = Step(cfg.quantizer, cfg.calibration_methods[0]) if chosen["method"] == "qat" else \
+                Step(chosen["quantizer"], chosen["method"])
             metrics["other_box_heads"] = []
             for other in (setting for setting in BOX_HEADS if setting != cfg.box_head):
                 path = workdir / f"student.int8.box_{other}.onnx"
-                with quiet():
-                    facts = self._candidate(fp32, path, calibration, chosen["method"], other, cfg.per_channel)
-                scores, _ = score(path, f"the INT8 student (box head {other})")
-                drop = _points(reference["map"] - scores["map"])
-                metrics["other_box_heads"].append({**facts, "scores": scores, "drop_points": drop})
+                facts = {**task.quantize(step, path, box_head=other), **check_candidate(path, step)}
+                scores = task.score(path, Step(step.quantizer, f"box_{other}"))["scores"]
+                drop = round(100 * (reference["map"] - scores["map"]), 4)
+                metrics["other_box_heads"].append({**facts, "method": step.method, "scores": scores,
+                                                   "drop_points": drop})
                 ctx.log(f"quantize: box head {other}: INT8 mAP {100 * scores['map']:.2f} ({-drop:+.2f} points)")
                 outputs[f"student_int8_box_{other}"] = path
                 outputs[f"student_int8_box_{other}_head"] = sidecar_path(path)

@@ -52,7 +52,8 @@ def test_a_classification_section_is_refused_in_a_detection_recipe(det_raw):
 
 @pytest.mark.parametrize("section, key, value, message", [
     ("quantize", "box_head", "bf16", "quantize.box_head"),          # fp16 | float | int8 only
-    ("quantize", "quantizer", "modelopt", "quantize.quantizer: unknown key"),  # detection uses the ort path alone
+    ("quantize", "quantizer", "tensorrt", "quantize.quantizer"),   # ort | modelopt, as for a classifier
+    ("quantize", "float_islands", "fp16", "quantize.float_islands: unknown key"),  # the box head says it here
     ("postprocess", "iou_threshold", 1.5, "postprocess.iou_threshold"),
     ("export", "opset", 11, "export.opset"),
 ])

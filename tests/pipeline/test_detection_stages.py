@@ -330,3 +330,68 @@ def test_the_detection_report_html_fits_a_1400_px_page(det_run):
     tables = len(re.findall("<table", (run_dir / manifest["stages"]["report"]["outputs"]["html"]).read_text()))
     title = render_probe(run_dir / manifest["stages"]["report"]["outputs"]["html"], check, 1400)
     assert title == f"1400:2:{tables}:{tables}:true"
+
+
+def _rerun_detection_quantize(det_run, tmp_path, **overrides):
+    """The quantize stage again on a copy of the module's tiny-det run, with recipe overrides."""
+    import shutil
+
+    from pipeline.runner import run_pipeline
+
+    run_dir, _ = det_run
+    shutil.copytree(run_dir, tmp_path / "tiny-det" / "again")
+    overrides = {"data.train_images": 512, "teacher.train.epochs": 4, "teacher.train.lr": 0.003,
+                 "distill.train.epochs": 1, "quantize.resamples": 50, "deploy.resamples": 50,
+                 "deploy.iterations": 5, "deploy.warmup_iterations": 1, "quantize.compare_box_head": False, **overrides}
+    return run_pipeline("tiny-det", runs_dir=tmp_path, run_id="again", force=["quantize"], until="quantize",
+                        overrides=overrides)
+
+
+def test_detection_climbs_the_shared_ladder_to_qat_when_calibration_misses(det_run, tmp_path, monkeypatch):
+    """The classifier's ladder, now the detector's: the calibration candidate (scored as a collapse here, a planted
+    miss) is recorded and the ladder goes on to QAT distilled from the FP32 student, whose INT8 ONNX passes the
+    same checks and keeps the box branch FP16."""
+    import onnx
+
+    import pipeline.detection_onnx as detection_onnx
+    from pipeline.detection_export import box_branch_nodes
+    from pipeline.fp16_nodes import fp16_nodes
+    from pipeline.int8_weights import float_weights
+
+    real = detection_onnx.score_onnx_detector
+
+    def planted(path, *args, **kwargs):
+        scores, found = real(path, *args, **kwargs)
+        if path.name == "student.int8.max.onnx":  # the planted miss: every box dropped
+            scores = {**scores, "map": 0.0}
+        return scores, found
+
+    monkeypatch.setattr(detection_onnx, "score_onnx_detector", planted)
+    # A budget the planted collapse misses and a working INT8 detector meets (the short fixture's FP32 mAP is low).
+    fp32_points = 100 * det_run[1]["stages"]["export"]["metrics"]["rungs"]["student"]["scores"]["map"]
+    budget = round(fp32_points - 0.5, 2)
+    ctx = _rerun_detection_quantize(det_run, tmp_path, **{
+        "quantize.calibration_methods": ["max"], "quantize.accuracy_budget_points": budget,
+        "quantize.qat": {"epochs": 1, "batch_size": 32, "optimizer": "adamw", "lr": 1e-4}})
+    metrics = ctx.manifest.stage("quantize")["metrics"]
+    assert [(a["quantizer"], a["method"]) for a in metrics["attempts"]] == [("ort", "max"), ("modelopt", "qat")]
+    assert metrics["attempts"][0]["drop_points"] > budget and metrics["method"] == "qat"
+    qat = metrics["attempts"][1]
+    assert qat["lint"]["ok"] and qat["qat_steps"] == 16 and qat["box_nodes_fp16"] > 0
+    assert metrics["drop_points"] <= budget
+    path = ctx.run_dir / ctx.manifest.stage("quantize")["outputs"]["student_int8"]
+    assert float_weights(path) == [] and metrics["size_mb"] < metrics["fp32_size_mb"]
+    halves = fp16_nodes(onnx.load(str(path)))
+    assert halves and halves <= set(box_branch_nodes(path)), "FP16 in the box branch and nowhere else"
+
+
+def test_detection_quantizes_with_modelopt_like_a_classifier(det_run, tmp_path):
+    pytest.importorskip("modelopt.onnx.quantization", reason="ModelOpt is the [modelopt] extra (make installs it)")
+    ctx = _rerun_detection_quantize(det_run, tmp_path, **{"quantize.quantizer": "modelopt",
+                                                          "quantize.calibration_methods": ["max"],
+                                                          "quantize.accuracy_budget_points": 100.0})
+    metrics = ctx.manifest.stage("quantize")["metrics"]
+    attempt = metrics["attempts"][0]
+    assert (attempt["quantizer"], attempt["method"], attempt["float_islands"]) == ("modelopt", "max", "fp16")
+    assert attempt["lint"]["ok"] and attempt["box_nodes_float"] > 0 and attempt["lint"]["float_layers"]
+    assert metrics["int8"]["map"] > 0, "a real INT8 detector that finds boxes"

@@ -18,7 +18,7 @@ from device.files import sha256_file
 from pipeline.runner import run_pipeline, stage_code_roots
 from pipeline.scores import assess, points
 from pipeline.stages import STAGE_ORDER, STAGES
-from pipeline.stages.quantize import within_budget
+from pipeline.quantizers import within_budget
 
 
 
@@ -130,7 +130,7 @@ def rewriting_quantizer(fp32, out, calibration, method, per_channel):
     (module-level: quantizers run in a spawned process)."""
     import onnx
 
-    from pipeline.stages.quantize import quantize_ort
+    from pipeline.ort_quantize import quantize_ort
 
     onnx.save(onnx.shape_inference.infer_shapes(onnx.load(str(fp32))), str(fp32))
     quantize_ort(fp32, out, calibration, method, per_channel)

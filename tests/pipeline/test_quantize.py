@@ -10,6 +10,7 @@ from device.errors import StageError
 from device.qdq_lint import lint_qdq
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from device.files import sha256_file
+from pipeline.int8_weights import float_weights
 from pipeline.runner import run_pipeline
 from pipeline.stages import quantize as quantize_stage
 
@@ -143,7 +144,7 @@ def test_gate_falls_back_to_quantization_aware_finetuning(runs, monkeypatch):
     graph = onnx.load(str(ctx.run_dir / "quantize" / "student.int8.onnx"))
     assert "BatchNormalization" not in {n.op_type for n in graph.graph.node}
     # A real INT8 artifact: int8 weights, no float weight behind a QuantizeLinear, smaller like PTQ's.
-    assert quantize_stage.float_weights(ctx.run_dir / "quantize" / "student.int8.onnx") == []
+    assert float_weights(ctx.run_dir / "quantize" / "student.int8.onnx") == []
     assert any(t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 4 for t in graph.graph.initializer)
     assert metrics["size_mb"] < 0.6 * metrics["fp32_size_mb"]
 
