@@ -51,6 +51,29 @@ def box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
     return {"box_nodes_fp16": facts["fp16_nodes"], "box_casts": facts["casts_in"] + facts["casts_out"]}
 
 
+def quantize_detector(step: Step, fp32: Path, out: Path, calibration, per_channel: bool, box_head: str,
+                      workdir: Path) -> dict:
+    """The post-training candidate of ``step`` for a detector: its box branch out of Q/DQ unless ``box_head`` is
+    ``int8``, and FP16 in the graph for ``fp16``; the decoding sidecar copied beside it. Returns what to record."""
+    from pipeline.detection_export import box_branch_nodes, sidecar_path
+    from pipeline.ort_quantize import quantize_ort, quiet
+    from pipeline.quantizers import logged_to, quantize_modelopt, run_isolated
+
+    excluded = box_branch_nodes(fp32) if box_head in ("fp16", "float") else []
+    if step.quantizer == "modelopt":
+        # ModelOpt writes every layer it leaves float in high_precision_dtype: FP16 only where the box head is.
+        islands = "fp16" if box_head == "fp16" else "fp32"
+        run_isolated(logged_to, workdir / "quantizer.log", quantize_modelopt, fp32, out, calibration, step.method,
+                     per_channel, islands, excluded)
+        halves = {"float_islands": islands}
+    else:
+        with quiet():
+            quantize_ort(fp32, out, calibration, step.method, per_channel, excluded)
+        halves = box_branch_fp16(out, excluded) if box_head == "fp16" else {}
+    shutil.copyfile(sidecar_path(fp32), sidecar_path(out))  # the same anchors and thresholds
+    return {"box_head": box_head, "box_nodes_float": len(excluded), **halves}
+
+
 class DetectionLadder(LadderTask):
     """The detector on the shared ladder: COCO mAP of ONNX Runtime + the device's decode on the test canvases; the box
     branch kept out of Q/DQ as ``box_head`` says; QAT towards the FP32 student's raw head outputs."""
@@ -74,24 +97,8 @@ class DetectionLadder(LadderTask):
         return {**scores, "value": scores["map"]}
 
     def quantize(self, step: Step, out: Path, box_head: str | None = None) -> dict:
-        from pipeline.detection_export import box_branch_nodes, sidecar_path
-        from pipeline.ort_quantize import quantize_ort, quiet
-        from pipeline.quantizers import logged_to, quantize_modelopt, run_isolated
-
-        box_head = box_head or self.box_head
-        excluded = box_branch_nodes(self.fp32) if box_head in ("fp16", "float") else []
-        if step.quantizer == "modelopt":
-            # ModelOpt writes every layer it leaves float in high_precision_dtype: FP16 only where the box head is.
-            islands = "fp16" if box_head == "fp16" else "fp32"
-            run_isolated(logged_to, self.workdir / "quantizer.log", quantize_modelopt, self.fp32, out, self.calibration,
-                         step.method, self.cfg.per_channel, islands, excluded)
-            halves = {"float_islands": islands}
-        else:
-            with quiet():
-                quantize_ort(self.fp32, out, self.calibration, step.method, self.cfg.per_channel, excluded)
-            halves = box_branch_fp16(out, excluded) if box_head == "fp16" else {}
-        shutil.copyfile(sidecar_path(self.fp32), sidecar_path(out))  # the same anchors and thresholds
-        return {"box_head": box_head, "box_nodes_float": len(excluded), **halves}
+        return quantize_detector(step, self.fp32, out, self.calibration, self.cfg.per_channel, box_head or self.box_head,
+                                 self.workdir)
 
     def fine_tune(self, out: Path) -> dict:
         from pipeline.detection_export import box_branch_nodes, network_inputs

@@ -19,7 +19,8 @@ from pipeline.detection_recipe import BOX_HEADS
 from pipeline.detection_train import predict
 from pipeline.fp16_nodes import fp16_nodes
 from pipeline.int8_weights import float_weights
-from pipeline.stages.detection_quantize import DetectionQuantizeStage
+from pipeline.quantize_ladder import Step, check_candidate
+from pipeline.stages.detection_quantize import quantize_detector
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +69,10 @@ def _quantized(exported, tmp_path, box_head):
     fp32 = tmp_path / "student.onnx"  # the quantizer writes beside its input: a copy, never the shared fixture's
     shutil.copyfile(path, fp32)
     out = tmp_path / f"box_{box_head}.onnx"
-    facts = DetectionQuantizeStage()._candidate(fp32, out, network_inputs(images, 64), "max", box_head, True)
-    return out, facts
+    shutil.copyfile(sidecar_path(path), sidecar_path(fp32))
+    step = Step("ort", "max")
+    facts = quantize_detector(step, fp32, out, network_inputs(images, 64), True, box_head, tmp_path)
+    return out, {**facts, **check_candidate(out, step)}
 
 
 @pytest.mark.parametrize("box_head", BOX_HEADS)
