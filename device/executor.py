@@ -68,14 +68,14 @@ def pid_is_job(pid: int, job_dir: Path) -> bool:
     """Whether ``pid`` is still the child that ran the job in ``job_dir`` (not a recycled pid).
 
     A fresh child has the job dir on its command line; a child forked by the zygote has the zygote's
-    (``device.jobrun --zygote``) and the job dir as its working directory. The job dir lies under this
+    (``device.zygote``) and the job dir as its working directory. The job dir lies under this
     agent's data dir, so two agents on one host never take each other's children for their own.
     """
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    if b"device.jobrun" not in cmdline:
+    if b"device.jobrun" not in cmdline and b"device.zygote" not in cmdline:
         return False
     if os.fsencode(str(job_dir)) in cmdline:
         return True
@@ -331,7 +331,7 @@ class Executor:
         if not self.hold_path.exists():
             self._restore_error = None
             return True
-        command = [sys.executable, "-m", "device.power_modes", "restore", "--hold", str(self.hold_path),
+        command = [sys.executable, "-m", "device.hold", "restore", "--hold", str(self.hold_path),
                    "--timeout-s", str(RESTORE_TIMEOUT_S / 2)]
         command += ["--jtop-socket", self.jtop_socket] if self.jtop_socket else []
         command += ["--conf", self.nvpmodel_conf] if self.nvpmodel_conf else []

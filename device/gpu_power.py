@@ -19,16 +19,15 @@ locked the clocks before the sweep, so the restore unlocks them (``nvidia-smi -r
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from device.errors import ConfigError, DeviceError, MissingDependencyError, SweepStoppedError, require
 from device.files import write_json_atomic
+from device.gpu_state import GPU_HOLD_SCHEMA, GpuState, gpu_hold_state  # noqa: F401 (the hold's record, re-exported)
 from device.power_modes import Control, DeviceHeldError, PowerModeError, read_hold
 from device.schema import NotMeasured, PowerSetting, RunResult, SweepResult, SweepSpec
 
-GPU_HOLD_SCHEMA = "edgefold.gpu-power-hold/1"
 RESTORE_TIMEOUT_S = 10.0
 # NVML rounds a power limit to the board's step (often 1 W): a read-back within 1% or 1 W is the limit asked for.
 LIMIT_TOLERANCE_MW = 1000
@@ -44,35 +43,10 @@ class GpuPermissionError(GpuPowerError):
     """NVML answered NVML_ERROR_NO_PERMISSION: changing limits and clocks needs root."""
 
 
-@dataclass(frozen=True)
-class GpuState:
-    """What a sweep found on the GPU and restores: its power limit (clocks are restored unlocked)."""
-
-    pci_bus_id: str
-    uuid: str
-    power_limit_mw: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"pci_bus_id": self.pci_bus_id, "uuid": self.uuid, "power_limit_mw": self.power_limit_mw}
-
-    def describe(self) -> str:
-        return f"power limit {self.power_limit_mw / 1000:g} W, clocks unlocked on GPU {self.uuid} ({self.pci_bus_id})"
-
-    def by_hand(self) -> str:
-        """The commands that restore it without EdgeFold."""
-        return (f"sudo nvidia-smi -i {self.pci_bus_id} -pl {self.power_limit_mw / 1000:g}; "
-                f"sudo nvidia-smi -i {self.pci_bus_id} -rgc")
-
-
 def write_gpu_hold(path: str | Path, job_id: str, original: GpuState) -> None:
     """Records ``original`` before the first change (atomically), where the Jetson's hold goes."""
     write_json_atomic(path, {"schema": GPU_HOLD_SCHEMA, "job": job_id, "since": time.time(), **original.to_dict()},
                       indent=1)
-
-
-def gpu_hold_state(data: dict[str, Any]) -> GpuState:
-    """The state a GPU hold's JSON records (:func:`device.power_modes.read_hold` reads the file)."""
-    return GpuState(str(data["pci_bus_id"]), str(data["uuid"]), int(data["power_limit_mw"]))
 
 
 class NvmlPowerControl(Control):
@@ -192,7 +166,7 @@ def _text(value) -> str:
 
 
 def restore_gpu_hold(original: GpuState) -> None:
-    """Restores a GPU hold's state (the agent's restore process; :func:`device.power_modes.restore_hold`)."""
+    """Restores a GPU hold's state (the agent's restore process; :func:`device.hold.restore_hold`)."""
     with NvmlPowerControl(pci_bus_id=original.pci_bus_id, uuid=original.uuid) as control:
         control.restore(original)
 

@@ -1,5 +1,5 @@
 """One benchmark job, run in a child process of the agent: ``python -m device.jobrun JOB_DIR``, or forked with
-this module already imported by ``python -m device.jobrun --zygote`` (:mod:`device.launcher`).
+this module already imported by ``python -m device.zygote`` (:mod:`device.launcher`).
 
 The agent writes ``JOB_DIR/job.json`` (the spec, the artifact's path, the agent's telemetry
 settings) and waits. This process loads the runner, runs a smoke inference on a real image through
@@ -32,7 +32,7 @@ from device import contention
 from device.errors import ConfigError, EdgeFoldError, MissingDependencyError
 from device.files import write_json_atomic
 from device.measure import MeasureSpec, measure
-from device.power_modes import use_socket
+from device.jtop_client import use_socket
 from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
 from device.schema import RESULT_SCHEMA, JobResult, JobSpec, PowerSetting, RunResult, RunSummary, reported_fields
@@ -380,8 +380,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--zygote"]:  # the agent's warm parent of job processes (device.launcher)
-        from device.launcher import zygote_main
-
-        sys.exit(zygote_main())
     sys.exit(main())

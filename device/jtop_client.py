@@ -34,6 +34,21 @@ class JtopVersionError(DeviceError):
         return (self.__class__, (self.message, self.fix, self.service, self.client))
 
 
+def use_socket(socket: str | None) -> None:
+    """Points this process's jtop clients at ``socket`` (jtop reads the path from a module global)."""
+    if not socket:
+        return
+    try:
+        import jtop.service
+
+        jtop.service.JTOP_PIPE = socket
+    except ImportError:
+        pass  # opening a client says jetson-stats is missing, with the fix
+
+
+# ------------------------------------------------------------------ the hold: what to restore
+
+
 def client_version() -> str | None:
     """The installed jetson-stats (the client this process would import), read without importing jtop."""
     try:
@@ -126,8 +141,6 @@ def probe(socket: str, timeout_s: float = 10.0) -> dict[str, Any]:
 
 
 def _probe_main(socket: str) -> dict[str, Any]:
-    from device.power_modes import use_socket
-
     use_socket(socket)
     try:
         jetson = start(1.0)

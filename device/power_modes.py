@@ -13,23 +13,23 @@ Before the first change a *hold* is written atomically in the agent's data dir: 
 ``jetson_clocks`` state found. Whoever ends a sweep (the job process, the agent after a cancel or
 timeout, the agent at start-up after a crash or ``kill -9``) restores from it and removes it only once
 jtop shows the original mode back; while it remains, the agent refuses other jobs. ``python -m
-device.power_modes restore`` is that restore, in a process of its own: importing jtop changes the
+device.hold restore`` (:mod:`device.hold`) is that restore, in a process of its own: importing jtop changes the
 multiprocessing start method of its whole process, so the agent daemon never imports it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from device import jtop_client
+from device.gpu_state import GPU_HOLD_SCHEMA, gpu_hold_state
+from device.jtop_client import use_socket
 from device.errors import DeviceError, MissingDependencyError
 from device.files import write_json_atomic
 
@@ -469,19 +469,6 @@ class ModeController(Control):
         return observed
 
 
-def use_socket(socket: str | None) -> None:
-    """Settings this process's jtop clients at ``socket`` (jtop reads the path from a module global)."""
-    if not socket:
-        return
-    try:
-        import jtop.service
-
-        jtop.service.JTOP_PIPE = socket
-    except ImportError:
-        pass  # opening a client says jetson-stats is missing, with the fix
-
-
-# ------------------------------------------------------------------ the hold: what to restore
 def write_hold(path: str | Path, job_id: str, original: DeviceState) -> None:
     """Records ``original`` before the first change (atomically: a kill leaves the old file or the new one)."""
     write_json_atomic(path, {"schema": HOLD_SCHEMA, "job": job_id, "since": time.time(), **original.to_dict()},
@@ -504,8 +491,6 @@ def read_hold(path: str | Path) -> tuple[str, Any] | None:
                              fix="set the board's mode by hand (sudo nvpmodel -m ID; jetson_clocks --restore), "
                                  f"then delete {path}") from None
     try:
-        from device.gpu_power import GPU_HOLD_SCHEMA, gpu_hold_state
-
         if data.get("schema") == GPU_HOLD_SCHEMA:
             return str(data["job"]), gpu_hold_state(data)
         if data.get("schema") != HOLD_SCHEMA:
@@ -516,62 +501,3 @@ def read_hold(path: str | Path) -> tuple[str, Any] | None:
     except (KeyError, TypeError, ValueError, AttributeError):
         raise PowerModeError(f"{path} is not an EdgeFold power-mode hold ({HOLD_SCHEMA})",
                              fix=f"set the board's mode by hand (sudo nvpmodel -m ID), then delete {path}") from None
-
-
-def restore_hold(path: str | Path, conf_path: str | Path | None, timeout_s: float = 60.0,
-                 interval_s: float = 0.5) -> str | None:
-    """Restores the state a hold recorded and removes the hold; nothing to do without one.
-
-    Returns:
-        What was restored (a sentence), or None when there was no hold.
-
-    Raises:
-        PowerModeError: The state could not be restored (the hold is kept); MissingDependencyError: no jtop.
-    """
-    held = read_hold(path)
-    if held is None:
-        return None
-    job_id, original = held
-    if not isinstance(original, DeviceState):  # a data-center GPU's power limit: NVML, not jtop
-        from device.gpu_power import restore_gpu_hold
-
-        restore_gpu_hold(original)
-        Path(path).unlink(missing_ok=True)
-        return f"restored {original.describe()} after sweep job {job_id}"
-    caps = None
-    if conf_path:
-        try:
-            caps = read_nvpmodel_conf(conf_path).get(original.nvpmodel_id)
-        except PowerModeError:  # restoring matters more than checking the caps: jtop's mode id still tells
-            caps = None
-    with ModeController(interval_s) as controller:
-        controller.restore(original, caps, timeout_s)
-    Path(path).unlink(missing_ok=True)
-    return f"restored {original.describe()} after sweep job {job_id}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m device.power_modes restore --hold FILE [--jtop-socket S] [--conf F]``: the agent's restore.
-
-    Exit status 0: restored (or nothing held); 3: not restored, the reason on stderr.
-    """
-    parser = argparse.ArgumentParser(prog="python -m device.power_modes")
-    sub = parser.add_subparsers(dest="command", required=True)
-    restore = sub.add_parser("restore", help="restore the power mode a sweep's hold recorded")
-    restore.add_argument("--hold", required=True, type=Path)
-    restore.add_argument("--jtop-socket")
-    restore.add_argument("--conf")
-    restore.add_argument("--timeout-s", type=float, default=60.0)
-    args = parser.parse_args(argv)
-    use_socket(args.jtop_socket)
-    try:
-        said = restore_hold(args.hold, args.conf, args.timeout_s)
-    except (DeviceError, MissingDependencyError) as err:
-        print(str(err), file=sys.stderr)
-        return 3
-    print(said or "nothing held")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

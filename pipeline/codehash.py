@@ -79,9 +79,27 @@ def _import_candidates(name: str, path: Path) -> tuple[tuple[str, ...], ...]:
 
 
 def closure(roots: Iterable[str], root: Path | None = None) -> list[str]:
-    """``roots`` and every project module they import, transitively, sorted."""
+    """``roots`` and every project module they import, transitively, sorted.
+
+    Raises:
+        ConfigError: A root that is no project module (a misspelled name would hash nothing, silently, and the
+            stage would never re-run when that code changed).
+    """
+    roots = list(roots)
+    missing = [r for r in roots if module_path(r, root) is None]
+    if missing:
+        import difflib
+
+        from device.errors import ConfigError
+
+        known = [".".join(path.relative_to(root or PROJECT_ROOT).with_suffix("").parts)
+                 for package in PROJECT_PACKAGES for path in (root or PROJECT_ROOT).joinpath(package).rglob("*.py")]
+        near = difflib.get_close_matches(missing[0], known, n=1)
+        raise ConfigError(f"code root {missing[0]!r} is not a module of {' or '.join(PROJECT_PACKAGES)}: its code "
+                          "would not be in the stage's cache key",
+                          fix=f"did you mean {near[0]!r}?" if near else "name a module path such as 'pipeline.train'")
     seen: set[str] = set()
-    todo = [r for r in roots if module_path(r, root)]
+    todo = list(roots)
     while todo:
         name = todo.pop()
         if name in seen:

@@ -42,7 +42,7 @@ class RunContext:
     @property
     def device(self):
         if self._device is None:
-            from pipeline.train import pick_device
+            from pipeline.compute import pick_device
 
             self._device = pick_device()
         return self._device

@@ -14,7 +14,7 @@ def onnx_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch: int
     """Scores with the counts behind them (:func:`pipeline.train.accuracy`); each image's top-1 class
     kept when asked. An FP16 model's figure here is ONNX Runtime's CPU emulation (casts around most
     nodes), not the device's."""
-    from pipeline.train import accuracy, save_top1
+    from pipeline.scores import accuracy, save_top1
 
     with OnnxRuntimeRunner(path) as runner:
         logits = np.concatenate([runner.infer(images[i : i + batch]) for i in range(0, len(images), batch)])

@@ -10,6 +10,7 @@ teacher, after distillation and on the INT8 model, on the counts of :func:`pipel
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Sequence
 
 from device.errors import StageError
@@ -103,3 +104,40 @@ def verdict(rung: str, facts: dict) -> str:
     if never:
         return f"never predicts {', '.join(map(repr, never[:3]))}{' …' if len(never) > 3 else ''}"
     return ""
+
+
+def accuracy(logits, labels, topk: tuple[int, ...] = (1, 5)) -> dict:
+    """Top-k accuracies from integer counts; k is capped at the class count.
+
+    Every comparison (gates, deltas) is made on the counts (``top1_correct`` of ``images``): in
+    floating point one image of 100 is ``1.0000000000000009`` points, which fails a 1.0 budget.
+    The fractions are computed once from the counts, for display. Takes torch tensors or arrays.
+
+    Returns:
+        ``top1``/``top5`` (fractions), ``top1_correct``/``top5_correct`` and ``images`` (ints),
+        and ``predicted_counts``: how often each class was predicted (collapse checks).
+    """
+    import numpy as np
+
+    logits = np.asarray(logits.detach().cpu() if hasattr(logits, "detach") else logits)
+    labels = np.asarray(labels.detach().cpu() if hasattr(labels, "detach") else labels)
+    result: dict = {"images": int(len(labels))}
+    order = np.argsort(-logits, axis=1, kind="stable") if len(labels) else np.zeros((0, 1), dtype=np.int64)
+    for k in topk:
+        kk = min(k, logits.shape[1])
+        correct = int((order[:, :kk] == labels[:, None]).any(axis=1).sum())
+        result[f"top{k}_correct"] = correct
+        result[f"top{k}"] = correct / len(labels) if len(labels) else 0.0
+    predicted = order[:, 0] if len(labels) else np.zeros(0, dtype=np.int64)
+    result["predicted_counts"] = np.bincount(predicted, minlength=logits.shape[1]).astype(int).tolist()
+    result["label_counts"] = np.bincount(labels, minlength=logits.shape[1]).astype(int).tolist()
+    return result
+
+
+def save_top1(path: Path, logits) -> Path:
+    """Saves each image's top-1 class as an int32 ``.npy`` (ties to the lower class, as ``accuracy``)."""
+    import numpy as np
+
+    logits = np.asarray(logits.detach().cpu() if hasattr(logits, "detach") else logits)
+    np.save(path, np.argsort(-logits, axis=1, kind="stable")[:, 0].astype(np.int32), allow_pickle=False)
+    return Path(path)

@@ -24,6 +24,7 @@ from pipeline import distributed
 from pipeline.data.batches import Batches
 from pipeline.distributed import all_reduce_sum
 from pipeline.recipe import TrainConfig
+from pipeline.scores import accuracy, save_top1  # noqa: F401 (training scores with them; re-exported)
 from pipeline.log import log, progress_lines
 
 class Batch(NamedTuple):
@@ -36,14 +37,6 @@ class Batch(NamedTuple):
 
 
 LossFn = Callable[[torch.Tensor, Batch], torch.Tensor]
-
-
-def pick_device() -> torch.device:
-    """CUDA when present, unless ``EDGEFOLD_DEVICE`` says otherwise."""
-    wanted = os.environ.get("EDGEFOLD_DEVICE")
-    if wanted:
-        return torch.device(wanted)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def progress_disabled() -> bool | None:
@@ -446,34 +439,6 @@ def predict(model: nn.Module, batches: Batches, device: torch.device, desc: str 
     return outputs, labels
 
 
-def accuracy(logits, labels, topk: tuple[int, ...] = (1, 5)) -> dict:
-    """Top-k accuracies from integer counts; k is capped at the class count.
-
-    Every comparison (gates, deltas) is made on the counts (``top1_correct`` of ``images``): in
-    floating point one image of 100 is ``1.0000000000000009`` points, which fails a 1.0 budget.
-    The fractions are computed once from the counts, for display. Takes torch tensors or arrays.
-
-    Returns:
-        ``top1``/``top5`` (fractions), ``top1_correct``/``top5_correct`` and ``images`` (ints),
-        and ``predicted_counts``: how often each class was predicted (collapse checks).
-    """
-    import numpy as np
-
-    logits = np.asarray(logits.detach().cpu() if isinstance(logits, torch.Tensor) else logits)
-    labels = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
-    result: dict = {"images": int(len(labels))}
-    order = np.argsort(-logits, axis=1, kind="stable") if len(labels) else np.zeros((0, 1), dtype=np.int64)
-    for k in topk:
-        kk = min(k, logits.shape[1])
-        correct = int((order[:, :kk] == labels[:, None]).any(axis=1).sum())
-        result[f"top{k}_correct"] = correct
-        result[f"top{k}"] = correct / len(labels) if len(labels) else 0.0
-    predicted = order[:, 0] if len(labels) else np.zeros(0, dtype=np.int64)
-    result["predicted_counts"] = np.bincount(predicted, minlength=logits.shape[1]).astype(int).tolist()
-    result["label_counts"] = np.bincount(labels, minlength=logits.shape[1]).astype(int).tolist()
-    return result
-
-
 def evaluate(model: nn.Module, batches: Batches, device: torch.device, desc: str = "eval",
              save_predictions: Path | None = None) -> dict:
     """Top-1/top-5 of ``model`` on ``batches``, with the counts behind them (see :func:`accuracy`).
@@ -488,10 +453,3 @@ def evaluate(model: nn.Module, batches: Batches, device: torch.device, desc: str
     return accuracy(logits, labels)
 
 
-def save_top1(path: Path, logits) -> Path:
-    """Saves each image's top-1 class as an int32 ``.npy`` (ties to the lower class, as ``accuracy``)."""
-    import numpy as np
-
-    logits = np.asarray(logits.detach().cpu() if isinstance(logits, torch.Tensor) else logits)
-    np.save(path, np.argsort(-logits, axis=1, kind="stable")[:, 0].astype(np.int32), allow_pickle=False)
-    return Path(path)

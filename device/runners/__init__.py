@@ -5,50 +5,11 @@ Each runner imports its framework lazily, so ``device`` imports without any of t
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from device.registry import Registry
-
-
-class Runner(ABC):
-    """Runs one model on one backend.
-
-    Use as a context manager::
-
-        with OnnxRuntimeRunner("model.onnx") as runner:
-            logits = runner.infer(batch)
-
-    A runner that can say where an inference's time goes also has ``profile_batch(batch, iterations,
-    warmup)`` (a :class:`device.profile.BatchProfile`, from a pass separate from the timed one) and
-    ``profile_meta()``; :func:`device.profile.profile_runner` drives both.
-    """
-
-    name: str = "runner"
-    input_chw: tuple[int | None, ...] = ()  # set by load(); None where an axis is dynamic
-    # The batch sizes infer() accepts (TensorRT: one engine per measured batch); None: any.
-    batch_sizes: tuple[int, ...] | None = None
-
-    def __enter__(self) -> "Runner":
-        self.load()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    @abstractmethod
-    def load(self) -> None:
-        """Prepares the model (parses it, builds or loads the engine)."""
-
-    @abstractmethod
-    def infer(self, batch: np.ndarray) -> np.ndarray:
-        """Runs one batch (float32 NCHW) and returns the first output."""
-
-    def close(self) -> None:
-        """Releases the model."""
+from device.runners.base import Runner  # noqa: F401 (the interface, re-exported)
 
 
 def make_runner(runtime: str, artifact: str, *, precision: str = "fp32", threads: int = 0, batch_sizes=(1,),
@@ -87,7 +48,7 @@ def _onnxruntime(artifact: str, *, threads: int, **_: Any) -> Runner:
 
 def _tensorrt(artifact: str, *, precision: str, batch_sizes: tuple[int, ...], dla_core: int | None,
               engine_cache: str | None, timing_cache: str | None = None, **_: Any) -> Runner:
-    from device.engine import BuildOptions
+    from device.trt_settings import BuildOptions
     from device.runners.tensorrt import TensorRTRunner
 
     # One engine per measured batch, each with opt = that batch (BuildOptions.for_batch): the kernels

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from device.errors import RunnerError, require
-from device.runners import Runner
+from device.runners.base import Runner
 
 
 class OnnxRuntimeRunner(Runner):

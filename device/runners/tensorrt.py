@@ -37,7 +37,7 @@ from device.engine import (BuildOptions, EngineCache, artifact_precision, build_
                            import_tensorrt, read_l4t, reconcile_precision)
 from device.errors import (DlaError, EngineBuildError, MissingDependencyError, RunnerError, ShapeOutsideProfileError,
                            TensorRTCallError)
-from device.runners import Runner
+from device.runners.base import Runner
 
 
 @dataclass

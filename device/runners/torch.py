@@ -17,7 +17,7 @@ import numpy as np
 
 from device.errors import ConfigError, RunnerError, require
 from device.artifacts import UnsafeArtifactError
-from device.runners import Runner
+from device.runners.base import Runner
 from device.runners.export_load import load_program
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

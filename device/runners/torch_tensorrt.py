@@ -61,7 +61,7 @@ from device.engine import BuildOptions, EngineCache, detect_gpu, fingerprint, re
 from device.errors import (ConfigError, DeviceError, EngineBuildError, PrecisionMismatchError,
                            ProgramVersionError, RunnerError, ShapeOutsideProfileError, require)
 from device.files import sha256_file, write_atomic
-from device.runners import Runner
+from device.runners.base import Runner
 
 # The sources read: pytorch/TensorRT at these refs. No v2.14.0 tag existed in the snapshot read (2026-08-22):
 # "main" is commit d7f2062 whose version.txt says 2.14.0a0, the newest; v2.13.0 is the newest tag.

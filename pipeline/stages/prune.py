@@ -42,8 +42,9 @@ class PruneStage(Stage):
         return ("data", "teacher")
 
     def code_roots(self, ctx) -> tuple[str, ...]:
-        """The MACs path is this module's own imports; a latency budget adds the latency path."""
-        return (LATENCY_PATH,) if ctx.recipe.prune.latency is not None else ()
+        """The MACs path is this module's own imports; a latency budget adds the latency path and the agent's job
+        process, which times the networks without being imported here."""
+        return (LATENCY_PATH, "device.jobrun", "device.agent") if ctx.recipe.prune.latency is not None else ()
 
     def config(self, ctx):
         config = {"prune": ctx.recipe.section("prune"), "preprocess": ctx.preprocess.to_dict()}

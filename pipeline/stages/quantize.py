@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from device.engine import trtexec_lines
+from device.trt_settings import trtexec_lines
 from device.errors import StageError
 from device.qdq_lint import lint_qdq
 from pipeline.log import log

@@ -391,7 +391,7 @@ def test_recovery_kills_only_this_agents_children(tmp_path):
 
 
 def test_recovery_finds_a_forked_child_by_its_working_directory(tmp_path):
-    """A job forked by the zygote has the zygote's command line (``device.jobrun --zygote``): only its working
+    """A job forked by the zygote has the zygote's command line (``device.zygote``): only its working
     directory names its job."""
     store = Store(tmp_path / "mine")
     mine_id = insert_raw_job(store, json.dumps({"artifact": "a" * 64}), state="running")
@@ -400,7 +400,7 @@ def test_recovery_finds_a_forked_child_by_its_working_directory(tmp_path):
     for folder in (store.job_dir(mine_id), elsewhere):
         folder.mkdir(parents=True)
     command = [sys.executable, "-c", "import sys\nfor line in sys.stdin: print(line, end='', flush=True)",
-               "-m", "device.jobrun", "--zygote"]
+               "-m", "device.zygote"]
     mine, theirs = (subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
                                      cwd=folder) for folder in (store.job_dir(mine_id), elsewhere))
     try:

@@ -65,7 +65,7 @@ def test_jobs_are_forked_children_of_one_zygote_each_in_its_own_session(executor
     log = (executor.store.job_dir(first) / "log.txt")
     assert log.exists(), "the child's stdout and stderr go to its job's log"
     # The zygote's own command line, so the orphan check reads the cwd; the zygote leads its own session.
-    assert b"--zygote" in open(f"/proc/{zygote_pid(executor)}/cmdline", "rb").read()
+    assert b"device.zygote" in open(f"/proc/{zygote_pid(executor)}/cmdline", "rb").read()
 
 
 def test_a_forked_job_is_killed_with_its_group_by_a_cancel(executor):

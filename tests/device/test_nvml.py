@@ -334,7 +334,8 @@ def test_a_gpu_hold_left_by_a_killed_sweep_is_restored_by_the_agents_restore(mon
     """After kill -9 (or a cancel, which kills the job process) the agent runs ``python -m device.power_modes
     restore --hold``: the same hold file, here holding a GPU's limit, restored through NVML by UUID."""
     from device.gpu_power import GpuState, write_gpu_hold
-    from device.power_modes import main, read_hold
+    from device.hold import main
+    from device.power_modes import read_hold
 
     module = controllable_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", module)
