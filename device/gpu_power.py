@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from device.errors import ConfigError, DeviceError, MissingDependencyError, SweepStoppedError, require
 from device.files import write_json_atomic

@@ -29,7 +29,6 @@ from typing import Any
 
 from device import jtop_client
 from device.gpu_state import GPU_HOLD_SCHEMA, gpu_hold_state
-from device.jtop_client import use_socket
 from device.errors import DeviceError, MissingDependencyError
 from device.files import write_json_atomic
 

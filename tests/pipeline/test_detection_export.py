@@ -20,7 +20,7 @@ from pipeline.detection_train import predict
 from pipeline.fp16_nodes import fp16_nodes
 from pipeline.int8_weights import float_weights
 from pipeline.quantize_ladder import Step, check_candidate
-from pipeline.stages.detection_quantize import quantize_detector
+from pipeline.detection_int8 import quantize_detector
 
 
 @pytest.fixture(scope="module")

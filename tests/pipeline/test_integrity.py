@@ -18,7 +18,7 @@ from device.files import sha256_file
 from pipeline.runner import run_pipeline, stage_code_roots
 from pipeline.scores import assess, points
 from pipeline.stages import STAGE_ORDER, STAGES
-from pipeline.quantizers import within_budget
+from pipeline.quantizers import QUANTIZERS, within_budget
 
 
 
@@ -139,9 +139,7 @@ def rewriting_quantizer(fp32, out, calibration, method, per_channel):
 def test_quantizer_that_rewrites_its_input_gets_a_copy(run_copy, monkeypatch):
     """A stand-in quantizer (says so) does what ModelOpt's shape inference does: it writes into the file
     it is given. The export stage's recorded ONNX must stay as recorded."""
-    from pipeline.stages import quantize as quantize_stage
-
-    monkeypatch.setitem(quantize_stage.QUANTIZERS._items, "ort", rewriting_quantizer)
+    monkeypatch.setitem(QUANTIZERS._items, "ort", rewriting_quantizer)
     ctx = run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared", force=["quantize"], until="quantize")
     export = ctx.manifest.stage("export")
     for rel, digest in export["sha256"].items():

@@ -11,9 +11,9 @@ from device.qdq_lint import lint_qdq
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from device.files import sha256_file
 from pipeline.int8_weights import float_weights
+from pipeline import classifier_int8
+from pipeline.quantizers import QUANTIZERS
 from pipeline.runner import run_pipeline
-from pipeline.stages import quantize as quantize_stage
-
 
 
 @pytest.fixture
@@ -55,13 +55,13 @@ def scored_as(scores, top1_correct):
 
 def test_gate_falls_back_to_the_next_calibration_method(runs, monkeypatch):
     """A stand-in scorer (says so) makes `max` miss the budget; `percentile` must then be tried and kept."""
-    real = quantize_stage.onnx_accuracy
+    real = classifier_int8.onnx_accuracy
 
     def scorer(path, images, labels, batch=250, **kwargs):
         scores = real(path, images, labels, batch, **kwargs)
         return scored_as(scores, scores["images"] // 2) if path.name.endswith(".max.onnx") else scores
 
-    monkeypatch.setattr(quantize_stage, "onnx_accuracy", scorer)
+    monkeypatch.setattr(classifier_int8, "onnx_accuracy", scorer)
     metrics = rerun_quantize(runs).manifest.stage("quantize")["metrics"]
     assert [a["method"] for a in metrics["attempts"]] == ["max", "percentile"]
     assert metrics["method"] == "percentile" and metrics["attempts"][0]["top1"] == pytest.approx(0.5, abs=0.01)
@@ -69,8 +69,8 @@ def test_gate_falls_back_to_the_next_calibration_method(runs, monkeypatch):
 
 def test_gate_fails_with_a_table_of_what_was_tried(runs, monkeypatch):
     """A stand-in scorer (says so) scores every INT8 model at zero, so every method misses."""
-    real = quantize_stage.onnx_accuracy
-    monkeypatch.setattr(quantize_stage, "onnx_accuracy", lambda path, images, labels, batch=250, **kw: (
+    real = classifier_int8.onnx_accuracy
+    monkeypatch.setattr(classifier_int8, "onnx_accuracy", lambda path, images, labels, batch=250, **kw: (
         scored_as(real(path, images, labels, batch, **kw), 0) if ".int8." in path.name
         else real(path, images, labels, batch, **kw)))
     with pytest.raises(StageError) as err:
@@ -96,7 +96,7 @@ def ort_with_defaults(fp32, out, calibration, method, per_channel):
 
 def test_ort_default_int32_biases_are_caught_by_the_lint(runs, monkeypatch):
     """ONNX Runtime's default (QuantizeBias on) emits int32 biases that TensorRT's parser rejects."""
-    monkeypatch.setitem(quantize_stage.QUANTIZERS._items, "ort", ort_with_defaults)
+    monkeypatch.setitem(QUANTIZERS._items, "ort", ort_with_defaults)
     with pytest.raises(StageError, match=r"breaks TensorRT's Q/DQ rules: .*\[dq-input\] a int32 constant"):
         rerun_quantize(runs)
 
@@ -131,8 +131,8 @@ def test_modelopt_refuses_methods_it_lacks(runs):
 def test_gate_falls_back_to_quantization_aware_finetuning(runs, monkeypatch):
     """A stand-in scorer (says so) fails every PTQ model; the QAT model is scored for real."""
     pytest.importorskip("modelopt.torch.quantization", reason="ModelOpt is the [modelopt] extra (make installs it)")
-    real = quantize_stage.onnx_accuracy
-    monkeypatch.setattr(quantize_stage, "onnx_accuracy", lambda path, images, labels, batch=250, **kw: (
+    real = classifier_int8.onnx_accuracy
+    monkeypatch.setattr(classifier_int8, "onnx_accuracy", lambda path, images, labels, batch=250, **kw: (
         scored_as(real(path, images, labels, batch, **kw), 0) if path.name in ("student.int8.max.onnx",)
         else real(path, images, labels, batch, **kw)))
     qat = {"epochs": 1, "batch_size": 32, "optimizer": "adamw", "lr": 1e-4}
