@@ -267,14 +267,20 @@ def test_a_cancel_between_claim_and_child_start_kills_the_child(tmp_path, model,
     assert not (store.job_dir(job.id) / "result.json").exists()
 
 
+def _measuring_job(client, model) -> str:
+    """A minute-long job, once it is inside its timed window."""
+    sha = upload(client, model)
+    job_id = post_raw(client, {"artifact": sha, "duration_s": 60, "idle_s": 0, "telemetry": ["host"]}).json()["id"]
+    deadline = time.monotonic() + WAIT_S
+    while "measuring" not in (client.get(f"/v1/jobs/{job_id}", headers=AUTH).json()["progress"] or ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return job_id
+
+
 def test_a_cancelled_running_job_leaves_no_child(tmp_path, model):
     with TestClient(make_app(tmp_path)) as client:
-        sha = upload(client, model)
-        job_id = post_raw(client, {"artifact": sha, "duration_s": 60, "idle_s": 0, "telemetry": ["host"]}).json()["id"]
-        deadline = time.monotonic() + WAIT_S
-        while "measuring" not in (client.get(f"/v1/jobs/{job_id}", headers=AUTH).json()["progress"] or ""):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        job_id = _measuring_job(client, model)
         pid = client.app.state.executor._child.pid
         assert client.delete(f"/v1/jobs/{job_id}", headers=AUTH).json()["state"] == "cancelled"
         # The DELETE returns once SIGKILL went to the child's whole session; the kernel then ends it.
@@ -290,12 +296,7 @@ def test_a_job_folder_is_swept_of_half_written_files_however_the_job_ends(tmp_pa
     from device.files import sweep_temporaries
 
     with TestClient(make_app(tmp_path)) as client:
-        sha = upload(client, model)
-        job_id = post_raw(client, {"artifact": sha, "duration_s": 60, "idle_s": 0, "telemetry": ["host"]}).json()["id"]
-        deadline = time.monotonic() + WAIT_S
-        while "measuring" not in (client.get(f"/v1/jobs/{job_id}", headers=AUTH).json()["progress"] or ""):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        job_id = _measuring_job(client, model)
         job_dir = client.app.state.executor.store.job_dir(job_id)
         torn = job_dir / ".progress.json.4242-0badc0de.tmp"
         torn.write_text('{"progr')
