@@ -19,25 +19,26 @@ README = HERE.parent / "README.md"
 BEGIN, END = "<!-- figures:begin (bench/readme_figures.py) -->", "<!-- figures:end -->"
 
 
-def newest_by_recipe(results: Path) -> dict[str, dict]:
-    newest: dict[str, tuple[str, dict]] = {}
+def newest_by_recipe(results: Path) -> dict[tuple[str, str], dict]:
+    """The newest result per recipe and kernels (a run with PyTorch's kernels forced lower is a row of its own)."""
+    newest: dict[tuple[str, str], tuple[str, dict]] = {}
     for path in sorted(results.glob("seeds-*.json")):
         doc = json.loads(path.read_text())
         if doc.get("schema") != "edgefold.bench.seeds/1":
             continue
-        recipe = doc["recipe"]
-        if recipe not in newest or path.name > newest[recipe][0]:
-            newest[recipe] = (path.name, {**doc, "file": f"bench/results/{path.name}"})
-    return {recipe: doc for recipe, (_, doc) in sorted(newest.items())}
+        key = (doc["recipe"], doc["machine"]["kernels"])
+        if key not in newest or path.name > newest[key][0]:
+            newest[key] = (path.name, {**doc, "file": f"bench/results/{path.name}"})
+    return {key: doc for key, (_, doc) in sorted(newest.items())}
 
 
-def block(docs: dict[str, dict]) -> str:
+def block(docs: dict[tuple[str, str], dict]) -> str:
     def figure(f: dict | None) -> str:
         return "—" if not f else f"{f['mean']:.2f} [{f['low']:.2f}, {f['high']:.2f}]"
 
     lines = [BEGIN, "| recipe | seeds passing every gate | teacher | student | INT8 | INT8 − student, points | "
                     "build seconds per run (data to evaluate) | machine | file |", "|---|---|---|---|---|---|---|---|---|"]
-    for recipe, doc in docs.items():
+    for (recipe, _), doc in docs.items():
         s, m = doc["summary"], doc["machine"]
         drop = s.get("int8_drop_points")
         change = None if not drop else {"mean": -drop["mean"], "low": -drop["high"], "high": -drop["low"]}

@@ -46,8 +46,14 @@ def machine() -> dict[str, Any]:
     except (OSError, AttributeError):
         pass
     vector = sorted(f for f in flags if f.startswith(("avx2", "avx512", "amx")) or f in ("fma", "f16c"))
+    kernels = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "other"
+    # PyTorch's and oneDNN's kernels chosen below what the CPU has: another experiment, and the record says so.
+    forced = {name: os.environ[name] for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if os.environ.get(name)}
+    if forced:
+        kernels = (f"{forced.get('ATEN_CPU_CAPABILITY', kernels).upper().replace('AVX512', 'AVX-512')} (forced: "
+                   + ", ".join(f"{name}={value}" for name, value in forced.items()) + f"; the CPU has {kernels})")
     return {"cpu": model, "vector_flags": vector, "cores": os.cpu_count(), "machine": platform.machine(),
-            "kernels": "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "other"}
+            "kernels": kernels}
 
 
 def score(metrics: dict[str, Any]) -> float | None:

@@ -62,3 +62,31 @@ def test_the_readme_figures_are_what_the_result_files_say(repo):
     result = subprocess.run([sys.executable, "bench/readme_figures.py", "--check"], cwd=repo, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_forced_kernels_are_recorded_and_get_a_row_of_their_own(repo, tmp_path, monkeypatch):
+    """PyTorch's AVX2 kernels forced on an AVX-512 CPU are another experiment: the machine record says so, and the
+    README keeps the native and the forced rows both."""
+    import importlib.util
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(name, repo / "bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    seeds, figures = load("recipe_seeds"), load("readme_figures")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    kernels = seeds.machine()["kernels"]
+    assert kernels.startswith("AVX2 (forced: ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2; the CPU has ")
+    results = tmp_path / "results"
+    results.mkdir()
+    _seeds_file(results, "tiny-det", "20261203-000000", 18.0)
+    _seeds_file(results, "tiny-det", "20261203-000001", 17.0)
+    forced = results / "seeds-tiny-det-20261203-000001.json"
+    doc = json.loads(forced.read_text())
+    doc["machine"]["kernels"] = kernels
+    forced.write_text(json.dumps(doc))
+    rows = [line for line in figures.block(figures.newest_by_recipe(results)).splitlines() if line.startswith("| tiny-det")]
+    assert len(rows) == 2 and any("forced" in row for row in rows) and any("18.00" in row for row in rows)
