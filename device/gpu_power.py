@@ -18,6 +18,7 @@ locked the clocks before the sweep, so the restore unlocks them (``nvidia-smi -r
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Callable
@@ -27,6 +28,8 @@ from device.files import write_json_atomic
 from device.gpu_state import GPU_HOLD_SCHEMA, GpuState, gpu_hold_state  # noqa: F401 (the hold's record, re-exported)
 from device.power_modes import Control, DeviceHeldError, PowerModeError, read_hold
 from device.schema import NotMeasured, PowerSetting, RunResult, SweepResult, SweepSpec
+
+log = logging.getLogger("edgefold.sweep")
 
 RESTORE_TIMEOUT_S = 10.0
 # NVML rounds a power limit to the board's step (often 1 W): a read-back within 1% or 1 W is the limit asked for.
@@ -275,6 +278,7 @@ def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: st
                 setting.settle_s = time.monotonic() - started
                 runs += measure_point(setting, f"sweep {where}")
         except Exception as err:
+            log.exception("sweep stopped at %s", where)
             restored, restore_note = _restore(control, original, hold_path, progress)
             raise SweepStoppedError.after(err, where, restore_note) from err
         restored, restore_note = _restore(control, original, hold_path, progress)

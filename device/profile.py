@@ -314,18 +314,21 @@ def _members(name: str) -> list[str]:
     return name.split(" + ")
 
 
-def _on_dla(layer: dict[str, Any], dla_layers: Collection[str] | None) -> bool:
+def _on_dla(layer: dict[str, Any], placement: tuple[Collection[str], Collection[str]] | None) -> bool:
     """Whether an engine layer ran on the DLA.
 
-    With the build's record of the network layers it placed on the DLA (``dla_layers``: those
-    ``IBuilderConfig.can_run_on_DLA`` accepted), an engine layer is on the DLA when every network layer its name
-    covers is. No source read documents what the inspector says of a DLA layer, so without the record (an engine
-    built before it was kept) the only evidence left is a type, tactic or parameter type that names the DLA; a
-    Myelin ``{ForeignNode[…]}`` on the GPU names none.
+    With the build's record (``placement``: the network layers ``IBuilderConfig.can_run_on_DLA`` accepted, and those
+    it refused), a DLA subgraph is an engine layer ``{ForeignNode[first...last]}`` that covers an accepted layer and
+    no refused one; a layer named otherwise (``conv + relu``, a reformat) is a GPU kernel even in a DLA build, since
+    TensorRT moves accepted layers to the GPU when a DLA subgraph limit is reached. The ends of a subgraph may be the
+    parser's own Q/DQ layers, which the record leaves out. No source read documents what the inspector says of a DLA
+    layer, so without the record (an engine built before it was kept) the only evidence left is a type, tactic or
+    parameter type that names the DLA; a Myelin ``{ForeignNode[…]}`` on the GPU names none.
     """
-    if dla_layers is not None:
-        members = _members(str(layer.get("Name", "")))
-        return bool(members) and all(member in dla_layers for member in members)
+    if placement is not None:
+        accepted, refused = placement
+        members = _members(str(layer.get("Name", ""))) if _FOREIGN.match(str(layer.get("Name", ""))) else []
+        return any(m in accepted for m in members) and not any(m in refused for m in members)
     text = f"{layer.get('LayerType', '')} {layer.get('TacticName', '')} {layer.get('ParameterType', '')}".lower()
     return "dla" in text
 
@@ -348,7 +351,8 @@ def _inspector_overhead(layer: dict[str, Any]) -> OverheadKind | None:
 
 
 def from_tensorrt(engine_information: str, layer_times_ms: dict[str, Any], batch_size: int, iterations: int,
-                  requested_device: str, dla_layers: Collection[str] | None = None) -> BatchProfile:
+                  requested_device: str, dla_layers: Collection[str] | None = None,
+                  dla_refused: Collection[str] = ()) -> BatchProfile:
     """The table from the inspector's JSON and the ``IProfiler``'s per-layer times.
 
     Args:
@@ -358,24 +362,26 @@ def from_tensorrt(engine_information: str, layer_times_ms: dict[str, Any], batch
         batch_size: The batch profiled.
         iterations: Profiled inferences.
         requested_device: ``dla`` for a DLA build, else ``gpu``.
-        dla_layers: The network layers the build placed on the DLA (its ``build.json``); None when not recorded.
+        dla_layers: The network layers the DLA accepted (the build's ``build.json``); None when not recorded.
+        dla_refused: Those it refused (``dla_unsupported_layers``).
     """
     return batch_profile(batch_size, iterations,
-                         tensorrt_timings(engine_information, layer_times_ms, requested_device, dla_layers),
+                         tensorrt_timings(engine_information, layer_times_ms, requested_device, dla_layers, dla_refused),
                          requested_device)
 
 
 def tensorrt_timings(engine_information: str, layer_times_ms: dict[str, Any], requested_device: str,
-                     dla_layers: Collection[str] | None = None) -> list[dict[str, Any]]:
+                     dla_layers: Collection[str] | None = None, dla_refused: Collection[str] = ()) -> list[dict[str, Any]]:
     """One engine's layers as :func:`batch_profile` timings (see :func:`from_tensorrt` for the arguments);
     engines of one model (Torch-TensorRT compiles one per TensorRT-supported subgraph) are added together."""
     info = {layer["Name"]: layer for layer in inspector_layers(engine_information)}
+    placement = None if dla_layers is None else (set(dla_layers), set(dla_refused))
     timings = []
     for name, times in layer_times_ms.items():
         layer = info.get(name, {"Name": name})
         types = [t.get("Format/Datatype", "") for t in layer.get("Inputs", []) + layer.get("Outputs", [])]
         transfer = requested_device == "dla" and name not in info and is_dla_transfer(name)
-        on_dla = requested_device == "dla" and (transfer or _on_dla(layer, dla_layers))
+        on_dla = requested_device == "dla" and (transfer or _on_dla(layer, placement))
         overhead = _inspector_overhead(layer)
         timings.append({"name": name, "kind": "DLA transfer" if transfer else layer.get("LayerType", "?"),
                         "precision": layer_precision(types),

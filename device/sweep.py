@@ -121,8 +121,8 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
                                    settle_s=settle_s, **seen.to_point())
                 runs += measure_point(setting, f"sweep {where}")
         except Exception as err:
-            # The job fails with this error, and the restore's outcome belongs in the same message: the job's
-            # error is all its result keeps.
+            # The job's error is all its result keeps: the restore's outcome goes in it, the traceback to the log.
+            log.exception("sweep stopped at %s", where)
             restored, restore_note = _restore(controller, original, caps, hold_path, progress)
             raise SweepStoppedError.after(err, where, restore_note) from err
         else:
@@ -144,8 +144,9 @@ def _restore(controller: ModeController, original, caps, hold_path: Path,
         controller.restore(original, caps.get(original.nvpmodel_id), RESTORE_TIMEOUT_S)
         hold_path.unlink(missing_ok=True)
         return True, f"restored the original mode {original.describe()}"
-    except PowerModeError as err:
-        note = (f"the original mode {original.describe()} was not restored by the job ({err.message}); the agent "
+    except (PowerModeError, OSError) as err:
+        said = err.message if isinstance(err, PowerModeError) else f"{type(err).__name__}: {err}"
+        note = (f"the original mode {original.describe()} was not restored by the job ({said}); the agent "
                 "restores it from its hold file")
         log.error("sweep: %s", note)
         return False, note

@@ -50,7 +50,12 @@ def quantize_detector(step: Step, fp32: Path, out: Path, calibration, per_channe
         islands = "fp16" if box_head == "fp16" else "fp32"
         run_isolated(logged_to, workdir / "quantizer.log", quantize_modelopt, fp32, out, calibration, step.method,
                      per_channel, islands, excluded)
-        halves = {"float_islands": islands}
+        import onnx
+
+        from pipeline.fp16_nodes import fp16_nodes
+
+        halves = {"float_islands": islands,
+                  "box_nodes_fp16": len(fp16_nodes(onnx.load(str(out))) & set(excluded))}
     else:
         with quiet():
             quantize_ort(fp32, out, calibration, step.method, per_channel, excluded)

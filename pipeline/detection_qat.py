@@ -56,7 +56,8 @@ def detector_qat(checkpoint: Path, out: Path, calibration: np.ndarray, train_inp
     torch.manual_seed(cfg.seed)
     student, meta = load_detector(checkpoint)
     reference = RawHead(copy.deepcopy(student).eval()).eval()
-    wrapped = RawHead(student.eval())
+    folded = fold_sequential_batchnorm(student.eval())
+    wrapped = RawHead(student)
     config = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
     if box_head != "int8":
         rules = config["quant_cfg"]
@@ -79,6 +80,9 @@ def detector_qat(checkpoint: Path, out: Path, calibration: np.ndarray, train_inp
     per_epoch = max(1, len(train_inputs) // cfg.batch_size)
     total = max(1, math.ceil(cfg.epochs * per_epoch))
     wrapped.train()
+    for module in wrapped.modules():  # statistics stay the FP32 student's: only the weights learn the rounding
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.eval()
     loss = torch.zeros(())
     for step in range(total):
         if step % per_epoch == 0:
@@ -99,4 +103,30 @@ def detector_qat(checkpoint: Path, out: Path, calibration: np.ndarray, train_inp
                         opset, postprocess)
     converted = store_weights_as_int8(out)
     return {"qat_steps": total, "qat_last_loss": float(loss.detach()), "weights_int8": converted,
-            "box_branch_quantized": box_head == "int8"}
+            "box_branch_quantized": box_head == "int8", "batchnorm_folded": folded}
+
+
+def fold_sequential_batchnorm(model) -> int:
+    """Folds every BatchNorm2d that directly follows a Conv2d inside an ``nn.Sequential`` into that convolution, in
+    place (eval mode); returns how many.
+
+    Before fake quantization, as the classifier's QAT does (:func:`device.architectures.fold_batchnorm`): otherwise the
+    weight quantizers see unfolded weights and the exported graph keeps a BatchNorm after each INT8 convolution. A
+    detector cannot be traced whole (its transform and post-processing branch on data), so only what a Sequential's
+    order makes certain is folded; torchvision's detection backbones are built of such blocks.
+    """
+    from torch import nn
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    folded = 0
+    for parent in list(model.modules()):
+        if not isinstance(parent, nn.Sequential):
+            continue
+        names = list(parent._modules)
+        for first, second in zip(names, names[1:]):
+            conv, norm = parent._modules[first], parent._modules[second]
+            if isinstance(conv, nn.Conv2d) and type(norm) is nn.BatchNorm2d and conv.out_channels == norm.num_features:
+                parent._modules[first] = fuse_conv_bn_eval(conv.eval(), norm.eval())
+                parent._modules[second] = nn.Identity()
+                folded += 1
+    return folded

@@ -103,6 +103,19 @@ def device_section(ladder: dict[str, Any], device: dict[str, Any]) -> Section:
     return Section(f"{device['name']} ({device.get('runtime') or '—'}; {device['status']})", blocks)
 
 
+def box_heads_text(quantize: dict[str, Any]) -> str:
+    """What the box-head table compares: the other settings are post-training quantized with one calibration, also
+    when the ladder accepted QAT (their rows then compare calibration, not fine-tuning)."""
+    compared = {other.get("method") for other in quantize.get("other_box_heads", ())} - {None}
+    calibration = ", ".join(sorted(compared)) or quantize["method"]
+    if quantize["method"] == "qat":
+        return (f"The accepted INT8 student was fine-tuned (QAT); the other box-head settings are quantized after "
+                f"training with {calibration} calibration, so their rows compare calibration, not fine-tuning. Each "
+                "change is against the FP32 student's host mAP.")
+    return (f"The same INT8 student ({calibration} calibration) with its box-regression branch set each way; the "
+            "change is against the FP32 student's host mAP.")
+
+
 def box_head_rows(quantize: dict[str, Any]) -> list[list[str]]:
     """Each box-head setting quantized: the accepted one first, then those ``compare_box_head`` added."""
     accepted = quantize["attempts"][-1]  # the stage stops at the first calibration within the budget
@@ -143,8 +156,7 @@ def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: di
                                                                + SCORED_TEXT)]))
     if quantize.get("other_box_heads"):
         sections.append(Section("What each box-head setting costs", [
-            Text(f"The same INT8 student ({quantize['method']} calibration) with its box-regression branch set each "
-                 "way; the change is against the FP32 student's host mAP."), Table(box_head_rows(quantize))]))
+            Text(box_heads_text(quantize)), Table(box_head_rows(quantize))]))
     changes = quantize.get("class_changes_vs_fp32") or []
     if changes:
         sections.append(Section("INT8 fold, per class (AP change in points, paired bootstrap 95% CI, "

@@ -301,6 +301,9 @@ class ExportConfig(_Strict):
         return self
 
 
+MODELOPT_METHODS = ("max", "entropy")  # modelopt.onnx.quantization's int8 calibration methods
+
+
 class LadderConfig(_Strict):
     """The INT8 ladder every task climbs (:mod:`pipeline.quantize_ladder`): each calibration method in order, then
     quantization-aware fine-tuning, until the INT8 student is within the budget of the FP32 one."""
@@ -314,6 +317,15 @@ class LadderConfig(_Strict):
     qat: Optional[TrainConfig] = Field(None, description="quantization-aware fine-tuning (ModelOpt, distilled from the "
                                                          "FP32 student) when every calibration method misses the "
                                                          "budget; null = off")
+
+    @model_validator(mode="after")
+    def _methods_the_quantizer_has(self) -> "LadderConfig":
+        if self.quantizer == "modelopt":
+            lacking = [m for m in self.calibration_methods if m not in MODELOPT_METHODS]
+            if lacking:
+                raise ValueError(f"ModelOpt calibrates with max or entropy, not {lacking[0]!r} "
+                                 "(set quantize.calibration_methods: [max, entropy] for the modelopt quantizer)")
+        return self
 
 
 class QuantizeConfig(LadderConfig):

@@ -291,7 +291,8 @@ class TensorRTRunner(Runner):
         finally:
             entry.context.profiler = None
         return from_tensorrt(information, profiler.samples_ms, entry.batch, iterations,
-                             "dla" if self.options.dla_core is not None else "gpu", entry.build.get("dla_layers"))
+                             "dla" if self.options.dla_core is not None else "gpu", entry.build.get("dla_layers"),
+                             entry.build.get("dla_unsupported_layers", ()))
 
     def profile_meta(self) -> dict[str, Any]:
         notes = []

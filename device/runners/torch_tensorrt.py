@@ -485,7 +485,8 @@ class TorchTensorRTRunner(Runner):
         self.dtype = getattr(torch, DTYPES[self.precision_built])
         gpu, capability = detect_gpu(pci_bus_id=self.pci_bus_id)
         fp = fingerprint(_optional_version("tensorrt") or "unknown", gpu, capability, read_l4t())
-        fp.update({"torch_tensorrt": tt.__version__, "torch": torch.__version__})
+        arguments = {k: list(v) if isinstance(v, tuple) else v for k, v in compile_arguments(rules, self.precision_built).items()}
+        fp.update({"torch_tensorrt": tt.__version__, "torch": torch.__version__, "compile_arguments": arguments})
         sha = sha256_file(self.path)
         reports: dict[int, Any] = {}
         for batch in self.batch_sizes:
@@ -506,8 +507,7 @@ class TorchTensorRTRunner(Runner):
             "compile_arguments": {b: r["compile_arguments"] for b, r in reports.items()},
             "fallback": {b: r["fallback"] for b, r in reports.items()},
             "fallback_count": first["fallback"]["fallback_count"], "notes": notes, **source}
-        if self.precision_built == "int8":
-            # The ONNX road builds INT8 with FP16 float islands (TensorRT 10's flags): say where this road differs.
+        if self.precision_built == "int8":  # the ONNX road's INT8 has FP16 float islands: say where this one differs
             self.torch_tensorrt["int8_float_islands"] = rules["int8_float_islands"].value
 
     def _load_program(self, torch, versions: ProgramVersions, schema):

@@ -29,7 +29,7 @@ from device.files import sha256_file, write_json_atomic
 from device.schema import EvaluationSpec, JobSpec, parse_result
 from pipeline.codehash import code_sha256
 from pipeline.devices import DEPLOY_SCHEMA, Device
-from pipeline.jobs import FINGERPRINT_KEYS, choose_runtime, job_spec
+from pipeline.jobs import FINGERPRINT_KEYS, _trt_major, choose_runtime, job_spec
 from pipeline.manifest import sha256_json
 from pipeline.road_artifacts import RoadArtifacts
 from pipeline.rungs import RUNGS

@@ -60,8 +60,12 @@ class DetectionQuantizeStage(Stage):
         shutil.copyfile(exported, fp32)
         shutil.copyfile(ctx.manifest.output("export", "student_head"), sidecar_path(fp32))
         task = DetectionLadder(ctx, workdir, fp32, calibration, train, size, inputs, test, classes, sizes, cfg.box_head)
-        reference, attempts, candidate = climb(task, steps(cfg.quantizer, cfg.calibration_methods, bool(cfg.qat)),
-                                               workdir)
+        try:
+            reference, attempts, candidate = climb(task, steps(cfg.quantizer, cfg.calibration_methods, bool(cfg.qat)),
+                                                   workdir)
+        except BaseException:
+            shutil.rmtree(scratch)  # a failed ladder leaves its attempts, not the export's copy
+            raise
         chosen = attempts[-1]
         final = workdir / "student.int8.onnx"
         shutil.copyfile(candidate, final)

@@ -52,7 +52,12 @@ class QuantizeStage(Stage):
             test_labels.append(y.numpy())
         images, labels = np.concatenate(test_images), np.concatenate(test_labels)
         task = ClassificationLadder(ctx, workdir, fp32, calibration, images, labels)
-        reference, attempts, chosen = climb(task, steps(cfg.quantizer, cfg.calibration_methods, bool(cfg.qat)), workdir)
+        try:
+            reference, attempts, chosen = climb(task, steps(cfg.quantizer, cfg.calibration_methods, bool(cfg.qat)),
+                                                workdir)
+        except BaseException:
+            shutil.rmtree(scratch)  # a failed ladder leaves its attempts, not the export's copy
+            raise
         accepted = attempts[-1]
         shutil.copyfile(chosen, workdir / "student.int8.onnx")
         shutil.copyfile(workdir / f"predictions.{accepted['method']}.npy", workdir / "predictions.npy")

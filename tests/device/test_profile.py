@@ -316,17 +316,20 @@ def test_an_unfused_q_dq_is_known_by_its_origin_and_a_dangling_one_by_its_scale_
 
 
 def test_dla_layers_come_from_the_builds_record_not_from_a_guessed_layer_type():
-    """The inspector's JSON for a DLA subgraph is documented by no source read: the build's record of the network
-    layers can_run_on_DLA accepted decides. A Myelin ForeignNode over GPU layers stays on the GPU."""
+    """The inspector's JSON for a DLA subgraph is documented by no source read: the build's record of what
+    can_run_on_DLA accepted and refused decides. A DLA subgraph is a ForeignNode over accepted layers (its ends may
+    be the parser's Q/DQ, which the record leaves out); a ForeignNode over refused layers (Myelin on the GPU) and a
+    fused kernel (TensorRT moves accepted layers to the GPU past the DLA's subgraph limit) are GPU time."""
     fmt = "Channel major INT8 format where channel % 16 == 0"
+    names = ("{ForeignNode[conv1...relu3]}", "{ForeignNode[quant_input...relu2]}", "{ForeignNode[Flatten_0...Gemm_1]}",
+             "conv4 + relu4")
     info = {"Layers": [{"Name": name, "LayerType": "Unknown", "Inputs": [{"Name": "i", "Format/Datatype": fmt}],
-                        "Outputs": []} for name in ("{ForeignNode[conv1...relu3]}", "{ForeignNode[Flatten_0...Gemm_1]}",
-                                                    "conv4 + relu4")]}
-    times = {"{ForeignNode[conv1...relu3]}": 3.0, "{ForeignNode[Flatten_0...Gemm_1]}": 1.0, "conv4 + relu4": 1.0}
-    placed = ["conv1", "relu1", "conv2", "relu2", "conv3", "relu3", "conv4", "relu4"]
-    table = from_tensorrt(json.dumps(info), times, 1, 1, "dla", dla_layers=placed)
-    assert {layer.name: layer.device for layer in table.layers} == {
-        "{ForeignNode[conv1...relu3]}": "dla", "{ForeignNode[Flatten_0...Gemm_1]}": "gpu", "conv4 + relu4": "dla"}
-    assert table.fallback_layers == ["{ForeignNode[Flatten_0...Gemm_1]}"] and table.dla_share == pytest.approx(0.8)
+                        "Outputs": []} for name in names]}
+    times = dict(zip(names, (3.0, 2.0, 1.0, 1.0)))
+    accepted = ["conv1", "relu1", "conv2", "relu2", "conv3", "relu3", "conv4", "relu4"]
+    refused = ["Flatten_0", "Gemm_1"]
+    table = from_tensorrt(json.dumps(info), times, 1, 1, "dla", dla_layers=accepted, dla_refused=refused)
+    assert {layer.name: layer.device for layer in table.layers} == dict(zip(names, ("dla", "dla", "gpu", "gpu")))
+    assert set(table.fallback_layers) == {names[2], names[3]} and table.dla_share == pytest.approx(5 / 7)
     # A GPU build is never on the DLA, whatever it names.
-    assert all(layer.device == "gpu" for layer in from_tensorrt(json.dumps(info), times, 1, 1, "gpu", placed).layers)
+    assert all(layer.device == "gpu" for layer in from_tensorrt(json.dumps(info), times, 1, 1, "gpu", accepted).layers)

@@ -378,11 +378,14 @@ def test_detection_climbs_the_shared_ladder_to_qat_when_calibration_misses(det_r
     assert metrics["attempts"][0]["drop_points"] > budget and metrics["method"] == "qat"
     qat = metrics["attempts"][1]
     assert qat["lint"]["ok"] and qat["qat_steps"] == 16 and qat["box_nodes_fp16"] > 0
+    assert qat["batchnorm_folded"] == 4, "the tiny backbone's four Conv-BN stages, folded before fake quantization"
     assert metrics["drop_points"] <= budget
     path = ctx.run_dir / ctx.manifest.stage("quantize")["outputs"]["student_int8"]
     assert float_weights(path) == [] and metrics["size_mb"] < metrics["fp32_size_mb"]
-    halves = fp16_nodes(onnx.load(str(path)))
+    graph = onnx.load(str(path))
+    halves = fp16_nodes(graph)
     assert halves and halves <= set(box_branch_nodes(path)), "FP16 in the box branch and nowhere else"
+    assert "BatchNormalization" not in {node.op_type for node in graph.graph.node}
 
 
 def test_detection_quantizes_with_modelopt_like_a_classifier(det_run, tmp_path):

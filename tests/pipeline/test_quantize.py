@@ -122,10 +122,15 @@ def test_modelopt_quantizer_on_the_tiny_recipe(runs, capfd):
     assert metrics["size_mb"] < 0.6 * metrics["fp32_size_mb"]
 
 
-def test_modelopt_refuses_methods_it_lacks(runs):
-    pytest.importorskip("modelopt.onnx.quantization", reason="ModelOpt is the [modelopt] extra (make installs it)")
-    with pytest.raises(StageError, match="ModelOpt calibrates with max or entropy, not 'percentile'"):
+def test_modelopt_refuses_methods_it_lacks_before_any_work(runs):
+    """Refused when the recipe is read (for every task: the ladder's own settings), not halfway up the ladder."""
+    from device.errors import ConfigError
+    from pipeline.recipe import load_recipe
+
+    with pytest.raises(ConfigError, match="ModelOpt calibrates with max or entropy, not 'percentile'"):
         rerun_quantize(runs, **{"quantize.quantizer": "modelopt", "quantize.calibration_methods": ["percentile"]})
+    with pytest.raises(ConfigError, match=r"quantize: ModelOpt calibrates .* \[max, entropy\]"):
+        load_recipe("tiny-det", {"quantize.quantizer": "modelopt"})
 
 
 def test_gate_falls_back_to_quantization_aware_finetuning(runs, monkeypatch):
