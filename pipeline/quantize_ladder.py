@@ -12,10 +12,12 @@ scored against the FP32 student (top-1 on labels, or COCO mAP through the device
 
 from __future__ import annotations
 
+import shutil
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from device.errors import StageError
 from pipeline.log import log
@@ -84,6 +86,21 @@ class LadderTask(ABC):
         """What to change when no step passes."""
         return ("raise quantize.accuracy_budget_points, add calibration methods, enlarge the calibration set"
                 + ("" if qat else ", or set quantize.qat (a short fine-tuning schedule)"))
+
+
+@contextmanager
+def scratch_copy(workdir: Path, source: Path, name: str | None = None) -> Iterator[Path]:
+    """A copy of the exported FP32 student for the quantizers, in ``workdir/.scratch``: ModelOpt's shape inference
+    writes into the file it is given, and the export stage's recorded file must stay as recorded. The folder goes
+    when the block ends, however it ends (a failed ladder leaves its attempts, not the copy)."""
+    scratch = workdir / ".scratch"
+    scratch.mkdir()
+    try:
+        copy = scratch / (name or source.name)
+        shutil.copyfile(source, copy)
+        yield copy
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def check_candidate(path: Path, step: Step) -> dict[str, Any]:

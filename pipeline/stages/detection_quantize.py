@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline.detection_int8 import DetectionLadder
 from pipeline.detection_recipe import BOX_HEADS
-from pipeline.quantize_ladder import Step, check_candidate, climb, steps
+from pipeline.quantize_ladder import Step, check_candidate, climb, scratch_copy, steps
 from pipeline.stages.base import Stage, StageResult
 from pipeline.stages.detection_base import DETECTION_STAGES
 
@@ -52,25 +52,19 @@ class DetectionQuantizeStage(Stage):
         train, test = load_split(canvases, "train"), load_split(canvases, "test")
         calibration = network_inputs(train.images[: cfg.calib_images], size)
         inputs, sizes = network_inputs(test.images, size), [tuple(image.shape[:2]) for image in test.images]
-        # The quantizer writes beside its input (shape inference): it gets a copy with its sidecar, never the
-        # export stage's recorded files.
-        scratch = workdir / ".scratch"
-        scratch.mkdir()
-        fp32 = scratch / "student.onnx"
-        shutil.copyfile(exported, fp32)
-        shutil.copyfile(ctx.manifest.output("export", "student_head"), sidecar_path(fp32))
-        task = DetectionLadder(ctx, workdir, fp32, calibration, train, size, inputs, test, classes, sizes, cfg.box_head)
-        try:
-            reference, attempts, candidate = climb(task, steps(cfg.quantizer, cfg.calibration_methods, bool(cfg.qat)),
-                                                   workdir)
-        except BaseException:
-            shutil.rmtree(scratch)  # a failed ladder leaves its attempts, not the export's copy
-            raise
-        chosen = attempts[-1]
+        with scratch_copy(workdir, exported, "student.onnx") as fp32:
+            shutil.copyfile(ctx.manifest.output("export", "student_head"), sidecar_path(fp32))  # its decoding, too
+            task = DetectionLadder(ctx, workdir, fp32, calibration, train, size, inputs, test, classes, sizes,
+                                   cfg.box_head)
+            reference, attempts, candidate = climb(task, steps(cfg.quantizer, cfg.calibration_methods,
+                                                               bool(cfg.qat)), workdir)
+            chosen = attempts[-1]
+            others, other_outputs = self._other_box_heads(ctx, task, reference, chosen, workdir) \
+                if cfg.compare_box_head else (None, {})
         final = workdir / "student.int8.onnx"
         shutil.copyfile(candidate, final)
         shutil.copyfile(sidecar_path(candidate), sidecar_path(final))
-        outputs = {"student_int8": final, "student_int8_head": sidecar_path(final)}
+        outputs = {"student_int8": final, "student_int8_head": sidecar_path(final), **other_outputs}
         fp32_scores = {key: value for key, value in reference.items() if key != "value"}
         metrics = {"fp32": fp32_scores, "int8": chosen["scores"], "drop_points": chosen["drop_points"],
                    "quantizer": chosen["quantizer"], "method": chosen["method"], "box_head": cfg.box_head,
@@ -78,23 +72,31 @@ class DetectionQuantizeStage(Stage):
                    "class_changes_vs_fp32": class_changes(test.boxes, task.detections["fp32"],
                                                           task.detections[chosen["method"]], classes,
                                                           resamples=cfg.resamples)}
-        if cfg.compare_box_head:
-            # The other settings with the same quantizer and calibration (QAT's pick: the first calibration method).
-            step = Step(cfg.quantizer, cfg.calibration_methods[0]) if chosen["method"] == "qat" else \
-                Step(chosen["quantizer"], chosen["method"])
-            metrics["other_box_heads"] = []
-            for other in (setting for setting in BOX_HEADS if setting != cfg.box_head):
-                path = workdir / f"student.int8.box_{other}.onnx"
-                facts = {**task.quantize(step, path, box_head=other), **check_candidate(path, step)}
-                scores = task.score(path, Step(step.quantizer, f"box_{other}"))["scores"]
-                drop = round(100 * (reference["map"] - scores["map"]), 4)
-                metrics["other_box_heads"].append({**facts, "method": step.method, "scores": scores,
-                                                   "drop_points": drop})
-                ctx.log(f"quantize: box head {other}: INT8 mAP {100 * scores['map']:.2f} ({-drop:+.2f} points)")
-                outputs[f"student_int8_box_{other}"] = path
-                outputs[f"student_int8_box_{other}_head"] = sidecar_path(path)
-        shutil.rmtree(scratch)
+        if others is not None:
+            metrics["other_box_heads"] = others
         return StageResult(outputs=outputs, metrics=metrics)
+
+    @staticmethod
+    def _other_box_heads(ctx, task: DetectionLadder, reference: dict, chosen: dict, workdir: Path):
+        """The other box-head settings quantized with the same quantizer and calibration (after QAT: the first
+        calibration method) and scored: (their records, their outputs)."""
+        from pipeline.detection_export import sidecar_path
+
+        cfg = ctx.recipe.quantize
+        step = Step(cfg.quantizer, cfg.calibration_methods[0]) if chosen["method"] == "qat" else \
+            Step(chosen["quantizer"], chosen["method"])
+        records, outputs = [], {}
+        for other in (setting for setting in BOX_HEADS if setting != cfg.box_head):
+            path = workdir / f"student.int8.box_{other}.onnx"
+            facts = {**task.quantize(step, path, box_head=other), **check_candidate(path, step)}
+            scores = task.score(path, Step(step.quantizer, f"box_{other}"))["scores"]
+            drop = round(100 * (reference["map"] - scores["map"]), 4)
+            records.append({**facts, "method": step.method, "scores": scores, "drop_points": drop})
+            ctx.log(f"quantize: box head {other}: INT8 mAP {100 * scores['map']:.2f} ({-drop:+.2f} points)")
+            outputs[f"student_int8_box_{other}"] = path
+            outputs[f"student_int8_box_{other}_head"] = sidecar_path(path)
+        return records, outputs
+
 
     def summary(self, metrics):
         line = (f"INT8 mAP {100 * metrics['int8']['map']:.1f} ({-metrics['drop_points']:+.2f} points vs FP32 "

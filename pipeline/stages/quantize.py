@@ -17,7 +17,7 @@ from device.trt_settings import trtexec_lines
 from pipeline.classifier_int8 import ClassificationLadder
 from pipeline.onnx_export import INPUT_NAME
 from pipeline.ort_quantize import quiet as _quiet
-from pipeline.quantize_ladder import climb, steps
+from pipeline.quantize_ladder import climb, scratch_copy, steps
 from pipeline.quantizers import within_budget
 from pipeline.scores import points, require_sane
 from pipeline.stages.base import STAGES, Stage, StageResult
@@ -39,29 +39,19 @@ class QuantizeStage(Stage):
     def run(self, ctx, workdir: Path) -> StageResult:
         cfg = ctx.recipe.quantize
         exported = ctx.manifest.output("export", "student")
-        # Quantizers get a copy: ModelOpt's shape inference writes value_info into the file it is given,
-        # and the export stage's recorded file must stay what it recorded.
-        scratch = workdir / ".scratch"
-        scratch.mkdir()
-        fp32 = scratch / exported.name
-        shutil.copyfile(exported, fp32)
         calibration = np.concatenate([x.numpy() for x, *_ in ctx.batches("calib", 256)])
         test_images, test_labels = [], []
         for x, y, *_ in ctx.batches("test", 500):
             test_images.append(x.numpy())
             test_labels.append(y.numpy())
         images, labels = np.concatenate(test_images), np.concatenate(test_labels)
-        task = ClassificationLadder(ctx, workdir, fp32, calibration, images, labels)
-        try:
+        with scratch_copy(workdir, exported) as fp32:
+            task = ClassificationLadder(ctx, workdir, fp32, calibration, images, labels)
             reference, attempts, chosen = climb(task, steps(cfg.quantizer, cfg.calibration_methods, bool(cfg.qat)),
                                                 workdir)
-        except BaseException:
-            shutil.rmtree(scratch)  # a failed ladder leaves its attempts, not the export's copy
-            raise
         accepted = attempts[-1]
         shutil.copyfile(chosen, workdir / "student.int8.onnx")
         shutil.copyfile(workdir / f"predictions.{accepted['method']}.npy", workdir / "predictions.npy")
-        shutil.rmtree(scratch)
         sanity = require_sane(
             "the INT8 student", accepted, ctx.dataset().classes,
             causes="a collapsed FP32 student passes the gate with the same score; calibration data that does not "
