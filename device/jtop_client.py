@@ -46,9 +46,6 @@ def use_socket(socket: str | None) -> None:
         pass  # opening a client says jetson-stats is missing, with the fix
 
 
-# ------------------------------------------------------------------ the hold: what to restore
-
-
 def client_version() -> str | None:
     """The installed jetson-stats (the client this process would import), read without importing jtop."""
     try:

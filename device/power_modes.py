@@ -31,6 +31,7 @@ from device import jtop_client
 from device.gpu_state import GPU_HOLD_SCHEMA, gpu_hold_state
 from device.errors import DeviceError, MissingDependencyError
 from device.files import write_json_atomic
+from device.telemetry.jtop import gpu_khz
 
 DEFAULT_CONF = "/etc/nvpmodel.conf"
 HOLD_FILE = "power_mode_hold.json"
@@ -229,18 +230,6 @@ class Observed:
         return {"online_cores": sorted(core for core, online in self.online.items() if online),
                 "cpu_max_khz": {core: khz for core, khz in sorted(self.cpu_max_khz.items()) if self.online.get(core)},
                 "gpu_max_khz": self.gpu_max_khz}
-
-
-def gpu_khz(value: Any) -> int | None:
-    """jtop's GPU clock in kHz whatever unit it came in: the sysfs devfreq path gives kHz, Thor's NVML path MHz
-    (jetson-stats 7.2.2 jtop/core/gpu.py nvml_read_gpu_status: nvmlDeviceGetMaxClockInfo), and its gpu-gpc-0
-    fallback ``max_freq // 1000`` — kHz from a devfreq node in Hz. A clock in MHz is below
-    :data:`device.telemetry.jtop.KHZ_THRESHOLD`, one in kHz far above it."""
-    from device.telemetry.jtop import KHZ_THRESHOLD
-
-    if not isinstance(value, (int, float)) or value <= 0:
-        return None
-    return int(value) if value > KHZ_THRESHOLD else int(round(value * 1000))
 
 
 class Control:
@@ -468,6 +457,7 @@ class ModeController(Control):
         return observed
 
 
+# ------------------------------------------------------------------ the hold: what to restore
 def write_hold(path: str | Path, job_id: str, original: DeviceState) -> None:
     """Records ``original`` before the first change (atomically: a kill leaves the old file or the new one)."""
     write_json_atomic(path, {"schema": HOLD_SCHEMA, "job": job_id, "since": time.time(), **original.to_dict()},

@@ -459,8 +459,7 @@ class DeviceTiming(Measured):
 
     ``latency_*`` is trtexec's "Latency" (host-to-device copy + GPU compute + device-to-host copy, CUDA
     events, pinned buffers); ``gpu_compute_*`` is its "GPU Compute Time" (events around the enqueue). One
-    inference is in flight at a time, synchronized after each call: trtexec ``--exposeDMA``, not its default of
-    overlapped streams.
+    inference in flight, synchronized after each call: trtexec ``--exposeDMA``, not its overlapped default.
     """
 
     method: str = Field("", description="how the runner took the times")
@@ -598,6 +597,9 @@ class EvaluationResult(Measured):
     accelerator: str | None = Field(None, description="the sweep accelerator whose engine this is (gpu, dla0, dla1); "
                                                       "null: the job's own device (2.6)")
 
+    def engine(self) -> str:  # which engine, in the report's words: "batch 8", "batch 8 on dla0"
+        return f"batch {self.batch_size}" + (f" on {self.accelerator}" if self.accelerator else "")
+
 
 class SmokeResult(Measured):
     image: str
@@ -621,10 +623,8 @@ class JobResult(Measured):
     profile: dict[str, Any] | None = Field(None, description="device.profile.Profile (per-layer times)")
     evaluation: EvaluationResult | None = Field(None, description="the evaluation set's predictions by the engine "
                                                                   "that was timed (the largest batch's)")
-    more_evaluations: list[EvaluationResult] = Field(
-        default_factory=list, description="the set through every other engine the job timed: each batch's where the "
-                                          "runtime builds one per batch (TensorRT, Torch-TensorRT), each sweep "
-                                          "accelerator's (2.6)")
+    more_evaluations: list[EvaluationResult] = Field(default_factory=list, description="every other engine timed: "
+                                                     "each batch's (TensorRT builds one per batch), each accelerator's (2.6)")
     evaluation_note: str | None = Field(None, description="why the timed batches share one score, if they do (2.6)")
     environment: dict[str, Any] = Field(default_factory=dict)
     sweep: SweepResult | None = Field(None, description="a sweep's original and restored state and the settings it "

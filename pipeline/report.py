@@ -140,9 +140,9 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                            **reported_figures(entry["rounds"]))
                 if result.evaluation is not None and evaluation:
                     # The accuracy of the engine that was timed, beside the host's on the same images.
-                    row.update(device_scores(evaluation, rung, result.evaluation.predictions),
-                               evaluation_seconds=result.evaluation.seconds,
-                               engines_scored=engines_scored(evaluation, rung, result),
+                    scores = device_scores(evaluation, rung, result.evaluation.predictions)
+                    row.update(scores, evaluation_seconds=result.evaluation.seconds,
+                               engines_scored=engines_scored(evaluation, rung, result, scores),
                                evaluation_note=result.evaluation_note)
                     device_predictions[(device["name"], rung)] = result.evaluation.predictions
                 if summary.power_mean_mw is None:
@@ -583,14 +583,14 @@ def device_accuracy_rows(data: dict[str, Any]) -> list[list[str]]:
     return table
 
 
-def engines_scored(evaluation: dict[str, Any], rung: str, result: JobResult) -> list[dict[str, Any]]:
+def engines_scored(evaluation: dict[str, Any], rung: str, result: JobResult,
+                   primary: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Each engine the job timed and scored, the largest batch's first: its label (batch, accelerator), device top-1
-    and how it agrees with the host's predictions (:func:`device_scores`)."""
+    and how it agrees with the host's predictions (:func:`device_scores`; ``primary``: the first's, when known)."""
     engines = []
-    for scored in [result.evaluation, *result.more_evaluations]:
-        scores = device_scores(evaluation, rung, scored.predictions)
-        label = f"batch {scored.batch_size}" + (f" on {scored.accelerator}" if scored.accelerator else "")
-        engines.append({"label": label, "batch_size": scored.batch_size, "accelerator": scored.accelerator,
+    for index, scored in enumerate([result.evaluation, *result.more_evaluations]):
+        scores = primary if index == 0 and primary is not None else device_scores(evaluation, rung, scored.predictions)
+        engines.append({"label": scored.engine(), "batch_size": scored.batch_size, "accelerator": scored.accelerator,
                         **{key: scores.get(key) for key in ("device_top1", "device_top1_correct", "agreement",
                                                             "mcnemar_p", "device_deviates")}})
     return engines

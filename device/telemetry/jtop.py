@@ -77,12 +77,19 @@ def gpu_entry(gpu: Any) -> tuple[str | None, dict[str, Any]]:
     return items[0] if items else (None, {})
 
 
+def gpu_khz(value: Any) -> int | None:
+    """A clock jtop gives for the GPU, in kHz whatever unit it came in: the sysfs devfreq path gives kHz, Thor's NVML
+    path MHz (jetson-stats 7.2.2 jtop/core/gpu.py nvml_read_gpu_status), and its gpu-gpc-0 fallback ``max_freq //
+    1000`` kHz from a devfreq node in Hz. A clock in MHz is below :data:`KHZ_THRESHOLD`, one in kHz far above it."""
+    if not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return int(value) if value > KHZ_THRESHOLD else int(round(value * 1000))
+
+
 def gpu_freq_mhz(entry: dict[str, Any]) -> float:
-    """The GPU's current clock in MHz: sysfs devfreq entries report kHz, NVML-backed ones (Thor) MHz."""
-    cur = (entry.get("freq") or {}).get("cur")
-    if not isinstance(cur, (int, float)) or not cur:
-        return float("nan")
-    return float(cur) / 1000 if cur > KHZ_THRESHOLD else float(cur)
+    """The GPU's current clock in MHz (:func:`gpu_khz`)."""
+    khz = gpu_khz((entry.get("freq") or {}).get("cur"))
+    return float("nan") if khz is None else khz / 1000
 
 
 def _boottime() -> float:

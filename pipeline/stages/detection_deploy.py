@@ -208,8 +208,7 @@ class DetectionDeployStage(Stage):
         for scored in result.more_evaluations:
             boxes = device_boxes([d.model_dump() for d in scored.detections or []], sizes[rung], image_sizes)
             point = summary(accumulate(match(test.boxes[:count], boxes, len(ladder["classes"]))))
-            others.append({"label": f"batch {scored.batch_size}" + (f" on {scored.accelerator}" if scored.accelerator
-                                                                     else ""), "map": point["map"]})
+            others.append({"label": scored.engine(), "map": point["map"]})
         windows = {}
         for entry in rounds:
             if entry["state"] == "succeeded":

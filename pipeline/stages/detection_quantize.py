@@ -90,7 +90,7 @@ class DetectionQuantizeStage(Stage):
             path = workdir / f"student.int8.box_{other}.onnx"
             facts = {**task.quantize(step, path, box_head=other), **check_candidate(path, step)}
             scores = task.score(path, Step(step.quantizer, f"box_{other}"))["scores"]
-            drop = round(100 * (reference["map"] - scores["map"]), 4)
+            drop = task.drop_points(reference, {"value": scores["map"]})
             records.append({**facts, "method": step.method, "scores": scores, "drop_points": drop})
             ctx.log(f"quantize: box head {other}: INT8 mAP {100 * scores['map']:.2f} ({-drop:+.2f} points)")
             outputs[f"student_int8_box_{other}"] = path
