@@ -1,4 +1,4 @@
-"""Detection through the ladder, over seeds (issue #28's benchmark).
+"""Detection through the ladder, over seeds.
 
     python bench/detection.py --work DIR                       # tiny-det, 5 seeds; resumable
     python bench/detection.py --work DIR --recipe ssdlite --seeds 3
@@ -37,12 +37,12 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from pipeline.detection_recipe import BOX_HEADS  # noqa: E402
+from pipeline.tasks.detection.recipe import BOX_HEADS  # noqa: E402
 
 ARMS = ("distilled", "no_teacher")
 BUDGET_POINTS = 1.0
 GOAL = (
-    "Goal, stated before the run (issue #28): the INT8 student with the box head left out of Q/DQ (FP16, the "
+    "Goal, stated before the run: the INT8 student with the box head left out of Q/DQ (FP16, the "
     "recipe's default; FP32 in runs from before FP16 existed) within 1.0 mAP point of its FP32 form -- the paired difference's 95% interval over seeds (host mAP, COCO mAP@[.5:.95]) has its lower "
     "bound >= -1.0 point. Reported beside it, not part of the goal: what quantizing the box head costs (the same "
     "difference with the box head INT8), and whether the distilled student beats the same architecture fine-tuned "
@@ -51,7 +51,7 @@ GOAL = (
 
 def _recipe(args, work: Path, run_id: str, arm: str, seed: int) -> Path:
     """One run's recipe: the base recipe with the fine-tuning seed, and no teacher for the control arm."""
-    from pipeline.recipe import load_recipe
+    from pipeline.core.recipe import load_recipe
 
     _, path, _ = load_recipe(args.recipe)
     raw = yaml.safe_load(path.read_text())
@@ -92,7 +92,7 @@ def record(manifest, arm: str) -> dict[str, Any]:
     """What one run measured: the host mAP of every rung, and for the ladder the device's figures.
 
     Args:
-        manifest: The run's :class:`pipeline.manifest.Manifest`.
+        manifest: The run's :class:`pipeline.core.manifest.Manifest`.
         arm: ``distilled`` (the whole ladder) or ``no_teacher`` (a run that stopped after fine-tuning).
     """
     distill = manifest.stage("distill")["metrics"]

@@ -29,7 +29,7 @@ def run(model: str, runs_dir: str, run_id: str) -> float:
 
 
 def main() -> int:
-    from pipeline.stages.base import STAGE_ORDER
+    from pipeline.core.stage import STAGE_ORDER
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")

@@ -8,7 +8,7 @@ hog overlapped the measurement, and whether the report flagged the windows as no
 
     .venv/bin/python bench/interleave.py --run runs/resnet50/latest [--repeats 5]
 
-Goal (issue #15): the five intervals all overlap, and every repetition that overlapped the busy process
+Goal: the five intervals all overlap, and every repetition that overlapped the busy process
 is flagged. Results go to bench/results/interleave-<model>-<time>.{json,md}.
 """
 
@@ -48,11 +48,11 @@ def hog_at(start_s: float, seconds: float, log: list) -> threading.Thread:
 def deploy(run_dir: Path, overrides: dict, tag: str) -> dict:
     """Runs the deploy stage alone on ``run_dir`` (its earlier stages as recorded, whatever the code
     version now) and returns the report's data for that measurement."""
-    from pipeline.context import RunContext
-    from pipeline.manifest import Manifest
-    from pipeline.recipe import load_recipe
-    from pipeline.report import collect
-    from pipeline.stages import STAGES
+    from pipeline.core.context import RunContext
+    from pipeline.core.manifest import Manifest
+    from pipeline.core.recipe import load_recipe
+    from pipeline.tasks.classification.report_data import collect
+    from pipeline.tasks.classification import TASK
 
     manifest = Manifest.load(run_dir)
     recipe, _, _ = load_recipe(manifest.data["recipe"]["path"], overrides)
@@ -60,7 +60,7 @@ def deploy(run_dir: Path, overrides: dict, tag: str) -> dict:
     workdir = run_dir / f"deploy-{tag}"
     workdir.mkdir()
     started = time.time()
-    result = STAGES.get("deploy").run(RunContext(recipe, manifest), workdir)
+    result = TASK.stages.get("deploy").run(RunContext(recipe, manifest), workdir)
     ended = time.time()
     data = json.loads(json.dumps(manifest.data))
     data["stages"]["deploy"] = {"outputs": {"results": str(result.outputs["results"].relative_to(run_dir))}}

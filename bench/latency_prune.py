@@ -1,4 +1,4 @@
-"""Pruning to a latency budget against fair controls, across seeds, paired (issue #26).
+"""Pruning to a latency budget against fair controls, across seeds, paired.
 
     python bench/latency_prune.py --work DIR                      # the default design below, resumable
     python bench/latency_prune.py --work DIR --seeds 5 --teacher tiny_resnet --recipe tiny --data fashion-mnist
@@ -23,7 +23,7 @@ quantize stage's) and as FP32.
 Per arm: top-1 mean over seeds with its 95% interval, paired differences against A and A′, the latency ratio
 against A (geometric mean over seeds, 95% interval), MACs and params. "Equal latency": the ratio's interval
 lies within [0.95, 1.05]; when B misses that band, top-1 at A's latency is interpolated between B and C per
-seed, and the summary says so. The goal (issue #26, item 2) is printed before the run and judged after.
+seed, and the summary says so. The goal is printed before the run and judged after.
 
 Resumable: each finished seed × arm is recorded in ``<work>/state.json`` (written atomically) and skipped
 on a rerun; the pipeline's own stage cache makes an interrupted arm resume at its last finished stage.
@@ -53,7 +53,7 @@ SPEEDUP = 1.3
 EQUAL_BAND = (0.95, 1.05)
 NAN3 = (math.nan, math.nan, math.nan)
 GOAL = (
-    "Goal, stated before the run (issue #26, item 2): at equal measured latency (the latency ratio's 95% interval "
+    "Goal, stated before the run: at equal measured latency (the latency ratio's 95% interval "
     "within [0.95, 1.05]), the latency budget (B) gains >= +0.5 top-1 points on average, paired by seed, with the "
     "interval's lower bound above 0 -- against A and against A' -- OR the budget at A's latency / 1.3 (C) is >= "
     "1.3x faster than A (point estimate; the interval's lower bound above 1.2) with top-1 no worse (the paired "
@@ -65,7 +65,7 @@ DEFAULTS = {"recipe": "tiny", "teacher": "tiny_resnet", "data": "fashion-mnist",
 DEFAULTS_NOTE = (
     "Teacher: tiny_resnet (16/32/64 channels, 0.08 M params) on Fashion-MNIST at its native 28x28, 10,000 "
     "training images (5,000 of the 50,000 unused ones as the validation split), the full 10,000-image test set "
-    "(one image is 0.01 points). ResNet-50 took 56 min for three arms at one seed on this host (issue 26's run 1): "
+    "(one image is 0.01 points). ResNet-50 took 56 min for three arms at one seed on this host (its first run): "
     "20 students would take ~6 h; with tiny_resnet an arm x seed takes minutes, the whole bench about 2.5-3 h on "
     "two shared cores. A CPU at 28x28 is not a Jetson: what it shows is how latency follows channels on this "
     "runtime (ONNX Runtime CPU, INT8 Q/DQ and FP32, one thread).")
@@ -200,7 +200,7 @@ def _arm_prune(arm: str, args, seed: int, reference: Path | None, macs_target: f
 
 def _recipe(args, work: Path, name: str, prune: dict, seed: int) -> Path:
     """The bench's recipe for one arm × seed: the base recipe with the teacher, data and epochs overridden."""
-    from pipeline.recipe import load_recipe
+    from pipeline.core.recipe import load_recipe
 
     _, path, _ = load_recipe(args.recipe)
     raw = yaml.safe_load(path.read_text())
@@ -251,8 +251,8 @@ def _val_top1(ctx, model, size: int) -> float | None:
     import numpy as np
     import torch
 
-    from pipeline.data.batches import Batches
-    from pipeline.train import evaluate
+    from pipeline.core.data.batches import Batches
+    from pipeline.tasks.classification.train import evaluate
 
     splits = ctx.splits()
     used = np.union1d(splits["train"], splits.get("calib", np.array([], int)))
@@ -269,7 +269,7 @@ def _match_a(args, ctx, teacher, a_student, seed: int, meter, log) -> tuple[floa
     side by side in one agent call (fresh, never cached). Latency falls as the target does."""
     from pipeline.channels import at_widths
     from pipeline.latency.search import macs_knapsack_plan
-    from pipeline.recipe import PruneConfig
+    from pipeline.core.recipe import PruneConfig
 
     arch, shape = ctx.recipe.teacher.arch, ctx.preprocess.input_shape(1)
     # The prune stage's Taylor batches (its first 32 of these): A′'s stage then computes this very plan.
@@ -298,7 +298,7 @@ def _final(args, ctx, students: dict[str, Path], log) -> dict[str, dict[str, lis
     import numpy as np
 
     from pipeline.latency.measure import device_spec, latency_ms, open_agent
-    from pipeline.recipe import LatencyTarget
+    from pipeline.core.recipe import LatencyTarget
 
     preprocess = ctx.preprocess.to_dict()
     rng = np.random.default_rng(args.final_seed)
@@ -332,7 +332,7 @@ def run(args) -> dict:
     from device.errors import EdgeFoldError
     from pipeline.checkpoint import load_checkpoint
     from pipeline.latency.measure import Meter, device_spec, open_agent
-    from pipeline.recipe import LatencyTarget
+    from pipeline.core.recipe import LatencyTarget
     from pipeline.runner import run_pipeline
 
     def log(message: str) -> None:

@@ -44,8 +44,8 @@ from device.errors import ConfigError, EdgeFoldError, StatusError, require
 from device.executor import Executor
 from device.info import describe_device, jtop_banner, jtop_status, runtime_banner
 from device.power_modes import DEFAULT_CONF
-from device.schema import (FINISHED, SHA256, Artifact, ErrorBody, Health, Job, JobSpec, JobState, describe_problems,
-                           field_problems, safe_text)
+from device.problems import describe_problems, field_problems, safe_text
+from device.schema import FINISHED, SHA256, Artifact, ErrorBody, Health, Job, JobSpec, JobState
 from device.store import Store
 
 log = logging.getLogger("edgefold.agent")

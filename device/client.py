@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from device.errors import StatusError, require
 from device.files import sha256_file
-from device.schema import FINISHED, JobResult, JobSpec, describe_problems, field_problems
+from device.problems import describe_problems, field_problems
+from device.schema import FINISHED, JobResult, JobSpec
 
 CHUNK = 1 << 20
 LONG_POLL_S = 10.0  # the longest a wait() request is held by the agent (its limit: device.agent.MAX_WAIT_S)

@@ -1,4 +1,4 @@
-"""A detector's post-processing without torch: decode the raw head outputs and run per-class NMS (issue 28).
+"""A detector's post-processing without torch: decode the raw head outputs and run per-class NMS.
 
 The exported detection graph ends at the raw head outputs — class logits and box deltas per anchor, concatenated
 over levels into one ``N×A×K`` tensor — because torchvision's post-processing does not export cleanly and is the part

@@ -1,4 +1,4 @@
-"""Power limits and locked clocks on a data-center GPU through NVML: the data-center side of a sweep (issue 27).
+"""Power limits and locked clocks on a data-center GPU through NVML: the data-center side of a sweep.
 
 Where nvpmodel sets a Jetson's mode, a GPU server's sweep varies NVML's power management limit
 (``nvmlDeviceSetPowerManagementLimit``, in mW, within ``nvmlDeviceGetPowerManagementLimitConstraints``) or locks

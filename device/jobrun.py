@@ -35,7 +35,8 @@ from device.measure import MeasureSpec, measure
 from device.jtop_client import use_socket
 from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
-from device.schema import RESULT_SCHEMA, JobResult, JobSpec, PowerSetting, RunResult, RunSummary, reported_fields
+from device.reported import reported_fields
+from device.schema import RESULT_SCHEMA, JobResult, JobSpec, PowerSetting, RunResult, RunSummary
 from device.sweep import accelerator_dla_core, open_accelerator, point_facts, run_sweep
 from device.telemetry import series
 from device.telemetry.base import Sampler
@@ -298,12 +299,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                    "load_s": load_s, "python": platform.python_version(), "threads": spec.threads}
         if profile_note:
             runtime["profile_note"] = profile_note
-        for attr in ("precision_built", "trtexec", "dla_unsupported_layers", "torch_tensorrt"):  # TensorRT: what was built, exactly
-            if getattr(runner, attr, None):
-                runtime[attr] = getattr(runner, attr)
-        for attr in ("providers", "engine_path", "built_now", "device"):
-            if getattr(runner, attr, None) is not None:
-                runtime[attr] = str(getattr(runner, attr)) if attr in ("engine_path", "device") else getattr(runner, attr)
+        runtime.update(runner.runtime_facts())
     from device.info import describe_device
 
     # Validated here, by the process that measured: a result the schema refuses fails this job, with the reason.
@@ -334,7 +330,7 @@ def evaluate_engine(spec: JobSpec, job: dict[str, Any], runner, chw: tuple[int, 
     device's decode + NMS when the job names a head."""
     if spec.evaluation.head is not None:
         # Loaded by name: the pipeline's code hashes follow import statements, and a classification deploy
-        # must not be re-run by an edit to the detection decoder (pipeline.recipe.TASKS does the same).
+        # must not be re-run by an edit to the detection decoder (pipeline.core.recipe.TASKS does the same).
         evaluate_detection_runner = importlib.import_module(DETECTION_EVALUATION).evaluate_detection_runner
         return evaluate_detection_runner(runner, job["evaluation_path"], spec.evaluation.artifact,
                                          spec.evaluation.images, job["head_path"], spec.evaluation.head, chw, [batch])

@@ -12,6 +12,8 @@ import re
 from typing import Annotated, Any, Literal
 
 from device.errors import EdgeFoldError
+from device.problems import describe_problems, field_problems
+from device.reported import reported
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -22,7 +24,7 @@ FINISHED = ("succeeded", "failed", "interrupted", "cancelled")
 TelemetryName = Literal["host", "nvml", "jtop"]
 Interpolation = Literal["bilinear", "area", "nearest", "bicubic"]
 BatchSize = Annotated[int, Field(ge=1, le=4096)]
-# The bounds of a job's measurement, shared with the recipe's deploy section (pipeline.recipe.DeployConfig),
+# The bounds of a job's measurement, shared with the recipe's deploy section (pipeline.core.recipe.DeployConfig),
 # so a recipe the agent would refuse is refused before the first stage runs, by the same numbers.
 BatchSizes = Annotated[list[BatchSize], Field(min_length=1, max_length=8)]
 WarmupIterations = Annotated[int, Field(ge=0, le=100_000)]
@@ -35,43 +37,6 @@ MinIterations = Annotated[int, Field(ge=2, le=1_000_000)]
 # On the [0,1] scale real values are near 0.5; the bounds only keep absurd numbers out.
 MeanValue = Annotated[float, Field(ge=-1000, le=1000)]
 StdValue = Annotated[float, Field(gt=0, le=1000)]
-
-
-def safe_text(value: Any, limit: int | None = None) -> str:
-    """``value`` as text that UTF-8 (and so JSON) can always carry: lone surrogates become ``\\udXXX``.
-
-    Args:
-        value: Anything; ``str()`` is taken.
-        limit: Cut to this many characters (with an ellipsis) when given.
-    """
-    text = str(value)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    if limit is not None and len(text) > limit:
-        text = text[:limit] + "…"
-    return text
-
-
-def field_problems(errors: list[dict[str, Any]], limit: int = 20) -> list[dict[str, Any]]:
-    """Pydantic's ``errors()`` as :class:`FieldProblem` dicts that JSON can always carry.
-
-    The offending input is left out on purpose: it may be NaN, a lone surrogate or megabytes long,
-    and echoing it is what turned refusals into 500s.
-    """
-    problems = []
-    for error in errors[:limit]:
-        loc = [part if isinstance(part, int) and not isinstance(part, bool) else safe_text(part, 100)
-               for part in error.get("loc", ())]
-        problems.append({"loc": loc, "msg": safe_text(error.get("msg", ""), 300),
-                         "type": safe_text(error.get("type", ""), 60)})
-    return problems
-
-
-def describe_problems(problems: list[dict[str, Any]]) -> str:
-    """One line naming every problem: ``duration_s: Input should be a finite number; …``."""
-    return "; ".join(f"{'.'.join(map(str, p['loc'])) or '(body)'}: {p['msg']}" for p in problems)
 
 
 class Strict(BaseModel):
@@ -294,8 +259,9 @@ class ErrorBody(Strict):
 # 2.2: RunResult.power_setting, JobResult.sweep; 2.3: RunResult.accelerator, NotMeasured.accelerator,
 # PowerSetting.power_limit_w and gpu_locked_mhz (NVML sweeps); 2.4: runtime torch_tensorrt, RuntimeInfo.torch_tensorrt,
 # JobSpec.timing_cache; 2.5: EvaluationSpec.head, EvaluationResult.detections, network_s and postprocess_s (detection);
-# 2.6: JobResult.more_evaluations and evaluation_note, EvaluationResult.accelerator (every timed engine scored)
-RESULT_MAJOR, RESULT_MINOR = 2, 6
+# 2.6: JobResult.more_evaluations and evaluation_note, EvaluationResult.accelerator (every timed engine scored);
+# 2.7: the build facts of TensorRT and Torch-TensorRT in RuntimeInfo.built (each runner reports its own)
+RESULT_MAJOR, RESULT_MINOR = 2, 7
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -305,39 +271,6 @@ def result_version(schema: Any) -> tuple[int, int] | None:
     """(major, minor) of a result's ``schema`` string; ``edgefold.result/2`` is 2.0; None if not a result's."""
     match = _RESULT_VERSION.match(schema) if isinstance(schema, str) else None
     return (int(match["major"]), int(match["minor"] or 0)) if match else None
-
-
-class Reported(BaseModel):
-    """How a measured field appears in the report: its column, its format, and how a rung's windows combine.
-
-    Attributes:
-        label: The column's header (unit included).
-        fmt: Its format spec (``".1f"``).
-        combine: How the rung's figure comes from every timed window of every batch size: ``max`` for a
-            peak, ``min`` for a low.
-        since: The result schema's minor version that added the field: an older result shows "not recorded".
-        series: The telemetry series (:mod:`device.telemetry.series`) the summary fills it from, if any.
-        stat: Which of that series' window statistics (``peak``, ``low``, ``mean``).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    label: str
-    fmt: str
-    combine: Literal["max", "min"]
-    since: int = 0
-    series: str | None = None
-    stat: Literal["peak", "low", "mean"] | None = None
-
-
-def reported(description: str, **report: Any) -> Any:
-    """A measured field (default None) that the report shows: ``reported("…", label=, fmt=, combine=, …)``."""
-    return Field(None, description=description, json_schema_extra={"reported": Reported(**report).model_dump()})
-
-
-def reported_fields(model: type[BaseModel]) -> dict[str, Reported]:
-    """The fields of ``model`` the report shows, in declaration order, with how."""
-    return {name: Reported(**field.json_schema_extra["reported"]) for name, field in model.model_fields.items()
-            if isinstance(field.json_schema_extra, dict) and "reported" in field.json_schema_extra}
 
 
 class Measured(BaseModel):
@@ -412,7 +345,8 @@ class RunSummary(Measured):
 
     power_source: str | None = None
     power_mean_mw: float | None = None
-    power_peak_mw: float | None = None
+    power_peak_mw: float | None = reported("the highest power reading in the timed window (the summary's power source)",
+                                           label="power peak mW", fmt=".0f", combine="max")
     power_idle_mw: float | None = None
     energy_mj_per_image: float | None = None
     energy_above_idle_mj_per_image: float | None = None
@@ -550,6 +484,16 @@ class RunResult(Measured):
                                                               "job's own (dla_core) (2.3)")
 
 
+class BuildFacts(Measured):
+    """What a runtime that builds its engines on the device built: the runtime's own part of :class:`RuntimeInfo`."""
+
+    engine_path: str | None = None
+    built_now: bool | None = Field(None, description="built in this job (false: loaded from the engine cache)")
+    precision_built: str | None = None
+    trtexec: dict[int, str] | None = Field(None, description="batch size → the trtexec line of that engine's build")
+    dla_unsupported_layers: list[str] | None = None
+
+
 class RuntimeInfo(Measured):
     """The runtime and precision that actually ran (not what the job asked for)."""
 
@@ -559,14 +503,20 @@ class RuntimeInfo(Measured):
     load_s: float
     python: str
     threads: int | None = Field(None, description="intra-op threads asked of the runtime (0: its default)")
-    providers: list[str] | None = None
-    engine_path: str | None = None
-    built_now: Any = None
-    device: str | None = None
-    precision_built: str | None = None
-    trtexec: dict[int, str] | None = Field(None, description="batch size → the trtexec line of that engine's build")
-    dla_unsupported_layers: list[str] | None = None
+    providers: list[str] | None = Field(None, description="ONNX Runtime: the execution providers the session used")
+    device: str | None = Field(None, description="where it ran: torch's device, TensorRT's gpu or dla:N")
     profile_note: str | None = None
+    built: BuildFacts | None = Field(None, description="what a runtime that builds engines on the device built "
+                                                       "(TensorRT, Torch-TensorRT) (2.7)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _built_before_2_7(cls, data: Any) -> Any:
+        """A result before 2.7 kept the build facts beside the shared ones: read into ``built``, not dropped."""
+        if isinstance(data, dict) and BuildFacts.model_fields.keys() & data.keys():
+            data = {key: value for key, value in data.items() if key not in BuildFacts.model_fields} | {
+                "built": {key: data[key] for key in BuildFacts.model_fields if key in data} | (data.get("built") or {})}
+        return data
     torch_tensorrt: dict[str, Any] | None = Field(None, description="Torch-TensorRT: release, the rules used (with "
                                                                    "their sources), compile arguments and the ops "
                                                                    "that fell back to PyTorch, per batch (2.4)")
@@ -649,7 +599,7 @@ class JobResult(Measured):
 
     def sweep_windows(self) -> list[dict[str, Any]]:
         """One dict per timed window with its sweep setting, in the shape the report's front takes
-        (``pipeline.front.points_from_windows``): ``mode``, ``mode_id``, ``jetson_clocks``, ``batch_size``,
+        (``pipeline.tasks.classification.front.points_from_windows``): ``mode``, ``mode_id``, ``jetson_clocks``, ``batch_size``,
         ``accelerator`` (``gpu``, ``dla0``, ``dla1``), ``latency_p50_ms``, ``energy_mj_per_image``,
         ``throughput_images_per_s``, ``power_mean_w``, ``energy_degraded``. A window of no sweep has mode None
         (the current mode)."""

@@ -27,7 +27,8 @@ from typing import Any, Iterator
 from pydantic import ValidationError
 
 from device.errors import ConfigError
-from device.schema import FINISHED, SHA256, Artifact, Job, JobSpec, describe_problems, field_problems, safe_text
+from device.problems import describe_problems, field_problems, safe_text
+from device.schema import FINISHED, SHA256, Artifact, Job, JobSpec
 
 log = logging.getLogger("edgefold.agent")
 

@@ -19,7 +19,7 @@ from device.errors import CheckpointError
 from device.files import atomic_writer
 # The format and its reading live in device/: the device rebuilds a rung from its checkpoint on its own torch.
 from device.torch_checkpoint import FORMAT, capture_structure, load_checkpoint, torch_load  # noqa: F401
-from pipeline import distributed
+from pipeline.core import distributed
 from pipeline.models import ARCHITECTURES
 
 

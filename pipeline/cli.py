@@ -44,8 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
                      help="agent token file for --edge/--dc (default: $EDGEFOLD_AGENT_TOKEN)")
 
-    report = sub.add_parser("report", help="rebuild a run's report (report.md/.html, results.json/.csv; a detection "
-                                           "run's report.json)")
+    report = sub.add_parser("report", help="rebuild a run's report (report.md, report.html, results.json, "
+                                           "results.csv) from what its stages recorded")
     report.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
     report.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
 
@@ -102,50 +102,21 @@ def _parse_sets(pairs: list[str]) -> dict:
 
 
 def _cmd_run(args) -> int:
-    from pipeline.runner import run_pipeline
-    from pipeline.stages.evaluate import ladder_table
-
+    from pipeline import tasks
+    from pipeline.core import distributed
     from pipeline.devices import load_devices
-    from pipeline.report import headline_text
+    from pipeline.runner import run_pipeline
 
     overrides = {"data.source": args.data, "teacher.weights": args.weights, **_parse_sets(args.set)}
     devices = load_devices(args.edge, args.dc, args.devices, args.token_file)
     ctx = run_pipeline(args.model, until=args.until, force=args.force, run_id=args.run_id, new=args.new,
                        overrides=overrides, runs_dir=args.runs_dir, devices=devices)
-    from pipeline import distributed
-
     if not distributed.world().main:  # under torchrun, rank 0 prints the tables
         distributed.shutdown()
         return 0
-    if getattr(ctx.recipe, "task", "classification") == "detection":
-        return _detection_summary(ctx)
-    evaluated = ctx.manifest.stage("evaluate")
-    if evaluated:
-        print(ladder_table(evaluated["metrics"]["rungs"]))
-    reported = ctx.manifest.stage("report")
-    if reported:
-        print()
-        print(headline_text(reported["metrics"]["headline"]))
-        print(f"report: {ctx.run_dir / reported['outputs']['html']}")
-    print(f"manifest: {ctx.manifest.path}")
+    tasks.get(ctx.recipe.task).summary(ctx)
     distributed.shutdown()
     _require_an_edge_measurement(ctx)
-    return 0
-
-
-def _detection_summary(ctx) -> int:
-    """A detection run's end: its report's tables (mAP per rung on host and device, timings) and where it is."""
-    from pipeline import distributed
-
-    reported = ctx.manifest.stage("report")
-    if reported:
-        markdown = ctx.manifest.output("report", "markdown")
-        print(markdown.read_text())
-        if "html" in reported["outputs"]:  # a run reported before report.html existed has the Markdown alone
-            print(f"report: {ctx.manifest.output('report', 'html')}")
-        print(f"markdown: {markdown}")
-    print(f"manifest: {ctx.manifest.path}")
-    distributed.shutdown()
     return 0
 
 
@@ -156,7 +127,7 @@ def _require_an_edge_measurement(ctx) -> None:
         NoEdgeMeasuredError: Naming each edge URL and why it measured nothing.
     """
     from device.errors import NoEdgeMeasuredError
-    from pipeline.stages.deploy import unmeasured_edges
+    from pipeline.devices import unmeasured_edges
 
     deployed = ctx.manifest.stage("deploy")
     if not deployed:
@@ -186,7 +157,7 @@ def _cmd_sweep(args) -> int:
 
     from device.errors import ConfigError, ManifestError
     from pipeline.devices import load_devices
-    from pipeline.report import headline_text
+    from pipeline import tasks
     from pipeline.runner import run_pipeline
 
     run_dir = _run_dir(args.run, args.runs_dir)
@@ -226,24 +197,21 @@ def _cmd_sweep(args) -> int:
                  **({"deploy.latency_budget_ms": args.budget_ms} if args.budget_ms else {})}
     ctx = run_pipeline(str(recipe), run_id=run_dir.name, runs_dir=run_dir.parent.parent, overrides=overrides,
                        devices=load_devices(args.edge, args.dc, args.devices, args.token_file))
-    print(headline_text(ctx.manifest.stage("report")["metrics"]["headline"]))
-    print(f"report: {ctx.run_dir / ctx.manifest.stage('report')['outputs']['html']}")
+    task = tasks.get(ctx.recipe.task)
+    print(task.headline(json.loads(ctx.manifest.output("report", "json").read_text())["headline"]))
+    print(f"report: {ctx.manifest.output('report', 'html')}")
     _require_an_edge_measurement(ctx)
     return 0
 
 
 def _cmd_report(args) -> int:
-    from pipeline.report import headline_text, rebuild_report
+    from pipeline import tasks
+    from pipeline.results import rebuild_report
 
     run_dir = _run_dir(args.run, args.runs_dir)
-    from pipeline.detection_report import build_from_run, is_detection_run
-
-    if is_detection_run(run_dir):
-        paths = rebuild_report(run_dir, build_from_run)
-        print(paths["markdown"].read_text())  # as edgefold run ends a detection run
-    else:
-        paths = rebuild_report(run_dir)
-        print(headline_text(json.loads(paths["json"].read_text())["headline"]))
+    task = tasks.of_run(run_dir)
+    paths = rebuild_report(run_dir, task.build_report)
+    print(task.headline(json.loads(paths["json"].read_text())["headline"]))
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0
@@ -260,7 +228,7 @@ def _cmd_runs(args) -> int:
         print(f"no runs under {args.runs_dir}/")
         return 0
     pct = lambda v: f"{100 * v:.2f}%" if isinstance(v, float) else "-"  # noqa: E731
-    from pipeline.stages import STAGE_ORDER
+    from pipeline.core.stage import STAGE_ORDER
 
     width = max(len(row["run"]) for row in rows) + 2
     print(f"{'run':<{width}}{'last stage':<16}{'teacher':>9}{'student':>9}{'seconds':>9}")
@@ -275,7 +243,7 @@ def _cmd_runs(args) -> int:
 
 
 def _cmd_recipes(args) -> int:
-    from pipeline.recipe import available_recipes, load_recipe, recipes_dir
+    from pipeline.core.recipe import available_recipes, load_recipe, recipes_dir
 
     failures = 0
     for name in available_recipes():
@@ -296,7 +264,7 @@ def _cmd_recipes(args) -> int:
 def _cmd_recipe(args) -> int:
     import yaml
 
-    from pipeline.recipe import load_recipe
+    from pipeline.core.recipe import load_recipe
 
     recipe, path, sha = load_recipe(args.model)
     data = recipe.model_dump(mode="json")

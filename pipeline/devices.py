@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 from urllib.parse import urlparse
 
 import yaml
@@ -103,3 +103,13 @@ def load_devices(edge: str | None = None, dc: str | None = None, devices_file: s
     if duplicates:
         raise ConfigError(f"device names used twice: {duplicates}", fix="give each group a distinct name")
     return devices
+
+def unmeasured_edges(results: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The edge devices of a deploy ``results.json`` when none of them measured any rung, else None.
+
+    A loopback agent (no devices named) is not an edge device someone pointed the run at.
+    """
+    edges = [d for d in results.get("devices", []) if d.get("role") == "edge" and d.get("url") != "loopback"]
+    if not edges or any(r.get("state") == "succeeded" for d in edges for r in d.get("rungs", {}).values()):
+        return None
+    return edges

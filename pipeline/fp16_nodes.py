@@ -1,7 +1,7 @@
 """Named nodes of an ONNX graph rewritten to FP16, with a Cast at each edge of the set and nothing else touched.
 
 :mod:`pipeline.fp16` converts a whole graph (its float remainder, for FP16 islands); a detector's box branch needs
-less: only its own nodes in FP16, the class tower beside it left as it was (issue 28 measured the class tower's
+less: only its own nodes in FP16, the class tower beside it left as it was (measured: the class tower's
 GroupNorm in FP16 moving tiny-det's INT8 mAP from 17.1 to 7.6). The converters' block lists work the other way
 round (everything but the listed nodes), so this is a small rewrite of its own:
 
@@ -50,7 +50,7 @@ def nodes_to_fp16(model, names: Iterable[str]) -> dict[str, Any]:
 
     Args:
         model: The graph; its inputs and outputs keep their types.
-        names: The nodes to compute in FP16 (a detector's box branch: :func:`pipeline.detection_export.box_branch_nodes`).
+        names: The nodes to compute in FP16 (a detector's box branch: :func:`pipeline.tasks.detection.export.box_branch_nodes`).
 
     Returns:
         ``fp16_nodes`` (nodes of the set with a float16 output), ``casts_in``/``casts_out`` (Casts added at the

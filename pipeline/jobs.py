@@ -1,22 +1,118 @@
-"""The benchmark job a rung becomes on one device: which runtime it gets, its JobSpec, and what identifies the
-device. A library: the deploy stage and the latency table's measurements build their jobs here."""
+"""The benchmark job a rung becomes on one device: which runtime it gets, its JobSpec, what identifies the device,
+the agents a deploy measures on and the key of a measured window in the deploy cache. A library: both tasks' deploy
+stages and the latency table's measurements build their jobs here."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
 
 from pydantic import ValidationError
 
 from device.errors import ConfigError
-from device.schema import (EvaluationSpec, JobSpec, PreprocessSpec, SweepSpec, describe_problems, field_problems,
-                           safe_text)
-from pipeline.rungs import RUNGS
+from device.problems import describe_problems, field_problems, safe_text
+from device.schema import EvaluationSpec, JobSpec, PreprocessSpec, SweepSpec
+from pipeline.core.manifest import sha256_json
+from pipeline.core.rungs import RUNGS
+from pipeline.devices import Device
 
 # What makes two measurements comparable: a change in any of these measures again.
 FINGERPRINT_KEYS = ("hostname", "machine", "board", "l4t", "jetpack", "gpu", "compute_capability", "cuda", "tensorrt",
                     "onnxruntime", "torch", "nvpmodel", "jetson_clocks", "edgefold")
 
-def _trt_major(device_info: dict[str, Any]) -> int:
+LOOPBACK = Device("loopback", "edge", "", "loopback")
+"""The device a run measures on when it names none: an agent started for the run on this machine."""
+
+
+@contextmanager
+def deploy_targets(ctx) -> Iterator[tuple[list[Device], Any]]:
+    """The devices a deploy stage measures on, and the loopback agent when the run named none.
+
+    Yields:
+        ``(devices, loopback)``: the run's devices and None, or ``[LOOPBACK]`` and a started
+        :class:`device.loopback.LoopbackAgent`, stopped and its store (every uploaded model) removed however the stage
+        ends.
+    """
+    if ctx.devices:
+        yield list(ctx.devices), None
+        return
+    from device.loopback import LoopbackAgent
+
+    tmp = tempfile.mkdtemp(prefix="edgefold-loopback-")
+    loopback = None
+    try:
+        loopback = LoopbackAgent(Path(tmp) / "agent").start()
+        ctx.log(f"[  deploy] no EDGE=/DC=/DEVICES= given: loopback agent at {loopback.url} (this machine)")
+        yield [LOOPBACK], loopback
+    finally:
+        if loopback is not None:
+            loopback.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def window_key(*, artifact: str, agent: str, code: str | None, fingerprint: dict[str, Any], round_index: int,
+               spec: dict[str, Any]) -> str:
+    """The deploy cache's key of one measured window: the artifact, the agent itself (two boards of one kind are
+    each measured), the measuring code (a loopback agent runs this checkout's), the device's fingerprint (a new
+    TensorRT or power mode measures again), the round and the job."""
+    return sha256_json({"artifact": artifact, "agent": agent, "code": code, "fingerprint": fingerprint,
+                        "round": round_index, "spec": spec})
+
+
+def interleaved_rounds(jobs: Sequence[Any], rounds: int, window: Callable[[Any, int], dict[str, Any]],
+                       records: dict[Any, list[dict[str, Any]]]) -> None:
+    """Every job once per round, in order (teacher, student, INT8, teacher, …): a busy spell hits all of its round's
+    jobs and cancels in their paired ratios (:mod:`pipeline.stats`). Stops at a window whose device was lost.
+
+    Args:
+        jobs: What is measured in each round, in order (hashable: the keys of ``records``).
+        rounds: How many rounds.
+        window: Measures (or reuses) one job's window in one round: ``window(job, round_index)``.
+        records: Each job's records, filled in place, so what was measured before a device failed is kept.
+    """
+    for round_index in range(rounds):
+        for job in jobs:
+            record = window(job, round_index)
+            records.setdefault(job, []).append(record)
+            if record.get("unreachable"):
+                return
+
+
+def reuse_or_measure(cached: Path, measure: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """One window's record: the deploy cache's, while this version can read its result (a torn or foreign entry, or
+    one of another major result version, is measured again, never a crash), else ``measure()``'s, cached when it
+    succeeded.
+
+    Returns:
+        ``(record, reused)``; a record is ``{"state", "result" (the agent's JSON), …}``.
+    """
+    from device.files import write_json_atomic
+    from device.schema import parse_result
+
+    if cached.is_file():
+        try:
+            record = json.loads(cached.read_text())
+            parse_result(record["result"], str(cached))
+            return record, True
+        except Exception:  # noqa: BLE001 (whatever is wrong with it, it is measured again)
+            cached.unlink(missing_ok=True)
+    record = measure()
+    if record["state"] == "succeeded":
+        write_json_atomic(cached, record, sort_keys=True)
+    return record, False
+
+
+def fingerprint(device_info: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a device's measuring setup (:data:`FINGERPRINT_KEYS`) from its ``/v1/device``."""
+    return {key: device_info.get(key) for key in FINGERPRINT_KEYS}
+
+
+def trt_major(device_info: dict[str, Any]) -> int:
+    """The TensorRT major version a device's ``/v1/device`` reports (0: none, or unreadable)."""
     try:
         return int(str(device_info.get("tensorrt") or "0").split(".")[0] or 0)
     except ValueError:
@@ -33,7 +129,7 @@ def choose_runtime(requested: str, device_info: dict[str, Any]) -> tuple[str, st
     """
     if requested != "auto":
         return requested, None
-    if _trt_major(device_info) >= 10:  # the engine builder needs TensorRT 10 or newer (JetPack 6.1+)
+    if trt_major(device_info) >= 10:  # the engine builder needs TensorRT 10 or newer (JetPack 6.1+)
         return "tensorrt", None
     status = device_info.get("tensorrt_status") or {}
     if device_info.get("tensorrt"):
@@ -50,7 +146,7 @@ def sweep_spec(sweep, device_info: dict[str, Any]) -> SweepSpec:
     says it has no power-mode control).
 
     Args:
-        sweep: The recipe's ``deploy.sweep`` (:class:`pipeline.recipe.SweepConfig`).
+        sweep: The recipe's ``deploy.sweep`` (:class:`pipeline.core.recipe.SweepConfig`).
         device_info: The agent's ``/v1/device``.
     """
     common = {"settle_timeout_s": sweep.settle_timeout_s, "accelerators": sweep.job_accelerators()}
@@ -67,7 +163,7 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
     """The benchmark job for one rung on one device, as the agent's own schema (validated here).
 
     Args:
-        sweep: The recipe's ``deploy.sweep`` (:class:`pipeline.recipe.SweepConfig`), for the ladder's jobs only.
+        sweep: The recipe's ``deploy.sweep`` (:class:`pipeline.core.recipe.SweepConfig`), for the ladder's jobs only.
         road: ``tensorrt`` (the ONNX road: ``deploy.runtime`` picks the runtime) or ``torch_tensorrt`` (the rung's
             ``torch.export`` program compiled by Torch-TensorRT on the device; never swept: the sweep is the
             ONNX road's).

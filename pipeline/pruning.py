@@ -11,7 +11,7 @@ import torch
 
 from device.errors import require
 from pipeline.models import ARCHITECTURES, count_macs
-from pipeline.recipe import PruneConfig
+from pipeline.core.recipe import PruneConfig
 
 
 def torch_pruning():
@@ -157,7 +157,7 @@ def macs_after(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, 
     return count_macs(trial, input_shape)
 
 
-def _bisect(evaluate, low, high, target: float, good_enough: float, iterations: int, integer: bool = False):
+def bisect_target(evaluate, low, high, target: float, good_enough: float, iterations: int, integer: bool = False):
     """Bisects a knob whose result falls as it grows; returns the (knob, value) pairs tried."""
     tried = []
     for _ in range(iterations):
@@ -190,7 +190,7 @@ def find_plan(model: torch.nn.Module, arch: str, cfg: PruneConfig, input_shape, 
     def uniform(ratio: float) -> float:
         return macs_after(model, arch, cfg, {"ratio": ratio, "harder_ratio": ratio}, input_shape) / base_macs
 
-    tried = _bisect(uniform, 0.0, 0.98, target, good_enough, iterations=14)
+    tried = bisect_target(uniform, 0.0, 0.98, target, good_enough, iterations=14)
     ratio, fraction = min(tried, key=lambda kv: abs(kv[1] - target))
     best = ({"ratio": ratio, "harder_ratio": ratio, "harder_layers": 0}, fraction)
     if abs(fraction - target) <= good_enough:
@@ -205,7 +205,7 @@ def find_plan(model: torch.nn.Module, arch: str, cfg: PruneConfig, input_shape, 
         plan = {"ratio": above[0], "harder_ratio": below[0], "harder_layers": harder_layers}
         return macs_after(model, arch, cfg, plan, input_shape) / base_macs
 
-    for harder_layers, value in _bisect(mixed, 0, convs, target, good_enough, iterations=10, integer=True):
+    for harder_layers, value in bisect_target(mixed, 0, convs, target, good_enough, iterations=10, integer=True):
         if abs(value - target) < abs(best[1] - target):
             best = ({"ratio": above[0], "harder_ratio": below[0], "harder_layers": int(harder_layers)}, value)
     return best

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from device.errors import StageError
-from pipeline.log import log
+from pipeline.core.log import log
 
 
 @dataclass(frozen=True)

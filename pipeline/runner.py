@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import platform
 import shutil
@@ -13,15 +14,16 @@ from typing import Any, Iterable, Sequence
 from device import __version__
 from device.errors import ConfigError, ManifestError, StageError
 from device.registry import Registry
-from pipeline import distributed
-from pipeline.codehash import code_sha256
-from pipeline.context import RunContext
-from pipeline.log import log
+from pipeline import tasks
+from pipeline.core import distributed
+from pipeline.core.codehash import code_sha256
+from pipeline.core.context import RunContext
+from pipeline.core.log import log
 from pipeline.devices import Device
 from device.files import sha256_file
-from pipeline.manifest import Manifest, sha256_json
-from pipeline.recipe import load_recipe
-from pipeline.stages import DETECTION_STAGES, STAGE_ORDER, STAGES
+from pipeline.core.manifest import Manifest, sha256_json
+from pipeline.core.recipe import load_recipe
+from pipeline.core.stage import STAGE_ORDER
 
 LATEST = "latest"
 
@@ -93,7 +95,9 @@ def _point_latest(run_dir: Path) -> None:
 def _stage_names(until: str | None, force: Iterable[str]) -> tuple[list[str], set[str]]:
     for name in [until, *force]:
         if name is not None and name not in STAGE_ORDER:
-            raise ConfigError(f"unknown stage {name!r}", fix=STAGES.suggest(name))
+            near = difflib.get_close_matches(name, STAGE_ORDER, n=1)
+            raise ConfigError(f"unknown stage {name!r}", fix=(f"did you mean {near[0]!r}? " if near else "")
+                              + f"stages: {', '.join(STAGE_ORDER)}")
     last = STAGE_ORDER.index(until) if until else len(STAGE_ORDER) - 1
     return list(STAGE_ORDER[: last + 1]), set(force)
 
@@ -103,7 +107,7 @@ def stage_code_roots(stage, ctx=None) -> list[str]:
     through, any it runs without importing (``Stage.code_modules``: the agent's job process) and, given
     the run's context, those its configuration loads by name (``Stage.code_roots``: the prune stage's
     latency path, for a latency budget only)."""
-    return [type(stage).__module__, "pipeline.context", *stage.code_modules,
+    return [type(stage).__module__, "pipeline.core.context", *stage.code_modules,
             *(stage.code_roots(ctx) if ctx is not None else ())]
 
 
@@ -120,16 +124,13 @@ def _check_inputs_untouched(name: str, run_dir: Path, input_sha: dict[str, str])
 
 
 def _stages_for(recipe) -> Registry:
-    """The stages of the recipe's task: detection has its own (``pipeline.stages.detection_*``), under the same
-    names, for as far as they are built."""
-    if getattr(recipe, "task", "classification") == "detection":
-        return DETECTION_STAGES
-    return STAGES
+    """The stages of the recipe's task (:mod:`pipeline.tasks`), under the same names for every task."""
+    return tasks.get(recipe.task).stages
 
 
 def _refuse_unbuilt_stage(recipe, name: str, registry: Registry) -> None:
     """Stops a run at the first stage its task does not have: a classification stage would read a detector's
-    checkpoint and boxes as a classifier's, and a wrong result is worse than none (issue 28 builds the rest)."""
+    checkpoint and boxes as a classifier's, and a wrong result is worse than none."""
     if name not in registry:
         built = [n for n in STAGE_ORDER if n in registry]
         missing = [n for n in STAGE_ORDER if n not in registry]
@@ -226,8 +227,8 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
             env = env or environment()
             outputs = {key: str((workdir / Path(path).relative_to(staging)).relative_to(run_dir))
                        for key, path in result.outputs.items()}
-            manifest.data["recipe"] = {"path": str(recipe_path), "sha256": recipe_sha}
-            manifest.data["overrides"] = overrides
+            manifest.data.update(recipe={"path": str(recipe_path), "sha256": recipe_sha}, overrides=overrides,
+                                 task=recipe.task)
             manifest.record(name, {
                 "config_sha256": config_sha, "config": config, "code_sha256": code_sha,
                 "code_modules": code_modules, "overrides": overrides, "inputs": inputs,

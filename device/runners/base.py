@@ -47,3 +47,26 @@ class Runner(ABC):
 
     def close(self) -> None:
         """Releases the model."""
+
+    def runtime_facts(self) -> dict[str, Any]:
+        """What this runtime adds to the result's :class:`device.schema.RuntimeInfo` beyond the shared fields (its
+        providers, its device, what it built): each runner reports its own, nothing is copied by attribute name."""
+        return {}
+
+
+def engine_facts(runner: Any, **extension: Any) -> dict[str, Any]:
+    """The runtime facts of a runner that builds engines on the device: what it built, where it ran, and the
+    runtime's own extension (Torch-TensorRT's ``torch_tensorrt``), each only when it has one."""
+    facts = {"built": build_facts(runner), **{key: value for key, value in extension.items() if value}}
+    if getattr(runner, "device", None) is not None:
+        facts["device"] = str(runner.device)
+    return facts
+
+
+def build_facts(runner: Any) -> dict[str, Any]:
+    """The :class:`device.schema.BuildFacts` of a runner that builds engines on the device, its unset ones left out."""
+    facts = {"engine_path": None if runner.engine_path is None else str(runner.engine_path),
+             "built_now": runner.built_now, "precision_built": runner.precision_built,
+             "trtexec": getattr(runner, "trtexec", None) or None,
+             "dla_unsupported_layers": getattr(runner, "dla_unsupported_layers", None) or None}
+    return {key: value for key, value in facts.items() if value is not None}

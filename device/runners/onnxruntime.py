@@ -54,6 +54,9 @@ class OnnxRuntimeRunner(Runner):
     def providers(self) -> list[str]:
         return self.session.get_providers() if self.session else []
 
+    def runtime_facts(self) -> dict[str, Any]:
+        return {"providers": self.providers}
+
     def infer(self, batch: np.ndarray) -> np.ndarray:
         return self.session.run(None, {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)})[0]
 

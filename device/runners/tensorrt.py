@@ -11,7 +11,7 @@ kernels tuned for it, and DLA builds (static shapes only) take the same engines.
 """
 
 # Polygraphy's loaders (NetworkFromOnnxPath, CreateConfig, EngineBytesFromNetwork, EngineFromBytes) and TrtRunner,
-# evaluated for issue 23 (polygraphy 0.53) and not used: they would remove no plumbing the tests' stand-in imitates.
+# evaluated (polygraphy 0.53) and not used: they would remove no plumbing the tests' stand-in imitates.
 # CreateConfig and the loaders touch a wider TensorRT surface (tactic sources, progress monitors, calibrators, preview
 # features, builder-version fallbacks) and TrtRunner brings its own ctypes CUDA wrapper (polygraphy.cuda), so the
 # stand-in would have to imitate more of TensorRT plus that wrapper, not less. What stays ours either way: the engine
@@ -37,7 +37,7 @@ from device.engine import (BuildOptions, EngineCache, artifact_precision, build_
                            import_tensorrt, read_l4t, reconcile_precision)
 from device.errors import (DlaError, EngineBuildError, MissingDependencyError, RunnerError, ShapeOutsideProfileError,
                            TensorRTCallError)
-from device.runners.base import Runner
+from device.runners.base import Runner, engine_facts
 
 
 @dataclass
@@ -302,6 +302,9 @@ class TensorRTRunner(Runner):
                             else ""))
         return {"source": "tensorrt IEngineInspector (JSON, ProfilingVerbosity.DETAILED) + IProfiler, separate pass",
                 "requested_device": "dla" if self.options.dla_core is not None else "gpu", "notes": notes}
+
+    def runtime_facts(self) -> dict[str, Any]:
+        return engine_facts(self)
 
     def close(self) -> None:
         for entry in self._engines.values():

@@ -12,6 +12,7 @@ hide launch overhead at batch 1). torch is imported only when this runner loads.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -109,6 +110,9 @@ class TorchRunner(Runner):
                 out = out[0]
             result = out.float().cpu().numpy()  # .cpu() synchronizes: the latency includes the GPU's work
         return result
+
+    def runtime_facts(self) -> dict[str, Any]:
+        return {"device": str(self.device)} if getattr(self, "device", None) is not None else {}
 
     def close(self) -> None:
         self._graphs = {}

@@ -61,7 +61,7 @@ from device.engine import BuildOptions, EngineCache, detect_gpu, fingerprint, re
 from device.errors import (ConfigError, DeviceError, EngineBuildError, PrecisionMismatchError,
                            ProgramVersionError, RunnerError, ShapeOutsideProfileError, require)
 from device.files import sha256_file, write_atomic
-from device.runners.base import Runner
+from device.runners.base import Runner, engine_facts
 
 # The sources read: pytorch/TensorRT at these refs. No v2.14.0 tag existed in the snapshot read (2026-08-22):
 # "main" is commit d7f2062 whose version.txt says 2.14.0a0, the newest; v2.13.0 is the newest tag.
@@ -645,12 +645,8 @@ class TorchTensorRTRunner(Runner):
                            list(self._modules.values()))
 
     def profile_batch(self, batch: np.ndarray, iterations: int, warmup: int):
-        """Per-layer times of the compiled module's TensorRT engines at this batch, from Torch-TensorRT's own
-        engine profiler, in a separate pass (it makes every enqueue synchronous).
-
-        Returns:
-            A :class:`device.profile.BatchProfile`.
-        """
+        """Per-layer times (a :class:`device.profile.BatchProfile`) of the compiled module's TensorRT engines at this
+        batch, from Torch-TensorRT's own engine profiler, in a separate pass (it makes every enqueue synchronous)."""
         from device.runners.torch_tensorrt_profile import profile_engines
 
         module = self._modules.get(batch.shape[0])
@@ -679,6 +675,9 @@ class TorchTensorRTRunner(Runner):
                           f"profile_path_prefix; *{spec['trace_suffix']} in its {spec['format']} format and "
                           f"*{spec['layer_information_suffix']}), a separate pass",
                 "requested_device": "gpu", "notes": notes}
+
+    def runtime_facts(self) -> dict[str, Any]:
+        return engine_facts(self, torch_tensorrt=self.torch_tensorrt)
 
     def close(self) -> None:
         self._modules = {}

@@ -5,7 +5,7 @@ The board's total is the board's input rail where one exists (VIN on Thor's carr
 POM_5V_IN on Nano, VDD_IN on Orin Nano/NX and Xavier NX), otherwise the sum of every monitored
 rail: AGX Orin and AGX Xavier have no input rail, and their rails (VDD_GPU_SOC, VDD_CPU_CV,
 VIN_SYS_5V0, VDDQ_VDD2_1V8AO on AGX Orin) together are the module's power, which is what jtop
-7.2.2's ``total_power()`` computes (jetson_stats issue 344 was the opposite bug). A sub-rail such
+7.2.2's ``total_power()`` computes (rbonghi/jetson_stats#344 was the opposite bug). A sub-rail such
 as VIN_SYS_5V0 (the 5 V system/IO rail) is never the total.
 
 Power is each rail's instantaneous ``power``, never jtop's ``avg`` (a two-sample smoothing). Each

@@ -1,4 +1,4 @@
-"""Pruning to a latency budget measured on the target device (issues #16, #26): a package of libraries.
+"""Pruning to a latency budget measured on the target device: a package of libraries.
 
 Where things are (each module imports only those above it; none imports a stage):
 
@@ -12,7 +12,7 @@ Where things are (each module imports only those above it; none imports a stage)
   spec, the agent the budget names;
 * :mod:`pipeline.latency.budget`: the budget search by measurement, the table's out-of-sample check and
   the prune stage's latency path, loaded by name so that a MACs target's code hash leaves it out;
-* plots: :mod:`pipeline.latency_plots`, drawn by the report from the prune stage's recorded metrics.
+* plots: :mod:`pipeline.tasks.classification.latency_plots`, drawn by the report from the prune stage's recorded metrics.
 
 **What is measured.** For every prunable channel group of the model (Torch-Pruning's dependency groups:
 a convolution's output channels together with everything coupled to them — its BatchNorm, the next

@@ -2,7 +2,7 @@
 error on plans it was not fitted to (:func:`check_table`), and the prune stage's latency path
 (:func:`latency_plan`).
 
-The prune stage loads this module by name, only for a latency budget (``pipeline.stages.prune``'s
+The prune stage loads this module by name, only for a latency budget (``pipeline.tasks.classification.stages.prune``'s
 ``LATENCY_PATH``): a MACs target's code hash does not cover the agent, the runners or the deploy code.
 """
 
@@ -56,7 +56,7 @@ def plan_to_budget(model: nn.Module, arch: str, cfg, input_shape, meter: Meter,
 
     Args:
         model: The unpruned model (not changed).
-        cfg: The recipe's :class:`pipeline.recipe.PruneConfig` (``latency`` set).
+        cfg: The recipe's :class:`pipeline.core.recipe.PruneConfig` (``latency`` set).
         reference: The reference network (``ratio`` is then of its latency).
 
     Returns:
@@ -296,7 +296,7 @@ def latency_plan(ctx, workdir: Path, model: nn.Module, arch: str, cfg, input_sha
     """The prune stage's latency path: table, knapsack and measured plan on the budget's device.
 
     Args:
-        ctx: The run's :class:`pipeline.context.RunContext`.
+        ctx: The run's :class:`pipeline.core.context.RunContext`.
         workdir: The stage's folder (the table's JSON is written there; the exported sub-networks are
             scratch, removed whether the budget was met or refused).
         train_batches: A callable returning training batches (Taylor importance).

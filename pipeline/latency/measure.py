@@ -23,8 +23,8 @@ from device.errors import ConfigError, EdgeFoldError, StageError
 from device.files import write_json_atomic
 from device.schema import parse_result
 from pipeline.latency.model import Measurement
-from pipeline.log import progress_lines
-from pipeline.manifest import sha256_json
+from pipeline.core.log import progress_lines
+from pipeline.core.manifest import sha256_json
 
 # The one timing cache (a name: the agent keeps the file beside its engines) every latency table's TensorRT
 # builds share on a device.
@@ -213,7 +213,7 @@ def device_spec(device_info: dict[str, Any], deploy_cfg, target, preprocess: dic
     (most layers of a sub-network are unchanged from the context's).
     """
     from device.schema import JobSpec
-    from pipeline.rungs import DEPLOYED
+    from pipeline.core.rungs import DEPLOYED
     from pipeline.jobs import job_spec
 
     rung = DEPLOYED if target.precision == "deployed" else "student"
@@ -252,7 +252,7 @@ def open_agent(devices, name: str, log: Callable[[str], None]) -> Iterator[tuple
         StageError: When the agent is unreachable, saying how to make one reachable.
     """
     from device.client import AgentClient, AgentError
-    from pipeline.codehash import code_sha256
+    from pipeline.core.codehash import code_sha256
     from pipeline.jobs import FINGERPRINT_KEYS
 
     loopback, tmp = None, None

@@ -83,7 +83,7 @@ def table_cost(groups: list[ChannelGroup], context: dict[str, int], target, runt
     upper bound.
 
     Args:
-        target: The recipe's :class:`pipeline.recipe.LatencyTarget`.
+        target: The recipe's :class:`pipeline.core.recipe.LatencyTarget`.
         runtime: The job spec's runtime (``tensorrt``: each network is an engine build on the device).
     """
     table = 1 + sum(len(_measured_widths(g, target.widths_per_group, context[g.name])) - 1 for g in groups)

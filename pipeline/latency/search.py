@@ -205,7 +205,7 @@ def macs_knapsack_plan(model, arch: str, cfg, input_shape, batches) -> tuple[dic
     default, for the same reason).
 
     Args:
-        cfg: The recipe's :class:`pipeline.recipe.PruneConfig` (``macs_target`` set, ``importance`` taylor).
+        cfg: The recipe's :class:`pipeline.core.recipe.PruneConfig` (``macs_target`` set, ``importance`` taylor).
         batches: Training batches for the Taylor importance.
 
     Returns:

@@ -1,4 +1,4 @@
-"""bench/detection.py (issue #28's benchmark): the goal judged as stated, every run shown, on planted records.
+"""bench/detection.py: the goal judged as stated, every run shown, on planted records.
 
 Reading a real run's figures is tested beside the detection run it reads (tests/pipeline/test_detection_stages.py).
 """
@@ -11,7 +11,7 @@ import pytest
 def _bench():
     import importlib.util
 
-    from pipeline.codehash import PROJECT_ROOT
+    from pipeline.core.codehash import PROJECT_ROOT
 
     spec = importlib.util.spec_from_file_location("detection_bench", PROJECT_ROOT / "bench" / "detection.py")
     module = importlib.util.module_from_spec(spec)

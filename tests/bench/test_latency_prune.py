@@ -1,4 +1,4 @@
-"""bench/latency_prune.py (issue #26): the goal judged as stated, the arms' design, and a small end-to-end run."""
+"""bench/latency_prune.py: the goal judged as stated, the arms' design, and a small end-to-end run."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 def _latency_bench():
     import importlib.util
 
-    from pipeline.codehash import PROJECT_ROOT
+    from pipeline.core.codehash import PROJECT_ROOT
 
     spec = importlib.util.spec_from_file_location("latency_prune_bench", PROJECT_ROOT / "bench" / "latency_prune.py")
     module = importlib.util.module_from_spec(spec)
@@ -72,7 +72,7 @@ def test_latency_bench_arms_differ_only_where_the_design_says():
     assert b["latency"]["ratio"] == 1.0 and c["latency"]["ratio"] == pytest.approx(1 / 1.3)
     assert b["latency"]["reference"] == c["latency"]["reference"] == "ref.pt", "A's latency, measured beside them"
     assert {a["seed"], a_prime["seed"], b["seed"], c["seed"]} == {3}, "one seed drives every arm's batches"
-    from pipeline.recipe import PruneConfig
+    from pipeline.core.recipe import PruneConfig
 
     for prune in (a, a_prime, b, c):
         PruneConfig.model_validate(prune)  # every arm is a valid recipe

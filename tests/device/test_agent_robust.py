@@ -1,6 +1,6 @@
-"""The agent survives any request and any crash (issue #13): no wedged queue, no ghost jobs, no 500s.
+"""The agent survives any request and any crash: no wedged queue, no ghost jobs, no 500s.
 
-Each numbered failure of the issue has its test here; the agent runs in-process (FastAPI's
+Each way the agent once failed has its test here; the agent runs in-process (FastAPI's
 TestClient) and its jobs run as real children on a tiny real ONNX model.
 """
 
@@ -70,7 +70,7 @@ def wait_store(store: Store, job_id: str, executor: Executor) -> str:
         state = store.get(job_id).state
         if state not in ("queued", "running") and executor.running_job is None:
             return state
-        if not executor._thread.is_alive():  # the thread itself, as the agent before #13 had no `alive`
+        if not executor._thread.is_alive():  # the thread itself, as an agent without `alive` would be
             return f"still {state}: the executor thread died"
         assert time.monotonic() < deadline, f"job {job_id} still {state}"
         time.sleep(0.1)
@@ -440,7 +440,7 @@ def test_a_stored_result_with_non_finite_numbers_is_served(tmp_path, model):
     assert client.get("/metrics", headers=AUTH).status_code == 200
 
 
-# ---------------------------------------------------------------- issue #23: ends the database never heard of
+# ---------------------------------------------------------------- ends the database never heard of
 class EndsNotRecorded(Store):
     """A store whose database cannot record a job's end from the executor (a full or locked disk); the rest works."""
 
@@ -494,7 +494,7 @@ def test_recovery_records_an_error_json_as_failed_and_a_torn_result_as_interrupt
     assert store.get(torn).state == "interrupted", "a result that does not read is no result"
 
 
-# ---------------------------------------------------------------- issue #23: an upload to a full disk
+# ---------------------------------------------------------------- an upload to a full disk
 def test_an_upload_to_a_full_disk_is_507_with_the_space_needed_and_leaves_nothing(tmp_path, model, monkeypatch):
     # A full disk cannot be made here (no root to mount a small filesystem): the upload's file takes what
     # fits, then fails as write(2) does on a full disk, and its buffer cannot be flushed at close either.

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from device.preprocess import Preprocess
-from device.schema import JobSpec, describe_problems, field_problems, safe_text
+from device.problems import describe_problems, field_problems, safe_text
+from device.schema import JobSpec
 
 SHA = "a" * 64
 
@@ -37,7 +38,7 @@ def test_every_preprocess_to_dict_is_a_valid_spec_and_keeps_its_shape(prep):
 
 
 def test_the_deploy_stages_job_validates():
-    # The shape pipeline/stages/deploy.py builds (a raw dict, preprocess from export's preprocess.json).
+    # The shape pipeline/tasks/classification/stages/deploy.py builds (a raw dict, preprocess from export's preprocess.json).
     prep = json.loads(json.dumps(Preprocess(input_size=28, resize=28, channels=1, mean=(0.286,), std=(0.353,))
                                  .to_dict()))
     spec = {"artifact": SHA, "runtime": "onnxruntime", "precision": "fp32", "batch_sizes": [1, 32], "duration_s": 3.0,
@@ -49,7 +50,7 @@ def test_the_deploy_stages_job_validates():
 @pytest.mark.parametrize("tensorrt", ["0", "10.3.0", "11.0"])
 def test_the_deploy_stages_own_job_spec_validates(tensorrt):
     pytest.importorskip("torch", reason="the pipeline (build side) needs torch")
-    from pipeline.recipe import DeployConfig
+    from pipeline.core.recipe import DeployConfig
     from pipeline.jobs import job_spec
 
     prep = json.loads(json.dumps(Preprocess(input_size=32, resize=36, channels=3, mean=(0.485, 0.456, 0.406),
@@ -64,10 +65,10 @@ def test_the_deploy_stages_own_job_spec_validates(tensorrt):
 
 @pytest.mark.parametrize("tensorrt", ["10.3.0", "10.16.0", "11.1.0"])
 def test_the_deploy_stage_sends_each_rungs_own_precision(tensorrt):
-    """Issue 24: no rung is relabelled: an FP32 rung is an FP32 job on TensorRT 10 too (it was sent as fp16 and
+    """No rung is relabelled: an FP32 rung is an FP32 job on TensorRT 10 too (it was sent as fp16 and
     timed in FP16 while scored in FP32); FP16 is its own rung, whose artifact says FP16."""
     pytest.importorskip("torch", reason="the pipeline (build side) needs torch")
-    from pipeline.recipe import DeployConfig
+    from pipeline.core.recipe import DeployConfig
     from pipeline.jobs import job_spec
 
     prep = json.loads(json.dumps(Preprocess(input_size=32, resize=32, channels=3, mean=(0.5,) * 3,

@@ -53,7 +53,7 @@ def test_token_sources(tmp_path, monkeypatch):
     assert load_token(AgentConfig.load(None, data_dir=tmp_path / "other")) == "from-the-environment-123"
 
 
-# ------------------------------------------------------------------ issue 25, point 1: which TensorRT, said first
+# ------------------------------------------------------------------ which TensorRT, said first
 @pytest.mark.slow
 def test_serve_says_first_which_tensorrt_it_found_and_device_tells_why_not(tmp_path):
     """No TensorRT here: the agent's first line and /v1/device say so, with what `auto` runs instead and the fix."""

@@ -1,5 +1,5 @@
 """A detection job on a real loopback agent: the sidecar is an artifact, checked on upload, and the engine that was
-timed returns decoded, NMS'd detections with the network's and the post-processing's time apart (issue 28)."""
+timed returns decoded, NMS'd detections with the network's and the post-processing's time apart."""
 
 import json
 
@@ -10,8 +10,8 @@ import torch
 from device.client import AgentError
 from device.detection_post import load_head_spec, postprocess
 from device.runners import make_runner
-from pipeline.detection_export import export_detector, network_inputs, sidecar_path
-from pipeline.detection_models import build_detector
+from pipeline.tasks.detection.export import export_detector, network_inputs, sidecar_path
+from pipeline.tasks.detection.models import build_detector
 from tests.device.agent_process import AgentProcess
 from tests.slow import slow_fixture
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from device.detection_post import HeadSpecError, head_spec_from_dict, nms, postprocess
-from pipeline.detection_export import head_sidecar
-from pipeline.detection_models import TinyBackbone, build_detector
+from pipeline.tasks.detection.export import head_sidecar
+from pipeline.tasks.detection.models import TinyBackbone, build_detector
 
 SIZE = 64
 ORIGINAL = [(48, 80), (64, 64)]  # boxes scaled back to another size per image, as torchvision's transform does

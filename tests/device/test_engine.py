@@ -65,7 +65,6 @@ def test_trtexec_lines_for_both_generations():
     assert static == [flag for flag in ten if "Shapes=" not in flag]
 
 
-# ------------------------------------------------------------------ issue 18
 def test_each_measured_batch_is_built_with_opt_equal_to_that_batch():
     """Point 2: kernels are tuned for the shape timed; the trtexec line is that build's."""
     options = BuildOptions(precision="int8")
@@ -78,7 +77,7 @@ def test_each_measured_batch_is_built_with_opt_equal_to_that_batch():
 
 
 def test_dla_needs_static_shapes_and_gets_the_fp16_artifact_never_fp32_built_as_fp16():
-    """DLA takes no dynamic dimension, and runs FP16/INT8 only: an FP32 artifact is refused (issue 24: built
+    """DLA takes no dynamic dimension, and runs FP16/INT8 only: an FP32 artifact is refused (built
     "as FP16" it would be timed in one precision and scored in another); the FP16 artifact builds with FP16."""
     with pytest.raises(DlaError, match="static shapes"):
         build_settings("10.3.0", BuildOptions(precision="fp16", batch=(1, 32, 32), dla_core=0))
@@ -117,7 +116,7 @@ def test_requested_precision_must_agree_with_the_artifact(tmp_path):
         reconcile_precision("int8", "fp32", "10.3.0")
     with pytest.raises(PrecisionMismatchError, match="Q/DQ nodes"):
         reconcile_precision("fp16", "int8", "11.1.0")
-    # Issue 24: the label must name the artifact on 10.x too (no more FP32 built "as FP16").
+    # The label must name the artifact on 10.x too (no more FP32 built "as FP16").
     for version in ("10.3.0", "10.16.0", "11.1.0"):
         with pytest.raises(PrecisionMismatchError, match="weights are FP32") as err:
             reconcile_precision("fp16", "fp32", version)

@@ -1,4 +1,4 @@
-"""Scoring the engine that was timed (issue 24), on a real agent served on loopback with ONNX Runtime: the
+"""Scoring the engine that was timed, on a real agent served on loopback with ONNX Runtime: the
 evaluation set is an artifact like a model, checked on upload, run once after the timed windows, and the
 device's predictions are the host's when both run the same program."""
 

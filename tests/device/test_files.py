@@ -1,4 +1,4 @@
-"""Files that outlive their writer (issue #23): written whole or not at all, JSON without a silent default."""
+"""Files that outlive their writer: written whole or not at all, JSON without a silent default."""
 
 import hashlib
 import json

@@ -167,7 +167,7 @@ def two_gpu_pynvml():
 
 
 def test_power_comes_from_the_gpu_the_runner_uses(monkeypatch):
-    """Issue 25, point 2: under CUDA_VISIBLE_DEVICES=1 the job runs on the GPU at 41:00.0, not NVML's index 0."""
+    """Under CUDA_VISIBLE_DEVICES=1 the job runs on the GPU at 41:00.0, not NVML's index 0."""
     import device.telemetry.nvml as nvml_module
     from device.jobrun import open_samplers
 
@@ -213,7 +213,7 @@ def test_tensorrt_job_samples_the_runner_gpu(monkeypatch, tmp_path):
     assert series["peak"] == 300_000 and ("index", 0) not in module.lookups  # GPU 0 would read 100 W
 
 
-# ------------------------------------------------------------------ the data-center sweep (issue 27, item 4)
+# ------------------------------------------------------------------ the data-center sweep
 def controllable_pynvml(root: bool = True):
     """The two-GPU stand-in (not NVML) with the device commands a sweep uses, per GPU: a power limit in mW within
     [100, 350] W (300 W by default), and a locked graphics clock. A GPU draws min(300 W, its limit), scaled by a

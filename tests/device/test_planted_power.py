@@ -17,6 +17,9 @@ pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insis
               pytest.mark.slow]
 
 
+STARVED = {"stale", "low_coverage"}  # what a service the host starved must be flagged with
+
+
 def run(tmp_path, board, case_name):
     from tests.device.jetson_sim import JtopService
     from tests.device.planted import CASES, run_case
@@ -30,13 +33,15 @@ def test_a_step_mid_window_is_within_two_percent(tmp_path, board):
     """Within 2% whether or not a loaded host made a tick late (``stale``); on AGX Orin that needs every rail in
     the total (VIN_SYS_5V0 alone, the old total, is 5 W of the planted 13–18 W: −60% or worse)."""
     outcome = run(tmp_path, board, "step")
+    if outcome.starved:
+        # A loaded host made the service publish late (its own stamps show it): then the figure must say so, as
+        # degraded with a starvation flag, never pass as a clean 2% one.
+        assert STARVED & set(outcome.reasons) and outcome.degraded, (outcome.largest_gap_s, outcome.reasons)
+        return
     assert outcome.published_mj_per_image is not None, outcome.reasons
     # At 20 Hz one 5 W step leaves well under 2% of sampling uncertainty: it is never "undersampled".
     assert "undersampled" not in outcome.reasons and outcome.uncertainty_rel <= 0.02, outcome
     assert abs(outcome.error) <= 0.02, (outcome.error, outcome.reasons)
-
-
-STARVED = {"stale", "low_coverage"}  # what a service the host starved must be flagged with
 
 
 def _flagged_undersampled_and_honest(outcome):

@@ -193,7 +193,7 @@ ORT_NODES = [  # what the default run's INT8 student looks like on ONNX Runtime 
 
 
 def test_q_dq_and_cast_nodes_are_overhead_not_int8_compute():
-    """Issue 24: DequantizeLinear touches INT8 but computes nothing; it used to count as an INT8 layer."""
+    """DequantizeLinear touches INT8 but computes nothing; it used to count as an INT8 layer."""
     table = from_onnxruntime_trace(_ort_trace(ORT_NODES), batch_size=1)
     overhead = {layer.name: layer.overhead for layer in table.layers}
     assert overhead == {"dequant_w": "qdq", "conv_q": None, "quant_in": "qdq", "dequant_out": "qdq",

@@ -1,4 +1,4 @@
-"""A sweep's accelerators (issue 27) in the job process, against the TensorRT stand-in (tests/device/trt_standin.py,
+"""A sweep's accelerators in the job process, against the TensorRT stand-in (tests/device/trt_standin.py,
 not TensorRT) and without a jtop service, so only the current mode is measured: each accelerator is loaded once,
 its windows carry its name, and one the board, TensorRT or runtime cannot give is recorded as not measured with
 the reason — never dropped silently. The sweep through the real jtop service is in test_sweep.py."""

@@ -115,7 +115,7 @@ def test_one_engine_per_measured_batch_with_its_trtexec_line(monkeypatch, tmp_pa
 
 # ------------------------------------------------------------------ point 3: DLA
 def test_dla_fp16_network_runs_on_the_dla_with_fallbacks_named(monkeypatch, tmp_path, half_model, float_model):
-    """The DLA gets the FP16 artifact (an FP32 one is refused: issue 24), static shapes, runtime.DLA_core set
+    """The DLA gets the FP16 artifact (an FP32 one is refused), static shapes, runtime.DLA_core set
     before deserializing; the layers the DLA cannot run are named, not hidden behind a result that says DLA."""
     trt_standin.install(monkeypatch, "10.3.0", dla_cores=2, board=AGX_ORIN)
     with pytest.raises(DlaError, match="FP32 artifact cannot run on the DLA"):
@@ -204,7 +204,7 @@ def test_tensorrt_10_16_builds_int8_strongly_typed(monkeypatch, tmp_path, qdq_mo
     assert trt.log == []
 
 
-# ------------------------------------------------------------------ the first try on a real board (issue 25)
+# ------------------------------------------------------------------ the first try on a real board
 def test_out_of_memory_context_is_a_runner_error_with_the_fix(monkeypatch, tmp_path, float_model):
     """create_execution_context() returns None when the device memory runs out (an 8 GB Orin Nano)."""
     trt = trt_standin.install(monkeypatch, "10.3.0", device_memory_bytes=1)
@@ -293,7 +293,8 @@ def test_job_result_and_report_carry_three_latencies(monkeypatch, tmp_path, floa
     from device.files import sha256_file
     from device.jobrun import run_job
     from device.schema import JobResult
-    from pipeline.report import TIMINGS_TEXT, _window_statistics, timing_rows
+    from pipeline.profile_report import TIMINGS_TEXT, timing_rows
+    from pipeline.tasks.classification.report_data import _window_statistics
 
     trt_standin.install(monkeypatch, "10.3.0")
     job = {"spec": {"artifact": sha256_file(float_model), "runtime": "tensorrt", "precision": "fp32",
@@ -314,7 +315,26 @@ def test_job_result_and_report_carry_three_latencies(monkeypatch, tmp_path, floa
     assert "GPU Compute Time" in TIMINGS_TEXT and "pinned" in TIMINGS_TEXT and "--exposeDMA" in TIMINGS_TEXT
 
 
-# ------------------------------------------------------------------ issue 24: score the engine that was timed
+def test_each_runtime_reports_its_own_facts(monkeypatch, tmp_path, float_model):
+    """The result's runtime section carries what each runner reports of itself (Runner.runtime_facts): TensorRT
+    what it built (engine, precision, the trtexec line per batch) under ``built``, ONNX Runtime its providers."""
+    from device.files import sha256_file
+    from device.jobrun import run_job
+    from device.schema import JobResult
+
+    spec = {"artifact": sha256_file(float_model), "precision": "fp32", "batch_sizes": [2], "iterations": 3,
+            "warmup_iterations": 1, "idle_s": 0.0, "telemetry": ["host"], "profile": False}
+    job = {"artifact_path": str(float_model), "engine_cache": str(tmp_path / "engines")}
+    onnxruntime = JobResult.model_validate(run_job({**job, "spec": {**spec, "runtime": "onnxruntime"}}, tmp_path))
+    assert onnxruntime.runtime.providers == ["CPUExecutionProvider"] and onnxruntime.runtime.built is None
+    trt_standin.install(monkeypatch, "10.3.0")
+    tensorrt = JobResult.model_validate(run_job({**job, "spec": {**spec, "runtime": "tensorrt"}}, tmp_path)).runtime
+    assert tensorrt.providers is None and tensorrt.device == "gpu"
+    assert tensorrt.built.precision_built == "fp32" and tensorrt.built.built_now and tensorrt.built.engine_path
+    assert tensorrt.built.trtexec[2].startswith("trtexec --onnx=") and "--fp16" not in tensorrt.built.trtexec[2]
+
+
+# ------------------------------------------------------------------ score the engine that was timed
 def test_fp16_artifact_builds_strongly_typed_on_tensorrt_11(monkeypatch, tmp_path, half_model):
     """The FP16 rung's precision is in its graph: TensorRT 11 (no flags) builds it FP16, float32 I/O kept."""
     trt_standin.install(monkeypatch, "11.1.0")
@@ -348,8 +368,8 @@ def test_a_planted_tensorrt_deviation_from_the_host_is_found_and_flagged(monkeyp
     from the host's ONNX Runtime predictions, and the headline says so with the likely causes."""
     from device.jobrun import run_job
     from device.schema import JobResult
-    from pipeline.device_accuracy import device_scores
-    from pipeline.report import headline_text
+    from pipeline.tasks.classification.device_accuracy import device_scores
+    from pipeline.tasks.classification.report import headline_text
 
     eval_path = _evaluation_set(tmp_path)
     with make_runner("onnxruntime", str(float_model)) as host:
@@ -389,7 +409,7 @@ def test_every_timed_engine_is_scored_and_one_that_parts_from_the_others_is_foun
     planted in the batch-1 engine only is invisible in the batch-8 score and found in its own."""
     from device.jobrun import run_job
     from device.schema import JobResult
-    from pipeline.device_accuracy import device_scores
+    from pipeline.tasks.classification.device_accuracy import device_scores
 
     eval_path = _evaluation_set(tmp_path)
     with make_runner("onnxruntime", str(float_model)) as host:
@@ -404,7 +424,8 @@ def test_every_timed_engine_is_scored_and_one_that_parts_from_the_others_is_foun
     one = device_scores(record, "student_int8", result.more_evaluations[0].predictions)
     assert one["only_host_correct"] == 37 and one["device_deviates"]  # row 0 of every single-image call swapped
     # The report scores each engine and names the one that parts, in its table and its headline's deviations.
-    from pipeline.report import device_accuracy_rows, engines_scored
+    from pipeline.tasks.classification.report import device_accuracy_rows
+    from pipeline.tasks.classification.report_data import engines_scored
 
     engines = engines_scored(record, "student_int8", result)
     assert [(e["label"], e["device_deviates"]) for e in engines] == [("batch 8", False), ("batch 1", True)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -477,9 +476,9 @@ def two_roads(tmp_path_factory, program):
     import threading
 
     from pipeline.devices import Device
-    from pipeline.recipe import DeployConfig
-    from pipeline.road_artifacts import RoadArtifacts
-    from pipeline.stages.deploy import DeployStage
+    from pipeline.core.recipe import DeployConfig
+    from pipeline.tasks.classification.road_artifacts import RoadArtifacts
+    from pipeline.tasks.classification.stages.deploy import DeployStage
     from tests.device.agent_process import tiny_onnx
     from tests.device.torch_tensorrt_standin import sitecustomize_dir
 
@@ -548,8 +547,8 @@ def test_report_puts_the_two_roads_side_by_side(two_roads):
     import copy
 
     from device.schema import parse_result
-    from pipeline.headline import two_roads_text
-    from pipeline.report import _two_roads, _window_statistics
+    from pipeline.tasks.classification.headline import two_roads_text
+    from pipeline.tasks.classification.report_data import _two_roads, _window_statistics
 
     device = copy.deepcopy(two_roads[0]["with"])
     onnx_entry = device["rungs"]["student"]
@@ -571,7 +570,8 @@ def test_report_puts_the_two_roads_side_by_side(two_roads):
     assert line["latency_low"] <= line["latency_ratio"] <= line["latency_high"]
     assert line["fallback_ops"] == {"aten.adaptive_avg_pool2d.default": 1} and line["fallback_count"] == 1
     # "Where the time goes" shows the Torch-TensorRT road's profile too, with what it leaves out.
-    from pipeline.report import layer_profiles, time_section
+    from pipeline.profile_report import time_section
+    from pipeline.tasks.classification.report_data import layer_profiles
     from pipeline.sections import to_markdown_lines
 
     onnx_entry.update(result=onnx_rounds[0], rounds=onnx_rounds)

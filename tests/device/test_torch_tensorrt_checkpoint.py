@@ -102,7 +102,7 @@ def test_the_int8_export_follows_its_releases_example():
 
 
 def test_the_road_sends_the_program_to_its_own_torch_and_the_checkpoint_elsewhere(checkpoints, program):  # noqa: F811
-    from pipeline.road_artifacts import RoadArtifacts
+    from pipeline.tasks.classification.road_artifacts import RoadArtifacts
 
     _, float_path, int8_path, _ = checkpoints
     both = RoadArtifacts(program[1], float_path)

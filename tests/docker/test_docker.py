@@ -55,7 +55,7 @@ def test_l4t_table_maps_releases_and_refuses_unknown_ones():
 
 
 def test_one_l4t_table_for_the_images_the_bundle_and_the_agent():
-    """Issue 25, point 6: the images' families and the agent's L4T → JetPack come from device/l4t.json, and
+    """The images' families and the agent's L4T → JetPack come from device/l4t.json, and
     every release the agent knows from L4T 35 on has a family here: none is "unknown" to one side only."""
     from device.jetson import L4T_TO_JETPACK
 
@@ -157,7 +157,7 @@ def test_bundle_installs_offline_into_a_fresh_venv(tmp_path):
     assert refused.returncode == 1 and "corrupted" in refused.stderr and not (tmp_path / "venv2").exists()
 
 
-# ------------------------------------------------------------------ Torch-TensorRT behind a flag (issue 29)
+# ------------------------------------------------------------------ Torch-TensorRT behind a flag
 @pytest.mark.parametrize("l4t", ["36.4.3", "36.4.0", "36.5.0"])
 def test_torch_tensorrt_wheels_are_the_documented_jetpack_6_ones(l4t):
     wheels = platforms.torch_tensorrt(l4t)

@@ -1,4 +1,4 @@
-"""The deploy stage against a real loopback agent (issue #23): a job that outlasts the wait fails its rung, not
+"""The deploy stage against a real loopback agent: a job that outlasts the wait fails its rung, not
 the device, and is cancelled on the agent."""
 
 import threading
@@ -7,8 +7,8 @@ import pytest
 
 from device.client import AgentClient
 from pipeline.devices import Device
-from pipeline.recipe import DeployConfig
-from pipeline.stages.deploy import DeployStage
+from pipeline.core.recipe import DeployConfig
+from pipeline.tasks.classification.stages.deploy import DeployStage
 from tests.device.agent_process import AgentProcess, tiny_onnx
 
 PREPROCESS = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}

@@ -1,4 +1,4 @@
-"""Detection data and metrics (issue 28, its data and metrics): the composited set's exact boxes, COCO JSON
+"""Detection data and metrics: the composited set's exact boxes, COCO JSON
 checked whole, COCO mAP re-accumulated per resample and checked against faster-coco-eval's COCOeval."""
 
 import json
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from device.errors import DataError, StageError
-from pipeline.data.detection import FOREGROUND, CanvasSpec, composite, composited, load_coco
-from pipeline.detection_metrics import (Boxes, accumulate, class_changes, coco_reference, evaluate, match,
+from pipeline.tasks.detection.data import FOREGROUND, CanvasSpec, composite, composited, load_coco
+from pipeline.tasks.detection.metrics import (Boxes, accumulate, class_changes, coco_reference, evaluate, match,
                                         require_sane_detector, summary)
 
 CLASSES = ["cat", "dog", "bird", "fish"]
@@ -177,7 +177,7 @@ def test_a_detector_that_finds_nothing_or_one_class_everywhere_fails_with_the_nu
 
 
 def test_the_bias_corrected_interval_undoes_a_shift_of_the_draws():
-    from pipeline.detection_metrics import bias_corrected_interval
+    from pipeline.tasks.detection.metrics import bias_corrected_interval
 
     rng = np.random.default_rng(0)
     draws = rng.normal(0.5, 1.0, 20000)  # the draws' median half a unit above the point (0): a bias of +0.5
@@ -195,7 +195,7 @@ def test_the_bias_corrected_interval_undoes_a_shift_of_the_draws():
 
 def test_map_intervals_are_bias_corrected_against_draws_that_sit_above_the_point():
     """On a synthetic scene the draws sit above the point; the reported interval is moved down by that bias."""
-    from pipeline.detection_metrics import bootstrap_draws
+    from pipeline.tasks.detection.metrics import bootstrap_draws
 
     truth, detections = _random_scene(np.random.default_rng(1), images=128)
     scores = evaluate(truth, detections, CLASSES, [(64, 64)] * len(truth), resamples=500)
@@ -212,7 +212,7 @@ def test_map_intervals_are_bias_corrected_against_draws_that_sit_above_the_point
 def test_a_resample_that_loses_a_rare_class_still_averages_every_class():
     """One box of class 2 in the whole set, never found (AP 0): a resample without its image used to average the
     other classes alone, a jump up; it now keeps class 2's full-set AP."""
-    from pipeline.detection_metrics import class_ap, resampled_summary
+    from pipeline.tasks.detection.metrics import class_ap, resampled_summary
 
     truth, detections = _random_scene(np.random.default_rng(2), images=60)
     truth = [Boxes(t.xyxy, np.where(t.labels == 2, 1, t.labels)) for t in truth]

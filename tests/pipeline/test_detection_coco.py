@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from device.errors import DataError
-from pipeline.data.detection import CanvasSpec, coco_set, composited, letterbox
+from pipeline.tasks.detection.data import CanvasSpec, coco_set, composited, letterbox
 
 cv2 = pytest.importorskip("cv2")
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from device.errors import StageError
-from pipeline.detection_distill import (DetectionDistillLoss, FeatureImitation, class_kd, detector_parts,
+from pipeline.tasks.detection.distill import (DetectionDistillLoss, FeatureImitation, class_kd, detector_parts,
                                         matched_anchors)
-from pipeline.detection_models import build_detector
-from pipeline.detection_pruning import prune_with_ratio
+from pipeline.tasks.detection.models import build_detector
+from pipeline.tasks.detection.pruning import prune_with_ratio
 
 
 @pytest.mark.parametrize("activation", ["sigmoid", "softmax"])

@@ -3,11 +3,11 @@
 import numpy as np
 import torch
 
-from pipeline.data.detection import DetectionSplit
-from pipeline.detection_metrics import Boxes
-from pipeline.detection_models import build_detector
-from pipeline.detection_train import train_detector
-from pipeline.recipe import TrainConfig
+from pipeline.tasks.detection.data import DetectionSplit
+from pipeline.tasks.detection.metrics import Boxes
+from pipeline.tasks.detection.models import build_detector
+from pipeline.tasks.detection.train import train_detector
+from pipeline.core.recipe import TrainConfig
 
 
 def test_extra_loss_and_its_modules_are_trained_with_the_detector():

@@ -5,10 +5,10 @@ import torch
 from torch import nn
 
 from device.errors import ConfigError, UnknownKeyError
-from pipeline.detection_models import DETECTORS, build_detector, kept_whole, unfreeze_batchnorm
+from pipeline.tasks.detection.models import DETECTORS, build_detector, kept_whole, unfreeze_batchnorm
 
 
-def test_registry_holds_the_issue_teachers_and_a_test_detector():
+def test_registry_holds_the_torchvision_teachers_and_a_test_detector():
     assert {"ssdlite320_mobilenet_v3_large", "fcos_resnet50_fpn", "retinanet_resnet50_fpn_v2",
             "tiny_fcos"} <= set(DETECTORS.names())
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from pipeline.detection_models import build_detector
-from pipeline.detection_pruning import prune_detector, prune_with_ratio
+from pipeline.tasks.detection.models import build_detector
+from pipeline.tasks.detection.pruning import prune_detector, prune_with_ratio
 from pipeline.models import count_macs
 
 

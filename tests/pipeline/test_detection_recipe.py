@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from device.errors import ConfigError, StageError
-from pipeline.detection_recipe import DetectionRecipe
-from pipeline.recipe import Recipe, load_recipe, parse_recipe
+from pipeline.tasks.detection.recipe import DetectionRecipe
+from pipeline.core.recipe import Recipe, load_recipe, parse_recipe
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def test_an_unknown_task_names_the_tasks(det_raw):
 def test_detection_has_every_stage_and_a_missing_one_is_still_refused(repo):
     from device.registry import Registry
     from pipeline.runner import _refuse_unbuilt_stage, _stages_for
-    from pipeline.stages import STAGE_ORDER
+    from pipeline.core.stage import STAGE_ORDER
 
     recipe, _, _ = load_recipe(str(repo / "models" / "tiny-det.yaml"))
     registry = _stages_for(recipe)

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.data.detection import DetectionSplit
-from pipeline.detection_metrics import Boxes
-from pipeline.detection_models import build_detector
-from pipeline.detection_train import _hflip, image_tensors, predict, targets, train_detector
-from pipeline.recipe import TrainConfig
+from pipeline.tasks.detection.data import DetectionSplit
+from pipeline.tasks.detection.metrics import Boxes
+from pipeline.tasks.detection.models import build_detector
+from pipeline.tasks.detection.train import _hflip, image_tensors, predict, targets, train_detector
+from pipeline.core.recipe import TrainConfig
 
 
 def _split(images=8, size=64):

@@ -12,8 +12,8 @@ import pytest
 import numpy as np
 import torch
 
-from pipeline.data.batches import Batches
-from pipeline.distributed import CpuSyncBatchNorm
+from pipeline.core.data.batches import Batches
+from pipeline.core.distributed import CpuSyncBatchNorm
 from pipeline.runner import run_pipeline
 
 ENV = {"OMP_WAIT_POLICY": "PASSIVE", "EDGEFOLD_PROGRESS": "0", "EDGEFOLD_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
@@ -89,8 +89,8 @@ def _rank_pid(root: int, rank: int) -> int:
 
 
 def test_shards_are_the_global_batch(tmp_path):
-    from pipeline.data.sources import load_source
-    from pipeline.recipe import AugmentConfig
+    from pipeline.core.data.sources import load_source
+    from pipeline.core.recipe import AugmentConfig
     from device.preprocess import Preprocess
 
     split = load_source("digits").train

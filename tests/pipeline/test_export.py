@@ -8,8 +8,8 @@ from device.runners.onnxruntime import OnnxRuntimeRunner
 from pipeline.checkpoint import load_checkpoint
 from pipeline.models import build_model
 from pipeline.runner import run_pipeline
-from pipeline.stages import export as export_stage
-from pipeline.stages.export import check_parity, export_onnx
+from pipeline.tasks.classification.stages import export as export_stage
+from pipeline.tasks.classification.stages.export import check_parity, export_onnx
 
 
 def test_export_folds_batchnorm_and_keeps_a_dynamic_batch(tmp_path):
@@ -75,7 +75,7 @@ def test_export_stage_records_parity_and_fails_on_a_broken_export(tiny_run, tmp_
 
 
 def test_the_fp16_rung_is_fp16_in_its_graph_with_float32_io(tiny_run):
-    """Issue 24: the FP16 student's precision is written in its weights (ModelOpt AutoCast), its inputs and
+    """The FP16 student's precision is written in its weights (ModelOpt AutoCast), its inputs and
     outputs stay float32 (the client does not change), and its host score is labelled an emulation."""
     import onnx
 

@@ -1,8 +1,8 @@
-"""The energy–latency front (issue 27): settings from windows with intervals, the front, the choice under a budget."""
+"""The energy–latency front: settings from windows with intervals, the front, the choice under a budget."""
 
 import pytest
 
-from pipeline.front import choose, energy_front, settings_from_windows
+from pipeline.tasks.classification.front import choose, energy_front, settings_from_windows
 
 
 def _windows(mode, batch, latency, energy, degraded=False, rounds=3, clocks=False):

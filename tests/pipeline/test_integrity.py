@@ -13,11 +13,14 @@ import pytest
 import torch
 
 from device.errors import CheckpointError, ConfigError, DataError, ManifestError, StageError
-from pipeline import codehash
+from pipeline.core import codehash
 from device.files import sha256_file
 from pipeline.runner import run_pipeline, stage_code_roots
 from pipeline.scores import assess, points
-from pipeline.stages import STAGE_ORDER, STAGES
+from pipeline.core.stage import STAGE_ORDER
+from pipeline.tasks import classification, detection
+
+STAGES = classification.TASK.stages
 from pipeline.quantizers import QUANTIZERS, within_budget
 
 
@@ -147,7 +150,7 @@ def test_quantizer_that_rewrites_its_input_gets_a_copy(run_copy, monkeypatch):
 
 
 def test_a_stage_that_modifies_its_input_is_stopped(run_copy, monkeypatch):
-    from pipeline.stages.evaluate import EvaluateStage
+    from pipeline.tasks.classification.stages.evaluate import EvaluateStage
 
     real = EvaluateStage.run
 
@@ -170,14 +173,14 @@ def test_every_recorded_output_is_as_recorded_after_a_full_run(tiny_run):
 # ------------------------------------------------------------------ 5. the cache key covers the code
 def test_code_closure_follows_imports_but_not_package_inits():
     modules = codehash.closure(stage_code_roots(STAGES.get("distill")))
-    assert {"pipeline.train", "pipeline.losses", "pipeline.checkpoint", "pipeline.models"} <= set(modules)
-    assert "pipeline.stages.quantize" not in modules and "pipeline.stages" not in modules
+    assert {"pipeline.tasks.classification.train", "pipeline.tasks.classification.losses", "pipeline.checkpoint", "pipeline.models"} <= set(modules)
+    assert "pipeline.tasks.classification.stages.quantize" not in modules and "pipeline.tasks.classification" not in modules
     assert "device.qdq_lint" in codehash.closure(stage_code_roots(STAGES.get("quantize")))
     assert "device.measure" in codehash.closure(stage_code_roots(STAGES.get("deploy")))
-    assert "pipeline.report" in codehash.closure(stage_code_roots(STAGES.get("report")))
+    assert "pipeline.tasks.classification.report" in codehash.closure(stage_code_roots(STAGES.get("report")))
 
 
-@pytest.mark.parametrize("module", ["pipeline.losses", "pipeline.perclass"])
+@pytest.mark.parametrize("module", ["pipeline.tasks.classification.losses", "pipeline.perclass"])
 def test_editing_a_helper_module_reruns_exactly_the_stages_that_use_it(run_copy, tmp_path, monkeypatch, capsys,
                                                                      module):
     """The project is copied and the copy's helper edited (a comment: same behaviour, new code): every
@@ -196,14 +199,14 @@ def test_editing_a_helper_module_reruns_exactly_the_stages_that_use_it(run_copy,
     reran = {line.split("]")[0].strip("[ ") for line in capsys.readouterr().err.splitlines() if "] running" in line}
     users = {name for name in STAGE_ORDER[: STAGE_ORDER.index("evaluate") + 1]
              if module in codehash.closure(stage_code_roots(STAGES.get(name)), project)}
-    expected = {"pipeline.losses": {"distill", "quantize"}, "pipeline.perclass": {"evaluate"}}[module]
+    expected = {"pipeline.tasks.classification.losses": {"distill", "quantize"}, "pipeline.perclass": {"evaluate"}}[module]
     assert users == expected
     assert reran == expected, f"re-ran {sorted(reran)}, expected exactly {sorted(expected)}"
 
 
 # ------------------------------------------------------------------ 6. resume keyed by config and inputs
 def interrupt_after_first_epoch(monkeypatch):
-    from pipeline import train
+    from pipeline.tasks.classification import train
 
     real = train._save_resume
 
@@ -370,15 +373,15 @@ def test_libraries_never_import_a_stage():
     offenders = {}
     for path in sorted((root / "pipeline").rglob("*.py")):
         name = ".".join(path.relative_to(root).with_suffix("").parts)
-        if name.startswith("pipeline.stages") or name in drivers or name.endswith("__init__"):
+        if ".stages" in name or name in drivers or name.endswith("__init__"):
             continue
-        stages = sorted(m for m in codehash.imported_modules(name) if m.startswith("pipeline.stages"))
+        stages = sorted(m for m in codehash.imported_modules(name) if ".stages." in m)
         if stages:
             offenders[name] = stages
     assert offenders == {}
     # A prune no longer hashes the deploy and export stages through the latency library.
-    prune = codehash.closure(["pipeline.stages.prune"])
-    assert "pipeline.stages.deploy" not in prune and "pipeline.stages.export" not in prune
+    prune = codehash.closure(["pipeline.tasks.classification.stages.prune"])
+    assert "pipeline.tasks.classification.stages.deploy" not in prune and "pipeline.tasks.classification.stages.export" not in prune
 
 
 def _module_graph(package: str) -> dict[str, set[str]]:
@@ -442,19 +445,18 @@ def test_no_import_cycle_among_pipeline_modules():
 def test_no_classification_stage_hashes_detection_code():
     """Every classification stage reads the recipe module; detection recipes, models and metrics live beside it
     and are loaded by name, so editing them re-runs no classification stage (it re-ran all of them)."""
-    from pipeline.runner import DETECTION_STAGES
-
     for name in STAGE_ORDER:
         closure = codehash.closure(stage_code_roots(STAGES.get(name)))
         assert not [m for m in closure if "detection" in m], f"{name} hashes detection code"
-    detection = codehash.closure(stage_code_roots(DETECTION_STAGES.get("data")))
-    assert "pipeline.detection_recipe" in detection or "pipeline.data.detection" in detection, "the check can fail"
+    data_stage = codehash.closure(stage_code_roots(detection.TASK.stages.get("data")))
+    assert "pipeline.tasks.detection.recipe" in data_stage or "pipeline.tasks.detection.data" in data_stage, \
+        "the check can fail"
 
 
 def _prune_ctx(**prune):
     from types import SimpleNamespace
 
-    from pipeline.recipe import PruneConfig
+    from pipeline.core.recipe import PruneConfig
 
     return SimpleNamespace(recipe=SimpleNamespace(prune=PruneConfig(round_to=4, **prune)))
 
@@ -462,7 +464,7 @@ def _prune_ctx(**prune):
 @pytest.mark.parametrize("edited, macs_changes, latency_changes", [
     ("device.runners.tensorrt", False, True),   # the agent's engine builds: what the latency table timed
     ("pipeline.jobs", False, True),             # the job spec the table is measured with (the deploy stage's own)
-    ("pipeline.stages.deploy", False, False),   # the deploy stage itself: neither prunes through it
+    ("pipeline.tasks.classification.stages.deploy", False, False),   # the deploy stage itself: neither prunes through it
     ("pipeline.channels", True, True),          # the pruning mechanics both modes share
 ])
 def test_a_prunes_code_hash_follows_its_mode(tmp_path, edited, macs_changes, latency_changes):

@@ -1,4 +1,4 @@
-"""The latency-budget pruner (issue #16): knapsack, table, recipe and the tiny recipe end to end on a loopback agent.
+"""The latency-budget pruner: knapsack, table, recipe and the tiny recipe end to end on a loopback agent.
 
 No timing asserts: the measured numbers are checked for consistency (the plan meets the budget the stage
 itself measured, within its tolerance), never against fixed times; speed lives in bench/latency_prune.py.
@@ -18,7 +18,8 @@ import torch
 import yaml
 
 from device.errors import ConfigError, StageError
-from pipeline import channels, knapsack, report
+from pipeline import channels, knapsack
+from pipeline.tasks.classification import report
 from pipeline.latency import budget as lbudget
 from pipeline.latency import measure
 from pipeline.latency import search as lsearch
@@ -26,7 +27,7 @@ from pipeline.latency import model as lmodel
 from pipeline.checkpoint import load_checkpoint
 from pipeline.devices import Device
 from pipeline.models import build_model
-from pipeline.recipe import PruneConfig, parse_recipe
+from pipeline.core.recipe import PruneConfig, parse_recipe
 from tests.slow import slow_fixture
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,7 +148,7 @@ def test_tables_time_the_deployed_precision_unless_told_float(tmp_path):
     import onnx
     import onnxruntime as ort
 
-    from pipeline.recipe import LatencyTarget, parse_recipe
+    from pipeline.core.recipe import LatencyTarget, parse_recipe
     from pipeline.onnx_export import export_onnx
 
     recipe = parse_recipe(_tiny_raw())
@@ -577,7 +578,7 @@ def test_a_tables_context_is_measured_again_beside_its_networks(tmp_path):
     networks, even when cached (a busy moment's cached time skewed a whole ResNet-50 table); a call in
     which everything is cached measures nothing. The client stands in for the agent (its jobs are not
     the subject here): each upload is one model, and every job of it reports its own fixed time."""
-    from pipeline.recipe import LatencyTarget, parse_recipe
+    from pipeline.core.recipe import LatencyTarget, parse_recipe
     from tests.results import job_result, run
 
     class Client:
@@ -617,7 +618,6 @@ def test_a_tables_context_is_measured_again_beside_its_networks(tmp_path):
     assert meter.jobs == 3 and cached["context"].p50_ms == again["context"].p50_ms, "all cached: nothing measured"
 
 
-# ------------------------------------------------------------------------------------------------ issue #23
 @pytest.fixture(scope="module")
 @slow_fixture
 def agent(tmp_path_factory):
@@ -630,7 +630,7 @@ def agent(tmp_path_factory):
 
 
 def _meter(agent, tmp_path, label: str):
-    from pipeline.recipe import LatencyTarget
+    from pipeline.core.recipe import LatencyTarget
 
     recipe = parse_recipe(_tiny_raw())
     preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
@@ -679,7 +679,6 @@ def test_a_latency_job_that_outlasts_the_wait_is_cancelled_not_taken_for_an_unre
     assert len(jobs) == 2 and {job["state"] for job in jobs} == {"cancelled"}, "both, the queued one too"
 
 
-# ------------------------------------------------------------------------------------------------ issue #26
 def _counting_device(groups, ms_of):
     """The stand-in meter of ``_device``, counting the networks it was asked to measure."""
     base = _device(groups, ms_of)
@@ -720,7 +719,7 @@ def test_a_search_says_what_it_will_build_first_and_is_refused_over_the_cap():
 
 
 def test_the_tensorrt_table_shares_one_timing_cache_that_does_not_key_its_measurements(tmp_path):
-    from pipeline.recipe import LatencyTarget
+    from pipeline.core.recipe import LatencyTarget
 
     recipe = parse_recipe(_tiny_raw())
     preprocess = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}

@@ -2,7 +2,7 @@
 
 import re
 
-from pipeline.log import progress_lines
+from pipeline.core.log import progress_lines
 
 
 def test_long_loops_say_how_far_they_are_with_rate_and_eta():

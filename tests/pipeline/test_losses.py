@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from pipeline.losses import kd_loss
+from pipeline.tasks.classification.losses import kd_loss
 
 
 def _softmax(values, temperature):

@@ -10,7 +10,7 @@ import torch
 from device.errors import ConfigError
 from pipeline.perclass import class_changes, holm, mcnemar_exact, per_class, summarize
 from pipeline.runner import run_pipeline
-from pipeline.rungs import RUNGS
+from pipeline.core.rungs import RUNGS
 
 from tests.pipeline.test_integrity import write_digits_folder
 
@@ -123,7 +123,7 @@ def test_imbalanced_folder_warns_where_data_enters(tmp_path, capsys):
 
 
 def test_class_balanced_loss_weights(tmp_path):
-    from pipeline.train import class_weights
+    from pipeline.tasks.classification.train import class_weights
 
     ctx = run_pipeline("tiny", runs_dir=tmp_path, until="data", overrides={"data.class_balance": "loss_weights"})
     weights = class_weights(ctx, torch.device("cpu"))
@@ -144,9 +144,9 @@ def test_a_student_larger_than_its_teacher_is_refused_before_training(tmp_path):
 @pytest.mark.slow  # prunes a RegNet
 def test_grouped_convolutions_are_pruned_by_whole_groups():
     from pipeline.models import build_model, count_macs
-    from pipeline.recipe import PruneConfig
+    from pipeline.core.recipe import PruneConfig
     from pipeline.pruning import grouped_convs, make_pruner
-    from pipeline.stages.prune import _conv_shapes, unpruned_layers
+    from pipeline.tasks.classification.stages.prune import _conv_shapes, unpruned_layers
 
     model = build_model("regnet_y_400mf", 10)
     shape = (1, 3, 32, 32)
@@ -172,7 +172,7 @@ def test_grouped_convolutions_are_pruned_by_whole_groups():
 
 def test_layers_kept_whole_are_listed_with_the_reason():
     from pipeline.models import build_model
-    from pipeline.stages.prune import unpruned_layers
+    from pipeline.tasks.classification.stages.prune import unpruned_layers
 
     model = build_model("regnet_y_400mf", 10)
     shapes = {name: (m.in_channels, m.out_channels, m.groups) for name, m in model.named_modules()
@@ -183,7 +183,7 @@ def test_layers_kept_whole_are_listed_with_the_reason():
 
 
 def test_a_concentrated_cut_is_named():
-    from pipeline.stages.prune import macs_concentration
+    from pipeline.tasks.classification.stages.prune import macs_concentration
 
     before = {"a": 100, "b": 100, "c": 100, "d": 1000, "e": 10}
     after = {"a": 90, "b": 90, "c": 90, "d": 100, "e": 5}
@@ -195,7 +195,7 @@ def test_a_concentrated_cut_is_named():
 
 @pytest.mark.slow
 def test_report_headline_says_directions_in_words(tiny_run):
-    from pipeline.headline import direction
+    from pipeline.tasks.classification.headline import direction
 
     assert direction(2.31, "faster", "slower") == "2.31× slower"
     assert direction(0.5, "faster", "slower") == "2.00× faster"

@@ -11,7 +11,7 @@ from device.qdq_lint import lint_qdq
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from device.files import sha256_file
 from pipeline.int8_weights import float_weights
-from pipeline import classifier_int8
+from pipeline.tasks.classification import int8 as classifier_int8
 from pipeline.quantizers import QUANTIZERS
 from pipeline.runner import run_pipeline
 
@@ -125,7 +125,7 @@ def test_modelopt_quantizer_on_the_tiny_recipe(runs, capfd):
 def test_modelopt_refuses_methods_it_lacks_before_any_work(runs):
     """Refused when the recipe is read (for every task: the ladder's own settings), not halfway up the ladder."""
     from device.errors import ConfigError
-    from pipeline.recipe import load_recipe
+    from pipeline.core.recipe import load_recipe
 
     with pytest.raises(ConfigError, match="ModelOpt calibrates with max or entropy, not 'percentile'"):
         rerun_quantize(runs, **{"quantize.quantizer": "modelopt", "quantize.calibration_methods": ["percentile"]})
@@ -155,7 +155,7 @@ def test_gate_falls_back_to_quantization_aware_finetuning(runs, monkeypatch):
 
 
 def test_int8_float_islands_are_fp16_in_the_graph(tiny_run):
-    """Issue 24: the layers left out of INT8 are FP16 in the artifact itself (ModelOpt's pattern: opset 19, FP16
+    """The layers left out of INT8 are FP16 in the artifact itself (ModelOpt's pattern: opset 19, FP16
     scales, each DequantizeLinear feeding its Conv directly), so it means the same on TensorRT 10 and 11."""
     metrics = tiny_run.manifest.stage("quantize")["metrics"]
     assert metrics["float_islands"] == "fp16"

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from device.errors import ConfigError, UnknownKeyError
-from pipeline.recipe import available_recipes, load_recipe, parse_recipe
+from pipeline.core.recipe import available_recipes, load_recipe, parse_recipe
 
 
 @pytest.fixture

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from pipeline.report import COLUMNS, NOT_MEASURED, build_report, pareto_front
+from pipeline.profile_report import NOT_MEASURED
+from pipeline.tasks.classification.report import build_report
+from pipeline.tasks.classification.report_data import COLUMNS, pareto_front
 from pipeline.runner import run_pipeline
 from tests.browser import render_probe
 from tests.device.agent_process import AgentProcess
@@ -33,7 +35,7 @@ def test_report_from_the_tiny_run(tiny_run):
     assert html.count('src="data:image/png;base64,') == 2 and "<script" not in html
     assert "Energy per inference: not measured" in html and "Power over each job&#x27;s window: not measured" in html
     data = json.loads((tiny_run.run_dir / report["json"]).read_text())
-    assert data["schema"] == "edgefold.report/2" and data["model"] == "tiny"
+    assert data["schema"] == "edgefold.results/3" and data["task"] == "classification" and data["model"] == "tiny"
     assert set(data) >= {"rungs", "rows", "headline", "power_traces", "provenance", "generated"}
     assert [r["rung"] for r in data["rows"]] == ["teacher", "pruned", "student", "student_fp16", "student_int8"]
     for row in data["rows"]:
@@ -181,7 +183,7 @@ def test_fleet_groups_bounded_parallelism_and_a_dead_device(run_copy, tmp_path):
 @pytest.mark.slow
 def test_results_of_another_version_are_refused_with_the_fix(tiny_run, tmp_path):
     from device.errors import SchemaVersionError
-    from pipeline.report import build_report
+    from pipeline.tasks.classification.report import build_report
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run.run_dir, run, symlinks=True)
@@ -201,16 +203,16 @@ def test_results_of_another_version_are_refused_with_the_fix(tiny_run, tmp_path)
 
 def test_report_reads_typed_results_only(repo):
     """No result key is sliced by name in the report: it reads device.schema's models."""
-    text = (repo / "pipeline" / "report.py").read_text()
+    text = (repo / "pipeline" / "tasks" / "classification" / "report.py").read_text()
     for sliced in ('startswith("peak_temp_', '["runs"]', '["summary"]', 'rung == "student_int8"', "split(\"## Provenance"):
         assert sliced not in text, sliced
 
 
-# ---------------------------------------------------------------- issue #23: a rebuild replaces the report whole
+# ---------------------------------------------------------------- a rebuild replaces the report whole
 def _run_with_a_recorded_report(tmp_path):
     """A run whose report stage recorded its four files (an older version's, by their bytes) in the manifest."""
     from device.files import sha256_file
-    from pipeline.manifest import Manifest
+    from pipeline.core.manifest import Manifest
 
     run = tmp_path / "runs" / "tiny" / "r"
     manifest = Manifest.open(run, "tiny")
@@ -228,9 +230,10 @@ def _run_with_a_recorded_report(tmp_path):
 
 def test_a_report_rebuild_that_fails_changes_nothing_and_one_that_succeeds_keeps_the_manifest_true(tmp_path,
                                                                                                    monkeypatch):
-    from pipeline import cli, report
+    from pipeline import cli
+    from pipeline.tasks.classification import report
     from device.files import sha256_file
-    from pipeline.manifest import Manifest
+    from pipeline.core.manifest import Manifest
 
     run = _run_with_a_recorded_report(tmp_path)
     before = {path.name: path.read_bytes() for path in (run / "report").iterdir()}
@@ -257,7 +260,7 @@ def test_a_report_rebuild_that_fails_changes_nothing_and_one_that_succeeds_keeps
 
 
 def test_a_value_json_cannot_hold_fails_the_report_instead_of_becoming_text(tmp_path, monkeypatch):
-    from pipeline import report
+    from pipeline.tasks.classification import report
 
     run = _run_with_a_recorded_report(tmp_path)
     collect = report.collect
@@ -268,7 +271,7 @@ def test_a_value_json_cannot_hold_fails_the_report_instead_of_becoming_text(tmp_
 
 @pytest.mark.slow
 def test_make_edge_fails_when_no_edge_device_measured(run_copy, capsys):
-    """Issue 25, point 8: EDGE=<a dead URL> writes the report ("not measured") and then exits non-zero,
+    """EDGE=<a dead URL> writes the report ("not measured") and then exits non-zero,
     naming the URL and the fix, so a script or CI job does not read the run as a success."""
     from pipeline.cli import main
 
@@ -283,7 +286,7 @@ def test_make_edge_fails_when_no_edge_device_measured(run_copy, capsys):
 
 
 def test_auto_runtime_fallback_is_said_in_the_headline_and_the_ladder(tiny_run):
-    """Issue 25, point 1: no TensorRT on this machine, so `auto` ran ONNX Runtime; the report says so in words."""
+    """No TensorRT on this machine, so `auto` ran ONNX Runtime; the report says so in words."""
     stages = tiny_run.manifest.data["stages"]
     data = json.loads((tiny_run.run_dir / stages["report"]["outputs"]["json"]).read_text())
     why = data["headline"]["runtime_fallbacks"]["loopback"]
@@ -306,7 +309,7 @@ def test_tensorrt_runtime_without_tensorrt_fails_before_any_stage(tmp_path):
 
 
 def test_every_rung_is_scored_by_the_engine_that_was_timed(tiny_run):
-    """Issue 24: on the loopback agent (ONNX Runtime on this machine, the host's own program) each rung's device
+    """On the loopback agent (ONNX Runtime on this machine, the host's own program) each rung's device
     predictions on the evaluation set equal the host's; the FP16 student is a rung of its own, its host figure
     labelled an emulation; the INT8-vs-FP16 verdict is in the headline with its evidence."""
     stages = tiny_run.manifest.data["stages"]
@@ -342,7 +345,7 @@ def _profile(*layers):
 def test_the_headline_leads_with_a_rung_the_device_really_ran():
     """INT8 leads only where a compute layer ran in INT8; else the fastest student form that computed in its own
     precision (an FP16 graph that a CPU ran in FP32 is passed over), with why and how to measure INT8."""
-    from pipeline.report import DEPLOYED, _lead_rung
+    from pipeline.tasks.classification.report_data import DEPLOYED, _lead_rung
 
     rows = [{"device": "orin", "rung": rung, "status": "measured", "latency_p50_ms": ms, "verdict": ""}
             for rung, ms in (("student", 2.0), ("student_fp16", 1.0), ("student_int8", 3.0))]

@@ -7,7 +7,7 @@ import csv
 import json
 
 from pipeline.devices import DEPLOY_SCHEMA
-from pipeline.report import build_report
+from pipeline.tasks.classification.report import build_report
 from tests.results import job_result, run
 
 REASON = "fresh samples cover 48% of the window (largest gap 1.06 s; need 95%)"

@@ -1,4 +1,4 @@
-"""One field, three places (issue 23): a measured field declared on the result schema reaches results.json,
+"""One field, three places: a measured field declared on the result schema reaches results.json,
 results.csv, report.md and report.html with no report code of its own; results are written strictly and
 read leniently within a major version; an older result shows the field as "not recorded", never as zero.
 
@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 
 from device.errors import ResultError, SchemaVersionError
-from device.schema import RESULT_SCHEMA, JobResult, RunSummary, parse_result, reported_fields
+from device.reported import reported_fields
+from device.schema import RESULT_SCHEMA, JobResult, RunSummary, parse_result
 from pipeline import perclass
 from pipeline.devices import DEPLOY_SCHEMA
-from pipeline.headline import one_line, text
-from pipeline.report import COLUMNS, accuracy_front, build_report
+from pipeline.tasks.classification.headline import one_line, text
+from pipeline.tasks.classification.report import build_report
+from pipeline.tasks.classification.report_data import COLUMNS
+from pipeline.tasks.classification.report_plots import accuracy_front
 from tests.results import job_result, run
 
 
@@ -83,6 +86,18 @@ def test_results_are_written_strictly_and_read_leniently_within_the_major_versio
     document["runs"][0]["latency_p50_ms"] = "fast"
     with pytest.raises(ResultError, match="latency_p50_ms"):
         parse_result(document)
+
+
+def test_a_result_before_2_7_keeps_its_build_facts():
+    """2.7 moved what TensorRT built into ``runtime.built``; a stored 2.6 result (an older agent, the deploy cache)
+    reads its facts there instead of dropping them as unknown keys."""
+    document = job_result()
+    document["schema"] = "edgefold.result/2.6"
+    document["runtime"].update(name="tensorrt", precision="int8", engine_path="/data/engines/ab12", built_now=True,
+                               precision_built="int8", trtexec={"1": "trtexec --onnx=s.onnx --int8 --fp16"})
+    built = parse_result(document).runtime.built
+    assert (built.engine_path, built.built_now, built.precision_built) == ("/data/engines/ab12", True, "int8")
+    assert built.trtexec == {1: "trtexec --onnx=s.onnx --int8 --fp16"} and built.dla_unsupported_layers is None
 
 
 def test_a_collapsed_or_chance_rung_is_never_on_the_front():

@@ -1,4 +1,4 @@
-"""The power-mode front in the report (issue 27): hand-made sweep results (the agent's schema, validated) of a
+"""The power-mode front in the report: hand-made sweep results (the agent's schema, validated) of a
 planted board where MAXN is fastest and hungriest and 15W at batch 8 the most efficient."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 
 from device.schema import JobResult
 from pipeline.devices import DEPLOY_SCHEMA
-from pipeline.report import build_report
+from pipeline.tasks.classification.report import build_report
 from tests.results import job_result, run
 
 MODES = {"15W": 0, "MAXN_SUPER": 2}
@@ -67,7 +67,7 @@ def test_the_front_table_plot_and_headline_name_the_point_to_ship(tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_of_the_tiny_ladder_on_the_simulated_orin_nano_ends_in_the_front(tiny_run, tmp_path):
-    """The whole road (issue 27, "done when"): the tiny recipe's teacher and INT8 student swept over every mode of
+    """The whole road: the tiny recipe's teacher and INT8 student swept over every mode of
     the simulated Orin Nano (the REAL jtop service; 7W needs a reboot and is skipped) through a real agent, then
     the report's front table and plot, the headline's choice, and the board left in the mode it was found in."""
     import os
@@ -77,7 +77,7 @@ def test_a_sweep_of_the_tiny_ladder_on_the_simulated_orin_nano_ends_in_the_front
         pytest.skip("jtop's service insists on running as root")
     pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
     from pipeline.cli import main
-    from pipeline.manifest import Manifest
+    from pipeline.core.manifest import Manifest
     from tests.device.agent_process import AgentProcess
     from tests.device.jetson_sim import JtopService, mode_state
 

@@ -2,7 +2,8 @@
 
 from device.profile import Profile, batch_profile
 from device.schema import parse_result
-from pipeline.report import layer_profiles, time_section
+from pipeline.profile_report import time_section
+from pipeline.tasks.classification.report_data import layer_profiles
 from pipeline.sections import to_html_fragment, to_markdown_lines
 
 
@@ -60,7 +61,7 @@ DEFAULT_RUN = [  # the default run's INT8 student on ONNX Runtime CPU: Q/DQ node
 
 
 def test_q_dq_reformat_and_cast_time_is_overhead_not_int8():
-    """Issue 24: the summary splits INT8 compute from the Q/DQ/reformat/cast overhead; the table marks it."""
+    """The summary splits INT8 compute from the Q/DQ/reformat/cast overhead; the table marks it."""
     entries = _student_on("onnxruntime", DEFAULT_RUN)
     text = "\n".join(time_section_markdown({"layer_profiles": entries}))
     assert ("INT8 compute takes 41.0% of the time, Q/DQ/reformat/cast overhead 20.2%, float layers 38.8% "

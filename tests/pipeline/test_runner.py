@@ -9,10 +9,10 @@ import torch
 from device.errors import ConfigError, ManifestError
 from pipeline.checkpoint import load_checkpoint
 from device.files import sha256_file
-from pipeline.manifest import Manifest
+from pipeline.core.manifest import Manifest
 from pipeline.runner import list_runs, run_pipeline
-from pipeline.stages import STAGE_ORDER
-from pipeline.train import evaluate
+from pipeline.core.stage import STAGE_ORDER
+from pipeline.tasks.classification.train import evaluate
 
 
 
@@ -182,7 +182,7 @@ def test_imagenet_weights_without_internet_say_what_to_do(tmp_path, monkeypatch)
 
 def test_a_failed_rerun_keeps_the_previous_outputs(run_copy, monkeypatch):
     from device.errors import StageError
-    from pipeline.stages.prune import PruneStage
+    from pipeline.tasks.classification.stages.prune import PruneStage
 
     before = json.loads((run_copy / "manifest.json").read_text())["stages"]["prune"]
     checkpoint = run_copy / before["outputs"]["model"]

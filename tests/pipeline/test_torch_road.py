@@ -137,7 +137,7 @@ def test_roads_default_to_the_onnx_road_and_unknown_ones_are_refused(repo):
     import yaml
 
     from device.errors import ConfigError
-    from pipeline.recipe import parse_recipe
+    from pipeline.core.recipe import parse_recipe
 
     raw = yaml.safe_load((repo / "models" / "tiny.yaml").read_text())
     assert parse_recipe(raw).deploy.runtimes == ["tensorrt"]

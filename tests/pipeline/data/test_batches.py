@@ -2,9 +2,9 @@ import numpy as np
 import torch
 
 from device.preprocess import Preprocess
-from pipeline.data.batches import Batches
-from pipeline.data.sources import Split, load_source
-from pipeline.recipe import AugmentConfig
+from pipeline.core.data.batches import Batches
+from pipeline.core.data.sources import Split, load_source
+from pipeline.core.recipe import AugmentConfig
 
 PRE = Preprocess(input_size=16, resize=16, channels=3, mean=(0.3, 0.3, 0.3), std=(0.4, 0.4, 0.4))
 

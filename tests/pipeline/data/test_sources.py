@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from device.errors import DataError, UnknownKeyError
-from pipeline.data.sources import (
+from pipeline.core.data.sources import (
     FASHION_MNIST_DIR, check_source_name, load_fashion_mnist, load_source, read_idx,
 )
 

@@ -1,0 +1,49 @@
+"""The one interface a task declares (:data:`pipeline.tasks.classification.TASK`, ``…detection.TASK``).
+
+The runner, the CLI and ``edgefold report`` take a :class:`Task` and never ask which one it is: the task names its
+stages, its score, how a finished run's report is built and what ``edgefold run`` prints at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from device.registry import Registry
+from pipeline.core.stage import STAGE_ORDER, Stage
+
+if TYPE_CHECKING:
+    from pipeline.core.context import RunContext
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task's declared interface.
+
+    Attributes:
+        name: The recipe's ``task`` value.
+        stages: The task's stages by name; :data:`~pipeline.core.stage.STAGE_ORDER` gives their order.
+        build_report: Writes the report's files of a finished run (``run_dir``) into a folder; returns their paths
+            (``md``, ``html``, ``json``, ``csv`` at least: every task writes ``results.json`` and ``results.csv``).
+        summary: Prints the end of ``edgefold run`` (the ladder, the headline, where the report is).
+        headline: The headline of a built report's ``results.json`` (its ``headline`` object) in words.
+    """
+
+    name: str
+    stages: Registry[Stage]
+    build_report: Callable[[Path, Path], dict[str, Path]]
+    summary: Callable[["RunContext"], None]
+    headline: Callable[[dict], str]
+
+    def stage_names(self) -> list[str]:
+        """The stages this task has, in run order."""
+        return [name for name in STAGE_ORDER if name in self.stages]
+
+
+def stage_registry(task: str, stages: list[type[Stage]]) -> Registry[Stage]:
+    """One instance of each stage class, registered under its name (a duplicate name is refused)."""
+    registry: Registry[Stage] = Registry(f"{task} stage")
+    for cls in stages:
+        registry.add(cls.name, cls())
+    return registry

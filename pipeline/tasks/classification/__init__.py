@@ -1,0 +1,39 @@
+"""Image classification: a classifier folded rung by rung (teacher, pruned, distilled student, FP16, INT8) and
+scored by top-1 on the host and on every device.
+
+Its stages are in ``stages/``; its libraries (training, the INT8 ladder's classification task, the report) beside
+them. It imports no other task.
+"""
+
+from __future__ import annotations
+
+from pipeline.core.task import Task, stage_registry
+from pipeline.tasks.classification.report import build_report, headline_text
+from pipeline.tasks.classification.stages.data import DataStage
+from pipeline.tasks.classification.stages.deploy import DeployStage
+from pipeline.tasks.classification.stages.distill import DistillStage
+from pipeline.tasks.classification.stages.evaluate import EvaluateStage, ladder_table
+from pipeline.tasks.classification.stages.export import ExportStage
+from pipeline.tasks.classification.stages.prune import PruneStage
+from pipeline.tasks.classification.stages.quantize import QuantizeStage
+from pipeline.tasks.classification.stages.report import ReportStage
+from pipeline.tasks.classification.stages.teacher import TeacherStage
+
+
+def _summary(ctx) -> None:
+    """The ladder, the headline and where the report and manifest are."""
+    evaluated = ctx.manifest.stage("evaluate")
+    if evaluated:
+        print(ladder_table(evaluated["metrics"]["rungs"]))
+    reported = ctx.manifest.stage("report")
+    if reported:
+        print()
+        print(headline_text(reported["metrics"]["headline"]))
+        print(f"report: {ctx.run_dir / reported['outputs']['html']}")
+    print(f"manifest: {ctx.manifest.path}")
+
+
+TASK = Task(name="classification",
+            stages=stage_registry("classification", [DataStage, TeacherStage, PruneStage, DistillStage, ExportStage,
+                                                     QuantizeStage, EvaluateStage, DeployStage, ReportStage]),
+            build_report=build_report, summary=_summary, headline=headline_text)

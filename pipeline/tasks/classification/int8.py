@@ -1,0 +1,86 @@
+"""The classifier on the INT8 ladder (:mod:`pipeline.quantize_ladder`): top-1 on the test split decided on counts,
+the float islands written FP16 in the graph (``quantize.float_islands``), QAT distilled from the FP32 student's
+logits (:mod:`pipeline.tasks.classification.qat`). A library: the quantize stage climbs with it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from device.errors import StageError
+from device.qdq_lint import lint_qdq
+from pipeline.core.log import log
+from pipeline.tasks.classification.onnx_scores import onnx_accuracy
+from pipeline.tasks.classification.qat import quantization_aware_finetune
+from pipeline.quantize_ladder import LadderTask, Step
+from pipeline.quantizers import QUANTIZERS, float_islands_to_fp16, logged_to, run_isolated, within_budget
+from pipeline.scores import points
+
+
+class ClassificationLadder(LadderTask):
+    """The classifier on the shared ladder: top-1 on the test split, decided on counts; the float islands written
+    FP16 in the graph (``quantize.float_islands``); QAT distilled from the FP32 student's logits."""
+
+    metric = "top-1"
+
+    def __init__(self, ctx, workdir: Path, fp32: Path, calibration: np.ndarray, images: np.ndarray,
+                 labels: np.ndarray):
+        self.ctx, self.workdir, self.fp32 = ctx, workdir, fp32
+        self.calibration, self.images, self.labels = calibration, images, labels
+        self.cfg = ctx.recipe.quantize
+        self.budget_points = self.cfg.accuracy_budget_points
+
+    def reference(self) -> dict:
+        scores = onnx_accuracy(self.fp32, self.images, self.labels,
+                               save_predictions=self.workdir / "predictions.fp32.npy")
+        return {**scores, "value": scores["top1"]}
+
+    def quantize(self, step: Step, out: Path) -> dict:
+        quantize = QUANTIZERS.get(step.quantizer)
+        extra = (self.cfg.float_islands,) if step.quantizer == "modelopt" else ()
+        run_isolated(logged_to, self.workdir / "quantizer.log", quantize, self.fp32, out, self.calibration, step.method,
+                     self.cfg.per_channel, *extra)
+        return self._float_islands(out, step, self.cfg.float_islands if step.quantizer == "modelopt" else "fp32")
+
+    def fine_tune(self, out: Path) -> dict:
+        quantization_aware_finetune(self.ctx, out, self.calibration)
+        return self._float_islands(out, Step("modelopt", "qat"), "fp32")
+
+    def _float_islands(self, candidate: Path, step: Step, islands: str) -> dict:
+        if self.cfg.float_islands == "fp16" and islands == "fp32":
+            # One artifact that means the same on TensorRT 10 (FP16 flag) and on strongly typed builds:
+            # the layers left out of INT8 are FP16 in the graph, as ModelOpt writes them natively.
+            backup = candidate.read_bytes()
+            try:
+                float_islands_to_fp16(candidate)
+                islands = "fp16"
+            except Exception as err:  # noqa: BLE001 (a graph the rewrite cannot type: keep it, FP32, said so)
+                candidate.write_bytes(backup)
+                islands = f"fp32 (FP16 rewrite failed: {type(err).__name__}: {str(err).splitlines()[0][:160]})"
+                log(f"quantize: {step}: float islands left FP32: {islands[5:]}")
+            lint = lint_qdq(candidate)
+            if not lint.ok:
+                raise StageError(f"{candidate.name} with FP16 float islands breaks TensorRT's Q/DQ rules: "
+                                 f"{lint.describe()}", fix="set quantize.float_islands: fp32")
+        return {"float_islands": islands}
+
+    def score(self, candidate: Path, step: Step) -> dict:
+        scores = onnx_accuracy(candidate, self.images, self.labels,
+                               save_predictions=self.workdir / f"predictions.{step.method}.npy")
+        return {**scores, "value": scores["top1"]}
+
+    def within(self, reference: dict, scores: dict) -> bool:
+        return within_budget(reference["top1_correct"], scores["top1_correct"], scores["images"], self.budget_points)
+
+    @staticmethod
+    def drop_points(reference: dict, scores: dict) -> float:
+        return points(100 * (reference["top1_correct"] - scores["top1_correct"]) / max(scores["images"], 1))
+
+    def shown(self, value: float) -> str:
+        return f"{100 * value:.2f}%"
+
+    def fix(self, qat: bool) -> str:
+        return ("raise quantize.accuracy_budget_points, add calibration methods, enlarge data.calib_size"
+                + ("" if qat else ", or set quantize.qat (a short fine-tuning schedule)"))

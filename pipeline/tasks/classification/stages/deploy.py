@@ -1,0 +1,318 @@
+"""deploy stage: every rung to every device's agent, benchmarked there.
+
+Devices come from ``EDGE=``/``DC=``/``DEVICES=`` (see :mod:`pipeline.devices`); with none, a
+loopback agent is started on this machine for the run and stopped after it. Devices run
+concurrently (bounded by ``deploy.parallel_devices``); on one device the rungs run one after the
+other, as the agent runs one job at a time anyway. An unreachable or failing device is recorded
+with its reason and the others carry on.
+
+A result is reused when its artifact, the device (agent URL and fingerprint) and the job spec are all
+unchanged: results are kept under ``<run>/deploy-cache/`` by the hash of those, and the stage always
+re-checks the fingerprints (a JetPack upgrade or a new power mode means measuring again).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from device.client import AgentClient, AgentError, JobTimeoutError
+from device.errors import ConfigError, EdgeFoldError
+from device.files import sha256_file
+from device.schema import EvaluationSpec, JobSpec, parse_result
+from pipeline.core.codehash import code_sha256
+from pipeline.devices import DEPLOY_SCHEMA, Device
+from pipeline.jobs import (LOOPBACK, choose_runtime, deploy_targets, interleaved_rounds, job_spec, reuse_or_measure,
+                           trt_major, window_key)
+from pipeline.jobs import fingerprint as device_fingerprint
+from pipeline.tasks.classification.road_artifacts import RoadArtifacts
+from pipeline.core.rungs import RUNGS
+from pipeline.core.stage import Stage, StageResult
+
+
+
+def stratified_indices(labels: np.ndarray, count: int, seed: int = 0) -> np.ndarray:
+    """``count`` test indices with every class in proportion to its share (each present class at least once),
+    sorted; all of them when ``count`` covers the split."""
+    if count >= len(labels):
+        return np.arange(len(labels))
+    rng = np.random.default_rng(seed)
+    classes, sizes = np.unique(labels, return_counts=True)
+    quota = np.maximum(1, np.floor(count * sizes / sizes.sum()).astype(int))
+    for index in np.argsort(-sizes):  # the remainder to the largest classes
+        if quota.sum() >= count:
+            break
+        quota[index] += 1
+    chosen = np.sort(np.concatenate([rng.choice(np.flatnonzero(labels == c), size=min(q, s), replace=False)
+                                     for c, q, s in zip(classes, quota, sizes)]))
+    # More classes than images asked for: every class once is more than count, and says so in the count.
+    return chosen
+
+
+
+def _rung_record(rounds: list[dict[str, Any]], outcome: dict[str, Any]) -> dict[str, Any]:
+    """One rung's record on one device: its first succeeded round (power trace, profile) and every
+    succeeded round's result (``rounds``, for the statistics), with what failed."""
+    succeeded = [r for r in rounds if r["state"] == "succeeded"]
+    if not succeeded:
+        if not rounds and outcome["status"] == "lost":
+            return {"state": "not measured", "error": f"device lost: {outcome['error']}"}
+        failed = next((r for r in rounds if r["state"] != "succeeded"), {"state": "not measured", "error": None})
+        return {key: value for key, value in failed.items() if key != "unreachable"}
+    first = succeeded[0]
+    return {"state": "succeeded", "job_id": first["job_id"], "spec": first["spec"], "result": first["result"],
+            "rounds": [r["result"] for r in succeeded], "round_jobs": [r["job_id"] for r in succeeded],
+            "round_started_at": [r.get("started_at") for r in succeeded],
+            "rounds_failed": [r.get("error") for r in rounds if r["state"] != "succeeded"]}
+
+
+class DeployStage(Stage):
+    name = "deploy"
+    always_run = True  # device fingerprints are re-checked every time; unchanged results are reused
+    # The loopback agent runs this checkout's measurement code in its job processes.
+    code_modules = ("device.jobrun", "device.agent")
+
+    def preflight(self, ctx):
+        """``deploy.runtime: tensorrt`` against an agent without TensorRT is refused before the first stage,
+        with the agent's own reason and fix (an unreachable agent is left to the stage: it is reported there)."""
+        if ctx.recipe.deploy.runtime != "tensorrt":
+            return
+        if not ctx.devices:
+            from device.info import tensorrt_status
+
+            targets = [("the loopback agent (this machine)", tensorrt_status())]
+        else:
+            targets = []
+            for device in ctx.devices:
+                try:
+                    with AgentClient(device.url, device.token(), timeout_s=10) as client:
+                        info = client.device()
+                except EdgeFoldError:
+                    continue
+                targets.append((f"{device.name} ({device.url})", info.get("tensorrt_status") or {
+                    "found": trt_major(info) >= 10, "reason": f"its agent reports TensorRT {info.get('tensorrt')}",
+                    "fix": "upgrade the agent to this EdgeFold's version"}))
+        missing = [(name, status) for name, status in targets if not status.get("found")]
+        if missing:
+            named = "; ".join(f"{name}: {status.get('reason')}" for name, status in missing)
+            fixes = "; ".join(dict.fromkeys(status.get("fix") or "install TensorRT" for _, status in missing))
+            raise ConfigError(f"deploy.runtime is tensorrt but TensorRT is not available on {named}",
+                              fix=f"{fixes}; or run with --set deploy.runtime=auto (ONNX Runtime where TensorRT "
+                                  "is missing, said so in the report)")
+
+    def needs(self, ctx):
+        return tuple(stage for stage in ("export", "quantize") if ctx.manifest.stage(stage))
+
+    def config(self, ctx):
+        return {"deploy": ctx.recipe.section("deploy"), "devices": [d.public() for d in ctx.devices]}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        cfg = ctx.recipe.deploy
+        artifacts = {}
+        for rung in cfg.rungs:
+            stage, key = RUNGS[rung].onnx
+            if ctx.manifest.stage(stage) and key in ctx.manifest.stage(stage)["outputs"]:
+                artifacts[rung] = ctx.manifest.output(stage, key)
+        # The Torch-TensorRT road: each float rung's torch.export program and device checkpoint (an FP16 rung is its
+        # FP32 form's, cast on the device); the INT8 rung's device checkpoint with ModelOpt's state, exported there.
+        programs = {}
+        if "torch_tensorrt" in cfg.runtimes:
+            exported = ctx.manifest.stage("export")["outputs"]
+            quantized = (ctx.manifest.stage("quantize") or {}).get("outputs", {})
+            for rung in cfg.rungs:
+                source = rung if RUNGS[rung].checkpoint_stage else RUNGS[rung].form_of
+                if RUNGS[rung].precision == "int8":
+                    if "student_int8_device_checkpoint" in quantized:
+                        programs[rung] = RoadArtifacts(
+                            checkpoint=ctx.manifest.output("quantize", "student_int8_device_checkpoint"))
+                elif f"{source}_pt2" in exported:
+                    checkpoint = (ctx.manifest.output("export", f"{source}_device_checkpoint")
+                                  if f"{source}_device_checkpoint" in exported else None)
+                    programs[rung] = RoadArtifacts(ctx.manifest.output("export", f"{source}_pt2"), checkpoint)
+        preprocess = json.loads(ctx.manifest.output("export", "preprocess").read_text())
+        cache = ctx.run_dir / "deploy-cache"
+        cache.mkdir(exist_ok=True)
+        label = f"{ctx.recipe.name}/{ctx.run_dir.name}"
+        lock = threading.Lock()
+        evaluation = self._evaluation_set(ctx, workdir, artifacts) if cfg.evaluate_images else None
+        with deploy_targets(ctx) as (targets, loopback):
+            def deploy_one(device: Device) -> dict[str, Any]:
+                token = loopback.token if loopback and device is LOOPBACK else None
+                url = loopback.url if loopback and device is LOOPBACK else device.url
+                return self._device(device, url, token, artifacts, preprocess, cfg, cache, label, ctx, lock,
+                                    evaluation, programs)
+
+            with ThreadPoolExecutor(max_workers=min(cfg.parallel_devices, len(targets))) as pool:
+                outcomes = list(pool.map(deploy_one, targets))
+        reused = sum(len(d.pop("reused", [])) for d in outcomes)
+        if evaluation is not None:  # kept off the agent: the labels and the host's predictions on the same images
+            evaluation["path"].unlink()
+            evaluation = {key: value for key, value in evaluation.items() if key != "path"}
+        results = {"schema": DEPLOY_SCHEMA, "devices": outcomes, "evaluation": evaluation,
+                   "artifacts": {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
+                                 for rung, path in artifacts.items()}}
+        if programs:
+            results["programs"] = {rung: {kind: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
+                                          for kind, path in (("program", art.program), ("checkpoint", art.checkpoint))
+                                          if path is not None}
+                                   for rung, art in programs.items()}
+        (workdir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        measured = sum(1 for d in outcomes for r in d["rungs"].values() if r["state"] == "succeeded")
+        windows = sum(len(r.get("rounds", [])) for d in outcomes for r in d["rungs"].values())
+        return StageResult(outputs={"results": workdir / "results.json"},
+                           metrics={"devices": {d["name"]: d["status"] for d in outcomes}, "jobs_succeeded": measured,
+                                    "jobs_reused": reused, "jobs": len(outcomes) * len(artifacts),
+                                    "rounds": cfg.rounds, "windows": windows})
+
+    @staticmethod
+    def _evaluation_set(ctx, workdir: Path, artifacts: dict[str, Path]) -> dict[str, Any]:
+        """The evaluation set every rung's engine scores on every device: ``deploy.evaluate_images`` test
+        images (stratified per class), preprocessed once with the shared preprocessing, as a float32 ``.npy``;
+        with the labels and each rung's host predictions on the same images."""
+        images, labels = [], []
+        for x, y, *_ in ctx.batches("test", 500):
+            images.append(x.numpy())
+            labels.append(y.numpy())
+        images, labels = np.concatenate(images), np.concatenate(labels)
+        chosen = stratified_indices(labels, ctx.recipe.deploy.evaluate_images)
+        path = workdir / "evaluation-set.npy"
+        np.save(path, np.ascontiguousarray(images[chosen], dtype=np.float32), allow_pickle=False)
+        host = {}
+        for rung in artifacts:
+            stage, key = RUNGS[rung].predictions
+            if ctx.manifest.stage(stage) and key in ctx.manifest.stage(stage)["outputs"]:
+                host[rung] = np.load(ctx.manifest.output(stage, key), allow_pickle=False)[chosen].astype(int).tolist()
+        classes = len(ctx.dataset().classes)
+        return {"path": path, "sha256": sha256_file(path), "images": int(len(chosen)), "top_k": min(5, classes),
+                "indices": chosen.astype(int).tolist(), "labels": labels[chosen].astype(int).tolist(),
+                "host_top1": host, "classes": list(ctx.dataset().classes),
+                "stratified": len(chosen) < len(labels), "of_images": int(len(labels))}
+
+    def _device(self, device: Device, url: str, token: str | None, artifacts: dict[str, Path], preprocess, cfg,
+                cache: Path, label: str, ctx, lock: threading.Lock,
+                evaluation: dict[str, Any] | None = None,
+                programs: dict[str, RoadArtifacts] | None = None) -> dict[str, Any]:
+        outcome: dict[str, Any] = {**device.public(), "url": url if device is not LOOPBACK else "loopback",
+                                   "status": "ok", "error": None, "fingerprint": None, "info": None, "rungs": {}}
+        try:
+            client = AgentClient(url, token or device.token(), timeout_s=60)
+        except EdgeFoldError as err:
+            return {**outcome, "status": "unreachable", "error": str(err)}
+        with client:
+            try:
+                info = client.device()
+            except AgentError as err:
+                return {**outcome, "status": "unreachable", "error": err.message}
+            fingerprint = device_fingerprint(info)
+            runtime, fallback = choose_runtime(cfg.runtime, info)
+            outcome.update(info=info, fingerprint=fingerprint, runtime=runtime, runtime_fallback=fallback)
+            if fallback:
+                with lock:
+                    ctx.log(f"[  deploy] {device.name}: {fallback}")
+            # Interleaved rounds: teacher, pruned, student, INT8, teacher, … one window each per round, so a
+            # busy spell hits every rung of its round and cancels in their paired ratios (pipeline.stats).
+            code = code_sha256(self.code_modules)[0] if device is LOOPBACK else None
+            # Every job of a round, in order: the ONNX road's rungs, then the Torch-TensorRT road's where the agent
+            # has Torch-TensorRT, interleaved in the same rounds so the two roads' paired ratios share conditions.
+            jobs = [(rung, "tensorrt", path) for rung, path in artifacts.items()]
+            if programs:
+                road = {"status": "ok", "reason": None, "torch_tensorrt": info.get("torch_tensorrt"), "rungs": {}}
+                if info.get("torch_tensorrt"):
+                    for rung, artifacts_of_rung in programs.items():
+                        path, why = artifacts_of_rung.for_device(info.get("torch"))
+                        road["sent"] = {**road.get("sent", {}), rung: why}
+                        if path is not None:
+                            jobs.append((rung, "torch_tensorrt", path))
+                else:
+                    road.update(status="not measured", reason="the agent has no Torch-TensorRT (pip install "
+                                                              "'edgefold[torch-tensorrt]' on the device)")
+                    with lock:
+                        ctx.log(f"[  deploy] {device.name}: Torch-TensorRT road not measured: {road['reason']}")
+                outcome["roads"] = {"torch_tensorrt": road}
+            digests = {path: sha256_file(path) for _, _, path in jobs}
+            scoring = None
+            if evaluation is not None:
+                try:  # content-addressed like a model: uploaded once per device, never twice
+                    scoring = EvaluationSpec(artifact=client.upload(evaluation["path"]), images=evaluation["images"],
+                                             top_k=evaluation["top_k"])
+                except AgentError as err:
+                    outcome["evaluation_error"] = err.message
+
+            def window(job: tuple[str, str, Path], round_index: int) -> dict[str, Any]:
+                rung, road_name, path = job
+                shown = rung if road_name == "tensorrt" else f"{rung}@{road_name}"
+                # Round 1 also scores the set through the engine it timed (once per rung × device).
+                spec = job_spec(rung, digests[path], info, cfg, preprocess, f"{label}/{shown}/round{round_index + 1}",
+                                profile=round_index == 0, evaluation=scoring if round_index == 0 else None,
+                                sweep=cfg.sweep, road=road_name)
+                # The agent itself is part of the key: two boards of one kind are each measured (a fleet); its name
+                # in the report is only a label. A loopback agent measures with this checkout's code.
+                key = window_key(artifact=digests[path], agent=device.url, code=code, fingerprint=fingerprint,
+                                 round_index=round_index,
+                                 spec=spec.model_dump(mode="json", exclude={"label"}, exclude_none=True))
+                record, reused = reuse_or_measure(cache / f"{key}.json", lambda: self._benchmark(
+                    client, device, shown, path, spec, cfg, ctx, lock))
+                if reused:  # not flagged in the record: results.json stays byte-identical, so the report is cached
+                    outcome.setdefault("reused", []).append(shown)
+                    with lock:
+                        ctx.log(f"[  deploy] {device.name}: {shown} round {round_index + 1} reused "
+                                "(same artifact, device and job)")
+                elif record.get("unreachable"):
+                    outcome.update(status="lost", error=record["error"])
+                return record
+
+            rounds: dict[tuple[str, str, Path], list[dict[str, Any]]] = {job: [] for job in jobs}
+            interleaved_rounds(jobs, cfg.rounds, window, rounds)
+            for (rung, road_name, _), records in rounds.items():
+                if road_name == "tensorrt":
+                    outcome["rungs"][rung] = _rung_record(records, outcome)
+                else:
+                    outcome["roads"][road_name]["rungs"][rung] = _rung_record(records, outcome)
+        return outcome
+
+    @staticmethod
+    def _benchmark(client: AgentClient, device: Device, rung: str, path: Path, spec: JobSpec, cfg, ctx,
+                   lock: threading.Lock) -> dict[str, Any]:
+        def report(job: dict[str, Any]) -> None:
+            with lock:
+                ctx.log(f"[  deploy] {device.name}: {rung} {job['state']}"
+                        f"{' — ' + job['progress'] if job.get('progress') and job['state'] == 'running' else ''}")
+
+        last_error = None
+        for attempt in range(cfg.retries + 1):
+            try:
+                client.upload(path)
+                submitted = client.submit(spec)
+                job = client.wait(submitted["id"], timeout_s=cfg.job_timeout_s + 120, on_progress=report)
+            except JobTimeoutError as err:
+                # The agent answers: this rung failed, the device is not lost. Cancelled, or it holds the queue;
+                # not retried, a second attempt would wait as long.
+                return {"state": "failed", "error": f"{err.message}; {client.abandon(err.job_id)}",
+                        "spec": spec.model_dump(mode="json", exclude_none=True)}
+            except AgentError as err:
+                if err.status == 0:  # connection lost: the device is gone for this run
+                    return {"state": "failed", "error": err.message, "unreachable": True}
+                last_error = err.message
+                continue
+            if job["state"] == "succeeded":
+                try:  # the agent's result, typed: an agent of another version is named, not misread
+                    result = parse_result(job["result"], f"{device.name}'s result for {rung}")
+                except EdgeFoldError as err:
+                    return {"state": "failed", "error": f"{err.message} ({err.fix})",
+                            "spec": spec.model_dump(mode="json", exclude_none=True)}
+                return {"state": "succeeded", "job_id": job["id"], "spec": spec.model_dump(mode="json", exclude_none=True),
+                        "result": result.dump(), "attempts": attempt + 1, "started_at": job.get("started_at")}
+            last_error = job["error"]
+            if job["state"] not in ("failed", "interrupted"):
+                break
+        return {"state": "failed", "error": last_error, "spec": spec.model_dump(mode="json", exclude_none=True)}
+
+    def summary(self, metrics):
+        devices = ", ".join(f"{name} {status}" for name, status in metrics["devices"].items())
+        return (f"{metrics['jobs_succeeded']}/{metrics['jobs']} rungs measured in {metrics.get('rounds', 1)} interleaved "
+                f"rounds ({metrics['jobs_reused']} windows reused); {devices}")

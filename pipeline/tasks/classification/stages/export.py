@@ -1,0 +1,122 @@
+"""export stage: ONNX (opset ≥ 17, dynamic batch, BatchNorm folded) for every measured rung,
+and, when ``deploy.runtimes`` names ``torch_tensorrt``, a ``torch.export`` program (``<rung>.pt2``, torch version
+recorded, run back through the agent's Torch runner for parity) for the Torch-TensorRT road: the device casts it to
+FP16 itself for an FP16 rung, so only the float rungs get one; beside it the rung's device checkpoint
+(``<rung>.device.pt``: state, architecture key, input C×H×W) for a device whose torch cannot load the program,
+with its outputs checked against torch on real test images by ONNX Runtime; and the FP16 forms
+(``teacher_fp16``, ``student_fp16``): FP16 weights and compute written in the graph, float32 I/O,
+scored on the whole test split by ONNX Runtime — an emulation on the host's CPU (casts around most
+nodes), labelled so; the device's own figure comes from the engine it timed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from device.errors import StageError
+from pipeline.checkpoint import load_checkpoint
+from pipeline.onnx_export import check_parity, export_onnx
+from pipeline.tasks.classification.onnx_scores import onnx_accuracy
+from pipeline.core.rungs import RUNGS
+from pipeline.core.stage import Stage, StageResult
+from pipeline.torch_export import write_device_checkpoint
+
+
+class ExportStage(Stage):
+    name = "export"
+
+    def needs(self, ctx):
+        return ("data",) + tuple(RUNGS[r].checkpoint_stage for r in ctx.recipe.export.rungs)
+
+    def config(self, ctx):
+        return {"export": ctx.recipe.section("export"), "preprocess": ctx.preprocess.to_dict(),
+                "torch": torch.__version__, "runtimes": list(ctx.recipe.deploy.runtimes)}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        cfg = ctx.recipe.export
+        test = ctx.batches("test", cfg.parity_images)
+        images = next(iter(test))[0][: cfg.parity_images].numpy()
+        outputs, metrics = {}, {}
+        for rung in cfg.rungs:
+            model, _ = load_checkpoint(ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model"))
+            path = workdir / f"{rung}.onnx"
+            facts = export_onnx(model, path, ctx.preprocess.input_shape(1), cfg.opset)
+            parity = check_parity(model, path, images)
+            metrics[rung] = {**facts, "parity": parity}
+            if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
+                raise StageError(
+                    f"ONNX export of {rung} disagrees with torch: max |Δlogit| {parity['max_abs_diff']:.3g} "
+                    f"(allowed {cfg.parity_atol:g}), top-1 agreement {100 * parity['top1_agreement']:.1f}% "
+                    f"(required {100 * cfg.min_top1_agreement:.1f}%)",
+                    fix="report this model to EdgeFold; try export.opset: 18, or loosen export.parity_atol",
+                )
+            outputs[rung] = path
+            if "torch_tensorrt" in ctx.recipe.deploy.runtimes:
+                outputs[f"{rung}_pt2"] = self._program(ctx, model, rung, workdir, images, metrics[rung])
+                # For a device whose torch is another release: it rebuilds the rung and exports it itself.
+                outputs[f"{rung}_device_checkpoint"] = write_device_checkpoint(
+                    ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model"), workdir / f"{rung}.device.pt",
+                    ctx.preprocess.input_shape(1)[1:])
+        if cfg.fp16_rungs:
+            outputs.update(self._fp16_forms(ctx, workdir, outputs, metrics))
+        # The device needs the preprocessing with the model to feed it correctly.
+        (workdir / "preprocess.json").write_text(json.dumps(ctx.preprocess.to_dict(), indent=2) + "\n")
+        outputs["preprocess"] = workdir / "preprocess.json"
+        return StageResult(outputs=outputs, metrics={"rungs": metrics})
+
+    @staticmethod
+    def _program(ctx, model, rung: str, workdir: Path, images: np.ndarray, metrics: dict) -> Path:
+        """Writes ``<rung>.pt2`` and checks it against torch as the agent's Torch runner runs it."""
+        from pipeline.torch_export import check_program_parity, export_program
+
+        cfg = ctx.recipe.export
+        path = workdir / f"{rung}.pt2"
+        facts = export_program(model, path, ctx.preprocess.input_shape(1))
+        parity = check_program_parity(model, path, images)
+        metrics["program"] = {**facts, "parity": parity}
+        if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
+            raise StageError(f"the torch.export program of {rung} disagrees with torch: max |Δlogit| "
+                             f"{parity['max_abs_diff']:.3g} (allowed {cfg.parity_atol:g})",
+                             fix="report this model to EdgeFold, or leave torch_tensorrt out of deploy.runtimes")
+        return path
+
+    @staticmethod
+    def _fp16_forms(ctx, workdir: Path, exported: dict, metrics: dict) -> dict:
+        """Writes each FP16 rung from its exported FP32 ONNX and scores it on the test split."""
+        from pipeline.fp16 import to_fp16
+
+        cfg = ctx.recipe.export
+        images, labels = [], []
+        for x, y, *_ in ctx.batches("test", 500):
+            images.append(x.numpy())
+            labels.append(y.numpy())
+        images, labels = np.concatenate(images), np.concatenate(labels)
+        outputs = {}
+        for rung in cfg.fp16_rungs:
+            source = RUNGS[rung].form_of
+            path = workdir / f"{source}.fp16.onnx"
+            facts = to_fp16(exported[source], path)
+            predictions = workdir / f"{rung}.predictions.npy"
+            scores = onnx_accuracy(path, images, labels, save_predictions=predictions)
+            reference = np.load(ctx.manifest.output(RUNGS[source].predictions[0], RUNGS[source].predictions[1]))
+            agreement = float((np.load(predictions) == reference).mean())
+            if agreement < cfg.min_top1_agreement:
+                raise StageError(
+                    f"the FP16 form of {source} agrees with its FP32 form on only {100 * agreement:.1f}% of the test "
+                    f"images' top-1 (required {100 * cfg.min_top1_agreement:.1f}%): FP16 overflows or underflows in it",
+                    fix=f"leave {rung} out (export.fp16_rungs: [...]) and find the layer with the per-layer profile")
+            metrics[rung] = {**facts, "size_mb": path.stat().st_size / 1e6, "scores": scores,
+                             "top1_agreement_with_fp32": agreement,
+                             "host_note": "ONNX Runtime CPU emulates FP16 (casts around most nodes); the device's "
+                                          "figure is the real one"}
+            outputs[rung], outputs[f"{rung}_predictions"] = path, predictions
+        return outputs
+
+    def summary(self, metrics):
+        return ", ".join(f"{rung} {m['size_mb']:.1f} MB" + (f" (max |Δ| {m['parity']['max_abs_diff']:.1e})"
+                                                             if "parity" in m else
+                                                             f" (top-1 {100 * m['scores']['top1']:.2f}%, emulated)")
+                         for rung, m in metrics["rungs"].items())

@@ -1,0 +1,220 @@
+"""prune stage: structured channel pruning with Torch-Pruning (DepGraph) to a MACs target or a latency budget.
+
+A latency budget (``prune.latency``) is measured on the named device's agent: a latency table per
+channel group, a knapsack over group importance under the budget, and the chosen plan measured
+(see :mod:`pipeline.latency`; loaded by name, only then). The MACs target works as before:
+
+Torch-Pruning takes a channel ratio, not a MACs budget, so the ratio is found by bisection
+on throw-away copies; channel counts are rounded to the recipe's multiple because odd counts
+defeat Tensor Cores (a pruned model with odd widths is often *slower* in TensorRT).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from device.errors import StageError
+from pipeline.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.models import ARCHITECTURES, count_macs, count_parameters, layer_macs
+from pipeline.core.recipe import PruneConfig
+from pipeline.core.stage import Stage, StageResult
+from pipeline.scores import assess, recorded_scores
+from pipeline.tasks.classification.train import evaluate, fit, recalibrate_if_needed
+from pipeline.core.log import log
+from pipeline.channels import WidthPruner
+from pipeline.latency.search import macs_knapsack_plan
+from pipeline.pruning import find_plan, make_pruner
+
+
+# The latency path, loaded by name (importlib) and only for a latency budget: the code hash follows imports,
+# lazy ones included, and that path reaches the agent, its runners and the ONNX export. Declared as a code
+# root for that mode alone (PruneStage.code_roots), so a MACs target is not re-run by an edit there.
+LATENCY_PATH = "pipeline.latency.budget"
+
+
+class PruneStage(Stage):
+    name = "prune"
+
+    def needs(self, ctx):
+        return ("data", "teacher")
+
+    def code_roots(self, ctx) -> tuple[str, ...]:
+        """The MACs path is this module's own imports; a latency budget adds the latency path and the agent's job
+        process, which times the networks without being imported here."""
+        return (LATENCY_PATH, "device.jobrun", "device.agent") if ctx.recipe.prune.latency is not None else ()
+
+    def config(self, ctx):
+        config = {"prune": ctx.recipe.section("prune"), "preprocess": ctx.preprocess.to_dict()}
+        if ctx.recipe.prune.latency is not None:
+            # The budget is measured with the deploy stage's runtime on these devices: a change plans again.
+            deploy = ctx.recipe.deploy
+            config.update(devices=[d.public() for d in ctx.devices],
+                          deploy={"runtime": deploy.runtime, "threads": deploy.threads}, opset=ctx.recipe.export.opset)
+            if ctx.recipe.prune.latency.reference:  # the budget is of that network's latency: its bytes count
+                from device.files import sha256_file
+
+                config["reference_sha256"] = sha256_file(ctx.recipe.prune.latency.reference)
+        return config
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        cfg = ctx.recipe.prune
+        model, info = load_checkpoint(ctx.manifest.output("teacher", "model"))
+        arch, input_shape = info["arch"], ctx.preprocess.input_shape(1)
+        base_macs, base_params = count_macs(model, input_shape), count_parameters(model)
+        latency_metrics = None
+        if cfg.latency is not None:
+            plan, pruner, latency_metrics = self._latency_plan(ctx, workdir, model, arch, cfg, input_shape)
+        elif cfg.importance == "taylor":
+            # The latency budget's knapsack with MACs as the cost: the control for "latency as the objective".
+            def train_batches():
+                return ctx.batches("train", 64, shuffle=True, seed=cfg.seed)
+
+            widths, groups, predicted = macs_knapsack_plan(model, arch, cfg, input_shape, train_batches())
+            log(f"prune: knapsack over {len(groups)} channel groups by Taylor importance → {100 * predicted:.1f}% of "
+                f"the teacher's MACs (target {100 * cfg.macs_target:.1f}%)")
+            plan = {"widths": widths, "macs_target": cfg.macs_target, "importance": "taylor"}
+            pruner = WidthPruner(model, arch, cfg, groups, widths, input_shape, train_batches)
+        else:
+            plan, predicted = find_plan(model, arch, cfg, input_shape, base_macs)
+            log(f"prune: channel ratio {plan['ratio']:.5f} ({plan['harder_ratio']:.5f} on the first "
+                f"{plan['harder_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
+                f"(target {100 * cfg.macs_target:.1f}%)")
+            pruner = make_pruner(model, arch, cfg, plan, input_shape)
+        before_shapes = _conv_shapes(model)
+        before_macs = layer_macs(model, input_shape)
+        test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
+        history = []
+        for step in range(cfg.steps):
+            pruner.step()
+            if cfg.finetune and cfg.finetune.epochs:
+                train = ctx.batches("train", cfg.finetune.batch_size, shuffle=True, augment=cfg.finetune.augment,
+                                    seed=cfg.finetune.seed + step, drop_last=True)
+
+                def loss_fn(logits, batch):
+                    return F.cross_entropy(logits, batch.labels, label_smoothing=cfg.finetune.label_smoothing)
+
+                history += fit(model, train, cfg.finetune, loss_fn, ctx.device, f"prune step {step + 1}/{cfg.steps}")
+                recalibrate_if_needed(model, cfg.finetune, lambda: ctx.batches("train", 256, shuffle=True,
+                                                                               seed=cfg.finetune.seed),
+                                      ctx.device, "pruned")
+                model.cpu()
+        macs = count_macs(model, input_shape)
+        fraction = macs / base_macs
+        if cfg.macs_target is not None and abs(fraction - cfg.macs_target) > cfg.tolerance * cfg.macs_target:
+            raise StageError(
+                f"pruned model has {100 * fraction:.1f}% of the teacher's MACs; target {100 * cfg.macs_target:.1f}% "
+                f"± {100 * cfg.tolerance:.0f}% (relative)",
+                fix="raise prune.tolerance, lower prune.round_to, or choose a reachable macs_target",
+            )
+        unpruned = unpruned_layers(before_shapes, model, arch, cfg.round_to)
+        if unpruned:
+            log(f"prune: note: {len(unpruned)} prunable layers kept every channel; e.g. {unpruned[0]['layer']}: "
+                  f"{unpruned[0]['reason']}")
+        concentration = macs_concentration(before_macs, layer_macs(model, input_shape))
+        if concentration["warning"]:
+            log(f"prune: note: {concentration['warning']}")
+        odd = _channels_off_multiple(model, arch, cfg.round_to)
+        if odd:
+            log(f"prune: note: {len(odd)} layers keep channel counts that are not multiples of {cfg.round_to} "
+                  f"(unpruned originals): {odd[:3]}")
+        metrics = evaluate(model, test, ctx.device, "pruned eval", save_predictions=workdir / "predictions.npy")
+        model.cpu()
+        path = save_checkpoint(workdir / "model.pt", model, arch, info["num_classes"], pruned_from="teacher",
+                               plan=plan)
+        return StageResult(
+            outputs={"model": path, "predictions": workdir / "predictions.npy"},
+            # Not gated: a pruned model before distillation is expected to be bad; the verdict is recorded.
+            metrics={**recorded_scores(metrics), "sanity": assess(metrics, ctx.dataset().classes), "plan": plan,
+                     "macs_g": macs / 1e9, "params_m": count_parameters(model) / 1e6,
+                     "macs_fraction": fraction, "params_fraction": count_parameters(model) / base_params,
+                     "layers_off_multiple": len(odd), "unpruned_layers": unpruned,
+                     "macs_concentration": concentration, "history": history,
+                     **({"latency": latency_metrics} if latency_metrics is not None else {})},
+        )
+
+    @staticmethod
+    def _latency_plan(ctx, workdir: Path, model, arch: str, cfg: PruneConfig, input_shape):
+        """The latency path (:func:`pipeline.latency.budget.latency_plan`): table, knapsack, measured plan.
+
+        Returns:
+            (plan recorded in the checkpoint, pruner, the ``latency`` metrics).
+        """
+        import importlib
+
+        def train_batches():  # for the Taylor importance: the loss change of removing a channel, on training data
+            return ctx.batches("train", 64, shuffle=True, seed=cfg.seed)
+
+        widths, budget_ms, groups, metrics = importlib.import_module(LATENCY_PATH).latency_plan(
+            ctx, workdir, model, arch, cfg, input_shape, train_batches)
+        plan = {"widths": widths, "latency_budget_ms": budget_ms}
+        return plan, WidthPruner(model, arch, cfg, groups, widths, input_shape, train_batches), metrics
+
+    def summary(self, metrics):
+        return (f"{100 * metrics['macs_fraction']:.1f}% of the teacher's MACs ({metrics['macs_g']:.3f} G), "
+                f"{metrics['params_m']:.2f} M params, top-1 before distillation {100 * metrics['top1']:.2f}%")
+
+
+def _conv_shapes(model: torch.nn.Module) -> dict[str, tuple[int, int, int]]:
+    return {name: (m.in_channels, m.out_channels, m.groups) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Conv2d)}
+
+
+def unpruned_layers(before: dict[str, tuple[int, int, int]], model: torch.nn.Module, arch: str,
+                    round_to: int) -> list[dict]:
+    """Convolutions the plan left at full width, each with the reason (nothing stays whole silently).
+
+    The usual reason is rounding: a grouped convolution whose groups are ``round_to`` channels wide (or
+    narrower) cannot lose channels inside a group without leaving its width off the multiple, so
+    Torch-Pruning keeps it whole, together with every layer coupled to it (its producer, its
+    BatchNorm, a squeeze-excitation block), and the MACs target is met by squeezing the rest harder.
+    """
+    after = _conv_shapes(model)
+    kept = []
+    for name, (cin, cout, groups) in before.items():
+        if after.get(name, (cin, cout, groups))[1] != cout or cout <= round_to:
+            continue
+        width = cout // groups if groups else cout
+        if 1 < groups < cout and width <= round_to:
+            reason = (f"grouped convolution, {groups} groups of {width} channels: with round_to {round_to} a group "
+                      f"can only be kept whole (set prune.round_to to a divisor of {width} below it, e.g. "
+                      f"{max(1, width // 2)}, to prune inside groups)")
+        elif groups == cout and groups > 1:
+            reason = "depthwise convolution coupled to a layer the plan kept whole"
+        else:
+            reason = "coupled (residual, concatenation or attention) to a layer the plan kept whole, or the ratio " \
+                     "rounded back to the full width"
+        kept.append({"layer": name, "channels": cout, "groups": groups, "reason": reason})
+    return kept
+
+
+def macs_concentration(before: dict[str, int], after: dict[str, int], top: int = 3,
+                       share: float = 0.5) -> dict:
+    """Which layers the MACs cut came from; a warning when ``top`` layers gave more than ``share`` of it.
+
+    A plan that reaches its target by gutting a few layers (the residual stream of a network whose
+    grouped layers stayed whole) usually costs more accuracy than one spread over the network.
+    """
+    removed = {name: before[name] - after.get(name, 0) for name in before if before[name] > after.get(name, 0)}
+    total = sum(removed.values())
+    ranked = sorted(removed.items(), key=lambda kv: -kv[1])[:top]
+    top_share = sum(v for _, v in ranked) / total if total else 0.0
+    warning = None
+    if total and top_share > share and len(removed) > top:
+        warning = (f"{100 * top_share:.0f}% of the MACs removed came from {top} of {len(removed)} pruned layers "
+                   f"({', '.join(name for name, _ in ranked)}): the cut is concentrated")
+    return {"removed_g": total / 1e9, "top_layers": [{"layer": n, "removed_g": v / 1e9} for n, v in ranked],
+            "top_share": top_share, "warning": warning}
+
+
+def _channels_off_multiple(model: torch.nn.Module, arch: str, multiple: int) -> list[str]:
+    classifier = ARCHITECTURES.get(arch).classifier
+    odd = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Conv2d) and module.out_channels % multiple:
+            odd.append(f"{name}={module.out_channels}")
+        elif isinstance(module, torch.nn.Linear) and name != classifier and module.out_features % multiple:
+            odd.append(f"{name}={module.out_features}")
+    return odd

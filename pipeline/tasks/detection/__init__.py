@@ -1,0 +1,39 @@
+"""Object detection: a detector folded rung by rung and scored by mAP (AP50, AP75) on the host and on every device,
+its box decode and NMS timed apart from the network.
+
+Its stages are in ``stages/``; its libraries (models, training, metrics, the INT8 ladder's detection task, the
+report) beside them. It imports no other task.
+"""
+
+from __future__ import annotations
+
+from pipeline.core.task import Task, stage_registry
+from pipeline.tasks.detection.report import build_from_run, headline_text
+from pipeline.tasks.detection.stages.data import DetectionDataStage
+from pipeline.tasks.detection.stages.deploy import DetectionDeployStage
+from pipeline.tasks.detection.stages.distill import DetectionDistillStage
+from pipeline.tasks.detection.stages.evaluate import DetectionEvaluateStage
+from pipeline.tasks.detection.stages.export import DetectionExportStage
+from pipeline.tasks.detection.stages.prune import DetectionPruneStage
+from pipeline.tasks.detection.stages.quantize import DetectionQuantizeStage
+from pipeline.tasks.detection.stages.report import DetectionReportStage
+from pipeline.tasks.detection.stages.teacher import DetectionTeacherStage
+
+
+def _summary(ctx) -> None:
+    """The report's tables (mAP per rung on host and device, timings) and where the report and manifest are."""
+    outputs = (ctx.manifest.stage("report") or {}).get("outputs", {})
+    markdown = outputs.get("md") or outputs.get("markdown")  # "markdown": a run reported by an older version
+    if markdown:
+        print((ctx.run_dir / markdown).read_text())
+        if "html" in outputs:
+            print(f"report: {ctx.run_dir / outputs['html']}")
+        print(f"markdown: {ctx.run_dir / markdown}")
+    print(f"manifest: {ctx.manifest.path}")
+
+
+TASK = Task(name="detection",
+            stages=stage_registry("detection", [DetectionDataStage, DetectionTeacherStage, DetectionPruneStage,
+                                                DetectionDistillStage, DetectionExportStage, DetectionQuantizeStage,
+                                                DetectionEvaluateStage, DetectionDeployStage, DetectionReportStage]),
+            build_report=build_from_run, summary=_summary, headline=headline_text)

@@ -1,0 +1,116 @@
+"""The detector on the INT8 ladder (:mod:`pipeline.quantize_ladder`): COCO mAP of ONNX Runtime + the device's
+decode on the test canvases; the box-regression branch kept out of Q/DQ as ``quantize.box_head`` says (FP16 in the
+graph, FP32, or quantized); QAT towards the FP32 student's raw head outputs (:mod:`pipeline.tasks.detection.qat`).
+A library: the detection quantize stage climbs with it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from device.errors import StageError
+from pipeline.quantize_ladder import LadderTask, Step
+
+
+def box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
+    """Rewrites the quantized graph's box branch (left float by the quantizer) to FP16, in place.
+
+    Raises:
+        StageError: The rewrite put a node outside the box branch in FP16, or none inside it.
+    """
+    import onnx
+
+    from pipeline.fp16_nodes import fp16_nodes, nodes_to_fp16
+
+    model = onnx.load(str(path))
+    facts = nodes_to_fp16(model, box_nodes)
+    halves = fp16_nodes(model)
+    stray = sorted(halves - set(box_nodes))
+    if stray or not halves:
+        raise StageError(f"the box branch's FP16 rewrite of {path.name} left "
+                         + (f"{len(stray)} node(s) outside the branch in FP16 (e.g. {stray[0]})" if stray
+                            else "no node in FP16"),
+                         fix="this is a bug in pipeline/fp16_nodes.py; set quantize.box_head: float meanwhile")
+    onnx.save(model, str(path))
+    return {"box_nodes_fp16": facts["fp16_nodes"], "box_casts": facts["casts_in"] + facts["casts_out"]}
+
+
+def quantize_detector(step: Step, fp32: Path, out: Path, calibration, per_channel: bool, box_head: str,
+                      workdir: Path) -> dict:
+    """The post-training candidate of ``step`` for a detector: its box branch out of Q/DQ unless ``box_head`` is
+    ``int8``, and FP16 in the graph for ``fp16``; the decoding sidecar copied beside it. Returns what to record."""
+    from pipeline.tasks.detection.export import box_branch_nodes, sidecar_path
+    from pipeline.ort_quantize import quantize_ort, quiet
+    from pipeline.quantizers import logged_to, quantize_modelopt, run_isolated
+
+    excluded = box_branch_nodes(fp32) if box_head in ("fp16", "float") else []
+    if step.quantizer == "modelopt":
+        # ModelOpt writes every layer it leaves float in high_precision_dtype: FP16 only where the box head is.
+        islands = "fp16" if box_head == "fp16" else "fp32"
+        run_isolated(logged_to, workdir / "quantizer.log", quantize_modelopt, fp32, out, calibration, step.method,
+                     per_channel, islands, excluded)
+        import onnx
+
+        from pipeline.fp16_nodes import fp16_nodes
+
+        halves = {"float_islands": islands,
+                  "box_nodes_fp16": len(fp16_nodes(onnx.load(str(out))) & set(excluded))}
+    else:
+        with quiet():
+            quantize_ort(fp32, out, calibration, step.method, per_channel, excluded)
+        halves = box_branch_fp16(out, excluded) if box_head == "fp16" else {}
+    shutil.copyfile(sidecar_path(fp32), sidecar_path(out))  # the same anchors and thresholds
+    return {"box_head": box_head, "box_nodes_float": len(excluded), **halves}
+
+
+class DetectionLadder(LadderTask):
+    """The detector on the shared ladder: COCO mAP of ONNX Runtime + the device's decode on the test canvases; the box
+    branch kept out of Q/DQ as ``box_head`` says; QAT towards the FP32 student's raw head outputs."""
+
+    metric = "mAP"
+
+    def __init__(self, ctx, workdir: Path, fp32: Path, calibration, train, size: int, inputs, test, classes, sizes,
+                 box_head: str):
+        self.ctx, self.workdir, self.fp32, self.box_head = ctx, workdir, fp32, box_head
+        self.calibration, self.train, self.size, self.inputs = calibration, train, size, inputs
+        self.test, self.classes, self.sizes = test, classes, sizes
+        self.cfg = ctx.recipe.quantize
+        self.budget_points = self.cfg.accuracy_budget_points
+        self.detections: dict[str, list] = {}
+
+    def reference(self) -> dict:
+        from pipeline.tasks.detection.onnx import score_onnx_detector
+
+        scores, self.detections["fp32"] = score_onnx_detector(self.fp32, self.inputs, self.test.boxes, self.classes,
+                                                              self.sizes, "the FP32 student", resamples=self.cfg.resamples)
+        return {**scores, "value": scores["map"]}
+
+    def quantize(self, step: Step, out: Path, box_head: str | None = None) -> dict:
+        return quantize_detector(step, self.fp32, out, self.calibration, self.cfg.per_channel, box_head or self.box_head,
+                                 self.workdir)
+
+    def fine_tune(self, out: Path) -> dict:
+        from pipeline.tasks.detection.export import box_branch_nodes, network_inputs
+        from pipeline.tasks.detection.qat import detector_qat
+
+        train_inputs = network_inputs(self.train.images, self.size)  # only here: QAT is the one step that trains
+        facts = detector_qat(self.ctx.manifest.output("distill", "model"), out, self.calibration, train_inputs,
+                             self.cfg.qat, self.box_head, self.ctx.recipe.export.opset,
+                             self.ctx.recipe.section("postprocess"))
+        excluded = box_branch_nodes(out) if self.box_head in ("fp16", "float") else []
+        halves = box_branch_fp16(out, excluded) if self.box_head == "fp16" else {}
+        return {"box_head": self.box_head, "box_nodes_float": len(excluded), **halves, **facts}
+
+    def score(self, candidate: Path, step: Step) -> dict:
+        from pipeline.tasks.detection.onnx import score_onnx_detector
+
+        scores, self.detections[step.method] = score_onnx_detector(
+            candidate, self.inputs, self.test.boxes, self.classes, self.sizes, f"the INT8 student ({step})",
+            resamples=self.cfg.resamples)
+        return {"scores": scores, "value": scores["map"]}
+
+    def fix(self, qat: bool) -> str:
+        other = "; or set quantize.box_head: fp16" if self.box_head == "int8" else ""
+        return ("raise quantize.accuracy_budget_points, add calibration methods, raise quantize.calib_images"
+                + ("" if qat else ", or set quantize.qat (a short fine-tuning schedule)") + other)

@@ -1,0 +1,209 @@
+"""Detection recipes (``task: detection``): validated like classification recipes, in a module of their own.
+
+:func:`pipeline.core.recipe.parse_recipe` loads this module by name only for a recipe that says ``task: detection``:
+a stage's code hash follows its imports (:mod:`pipeline.core.codehash`), and every classification stage imports
+:mod:`pipeline.core.recipe`, so importing the detectors from there would re-run every classification stage whenever
+detection code changed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from device.errors import ConfigError, DataError, UnknownKeyError
+from device.schema import IdleSeconds
+from pipeline.core.recipe import LadderConfig, RecipeBase, Strict, TrainConfig, registry_check
+
+BOX_HEADS = ("fp16", "float", "int8")
+"""How the quantize stage may leave the box-regression branch (``quantize.box_head``): FP16 or FP32 outside Q/DQ, or
+quantized."""
+
+DETECTION_SOURCES = {"fmnist-det": "fashion-mnist", "digits-det": "digits"}
+"""Composited canvas sets by recipe key → the classification source whose images are placed on the canvases."""
+
+
+def check_detection_source(source: str) -> None:
+    """Validates a detection ``data.source`` without loading anything.
+
+    Raises:
+        UnknownKeyError: Neither a composited set nor ``coco:`` with a path; the near keys are named.
+    """
+
+    name, colon, argument = source.partition(":")
+    if name == "coco" and colon:
+        if not argument.partition("@")[0].strip():
+            raise ConfigError("coco: needs the annotations file", fix="e.g. coco:/data/annotations/instances_val2017.json")
+        return
+    if source in DETECTION_SOURCES:
+        return
+    known = [*DETECTION_SOURCES, "coco:/path/annotations.json"]
+    near = difflib.get_close_matches(source, known, n=2, cutoff=0.5)
+    hint = f"did you mean {' or '.join(repr(n) for n in near)}? " if near else ""
+    raise UnknownKeyError(f"unknown detection data source {source!r}", fix=f"{hint}known: {', '.join(known)}")
+
+
+def _check_detector(name: str) -> None:
+    from pipeline.tasks.detection.models import DETECTORS
+
+    DETECTORS.get(name)
+
+
+class CanvasConfig(Strict):
+    """How the composited canvases are drawn (:class:`pipeline.tasks.detection.data.CanvasSpec`; the seed is data.seed)."""
+
+    size: int = Field(96, ge=16, description="canvas side, pixels (coco: each image letterboxed to this square)")
+    objects: tuple[int, int] = Field((1, 4), description="fewest and most objects per canvas")
+    scale: tuple[float, float] = Field((0.2, 0.5), description="object side as a fraction of the canvas side")
+    max_iou: float = Field(0.2, ge=0, le=1, description="most overlap (IoU) between two objects' boxes")
+    texture: float = Field(0.3, ge=0, le=1, description="background texture amplitude")
+
+    @model_validator(mode="after")
+    def _drawable(self) -> "CanvasConfig":
+        try:
+            self.to_spec(0)  # the generator's own checks, so a bad canvas fails when the recipe is loaded
+        except DataError as err:
+            raise ValueError(f"{err.message}; {err.fix}" if err.fix else err.message) from None
+        return self
+
+    def to_spec(self, seed: int):
+        from pipeline.tasks.detection.data import CanvasSpec
+
+        return CanvasSpec(size=self.size, objects=tuple(self.objects), scale=tuple(self.scale), max_iou=self.max_iou,
+                          texture=self.texture, seed=seed)
+
+
+class DetectionDataConfig(Strict):
+    """Detection images: a composited canvas set built in the data stage, or the user's COCO JSON."""
+
+    source: str = Field(description="fmnist-det | digits-det | coco:/path/annotations.json[@/path/images]")
+    train_images: int = Field(2000, ge=1, description="composited training canvases (coco: at most this many "
+                                                      "training images)")
+    test_images: int = Field(500, ge=1, description="composited test canvases (coco: at most this many test images, "
+                                                    "and a fifth of the set; drawn first by data.seed)")
+    canvas: CanvasConfig = CanvasConfig()
+    seed: int = 0
+
+    _known_source = registry_check("source", check_detection_source)
+
+
+class DetectionTeacherConfig(Strict):
+    """The teacher detector: an architecture from :data:`pipeline.tasks.detection.models.DETECTORS`."""
+
+    arch: str
+    input_size: Optional[int] = Field(None, ge=16, description="square input side; null = the architecture's own")
+    weights: Optional[str] = Field(None, description="path to a torchvision detector state_dict (FrozenBatchNorm "
+                                                     "converted to BatchNorm), or null to train")
+    train: TrainConfig
+
+    _known_arch = registry_check("arch", _check_detector)
+
+    @model_validator(mode="after")
+    def _size_fits(self) -> "DetectionTeacherConfig":
+        from pipeline.tasks.detection.models import DETECTORS
+
+        spec = DETECTORS.get(self.arch)
+        if spec.fixed_size and self.input_size not in (None, spec.input_size):
+            raise ValueError(f"{self.arch} is laid out for {spec.input_size}×{spec.input_size} inputs; set "
+                             f"input_size: {spec.input_size} or null")
+        return self
+
+    def size(self) -> int:
+        """The input side the detector runs (and its MACs are counted) at."""
+        from pipeline.tasks.detection.models import DETECTORS
+
+        return self.input_size or DETECTORS.get(self.arch).input_size
+
+
+class DetectionPruneConfig(Strict):
+    """Backbone and neck pruned to a MACs target; the head's anchor-sized layers kept whole."""
+
+    macs_target: float = Field(gt=0, le=1, description="pruned MACs as a fraction of the teacher's, at its input size")
+    tolerance: float = Field(0.05, gt=0, lt=1, description="relative tolerance on macs_target")
+    round_to: int = Field(8, ge=1, description="channel counts rounded to this multiple (Tensor Cores want 8/16/32)")
+    importance: Literal["l1", "l2"] = Field("l2", description="channel importance: weight magnitude")
+    iterations: int = Field(10, ge=1, le=30, description="most trial prunes while bisecting the channel ratio")
+
+
+class DetectionDistillConfig(Strict):
+    """The pruned detector fine-tuned with the teacher (:mod:`pipeline.tasks.detection.distill`, Chen et al. 2017)."""
+
+    temperature: float = Field(2.0, gt=0, description="softens both detectors' class scores")
+    kd_weight: float = Field(1.0, ge=0, description="weight of KD on the matched anchors' class scores; 0 with "
+                                                    "feature_weight 0 fine-tunes without the teacher")
+    feature_weight: float = Field(1.0, ge=0, description="weight of feature imitation on the levels the head reads")
+    train: TrainConfig
+
+
+class DetectionPostprocessConfig(Strict):
+    """Decode + per-class NMS after the network (:mod:`device.detection_post`, the same on host and device);
+    a key left null keeps the architecture's own value (torchvision's)."""
+
+    score_threshold: Optional[float] = Field(None, ge=0, lt=1, description="scores kept above this")
+    iou_threshold: Optional[float] = Field(None, gt=0, le=1, description="per-class NMS IoU")
+    max_detections: Optional[int] = Field(None, ge=1, description="detections kept per image (COCO scores 100)")
+    topk_candidates: Optional[int] = Field(None, ge=1, description="candidates per level (FPN) or class (SSD)")
+
+
+class DetectionExportConfig(Strict):
+    """ONNX up to the raw head outputs (:mod:`pipeline.tasks.detection.export`), teacher and student."""
+
+    opset: int = Field(17, ge=13, le=21)
+    parity_images: int = Field(32, ge=1, description="test images whose raw outputs torch and ONNX Runtime compare")
+    parity_atol: float = Field(1e-3, gt=0, description="largest |Δ| allowed between torch's and the ONNX's raw output")
+
+
+class DetectionQuantizeConfig(LadderConfig):
+    """INT8 Q/DQ on backbone and neck through the ladder every task climbs (ONNX Runtime or ModelOpt, each
+    calibration method, then QAT), gated on COCO mAP."""
+
+    calib_images: int = Field(256, ge=1, description="training canvases the activations are calibrated on")
+    box_head: Literal[BOX_HEADS] = Field(
+        "fp16", description="the box-regression branch, which INT8 calibration hurts most: left out of Q/DQ in FP16 "
+                            "(default; only its nodes, Casts at its edges), in FP32 (float), or quantized (int8)")
+    compare_box_head: bool = Field(True, description="also quantize with the other box_head settings and record "
+                                                     "their mAP (what each setting of the box head costs)")
+    resamples: int = Field(200, ge=10, description="bootstrap resamples over test images for the FP32 and INT8 "
+                                                    "intervals and the per-class changes")
+
+
+class DetectionDeployConfig(Strict):
+    """Every rung to each device's agent (a loopback agent without EDGE=/DC=/DEVICES=): timed, then scored on the
+    device with its own decode + NMS (device.detection_evaluation)."""
+
+    runtime: Literal["auto", "onnxruntime", "tensorrt"] = Field(
+        "auto", description="tensorrt where the agent has TensorRT 10+, else onnxruntime (said so in the report)")
+    batch_sizes: list[int] = Field([1], min_length=1, description="engine batches timed")
+    iterations: int = Field(50, ge=2, description="timed calls per batch")
+    rounds: int = Field(3, ge=1, le=50, description="interleaved timing rounds: every rung once per round, so a busy "
+                                                    "spell hits all of them; the network p50's interval and each "
+                                                    "rung's ratio to the FP32 student are over rounds")
+    warmup_iterations: int = Field(5, ge=0)
+    idle_s: IdleSeconds = Field(1.0, description="idle power baseline before each job")
+    evaluate_images: Optional[int] = Field(None, ge=1, description="test images the device scores (null = all)")
+    profile: bool = Field(True, description="the per-layer profile after the timed windows")
+    timeout_s: int = Field(1800, ge=10, description="longest wait for one job")
+    resamples: int = Field(200, ge=10, description="bootstrap resamples for the device-measured mAP's interval")
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(b < 1 for b in value) or len(set(value)) != len(value):
+            raise ValueError("batch sizes are distinct positive integers")
+        return value
+
+
+class DetectionRecipe(RecipeBase):
+    """A detection recipe (``task: detection``): the same ladder for detectors, built stage by stage."""
+
+    task: Literal["detection"]
+    data: DetectionDataConfig
+    teacher: DetectionTeacherConfig
+    prune: DetectionPruneConfig
+    distill: DetectionDistillConfig
+    export: DetectionExportConfig = DetectionExportConfig()
+    quantize: DetectionQuantizeConfig = DetectionQuantizeConfig()
+    postprocess: DetectionPostprocessConfig = DetectionPostprocessConfig()
+    deploy: DetectionDeployConfig = DetectionDeployConfig()

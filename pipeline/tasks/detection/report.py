@@ -1,0 +1,349 @@
+"""The detection ladder's report: mAP, AP50 and AP75 per rung on host and device (with intervals), what each box-head
+setting costs, the network's and the post-processing's time apart, and the INT8 fold's per-class changes.
+
+Built once as sections (:mod:`pipeline.sections`): the same Markdown for report.md and the console, the same
+self-contained HTML page (stylesheet, scrolling tables, plots embedded as PNG) for report.html. The figures go to
+``results.json`` and ``results.csv`` through :mod:`pipeline.results`, the one results document of every task.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.results import NOT_RECORDED, REPORTED, write_results
+from pipeline.sections import Figure, Section, Table, Text, to_html, to_markdown
+
+# The ladder as two tables, so that each fits a laptop's window: what the rungs are compared by, then the detail.
+RUNG_COLUMNS = ["rung", "precision", "device mAP [95% CI]", "network p50 ms [95% CI]", "× FP32 student [95% CI]",
+                "decode + NMS ms/img"]
+DETAIL_COLUMNS = ["rung", "box head", "host mAP [95% CI]", "device AP50 [95% CI]", "device AP75 [95% CI]", "size MB",
+                  "network ms/img (eval)"]
+RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "box_head", "status", "reason", "runtime", "size_mb",
+                  "macs_g", "host_map", "host_map_low", "host_map_high", "map", "map_low", "map_high", "ap50", "ap75",
+                  "map_delta_points", "latency_batch", "network_p50_ms", "network_p50_low_ms", "network_p50_high_ms",
+                  "rounds", "ratio_vs_student", "ratio_low", "ratio_high", "ratio_significant",
+                  "network_ms_per_image", "postprocess_ms_per_image")
+"""results.csv's own columns (the declared measured fields, :data:`pipeline.results.REPORTED`, follow)."""
+BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "int8": "INT8, quantized"}
+SCORED_TEXT = ("Host mAP: the teacher through torchvision's post-processing, the others through ONNX Runtime and the "
+               "device's decode + NMS (device/detection_post.py); device mAP, AP50 and AP75: the engine that was timed, "
+               "decoded on the device. Intervals: 95% bootstrap over images, bias-corrected (mAP's resamples sit "
+               "above the point, so the interval is moved down by as much; plain percentile when nearly all sit on "
+               "one side). The network's time and the decode + NMS "
+               "time are per image over the evaluation pass; p50 is each timed window's median per call, then its "
+               "median over the interleaved rounds with a bootstrap interval; the ratio to the FP32 student is "
+               "paired by round.")
+
+
+def interval(scores: dict[str, Any] | None, key: str = "map") -> str:
+    """``scores[key]`` in points with its ``_low``/``_high`` interval (``17.1 [16.4, 20.8]``); — when absent."""
+    if not scores or scores.get(key) is None:
+        return "—"
+    low, high = scores.get(f"{key}_low"), scores.get(f"{key}_high")
+    bounds = f" [{100 * low:.1f}, {100 * high:.1f}]" if low is not None and high is not None else ""
+    return f"{100 * scores[key]:.1f}{bounds}"
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def _p50(measured: dict[str, Any]) -> str:
+    """``0.71 [0.69, 0.74]``: the median over rounds of the network p50 with its interval; a result from before
+    rounds has its one window per batch (``0.71 (1)``)."""
+    p50 = measured.get("network_p50")
+    if p50 is None:
+        return ", ".join(f"{v:.2f} ({b})" for b, v in measured.get("latency_p50_ms", {}).items())
+    return f"{p50['median_ms']:.2f} [{p50['low_ms']:.2f}, {p50['high_ms']:.2f}]"
+
+
+def _versus(measured: dict[str, Any]) -> str:
+    """``×0.81 [0.78, 0.85]``, ending in ``n.s.`` when the interval holds 1 (no measurable difference); — without
+    one."""
+    ratio = measured.get("vs_student")
+    if not ratio:
+        return "—"
+    text = f"×{ratio['ratio']:.2f} [{ratio['low']:.2f}, {ratio['high']:.2f}]"
+    return text if ratio["significant"] else f"{text} n.s."
+
+
+def timing_text(device: dict[str, Any]) -> str | None:
+    """What the p50 column is on this device: the batch and how many interleaved rounds."""
+    timed = [r["network_p50"] for r in device["rungs"].values() if r.get("network_p50")]
+    if not timed:
+        return None
+    rounds = sorted({t["rounds"] for t in timed})
+    return (f"Network p50 at batch {timed[0]['batch']}, median over {'–'.join(map(str, rounds))} interleaved "
+            "round(s) with a 95% bootstrap interval; × FP32 student: that ratio paired by round (n.s.: the interval "
+            "holds 1, no measurable difference).")
+
+
+def rung_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[str]]:
+    """The rungs table of one device: header, then one row per rung of the ladder."""
+    rows = [list(RUNG_COLUMNS)]
+    for rung, row in ladder["rungs"].items():
+        measured = device["rungs"].get(rung, {})
+        ok = measured.get("state") == "succeeded"
+        rows.append([rung, row["precision"], interval(measured.get("scores") if ok else None),
+                     _p50(measured) if ok else measured.get("state", "not measured"), _versus(measured),
+                     _ms(measured.get("postprocess_ms_per_image"))])
+    return rows
+
+
+def detail_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[str]]:
+    """The rungs' detail on one device: host scores, AP50/AP75, size, and every measured field the result schema
+    declares (:data:`pipeline.results.REPORTED`: a peak over every window, a low under them)."""
+    rows = [list(DETAIL_COLUMNS) + [how.label for how in REPORTED.values()]]
+    for rung, row in ladder["rungs"].items():
+        measured = device["rungs"].get(rung, {})
+        scores = measured.get("scores") if measured.get("state") == "succeeded" else None
+        figures = _reported(measured)
+        rows.append([rung, row.get("box_head") or "—", interval(row), interval(scores, "ap50"),
+                     interval(scores, "ap75"), f"{row['size_mb']:.2f}", _ms(measured.get("network_ms_per_image")),
+                     *(NOT_RECORDED if name in figures["not_recorded"] else
+                       "—" if figures.get(name) is None else format(figures[name], how.fmt)
+                       for name, how in REPORTED.items())])
+    return rows
+
+
+def _reported(measured: dict[str, Any]) -> dict[str, Any]:
+    """A rung's declared measured fields; a rung deployed before they were kept has them "not recorded"."""
+    if measured.get("state") != "succeeded":
+        return {"not_recorded": []}
+    return measured.get("reported") or {"not_recorded": list(REPORTED)}
+
+
+def device_section(ladder: dict[str, Any], device: dict[str, Any]) -> Section:
+    """One device's rungs, with why it fell back to another runtime or measured nothing."""
+    blocks: list = []
+    if device.get("runtime_fallback"):
+        blocks.append(Text(device["runtime_fallback"]))
+    if device.get("error"):
+        blocks.append(Text(f"not measured: {device['error']}"))
+    if timing_text(device):
+        blocks.append(Text(timing_text(device)))
+    blocks.append(Table(rung_rows(ladder, device), css="ladder"))
+    blocks.append(Table(detail_rows(ladder, device)))
+    others = [f"{rung} {entry['label']} {100 * entry['map']:.1f}" for rung, measured in device["rungs"].items()
+              for entry in measured.get("other_engines") or []]
+    if others:
+        blocks.append(Text("Device mAP is the largest batch's engine's; every other engine timed, scored on the same "
+                           "images: " + "; ".join(others) + "."))
+    return Section(f"{device['name']} ({device.get('runtime') or '—'}; {device['status']})", blocks)
+
+
+def box_heads_text(quantize: dict[str, Any]) -> str:
+    """What the box-head table compares: the other settings are post-training quantized with one calibration, also
+    when the ladder accepted QAT (their rows then compare calibration, not fine-tuning)."""
+    compared = {other.get("method") for other in quantize.get("other_box_heads", ())} - {None}
+    calibration = ", ".join(sorted(compared)) or quantize["method"]
+    if quantize["method"] == "qat":
+        return (f"The accepted INT8 student was fine-tuned (QAT); the other box-head settings are quantized after "
+                f"training with {calibration} calibration, so their rows compare calibration, not fine-tuning. Each "
+                "change is against the FP32 student's host mAP.")
+    return (f"The same INT8 student ({calibration} calibration) with its box-regression branch set each way; the "
+            "change is against the FP32 student's host mAP.")
+
+
+def box_head_rows(quantize: dict[str, Any]) -> list[list[str]]:
+    """Each box-head setting quantized: the accepted one first, then those ``compare_box_head`` added."""
+    accepted = quantize["attempts"][-1]  # the stage stops at the first calibration within the budget
+    rows = [["box head", "rung", "host mAP [95% CI]", "change vs FP32, points", "box nodes in FP16", "size MB"]]
+    for index, entry in enumerate([accepted, *quantize.get("other_box_heads", ())]):
+        rung = "student_int8" if index == 0 else f"student_int8_box_{entry['box_head']}"
+        rows.append([f"{entry['box_head']} ({BOX_HEAD_WORDS.get(entry['box_head'], entry['box_head'])})", rung,
+                     interval(entry.get("scores")), f"{-entry['drop_points']:+.2f}",
+                     str(entry.get("box_nodes_fp16", 0)),
+                     "—" if entry.get("size_mb") is None else f"{entry['size_mb']:.2f}"])
+    return rows
+
+
+def class_rows(changes: list[dict[str, Any]]) -> list[list[str]]:
+    """The INT8 fold's per-class AP changes (a class whose Holm-corrected p is below 0.05 is starred)."""
+    rows = [["class", "boxes", "AP FP32", "AP INT8", "change", "95% CI", "p (Holm)", "verdict"]]
+    for r in changes:
+        rows.append([r["class"], str(r["boxes"]), f"{100 * r['ap_before']:.1f}", f"{100 * r['ap_after']:.1f}",
+                     f"{r['change_points']:+.2f}" + (" *" if r["significant"] else ""),
+                     f"[{r['change_low']:+.2f}, {r['change_high']:+.2f}]", f"{r['p_holm']:.3f}",
+                     ("lost beyond noise" if r["change_points"] < 0 else "gained beyond noise") if r["significant"]
+                     else "within noise"])
+    return rows
+
+
+def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
+                    figures: dict[str, Figure | Text] | None = None) -> list[Section]:
+    """Every section of the detection report, in order, as data.
+
+    Args:
+        ladder: The evaluate stage's ``ladder.json``.
+        deploy: The deploy stage's ``results.json``.
+        quantize: The quantize stage's metrics.
+        figures: The plots (:func:`pipeline.tasks.detection.plots.plots`); None leaves them out (report.md).
+    """
+    sections = [Section("Headline", [Text(headline_text(headline(result_rows(ladder, deploy), quantize)))])]
+    sections += [device_section(ladder, device) for device in deploy["devices"]]
+    sections.append(Section("How the rungs were scored", [Text(f"Images scored on the device: {deploy['images']}. "
+                                                               + SCORED_TEXT)]))
+    if quantize.get("other_box_heads"):
+        sections.append(Section("What each box-head setting costs", [
+            Text(box_heads_text(quantize)), Table(box_head_rows(quantize))]))
+    changes = quantize.get("class_changes_vs_fp32") or []
+    if changes:
+        sections.append(Section("INT8 fold, per class (AP change in points, paired bootstrap 95% CI, "
+                                "Holm-corrected)", [Table(class_rows(changes))]))
+    profiles = layer_profiles(deploy)
+    if profiles:
+        from pipeline.profile_report import time_section
+
+        sections.append(time_section({"layer_profiles": profiles}))
+    if figures is not None:
+        sections.append(Section("Plots", list(figures.values())))
+    return sections
+
+
+def layer_profiles(deploy: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rung × device, round 1's per-layer profile or why there is none, shaped as the classification
+    report's "Where the time goes" reads them (:func:`pipeline.profile_report.time_section`); none for a run deployed
+    before profiles were kept."""
+    entries = []
+    for device in deploy.get("devices", []):
+        for rung, measured in device.get("rungs", {}).items():
+            if measured.get("state") != "succeeded" or "profile" not in measured:
+                continue
+            profile = measured["profile"]
+            entries.append({"device": device["name"], "rung": rung, "runtime": measured.get("runtime"),
+                            "status": "measured" if profile else "not measured", "profile": profile,
+                            "reason": None if profile else (measured.get("profile_note")
+                                                            or "the agent recorded no per-layer profile")})
+    return entries
+
+
+def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per rung × device (:data:`RESULT_COLUMNS` and the declared measured fields): results.csv."""
+    reference = (ladder["rungs"].get("student") or {}).get("map")
+    rows = []
+    for device in deploy.get("devices", []):
+        for rung, row in ladder["rungs"].items():
+            measured = device.get("rungs", {}).get(rung, {})
+            ok = measured.get("state") == "succeeded"
+            scores, p50, ratio = measured.get("scores") or {}, measured.get("network_p50") or {}, \
+                measured.get("vs_student") or {}
+            figures = _reported(measured)
+            rows.append({
+                "rung": rung, "device": device["name"], "group": device.get("group", device["name"]),
+                "role": device.get("role"), "precision": row["precision"], "box_head": row.get("box_head"),
+                "status": "measured" if ok else measured.get("state", "not measured"),
+                "reason": None if ok else measured.get("error") or device.get("error"),
+                "runtime": measured.get("runtime"), "size_mb": row.get("size_mb"), "macs_g": row.get("macs_g"),
+                "host_map": row.get("map"), "host_map_low": row.get("map_low"), "host_map_high": row.get("map_high"),
+                "map": scores.get("map"), "map_low": scores.get("map_low"), "map_high": scores.get("map_high"),
+                "ap50": scores.get("ap50"), "ap75": scores.get("ap75"),
+                "map_delta_points": (None if scores.get("map") is None or reference is None
+                                     else round(100 * (scores["map"] - reference), 3)),
+                "latency_batch": p50.get("batch"), "network_p50_ms": p50.get("median_ms"),
+                "network_p50_low_ms": p50.get("low_ms"), "network_p50_high_ms": p50.get("high_ms"),
+                "rounds": p50.get("rounds"), "ratio_vs_student": ratio.get("ratio"), "ratio_low": ratio.get("low"),
+                "ratio_high": ratio.get("high"), "ratio_significant": ratio.get("significant"),
+                "network_ms_per_image": measured.get("network_ms_per_image"),
+                "postprocess_ms_per_image": measured.get("postprocess_ms_per_image"),
+                **{name: figures.get(name) for name in REPORTED}, "not_recorded": figures["not_recorded"]})
+    return rows
+
+
+LEAD_RUNG = "student_int8"
+
+
+def headline(rows: list[dict[str, Any]], quantize: dict[str, Any]) -> dict[str, Any]:
+    """What the run comes to, as data: the INT8 student on the first edge device that measured it (else the first
+    device that did), its mAP on the device against the FP32 student's on the host, its network time against the
+    FP32 student's on the same device, and its decode + NMS."""
+    lead = [r for r in rows if r["rung"] == LEAD_RUNG and r["status"] == "measured"]
+    lead.sort(key=lambda r: r["role"] != "edge")
+    if not lead:
+        return {"rung": LEAD_RUNG, "measured": False,
+                "reason": next((r["reason"] for r in rows if r["rung"] == LEAD_RUNG and r["reason"]), None)}
+    row = lead[0]
+    keys = ("device", "role", "runtime", "map", "map_low", "map_high", "map_delta_points", "network_p50_ms",
+            "network_p50_low_ms", "network_p50_high_ms", "ratio_vs_student", "ratio_low", "ratio_high",
+            "ratio_significant", "postprocess_ms_per_image", "latency_batch")
+    return {"rung": LEAD_RUNG, "measured": True, **{k: row[k] for k in keys},
+            "method": quantize.get("method"), "box_head": quantize.get("box_head")}
+
+
+def headline_text(h: dict[str, Any]) -> str:
+    """The headline in one paragraph (the report's first section and what ``edgefold report`` prints)."""
+    if not h.get("measured"):
+        return f"{h['rung']}: not measured on any device" + (f" ({h['reason']})" if h.get("reason") else "") + "."
+    text = f"{h['rung']} on {h['device']} ({h['runtime']}): device mAP {100 * h['map']:.1f}"
+    if h.get("map_low") is not None:
+        text += f" [{100 * h['map_low']:.1f}, {100 * h['map_high']:.1f}]"
+    if h.get("map_delta_points") is not None:
+        text += f", {h['map_delta_points']:+.2f} points against the FP32 student on the host"
+    if h.get("network_p50_ms") is not None:  # a result from before rounds has no median over them
+        text += f"; network p50 {h['network_p50_ms']:.3f} ms at batch {h['latency_batch']}"
+    if h.get("ratio_vs_student") is not None:
+        text += (f", ×{h['ratio_vs_student']:.2f} [{h['ratio_low']:.2f}, {h['ratio_high']:.2f}] the FP32 student's"
+                 + ("" if h["ratio_significant"] else " (no measurable difference)"))
+    if h.get("postprocess_ms_per_image") is not None:
+        text += f"; decode + NMS {h['postprocess_ms_per_image']:.2f} ms per image"
+    return text + (f". INT8 by {h['method']}, box head {h['box_head']}." if h.get("method") else ".")
+
+
+def title(name: str) -> str:
+    return f"{name}: detection ladder"
+
+
+def render(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any]) -> str:
+    """report.md (also what ``edgefold run`` prints)."""
+    return to_markdown(title(name), report_sections(ladder, deploy, quantize))
+
+
+def render_html(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
+                figures: dict[str, Figure | Text]) -> str:
+    """The self-contained report.html: the same page, stylesheet and figure embedding as every task's."""
+    return to_html(title(name), report_sections(ladder, deploy, quantize, figures))
+
+
+QUANTIZE_KEYS = ("box_head", "drop_points", "method", "attempts", "other_box_heads", "class_changes_vs_fp32")
+"""The quantize stage's metrics the report shows (results.json keeps them beside the ladder and the deploy results)."""
+
+
+def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, Any],
+                 quantize_metrics: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Writes report.md, report.html (plots inline), results.json and results.csv into ``out``; returns their paths."""
+    from pipeline.tasks.detection.plots import plots
+
+    quantize = {key: quantize_metrics[key] for key in QUANTIZE_KEYS if key in quantize_metrics}
+    rows = result_rows(ladder, deploy)
+    paths = {"md": out / "report.md", "html": out / "report.html"}
+    paths["md"].write_text(render(name, ladder, deploy, quantize))
+    paths["html"].write_text(render_html(name, ladder, deploy, quantize, plots(ladder, deploy, quantize)))
+    document = {"model": name, "run": run, "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "headline": headline(rows, quantize), "rows": rows, "ladder": ladder, "deploy": deploy,
+                "quantize": quantize}
+    paths.update(write_results(out, document, "detection", RESULT_COLUMNS))
+    return paths
+
+
+def build_from_run(run_dir: Path, out: Path) -> dict[str, Path]:
+    """The report of a finished detection run rebuilt from what its stages recorded (``edgefold report RUN``).
+
+    Raises:
+        ManifestError: The run has not reached its deploy stage.
+    """
+    from device.errors import ManifestError
+
+    manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+    stages = manifest.get("stages") or {}
+    missing = [stage for stage in ("evaluate", "quantize", "deploy") if stage not in stages]
+    if missing:
+        raise ManifestError(f"{run_dir} has no {', '.join(missing)} stage yet: nothing to report",
+                            fix=f"finish the run first: edgefold run {manifest.get('model')} --run-id {Path(run_dir).name}")
+    ladder = json.loads((Path(run_dir) / stages["evaluate"]["outputs"]["ladder"]).read_text())
+    deploy = json.loads((Path(run_dir) / stages["deploy"]["outputs"]["results"]).read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    return write_report(manifest.get("model", Path(run_dir).parent.name), Path(run_dir).name, ladder, deploy,
+                        stages["quantize"].get("metrics", {}), out)

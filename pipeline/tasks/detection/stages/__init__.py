@@ -1,0 +1,1 @@
+"""The detection task's stages, one module each (listed in :data:`pipeline.tasks.detection.TASK`)."""

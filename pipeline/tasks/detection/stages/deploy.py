@@ -1,0 +1,240 @@
+"""detection deploy stage: every rung timed on each device's agent, then scored there through the engine it timed.
+
+Each rung's ONNX goes up with its sidecar and the evaluation set (the test canvases as network inputs); the agent
+times the network, then runs the set through the same runner with its own decode + NMS after each batch
+(:mod:`device.detection_evaluation`), timing the two apart, and returns the detections. The build host, which holds
+the boxes, scales them to the canvases and computes COCO mAP with intervals: the rung's device-measured mAP.
+
+Every rung is timed in ``deploy.rounds`` interleaved rounds (one window per rung per round; round 1 also scores the
+set and profiles), so each rung's network p50 has an interval over rounds and its ratio to the FP32 student one
+paired by round; each round's result is cached by artifact, agent, its fingerprint, code (loopback) and job
+(:func:`pipeline.jobs.window_key`), so a second run measures nothing again. Unlike the classification deploy stage this one has no power sweep.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.core.stage import Stage, StageResult
+from pipeline.jobs import deploy_targets
+
+def device_boxes(detections: list[dict], network_size: int, sizes: list[tuple[int, int]]):
+    """The agent's detections (network pixels) as :class:`Boxes` in each image's own pixels."""
+    import numpy as np
+
+    from pipeline.tasks.detection.metrics import Boxes
+
+    out = []
+    for found, (height, width) in zip(detections, sizes):
+        scale = np.array([width, height, width, height], np.float64) / network_size
+        out.append(Boxes(np.asarray(found["boxes"], np.float64).reshape(-1, 4) * scale,
+                         np.asarray(found["labels"], np.int64), np.asarray(found["scores"], np.float64)))
+    return out
+
+
+class DetectionDeployStage(Stage):
+    """Times every rung on each agent and scores it there (device-measured mAP, post-processing timed apart)."""
+
+    name = "deploy"
+    always_run = True  # the devices are the outside world: measured every run
+    # The agent's job process and what it loads by name for a detection job (device.jobrun, device.artifacts).
+    code_modules = ("device.jobrun", "device.agent", "device.detection_evaluation")
+
+    def needs(self, ctx):
+        return ("data", "export", "quantize", "evaluate")  # the rungs and their sidecars are those stages' outputs
+
+    def config(self, ctx):
+        return {"deploy": ctx.recipe.section("deploy")}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        from pipeline.tasks.detection.files import load_split
+        from pipeline.tasks.detection.export import network_inputs, sidecar_path
+
+        cfg = ctx.recipe.deploy
+        ladder = json.loads(ctx.manifest.output("evaluate", "ladder").read_text())
+        test = load_split(ctx.manifest.output("data", "canvases"), "test")
+        count = min(cfg.evaluate_images or len(test), len(test))
+        artifacts = {rung: ctx.run_dir / row["artifact"] for rung, row in ladder["rungs"].items()}
+        sizes = {rung: json.loads(sidecar_path(path).read_text())["input_shape"][-1] for rung, path in artifacts.items()}
+        sets = {}
+        for size in sorted(set(sizes.values())):
+            path = workdir / f"evaluation-set-{size}.npy"
+            np.save(path, np.ascontiguousarray(network_inputs(test.images[:count], size)), allow_pickle=False)
+            sets[size] = path
+        try:
+            with deploy_targets(ctx) as (devices, loopback):
+                outcomes = [self._device(ctx, device, loopback, artifacts, sizes, sets, test, count, ladder)
+                            for device in devices]
+        finally:
+            for path in sets.values():
+                path.unlink(missing_ok=True)
+        path = workdir / "results.json"
+        path.write_text(json.dumps({"devices": outcomes, "images": count}, indent=1) + "\n")
+        succeeded = sum(1 for d in outcomes for r in d["rungs"].values() if r["state"] == "succeeded")
+        reused = sum(r.get("reused_rounds", 0) for d in outcomes for r in d["rungs"].values())
+        return StageResult(outputs={"results": path},
+                           metrics={"devices": {d["name"]: d["status"] for d in outcomes}, "jobs_succeeded": succeeded,
+                                    "jobs": len(outcomes) * len(artifacts), "rounds": cfg.rounds,
+                                    "windows_reused": reused})
+
+    def _device(self, ctx, device, loopback, artifacts, sizes, sets, test, count, ladder) -> dict[str, Any]:
+        from device.client import AgentClient
+        from device.errors import EdgeFoldError
+        from device.files import sha256_file
+        from pipeline.core.codehash import code_sha256
+        from pipeline.tasks.detection.export import sidecar_path
+        from pipeline.jobs import choose_runtime, fingerprint, interleaved_rounds, window_key
+
+        cfg = ctx.recipe.deploy
+        url, token = (loopback.url, loopback.token) if loopback is not None else (device.url, None)
+        outcome = {**device.public(), "url": "loopback" if loopback is not None else device.url, "status": "ok",
+                   "error": None, "rungs": {}}
+        cache = ctx.run_dir / "deploy-cache"
+        cache.mkdir(exist_ok=True)
+        # A loopback agent measures with this checkout's code: editing the job process measures again.
+        code = code_sha256(self.code_modules)[0] if loopback is not None else None
+        records: dict[str, list[dict[str, Any]]] = {rung: [] for rung in artifacts}
+        try:
+            with AgentClient(url, token or device.token(), timeout_s=60) as client:
+                info = client.device()
+                runtime, fallback = choose_runtime(cfg.runtime, info)
+                outcome.update(runtime=runtime, runtime_fallback=fallback, fingerprint=fingerprint(info))
+                uploaded_sets = {size: client.upload(path) for size, path in sets.items()}
+                heads = {rung: client.upload(sidecar_path(path)) for rung, path in artifacts.items()}
+                digests = {rung: sha256_file(path) for rung, path in artifacts.items()}
+
+                def window(rung: str, round_index: int) -> dict[str, Any]:
+                    # TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored.
+                    precision = ladder["rungs"][rung]["precision"] if runtime == "tensorrt" else "fp32"
+                    spec = {"artifact": digests[rung], "runtime": runtime, "precision": precision,
+                            "batch_sizes": list(cfg.batch_sizes), "iterations": cfg.iterations,
+                            "warmup_iterations": cfg.warmup_iterations, "idle_s": cfg.idle_s,
+                            "profile": cfg.profile and round_index == 0}
+                    if round_index == 0:  # round 1 also scores the set through the engine it timed
+                        spec["evaluation"] = {"artifact": uploaded_sets[sizes[rung]], "images": count,
+                                              "head": heads[rung]}
+                    key = window_key(artifact=digests[rung], agent=device.url or "loopback", code=code,
+                                     fingerprint=outcome["fingerprint"], round_index=round_index, spec=spec)
+                    return self._job(ctx, client, device, rung, artifacts[rung], spec, round_index, ladder, runtime,
+                                     cache / f"{key}.json")
+
+                interleaved_rounds(list(artifacts), cfg.rounds, window, records)
+        except EdgeFoldError as err:  # an unreachable or failing device is recorded, as classification's deploy does
+            outcome.update(status="failed", error=str(err))
+        for rung, rounds in records.items():
+            if rounds:
+                outcome["rungs"][rung] = self._rung(rung, rounds, test, count, sizes, ladder, cfg)
+        _ratios(outcome["rungs"])
+        return outcome
+
+    def summary(self, metrics):
+        return (f"{metrics['jobs_succeeded']}/{metrics['jobs']} rungs measured in {metrics.get('rounds', 1)} "
+                f"interleaved rounds ({metrics.get('windows_reused', 0)} windows reused) on "
+                + ", ".join(f"{name} ({status})" for name, status in metrics["devices"].items()))
+
+    @staticmethod
+    def _job(ctx, client, device, rung: str, path: Path, spec: dict, round_index: int, ladder, runtime: str,
+             cached: Path) -> dict[str, Any]:
+        """One round of one rung: the agent's job (or its cached record, when the same artifact, agent, fingerprint,
+        code and job were measured before), as ``{"state", "result", "job_id", "reused"}``, the result parsed once
+        here."""
+        from device.schema import parse_result
+        from pipeline.jobs import reuse_or_measure
+
+        def measure() -> dict[str, Any]:
+            client.upload(path)
+            # Logged as the graph's own precision: ONNX Runtime runs a Q/DQ graph in INT8 whatever the job field
+            # says (the result's runtime.precision records what ran).
+            ctx.log(f"[  deploy] {device.name}: {rung} round {round_index + 1} ({runtime}, "
+                    f"{ladder['rungs'][rung]['precision']})")
+            job = client.wait(client.submit({**spec, "label": f"{ctx.recipe.name}/{rung}/round{round_index + 1}"})
+                              ["id"], timeout_s=ctx.recipe.deploy.timeout_s)
+            if job["state"] != "succeeded":
+                return {"state": job["state"], "error": job.get("error")}
+            return {"state": "succeeded", "job_id": job["id"], "result": job["result"]}
+
+        record, reused = reuse_or_measure(cached, measure)
+        if record["state"] != "succeeded":
+            return record
+        if reused:
+            ctx.log(f"[  deploy] {device.name}: {rung} round {round_index + 1} reused (same artifact, device and job)")
+        return {"state": "succeeded", "result": parse_result(record["result"], f"{rung} round {round_index + 1} on "
+                                                                               f"{device.name}"),
+                "job_id": record.get("job_id", record.get("id")), "reused": reused}
+
+    @staticmethod
+    def _rung(rung: str, rounds: list[dict[str, Any]], test, count: int, sizes, ladder, cfg) -> dict[str, Any]:
+        """A rung's record: round 1's scores (device mAP through its own decode + NMS) and timings, and every round's
+        network p50 with the median's interval over rounds."""
+        from pipeline.results import reported_figures
+        from pipeline.stats import median_interval
+        from pipeline.tasks.detection.metrics import evaluate
+
+        first = rounds[0]
+        if first["state"] != "succeeded":
+            return {"state": first["state"], "error": first.get("error")}
+        result = first["result"]
+        if result.evaluation is None or result.evaluation.detections is None:
+            return {"state": "failed", "error": "the agent returned no detections: it predates result schema 2.5 "
+                                                "(upgrade the agent to this EdgeFold)"}
+        image_sizes = [tuple(image.shape[:2]) for image in test.images[:count]]
+        found = device_boxes([d.model_dump() for d in result.evaluation.detections], sizes[rung], image_sizes)
+        scores = evaluate(test.boxes[:count], found, ladder["classes"], image_sizes, resamples=cfg.resamples)
+        # Every other engine the job timed (TensorRT's per batch, a sweep's per accelerator): its mAP on the same
+        # images, a point figure (the interval is the largest batch's).
+        from pipeline.tasks.detection.metrics import accumulate, match, summary
+
+        others = []
+        for scored in result.more_evaluations:
+            boxes = device_boxes([d.model_dump() for d in scored.detections or []], sizes[rung], image_sizes)
+            point = summary(accumulate(match(test.boxes[:count], boxes, len(ladder["classes"]))))
+            others.append({"label": scored.engine(), "map": point["map"]})
+        windows = {}
+        for entry in rounds:
+            if entry["state"] == "succeeded":
+                for run in entry["result"].runs:
+                    windows.setdefault(run.batch_size, []).append(run.latency_p50_ms)
+        batch = min(windows)
+        median, low, high = median_interval(windows[batch])
+        return {"state": "succeeded", "job_id": first["job_id"], "precision": result.runtime.precision,
+                "scores": scores, "latency_p50_ms": {b: float(np.median(v)) for b, v in windows.items()},
+                "latency_p50_windows_ms": {b: v for b, v in windows.items()},
+                "network_p50": {"batch": batch, "median_ms": median, "low_ms": low, "high_ms": high,
+                                "rounds": len(windows[batch])},
+                "rounds_failed": [e.get("error") for e in rounds if e["state"] != "succeeded"],
+                "reused_rounds": sum(1 for e in rounds if e.get("reused")),
+                # Round 1's per-layer profile of the engine it timed (or why there is none), for "where the time goes".
+                "profile": result.profile, "profile_note": result.runtime.profile_note,
+                "runtime": result.runtime.name,
+                "network_ms_per_image": 1e3 * result.evaluation.network_s / count,
+                "postprocess_ms_per_image": 1e3 * result.evaluation.postprocess_s / count,
+                "evaluation_batch": result.evaluation.batch_size, "other_engines": others,
+                "evaluation_note": result.evaluation_note,
+                # The measured fields the result schema declares (peak temperature, lowest clock, peak power …)
+                # over every window of every round.
+                "reported": reported_figures(e["result"] for e in rounds if e["state"] == "succeeded")}
+
+
+REFERENCE_RUNG = "student"  # the FP32 student: what the INT8 fold is compared with
+
+
+def _ratios(rungs: dict[str, dict[str, Any]]) -> None:
+    """Each rung's network p50 over the FP32 student's, paired by round (a round's busy spell cancels), with its
+    interval (:func:`pipeline.stats.ratio_interval`); ``vs_student`` in each measured rung's record."""
+    from pipeline.stats import ratio_interval, significant
+
+    reference = rungs.get(REFERENCE_RUNG, {})
+    if reference.get("state") != "succeeded":
+        return
+    batch = reference["network_p50"]["batch"]
+    for name, entry in rungs.items():
+        windows = (entry.get("latency_p50_windows_ms") or {}).get(batch)
+        if entry.get("state") != "succeeded" or name == REFERENCE_RUNG or not windows:
+            continue
+        ratio, low, high = ratio_interval(windows, reference["latency_p50_windows_ms"][batch])
+        entry["vs_student"] = {"batch": batch, "ratio": ratio, "low": low, "high": high,
+                               "significant": significant(low, high)}

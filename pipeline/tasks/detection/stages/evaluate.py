@@ -1,0 +1,56 @@
+"""detection evaluate stage: the ladder's host figures in one table, each rung's mAP as its own stage measured it.
+
+Every figure was measured where the rung was made (the teacher and distill stages through torchvision's
+post-processing, which the export stage showed the device's decode reproduces; the INT8 forms through ONNX Runtime
+and the device's decode); this stage gathers them with the sizes, so that deploy and the report read one table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.core.stage import Stage, StageResult
+
+SCORED = ("map", "map_low", "map_high", "ap50", "ap50_low", "ap50_high", "ap75", "ap75_low", "ap75_high", "per_class_ap")
+
+
+def _row(scores: dict, artifact: str, size_mb: float, **extra) -> dict:
+    return {"artifact": artifact, "size_mb": size_mb, **{key: scores.get(key) for key in SCORED}, **extra}
+
+
+class DetectionEvaluateStage(Stage):
+    """Gathers every rung's host mAP (with intervals), its artifact and size into ``ladder.json``."""
+
+    name = "evaluate"
+
+    def needs(self, ctx):
+        return ("data", "teacher", "distill", "export", "quantize")
+
+    def config(self, ctx):
+        return {}
+
+    def run(self, ctx, workdir: Path) -> StageResult:
+        m = ctx.manifest
+        export, quantize = m.stage("export"), m.stage("quantize")
+        rungs = export["metrics"]["rungs"]
+        q = quantize["metrics"]
+        ladder = {
+            "teacher": _row(m.stage("teacher")["metrics"], export["outputs"]["teacher"], rungs["teacher"]["size_mb"],
+                            precision="fp32", macs_g=m.stage("teacher")["metrics"]["macs_g"]),
+            "student": _row(q["fp32"], export["outputs"]["student"], rungs["student"]["size_mb"], precision="fp32",
+                            macs_g=m.stage("distill")["metrics"]["macs_g"]),
+            "student_int8": _row(q["int8"], quantize["outputs"]["student_int8"], q["size_mb"], precision="int8",
+                                 box_head=q["box_head"], macs_g=m.stage("distill")["metrics"]["macs_g"]),
+        }
+        for other in q.get("other_box_heads", ()):
+            key = f"student_int8_box_{other['box_head']}"
+            ladder[key] = _row(other["scores"], quantize["outputs"][key], other["size_mb"], precision="int8",
+                               box_head=other["box_head"], macs_g=m.stage("distill")["metrics"]["macs_g"])
+        path = workdir / "ladder.json"
+        path.write_text(json.dumps({"rungs": ladder, "classes": json.loads(m.output("data", "dataset").read_text())
+                                    ["classes"]}, indent=1) + "\n")
+        return StageResult(outputs={"ladder": path}, metrics={"rungs": list(ladder)})
+
+    def summary(self, metrics):
+        return f"{len(metrics['rungs'])} rungs: {', '.join(metrics['rungs'])}"
