@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from device.registry import Registry
-from pipeline.core.stage import STAGE_ORDER, Stage
+from pipeline.core.stage import Stage
 
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext
@@ -35,10 +35,6 @@ class Task:
     build_report: Callable[[Path, Path], dict[str, Path]]
     summary: Callable[["RunContext"], None]
     headline: Callable[[dict], str]
-
-    def stage_names(self) -> list[str]:
-        """The stages this task has, in run order."""
-        return [name for name in STAGE_ORDER if name in self.stages]
 
 
 def stage_registry(task: str, stages: list[type[Stage]]) -> Registry[Stage]:

@@ -229,8 +229,8 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
         for rung, row in ladder["rungs"].items():
             measured = device.get("rungs", {}).get(rung, {})
             ok = measured.get("state") == "succeeded"
-            scores, p50, ratio = measured.get("scores") or {}, measured.get("network_p50") or {}, \
-                measured.get("vs_student") or {}
+            scores = measured.get("scores") or {}
+            p50, ratio = measured.get("network_p50") or {}, measured.get("vs_student") or {}
             figures = _reported(measured)
             rows.append({
                 "rung": rung, "device": device["name"], "group": device.get("group", device["name"]),
