@@ -164,6 +164,11 @@ def _cmd_sweep(args) -> int:
     if not (run_dir / "manifest.json").is_file():
         raise ManifestError(f"no run at {args.run}", fix="pass a run directory (edgefold runs lists them)")
     manifest = json.loads((run_dir / "manifest.json").read_text())
+    task = tasks.of_run(run_dir)
+    if task.name != "classification":
+        raise ConfigError(f"{run_dir} is a {task.name} run: power sweeps (deploy.sweep) are built for "
+                          "classification runs only", fix=f"measure this run at the board's current mode with "
+                                                          f"make edge MODEL={manifest.get('model')} EDGE=…")
     if "quantize" not in manifest.get("stages", {}):
         raise ManifestError(f"{run_dir} has no quantized student yet", fix=f"finish the run first: make edge "
                                                                            f"MODEL={manifest.get('model')}")
@@ -197,7 +202,6 @@ def _cmd_sweep(args) -> int:
                  **({"deploy.latency_budget_ms": args.budget_ms} if args.budget_ms else {})}
     ctx = run_pipeline(str(recipe), run_id=run_dir.name, runs_dir=run_dir.parent.parent, overrides=overrides,
                        devices=load_devices(args.edge, args.dc, args.devices, args.token_file))
-    task = tasks.get(ctx.recipe.task)
     print(task.headline(json.loads(ctx.manifest.output("report", "json").read_text())["headline"]))
     print(f"report: {ctx.manifest.output('report', 'html')}")
     _require_an_edge_measurement(ctx)

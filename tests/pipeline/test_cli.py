@@ -81,3 +81,16 @@ def test_help_tells_the_stages(capsys):
         main(["run", "--help"])
     out = capsys.readouterr().out
     assert done.value.code == 0 and "--until STAGE" in out and "prune" in out
+
+
+def test_a_sweep_of_a_detection_run_is_refused_up_front(tmp_path, capsys):
+    """Power sweeps are built for classification runs: a detection run is refused before any work, named as such,
+    not with a recipe key error from deep inside the run."""
+    run = tmp_path / "tiny-det" / "r1"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"schema": "edgefold.manifest/1", "model": "tiny-det",
+                                                   "task": "detection", "stages": {"quantize": {}}}))
+    assert main(["sweep", str(run), "--modes", "all"]) == 2
+    err = capsys.readouterr().err
+    assert "is a detection run: power sweeps (deploy.sweep) are built for classification runs only" in err
+    assert "fix: measure this run" in err
