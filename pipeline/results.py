@@ -3,7 +3,7 @@ the schema and the task) and ``results.csv`` (one row per rung × device), and t
 
 The measured fields a row carries beyond the task's own columns are declared once, on the result schema
 (:func:`device.schema.reported`): their label, format, how a rung's windows combine and since when a result has
-them. A new field declared there reaches both tasks' CSV and the classification ladder's detail with no edit here.
+them. A new field declared there reaches both tasks' CSV and ladder detail with no edit here.
 """
 
 from __future__ import annotations

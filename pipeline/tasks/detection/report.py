@@ -173,7 +173,7 @@ def class_rows(changes: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
-def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
+def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any], lead: dict[str, Any],
                     figures: dict[str, Figure | Text] | None = None) -> list[Section]:
     """Every section of the detection report, in order, as data.
 
@@ -181,9 +181,10 @@ def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: di
         ladder: The evaluate stage's ``ladder.json``.
         deploy: The deploy stage's ``results.json``.
         quantize: The quantize stage's metrics.
+        lead: The headline object (:func:`headline`), as results.json records it.
         figures: The plots (:func:`pipeline.tasks.detection.plots.plots`); None leaves them out (report.md).
     """
-    sections = [Section("Headline", [Text(headline_text(headline(result_rows(ladder, deploy), quantize)))])]
+    sections = [Section("Headline", [Text(headline_text(lead))])]
     sections += [device_section(ladder, device) for device in deploy["devices"]]
     sections.append(Section("How the rungs were scored", [Text(f"Images scored on the device: {deploy['images']}. "
                                                                + SCORED_TEXT)]))
@@ -296,15 +297,16 @@ def title(name: str) -> str:
     return f"{name}: detection ladder"
 
 
-def render(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any]) -> str:
+def render(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
+           lead: dict[str, Any]) -> str:
     """report.md (also what ``edgefold run`` prints)."""
-    return to_markdown(title(name), report_sections(ladder, deploy, quantize))
+    return to_markdown(title(name), report_sections(ladder, deploy, quantize, lead))
 
 
 def render_html(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
-                figures: dict[str, Figure | Text]) -> str:
+                lead: dict[str, Any], figures: dict[str, Figure | Text]) -> str:
     """The self-contained report.html: the same page, stylesheet and figure embedding as every task's."""
-    return to_html(title(name), report_sections(ladder, deploy, quantize, figures))
+    return to_html(title(name), report_sections(ladder, deploy, quantize, lead, figures))
 
 
 QUANTIZE_KEYS = ("box_head", "drop_points", "method", "attempts", "other_box_heads", "class_changes_vs_fp32")
@@ -318,11 +320,12 @@ def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, 
 
     quantize = {key: quantize_metrics[key] for key in QUANTIZE_KEYS if key in quantize_metrics}
     rows = result_rows(ladder, deploy)
+    lead = headline(rows, quantize)  # one object: the page, report.md and results.json say the same
     paths = {"md": out / "report.md", "html": out / "report.html"}
-    paths["md"].write_text(render(name, ladder, deploy, quantize))
-    paths["html"].write_text(render_html(name, ladder, deploy, quantize, plots(ladder, deploy, quantize)))
+    paths["md"].write_text(render(name, ladder, deploy, quantize, lead))
+    paths["html"].write_text(render_html(name, ladder, deploy, quantize, lead, plots(ladder, deploy, quantize)))
     document = {"model": name, "run": run, "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                "headline": headline(rows, quantize), "rows": rows, "ladder": ladder, "deploy": deploy,
+                "headline": lead, "rows": rows, "ladder": ladder, "deploy": deploy,
                 "quantize": quantize}
     paths.update(write_results(out, document, "detection", RESULT_COLUMNS))
     return paths
