@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from device.errors import require
-from device.schema import Contention, TelemetrySummary
+from device.window import Contention, TelemetrySummary
 from device.telemetry import series
 
 # Other processes using more than this many cores on average, or a window CV above this, is noisy.

@@ -19,7 +19,8 @@ import numpy as np
 from device import contention
 from device.errors import ConfigError
 from device.runners.base import Runner
-from device.schema import Contention, DeviceTiming, PowerTrace, RunResult, SeriesStats, TelemetrySummary
+from device.schema import RunResult
+from device.window import DeviceTiming, PowerTrace, SeriesStats, TelemetrySummary
 from device.telemetry import series
 from device.telemetry.base import Sampler, Trace, window_energy
 

@@ -14,14 +14,14 @@ from typing import Annotated, Any, Literal
 from device.errors import EdgeFoldError
 from device.problems import describe_problems, field_problems
 from device.reported import reported
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from device.window import Contention, DeviceTiming, Measured, PowerTrace, RunSummary, TelemetryName, TelemetrySummary
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 Runtime = Literal["onnxruntime", "tensorrt", "torch", "torch_tensorrt"]
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 JobState = Literal["queued", "running", "succeeded", "failed", "interrupted", "cancelled"]
 FINISHED = ("succeeded", "failed", "interrupted", "cancelled")
-TelemetryName = Literal["host", "nvml", "jtop"]
 Interpolation = Literal["bilinear", "area", "nearest", "bicubic"]
 BatchSize = Annotated[int, Field(ge=1, le=4096)]
 # The bounds of a job's measurement, shared with the recipe's deploy section (pipeline.core.recipe.DeployConfig),
@@ -273,140 +273,6 @@ def result_version(schema: Any) -> tuple[int, int] | None:
     return (int(match["major"]), int(match["minor"] or 0)) if match else None
 
 
-class Measured(BaseModel):
-    """A measured document: unknown keys refused when written (a renamed field fails loudly, not as missing);
-    dropped when read with :data:`READING` as context (a newer minor version's addition)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_newer_keys(cls, data: Any, info: ValidationInfo) -> Any:
-        if isinstance(data, dict) and info.context and info.context.get("reading"):
-            known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
-            return {key: value for key, value in data.items() if key in known}
-        return data
-
-
-class SeriesStats(Measured):
-    """One telemetry series (``board_power_mw``, ``temp_gpu_c``, ``gpu_freq_mhz`` …) over the timed window."""
-
-    mean: float | None = None
-    peak: float | None = None
-    low: float | None = Field(None, description="the lowest reading (over the window's own samples, when it has some)")
-    idle: float | None = Field(None, description="mean over the idle baseline before the job")
-
-
-class TelemetrySummary(Measured):
-    """One telemetry source over one timed window, with the quality of what it measured."""
-
-    source: TelemetryName
-    samples: int
-    samples_in_window: int
-    requested_hz: float | None = None
-    achieved_hz: float | None = None
-    errors: list[str] = Field(default_factory=list, description="read failures (a repeated one with its count)")
-    flags: dict[str, Any] = Field(default_factory=dict)
-    staleness_s: float | None = Field(None, description="age of the stalest value used, from the source's own clock")
-    clocks_dropped: bool = False
-    temp_limit_crossed: bool = False
-    series: dict[str, SeriesStats] = Field(default_factory=dict)
-    # Energy over exactly the window (None where this source measures no power).
-    power_key: str | None = None
-    coverage: float | None = Field(None, description="fraction of the window fresh samples cover")
-    max_gap_s: float | None = None
-    window_s: float | None = None
-    window_power_mw: float | None = None
-    covered_images: float | None = Field(None, description="images timed within covered time (calls cut by a "
-                                                           "gap count in part)")
-    energy_mj_per_image: float | None = None
-    energy_above_idle_mj_per_image: float | None = None
-    energy_method: str | None = None
-    energy_uncertainty_rel: float | None = None
-    degraded: bool | None = None
-    degraded_reasons: dict[str, str] = Field(default_factory=dict)
-    facts: dict[str, Any] = Field(default_factory=dict, description="what the source says of the device: board "
-                                                                    "rail, nvpmodel, jetson_clocks, provenance …")
-
-    def peak_temperatures_c(self) -> dict[str, float]:
-        """Peak temperature per thermal zone (:func:`device.telemetry.series.describe`)."""
-        from device.telemetry.series import describe
-
-        temps = {}
-        for key, stats in self.series.items():
-            info = describe(key)
-            if info.kind == "temperature" and stats.peak is not None and stats.peak == stats.peak:  # NaN: no reading
-                temps[info.zone] = stats.peak
-        return temps
-
-
-class RunSummary(Measured):
-    """The headline numbers of one batch size, from the best source present (board power first)."""
-
-    power_source: str | None = None
-    power_mean_mw: float | None = None
-    power_peak_mw: float | None = reported("the highest power reading in the timed window (the summary's power source)",
-                                           label="power peak mW", fmt=".0f", combine="max")
-    power_idle_mw: float | None = None
-    energy_mj_per_image: float | None = None
-    energy_above_idle_mj_per_image: float | None = None
-    energy_method: str | None = None
-    energy_coverage: float | None = None
-    power_max_gap_s: float | None = None
-    power_staleness_s: float | None = None
-    power_sample_hz: float | None = None
-    energy_degraded: bool | None = None
-    energy_degraded_reasons: dict[str, str] = Field(default_factory=dict)
-    memory_source: str | None = None
-    peak_memory_mb: float | None = None
-    gpu_temp_peak_c: float | None = reported(
-        "the GPU's peak temperature during the timed window (jtop's gpu zone, NVML's GPU sensor)",
-        label="GPU °C peak", fmt=".1f", combine="max", since=1, series="temp_gpu_c", stat="peak")
-    gpu_freq_low_mhz: float | None = reported(
-        "the GPU's lowest clock during the timed window: below the mode's maximum, DVFS or throttling slowed it",
-        label="GPU MHz low", fmt=".0f", combine="min", since=1, series="gpu_freq_mhz", stat="low")
-
-
-class PowerTrace(Measured):
-    """The window's power series, thinned for plotting."""
-
-    source: str
-    key: str
-    t_s: list[float]
-    mw: list[float]
-    idle_mw: float | None = None
-
-
-class Contention(Measured):
-    """What else used the device during a timed window (device.contention)."""
-
-    other_cpu_cores: float | None = Field(None, description="CPU time of other processes, in cores, on average")
-    loadavg_1m: float | None = None
-    cpus: int | None = None
-    cpu_freq_mhz_min: float | None = None
-    cpu_freq_mhz_max: float | None = None
-    governor: str | None = None
-
-
-class DeviceTiming(Measured):
-    """The timed calls as trtexec reports them (TensorRT only), beside the wall time of the whole call.
-
-    ``latency_*`` is trtexec's "Latency" (host-to-device copy + GPU compute + device-to-host copy, CUDA
-    events, pinned buffers); ``gpu_compute_*`` is its "GPU Compute Time" (events around the enqueue). One
-    inference in flight, synchronized after each call: trtexec ``--exposeDMA``, not its overlapped default.
-    """
-
-    method: str = Field("", description="how the runner took the times")
-    latency_p50_ms: float
-    latency_p90_ms: float
-    latency_p99_ms: float
-    latency_mean_ms: float
-    gpu_compute_p50_ms: float
-    gpu_compute_p90_ms: float
-    gpu_compute_p99_ms: float
-    gpu_compute_mean_ms: float
-
-
 class PowerSetting(Measured):
     """The power setting a window ran under, as the device showed it once it had taken effect (2.2): a Jetson's
     nvpmodel mode, or a data-center GPU's NVML power limit or locked clocks (2.3)."""
@@ -465,10 +331,16 @@ class RunResult(Measured):
     iterations: int
     images: int
     window_s: float
-    throughput_images_per_s: float
-    latency_p50_ms: float
+    throughput_images_per_s: float = reported(
+        "images per second over the window", ..., label="images/s", fmt=".0f", combine="median", batch="throughput",
+        interval=("throughput_low", "throughput_high"), windows="throughput_windows")
+    latency_p50_ms: float = reported(
+        "the median call's wall time", ..., label="p50 ms", fmt=".3f", combine="median", batch="latency",
+        interval=("latency_p50_low_ms", "latency_p50_high_ms"), windows="latency_p50_windows_ms", ladder=True)
     latency_p90_ms: float
-    latency_p99_ms: float
+    latency_p99_ms: float = reported(
+        "the 99th percentile of the calls' wall time", ..., label="p99 ms", fmt=".3f", combine="median",
+        batch="latency", interval=("latency_p99_low_ms", "latency_p99_high_ms"))
     latency_mean_ms: float
     latency_std_ms: float
     latency_cv: float

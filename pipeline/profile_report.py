@@ -2,25 +2,17 @@
 that ran (top layers, what they ran in, why INT8 may not pay off) and the latencies as trtexec reports them.
 
 A task hands in ``layer_profiles`` entries (``device``, ``rung``, ``runtime``, ``status``, ``profile`` or ``reason``)
-and rows with the latency fields of :data:`pipeline.tasks.classification.report_data.BASE_COLUMNS`.
+and rows with the latency fields the result schema declares (:data:`pipeline.results.REPORTED`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pipeline.results import figure_cell, figure_label
 from pipeline.sections import Bullets, Section, Table, Text
 
 NOT_MEASURED = "not measured"
-
-
-def interval_cell(value, low, high, spec: str) -> str:
-    """``4.020 [3.950, 4.110]``; the bare value when there is no interval (one window)."""
-    if value is None:
-        return "—"
-    if low is None or high is None or low == high:
-        return format(value, spec)
-    return f"{format(value, spec)} [{format(low, spec)}, {format(high, spec)}]"
 
 
 TOP_LAYERS = 5
@@ -105,19 +97,19 @@ TIMINGS_TEXT = ("Three latencies of the same timed calls at the latency batch, e
                 "streams, whose throughput can be higher. ONNX Runtime and torch rows have the wall time only.")
 
 
+TIMING_COLUMNS = ("latency_p50_ms", "trt_latency_p50_ms", "gpu_compute_p50_ms")
+"""The three latencies of the same calls (the declared fields' columns) the timings table sets side by side."""
+
+
 def timing_rows(data: dict[str, Any]) -> list[list[str]]:
     """Per measured row: wall, trtexec Latency and GPU Compute p50 with their intervals (— where not taken)."""
-    table = [["rung", "device", "runtime", "wall p50 ms", "trtexec Latency p50 ms", "GPU Compute p50 ms"]]
+    wall, *device_times = TIMING_COLUMNS
+    table = [["rung", "device", "runtime", f"wall {figure_label(wall)}", *map(figure_label, device_times)]]
     for r in data["rows"]:
         if r["status"] != "measured":
             continue
         table.append([r["rung"], r["device"], f"{r['runtime']} {r['precision']}",
-                      interval_cell(r.get("latency_p50_ms"), r.get("latency_p50_low_ms"), r.get("latency_p50_high_ms"),
-                                ".3f"),
-                      interval_cell(r.get("trt_latency_p50_ms"), r.get("trt_latency_p50_low_ms"),
-                                r.get("trt_latency_p50_high_ms"), ".3f"),
-                      interval_cell(r.get("gpu_compute_p50_ms"), r.get("gpu_compute_p50_low_ms"),
-                                r.get("gpu_compute_p50_high_ms"), ".3f")])
+                      *(figure_cell(r, column, with_interval=True) for column in TIMING_COLUMNS)])
     return table
 
 

@@ -2,8 +2,9 @@
 the schema and the task) and ``results.csv`` (one row per rung × device), and the report folder's atomic rebuild.
 
 The measured fields a row carries beyond the task's own columns are declared once, on the result schema
-(:func:`device.schema.reported`): their label, format, how a rung's windows combine and since when a result has
-them. A new field declared there reaches both tasks' CSV and ladder detail with no edit here.
+(:func:`device.reported.reported`): their label, format, how a rung's windows combine (a median over the interleaved
+rounds with its interval, a peak, a low), at which batch size, and since when a result has them. A new field declared
+there reaches both tasks' results, CSV and ladder tables with no edit here or in a task.
 """
 
 from __future__ import annotations
@@ -18,35 +19,108 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from device.files import sha256_file
-from device.reported import reported_fields
-from device.schema import JobResult, RunSummary
+from device.reported import Reported, reported_fields
+from device.schema import DeviceTiming, JobResult, RunResult, RunSummary
+from pipeline import stats
 from pipeline.core.manifest import Manifest
 
 RESULTS_SCHEMA = "edgefold.results/3"
-REPORTED = reported_fields(RunSummary)
+REPORTED: dict[str, Reported] = {**reported_fields(RunResult), **reported_fields(DeviceTiming, ("device_timing",)),
+                                 **reported_fields(RunSummary, ("summary",))}
+"""Every declared measured field, keyed by its row column, in the order the tables and the CSV show them."""
 NOT_RECORDED = "not recorded"
 
 
-def reported_figures(rounds: Iterable[JobResult]) -> dict[str, Any]:
-    """Each measured field the schema declares for the report, over every window of every batch size
-    (``combine``: a peak's max, a low's min), and ``not_recorded``: the fields some window's result is
-    too old to carry (a rung reused from the deploy cache), shown as "not recorded", never as zero."""
+def _read(run: Any, path: tuple[str, ...]) -> float | None:
+    """The value at ``path`` in a window's result; None where the window lacks it or it is no number (NaN)."""
+    for name in path:
+        run = getattr(run, name, None) if run is not None else None
+    return run if isinstance(run, (int, float)) and run == run else None
+
+
+def reported_figures(rounds: Iterable[JobResult], latency_batch: int | None = None,
+                     throughput_batch: int | None = None) -> dict[str, Any]:
+    """Each declared measured field of one rung, from its interleaved rounds: a median over the rounds' windows of
+    its batch size (with the interval and the per-round values it declares), or a peak's max and a low's min over
+    every window; ``not_recorded``: the fields some round's result is too old to carry (a rung reused from the
+    deploy cache), shown as "not recorded", never as zero.
+
+    Args:
+        rounds: The rung's results, one per interleaved round.
+        latency_batch: The batch size of the ``latency`` fields (default: the smallest the rounds timed).
+        throughput_batch: That of the ``throughput`` fields (default: the largest).
+    """
     rounds = list(rounds)
+    batches = sorted({run.batch_size for result in rounds for run in result.runs})
+    chosen = {"latency": latency_batch if latency_batch is not None else (batches[0] if batches else None),
+              "throughput": throughput_batch if throughput_batch is not None else (batches[-1] if batches else None)}
     out: dict[str, Any] = {"not_recorded": []}
-    for name, how in REPORTED.items():
+    for column, how in REPORTED.items():
+        keys = (column, *(how.interval or ()), *((how.windows,) if how.windows else ()))
         if any(result.minor < how.since for result in rounds):
-            out[name] = None
-            out["not_recorded"].append(name)
+            out.update(dict.fromkeys(keys))
+            out["not_recorded"].append(column)
             continue
-        values = [value for result in rounds for run in result.runs
-                  if (value := getattr(run.summary, name)) is not None and value == value]
-        out[name] = (max if how.combine == "max" else min)(values) if values else None
+        if how.batch == "every":
+            windows = [run for result in rounds for run in result.runs]
+        else:
+            windows = [result.run(chosen[how.batch]) for result in rounds]
+        values = [None if (value := _read(run, how.path)) is None else value * how.scale for run in windows]
+        present = [value for value in values if value is not None]
+        if how.combine != "median":
+            out[column] = (max if how.combine == "max" else min)(present) if present else None
+            continue
+        estimate = stats.median_interval(present) if present else (None, None, None)
+        out[column] = estimate[0]
+        if how.interval:
+            out.update(zip(how.interval, estimate[1:]))
+        if how.windows:
+            out[how.windows] = values
     return out
 
 
+def interval_cell(value: float | None, low: float | None, high: float | None, spec: str) -> str:
+    """``4.020 [3.950, 4.110]``; the bare value when there is no interval (one window); — when no value."""
+    if value is None:
+        return "—"
+    if low is None or high is None or low == high:
+        return format(value, spec)
+    return f"{format(value, spec)} [{format(low, spec)}, {format(high, spec)}]"
+
+
+def ladder_columns() -> list[str]:
+    """The declared fields every task's ladder shows beside its own columns, with their intervals."""
+    return [column for column, how in REPORTED.items() if how.ladder]
+
+
+def detail_columns(exclude: Iterable[str] = ()) -> list[str]:
+    """The declared fields the ladder's detail shows (the others, less ``exclude``: shown in a table of their own)."""
+    exclude = set(exclude)
+    return [column for column, how in REPORTED.items() if not how.ladder and column not in exclude]
+
+
+def figure_label(column: str, with_interval: bool = False) -> str:
+    """A declared field's column header (``p50 ms [95% CI]`` where the cell shows its interval)."""
+    how = REPORTED[column]
+    return how.label + (" [95% CI]" if with_interval and how.interval else "")
+
+
+def figure_cell(row: dict[str, Any], column: str, missing: str = "—", with_interval: bool = False) -> str:
+    """A declared field's cell in its declared format: "not recorded" where the row's result is too old to carry
+    it, ``missing`` where it was not measured, the interval after it when asked and known."""
+    how = REPORTED[column]
+    if column in (row.get("not_recorded") or []):
+        return NOT_RECORDED
+    if row.get(column) is None:
+        return missing
+    low, high = (row.get(key) for key in how.interval) if with_interval and how.interval else (None, None)
+    return interval_cell(row[column], low, high, how.fmt)
+
+
 def csv_columns(task_columns: Sequence[str]) -> tuple[str, ...]:
-    """A task's own columns, then every declared measured field, then ``not_recorded``."""
-    return (*task_columns, *(name for name in REPORTED if name not in task_columns), "not_recorded")
+    """A task's own columns, then every declared measured field with its interval's bounds, then ``not_recorded``."""
+    declared = [key for column, how in REPORTED.items() for key in (column, *(how.interval or ()))]
+    return (*task_columns, *(key for key in declared if key not in task_columns), "not_recorded")
 
 
 def write_results(out: Path, document: dict[str, Any], task: str, task_columns: Sequence[str]) -> dict[str, Path]:

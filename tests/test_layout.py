@@ -20,10 +20,10 @@ STAGES = TASK.stages
 ASSEMBLERS = {"pipeline.runner", "pipeline.cli", "pipeline.__main__", "pipeline.tasks"}
 MODULE_LINES, FUNCTION_LINES = 600, 80
 # Measured when the rule came in; each entry may only get smaller, and goes once it is within the limit.
-LONG_MODULES = {"device/schema.py": 651, "device/runners/torch_tensorrt.py": 685}
+LONG_MODULES = {"device/runners/torch_tensorrt.py": 685}
 LONG_FUNCTIONS = {
     "device/agent.py:create_app": 211, "pipeline/latency/budget.py:plan_to_budget": 179,
-    "device/jobrun.py:run_job": 130, "device/safe_pickle.py:interpret": 106, "pipeline/tasks/classification/report_data.py:collect": 105,
+    "device/jobrun.py:run_job": 130, "device/safe_pickle.py:interpret": 106, "pipeline/tasks/classification/report_data.py:collect": 100,
     "pipeline/runner.py:run_pipeline": 104, "pipeline/latency/measure.py:measure": 95,
     "device/engine.py:build_engine": 94, "pipeline/fp16_nodes.py:nodes_to_fp16": 92,
     "pipeline/tasks/classification/stages/deploy.py:_device": 81, "device/sweep.py:run_sweep": 85,

@@ -171,6 +171,9 @@ def test_every_rung_is_timed_in_interleaved_rounds_with_its_ratio_to_the_fp32_st
     for rung, measured in device["rungs"].items():
         p50 = measured["network_p50"]
         assert p50["rounds"] == rounds and p50["low_ms"] <= p50["median_ms"] <= p50["high_ms"], rung
+        # The declared latency field over the same rounds: the one computation the table, CSV and headline read.
+        assert p50["median_ms"] == pytest.approx(float(np.median(measured["latency_p50_windows_ms"]["1"])))
+        assert measured["reported"]["latency_p50_windows_ms"] == measured["latency_p50_windows_ms"]["1"]
         if rung == "student":
             assert "vs_student" not in measured
             continue
@@ -326,7 +329,7 @@ def test_the_headline_of_a_result_without_rounds_names_what_it_has():
     from pipeline.tasks.detection.report import headline_text
 
     text = headline_text({"rung": "student_int8", "measured": True, "device": "orin", "runtime": "tensorrt",
-                          "map": 0.171, "map_low": None, "map_delta_points": 0.03, "network_p50_ms": None,
+                          "map": 0.171, "map_low": None, "map_delta_points": 0.03, "latency_p50_ms": None,
                           "ratio_vs_student": None, "postprocess_ms_per_image": 0.9, "method": "max",
                           "box_head": "fp16"})
     assert text.startswith("student_int8 on orin (tensorrt): device mAP 17.1, +0.03 points") and "p50" not in text
@@ -477,7 +480,8 @@ def test_a_detection_run_writes_the_same_results_document_as_a_classification_ru
     assert "power_peak_mw" in REPORTED and set(REPORTED) <= set(rows[0])
     int8 = next(r for r in rows if r["rung"] == "student_int8")
     assert float(int8["map"]) == pytest.approx(data["headline"]["map"]) and int8["status"] == "measured"
-    assert float(int8["network_p50_ms"]) > 0
+    assert 0 < float(int8["latency_p50_low_ms"]) <= float(int8["latency_p50_ms"]) <= float(int8["latency_p50_high_ms"])
+    assert float(int8["throughput_images_per_s"]) > 0
     # The loopback agent has no power or GPU telemetry: an empty cell, never a zero; and nothing is "not recorded"
     # in a result of this version.
     assert (int8["power_peak_mw"], int8["gpu_freq_low_mhz"], int8["not_recorded"]) == ("", "", "")

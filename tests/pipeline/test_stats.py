@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from device import contention
-from device.schema import Contention, SeriesStats, TelemetrySummary
+from device.window import Contention, SeriesStats, TelemetrySummary
 from device.measure import MeasureSpec, measure
 from pipeline import stats
 

@@ -16,9 +16,10 @@ from typing import Any
 from device.errors import ManifestError
 from pipeline import perclass
 from pipeline.core.rungs import RUNGS
-from pipeline.profile_report import (NOT_MEASURED, TIMINGS_TEXT, has_device_timings, interval_cell, time_section,
+from pipeline.profile_report import (NOT_MEASURED, TIMING_COLUMNS, TIMINGS_TEXT, has_device_timings, time_section,
                                      timing_rows)
-from pipeline.results import NOT_RECORDED, REPORTED, write_results
+from pipeline.results import (detail_columns, figure_cell, figure_label, interval_cell, ladder_columns,
+                              write_results)
 from pipeline.sections import Bullets, Details, Figure, Pre, Section, Table, Text, to_html, to_markdown
 from pipeline.tasks.classification.headline import fmt
 from pipeline.tasks.classification.headline import text as headline_text
@@ -54,14 +55,19 @@ def _top1_cell(row: dict[str, Any]) -> str:
             + (" " + row["verdict"].split(":")[0] if row.get("verdict") else ""))
 
 
+# A cell's note: the row's key that explains the figure, and the word that flags it.
+CELL_NOTES = {"latency_p50_ms": ("noise", "noisy"), "energy_mj_per_image": ("energy_note", "degraded")}
+
+
 def ladder_tables(data: dict[str, Any]) -> tuple[Table, Table]:
-    """The ladder, narrow enough for a laptop (the ratios first), and its detail: every other figure,
-    the measured fields the result schema declares (:data:`REPORTED`) among them."""
+    """The ladder, narrow enough for a laptop (the ratios first, the declared ladder figures with their intervals),
+    and its detail: every other declared measured field (:func:`pipeline.results.detail_columns`; trtexec's
+    times have the timings table)."""
     notes = reason_notes(data)
-    main = [["rung", "device", "latency ×", "energy ×", "top-1 host", "top-1 device", "Δ pts", "p50 ms [95% CI]",
-             "mJ/image", "status"]]
-    detail = [["rung", "device", "runtime", "params M", "GMACs", "MB", "p99 ms", "CV", "images/s", "peak MB", "W",
-               *(how.label for how in REPORTED.values())]]
+    shown, detailed = ladder_columns(), detail_columns(exclude=TIMING_COLUMNS)
+    main = [["rung", "device", "latency ×", "energy ×", "top-1 host", "top-1 device", "Δ pts",
+             *(figure_label(column, with_interval=True) for column in shown), "status"]]
+    detail = [["rung", "device", "runtime", "params M", "GMACs", "MB", "CV", *map(figure_label, detailed)]]
     for r in data["rows"]:
         measured = r["status"] == "measured"
         device_top1 = "—" if r.get("device_top1") is None else (f"{100 * r['device_top1']:.2f}%"
@@ -69,25 +75,26 @@ def ladder_tables(data: dict[str, Any]) -> tuple[Table, Table]:
         main.append([
             r["rung"], r["device"], _ratio_cell(r, "latency"), _ratio_cell(r, "energy"), _top1_cell(r), device_top1,
             fmt(r["top1_delta_points"], "+.2f"),
-            interval_cell(r.get("latency_p50_ms"), r.get("latency_p50_low_ms"), r.get("latency_p50_high_ms"), ".3f")
-            + (f" noisy [{notes[r['noise']]}]" if r.get("noise") else ""),
-            fmt(r.get("energy_mj_per_image"), ".2f", NOT_MEASURED if measured else "—")
-            + (f" degraded [{notes[r['energy_note']]}]" if r.get("energy_degraded") and r.get("energy_note") else ""),
+            *(figure_cell(r, column, NOT_MEASURED if measured else "—", with_interval=True) + _cell_note(r, column, notes)
+              for column in shown),
             ("measured" if measured else NOT_MEASURED) + (f" [{notes[r['reason']]}]" if r.get("reason") else ""),
         ])
         detail.append([
             r["rung"], r["device"],
             (f"{r['runtime']} {r['precision']}" + (f" (fallback) [{notes[r['runtime_fallback']]}]"
                                                    if r.get("runtime_fallback") else "")) if measured else "—",
-            f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}", f"{r['size_mb']:.1f}", fmt(r.get("latency_p99_ms"), ".3f"),
+            f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}", f"{r['size_mb']:.1f}",
             fmt(100 * r["latency_cv_windows"] if r.get("latency_cv_windows") is not None else None, ".0f")
             + ("%" if r.get("latency_cv_windows") is not None else ""),
-            fmt(r.get("throughput_images_per_s"), ".0f"), fmt(r.get("peak_memory_mb"), ".0f"),
-            fmt(r.get("power_mean_w"), ".2f", NOT_MEASURED if measured else "—"),
-            *(NOT_RECORDED if name in (r.get("not_recorded") or []) else fmt(r.get(name), how.fmt)
-              for name, how in REPORTED.items()),
+            *(figure_cell(r, column) for column in detailed),
         ])
     return Table(main, LADDER_CSS, css="ladder"), Table(detail)
+
+
+def _cell_note(row: dict[str, Any], column: str, notes: dict[str, int]) -> str:
+    """`` noisy [2]``: the flag and the numbered note that explains the figure in ``column``, if any."""
+    key, word = CELL_NOTES.get(column, (None, None))
+    return f" {word} [{notes[row[key]]}]" if key and row.get(key) else ""
 
 
 DEVICE_ACCURACY_TEXT = ("Every engine the device built and timed ran the evaluation set once after its timed "

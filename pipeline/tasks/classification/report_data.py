@@ -26,20 +26,18 @@ from pipeline.tasks.classification.front import choose, energy_front, settings_f
 from pipeline.tasks.classification.headline import accuracy_evidence
 
 
-# The row's derived figures (intervals, ratios, accuracy on the device); the measured fields declared on the
-# result schema (device.schema.reported) follow them, so a new measured field needs no edit here.
+# The row's own figures (names, accuracy on host and device, ratios with intervals, noise); the measured fields the
+# result schema declares (device.reported: latency, throughput, energy, power, memory … with their intervals) follow
+# them, so a new measured field needs no edit here.
 BASE_COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", "params_m", "macs_g", "size_mb", "runtime",
-           "precision", "latency_batch", "latency_p50_ms", "latency_p50_low_ms", "latency_p50_high_ms",
-           "latency_p99_ms", "latency_p99_low_ms", "latency_p99_high_ms", "latency_cv_windows", "windows",
-           "throughput_batch", "throughput_images_per_s", "throughput_low", "throughput_high", "peak_memory_mb",
-           "power_mean_w", "energy_mj_per_image", "power_source", "energy_degraded", "energy_note",
-           "latency_ratio_vs_dc_teacher", "latency_ratio_low", "latency_ratio_high", "latency_ratio_significant",
-           "throughput_ratio_vs_dc_teacher", "throughput_ratio_low", "throughput_ratio_high",
-           "throughput_ratio_significant", "energy_ratio_vs_dc_teacher", "energy_ratio_low", "energy_ratio_high",
-           "energy_ratio_significant", "noisy", "noise_flags", "noise", "status", "reason",
-           "trt_latency_p50_ms", "trt_latency_p50_low_ms", "trt_latency_p50_high_ms", "gpu_compute_p50_ms",
-           "gpu_compute_p50_low_ms", "gpu_compute_p50_high_ms", "runtime_fallback", "device_top1", "device_top1_correct",
-           "device_images", "host_top1_same_images", "agreement", "mcnemar_p", "device_deviates")
+                "precision", "latency_batch", "throughput_batch", "latency_cv_windows", "windows", "power_source",
+                "energy_degraded", "energy_note", "latency_ratio_vs_dc_teacher", "latency_ratio_low",
+                "latency_ratio_high", "latency_ratio_significant", "throughput_ratio_vs_dc_teacher",
+                "throughput_ratio_low", "throughput_ratio_high", "throughput_ratio_significant",
+                "energy_ratio_vs_dc_teacher", "energy_ratio_low", "energy_ratio_high", "energy_ratio_significant",
+                "noisy", "noise_flags", "noise", "status", "reason", "runtime_fallback", "device_top1",
+                "device_top1_correct", "device_images", "host_top1_same_images", "agreement", "mcnemar_p",
+                "device_deviates")
 
 
 COLUMNS = csv_columns(BASE_COLUMNS)
@@ -118,16 +116,11 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             else:
                 result: JobResult = entry["result"]
                 batches = sorted(run.batch_size for run in result.runs)
-                large = result.run(batches[-1])
-                summary = large.summary
-                peak = max((run.summary.peak_memory_mb or 0) for run in result.runs) or None
+                summary = result.run(batches[-1]).summary
                 row.update(runtime=result.runtime.name, precision=result.runtime.precision,
-                           latency_batch=batches[0], throughput_batch=batches[-1], peak_memory_mb=peak,
-                           power_mean_w=summary.power_mean_mw / 1e3 if summary.power_mean_mw else None,
-                           energy_mj_per_image=summary.energy_mj_per_image,
+                           latency_batch=batches[0], throughput_batch=batches[-1],
                            power_source=summary.power_source, **_energy_quality(summary.model_dump()),
-                           **_window_statistics(entry["rounds"], batches[0], batches[-1]),
-                           **reported_figures(entry["rounds"]))
+                           **_window_statistics(entry["rounds"], batches[0], batches[-1]))
                 if result.evaluation is not None and evaluation:
                     # The accuracy of the engine that was timed, beside the host's on the same images.
                     scores = device_scores(evaluation, rung, result.evaluation.predictions)
@@ -135,7 +128,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                                engines_scored=engines_scored(evaluation, rung, result, scores),
                                evaluation_note=result.evaluation_note)
                     device_predictions[(device["name"], rung)] = result.evaluation.predictions
-                if summary.power_mean_mw is None:
+                if row["power_mean_w"] is None:
                     notes = result.telemetry_notes
                     row["reason"] = "no power telemetry on this device" + (f" ({'; '.join(notes)})" if notes else "")
             rows.append(row)
@@ -479,39 +472,22 @@ def engines_scored(evaluation: dict[str, Any], rung: str, result: JobResult,
 
 
 def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_batch: int) -> dict[str, Any]:
-    """Per row: each number as the median over the interleaved windows with its 95% interval, the
-    spread between windows, and why the windows were noisy (pipeline.stats, device.contention)."""
-    small = [r.run(latency_batch) for r in rounds]
-    large = [r.run(throughput_batch) for r in rounds]
-    p50 = [run.latency_p50_ms if run else None for run in small]
-    p99 = [run.latency_p99_ms if run else None for run in small]
-    throughput = [run.throughput_images_per_s if run else None for run in large]
-    energy = [run.summary.energy_mj_per_image if run else None for run in large]
-    p50_est, p50_low, p50_high = stats.median_interval(p50)
-    # trtexec's two device times of the same calls, where the runner took them (TensorRT).
-    device = {}
-    for name, key in (("trt_latency", "latency_p50_ms"), ("gpu_compute", "gpu_compute_p50_ms")):
-        values = [getattr(run.device_timing, key) if run and run.device_timing else None for run in small]
-        if any(v is not None for v in values):
-            estimate, low, high = stats.median_interval(values)
-            device.update({f"{name}_p50_ms": estimate, f"{name}_p50_low_ms": low, f"{name}_p50_high_ms": high})
-    p99_est, p99_low, p99_high = stats.median_interval(p99)
-    tp_est, tp_low, tp_high = stats.median_interval(throughput)
+    """Per row: every declared measured field over the interleaved windows (a median with its 95% interval, a
+    peak, a low: :func:`pipeline.results.reported_figures`), the spread between windows, and why the windows
+    were noisy (pipeline.stats, device.contention)."""
+    figures = reported_figures(rounds, latency_batch, throughput_batch)
     flags: dict[str, str] = {}
-    for run in small + large:
-        if run:
-            flags.update(run.noise_flags)
-    spread = stats.cv(p50)
+    for result in rounds:
+        for run in (result.run(latency_batch), result.run(throughput_batch)):
+            if run:
+                flags.update(run.noise_flags)
+    spread = stats.cv(figures["latency_p50_windows_ms"])
     if spread is not None and spread > contention.WINDOW_CV_LIMIT:
         flags["windows_disagree"] = (f"latency p50 varies {100 * spread:.0f}% between the interleaved windows; the "
                                      "device was not quiet: stop other work, lock clocks, or add rounds")
-    return {"latency_p50_ms": p50_est, "latency_p50_low_ms": p50_low, "latency_p50_high_ms": p50_high,
-            "latency_p99_ms": p99_est, "latency_p99_low_ms": p99_low, "latency_p99_high_ms": p99_high,
-            "throughput_images_per_s": tp_est, "throughput_low": tp_low, "throughput_high": tp_high,
-            "latency_cv_windows": spread, "windows": len(rounds), "noisy": bool(flags), "noise_flags": sorted(flags),
-            "noise": "; ".join(f"{flag}: {why}" for flag, why in sorted(flags.items())) or None,
-            "latency_p50_windows_ms": p50, "throughput_windows": throughput, "energy_windows_mj": energy,
-            **device}
+    return {**figures, "latency_cv_windows": spread, "windows": len(rounds), "noisy": bool(flags),
+            "noise_flags": sorted(flags), "noise": "; ".join(f"{flag}: {why}" for flag, why in sorted(flags.items()))
+            or None}
 
 
 def _ratios(row: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:

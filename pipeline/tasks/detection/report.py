@@ -13,18 +13,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.results import NOT_RECORDED, REPORTED, write_results
+from pipeline.results import (REPORTED, csv_columns, detail_columns, figure_cell, figure_label, ladder_columns,
+                              write_results)
 from pipeline.sections import Figure, Section, Table, Text, to_html, to_markdown
 
-# The ladder as two tables, so that each fits a laptop's window: what the rungs are compared by, then the detail.
-RUNG_COLUMNS = ["rung", "precision", "device mAP [95% CI]", "network p50 ms [95% CI]", "× FP32 student [95% CI]",
-                "decode + NMS ms/img"]
+# The ladder as three tables, so that each fits a laptop's window: what the rungs are compared by (with the declared
+# ladder figures: network p50, energy), the detail, and every other measured field the result schema declares.
+RUNG_COLUMNS = ["rung", "precision", "device mAP [95% CI]",
+                *(("network " if c == "latency_p50_ms" else "") + figure_label(c, with_interval=True)  # vs decode + NMS
+                  for c in ladder_columns()), "× FP32 student [95% CI]", "decode + NMS ms/img"]
 DETAIL_COLUMNS = ["rung", "box head", "host mAP [95% CI]", "device AP50 [95% CI]", "device AP75 [95% CI]", "size MB",
                   "network ms/img (eval)"]
 RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "box_head", "status", "reason", "runtime", "size_mb",
                   "macs_g", "host_map", "host_map_low", "host_map_high", "map", "map_low", "map_high", "ap50", "ap75",
-                  "map_delta_points", "latency_batch", "network_p50_ms", "network_p50_low_ms", "network_p50_high_ms",
-                  "rounds", "ratio_vs_student", "ratio_low", "ratio_high", "ratio_significant",
+                  "map_delta_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high", "ratio_significant",
                   "network_ms_per_image", "postprocess_ms_per_image")
 """results.csv's own columns (the declared measured fields, :data:`pipeline.results.REPORTED`, follow)."""
 BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "int8": "INT8, quantized"}
@@ -49,15 +51,6 @@ def interval(scores: dict[str, Any] | None, key: str = "map") -> str:
 
 def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
-
-
-def _p50(measured: dict[str, Any]) -> str:
-    """``0.71 [0.69, 0.74]``: the median over rounds of the network p50 with its interval; a result from before
-    rounds has its one window per batch (``0.71 (1)``)."""
-    p50 = measured.get("network_p50")
-    if p50 is None:
-        return ", ".join(f"{v:.2f} ({b})" for b, v in measured.get("latency_p50_ms", {}).items())
-    return f"{p50['median_ms']:.2f} [{p50['low_ms']:.2f}, {p50['high_ms']:.2f}]"
 
 
 def _versus(measured: dict[str, Any]) -> str:
@@ -87,33 +80,49 @@ def rung_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[str]]
     for rung, row in ladder["rungs"].items():
         measured = device["rungs"].get(rung, {})
         ok = measured.get("state") == "succeeded"
+        figures = _reported(measured)
+        missing = "not measured" if ok else measured.get("state", "not measured")
         rows.append([rung, row["precision"], interval(measured.get("scores") if ok else None),
-                     _p50(measured) if ok else measured.get("state", "not measured"), _versus(measured),
-                     _ms(measured.get("postprocess_ms_per_image"))])
+                     *(figure_cell(figures, column, missing, with_interval=True) for column in ladder_columns()),
+                     _versus(measured), _ms(measured.get("postprocess_ms_per_image"))])
     return rows
 
 
 def detail_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[str]]:
-    """The rungs' detail on one device: host scores, AP50/AP75, size, and every measured field the result schema
-    declares (:data:`pipeline.results.REPORTED`: a peak over every window, a low under them)."""
-    rows = [list(DETAIL_COLUMNS) + [how.label for how in REPORTED.values()]]
+    """The rungs' detail on one device: host scores, AP50/AP75, size, the network's time in the evaluation pass."""
+    rows = [list(DETAIL_COLUMNS)]
     for rung, row in ladder["rungs"].items():
         measured = device["rungs"].get(rung, {})
         scores = measured.get("scores") if measured.get("state") == "succeeded" else None
-        figures = _reported(measured)
         rows.append([rung, row.get("box_head") or "—", interval(row), interval(scores, "ap50"),
-                     interval(scores, "ap75"), f"{row['size_mb']:.2f}", _ms(measured.get("network_ms_per_image")),
-                     *(NOT_RECORDED if name in figures["not_recorded"] else
-                       "—" if figures.get(name) is None else format(figures[name], how.fmt)
-                       for name, how in REPORTED.items())])
+                     interval(scores, "ap75"), f"{row['size_mb']:.2f}", _ms(measured.get("network_ms_per_image"))])
+    return rows
+
+
+def measured_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[str]]:
+    """Every other measured field the result schema declares (:func:`pipeline.results.detail_columns`: throughput,
+    p99, trtexec's times, power, memory, peak temperature, lowest clock …), per rung on one device."""
+    columns = detail_columns()
+    rows = [["rung", *map(figure_label, columns)]]
+    for rung in ladder["rungs"]:
+        figures = _reported(device["rungs"].get(rung, {}))
+        rows.append([rung, *(figure_cell(figures, column) for column in columns)])
     return rows
 
 
 def _reported(measured: dict[str, Any]) -> dict[str, Any]:
-    """A rung's declared measured fields; a rung deployed before they were kept has them "not recorded"."""
+    """A rung's declared measured fields; those a rung deployed before they were declared lacks are "not recorded"
+    (its network p50 from the record it kept then)."""
     if measured.get("state") != "succeeded":
         return {"not_recorded": []}
-    return measured.get("reported") or {"not_recorded": list(REPORTED)}
+    figures = dict(measured.get("reported") or {})
+    p50 = measured.get("network_p50") or {}
+    if "latency_p50_ms" not in figures and p50:
+        figures.update(latency_p50_ms=p50["median_ms"], latency_p50_low_ms=p50["low_ms"],
+                       latency_p50_high_ms=p50["high_ms"])
+    figures["not_recorded"] = [*figures.get("not_recorded", ()), *(column for column in REPORTED
+                                                                    if column not in figures)]
+    return figures
 
 
 def device_section(ladder: dict[str, Any], device: dict[str, Any]) -> Section:
@@ -127,6 +136,7 @@ def device_section(ladder: dict[str, Any], device: dict[str, Any]) -> Section:
         blocks.append(Text(timing_text(device)))
     blocks.append(Table(rung_rows(ladder, device), css="ladder"))
     blocks.append(Table(detail_rows(ladder, device)))
+    blocks.append(Table(measured_rows(ladder, device)))
     others = [f"{rung} {entry['label']} {100 * entry['map']:.1f}" for rung, measured in device["rungs"].items()
               for entry in measured.get("other_engines") or []]
     if others:
@@ -244,13 +254,12 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
                 "ap50": scores.get("ap50"), "ap75": scores.get("ap75"),
                 "map_delta_points": (None if scores.get("map") is None or reference is None
                                      else round(100 * (scores["map"] - reference), 3)),
-                "latency_batch": p50.get("batch"), "network_p50_ms": p50.get("median_ms"),
-                "network_p50_low_ms": p50.get("low_ms"), "network_p50_high_ms": p50.get("high_ms"),
-                "rounds": p50.get("rounds"), "ratio_vs_student": ratio.get("ratio"), "ratio_low": ratio.get("low"),
+                "latency_batch": p50.get("batch"), "rounds": p50.get("rounds"), "ratio_vs_student": ratio.get("ratio"), "ratio_low": ratio.get("low"),
                 "ratio_high": ratio.get("high"), "ratio_significant": ratio.get("significant"),
                 "network_ms_per_image": measured.get("network_ms_per_image"),
                 "postprocess_ms_per_image": measured.get("postprocess_ms_per_image"),
-                **{name: figures.get(name) for name in REPORTED}, "not_recorded": figures["not_recorded"]})
+                **{key: figures.get(key) for key in csv_columns(()) if key != "not_recorded"},
+                "not_recorded": figures["not_recorded"]})
     return rows
 
 
@@ -267,8 +276,8 @@ def headline(rows: list[dict[str, Any]], quantize: dict[str, Any]) -> dict[str, 
         return {"rung": LEAD_RUNG, "measured": False,
                 "reason": next((r["reason"] for r in rows if r["rung"] == LEAD_RUNG and r["reason"]), None)}
     row = lead[0]
-    keys = ("device", "role", "runtime", "map", "map_low", "map_high", "map_delta_points", "network_p50_ms",
-            "network_p50_low_ms", "network_p50_high_ms", "ratio_vs_student", "ratio_low", "ratio_high",
+    keys = ("device", "role", "runtime", "map", "map_low", "map_high", "map_delta_points", "latency_p50_ms",
+            "latency_p50_low_ms", "latency_p50_high_ms", "ratio_vs_student", "ratio_low", "ratio_high",
             "ratio_significant", "postprocess_ms_per_image", "latency_batch")
     return {"rung": LEAD_RUNG, "measured": True, **{k: row[k] for k in keys},
             "method": quantize.get("method"), "box_head": quantize.get("box_head")}
@@ -283,8 +292,8 @@ def headline_text(h: dict[str, Any]) -> str:
         text += f" [{100 * h['map_low']:.1f}, {100 * h['map_high']:.1f}]"
     if h.get("map_delta_points") is not None:
         text += f", {h['map_delta_points']:+.2f} points against the FP32 student on the host"
-    if h.get("network_p50_ms") is not None:  # a result from before rounds has no median over them
-        text += f"; network p50 {h['network_p50_ms']:.3f} ms at batch {h['latency_batch']}"
+    if h.get("latency_p50_ms") is not None:  # a result from before rounds has no median over them
+        text += f"; network p50 {h['latency_p50_ms']:.3f} ms at batch {h['latency_batch']}"
     if h.get("ratio_vs_student") is not None:
         text += (f", ×{h['ratio_vs_student']:.2f} [{h['ratio_low']:.2f}, {h['ratio_high']:.2f}] the FP32 student's"
                  + ("" if h["ratio_significant"] else " (no measurable difference)"))

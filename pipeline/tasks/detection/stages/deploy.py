@@ -171,7 +171,6 @@ class DetectionDeployStage(Stage):
         """A rung's record: round 1's scores (device mAP through its own decode + NMS) and timings, and every round's
         network p50 with the median's interval over rounds."""
         from pipeline.results import reported_figures
-        from pipeline.stats import median_interval
         from pipeline.tasks.detection.metrics import evaluate
 
         first = rounds[0]
@@ -199,11 +198,14 @@ class DetectionDeployStage(Stage):
                 for run in entry["result"].runs:
                     windows.setdefault(run.batch_size, []).append(run.latency_p50_ms)
         batch = min(windows)
-        median, low, high = median_interval(windows[batch])
+        # The measured fields the result schema declares (latency with its interval over rounds, energy, peak
+        # temperature, lowest clock …), over every succeeded round.
+        figures = reported_figures(e["result"] for e in rounds if e["state"] == "succeeded")
         return {"state": "succeeded", "job_id": first["job_id"], "precision": result.runtime.precision,
                 "scores": scores, "latency_p50_ms": {b: float(np.median(v)) for b, v in windows.items()},
                 "latency_p50_windows_ms": {b: v for b, v in windows.items()},
-                "network_p50": {"batch": batch, "median_ms": median, "low_ms": low, "high_ms": high,
+                "network_p50": {"batch": batch, "median_ms": figures["latency_p50_ms"],
+                                "low_ms": figures["latency_p50_low_ms"], "high_ms": figures["latency_p50_high_ms"],
                                 "rounds": len(windows[batch])},
                 "rounds_failed": [e.get("error") for e in rounds if e["state"] != "succeeded"],
                 "reused_rounds": sum(1 for e in rounds if e.get("reused")),
@@ -213,10 +215,7 @@ class DetectionDeployStage(Stage):
                 "network_ms_per_image": 1e3 * result.evaluation.network_s / count,
                 "postprocess_ms_per_image": 1e3 * result.evaluation.postprocess_s / count,
                 "evaluation_batch": result.evaluation.batch_size, "other_engines": others,
-                "evaluation_note": result.evaluation_note,
-                # The measured fields the result schema declares (peak temperature, lowest clock, peak power …)
-                # over every window of every round.
-                "reported": reported_figures(e["result"] for e in rounds if e["state"] == "succeeded")}
+                "evaluation_note": result.evaluation_note, "reported": figures}
 
 
 REFERENCE_RUNG = "student"  # the FP32 student: what the INT8 fold is compared with
