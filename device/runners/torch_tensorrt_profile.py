@@ -1,7 +1,7 @@
 """Per-layer timing on the ``torch_tensorrt`` runtime: Torch-TensorRT's own engine profiler, read back into the
 agent's per-layer table (:mod:`device.profile`), so "where the time goes" reads the same on both roads.
 
-What Torch-TensorRT offers (the release-dependent parts are rules in :data:`device.runners.torch_tensorrt.RULES`,
+What Torch-TensorRT offers (the release-dependent parts are rules in :data:`device.runners.torch_tensorrt_rules.RULES`,
 ``engine_profiler`` and ``engine_profiler_runtime``, each citing file@tag):
 
 * A compiled program saved and loaded as an ``ExportedProgram`` keeps each TensorRT engine as an attribute
@@ -63,7 +63,7 @@ def unavailable(version: str, rules: dict[str, Any], cpp_runtime: bool, modules:
 
     Args:
         version: Torch-TensorRT's version.
-        rules: The release's rules (:func:`device.runners.torch_tensorrt.rules_for`).
+        rules: The release's rules (:func:`device.runners.torch_tensorrt_rules.rules_for`).
         cpp_runtime: ``torch_tensorrt.ENABLED_FEATURES.torch_tensorrt_runtime``.
         modules: The loaded modules, one per measured batch.
     """

@@ -8,7 +8,7 @@ import numpy as np
 from device.errors import DataError
 from pipeline.core.data.sources import DataSet, load_source
 from pipeline.core.manifest import Manifest
-from pipeline.core.recipe import AugmentConfig, Recipe
+from pipeline.core.recipe import AugmentConfig, RecipeBase
 
 
 class RunContext:
@@ -20,7 +20,7 @@ class RunContext:
         devices: The agents the deploy stage benchmarks on (:class:`pipeline.devices.Device`).
     """
 
-    def __init__(self, recipe: Recipe, manifest: Manifest, devices=()):
+    def __init__(self, recipe: RecipeBase, manifest: Manifest, devices=()):
         self.recipe = recipe
         self.devices = list(devices)
         self.resume = None  # the running stage's per-epoch training state (set by the runner)

@@ -83,7 +83,9 @@ class TrainConfig(Strict):
     warmup_epochs: float = Field(0.0, ge=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     grad_clip: Optional[float] = Field(None, gt=0, description="max global grad norm")
-    amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="CUDA only; CPU trains in fp32")
+    amp: Literal["auto", "off", "bf16", "fp16"] = Field(
+        "auto", description="mixed precision. auto: on CUDA (bf16 where supported, else fp16), fp32 on a CPU; bf16: also "
+                            "on a CPU that computes bf16 natively (AMX, AVX-512-BF16), fp32 on one that does not")
     channels_last: bool = Field(True, description="NHWC memory format: faster on CUDA and on CPU with oneDNN")
     eval_every_epoch: bool = Field(False, description="evaluate on the test split after every epoch, not only the last")
     augment: AugmentConfig = AugmentConfig()
@@ -446,25 +448,9 @@ class RecipeBase(Strict):
         return getattr(self, name).model_dump(mode="json")
 
 
-class Recipe(RecipeBase):
-    """A whole model recipe (``models/<name>.yaml``)."""
-
-    task: Literal["classification"] = Field("classification", description="classification (default) or detection "
-                                                                          "(see DetectionRecipe)")
-    data: DataConfig
-    preprocess: PreprocessConfig
-    teacher: TeacherConfig
-    prune: PruneConfig
-    distill: DistillConfig
-    export: ExportConfig = ExportConfig()
-    quantize: QuantizeConfig = QuantizeConfig()
-    evaluate: EvaluateConfig = EvaluateConfig()
-    deploy: DeployConfig = DeployConfig()
-
-
-AnyRecipe = Recipe  # or DetectionRecipe. A task's root model, as "module:class", is imported only for a recipe of
-# that task, so that no other task's stages hash its code (pipeline.core.codehash follows import statements).
-TASKS: dict[str, str] = {"classification": "pipeline.core.recipe:Recipe",
+AnyRecipe = RecipeBase  # a task's root: Recipe, DetectionRecipe. It is imported, as "module:class", only for a recipe
+# of that task, so that no other task's stages hash its code (pipeline.core.codehash follows import statements).
+TASKS: dict[str, str] = {"classification": "pipeline.tasks.classification.recipe:Recipe",
                          "detection": "pipeline.tasks.detection.recipe:DetectionRecipe"}
 
 
@@ -530,7 +516,7 @@ def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     return merged
 
 
-def _format_validation_error(err: ValidationError, source: str, root: type[BaseModel] = Recipe) -> ConfigError:
+def _format_validation_error(err: ValidationError, source: str, root: type[BaseModel]) -> ConfigError:
     lines = []
     for item in err.errors():
         path = ".".join(str(p) for p in item["loc"])
@@ -546,7 +532,7 @@ def _format_validation_error(err: ValidationError, source: str, root: type[BaseM
     return ConfigError(f"invalid recipe {source}:\n  " + "\n  ".join(lines), fix="correct the keys named above")
 
 
-def _field_names_at(loc: tuple, root: type[BaseModel] = Recipe) -> list[str]:
+def _field_names_at(loc: tuple, root: type[BaseModel]) -> list[str]:
     model: Any = root
     for key in loc:
         field = model.model_fields.get(str(key)) if isinstance(model, type) and issubclass(model, BaseModel) else None
@@ -563,8 +549,8 @@ def _field_names_at(loc: tuple, root: type[BaseModel] = Recipe) -> list[str]:
 
 
 def parse_recipe(raw: Any, source: str = "<recipe>", overrides: dict[str, Any] | None = None) -> AnyRecipe:
-    """Validates raw recipe data (already parsed YAML) into a :class:`Recipe`, or a :class:`DetectionRecipe`
-    when it says ``task: detection``."""
+    """Validates raw recipe data (already parsed YAML) into its task's root model (:data:`TASKS`): a classification
+    ``Recipe`` by default, a ``DetectionRecipe`` when it says ``task: detection``."""
     if not isinstance(raw, dict):
         raise ConfigError(f"recipe {source} must be a YAML mapping, got {type(raw).__name__}", fix="see models/tiny.yaml")
     raw = _apply_overrides(raw, overrides or {})

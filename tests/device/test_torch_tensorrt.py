@@ -14,8 +14,8 @@ import pytest
 
 from device.errors import ConfigError, PrecisionMismatchError, ProgramVersionError
 from device.runners import RUNNERS, make_runner
-from device.runners.torch_tensorrt import (RULES, ProgramVersions, check_program_versions, compile_arguments,
-                                           read_program_versions, rules_for)
+from device.runners.torch_tensorrt import ProgramVersions, check_program_versions, read_program_versions
+from device.runners.torch_tensorrt_rules import RULES, compile_arguments, rules_for
 from tests.device.agent_process import AgentProcess
 from tests.slow import slow_fixture
 

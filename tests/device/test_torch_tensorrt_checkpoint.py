@@ -10,7 +10,8 @@ import pytest
 
 from device.errors import DeviceError
 from device.runners import make_runner
-from device.runners.torch_tensorrt import artifact_kind, rules_for
+from device.runners.torch_tensorrt import artifact_kind
+from device.runners.torch_tensorrt_rules import rules_for
 from tests.device.test_torch_tensorrt import program, standin  # noqa: F401 (the fixture and the stand-in)
 
 torch = pytest.importorskip("torch")

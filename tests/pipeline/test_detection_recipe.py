@@ -7,7 +7,8 @@ import yaml
 
 from device.errors import ConfigError, StageError
 from pipeline.tasks.detection.recipe import DetectionRecipe
-from pipeline.core.recipe import Recipe, load_recipe, parse_recipe
+from pipeline.core.recipe import load_recipe, parse_recipe
+from pipeline.tasks.classification.recipe import Recipe
 
 
 @pytest.fixture
