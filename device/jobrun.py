@@ -124,9 +124,10 @@ def summarize(run: RunResult) -> RunSummary:
         if stats and stats.peak is not None and np.isfinite(stats.peak):
             fields.update(memory_source=f"{sampler}:{key}", peak_memory_mb=stats.peak)
             break
-    for name, how in reported_fields(RunSummary).items():
+    for how in reported_fields(RunSummary).values():
         if how.series is None:
             continue
+        name = how.path[-1]  # the field itself (the key is the report's column)
         for source in SERIES_SOURCES:
             stats = telemetry[source].series.get(how.series) if source in telemetry else None
             value = getattr(stats, how.stat) if stats else None

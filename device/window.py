@@ -18,7 +18,7 @@ TelemetryName = Literal["host", "nvml", "jtop"]
 
 class Measured(BaseModel):
     """A measured document: unknown keys refused when written (a renamed field fails loudly, not as missing);
-    dropped when read with :data:`READING` as context (a newer minor version's addition)."""
+    dropped when read with :data:`device.schema.READING` as context (a newer minor version's addition)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -24,9 +24,24 @@ from device.schema import DeviceTiming, JobResult, RunResult, RunSummary
 from pipeline import stats
 from pipeline.core.manifest import Manifest
 
-RESULTS_SCHEMA = "edgefold.results/3"
-REPORTED: dict[str, Reported] = {**reported_fields(RunResult), **reported_fields(DeviceTiming, ("device_timing",)),
-                                 **reported_fields(RunSummary, ("summary",))}
+RESULTS_SCHEMA = "edgefold.results/4"  # 4: detection's network_p50_* columns are the declared latency_p50_*
+def _declared(*sources: dict[str, Reported]) -> dict[str, Reported]:
+    """The declared fields of every model, by row column; two fields that claim one column are a schema bug."""
+    merged: dict[str, Reported] = {}
+    for fields in sources:
+        for column, how in fields.items():
+            keys = (column, *(how.interval or ()), *((how.windows,) if how.windows else ()))
+            taken = {key for other, known in merged.items()
+                     for key in (other, *(known.interval or ()), *((known.windows,) if known.windows else ()))}
+            if taken & set(keys):
+                raise TypeError(f"{'.'.join(how.path)} declares row keys {sorted(taken & set(keys))} that another "
+                                "declared field has: give it a column= of its own")
+            merged[column] = how
+    return merged
+
+
+REPORTED: dict[str, Reported] = _declared(reported_fields(RunResult), reported_fields(DeviceTiming, ("device_timing",)),
+                                          reported_fields(RunSummary, ("summary",)))
 """Every declared measured field, keyed by its row column, in the order the tables and the CSV show them."""
 NOT_RECORDED = "not recorded"
 
@@ -59,6 +74,8 @@ def reported_figures(rounds: Iterable[JobResult], latency_batch: int | None = No
         keys = (column, *(how.interval or ()), *((how.windows,) if how.windows else ()))
         if any(result.minor < how.since for result in rounds):
             out.update(dict.fromkeys(keys))
+            if how.windows:  # still one entry per round: the ratios pair rounds by position
+                out[how.windows] = [None] * len(rounds)
             out["not_recorded"].append(column)
             continue
         if how.batch == "every":

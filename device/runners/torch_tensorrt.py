@@ -436,7 +436,7 @@ class TorchTensorRTRunner(Runner):
 
     def _export(self, module, example, rules: dict[str, Rule]):
         """``torch.export`` of ``module`` at the example's static shape; a quantized module the way its release's
-        INT8 example does it (:data:`RULES` ``int8_export``)."""
+        INT8 example does it (:data:`device.runners.torch_tensorrt_rules.RULES` ``int8_export``)."""
         torch = self.torch
         if self.quantized and rules["int8_export"].value == "torch.export._trace._export":
             from torch.export._trace import _export

@@ -85,3 +85,17 @@ def test_one_declaration_puts_a_new_field_in_every_output(tmp_path, monkeypatch)
     with open(paths["csv"]) as handle:
         assert float(next(csv.DictReader(handle))["latency_p90_ms"]) == pytest.approx(3.2)
     assert "| p90 ms |" in paths["md"].read_text() and "<td>3.200</td>" in paths["html"].read_text()
+
+
+def test_the_energy_figures_flags_come_from_the_windows_its_median_is_over(tmp_path):
+    """Energy is a median over the rounds: a window degraded in round 2 marks it, with in how many windows, and the
+    power source is the first window's that has one (round 1 had no power reading here)."""
+    quiet = {"energy_mj_per_image": 5.0, "energy_degraded": False}
+    gappy = {"energy_mj_per_image": 5.4, "power_source": "jtop:VDD_IN", "energy_degraded": True,
+             "energy_degraded_reasons": {"low_coverage": "fresh samples covered 61% of the window"}}
+    windows = [job_result(runs=[run(1, summary=quiet)]), job_result(runs=[run(1, summary=gappy)])]
+    paths = _write_run(tmp_path, {"student_int8": windows})
+    row = json.loads(paths["json"].read_text())["rows"][0]
+    assert row["energy_mj_per_image"] == pytest.approx(5.2) and row["power_source"] == "jtop:VDD_IN"
+    assert row["energy_degraded"] is True
+    assert row["energy_note"] == "energy degraded in 1 of 2 windows: low_coverage: fresh samples covered 61% of the window"

@@ -35,7 +35,7 @@ def test_report_from_the_tiny_run(tiny_run):
     assert html.count('src="data:image/png;base64,') == 2 and "<script" not in html
     assert "Energy per inference: not measured" in html and "Power over each job&#x27;s window: not measured" in html
     data = json.loads((tiny_run.run_dir / report["json"]).read_text())
-    assert data["schema"] == "edgefold.results/3" and data["task"] == "classification" and data["model"] == "tiny"
+    assert data["schema"] == "edgefold.results/4" and data["task"] == "classification" and data["model"] == "tiny"
     assert set(data) >= {"rungs", "rows", "headline", "power_traces", "provenance", "generated"}
     assert [r["rung"] for r in data["rows"]] == ["teacher", "pruned", "student", "student_fp16", "student_int8"]
     for row in data["rows"]:

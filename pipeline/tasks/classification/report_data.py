@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from device import contention
 from device.errors import ManifestError, SchemaVersionError
-from device.schema import JobResult, parse_result
+from device.schema import JobResult, RunSummary, parse_result
 from pipeline import stats
 from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from pipeline.devices import DEPLOY_SCHEMA
@@ -116,10 +116,12 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             else:
                 result: JobResult = entry["result"]
                 batches = sorted(run.batch_size for run in result.runs)
-                summary = result.run(batches[-1]).summary
+                # The energy figure is a median over the rounds' windows: its source and flags are theirs too.
+                summaries = [run.summary for r in entry["rounds"] if (run := r.run(batches[-1])) is not None]
                 row.update(runtime=result.runtime.name, precision=result.runtime.precision,
                            latency_batch=batches[0], throughput_batch=batches[-1],
-                           power_source=summary.power_source, **_energy_quality(summary.model_dump()),
+                           power_source=next((s.power_source for s in summaries if s.power_source), None),
+                           **_energy_quality(summaries),
                            **_window_statistics(entry["rounds"], batches[0], batches[-1]))
                 if result.evaluation is not None and evaluation:
                     # The accuracy of the engine that was timed, beside the host's on the same images.
@@ -505,13 +507,20 @@ def _ratios(row: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, A
     return out
 
 
-def _energy_quality(summary: dict[str, Any]) -> dict[str, Any]:
-    """``energy_degraded`` and a one-line ``energy_note`` (flags and reasons) from a run's summary."""
-    reasons = summary.get("energy_degraded_reasons") or {}
-    if not summary.get("energy_degraded") or not reasons:
-        return {"energy_degraded": False if summary.get("energy_degraded") is False else None, "energy_note": None}
-    return {"energy_degraded": True,
-            "energy_note": "energy degraded: " + "; ".join(f"{flag}: {why}" for flag, why in sorted(reasons.items()))}
+def _energy_quality(summaries: list[RunSummary]) -> dict[str, Any]:
+    """``energy_degraded`` and a one-line ``energy_note`` (flags and reasons) over the windows the energy figure
+    is the median of: degraded when any of them is (its flags named, with in how many windows), None when none
+    says."""
+    degraded = [s for s in summaries if s.energy_degraded]
+    if not degraded:
+        return {"energy_degraded": False if any(s.energy_degraded is False for s in summaries) else None,
+                "energy_note": None}
+    reasons: dict[str, str] = {}
+    for summary in degraded:
+        reasons.update(summary.energy_degraded_reasons)
+    share = "" if len(degraded) == len(summaries) else f" in {len(degraded)} of {len(summaries)} windows"
+    return {"energy_degraded": True, "energy_note": f"energy degraded{share}: " + ("; ".join(
+        f"{flag}: {why}" for flag, why in sorted(reasons.items())) or "no reason recorded")}
 
 
 # ----------------------------------------------------------------- where the time goes (per-layer profile)

@@ -52,7 +52,8 @@ def cpu_bf16() -> str | None:
     """The CPU's native bf16 instructions (``amx_bf16``, ``avx512_bf16``), or None: without them oneDNN emulates
     bf16, slower than fp32, so a recipe's ``amp: bf16`` trains in fp32 there."""
     try:
-        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":", 1)[1].split())
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = set(next(line for line in cpuinfo if line.startswith("flags")).split(":", 1)[1].split())
     except (OSError, StopIteration):
         return None
     return next((flag for flag in ("amx_bf16", "avx512_bf16") if flag in flags), None)
@@ -70,6 +71,19 @@ def amp_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
     if cfg.amp == "bf16" or torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float16
+
+
+CHANNELS_LAST_MIN_PX = 64
+"""From this input size a CPU trains faster in NHWC (ResNet-50 on this project's CPUs: 9% slower at 32 px, the same at
+64, about 20% faster at 224; bench/train_speed.py and its results)."""
+
+
+def channels_last(cfg: TrainConfig, device: torch.device, input_size: int) -> bool:
+    """Whether a training run uses the NHWC memory format: the recipe's choice, else on CUDA and on a CPU for inputs
+    of :data:`CHANNELS_LAST_MIN_PX` or more."""
+    if cfg.channels_last is not None:
+        return cfg.channels_last
+    return device.type == "cuda" or input_size >= CHANNELS_LAST_MIN_PX
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -186,7 +200,8 @@ class _Trainer:
             return
         torch.manual_seed(cfg.seed)
         model.to(device)
-        if cfg.channels_last:
+        self.channels_last = channels_last(cfg, device, batches.preprocess.input_size)
+        if self.channels_last:
             model.to(memory_format=torch.channels_last)
         self.train_model = model
         if self.me.distributed:
@@ -201,8 +216,13 @@ class _Trainer:
         self.hide_bar = progress_disabled() if self.me.main else True  # one bar, rank 0's
 
     def resume_from(self, path: Path) -> None:
+        # The saved state carries its own kernel choice (a state from before the fused step, or another device's):
+        # the choice made for this run stands.
+        kernels = [(group.get("fused"), group.get("foreach")) for group in self.optimizer.param_groups]
         state = _load_resume(path, self.model, self.optimizer, self.scheduler, self.scaler, self.device, self.desc,
                              self.me.main)
+        for group, (fused, foreach) in zip(self.optimizer.param_groups, kernels):
+            group["fused"], group["foreach"] = fused, foreach
         if state is not None:
             self.history, self.step, self.first_epoch = state["history"], state["step"], state["epoch"]
             self.batches.epoch = state["batches_epoch"]
@@ -217,7 +237,7 @@ class _Trainer:
     def _update(self, x, labels, positions, flipped) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns the logits and the loss."""
         x, labels = x.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-        if self.cfg.channels_last:
+        if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
         with autocast:
@@ -295,7 +315,7 @@ class _Trainer:
         """Back to a plain model: BatchNorm unsynchronized, contiguous memory (what the checkpoint saves)."""
         if self.me.distributed:
             revert_sync_batchnorm(self.model)
-        if self.cfg.channels_last:
+        if self.channels_last:
             self.model.to(memory_format=torch.contiguous_format)
 
 

@@ -116,10 +116,12 @@ def _reported(measured: dict[str, Any]) -> dict[str, Any]:
     if measured.get("state") != "succeeded":
         return {"not_recorded": []}
     figures = dict(measured.get("reported") or {})
-    p50 = measured.get("network_p50") or {}
+    p50, per_batch = measured.get("network_p50") or {}, measured.get("latency_p50_ms") or {}
     if "latency_p50_ms" not in figures and p50:
         figures.update(latency_p50_ms=p50["median_ms"], latency_p50_low_ms=p50["low_ms"],
                        latency_p50_high_ms=p50["high_ms"])
+    elif "latency_p50_ms" not in figures and per_batch:  # before rounds: one window per batch, no interval
+        figures["latency_p50_ms"] = per_batch[min(per_batch, key=int)]
     figures["not_recorded"] = [*figures.get("not_recorded", ()), *(column for column in REPORTED
                                                                     if column not in figures)]
     return figures
