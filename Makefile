@@ -60,7 +60,9 @@ EDGE_ARGS := $(strip $(if $(DATA),--data '$(DATA)') $(if $(WEIGHTS),--weights '$
 # NPROC>1: the training stages run as one DDP job under torchrun (NCCL on GPUs, gloo on CPU).
 RUN_CMD := $(if $(filter-out 1,$(NPROC)),$(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) -m pipeline,$(EDGEFOLD))
 
-export OMP_WAIT_POLICY ?= PASSIVE
+# OpenMP's wait: its default short spin for runs (PASSIVE, threads asleep at every wait, trained ResNet-50 about
+# 27% slower on two cores: bench/results/train-speed-*); the tests set PASSIVE themselves (tests/conftest.py), since
+# many processes share the cores there and a spinning wait steals another's time.
 
 .PHONY: help venv agent-venv lock edge test bench bench-seeds readme-figures data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
 

@@ -24,11 +24,12 @@ sys.path.insert(0, str(HERE.parent))
 def run(model: str, runs_dir: str, run_id: str) -> float:
     started = time.perf_counter()
     cmd = [sys.executable, "-m", "pipeline", "run", model, "--run-id", run_id, "--runs-dir", runs_dir]
-    subprocess.run(cmd, check=True, env={**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")})
+    subprocess.run(cmd, check=True)  # the environment as `make edge` gives it (OpenMP's wait policy recorded)
     return time.perf_counter() - started
 
 
 def main() -> int:
+    from bench.recipe_seeds import machine
     from pipeline.core.stage import STAGE_ORDER
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,6 +52,11 @@ def main() -> int:
     result = {
         "model": args.model, "date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(),
         "cpus": os.cpu_count(), "torch": stages["teacher"]["env"]["torch"],
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default (unset)", "machine": machine(),
+        # Each training epoch's rate and precision, as the stages logged them.
+        "training": {name: [{key: epoch.get(key) for key in ("epoch", "images_per_s", "autocast")}
+                            for epoch in stages[name].get("metrics", {}).get("history", []) if "images_per_s" in epoch]
+                     for name in ("teacher", "distill") if name in stages},
         "first_run_s": round(first, 1), "cached_rerun_s": round(second, 1),
         "stage_seconds": {name: stages[name]["seconds"] for name in STAGE_ORDER if name in stages},
         "rungs": rungs, "run": f"{Path(args.runs_dir).name}/{args.model}/{run_id}",  # read on other machines: no host path
@@ -63,6 +69,11 @@ def main() -> int:
         f"## `make edge MODEL={args.model}` on {result['cpus']} CPUs, {result['date']} (torch {result['torch']})",
         "",
         f"First run {first / 60:.1f} min{' (sum of stage times)' if args.run_id else ''}, cached re-run {second:.1f} s.",
+        "",
+        f"Machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, {result['machine']['kernels']} "
+        f"({', '.join(result['machine']['vector_flags'])}); OMP_WAIT_POLICY {result['omp_wait_policy']}. Training "
+        "rate per epoch: " + "; ".join(f"{name} " + ", ".join(f"{e['images_per_s']:.0f}" for e in epochs) + " images/s"
+                                       for name, epochs in result["training"].items() if epochs) + ".",
         "",
         "| stage | seconds |", "|---|---:|",
         *[f"| {name} | {seconds:.1f} |" for name, seconds in result["stage_seconds"].items()],

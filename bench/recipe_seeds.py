@@ -16,11 +16,13 @@ trains to other weights.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import platform
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -54,6 +56,19 @@ def machine() -> dict[str, Any]:
                    + ", ".join(f"{name}={value}" for name, value in forced.items()) + f"; the CPU has {kernels})")
     return {"cpu": model, "vector_flags": vector, "cores": os.cpu_count(), "machine": platform.machine(),
             "kernels": kernels}
+
+
+def experiment_key(recipe: str) -> str:
+    """What the recorded seeds measured: the sha256 of the project's sources and of the recipe. A resumed bench
+    keeps only the seeds run with this key; after any change to the code or the recipe they are another experiment."""
+    from pipeline.core.recipe import resolve_recipe_path
+
+    digest = hashlib.sha256()
+    root = HERE.parent
+    for path in sorted([*root.glob("pipeline/**/*.py"), *root.glob("device/**/*.py"), resolve_recipe_path(recipe)]):
+        digest.update(str(path.relative_to(root) if path.is_relative_to(root) else path).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def score(metrics: dict[str, Any]) -> float | None:
@@ -150,7 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work = args.work or Path(f"/tmp/edgefold-seeds-{Path(args.recipe).stem}")
     state_path = work / "state.json"
+    key = experiment_key(args.recipe)
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
+    if state and state.get("experiment") != key:
+        print(f"{state_path}: its seeds ran other code or another recipe; starting over", flush=True)
+        state = {}
+        shutil.rmtree(work / "runs", ignore_errors=True)
+    state["experiment"] = key
     print(f"goal: {GOAL}", flush=True)
     for seed in range(args.seeds):
         if str(seed) in state:
@@ -164,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({record['build_seconds']} s data to evaluate)", flush=True)
     runs = [state[str(s)] for s in range(args.seeds)]
     doc = {"schema": "edgefold.bench.seeds/1", "recipe": Path(args.recipe).stem, "date": time.strftime("%Y-%m-%d"),
-           "goal": GOAL, "seed_keys": list(SEED_KEYS), "until": args.until, "machine": machine(), "runs": runs,
+           "goal": GOAL, "seed_keys": list(SEED_KEYS), "until": args.until, "machine": machine(), "experiment": key,
+           "runs": runs,
            "summary": summary(runs)}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)

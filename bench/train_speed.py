@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -110,14 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     document = {"goal": __doc__.split("Goal, stated before the run: ")[1].split("\n\n")[0].replace("\n", " "),
                 "recipe": args.recipe, "arch": recipe.teacher.arch, "batch_size": train.batch_size,
                 "input": [channels, size, size], "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
-                "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": host, "settings": rows}
+                "torch": torch.__version__, "threads": torch.get_num_threads(),
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default (unset)", "machine": host,
+                "settings": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"train-speed-{args.recipe}-{stamp}.json").write_text(json.dumps(document, indent=1) + "\n")
     lines = [f"## Teacher training speed: {args.recipe} ({recipe.teacher.arch}, batch {train.batch_size}, "
              f"{channels}×{size}×{size}), {time.strftime('%Y-%m-%d')}", "",
              f"Goal, stated before the run: {document['goal']}", "",
              f"Machine: {host['cpu']}, {host['cores']} cores, {host['kernels']} ({', '.join(host['vector_flags'])}); "
-             f"torch {torch.__version__}, {torch.get_num_threads()} threads. {args.rounds} rounds × {args.steps} "
+             f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY "
+             f"{document['omp_wait_policy']}. {args.rounds} rounds × {args.steps} "
              "steps per setting, interleaved.", "",
              "| setting | images/s (median) | × before | min–max over rounds | every round | first step s |",
              "|---|---:|---:|---|---|---:|"]

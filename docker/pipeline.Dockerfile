@@ -16,7 +16,7 @@ RUN python -m venv /opt/edgefold \
 
 FROM python:3.11-slim-bookworm
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE PATH=/opt/edgefold/bin:$PATH
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PATH=/opt/edgefold/bin:$PATH
 # The embedded default data set (Debian's Fashion-MNIST) and OpenCV's runtime libraries.
 # hadolint ignore=DL3008
 RUN apt-get update \

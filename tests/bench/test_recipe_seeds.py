@@ -90,3 +90,25 @@ def test_forced_kernels_are_recorded_and_get_a_row_of_their_own(repo, tmp_path, 
     forced.write_text(json.dumps(doc))
     rows = [line for line in figures.block(figures.newest_by_recipe(results)).splitlines() if line.startswith("| tiny-det")]
     assert len(rows) == 2 and any("forced" in row for row in rows) and any("18.00" in row for row in rows)
+
+
+def test_a_resumed_bench_keeps_only_the_seeds_this_code_and_recipe_ran(repo, tmp_path, monkeypatch):
+    """Resuming keeps a seed's record only when it ran the same sources and recipe: after a change to either, the
+    recorded seeds are another experiment and run again (once they were reported as today's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("recipe_seeds", repo / "bench" / "recipe_seeds.py")
+    seeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seeds)
+    recorded = json.loads(next((repo / "bench" / "results").glob("seeds-tiny-*.json")).read_text())["runs"][0]
+    ran = []
+    monkeypatch.setattr(seeds, "one_run", lambda recipe, seed, runs, until: ran.append(seed) or dict(recorded, seed=seed))
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    (work / "state.json").write_text(json.dumps({"experiment": "other code", "0": dict(recorded, teacher=1.0)}))
+    assert seeds.main(["--recipe", "tiny", "--seeds", "1", "--work", str(work), "--out", str(out)]) == 0
+    assert ran == [0], "a seed recorded by other code runs again"
+    doc = json.loads(next(out.glob("seeds-tiny-*.json")).read_text())
+    assert doc["experiment"] == seeds.experiment_key("tiny") and doc["runs"][0]["teacher"] != 1.0
+    assert seeds.main(["--recipe", "tiny", "--seeds", "1", "--work", str(work), "--out", str(out)]) == 0
+    assert ran == [0], "the same code and recipe resume"
