@@ -34,7 +34,10 @@ def newest_by_recipe(results: Path) -> dict[tuple[str, str], dict]:
 
 def block(docs: dict[tuple[str, str], dict]) -> str:
     def figure(f: dict | None) -> str:
-        return "—" if not f else f"{f['mean']:.2f} [{f['low']:.2f}, {f['high']:.2f}]"
+        def shown(value: float) -> str:
+            return f"{round(value, 2) + 0.0:.2f}"  # + 0.0: a rounded -0.0 is shown as 0.00
+
+        return "—" if not f else f"{shown(f['mean'])} [{shown(f['low'])}, {shown(f['high'])}]"
 
     lines = [BEGIN, "| recipe | seeds passing every gate | teacher | student | INT8 | INT8 − student, points | "
                     "build seconds per run (data to evaluate) | machine | file |", "|---|---|---|---|---|---|---|---|---|"]
