@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from device import contention
 from device.errors import ManifestError, SchemaVersionError
-from device.schema import JobResult, RunSummary, parse_result
+from device.schema import JobResult, parse_result
 from pipeline import stats
 from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from pipeline.devices import DEPLOY_SCHEMA
@@ -116,12 +116,9 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             else:
                 result: JobResult = entry["result"]
                 batches = sorted(run.batch_size for run in result.runs)
-                # The energy figure is a median over the rounds' windows: its source and flags are theirs too.
-                summaries = [run.summary for r in entry["rounds"] if (run := r.run(batches[-1])) is not None]
                 row.update(runtime=result.runtime.name, precision=result.runtime.precision,
                            latency_batch=batches[0], throughput_batch=batches[-1],
-                           power_source=next((s.power_source for s in summaries if s.power_source), None),
-                           **_energy_quality(summaries),
+                           **_energy_quality(entry["rounds"], batches[-1]),
                            **_window_statistics(entry["rounds"], batches[0], batches[-1]))
                 if result.evaluation is not None and evaluation:
                     # The accuracy of the engine that was timed, beside the host's on the same images.
@@ -507,19 +504,21 @@ def _ratios(row: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, A
     return out
 
 
-def _energy_quality(summaries: list[RunSummary]) -> dict[str, Any]:
-    """``energy_degraded`` and a one-line ``energy_note`` (flags and reasons) over the windows the energy figure
-    is the median of: degraded when any of them is (its flags named, with in how many windows), None when none
-    says."""
+def _energy_quality(rounds: list[JobResult], throughput_batch: int) -> dict[str, Any]:
+    """``power_source``, ``energy_degraded`` and a one-line ``energy_note`` (flags and reasons) over the windows the
+    energy figure is the median of (each round's at the throughput batch): the first source named, degraded when
+    any window is (its flags named, with in how many windows), None when none says."""
+    summaries = [run.summary for result in rounds if (run := result.run(throughput_batch)) is not None]
+    source = next((summary.power_source for summary in summaries if summary.power_source), None)
     degraded = [s for s in summaries if s.energy_degraded]
     if not degraded:
-        return {"energy_degraded": False if any(s.energy_degraded is False for s in summaries) else None,
-                "energy_note": None}
+        return {"power_source": source, "energy_note": None,
+                "energy_degraded": False if any(s.energy_degraded is False for s in summaries) else None}
     reasons: dict[str, str] = {}
     for summary in degraded:
         reasons.update(summary.energy_degraded_reasons)
     share = "" if len(degraded) == len(summaries) else f" in {len(degraded)} of {len(summaries)} windows"
-    return {"energy_degraded": True, "energy_note": f"energy degraded{share}: " + ("; ".join(
+    return {"power_source": source, "energy_degraded": True, "energy_note": f"energy degraded{share}: " + ("; ".join(
         f"{flag}: {why}" for flag, why in sorted(reasons.items())) or "no reason recorded")}
 
 
