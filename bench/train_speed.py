@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--input-size", type=int, help="images of this size instead of the recipe's (e.g. 224)")
+    parser.add_argument("--batch-size", type=int, help="instead of the recipe's teacher batch")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd settings (compile time "
                         "reported apart)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
@@ -77,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.core.recipe import load_recipe
 
     recipe, _, _ = load_recipe(args.recipe)
-    train = recipe.teacher.train
-    size, channels = recipe.preprocess.input_size, recipe.preprocess.channels
+    train = recipe.teacher.train.model_copy(update={"batch_size": args.batch_size or recipe.teacher.train.batch_size})
+    size, channels = args.input_size or recipe.preprocess.input_size, recipe.preprocess.channels
     print(f"goal: {__doc__.split('Goal, stated before the run: ')[1].split('. Each')[0]}", flush=True)
     torch.manual_seed(0)
     model = build_model(recipe.teacher.arch, 10, channels).train()
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default (unset)", "machine": host,
                 "settings": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"train-speed-{args.recipe}-{stamp}.json").write_text(json.dumps(document, indent=1) + "\n")
+    stem = f"train-speed-{args.recipe}-{size}px-{stamp}" if args.input_size else f"train-speed-{args.recipe}-{stamp}"
+    (args.out / f"{stem}.json").write_text(json.dumps(document, indent=1) + "\n")
     lines = [f"## Teacher training speed: {args.recipe} ({recipe.teacher.arch}, batch {train.batch_size}, "
              f"{channels}×{size}×{size}), {time.strftime('%Y-%m-%d')}", "",
              f"Goal, stated before the run: {document['goal']}", "",
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{row['ratio_min']:.2f}–{row['ratio_max']:.2f} | {', '.join(f'{v:.1f}' for v in row['rounds'])} | "
                      f"{row['compile_s'] if row['compile_s'] is not None else ''} |")
     text = "\n".join(lines) + "\n"
-    (args.out / f"train-speed-{args.recipe}-{stamp}.md").write_text(text)
+    (args.out / f"{stem}.md").write_text(text)
     print(text)
     return 0
 

@@ -88,7 +88,7 @@ class TrainConfig(Strict):
                             "on a CPU that computes bf16 natively (AMX, AVX-512-BF16), fp32 on one that does not")
     channels_last: Optional[bool] = Field(
         None, description="NHWC memory format. null (default): on CUDA, and on a CPU for inputs of 64 px or more (on this "
-                          "project's CPUs it trained ResNet-50 about 20% faster at 224 px, the same at 64, 9% slower "
+                          "project's CPUs it trained ResNet-50 12% faster at 224 px, the same at 64, 9% slower "
                           "at 32: bench/train_speed.py)")
     eval_every_epoch: bool = Field(False, description="evaluate on the test split after every epoch, not only the last")
     augment: AugmentConfig = AugmentConfig()

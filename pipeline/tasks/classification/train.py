@@ -75,7 +75,7 @@ def amp_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
 
 CHANNELS_LAST_MIN_PX = 64
 """From this input size a CPU trains faster in NHWC (ResNet-50 on this project's CPUs: 9% slower at 32 px, the same at
-64, about 20% faster at 224; bench/train_speed.py and its results)."""
+64 (2%), 12% faster at 224 with the fused step; bench/results/train-speed-resnet50-*)."""
 
 
 def channels_last(cfg: TrainConfig, device: torch.device, input_size: int) -> bool:
