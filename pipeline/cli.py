@@ -107,7 +107,8 @@ def _cmd_run(args) -> int:
     from pipeline.devices import load_devices
     from pipeline.runner import run_pipeline
 
-    overrides = {"data.source": args.data, "teacher.weights": args.weights, **_parse_sets(args.set)}
+    flags = {"data.source": args.data, "teacher.weights": args.weights}  # unset flags leave the recipe's value
+    overrides = {**{key: value for key, value in flags.items() if value}, **_parse_sets(args.set)}
     devices = load_devices(args.edge, args.dc, args.devices, args.token_file)
     ctx = run_pipeline(args.model, until=args.until, force=args.force, run_id=args.run_id, new=args.new,
                        overrides=overrides, runs_dir=args.runs_dir, devices=devices)

@@ -1,6 +1,7 @@
 """The one INT8 ladder every task climbs: post-training quantization with each calibration method in the recipe's
-order, then quantization-aware fine-tuning distilled from the FP32 student, until a candidate is within the task's
-accuracy budget of the FP32 student.
+order, then the most sensitive layers kept out of INT8 (:mod:`pipeline.mixed_precision`), then quantization-aware
+fine-tuning distilled from the FP32 student, until a candidate is within the task's accuracy budget of the FP32
+student.
 
 What is the same for every task lives here: the order of the steps, the checks every candidate passes before it is
 scored (TensorRT's Q/DQ rules, weights stored as int8), the record of every attempt, and the error that names each
@@ -17,7 +18,9 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
 
 from device.errors import StageError
 from pipeline.core.log import log
@@ -25,7 +28,8 @@ from pipeline.core.log import log
 
 @dataclass(frozen=True)
 class Step:
-    """One rung of the ladder: a quantizer and a calibration method, or ``("modelopt", "qat")``."""
+    """One rung of the ladder: a quantizer and a calibration method, ``(quantizer, "mixed")`` (the most sensitive
+    layers left out of INT8, :func:`mixed_step`) or ``("modelopt", "qat")``."""
 
     quantizer: str
     method: str
@@ -37,10 +41,33 @@ class Step:
     def __str__(self) -> str:
         return f"{self.quantizer}/{self.method}"
 
+    @property
+    def mixed(self) -> bool:
+        return self.method == "mixed"
 
-def steps(quantizer: str, calibration_methods: list[str], qat: bool) -> list[Step]:
-    """The ladder a recipe asks for: each calibration method with its quantizer, then QAT when it is set."""
-    return [Step(quantizer, method) for method in calibration_methods] + ([Step("modelopt", "qat")] if qat else [])
+
+def steps(quantizer: str, calibration_methods: list[str], qat: bool, mixed: bool = False) -> list[Step]:
+    """The ladder a recipe asks for: each calibration method with its quantizer, the mixed-precision step when it is
+    set, then QAT when it is set."""
+    return ([Step(quantizer, method) for method in calibration_methods] + ([Step(quantizer, "mixed")] if mixed else [])
+            + ([Step("modelopt", "qat")] if qat else []))
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """A slice of the calibration data held apart from calibration, for the mixed-precision step's choices.
+
+    Attributes:
+        calibration: The calibration images without the slice (what the step's candidates are calibrated on).
+        inputs: The slice's network inputs (the sensitivity is measured on them).
+        score: Scores a candidate on the slice (with ``value``, as :meth:`LadderTask.score` does on the test split).
+        source: Where the slice comes from, as the report says it (training images make its scores optimistic).
+    """
+
+    calibration: np.ndarray
+    inputs: np.ndarray
+    score: Callable[[Path], dict[str, Any]]
+    source: str = "the calibration split"
 
 
 class LadderTask(ABC):
@@ -49,18 +76,42 @@ class LadderTask(ABC):
     Attributes:
         metric: The gated score's name in messages (``top-1``, ``mAP``).
         budget_points: The largest drop from the FP32 student allowed, in points.
+        input_name: The network's image input (the sensitivity feeds it).
     """
 
     metric: str = "score"
     budget_points: float = 1.0
+    input_name: str = "input"
 
     @abstractmethod
     def reference(self) -> dict[str, Any]:
         """The FP32 student's scores (with ``value``, the gated score as a fraction)."""
 
     @abstractmethod
-    def quantize(self, step: Step, out: Path) -> dict[str, Any]:
-        """Writes the post-training candidate of ``step`` to ``out``; returns facts to record (what stayed float)."""
+    def quantize(self, step: Step, out: Path, exclude: Sequence[str] = (), calibration: np.ndarray | None = None,
+                 float32_islands: bool = False) -> dict[str, Any]:
+        """Writes the post-training candidate of ``step`` to ``out``; returns facts to record (what stayed float).
+
+        Args:
+            exclude: Layers (node names) left out of Q/DQ, in the task's float-island precision.
+            calibration: Other calibration images than the task's (the mixed step holds a slice apart).
+            float32_islands: Leave every float layer FP32 (the sensitivity's graph edits need float32 weights).
+        """
+
+    def hold_out(self, fraction: float) -> HeldOut:
+        """A ``fraction`` of the calibration images, spread over them, held apart with their scorer."""
+        raise StageError(f"the {type(self).__name__} ladder has no held-out slice for the mixed-precision step",
+                         fix="set quantize.mixed_precision: null")
+
+    def rename(self, source: Path, target: Path) -> None:
+        """Moves a candidate and whatever travels with it (a detector's decoding sidecar)."""
+        source.replace(target)
+
+    def distortion(self, reference: list[np.ndarray], outputs: list[np.ndarray]) -> float:
+        """How far a candidate's outputs are from the FP32 model's (the sensitivity's measure)."""
+        from pipeline.mixed_precision import normalised_error
+
+        return normalised_error(reference, outputs)
 
     @abstractmethod
     def fine_tune(self, out: Path) -> dict[str, Any]:
@@ -124,8 +175,75 @@ def check_candidate(path: Path, step: Step) -> dict[str, Any]:
     return {"size_mb": path.stat().st_size / 1e6, "lint": lint.to_dict()}
 
 
-def climb(task: LadderTask, ladder: list[Step], workdir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
+def mixed_step(task: LadderTask, methods: list[Step], workdir: Path, out: Path, most: int, fraction: float
+               ) -> dict[str, Any]:
+    """The fewest most-sensitive layers left out of INT8 that meet the budget on a slice of the calibration data
+    held apart from calibration, the candidate written to ``out``. Every choice is made on that slice: the
+    calibration method (of ``methods``, the one whose candidate is closest to the FP32 student there), the
+    ranking, and k. Returns what to record: the ranking, the layers kept in float with what each buys back and
+    costs, and every k tried."""
+    import onnx
+
+    from pipeline.mixed_precision import fewest, layer_macs, run_model, sensitivity
+
+    held = task.hold_out(fraction)
+    fp32 = onnx.load(str(task.fp32))
+    probes: dict[int, dict[str, Any]] = {}
+    try:
+        reference_outputs = run_model(fp32, held.inputs, task.input_name)
+        closeness = {}
+        for step in methods:
+            path = workdir / f"student.int8.mixed.ranked.{step.method}.onnx"
+            task.quantize(step, path, calibration=held.calibration, float32_islands=True)
+            closeness[step] = task.distortion(reference_outputs, run_model(onnx.load(str(path)), held.inputs,
+                                                                           task.input_name))
+        base = min(methods, key=lambda step: closeness[step])
+        macs = layer_macs(fp32)
+        distortion, ranking = sensitivity(
+            onnx.load(str(workdir / f"student.int8.mixed.ranked.{base.method}.onnx")), fp32, held.inputs,
+            task.input_name, task.distortion, progress=lambda line: log(f"quantize: sensitivity {line}"),
+            reference=reference_outputs, macs=macs)
+        reference = held.score(task.fp32)
+
+        def passes(k: int) -> bool:
+            path = workdir / f"student.int8.mixed.k{k}.onnx"
+            facts = task.quantize(base, path, exclude=[layer.layer for layer in ranking[:k]],
+                                  calibration=held.calibration)
+            facts = {**facts, **check_candidate(path, Step(base.quantizer, "mixed"))}
+            scores = held.score(path)
+            probes[k] = {"k": k, "value": scores["value"], "drop_points": task.drop_points(reference, scores),
+                         "within": task.within(reference, scores), "facts": facts}
+            log(f"quantize: mixed: {k} layer(s) in float: held-out {task.metric} {task.shown(scores['value'])} "
+                f"({-probes[k]['drop_points']:+.2f} points vs FP32 {task.shown(reference['value'])})")
+            return probes[k]["within"]
+
+        most = min(most, len(ranking))
+        chosen = fewest(passes, most)
+        k = most if chosen is None else chosen  # even the most missed there: the test gate decides, as for any step
+        task.rename(workdir / f"student.int8.mixed.k{k}.onnx", out)
+    finally:
+        for path in [*workdir.glob("student.int8.mixed.ranked.*"), *workdir.glob("student.int8.mixed.k*")]:
+            path.unlink()
+    facts = probes[k]["facts"]
+    kept = [layer.to_dict() for layer in ranking[:k]]
+    return {**facts, "base_method": base.method, "held_out_images": len(held.inputs), "held_out_source": held.source,
+            "calibration_images": len(held.calibration), "held_out_fp32": reference["value"],
+            "closeness_by_method": {step.method: value for step, value in closeness.items()},
+            "met_on_held_out": chosen is not None, "candidate_distortion": distortion,
+            "kept_layers": kept, "kept_precision": "fp16" if str(facts.get("float_islands")).startswith("fp16")
+            else "fp32", "kept_macs": sum(layer["macs"] for layer in kept),
+            "kept_macs_fraction": sum(layer["macs"] for layer in kept) / (sum(macs.values()) or 1),
+            "probes": [{key: value for key, value in probe.items() if key != "facts"}
+                       for _, probe in sorted(probes.items())],
+            "sensitivity": [layer.to_dict() for layer in ranking]}
+
+
+def climb(task: LadderTask, ladder: list[Step], workdir: Path, mixed: Any = None
+          ) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
     """Tries each step until one is within the budget.
+
+    Args:
+        mixed: The recipe's ``quantize.mixed_precision`` (``max_layers``, ``held_out``) for a ``mixed`` step.
 
     Returns:
         (the FP32 reference, every attempt in order — the last one accepted —, the accepted candidate's path).
@@ -138,7 +256,11 @@ def climb(task: LadderTask, ladder: list[Step], workdir: Path) -> tuple[dict[str
     attempts: list[dict[str, Any]] = []
     for step in ladder:
         candidate = workdir / f"student.int8.{step.method}.onnx"
-        facts = task.fine_tune(candidate) if step.qat else task.quantize(step, candidate)
+        if step.mixed:
+            methods = [Step(a["quantizer"], a["method"]) for a in attempts if a["method"] not in ("mixed", "qat")]
+            facts = mixed_step(task, methods, workdir, candidate, mixed.max_layers, mixed.held_out)
+        else:
+            facts = task.fine_tune(candidate) if step.qat else task.quantize(step, candidate)
         facts = {**facts, **check_candidate(candidate, step)}
         scores = task.score(candidate, step)
         drop = task.drop_points(reference, scores)
@@ -149,7 +271,9 @@ def climb(task: LadderTask, ladder: list[Step], workdir: Path) -> tuple[dict[str
             return reference, attempts, candidate
     qat = any(step.qat for step in ladder)
     table = "\n".join(f"  {a['quantizer']}/{a['method']}: {task.metric} {task.shown(a['value'])}, drop "
-                      f"{a['drop_points']:.2f} points" for a in attempts)
+                      f"{a['drop_points']:.2f} points"
+                      + (f" ({len(a['kept_layers'])} layers kept in float)" if a.get("kept_layers") else "")
+                      for a in attempts)
     raise StageError(f"INT8 misses the {task.metric} budget of {task.budget_points} points (FP32 student "
                      f"{task.shown(reference['value'])}):\n{table}"
                      + ("" if qat else "\n  quantization-aware fine-tuning is off"), fix=task.fix(qat))

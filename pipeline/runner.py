@@ -160,7 +160,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
     """
     names, forced = _stage_names(until, force)
     me = distributed.init()  # a no-op outside torchrun
-    overrides = {k: v for k, v in (overrides or {}).items() if v not in (None, "")}
+    overrides = dict(overrides or {})  # a None is the recipe's null, an empty string an unset flag (load_recipe)
     recipe, recipe_path, recipe_sha = load_recipe(model, overrides)
     registry = _stages_for(recipe)
     # Rank 0 names the run (a new run's id is a timestamp) and owns the manifest; the others follow.

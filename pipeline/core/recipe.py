@@ -307,9 +307,20 @@ class ExportConfig(Strict):
 MODELOPT_METHODS = ("max", "entropy")  # modelopt.onnx.quantization's int8 calibration methods
 
 
+class MixedPrecisionConfig(Strict):
+    """The ladder's step between calibration and QAT: the most sensitive layers left out of INT8 (FP16 in the graph),
+    as few as meet the budget on a slice of the calibration images held apart (:mod:`pipeline.mixed_precision`)."""
+
+    max_layers: int = Field(8, ge=1, description="most layers left out of INT8; k ≤ this is found by bisection")
+    held_out: float = Field(0.25, gt=0, lt=1, description="fraction of the calibration images held apart from "
+                                                          "calibration, on which sensitivity and k are measured "
+                                                          "(never the test split)")
+
+
 class LadderConfig(Strict):
     """The INT8 ladder every task climbs (:mod:`pipeline.quantize_ladder`): each calibration method in order, then
-    quantization-aware fine-tuning, until the INT8 student is within the budget of the FP32 one."""
+    the most sensitive layers left in FP16, then quantization-aware fine-tuning, until the INT8 student is within the
+    budget of the FP32 one."""
 
     quantizer: Literal["ort", "modelopt"] = Field("ort", description="ONNX Runtime quantize_static, or NVIDIA ModelOpt")
     calibration_methods: list[Literal["max", "entropy", "percentile"]] = Field(
@@ -317,6 +328,9 @@ class LadderConfig(Strict):
     accuracy_budget_points: float = Field(1.0, ge=0, description="largest allowed drop of the task's score (top-1, "
                                                                   "mAP) against the FP32 student, in points")
     per_channel: bool = True
+    mixed_precision: Optional[MixedPrecisionConfig] = Field(
+        MixedPrecisionConfig(), description="when every calibration method misses the budget: the fewest most "
+                                            "sensitive layers kept in FP16 that meet it; null = off")
     qat: Optional[TrainConfig] = Field(None, description="quantization-aware fine-tuning (ModelOpt, distilled from the "
                                                          "FP32 student) when every calibration method misses the "
                                                          "budget; null = off")
@@ -500,10 +514,11 @@ def resolve_recipe_path(model: str) -> Path:
 
 
 def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Sets dotted keys (``data.source``) in a copy of ``raw``; None values are ignored."""
+    """Sets dotted keys (``data.source``) in a copy of ``raw``; None is the recipe's null (``quantize.qat=null``
+    turns QAT off), an empty string an unset flag (ignored)."""
     merged = json.loads(json.dumps(raw))
     for dotted, value in overrides.items():
-        if value is None or value == "":
+        if isinstance(value, str) and value == "":
             continue
         node = merged
         *parents, leaf = dotted.split(".")

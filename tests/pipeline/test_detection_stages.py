@@ -434,7 +434,8 @@ def test_detection_climbs_the_shared_ladder_to_qat_when_calibration_misses(det_r
     budget = round(fp32_points - 0.5, 2)
     ctx = _rerun_detection_quantize(det_run, tmp_path, **{
         "quantize.calibration_methods": ["max"], "quantize.accuracy_budget_points": budget,
-        "quantize.qat": {"epochs": 1, "batch_size": 32, "optimizer": "adamw", "lr": 1e-4}})
+        "quantize.qat": {"epochs": 1, "batch_size": 32, "optimizer": "adamw", "lr": 1e-4},
+        "quantize.mixed_precision": None})
     metrics = ctx.manifest.stage("quantize")["metrics"]
     assert [(a["quantizer"], a["method"]) for a in metrics["attempts"]] == [("ort", "max"), ("modelopt", "qat")]
     assert metrics["attempts"][0]["drop_points"] > budget and metrics["method"] == "qat"
@@ -448,6 +449,49 @@ def test_detection_climbs_the_shared_ladder_to_qat_when_calibration_misses(det_r
     halves = fp16_nodes(graph)
     assert halves and halves <= set(box_branch_nodes(path)), "FP16 in the box branch and nowhere else"
     assert "BatchNormalization" not in {node.op_type for node in graph.graph.node}
+
+
+def test_detection_keeps_its_most_sensitive_layers_in_fp16_when_calibration_misses(det_run, tmp_path, monkeypatch):
+    """A planted miss of everything-INT8 (its test and held-out mAP scored as 0; said so): the mixed step ranks the
+    quantized layers on held-out training canvases, keeps the fewest in FP16 that meet the budget there (k ≥ 1
+    scored for real), and its candidate passes the test gate; the kept layers are named in the stage's metrics and
+    FP16 in the graph."""
+    import onnx
+
+    import pipeline.tasks.detection.onnx as detection_onnx
+    from pipeline.tasks.detection.export import box_branch_nodes
+    from pipeline.fp16_nodes import fp16_nodes
+    from pipeline.mixed_precision import quantized_layers
+
+    real = detection_onnx.score_onnx_detector
+
+    def planted(path, *args, **kwargs):
+        scores, found = real(path, *args, **kwargs)
+        if path.name in ("student.int8.max.onnx", "student.int8.mixed.k0.onnx"):  # test split, held-out slice
+            scores = {**scores, "map": 0.0}
+        return scores, found
+
+    monkeypatch.setattr(detection_onnx, "score_onnx_detector", planted)
+    fp32_points = 100 * det_run[1]["stages"]["export"]["metrics"]["rungs"]["student"]["scores"]["map"]
+    ctx = _rerun_detection_quantize(det_run, tmp_path, **{
+        "quantize.calibration_methods": ["max"], "quantize.accuracy_budget_points": round(fp32_points - 0.5, 2),
+        "quantize.qat": None, "quantize.mixed_precision": {"max_layers": 4, "held_out": 0.25}})
+    metrics = ctx.manifest.stage("quantize")["metrics"]
+    assert [(a["quantizer"], a["method"]) for a in metrics["attempts"]] == [("ort", "max"), ("ort", "mixed")]
+    mixed = metrics["attempts"][1]
+    assert metrics["method"] == "mixed" and mixed["base_method"] == "max"
+    assert mixed["held_out_images"] == 64 and mixed["calibration_images"] == 192, "a quarter of 256 canvases"
+    kept = [layer["layer"] for layer in mixed["kept_layers"]]
+    assert metrics["kept_layers"] == kept and 1 <= len(kept) <= 4 and metrics["kept_precision"] == "fp16"
+    assert mixed["held_out_source"].startswith("training canvases")
+    assert kept == [layer["layer"] for layer in mixed["sensitivity"][: len(kept)]], "the most sensitive first"
+    path = ctx.run_dir / ctx.manifest.stage("quantize")["outputs"]["student_int8"]
+    graph = onnx.load(str(path))
+    halves, box = fp16_nodes(graph), set(box_branch_nodes(path))
+    assert set(kept) <= halves and halves <= box | set(kept), "FP16: the box branch and the kept layers, nothing else"
+    assert not set(kept) & set(quantized_layers(graph)), "the kept layers read no Q/DQ"
+    assert mixed["lint"]["ok"] and 0 <= mixed["kept_macs_fraction"] < 1
+    assert mixed["kept_macs"] == sum(layer["macs"] for layer in mixed["kept_layers"])
 
 
 def test_detection_quantizes_with_modelopt_like_a_classifier(det_run, tmp_path):

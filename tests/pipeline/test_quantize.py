@@ -133,6 +133,47 @@ def test_modelopt_refuses_methods_it_lacks_before_any_work(runs):
         load_recipe("tiny-det", {"quantize.quantizer": "modelopt"})
 
 
+def test_a_planted_miss_is_met_by_layers_kept_in_fp16_and_the_report_names_them(runs, monkeypatch):
+    """A stand-in scorer (says so) fails both calibration methods on the test split and everything-INT8 on the
+    held-out images; the mixed step then ranks the layers and bisects k on the held-out images (k ≥ 1 scored for
+    real), and its candidate passes the real gate.
+    The kept layers are FP16 in the graph, named in the stage's metrics, report.md and results.json, and plotted."""
+    import json
+
+    from pipeline.tasks.classification.report import build_report
+
+    real = classifier_int8.onnx_accuracy
+    # Everything-INT8 misses on the test split and, calibrated without the held-out images, on those too.
+    missed = ("student.int8.max.onnx", "student.int8.percentile.onnx", "student.int8.mixed.k0.onnx")
+    monkeypatch.setattr(classifier_int8, "onnx_accuracy", lambda path, images, labels, batch=250, **kw: (
+        scored_as(real(path, images, labels, batch, **kw), 0) if path.name in missed
+        else real(path, images, labels, batch, **kw)))
+    ctx = run_pipeline("tiny", runs_dir=runs, run_id="shared", force=["quantize"], until="evaluate",
+                       overrides={"quantize.mixed_precision": {"max_layers": 4, "held_out": 0.25}})
+    metrics = ctx.manifest.stage("quantize")["metrics"]
+    assert [a["method"] for a in metrics["attempts"]] == ["max", "percentile", "mixed"]
+    mixed = metrics["attempts"][-1]
+    assert metrics["method"] == "mixed" and metrics["drop_points"] <= 3.0
+    closeness = mixed["closeness_by_method"]
+    assert set(closeness) == {"max", "percentile"} and mixed["base_method"] == min(closeness, key=closeness.get), \
+        "the calibration closest to FP32 on the held-out images, not the one the (planted) test scores favour"
+    assert mixed["kept_precision"] == "fp16" and metrics["kept_precision"] == "fp16"
+    assert (mixed["held_out_images"], mixed["calibration_images"]) == (32, 96), "a quarter of the 128 held apart"
+    kept = metrics["kept_layers"]
+    assert 1 <= len(kept) <= 4 and kept == [layer["layer"] for layer in mixed["sensitivity"][: len(kept)]]
+    graph = onnx.load(str(ctx.run_dir / "quantize" / "student.int8.onnx"))
+    weights = {t.name: t for t in graph.graph.initializer}
+    for node in (n for n in graph.graph.node if n.name in kept and n.op_type == "Conv"):
+        assert weights[node.input[1]].data_type == onnx.TensorProto.FLOAT16, f"{node.name} kept in FP16"
+    assert lint_qdq(ctx.run_dir / "quantize" / "student.int8.onnx").ok
+    paths = build_report(ctx.run_dir)
+    report = paths["md"].read_text()
+    assert "## The INT8 ladder" in report and all(name in report for name in kept)
+    assert "int8_sensitivity.png" in report and (ctx.run_dir / "int8_sensitivity.png").stat().st_size > 1000
+    document = json.loads(paths["json"].read_text())
+    assert document["quantize"]["kept_layers"] == kept and document["quantize"]["method"] == "mixed"
+
+
 def test_gate_falls_back_to_quantization_aware_finetuning(runs, monkeypatch):
     """A stand-in scorer (says so) fails every PTQ model; the QAT model is scored for real."""
     pytest.importorskip("modelopt.torch.quantization", reason="ModelOpt is the [modelopt] extra (make installs it)")
@@ -141,7 +182,8 @@ def test_gate_falls_back_to_quantization_aware_finetuning(runs, monkeypatch):
         scored_as(real(path, images, labels, batch, **kw), 0) if path.name in ("student.int8.max.onnx",)
         else real(path, images, labels, batch, **kw)))
     qat = {"epochs": 1, "batch_size": 32, "optimizer": "adamw", "lr": 1e-4}
-    ctx = rerun_quantize(runs, **{"quantize.calibration_methods": ["max"], "quantize.qat": qat})
+    ctx = rerun_quantize(runs, **{"quantize.calibration_methods": ["max"], "quantize.qat": qat,
+                                  "quantize.mixed_precision": None})
     metrics = ctx.manifest.stage("quantize")["metrics"]
     assert [(a["quantizer"], a["method"]) for a in metrics["attempts"]] == [("ort", "max"), ("modelopt", "qat")]
     assert metrics["method"] == "qat" and metrics["drop_points"] <= 3.0

@@ -94,6 +94,19 @@ def test_overrides_use_dotted_keys(tiny_raw):
     assert tiny_raw == before, "overrides must not mutate the raw recipe"
 
 
+def test_a_null_override_is_the_recipes_null():
+    """``--set quantize.qat=null`` turns QAT off (it used to be dropped as if unset); an empty flag changes nothing."""
+    from pipeline.cli import _parse_sets
+    from pipeline.core.recipe import load_recipe
+
+    shipped, _, _ = load_recipe("tiny-det")
+    assert shipped.quantize.qat is not None and shipped.quantize.mixed_precision is not None
+    recipe, _, _ = load_recipe("tiny-det", {**_parse_sets(["quantize.qat=null", "quantize.mixed_precision=null"]),
+                                            "data.source": ""})
+    assert recipe.quantize.qat is None and recipe.quantize.mixed_precision is None
+    assert recipe.data.source == shipped.data.source
+
+
 def test_unknown_model_lists_the_recipes(monkeypatch, repo):
     monkeypatch.setenv("EDGEFOLD_MODELS_DIR", str(repo / "models"))
     with pytest.raises(ConfigError) as err:

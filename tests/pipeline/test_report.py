@@ -361,3 +361,15 @@ def test_the_headline_leads_with_a_rung_the_device_really_ran():
     fused = {**unfused, "profile": _profile(("int8", None, 0.9), ("fp16", "reformat", 0.1))}
     assert _lead_rung(rows, {"name": "orin"}, [fused, fp16_ran]) == (DEPLOYED, None)
     assert _lead_rung(rows, {"name": "orin"}, []) == (DEPLOYED, None)  # no profile: nothing to say otherwise
+
+
+def test_the_int8_verdict_counts_the_layers_kept_in_fp16():
+    from pipeline.tasks.classification.headline import int8_vs_fp16_text
+
+    verdict = {"device": "orin", "latency_ratio": 0.61, "latency_low": 0.58, "latency_high": 0.64,
+               "latency_significant": True, "pays_off": True}
+    assert int8_vs_fp16_text(verdict).startswith("INT8 vs FP16 on orin: ×0.61 latency [0.58, 0.64]")
+    assert int8_vs_fp16_text({**verdict, "int8_kept_layers": 3}).startswith("INT8 (3 layers kept in FP16) vs FP16")
+    assert int8_vs_fp16_text({**verdict, "int8_kept_layers": 1}).startswith("INT8 (1 layer kept in FP16) vs FP16")
+    assert int8_vs_fp16_text({**verdict, "int8_kept_layers": 2, "int8_kept_precision": "fp32"}).startswith(
+        "INT8 (2 layers kept in FP32) vs FP16")

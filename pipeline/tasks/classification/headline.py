@@ -172,7 +172,10 @@ def int8_vs_fp16_text(verdict: dict[str, Any]) -> str:
     if verdict.get("top1_delta_points") is not None:
         p = f", McNemar p = {verdict['top1_p']:.2g}" if verdict.get("top1_p") is not None else ""
         parts.append(f"Δ top-1 {verdict['top1_delta_points']:+.2f} points ({verdict['top1_source']}{p})")
-    line = f"INT8 vs FP16 on {verdict['device']}: " + ", ".join(parts)
+    kept = verdict.get("int8_kept_layers") or 0
+    precision = (verdict.get("int8_kept_precision") or "fp16").upper()
+    mixed = f" ({kept} layer{'s' if kept != 1 else ''} kept in {precision})" if kept else ""
+    line = f"INT8{mixed} vs FP16 on {verdict['device']}: " + ", ".join(parts)
     if not verdict.get("pays_off"):
         # The headline names each reason in a clause; the section "Where the time goes" has the layers.
         line += "; INT8 does not pay off here: " + "; ".join(reason.split(" (")[0].split(": ")[0].rstrip(".")

@@ -6,6 +6,7 @@ logits (:mod:`pipeline.tasks.classification.qat`). A library: the quantize stage
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -14,7 +15,8 @@ from device.qdq_lint import lint_qdq
 from pipeline.core.log import log
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.tasks.classification.qat import quantization_aware_finetune
-from pipeline.quantize_ladder import LadderTask, Step
+from pipeline.onnx_export import INPUT_NAME
+from pipeline.quantize_ladder import HeldOut, LadderTask, Step
 from pipeline.quantizers import QUANTIZERS, float_islands_to_fp16, logged_to, run_isolated, within_budget
 from pipeline.scores import points
 
@@ -24,25 +26,71 @@ class ClassificationLadder(LadderTask):
     FP16 in the graph (``quantize.float_islands``); QAT distilled from the FP32 student's logits."""
 
     metric = "top-1"
+    input_name = INPUT_NAME
 
     def __init__(self, ctx, workdir: Path, fp32: Path, calibration: np.ndarray, images: np.ndarray,
-                 labels: np.ndarray):
+                 labels: np.ndarray, calibration_labels: np.ndarray | None = None):
         self.ctx, self.workdir, self.fp32 = ctx, workdir, fp32
         self.calibration, self.images, self.labels = calibration, images, labels
+        self.calibration_labels = calibration_labels
+        self.calibration_source = "the calibration split (disjoint from training)"
         self.cfg = ctx.recipe.quantize
         self.budget_points = self.cfg.accuracy_budget_points
+
+    @classmethod
+    def from_run(cls, ctx, workdir: Path, fp32: Path) -> "ClassificationLadder":
+        """The ladder of a run: its calibration split (with labels, for the held-out slice) and its test split."""
+        def arrays(split: str, batch: int) -> tuple[np.ndarray, np.ndarray]:
+            batches = list(ctx.batches(split, batch))
+            return (np.concatenate([x.numpy() for x, *_ in batches]),
+                    np.concatenate([y.numpy() for _, y, *_ in batches]))
+
+        (calibration, calibration_labels), (images, labels) = arrays("calib", 256), arrays("test", 500)
+        ladder = cls(ctx, workdir, fp32, calibration, images, labels, calibration_labels)
+        splits = ctx.splits()
+        if np.intersect1d(splits["train"], splits["calib"]).size:  # a data set too small to keep them apart
+            ladder.calibration_source = "calibration images drawn from the training split (the student saw them)"
+        return ladder
 
     def reference(self) -> dict:
         scores = onnx_accuracy(self.fp32, self.images, self.labels,
                                save_predictions=self.workdir / "predictions.fp32.npy")
         return {**scores, "value": scores["top1"]}
 
-    def quantize(self, step: Step, out: Path) -> dict:
+    def quantize(self, step: Step, out: Path, exclude: Sequence[str] = (), calibration: np.ndarray | None = None,
+                 float32_islands: bool = False) -> dict:
         quantize = QUANTIZERS.get(step.quantizer)
-        extra = (self.cfg.float_islands,) if step.quantizer == "modelopt" else ()
-        run_isolated(logged_to, self.workdir / "quantizer.log", quantize, self.fp32, out, self.calibration, step.method,
-                     self.cfg.per_channel, *extra)
+        islands = "fp32" if float32_islands else self.cfg.float_islands
+        # Every quantizer takes (fp32, out, calibration, method, per_channel); ModelOpt also the islands' precision,
+        # and both nodes_to_exclude after them.
+        extra = (islands,) if step.quantizer == "modelopt" else ()
+        extra += (list(exclude),) if exclude else ()
+        run_isolated(logged_to, self.workdir / "quantizer.log", quantize, self.fp32, out,
+                     self.calibration if calibration is None else calibration, step.method, self.cfg.per_channel,
+                     *extra)
+        if float32_islands:
+            return {"float_islands": "fp32"}
         return self._float_islands(out, step, self.cfg.float_islands if step.quantizer == "modelopt" else "fp32")
+
+    def hold_out(self, fraction: float) -> HeldOut:
+        from pipeline.mixed_precision import held_apart
+
+        if self.calibration_labels is None:
+            raise StageError("the mixed-precision step needs the calibration images' labels",
+                             fix="this is a bug in the quantize stage; set quantize.mixed_precision: null meanwhile")
+        held, rest = held_apart(fraction, len(self.calibration), "data.calib_size")
+        inputs, labels = self.calibration[held], self.calibration_labels[held]
+
+        def score(candidate: Path) -> dict:
+            scores = onnx_accuracy(candidate, inputs, labels)
+            return {**scores, "value": scores["top1"]}
+
+        return HeldOut(self.calibration[rest], inputs, score, self.calibration_source)
+
+    def distortion(self, reference: list[np.ndarray], outputs: list[np.ndarray]) -> float:
+        from pipeline.mixed_precision import logit_kl
+
+        return logit_kl(reference, outputs)
 
     def fine_tune(self, out: Path) -> dict:
         quantization_aware_finetune(self.ctx, out, self.calibration)

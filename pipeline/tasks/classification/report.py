@@ -18,6 +18,7 @@ from pipeline import perclass
 from pipeline.core.rungs import RUNGS
 from pipeline.profile_report import (NOT_MEASURED, TIMING_COLUMNS, TIMINGS_TEXT, has_device_timings, time_section,
                                      timing_rows)
+from pipeline.quantize_report import int8_section
 from pipeline.results import (detail_columns, figure_cell, figure_label, interval_cell, ladder_columns,
                               write_results)
 from pipeline.sections import Bullets, Details, Figure, Pre, Section, Table, Text, to_html, to_markdown
@@ -307,7 +308,10 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     paths = {"md": out / "report.md", "html": out / "report.html",
              **write_results(out, data, "classification", BASE_COLUMNS)}
     # The prune stage's latency plan, when the run pruned to a latency budget: its own section.
-    extra = latency_section(json.loads(manifest_path.read_text()), run_dir, out)
+    manifest = json.loads(manifest_path.read_text())
+    extra = latency_section(manifest, run_dir, out) + int8_section(
+        (manifest["stages"].get("quantize") or {}).get("metrics") or {}, "top-1", lambda value: f"{100 * value:.2f}%",
+        out)
     paths["md"].write_text(render_markdown(data, extra))
     paths["html"].write_text(render_html(data, plots(data), extra))
     return paths

@@ -18,6 +18,7 @@ from pipeline import stats
 from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from pipeline.devices import DEPLOY_SCHEMA
 from pipeline.profile_report import NOT_MEASURED, shown_batch, time_table
+from pipeline.quantize_report import quantize_summary
 from pipeline.results import csv_columns, reported_figures
 from pipeline.scores import points as _points
 from pipeline.scores import verdict
@@ -153,9 +154,10 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
          "mcnemar_p": engine["mcnemar_p"]}
         for r in rows for index, engine in enumerate(r.get("engines_scored") or []) if engine.get("device_deviates")]
     headline["two_roads"] = [line for device in edge + dc for line in _two_roads(rows, device, evaluation)]
+    quantize = quantize_summary((stages.get("quantize") or {}).get("metrics") or {})
     headline["int8_vs_fp16"] = [line for device in edge + dc
                                 if (line := _int8_vs_fp16(rows, device["name"], device_predictions, evaluation,
-                                                          profiles))]
+                                                          profiles, quantize))]
     # The budget is the deploy stage's (recorded with its config): changing it re-runs deploy, whose windows are reused.
     fronts = power_fronts(devices, ((stages.get("deploy") or {}).get("config") or {}).get("deploy", {})
                           .get("latency_budget_ms"))
@@ -181,8 +183,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     }
     return {"model": manifest.get("model"), "run": run_dir.name,
             "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "rungs": rungs, "rows": rows, "headline": headline,
-            "per_class": stages["evaluate"]["metrics"].get("per_class"),
-            "groups": groups,
+            "per_class": stages["evaluate"]["metrics"].get("per_class"), "groups": groups, "quantize": quantize,
             "power_traces": traces, "provenance": provenance, "layer_profiles": profiles, "power_fronts": fronts,
             "deployed": deploy is not None, "evaluation": _evaluation_summary(evaluation, rows, device_predictions)}
 
@@ -256,10 +257,11 @@ def _baseline_teacher(rows: list[dict[str, Any]], device: dict[str, Any] | None)
 
 
 def _int8_vs_fp16(rows: list[dict[str, Any]], device: str, predictions: dict, evaluation: dict | None,
-                  profiles: list[dict[str, Any]]) -> dict[str, Any] | None:
+                  profiles: list[dict[str, Any]], quantize: dict[str, Any]) -> dict[str, Any] | None:
     """The verdict users want: the INT8 student against its FP16 form on one device, with its evidence —
     paired latency and energy ratios with intervals, the device-measured top-1 change with McNemar's p, and,
-    when INT8 does not pay off, the reasons the per-layer profile gives."""
+    when INT8 does not pay off, the reasons the per-layer profile gives; the layers the INT8 rung keeps out of INT8
+    (``quantize``: :func:`pipeline.quantize_report.quantize_summary`) counted."""
     from device.profile import BatchProfile, int8_payoff_reasons
 
     fp16 = fp16_form(RUNGS[DEPLOYED].form_of)
@@ -267,7 +269,9 @@ def _int8_vs_fp16(rows: list[dict[str, Any]], device: str, predictions: dict, ev
     half = next((r for r in rows if r["device"] == device and r["rung"] == fp16 and r["status"] == "measured"), None)
     if int8 is None or half is None:
         return None
-    out: dict[str, Any] = {"device": device, "runtime": int8.get("runtime")}
+    out: dict[str, Any] = {"device": device, "runtime": int8.get("runtime"),
+                           "int8_kept_layers": len(quantize["kept_layers"]),
+                           "int8_kept_precision": quantize["kept_precision"]}
     for name, key in (("latency", "latency_p50_windows_ms"), ("energy", "energy_windows_mj")):
         out.update(_ratio_fields(name, _paired_ratio(int8.get(key), half.get(key))))
     if evaluation and (device, DEPLOYED) in predictions and (device, fp16) in predictions:

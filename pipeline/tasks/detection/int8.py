@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 from device.errors import StageError
-from pipeline.quantize_ladder import LadderTask, Step
+from pipeline.quantize_ladder import HeldOut, LadderTask, Step
 
 
 def box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
@@ -37,17 +38,27 @@ def box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
 
 
 def quantize_detector(step: Step, fp32: Path, out: Path, calibration, per_channel: bool, box_head: str,
-                      workdir: Path) -> dict:
+                      workdir: Path, exclude: Sequence[str] = (), float32_islands: bool = False) -> dict:
     """The post-training candidate of ``step`` for a detector: its box branch out of Q/DQ unless ``box_head`` is
-    ``int8``, and FP16 in the graph for ``fp16``; the decoding sidecar copied beside it. Returns what to record."""
+    ``int8``, and FP16 in the graph for ``fp16``; the decoding sidecar copied beside it. Returns what to record.
+
+    Args:
+        exclude: More layers left out of Q/DQ (the mixed-precision step's), FP16 when the box branch is.
+        float32_islands: Every layer left out of Q/DQ in FP32 (the sensitivity's graph edits need float32 weights).
+    """
     from pipeline.tasks.detection.export import box_branch_nodes, sidecar_path
     from pipeline.ort_quantize import quantize_ort, quiet
     from pipeline.quantizers import logged_to, quantize_modelopt, run_isolated
 
-    excluded = box_branch_nodes(fp32) if box_head in ("fp16", "float") else []
+    box_nodes = box_branch_nodes(fp32) if box_head in ("fp16", "float") else []
+    excluded = box_nodes + [name for name in exclude if name not in box_nodes]
+    # The mixed step's layers take the box branch's precision; with the branch quantized (int8), FP16 where only
+    # they can be made FP16 (ONNX Runtime's graph, rewritten node by node).
+    halves_wanted = not float32_islands and (box_head == "fp16" or (box_head == "int8" and bool(exclude)
+                                                                    and step.quantizer != "modelopt"))
     if step.quantizer == "modelopt":
         # ModelOpt writes every layer it leaves float in high_precision_dtype: FP16 only where the box head is.
-        islands = "fp16" if box_head == "fp16" else "fp32"
+        islands = "fp16" if halves_wanted else "fp32"
         run_isolated(logged_to, workdir / "quantizer.log", quantize_modelopt, fp32, out, calibration, step.method,
                      per_channel, islands, excluded)
         import onnx
@@ -55,13 +66,16 @@ def quantize_detector(step: Step, fp32: Path, out: Path, calibration, per_channe
         from pipeline.fp16_nodes import fp16_nodes
 
         halves = {"float_islands": islands,
-                  "box_nodes_fp16": len(fp16_nodes(onnx.load(str(out))) & set(excluded))}
+                  "box_nodes_fp16": len(fp16_nodes(onnx.load(str(out))) & set(box_nodes))}
     else:
         with quiet():
             quantize_ort(fp32, out, calibration, step.method, per_channel, excluded)
-        halves = box_branch_fp16(out, excluded) if box_head == "fp16" else {}
+        halves = {"float_islands": "fp16" if halves_wanted else "fp32",
+                  **(box_branch_fp16(out, excluded) if halves_wanted else {})}
+        if halves_wanted and exclude:
+            halves["box_nodes_fp16"] = len(box_nodes) if box_head == "fp16" else 0
     shutil.copyfile(sidecar_path(fp32), sidecar_path(out))  # the same anchors and thresholds
-    return {"box_head": box_head, "box_nodes_float": len(excluded), **halves}
+    return {"box_head": box_head, "box_nodes_float": len(box_nodes), **halves}
 
 
 class DetectionLadder(LadderTask):
@@ -79,6 +93,25 @@ class DetectionLadder(LadderTask):
         self.budget_points = self.cfg.accuracy_budget_points
         self.detections: dict[str, list] = {}
 
+    @classmethod
+    def from_run(cls, ctx, workdir: Path, fp32: Path) -> "DetectionLadder":
+        """The ladder of a run: its first training canvases to calibrate on, its test canvases; the export stage's
+        decoding sidecar copied beside ``fp32`` (a copy of the exported student)."""
+        import json
+
+        from pipeline.tasks.detection.export import network_inputs, sidecar_path
+        from pipeline.tasks.detection.files import load_split, recorded_classes
+
+        cfg = ctx.recipe.quantize
+        shutil.copyfile(ctx.manifest.output("export", "student_head"), sidecar_path(fp32))
+        size = json.loads(ctx.manifest.output("export", "student_head").read_text())["input_shape"][-1]
+        canvases = ctx.manifest.output("data", "canvases")
+        train, test = load_split(canvases, "train"), load_split(canvases, "test")
+        calibration = network_inputs(train.images[: cfg.calib_images], size)
+        inputs, sizes = network_inputs(test.images, size), [tuple(image.shape[:2]) for image in test.images]
+        return cls(ctx, workdir, fp32, calibration, train, size, inputs, test, recorded_classes(ctx), sizes,
+                   cfg.box_head)
+
     def reference(self) -> dict:
         from pipeline.tasks.detection.onnx import score_onnx_detector
 
@@ -86,9 +119,35 @@ class DetectionLadder(LadderTask):
                                                               self.sizes, "the FP32 student", resamples=self.cfg.resamples)
         return {**scores, "value": scores["map"]}
 
-    def quantize(self, step: Step, out: Path, box_head: str | None = None) -> dict:
-        return quantize_detector(step, self.fp32, out, self.calibration, self.cfg.per_channel, box_head or self.box_head,
-                                 self.workdir)
+    def quantize(self, step: Step, out: Path, exclude: Sequence[str] = (), calibration=None,
+                 float32_islands: bool = False, box_head: str | None = None) -> dict:
+        return quantize_detector(step, self.fp32, out, self.calibration if calibration is None else calibration,
+                                 self.cfg.per_channel, box_head or self.box_head, self.workdir, exclude,
+                                 float32_islands)
+
+    def rename(self, source: Path, target: Path) -> None:
+        from pipeline.tasks.detection.export import sidecar_path
+
+        source.replace(target)
+        sidecar_path(source).replace(sidecar_path(target))
+
+    def hold_out(self, fraction: float) -> HeldOut:
+        from pipeline.mixed_precision import held_apart
+        from pipeline.tasks.detection.onnx import score_onnx_detector
+
+        # The calibration canvases are the first training canvases: the slice's indices are the training split's.
+        held, rest = held_apart(fraction, len(self.calibration), "quantize.calib_images")
+        inputs = self.calibration[held]
+        truth = [self.train.boxes[i] for i in held]
+        sizes = [tuple(self.train.images[i].shape[:2]) for i in held]
+
+        def score(candidate: Path) -> dict:
+            scores, _ = score_onnx_detector(candidate, inputs, truth, self.classes, sizes,
+                                            f"{candidate.name} on the held-out canvases", resamples=0)
+            return {"scores": scores, "value": scores["map"]}
+
+        return HeldOut(self.calibration[rest], inputs, score,
+                       "training canvases (the detector calibrates on them; the student saw them)")
 
     def fine_tune(self, out: Path) -> dict:
         from pipeline.tasks.detection.export import box_branch_nodes, network_inputs

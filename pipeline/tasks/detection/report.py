@@ -309,32 +309,36 @@ def title(name: str) -> str:
 
 
 def render(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
-           lead: dict[str, Any]) -> str:
+           lead: dict[str, Any], extra: list[Section] = ()) -> str:
     """report.md (also what ``edgefold run`` prints)."""
-    return to_markdown(title(name), report_sections(ladder, deploy, quantize, lead))
+    return to_markdown(title(name), report_sections(ladder, deploy, quantize, lead) + list(extra))
 
 
 def render_html(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
-                lead: dict[str, Any], figures: dict[str, Figure | Text]) -> str:
+                lead: dict[str, Any], figures: dict[str, Figure | Text], extra: list[Section] = ()) -> str:
     """The self-contained report.html: the same page, stylesheet and figure embedding as every task's."""
-    return to_html(title(name), report_sections(ladder, deploy, quantize, lead, figures))
+    return to_html(title(name), report_sections(ladder, deploy, quantize, lead, figures) + list(extra))
 
 
-QUANTIZE_KEYS = ("box_head", "drop_points", "method", "attempts", "other_box_heads", "class_changes_vs_fp32")
+QUANTIZE_KEYS = ("box_head", "drop_points", "method", "kept_layers", "kept_precision", "attempts",
+                 "other_box_heads", "class_changes_vs_fp32")
 """The quantize stage's metrics the report shows (results.json keeps them beside the ladder and the deploy results)."""
 
 
 def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, Any],
                  quantize_metrics: dict[str, Any], out: Path) -> dict[str, Path]:
     """Writes report.md, report.html (plots inline), results.json and results.csv into ``out``; returns their paths."""
+    from pipeline.quantize_report import int8_section
     from pipeline.tasks.detection.plots import plots
 
     quantize = {key: quantize_metrics[key] for key in QUANTIZE_KEYS if key in quantize_metrics}
     rows = result_rows(ladder, deploy)
     lead = headline(rows, quantize)  # one object: the page, report.md and results.json say the same
     paths = {"md": out / "report.md", "html": out / "report.html"}
-    paths["md"].write_text(render(name, ladder, deploy, quantize, lead))
-    paths["html"].write_text(render_html(name, ladder, deploy, quantize, lead, plots(ladder, deploy, quantize)))
+    extra = int8_section(quantize_metrics, "mAP", lambda value: f"{100 * value:.2f}", out)
+    paths["md"].write_text(render(name, ladder, deploy, quantize, lead, extra))
+    paths["html"].write_text(render_html(name, ladder, deploy, quantize, lead, plots(ladder, deploy, quantize),
+                                         extra))
     document = {"model": name, "run": run, "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                 "headline": lead, "rows": rows, "ladder": ladder, "deploy": deploy,
                 "quantize": quantize}

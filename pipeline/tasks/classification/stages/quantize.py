@@ -39,16 +39,12 @@ class QuantizeStage(Stage):
     def run(self, ctx, workdir: Path) -> StageResult:
         cfg = ctx.recipe.quantize
         exported = ctx.manifest.output("export", "student")
-        calibration = np.concatenate([x.numpy() for x, *_ in ctx.batches("calib", 256)])
-        test_images, test_labels = [], []
-        for x, y, *_ in ctx.batches("test", 500):
-            test_images.append(x.numpy())
-            test_labels.append(y.numpy())
-        images, labels = np.concatenate(test_images), np.concatenate(test_labels)
         with scratch_copy(workdir, exported) as fp32:
-            task = ClassificationLadder(ctx, workdir, fp32, calibration, images, labels)
-            reference, attempts, chosen = climb(task, steps(cfg.quantizer, cfg.calibration_methods, bool(cfg.qat)),
-                                                workdir)
+            task = ClassificationLadder.from_run(ctx, workdir, fp32)
+            calibration, images, labels = task.calibration, task.images, task.labels
+            reference, attempts, chosen = climb(
+                task, steps(cfg.quantizer, cfg.calibration_methods, bool(cfg.qat), bool(cfg.mixed_precision)),
+                workdir, cfg.mixed_precision)
         accepted = attempts[-1]
         shutil.copyfile(chosen, workdir / "student.int8.onnx")
         shutil.copyfile(workdir / f"predictions.{accepted['method']}.npy", workdir / "predictions.npy")
@@ -75,6 +71,8 @@ class QuantizeStage(Stage):
                      **{key: accepted[key] for key in scored}, "sanity": sanity,
                      "drop_points": accepted["drop_points"],
                      "method": accepted["method"], "size_mb": accepted["size_mb"],
+                     "kept_layers": [layer["layer"] for layer in accepted.get("kept_layers", ())],
+                     "kept_precision": accepted.get("kept_precision"),
                      "float_islands": accepted["float_islands"],
                      "fp32_size_mb": exported.stat().st_size / 1e6,
                      "attempts": attempts, "trtexec": trtexec, "torch_road": torch_road},
@@ -114,5 +112,8 @@ class QuantizeStage(Stage):
         return path, gate
 
     def summary(self, metrics):
-        return (f"INT8 top-1 {100 * metrics['top1']:.2f}% ({points(-metrics['drop_points']):+.2f} points, {metrics['method']}), "
+        kept = len(metrics.get("kept_layers") or [])
+        precision = (metrics.get("kept_precision") or "fp16").upper()
+        method = metrics["method"] + (f", {kept} layer{'s' if kept != 1 else ''} in {precision}" if kept else "")
+        return (f"INT8 top-1 {100 * metrics['top1']:.2f}% ({points(-metrics['drop_points']):+.2f} points, {method}), "
                 f"{metrics['size_mb']:.1f} MB vs {metrics['fp32_size_mb']:.1f} MB FP32")

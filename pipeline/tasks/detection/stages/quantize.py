@@ -13,7 +13,6 @@ recorded: what each costs.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from pipeline.tasks.detection.int8 import DetectionLadder
 from pipeline.tasks.detection.recipe import BOX_HEADS
 from pipeline.quantize_ladder import Step, check_candidate, climb, scratch_copy, steps
 from pipeline.core.stage import Stage, StageResult
-from pipeline.tasks.detection.files import recorded_classes
 
 
 class DetectionQuantizeStage(Stage):
@@ -37,23 +35,17 @@ class DetectionQuantizeStage(Stage):
         return {"quantize": ctx.recipe.section("quantize")}
 
     def run(self, ctx, workdir: Path) -> StageResult:
-        from pipeline.tasks.detection.files import load_split
-        from pipeline.tasks.detection.export import network_inputs, sidecar_path
+        from pipeline.tasks.detection.export import sidecar_path
         from pipeline.tasks.detection.metrics import class_changes
 
-        cfg, classes = ctx.recipe.quantize, recorded_classes(ctx)
+        cfg = ctx.recipe.quantize
         exported = ctx.manifest.output("export", "student")
-        size = json.loads(ctx.manifest.output("export", "student_head").read_text())["input_shape"][-1]
-        canvases = ctx.manifest.output("data", "canvases")
-        train, test = load_split(canvases, "train"), load_split(canvases, "test")
-        calibration = network_inputs(train.images[: cfg.calib_images], size)
-        inputs, sizes = network_inputs(test.images, size), [tuple(image.shape[:2]) for image in test.images]
         with scratch_copy(workdir, exported, "student.onnx") as fp32:
-            shutil.copyfile(ctx.manifest.output("export", "student_head"), sidecar_path(fp32))  # its decoding, too
-            task = DetectionLadder(ctx, workdir, fp32, calibration, train, size, inputs, test, classes, sizes,
-                                   cfg.box_head)
-            reference, attempts, candidate = climb(task, steps(cfg.quantizer, cfg.calibration_methods,
-                                                               bool(cfg.qat)), workdir)
+            task = DetectionLadder.from_run(ctx, workdir, fp32)
+            test, classes = task.test, task.classes
+            reference, attempts, candidate = climb(
+                task, steps(cfg.quantizer, cfg.calibration_methods, bool(cfg.qat), bool(cfg.mixed_precision)),
+                workdir, cfg.mixed_precision)
             chosen = attempts[-1]
             others, other_outputs = self._other_box_heads(ctx, task, reference, chosen, workdir) \
                 if cfg.compare_box_head else (None, {})
@@ -64,6 +56,8 @@ class DetectionQuantizeStage(Stage):
         fp32_scores = {key: value for key, value in reference.items() if key != "value"}
         metrics = {"fp32": fp32_scores, "int8": chosen["scores"], "drop_points": chosen["drop_points"],
                    "quantizer": chosen["quantizer"], "method": chosen["method"], "box_head": cfg.box_head,
+                   "kept_layers": [layer["layer"] for layer in chosen.get("kept_layers", ())],
+                   "kept_precision": chosen.get("kept_precision"),
                    "size_mb": chosen["size_mb"], "fp32_size_mb": exported.stat().st_size / 1e6, "attempts": attempts,
                    "class_changes_vs_fp32": class_changes(test.boxes, task.detections["fp32"],
                                                           task.detections[chosen["method"]], classes,
@@ -79,8 +73,9 @@ class DetectionQuantizeStage(Stage):
         from pipeline.tasks.detection.export import sidecar_path
 
         cfg = ctx.recipe.quantize
+        # After QAT: the first calibration method; after the mixed step: its calibration, no layer kept in float.
         step = Step(cfg.quantizer, cfg.calibration_methods[0]) if chosen["method"] == "qat" else \
-            Step(chosen["quantizer"], chosen["method"])
+            Step(chosen["quantizer"], chosen.get("base_method", chosen["method"]))
         records, outputs = [], {}
         for other in (setting for setting in BOX_HEADS if setting != cfg.box_head):
             path = workdir / f"student.int8.box_{other}.onnx"
@@ -96,7 +91,10 @@ class DetectionQuantizeStage(Stage):
 
     def summary(self, metrics):
         line = (f"INT8 mAP {100 * metrics['int8']['map']:.1f} ({-metrics['drop_points']:+.2f} points vs FP32 "
-                f"{100 * metrics['fp32']['map']:.1f}; box head {metrics['box_head']}, {metrics['method']})")
+                f"{100 * metrics['fp32']['map']:.1f}; box head {metrics['box_head']}, {metrics['method']}"
+                + (f", {len(metrics['kept_layers'])} more layer(s) in {metrics['kept_precision'].upper()}"
+                   if metrics.get("kept_layers") else "")
+                + ")")
         for other in metrics.get("other_box_heads", ()):
             line += f"; box head {other['box_head']}: mAP {100 * other['scores']['map']:.1f} ({-other['drop_points']:+.2f})"
         return line
