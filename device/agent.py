@@ -31,7 +31,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -428,6 +428,31 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.state.store, app.state.executor, app.state.config = store, executor, config
+    return add_tensors_route(app, store, auth, errors)
+
+
+def add_tensors_route(app: FastAPI, store: Store, auth: list, errors: dict) -> FastAPI:
+    """Adds ``GET /v1/jobs/{job_id}/tensors`` (what a debug job, ``JobSpec.diverge``, kept) and returns the app."""
+    @app.get("/v1/jobs/{job_id}/tensors", response_class=FileResponse, dependencies=auth, tags=["jobs"],
+             responses={**errors, 200: {"content": {"application/octet-stream": {}},
+                                        "description": "the debug job's marked tensors (.npz, no pickles); its "
+                                                       "sha256 is the result's diverge.sha256"}})
+    def job_tensors(job_id: str) -> FileResponse:
+        """The marked tensors a debug job (``diverge``) kept, as NumPy's ``.npz``: array ``t<i>`` is the job's
+        ``diverge.tensors[i]``, images first."""
+        from device.debug_tensors import TENSORS_FILE
+
+        job = store.get(job_id)
+        if job is None:
+            raise fastapi.HTTPException(404, f"no job {safe_text(job_id, 100)!r}")
+        if job.spec is None or job.spec.diverge is None:
+            raise fastapi.HTTPException(404, f"job {job_id} is no debug job: it marked no tensors")
+        path = store.job_dir(job_id) / TENSORS_FILE
+        if job.state != "succeeded" or not path.is_file():
+            raise fastapi.HTTPException(409 if job.state not in FINISHED else 404,
+                                        f"job {job_id} is {job.state} and has kept no tensors")
+        return FileResponse(path, media_type="application/octet-stream", filename=f"{job_id}-tensors.npz")
+
     return app
 
 

@@ -177,6 +177,27 @@ class AgentClient:
     def jobs(self, state: str | None = None) -> list[dict[str, Any]]:
         return self._request("GET", "/v1/jobs", params={"state": state} if state else None).json()
 
+    def tensors(self, job: dict[str, Any]) -> dict[str, Any]:
+        """A finished debug job's marked tensors by name, checked against the sha256 its result records.
+
+        Raises:
+            ResultError: The bytes do not hash to the recorded sha256 (refused with both hashes).
+        """
+        import hashlib
+
+        from device.debug_tensors import read_tensors
+        from device.errors import ResultError
+
+        diverge = self.result(job).diverge
+        if diverge is None:
+            raise ResultError(f"job {job.get('id')} is no debug job", fix="submit a JobSpec with diverge")
+        blob = self._request("GET", f"/v1/jobs/{job['id']}/tensors").content
+        actual = hashlib.sha256(blob).hexdigest()
+        if actual != diverge.sha256:
+            raise ResultError(f"job {job['id']}'s tensors hash to sha256 {actual}, not {diverge.sha256} as its result "
+                              "says", fix="fetch them again; if it persists, run the debug job again")
+        return read_tensors(blob, [tensor.name for tensor in diverge.tensors])
+
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._request("DELETE", f"/v1/jobs/{job_id}").json()
 

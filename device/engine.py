@@ -30,7 +30,7 @@ import os
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from device.errors import (DlaError, EngineBuildError, PrecisionMismatchError, StaticShapeError,
                            TimingCacheError, require)
@@ -186,7 +186,10 @@ class EngineCache:
         self.root = Path(root)
 
     def folder(self, onnx_sha256: str, fp: dict[str, Any], options: BuildOptions) -> Path:
-        options_key = hashlib.sha256(json.dumps(asdict(options), sort_keys=True, default=list).encode()).hexdigest()[:8]
+        keyed = asdict(options)
+        if not keyed["mark_outputs"]:  # the key of every engine cached before debug builds existed stays as it was
+            del keyed["mark_outputs"]
+        options_key = hashlib.sha256(json.dumps(keyed, sort_keys=True, default=list).encode()).hexdigest()[:8]
         return self.root / f"{onnx_sha256[:16]}-{fingerprint_key(fp)}-{options_key}"
 
     def lookup(self, onnx_sha256: str, fp: dict[str, Any], options: BuildOptions) -> Path | None:
@@ -233,6 +236,34 @@ def dla_placement(trt, network, config) -> tuple[list[str], list[str]]:
     return placed, refused
 
 
+def mark_outputs(network, names: Sequence[str], where: str) -> dict[str, str]:
+    """Marks each named tensor (an output of a layer the ONNX parser made) as a network output.
+
+    The parser names a layer's output tensors after the ONNX node's outputs, so the graph's names find them
+    (``ITensor.name``; ``INetworkDefinition.mark_output``, NvInfer.h).
+
+    Returns:
+        Each marked tensor → the network layer that writes it.
+
+    Raises:
+        TensorNotFoundError: A name no layer writes (the parser may have folded a constant subgraph away).
+    """
+    from device.marked import check_names
+
+    if not names:
+        return {}
+    tensors: dict[str, tuple[Any, str]] = {}
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        for output in range(layer.num_outputs):
+            tensor = layer.get_output(output)
+            tensors.setdefault(tensor.name, (tensor, layer.name))
+    check_names(names, list(tensors), f"the TensorRT network parsed from {where}")
+    for name in names:
+        network.mark_output(tensors[name][0])
+    return {name: tensors[name][1] for name in names}
+
+
 def import_tensorrt():
     return require("tensorrt", "TensorRT",
                    "on a Jetson it comes with JetPack (apt install nvidia-tensorrt, python3-libnvinfer); on a GPU "
@@ -268,15 +299,14 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
         # trtexec (sampleEngines.cpp): "Cannot create DLA engine, N not available"; the Orin Nano has 0 cores.
         raise DlaError(f"DLA core {options.dla_core} requested but this device has {builder.num_DLA_cores} DLA "
                        "core(s) (Jetson Orin Nano has none)", fix="leave dla_core unset to build for the GPU")
-    flags = 0
-    for name in settings.network_flags:
-        flags |= 1 << int(getattr(trt.NetworkDefinitionCreationFlag, name))
+    flags = sum(1 << int(getattr(trt.NetworkDefinitionCreationFlag, name)) for name in set(settings.network_flags))
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise EngineBuildError(f"TensorRT's ONNX parser rejected {onnx}: {errors}",
                                fix="run the Q/DQ lint (device.qdq_lint) on the model and re-quantize")
+    marked = mark_outputs(network, options.mark_outputs, Path(onnx).name)
     tensor = network.get_input(0)
     shape = tuple(tensor.shape)
     low, opt, high = options.batch
@@ -327,7 +357,7 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
     record = {"tensorrt": trt.__version__, "settings": asdict(settings), "options": asdict(options),
               "trtexec": " ".join(trtexec_command(str(onnx), str(Path(engine_path).parent / "engine.plan"), tensor.name, chw, options,
                                                   trt.__version__, board=board, static_batch=shape[0] > 0)),
-              "dla_unsupported_layers": refused, "dla_layers": placed}
+              "dla_unsupported_layers": refused, "dla_layers": placed, **({"marked_outputs": marked} if marked else {})}
     write_atomic(Path(engine_path).parent / "build.json", json.dumps(record, indent=1, default=list) + "\n")
     if cache_path is not None:
         # Shared by every build on this device: written whole or not at all, so a kill mid-write cannot

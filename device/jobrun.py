@@ -198,7 +198,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
         return make_runner(spec.runtime, job["artifact_path"], precision=spec.precision, threads=spec.threads,
                            batch_sizes=spec.batch_sizes, dla_core=core, engine_cache=job.get("engine_cache"),
                            channels_last=spec.channels_last, cuda_graphs=spec.cuda_graphs,
-                           timing_cache=spec.timing_cache)
+                           timing_cache=spec.timing_cache, marked=spec.marked_tensors())
 
     runner = make(dla_core)
     faults = dict(item.split("=", 1) for item in os.environ.get("EDGEFOLD_AGENT_FAULT", "").split(",") if "=" in item)
@@ -214,16 +214,14 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                 skipped.append(why)
                 continue
             runners[name] = others.enter_context(loaded)
-        if fault == "segv":
-            os.kill(os.getpid(), signal.SIGSEGV)
-        elif fault == "hang":
-            while True:
-                time.sleep(1)
+        planted_fault(fault)
         chw = tuple(runner.input_chw)
         if not chw or any(d is None for d in chw):
             raise ConfigError(f"the model's input has dynamic or unknown dimensions besides the batch: {chw}",
                               fix="export with a fixed C×H×W (only the batch axis dynamic)")
         smoke_result = smoke(runner, chw, spec.preprocess.model_dump() if spec.preprocess else None)
+        if spec.diverge is not None:
+            return debug_result(spec, job, job_dir, runner, chw, smoke_result, load_s)
         sweep = None
         samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
                                         pci_bus_id=getattr(runner, "pci_bus_id", None))
@@ -309,6 +307,33 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
          "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "profile": profile, "evaluation": evaluation,
          "more_evaluations": more_evaluations, "evaluation_note": evaluation_note,
          "environment": describe_device(), "sweep": sweep}).dump()
+
+
+def planted_fault(fault: str | None) -> None:
+    """``EDGEFOLD_AGENT_FAULT``'s crash or hang for this job's label (tests only): SIGSEGV, or sleep forever."""
+    if fault == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif fault == "hang":
+        while True:
+            time.sleep(1)
+
+
+def debug_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, chw: tuple[int, ...],
+                 smoke_result: dict[str, Any], load_s: float) -> dict[str, Any]:
+    """A debug job's result: its marked tensors kept beside it (:mod:`device.debug_tensors`), nothing timed."""
+    from device.debug_tensors import run_marked_pass
+    from device.info import describe_device
+
+    write_json_atomic(job_dir / "progress.json", {"progress": f"running {spec.diverge.images} images with "
+                                                              f"{len(spec.diverge.tensors)} tensors marked",
+                                                  "at": time.time()})
+    diverge = run_marked_pass(runner, spec, job["evaluation_path"], job_dir, chw)
+    runtime = {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]),
+               "load_s": load_s, "python": platform.python_version(), "threads": spec.threads,
+               **runner.runtime_facts()}
+    return JobResult.model_validate(
+        {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
+         "smoke": smoke_result, "runs": [], "diverge": diverge, "environment": describe_device()}).dump()
 
 
 def timed_engines(runners: dict[str | None, Any], batch_sizes: list[int]) -> list[tuple[str | None, Any, int]]:

@@ -82,6 +82,33 @@ class EvaluationSpec(Request):
                                          "and runs NMS after each batch and returns detections, not classes (2.5)")
 
 
+# An ONNX tensor name as exporters write them (``/layer1/layer1.0/conv1/Conv_output_0``): printable, bounded.
+TensorName = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\x00-\x1f\x7f]+$")]
+# What one debug job may return: the marked tensors of its images, float32, at most this many bytes.
+DIVERGE_MAX_BYTES = 512 << 20
+
+
+class DivergeSpec(Request):
+    """A debug job (3.0's ``edgefold diverge``): build the rung's engine with ``tensors`` marked as extra outputs, run
+    the first ``images`` of the job's evaluation set through it, and keep those tensors' values for the build host,
+    which compares them with ONNX Runtime's (``GET /v1/jobs/{id}/tensors``). Marking a tensor changes how TensorRT
+    may fuse around it, so the host marks a few at a time (Polygraphy's ``--trt-outputs`` by hand, NVIDIA/TensorRT#3161).
+    """
+
+    tensors: Annotated[list[TensorName], Field(min_length=1, max_length=256)] = Field(
+        description="tensor names of the ONNX graph, each returned for every image")
+    images: int = Field(4, ge=1, le=256, description="the first images of the evaluation set to run")
+    max_bytes: int = Field(64 << 20, ge=1, le=DIVERGE_MAX_BYTES,
+                           description="refuse the job when the tensors' float32 values would exceed this")
+
+    @field_validator("tensors")
+    @classmethod
+    def _once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("name each tensor once")
+        return value
+
+
 # A power mode by the board's own name (``MAXN_SUPER``) or id (``nvpmodel -m ID``).
 ModeName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+$")]
 ModeId = Annotated[int, Field(ge=0, le=255)]
@@ -175,9 +202,21 @@ class JobSpec(Request):
                                                                 "after the timed windows")
     sweep: SweepSpec | None = Field(None, description="measure every batch size under each power mode × jetson_clocks "
                                                       "setting (Jetson); the device is restored afterwards")
+    diverge: DivergeSpec | None = Field(None, description="a debug job: no timed window; the marked tensors of the "
+                                                          "evaluation set's first images, for the build host (2.8)")
 
     @model_validator(mode="after")
     def _window(self) -> "JobSpec":
+        if self.diverge is not None:
+            if self.evaluation is None or self.evaluation.head is not None:
+                raise ValueError("diverge runs the evaluation set's images: give evaluation (without head)")
+            if self.runtime not in ("tensorrt", "onnxruntime"):
+                raise ValueError("diverge marks ONNX tensors as outputs: runtime tensorrt or onnxruntime")
+            if self.sweep is not None or len(self.batch_sizes) != 1:
+                raise ValueError("diverge builds one engine: one batch size, no sweep")
+            if self.diverge.images > self.evaluation.images:
+                raise ValueError(f"diverge.images {self.diverge.images} is more than the evaluation set's "
+                                 f"{self.evaluation.images}")
         if self.iterations is not None and self.duration_s is not None:
             raise ValueError("give iterations or duration_s, not both")
         if isinstance(self.telemetry, list) and len(set(self.telemetry)) != len(self.telemetry):
@@ -189,6 +228,10 @@ class JobSpec(Request):
         if self.timing_cache is not None and self.runtime != "tensorrt":
             raise ValueError("timing_cache needs runtime 'tensorrt'")
         return self
+
+    def marked_tensors(self) -> tuple[str, ...]:
+        """The tensors a debug job marks as outputs (none for a benchmark job)."""
+        return tuple(self.diverge.tensors) if self.diverge is not None else ()
 
     def window(self) -> dict[str, Any]:
         """Iterations or duration for :class:`device.measure.MeasureSpec`."""
@@ -261,7 +304,7 @@ class ErrorBody(Strict):
 # JobSpec.timing_cache; 2.5: EvaluationSpec.head, EvaluationResult.detections, network_s and postprocess_s (detection);
 # 2.6: JobResult.more_evaluations and evaluation_note, EvaluationResult.accelerator (every timed engine scored);
 # 2.7: the build facts of TensorRT and Torch-TensorRT in RuntimeInfo.built (each runner reports its own)
-RESULT_MAJOR, RESULT_MINOR = 2, 7
+RESULT_MAJOR, RESULT_MINOR = 2, 8
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -423,6 +466,25 @@ class EvaluationResult(Measured):
         return f"batch {self.batch_size}" + (f" on {self.accelerator}" if self.accelerator else "")
 
 
+class MarkedTensor(Measured):
+    """One tensor a debug job returned (2.8)."""
+
+    name: str
+    shape: list[int] = Field(description="images first: [images, …]")
+    layer: str | None = Field(None, description="the engine layer (or ONNX node) that writes it, where known")
+
+
+class DivergeResult(Measured):
+    """What a debug job kept: the marked tensors' values in ``tensors.npz`` beside the job (2.8)."""
+
+    images: int
+    batch_size: int
+    tensors: list[MarkedTensor]
+    sha256: str = Field(pattern=SHA256.pattern, description="of the .npz the agent serves at /v1/jobs/{id}/tensors")
+    size_bytes: int
+    seconds: float
+
+
 class SmokeResult(Measured):
     image: str
     output_shape: list[int]
@@ -451,6 +513,7 @@ class JobResult(Measured):
     environment: dict[str, Any] = Field(default_factory=dict)
     sweep: SweepResult | None = Field(None, description="a sweep's original and restored state and the settings it "
                                                         "did not measure; its runs carry power_setting")
+    diverge: DivergeResult | None = Field(None, description="a debug job's marked tensors (no runs) (2.8)")
 
     @field_validator("schema_")
     @classmethod

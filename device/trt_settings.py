@@ -27,6 +27,8 @@ class BuildOptions:
         workspace_mib: Workspace memory pool limit.
         dla_core: DLA core to build for (Jetson AGX/NX), with GPU fallback; None for the GPU.
         timing_cache: File to read and update the timing cache from (speeds up rebuilds).
+        mark_outputs: ONNX tensors marked as extra network outputs (a debug job's); marking changes which layers
+            TensorRT may fuse, so such an engine is cached apart and never timed.
     """
 
     precision: str = "int8"
@@ -34,6 +36,7 @@ class BuildOptions:
     workspace_mib: int = 1024
     dla_core: int | None = None
     timing_cache: str | None = None
+    mark_outputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.precision not in ("int8", "fp16", "fp32"):

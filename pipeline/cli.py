@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="devices file with groups (see pipeline/devices.py)")
     run.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
                      help="agent token file for --edge/--dc (default: $EDGEFOLD_AGENT_TOKEN)")
+    run.add_argument("--diverge", action=argparse.BooleanOptionalAction, default=True,
+                     help="when a device's top-1 parts from the host's by more than noise (McNemar), run edgefold "
+                          "diverge on that rung and device and put its answer in the report (default: on)")
 
     report = sub.add_parser("report", help="rebuild a run's report (report.md, report.html, results.json, "
                                            "results.csv) from what its stages recorded")
@@ -70,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
                             ("--token-file", "EDGEFOLD_AGENT_TOKEN_FILE", "agent token file")):
         sweep.add_argument(name, default=os.environ.get(env), help=text)
 
+    _add_diverge(sub)
+
     runs = sub.add_parser("runs", help="list runs with their stages and accuracies")
     runs.add_argument("model", nargs="?", help="only this model's runs")
     runs.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
@@ -82,6 +87,27 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("model", help="recipe name or path")
     show.add_argument("--get", metavar="KEY", help="print one dotted key only (e.g. data.source)")
     return parser
+
+
+def _add_diverge(sub) -> None:
+    diverge = sub.add_parser(
+        "diverge", help="find the first layer where a device's engine parts from ONNX Runtime (debug jobs, bisection)",
+        description="Build RUNG's engine on DEVICE with a few of its tensors marked as outputs, run the first images "
+                    "of the run's evaluation set, compare each tensor with ONNX Runtime's on this host, and bisect "
+                    "over the graph's order to the first tensor that parts (relative L2 error or cosine distance "
+                    "over the thresholds). The answer goes to <run>/diverge/ and into the report.")
+    diverge.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
+    diverge.add_argument("--rung", required=True, help="the rung to look into, e.g. student_int8")
+    diverge.add_argument("--device", required=True, help="a device name or agent URL the run deployed to")
+    diverge.add_argument("--images", type=int, default=4, help="evaluation images compared (default: 4)")
+    diverge.add_argument("--chunk", type=int, default=4, help="tensors marked per debug job (default: 4; fewer when "
+                                                              "--max-mib says so)")
+    diverge.add_argument("--max-mib", type=int, default=64, help="the most one job may return, MiB (default: 64)")
+    diverge.add_argument("--max-relative-error", type=float, default=0.1, help="default: 0.1")
+    diverge.add_argument("--max-cosine-distance", type=float, default=0.01, help="default: 0.01")
+    diverge.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
+    diverge.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
+                         help="agent token file (default: $EDGEFOLD_AGENT_TOKEN)")
 
 
 def _parse_sets(pairs: list[str]) -> dict:
@@ -115,10 +141,40 @@ def _cmd_run(args) -> int:
     if not distributed.world().main:  # under torchrun, rank 0 prints the tables
         distributed.shutdown()
         return 0
+    if args.diverge:
+        _diverge_deviations(ctx, devices)
     tasks.get(ctx.recipe.task).summary(ctx)
     distributed.shutdown()
     _require_an_edge_measurement(ctx)
     return 0
+
+
+def _diverge_deviations(ctx, devices) -> None:
+    """Runs ``edgefold diverge`` for each rung × device whose top-1 the headline says parts from the host's and that
+    has no answer yet, then rebuilds the report; a search that fails is logged and leaves the run as it was."""
+    from pipeline import tasks
+    from pipeline.diverge import diverge_run
+    from pipeline.diverge_report import diverge_answers
+    from pipeline.results import rebuild_report
+
+    if not ctx.manifest.stage("report"):
+        return
+    headline = json.loads(ctx.manifest.output("report", "json").read_text()).get("headline") or {}
+    done = {(a["rung"], a["device"]) for a in diverge_answers(ctx.run_dir)}
+    by_name = {device.name: device for device in devices}
+    searched = 0
+    for deviation in headline.get("device_deviations") or []:
+        rung, name = deviation["rung"].split(" ")[0], deviation["device"]
+        if (rung, name) in done or name not in by_name:
+            continue
+        done.add((rung, name))
+        try:
+            diverge_run(ctx.run_dir, rung, name, by_name[name].token(), log=ctx.log)
+            searched += 1
+        except EdgeFoldError as err:
+            ctx.log(f"[ diverge] {rung} on {name}: not searched: {err.message}" + (f" ({err.fix})" if err.fix else ""))
+    if searched:
+        rebuild_report(ctx.run_dir, tasks.of_run(ctx.run_dir).build_report)
 
 
 def _require_an_edge_measurement(ctx) -> None:
@@ -209,6 +265,30 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
+def _cmd_diverge(args) -> int:
+    from device.client import read_token
+    from device.errors import ManifestError
+    from pipeline import tasks
+    from pipeline.diverge import diverge_run
+    from pipeline.results import rebuild_report
+
+    run_dir = _run_dir(args.run, args.runs_dir)
+    if not (run_dir / "manifest.json").is_file():
+        raise ManifestError(f"no run at {args.run}", fix="pass a run directory (edgefold runs lists them)")
+    for name, value in (("--images", args.images), ("--chunk", args.chunk), ("--max-mib", args.max_mib)):
+        if value < 1:
+            raise EdgeFoldError(f"{name} {value}: give 1 or more", fix=f"{name} 4")
+    document, path = diverge_run(run_dir, args.rung, args.device, read_token(token_file=args.token_file),
+                                 images=args.images, chunk=args.chunk, max_bytes=args.max_mib << 20,
+                                 max_relative_error=args.max_relative_error,
+                                 max_cosine_distance=args.max_cosine_distance)
+    print(f"answer: {path}")
+    if (run_dir / "report").is_dir():
+        task = tasks.of_run(run_dir)
+        print(f"report: {rebuild_report(run_dir, task.build_report)['html']}")
+    return 0
+
+
 def _cmd_report(args) -> int:
     from pipeline import tasks
     from pipeline.results import rebuild_report
@@ -289,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``edgefold`` console script."""
     args = _parser().parse_args(argv)
     commands = {"run": _cmd_run, "runs": _cmd_runs, "recipes": _cmd_recipes, "recipe": _cmd_recipe,
-                "report": _cmd_report, "sweep": _cmd_sweep}
+                "report": _cmd_report, "sweep": _cmd_sweep, "diverge": _cmd_diverge}
     try:
         return commands[args.command](args)
     except EdgeFoldError as err:

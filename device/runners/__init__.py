@@ -8,22 +8,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from device.errors import ConfigError
 from device.registry import Registry
 from device.runners.base import Runner  # noqa: F401 (the interface, re-exported)
 
 
 def make_runner(runtime: str, artifact: str, *, precision: str = "fp32", threads: int = 0, batch_sizes=(1,),
                 dla_core: int | None = None, engine_cache: str | None = None, channels_last: bool = True,
-                cuda_graphs: bool = False, timing_cache: str | None = None) -> Runner:
+                cuda_graphs: bool = False, timing_cache: str | None = None, marked: tuple[str, ...] = ()) -> Runner:
     """The runner for ``runtime`` (a key of :data:`RUNNERS`), its framework imported only now.
 
     Args:
         timing_cache: TensorRT only: a timing cache *name* (``JobSpec.timing_cache``), resolved to one file
             beside the engine cache (:func:`timing_cache_path`).
+        marked: ONNX tensors returned besides the outputs (``run_marked``): ONNX Runtime and TensorRT only.
     """
+    if marked and runtime not in ("onnxruntime", "tensorrt"):
+        raise ConfigError(f"runtime {runtime!r} cannot mark ONNX tensors as outputs",
+                          fix="run the debug job with runtime tensorrt or onnxruntime")
     return RUNNERS.get(runtime)(artifact, precision=precision, threads=threads, batch_sizes=tuple(batch_sizes),
                                 dla_core=dla_core, engine_cache=engine_cache, channels_last=channels_last,
-                                cuda_graphs=cuda_graphs, timing_cache=timing_cache)
+                                cuda_graphs=cuda_graphs, timing_cache=timing_cache, marked=tuple(marked))
 
 
 def timing_cache_path(engine_cache: str | None, name: str | None) -> str | None:
@@ -40,21 +45,23 @@ def timing_cache_path(engine_cache: str | None, name: str | None) -> str | None:
     return str(folder / f"{name}.cache")
 
 
-def _onnxruntime(artifact: str, *, threads: int, **_: Any) -> Runner:
+def _onnxruntime(artifact: str, *, threads: int, marked: tuple[str, ...] = (), **_: Any) -> Runner:
     from device.runners.onnxruntime import OnnxRuntimeRunner
 
-    return OnnxRuntimeRunner(artifact, providers=("CUDAExecutionProvider", "CPUExecutionProvider"), threads=threads)
+    return OnnxRuntimeRunner(artifact, providers=("CUDAExecutionProvider", "CPUExecutionProvider"), threads=threads,
+                             marked=marked)
 
 
 def _tensorrt(artifact: str, *, precision: str, batch_sizes: tuple[int, ...], dla_core: int | None,
-              engine_cache: str | None, timing_cache: str | None = None, **_: Any) -> Runner:
+              engine_cache: str | None, timing_cache: str | None = None, marked: tuple[str, ...] = (),
+              **_: Any) -> Runner:
     from device.trt_settings import BuildOptions
     from device.runners.tensorrt import TensorRTRunner
 
     # One engine per measured batch, each with opt = that batch (BuildOptions.for_batch): the kernels
     # timed at batch 1 are the ones tuned for batch 1, not for the largest batch.
     options = BuildOptions(precision=precision, dla_core=dla_core,
-                           timing_cache=timing_cache_path(engine_cache, timing_cache))
+                           timing_cache=timing_cache_path(engine_cache, timing_cache), mark_outputs=marked)
     return TensorRTRunner(artifact, options, cache_dir=engine_cache, batch_sizes=batch_sizes)
 
 

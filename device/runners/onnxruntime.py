@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device.errors import RunnerError, require
+from device.errors import EdgeFoldError, RunnerError, require
 from device.runners.base import Runner
 
 
@@ -21,12 +21,15 @@ class OnnxRuntimeRunner(Runner):
         path: The ONNX file.
         providers: Execution providers in order of preference; those not available are skipped.
         threads: Intra-op threads (0 = ONNX Runtime's default).
+        marked: Tensors of the graph returned by :meth:`run_marked` besides its outputs (a debug job's).
     """
 
     name = "onnxruntime"
 
-    def __init__(self, path: str | os.PathLike, providers: Sequence[str] = ("CPUExecutionProvider",), threads: int = 0):
+    def __init__(self, path: str | os.PathLike, providers: Sequence[str] = ("CPUExecutionProvider",), threads: int = 0,
+                 marked: Sequence[str] = ()):
         self.path, self.wanted, self.threads = str(path), tuple(providers), threads
+        self.marked = tuple(marked)
         self.session = None
 
     def _session(self, profile_prefix: str | None = None):
@@ -39,11 +42,17 @@ class OnnxRuntimeRunner(Runner):
             options.profile_file_prefix = profile_prefix
         available = set(ort.get_available_providers())
         providers = [p for p in self.wanted if p in available] or ["CPUExecutionProvider"]
+        if self.marked:
+            from device.marked import with_outputs
+
+            return ort.InferenceSession(with_outputs(self.path, self.marked), options, providers=providers)
         return ort.InferenceSession(self.path, options, providers=providers)
 
     def load(self) -> None:
         try:
             self.session = self._session()
+        except EdgeFoldError:
+            raise
         except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph types
             raise RunnerError(f"ONNX Runtime cannot load {self.path}: {err}", fix="re-export the model") from None
         first = self.session.get_inputs()[0]
@@ -59,6 +68,20 @@ class OnnxRuntimeRunner(Runner):
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         return self.session.run(None, {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)})[0]
+
+    def run_marked(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """The marked tensors' values for ``batch`` (float32), by name."""
+        values = self.session.run(list(self.marked), {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)})
+        return {name: np.asarray(value, dtype=np.float32) for name, value in zip(self.marked, values)}
+
+    def marked_layers(self) -> dict[str, str]:
+        """Each marked tensor → the ONNX node that writes it."""
+        import onnx
+
+        from device.marked import produced
+
+        writers = produced(onnx.load(self.path, load_external_data=False))
+        return {name: writers.get(name, "") for name in self.marked}
 
     def profile_batch(self, batch: np.ndarray, iterations: int, warmup: int):
         """Per-node times from ONNX Runtime's profiler, on a second session (profiling is a session

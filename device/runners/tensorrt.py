@@ -99,6 +99,8 @@ class TensorRTRunner(Runner):
         self.trtexec: dict[int, str] = {}
         self.dla_unsupported_layers: list[str] = []
         self._engines: dict[int, _Engine] = {}
+        self.marked = tuple(options.mark_outputs)
+        self._marked_layers: dict[str, str] = {}
         self.pci_bus_id: str | None = None
         # The last call's device-side times (TIMING_NAMES), read by the measurement after each call.
         self.last_device_ms: dict[str, float] | None = None
@@ -111,7 +113,7 @@ class TensorRTRunner(Runner):
                                                    trt.__version__)
         options = BuildOptions(precision=self.precision_built, batch=self.options.batch,
                                workspace_mib=self.options.workspace_mib, dla_core=self.options.dla_core,
-                               timing_cache=self.options.timing_cache)
+                               timing_cache=self.options.timing_cache, mark_outputs=self.options.mark_outputs)
         self.cuda = CudaRuntime()
         try:
             bus_id = self.cuda.pci_bus_id(0)
@@ -162,6 +164,7 @@ class TensorRTRunner(Runner):
         self.outputs = [n for n in names if first.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         self.dtypes = {n: np.dtype(trt.nptype(first.engine.get_tensor_dtype(n))) for n in names}
         self.input_chw = tuple(d if d > 0 else None for d in first.engine.get_tensor_shape(self.inputs[0])[1:])
+        self._marked_layers = dict(first.build.get("marked_outputs") or {})
         self.dla_unsupported_layers = sorted({name for e in self._engines.values()
                                               for name in e.build.get("dla_unsupported_layers", [])})
         if options.dla_core is None:
@@ -251,6 +254,29 @@ class TensorRTRunner(Runner):
         self.last_device_ms = {"latency_ms": self.cuda.elapsed_ms(begin, end),
                                "gpu_compute_ms": self.cuda.elapsed_ms(enqueued_at, computed_at)}
         return entry.host_out.copy()
+
+    def run_marked(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """Runs ``batch`` and returns the tensors marked at build time (``BuildOptions.mark_outputs``), float32.
+
+        A debug pass, never timed: each marked output is copied back to pageable memory after the call.
+        """
+        entry = self._engines.get(batch.shape[0])
+        if entry is None:
+            raise ShapeOutsideProfileError(f"no engine for batch {batch.shape[0]}",
+                                           fix="run the debug job at its one batch size")
+        self.infer(batch)
+        values = {}
+        for name in self.marked:
+            shape = tuple(entry.context.get_tensor_shape(name))
+            host = np.empty(shape, dtype=self.dtypes[name])
+            self.cuda.copy(host.ctypes.data, entry.buffers[name][0], host.nbytes, _D2H, self.stream)
+            self.cuda.synchronize(self.stream)
+            values[name] = host.astype(np.float32)
+        return values
+
+    def marked_layers(self) -> dict[str, str]:
+        """Each marked tensor → the network layer that writes it (recorded by the build)."""
+        return {name: self._marked_layers.get(name, "") for name in self.marked}
 
     # ------------------------------------------------------------- per-layer profile
     def profile_batch(self, batch: np.ndarray, iterations: int, warmup: int):

@@ -58,6 +58,10 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
     # Planted device time (tests only): a callable (dla_core or None, batch) → seconds each execute_async_v3 takes
     # on top of the ONNX Runtime arithmetic (tests/device/clocked_runtime.py scales it with a simulated clock).
     trt.planted_call_s = None
+    # A planted deviation at a named tensor (tests only): (ONNX tensor name, factor). Every engine then computes that
+    # tensor times the factor, and everything downstream of it from the changed value, as a faulty fused layer would;
+    # the ONNX itself is untouched, so ONNX Runtime on the host keeps the model's values.
+    trt.planted_deviation = None
 
     # --------------------------------------------------------------- enums (pyCore.cpp, NvInfer.h)
     # NvInfer.h v10.3.0: kEXPLICIT_BATCH = 0 (deprecated), kSTRONGLY_TYPED = 1. v11.1: kSTRONGLY_TYPED = 0,
@@ -106,11 +110,20 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
     parser_made = {"CONSTANT", "SHUFFLE", "QUANTIZE", "DEQUANTIZE"}
 
     class Layer:
-        def __init__(self, name: str, op: str, quantized: bool) -> None:
+        def __init__(self, name: str, op: str, quantized: bool, outputs: tuple[str, ...] = ()) -> None:
             self.name, self.op, self.quantized = name, op, quantized
             self.type = getattr(trt.LayerType, layer_types.get(op, "OTHER"))
             # Fused into their neighbours at build time (Q/DQ fusion, constant folding): never engine layers.
             self.folded = layer_types.get(op) in parser_made and op != "Flatten"
+            # onnx-tensorrt names a layer's output tensors after the ONNX node's outputs (ITensor::getName).
+            self._outputs = [Tensor(name, ()) for name in outputs]
+
+        @property
+        def num_outputs(self) -> int:
+            return len(self._outputs)
+
+        def get_output(self, index: int) -> Tensor:
+            return self._outputs[index]
 
     class Network:
         def __init__(self, flags: int) -> None:
@@ -120,6 +133,12 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             self.onnx: str | None = None
             self.float_type = "fp32"
             self.io_type = "fp32"
+            self.marked: list[str] = []
+
+        def mark_output(self, tensor: Tensor) -> None:
+            # INetworkDefinition::markOutput: the tensor becomes a network output (an I/O tensor of the engine).
+            if tensor.name not in self.marked:
+                self.marked.append(tensor.name)
 
         @property
         def num_inputs(self) -> int:
@@ -178,11 +197,12 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             # Unsupported on DLA" (ultralytics/ultralytics#16449), though they are folded away.
             for init in model.graph.initializer:
                 if any(node.op_type == "DequantizeLinear" and node.input[0] == init.name for node in model.graph.node):
-                    self.network.layers.append(Layer(f"{init.name}_constant", "Constant", False))
+                    self.network.layers.append(Layer(f"{init.name}_constant", "Constant", False, (init.name,)))
             for index, node in enumerate(model.graph.node):
                 source = producers.get(node.input[1]) if len(node.input) > 1 else None
                 quantized = source is not None and source.op_type == "DequantizeLinear"
-                self.network.layers.append(Layer(node.name or f"{node.op_type}_{index}", node.op_type, quantized))
+                self.network.layers.append(Layer(node.name or f"{node.op_type}_{index}", node.op_type, quantized,
+                                                 tuple(node.output)))
             return True
 
     trt.OnnxParser = OnnxParser
@@ -317,6 +337,7 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
                     "io_dtype": network.io_type,
                     "network_shape": list(tensor.shape), "min": list(low), "max": list(high),
                     "dla_core": config.DLA_core if dla else None, "layers": _fuse_dla(layers),
+                    "marked": list(network.marked),
                     "verbosity": int(config.profiling_verbosity)}
             return json.dumps(plan).encode()
 
@@ -375,20 +396,34 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             outputs = _ort(plan["onnx"]).get_outputs()[0]
             self.classes = outputs.shape[-1]
             self.output_name = outputs.name
+            self.marked = list(plan.get("marked", []))
+            self._marked_shapes: dict[tuple, dict[str, tuple]] = {}
 
         @property
         def num_io_tensors(self) -> int:
-            return 2
+            return 2 + len(self.marked)
 
         def get_tensor_name(self, index: int) -> str:
-            return [self.plan["input"], self.output_name][index]
+            return [self.plan["input"], self.output_name, *self.marked][index]
 
         def get_tensor_mode(self, name: str):
+            if name in self.marked:
+                return trt.TensorIOMode.OUTPUT
             return {self.plan["input"]: trt.TensorIOMode.INPUT, self.output_name: trt.TensorIOMode.OUTPUT}.get(
                 name, trt.TensorIOMode.NONE)
 
+        def marked_shape(self, name: str, shape: tuple) -> tuple:
+            # A marked tensor's shape at this input shape, from one ONNX Runtime run on zeros.
+            if shape not in self._marked_shapes:
+                io = np.float16 if self.plan.get("io_dtype") == "fp16" else np.float32
+                values = _ort_run(self.plan["onnx"], self.marked, None, {self.plan["input"]: np.zeros(shape, io)})
+                self._marked_shapes[shape] = {n: tuple(v.shape) for n, v in zip(self.marked, values[1:])}
+            return self._marked_shapes[shape][name]
+
         def get_tensor_dtype(self, name: str):
-            # An FP16 ONNX's I/O tensors are HALF (the parser keeps the graph's I/O types).
+            # An FP16 ONNX's I/O tensors are HALF (the parser keeps the graph's I/O types); a marked tensor is FLOAT.
+            if name in self.marked:
+                return trt.DataType.FLOAT
             return trt.DataType.HALF if self.plan.get("io_dtype") == "fp16" else trt.DataType.FLOAT
 
         @property
@@ -399,6 +434,8 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
         def get_tensor_shape(self, name: str) -> tuple:
             if name == self.plan["input"]:
                 return tuple(self.plan["network_shape"])
+            if name in self.marked:
+                return self.marked_shape(name, tuple(self.plan["max"]))
             return (self.plan["network_shape"][0], self.classes)
 
         def create_execution_context(self):
@@ -451,6 +488,8 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             # NvInferRuntime.h getTensorShape: dimensions that depend on unset input shapes are -1.
             if name == self.engine.plan["input"]:
                 return self.shape or tuple(self.engine.plan["network_shape"])
+            if name in self.engine.marked:
+                return self.engine.marked_shape(name, self.shape) if self.shape else (-1,)
             return (self.shape[0] if self.shape else -1, self.engine.classes)
 
         def set_tensor_address(self, name: str, address: int) -> bool:
@@ -465,14 +504,18 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             # NvInferRuntime.h enqueueV3: returns false when input shapes or tensor addresses are missing.
             plan = self.engine.plan
             output = self.engine.output_name
-            if self.shape is None or set(self.addresses) != {plan["input"], output}:
+            if self.shape is None or set(self.addresses) != {plan["input"], output, *self.engine.marked}:
                 return False
             count = int(np.prod(self.shape))
             io = np.float16 if plan.get("io_dtype") == "fp16" else np.float32
             data = np.frombuffer((ctypes.c_char * (count * np.dtype(io).itemsize)).from_address(
                 self.addresses[plan["input"]]), dtype=io).reshape(self.shape)
-            session = _ort(plan["onnx"])
-            result = session.run(None, {plan["input"]: data.copy()})[0].astype(io)
+            values = _ort_run(plan["onnx"], self.engine.marked, trt.planted_deviation, {plan["input"]: data.copy()})
+            result = values[0].astype(io)
+            for name, value in zip(self.engine.marked, values[1:]):
+                # Marked outputs are FLOAT unless the network says otherwise (ITensor::setType is never called).
+                value = np.ascontiguousarray(value, dtype=np.float32)
+                ctypes.memmove(self.addresses[name], value.ctypes.data, value.nbytes)
             if trt.planted_swap_every and (trt.planted_swap_batches is None
                                            or self.shape[0] in trt.planted_swap_batches):
                 # A planted device-side deviation (tests only): every n-th image of a call has its top two
@@ -556,7 +599,39 @@ def _fuse_dla(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return fused
 
 
-_SESSIONS: dict[str, Any] = {}
+_SESSIONS: dict[Any, Any] = {}
+
+
+def _ort_run(path: str, marked: list[str], planted: tuple[str, float] | None, feed: dict[str, np.ndarray]) -> list:
+    """The first output, then the marked tensors, computed by ONNX Runtime on the ONNX with the planted deviation
+    (a Mul after the named tensor's writer, so its readers see the changed value) and the marked tensors appended to
+    its outputs; the ONNX file itself is left as it is."""
+    import onnx
+    import onnxruntime as ort
+
+    key = (path, tuple(marked), planted)
+    if key not in _SESSIONS:
+        model = onnx.load(path)
+        graph = model.graph
+        if planted is not None:
+            name, factor = planted
+            writer = next(node for node in graph.node if name in node.output)
+            writer.output[list(writer.output).index(name)] = f"{name}__planted"
+            graph.initializer.append(onnx.numpy_helper.from_array(np.array(factor, np.float32), f"{name}__factor"))
+            position = list(graph.node).index(writer) + 1
+            graph.node.insert(position, onnx.helper.make_node("Mul", [f"{name}__planted", f"{name}__factor"], [name]))
+        first = graph.output[0]
+        del graph.output[1:]
+        for name in marked:
+            if name != first.name:
+                graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        _SESSIONS[key] = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = _SESSIONS[key]
+    names = [output.name for output in session.get_outputs()]
+    values = dict(zip(names, session.run(None, feed)))
+    return [values[names[0]], *(values[name] for name in marked)]
 
 
 def _ort(path: str):

@@ -112,6 +112,9 @@ def text(h: dict[str, Any]) -> str:
         lines.append(f"  device top-1  {d['rung']} on {d['device']}: {100 * d['device_top1']:.2f}% on the device vs "
                      f"{100 * d['host_top1']:.2f}% on the host (same {d['images']} images, McNemar p = "
                      f"{d['mcnemar_p']:.2g}): differs by more than noise; {CAUSES}")
+        lines.append(f"  where it parts {d['diverge']}" if d.get("diverge") else
+                     f"  where it parts not searched yet: edgefold diverge RUN --rung {d['rung'].split(' ')[0]} "
+                     f"--device {d['device']} finds the first layer whose values part from ONNX Runtime's")
     lines += [f"  {int8_vs_fp16_text(v)}" for v in h.get("int8_vs_fp16") or []]
     lines += [f"  {two_roads_text(v)}" for v in h.get("two_roads") or []]
     lines += [f"  power mode     {c['rung']} on {c['device']}: {c['text']}" for c in h.get("power_mode_choices") or []]

@@ -18,6 +18,7 @@ from pipeline import perclass
 from pipeline.core.rungs import RUNGS
 from pipeline.profile_report import (NOT_MEASURED, TIMING_COLUMNS, TIMINGS_TEXT, has_device_timings, time_section,
                                      timing_rows)
+from pipeline.diverge_report import diverge_section
 from pipeline.quantize_report import int8_section
 from pipeline.results import (detail_columns, figure_cell, figure_label, interval_cell, ladder_columns,
                               write_results)
@@ -311,7 +312,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     manifest = json.loads(manifest_path.read_text())
     extra = latency_section(manifest, run_dir, out) + int8_section(
         (manifest["stages"].get("quantize") or {}).get("metrics") or {}, "top-1", lambda value: f"{100 * value:.2f}%",
-        out)
+        out) + diverge_section(run_dir)
     paths["md"].write_text(render_markdown(data, extra))
     paths["html"].write_text(render_html(data, plots(data), extra))
     return paths

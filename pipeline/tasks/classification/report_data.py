@@ -17,6 +17,7 @@ from device.schema import JobResult, parse_result
 from pipeline import stats
 from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from pipeline.devices import DEPLOY_SCHEMA
+from pipeline.diverge_report import answer_text, diverge_answers
 from pipeline.profile_report import NOT_MEASURED, shown_batch, time_table
 from pipeline.quantize_report import quantize_summary
 from pipeline.results import csv_columns, reported_figures
@@ -87,6 +88,11 @@ def load_deploy_results(path: Path) -> dict[str, Any]:
     return deploy
 
 
+def _diverged(run_dir: Path, rung: str, device: str) -> str | None:
+    """The answer edgefold diverge recorded for this rung on this device, as a line; None before it ran."""
+    return next((answer_text(a) for a in diverge_answers(run_dir) if (a["rung"], a["device"]) == (rung, device)), None)
+
+
 def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """The report's data (``results.json``) from a run's manifest."""
     stages = manifest.get("stages", {})
@@ -151,7 +157,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     headline["device_deviations"] = [
         {"rung": r["rung"] + (f" ({engine['label']})" if index else ""), "device": r["device"],
          "device_top1": engine["device_top1"], "host_top1": r["host_top1_same_images"], "images": r["device_images"],
-         "mcnemar_p": engine["mcnemar_p"]}
+         "mcnemar_p": engine["mcnemar_p"], "diverge": _diverged(run_dir, r["rung"], r["device"])}
         for r in rows for index, engine in enumerate(r.get("engines_scored") or []) if engine.get("device_deviates")]
     headline["two_roads"] = [line for device in edge + dc for line in _two_roads(rows, device, evaluation)]
     quantize = quantize_summary((stages.get("quantize") or {}).get("metrics") or {})
