@@ -62,3 +62,38 @@ def test_a_rung_or_device_the_run_does_not_have_is_refused_before_any_job(run_co
     _point_deploy_at(run_copy, "loopback" if device == "loopback" else "bench-agent", url, state)
     with pytest.raises(ConfigError, match=message):
         diverge_run(run_copy, rung, device, "token")
+
+
+def test_a_run_searches_each_deviation_once_by_itself_and_a_failed_search_is_logged(run_copy, monkeypatch):
+    """``edgefold run`` after its report: each rung × device the headline says parts (McNemar) is searched once, on a
+    device the run was given; an agent that cannot be reached leaves the run as it was, with the reason logged."""
+    from pipeline.cli import _diverge_deviations
+    from pipeline.core.manifest import Manifest
+    from pipeline.devices import Device
+
+    report = run_copy / "report" / "results.json"
+    results = json.loads(report.read_text())
+    results["headline"]["device_deviations"] = [
+        {"rung": "student_int8", "device": "orin"}, {"rung": "student_int8 (batch 1)", "device": "orin"},
+        {"rung": "student_int8", "device": "not-given"}]
+    report.write_text(json.dumps(results))
+    _point_deploy_at(run_copy, "orin", "http://127.0.0.1:9")  # nothing listens there
+    logged, searched = [], []
+
+    class Ctx:
+        run_dir, manifest = run_copy, Manifest.load(run_copy)
+
+        @staticmethod
+        def log(text):
+            logged.append(text)
+
+    import pipeline.diverge
+
+    real = pipeline.diverge.diverge_run
+    monkeypatch.setattr(pipeline.diverge, "diverge_run", lambda *a, **k: searched.append(a[1:3]) or real(*a, **k))
+    monkeypatch.setenv("EDGEFOLD_AGENT_TOKEN", "secret")
+    _diverge_deviations(Ctx, [Device(name="orin", role="edge", url="http://127.0.0.1:9", group="orin")])
+    assert searched == [("student_int8", "orin")]
+    assert len(logged) == 2 and "student_int8 on orin: not searched: agent http://127.0.0.1:9 is unreachable" in \
+        logged[-1]
+    assert not (run_copy / "diverge").exists() or not list((run_copy / "diverge").glob("*.json"))
