@@ -40,7 +40,8 @@ KS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
 
 def one_run(run_dir: Path, method: str, per_tensor: bool, held_out: float, ks: tuple[int, ...],
             quantizer: str | None = None, calibration_images: int | None = None,
-            outlier: float | None = None, budget: float | None = None) -> dict[str, Any]:
+            outlier: float | None = None, budget: float | None = None,
+            plant_in: str = "first-half") -> dict[str, Any]:
     """The three orders' accuracy over k on one run's student."""
     import numpy as np
     import onnx
@@ -68,7 +69,7 @@ def one_run(run_dir: Path, method: str, per_tensor: bool, held_out: float, ks: t
         work = Path(scratch)
         with scratch_copy(work, ctx.manifest.output("export", "student"), "student.onnx") as fp32:
             seed = int(manifest.get("overrides", {}).get("data.seed", 0))
-            planted = plant_outlier(fp32, seed, outlier) if outlier else None
+            planted = plant_outlier(fp32, seed, outlier, plant_in) if outlier else None
             task = ladder.from_run(ctx, work, fp32)
             step = Step(recipe.quantize.quantizer, method)
             held = task.hold_out(held_out)
@@ -113,12 +114,18 @@ def one_run(run_dir: Path, method: str, per_tensor: bool, held_out: float, ks: t
             "goal_met": goal_met(needed), "seconds": round(time.perf_counter() - started, 1)}
 
 
-def plant_outlier(path: Path, seed: int, factor: float) -> dict[str, Any]:
+def plant_outlier(path: Path, seed: int, factor: float, where: str = "first-half") -> dict[str, Any]:
     """Rewrites the FP32 ONNX at ``path`` with one outlier channel, the function kept: in a seeded choice of a
     Conv → Relu → Conv chain, channel c of the first convolution (weight and bias) is multiplied by ``factor`` and
     the second's input channel c divided by it (ReLU is positively homogeneous). The mechanism of real INT8
     collapses — one channel whose range sets a per-tensor scale that flattens the rest (BatchNorm folded over a
-    tiny variance, an unbounded activation) — at a known place. Returns where."""
+    tiny variance, an unbounded activation) — at a known place. Returns where.
+
+    Args:
+        where: ``first-half``: a chain in the first half of the network (where the maps are large); ``not-largest``:
+            any chain whose consumer is not the network's largest layer by MACs (on a network with few chains the
+            first half may hold only the largest layer, and then the largest-layers order finds the plant by size).
+    """
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -143,9 +150,18 @@ def plant_outlier(path: Path, seed: int, factor: float) -> dict[str, Any]:
     if not chains:
         raise SystemExit(f"{path}: no Conv → Relu → Conv chain to plant an outlier in")
     rng = np.random.default_rng(seed)
-    # In the first half of the network (where the spatial maps are large), on the channel with the largest folded
-    # bias: one that is active after the ReLU, so that the outlier is there on most images.
-    first, second = chains[int(rng.integers(max(1, len(chains) // 2)))]
+    if where == "not-largest":
+        from pipeline.mixed_precision import layer_macs
+
+        macs = layer_macs(model)
+        largest = max(macs, key=macs.get)
+        chains = [chain for chain in chains if chain[1].name != largest] or chains
+        first, second = chains[int(rng.integers(len(chains)))]
+    else:
+        # In the first half of the network (where the spatial maps are large).
+        first, second = chains[int(rng.integers(max(1, len(chains) // 2)))]
+    # On the channel with the largest folded bias: one that is active after the ReLU, so the outlier is there on
+    # most images.
     values = {name: numpy_helper.to_array(weights[name]).copy() for name in (first.input[1], first.input[2],
                                                                               second.input[1])}
     channel = int(np.argmax(values[first.input[2]]))
@@ -156,7 +172,7 @@ def plant_outlier(path: Path, seed: int, factor: float) -> dict[str, Any]:
         weights[name].CopyFrom(numpy_helper.from_array(value, name))
     onnx.save(model, str(path))
     return {"first": first.name, "second": second.name, "channel": channel, "factor": factor,
-            "chains": len(chains)}
+            "chains": len(chains), "where": where}
 
 
 def goal_met(needed: dict[str, int | None]) -> bool | None:
@@ -212,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, help="accuracy budget in points (default: the recipe's)")
     parser.add_argument("--outlier", type=float, help="plant one outlier channel this many times the others "
                                                       "(bench/int8_sensitivity.py: plant_outlier)")
+    parser.add_argument("--plant-in", choices=("first-half", "not-largest"), default="first-half",
+                        help="where the outlier goes (plant_outlier); default: a chain of the network's first half")
     parser.add_argument("--held-out", type=float, default=0.25)
     parser.add_argument("--ks", default=",".join(map(str, KS)), help="layers kept in float to try, comma-separated")
     parser.add_argument("--name", default=None, help="the result files' name (default: the first run's recipe)")
@@ -224,12 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     for run_dir in args.runs:
         print(f"{run_dir}:", flush=True)
         runs.append(one_run(run_dir, args.method, args.per_tensor, args.held_out, ks, args.quantizer,
-                            args.calibration_images, args.outlier, args.budget))
+                            args.calibration_images, args.outlier, args.budget, args.plant_in))
         print(f"  layers needed: {runs[-1]['layers_needed']}; goal met: {runs[-1]['goal_met']}", flush=True)
     name = args.name or Path(json.loads((args.runs[0] / "manifest.json").read_text())["model"]).name
     doc = {"schema": "edgefold.bench.int8_sensitivity/1", "stamp": stamp, "goal": GOAL, "machine": machine(),
            "quantizer": args.quantizer or "the recipe's", "method": args.method,
-           "calibration_images": args.calibration_images, "outlier": args.outlier, "budget": args.budget, "per_tensor": args.per_tensor, "held_out": args.held_out, "ks": list(ks),
+           "calibration_images": args.calibration_images, "outlier": args.outlier, "budget": args.budget, "plant_in": args.plant_in,
+           "per_tensor": args.per_tensor, "held_out": args.held_out, "ks": list(ks),
            "runs": runs}
     base = args.out / f"int8-sensitivity-{name}-{stamp}"
     base.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")

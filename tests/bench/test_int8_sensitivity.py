@@ -36,3 +36,30 @@ def test_the_goal_rule():
     assert goal_met({"sensitivity": 3, "largest": 4, "random": 8}) is False
     assert goal_met({"sensitivity": None, "largest": 2, "random": 2}) is False
     assert goal_met({"sensitivity": 0, "largest": 0, "random": 0}) is None, "nothing to regain"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["first-half", "not-largest"])
+def test_the_plant_keeps_the_function_and_goes_where_asked(tiny_run, tmp_path, where):
+    """The outlier channel leaves the FP32 network's outputs as they were (ReLU is positively homogeneous); with
+    not-largest, its consumer is never the largest layer by MACs, so the largest-layers order cannot find it by size."""
+    import shutil
+
+    import numpy as np
+    import onnx
+
+    from bench.int8_sensitivity import plant_outlier
+    from device.runners.onnxruntime import OnnxRuntimeRunner
+    from pipeline.mixed_precision import layer_macs
+
+    source = tiny_run.manifest.output("export", "student")
+    planted_path = tmp_path / "planted.onnx"
+    shutil.copy(source, planted_path)
+    planted = plant_outlier(planted_path, seed=0, factor=1000.0, where=where)
+    macs = layer_macs(onnx.load(str(source)))
+    if where == "not-largest":
+        assert planted["second"] != max(macs, key=macs.get)
+    with OnnxRuntimeRunner(source) as before, OnnxRuntimeRunner(planted_path) as after:
+        batch = np.random.default_rng(0).standard_normal((4, *before.input_chw)).astype(np.float32)
+        np.testing.assert_allclose(after.infer(batch), before.infer(batch), rtol=1e-3, atol=1e-3)
+    assert planted["where"] == where and planted["factor"] == 1000.0
