@@ -33,13 +33,15 @@ def _mmacs(macs: int) -> str:
 
 
 def int8_section(metrics: dict[str, Any], metric: str, shown: Callable[[float], str],
-                 out_dir: Path | None = None) -> list[Section]:
+                 out_dir: Path | None = None, profiles: list[dict[str, Any]] | None = None) -> list[Section]:
     """The "INT8 ladder" section from the quantize stage's metrics (none for a run without attempts).
 
     Args:
         metric: The gated score's name (``top-1``, ``mAP``).
         shown: A score as the report shows it.
         out_dir: Where the sensitivity plot is written beside the report (None: no plot, e.g. report.md alone).
+        profiles: The INT8 rung's per-layer profiles, one per device (``device``, ``runtime``, ``profile``): what the
+            kept layers cost there in time.
     """
     attempts = metrics.get("attempts") or []
     if not attempts:
@@ -55,7 +57,45 @@ def int8_section(metrics: dict[str, Any], metric: str, shown: Callable[[float], 
     mixed = next((a for a in attempts if a["method"] == "mixed"), None)
     if mixed:
         blocks += _mixed_blocks(mixed, metric, shown, out_dir)
+        priced = [line for entry in profiles or [] if (line := kept_time_text(
+            [layer["layer"] for layer in mixed.get("kept_layers") or []], entry))]
+        if priced:
+            blocks.append(Text("What the kept layers cost in time, from the INT8 rung's per-layer profile on each "
+                               "device (the latency batch): " + "; ".join(priced) + "."))
     return [Section("The INT8 ladder", blocks)]
+
+
+def kept_time_text(kept: list[str], entry: dict[str, Any]) -> str | None:
+    """One device's price of the kept layers: their share of the INT8 rung's profiled time, or why it has none.
+
+    A profile layer is counted when it is one of the kept ONNX nodes or a fusion of them (TensorRT joins fused layers'
+    names with `` + ``); a fusion that also holds quantized layers, or a Myelin subgraph (``{ForeignNode[…]}``),
+    cannot be split, and is said to be so.
+    """
+    profile = entry.get("profile")
+    if not kept or not profile or not profile.get("batches"):
+        return None
+    from pipeline.profile_report import shown_batch
+
+    batch = shown_batch(profile)
+    wanted = set(kept)
+    alone, mixed_in, found, priced = 0.0, 0, set(), set()
+    for layer in batch["layers"]:
+        parts = set(layer["name"].split(" + "))
+        if parts & wanted:
+            found |= parts & wanted
+            if parts <= wanted:
+                alone += layer["time_ms"]
+                priced |= parts
+            else:
+                mixed_in += 1
+    total = batch.get("total_ms") or 0.0
+    where = f"{entry['device']} ({entry.get('runtime')}, batch {batch['batch_size']})"
+    if not found:
+        return f"{where}: none of the kept layers is named in its profile (fused into subgraphs it cannot split)"
+    text = (f"{where}: {alone:.3f} ms of {total:.3f} ms per inference ({100 * alone / total if total else 0:.1f}%) in "
+            f"{len(priced)} of the {len(kept)} kept layers")
+    return text + (f"; {mixed_in} fusion(s) of kept and INT8 layers not priced" if mixed_in else "")
 
 
 def _mixed_blocks(mixed: dict[str, Any], metric: str, shown: Callable[[float], str],

@@ -373,3 +373,20 @@ def test_the_int8_verdict_counts_the_layers_kept_in_fp16():
     assert int8_vs_fp16_text({**verdict, "int8_kept_layers": 1}).startswith("INT8 (1 layer kept in FP16) vs FP16")
     assert int8_vs_fp16_text({**verdict, "int8_kept_layers": 2, "int8_kept_precision": "fp32"}).startswith(
         "INT8 (2 layers kept in FP32) vs FP16")
+
+
+def test_the_kept_layers_are_priced_from_the_int8_rungs_per_layer_profile():
+    """A kept layer alone (or fused with other kept layers) is priced by its profiled time; a fusion with an INT8 layer
+    cannot be split and is counted apart; a profile that names none of them says so."""
+    from pipeline.quantize_report import kept_time_text
+
+    layers = [{"name": "conv3 + relu3", "time_ms": 0.25}, {"name": "conv7", "time_ms": 0.5},
+              {"name": "conv9 + add9", "time_ms": 1.0}, {"name": "conv1", "time_ms": 0.25}]
+    entry = {"device": "orin", "runtime": "tensorrt",
+             "profile": {"batches": [{"batch_size": 8, "total_ms": 9.0, "layers": layers},
+                                     {"batch_size": 1, "total_ms": 2.0, "layers": layers}]}}
+    text = kept_time_text(["conv3", "relu3", "conv7", "conv9"], entry)
+    assert text == ("orin (tensorrt, batch 1): 0.750 ms of 2.000 ms per inference (37.5%) in 3 of the 4 kept layers; "
+                    "1 fusion(s) of kept and INT8 layers not priced")
+    assert "none of the kept layers is named" in kept_time_text(["conv5"], entry)
+    assert kept_time_text([], entry) is None and kept_time_text(["conv3"], {"device": "x", "profile": None}) is None

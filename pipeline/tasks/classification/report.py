@@ -15,7 +15,7 @@ from typing import Any
 
 from device.errors import ManifestError
 from pipeline import perclass
-from pipeline.core.rungs import RUNGS
+from pipeline.core.rungs import DEPLOYED, RUNGS
 from pipeline.profile_report import (NOT_MEASURED, TIMING_COLUMNS, TIMINGS_TEXT, has_device_timings, time_section,
                                      timing_rows)
 from pipeline.diverge_report import diverge_section
@@ -312,7 +312,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     manifest = json.loads(manifest_path.read_text())
     extra = latency_section(manifest, run_dir, out) + int8_section(
         (manifest["stages"].get("quantize") or {}).get("metrics") or {}, "top-1", lambda value: f"{100 * value:.2f}%",
-        out) + diverge_section(run_dir)
+        out, [p for p in data.get("layer_profiles") or [] if p["rung"] == DEPLOYED]) + diverge_section(run_dir)
     paths["md"].write_text(render_markdown(data, extra))
     paths["html"].write_text(render_html(data, plots(data), extra))
     return paths
