@@ -236,14 +236,19 @@ def dla_placement(trt, network, config) -> tuple[list[str], list[str]]:
     return placed, refused
 
 
-def mark_outputs(network, names: Sequence[str], where: str) -> dict[str, str]:
+def mark_outputs(network, names: Sequence[str], where: str) -> dict[str, Any]:
     """Marks each named tensor (an output of a layer the ONNX parser made) as a network output.
 
     The parser names a layer's output tensors after the ONNX node's outputs, so the graph's names find them
     (``ITensor.name``; ``INetworkDefinition.mark_output``, NvInfer.h).
 
+    A tensor that already is a network output (the model's own output) is not marked again (``ITensor.
+    is_network_output``, as Polygraphy's ``mark_outputs`` checks), and the network's own outputs are recorded: the
+    engine's I/O tensors need not come in the network's order, and the runner must still read the model's output.
+
     Returns:
-        Each marked tensor → the network layer that writes it.
+        What build.json records: ``marked_outputs`` (each marked tensor → the network layer that writes it) and
+        ``network_outputs`` (the network's own outputs, in order); empty when nothing is marked.
 
     Raises:
         TensorNotFoundError: A name no layer writes (the parser may have folded a constant subgraph away).
@@ -259,9 +264,11 @@ def mark_outputs(network, names: Sequence[str], where: str) -> dict[str, str]:
             tensor = layer.get_output(output)
             tensors.setdefault(tensor.name, (tensor, layer.name))
     check_names(names, list(tensors), f"the TensorRT network parsed from {where}")
+    own = [network.get_output(index).name for index in range(network.num_outputs)]
     for name in names:
-        network.mark_output(tensors[name][0])
-    return {name: tensors[name][1] for name in names}
+        if not tensors[name][0].is_network_output:
+            network.mark_output(tensors[name][0])
+    return {"marked_outputs": {name: tensors[name][1] for name in names}, "network_outputs": own}
 
 
 def import_tensorrt():
@@ -357,7 +364,7 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
     record = {"tensorrt": trt.__version__, "settings": asdict(settings), "options": asdict(options),
               "trtexec": " ".join(trtexec_command(str(onnx), str(Path(engine_path).parent / "engine.plan"), tensor.name, chw, options,
                                                   trt.__version__, board=board, static_batch=shape[0] > 0)),
-              "dla_unsupported_layers": refused, "dla_layers": placed, **({"marked_outputs": marked} if marked else {})}
+              "dla_unsupported_layers": refused, "dla_layers": placed, **marked}
     write_atomic(Path(engine_path).parent / "build.json", json.dumps(record, indent=1, default=list) + "\n")
     if cache_path is not None:
         # Shared by every build on this device: written whole or not at all, so a kill mid-write cannot

@@ -137,8 +137,9 @@ def summarize(run: RunResult) -> RunSummary:
     return RunSummary(**fields)
 
 
-def smoke(runner, chw: tuple[int, ...], preprocess: dict[str, Any] | None) -> dict[str, Any]:
-    """One real photograph through the shared preprocessing and the model: outputs must be finite."""
+def smoke(runner, chw: tuple[int, ...], preprocess: dict[str, Any] | None, finite: bool = True) -> dict[str, Any]:
+    """One real photograph through the shared preprocessing and the model: outputs must be finite (``finite``; a debug
+    job looks for where they stop being so, and goes on)."""
     if preprocess:
         prep = Preprocess.from_dict(preprocess)
     else:
@@ -155,7 +156,7 @@ def smoke(runner, chw: tuple[int, ...], preprocess: dict[str, Any] | None) -> di
     if accepted and batch.shape[0] not in accepted:
         batch = np.repeat(batch, min(accepted), axis=0)
     out = np.asarray(runner.infer(batch), dtype=np.float32)
-    if not np.all(np.isfinite(out)):
+    if finite and not np.all(np.isfinite(out)):
         raise EdgeFoldError("the smoke inference produced NaN or Inf", fix="check the model's export and precision")
     return {"image": SMOKE_IMAGE.name, "output_shape": list(out.shape),
             "top1_index": int(out.reshape(out.shape[0], -1)[0].argmax()), "preprocess": prep.to_dict()}
@@ -219,7 +220,8 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
         if not chw or any(d is None for d in chw):
             raise ConfigError(f"the model's input has dynamic or unknown dimensions besides the batch: {chw}",
                               fix="export with a fixed C×H×W (only the batch axis dynamic)")
-        smoke_result = smoke(runner, chw, spec.preprocess.model_dump() if spec.preprocess else None)
+        smoke_result = smoke(runner, chw, spec.preprocess.model_dump() if spec.preprocess else None,
+                             finite=spec.diverge is None)
         if spec.diverge is not None:
             return debug_result(spec, job, job_dir, runner, chw, smoke_result, load_s)
         sweep = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Sequence
 
@@ -100,6 +101,8 @@ def _add_diverge(sub) -> None:
     diverge.add_argument("--rung", required=True, help="the rung to look into, e.g. student_int8")
     diverge.add_argument("--device", required=True, help="a device name or agent URL the run deployed to")
     diverge.add_argument("--images", type=int, default=4, help="evaluation images compared (default: 4)")
+    diverge.add_argument("--batch", type=int, help="the engine's batch size (default: the largest the rung was "
+                                                   "measured at, the engine the deploy stage scored first)")
     diverge.add_argument("--chunk", type=int, default=4, help="tensors marked per debug job (default: 4; fewer when "
                                                               "--max-mib says so)")
     diverge.add_argument("--max-mib", type=int, default=64, help="the most one job may return, MiB (default: 64)")
@@ -164,15 +167,19 @@ def _diverge_deviations(ctx, devices) -> None:
     by_name = {device.name: device for device in devices}
     searched = 0
     for deviation in headline.get("device_deviations") or []:
+        # "student_int8 (batch 1)": the engine of another batch than the one scored first parted.
         rung, name = deviation["rung"].split(" ")[0], deviation["device"]
+        batch = re.search(r"\(batch (\d+)", deviation["rung"])
         if (rung, name) in done or name not in by_name:
             continue
         done.add((rung, name))
         try:
-            diverge_run(ctx.run_dir, rung, name, by_name[name].token(), log=ctx.log)
+            diverge_run(ctx.run_dir, rung, name, by_name[name].token(), log=ctx.log,
+                        batch=int(batch.group(1)) if batch else None)
             searched += 1
-        except EdgeFoldError as err:
-            ctx.log(f"[ diverge] {rung} on {name}: not searched: {err.message}" + (f" ({err.fix})" if err.fix else ""))
+        except Exception as err:  # noqa: BLE001 (the run and its report stand; the search is an extra)
+            ctx.log(f"[ diverge] {rung} on {name}: not searched: {getattr(err, 'message', err)}"
+                    + (f" ({err.fix})" if getattr(err, "fix", None) else ""))
     if searched:
         rebuild_report(ctx.run_dir, tasks.of_run(ctx.run_dir).build_report)
 
@@ -281,7 +288,7 @@ def _cmd_diverge(args) -> int:
     document, path = diverge_run(run_dir, args.rung, args.device, read_token(token_file=args.token_file),
                                  images=args.images, chunk=args.chunk, max_bytes=args.max_mib << 20,
                                  max_relative_error=args.max_relative_error,
-                                 max_cosine_distance=args.max_cosine_distance)
+                                 max_cosine_distance=args.max_cosine_distance, batch=args.batch)
     print(f"answer: {path}")
     if (run_dir / "report").is_dir():
         task = tasks.of_run(run_dir)

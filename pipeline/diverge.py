@@ -55,7 +55,8 @@ def candidates(onnx_path: str | Path) -> list[Candidate]:
                  for info in onnx.shape_inference.infer_shapes(model).graph.value_info}
     except Exception:  # noqa: BLE001 (unknown types are taken as float; ONNX Runtime would refuse an int output)
         types = {}
-    floats = {0, onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    # BF16 tensors are left out: NumPy has no bfloat16 for the device to return them in.
+    floats = {0, onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
     final = model.graph.output[0].name
     found = []
     for index, node in enumerate(model.graph.node):
@@ -75,7 +76,7 @@ def compare(device: np.ndarray, reference: np.ndarray) -> dict[str, float]:
         return {"relative_error": math.inf, "cosine_distance": math.inf}
     d = device.reshape(len(device), -1).astype(np.float64)
     r = reference.reshape(len(reference), -1).astype(np.float64)
-    if not np.all(np.isfinite(d)):
+    if not np.all(np.isfinite(d)) or not np.all(np.isfinite(r)):  # either side overflowed: they do not agree
         return {"relative_error": math.inf, "cosine_distance": math.inf}
     norm_r, norm_d = np.linalg.norm(r, axis=1), np.linalg.norm(d, axis=1)
     relative = np.linalg.norm(d - r, axis=1) / np.maximum(norm_r, 1e-12)
@@ -304,8 +305,12 @@ def run_images(manifest, indices: Sequence[int]) -> np.ndarray:
 def diverge_run(run_dir: Path, rung: str, device: str, token: str | None, images: int = DEFAULT_IMAGES,
                 chunk: int = DEFAULT_CHUNK, max_bytes: int = DEFAULT_MAX_BYTES,
                 max_relative_error: float = MAX_RELATIVE_ERROR, max_cosine_distance: float = MAX_COSINE_DISTANCE,
-                log: Callable[[str], None] = print) -> tuple[dict[str, Any], Path]:
+                log: Callable[[str], None] = print, batch: int | None = None) -> tuple[dict[str, Any], Path]:
     """``edgefold diverge``: the search on one rung of a finished run, on one device it deployed to.
+
+    Args:
+        batch: The engine's batch (TensorRT builds one engine per batch): default the one the deploy stage scored
+            first, the largest it measured.
 
     Returns:
         The answer (:meth:`Search.document` with the rung, device and images) and the file it was written to,
@@ -333,7 +338,10 @@ def diverge_run(run_dir: Path, rung: str, device: str, token: str | None, images
     count = min(images, evaluation["images"])
     chosen = run_images(found["manifest"], evaluation["indices"][:count])
     spec = found["spec"]
-    batch = max(spec["batch_sizes"])
+    if batch is not None and batch not in spec["batch_sizes"]:
+        raise ConfigError(f"{rung} was measured at batch sizes {spec['batch_sizes']} on {device}, not {batch}",
+                          fix=f"--batch {max(spec['batch_sizes'])}")
+    batch = batch or max(spec["batch_sizes"])
     order = candidates(onnx_path)
     shapes = {name: value.shape for name, value in
               reference_values(onnx_path, [c.name for c in order], chosen[:1], 1).items()}

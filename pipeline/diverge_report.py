@@ -34,11 +34,13 @@ def answer_text(document: dict[str, Any]) -> str:
     first = document.get("first_parting")
     where = f"{document['rung']} on {document['device']}"
     if first is None:
-        return (f"{where}: the engine's output agrees with ONNX Runtime's on {document['images']} images "
+        return (f"{where}: the debug engine's output (built with outputs marked, which can change TensorRT's "
+                f"fusions) agrees with ONNX Runtime's on {document['images']} images "
                 f"(relative error ≤ {document['thresholds']['max_relative_error']}, cosine distance ≤ "
                 f"{document['thresholds']['max_cosine_distance']}); {document['jobs']} debug job(s)")
     agreeing = document.get("last_agreeing")
-    return (f"{where}: the engine first parts from ONNX Runtime at {first['name']!r} (node {first['node']}, "
+    return (f"{where}: the engine (batch {document.get('batch_size')}) first parts from ONNX Runtime at "
+            f"{first['name']!r} (node {first['node']}, "
             f"{first['op']}; tensor {first['index'] + 1} of {document['tensors_in_order']} in graph order): relative "
             f"error {_shown(first['relative_error'])}, cosine distance {_shown(first['cosine_distance'])}"
             + (f"; {agreeing['name']!r} before it agrees" if agreeing else "; the first tensor already parts")

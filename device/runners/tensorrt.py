@@ -161,7 +161,10 @@ class TensorRTRunner(Runner):
         self.built_now = any(e.built_now for e in self._engines.values())
         names = [first.engine.get_tensor_name(i) for i in range(first.engine.num_io_tensors)]
         self.inputs = [n for n in names if first.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        self.outputs = [n for n in names if first.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        outputs = [n for n in names if first.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        # The model's own outputs first (a debug build records them): marked outputs may come before them.
+        own = [n for n in first.build.get("network_outputs") or () if n in outputs]
+        self.outputs = own + [n for n in outputs if n not in own]
         self.dtypes = {n: np.dtype(trt.nptype(first.engine.get_tensor_dtype(n))) for n in names}
         self.input_chw = tuple(d if d > 0 else None for d in first.engine.get_tensor_shape(self.inputs[0])[1:])
         self._marked_layers = dict(first.build.get("marked_outputs") or {})
@@ -273,6 +276,11 @@ class TensorRTRunner(Runner):
             self.cuda.synchronize(self.stream)
             values[name] = host.astype(np.float32)
         return values
+
+    def marked_shapes(self, batch: int) -> dict[str, tuple[tuple[int, ...], int]]:
+        """Each marked tensor's shape and item size at ``batch``, before anything runs (the job's memory check)."""
+        entry = self._engines[batch]
+        return {name: (tuple(entry.context.get_tensor_shape(name)), self.dtypes[name].itemsize) for name in self.marked}
 
     def marked_layers(self) -> dict[str, str]:
         """Each marked tensor → the network layer that writes it (recorded by the build)."""

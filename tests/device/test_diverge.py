@@ -95,6 +95,9 @@ def test_a_debug_job_returns_the_marked_tensors_of_the_first_images(monkeypatch,
     names = ["conv0", "relu5", "logits"]
     result = JobResult.model_validate(run_job(_debug_job(chain, images, names, tmp_path), tmp_path))
     assert result.runs == [] and result.evaluation is None and result.runtime.name == "tensorrt"
+    # The stand-in lists the marked outputs before the model's own (TensorRT keeps no order): the runner still reads
+    # the model's output for its answer.
+    assert result.smoke.output_shape == [2, 10]
     assert [(t.name, t.shape, t.layer) for t in result.diverge.tensors] == [
         ("conv0", [3, 4, 8, 8], "conv0"), ("relu5", [3, 4, 8, 8], "relu5"), ("logits", [3, 10], "head")]
     blob = (tmp_path / TENSORS_FILE).read_bytes()
@@ -133,6 +136,26 @@ def test_a_deviation_planted_at_a_named_layer_is_found_within_log2_plus_one_jobs
     assert document["probes"][0]["tensors"][-1] == "logits" and "logits" in document["probes"][0]["parted"]
 
 
+def test_an_engine_whose_numbers_overflow_is_searched_not_refused(monkeypatch, tmp_path, chain, images):
+    """A deviation that makes values infinite (an FP16 overflow's mark): a benchmark job's smoke check refuses the
+    engine, a debug job goes on, and the search names the first tensor that is not finite."""
+    from device.errors import EdgeFoldError
+    from device.jobrun import run_job
+    from pipeline.diverge import bisect, candidates, reference_values
+
+    trt = trt_standin.install(monkeypatch, "10.3.0")
+    trt.planted_deviation = ("conv4", float("inf"))
+    spec = _debug_job(chain, images, ["relu1"], tmp_path)
+    benchmark = {**spec, "spec": {k: v for k, v in spec["spec"].items() if k != "diverge"}}
+    with pytest.raises(EdgeFoldError, match="NaN or Inf"):
+        run_job(benchmark, tmp_path)
+    order = candidates(chain)
+    reference = reference_values(chain, [c.name for c in order], np.load(images)[:3], 2)
+    search = bisect(order, _in_process_probe(monkeypatch, tmp_path, chain, images, reference, []), 2)
+    document = search.document()
+    assert document["first_parting"]["name"] == "conv4" and document["first_parting"]["relative_error"] is None
+
+
 def test_an_engine_that_agrees_is_answered_in_one_job(monkeypatch, tmp_path, chain, images):
     from pipeline.diverge import answer_text, bisect, candidates, reference_values
 
@@ -156,7 +179,6 @@ def test_a_tensor_not_in_the_graph_fails_the_job_naming_the_near_ones(monkeypatc
         run_job(_debug_job(chain, images, ["relu77"], tmp_path), tmp_path)
     with pytest.raises(TensorNotFoundError, match="not written by any node"):
         run_job(_debug_job(chain, images, ["nowhere"], tmp_path, runtime="onnxruntime"), tmp_path)
-    assert not (tmp_path / "engines").exists() or not any((tmp_path / "engines").rglob("engine.plan"))
 
 
 def test_a_job_over_its_byte_limit_is_refused_with_the_fix(monkeypatch, tmp_path, chain, images):
@@ -174,9 +196,16 @@ def test_the_debug_engine_is_cached_apart_from_the_timed_one(monkeypatch, tmp_pa
     from device.engine import EngineCache
     from device.trt_settings import BuildOptions
 
+    import hashlib
+    import json
+
     cache = EngineCache(tmp_path)
     plain, marked = BuildOptions(precision="fp32"), BuildOptions(precision="fp32", mark_outputs=("relu3",))
     assert cache.folder("a" * 64, {"gpu": "x"}, plain) != cache.folder("a" * 64, {"gpu": "x"}, marked)
+    # An engine cached before debug builds existed keeps its key: the options as they were then.
+    before = {"precision": "fp32", "batch": [1, 1, 1], "workspace_mib": 1024, "dla_core": None, "timing_cache": None}
+    key = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:8]
+    assert cache.folder("a" * 64, {"gpu": "x"}, plain).name.endswith(f"-{key}")
 
 
 @pytest.mark.parametrize("change, message", [
@@ -215,6 +244,13 @@ def test_a_real_agent_serves_a_debug_jobs_tensors_checked_by_hash(tmp_path, chai
         assert values["relu2"].shape == (5, 4, 8, 8) and values["pool"].shape == (5, 4, 1, 1)
         for name in ("relu2", "pool"):
             np.testing.assert_allclose(values[name], expected[name], rtol=1e-5, atol=1e-6)
+        # Bytes that are not the ones the result names are refused with both hashes, never read.
+        stored = tmp_path / "agent" / "jobs" / job["id"] / "tensors.npz"
+        stored.write_bytes(stored.read_bytes()[:-1] + b"x")
+        from device.errors import ResultError
+
+        with pytest.raises(ResultError, match="hash to sha256 [0-9a-f]{64}, not " + job["result"]["diverge"]["sha256"]):
+            client.tensors(job)
         plain = client.wait(client.submit(JobSpec(artifact=model, iterations=2, profile=False))["id"], timeout_s=120)
         from device.client import AgentError
 

@@ -98,8 +98,8 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
 
     # --------------------------------------------------------------- the network and the parser
     class Tensor:
-        def __init__(self, name: str, shape: tuple[int, ...]) -> None:
-            self.name, self.shape = name, shape
+        def __init__(self, name: str, shape: tuple[int, ...], is_network_output: bool = False) -> None:
+            self.name, self.shape, self.is_network_output = name, shape, is_network_output
 
     # ONNX op → the layer type TensorRT's parser makes for it (onnx-tensorrt's builtin_op_importers).
     layer_types = {"Conv": "CONVOLUTION", "Relu": "ACTIVATION", "Sigmoid": "ACTIVATION", "Clip": "ACTIVATION",
@@ -110,13 +110,13 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
     parser_made = {"CONSTANT", "SHUFFLE", "QUANTIZE", "DEQUANTIZE"}
 
     class Layer:
-        def __init__(self, name: str, op: str, quantized: bool, outputs: tuple[str, ...] = ()) -> None:
+        def __init__(self, name: str, op: str, quantized: bool, outputs: tuple[Tensor, ...] = ()) -> None:
             self.name, self.op, self.quantized = name, op, quantized
             self.type = getattr(trt.LayerType, layer_types.get(op, "OTHER"))
             # Fused into their neighbours at build time (Q/DQ fusion, constant folding): never engine layers.
             self.folded = layer_types.get(op) in parser_made and op != "Flatten"
             # onnx-tensorrt names a layer's output tensors after the ONNX node's outputs (ITensor::getName).
-            self._outputs = [Tensor(name, ()) for name in outputs]
+            self._outputs = list(outputs)
 
         @property
         def num_outputs(self) -> int:
@@ -134,11 +134,23 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             self.float_type = "fp32"
             self.io_type = "fp32"
             self.marked: list[str] = []
+            self.outputs: list[Tensor] = []
+            self.refused: list[str] = []
+
+        @property
+        def num_outputs(self) -> int:
+            return len(self.outputs)
+
+        def get_output(self, index: int) -> Tensor:
+            return self.outputs[index]
 
         def mark_output(self, tensor: Tensor) -> None:
-            # INetworkDefinition::markOutput: the tensor becomes a network output (an I/O tensor of the engine).
-            if tensor.name not in self.marked:
-                self.marked.append(tensor.name)
+            # INetworkDefinition::markOutput: the tensor becomes a network output (an I/O tensor of the engine). What
+            # marking a tensor that already is one does is not documented: the stand-in refuses the build, so the
+            # runner never relies on it (Polygraphy checks ITensor.is_network_output first).
+            if tensor.is_network_output or tensor.name in self.marked:
+                self.refused.append(tensor.name)
+            self.marked.append(tensor.name)
 
         @property
         def num_inputs(self) -> int:
@@ -182,6 +194,9 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             dims = tuple(d.dim_value if d.HasField("dim_value") else -1
                          for d in graph_input.type.tensor_type.shape.dim)
             self.network.inputs.append(Tensor(graph_input.name, dims))
+            own = [output.name for output in model.graph.output]
+            tensors = {name: Tensor(name, (), name in own) for node in model.graph.node for name in node.output}
+            self.network.outputs = [tensors[name] for name in own if name in tensors]
             self.network.onnx = path
             # The network's float type is its weights' (an FP16 model keeps float32 I/O behind Casts); the
             # I/O tensors keep the graph's own input type (HALF when the ONNX says float16).
@@ -197,12 +212,13 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             # Unsupported on DLA" (ultralytics/ultralytics#16449), though they are folded away.
             for init in model.graph.initializer:
                 if any(node.op_type == "DequantizeLinear" and node.input[0] == init.name for node in model.graph.node):
-                    self.network.layers.append(Layer(f"{init.name}_constant", "Constant", False, (init.name,)))
+                    self.network.layers.append(Layer(f"{init.name}_constant", "Constant", False,
+                                                     (Tensor(init.name, ()),)))
             for index, node in enumerate(model.graph.node):
                 source = producers.get(node.input[1]) if len(node.input) > 1 else None
                 quantized = source is not None and source.op_type == "DequantizeLinear"
                 self.network.layers.append(Layer(node.name or f"{node.op_type}_{index}", node.op_type, quantized,
-                                                 tuple(node.output)))
+                                                 tuple(tensors[name] for name in node.output if name)))
             return True
 
     trt.OnnxParser = OnnxParser
@@ -292,6 +308,8 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
 
             FP16, INT8, FALLBACK = 0, 1, 3
             tensor = network.inputs[0]
+            if network.refused:
+                return fail(f"tensors marked as outputs twice or already network outputs: {network.refused}")
             strongly = network.strongly_typed()
             if major == 10 and strongly and config.flags_set & {FP16, INT8}:
                 # NvInfer.h (kSTRONGLY_TYPED): "Setting layer precision and layer output types is not allowed";
@@ -404,7 +422,8 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             return 2 + len(self.marked)
 
         def get_tensor_name(self, index: int) -> str:
-            return [self.plan["input"], self.output_name, *self.marked][index]
+            # The I/O order is not the network's (pytorch/TensorRT#1646): the marked outputs come before the model's.
+            return [self.plan["input"], *self.marked, self.output_name][index]
 
         def get_tensor_mode(self, name: str):
             if name in self.marked:

@@ -46,7 +46,8 @@ def test_diverge_answers_on_a_finished_run_and_the_report_shows_it(run_copy, tmp
     assert all(m["relative_error"] < 1e-4 for m in answer["probes"][0]["metrics"].values())
     report = (run_copy / "report" / "report.md").read_text()
     assert "## Where the engine parts from the model" in report
-    assert "student_int8 on bench-agent: the engine's output agrees with ONNX Runtime's on 3 images" in report
+    assert "student_int8 on bench-agent: the debug engine's output (built with outputs marked" in report
+    assert "agrees with ONNX Runtime's on 3 images" in report
 
 
 @pytest.mark.parametrize("rung, device, state, message", [
