@@ -221,7 +221,8 @@ def agent_probe(client, artifact: str, evaluation: str, images: np.ndarray, spec
                            batch_sizes=[spec["batch"]], iterations=2, profile=False,
                            evaluation=EvaluationSpec(artifact=evaluation, images=spec["evaluation_images"]),
                            diverge=DivergeSpec(tensors=names, images=len(images), max_bytes=max_bytes),
-                           label=spec.get("label", "diverge"), timing_cache=spec.get("timing_cache"))
+                           label=spec.get("label", "diverge"), timing_cache=spec.get("timing_cache"),
+                           dla_core=spec.get("dla_core"))
         submitted = client.submit(job_spec)
         if on_job:
             on_job(f"job {submitted['id']}: {len(names)} tensor(s) marked")
@@ -358,7 +359,7 @@ def diverge_run(run_dir: Path, rung: str, device: str, token: str | None, images
         probe = agent_probe(client, found["artifact"]["sha256"], client.upload(images_path), chosen,
                             {"runtime": spec["runtime"], "precision": spec.get("precision", "fp32"), "batch": batch,
                              "evaluation_images": count, "label": f"diverge/{rung}",
-                             "timing_cache": spec.get("timing_cache")},
+                             "timing_cache": spec.get("timing_cache"), "dla_core": spec.get("dla_core")},
                             lambda names: reference_values(onnx_path, names, chosen, batch), max_bytes,
                             on_job=lambda text: log(f"diverge: {text}"))
         search = bisect(order, probe, fitting, max_relative_error, max_cosine_distance)
