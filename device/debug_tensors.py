@@ -32,8 +32,8 @@ def run_marked_pass(runner, spec, evaluation_path: str, job_dir: Path, chw: Sequ
         ``device.schema.DivergeResult`` as a dict.
 
     Raises:
-        DivergeTooLargeError: The values would exceed ``spec.diverge.max_bytes`` (found on the first batch, before
-            the rest run).
+        DivergeTooLargeError: The values would exceed ``spec.diverge.max_bytes`` (found before anything runs where the
+            runner can say its tensors' shapes, TensorRT; else on the first batch, before the rest run).
         EvaluationSetError: The set is not the one the job names.
     """
     asked = spec.diverge
@@ -41,15 +41,16 @@ def run_marked_pass(runner, spec, evaluation_path: str, job_dir: Path, chw: Sequ
     data = load_evaluation_set(evaluation_path, spec.evaluation.artifact, spec.evaluation.images, chw)
     started = time.perf_counter()
     # Known before anything runs where the runtime can say (TensorRT's context shapes), else after the first batch.
-    shapes = runner.marked_shapes(batch) if hasattr(runner, "marked_shapes") else None
-    if shapes is not None:
-        _check_size({name: int(np.prod(shape[1:])) * 4 for name, (shape, _) in shapes.items()}, asked)
+    checked = hasattr(runner, "marked_shapes")
+    if checked:
+        _check_size({name: int(np.prod(shape[1:])) * 4 for name, (shape, _) in runner.marked_shapes(batch).items()},
+                    asked)
     kept: dict[str, list[np.ndarray]] = {name: [] for name in asked.tensors}
     for chunk, real in padded_batches(data[: asked.images], batch):
         values = runner.run_marked(chunk)
-        if shapes is None:
+        if not checked:
             _check_size({name: value[0].nbytes for name, value in values.items()}, asked)
-            shapes = {}
+            checked = True
         for name in asked.tensors:
             kept[name].append(values[name][:real])
         del values

@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_diverge(sub) -> None:
+    from pipeline.diverge import (DEFAULT_CHUNK, DEFAULT_IMAGES, DEFAULT_MAX_BYTES, MAX_COSINE_DISTANCE,
+                                  MAX_RELATIVE_ERROR)
+
     diverge = sub.add_parser(
         "diverge", help="find the first layer where a device's engine parts from ONNX Runtime (debug jobs, bisection)",
         description="Build RUNG's engine on DEVICE with a few of its tensors marked as outputs, run the first images "
@@ -100,14 +103,18 @@ def _add_diverge(sub) -> None:
     diverge.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
     diverge.add_argument("--rung", required=True, help="the rung to look into, e.g. student_int8")
     diverge.add_argument("--device", required=True, help="a device name or agent URL the run deployed to")
-    diverge.add_argument("--images", type=int, default=4, help="evaluation images compared (default: 4)")
+    diverge.add_argument("--images", type=int, default=DEFAULT_IMAGES,
+                         help=f"evaluation images compared (default: {DEFAULT_IMAGES})")
     diverge.add_argument("--batch", type=int, help="the engine's batch size (default: the largest the rung was "
                                                    "measured at, the engine the deploy stage scored first)")
-    diverge.add_argument("--chunk", type=int, default=4, help="tensors marked per debug job (default: 4; fewer when "
-                                                              "--max-mib says so)")
-    diverge.add_argument("--max-mib", type=int, default=64, help="the most one job may return, MiB (default: 64)")
-    diverge.add_argument("--max-relative-error", type=float, default=0.1, help="default: 0.1")
-    diverge.add_argument("--max-cosine-distance", type=float, default=0.01, help="default: 0.01")
+    diverge.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
+                         help=f"tensors marked per debug job (default: {DEFAULT_CHUNK}; fewer when --max-mib says so)")
+    diverge.add_argument("--max-mib", type=int, default=DEFAULT_MAX_BYTES >> 20,
+                         help=f"the most one job may return, MiB (default: {DEFAULT_MAX_BYTES >> 20})")
+    diverge.add_argument("--max-relative-error", type=float, default=MAX_RELATIVE_ERROR,
+                         help=f"default: {MAX_RELATIVE_ERROR}")
+    diverge.add_argument("--max-cosine-distance", type=float, default=MAX_COSINE_DISTANCE,
+                         help=f"default: {MAX_COSINE_DISTANCE}")
     diverge.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
     diverge.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
                          help="agent token file (default: $EDGEFOLD_AGENT_TOKEN)")
@@ -285,10 +292,10 @@ def _cmd_diverge(args) -> int:
     for name, value in (("--images", args.images), ("--chunk", args.chunk), ("--max-mib", args.max_mib)):
         if value < 1:
             raise EdgeFoldError(f"{name} {value}: give 1 or more", fix=f"{name} 4")
-    document, path = diverge_run(run_dir, args.rung, args.device, read_token(token_file=args.token_file),
-                                 images=args.images, chunk=args.chunk, max_bytes=args.max_mib << 20,
-                                 max_relative_error=args.max_relative_error,
-                                 max_cosine_distance=args.max_cosine_distance, batch=args.batch)
+    _, path = diverge_run(run_dir, args.rung, args.device, read_token(token_file=args.token_file),
+                          images=args.images, chunk=args.chunk, max_bytes=args.max_mib << 20,
+                          max_relative_error=args.max_relative_error, max_cosine_distance=args.max_cosine_distance,
+                          batch=args.batch)
     print(f"answer: {path}")
     if (run_dir / "report").is_dir():
         task = tasks.of_run(run_dir)
