@@ -69,6 +69,10 @@ def start_error(err: Exception) -> DeviceError:
     return MissingDependencyError(f"the jtop service is not reachable: {err}", fix=SERVICE_FIX)
 
 
+# How long a new client waits for the service's first value (jtop's own wait: three client intervals).
+FIRST_VALUE_S = 5.0
+
+
 def start(interval_s: float, observer=None) -> Any:
     """A started jtop client whose ``service_version`` is what the service sent in its init message.
 
@@ -91,6 +95,15 @@ def start(interval_s: float, observer=None) -> Any:
             if isinstance(init, dict):
                 self.service_version = str(init.get("version")) if init.get("version") is not None else None
             return init
+
+        def _get_data(self):
+            # jtop's start() waits three client intervals for the service's first value (0.15 s at 20 Hz), though the
+            # service only now starts sampling at this client's interval; a busy board (or a loaded test host)
+            # misses that and start() fails with "Error connection". The first value gets FIRST_VALUE_S; later
+            # reads keep jtop's own timeout, which is what tells a lost service (jetson-stats 7.2.2, jtop.py start()).
+            if not self._running and not self._sync_event.is_set():
+                self._sync_event.wait(FIRST_VALUE_S)
+            return super()._get_data()
 
     jetson = Client(interval=interval_s)
     if observer is not None:

@@ -564,6 +564,18 @@ def serve(root: str, sock: str, version: str | None = None) -> None:
 
     service.logger.setLevel(logging.INFO)  # the last-resort handler still prints only warnings to the log
     service.logger.addHandler(Ready(logging.INFO))
+    first_delay_s = float(os.environ.get(FIRST_STATS_DELAY, "0") or 0)
+    if first_delay_s:
+        # Planted (tests only): the service's first value comes late, as on a busy board.
+        stats, delayed = service.JtopServer.jtop_stats, []
+
+        def late_first_stats(self):
+            if not delayed:
+                delayed.append(True)
+                time.sleep(first_delay_s)
+            return stats(self)
+
+        service.JtopServer.jtop_stats = late_first_stats
     server = service.JtopServer(force=True)
     if version:
         server._version = version
@@ -620,11 +632,19 @@ def _listening(path: str) -> bool:
     return False
 
 
-class JtopService:
-    """Starts the simulated service for a board and points this process's jtop client at it."""
+FIRST_STATS_DELAY = "EDGEFOLD_SIM_FIRST_STATS_DELAY_S"
+"""Environment of the simulated service: its first published value comes this many seconds late (tests only)."""
 
-    def __init__(self, tmp_path: Path, board: str, version: str | None = None):
-        self.version = version
+
+class JtopService:
+    """Starts the simulated service for a board and points this process's jtop client at it.
+
+    Args:
+        first_stats_delay_s: Plants a service whose first value comes this late (:data:`FIRST_STATS_DELAY`).
+    """
+
+    def __init__(self, tmp_path: Path, board: str, version: str | None = None, first_stats_delay_s: float = 0.0):
+        self.version, self.first_stats_delay_s = version, first_stats_delay_s
         self.root = plant(tmp_path / "root", board)
         self.sock = str(tmp_path / "jtop.sock")
         self.log = tmp_path / "service.log"
@@ -634,7 +654,8 @@ class JtopService:
         repo = Path(__file__).resolve().parents[2]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.device.jetson_sim", str(self.root), self.sock, *([self.version] if self.version else [])], cwd=repo,
-            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, FIRST_STATS_DELAY: str(self.first_stats_delay_s)})
         # A Jetson's jtop service has the board to itself; here it shares two cores with another test worker,
         # which stalled it past the samplers' staleness limit (every window's energy degraded, nothing chosen).
         # Raised before it starts its own children, which inherit it; root only (as the service itself).

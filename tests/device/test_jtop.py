@@ -102,3 +102,25 @@ def test_no_service_says_what_to_run(tmp_path, monkeypatch):
     with pytest.raises(MissingDependencyError, match="jtop service is not reachable") as err:
         JtopSampler().open()
     assert "systemctl restart jtop.service" in err.value.fix and "/run/jtop.sock" in err.value.fix
+
+
+@pytest.mark.slow  # the real jtop service
+@needs_root
+def test_a_service_whose_first_value_comes_late_is_waited_for(tmp_path):
+    """Planted: the simulated service publishes its first value 1 s late, as a busy board may. jtop's own client waits
+    three intervals for it (0.15 s at 20 Hz) and fails with "Error connection", which failed a clean clone's
+    planted-power test; EdgeFold's client waits for the first value and then reads on at jtop's pace."""
+    import jtop
+
+    from device import jtop_client
+    from tests.device.jetson_sim import JtopService
+
+    with JtopService(tmp_path / "raw", "orin-nano", first_stats_delay_s=1.0):
+        with pytest.raises(jtop.JtopException, match="Error connection"):
+            jtop.jtop(interval=0.05).start()
+    with JtopService(tmp_path / "ours", "orin-nano", first_stats_delay_s=1.0):
+        client = jtop_client.start(0.05)
+        try:
+            assert client.ok() and client.power["tot"]["power"] > 0
+        finally:
+            client.close()
