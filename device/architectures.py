@@ -10,15 +10,24 @@ the head that pruning must never touch and that is replaced when loaded weights 
 Grey input (``in_channels=1``) replaces the stem, the model's first convolution, with one of the same shape but one
 input channel; ImageNet weights for it are folded by summing the stem's kernels over RGB (:func:`fold_stem_weight`,
 what timm's ``adapt_input_conv`` does for ``in_chans=1``).
+
+Keys come from three sources, each named by :meth:`ArchitectureRegistry.source`: the built-ins below; ``timm/<name>``
+for any of timm's architectures, resolved when first asked for (:mod:`device.timm_architectures`); and packages the
+user installs, which register builders under the ``edgefold.architectures`` entry-point group. A recipe only ever
+names a key: no source imports code that a recipe names, and two sources claiming one key are refused.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from device.errors import ConfigError, UnknownKeyError
 from device.registry import Registry
+
+ENTRY_POINT_GROUP = "edgefold.architectures"
 
 
 @dataclass(frozen=True)
@@ -30,15 +39,132 @@ class Architecture:
         build: ``build(num_classes, in_channels) -> nn.Module``.
         classifier: Dotted module name of the final classification layer.
         torchvision_name: The torchvision builder whose ImageNet weights fit, if any.
+        source: Where the key comes from ("built-in (torchvision)", "timm 1.0.31", "entry point pkg.mod:obj (pkg 1.0)").
+        preprocess: ``preprocess() -> dict`` of the input size, mean, std and interpolation the model was trained
+            with (a :class:`device.preprocess.Preprocess`'s fields), used when a recipe leaves ``preprocess`` unset.
+        sized: ``build`` also takes ``input_size=``: the model's shape depends on it (a ViT's position embedding).
     """
 
     name: str
     build: Callable[[int, int], Any]
     classifier: str
     torchvision_name: str | None = None
+    source: str = "built-in"
+    preprocess: Callable[[], dict] | None = None
+    sized: bool = False
 
 
-ARCHITECTURES: Registry[Architecture] = Registry("architecture")
+class ArchitectureRegistry(Registry[Architecture]):
+    """The registry of :class:`Architecture` s: the built-ins, ``timm/<name>`` resolved on demand, and the
+    ``edgefold.architectures`` entry points, gathered on the first read."""
+
+    PREFIXES = {"timm/": "device.timm_architectures"}
+
+    def __init__(self, kind: str):
+        super().__init__(kind)
+        self._plugins_loaded = False
+        self._resolved: dict[str, Architecture] = {}
+
+    def _ready(self) -> None:
+        if not self._plugins_loaded:
+            self._plugins_loaded = True  # first: a failing entry point is reported once per process, not looped
+            for arch in entry_point_architectures():
+                self.add(arch.name, arch)
+
+    def add(self, name: str, obj: Architecture) -> None:
+        """Registers ``obj``; a key taken already is refused naming both sources, and the source prefixes are reserved.
+
+        Raises:
+            ConfigError: Two sources register ``name``, or it begins with a source's prefix (``timm/``).
+        """
+        if any(name.startswith(prefix) for prefix in self.PREFIXES):
+            raise ConfigError(f"architecture {name!r} ({obj.source}) uses the reserved prefix {name.split('/')[0]}/",
+                              fix="register it under a key without a '/' prefix")
+        if name in self._items:
+            raise ConfigError(f"architecture {name!r} is registered twice: by {self._items[name].source} and by "
+                              f"{obj.source}", fix="uninstall one of the two packages, or rename one entry point")
+        self._items[name] = obj
+
+    def get(self, name: str) -> Architecture:
+        """The architecture registered as ``name``, or resolved by its source prefix (``timm/resnet10t``).
+
+        Raises:
+            UnknownKeyError: With the nearest names (of timm's for a ``timm/`` key).
+            MissingDependencyError: A ``timm/`` key where timm is not installed.
+        """
+        for prefix, module in self.PREFIXES.items():
+            if str(name).startswith(prefix):
+                if name not in self._resolved:
+                    self._resolved[name] = importlib.import_module(module).architecture(name[len(prefix):])
+                return self._resolved[name]
+        return super().get(name)
+
+    def __contains__(self, name: object) -> bool:
+        if any(str(name).startswith(prefix) for prefix in self.PREFIXES):
+            try:
+                self.get(str(name))
+            except UnknownKeyError:
+                return False
+            return True
+        return super().__contains__(name)
+
+    def suggest(self, name: str) -> str:
+        return f"{super().suggest(name)}; or timm/<name> for any timm architecture"
+
+    def source(self, name: str) -> str:
+        """Where ``name`` comes from, for ``edgefold recipes --check`` and the run's log."""
+        return self.get(name).source
+
+
+def entry_point_architectures() -> list[Architecture]:
+    """The architectures that installed packages register under the ``edgefold.architectures`` entry-point group.
+
+    An entry point names an :class:`Architecture`, a mapping with its fields (``build``, ``classifier``, optional
+    ``torchvision_name`` and ``preprocess``), or a function of no arguments returning either; its key is the entry
+    point's name. Only packages installed into the environment are read: a recipe names keys, never code.
+
+    Raises:
+        ConfigError: An entry point fails to load or names something of another shape, naming it and its package.
+    """
+    from importlib.metadata import entry_points
+
+    found = []
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        dist = f"{point.dist.name} {point.dist.version}" if point.dist else "an unknown distribution"
+        where = f"entry point {point.value} ({dist})"
+        try:
+            obj = point.load()
+            if callable(obj) and not isinstance(obj, Architecture):
+                obj = obj()
+        except Exception as err:  # a plugin's own bug: named, with the package to blame
+            raise ConfigError(f"the architecture {point.name!r} registered by {where} fails to load: "
+                              f"{type(err).__name__}: {err}", fix=f"fix or uninstall {dist.split()[0]}") from None
+        if isinstance(obj, Architecture):
+            found.append(replace(obj, name=point.name, source=where))
+            continue
+        fields = obj if isinstance(obj, dict) else {}
+        if not callable(fields.get("build")) or not isinstance(fields.get("classifier"), str):
+            raise ConfigError(f"{where} registers {point.name!r} as {type(obj).__name__}, not an architecture",
+                              fix="point it at a dict {'build': build(num_classes, in_channels) -> nn.Module, "
+                                  "'classifier': 'dotted.name.of.head'} or a device.architectures.Architecture")
+        unknown = set(fields) - {"build", "classifier", "torchvision_name", "preprocess"}
+        if unknown:
+            raise ConfigError(f"{where} gives {point.name!r} unknown fields {sorted(unknown)}",
+                              fix="allowed: build, classifier, torchvision_name, preprocess")
+        found.append(Architecture(point.name, _channels_fitted(fields["build"]), fields["classifier"],
+                                  fields.get("torchvision_name"), where, fields.get("preprocess")))
+    return found
+
+
+def _channels_fitted(build: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
+    """A user's builder whose model's stem is swapped to the asked channel count when it built another."""
+    def fitted(num_classes: int, in_channels: int = 3):
+        return with_input_channels(build(num_classes, in_channels), in_channels)
+
+    return fitted
+
+
+ARCHITECTURES = ArchitectureRegistry("architecture")
 
 
 def stem_name(model) -> str:
@@ -86,7 +212,7 @@ def _torchvision(name: str, classifier: str) -> None:
         return with_input_channels(torchvision.models.get_model(name, weights=None, num_classes=num_classes),
                                    in_channels)
 
-    ARCHITECTURES.add(name, Architecture(name, build, classifier, torchvision_name=name))
+    ARCHITECTURES.add(name, Architecture(name, build, classifier, torchvision_name=name, source="built-in (torchvision)"))
 
 
 for _name, _classifier in [
@@ -148,16 +274,23 @@ def __getattr__(name: str):
 
 
 ARCHITECTURES.add("tiny_resnet", Architecture("tiny_resnet", lambda n, c=3: tiny_resnet_class()(n, in_channels=c),
-                                              "fc"))
+                                              "fc", source="built-in (test model)"))
 
 
-def build_model(arch: str, num_classes: int, in_channels: int = 3):
+def build_model(arch: str, num_classes: int, in_channels: int = 3, input_size: int | None = None):
     """Builds an untrained model of a registered architecture for ``in_channels`` input channels (1 or 3).
+
+    Args:
+        input_size: The side of the input, for an architecture whose shape depends on it (:attr:`Architecture.sized`,
+            a timm ViT); None builds it at its default size. Ignored by every other architecture.
 
     Raises:
         UnknownKeyError: ``arch`` is not registered (the error suggests near names).
     """
-    return ARCHITECTURES.get(arch).build(num_classes, in_channels)
+    entry = ARCHITECTURES.get(arch)
+    if entry.sized and input_size:
+        return entry.build(num_classes, in_channels, input_size=input_size)
+    return entry.build(num_classes, in_channels)
 
 
 def fold_batchnorm(model):

@@ -24,6 +24,9 @@ class Registry(Generic[T]):
         self.kind = kind
         self._items: dict[str, T] = {}
 
+    def _ready(self) -> None:
+        """Called before every read; a registry that gathers entries lazily (entry points) does it here."""
+
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator that registers ``obj`` under ``name``.
 
@@ -53,6 +56,7 @@ class Registry(Generic[T]):
         Raises:
             UnknownKeyError: With the closest registered names as suggestions.
         """
+        self._ready()
         try:
             return self._items[name]
         except KeyError:
@@ -60,20 +64,22 @@ class Registry(Generic[T]):
 
     def suggest(self, name: str) -> str:
         """A hint naming the nearest registered keys, or all of them."""
-        near = difflib.get_close_matches(str(name), self._items, n=3, cutoff=0.5)
+        near = difflib.get_close_matches(str(name), self.names(), n=3, cutoff=0.5)
         if near:
             return f"did you mean {' or '.join(repr(n) for n in near)}? (known: {', '.join(self.names())})"
         return f"known {self.kind}s: {', '.join(self.names())}"
 
     def names(self) -> list[str]:
         """Registered keys, sorted."""
+        self._ready()
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
+        self._ready()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self.names())

@@ -43,23 +43,23 @@ STRUCTURE_ATTRS = {
 }
 
 
-def _structured_type(module) -> str | None:
-    """The layer type name when ``module`` is exactly one of torch.nn's shaped layers (not a subclass)."""
+def _structured_base(module) -> str | None:
+    """The torch.nn shaped layer ``module`` is or derives from (timm's ``LayerNorm2d`` is a ``LayerNorm``,
+    ``BatchNormAct2d`` a ``BatchNorm2d``), whose width attributes pruning rewrites; None for any other module."""
     from torch import nn
 
-    name = type(module).__name__
-    return name if name in STRUCTURE_ATTRS and type(module) is getattr(nn, name) else None
+    return next((name for name in STRUCTURE_ATTRS if isinstance(module, getattr(nn, name))), None)
 
 
 def capture_structure(model) -> dict[str, dict[str, Any]]:
     """The shape-defining attributes of every conv, norm and linear layer."""
     structure = {}
     for name, module in model.named_modules():
-        kind = _structured_type(module)
-        if kind is None:
+        base = _structured_base(module)
+        if base is None:
             continue
-        structure[name] = {"type": kind}
-        for attr in STRUCTURE_ATTRS[kind]:
+        structure[name] = {"type": type(module).__name__}
+        for attr in STRUCTURE_ATTRS[base]:
             value = getattr(module, attr)
             structure[name][attr] = list(value) if isinstance(value, tuple) else value
     return structure
@@ -85,7 +85,7 @@ def apply_structure(model, structure: dict[str, dict[str, Any]], state_dict: dic
                 f"checkpoint layer {name!r} is a {attrs.get('type')} but the architecture has {found} there",
                 fix="the checkpoint was made for another architecture; check the recipe's arch",
             )
-        allowed = STRUCTURE_ATTRS[attrs["type"]]
+        allowed = STRUCTURE_ATTRS[_structured_base(module) or "Conv2d"]
         for attr, value in attrs.items():
             if attr == "type":
                 continue
@@ -100,11 +100,15 @@ def apply_structure(model, structure: dict[str, dict[str, Any]], state_dict: dic
     # by load_state_dict; parameters stay parameters so the model still trains.
     for key, saved in state_dict.items():
         module_name, _, tensor_name = key.rpartition(".")
-        if module_name not in structure:
-            continue  # layers pruning never reshapes keep their shapes; load_state_strict checks them
-        module = modules[module_name]
-        current = getattr(module, tensor_name, None)
-        if isinstance(current, torch.Tensor) and current.shape != saved.shape:
+        module = modules.get(module_name)
+        current = getattr(module, tensor_name, None) if module is not None else None
+        if not isinstance(current, torch.Tensor) or current.shape == saved.shape:
+            continue
+        # A layer's own parameter (a ConvNeXt block's layer-scale ``gamma``, which Torch-Pruning narrows with its
+        # channels) may only have been narrowed: same rank, no dimension wider than the architecture's.
+        narrowed = (module_name not in structure and len(saved.shape) == current.dim()
+                    and all(0 < new <= old for new, old in zip(saved.shape, current.shape)))
+        if module_name in structure or narrowed:
             replacement = torch.empty(saved.shape, dtype=current.dtype)
             if isinstance(current, nn.Parameter):
                 setattr(module, tensor_name, nn.Parameter(replacement, requires_grad=current.requires_grad))
@@ -230,9 +234,11 @@ def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that prod
         raise CheckpointError(f"{path} is not an EdgeFold checkpoint ({FORMAT})",
                               fix="torchvision state_dicts are passed as WEIGHTS=path, not as a stage checkpoint")
     classes, channels = payload.get("num_classes"), payload.get("in_channels", 3)
-    if type(classes) is not int or not 0 < classes <= MAX_CLASSES or channels not in (1, 3):
-        raise CheckpointError(f"{path} records {classes!r} classes and {channels!r} input channels",
-                              fix=_CORRUPT)
+    size = payload.get("input_size")
+    if type(classes) is not int or not 0 < classes <= MAX_CLASSES or channels not in (1, 3) or (
+            size is not None and (type(size) is not int or not 0 < size <= MAX_WIDTH)):
+        raise CheckpointError(f"{path} records {classes!r} classes, {channels!r} input channels and input size "
+                              f"{size!r}", fix=_CORRUPT)
     if payload.get("arch") not in ARCHITECTURES:
         raise CheckpointError(f"{path} names unknown architecture {payload.get('arch')!r}",
                               fix=ARCHITECTURES.suggest(str(payload.get("arch"))))
@@ -241,7 +247,8 @@ def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that prod
 
 def model_from_payload(payload: dict, source: str):
     """The float model a checkpoint's dict describes (eval mode, CPU), its pruned widths applied and checked."""
-    model = build_model(payload["arch"], payload["num_classes"], int(payload.get("in_channels", 3)))
+    model = build_model(payload["arch"], payload["num_classes"], int(payload.get("in_channels", 3)),
+                        input_size=payload.get("input_size"))
     state_dict = payload["state_dict"]
     apply_structure(model, payload.get("structure") or {}, state_dict)
     load_state_strict(model, state_dict, source)

@@ -43,16 +43,13 @@ def _graph(model: nn.Module, input_shape):
     return _tp().DependencyGraph().build_dependency(model, example_inputs=torch.zeros(input_shape))
 
 
-def _classifier(model: nn.Module, arch: str) -> nn.Module:
-    from pipeline.models import ARCHITECTURES
-
-    return model.get_submodule(ARCHITECTURES.get(arch).classifier)
-
-
 def _groups(model: nn.Module, arch: str, graph) -> Iterator[tuple[str, Any, Any]]:
-    """(root name, root module, group) of every prunable group; the classifier's outputs are never one."""
+    """(root name, root module, group) of every prunable group; the classifier's outputs and the layers
+    :func:`pipeline.pruning.kept_whole` names are never one."""
+    from pipeline.pruning import ignored_modules
+
     names = {module: name for name, module in model.named_modules()}
-    for group in graph.get_all_groups(ignored_layers=[_classifier(model, arch)],
+    for group in graph.get_all_groups(ignored_layers=ignored_modules(model, arch),
                                       root_module_types=[nn.Conv2d, nn.Linear]):
         root = group[0].dep.target.module
         yield names[root], root, group

@@ -23,8 +23,11 @@ from pipeline.core import distributed
 from pipeline.models import ARCHITECTURES
 
 
-def save_checkpoint(path: str | os.PathLike, model: nn.Module, arch: str, num_classes: int, **meta: Any) -> Path:
-    """Writes a checkpoint atomically (a crash leaves no half-written file); under DDP only rank 0 writes."""
+def save_checkpoint(path: str | os.PathLike, model: nn.Module, arch: str, num_classes: int,
+                    input_size: int | None = None, **meta: Any) -> Path:
+    """Writes a checkpoint atomically (a crash leaves no half-written file); under DDP only rank 0 writes.
+
+    ``input_size`` is recorded for an architecture built for one input size (a timm ViT), to rebuild it so."""
     path = Path(path)
     if not distributed.world().main:
         return path
@@ -34,6 +37,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, arch: str, num_cl
         "arch": arch,
         "num_classes": int(num_classes),
         "in_channels": int(model.get_submodule(stem_name(model)).in_channels),
+        **({"input_size": int(input_size)} if input_size and ARCHITECTURES.get(arch).sized else {}),
         "structure": capture_structure(model),
         "state_dict": {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
         "meta": meta,
@@ -43,18 +47,24 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, arch: str, num_cl
     return path
 
 
-def load_torchvision_weights(model: nn.Module, arch: str, path: str | os.PathLike) -> list[str]:
-    """Loads a torchvision-style state_dict from a user's file into ``model`` (:func:`apply_torchvision_state`).
+def load_weights(model: nn.Module, arch: str, path: str | os.PathLike) -> list[str]:
+    """Loads a user's weights file into ``model`` (:func:`apply_torchvision_state`): a ``torch.save``'d state_dict
+    (bare, or under ``state_dict`` or ``model`` as timm's and torchvision's training scripts save it) or a
+    ``.safetensors`` file; either is read as tensors only, never as pickled code.
 
     Returns:
         The state_dict keys that were left at their fresh initialisation (the replaced head).
     """
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"WEIGHTS={path} does not exist", fix="pass a torchvision state_dict file, or WEIGHTS=imagenet")
-    state = torch_load(path, f"WEIGHTS={path}", fix_unsafe="save it with torch.save(model.state_dict(), path); pickled "
-                                                    "modules are refused",
-                        fix_corrupt="copy or download the file again (compare its size and checksum with the source)")
+        raise CheckpointError(f"WEIGHTS={path} does not exist",
+                              fix=f"pass a state_dict or .safetensors file of {arch}, or WEIGHTS=imagenet")
+    if path.suffix == ".safetensors":
+        state = _safetensors(path)
+    else:
+        state = torch_load(path, f"WEIGHTS={path}", fix_unsafe="save it with torch.save(model.state_dict(), path); "
+                                                                "pickled modules are refused",
+                           fix_corrupt="copy or download the file again (compare its size and checksum with the source)")
     if isinstance(state, dict) and state.get("format") == FORMAT:
         state = state["state_dict"]
     for wrapper in ("state_dict", "model"):
@@ -65,8 +75,19 @@ def load_torchvision_weights(model: nn.Module, arch: str, path: str | os.PathLik
     return apply_torchvision_state(model, arch, state, f"WEIGHTS={path}")
 
 
+def _safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from device.errors import require
+
+    safetensors_torch = require("safetensors.torch", "safetensors", "pip install safetensors (timm brings it)")
+    try:
+        return safetensors_torch.load_file(str(path))
+    except Exception as err:  # SafetensorError: a header or size that does not add up
+        raise CheckpointError(f"WEIGHTS={path} is not a readable .safetensors file: {err}",
+                              fix="copy or download the file again (compare its size and checksum with the source)") from None
+
+
 def apply_torchvision_state(model: nn.Module, arch: str, state: dict[str, torch.Tensor], source: str) -> list[str]:
-    """The one way teacher weights are loaded (a user's file or torchvision's ImageNet weights).
+    """The one way teacher weights are loaded (a user's file, torchvision's ImageNet weights, a timm checkpoint).
 
     The classifier (the registry's ``classifier`` of ``arch``) is kept fresh when the weights were
     trained for another class count; any other missing, unexpected or misshapen layer is refused,
@@ -101,7 +122,8 @@ def apply_torchvision_state(model: nn.Module, arch: str, state: dict[str, torch.
     if missing or unexpected:
         raise CheckpointError(
             f"{source} does not match {arch}: missing {missing[:3]}, unexpected {unexpected[:3]}",
-            fix=f"pass a state_dict saved from torchvision's {arch}",
+            fix=f"pass a state_dict saved from {arch} ({ARCHITECTURES.get(arch).source}), or the teacher.arch these "
+                f"weights were trained as",
         )
     for key in replaced:
         state[key] = expected[key]

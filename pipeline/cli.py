@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_argument("--json", action="store_true", help="machine-readable output")
 
     recipes = sub.add_parser("recipes", help="list the recipes under models/")
-    recipes.add_argument("--check", action="store_true", help="also validate every recipe")
+    recipes.add_argument("--check", action="store_true", help="also validate every recipe, and list the architecture keys with the source of each")
 
     show = sub.add_parser("recipe", help="validate a recipe and print it with defaults filled in")
     show.add_argument("model", help="recipe name or path")
@@ -357,7 +357,33 @@ def _cmd_recipes(args) -> int:
             print(name)
     if not available_recipes():
         print(f"no recipes in {recipes_dir()}", file=sys.stderr)
+    if args.check:
+        failures += _print_architectures()
     return 1 if failures else 0
+
+
+def _print_architectures() -> int:
+    """The architecture keys recipes may name and where each comes from; 1 when a source is refused (two packages
+    registering one key, an entry point that fails to load)."""
+    import importlib.util
+
+    from device.architectures import ARCHITECTURES
+
+    try:
+        names = ARCHITECTURES.names()
+    except EdgeFoldError as err:
+        print(f"\narchitectures: FAIL {err.message}\n  fix: {err.fix}")
+        return 1
+    print("\narchitectures (teacher.arch, distill.student):")
+    for name in names:
+        print(f"  {name:<24} {ARCHITECTURES.source(name)}")
+    if importlib.util.find_spec("timm") is not None:
+        import timm
+
+        print(f"  {'timm/<name>':<24} timm {timm.__version__} ({len(timm.list_models())} architectures)")
+    else:
+        print(f"  {'timm/<name>':<24} unavailable: timm is not installed (pip install timm==1.0.31)")
+    return 0
 
 
 def _cmd_recipe(args) -> int:

@@ -47,17 +47,30 @@ def quiet():
             logger.setLevel(level)
 
 
-def _convert(src: Path, converter: str):
+def _convert(src: Path, converter: str, calibration=None):
     if converter == AUTOCAST:
         try:
             from modelopt.onnx.autocast import convert_to_mixed_precision
         except ImportError as err:
             raise MissingDependencyError(f"NVIDIA ModelOpt's AutoCast is not importable ({err})",
                                          fix=f"{_INSTALL}, or pass converter={ONNXCONVERTER!r}") from None
-        # The reference run that picks which nodes stay FP32 (outputs above data_max=512, where FP16's
-        # step is 0.5) feeds random inputs; providers is passed because AutoCast appends to its default list.
-        return convert_to_mixed_precision(str(src), low_precision_type="fp16", keep_io_types=True,
-                                          providers=["cpu"])
+        # The reference run that picks which nodes stay FP32 (values above data_max=512, where FP16's step is 0.5)
+        # feeds random inputs in [0, 1] unless given images: a LayerNorm's or Softmax's input that only real
+        # images drive past FP16's range is found with the calibration slice. providers is passed because
+        # AutoCast appends to its default list.
+        if calibration is None:
+            return convert_to_mixed_precision(str(src), low_precision_type="fp16", keep_io_types=True,
+                                              providers=["cpu"])
+        import tempfile
+
+        import numpy as np
+        import onnx
+
+        name = onnx.load(str(src), load_external_data=False).graph.input[0].name
+        with tempfile.TemporaryDirectory() as tmp:
+            np.savez(Path(tmp) / "calibration.npz", **{name: np.ascontiguousarray(calibration, dtype=np.float32)})
+            return convert_to_mixed_precision(str(src), low_precision_type="fp16", keep_io_types=True,
+                                              providers=["cpu"], calibration_data=str(Path(tmp) / "calibration.npz"))
     try:
         from onnxconverter_common import float16
     except ImportError as err:
@@ -70,7 +83,7 @@ def _convert(src: Path, converter: str):
 
 def graph_facts(model) -> dict[str, int]:
     """Counts in an ONNX graph: ``casts``, ``nodes``, and ``fp32_nodes`` (nodes other than Cast with a
-    float32 output, after ONNX type inference: what still computes in FP32)."""
+    float32 output, after ONNX type inference: what still computes in FP32), named in ``fp32_node_names``."""
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(model)
@@ -79,22 +92,28 @@ def graph_facts(model) -> dict[str, int]:
              for value in list(graph.value_info) + list(graph.input) + list(graph.output)}
     types.update({init.name: init.data_type for init in graph.initializer})
     nodes = list(graph.node)
+    fp32 = [f"{node.name or node.output[0]} ({node.op_type})" for node in nodes
+            if node.op_type != "Cast" and any(types.get(out) == _FLOAT for out in node.output)]
     return {"casts": sum(node.op_type == "Cast" for node in nodes), "nodes": len(nodes),
-            "fp32_nodes": sum(node.op_type != "Cast" and any(types.get(out) == _FLOAT for out in node.output)
-                              for node in nodes)}
+            "fp32_nodes": len(fp32), "fp32_node_names": fp32}
 
 
-def to_fp16(src: Path, dst: Path, converter: str = DEFAULT_CONVERTER) -> dict[str, Any]:
+def to_fp16(src: Path, dst: Path, converter: str = DEFAULT_CONVERTER, calibration=None) -> dict[str, Any]:
     """Writes ``src`` (an FP32 ONNX model) converted to FP16 at ``dst``, its inputs and outputs float32.
 
     Args:
         src: The FP32 model.
         dst: Where the FP16 model goes (overwritten).
         converter: ``autocast`` (NVIDIA ModelOpt) or ``onnxconverter-common``.
+        calibration: Preprocessed images (N×C×H×W float32, the calibration slice) whose activations decide
+            which layers stay FP32 (AutoCast only; onnxconverter-common converts every layer it can), and on which
+            the FP16 outputs are compared with the FP32 ones.
 
     Returns:
         ``converter``, ``casts_inserted`` (Casts added), ``fp32_nodes_left`` (nodes other than Cast still
-        computing in FP32: those a converter kept for range or could not convert) and ``size_mb``.
+        computing in FP32: those a converter kept for range or could not convert), ``fp32_nodes`` (the first 20
+        of them named, with their op), ``size_mb``, and with ``calibration`` the ``calibration_parity`` of FP16
+        against FP32 on those images (:func:`output_parity`).
 
     Raises:
         ConfigError: An unknown converter.
@@ -108,7 +127,7 @@ def to_fp16(src: Path, dst: Path, converter: str = DEFAULT_CONVERTER) -> dict[st
     src, dst = Path(src), Path(dst)
     before = graph_facts(onnx.load(str(src)))
     with quiet():
-        model = _convert(src, converter)
+        model = _convert(src, converter, calibration if converter == AUTOCAST else None)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as err:
@@ -124,5 +143,31 @@ def to_fp16(src: Path, dst: Path, converter: str = DEFAULT_CONVERTER) -> dict[st
     dst.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(dst))
     after = graph_facts(model)
-    return {"converter": converter, "casts_inserted": after["casts"] - before["casts"],
-            "fp32_nodes_left": after["fp32_nodes"], "size_mb": dst.stat().st_size / 1e6}
+    facts = {"converter": converter, "casts_inserted": after["casts"] - before["casts"],
+             "fp32_nodes_left": after["fp32_nodes"], "fp32_nodes": after["fp32_node_names"][:20],
+             "size_mb": dst.stat().st_size / 1e6}
+    if calibration is not None:
+        facts["calibration_parity"] = output_parity(src, dst, calibration)
+    return facts
+
+
+def output_parity(reference: Path, candidate: Path, images) -> dict[str, Any]:
+    """How far ``candidate``'s outputs (an FP16 form) are from ``reference``'s (its FP32 model) on ``images``, both
+    run by ONNX Runtime: ``images``, ``max_abs_diff``, ``max_relative_diff`` (to the largest reference value),
+    ``nonfinite`` (outputs that are inf or NaN: an FP16 overflow) and ``top1_agreement``."""
+    import numpy as np
+    import onnxruntime as ort
+
+    def outputs(path: Path):
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        return np.concatenate([session.run(None, {name: images[i:i + 64]})[0] for i in range(0, len(images), 64)])
+
+    images = np.ascontiguousarray(images, dtype=np.float32)
+    want, got = outputs(reference), outputs(candidate).astype(np.float32)
+    finite = np.isfinite(got)
+    diff = np.abs(np.where(finite, got, 0.0) - want)
+    scale = float(np.abs(want).max()) or 1.0
+    return {"images": int(len(images)), "max_abs_diff": float(diff.max()), "max_relative_diff": float(diff.max()) / scale,
+            "nonfinite": int((~finite).sum()),
+            "top1_agreement": float((got.reshape(len(got), -1).argmax(1) == want.reshape(len(want), -1).argmax(1)).mean())}

@@ -45,9 +45,13 @@ def quantize_ort(fp32: Path, out: Path, calibration: np.ndarray, method: str, pe
     CalibrationDataReader, CalibrationMethod = ortq.CalibrationDataReader, ortq.CalibrationMethod
     QuantFormat, QuantType, quantize_static = ortq.QuantFormat, ortq.QuantType, ortq.quantize_static
 
+    # Batches of one size: ORT's histogram calibrators (entropy, percentile) stack each tensor's batches into one
+    # array and fail on a short last batch ("inhomogeneous shape"), as 48 held-in images in batches of 32 gave.
+    size = max(d for d in range(1, min(32, len(calibration)) + 1) if len(calibration) % d == 0)
+
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.batches = iter(calibration[i : i + 32] for i in range(0, len(calibration), 32))
+            self.batches = iter(calibration[i : i + size] for i in range(0, len(calibration), size))
 
         def get_next(self):
             batch = next(self.batches, None)

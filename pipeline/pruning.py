@@ -9,13 +9,18 @@ import copy
 
 import torch
 
-from device.errors import require
+from device.errors import StageError, require
 from pipeline.models import ARCHITECTURES, count_macs
 from pipeline.core.recipe import PruneConfig
 
 
 def torch_pruning():
     """Torch-Pruning, imported lazily with the install line when it is missing."""
+    import warnings
+
+    # A layer's own per-channel parameter (timm's layer-scale gamma, shape (C,) or (C,1,1)) is narrowed along its
+    # last non-singleton dimension, its channels: right for every such parameter seen, and warned at every graph.
+    warnings.filterwarnings("ignore", message="Unwrapped parameters detected", category=UserWarning)
     return require("torch_pruning", "Torch-Pruning", "pip install torch-pruning==1.6.1")
 
 
@@ -121,6 +126,39 @@ def whole_group_graph(model: torch.nn.Module, convs: list[torch.nn.Conv2d], inpu
             conv.__class__ = torch.nn.Conv2d
 
 
+def kept_whole(model: torch.nn.Module) -> dict[str, str]:
+    """Layers Torch-Pruning cannot narrow correctly, by name, each with the reason; pruning leaves them whole.
+
+    - Attention (timm's ``Attention`` and any module with ``num_heads`` over linear layers): DepGraph would cut
+      across the heads' reshape, so query, key, value and projection keep their widths (and with them the
+      embedding width they share).
+    - A convolution or linear layer of a subclass with parameters beyond ``weight`` and ``bias`` (timm's
+      ``ScaledStdConv2d`` and its per-channel gain): Torch-Pruning narrows only the two it knows.
+    """
+    kept: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if any(name.startswith(done + ".") for done in kept):
+            continue
+        if hasattr(module, "num_heads") and any(isinstance(m, torch.nn.Linear) for m in module.modules()):
+            kept[name] = f"attention ({type(module).__name__}, {module.num_heads} heads): its head dimensions and " \
+                         "the embedding width they share are kept whole"
+            continue
+        if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)) and type(module) not in (
+                torch.nn.Conv2d, torch.nn.Linear, _GroupedConv2d):
+            extra = sorted(n for n, _ in module.named_parameters(recurse=False) if n not in ("weight", "bias"))
+            if extra:
+                kept[name] = f"{type(module).__name__} with parameters Torch-Pruning does not narrow " \
+                             f"({', '.join(extra)}): kept whole"
+    return kept
+
+
+def ignored_modules(model: torch.nn.Module, arch: str) -> list[torch.nn.Module]:
+    """What no plan may narrow: the classifier and every layer :func:`kept_whole` names, with their submodules."""
+    roots = [model.get_submodule(ARCHITECTURES.get(arch).classifier),
+             *(model.get_submodule(name) for name in kept_whole(model))]
+    return [module for root in roots for module in root.modules()]
+
+
 def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, input_shape) -> PlanPruner:
     """A DepGraph MetaPruner for ``plan`` that never touches the classifier.
 
@@ -131,7 +169,6 @@ def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict,
     Grouped convolutions are left to :class:`PlanPruner`, which removes whole groups.
     """
     tp = torch_pruning()
-    classifier = model.get_submodule(ARCHITECTURES.get(arch).classifier)
     grouped = grouped_convs(model)
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     per_layer = {conv: plan["harder_ratio"] for conv in convs[: plan.get("harder_layers", 0)] if conv not in grouped}
@@ -142,7 +179,7 @@ def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict,
         pruning_ratio=plan["ratio"],
         pruning_ratio_dict=per_layer or None,
         iterative_steps=cfg.steps,
-        ignored_layers=[classifier, *grouped],
+        ignored_layers=[*ignored_modules(model, arch), *grouped],
         round_to=cfg.round_to,
     )
     return PlanPruner(model, tp_pruner, cfg, plan["ratio"], input_shape, grouped)
@@ -151,10 +188,16 @@ def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict,
 def macs_after(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, input_shape) -> int:
     """MACs of a copy of ``model`` pruned (all steps at once) according to ``plan``."""
     trial = copy.deepcopy(model).eval()
-    pruner = make_pruner(trial, arch, cfg, plan, input_shape)
-    for _ in range(cfg.steps):
-        pruner.step()
-    return count_macs(trial, input_shape)
+    try:
+        pruner = make_pruner(trial, arch, cfg, plan, input_shape)
+        for _ in range(cfg.steps):
+            pruner.step()
+        return count_macs(trial, input_shape)
+    except (RuntimeError, ValueError, IndexError) as err:  # a layer DepGraph narrowed that its neighbours did not
+        raise StageError(f"Torch-Pruning cannot prune {arch}: a pruned copy fails to run ({type(err).__name__}: "
+                         f"{str(err)[:200]})", fix="distil into a smaller architecture instead (distill.student: "
+                                               "a registry key, e.g. timm/<smaller variant>), or choose another "
+                                               "teacher") from None
 
 
 def bisect_target(evaluate, low, high, target: float, good_enough: float, iterations: int, integer: bool = False):

@@ -140,6 +140,24 @@ def _refuse_unbuilt_stage(recipe, name: str, registry: Registry) -> None:
                              "recorded in the run's manifest")
 
 
+def _preflight(recipe, registry: Registry, names: Sequence[str], devices) -> None:
+    """Every stage's checks that need no earlier output, before the run directory exists: a refused WEIGHTS or
+    runtime leaves nothing behind, not even a 'latest' link pointing at an empty run."""
+    ctx = RunContext(recipe, None, devices=devices)
+    for name in names:
+        if name in registry:
+            registry.get(name).preflight(ctx)
+
+
+def _say_preprocess_source(recipe) -> None:
+    """Logs the preprocessing a recipe left to its teacher's architecture (timm's pretrained_cfg)."""
+    if getattr(recipe, "_preprocess_from", None):
+        pre = recipe.preprocess
+        log(f"preprocess from {recipe._preprocess_from}: {pre.input_size}×{pre.input_size} (shorter side "
+            f"{pre.resize or pre.input_size}, {pre.interpolation}), mean {pre.mean}, std {pre.std}; write a "
+            "preprocess section in the recipe to choose otherwise")
+
+
 def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] = (), run_id: str | None = None,
                  new: bool = False, overrides: dict[str, Any] | None = None, runs_dir: str | Path = "runs",
                  devices: Sequence[Device] = ()) -> RunContext:
@@ -163,6 +181,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
     overrides = dict(overrides or {})  # a None is the recipe's null, an empty string an unset flag (load_recipe)
     recipe, recipe_path, recipe_sha = load_recipe(model, overrides)
     registry = _stages_for(recipe)
+    _preflight(recipe, registry, names, devices)
     # Rank 0 names the run (a new run's id is a timestamp) and owns the manifest; the others follow.
     run_dir = Path(distributed.broadcast_object(
         str(resolve_run_dir(Path(runs_dir), recipe.name, run_id, new)) if me.main else None))
@@ -178,9 +197,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         manifest = Manifest.load(run_dir)
     ctx = RunContext(recipe, manifest, devices=devices)
     log(f"run {run_dir}" + (f" ({me.size} processes)" if me.distributed else ""))
-    for name in names:
-        if name in registry:
-            registry.get(name).preflight(ctx)
+    _say_preprocess_source(recipe)
     env = None
     for name in names:
         _refuse_unbuilt_stage(recipe, name, registry)

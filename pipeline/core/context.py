@@ -16,16 +16,16 @@ class RunContext:
 
     Args:
         recipe: The validated recipe (command-line overrides already applied).
-        manifest: The run's manifest.
+        manifest: The run's manifest; None for the preflight checks, which run before anything is written.
         devices: The agents the deploy stage benchmarks on (:class:`pipeline.devices.Device`).
     """
 
-    def __init__(self, recipe: RecipeBase, manifest: Manifest, devices=()):
+    def __init__(self, recipe: RecipeBase, manifest: Manifest | None, devices=()):
         self.recipe = recipe
         self.devices = list(devices)
         self.resume = None  # the running stage's per-epoch training state (set by the runner)
         self.manifest = manifest
-        self.run_dir = manifest.run_dir
+        self.run_dir = manifest.run_dir if manifest is not None else None
         self._dataset: DataSet | None = None
         self._geometry_cache: dict = {}
         self._device = None

@@ -1,9 +1,7 @@
 """Recipes: one YAML file per model under ``models/``, validated before any work starts.
 
-Unknown keys and wrong types are rejected with their full key path (``prune.macs_targt``),
-and components (architectures, data sources) are chosen by registry key, never by importing
-a dotted path from the file.
-"""
+Unknown keys and wrong types are rejected with their full key path (``prune.macs_targt``), and components
+(architectures, data sources) are chosen by registry key, never by importing a dotted path from the file."""
 
 from __future__ import annotations
 
@@ -544,6 +542,8 @@ def _format_validation_error(err: ValidationError, source: str, root: type[BaseM
             near = difflib.get_close_matches(str(item["loc"][-1]), known, n=1, cutoff=0.6)
             hint = f" (did you mean {'.'.join([*map(str, parent_loc), near[0]])!r}?)" if near else ""
             lines.append(f"{path}: unknown key{hint}; allowed here: {', '.join(known)}")
+        elif item["type"] == "missing" and path in getattr(root, "MISSING_HINTS", {}):  # why no default
+            lines.append(f"{path}: required; {root.MISSING_HINTS[path]}")
         else:
             msg = item["msg"].removeprefix("Value error, ")
             lines.append(f"{path}: {msg} (got {item.get('input')!r})" if "input" in item else f"{path}: {msg}")

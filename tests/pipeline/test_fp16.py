@@ -85,7 +85,9 @@ def test_autocast_keeps_an_overflowing_layer_in_fp32(tmp_path, images):
 
 def test_graph_facts_counts_casts_and_fp32_nodes(tmp_path):
     model = onnx.load(str(tiny_onnx(tmp_path / "fp32.onnx")))
-    assert graph_facts(model) == {"casts": 0, "nodes": 5, "fp32_nodes": 5}
+    facts = graph_facts(model)
+    assert {k: facts[k] for k in ("casts", "nodes", "fp32_nodes")} == {"casts": 0, "nodes": 5, "fp32_nodes": 5}
+    assert len(facts["fp32_node_names"]) == 5 and any("(Conv)" in name for name in facts["fp32_node_names"])
 
 
 def test_an_unknown_converter_is_refused_with_the_choices(tmp_path):
@@ -101,3 +103,40 @@ def test_a_missing_converter_says_what_to_install(tmp_path, monkeypatch, convert
     with pytest.raises(MissingDependencyError) as err:
         to_fp16(tiny_onnx(tmp_path / "m.onnx"), tmp_path / "out.onnx", converter)
     assert "edgefold[modelopt]" in err.value.fix and not (tmp_path / "out.onnx").exists()
+
+
+def _range_plant(path):
+    """x → Relu(x − 1.5) × 300 × 300 → spatial mean → × 1/90000 → MatMul. AutoCast's own reference run feeds random
+    values in [0, 1], where the Relu is 0 everywhere; real images above 1.5 drive the products past FP16's 65504."""
+    from onnx import TensorProto, helper
+
+    weight = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    nodes = [helper.make_node("Sub", ["x", "shift"], ["s"], name="shift"),
+             helper.make_node("Relu", ["s"], ["r"], name="relu"),
+             helper.make_node("Mul", ["r", "k"], ["big0"], name="scale"),
+             helper.make_node("Mul", ["big0", "k"], ["big"], name="scale2"),
+             helper.make_node("ReduceMean", ["big"], ["m"], axes=[2, 3], keepdims=0, name="pool"),
+             helper.make_node("Mul", ["m", "inv"], ["m2"], name="unscale"),
+             helper.make_node("MatMul", ["m2", "w"], ["y"], name="fc")]
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+             (("shift", 1.5), ("k", 300.0), ("inv", 1 / 90000))] + [numpy_helper.from_array(weight, "w")]
+    graph = helper.make_graph(nodes, "plant", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_layers_past_fp16s_range_on_the_calibration_images_stay_fp32_and_are_named(tmp_path):
+    """The FP16 rung decides its FP32 layers on real images (the calibration slice), not on AutoCast's random [0, 1]
+    inputs, which miss a range only real images reach; the kept layers are named and the outputs compared."""
+    src = _range_plant(tmp_path / "plant.onnx")
+    images = np.random.default_rng(1).uniform(0, 3, size=(32, 3, 8, 8)).astype(np.float32)
+    blind = to_fp16(src, tmp_path / "blind.onnx", AUTOCAST)
+    assert blind["fp32_nodes_left"] == 0  # the random reference never sees the overflow
+    seen = to_fp16(src, tmp_path / "seen.onnx", AUTOCAST, calibration=images)
+    assert {"scale2 (Mul)", "pool (ReduceMean)"} <= set(seen["fp32_nodes"])
+    parity = seen["calibration_parity"]
+    assert parity["images"] == 32 and parity["nonfinite"] == 0 and parity["top1_agreement"] == 1.0
+    assert parity["max_relative_diff"] < 4 * UNIT_ROUNDOFF

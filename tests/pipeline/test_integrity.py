@@ -323,19 +323,19 @@ def test_bad_set_values_are_errors_not_tracebacks(pair, message, tmp_path, capsy
 
 
 def test_weights_that_are_not_a_torch_file_say_so(tmp_path):
-    from pipeline.checkpoint import load_checkpoint, load_torchvision_weights
+    from pipeline.checkpoint import load_checkpoint, load_weights
     from pipeline.models import build_model
 
     text = tmp_path / "weights.pth"
     text.write_text("hello, these are not weights\n")
     with pytest.raises(CheckpointError, match=r"is not a torch file \(it starts with 'hello"):
-        load_torchvision_weights(build_model("tiny_resnet", 10), "tiny_resnet", text)
+        load_weights(build_model("tiny_resnet", 10), "tiny_resnet", text)
     real = tmp_path / "real.pth"
     torch.save(build_model("tiny_resnet", 10).state_dict(), real)
     truncated = tmp_path / "truncated.pth"
     truncated.write_bytes(real.read_bytes()[: real.stat().st_size // 2])
     with pytest.raises(CheckpointError, match="truncated or corrupt") as err:
-        load_torchvision_weights(build_model("tiny_resnet", 10), "tiny_resnet", truncated)
+        load_weights(build_model("tiny_resnet", 10), "tiny_resnet", truncated)
     assert "state_dict" not in err.value.fix and "again" in err.value.fix
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_checkpoint(truncated)

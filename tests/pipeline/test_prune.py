@@ -46,3 +46,34 @@ def test_iterative_pruning_reaches_the_same_budget():
         fractions.append(count_macs(model, shape) / base)
     assert fractions == sorted(fractions, reverse=True) and fractions[0] < 1.0
     assert abs(fractions[-1] - 0.5) <= 0.1 * 0.5
+
+
+def test_attention_is_kept_whole_and_named():
+    """Torch-Pruning would cut across a ViT's heads: the attention blocks are left whole, named with the reason, and
+    the rest (the MLPs) still pruned; the pruned model runs."""
+    pytest.importorskip("timm")
+    from pipeline.pruning import kept_whole
+
+    model = build_model("timm/test_vit", 10, input_size=32).eval()
+    whole = kept_whole(model)
+    assert sorted(whole) == [f"blocks.{i}.attn" for i in range(len(model.blocks))]
+    assert all("heads" in reason for reason in whole.values())
+    qkv, hidden = model.blocks[0].attn.qkv.out_features, model.blocks[0].mlp.fc1.out_features
+    base = count_macs(model, (1, 3, 32, 32))
+    make_pruner(model, "timm/test_vit", PruneConfig(macs_target=0.5, steps=1), {"ratio": 0.5, "harder_ratio": 0.5},
+                (1, 3, 32, 32)).step()
+    assert model.blocks[0].attn.qkv.out_features == qkv and model.blocks[0].mlp.fc1.out_features < hidden
+    assert count_macs(model, (1, 3, 32, 32)) < base
+
+
+def test_an_architecture_torch_pruning_breaks_is_refused_with_what_to_do():
+    """NFNet's weight-standardised convolutions carry a per-channel gain coupled through its SE blocks: a pruned copy
+    fails to run, which the plan search reports instead of a traceback."""
+    pytest.importorskip("timm")
+    from device.errors import StageError
+
+    model = build_model("timm/test_nfnet", 10).eval()
+    with pytest.raises(StageError, match="Torch-Pruning cannot prune timm/test_nfnet") as err:
+        find_plan(model, "timm/test_nfnet", PruneConfig(macs_target=0.5), (1, 3, 32, 32),
+                  count_macs(model, (1, 3, 32, 32)))
+    assert "distill.student" in err.value.fix

@@ -191,3 +191,32 @@ def test_a_gpu_servers_sweep_varies_nvml_and_a_jetsons_its_modes(tiny_raw):
                 {"power_limits_w": [0]}, {"gpu_clocks_mhz": [99999]}, {"power_limit_w": [150]}):
         with pytest.raises(ConfigError, match=re.escape("deploy.sweep")):
             parse_recipe(copy.deepcopy(tiny_raw), overrides={"deploy.sweep": bad})
+
+
+def test_a_timm_teacher_may_leave_preprocess_to_its_pretrained_cfg(tiny_raw):
+    timm = pytest.importorskip("timm")
+    del tiny_raw["preprocess"]
+    tiny_raw["teacher"]["arch"] = "timm/resnet10t"
+    recipe = parse_recipe(tiny_raw)
+    cfg = timm.get_pretrained_cfg("resnet10t")
+    assert recipe.preprocess.input_size == cfg.input_size[1] and recipe.preprocess.interpolation == cfg.interpolation
+    assert recipe.preprocess.mean == list(cfg.mean) and recipe.preprocess.resize == int(176 / cfg.crop_pct)
+    assert recipe._preprocess_from.startswith("timm/resnet10t's pretrained_cfg (timm ")
+    tiny_raw["preprocess"] = {"input_size": 32, "mean": [0.5] * 3, "std": [0.5] * 3}  # written: the recipe's wins
+    written = parse_recipe(tiny_raw)
+    assert written.preprocess.input_size == 32 and written._preprocess_from is None
+
+
+def test_preprocess_left_out_says_which_teachers_supply_it(tiny_raw):
+    del tiny_raw["preprocess"]
+    with pytest.raises(ConfigError, match=r"preprocess: required; only a teacher.arch that states how it was trained "
+                                          r"\(timm/<name>"):
+        parse_recipe(tiny_raw)
+
+
+def test_an_unknown_timm_teacher_is_named_at_its_key_with_timms_near_names(tiny_raw):
+    pytest.importorskip("timm")
+    tiny_raw["teacher"]["arch"] = "timm/resnet10"
+    with pytest.raises(ConfigError, match=r"teacher.arch: unknown architecture 'timm/resnet10'.*did you mean "
+                                          r"'timm/resnet10t'"):
+        parse_recipe(tiny_raw)

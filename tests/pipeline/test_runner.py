@@ -220,3 +220,20 @@ def test_grey_input_runs_end_to_end(tmp_path):
     assert {"teacher", "student", "student_int8"} <= set(measured)
     assert all(row["latency_p50_ms"] > 0 for row in measured.values())
     assert measured["student_int8"]["device_top1"] == pytest.approx(rungs["student_int8"]["top1"], abs=0.05)
+
+
+@pytest.mark.parametrize("weights, message", [("text", "is not a torch file"),
+                                              ("other", "does not match tiny_resnet")])
+def test_weights_that_do_not_fit_are_refused_before_anything_is_written(tmp_path, weights, message):
+    """WEIGHTS is loaded into the architecture before the first stage, before the run directory exists: a wrong
+    file leaves no run behind (and no 'latest' pointing at an empty one)."""
+    from device.errors import CheckpointError
+
+    path = tmp_path / "weights.pth"
+    if weights == "text":
+        path.write_text("not weights\n")
+    else:
+        torch.save({"conv.weight": torch.zeros(4, 3, 3, 3)}, path)
+    with pytest.raises(CheckpointError, match=message):
+        run_pipeline("tiny", runs_dir=tmp_path / "runs", overrides={"teacher.weights": str(path)})
+    assert not (tmp_path / "runs").exists()

@@ -6,10 +6,12 @@ task's root, so that the recipe loader depends on no task.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr, model_validator
 
+from device.architectures import ARCHITECTURES
+from device.errors import EdgeFoldError, UnknownKeyError
 from pipeline.core.recipe import (DataConfig, DeployConfig, DistillConfig, EvaluateConfig, ExportConfig,
                                   PreprocessConfig, PruneConfig, QuantizeConfig, RecipeBase, TeacherConfig)
 
@@ -28,3 +30,31 @@ class Recipe(RecipeBase):
     quantize: QuantizeConfig = QuantizeConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     deploy: DeployConfig = DeployConfig()
+    # Why a section has no default, said when it is left out.
+    MISSING_HINTS: ClassVar[dict[str, str]] = {
+        "preprocess": "only a teacher.arch that states how it was trained (timm/<name>, from its pretrained_cfg) "
+                      "supplies it; write input_size, mean and std"}
+    # Set when preprocess was left to the teacher's architecture (timm's pretrained_cfg): the run says so.
+    _preprocess_from: str | None = PrivateAttr(None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _preprocess_of_the_model(cls, data: Any, handler) -> "Recipe":
+        """A recipe may leave ``preprocess`` to a teacher whose architecture states how it was trained (a ``timm/``
+        key: its ``pretrained_cfg``'s input size, mean, std, interpolation and crop); any other must write it."""
+        source = None
+        if isinstance(data, dict) and data.get("preprocess") is None and isinstance(data.get("teacher"), dict):
+            arch = data["teacher"].get("arch")
+            try:
+                entry = ARCHITECTURES.get(arch) if isinstance(arch, str) else None
+                defaults = entry.preprocess() if entry is not None and entry.preprocess else None
+            except UnknownKeyError:  # reported at teacher.arch, with the near names
+                defaults = None
+            except EdgeFoldError as err:
+                raise ValueError(f"preprocess is left to {arch}, which cannot give it: {err.message}") from None
+            if defaults is not None:  # otherwise pydantic reports the missing section (MISSING_HINTS says why)
+                data = {**data, "preprocess": defaults}
+                source = f"{arch}'s pretrained_cfg ({entry.source})"
+        recipe = handler(data)
+        recipe._preprocess_from = source
+        return recipe

@@ -33,8 +33,9 @@ class DistillStage(Stage):
         shape = ctx.preprocess.input_shape(1)
         # Ten classes stand in for the data's: the head is a rounding error next to the body.
         channels = ctx.preprocess.channels
-        teacher, student = (build_model(ctx.recipe.teacher.arch, 10, channels),
-                            build_model(cfg.student, 10, channels))
+        size = ctx.preprocess.input_size
+        teacher, student = (build_model(ctx.recipe.teacher.arch, 10, channels, size),
+                            build_model(cfg.student, 10, channels, size))
         t_macs, s_macs = count_macs(teacher, shape), count_macs(student, shape)
         t_params, s_params = count_parameters(teacher), count_parameters(student)
         if s_macs >= t_macs or s_params >= t_params:
@@ -57,7 +58,8 @@ class DistillStage(Stage):
             arch = info["arch"]
         else:
             torch.manual_seed(cfg.train.seed)
-            arch, student = cfg.student, build_model(cfg.student, num_classes, ctx.preprocess.channels)
+            arch, student = cfg.student, build_model(cfg.student, num_classes, ctx.preprocess.channels,
+                                                            ctx.preprocess.input_size)
         device = ctx.device
         train = ctx.batches("train", cfg.train.batch_size, shuffle=True, augment=cfg.train.augment,
                             seed=cfg.train.seed, drop_last=True)
@@ -94,7 +96,8 @@ class DistillStage(Stage):
                    "distill.train.bn_recalibration: on); too high a learning rate; a teacher that is itself weak",
             fix="raise distill.train.epochs, lower distill.train.lr, or prune less (prune.macs_target)")
         student.cpu()
-        path = save_checkpoint(workdir / "model.pt", student, arch, num_classes, distilled_from="teacher")
+        path = save_checkpoint(workdir / "model.pt", student, arch, num_classes, ctx.preprocess.input_size,
+                               distilled_from="teacher")
         return StageResult(
             outputs={"model": path, "predictions": workdir / "predictions.npy"},
             metrics={**recorded_scores(metrics), "sanity": sanity, "bn_recalibrated_images": recalibrated,

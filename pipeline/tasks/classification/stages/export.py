@@ -24,6 +24,9 @@ from pipeline.core.rungs import RUNGS
 from pipeline.core.stage import Stage, StageResult
 from pipeline.torch_export import write_device_checkpoint
 
+# Calibration images whose activations decide which layers of an FP16 rung stay FP32 (AutoCast's reference run).
+FP16_RANGE_IMAGES = 128
+
 
 class ExportStage(Stage):
     name = "export"
@@ -94,11 +97,17 @@ class ExportStage(Stage):
             images.append(x.numpy())
             labels.append(y.numpy())
         images, labels = np.concatenate(images), np.concatenate(labels)
+        # Which layers FP16's range cannot hold is decided on real images (the calibration slice, never the test
+        # split): AutoCast's own reference run feeds random values in [0, 1].
+        calibration = np.concatenate([x.numpy() for x, *_ in ctx.batches("calib", 64)])[:FP16_RANGE_IMAGES]
         outputs = {}
         for rung in cfg.fp16_rungs:
             source = RUNGS[rung].form_of
             path = workdir / f"{source}.fp16.onnx"
-            facts = to_fp16(exported[source], path)
+            facts = to_fp16(exported[source], path, calibration=calibration)
+            if facts["fp32_nodes_left"]:
+                ctx.log(f"export: {rung} keeps {facts['fp32_nodes_left']} layers in FP32 (past FP16's range on the "
+                        f"calibration images, or not convertible): {', '.join(facts['fp32_nodes'][:5])}")
             predictions = workdir / f"{rung}.predictions.npy"
             scores = onnx_accuracy(path, images, labels, save_predictions=predictions)
             reference = np.load(ctx.manifest.output(RUNGS[source].predictions[0], RUNGS[source].predictions[1]))

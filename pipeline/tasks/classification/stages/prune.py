@@ -26,7 +26,7 @@ from pipeline.tasks.classification.train import evaluate, fit, recalibrate_if_ne
 from pipeline.core.log import log
 from pipeline.channels import WidthPruner
 from pipeline.latency.search import macs_knapsack_plan
-from pipeline.pruning import find_plan, make_pruner
+from pipeline.pruning import find_plan, kept_whole, make_pruner
 
 
 # The latency path, loaded by name (importlib) and only for a latency budget: the code hash follows imports,
@@ -64,6 +64,7 @@ class PruneStage(Stage):
         model, info = load_checkpoint(ctx.manifest.output("teacher", "model"))
         arch, input_shape = info["arch"], ctx.preprocess.input_shape(1)
         base_macs, base_params = count_macs(model, input_shape), count_parameters(model)
+        whole = _kept_whole(model)
         latency_metrics = None
         if cfg.latency is not None:
             plan, pruner, latency_metrics = self._latency_plan(ctx, workdir, model, arch, cfg, input_shape)
@@ -107,7 +108,9 @@ class PruneStage(Stage):
             raise StageError(
                 f"pruned model has {100 * fraction:.1f}% of the teacher's MACs; target {100 * cfg.macs_target:.1f}% "
                 f"± {100 * cfg.tolerance:.0f}% (relative)",
-                fix="raise prune.tolerance, lower prune.round_to, or choose a reachable macs_target",
+                fix="raise prune.tolerance, lower prune.round_to, or choose a reachable macs_target"
+                    + (f" ({len(whole)} layers are kept whole and bound how far it can go: "
+                       f"{', '.join(w['layer'] for w in whole[:3])}…)" if whole else ""),
             )
         unpruned = unpruned_layers(before_shapes, model, arch, cfg.round_to)
         if unpruned:
@@ -122,7 +125,8 @@ class PruneStage(Stage):
                   f"(unpruned originals): {odd[:3]}")
         metrics = evaluate(model, test, ctx.device, "pruned eval", save_predictions=workdir / "predictions.npy")
         model.cpu()
-        path = save_checkpoint(workdir / "model.pt", model, arch, info["num_classes"], pruned_from="teacher",
+        path = save_checkpoint(workdir / "model.pt", model, arch, info["num_classes"], ctx.preprocess.input_size,
+                               pruned_from="teacher",
                                plan=plan)
         return StageResult(
             outputs={"model": path, "predictions": workdir / "predictions.npy"},
@@ -130,7 +134,7 @@ class PruneStage(Stage):
             metrics={**recorded_scores(metrics), "sanity": assess(metrics, ctx.dataset().classes), "plan": plan,
                      "macs_g": macs / 1e9, "params_m": count_parameters(model) / 1e6,
                      "macs_fraction": fraction, "params_fraction": count_parameters(model) / base_params,
-                     "layers_off_multiple": len(odd), "unpruned_layers": unpruned,
+                     "layers_off_multiple": len(odd), "unpruned_layers": unpruned, "kept_whole": whole,
                      "macs_concentration": concentration, "history": history,
                      **({"latency": latency_metrics} if latency_metrics is not None else {})},
         )
@@ -155,6 +159,15 @@ class PruneStage(Stage):
     def summary(self, metrics):
         return (f"{100 * metrics['macs_fraction']:.1f}% of the teacher's MACs ({metrics['macs_g']:.3f} G), "
                 f"{metrics['params_m']:.2f} M params, top-1 before distillation {100 * metrics['top1']:.2f}%")
+
+
+def _kept_whole(model: torch.nn.Module) -> list[dict]:
+    """The layers :func:`pipeline.pruning.kept_whole` names, as the stage records them, said once in the log."""
+    whole = [{"layer": name, "reason": reason} for name, reason in kept_whole(model).items()]
+    if whole:
+        log(f"prune: {len(whole)} layers kept whole, as the classifier is; e.g. {whole[0]['layer']}: "
+            f"{whole[0]['reason']}")
+    return whole
 
 
 def _conv_shapes(model: torch.nn.Module) -> dict[str, tuple[int, int, int]]:

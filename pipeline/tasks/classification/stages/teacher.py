@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from device.errors import CheckpointError
-from pipeline.checkpoint import apply_torchvision_state, load_torchvision_weights, save_checkpoint
+from pipeline.checkpoint import apply_torchvision_state, load_weights, save_checkpoint
 from device.files import sha256_file
 from pipeline.models import ARCHITECTURES, build_model, size_metrics
 from pipeline.core.stage import Stage, StageResult
@@ -22,9 +22,7 @@ def _imagenet_weights(arch: str, num_classes: int, in_channels: int) -> tuple[to
     for ``in_channels=1``."""
     import torchvision
 
-    entry = ARCHITECTURES.get(arch)
-    if not entry.torchvision_name:
-        raise CheckpointError(f"{arch} has no ImageNet weights", fix="train it (weights: null) or pass WEIGHTS=path")
+    entry = _imagenet_entry(arch)
     try:
         pretrained = torchvision.models.get_model(entry.torchvision_name, weights="DEFAULT")
     except Exception as err:  # URLError, HTTPError, hash mismatch …
@@ -37,9 +35,32 @@ def _imagenet_weights(arch: str, num_classes: int, in_channels: int) -> tuple[to
     return model, replaced
 
 
+def _imagenet_entry(arch: str):
+    """The registry entry of ``arch`` if torchvision has ImageNet weights for it; otherwise what to do instead."""
+    entry = ARCHITECTURES.get(arch)
+    if entry.torchvision_name:
+        return entry
+    if arch.startswith("timm/"):
+        raise CheckpointError(f"WEIGHTS=imagenet: timm's weights for {arch} are not downloaded during a run",
+                              fix=f"download them once (timm.create_model({arch[5:]!r}, pretrained=True), or the "
+                                  "model.safetensors of its Hugging Face repo) and pass WEIGHTS=/path/to/that file")
+    raise CheckpointError(f"{arch} has no ImageNet weights", fix="train it (weights: null) or pass WEIGHTS=path")
+
+
 class TeacherStage(Stage):
     name = "teacher"
     distributed = True  # trains under torchrun on every rank (DDP); rank 0 writes the checkpoint
+
+    def preflight(self, ctx):
+        """Weights that do not fit the architecture are refused before any stage: the file is read and loaded into
+        an untrained model (a second or two), so a wrong file, head or key names it here, not after the data."""
+        cfg = ctx.recipe.teacher
+        if cfg.weights == "imagenet":
+            _imagenet_entry(cfg.arch)
+        elif cfg.weights:
+            # Any class count: the head is replaced.
+            model = build_model(cfg.arch, 10, ctx.preprocess.channels, ctx.preprocess.input_size)
+            load_weights(model, cfg.arch, cfg.weights)
 
     def needs(self, ctx):
         return ("data",)
@@ -60,9 +81,9 @@ class TeacherStage(Stage):
         if cfg.weights == "imagenet":
             model, replaced = _imagenet_weights(cfg.arch, num_classes, channels)
         else:
-            model = build_model(cfg.arch, num_classes, channels)
+            model = build_model(cfg.arch, num_classes, channels, ctx.preprocess.input_size)
             if cfg.weights:
-                replaced = load_torchvision_weights(model, cfg.arch, cfg.weights)
+                replaced = load_weights(model, cfg.arch, cfg.weights)
         test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
         history = []
         if cfg.train.epochs:
@@ -85,7 +106,8 @@ class TeacherStage(Stage):
                    "teacher.train.bn_recalibration: on); WEIGHTS for another task; labels that do not match the images",
             fix="train longer (teacher.train.epochs), lower teacher.train.lr, or check the data and WEIGHTS")
         model.cpu()
-        path = save_checkpoint(workdir / "model.pt", model, cfg.arch, num_classes, weights=cfg.weights,
+        path = save_checkpoint(workdir / "model.pt", model, cfg.arch, num_classes, ctx.preprocess.input_size,
+                               weights=cfg.weights,
                                replaced_head=bool(replaced))
         if replaced:
             log(f"teacher: classifier re-initialised for {num_classes} classes ({', '.join(replaced)})")

@@ -1,0 +1,89 @@
+"""``timm/<name>``: any of timm's architectures as a registry key (:class:`device.architectures.ArchitectureRegistry`).
+
+timm (PyTorch Image Models) is where most image models people bring to a Jetson come from. A key is resolved on
+first use: the model is built by ``timm.create_model(name, pretrained=False, num_classes=…, in_chans=…)``, never
+downloaded (weights come from a file, ``WEIGHTS=path``); the head to keep unpruned and to replace for another class
+count is the one timm's ``pretrained_cfg`` names, and so is the preprocessing a recipe may leave to the model.
+Imports timm (and so torch) only when a ``timm/`` key is asked for.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+
+from device.architectures import Architecture
+from device.errors import ConfigError, UnknownKeyError, require
+
+INSTALL = "pip install timm==1.0.31 (make venv installs it with the build side)"
+# timm's interpolation names → OpenCV's in device.preprocess; 'random' and the like are train-time choices.
+_INTERPOLATIONS = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "nearest", "area": "area"}
+
+
+def _timm():
+    return require("timm", "timm", INSTALL)
+
+
+def architecture(name: str) -> Architecture:
+    """The :class:`Architecture` of timm's ``name`` (without the ``timm/`` prefix).
+
+    Raises:
+        UnknownKeyError: timm has no such model; the nearest of its names are suggested.
+        ConfigError: The model has two heads (a distilled DeiT's), which a single-head student cannot take.
+    """
+    timm = _timm()
+    if not timm.is_model(name):
+        near = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(repr('timm/' + n) for n in near)}? " if near else ""
+        raise UnknownKeyError(f"unknown architecture 'timm/{name}': timm {timm.__version__} has no model {name!r}",
+                              fix=f"{hint}timm.list_models('*{name[:4]}*') lists its names")
+    classifier = _classifier(timm, name)
+    cfg = timm.get_pretrained_cfg(name)
+    # A ViT, Swin or LeViT is built for one input size (its position embedding, its windows): timm marks it so.
+    sized = bool(cfg is not None and cfg.fixed_input_size)
+
+    def build(num_classes: int, in_channels: int = 3, input_size: int | None = None):
+        size = {"img_size": input_size} if sized and input_size else {}
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **size)
+
+    return Architecture(f"timm/{name}", build, classifier, source=f"timm {timm.__version__}",
+                        preprocess=lambda: pretrained_preprocess(name), sized=sized)
+
+
+def _classifier(timm, name: str) -> str:
+    cfg = timm.get_pretrained_cfg(name)
+    classifier = getattr(cfg, "classifier", None) if cfg is not None else None
+    if classifier is None:  # no pretrained config: find the head a built model reports
+        model = timm.create_model(name, pretrained=False, num_classes=2)
+        head = model.get_classifier()
+        classifier = next((n for n, m in model.named_modules() if m is head), None)
+        if classifier is None:
+            raise ConfigError(f"timm/{name} does not name its classifier", fix="choose another timm architecture")
+    if isinstance(classifier, (tuple, list)):
+        raise ConfigError(f"timm/{name} has {len(classifier)} heads ({', '.join(classifier)}); EdgeFold's students "
+                          "have one", fix="choose the variant without a distillation head (e.g. deit_small_patch16_224)")
+    return classifier
+
+
+def pretrained_preprocess(name: str) -> dict:
+    """The preprocessing timm's ``pretrained_cfg`` gives ``name``: its input size, mean, std and interpolation, and the
+    shorter side before the centre crop (``input_size / crop_pct``, as timm's eval transform resizes).
+
+    Raises:
+        ConfigError: The model has no such config, or one that :class:`device.preprocess.Preprocess` cannot state
+            (a non-square input); the fix is to write ``preprocess`` in the recipe.
+    """
+    timm = _timm()
+    cfg = timm.get_pretrained_cfg(name)
+    fix = "write the preprocess section in the recipe (input_size, mean, std, interpolation)"
+    if cfg is None or not cfg.input_size or not cfg.mean or not cfg.std:
+        raise ConfigError(f"timm/{name} has no pretrained_cfg to take the preprocessing from", fix=fix)
+    channels, height, width = cfg.input_size
+    if height != width:
+        raise ConfigError(f"timm/{name} was trained at {height}×{width}, not a square input", fix=fix)
+    if channels not in (1, 3) or len(cfg.mean) != channels:
+        raise ConfigError(f"timm/{name}'s pretrained_cfg gives {channels} input channels", fix=fix)
+    crop = cfg.crop_pct or 1.0
+    return {"input_size": int(height), "resize": max(int(height), int(math.floor(height / crop))),
+            "channels": int(channels), "mean": [float(v) for v in cfg.mean], "std": [float(v) for v in cfg.std],
+            "interpolation": _INTERPOLATIONS.get(cfg.interpolation, "bilinear")}

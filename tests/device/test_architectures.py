@@ -1,0 +1,110 @@
+"""Architecture keys from their three sources: the built-ins, ``timm/<name>``, and installed entry points (a package
+pip really installs: :mod:`tests.arch_plugin`)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from device.architectures import ARCHITECTURES, build_model
+from device.errors import ConfigError, UnknownKeyError
+from tests.arch_plugin import install
+
+timm = pytest.importorskip("timm")
+torch = pytest.importorskip("torch")
+
+
+def test_a_timm_key_builds_the_model_with_the_head_its_pretrained_cfg_names():
+    arch = ARCHITECTURES.get("timm/resnet10t")
+    assert arch.classifier == "fc" and arch.source == f"timm {timm.__version__}" and not arch.sized
+    model = build_model("timm/resnet10t", 7, in_channels=1).eval()
+    assert model.get_submodule(arch.classifier).out_features == 7
+    assert model(torch.zeros(2, 1, 32, 32)).shape == (2, 7)
+    assert "timm/resnet10t" in ARCHITECTURES and "timm/resnet10x" not in ARCHITECTURES
+
+
+def test_an_unknown_timm_name_suggests_timms_near_names():
+    with pytest.raises(UnknownKeyError) as err:
+        ARCHITECTURES.get("timm/convnext_atoo")
+    assert "timm/convnext_atoo" in err.value.message and "'timm/convnext_atto'" in err.value.fix
+
+
+def test_the_preprocessing_comes_from_the_pretrained_cfg():
+    cfg = timm.get_pretrained_cfg("resnet10t")  # 176 px, crop_pct 0.875, bicubic
+    pre = ARCHITECTURES.get("timm/resnet10t").preprocess()
+    assert pre["input_size"] == cfg.input_size[1] == 176
+    assert pre["resize"] == int(176 / cfg.crop_pct) == 201
+    assert pre["interpolation"] == "bicubic" and pre["mean"] == list(cfg.mean) and pre["channels"] == 3
+
+
+def test_a_vit_is_built_for_the_recipes_input_size():
+    """A ViT's position embedding fixes its input size: timm marks it, and the key builds it at the asked size."""
+    assert ARCHITECTURES.get("timm/test_vit").sized
+    model = build_model("timm/test_vit", 5, input_size=32).eval()
+    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 5)
+    patch = model.patch_embed.patch_size[0]
+    tokens = model.pos_embed.shape[1] - model.num_prefix_tokens
+    assert tokens == (32 // patch) ** 2  # not (160 // patch)², the size it is built at by default
+    assert build_model("timm/test_vit", 5).pos_embed.shape[1] - model.num_prefix_tokens == (160 // patch) ** 2
+
+
+def child(code: str, *sites):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(s) for s in sites)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory):
+    return install(tmp_path_factory.mktemp("plugin"), "edgefold-test-arch", 'my_net = "edgefold_test_arch:MY_NET"')
+
+
+@pytest.mark.slow
+def test_an_installed_package_registers_a_key_named_with_its_source(plugin):
+    result = child(textwrap.dedent("""
+        import json, torch
+        from device.architectures import ARCHITECTURES, build_model
+        model = build_model("my_net", 4, in_channels=1)  # its builder makes 3 channels: the stem is swapped
+        print(json.dumps({"names": ARCHITECTURES.names(), "source": ARCHITECTURES.source("my_net"),
+                          "out": list(model(torch.zeros(2, 1, 8, 8)).shape)}))
+        """), plugin)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert "my_net" in found["names"] and "resnet18" in found["names"]
+    assert found["source"] == "entry point edgefold_test_arch:MY_NET (edgefold-test-arch 1.2.3)"
+    assert found["out"] == [2, 4]
+    listing = child("from pipeline.cli import main; raise SystemExit(main(['recipes', '--check']))", plugin)
+    assert listing.returncode == 0, listing.stderr
+    assert "my_net" in listing.stdout and "entry point edgefold_test_arch:MY_NET" in listing.stdout
+    assert "built-in (torchvision)" in listing.stdout and f"timm {timm.__version__}" in listing.stdout
+
+
+@pytest.mark.slow
+def test_two_packages_claiming_one_key_are_refused_naming_both(tmp_path, plugin):
+    clash = install(tmp_path, "edgefold-clash", 'my_net = "edgefold_clash:MY_NET"')
+    result = child("from pipeline.cli import main; raise SystemExit(main(['recipes', '--check']))", plugin, clash)
+    assert result.returncode == 1
+    line = next(line for line in result.stdout.splitlines() if "is registered twice" in line)
+    assert "'my_net'" in line and "edgefold-test-arch 1.2.3" in line and "edgefold-clash 1.2.3" in line
+
+
+def test_a_key_taken_by_a_built_in_or_a_source_prefix_is_refused():
+    from device.architectures import Architecture, ArchitectureRegistry
+
+    registry = ArchitectureRegistry("architecture")
+    registry._plugins_loaded = True  # this registry reads no entry points
+    registry.add("resnet18", Architecture("resnet18", print, "fc", source="built-in (torchvision)"))
+    with pytest.raises(ConfigError, match=r"registered twice: by built-in \(torchvision\) and by entry point x:Y"):
+        registry.add("resnet18", Architecture("resnet18", print, "fc", source="entry point x:Y (pkg 1)"))
+    with pytest.raises(ConfigError, match="reserved prefix timm/"):
+        registry.add("timm/resnet18", Architecture("timm/resnet18", print, "fc", source="entry point x:Y (pkg 1)"))
+
+
+@pytest.mark.slow
+def test_an_entry_point_of_another_shape_names_its_package(tmp_path):
+    odd = install(tmp_path, "edgefold-odd", 'odd_net = "edgefold_odd:NOT_AN_ARCH"')
+    result = child("from device.architectures import build_model; build_model('resnet18', 3)", odd)
+    assert result.returncode != 0
+    assert "edgefold-odd 1.2.3" in result.stderr and "registers 'odd_net' as int, not an architecture" in result.stderr
