@@ -36,6 +36,8 @@ GOAL = ("every stage's gate passes on every seed with the recipe as shipped (tea
 SEED_KEYS = ("data.seed", "teacher.train.seed", "distill.train.seed")
 FIGURES = (("teacher", "teacher"), ("student", "distill"), ("INT8", "quantize"))
 BUILD_STAGES = ("data", "teacher", "prune", "distill", "export", "quantize", "evaluate")
+# Over seeds, in points (top-1 or mAP) but for the MACs: the figures, then the fold's changes.
+FIGURE_ROWS = ("teacher", "student", "INT8", "student_macs_percent", "student_change", "int8_change", "int8_drop_points")
 
 
 def machine() -> dict[str, Any]:
@@ -91,8 +93,8 @@ def one_run(recipe: str, seed: int, runs: Path, until: str | None) -> dict[str, 
     except EdgeFoldError as err:  # a gate that refused: recorded, and the next seed runs
         record.update(passed=False, error=str(err).splitlines()[0][:400])
     record["wall_s"] = round(time.perf_counter() - started, 1)  # this call's (a resumed run finds stages cached)
-    manifest = json.loads(next(runs.glob(f"*/seed{seed}/manifest.json")).read_text())
-    stages = manifest.get("stages", {})
+    found = next(runs.glob(f"*/seed{seed}/manifest.json"), None)  # none: a preflight refused before any stage
+    stages = json.loads(found.read_text()).get("stages", {}) if found else {}
     # Each stage's time as recorded when it ran: the first run's cost, however often the benchmark resumed. Deploy
     # and report run again on every resume (reusing the measurements), so the figure is the build side's stages.
     record["stage_seconds"] = {name: stage.get("seconds") for name, stage in stages.items()}
@@ -105,6 +107,8 @@ def one_run(recipe: str, seed: int, runs: Path, until: str | None) -> dict[str, 
         metrics = (stages.get(stage) or {}).get("metrics") or {}
         # Detection's quantize stage keeps the INT8 rung's scores under "int8" (classification's at the top).
         record[label] = score(metrics["int8"] if isinstance(metrics.get("int8"), dict) else metrics)
+    fraction = ((stages.get("prune") or {}).get("metrics") or {}).get("macs_fraction")
+    record["student_macs_percent"] = None if fraction is None else round(100 * fraction, 2)
     quantize = (stages.get("quantize") or {}).get("metrics") or {}
     record["quantize_method"] = quantize.get("method")
     record["int8_drop_points"] = quantize.get("drop_points")
@@ -126,7 +130,10 @@ def t_interval(values: list[float]) -> tuple[float, float, float] | None:
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out = {"seeds": len(runs), "passed": sum(r["passed"] for r in runs), "goal_met": all(r["passed"] for r in runs)}
-    for label in ("teacher", "student", "INT8", "int8_drop_points", "build_seconds"):
+    for r in runs:  # the changes the fold made, per run: the student against the teacher, INT8 against the student
+        r["student_change"] = None if None in (r.get("student"), r.get("teacher")) else r["student"] - r["teacher"]
+        r["int8_change"] = None if None in (r.get("INT8"), r.get("student")) else r["INT8"] - r["student"]
+    for label in (*FIGURE_ROWS, "build_seconds"):
         values = [r[label] for r in runs if isinstance(r.get(label), (int, float))]
         interval = t_interval(values)
         out[label] = None if interval is None else {"mean": interval[0], "low": interval[1], "high": interval[2],
@@ -136,15 +143,23 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(doc: dict[str, Any]) -> str:
     m, s = doc["machine"], doc["summary"]
-    lines = [f"## {doc['recipe']} over {s['seeds']} seeds", "", f"Goal, stated before the run: {GOAL}.", "",
+    lines = [f"## {doc['recipe']} over {s['seeds']} seeds", "", f"Goal, stated before the run: {doc['goal']}.", "",
              f"**Goal {'MET' if s['goal_met'] else 'NOT MET'}**: {s['passed']} of {s['seeds']} seeds passed every "
              f"gate. Machine: {m['cpu']}, {m['cores']} cores, {m['kernels']} kernels "
              f"({', '.join(m['vector_flags'])}); {doc['date']}.", "",
              "| figure | mean over seeds [95% t interval] |", "|---|---|"]
-    for label in ("teacher", "student", "INT8", "int8_drop_points", "build_seconds"):
+    for label in (*FIGURE_ROWS, "build_seconds"):
         f = s.get(label)
         if f:
             lines.append(f"| {label} | {f['mean']:.2f} [{f['low']:.2f}, {f['high']:.2f}] (n={f['n']}) |")
+    stage_names = [name for name in (*BUILD_STAGES, "deploy", "report")
+                   if any((r.get("stage_seconds") or {}).get(name) is not None for r in doc["runs"])]
+    lines += ["", "Seconds each stage took, per run (the first time it ran):", "",
+              "| seed | " + " | ".join(stage_names) + " |", "|---" * (len(stage_names) + 1) + "|"]
+    for r in doc["runs"]:
+        times = r.get("stage_seconds") or {}
+        lines.append(f"| {r['seed']} | " + " | ".join("—" if times.get(n) is None else f"{times[n]:.0f}"
+                                                      for n in stage_names) + " |")
     lines += ["", "Every run:", "", "| seed | passed | teacher | student | INT8 | INT8 − student | method | build s | "
               "failed gate |", "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
@@ -162,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="runs folder (default: /tmp/edgefold-seeds-RECIPE); resumable")
     parser.add_argument("--until", help="stop each run after this stage (default: the whole run)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--goal", default=GOAL, help="the goal to state before the run (a bench that calls this one)")
     args = parser.parse_args(argv)
     work = args.work or Path(f"/tmp/edgefold-seeds-{Path(args.recipe).stem}")
     state_path = work / "state.json"
@@ -172,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         state = {}
         shutil.rmtree(work / "runs", ignore_errors=True)
     state["experiment"] = key
-    print(f"goal: {GOAL}", flush=True)
+    print(f"goal: {args.goal}", flush=True)
     for seed in range(args.seeds):
         if str(seed) in state:
             continue
@@ -185,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({record['build_seconds']} s data to evaluate)", flush=True)
     runs = [state[str(s)] for s in range(args.seeds)]
     doc = {"schema": "edgefold.bench.seeds/1", "recipe": Path(args.recipe).stem, "date": time.strftime("%Y-%m-%d"),
-           "goal": GOAL, "seed_keys": list(SEED_KEYS), "until": args.until, "machine": machine(), "experiment": key,
+           "goal": args.goal, "seed_keys": list(SEED_KEYS), "until": args.until, "machine": machine(), "experiment": key,
            "runs": runs,
            "summary": summary(runs)}
     stamp = time.strftime("%Y%m%d-%H%M%S")

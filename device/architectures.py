@@ -20,7 +20,7 @@ names a key: no source imports code that a recipe names, and two sources claimin
 from __future__ import annotations
 
 import functools
-import importlib
+import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -43,6 +43,11 @@ class Architecture:
         preprocess: ``preprocess() -> dict`` of the input size, mean, std and interpolation the model was trained
             with (a :class:`device.preprocess.Preprocess`'s fields), used when a recipe leaves ``preprocess`` unset.
         sized: ``build`` also takes ``input_size=``: the model's shape depends on it (a ViT's position embedding).
+        inference_form: ``inference_form(model) -> model``, the same function with its train-time branches folded
+            (timm's ``reparameterize_model``: RepVGG's, MobileOne's, FastViT's parallel convolutions into one), used
+            for export; None where the trained form is the inference form.
+        fingerprint: What besides EdgeFold's own code decides what ``build`` makes (the timm version; an entry
+            point's package version and its module's sha256), part of a stage's cache key; empty for the built-ins.
     """
 
     name: str
@@ -52,24 +57,53 @@ class Architecture:
     source: str = "built-in"
     preprocess: Callable[[], dict] | None = None
     sized: bool = False
+    inference_form: Callable[[Any], Any] | None = None
+    fingerprint: str = ""
 
 
 class ArchitectureRegistry(Registry[Architecture]):
     """The registry of :class:`Architecture` s: the built-ins, ``timm/<name>`` resolved on demand, and the
     ``edgefold.architectures`` entry points, gathered on the first read."""
 
-    PREFIXES = {"timm/": "device.timm_architectures"}
+    PREFIXES = ("timm/",)
 
     def __init__(self, kind: str):
         super().__init__(kind)
         self._plugins_loaded = False
+        self._plugin_error: ConfigError | None = None
+        self._lock = threading.RLock()
         self._resolved: dict[str, Architecture] = {}
 
     def _ready(self) -> None:
-        if not self._plugins_loaded:
-            self._plugins_loaded = True  # first: a failing entry point is reported once per process, not looped
-            for arch in entry_point_architectures():
-                self.add(arch.name, arch)
+        """Gathers the entry points once, all or none: a refused source (a key claimed twice, a plugin that fails
+        to load) registers nothing and is raised again on every later read, never half-applied."""
+        if self._plugins_loaded:
+            if self._plugin_error is not None:
+                raise self._plugin_error
+            return
+        with self._lock:
+            if self._plugins_loaded:
+                return self._ready()
+            try:
+                found = entry_point_architectures()
+                claimed = dict(self._items)
+                for arch in found:
+                    self._check_free(arch.name, arch, claimed)
+                    claimed[arch.name] = arch
+            except ConfigError as err:
+                self._plugin_error = err
+            else:
+                self._items = claimed
+            self._plugins_loaded = True
+        self._ready()
+
+    def _check_free(self, name: str, obj: Architecture, taken: dict[str, Architecture]) -> None:
+        if name.startswith(self.PREFIXES):
+            raise ConfigError(f"architecture {name!r} ({obj.source}) uses the reserved prefix {name.split('/')[0]}/",
+                              fix="register it under a key without a '/' prefix")
+        if name in taken:
+            raise ConfigError(f"architecture {name!r} is registered twice: by {taken[name].source} and by "
+                              f"{obj.source}", fix="uninstall one of the two packages, or rename one entry point")
 
     def add(self, name: str, obj: Architecture) -> None:
         """Registers ``obj``; a key taken already is refused naming both sources, and the source prefixes are reserved.
@@ -77,12 +111,7 @@ class ArchitectureRegistry(Registry[Architecture]):
         Raises:
             ConfigError: Two sources register ``name``, or it begins with a source's prefix (``timm/``).
         """
-        if any(name.startswith(prefix) for prefix in self.PREFIXES):
-            raise ConfigError(f"architecture {name!r} ({obj.source}) uses the reserved prefix {name.split('/')[0]}/",
-                              fix="register it under a key without a '/' prefix")
-        if name in self._items:
-            raise ConfigError(f"architecture {name!r} is registered twice: by {self._items[name].source} and by "
-                              f"{obj.source}", fix="uninstall one of the two packages, or rename one entry point")
+        self._check_free(name, obj, self._items)
         self._items[name] = obj
 
     def get(self, name: str) -> Architecture:
@@ -92,15 +121,18 @@ class ArchitectureRegistry(Registry[Architecture]):
             UnknownKeyError: With the nearest names (of timm's for a ``timm/`` key).
             MissingDependencyError: A ``timm/`` key where timm is not installed.
         """
-        for prefix, module in self.PREFIXES.items():
-            if str(name).startswith(prefix):
+        if str(name).startswith("timm/"):
+            # Imported by name here (not through a table) so that a stage's code hash follows it.
+            from device import timm_architectures
+
+            with self._lock:
                 if name not in self._resolved:
-                    self._resolved[name] = importlib.import_module(module).architecture(name[len(prefix):])
+                    self._resolved[name] = Architecture(**timm_architectures.architecture_fields(name[len("timm/"):]))
                 return self._resolved[name]
         return super().get(name)
 
     def __contains__(self, name: object) -> bool:
-        if any(str(name).startswith(prefix) for prefix in self.PREFIXES):
+        if str(name).startswith(self.PREFIXES):
             try:
                 self.get(str(name))
             except UnknownKeyError:
@@ -131,6 +163,7 @@ def entry_point_architectures() -> list[Architecture]:
     found = []
     for point in entry_points(group=ENTRY_POINT_GROUP):
         dist = f"{point.dist.name} {point.dist.version}" if point.dist else "an unknown distribution"
+        package = point.dist.name if point.dist else point.module
         where = f"entry point {point.value} ({dist})"
         try:
             obj = point.load()
@@ -138,22 +171,39 @@ def entry_point_architectures() -> list[Architecture]:
                 obj = obj()
         except Exception as err:  # a plugin's own bug: named, with the package to blame
             raise ConfigError(f"the architecture {point.name!r} registered by {where} fails to load: "
-                              f"{type(err).__name__}: {err}", fix=f"fix or uninstall {dist.split()[0]}") from None
+                              f"{type(err).__name__}: {err}", fix=f"fix or uninstall {package}") from None
+        fingerprint = f"{dist}, {point.module} sha256 {_module_sha256(point.module)}"
         if isinstance(obj, Architecture):
-            found.append(replace(obj, name=point.name, source=where))
+            found.append(replace(obj, name=point.name, build=_channels_fitted(obj.build), source=where,
+                                 fingerprint=fingerprint))
             continue
         fields = obj if isinstance(obj, dict) else {}
         if not callable(fields.get("build")) or not isinstance(fields.get("classifier"), str):
             raise ConfigError(f"{where} registers {point.name!r} as {type(obj).__name__}, not an architecture",
                               fix="point it at a dict {'build': build(num_classes, in_channels) -> nn.Module, "
                                   "'classifier': 'dotted.name.of.head'} or a device.architectures.Architecture")
-        unknown = set(fields) - {"build", "classifier", "torchvision_name", "preprocess"}
+        unknown = set(fields) - {"build", "classifier", "torchvision_name", "preprocess", "inference_form"}
         if unknown:
             raise ConfigError(f"{where} gives {point.name!r} unknown fields {sorted(unknown)}",
-                              fix="allowed: build, classifier, torchvision_name, preprocess")
+                              fix="allowed: build, classifier, torchvision_name, preprocess, inference_form")
         found.append(Architecture(point.name, _channels_fitted(fields["build"]), fields["classifier"],
-                                  fields.get("torchvision_name"), where, fields.get("preprocess")))
+                                  fields.get("torchvision_name"), where, fields.get("preprocess"),
+                                  inference_form=fields.get("inference_form"), fingerprint=fingerprint))
     return found
+
+
+def _module_sha256(module: str) -> str:
+    """The sha256 of an entry point's module file: an edited (editable-installed) builder is another model."""
+    import hashlib
+    import sys
+
+    from pathlib import Path
+
+    path = getattr(sys.modules.get(module), "__file__", None)
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16] if path else "unknown"
+    except OSError:
+        return "unknown"
 
 
 def _channels_fitted(build: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
@@ -305,7 +355,14 @@ def fold_batchnorm(model):
     from torch import nn
     from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-    traced = torch.fx.symbolic_trace(copy.deepcopy(model).eval())
+    if not any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):  # a ViT's: nothing to fold, nothing to trace
+        return copy.deepcopy(model).eval()
+    try:
+        traced = torch.fx.symbolic_trace(copy.deepcopy(model).eval())
+    except Exception as err:  # torch.fx's TraceError and the model's own code under tracing
+        raise ConfigError(f"{type(model).__name__} cannot be traced by torch.fx to fold its BatchNorm "
+                          f"({type(err).__name__}: {str(err)[:160]})",
+                          fix="set quantize.qat: null (quantization-aware fine-tuning needs the folded model)") from None
     modules = dict(traced.named_modules())
     for node in list(traced.graph.nodes):
         if node.op != "call_module" or not isinstance(modules[node.target], nn.BatchNorm2d):

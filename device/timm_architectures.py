@@ -12,20 +12,20 @@ from __future__ import annotations
 import difflib
 import math
 
-from device.architectures import Architecture
 from device.errors import ConfigError, UnknownKeyError, require
+from device.preprocess import _INTERPOLATIONS
 
-INSTALL = "pip install timm==1.0.31 (make venv installs it with the build side)"
-# timm's interpolation names → OpenCV's in device.preprocess; 'random' and the like are train-time choices.
-_INTERPOLATIONS = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "nearest", "area": "area"}
+VERSION = "1.0.31"  # setup.cfg's pin (the build side, and the torch-tensorrt agent that rebuilds models)
+INSTALL = f"pip install timm=={VERSION} (make venv installs it; on a device, into the agent's environment)"
 
 
 def _timm():
     return require("timm", "timm", INSTALL)
 
 
-def architecture(name: str) -> Architecture:
-    """The :class:`Architecture` of timm's ``name`` (without the ``timm/`` prefix).
+def architecture_fields(name: str) -> dict:
+    """The fields of the :class:`device.architectures.Architecture` of timm's ``name`` (without the ``timm/`` prefix;
+    the registry builds it, so that this module needs nothing of the registry's).
 
     Raises:
         UnknownKeyError: timm has no such model; the nearest of its names are suggested.
@@ -37,8 +37,13 @@ def architecture(name: str) -> Architecture:
         hint = f"did you mean {' or '.join(repr('timm/' + n) for n in near)}? " if near else ""
         raise UnknownKeyError(f"unknown architecture 'timm/{name}': timm {timm.__version__} has no model {name!r}",
                               fix=f"{hint}timm.list_models('*{name[:4]}*') lists its names")
-    classifier = _classifier(timm, name)
-    cfg = timm.get_pretrained_cfg(name)
+    try:
+        cfg = timm.get_pretrained_cfg(name)
+    except RuntimeError as err:  # a model timm has, with a pretrained tag it has not ("resnet18.bogus")
+        tags = timm.list_pretrained(f"{name.split('.')[0]}.*")
+        raise UnknownKeyError(f"unknown architecture 'timm/{name}': {err}",
+                              fix=f"its tags: {', '.join(tags[:6])}" if tags else "leave the tag out") from None
+    classifier = _classifier(timm, name, cfg)
     # A ViT, Swin or LeViT is built for one input size (its position embedding, its windows): timm marks it so.
     sized = bool(cfg is not None and cfg.fixed_input_size)
 
@@ -46,12 +51,21 @@ def architecture(name: str) -> Architecture:
         size = {"img_size": input_size} if sized and input_size else {}
         return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **size)
 
-    return Architecture(f"timm/{name}", build, classifier, source=f"timm {timm.__version__}",
-                        preprocess=lambda: pretrained_preprocess(name), sized=sized)
+    return {"name": f"timm/{name}", "build": build, "classifier": classifier, "source": f"timm {timm.__version__}",
+            "preprocess": lambda: pretrained_preprocess(name), "sized": sized, "inference_form": inference_form,
+            "fingerprint": f"timm {timm.__version__}"}
 
 
-def _classifier(timm, name: str) -> str:
-    cfg = timm.get_pretrained_cfg(name)
+def inference_form(model):
+    """A copy of ``model`` with timm's train-time branches folded (``reparameterize_model``: every block with a
+    ``reparameterize`` or ``fuse`` method, as RepVGG, MobileOne, FastViT and RepViT have); unchanged otherwise."""
+    from timm.utils.model import reparameterize_model
+
+    return reparameterize_model(model) if any(hasattr(m, "reparameterize") or hasattr(m, "fuse")
+                                              for m in model.modules()) else model
+
+
+def _classifier(timm, name: str, cfg) -> str:
     classifier = getattr(cfg, "classifier", None) if cfg is not None else None
     if classifier is None:  # no pretrained config: find the head a built model reports
         model = timm.create_model(name, pretrained=False, num_classes=2)
@@ -86,4 +100,5 @@ def pretrained_preprocess(name: str) -> dict:
     crop = cfg.crop_pct or 1.0
     return {"input_size": int(height), "resize": max(int(height), int(math.floor(height / crop))),
             "channels": int(channels), "mean": [float(v) for v in cfg.mean], "std": [float(v) for v in cfg.std],
-            "interpolation": _INTERPOLATIONS.get(cfg.interpolation, "bilinear")}
+            # 'random' and the like are train-time choices: evaluation resizes bilinearly then
+            "interpolation": cfg.interpolation if cfg.interpolation in _INTERPOLATIONS else "bilinear"}

@@ -33,6 +33,10 @@ FORMAT = "edgefold.checkpoint/1"
 
 MAX_WIDTH = 1 << 16  # channels or features of one layer
 MAX_CLASSES = 1 << 20
+MAX_INPUT_SIZE = 4096  # the side a sized architecture (a timm ViT) is built for: its position embedding grows with it²
+# The architecture a checkpoint names may hold at most this many times the parameters its file carries (pruning
+# removes far fewer): a small file naming a billion-parameter timm model is refused before anything is allocated.
+MAX_UNPRUNED_FACTOR = 64
 _CORRUPT = "the checkpoint is corrupt or was edited; re-run the stage that produced it (--force STAGE)"
 # Attributes that describe a layer's shape, by layer type name (torch.nn's); pruning rewrites exactly these.
 STRUCTURE_ATTRS = {
@@ -85,7 +89,11 @@ def apply_structure(model, structure: dict[str, dict[str, Any]], state_dict: dic
                 f"checkpoint layer {name!r} is a {attrs.get('type')} but the architecture has {found} there",
                 fix="the checkpoint was made for another architecture; check the recipe's arch",
             )
-        allowed = STRUCTURE_ATTRS[_structured_base(module) or "Conv2d"]
+        base = _structured_base(module)
+        if base is None:  # the class name matched, but it is no shaped layer: nothing of it may be set from a file
+            raise CheckpointError(f"checkpoint layer {name!r} records widths for a {attrs['type']}, which has none",
+                                  fix=_CORRUPT)
+        allowed = STRUCTURE_ATTRS[base]
         for attr, value in attrs.items():
             if attr == "type":
                 continue
@@ -130,6 +138,8 @@ def _expected_shapes(module) -> dict[str, tuple[int, ...]]:
     if isinstance(module, nn.Linear):
         shapes = {"weight": (module.out_features, module.in_features)}
         return {**shapes, "bias": (module.out_features,)} if module.bias is not None else shapes
+    if isinstance(module, nn.LayerNorm):
+        return {k: tuple(module.normalized_shape) for k in ("weight", "bias") if getattr(module, k, None) is not None}
     return {}
 
 
@@ -236,7 +246,7 @@ def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that prod
     classes, channels = payload.get("num_classes"), payload.get("in_channels", 3)
     size = payload.get("input_size")
     if type(classes) is not int or not 0 < classes <= MAX_CLASSES or channels not in (1, 3) or (
-            size is not None and (type(size) is not int or not 0 < size <= MAX_WIDTH)):
+            size is not None and (type(size) is not int or not 0 < size <= MAX_INPUT_SIZE)):
         raise CheckpointError(f"{path} records {classes!r} classes, {channels!r} input channels and input size "
                               f"{size!r}", fix=_CORRUPT)
     if payload.get("arch") not in ARCHITECTURES:
@@ -247,12 +257,28 @@ def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that prod
 
 def model_from_payload(payload: dict, source: str):
     """The float model a checkpoint's dict describes (eval mode, CPU), its pruned widths applied and checked."""
-    model = build_model(payload["arch"], payload["num_classes"], int(payload.get("in_channels", 3)),
-                        input_size=payload.get("input_size"))
+    args = (payload["arch"], payload["num_classes"], int(payload.get("in_channels", 3)))
+    _refuse_oversized(payload, args, source)
+    model = build_model(*args, input_size=payload.get("input_size"))
     state_dict = payload["state_dict"]
     apply_structure(model, payload.get("structure") or {}, state_dict)
     load_state_strict(model, state_dict, source)
     return model.eval()
+
+
+def _refuse_oversized(payload: dict, args: tuple, source: str) -> None:
+    """Builds the named architecture on the meta device (no memory) and refuses one far larger than the file."""
+    import torch
+
+    with torch.device("meta"):
+        probe = build_model(*args, input_size=payload.get("input_size"))
+    full = sum(p.numel() for p in probe.parameters())
+    state = payload.get("state_dict")
+    held = sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor)) if isinstance(state, dict) else 0
+    if full > MAX_UNPRUNED_FACTOR * held + (1 << 20):
+        raise CheckpointError(f"{source} names {payload['arch']} ({full / 1e6:.1f} M parameters) but holds "
+                              f"{held / 1e6:.2f} M values: more than {MAX_UNPRUNED_FACTOR}× what pruning removes",
+                              fix=_CORRUPT)
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:

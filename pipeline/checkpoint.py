@@ -112,10 +112,12 @@ def apply_torchvision_state(model: nn.Module, arch: str, state: dict[str, torch.
                 replaced.append(key)
                 del state[key]
             else:
+                sized = ("; or they were trained at another input size, which fixes this architecture's shape: set "
+                         "preprocess.input_size to theirs") if ARCHITECTURES.get(arch).sized else ""
                 raise CheckpointError(
                     f"{source}: layer {key} has shape {tuple(tensor.shape)}, "
                     f"but {arch} expects {tuple(expected[key].shape)}",
-                    fix=f"these weights are not a {arch}; choose the matching teacher.arch",
+                    fix=f"these weights are not a {arch}; choose the matching teacher.arch{sized}",
                 )
     missing = [k for k in expected if k not in state and k not in replaced]
     unexpected = [k for k in state if k not in expected]

@@ -382,7 +382,9 @@ def _print_architectures() -> int:
 
         print(f"  {'timm/<name>':<24} timm {timm.__version__} ({len(timm.list_models())} architectures)")
     else:
-        print(f"  {'timm/<name>':<24} unavailable: timm is not installed (pip install timm==1.0.31)")
+        from device.timm_architectures import INSTALL
+
+        print(f"  {'timm/<name>':<24} unavailable: timm is not installed ({INSTALL})")
     return 0
 
 

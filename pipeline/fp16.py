@@ -55,7 +55,7 @@ def _convert(src: Path, converter: str, calibration=None):
             raise MissingDependencyError(f"NVIDIA ModelOpt's AutoCast is not importable ({err})",
                                          fix=f"{_INSTALL}, or pass converter={ONNXCONVERTER!r}") from None
         # The reference run that picks which nodes stay FP32 (values above data_max=512, where FP16's step is 0.5)
-        # feeds random inputs in [0, 1] unless given images: a LayerNorm's or Softmax's input that only real
+        # feeds random inputs in [-1, 1] unless given images: a LayerNorm's or Softmax's input that only real
         # images drive past FP16's range is found with the calibration slice. providers is passed because
         # AutoCast appends to its default list.
         if calibration is None:

@@ -12,6 +12,40 @@ from torch import nn
 from device.architectures import ARCHITECTURES, Architecture, build_model, fold_batchnorm  # noqa: F401 (re-exported)
 
 
+def checked_model(arch: str, num_classes: int, in_channels: int, input_size: int) -> nn.Module:
+    """Builds ``arch`` and checks what the stages will rely on, before any stage: a convolution to take the input
+    (grey input and RGB weights are folded there), the classifier the registry names, and one forward pass at the
+    recipe's input size giving ``num_classes`` scores.
+
+    Raises:
+        ConfigError: Naming the architecture, what failed and what to change.
+    """
+    from device.architectures import stem_name
+    from device.errors import ConfigError
+
+    model = build_model(arch, num_classes, in_channels, input_size).eval()
+    entry = ARCHITECTURES.get(arch)
+    try:
+        stem_name(model)
+        model.get_submodule(entry.classifier)
+    except (ValueError, AttributeError) as err:
+        raise ConfigError(f"{arch} ({entry.source}) cannot enter the ladder: {err}",
+                          fix="register it with 'classifier' naming its final layer, and a Conv2d taking the image "
+                              "first") from None
+    try:
+        with torch.no_grad():
+            shape = tuple(model(torch.zeros(1, in_channels, input_size, input_size)).shape)
+    except Exception as err:  # the model's own code: any error is a size or channel count it does not take
+        raise ConfigError(f"{arch} does not run on {in_channels}×{input_size}×{input_size} input: "
+                          f"{type(err).__name__}: {str(err)[:200]}",
+                          fix="set preprocess.input_size to a size it takes (a timm model's pretrained_cfg names "
+                              "its own; leave preprocess out to use it)") from None
+    if shape != (1, num_classes):
+        raise ConfigError(f"{arch} gives outputs of shape {shape} for one image, not {num_classes} class scores",
+                          fix="register a builder whose model ends in the classifier it names")
+    return model
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -139,7 +139,9 @@ def kept_whole(model: torch.nn.Module) -> dict[str, str]:
     for name, module in model.named_modules():
         if any(name.startswith(done + ".") for done in kept):
             continue
-        if hasattr(module, "num_heads") and any(isinstance(m, torch.nn.Linear) for m in module.modules()):
+        # The attention itself (its own query/key/value projections, linear or convolutional as in MaxViT), not a
+        # whole block that merely records its head count (Swin's, whose MLP stays prunable).
+        if hasattr(module, "num_heads") and _PROJECTIONS & {child for child, _ in module.named_children()}:
             kept[name] = f"attention ({type(module).__name__}, {module.num_heads} heads): its head dimensions and " \
                          "the embedding width they share are kept whole"
             continue
@@ -150,6 +152,9 @@ def kept_whole(model: torch.nn.Module) -> dict[str, str]:
                 kept[name] = f"{type(module).__name__} with parameters Torch-Pruning does not narrow " \
                              f"({', '.join(extra)}): kept whole"
     return kept
+
+
+_PROJECTIONS = {"qkv", "qk", "kv", "q", "k", "v", "to_qkv", "to_q"}
 
 
 def ignored_modules(model: torch.nn.Module, arch: str) -> list[torch.nn.Module]:
@@ -194,10 +199,12 @@ def macs_after(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, 
             pruner.step()
         return count_macs(trial, input_shape)
     except (RuntimeError, ValueError, IndexError) as err:  # a layer DepGraph narrowed that its neighbours did not
+        if isinstance(err, torch.OutOfMemoryError):
+            raise
         raise StageError(f"Torch-Pruning cannot prune {arch}: a pruned copy fails to run ({type(err).__name__}: "
-                         f"{str(err)[:200]})", fix="distil into a smaller architecture instead (distill.student: "
-                                               "a registry key, e.g. timm/<smaller variant>), or choose another "
-                                               "teacher") from None
+                         f"{str(err)[:200]})", fix="choose a teacher Torch-Pruning can narrow (a timm/ network of "
+                                               "plain convolutions, linear layers and attention); the prune stage "
+                                               "cannot be skipped yet") from None
 
 
 def bisect_target(evaluate, low, high, target: float, good_enough: float, iterations: int, integer: bool = False):

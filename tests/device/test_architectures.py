@@ -86,8 +86,10 @@ def test_two_packages_claiming_one_key_are_refused_naming_both(tmp_path, plugin)
     clash = install(tmp_path, "edgefold-clash", 'my_net = "edgefold_clash:MY_NET"')
     result = child("from pipeline.cli import main; raise SystemExit(main(['recipes', '--check']))", plugin, clash)
     assert result.returncode == 1
-    line = next(line for line in result.stdout.splitlines() if "is registered twice" in line)
-    assert "'my_net'" in line and "edgefold-test-arch 1.2.3" in line and "edgefold-clash 1.2.3" in line
+    line = next(line for line in result.stdout.splitlines() if line.startswith("architectures: FAIL"))
+    assert "'my_net' is registered twice" in line
+    assert "edgefold-test-arch 1.2.3" in line and "edgefold-clash 1.2.3" in line
+    assert not any(row.strip().startswith("my_net ") for row in result.stdout.splitlines())  # no listing follows
 
 
 def test_a_key_taken_by_a_built_in_or_a_source_prefix_is_refused():
@@ -108,3 +110,48 @@ def test_an_entry_point_of_another_shape_names_its_package(tmp_path):
     result = child("from device.architectures import build_model; build_model('resnet18', 3)", odd)
     assert result.returncode != 0
     assert "edgefold-odd 1.2.3" in result.stderr and "registers 'odd_net' as int, not an architecture" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_timm_or_plugin_key_carries_a_fingerprint_for_the_stage_caches(tmp_path):
+    """A stage cached on another timm, or on a user's builder before its file changed, must not be reused: the key's
+    fingerprint (timm's version; the package's version and its module's sha256) enters the stage's configuration."""
+    assert ARCHITECTURES.get("timm/resnet10t").fingerprint == f"timm {timm.__version__}"
+    assert ARCHITECTURES.get("resnet18").fingerprint == ""  # the project's own code is hashed already
+    plugin = install(tmp_path, "edgefold-test-arch", 'my_net = "edgefold_test_arch:MY_NET"')
+    code = "from device.architectures import ARCHITECTURES; print(ARCHITECTURES.get('my_net').fingerprint)"
+    before = child(code, plugin).stdout.strip()
+    assert before.startswith("edgefold-test-arch 1.2.3, edgefold_test_arch sha256 ")
+    module = plugin / "edgefold_test_arch" / "__init__.py"
+    module.write_text(module.read_text().replace("16, 3", "24, 3").replace("(16)", "(24)").replace("(16, 32", "(24, 32"))
+    after = child(code, plugin).stdout.strip()
+    assert after != before and after.startswith("edgefold-test-arch 1.2.3, edgefold_test_arch sha256 ")
+
+
+def test_a_refused_source_registers_nothing_and_is_refused_on_every_read(monkeypatch):
+    """Two entry points claiming one key: neither is half-registered, and every later read raises the same error
+    (not just the first), so no run goes on with whichever package happened to load first."""
+    from device import architectures
+    from device.architectures import Architecture, ArchitectureRegistry
+
+    def two_claims():
+        return [Architecture("net", print, "fc", source="entry point a:NET (a 1)"),
+                Architecture("net", print, "fc", source="entry point b:NET (b 2)")]
+
+    monkeypatch.setattr(architectures, "entry_point_architectures", two_claims)
+    registry = ArchitectureRegistry("architecture")
+    registry.add("resnet18", Architecture("resnet18", print, "fc", source="built-in (torchvision)"))
+    for _ in range(2):
+        with pytest.raises(ConfigError, match=r"'net' is registered twice: by entry point a:NET \(a 1\) and by "
+                                              r"entry point b:NET \(b 2\)"):
+            registry.names()
+    with pytest.raises(ConfigError, match="registered twice"):
+        registry.get("resnet18")
+    assert "net" not in registry._items
+
+
+def test_a_timm_name_with_a_tag_timm_lacks_lists_the_tags_it_has():
+    with pytest.raises(UnknownKeyError, match="Invalid pretrained tag") as err:
+        ARCHITECTURES.get("timm/resnet18.bogus")
+    assert "resnet18.a1_in1k" in err.value.fix
+    assert "timm/resnet18.bogus" not in ARCHITECTURES

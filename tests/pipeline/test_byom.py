@@ -79,7 +79,7 @@ def test_a_timm_vit_goes_through_make_edge_with_the_preprocessing_of_its_pretrai
     whole = stages["prune"]["metrics"]["kept_whole"]
     assert [w["layer"] for w in whole] == [f"blocks.{i}.attn" for i in range(len(whole))] and whole
     fp16 = stages["export"]["metrics"]["rungs"]["student_fp16"]
-    assert fp16["calibration_parity"]["images"] == 64 and fp16["calibration_parity"]["nonfinite"] == 0
+    assert fp16["calibration_parity"]["images"] == 16 and fp16["calibration_parity"]["nonfinite"] == 0
     # teacher, pruned, student, student_fp16 and student_int8, each measured on the loopback agent
     assert stages["deploy"]["metrics"]["jobs_succeeded"] == stages["deploy"]["metrics"]["jobs"] == 5
     assert (tmp_path / "runs" / "byom-vit" / "latest" / "report" / "report.html").is_file()
@@ -96,6 +96,8 @@ def test_a_module_registered_by_an_installed_package_goes_through_the_ladder(rep
     assert result.returncode == 0, result.stderr[-3000:]
     stages = manifest(tmp_path / "runs", "byom-plugin")["stages"]
     assert stages["teacher"]["metrics"]["top1"] > 0.5
+    # the package's version and code are part of the teacher's cache key
+    assert stages["teacher"]["config"]["teacher"]["arch_fingerprint"].startswith("edgefold-test-arch 1.2.3, ")
     assert stages["prune"]["metrics"]["macs_fraction"] < 0.75
     assert stages["deploy"]["metrics"]["jobs_succeeded"] == stages["deploy"]["metrics"]["jobs"] == 5
     without = subprocess.run([sys.executable, "-m", "pipeline", "recipe", str(path)], capture_output=True, text=True,

@@ -100,8 +100,9 @@ def test_a_timm_safetensors_file_loads_with_its_head_replaced(tmp_path):
 def test_weights_whose_keys_fit_no_layer_name_the_architecture_and_its_source(tmp_path):
     pytest.importorskip("timm")
     path = tmp_path / "other.pth"
-    torch.save(build_model("tiny_resnet", 10).state_dict(), path)
-    with pytest.raises(CheckpointError, match=r"does not match timm/test_convnext: missing \['stem") as err:
+    torch.save({"features.0.weight": torch.zeros(4, 3, 3, 3), "classifier.weight": torch.zeros(10, 4)}, path)
+    with pytest.raises(CheckpointError, match=r"does not match timm/test_convnext: missing \['stem.*unexpected "
+                                              r"\['features.0.weight'") as err:
         load_weights(build_model("timm/test_convnext", 10), "timm/test_convnext", path)
     assert "timm/test_convnext (timm " in err.value.fix
 
@@ -126,4 +127,30 @@ def test_a_pruned_timm_model_reloads_with_its_norm_subclasses_and_layer_scales_n
     payload["state_dict"][gamma] = torch.zeros(4096)
     torch.save(payload, path)
     with pytest.raises(CheckpointError, match=rf"{re.escape(gamma)} has shape \(4096,\)"):
+        load_checkpoint(path)
+
+
+def test_a_small_file_naming_a_huge_architecture_is_refused_before_it_is_built(tmp_path):
+    """The device rebuilds a checkpoint's architecture by its key: a crafted few-kilobyte file naming a large timm
+    model (or a ViT at an enormous input size) is refused before any memory is allocated for it."""
+    pytest.importorskip("timm")
+    path = save_checkpoint(tmp_path / "m.pt", build_model("tiny_resnet", 10), "tiny_resnet", 10)
+    payload = torch.load(path, weights_only=True)
+    payload["arch"] = "timm/vit_large_patch16_224"
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match=r"names timm/vit_large_patch16_224 \(30\d\.\d M parameters\) but holds "
+                                              r"0\.08 M values"):
+        load_checkpoint(path)
+    payload["arch"], payload["input_size"] = "timm/test_vit", 1 << 16
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="input size 65536"):
+        load_checkpoint(path)
+
+
+def test_widths_recorded_for_a_layer_that_has_none_are_refused(tmp_path):
+    path = save_checkpoint(tmp_path / "m.pt", build_model("tiny_resnet", 10), "tiny_resnet", 10)
+    payload = torch.load(path, weights_only=True)
+    payload["structure"]["layers.0"] = {"type": "BasicBlock", "out_channels": 7}
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="records widths for a BasicBlock, which has none"):
         load_checkpoint(path)

@@ -89,3 +89,32 @@ def test_the_fp16_rung_is_fp16_in_its_graph_with_float32_io(tiny_run):
     facts = entry["metrics"]["rungs"]["student_fp16"]
     assert facts["converter"] == "autocast" and facts["top1_agreement_with_fp32"] >= 0.99
     assert "emulates FP16" in facts["host_note"] and facts["scores"]["images"] == 355
+
+
+def test_a_timm_model_with_train_time_branches_is_exported_in_its_inference_form(tmp_path):
+    """MobileOne trains with parallel convolution branches that timm folds into one for inference: the export
+    writes the folded graph (fewer convolutions), and it agrees with the trained model it came from."""
+    pytest.importorskip("timm")
+    from device.architectures import ARCHITECTURES
+    from pipeline.onnx_export import check_parity, export_onnx
+
+    torch.manual_seed(0)
+    model = build_model("timm/mobileone_s0", 10)
+    with torch.no_grad():  # BatchNorm statistics away from their initial values, so folding them is not trivial
+        for _ in range(3):
+            model(torch.randn(8, 3, 32, 32))
+    model.eval()
+    folded = ARCHITECTURES.get("timm/mobileone_s0").inference_form(model)
+    names = lambda m: {name.rsplit(".", 1)[-1] for name, _ in m.named_modules()}  # noqa: E731
+    assert "conv_kxk" in names(model) and "reparam_conv" not in names(model)  # the trained form is kept
+    assert "conv_kxk" not in names(folded) and "reparam_conv" in names(folded)
+    trained = export_onnx(model, tmp_path / "trained.onnx", (1, 3, 32, 32), 17)
+    inference = export_onnx(folded, tmp_path / "folded.onnx", (1, 3, 32, 32), 17)
+    assert inference["conv_nodes"] < trained["conv_nodes"]
+    images = torch.randn(16, 3, 32, 32)
+    parity = check_parity(model, tmp_path / "folded.onnx", images.numpy())
+    with torch.no_grad():  # an untrained MobileOne's logits run to 1e8: the folding error is judged relative to them
+        scale = float(model(images).abs().max())
+    assert parity["max_abs_diff"] < 1e-5 * scale and parity["top1_agreement"] == 1.0
+    plain = build_model("timm/resnet10t", 10).eval()  # nothing to fold: the same module back
+    assert ARCHITECTURES.get("timm/resnet10t").inference_form(plain) is plain

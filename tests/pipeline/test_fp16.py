@@ -107,7 +107,7 @@ def test_a_missing_converter_says_what_to_install(tmp_path, monkeypatch, convert
 
 def _range_plant(path):
     """x → Relu(x − 1.5) × 300 × 300 → spatial mean → × 1/90000 → MatMul. AutoCast's own reference run feeds random
-    values in [0, 1], where the Relu is 0 everywhere; real images above 1.5 drive the products past FP16's 65504."""
+    values in [-1, 1], where the Relu is 0 everywhere; real images above 1.5 drive the products past FP16's 65504."""
     from onnx import TensorProto, helper
 
     weight = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
@@ -129,7 +129,7 @@ def _range_plant(path):
 
 
 def test_layers_past_fp16s_range_on_the_calibration_images_stay_fp32_and_are_named(tmp_path):
-    """The FP16 rung decides its FP32 layers on real images (the calibration slice), not on AutoCast's random [0, 1]
+    """The FP16 rung decides its FP32 layers on real images (the calibration slice), not on AutoCast's random [-1, 1]
     inputs, which miss a range only real images reach; the kept layers are named and the outputs compared."""
     src = _range_plant(tmp_path / "plant.onnx")
     images = np.random.default_rng(1).uniform(0, 3, size=(32, 3, 8, 8)).astype(np.float32)

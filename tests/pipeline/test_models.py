@@ -61,3 +61,55 @@ def test_depthwise_and_squeeze_excite_architectures_prune(arch):
     assert abs(count_macs(model, shape) / base - 0.5) <= 0.05
     with torch.no_grad():
         assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_an_architecture_is_checked_before_any_stage_relies_on_it(monkeypatch):
+    """checked_model runs what the stages rely on: a convolution first, the classifier the registry names, one
+    forward pass at the recipe's size giving the class scores; each failure names the architecture and the fix."""
+    from torch import nn
+
+    from device.architectures import Architecture, ArchitectureRegistry
+    from device.errors import ConfigError
+    from pipeline.models import checked_model
+
+    assert checked_model("tiny_resnet", 7, 3, 16).fc.out_features == 7
+    registry = ArchitectureRegistry("architecture")
+    registry._plugins_loaded = True  # no entry points: these three are the users' modules
+    registry.add("no_stem", Architecture("no_stem", lambda n, c=3: nn.Sequential(nn.Flatten(), nn.Linear(c * 256, n)),
+                                         "1", source="entry point t:NO_STEM (t 1)"))
+    registry.add("bad_head", Architecture("bad_head", lambda n, c=3: nn.Sequential(
+        nn.Conv2d(c, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, n)), "head", source="t"))
+    registry.add("fixed", Architecture("fixed", lambda n, c=3: nn.Sequential(
+        nn.Conv2d(c, 4, 3), nn.Flatten(), nn.Linear(4 * 14 * 14, n)), "2", source="t"))
+    monkeypatch.setattr("device.architectures.ARCHITECTURES", registry)
+    monkeypatch.setattr("pipeline.models.ARCHITECTURES", registry)
+    with pytest.raises(ConfigError, match="no_stem .* cannot enter the ladder: Sequential has no convolution"):
+        checked_model("no_stem", 5, 1, 16)
+    with pytest.raises(ConfigError, match="bad_head .* cannot enter the ladder"):
+        checked_model("bad_head", 5, 3, 16)
+    assert checked_model("fixed", 5, 3, 16)
+    with pytest.raises(ConfigError, match=r"fixed does not run on 3×32×32 input") as err:
+        checked_model("fixed", 5, 3, 32)
+    assert "preprocess.input_size" in err.value.fix
+
+
+def test_batchnorm_folding_says_when_torch_fx_cannot_trace_and_skips_models_without_batchnorm():
+    from torch import nn
+
+    from device.errors import ConfigError
+    from pipeline.models import fold_batchnorm
+
+    class Branchy(nn.Module):  # control flow on values: what torch.fx cannot trace (as a timm ViT's patch check)
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return self.bn(self.conv(x)) if x.sum() > 0 else self.conv(x)
+
+    with pytest.raises(ConfigError, match="Branchy cannot be traced by torch.fx") as err:
+        fold_batchnorm(Branchy())
+    assert "quantize.qat: null" in err.value.fix
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    folded = fold_batchnorm(plain)
+    assert folded is not plain and torch.equal(folded[0].weight, plain[0].weight)

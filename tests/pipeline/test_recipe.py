@@ -220,3 +220,13 @@ def test_an_unknown_timm_teacher_is_named_at_its_key_with_timms_near_names(tiny_
     with pytest.raises(ConfigError, match=r"teacher.arch: unknown architecture 'timm/resnet10'.*did you mean "
                                           r"'timm/resnet10t'"):
         parse_recipe(tiny_raw)
+
+
+def test_keys_a_recipe_writes_win_over_the_pretrained_cfgs(tiny_raw):
+    pytest.importorskip("timm")
+    tiny_raw["teacher"]["arch"] = "timm/resnet10t"
+    tiny_raw["preprocess"] = {"input_size": 64}
+    recipe = parse_recipe(tiny_raw)
+    assert recipe.preprocess.input_size == 64 and recipe.preprocess.resize is None  # not the 176 px crop's 201
+    assert recipe.preprocess.mean == [0.485, 0.456, 0.406] and recipe.preprocess.interpolation == "bicubic"
+    assert recipe._preprocess_from.endswith("with input_size from the recipe")

@@ -32,18 +32,21 @@ class Recipe(RecipeBase):
     deploy: DeployConfig = DeployConfig()
     # Why a section has no default, said when it is left out.
     MISSING_HINTS: ClassVar[dict[str, str]] = {
-        "preprocess": "only a teacher.arch that states how it was trained (timm/<name>, from its pretrained_cfg) "
-                      "supplies it; write input_size, mean and std"}
+        "preprocess": "only a teacher.arch that states how it was trained (timm/<name> from its pretrained_cfg, or "
+                      "a package's key with a preprocess) supplies it; write input_size, mean and std"}
     # Set when preprocess was left to the teacher's architecture (timm's pretrained_cfg): the run says so.
     _preprocess_from: str | None = PrivateAttr(None)
 
     @model_validator(mode="wrap")
     @classmethod
     def _preprocess_of_the_model(cls, data: Any, handler) -> "Recipe":
-        """A recipe may leave ``preprocess`` to a teacher whose architecture states how it was trained (a ``timm/``
-        key: its ``pretrained_cfg``'s input size, mean, std, interpolation and crop); any other must write it."""
+        """A recipe may leave ``preprocess``, whole or in part, to a teacher whose architecture states how it was
+        trained (a ``timm/`` key: its ``pretrained_cfg``'s input size, mean, std, interpolation and crop); the keys
+        it writes win. Any other teacher's recipe must write it."""
         source = None
-        if isinstance(data, dict) and data.get("preprocess") is None and isinstance(data.get("teacher"), dict):
+        written = data.get("preprocess") if isinstance(data, dict) else None
+        needs_model = written is None or isinstance(written, dict) and not {"input_size", "mean", "std"} <= set(written)
+        if needs_model and isinstance(data.get("teacher"), dict):
             arch = data["teacher"].get("arch")
             try:
                 entry = ARCHITECTURES.get(arch) if isinstance(arch, str) else None
@@ -52,9 +55,13 @@ class Recipe(RecipeBase):
                 defaults = None
             except EdgeFoldError as err:
                 raise ValueError(f"preprocess is left to {arch}, which cannot give it: {err.message}") from None
-            if defaults is not None:  # otherwise pydantic reports the missing section (MISSING_HINTS says why)
-                data = {**data, "preprocess": defaults}
-                source = f"{arch}'s pretrained_cfg ({entry.source})"
+            if defaults is not None:  # otherwise pydantic reports the missing keys (MISSING_HINTS says why)
+                written = written or {}
+                if "input_size" in written and "resize" not in written:
+                    defaults.pop("resize", None)  # the model's crop ratio was for its own size
+                data = {**data, "preprocess": {**defaults, **written}}
+                source = f"{arch}'s pretrained_cfg ({entry.source})" + (
+                    f", with {', '.join(sorted(written))} from the recipe" if written else "")
         recipe = handler(data)
         recipe._preprocess_from = source
         return recipe

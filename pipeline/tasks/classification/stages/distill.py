@@ -8,7 +8,7 @@ import torch
 
 from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.tasks.classification.losses import kd_loss
-from pipeline.models import build_model, count_macs, count_parameters, size_metrics
+from pipeline.models import ARCHITECTURES, build_model, checked_model, count_macs, count_parameters, size_metrics
 from pipeline.core.stage import Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.train import class_weights, evaluate, finish_and_score, fit, predict
@@ -24,9 +24,10 @@ class DistillStage(Stage):
         return ("data", "teacher")
 
     def preflight(self, ctx):
-        """A student architecture that is not smaller than the teacher is refused before any training."""
+        """A student architecture that does not run at the recipe's size, or is not smaller than the teacher, is
+        refused before any training."""
         cfg = ctx.recipe.distill
-        if cfg.student == "pruned" or cfg.allow_larger_student:
+        if cfg.student == "pruned":
             return
         from device.errors import ConfigError
 
@@ -34,8 +35,10 @@ class DistillStage(Stage):
         # Ten classes stand in for the data's: the head is a rounding error next to the body.
         channels = ctx.preprocess.channels
         size = ctx.preprocess.input_size
-        teacher, student = (build_model(ctx.recipe.teacher.arch, 10, channels, size),
-                            build_model(cfg.student, 10, channels, size))
+        student = checked_model(cfg.student, 10, channels, size)
+        if cfg.allow_larger_student:
+            return
+        teacher = build_model(ctx.recipe.teacher.arch, 10, channels, size)
         t_macs, s_macs = count_macs(teacher, shape), count_macs(student, shape)
         t_params, s_params = count_parameters(teacher), count_parameters(student)
         if s_macs >= t_macs or s_params >= t_params:
@@ -47,7 +50,12 @@ class DistillStage(Stage):
                 fix="choose a smaller student (or distill.student: pruned), or set distill.allow_larger_student: true")
 
     def config(self, ctx):
-        return {"distill": ctx.recipe.section("distill"), "preprocess": ctx.preprocess.to_dict()}
+        config = {"distill": ctx.recipe.section("distill"), "preprocess": ctx.preprocess.to_dict()}
+        student = ctx.recipe.distill.student
+        fingerprint = ARCHITECTURES.get(student).fingerprint if student != "pruned" else ""
+        if fingerprint:  # timm's version, a user package's code
+            config["student_fingerprint"] = fingerprint
+        return config
 
     def run(self, ctx, workdir: Path) -> StageResult:
         cfg = ctx.recipe.distill

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from device.errors import CheckpointError
 from pipeline.checkpoint import apply_torchvision_state, load_weights, save_checkpoint
 from device.files import sha256_file
-from pipeline.models import ARCHITECTURES, build_model, size_metrics
+from pipeline.models import ARCHITECTURES, build_model, checked_model, size_metrics
 from pipeline.core.stage import Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.train import class_weights, evaluate, finish_and_score, fit
@@ -55,11 +55,11 @@ class TeacherStage(Stage):
         """Weights that do not fit the architecture are refused before any stage: the file is read and loaded into
         an untrained model (a second or two), so a wrong file, head or key names it here, not after the data."""
         cfg = ctx.recipe.teacher
+        # Any class count: the head is replaced when weights are loaded.
+        model = checked_model(cfg.arch, 10, ctx.preprocess.channels, ctx.preprocess.input_size)
         if cfg.weights == "imagenet":
             _imagenet_entry(cfg.arch)
         elif cfg.weights:
-            # Any class count: the head is replaced.
-            model = build_model(cfg.arch, 10, ctx.preprocess.channels, ctx.preprocess.input_size)
             load_weights(model, cfg.arch, cfg.weights)
 
     def needs(self, ctx):
@@ -70,6 +70,9 @@ class TeacherStage(Stage):
         weights = ctx.recipe.teacher.weights
         if weights and weights != "imagenet":
             cfg["weights_sha256"] = sha256_file(weights) if Path(weights).is_file() else None
+        fingerprint = ARCHITECTURES.get(ctx.recipe.teacher.arch).fingerprint  # timm's version, a package's code
+        if fingerprint:
+            cfg["arch_fingerprint"] = fingerprint
         return {"teacher": cfg, "preprocess": ctx.preprocess.to_dict()}
 
     def run(self, ctx, workdir: Path) -> StageResult:
