@@ -47,7 +47,7 @@ class Architecture:
             (timm's ``reparameterize_model``: RepVGG's, MobileOne's, FastViT's parallel convolutions into one), used
             for export; None where the trained form is the inference form.
         fingerprint: What besides EdgeFold's own code decides what ``build`` makes (the timm version; an entry
-            point's package version and its module's sha256), part of a stage's cache key; empty for the built-ins.
+            point's package version and its code's sha256), part of a stage's cache key; empty for the built-ins.
     """
 
     name: str
@@ -152,7 +152,7 @@ def entry_point_architectures() -> list[Architecture]:
     """The architectures that installed packages register under the ``edgefold.architectures`` entry-point group.
 
     An entry point names an :class:`Architecture`, a mapping with its fields (``build``, ``classifier``, optional
-    ``torchvision_name`` and ``preprocess``), or a function of no arguments returning either; its key is the entry
+    ``torchvision_name``, ``preprocess`` and ``inference_form``), or a function of no arguments returning either; its key is the entry
     point's name. Only packages installed into the environment are read: a recipe names keys, never code.
 
     Raises:
@@ -172,7 +172,7 @@ def entry_point_architectures() -> list[Architecture]:
         except Exception as err:  # a plugin's own bug: named, with the package to blame
             raise ConfigError(f"the architecture {point.name!r} registered by {where} fails to load: "
                               f"{type(err).__name__}: {err}", fix=f"fix or uninstall {package}") from None
-        fingerprint = f"{dist}, {point.module} sha256 {_module_sha256(point.module)}"
+        fingerprint = f"{dist}, {point.module} sha256 {_code_sha256(point)}"
         if isinstance(obj, Architecture):
             found.append(replace(obj, name=point.name, build=_channels_fitted(obj.build), source=where,
                                  fingerprint=fingerprint))
@@ -192,24 +192,31 @@ def entry_point_architectures() -> list[Architecture]:
     return found
 
 
-def _module_sha256(module: str) -> str:
-    """The sha256 of an entry point's module file: an edited (editable-installed) builder is another model."""
+def _code_sha256(point) -> str:
+    """The sha256 of the Python files an entry point's package installed (or, installed editable, of the module it
+    names): a changed builder is another model, and the stages it fed must run again."""
     import hashlib
     import sys
-
     from pathlib import Path
 
-    path = getattr(sys.modules.get(module), "__file__", None)
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16] if path else "unknown"
-    except OSError:
-        return "unknown"
+    files = sorted(str(f) for f in (point.dist.files or []) if f.suffix == ".py") if point.dist else []
+    paths = [Path(point.dist.locate_file(f)) for f in files] if files else []
+    module = getattr(sys.modules.get(point.module), "__file__", None)
+    if module and not any(path.resolve() == Path(module).resolve() for path in paths):
+        paths.append(Path(module))  # editable installs record a finder, not the package's files
+    digest = hashlib.sha256()
+    for path in paths:
+        try:
+            digest.update(path.read_bytes())
+        except OSError:
+            digest.update(b"unreadable:" + str(path).encode())
+    return digest.hexdigest()[:16] if paths else "unknown"
 
 
 def _channels_fitted(build: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
     """A user's builder whose model's stem is swapped to the asked channel count when it built another."""
-    def fitted(num_classes: int, in_channels: int = 3):
-        return with_input_channels(build(num_classes, in_channels), in_channels)
+    def fitted(num_classes: int, in_channels: int = 3, **size):  # size: input_size=, for a sized architecture
+        return with_input_channels(build(num_classes, in_channels, **size), in_channels)
 
     return fitted
 

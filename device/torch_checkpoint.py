@@ -270,8 +270,11 @@ def _refuse_oversized(payload: dict, args: tuple, source: str) -> None:
     """Builds the named architecture on the meta device (no memory) and refuses one far larger than the file."""
     import torch
 
-    with torch.device("meta"):
-        probe = build_model(*args, input_size=payload.get("input_size"))
+    try:
+        with torch.device("meta"):
+            probe = build_model(*args, input_size=payload.get("input_size"))
+    except (RuntimeError, NotImplementedError):  # a builder that reads values while it builds (.item() on meta)
+        return
     full = sum(p.numel() for p in probe.parameters())
     state = payload.get("state_dict")
     held = sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor)) if isinstance(state, dict) else 0

@@ -23,6 +23,9 @@ from pipeline.core import distributed
 from pipeline.models import ARCHITECTURES
 
 
+_REDOWNLOAD = "copy or download the file again (compare its size and checksum with the source)"
+
+
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, arch: str, num_classes: int,
                     input_size: int | None = None, **meta: Any) -> Path:
     """Writes a checkpoint atomically (a crash leaves no half-written file); under DDP only rank 0 writes.
@@ -64,7 +67,7 @@ def load_weights(model: nn.Module, arch: str, path: str | os.PathLike) -> list[s
     else:
         state = torch_load(path, f"WEIGHTS={path}", fix_unsafe="save it with torch.save(model.state_dict(), path); "
                                                                 "pickled modules are refused",
-                           fix_corrupt="copy or download the file again (compare its size and checksum with the source)")
+                           fix_corrupt=_REDOWNLOAD)
     if isinstance(state, dict) and state.get("format") == FORMAT:
         state = state["state_dict"]
     for wrapper in ("state_dict", "model"):
@@ -83,7 +86,7 @@ def _safetensors(path: Path) -> dict[str, torch.Tensor]:
         return safetensors_torch.load_file(str(path))
     except Exception as err:  # SafetensorError: a header or size that does not add up
         raise CheckpointError(f"WEIGHTS={path} is not a readable .safetensors file: {err}",
-                              fix="copy or download the file again (compare its size and checksum with the source)") from None
+                              fix=_REDOWNLOAD) from None
 
 
 def apply_torchvision_state(model: nn.Module, arch: str, state: dict[str, torch.Tensor], source: str) -> list[str]:

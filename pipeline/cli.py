@@ -82,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_argument("--json", action="store_true", help="machine-readable output")
 
     recipes = sub.add_parser("recipes", help="list the recipes under models/")
-    recipes.add_argument("--check", action="store_true", help="also validate every recipe, and list the architecture keys with the source of each")
+    recipes.add_argument("--check", action="store_true",
+                         help="also validate every recipe, and list the architecture keys with the source of each")
 
     show = sub.add_parser("recipe", help="validate a recipe and print it with defaults filled in")
     show.add_argument("model", help="recipe name or path")

@@ -46,7 +46,7 @@ class Recipe(RecipeBase):
         source = None
         written = data.get("preprocess") if isinstance(data, dict) else None
         needs_model = written is None or isinstance(written, dict) and not {"input_size", "mean", "std"} <= set(written)
-        if needs_model and isinstance(data.get("teacher"), dict):
+        if needs_model and isinstance(data, dict) and isinstance(data.get("teacher"), dict):
             arch = data["teacher"].get("arch")
             try:
                 entry = ARCHITECTURES.get(arch) if isinstance(arch, str) else None
