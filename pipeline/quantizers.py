@@ -138,16 +138,13 @@ def float_islands_to_fp16(path: Path) -> int:
     """
     import onnx
     from onnx import numpy_helper, version_converter
-    from onnxconverter_common import float16
 
     model = onnx.load(str(path))
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     if opset < 19:  # FP16 scales on QuantizeLinear/DequantizeLinear arrive with opset 19
         model = version_converter.convert_version(model, 19)
-    blocked = ["QuantizeLinear", "DequantizeLinear"]
-    model = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked)
+    model = _fp16_but_qdq(model)
     graph = model.graph
-    _half_casts_to_float(graph, {*blocked, *float16.DEFAULT_OP_BLOCK_LIST})
     initializers = {t.name: t for t in graph.initializer}
     constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
     producers = {out: n for n in graph.node for out in n.output}
@@ -210,11 +207,23 @@ def float_islands_to_fp16(path: Path) -> int:
     return changed
 
 
+def _fp16_but_qdq(model):
+    """onnxconverter-common's FP16 conversion with Q/DQ left float32 (their scales are made FP16 after), then the
+    graph's own float32 Casts under FP16 layers made FP16 (:func:`_half_casts_to_float`)."""
+    from onnxconverter_common import float16
+
+    blocked = ["QuantizeLinear", "DequantizeLinear"]
+    model = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked)
+    _half_casts_to_float(model.graph, {*blocked, *float16.DEFAULT_OP_BLOCK_LIST})
+    return model
+
+
 def _half_casts_to_float(graph, float32_ops: set[str]) -> None:
     """Turns FP16 the graph's own ``Cast(to=float32)`` nodes that feed converted layers: onnxconverter-common leaves
     them as they were, so an attention's scale (Shape → Cast → Sqrt → Div → Cast → Sqrt → Mul, as torch exports
     ``scaled_dot_product_attention``) stays float32 while the Mul reading it became FP16, and type inference refuses
-    the graph. A Cast feeding an op kept in float32 (Q/DQ, the converter's block list) or a graph output stays."""
+    the graph. A Cast feeding an op kept in float32 (Q/DQ, the converter's block list), another Cast (the
+    converter's own, in front of a Q/DQ scale) or a graph output stays."""
     import onnx
 
     outputs = {o.name for o in graph.output}
@@ -226,7 +235,7 @@ def _half_casts_to_float(graph, float32_ops: set[str]) -> None:
         if node.op_type != "Cast" or node.output[0] in outputs or not readers.get(node.output[0]):
             continue
         attribute = next(a for a in node.attribute if a.name == "to")
-        if attribute.i == onnx.TensorProto.FLOAT and not any(r.op_type in float32_ops
+        if attribute.i == onnx.TensorProto.FLOAT and not any(r.op_type in float32_ops or r.op_type == "Cast"
                                                              for r in readers[node.output[0]]):
             attribute.i = onnx.TensorProto.FLOAT16
 
