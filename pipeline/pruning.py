@@ -129,9 +129,9 @@ def whole_group_graph(model: torch.nn.Module, convs: list[torch.nn.Conv2d], inpu
 def kept_whole(model: torch.nn.Module) -> dict[str, str]:
     """Layers Torch-Pruning cannot narrow correctly, by name, each with the reason; pruning leaves them whole.
 
-    - Attention (timm's ``Attention`` and any module with ``num_heads`` over linear layers): DepGraph would cut
-      across the heads' reshape, so query, key, value and projection keep their widths (and with them the
-      embedding width they share).
+    - Attention (a module with ``num_heads`` and query/key/value projections of its own, linear or convolutional:
+      timm's ``Attention``, MaxViT's ``Attention2d``): DepGraph would cut across the heads' reshape, so query, key,
+      value and projection keep their widths (and with them the embedding width they share).
     - A convolution or linear layer of a subclass with parameters beyond ``weight`` and ``bias`` (timm's
       ``ScaledStdConv2d`` and its per-channel gain): Torch-Pruning narrows only the two it knows.
     """
