@@ -52,7 +52,7 @@ def architecture_fields(name: str) -> dict:
         return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **size)
 
     return {"name": f"timm/{name}", "build": build, "classifier": classifier, "source": f"timm {timm.__version__}",
-            "preprocess": lambda: pretrained_preprocess(name), "sized": sized, "inference_form": inference_form,
+            "preprocess": lambda: pretrained_preprocess(name, cfg), "sized": sized, "inference_form": inference_form,
             "fingerprint": f"timm {timm.__version__}"}
 
 
@@ -79,16 +79,16 @@ def _classifier(timm, name: str, cfg) -> str:
     return classifier
 
 
-def pretrained_preprocess(name: str) -> dict:
+def pretrained_preprocess(name: str, cfg=None) -> dict:
     """The preprocessing timm's ``pretrained_cfg`` gives ``name``: its input size, mean, std and interpolation, and the
-    shorter side before the centre crop (``input_size / crop_pct``, as timm's eval transform resizes).
+    shorter side before the centre crop (``input_size / crop_pct``, as timm's eval transform resizes). ``cfg`` is the
+    model's ``pretrained_cfg`` when the caller has it already.
 
     Raises:
         ConfigError: The model has no such config, or one that :class:`device.preprocess.Preprocess` cannot state
             (a non-square input); the fix is to write ``preprocess`` in the recipe.
     """
-    timm = _timm()
-    cfg = timm.get_pretrained_cfg(name)
+    cfg = cfg if cfg is not None else _timm().get_pretrained_cfg(name)
     fix = "write the preprocess section in the recipe (input_size, mean, std, interpolation)"
     if cfg is None or not cfg.input_size or not cfg.mean or not cfg.std:
         raise ConfigError(f"timm/{name} has no pretrained_cfg to take the preprocessing from", fix=fix)
