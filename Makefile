@@ -68,6 +68,7 @@ RUN_CMD := $(if $(filter-out 1,$(NPROC)),$(BIN)/torchrun --standalone --nproc_pe
 
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
+	@echo "make edge MODEL=model.onnx DATA=imagefolder:/path   start from a trained classifier's ONNX file (FP32 → FP16 → INT8, measured)"
 	@echo "     variables: DATA=fashion-mnist|digits|imagefolder:/path (detection: fmnist-det|digits-det|coco:/path.json) WEIGHTS=path|imagenet RUN=id UNTIL=stage FORCE='stage …' SET='key=value …'"
 	@echo "     NPROC=8: teacher and distill as one DDP job over 8 processes (torchrun)"
 	@echo "     devices:   EDGE=http://jetson:8765[,…] DC=http://gpu:8765 DEVICES=devices.yaml TOKEN_FILE=path (none: a loopback agent)"

@@ -26,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run (or resume) the pipeline for a model recipe",
                          description="Run the stages of MODEL's recipe into runs/<model>/<run-id>/. Stages whose "
                                      "config and inputs are unchanged are skipped.")
-    run.add_argument("model", help="recipe name under models/ (e.g. resnet50, tiny) or a path to a recipe YAML")
+    run.add_argument("model", help="recipe name under models/ (e.g. resnet50, tiny), a path to a recipe YAML, or a "
+                                   "trained classifier's .onnx file (the ladder starts at export; --data is needed)")
     run.add_argument("--until", metavar="STAGE", help=f"stop after this stage ({STAGE_HELP})")
     run.add_argument("--force", metavar="STAGE", action="append", default=[], help="redo this stage even if cached (repeatable)")
     run.add_argument("--run-id", help="run directory name (default: the model's latest run, or a new timestamped one)")

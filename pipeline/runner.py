@@ -140,13 +140,25 @@ def _refuse_unbuilt_stage(recipe, name: str, registry: Registry) -> None:
                              "recorded in the run's manifest")
 
 
-def _preflight(recipe, registry: Registry, names: Sequence[str], devices) -> None:
+def _preflight(recipe, registry: Registry, names: Sequence[str], devices) -> list[str]:
     """Every stage's checks that need no earlier output, before the run directory exists: a refused WEIGHTS or
-    runtime leaves nothing behind, not even a 'latest' link pointing at an empty run."""
+    runtime leaves nothing behind, not even a 'latest' link pointing at an empty run.
+
+    Returns:
+        The stages that take part in this run; each one left out (:meth:`Stage.absent`) is logged with why.
+    """
     ctx = RunContext(recipe, None, devices=devices)
+    taking_part = []
     for name in names:
-        if name in registry:
-            registry.get(name).preflight(ctx)
+        stage = registry.get(name) if name in registry else None
+        reason = stage.absent(ctx) if stage is not None else None
+        if reason:
+            log(f"[{name:>8}] not in this run: {reason}")
+            continue
+        taking_part.append(name)
+        if stage is not None:
+            stage.preflight(ctx)
+    return taking_part
 
 
 def _say_preprocess_source(recipe) -> None:
@@ -181,7 +193,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
     overrides = dict(overrides or {})  # a None is the recipe's null, an empty string an unset flag (load_recipe)
     recipe, recipe_path, recipe_sha = load_recipe(model, overrides)
     registry = _stages_for(recipe)
-    _preflight(recipe, registry, names, devices)
+    names = _preflight(recipe, registry, names, devices)
     # Rank 0 names the run (a new run's id is a timestamp) and owns the manifest; the others follow.
     run_dir = Path(distributed.broadcast_object(
         str(resolve_run_dir(Path(runs_dir), recipe.name, run_id, new)) if me.main else None))

@@ -21,7 +21,10 @@ from device.errors import ConfigError, EdgeFoldError
 from device.preprocess import Preprocess
 from device.schema import (BatchSizes, ClockMHz, IdleSeconds, PowerLimitWatts, MinIterations, ModeId, ModeName, SampleHz, Threads,
                            TimeoutSeconds, WarmupIterations, WindowSeconds)
+from device.files import sha256_file
 from pipeline.core.data.sources import check_source_name
+from pipeline.core.onnx_recipe import onnx_recipe
+from pipeline.core.recipe_errors import validation_error
 from pipeline.core.rungs import RUNGS, FloatRungName, Fp16RungName, RungName
 
 RECIPES_ENV = "EDGEFOLD_MODELS_DIR"
@@ -532,40 +535,6 @@ def _apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     return merged
 
 
-def _format_validation_error(err: ValidationError, source: str, root: type[BaseModel]) -> ConfigError:
-    lines = []
-    for item in err.errors():
-        path = ".".join(str(p) for p in item["loc"])
-        if item["type"] == "extra_forbidden":
-            parent_loc = item["loc"][:-1]
-            known = _field_names_at(parent_loc, root)
-            near = difflib.get_close_matches(str(item["loc"][-1]), known, n=1, cutoff=0.6)
-            hint = f" (did you mean {'.'.join([*map(str, parent_loc), near[0]])!r}?)" if near else ""
-            lines.append(f"{path}: unknown key{hint}; allowed here: {', '.join(known)}")
-        elif item["type"] == "missing" and path in getattr(root, "MISSING_HINTS", {}):  # why no default
-            lines.append(f"{path}: required; {root.MISSING_HINTS[path]}")
-        else:
-            msg = item["msg"].removeprefix("Value error, ")
-            lines.append(f"{path}: {msg} (got {item.get('input')!r})" if "input" in item else f"{path}: {msg}")
-    return ConfigError(f"invalid recipe {source}:\n  " + "\n  ".join(lines), fix="correct the keys named above")
-
-
-def _field_names_at(loc: tuple, root: type[BaseModel]) -> list[str]:
-    model: Any = root
-    for key in loc:
-        field = model.model_fields.get(str(key)) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        if field is None:
-            return []
-        annotation = field.annotation
-        for candidate in getattr(annotation, "__args__", (annotation,)):
-            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                model = candidate
-                break
-        else:
-            return []
-    return sorted(model.model_fields)
-
-
 def parse_recipe(raw: Any, source: str = "<recipe>", overrides: dict[str, Any] | None = None) -> AnyRecipe:
     """Validates raw recipe data (already parsed YAML) into its task's root model (:data:`TASKS`): a classification
     ``Recipe`` by default, a ``DetectionRecipe`` when it says ``task: detection``."""
@@ -582,7 +551,7 @@ def parse_recipe(raw: Any, source: str = "<recipe>", overrides: dict[str, Any] |
     try:
         return root.model_validate(raw)
     except ValidationError as err:
-        raise _format_validation_error(err, source, root) from None
+        raise validation_error(err, source, root) from None
 
 
 def load_recipe(model: str, overrides: dict[str, Any] | None = None) -> tuple[AnyRecipe, Path, str]:
@@ -591,6 +560,11 @@ def load_recipe(model: str, overrides: dict[str, Any] | None = None) -> tuple[An
     Returns:
         The recipe, its path and the sha256 of the file's bytes.
     """
+    if Path(model).suffix == ".onnx":  # MODEL=model.onnx: the file is the recipe (its hash the recipe's)
+        raw, assumed = onnx_recipe(Path(model))
+        recipe = parse_recipe(raw, model, overrides)
+        recipe._preprocess_from = assumed if not any(key.startswith("preprocess") for key in overrides or {}) else None
+        return recipe, Path(model), sha256_file(Path(model))
     path = resolve_recipe_path(model)
     data = path.read_bytes()
     try:

@@ -57,6 +57,16 @@ TEACHER = "teacher"
 DEPLOYED = next(rung.name for rung in RUNGS.values() if rung.deployed_student)
 
 
+def predictions_output(manifest, rung: str) -> tuple[str, str]:
+    """(stage, output key) of a rung's test predictions in a run (``manifest``): its producing stage's, or, for a float
+    rung that no stage trained (an ONNX start's student, scored when exported), the export stage's
+    ``<rung>_predictions``."""
+    stage, key = RUNGS[rung].predictions
+    if RUNGS[rung].checkpoint_stage and not manifest.stage(stage):
+        return "export", f"{rung}_predictions"
+    return stage, key
+
+
 def fp16_form(rung: str) -> str | None:
     """The FP16 rung of a float rung (``student`` → ``student_fp16``), if the ladder has one."""
     return next((r.name for r in RUNGS.values() if r.form_of == rung and r.precision == "fp16"), None)

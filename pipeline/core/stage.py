@@ -39,6 +39,11 @@ class Stage:
         """Checks that need the recipe but no earlier stage's output, run for every stage before the
         first one starts: a mistake is reported before an hour of training, not after."""
 
+    def absent(self, ctx: "RunContext") -> str | None:
+        """Why the stage takes no part in this run's ladder (an ONNX start has no PyTorch teacher to train), in
+        words the run's log prints; None when it runs."""
+        return None
+
     def code_roots(self, ctx: "RunContext") -> tuple[str, ...]:
         """Modules the stage runs in this run's configuration beyond its own imports (those it loads by name
         for one mode only, so that the other modes' code hashes leave them out)."""

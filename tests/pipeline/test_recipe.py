@@ -82,7 +82,7 @@ def test_logit_cache_refuses_random_crops(tiny_raw):
 
 def test_missing_section_is_reported(tiny_raw):
     del tiny_raw["teacher"]
-    with pytest.raises(ConfigError, match=r"teacher: Field required"):
+    with pytest.raises(ConfigError, match=r"teacher: required; the ladder starts from a PyTorch teacher"):
         parse_recipe(tiny_raw)
 
 

@@ -68,7 +68,8 @@ def one_line(h: dict[str, Any]) -> str:
     if h["status"] != "measured":
         return f"headline {NOT_MEASURED} ({h['reason']})"
     return (f"student {h.get('edge_precision', 'int8').upper()} on {h['edge_device']}: {accuracy_words(h, brief=True)}; "
-            f"latency {significant_direction(h, 'latency', 'faster', 'slower', brief=True)} vs the teacher on "
+            f"latency {significant_direction(h, 'latency', 'faster', 'slower', brief=True)} vs the "
+            f"{h.get('baseline_label', 'teacher')} on "
             f"{h['dc_device']}")
 
 
@@ -83,7 +84,8 @@ def text(h: dict[str, Any]) -> str:
     if h["status"] != "measured":
         return "\n".join([f"headline: {NOT_MEASURED} ({h['reason']})", *fallbacks])
     edge, dc = h.get("edge_precision", "int8").upper(), h.get("dc_precision", "fp32").upper()
-    lines = [f"student {edge} on {h['edge_device']} vs teacher {dc} on {h['dc_device']}",
+    against = h.get("baseline_label", "teacher")  # an ONNX start's: the given model
+    lines = [f"student {edge} on {h['edge_device']} vs {against} {dc} on {h['dc_device']}",
              *int8_not_measured_lines(h),
              f"  top-1          {100 * h['top1_edge']:.2f}% vs {100 * h['top1_dc']:.2f}%  ({accuracy_words(h)})",
              f"  latency p50    {h['latency_p50_ms_edge']:.3f} ms vs {h['latency_p50_ms_dc']:.3f} ms  "
@@ -96,8 +98,8 @@ def text(h: dict[str, Any]) -> str:
         lines.append(f"  energy/image   {fmt(h['energy_mj_edge'], '.2f', NOT_MEASURED)} vs "
                      f"{fmt(h['energy_mj_dc'], '.2f', NOT_MEASURED)} mJ"
                      + (f"  ({significant_direction(h, 'energy', 'less', 'more')})" if h["energy_ratio"] else ""))
-    if h.get("macs_ratio") is not None:
-        lines.append(f"  compute        {100 * h['macs_ratio']:.1f}% of the teacher's MACs, "
+    if h.get("macs_ratio") is not None and against == "teacher":  # an ONNX start's INT8 is the given network
+        lines.append(f"  compute        {100 * h['macs_ratio']:.1f}% of the {against}'s MACs, "
                      f"{100 * h['params_ratio']:.1f}% of its parameters "
                      f"({'smaller' if h['macs_ratio'] < 1 and h['params_ratio'] < 1 else 'NOT smaller'})")
     if h.get("size_mb_student_fp32") is not None:
@@ -107,7 +109,7 @@ def text(h: dict[str, Any]) -> str:
     else:
         lines.append(f"  model size     {h['size_mb_edge']:.1f} MB {edge} vs {h['size_mb_dc']:.1f} MB {dc}")
     if h.get("teacher_precision_why"):
-        lines.append(f"  teacher as    {h['teacher_precision_why']}")
+        lines.append(f"  {'teacher' if against == 'teacher' else 'baseline'} as    {h['teacher_precision_why']}")
     for d in h.get("device_deviations") or []:
         lines.append(f"  device top-1  {d['rung']} on {d['device']}: {100 * d['device_top1']:.2f}% on the device vs "
                      f"{100 * d['host_top1']:.2f}% on the host (same {d['images']} images, McNemar p = "

@@ -6,14 +6,26 @@ task's root, so that the recipe loader depends on no task.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Optional
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from device.architectures import ARCHITECTURES
 from device.errors import EdgeFoldError, UnknownKeyError
 from pipeline.core.recipe import (DataConfig, DeployConfig, DistillConfig, EvaluateConfig, ExportConfig,
-                                  PreprocessConfig, PruneConfig, QuantizeConfig, RecipeBase, TeacherConfig)
+                                  PreprocessConfig, PruneConfig, QuantizeConfig, RecipeBase, Strict, TeacherConfig)
+from pipeline.core.rungs import RUNGS
+
+# The stages an ONNX start has no PyTorch model for: the ladder enters at export.
+TORCH_SECTIONS = ("teacher", "prune", "distill")
+
+
+class StartConfig(Strict):
+    """An ONNX file trained elsewhere as the ladder's FP32 student (:mod:`pipeline.onnx_start`)."""
+
+    onnx: str = Field(description="path to the .onnx file (one image input, the class scores out)")
+    layout: Literal["nchw", "nhwc"] = Field("nchw", description="the input's layout: N×C×H×W (PyTorch) or N×H×W×C "
+                                                                "(TensorFlow, Keras)")
 
 
 class Recipe(RecipeBase):
@@ -23,9 +35,11 @@ class Recipe(RecipeBase):
                                                                           "(see DetectionRecipe)")
     data: DataConfig
     preprocess: PreprocessConfig
-    teacher: TeacherConfig
-    prune: PruneConfig
-    distill: DistillConfig
+    start: Optional[StartConfig] = Field(None, description="an ONNX model to start from at export, instead of "
+                                                           "teacher, prune and distill")
+    teacher: Optional[TeacherConfig] = None  # required without start (_sections_of_the_start)
+    prune: Optional[PruneConfig] = None
+    distill: Optional[DistillConfig] = None
     export: ExportConfig = ExportConfig()
     quantize: QuantizeConfig = QuantizeConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
@@ -33,7 +47,12 @@ class Recipe(RecipeBase):
     # Why a section has no default, said when it is left out.
     MISSING_HINTS: ClassVar[dict[str, str]] = {
         "preprocess": "only a teacher.arch that states how it was trained (timm/<name> from its pretrained_cfg, or "
-                      "a package's key with a preprocess) supplies it; write input_size, mean and std"}
+                      "a package's key with a preprocess) supplies it; write input_size, mean and std (an ONNX "
+                      "start: those its model was trained with)",
+        "data": "say where the images are: DATA=fashion-mnist|digits|imagefolder:/path (an ONNX start: the classes "
+                "its model was trained on, in its output order)",
+        **{name: "the ladder starts from a PyTorch teacher (teacher, prune, distill), or from an ONNX file "
+                 "(start: {onnx: path}, or MODEL=path/to/model.onnx)" for name in TORCH_SECTIONS}}
     # Set when preprocess was left to the teacher's architecture (timm's pretrained_cfg): the run says so.
     _preprocess_from: str | None = PrivateAttr(None)
 
@@ -62,6 +81,45 @@ class Recipe(RecipeBase):
                 data = {**data, "preprocess": {**defaults, **written}}
                 source = f"{arch}'s pretrained_cfg ({entry.source})" + (
                     f", with {', '.join(sorted(written))} from the recipe" if written else "")
+        if isinstance(data, dict) and data.get("start") is None:
+            missing = [name for name in TORCH_SECTIONS if data.get(name) is None]
+            if missing:
+                raise ValidationError.from_exception_data(cls.__name__, [
+                    {"type": "missing", "loc": (name,), "input": data} for name in missing])
+        elif isinstance(data, dict):
+            data = _sections_of_the_start(data)
         recipe = handler(data)
         recipe._preprocess_from = source
         return recipe
+
+
+def _sections_of_the_start(data: dict) -> dict:
+    """An ONNX start has one float rung, the given graph as ``student``: the rung lists left unwritten shrink to its
+    forms; a section, rung, QAT or the Torch-TensorRT road written that needs the PyTorch model is refused."""
+    written = [name for name in TORCH_SECTIONS if data.get(name) is not None]
+    if written:
+        raise ValueError(f"start.onnx enters the ladder at export: {', '.join(written)} would not run; remove "
+                         f"{'them' if len(written) > 1 else 'it'} from the recipe")
+    sections = {name: dict(data.get(name) or {}) for name in ("export", "quantize", "deploy")}
+    if sections["quantize"].get("qat") is not None:
+        raise ValueError("quantize.qat needs the PyTorch model, which an ONNX start does not have; set quantize.qat: "
+                         "null (the INT8 ladder still tries each calibration method and mixed precision)")
+    if "torch_tensorrt" in (sections["deploy"].get("runtimes") or ()):
+        raise ValueError("deploy.runtimes: torch_tensorrt compiles the PyTorch model, which an ONNX start does not "
+                         "have; use [tensorrt]")
+    started = [name for name, rung in RUNGS.items() if name == "student" or rung.form_of == "student"]
+    for section, key, kind in (("export", "rungs", "fp32"), ("export", "fp16_rungs", "fp16"), ("deploy", "rungs", None)):
+        if key not in sections[section]:
+            sections[section][key] = [name for name in started if kind in (None, RUNGS[name].precision)]
+        elif isinstance(sections[section][key], list) and set(map(str, sections[section][key])) - set(started):
+            raise ValueError(f"{section}.{key}: {sorted(set(map(str, sections[section][key])) - set(started))} do not "
+                             f"exist in an ONNX start (the given graph is the student: {', '.join(started)})")
+    return {**data, **sections}
+
+
+def started_without_torch(recipe) -> str | None:
+    """Why a stage that needs the PyTorch model (teacher, prune, distill) is not in a run that starts from an ONNX
+    file; None for a recipe with a teacher."""
+    start = getattr(recipe, "start", None)
+    return (f"the ladder starts at export from {start.onnx} (no PyTorch model to train, prune or distill)"
+            if start is not None else None)

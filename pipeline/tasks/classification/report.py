@@ -172,12 +172,13 @@ def _batch_note(data) -> str:
     if not measured:
         return ""
     headline = data.get("headline") or {}
+    label = headline.get("baseline_label", "teacher")
     if headline.get("dc_device") and not headline.get("note"):
-        against = f"the teacher on the data-center device ({headline['dc_device']})"
+        against = f"the {label} on the data-center device ({headline['dc_device']})"
     elif headline.get("dc_device"):
-        against = f"the teacher on {headline['dc_device']} (no data-center device configured)"
+        against = f"the {label} on {headline['dc_device']} (no data-center device configured)"
     else:
-        against = "the teacher on the first device measured"
+        against = f"the {label} on the first device measured"
     return (f"Latency at batch {measured[0]['latency_batch']} (p50: the wall time of the whole call, as an "
             f"application sees it); throughput, power and energy at batch "
             f"{measured[0]['throughput_batch']}. Ratios are against {against}.")
@@ -210,16 +211,19 @@ def report_sections(data: dict[str, Any], figures: dict[str, str | Figure | Text
         extra: Stage-specific sections placed before the fleet (the latency-budget plan).
     """
     sections = [Section("Headline", [Text(f"Generated {data['generated']}."), Pre(headline_text(data["headline"]))])]
+    absent = data.get("absent_rungs") or {}
+    said_absent = [Text(f"Not in this ladder: {', '.join(absent)} — {why}.")
+                   for why in dict.fromkeys(absent.values())]
     if data["rows"]:
         main, detail = ladder_tables(data)
         notes = [("", reason) for reason in reason_notes(data)]
-        sections.append(Section("The ladder", [Text(_batch_note(data)), main,
+        sections.append(Section("The ladder", [Text(_batch_note(data)), *said_absent, main,
                                                *([Bullets(notes, numbered=True, css="notes")] if notes else []),
                                                Details("Ladder detail: runtime, size, p99, spread, throughput, "
                                                        "memory, power, GPU temperature and clock", [detail])]))
     else:
         sections.append(Section("The ladder", [
-            Text(f"Devices: {NOT_MEASURED} (the run has no deploy stage). Accuracy and size only:"),
+            Text(f"Devices: {NOT_MEASURED} (the run has no deploy stage). Accuracy and size only:"), *said_absent,
             Table([["rung", "top-1", "params M", "GMACs", "MB"]] + [
                 [name, f"{100 * r['top1']:.2f}%", f"{r['params_m']:.2f}", f"{r['macs_g']:.3f}",
                  f"{r.get('onnx_mb', r['size_mb']):.1f}"] for name, r in data["rungs"].items()])]))

@@ -141,7 +141,8 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     dc = [d for d in devices if d["role"] == "dc" and d["status"] != "unreachable"]
     edge = [d for d in devices if d["role"] == "edge" and d["status"] != "unreachable"]
     baseline_device = (dc or edge or [None])[0]
-    baseline_rung, baseline_why = _baseline_teacher(rows, baseline_device)
+    source = stages["evaluate"]["metrics"].get("baseline", TEACHER)  # an ONNX start's: the given graph
+    baseline_rung, baseline_why = _baseline_teacher(rows, baseline_device, source)
     baseline = next((r for r in rows if baseline_device and r["device"] == baseline_device["name"]
                      and r["rung"] == baseline_rung and r["status"] == "measured"), None)
     for row in rows:
@@ -152,8 +153,9 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     lead, int8_not_measured = _lead_rung(rows, (edge or [None])[0], profiles)
     headline = _headline(rows, edge, dc, baseline_device, baseline_rung, lead)
     headline["teacher_precision_why"] = baseline_why
+    headline["baseline_label"] = "teacher" if source == TEACHER else "given model"
     headline["int8_not_measured"] = int8_not_measured
-    headline.update(accuracy_evidence(stages["evaluate"]["metrics"].get("per_class"), TEACHER, lead))
+    headline.update(accuracy_evidence(stages["evaluate"]["metrics"].get("per_class"), source, lead))
     headline["device_deviations"] = [
         {"rung": r["rung"] + (f" ({engine['label']})" if index else ""), "device": r["device"],
          "device_top1": engine["device_top1"], "host_top1": r["host_top1_same_images"], "images": r["device_images"],
@@ -179,7 +181,18 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                     if run.power_trace:
                         traces.append({"device": device["name"], "rung": rung, "batch_size": run.batch_size,
                                        **run.power_trace.model_dump()})
-    provenance = {
+    return {"model": manifest.get("model"), "run": run_dir.name,
+            "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "rungs": rungs, "rows": rows, "headline": headline,
+            "per_class": stages["evaluate"]["metrics"].get("per_class"), "groups": groups, "quantize": quantize,
+            "power_traces": traces, "provenance": _provenance(stages, devices), "layer_profiles": profiles,
+            "power_fronts": fronts, "deployed": deploy is not None, "evaluation": _evaluation_summary(evaluation, rows, device_predictions),
+            "absent_rungs": _absent_rungs(stages, rungs)}
+
+
+def _provenance(stages: dict[str, Any], devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """Who measured what: the build host's versions (the evaluate stage's), and each device's board, software, power
+    mode and peak temperatures."""
+    return {
         "pipeline": {k: v for k, v in (stages.get("evaluate", {}).get("env") or {}).items()},
         "devices": [{"name": d["name"], "role": d["role"], "url": d["url"], "status": d["status"],
                      "error": d["error"], **{k: (d.get("info") or {}).get(k) for k in
@@ -187,11 +200,17 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                                               "onnxruntime", "torch", "nvpmodel", "jetson_clocks")},
                      "peak_temperatures_c": _peak_temps(d)} for d in devices],
     }
-    return {"model": manifest.get("model"), "run": run_dir.name,
-            "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "rungs": rungs, "rows": rows, "headline": headline,
-            "per_class": stages["evaluate"]["metrics"].get("per_class"), "groups": groups, "quantize": quantize,
-            "power_traces": traces, "provenance": provenance, "layer_profiles": profiles, "power_fronts": fronts,
-            "deployed": deploy is not None, "evaluation": _evaluation_summary(evaluation, rows, device_predictions)}
+
+
+def _absent_rungs(stages: dict[str, Any], rungs: dict[str, Any]) -> dict[str, str]:
+    """The rungs an ONNX start's ladder does not have, each with why (the report says so beside the ladder)."""
+    start = ((stages.get("export") or {}).get("config") or {}).get("start")
+    if not start:
+        return {}
+    why = (f"the ladder starts at export from {start['onnx']}: there is no PyTorch model to train, prune or distill "
+           "(the given graph is the student)")
+    return {name: why for name in RUNGS if name not in rungs and RUNGS[name].form_of != RUNGS[DEPLOYED].form_of
+            and name != RUNGS[DEPLOYED].form_of}
 
 
 def power_fronts(devices: list[dict[str, Any]], budget_ms: float | None) -> list[dict[str, Any]]:
@@ -247,19 +266,22 @@ def _peak_temps(device: dict[str, Any]) -> dict[str, float]:
     return temps
 
 
-def _baseline_teacher(rows: list[dict[str, Any]], device: dict[str, Any] | None) -> tuple[str, str]:
-    """The teacher rung the ladder is compared with: its FP16 form where the baseline device ran it on
-    TensorRT (the precision a data-center user runs it in), else the FP32 teacher — with why, in words."""
-    fp16 = fp16_form(TEACHER)
+def _baseline_teacher(rows: list[dict[str, Any]], device: dict[str, Any] | None,
+                      source: str = TEACHER) -> tuple[str, str]:
+    """The rung the ladder is compared with (the teacher; an ONNX start's given graph): its FP16 form where the
+    baseline device ran it on TensorRT (the precision a data-center user runs it in), else its FP32 form — with why,
+    in words."""
+    fp16 = fp16_form(source)
+    name = "teacher" if source == TEACHER else "given model"
     if device is not None and fp16:
         row = next((r for r in rows if r["device"] == device["name"] and r["rung"] == fp16
                     and r["status"] == "measured"), None)
         if row is not None and row.get("runtime") == "tensorrt":
-            return fp16, f"the teacher's FP16 form, as a data-center GPU runs it ({device['name']}, TensorRT)"
+            return fp16, f"the {name}'s FP16 form, as a data-center GPU runs it ({device['name']}, TensorRT)"
         if row is not None:
-            return TEACHER, (f"the FP32 teacher: {device['name']} runs {row.get('runtime')}, where FP16 is not how "
-                             "the teacher would be served (ONNX Runtime's CPU emulates it)")
-    return TEACHER, "the FP32 teacher (no FP16 form measured)"
+            return source, (f"the FP32 {name}: {device['name']} runs {row.get('runtime')}, where FP16 is not how "
+                            f"the {name} would be served (ONNX Runtime's CPU emulates it)")
+    return source, f"the FP32 {name} (no FP16 form measured)"
 
 
 def _int8_vs_fp16(rows: list[dict[str, Any]], device: str, predictions: dict, evaluation: dict | None,
@@ -400,8 +422,8 @@ def _headline(rows, edge, dc, baseline_device, baseline_rung: str = TEACHER, lea
         return {"status": NOT_MEASURED, "reason": "no reachable device measured the ladder"}
     student = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == lead), None)
     teacher = next((r for r in rows if r["device"] == baseline_device["name"] and r["rung"] == baseline_rung), None)
-    note = None if dc else ("no data-center device configured (DC=): the teacher's numbers come from the same "
-                            f"device, {edge_device['name']}")
+    note = None if dc else (f"no data-center device configured (DC=): the {baseline_rung} rung's numbers come from "
+                            f"the same device, {edge_device['name']}")
     # A runtime that fell back is said in the headline itself: a Jetson's row timed by ONNX Runtime is not TensorRT.
     fallbacks = {d["name"]: d.get("runtime_fallback") for d in (edge_device, baseline_device)
                  if d.get("runtime_fallback")}

@@ -31,7 +31,7 @@ from pipeline.jobs import (LOOPBACK, choose_runtime, deploy_targets, interleaved
                            trt_major, window_key)
 from pipeline.jobs import fingerprint as device_fingerprint
 from pipeline.tasks.classification.road_artifacts import RoadArtifacts
-from pipeline.core.rungs import RUNGS
+from pipeline.core.rungs import RUNGS, predictions_output
 from pipeline.core.stage import Stage, StageResult
 
 
@@ -184,7 +184,7 @@ class DeployStage(Stage):
         np.save(path, np.ascontiguousarray(images[chosen], dtype=np.float32), allow_pickle=False)
         host = {}
         for rung in artifacts:
-            stage, key = RUNGS[rung].predictions
+            stage, key = predictions_output(ctx.manifest, rung)
             if ctx.manifest.stage(stage) and key in ctx.manifest.stage(stage)["outputs"]:
                 host[rung] = np.load(ctx.manifest.output(stage, key), allow_pickle=False)[chosen].astype(int).tolist()
         classes = len(ctx.dataset().classes)

@@ -12,11 +12,15 @@ from pipeline.models import ARCHITECTURES, build_model, checked_model, count_mac
 from pipeline.core.stage import Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.train import class_weights, evaluate, finish_and_score, fit, predict
+from pipeline.tasks.classification.recipe import started_without_torch
 
 
 class DistillStage(Stage):
     name = "distill"
     distributed = True  # trains under torchrun on every rank (DDP); rank 0 writes the checkpoint
+
+    def absent(self, ctx):
+        return started_without_torch(ctx.recipe)
 
     def needs(self, ctx):
         if ctx.recipe.distill.student == "pruned":

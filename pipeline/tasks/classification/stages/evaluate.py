@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.perclass import summarize
-from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER
+from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, predictions_output
 from pipeline.scores import points, verdict
 from pipeline.core.stage import Stage, StageResult
 
@@ -36,6 +36,8 @@ class EvaluateStage(Stage):
         exported = (ctx.manifest.stage("export") or {}).get("metrics", {}).get("rungs", {})
         for rung, stage in ((name, r.checkpoint_stage) for name, r in RUNGS.items() if r.checkpoint_stage):
             entry = ctx.manifest.stage(stage)
+            if not entry and "started_from" in exported.get(rung, {}):  # an ONNX start's graph, scored at export
+                rungs[rung] = self._started(ctx, rung, exported[rung])
             if not entry:
                 continue
             path = ctx.manifest.output(stage, "model")
@@ -67,8 +69,10 @@ class EvaluateStage(Stage):
         rungs = {name: rungs[name] for name in RUNGS if name in rungs}  # the ladder's order
         for name, values in rungs.items():
             values["precision"] = RUNGS[name].precision
-        if TEACHER in rungs:
-            base = rungs[TEACHER]
+        # Against the teacher; in an ONNX start, against the given graph (the FP32 student).
+        baseline = TEACHER if TEACHER in rungs else RUNGS[DEPLOYED].form_of
+        if baseline in rungs:
+            base = rungs[baseline]
             for values in rungs.values():
                 # On counts: equal counts are exactly 0 points, never a float32 "−0.00".
                 if "top1_correct" in values and "top1_correct" in base and values["images"] == base["images"]:
@@ -83,7 +87,7 @@ class EvaluateStage(Stage):
                 values["never_predicted"] = per_class["rungs"][name]["never_predicted"]
         (workdir / "metrics.json").write_text(json.dumps(rungs, indent=2) + "\n")
         outputs = {"metrics": workdir / "metrics.json"}
-        metrics = {"rungs": rungs}
+        metrics = {"rungs": rungs, "baseline": baseline}
         if per_class:
             # The confusion matrices go to a file (classes² numbers); the manifest keeps what the report shows.
             (workdir / "per_class.json").write_text(json.dumps(per_class, indent=1) + "\n")
@@ -96,10 +100,18 @@ class EvaluateStage(Stage):
         return StageResult(outputs=outputs, metrics=metrics)
 
     @staticmethod
+    def _started(ctx, rung: str, facts: dict) -> dict:
+        """The recorded figures of a rung the export stage took from the user's ONNX file."""
+        values = {**facts["scores"], "params_m": facts["params_m"], "macs_g": facts["macs_g"], "sanity": facts["sanity"]}
+        return {**{key: values[key] for key in RECORDED if key in values}, "size_mb": facts["size_mb"],
+                "onnx_mb": facts["size_mb"], "started_from": facts["started_from"]["path"],
+                "checkpoint": str(ctx.manifest.output("export", rung).relative_to(ctx.run_dir))}
+
+    @staticmethod
     def _per_class(ctx, rungs: dict) -> dict | None:
         """Per-class results from the predictions each producing stage kept (every rung, same test images)."""
         predictions = {}
-        for rung, (stage, key) in ((name, r.predictions) for name, r in RUNGS.items()):
+        for rung, (stage, key) in ((name, predictions_output(ctx.manifest, name)) for name in RUNGS):
             entry = ctx.manifest.stage(stage)
             if rung in rungs and entry and key in entry["outputs"]:
                 predictions[rung] = np.load(ctx.manifest.output(stage, key), allow_pickle=False)

@@ -17,12 +17,14 @@ import numpy as np
 import torch
 
 from device.errors import StageError
+from device.files import sha256_file
 from pipeline.checkpoint import load_checkpoint
 from pipeline.models import ARCHITECTURES
 from pipeline.onnx_export import check_parity, export_onnx
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.core.rungs import RUNGS
 from pipeline.core.stage import Stage, StageResult
+from pipeline.scores import recorded_scores, require_sane
 from pipeline.torch_export import write_device_checkpoint
 
 # Calibration images whose activations decide which layers of an FP16 rung stay FP32. AutoCast's reference run keeps
@@ -34,19 +36,40 @@ FP16_RANGE_IMAGES = 16
 class ExportStage(Stage):
     name = "export"
 
+    def preflight(self, ctx):
+        """An ONNX start's file is checked before any work (:func:`pipeline.onnx_start.inspect_start`): that it is
+        one, its input against the declared layout and preprocessing, its opset and operators against TensorRT 10's
+        parser, its output against the data's class count."""
+        if ctx.recipe.start is not None:
+            self._inspect(ctx)
+
+    @staticmethod
+    def _inspect(ctx):
+        from pipeline.onnx_start import inspect_start
+
+        start, pre = ctx.recipe.start, ctx.preprocess
+        return inspect_start(start.onnx, start.layout, pre.channels, pre.input_size, len(ctx.dataset().classes))
+
     def needs(self, ctx):
+        if ctx.recipe.start is not None:
+            return ("data",)
         return ("data",) + tuple(RUNGS[r].checkpoint_stage for r in ctx.recipe.export.rungs)
 
     def config(self, ctx):
-        return {"export": ctx.recipe.section("export"), "preprocess": ctx.preprocess.to_dict(),
-                "torch": torch.__version__, "runtimes": list(ctx.recipe.deploy.runtimes)}
+        config = {"export": ctx.recipe.section("export"), "preprocess": ctx.preprocess.to_dict(),
+                  "torch": torch.__version__, "runtimes": list(ctx.recipe.deploy.runtimes)}
+        if ctx.recipe.start is not None:  # the user's file by its bytes: a re-exported model.onnx is exported again
+            config["start"] = {**ctx.recipe.section("start"), "sha256": sha256_file(Path(ctx.recipe.start.onnx))}
+        return config
 
     def run(self, ctx, workdir: Path) -> StageResult:
         cfg = ctx.recipe.export
         test = ctx.batches("test", cfg.parity_images)
         images = next(iter(test))[0][: cfg.parity_images].numpy()
         outputs, metrics = {}, {}
-        for rung in cfg.rungs:
+        if ctx.recipe.start is not None:
+            outputs.update(self._started(ctx, workdir, images, metrics))
+        for rung in cfg.rungs if ctx.recipe.start is None else ():
             model, info = load_checkpoint(ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model"))
             path = workdir / f"{rung}.onnx"
             fold = ARCHITECTURES.get(info["arch"]).inference_form  # train-time branches folded (timm's RepVGG …)
@@ -91,17 +114,50 @@ class ExportStage(Stage):
                              fix="report this model to EdgeFold, or leave torch_tensorrt out of deploy.runtimes")
         return path
 
-    @staticmethod
-    def _fp16_forms(ctx, workdir: Path, exported: dict, metrics: dict) -> dict:
-        """Writes each FP16 rung from its exported FP32 ONNX and scores it on the test split."""
-        from pipeline.fp16 import to_fp16
+    def _started(self, ctx, workdir: Path, images: np.ndarray, metrics: dict) -> dict[str, Path]:
+        """The ONNX start's graph as the ``student`` rung: checked again (the file may have changed since the
+        preflight), written in the ladder's form, compared with the user's graph and scored on the test split."""
+        from pipeline.onnx_start import graph_compute, start_parity, write_start_graph
 
-        cfg = ctx.recipe.export
+        cfg, pre = ctx.recipe.export, ctx.preprocess
+        facts = self._inspect(ctx)
+        path = workdir / "student.onnx"
+        written = write_start_graph(facts, path, pre.channels, pre.input_size)
+        parity = start_parity(facts, path, images)
+        if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
+            raise StageError(f"the rewritten {facts.path} disagrees with the given graph: max |Δlogit| "
+                             f"{parity['max_abs_diff']:.3g} (allowed {cfg.parity_atol:g})",
+                             fix="report this model to EdgeFold; meanwhile export it as the ladder writes it "
+                                 "(one NCHW input 'input' with a dynamic batch, opset 17)")
+        test_images, labels = self._test_split(ctx)
+        predictions = workdir / "student.predictions.npy"
+        scores = onnx_accuracy(path, test_images, labels, save_predictions=predictions)
+        sanity = require_sane(f"the ONNX model {facts.path}", scores, ctx.dataset().classes,
+                              causes="DATA is not the data it was trained on, or its classes come in another order; "
+                                     "the preprocess section (size, mean, std, channels, layout) is not the one it was "
+                                     "trained with",
+                              fix="check DATA= and the recipe's preprocess and start.layout")
+        metrics["student"] = {**written, "parity": parity, "started_from": facts.as_dict(), "sanity": sanity,
+                              "scores": recorded_scores(scores), **graph_compute(path, pre.input_shape(1)[1:])}
+        ctx.log(f"export: the student is {facts.path} (sha256 {facts.sha256[:12]}…, opset {facts.opset}, "
+                f"{facts.layout.upper()}): top-1 {100 * scores['top1']:.2f}% on the test split"
+                + (f"; written with {', '.join(written['changes'])}" if written["changes"] else ""))
+        return {"student": path, "student_predictions": predictions}
+
+    @staticmethod
+    def _test_split(ctx) -> tuple[np.ndarray, np.ndarray]:
         images, labels = [], []
         for x, y, *_ in ctx.batches("test", 500):
             images.append(x.numpy())
             labels.append(y.numpy())
-        images, labels = np.concatenate(images), np.concatenate(labels)
+        return np.concatenate(images), np.concatenate(labels)
+
+    def _fp16_forms(self, ctx, workdir: Path, exported: dict, metrics: dict) -> dict:
+        """Writes each FP16 rung from its exported FP32 ONNX and scores it on the test split."""
+        from pipeline.fp16 import to_fp16
+
+        cfg = ctx.recipe.export
+        images, labels = self._test_split(ctx)
         # Which layers FP16's range cannot hold is decided on real images (the calibration slice, never the test
         # split): AutoCast's own reference run feeds random values in [-1, 1].
         calibration = next(iter(ctx.batches("calib", FP16_RANGE_IMAGES)))[0].numpy()
@@ -115,7 +171,8 @@ class ExportStage(Stage):
                         f"calibration images, or not convertible): {', '.join(facts['fp32_nodes'][:5])}")
             predictions = workdir / f"{rung}.predictions.npy"
             scores = onnx_accuracy(path, images, labels, save_predictions=predictions)
-            reference = np.load(ctx.manifest.output(RUNGS[source].predictions[0], RUNGS[source].predictions[1]))
+            reference = np.load(exported[f"{source}_predictions"] if f"{source}_predictions" in exported
+                                else ctx.manifest.output(*RUNGS[source].predictions))
             agreement = float((np.load(predictions) == reference).mean())
             if agreement < cfg.min_top1_agreement:
                 raise StageError(

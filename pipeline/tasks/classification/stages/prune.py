@@ -27,6 +27,7 @@ from pipeline.core.log import log
 from pipeline.channels import WidthPruner
 from pipeline.latency.search import macs_knapsack_plan
 from pipeline.pruning import find_plan, kept_whole, make_pruner
+from pipeline.tasks.classification.recipe import started_without_torch
 
 
 # The latency path, loaded by name (importlib) and only for a latency budget: the code hash follows imports,
@@ -37,6 +38,9 @@ LATENCY_PATH = "pipeline.latency.budget"
 
 class PruneStage(Stage):
     name = "prune"
+
+    def absent(self, ctx):
+        return started_without_torch(ctx.recipe)
 
     def needs(self, ctx):
         return ("data", "teacher")

@@ -15,6 +15,7 @@ from pipeline.core.stage import Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.train import class_weights, evaluate, finish_and_score, fit
 from pipeline.core.log import log
+from pipeline.tasks.classification.recipe import started_without_torch
 
 
 def _imagenet_weights(arch: str, num_classes: int, in_channels: int) -> tuple[torch.nn.Module, list[str]]:
@@ -50,6 +51,9 @@ def _imagenet_entry(arch: str):
 class TeacherStage(Stage):
     name = "teacher"
     distributed = True  # trains under torchrun on every rank (DDP); rank 0 writes the checkpoint
+
+    def absent(self, ctx):
+        return started_without_torch(ctx.recipe)
 
     def preflight(self, ctx):
         """Weights that do not fit the architecture are refused before any stage: the file is read and loaded into

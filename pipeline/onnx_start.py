@@ -1,0 +1,338 @@
+"""An ONNX file as the ladder's starting point (recipe ``start: {onnx: path, layout}``, or ``MODEL=model.onnx``).
+
+The user's graph is the FP32 ``student`` rung: the export stage checks it, writes it in the ladder's form (one NCHW
+float32 input named ``input`` with a dynamic batch, one output ``logits``) and scores it; the FP16 and INT8 rungs are
+written from it as from any exported student. Everything that would fail later is refused before any stage runs, by
+:func:`inspect_start`: a file that is no ONNX model, a second input, a layout that does not fit the declared
+preprocessing, an opset or an operator TensorRT 10's ONNX parser does not import, an output that is not one score per
+class of the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from device.errors import ConfigError
+from device.files import sha256_file
+from pipeline.onnx_export import INPUT_NAME, OUTPUT_NAME
+
+# TensorRT 10's ONNX parser imports opsets 9 to 20 (onnx-tensorrt 10.x docs/operators.md); 11.x up to 25.
+PARSED_OPSETS = (9, 20)
+# ONNX Runtime writes per-channel Q/DQ (the quantize ladder's) from opset 13: older graphs are converted to it.
+LADDER_OPSET = 13
+# The operators of the default domain that onnx-tensorrt 10.x (docs/operators.md) marks unsupported.
+UNPARSED_OPS = frozenset("""AffineGrid Bernoulli BitShift BitwiseAnd BitwiseNot BitwiseOr BitwiseXor BlackmanWindow
+    Col2Im CenterCropPad Compress ConcatFromSequence ConvInteger DFT Det DynamicQuantizeLinear HammingWindow HannWindow
+    ImageDecoder MatMulInteger MaxRoiPool MaxUnpool MelWeightMatrix Multinomial NegativeLogLikelihoodLoss Optional
+    OptionalGetElement OptionalHasElement QLinearConv QLinearMatMul RegexFullMatch STFT SequenceAt SequenceConstruct
+    SequenceEmpty SequenceErase SequenceInsert SequenceLength SequenceMap SoftmaxCrossEntropyLoss SplitToSequence
+    StringConcat StringNormalizer StringSplit TfIdfVectorizer Unique""".split())
+REEXPORT = ("re-export it from your training code: torch.onnx.export(model, torch.zeros(1, C, H, W), 'model.onnx', "
+            "opset_version=17, input_names=['input'], dynamic_axes={'input': {0: 'batch'}})")
+
+
+@dataclass(frozen=True)
+class StartFacts:
+    """What the checks found in the user's graph (recorded in the export stage's metrics)."""
+
+    path: str
+    sha256: str
+    opset: int
+    layout: str
+    input_name: str
+    input_shape: list[Any]
+    output_name: str
+    classes: int
+    nodes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _refuse(path: Path, problem: str, fix: str) -> ConfigError:
+    return ConfigError(f"start.onnx {path}: {problem}", fix=fix)
+
+
+def _load(path: Path):
+    """The parsed model, or a refusal naming the file's sha256 (a text file named ``.onnx``, a truncated copy)."""
+    import onnx
+
+    if not path.is_file():
+        raise _refuse(path, "no such file", "check the path (relative paths are from where you run make)")
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as err:  # protobuf's DecodeError, onnx's ValidationError, a missing external-data file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise _refuse(path, f"is not a valid ONNX model (sha256 {sha256_file(path)[:16]}…): {first}",
+                      "pass the .onnx file your exporter wrote; " + REEXPORT) from None
+    if not model.graph.node:
+        raise _refuse(path, f"holds no graph (sha256 {sha256_file(path)[:16]}…)", REEXPORT)
+    return model
+
+
+def _opset(model) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _dims(value_info) -> list[Any]:
+    """A tensor's dimensions: ints where static, the symbol (or None) where not."""
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in value_info.type.tensor_type.shape.dim]
+
+
+def _check_ops(path: Path, model) -> None:
+    nodes = list(model.graph.node)
+    foreign = sorted({f"{n.domain}::{n.op_type}" for n in nodes if n.domain not in ("", "ai.onnx")})
+    if foreign:
+        raise _refuse(path, f"uses operators outside the ONNX standard: {', '.join(foreign)}",
+                      "TensorRT imports them only through a plugin of your own; export without them (e.g. without "
+                      "ONNX Runtime's graph optimisations, which write com.microsoft fused ops)")
+    unparsed = sorted({n.op_type for n in nodes} & UNPARSED_OPS)
+    if unparsed:
+        raise _refuse(path, f"uses {', '.join(unparsed)}, which TensorRT 10's ONNX parser does not import "
+                            "(onnx-tensorrt docs/operators.md)", "export the model without them")
+
+
+def _check_input(path: Path, model, layout: str, channels: int, size: int) -> tuple[Any, list[Any]]:
+    initialisers = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in initialisers]
+    if len(inputs) != 1:
+        raise _refuse(path, f"has {len(inputs)} inputs ({', '.join(i.name for i in inputs) or 'none'}); EdgeFold "
+                            "feeds one image tensor", "export a graph with one image input (fold the others in "
+                                                      "as constants)")
+    (image,) = inputs
+    if image.type.tensor_type.elem_type != 1:  # TensorProto.FLOAT
+        import onnx
+
+        kind = onnx.TensorProto.DataType.Name(image.type.tensor_type.elem_type)
+        raise _refuse(path, f"input {image.name!r} is {kind}; the ladder feeds float32 images (its FP16 and INT8 "
+                            "rungs keep float32 I/O)", "export the FP32 model: " + REEXPORT)
+    dims = _dims(image)
+    if len(dims) != 4:
+        raise _refuse(path, f"input {image.name!r} has shape {dims}, not an image batch", REEXPORT)
+    c, h, w = (dims[1], dims[2], dims[3]) if layout == "nchw" else (dims[3], dims[1], dims[2])
+    if isinstance(c, int) and c != channels:
+        other = dims[3] if layout == "nchw" else dims[1]
+        other_layout = "nhwc" if layout == "nchw" else "nchw"
+        hint = f"set start.layout: {other_layout} (the graph looks {other_layout.upper()}); " if other == channels else ""
+        raise _refuse(path, f"input {image.name!r} {dims} read as {layout.upper()} has {c} channels; preprocess.channels "
+                            f"is {channels}", hint + "set preprocess.channels to the model's, or start.layout")
+    for name, value in (("height", h), ("width", w)):
+        if isinstance(value, int) and value != size:
+            raise _refuse(path, f"input {image.name!r} {dims} ({layout.upper()}) has {name} {value}; "
+                                f"preprocess.input_size is {size}",
+                          f"set preprocess.input_size: {value} (SET='preprocess.input_size={value}'), the size the "
+                          "model was trained at")
+    if isinstance(dims[0], int) and dims[0] != 1:
+        raise _refuse(path, f"input {image.name!r} fixes the batch at {dims[0]}", "export with batch 1 or a dynamic "
+                      "batch: " + REEXPORT)
+    return image, dims
+
+
+def inspect_start(path: str | Path, layout: str, channels: int, size: int, classes: int) -> StartFacts:
+    """Every check of a starting graph that needs no earlier stage, before any work: the rewrite into the ladder's
+    form included.
+
+    Raises:
+        ConfigError: What is wrong with the file, and how to fix it.
+    """
+    path = Path(path)
+    model = _load(path)
+    opset = _opset(model)
+    if not PARSED_OPSETS[0] <= opset <= PARSED_OPSETS[1]:
+        raise _refuse(path, f"is opset {opset}; TensorRT 10's ONNX parser imports opsets "
+                            f"{PARSED_OPSETS[0]}–{PARSED_OPSETS[1]}", REEXPORT)
+    _check_ops(path, model)
+    image, dims = _check_input(path, model, layout, channels, size)
+    if len(model.graph.output) != 1:
+        raise _refuse(path, f"has {len(model.graph.output)} outputs "
+                            f"({', '.join(o.name for o in model.graph.output)}); a classifier's ladder reads one: "
+                            "the class scores", "export only the logits (N × classes)")
+    out = model.graph.output[0]
+    got = _run(path, _example(layout, channels, size, 2 if dims[0] != 1 else 1))
+    if got.ndim != 2 or got.shape[1] != classes:
+        raise _refuse(path, f"output {out.name!r} is {list(got.shape)} for a batch of {got.shape[0] if got.ndim else 1}; "
+                            f"the data has {classes} classes", f"export the logits for the {classes} classes of "
+                            "DATA=, in the data's class order (an ImageFolder's folders sorted by name)")
+    facts = StartFacts(str(path), sha256_file(path), opset, layout, image.name, dims, out.name, classes,
+                       len(model.graph.node))
+    _ladder_form(facts, channels, size)  # the rewrite the export stage makes, and its batch of 3, tried now
+    return facts
+
+
+def _example(layout: str, channels: int, size: int, batch: int) -> np.ndarray:
+    shape = (batch, channels, size, size) if layout == "nchw" else (batch, size, size, channels)
+    return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+
+def _run(path: Path | bytes, images: np.ndarray) -> np.ndarray:
+    """The graph's one output under ONNX Runtime (CPU)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # its failure is reported once, in the refusal: not also on stderr
+    try:
+        session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), options,
+                                       providers=["CPUExecutionProvider"])
+        return session.run(None, {session.get_inputs()[0].name: images})[0]
+    except Exception as err:  # onnxruntime's Fail / InvalidGraph / RuntimeException
+        where = "the graph" if isinstance(path, bytes) else str(path)
+        raise ConfigError(f"start.onnx: ONNX Runtime cannot run {where}: {str(err).strip().splitlines()[0]}",
+                          fix=REEXPORT) from None
+
+
+def _renamed(model, old: str, new: str) -> None:
+    for node in model.graph.node:
+        node.input[:] = [new if name == old else name for name in node.input]
+        node.output[:] = [new if name == old else name for name in node.output]
+    for value in (*model.graph.input, *model.graph.output):
+        if value.name == old:
+            value.name = new
+
+
+def _set_shape(value_info, dims: Sequence[int | str]) -> None:
+    """Replaces a graph input's or output's shape: ints static, strings symbolic (a dimension holds one or the other:
+    setting both keeps the last)."""
+    tensor = value_info.type.tensor_type
+    tensor.ClearField("shape")
+    for value in dims:
+        dim = tensor.shape.dim.add()
+        if isinstance(value, str):
+            dim.dim_param = value
+        else:
+            dim.dim_value = value
+
+
+def _ladder_form(facts: StartFacts, channels: int, size: int) -> tuple[bytes, list[str]]:
+    """The user's graph in the ladder's form, serialized, and what was changed in words: opset ≥ 13, one float32 NCHW
+    input ``input`` of a dynamic batch (a Transpose in front for an NHWC graph), one output ``logits``, intermediate
+    shapes inferred again; run at a batch of 3 to prove the batch is free.
+
+    Raises:
+        ConfigError: When the graph cannot be converted, or fixes its batch inside (a Reshape to [1, …]).
+    """
+    import onnx
+    from onnx import helper, version_converter
+
+    path = Path(facts.path)
+    model = onnx.load(facts.path)
+    changes = []
+    if facts.opset < LADDER_OPSET:
+        try:
+            model = version_converter.convert_version(model, LADDER_OPSET)
+        except Exception as err:  # the converter raises RuntimeError / ConvertError by adapter
+            raise _refuse(path, f"opset {facts.opset} cannot be converted to {LADDER_OPSET} (which the INT8 ladder "
+                                f"writes per-channel Q/DQ in): {err}", REEXPORT) from None
+        changes.append(f"opset {facts.opset} → {LADDER_OPSET}")
+    graph = model.graph
+    _renamed(model, graph.output[0].name, OUTPUT_NAME)
+    # Initialisers listed as graph inputs too (older exporters) would be inputs a runner could be asked to feed.
+    initialisers = {t.name for t in graph.initializer}
+    kept = [value for value in graph.input if value.name not in initialisers]
+    del graph.input[:]
+    graph.input.extend(kept)
+    if facts.layout == "nhwc":
+        _renamed(model, facts.input_name, "input_nhwc")
+        graph.node.insert(0, helper.make_node("Transpose", [INPUT_NAME], ["input_nhwc"], perm=[0, 2, 3, 1],
+                                              name="edgefold_nchw_to_nhwc"))
+        graph.input[0].name = INPUT_NAME  # the one input left (checked)
+        changes.append("NHWC input behind a Transpose from NCHW")
+    else:
+        _renamed(model, facts.input_name, INPUT_NAME)
+    _set_shape(graph.input[0], ("batch", channels, size, size))
+    _set_shape(graph.output[0], ("batch", facts.classes))
+    if facts.input_shape[0] == 1:
+        changes.append("batch made dynamic (it was 1)")
+    del graph.value_info[:]  # shapes recorded for the old batch and size: inferred again below
+    model = onnx.shape_inference.infer_shapes(model)
+    onnx.checker.check_model(model)
+    data = model.SerializeToString()
+    try:
+        got = _run(data, _example("nchw", channels, size, 3))
+    except ConfigError as err:
+        if facts.input_shape[0] != 1:
+            raise
+        said = err.message.split("cannot run the graph: ")[-1]
+        raise _refuse(path, f"fixes its batch at 1 inside the graph (a Reshape to [1, …]); ONNX Runtime at a batch "
+                            f"of 3: {said}",
+                      "export with a dynamic batch: " + REEXPORT) from None
+    if got.shape != (3, facts.classes):
+        raise _refuse(path, f"fixes its batch inside the graph (a batch of 3 gives {list(got.shape)})",
+                      "export with a dynamic batch: " + REEXPORT)
+    return data, changes
+
+
+def write_start_graph(facts: StartFacts, out: Path, channels: int, size: int) -> dict[str, Any]:
+    """Writes the user's graph in the ladder's form (:func:`_ladder_form`) to ``out``.
+
+    Returns:
+        What was changed (in words), the opset, the node count and the file's size, for the log and the manifest.
+    """
+    data, changes = _ladder_form(facts, channels, size)
+    out.write_bytes(data)
+    import onnx
+
+    return {"changes": changes, "opset": max(facts.opset, LADDER_OPSET), "nodes": len(onnx.load(str(out)).graph.node),
+            "size_mb": out.stat().st_size / 1e6}
+
+
+def start_parity(facts: StartFacts, written: Path, images: np.ndarray) -> dict[str, Any]:
+    """The written graph against the user's own on the same preprocessed images (NCHW; transposed for an NHWC
+    graph, fed one at a time to a graph of batch 1): the rewrite must change nothing."""
+    given = images if facts.layout == "nchw" else images.transpose(0, 2, 3, 1).copy()
+    step = 1 if facts.input_shape[0] == 1 else 64
+    reference = np.concatenate([_run(Path(facts.path), given[i : i + step]) for i in range(0, len(given), step)])
+    got = np.concatenate([_run(written, images[i : i + 64]) for i in range(0, len(images), 64)])
+    diff = np.abs(got - reference)
+    return {"images": int(len(images)), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+            "top1_agreement": float((got.argmax(1) == reference.argmax(1)).mean())}
+
+
+def graph_compute(path: Path, sample: Sequence[int]) -> dict[str, float]:
+    """Parameters (float initialisers) and multiply-accumulates (Conv, ConvTranspose, Gemm, MatMul and their bias
+    adds) of an ONNX classifier at one input of ``sample`` (C, H, W): Torch-Pruning's per-layer count
+    (:func:`pipeline.models.layer_macs`); its total, which the other rungs show, also counts BatchNorm (folded into
+    the convolutions of an exported graph), activations and pooling, a few percent more. The
+    shapes are those ONNX Runtime computes on a zero image (ONNX's shape inference loses them behind a Reshape of a
+    computed shape, a channel shuffle's)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from device.marked import with_outputs
+
+    model = onnx.load(str(path))
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    counted = [n for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")]
+    probed = sorted({n.output[0] for n in counted} | {n.input[0] for n in counted if n.input[0] not in weights}
+                    - {model.graph.input[0].name})
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(with_outputs(path, probed), options, providers=["CPUExecutionProvider"])
+    image = np.zeros((1, *sample), np.float32)
+    got = session.run(probed, {session.get_inputs()[0].name: image})
+    shapes = {name: list(value.shape) for name, value in zip(probed, got)}
+    shapes[model.graph.input[0].name] = list(image.shape)
+    params = sum(w.size for w in weights.values() if w.dtype.kind == "f")
+    macs = 0
+    for node in counted:
+        out = shapes[node.output[0]]
+        if node.op_type in ("Conv", "ConvTranspose"):
+            kernel = weights[node.input[1]].shape if node.input[1] in weights else None
+            if kernel is None:  # a kernel computed in the graph: TensorRT needs an initialiser (checked at export)
+                continue
+            # Conv: out × in/groups × k…; ConvTranspose: in × out/groups × k… (each input feeds out/groups × k…)
+            per_output = int(np.prod(kernel[1:])) if node.op_type == "Conv" else int(np.prod(kernel)) // out[1]
+            macs += int(np.prod(out)) * per_output
+        else:
+            a = shapes.get(node.input[0]) or list(weights[node.input[0]].shape)
+            transposed = any(attr.name == "transA" and attr.i for attr in node.attribute)
+            macs += int(np.prod(out)) * (a[-2] if transposed else a[-1])
+        macs += int(np.prod(out)) if len(node.input) > 2 and node.input[2] else 0  # a bias add, as Torch-Pruning counts
+    return {"params_m": params / 1e6, "macs_g": macs / 1e9}
