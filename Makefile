@@ -167,7 +167,7 @@ agent: $(AGENT_STAMP)
 	    $(if $(TOKEN_FILE),--token-file '$(TOKEN_FILE)')
 
 report: $(STAMP)
-	$(EDGEFOLD) report '$(RUNS)/$(MODEL)/$(if $(RUN),$(RUN),latest)'
+	$(EDGEFOLD) report '$(RUNS)/$(if $(filter %.onnx,$(MODEL)),$(notdir $(MODEL)),$(MODEL))/$(if $(RUN),$(RUN),latest)'
 
 # Image builds need Docker with buildx (and QEMU binfmt for arm64): see docker/README.md.
 PLATFORMS := $(PYTHON) docker/platforms.py

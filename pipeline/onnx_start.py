@@ -31,6 +31,7 @@ UNPARSED_OPS = frozenset("""AffineGrid Bernoulli BitShift BitwiseAnd BitwiseNot 
     OptionalGetElement OptionalHasElement QLinearConv QLinearMatMul RegexFullMatch STFT SequenceAt SequenceConstruct
     SequenceEmpty SequenceErase SequenceInsert SequenceLength SequenceMap SoftmaxCrossEntropyLoss SplitToSequence
     StringConcat StringNormalizer StringSplit TfIdfVectorizer Unique""".split())
+MAX_BYTES = 2**31 - 1  # protobuf's limit on one serialized message: the rewritten graph is one
 REEXPORT = ("re-export it from your training code: torch.onnx.export(model, torch.zeros(1, C, H, W), 'model.onnx', "
             "opset_version=17, input_names=['input'], dynamic_axes={'input': {0: 'batch'}})")
 
@@ -57,12 +58,45 @@ def _refuse(path: Path, problem: str, fix: str) -> ConfigError:
     return ConfigError(f"start.onnx {path}: {problem}", fix=fix)
 
 
+def start_files(path: Path) -> list[Path]:
+    """The ``.onnx`` file and the external-data files its tensors name (weights saved beside a large model)."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    files = [path]
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not a model: _load says so
+        return files
+    for tensor in model.graph.initializer:
+        if uses_external_data(tensor):
+            location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
+            if location and path.parent / location not in files:
+                files.append(path.parent / location)
+    return files
+
+
+def start_sha256(path: Path) -> str:
+    """The sha256 of the model's bytes: the ``.onnx`` file's, or, with external data, of every file's sha256 in
+    order (retrained weights saved beside an unchanged graph change it)."""
+    files = start_files(path)
+    if len(files) == 1:
+        return sha256_file(path)
+    import hashlib
+
+    return hashlib.sha256("".join(sha256_file(f) if f.is_file() else "missing" for f in files).encode()).hexdigest()
+
+
 def _load(path: Path):
     """The parsed model, or a refusal naming the file's sha256 (a text file named ``.onnx``, a truncated copy)."""
     import onnx
 
     if not path.is_file():
         raise _refuse(path, "no such file", "check the path (relative paths are from where you run make)")
+    size = sum(f.stat().st_size for f in start_files(path) if f.is_file())
+    if size > MAX_BYTES:
+        raise _refuse(path, f"holds {size / 2**30:.1f} GiB; an ONNX start takes models under 2 GiB (protobuf's limit "
+                            "on the graph it rewrites)", "start from a smaller classifier")
     try:
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
@@ -73,6 +107,15 @@ def _load(path: Path):
     if not model.graph.node:
         raise _refuse(path, f"holds no graph (sha256 {sha256_file(path)[:16]}…)", REEXPORT)
     return model
+
+
+def _subgraphs(graph):
+    """``graph`` and every graph nested in its nodes' attributes (If branches, Loop and Scan bodies)."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            for nested in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _subgraphs(nested)
 
 
 def _opset(model) -> int:
@@ -86,7 +129,7 @@ def _dims(value_info) -> list[Any]:
 
 
 def _check_ops(path: Path, model) -> None:
-    nodes = list(model.graph.node)
+    nodes = [node for graph in _subgraphs(model.graph) for node in graph.node]
     foreign = sorted({f"{n.domain}::{n.op_type}" for n in nodes if n.domain not in ("", "ai.onnx")})
     if foreign:
         raise _refuse(path, f"uses operators outside the ONNX standard: {', '.join(foreign)}",
@@ -122,6 +165,9 @@ def _check_input(path: Path, model, layout: str, channels: int, size: int) -> tu
         hint = f"set start.layout: {other_layout} (the graph looks {other_layout.upper()}); " if other == channels else ""
         raise _refuse(path, f"input {image.name!r} {dims} read as {layout.upper()} has {c} channels; preprocess.channels "
                             f"is {channels}", hint + "set preprocess.channels to the model's, or start.layout")
+    if isinstance(h, int) and isinstance(w, int) and h != w:
+        raise _refuse(path, f"input {image.name!r} {dims} ({layout.upper()}) is {h}×{w}; EdgeFold's preprocessing "
+                            "(device/preprocess.py) makes square inputs", "export the model at a square input size")
     for name, value in (("height", h), ("width", w)):
         if isinstance(value, int) and value != size:
             raise _refuse(path, f"input {image.name!r} {dims} ({layout.upper()}) has {name} {value}; "
@@ -159,7 +205,7 @@ def inspect_start(path: str | Path, layout: str, channels: int, size: int, class
         raise _refuse(path, f"output {out.name!r} is {list(got.shape)} for a batch of {got.shape[0] if got.ndim else 1}; "
                             f"the data has {classes} classes", f"export the logits for the {classes} classes of "
                             "DATA=, in the data's class order (an ImageFolder's folders sorted by name)")
-    facts = StartFacts(str(path), sha256_file(path), opset, layout, image.name, dims, out.name, classes,
+    facts = StartFacts(str(path), start_sha256(path), opset, layout, image.name, dims, out.name, classes,
                        len(model.graph.node))
     _ladder_form(facts, channels, size)  # the rewrite the export stage makes, and its batch of 3, tried now
     return facts
@@ -187,12 +233,46 @@ def _run(path: Path | bytes, images: np.ndarray) -> np.ndarray:
 
 
 def _renamed(model, old: str, new: str) -> None:
-    for node in model.graph.node:
-        node.input[:] = [new if name == old else name for name in node.input]
-        node.output[:] = [new if name == old else name for name in node.output]
-    for value in (*model.graph.input, *model.graph.output):
-        if value.name == old:
-            value.name = new
+    """Renames the tensor ``old`` to ``new`` wherever the graph, or a graph nested in it, names it."""
+    for graph in _subgraphs(model.graph):
+        for node in graph.node:
+            node.input[:] = [new if name == old else name for name in node.input]
+            node.output[:] = [new if name == old else name for name in node.output]
+        for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
+            if value.name == old:
+                value.name = new
+
+
+def _tensor_names(model) -> set[str]:
+    names = set()
+    for graph in _subgraphs(model.graph):
+        for node in graph.node:
+            names.update(node.input)
+            names.update(node.output)
+        names.update(value.name for value in (*graph.input, *graph.output, *graph.initializer))
+    return names
+
+
+def _renamed_to_ladder(model, input_name: str, output_name: str, nhwc: bool) -> None:
+    """The image input named ``input`` (an NHWC graph's behind a Transpose from it) and the scores ``logits``,
+    whatever tensors those names held before (a user's graph may call a hidden tensor ``logits``)."""
+    from onnx import helper
+
+    taken = _tensor_names(model)
+    staged = {input_name: "edgefold_staged_input", output_name: "edgefold_staged_logits"}
+    for old, temporary in staged.items():
+        _renamed(model, old, temporary)
+    for reserved in (INPUT_NAME, OUTPUT_NAME, "input_nhwc"):
+        if reserved in taken and reserved not in staged:
+            _renamed(model, reserved, f"edgefold_was_{reserved}")
+    _renamed(model, staged[output_name], OUTPUT_NAME)
+    if nhwc:
+        _renamed(model, staged[input_name], "input_nhwc")
+        model.graph.node.insert(0, helper.make_node("Transpose", [INPUT_NAME], ["input_nhwc"], perm=[0, 2, 3, 1],
+                                                    name="edgefold_nchw_to_nhwc"))
+        next(value for value in model.graph.input if value.name == "input_nhwc").name = INPUT_NAME
+    else:
+        _renamed(model, staged[input_name], INPUT_NAME)
 
 
 def _set_shape(value_info, dims: Sequence[int | str]) -> None:
@@ -217,7 +297,7 @@ def _ladder_form(facts: StartFacts, channels: int, size: int) -> tuple[bytes, li
         ConfigError: When the graph cannot be converted, or fixes its batch inside (a Reshape to [1, …]).
     """
     import onnx
-    from onnx import helper, version_converter
+    from onnx import version_converter
 
     path = Path(facts.path)
     model = onnx.load(facts.path)
@@ -230,27 +310,27 @@ def _ladder_form(facts: StartFacts, channels: int, size: int) -> tuple[bytes, li
                                 f"writes per-channel Q/DQ in): {err}", REEXPORT) from None
         changes.append(f"opset {facts.opset} → {LADDER_OPSET}")
     graph = model.graph
-    _renamed(model, graph.output[0].name, OUTPUT_NAME)
-    # Initialisers listed as graph inputs too (older exporters) would be inputs a runner could be asked to feed.
+    # Initialisers listed as graph inputs too (older exporters) would be inputs a runner could be asked to feed;
+    # from IR 4 on an initialiser need not be one.
+    model.ir_version = max(model.ir_version, 7)
     initialisers = {t.name for t in graph.initializer}
     kept = [value for value in graph.input if value.name not in initialisers]
     del graph.input[:]
     graph.input.extend(kept)
+    _renamed_to_ladder(model, facts.input_name, facts.output_name, facts.layout == "nhwc")
     if facts.layout == "nhwc":
-        _renamed(model, facts.input_name, "input_nhwc")
-        graph.node.insert(0, helper.make_node("Transpose", [INPUT_NAME], ["input_nhwc"], perm=[0, 2, 3, 1],
-                                              name="edgefold_nchw_to_nhwc"))
-        graph.input[0].name = INPUT_NAME  # the one input left (checked)
         changes.append("NHWC input behind a Transpose from NCHW")
-    else:
-        _renamed(model, facts.input_name, INPUT_NAME)
     _set_shape(graph.input[0], ("batch", channels, size, size))
     _set_shape(graph.output[0], ("batch", facts.classes))
     if facts.input_shape[0] == 1:
         changes.append("batch made dynamic (it was 1)")
     del graph.value_info[:]  # shapes recorded for the old batch and size: inferred again below
-    model = onnx.shape_inference.infer_shapes(model)
-    onnx.checker.check_model(model)
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+        onnx.checker.check_model(model)
+    except Exception as err:  # onnx's InferenceError / ValidationError
+        raise _refuse(path, f"cannot be rewritten with a free batch and the ladder's names: "
+                            f"{str(err).strip().splitlines()[0]}", "report this model to EdgeFold; " + REEXPORT) from None
     data = model.SerializeToString()
     try:
         got = _run(data, _example("nchw", channels, size, 3))
@@ -308,7 +388,9 @@ def graph_compute(path: Path, sample: Sequence[int]) -> dict[str, float]:
     model = onnx.load(str(path))
     weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     counted = [n for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")]
-    probed = sorted({n.output[0] for n in counted} | {n.input[0] for n in counted if n.input[0] not in weights}
+    # Outputs, activations in, and kernels computed in the graph (a weight-normalised convolution's).
+    probed = sorted({n.output[0] for n in counted} | {name for n in counted for name in n.input[:2]
+                                                       if name and name not in weights}
                     - {model.graph.input[0].name})
     import onnxruntime as ort
 
@@ -324,12 +406,11 @@ def graph_compute(path: Path, sample: Sequence[int]) -> dict[str, float]:
     for node in counted:
         out = shapes[node.output[0]]
         if node.op_type in ("Conv", "ConvTranspose"):
-            kernel = weights[node.input[1]].shape if node.input[1] in weights else None
-            if kernel is None:  # a kernel computed in the graph: TensorRT needs an initialiser (checked at export)
-                continue
-            # Conv: out × in/groups × k…; ConvTranspose: in × out/groups × k… (each input feeds out/groups × k…)
-            per_output = int(np.prod(kernel[1:])) if node.op_type == "Conv" else int(np.prod(kernel)) // out[1]
-            macs += int(np.prod(out)) * per_output
+            kernel = weights[node.input[1]].shape if node.input[1] in weights else shapes[node.input[1]]
+            if node.op_type == "Conv":  # out × in/groups × k…: each output element sums in/groups × k… products
+                macs += int(np.prod(out)) * int(np.prod(kernel[1:]))
+            else:  # in × out/groups × k…: each input element feeds out/groups × k… outputs
+                macs += int(np.prod(shapes[node.input[0]])) * int(np.prod(kernel[1:]))
         else:
             a = shapes.get(node.input[0]) or list(weights[node.input[0]].shape)
             transposed = any(attr.name == "transA" and attr.i for attr in node.attribute)

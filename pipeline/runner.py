@@ -61,25 +61,48 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def resolve_run_dir(runs_dir: Path, model: str, run_id: str | None, new: bool) -> Path:
+def resolve_run_dir(runs_dir: Path, model: str, run_id: str | None, new: bool, absent: Sequence[str] = ()) -> Path:
     """``runs/<model>/<run-id>``: the given id, else the model's latest run, else a new one.
 
-    Reusing the latest run by default is what makes a second ``make edge`` skip its stages.
+    Reusing the latest run by default is what makes a second ``make edge`` skip its stages. A run that holds stages
+    this recipe has no part for (a PyTorch ladder's teacher, where the recipe now starts from an ONNX file) is never
+    resumed: its records would be read as this run's, and a new run loses none of them.
+
+    Raises:
+        ConfigError: When ``run_id`` names such a run, or is no valid id.
     """
     model_dir = Path(runs_dir) / model
     if run_id:
         if "/" in run_id or run_id in (".", "..", LATEST):
             raise ConfigError(f"invalid run id {run_id!r}", fix="use letters, digits, '-' and '_'")
+        held = _held(model_dir / run_id, absent)
+        if held:
+            raise ConfigError(f"run {model_dir / run_id} holds {', '.join(held)} of a ladder this recipe does not "
+                              "run", fix="give another RUN= (--run-id), or NEW=1 (--new)")
         return model_dir / run_id
     latest = model_dir / LATEST
     if not new and latest.is_symlink() and (latest.resolve() / "manifest.json").is_file():
-        return model_dir / os.readlink(latest)
+        held = _held(latest.resolve(), absent)
+        if not held:
+            return model_dir / os.readlink(latest)
+        log(f"{latest.resolve()} holds {', '.join(held)}, which this recipe does not run: starting a new run")
     run_id = time.strftime("%Y%m%d-%H%M%S")
     suffix = 1
     while (model_dir / run_id).exists():
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{suffix}"
         suffix += 1
     return model_dir / run_id
+
+
+def _held(run_dir: Path, stages: Sequence[str]) -> list[str]:
+    """Which of ``stages`` a run's manifest records."""
+    if not stages or not (run_dir / "manifest.json").is_file():
+        return []
+    try:
+        recorded = Manifest.load(run_dir).data.get("stages", {})
+    except ManifestError:
+        return []  # reported when the run is opened
+    return [name for name in stages if name in recorded]
 
 
 def _point_latest(run_dir: Path) -> None:
@@ -140,25 +163,26 @@ def _refuse_unbuilt_stage(recipe, name: str, registry: Registry) -> None:
                              "recorded in the run's manifest")
 
 
-def _preflight(recipe, registry: Registry, names: Sequence[str], devices) -> list[str]:
+def _preflight(recipe, registry: Registry, names: Sequence[str], devices) -> tuple[list[str], list[str]]:
     """Every stage's checks that need no earlier output, before the run directory exists: a refused WEIGHTS or
     runtime leaves nothing behind, not even a 'latest' link pointing at an empty run.
 
     Returns:
-        The stages that take part in this run; each one left out (:meth:`Stage.absent`) is logged with why.
+        The stages that take part in this run, and those left out (:meth:`Stage.absent`), each logged with why.
     """
     ctx = RunContext(recipe, None, devices=devices)
-    taking_part = []
+    taking_part, absent = [], []
     for name in names:
         stage = registry.get(name) if name in registry else None
         reason = stage.absent(ctx) if stage is not None else None
         if reason:
             log(f"[{name:>8}] not in this run: {reason}")
+            absent.append(name)
             continue
         taking_part.append(name)
         if stage is not None:
             stage.preflight(ctx)
-    return taking_part
+    return taking_part, absent
 
 
 def _say_preprocess_source(recipe) -> None:
@@ -193,10 +217,10 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
     overrides = dict(overrides or {})  # a None is the recipe's null, an empty string an unset flag (load_recipe)
     recipe, recipe_path, recipe_sha = load_recipe(model, overrides)
     registry = _stages_for(recipe)
-    names = _preflight(recipe, registry, names, devices)
+    names, absent = _preflight(recipe, registry, names, devices)
     # Rank 0 names the run (a new run's id is a timestamp) and owns the manifest; the others follow.
     run_dir = Path(distributed.broadcast_object(
-        str(resolve_run_dir(Path(runs_dir), recipe.name, run_id, new)) if me.main else None))
+        str(resolve_run_dir(Path(runs_dir), recipe.name, run_id, new, absent)) if me.main else None))
     if me.main:
         # The recipe entry and the overrides are written only when a stage that used them completes:
         # a run that fails before (a wrong DATA=) must not leave a good run's manifest claiming them.
@@ -291,7 +315,9 @@ def list_runs(runs_dir: str | Path = "runs", model: str | None = None) -> list[d
             "run": str(manifest_path.parent), "model": manifest.data["model"], "created": manifest.data.get("created"),
             "stages": [s for s in STAGE_ORDER if s in stages],
             "teacher_top1": stages.get("teacher", {}).get("metrics", {}).get("top1"),
-            "student_top1": stages.get("distill", {}).get("metrics", {}).get("top1"),
+            # An ONNX start has no distill stage: its student (the given graph) is scored at export.
+            "student_top1": stages.get("distill", {}).get("metrics", {}).get("top1")
+            or (stages.get("evaluate", {}).get("metrics", {}).get("rungs", {}).get("student") or {}).get("top1"),
             "seconds": sum(s.get("seconds", 0) for s in stages.values()),
         })
     return sorted(rows, key=lambda r: r.get("created") or "", reverse=True)

@@ -66,7 +66,8 @@ def trained_model(layout: str = "nchw"):
 
 
 def export(model, path: Path, shape: tuple[int, ...], dynamic_batch: bool = True, opset: int = 17,
-           input_names: tuple[str, ...] = ("images",), output_names: tuple[str, ...] = ("scores",)) -> Path:
+           input_names: tuple[str, ...] = ("images",), output_names: tuple[str, ...] = ("scores",),
+           keep_initializers_as_inputs: bool = False) -> Path:
     """``torch.onnx.export`` as a user's training code calls it (their own I/O names)."""
     import torch
 
@@ -76,7 +77,7 @@ def export(model, path: Path, shape: tuple[int, ...], dynamic_batch: bool = True
         torch.onnx.export(model, args, str(path), dynamo=False, opset_version=opset, input_names=list(input_names),
                           output_names=list(output_names),
                           dynamic_axes={name: {0: "n"} for name in (*input_names, *output_names)} if dynamic_batch
-                          else None)
+                          else None, keep_initializers_as_inputs=keep_initializers_as_inputs)
     return path
 
 

@@ -46,7 +46,8 @@ def onnx_recipe(path: Path) -> tuple[dict[str, Any], str]:
     channels = channels if channels in (1, 3) else 3
     size = height if isinstance(height, int) and height >= 4 else DEFAULT_SIZE
     mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ([0.449], [0.226])  # grey: RGB's average
-    raw = {"name": re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem), "description": f"{path.name}, started at export",
+    # Named after the whole file name: runs/model.onnx/ never resumes a run of a recipe named model.
+    raw = {"name": re.sub(r"[^A-Za-z0-9_.-]", "_", path.name), "description": f"{path.name}, started at export",
            "start": {"onnx": str(path), "layout": "nhwc" if nhwc else "nchw"},
            "preprocess": {"input_size": size, "channels": channels, "mean": mean, "std": std}}
     said = (f"{path.name}'s input ({'NHWC' if nhwc else 'NCHW'}, {channels} channel{'s' if channels > 1 else ''}"

@@ -61,10 +61,10 @@ def predictions_output(manifest, rung: str) -> tuple[str, str]:
     """(stage, output key) of a rung's test predictions in a run (``manifest``): its producing stage's, or, for a float
     rung that no stage trained (an ONNX start's student, scored when exported), the export stage's
     ``<rung>_predictions``."""
-    stage, key = RUNGS[rung].predictions
-    if RUNGS[rung].checkpoint_stage and not manifest.stage(stage):
+    exported = (manifest.stage("export") or {}).get("outputs", {})
+    if RUNGS[rung].checkpoint_stage and f"{rung}_predictions" in exported:
         return "export", f"{rung}_predictions"
-    return stage, key
+    return RUNGS[rung].predictions
 
 
 def fp16_form(rung: str) -> str | None:

@@ -95,25 +95,32 @@ class Recipe(RecipeBase):
 
 def _sections_of_the_start(data: dict) -> dict:
     """An ONNX start has one float rung, the given graph as ``student``: the rung lists left unwritten shrink to its
-    forms; a section, rung, QAT or the Torch-TensorRT road written that needs the PyTorch model is refused."""
+    forms; a section, rung, QAT or the Torch-TensorRT road written that needs the PyTorch model is refused. Sections
+    that are no mapping are left to the models, which say so with their key path."""
     written = [name for name in TORCH_SECTIONS if data.get(name) is not None]
     if written:
         raise ValueError(f"start.onnx enters the ladder at export: {', '.join(written)} would not run; remove "
                          f"{'them' if len(written) > 1 else 'it'} from the recipe")
-    sections = {name: dict(data.get(name) or {}) for name in ("export", "quantize", "deploy")}
-    if sections["quantize"].get("qat") is not None:
+    sections = {name: dict(data.get(name) or {}) for name in ("export", "quantize", "deploy")
+                if isinstance(data.get(name) or {}, dict)}
+    if sections.get("quantize", {}).get("qat") is not None:
         raise ValueError("quantize.qat needs the PyTorch model, which an ONNX start does not have; set quantize.qat: "
                          "null (the INT8 ladder still tries each calibration method and mixed precision)")
-    if "torch_tensorrt" in (sections["deploy"].get("runtimes") or ()):
+    runtimes = sections.get("deploy", {}).get("runtimes")
+    if isinstance(runtimes, list) and "torch_tensorrt" in runtimes:
         raise ValueError("deploy.runtimes: torch_tensorrt compiles the PyTorch model, which an ONNX start does not "
                          "have; use [tensorrt]")
     started = [name for name, rung in RUNGS.items() if name == "student" or rung.form_of == "student"]
     for section, key, kind in (("export", "rungs", "fp32"), ("export", "fp16_rungs", "fp16"), ("deploy", "rungs", None)):
+        if section not in sections:
+            continue
+        allowed = [name for name in started if kind in (None, RUNGS[name].precision)]
+        given = sections[section].get(key)
         if key not in sections[section]:
-            sections[section][key] = [name for name in started if kind in (None, RUNGS[name].precision)]
-        elif isinstance(sections[section][key], list) and set(map(str, sections[section][key])) - set(started):
-            raise ValueError(f"{section}.{key}: {sorted(set(map(str, sections[section][key])) - set(started))} do not "
-                             f"exist in an ONNX start (the given graph is the student: {', '.join(started)})")
+            sections[section][key] = allowed
+        elif isinstance(given, list) and (set(map(str, given)) - set(allowed) or (kind == "fp32" and not given)):
+            raise ValueError(f"{section}.{key}: an ONNX start has {', '.join(allowed)} here (the given graph is the "
+                             f"student), not {given}; leave {section}.{key} out")
     return {**data, **sections}
 
 

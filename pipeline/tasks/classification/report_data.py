@@ -428,7 +428,7 @@ def _headline(rows, edge, dc, baseline_device, baseline_rung: str = TEACHER, lea
     fallbacks = {d["name"]: d.get("runtime_fallback") for d in (edge_device, baseline_device)
                  if d.get("runtime_fallback")}
     if not student or not teacher or student["status"] != "measured" or teacher["status"] != "measured":
-        return {"status": NOT_MEASURED, "reason": f"{lead} or teacher not measured", "note": note,
+        return {"status": NOT_MEASURED, "reason": f"{lead} or {baseline_rung} not measured", "note": note,
                 "runtime_fallbacks": fallbacks}
 
     def ratio(a, b):

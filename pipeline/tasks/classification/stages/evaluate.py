@@ -36,8 +36,9 @@ class EvaluateStage(Stage):
         exported = (ctx.manifest.stage("export") or {}).get("metrics", {}).get("rungs", {})
         for rung, stage in ((name, r.checkpoint_stage) for name, r in RUNGS.items() if r.checkpoint_stage):
             entry = ctx.manifest.stage(stage)
-            if not entry and "started_from" in exported.get(rung, {}):  # an ONNX start's graph, scored at export
+            if "started_from" in exported.get(rung, {}):  # an ONNX start's graph, scored at export
                 rungs[rung] = self._started(ctx, rung, exported[rung])
+                continue
             if not entry:
                 continue
             path = ctx.manifest.output(stage, "model")

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from device.errors import StageError
-from device.files import sha256_file
 from pipeline.checkpoint import load_checkpoint
 from pipeline.models import ARCHITECTURES
 from pipeline.onnx_export import check_parity, export_onnx
@@ -59,7 +58,9 @@ class ExportStage(Stage):
         config = {"export": ctx.recipe.section("export"), "preprocess": ctx.preprocess.to_dict(),
                   "torch": torch.__version__, "runtimes": list(ctx.recipe.deploy.runtimes)}
         if ctx.recipe.start is not None:  # the user's file by its bytes: a re-exported model.onnx is exported again
-            config["start"] = {**ctx.recipe.section("start"), "sha256": sha256_file(Path(ctx.recipe.start.onnx))}
+            from pipeline.onnx_start import start_sha256
+
+            config["start"] = {**ctx.recipe.section("start"), "sha256": start_sha256(Path(ctx.recipe.start.onnx))}
         return config
 
     def run(self, ctx, workdir: Path) -> StageResult:

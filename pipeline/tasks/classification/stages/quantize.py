@@ -52,7 +52,8 @@ class QuantizeStage(Stage):
             "the INT8 student", accepted, ctx.dataset().classes,
             causes="a collapsed FP32 student passes the gate with the same score; calibration data that does not "
                    "match the test data",
-            fix="check the distill stage's scores; enlarge data.calib_size")
+            fix=("check the export stage's score of the given model" if ctx.recipe.start is not None
+                 else "check the distill stage's scores") + "; enlarge data.calib_size")
         chw = ctx.preprocess.input_shape(1)[1:]
         # The engines the agent builds: one per measured batch, opt = that batch (one line each).
         trtexec = {f"tensorrt_{version.split('.')[0]}": trtexec_lines(
