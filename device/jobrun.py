@@ -228,12 +228,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
         samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
                                         pci_bus_id=getattr(runner, "pci_bus_id", None))
         try:
-            static = {s.name: {k: getattr(s, k) for k in ("board_rail", "summed_rails", "nvpmodel", "jetson_clocks",
-                                                            "board", "gpu_name", "service_interval_s", "data_time",
-                                                            "service_version", "client_version",
-                                                            "unsupported", "rapl_readable", "provenance")
-                               if hasattr(s, k)}
-                      for s in samplers}
+            static = static_facts(samplers)
             power_key = next((key for name, key in POWER_SOURCES if any(s.name == name for s in samplers)), None)
             measure_spec = MeasureSpec(warmup_iterations=spec.warmup_iterations, idle_s=spec.idle_s,
                                        min_iterations=spec.min_iterations, **spec.window())
@@ -296,6 +291,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
             if runner.batch_sizes is None and len(spec.batch_sizes) > 1:
                 evaluation_note = (f"one {spec.runtime} model serves every batch size: scored once, at batch "
                                    f"{max(spec.batch_sizes)}")
+        frame = frame_times(spec, runner, progress) if spec.frame is not None else None
         runtime = {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]),
                    "load_s": load_s, "python": platform.python_version(), "threads": spec.threads}
         if profile_note:
@@ -308,7 +304,25 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
         {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
          "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "profile": profile, "evaluation": evaluation,
          "more_evaluations": more_evaluations, "evaluation_note": evaluation_note,
-         "environment": describe_device(), "sweep": sweep}).dump()
+         "environment": describe_device(), "sweep": sweep, "frame": frame}).dump()
+
+
+def static_facts(samplers) -> dict[str, dict[str, Any]]:
+    """What each telemetry sampler knows before it samples (its rails, the board, the service's versions)."""
+    return {s.name: {k: getattr(s, k) for k in ("board_rail", "summed_rails", "nvpmodel", "jetson_clocks", "board",
+                                                "gpu_name", "service_interval_s", "data_time", "service_version",
+                                                "client_version", "unsupported", "rapl_readable", "provenance")
+                     if hasattr(s, k)}
+            for s in samplers}
+
+
+def frame_times(spec: JobSpec, runner, progress) -> dict[str, Any]:
+    """The frame's path from bytes to top-k on the timed runner (:mod:`device.frame`), after the windows."""
+    from device.frame import time_frames
+
+    return time_frames(runner, Preprocess.from_dict(spec.preprocess.model_dump()), spec.frame,
+                       getattr(runner, "batch_sizes", None), k=spec.evaluation.top_k if spec.evaluation else 5,
+                       progress=progress)
 
 
 def planted_fault(fault: str | None) -> None:

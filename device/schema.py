@@ -12,6 +12,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from device.errors import EdgeFoldError
+from device.frame_schema import FrameResult, FrameSpec
 from device.problems import describe_problems, field_problems
 from device.reported import reported
 from device.window import Contention, DeviceTiming, Measured, PowerTrace, RunSummary, TelemetryName, TelemetrySummary
@@ -204,6 +205,8 @@ class JobSpec(Request):
                                                       "setting (Jetson); the device is restored afterwards")
     diverge: DivergeSpec | None = Field(None, description="a debug job: no timed window; the marked tensors of the "
                                                           "evaluation set's first images, for the build host (2.8)")
+    frame: FrameSpec | None = Field(None, description="time camera frames of this size and format from bytes to "
+                                                      "top-k, part by part, and pipelined, after the windows (2.9)")
 
     @model_validator(mode="after")
     def _window(self) -> "JobSpec":
@@ -217,6 +220,9 @@ class JobSpec(Request):
             if self.diverge.images > self.evaluation.images:
                 raise ValueError(f"diverge.images {self.diverge.images} is more than the evaluation set's "
                                  f"{self.evaluation.images}")
+        if self.frame is not None and (self.preprocess is None or self.diverge is not None):
+            raise ValueError("frame needs the model's preprocess (its frames are preprocessed as the application's), "
+                             "and no diverge")
         if self.iterations is not None and self.duration_s is not None:
             raise ValueError("give iterations or duration_s, not both")
         if isinstance(self.telemetry, list) and len(set(self.telemetry)) != len(self.telemetry):
@@ -303,8 +309,9 @@ class ErrorBody(Strict):
 # PowerSetting.power_limit_w and gpu_locked_mhz (NVML sweeps); 2.4: runtime torch_tensorrt, RuntimeInfo.torch_tensorrt,
 # JobSpec.timing_cache; 2.5: EvaluationSpec.head, EvaluationResult.detections, network_s and postprocess_s (detection);
 # 2.6: JobResult.more_evaluations and evaluation_note, EvaluationResult.accelerator (every timed engine scored);
-# 2.7: the build facts of TensorRT and Torch-TensorRT in RuntimeInfo.built (each runner reports its own)
-RESULT_MAJOR, RESULT_MINOR = 2, 8
+# 2.7: the build facts of TensorRT and Torch-TensorRT in RuntimeInfo.built (each runner reports its own);
+# 2.8: JobSpec.diverge, JobResult.diverge; 2.9: JobSpec.frame, JobResult.frame (device.frame)
+RESULT_MAJOR, RESULT_MINOR = 2, 9
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -514,6 +521,7 @@ class JobResult(Measured):
     sweep: SweepResult | None = Field(None, description="a sweep's original and restored state and the settings it "
                                                         "did not measure; its runs carry power_setting")
     diverge: DivergeResult | None = Field(None, description="a debug job's marked tensors (no runs) (2.8)")
+    frame: FrameResult | None = Field(None, description="the frame's path from bytes to top-k (JobSpec.frame) (2.9)")
 
     @field_validator("schema_")
     @classmethod

@@ -24,7 +24,7 @@ MODULE_LINES, FUNCTION_LINES = 600, 80
 LONG_MODULES: dict[str, int] = {}
 LONG_FUNCTIONS = {
     "device/agent.py:create_app": 211, "pipeline/latency/budget.py:plan_to_budget": 179,
-    "device/jobrun.py:run_job": 130, "device/safe_pickle.py:interpret": 106, "pipeline/tasks/classification/report_data.py:collect": 94,
+    "device/jobrun.py:run_job": 125, "device/safe_pickle.py:interpret": 106, "pipeline/tasks/classification/report_data.py:collect": 94,
     "pipeline/runner.py:run_pipeline": 104, "pipeline/latency/measure.py:measure": 95,
     "device/engine.py:build_engine": 94, "pipeline/fp16_nodes.py:nodes_to_fp16": 92,
     "pipeline/tasks/classification/stages/deploy.py:_device": 81, "device/sweep.py:run_sweep": 85}

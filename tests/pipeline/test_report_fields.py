@@ -75,10 +75,10 @@ def test_results_are_written_strictly_and_read_leniently_within_the_major_versio
     document["runs"][0]["summary"]["fan_rpm_peak"] = 2400.0  # a field a newer minor version added
     with pytest.raises(Exception, match="fan_rpm_peak"):
         JobResult.model_validate(document)  # the writer: an unknown key is a producer's bug
-    document["schema"] = "edgefold.result/2.9"
+    document["schema"] = "edgefold.result/2.10"
     read = parse_result(document)  # a reader of this version: the newer key is dropped, the rest kept
     assert read.runs[0].latency_p50_ms == 2.0
-    assert "fan_rpm_peak" not in read.runs[0].summary.model_dump() and read.minor == 9
+    assert "fan_rpm_peak" not in read.runs[0].summary.model_dump() and read.minor == 10
     document["schema"] = "edgefold.result/3.0"
     with pytest.raises(SchemaVersionError, match="reads edgefold.result/2.x"):
         parse_result(document)
