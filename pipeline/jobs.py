@@ -159,7 +159,7 @@ def sweep_spec(sweep, device_info: dict[str, Any]) -> SweepSpec:
 
 def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preprocess: dict[str, Any],
              label: str, profile: bool = True, evaluation: EvaluationSpec | None = None, sweep=None,
-             road: str = "tensorrt") -> JobSpec:
+             road: str = "tensorrt", frame=None) -> JobSpec:
     """The benchmark job for one rung on one device, as the agent's own schema (validated here).
 
     Args:
@@ -167,6 +167,7 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
         road: ``tensorrt`` (the ONNX road: ``deploy.runtime`` picks the runtime) or ``torch_tensorrt`` (the rung's
             ``torch.export`` program compiled by Torch-TensorRT on the device; never swept: the sweep is the
             ONNX road's).
+        frame: The recipe's ``deploy.frame`` (:class:`device.frame_schema.FrameSpec`), for one round's jobs.
     """
     if road == "torch_tensorrt":
         runtime, sweep = "torch_tensorrt", None
@@ -182,7 +183,7 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
                        duration_s=cfg.duration_s, warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
                        min_iterations=cfg.min_iterations, profile=profile, evaluation=evaluation,
                        sample_hz=cfg.sample_hz, threads=cfg.threads, telemetry="auto", timeout_s=cfg.job_timeout_s,
-                       preprocess=PreprocessSpec(**preprocess), label=safe_text(label, 200))
+                       preprocess=PreprocessSpec(**preprocess), label=safe_text(label, 200), frame=frame)
     except ValidationError as err:  # the recipe was validated with the same bounds: this is a bug, said plainly
         raise ConfigError(f"deploy: the job for {rung} does not fit the agent's schema: "
                           f"{describe_problems(field_problems(err.errors()))}",

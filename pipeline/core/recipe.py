@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from device.architectures import ARCHITECTURES
 from device.errors import ConfigError, EdgeFoldError
+from device.frame_schema import FrameSpec
 from device.preprocess import Preprocess
 from device.schema import (BatchSizes, ClockMHz, IdleSeconds, PowerLimitWatts, MinIterations, ModeId, ModeName, SampleHz, Threads,
                            TimeoutSeconds, WarmupIterations, WindowSeconds)
@@ -443,6 +444,8 @@ class DeployConfig(Strict):
         1000, ge=0, le=100_000, description="test images (stratified per class) each rung's engine scores on each "
                                             "device, once, outside the timed windows; 0: host accuracy only")
     sweep: SweepConfig | None = Field(None, description="power modes × jetson_clocks × batch on each Jetson")
+    frame: FrameSpec | None = Field(None, description="camera frames (width, height, bgr | nv12 | jpeg) each rung "
+                                                      "is timed on from bytes to top-k, part by part and pipelined")
     latency_budget_ms: float | None = Field(None, gt=0, le=60_000, description="the p50 a product must meet: the "
                                                                                 "report names the least-energy "
                                                                                 "sweep point within it")

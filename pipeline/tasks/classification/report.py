@@ -27,6 +27,7 @@ from pipeline.tasks.classification.headline import fmt
 from pipeline.tasks.classification.headline import text as headline_text
 from pipeline.tasks.classification.report_data import BASE_COLUMNS, collect
 from pipeline.tasks.classification.report_plots import PLOT_CAPTIONS, plots
+from pipeline.tasks.classification.frame_report import frame_section, framed
 
 
 def fleet_rows(data: dict[str, Any]) -> list[list[str]]:
@@ -237,6 +238,8 @@ def report_sections(data: dict[str, Any], figures: dict[str, str | Figure | Text
         sections.append(Section("Latency as trtexec reports it", [Text(TIMINGS_TEXT), Table(timing_rows(data))]))
     if data.get("layer_profiles"):
         sections.append(time_section(data))
+    if framed(data["rows"]):
+        sections.append(frame_section(data, figures))
     if data.get("power_fronts"):
         sections.append(power_section(data, figures))
     sections += list(extra)
@@ -246,7 +249,7 @@ def report_sections(data: dict[str, Any], figures: dict[str, str | Figure | Text
     if figures is not None:
         sections.append(Section("Plots", [figure if isinstance(figure, (Figure, Text)) else
                                           Figure(key, figure, PLOT_CAPTIONS[key]) for key, figure in figures.items()
-                                          if not key.startswith("power_front:")]))
+                                          if not key.startswith(("power_front:", "frame:"))]))
     sections.append(Section("Provenance", [Bullets(provenance_lines(data))]))
     return sections
 

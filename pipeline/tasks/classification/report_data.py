@@ -25,6 +25,7 @@ from pipeline.scores import points as _points
 from pipeline.scores import verdict
 from pipeline.tasks.classification.device_accuracy import device_scores, paired_top1_change, per_class_device
 from pipeline.tasks.classification.front import choose, energy_front, settings_from_windows
+from pipeline.tasks.classification.frame_report import FRAME_COLUMNS, frame_fields, frame_headline
 from pipeline.tasks.classification.headline import accuracy_evidence
 
 
@@ -39,7 +40,7 @@ BASE_COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", 
                 "energy_ratio_vs_dc_teacher", "energy_ratio_low", "energy_ratio_high", "energy_ratio_significant",
                 "noisy", "noise_flags", "noise", "status", "reason", "runtime_fallback", "device_top1",
                 "device_top1_correct", "device_images", "host_top1_same_images", "agreement", "mcnemar_p",
-                "device_deviates")
+                "device_deviates", *FRAME_COLUMNS)
 
 
 COLUMNS = csv_columns(BASE_COLUMNS)
@@ -455,6 +456,7 @@ def _headline(rows, edge, dc, baseline_device, baseline_rung: str = TEACHER, lea
             "size_mb_edge": student["size_mb"], "size_mb_dc": teacher["size_mb"],
             # Like with like: the student's FP32 form against the FP32 teacher, and the compute both do.
             "size_mb_student_fp32": student_fp32["size_mb"] if student_fp32 else None,
+            "frame_text": frame_headline(student),
             "macs_ratio": ratio(student["macs_g"], teacher["macs_g"]),
             "params_ratio": ratio(student["params_m"], teacher["params_m"])}
 
@@ -516,9 +518,9 @@ def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_b
     if spread is not None and spread > contention.WINDOW_CV_LIMIT:
         flags["windows_disagree"] = (f"latency p50 varies {100 * spread:.0f}% between the interleaved windows; the "
                                      "device was not quiet: stop other work, lock clocks, or add rounds")
-    return {**figures, "latency_cv_windows": spread, "windows": len(rounds), "noisy": bool(flags),
-            "noise_flags": sorted(flags), "noise": "; ".join(f"{flag}: {why}" for flag, why in sorted(flags.items()))
-            or None}
+    return {**figures, **frame_fields(rounds), "latency_cv_windows": spread, "windows": len(rounds),
+            "noisy": bool(flags), "noise_flags": sorted(flags),
+            "noise": "; ".join(f"{flag}: {why}" for flag, why in sorted(flags.items())) or None}
 
 
 def _ratios(row: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from pipeline import perclass
 from pipeline.profile_report import NOT_MEASURED
 from pipeline.sections import Text, figure_png
 from pipeline.tasks.classification.report_data import no_score, pareto_front
+from pipeline.tasks.classification.frame_report import frame_plot, framed
 
 
 def accuracy_front(rows: list[dict[str, Any]]) -> set[str]:
@@ -38,6 +39,8 @@ def plots(data: dict[str, Any]) -> dict[str, str | Text]:
         f"Power over each job's window: {NOT_MEASURED} (no device reported power).")
     if data.get("per_class"):
         figures["per_class"] = figure_png(perclass.plot(data["per_class"]))
+    if framed(data["rows"]):
+        figures["frame:parts"] = frame_plot(plt, data["rows"])
     for device in dict.fromkeys(f["device"] for f in data.get("power_fronts") or []):
         fronts = [f for f in data["power_fronts"] if f["device"] == device]
         drawable = any(p["energy_mj_per_image"] is not None for f in fronts for p in f["settings"])

@@ -246,10 +246,10 @@ class DeployStage(Stage):
             def window(job: tuple[str, str, Path], round_index: int) -> dict[str, Any]:
                 rung, road_name, path = job
                 shown = rung if road_name == "tensorrt" else f"{rung}@{road_name}"
-                # Round 1 also scores the set through the engine it timed (once per rung × device).
+                # Round 1 also scores the set through the engine it timed and times the frame's path (once each).
                 spec = job_spec(rung, digests[path], info, cfg, preprocess, f"{label}/{shown}/round{round_index + 1}",
                                 profile=round_index == 0, evaluation=scoring if round_index == 0 else None,
-                                sweep=cfg.sweep, road=road_name)
+                                sweep=cfg.sweep, road=road_name, frame=cfg.frame if round_index == 0 else None)
                 # The agent itself is part of the key: two boards of one kind are each measured (a fleet); its name
                 # in the report is only a label. A loopback agent measures with this checkout's code.
                 key = window_key(artifact=digests[path], agent=device.url, code=code, fingerprint=fingerprint,

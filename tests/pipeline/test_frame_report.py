@@ -1,0 +1,68 @@
+"""From camera frame to answer in the report: ``deploy.frame`` sends the frame to every rung's first-round job, and
+the report shows where each frame's time goes (results.json, results.csv, report.md and .html, the headline)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import pytest
+
+from device.errors import ConfigError
+from device.frame_schema import FRAME_STAGES
+from pipeline.core.recipe import load_recipe
+from pipeline.tasks.classification.frame_report import frame_headline
+
+
+def test_a_bad_frame_in_the_recipe_is_refused_with_its_key():
+    with pytest.raises(ConfigError) as err:
+        load_recipe("tiny", {"deploy.frame.format": "nv12", "deploy.frame.height": 721})
+    assert "deploy.frame: an NV12 frame has even width and height" in err.value.message
+    with pytest.raises(ConfigError, match="deploy.frame.format"):
+        load_recipe("tiny", {"deploy.frame.format": "h264"})
+
+
+def test_the_headline_says_how_much_of_the_frame_is_outside_the_engine():
+    row = {"frame_spec": "1920×1080 jpeg", "frame_total_ms": 20.0, "frame_engine_ms": 5.0, "frame_fps_pipelined": 66.0,
+           "frame_bound_text": "decode bounds the frame rate at 67 fps; the engine alone would allow 200"}
+    assert frame_headline(row) == ("1920×1080 jpeg: 20.00 ms a frame one by one (75% outside the engine), 66 fps "
+                                   "pipelined; decode bounds the frame rate at 67 fps; the engine alone would allow 200")
+    assert frame_headline({"frame_total_ms": None}) is None and frame_headline(None) is None
+
+
+def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, tmp_path):
+    """The tiny run again with ``deploy.frame`` 1280×720 JPEG: only deploy and the report run again; every rung has
+    its parts, intervals and frame rates in results.json and results.csv, and the section, figure and headline line."""
+    from pipeline.runner import run_pipeline
+
+    runs = tmp_path / "runs"
+    shutil.copytree(tiny_run.run_dir, runs / "tiny" / "shared")
+    before = json.loads((runs / "tiny" / "shared" / "manifest.json").read_text())["stages"]
+    ctx = run_pipeline("tiny", run_id="shared", runs_dir=runs, overrides={
+        "deploy.frame.width": 1280, "deploy.frame.height": 720, "deploy.frame.format": "jpeg",
+        "deploy.frame.frames": 8, "deploy.frame.rounds": 3})
+    stages = ctx.manifest.data["stages"]
+    for stage in ("teacher", "distill", "export", "quantize", "evaluate"):
+        assert stages[stage] == before[stage], f"a frame spec re-ran {stage}"
+    report = ctx.run_dir / "report"
+    data = json.loads((report / "results.json").read_text())
+    measured = [r for r in data["rows"] if r["status"] == "measured"]
+    assert len(measured) == 5
+    for row in measured:
+        assert row["frame_spec"] == "1280×720 jpeg" and row["frame_bound"] in FRAME_STAGES
+        parts = sum(row[f"frame_{part}_ms"] for part in FRAME_STAGES)
+        assert row["frame_total_ms"] == pytest.approx(parts, rel=0.25)  # medians of parts vs the total's median
+        assert row["frame_total_ms_low"] <= row["frame_total_ms"] <= row["frame_total_ms_high"]
+        assert row["frame_fps_pipelined"] > 0 and row["frame_fps_sequential"] > 0
+        # a 1280×720 JPEG into a 16×16 network: decoding costs more than the engine
+        assert row["frame_decode_ms"] > row["frame_engine_ms"]
+    with open(report / "results.csv") as handle:
+        table = list(csv.DictReader(handle))
+    assert all(float(r["frame_total_ms"]) > 0 for r in table if r["status"] == "measured")
+    markdown = (report / "report.md").read_text()
+    assert "## Where the frame's time goes" in markdown and "| student_int8 | loopback | 1280×720 jpeg |" in markdown
+    assert " bounds the frame rate at " in markdown
+    assert "  frame          1280×720 jpeg: " in markdown  # the headline's line
+    html = (report / "report.html").read_text()
+    assert "Where each frame&#x27;s time goes" in html or "Where each frame's time goes" in html
