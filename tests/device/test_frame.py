@@ -94,13 +94,13 @@ def test_a_planted_slow_stage_is_named_as_the_bound(tmp_path):
     with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
         large = time_frames(runner, PREPROCESS, FrameSpec(width=1920, height=1080, format="jpeg", frames=6, rounds=2))
         # decode + preprocess, in their thread, set the rate; the engine is not what bounds it
-        assert large["bound"] in ("decode", "preprocess") and " bounds the frame rate at " in large["bound_text"]
+        assert large["bound"] in ("decode", "preprocess") and " bounds the frame rate: " in large["bound_text"]
         stages = {s["stage"]: s["median_ms"] for s in large["stages"]}
         assert stages["decode"] + stages["preprocess"] > stages["engine"] + stages["postprocess"]
         assert large["top1_agreement"] == 1.0
         small = FrameSpec(width=64, height=48, format="bgr", frames=8, rounds=2)
         slow = time_frames(SlowEngine(runner, 0.04), PREPROCESS, small)
-    assert slow["bound"] == "engine" and slow["bound_text"].startswith("the engine bounds the frame rate at ")
+    assert slow["bound"] == "engine" and slow["bound_text"].startswith("the engine bounds the frame rate: ")
     engine = next(s["median_ms"] for s in slow["stages"] if s["stage"] == "engine")
     assert 40 <= engine < 200
     # two threads, the engine the slower: the pipeline runs at the engine's pace, not faster
@@ -108,9 +108,13 @@ def test_a_planted_slow_stage_is_named_as_the_bound(tmp_path):
     assert slow["total"]["median_ms"] >= engine
 
 
-def test_the_bound_sentence_compares_with_the_engine_alone():
-    bound, text = bound_words({"decode": 1.0, "preprocess": 20.0, "engine": 5.0, "postprocess": 0.1})
-    assert bound == "preprocess" and text == "preprocess bounds the frame rate at 48 fps; the engine alone would allow 200"
+def test_the_bound_sentence_gives_the_measured_rate_and_the_ceilings():
+    bound, text = bound_words({"decode": 1.0, "preprocess": 20.0, "engine": 5.0, "postprocess": 0.1}, 41.2)
+    assert bound == "preprocess" and text == ("preprocess bounds the frame rate: 41 fps pipelined (its thread alone "
+                                              "would allow 48, the engine alone 200)")
+    bound, text = bound_words({"decode": 0.0, "preprocess": 1.0, "engine": 9.0, "postprocess": 1.0}, 99.0)
+    assert bound == "engine" and text.startswith("the engine bounds the frame rate: 99 fps pipelined (the engine's "
+                                                 "thread alone would allow 100")
 
 
 def test_a_runner_built_for_larger_batches_gets_the_frame_repeated(tmp_path):

@@ -25,9 +25,11 @@ def test_a_bad_frame_in_the_recipe_is_refused_with_its_key():
 
 def test_the_headline_says_how_much_of_the_frame_is_outside_the_engine():
     row = {"frame_spec": "1920×1080 jpeg", "frame_total_ms": 20.0, "frame_engine_ms": 5.0, "frame_fps_pipelined": 66.0,
-           "frame_bound_text": "decode bounds the frame rate at 67 fps; the engine alone would allow 200"}
-    assert frame_headline(row) == ("1920×1080 jpeg: 20.00 ms a frame one by one (75% outside the engine), 66 fps "
-                                   "pipelined; decode bounds the frame rate at 67 fps; the engine alone would allow 200")
+           "frame_bound_text": "decode bounds the frame rate: 66 fps pipelined (its thread alone would allow 67, the "
+                               "engine alone 200)"}
+    assert frame_headline(row) == ("1920×1080 jpeg: 20.00 ms a frame one by one (75% outside the engine); decode "
+                                   "bounds the frame rate: 66 fps pipelined (its thread alone would allow 67, the "
+                                   "engine alone 200)")
     assert frame_headline({"frame_total_ms": None}) is None and frame_headline(None) is None
 
 
@@ -62,7 +64,7 @@ def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, t
     assert all(float(r["frame_total_ms"]) > 0 for r in table if r["status"] == "measured")
     markdown = (report / "report.md").read_text()
     assert "## Where the frame's time goes" in markdown and "| student_int8 | loopback | 1280×720 jpeg |" in markdown
-    assert " bounds the frame rate at " in markdown
+    assert " bounds the frame rate: " in markdown
     assert "  frame          1280×720 jpeg: " in markdown  # the headline's line
     html = (report / "report.html").read_text()
     assert "Where each frame&#x27;s time goes" in html or "Where each frame's time goes" in html

@@ -93,4 +93,4 @@ def frame_headline(row: dict[str, Any] | None) -> str | None:
         return None
     outside = 1 - row["frame_engine_ms"] / row["frame_total_ms"] if row["frame_total_ms"] else 0.0
     return (f"{row['frame_spec']}: {row['frame_total_ms']:.2f} ms a frame one by one ({100 * outside:.0f}% outside "
-            f"the engine), {row['frame_fps_pipelined']:.0f} fps pipelined; {row['frame_bound_text']}")
+            f"the engine); {row['frame_bound_text']}")
