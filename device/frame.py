@@ -24,6 +24,8 @@ from device.frame_schema import FRAME_STAGES, FrameSpec
 from device.preprocess import Preprocess
 
 WARMUP_FRAMES = 2
+# A pipelined rate under this share of the slower thread's ceiling: the two threads are not running side by side.
+SHARED_CORES = 0.8
 
 
 def _cv2():
@@ -62,14 +64,15 @@ def to_nv12(bgr: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([y, interleaved]))
 
 
-def decoder(fmt: str) -> Callable[[Any], np.ndarray]:
-    """The frame format's way to a BGR image, as OpenCV gives it."""
+def decoder(fmt: str) -> tuple[Callable[[Any], np.ndarray], str]:
+    """The frame format's way to a colour image as OpenCV gives it, and that image's channel order: BGR for a BGR or
+    JPEG frame, RGB for NV12 (converted to RGB directly: no full-frame channel swap after it)."""
     cv2 = _cv2()
     if fmt == "jpeg":
-        return lambda frame: cv2.imdecode(frame, cv2.IMREAD_COLOR)
+        return (lambda frame: cv2.imdecode(frame, cv2.IMREAD_COLOR)), "bgr"
     if fmt == "nv12":
-        return lambda frame: cv2.cvtColor(frame, cv2.COLOR_YUV2BGR_NV12)
-    return lambda frame: frame
+        return (lambda frame: cv2.cvtColor(frame, cv2.COLOR_YUV2RGB_NV12)), "rgb"
+    return (lambda frame: frame), "bgr"
 
 
 def top_k(logits: np.ndarray, k: int) -> np.ndarray:
@@ -94,11 +97,18 @@ class FramePath:
     def __init__(self, runner, preprocess: Preprocess, spec: FrameSpec, batch_size: int = 1, k: int = 5):
         self.runner, self.preprocess, self.spec = runner, preprocess, spec
         self.batch_size, self.k = batch_size, k
-        self.decode = decoder(spec.format)
+        self.decode, self.order = decoder(spec.format)
 
-    def prepare(self, bgr: np.ndarray) -> np.ndarray:
-        rgb = _cv2().cvtColor(bgr, _cv2().COLOR_BGR2RGB)
-        batch = self.preprocess(rgb)
+    def prepare(self, image: np.ndarray) -> np.ndarray:
+        """The decoded frame as the network's input: :class:`Preprocess` exactly, which takes RGB. A BGR frame's
+        channels are swapped after the resize and crop, on the network's few pixels (resizing works per channel, so
+        the result is the same); a grey model's conversion weighs RGB, so its frame is swapped first."""
+        if self.order == "bgr" and self.preprocess.channels == 1:
+            image, swap = _cv2().cvtColor(image, _cv2().COLOR_BGR2RGB), False
+        else:
+            swap = self.order == "bgr"
+        pixels = self.preprocess.geometry(image)
+        batch = self.preprocess.normalize((pixels[:, :, ::-1] if swap else pixels)[None])
         return np.repeat(batch, self.batch_size, axis=0) if self.batch_size > 1 else batch
 
     def timed(self, frame: Any) -> tuple[list[float], np.ndarray]:
@@ -116,57 +126,74 @@ class FramePath:
 
     def pipelined(self, frames: Sequence[Any]) -> tuple[float, list[np.ndarray]]:
         """The frames through two threads (decode + preprocess ahead, the engine and top-k behind, a bounded queue
-        between): frames per second from the first frame's start to the last answer, and the answers."""
+        between): frames per second from the first answer to the last (the queue's filling left out), and the
+        answers. Either thread's failure stops the other and is raised here."""
         handoff: queue.Queue = queue.Queue(maxsize=self.spec.queue)
+        stop = threading.Event()
         failed: list[BaseException] = []
+
+        def hand_over(item) -> None:
+            while not stop.is_set():
+                try:
+                    handoff.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
 
         def produce() -> None:
             try:
                 for frame in frames:
-                    handoff.put(self.prepare(self.decode(frame)))
+                    if stop.is_set():
+                        return
+                    hand_over(self.prepare(self.decode(frame)))
             except BaseException as err:  # noqa: BLE001 (handed to the engine's thread, which raises it)
                 failed.append(err)
             finally:
-                handoff.put(None)
+                hand_over(None)
 
-        started = time.perf_counter()
         worker = threading.Thread(target=produce, name="frame-decode", daemon=True)
         worker.start()
-        answers = []
-        while (batch := handoff.get()) is not None:
-            answers.append(top_k(self.runner.infer(batch), self.k))
-        seconds = time.perf_counter() - started
-        worker.join()
+        answers, first = [], None
+        try:
+            while (batch := handoff.get()) is not None:
+                answers.append(top_k(self.runner.infer(batch), self.k))
+                first = first or time.perf_counter()
+            seconds = time.perf_counter() - (first or time.perf_counter())
+        finally:
+            stop.set()
+            worker.join()
         if failed:
             raise failed[0]
-        return len(frames) / seconds, answers
+        return (len(answers) - 1) / seconds if seconds > 0 else float("nan"), answers
 
 
 def bound_words(medians_ms: dict[str, float], pipelined_fps: float) -> tuple[str, str]:
     """The part that sets the pipelined frame rate, and the sentence that says so.
 
     The pipeline's two threads run decode + preprocess and engine + post-processing side by side: the slower of the
-    two sets the rate, and the largest part within it is named. What the slower thread alone would allow is a ceiling;
-    the measured rate is below it where the two threads share cores (the runtime's own threads among them).
+    two sets the rate, and the largest part within it is named. What the slower thread alone would allow (from the
+    one-by-one medians) is a ceiling; a measured rate well below it means the two threads compete for the same cores
+    (the runtime's own threads among them), and the sentence says so.
     """
     producer = medians_ms["decode"] + medians_ms["preprocess"]
     consumer = medians_ms["engine"] + medians_ms["postprocess"]
     group = ("decode", "preprocess") if producer > consumer else ("engine", "postprocess")
     bound = max(group, key=medians_ms.__getitem__)
-    slowest = max(producer, consumer)
+    ceiling = 1000 / max(producer, consumer)
     engine_fps = 1000 / medians_ms["engine"] if medians_ms["engine"] > 0 else float("inf")
-    measured = f"{pipelined_fps:.0f} fps pipelined"
+    shared = ("; the threads compete for the same cores" if pipelined_fps < SHARED_CORES * ceiling else "")
     if bound == "engine":
-        return bound, (f"the engine bounds the frame rate: {measured} (the engine's thread alone would allow "
-                       f"{1000 / slowest:.0f}; decode and preprocess take {producer:.2f} ms a frame beside it)")
-    return bound, (f"{bound} bounds the frame rate: {measured} (its thread alone would allow {1000 / slowest:.0f}, "
-                   f"the engine alone {engine_fps:.0f})")
+        return bound, (f"the engine bounds the frame rate: {pipelined_fps:.0f} fps pipelined (its thread alone "
+                       f"≈{ceiling:.0f}; decode and preprocess take {producer:.2f} ms a frame beside it{shared})")
+    return bound, (f"{bound} bounds the frame rate: {pipelined_fps:.0f} fps pipelined (its thread alone "
+                   f"≈{ceiling:.0f}, the engine alone ≈{engine_fps:.0f}{shared})")
 
 
 def time_frames(runner, preprocess: Preprocess, spec: FrameSpec, accepted: Sequence[int] | None = None,
                 k: int = 5, progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
-    """Times the frame's path on a loaded runner: ``spec.rounds`` rounds of ``spec.frames`` frames, each round first
-    sequential (every part timed per frame), then pipelined (the frame rate), the same frames in both.
+    """Times the frame's path on a loaded runner: ``spec.rounds`` rounds of ``spec.frames`` frames, each round one
+    by one (every part timed per frame) and pipelined (the frame rate), the same frames in both, the order alternating.
+    The intervals the report gives are over these rounds, within one job.
 
     Args:
         accepted: The batch sizes the runner was built for (TensorRT: one engine each); None: any.
@@ -184,13 +211,20 @@ def time_frames(runner, preprocess: Preprocess, spec: FrameSpec, accepted: Seque
     sequential_fps, pipelined_fps, agreement = [], [], []
     for index in range(spec.rounds):
         progress(f"frames: round {index + 1}/{spec.rounds}")
-        times, answers = zip(*(path.timed(frame) for frame in frames))
+        if index % 2:  # every other round pipelined first: neither form always runs on a warmer device
+            fps, piped = path.pipelined(frames)
+        times, answers, ends = [], [], []
+        for frame in frames:  # timed like the pipelined run: from the first answer to the last, by the wall clock
+            parts, answer = path.timed(frame)
+            times.append(parts)
+            answers.append(answer)
+            ends.append(time.perf_counter())
+        if not index % 2:
+            fps, piped = path.pipelined(frames)
         for position, name in enumerate(FRAME_STAGES):
             per_stage[name].append(1000 * statistics.median(t[position] for t in times))
-        totals = [sum(t) for t in times]
-        per_stage["total"].append(1000 * statistics.median(totals))
-        sequential_fps.append(len(frames) / sum(totals))
-        fps, piped = path.pipelined(frames)
+        per_stage["total"].append(1000 * statistics.median(sum(t) for t in times))
+        sequential_fps.append((len(frames) - 1) / (ends[-1] - ends[0]))
         pipelined_fps.append(fps)
         agreement.append(np.mean([a[0] == b[0] for a, b in zip(answers, piped)]))
     medians = {name: statistics.median(values) for name, values in per_stage.items()}

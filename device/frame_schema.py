@@ -13,6 +13,7 @@ from device.window import Measured
 # The parts of a frame's path, in order. The engine call holds the host→device and device→host copies: a runner
 # times the call as a whole, as an application sees it.
 FRAME_STAGES = ("decode", "preprocess", "engine", "postprocess")
+MAX_HELD_BYTES = 1 << 30  # an 8 GB Jetson runs the engine beside them
 
 
 class FrameSpec(BaseModel):
@@ -36,6 +37,10 @@ class FrameSpec(BaseModel):
         if self.format == "nv12" and (self.width % 2 or self.height % 2):
             raise ValueError(f"an NV12 frame has even width and height (its chroma is subsampled 2×2), got "
                              f"{self.width}×{self.height}")
+        held = self.frames * self.width * self.height * 3  # the frames are made once and held while they are timed
+        if held > MAX_HELD_BYTES:
+            raise ValueError(f"{self.frames} frames of {self.width}×{self.height} hold {held / 2**30:.1f} GiB; at most "
+                             f"{MAX_HELD_BYTES // 2**30} GiB: fewer frames (they are reused every round)")
         return self
 
 
@@ -56,9 +61,12 @@ class FrameResult(Measured):
                                         "frame repeated)")
     stages: list[FrameStageTimes]
     total: FrameStageTimes
-    sequential_fps_rounds: list[float]
-    pipelined_fps_rounds: list[float]
-    bound: str = Field(description="the part with the largest median: it sets the pipelined frame rate")
+    sequential_fps_rounds: list[float] = Field(description="frames per second one by one, each round's, from the "
+                                                           "first answer to the last")
+    pipelined_fps_rounds: list[float] = Field(description="frames per second pipelined, each round's, from the first "
+                                                          "answer to the last (the queue's filling left out)")
+    bound: str = Field(description="the largest part of the slower of the pipeline's two threads (decode + "
+                                   "preprocess, engine + postprocess): what sets the pipelined frame rate")
     bound_text: str
     top1_agreement: float = Field(description="share of frames whose top-1 on the pipelined path equals the "
                                               "sequential path's (the same frames; 1.0 unless the runtime is "

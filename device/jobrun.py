@@ -291,7 +291,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
             if runner.batch_sizes is None and len(spec.batch_sizes) > 1:
                 evaluation_note = (f"one {spec.runtime} model serves every batch size: scored once, at batch "
                                    f"{max(spec.batch_sizes)}")
-        frame = frame_times(spec, runner, progress) if spec.frame is not None else None
+        frame, frame_error = frame_times(spec, runner, progress) if spec.frame is not None else (None, None)
         runtime = {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]),
                    "load_s": load_s, "python": platform.python_version(), "threads": spec.threads}
         if profile_note:
@@ -304,7 +304,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
         {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
          "smoke": smoke_result, "telemetry_notes": notes, "runs": runs, "profile": profile, "evaluation": evaluation,
          "more_evaluations": more_evaluations, "evaluation_note": evaluation_note,
-         "environment": describe_device(), "sweep": sweep, "frame": frame}).dump()
+         "environment": describe_device(), "sweep": sweep, "frame": frame, "frame_error": frame_error}).dump()
 
 
 def static_facts(samplers) -> dict[str, dict[str, Any]]:
@@ -316,13 +316,17 @@ def static_facts(samplers) -> dict[str, dict[str, Any]]:
             for s in samplers}
 
 
-def frame_times(spec: JobSpec, runner, progress) -> dict[str, Any]:
-    """The frame's path from bytes to top-k on the timed runner (:mod:`device.frame`), after the windows."""
+def frame_times(spec: JobSpec, runner, progress) -> tuple[dict[str, Any] | None, str | None]:
+    """The frame's path from bytes to top-k on the timed runner (:mod:`device.frame`), after the windows; or why it
+    could not be timed: a failure there loses none of what the job measured before it."""
     from device.frame import time_frames
 
-    return time_frames(runner, Preprocess.from_dict(spec.preprocess.model_dump()), spec.frame,
-                       getattr(runner, "batch_sizes", None), k=spec.evaluation.top_k if spec.evaluation else 5,
-                       progress=progress)
+    try:
+        return time_frames(runner, Preprocess.from_dict(spec.preprocess.model_dump()), spec.frame,
+                           getattr(runner, "batch_sizes", None), k=spec.evaluation.top_k if spec.evaluation else 5,
+                           progress=progress), None
+    except Exception as err:  # noqa: BLE001 (OpenCV's cv2.error, a runner's own: said in the result, not fatal)
+        return None, f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
 
 
 def planted_fault(fault: str | None) -> None:

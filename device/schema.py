@@ -522,6 +522,8 @@ class JobResult(Measured):
                                                         "did not measure; its runs carry power_setting")
     diverge: DivergeResult | None = Field(None, description="a debug job's marked tensors (no runs) (2.8)")
     frame: FrameResult | None = Field(None, description="the frame's path from bytes to top-k (JobSpec.frame) (2.9)")
+    frame_error: str | None = Field(None, description="why the frame's path was not timed; the job's windows, "
+                                                      "profile and evaluation stand (2.9)")
 
     @field_validator("schema_")
     @classmethod

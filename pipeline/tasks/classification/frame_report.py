@@ -15,21 +15,23 @@ from pipeline.sections import Figure, Section, Table, Text
 PARTS = (*FRAME_STAGES, "total")
 FRAME_COLUMNS = (*(f"frame_{part}_ms{end}" for part in PARTS for end in ("", "_low", "_high")),
                  *(f"frame_fps_{kind}{end}" for kind in ("sequential", "pipelined") for end in ("", "_low", "_high")),
-                 "frame_bound", "frame_bound_text", "frame_spec", "frame_batch", "frame_note")
+                 "frame_bound", "frame_bound_text", "frame_spec", "frame_batch", "frame_note", "frame_error")
 FRAME_TEXT = ("Each rung on each device timed from a camera frame's bytes to its top-5 classes, one frame after "
               "another: decode (JPEG; NV12 converted to BGR), preprocess (the model's own: BGR → RGB, resize, "
               "centre crop, normalize, on the device's CPU with OpenCV), the engine call (its host↔device copies "
               "inside), post-processing (top-k). Each part's median over the frames of a round, then the median of "
               "the rounds with its 95% interval. Pipelined: decode and preprocess run in a thread of their own ahead "
               "of the engine (a bounded queue between), as a camera application runs them; the slower thread sets "
-              "the rate.")
+              "the rate. The parts' medians need not add up to the total's median; each interval is over the frame "
+              "rounds of one job.")
 
 
 def frame_fields(rounds: Sequence[Any]) -> dict[str, Any]:
     """A ladder row's frame figures from the round that timed the frame's path (:class:`device.schema.JobResult`)."""
     frame = next((result.frame for result in rounds if getattr(result, "frame", None) is not None), None)
     if frame is None:
-        return {}
+        error = next((result.frame_error for result in rounds if getattr(result, "frame_error", None)), None)
+        return {"frame_error": error} if error else {}
     out: dict[str, Any] = {}
     for times in (*frame.stages, frame.total):
         out.update(zip((f"frame_{times.stage}_ms", f"frame_{times.stage}_ms_low", f"frame_{times.stage}_ms_high"),
@@ -45,6 +47,11 @@ def frame_fields(rounds: Sequence[Any]) -> dict[str, Any]:
 
 def framed(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [row for row in rows if row.get("frame_total_ms") is not None]
+
+
+def frame_asked(rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether any row's frame was timed, or failed to be (the section then says why)."""
+    return any(row.get("frame_total_ms") is not None or row.get("frame_error") for row in rows)
 
 
 def frame_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Section:
@@ -65,7 +72,10 @@ def frame_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Secti
             "frame:parts", shown, "Where each frame's time goes, per rung and device: the parts' medians stacked "
                                   "(one frame after another)."))
     notes = sorted({r["frame_note"] for r in rows if r.get("frame_note")})
-    return Section("Where the frame's time goes", [*blocks, Table(table), *(Text(f"Note: {n}.") for n in notes)])
+    failed = [Text(f"Not timed: {r['rung']} on {r['device']}: {r['frame_error']}.") for r in data["rows"]
+              if r.get("frame_error")]
+    return Section("Where the frame's time goes", [*blocks, *([Table(table)] if rows else []),
+                                                   *(Text(f"Note: {n}.") for n in notes), *failed])
 
 
 def frame_plot(plt, rows: Sequence[dict[str, Any]]) -> str:

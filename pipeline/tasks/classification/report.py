@@ -27,7 +27,7 @@ from pipeline.tasks.classification.headline import fmt
 from pipeline.tasks.classification.headline import text as headline_text
 from pipeline.tasks.classification.report_data import BASE_COLUMNS, collect
 from pipeline.tasks.classification.report_plots import PLOT_CAPTIONS, plots
-from pipeline.tasks.classification.frame_report import frame_section, framed
+from pipeline.tasks.classification.frame_report import frame_asked, frame_section
 
 
 def fleet_rows(data: dict[str, Any]) -> list[list[str]]:
@@ -238,7 +238,7 @@ def report_sections(data: dict[str, Any], figures: dict[str, str | Figure | Text
         sections.append(Section("Latency as trtexec reports it", [Text(TIMINGS_TEXT), Table(timing_rows(data))]))
     if data.get("layer_profiles"):
         sections.append(time_section(data))
-    if framed(data["rows"]):
+    if frame_asked(data["rows"]):
         sections.append(frame_section(data, figures))
     if data.get("power_fronts"):
         sections.append(power_section(data, figures))

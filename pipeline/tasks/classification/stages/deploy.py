@@ -246,12 +246,12 @@ class DeployStage(Stage):
             def window(job: tuple[str, str, Path], round_index: int) -> dict[str, Any]:
                 rung, road_name, path = job
                 shown = rung if road_name == "tensorrt" else f"{rung}@{road_name}"
-                # Round 1 also scores the set through the engine it timed and times the frame's path (once each).
+                # Round 1 also scores the set through the engine it timed, and (ONNX road) times the frame's path.
                 spec = job_spec(rung, digests[path], info, cfg, preprocess, f"{label}/{shown}/round{round_index + 1}",
                                 profile=round_index == 0, evaluation=scoring if round_index == 0 else None,
-                                sweep=cfg.sweep, road=road_name, frame=cfg.frame if round_index == 0 else None)
-                # The agent itself is part of the key: two boards of one kind are each measured (a fleet); its name
-                # in the report is only a label. A loopback agent measures with this checkout's code.
+                                sweep=cfg.sweep, road=road_name,
+                                frame=cfg.frame if round_index == 0 and road_name == "tensorrt" else None)
+                # The agent is in the key (each board of a fleet is measured); loopback measures with this checkout.
                 key = window_key(artifact=digests[path], agent=device.url, code=code, fingerprint=fingerprint,
                                  round_index=round_index,
                                  spec=spec.model_dump(mode="json", exclude={"label"}, exclude_none=True))
