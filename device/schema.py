@@ -564,8 +564,10 @@ class JobResult(Measured):
         return windows
 
     def dump(self) -> dict[str, Any]:
-        """The JSON document (with its ``schema`` key)."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The JSON document (with its ``schema`` key). The spec's unset options are left out: a reader of an older
+        minor version reads a job that used none of the newer ones (its JobSpec refuses keys it does not know)."""
+        document = self.model_dump(mode="json", by_alias=True)
+        return {**document, "spec": {key: value for key, value in document["spec"].items() if value is not None}}
 
 
 def parse_result(data: Any, where: str = "the job result") -> JobResult:

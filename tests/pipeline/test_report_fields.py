@@ -144,3 +144,11 @@ def test_the_headline_names_the_class_that_dropped_and_every_view_says_the_same(
         assert "'Shirt' -24.0 points" in view, view
         assert "no measurable difference" in view and "faster" not in view.split("INT8 vs FP16")[0]
     assert "6.00 points lost, McNemar p = " in block and ": beyond noise;" in block
+
+
+def test_a_result_leaves_the_specs_unset_options_out_for_older_readers():
+    """A 2.8 reader's JobSpec refuses keys it does not know: a job that set no frame (2.9) nor diverge (2.8) writes
+    neither, so the older reader still reads it; set ones are kept."""
+    dumped = JobResult.model_validate(job_result()).dump()
+    assert "frame" not in dumped["spec"] and "diverge" not in dumped["spec"] and "artifact" in dumped["spec"]
+    assert parse_result(dumped).spec.frame is None
