@@ -313,7 +313,7 @@ def test_a_trained_torchvision_model_not_in_the_registry_goes_to_int8_and_is_mea
                              f"MODEL={trained}", "DATA=digits", f"RUNS={tmp_path / 'runs'}", f"SET={' '.join(settings)}"],
                             cwd=repo, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    run = tmp_path / "runs" / "shufflenet" / "latest"
+    run = tmp_path / "runs" / "shufflenet.onnx" / "latest"  # named after the whole file name
     stages = json.loads((run / "manifest.json").read_text())["stages"]
     assert set(stages) == {"data", "export", "quantize", "evaluate", "deploy", "report"}
     student = stages["export"]["metrics"]["rungs"]["student"]
