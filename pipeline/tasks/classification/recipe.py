@@ -37,7 +37,7 @@ class Recipe(RecipeBase):
     preprocess: PreprocessConfig
     start: Optional[StartConfig] = Field(None, description="an ONNX model to start from at export, instead of "
                                                            "teacher, prune and distill")
-    teacher: Optional[TeacherConfig] = None  # required without start (_sections_of_the_start)
+    teacher: Optional[TeacherConfig] = None  # the three required without start (_preprocess_of_the_model)
     prune: Optional[PruneConfig] = None
     distill: Optional[DistillConfig] = None
     export: ExportConfig = ExportConfig()
@@ -61,7 +61,8 @@ class Recipe(RecipeBase):
     def _preprocess_of_the_model(cls, data: Any, handler) -> "Recipe":
         """A recipe may leave ``preprocess``, whole or in part, to a teacher whose architecture states how it was
         trained (a ``timm/`` key: its ``pretrained_cfg``'s input size, mean, std, interpolation and crop); the keys
-        it writes win. Any other teacher's recipe must write it."""
+        it writes win. Any other teacher's recipe must write it. Teacher, prune and distill are required unless the
+        recipe starts from an ONNX file, whose sections are then checked (:func:`_sections_of_the_start`)."""
         source = None
         written = data.get("preprocess") if isinstance(data, dict) else None
         needs_model = written is None or isinstance(written, dict) and not {"input_size", "mean", "std"} <= set(written)
