@@ -187,7 +187,12 @@ def inspect_start(path: str | Path, layout: str, channels: int, size: int, class
     Raises:
         ConfigError: What is wrong with the file, and how to fix it.
     """
-    path = Path(path)
+    return _checked(Path(path), layout, channels, size, classes)[0]
+
+
+def _checked(path: Path, layout: str, channels: int, size: int,
+             classes: int) -> tuple[StartFacts, bytes, list[str]]:
+    """:func:`inspect_start`'s checks, with the rewrite they tried (:func:`_ladder_form`): its bytes and changes."""
     model = _load(path)
     opset = _opset(model)
     if not PARSED_OPSETS[0] <= opset <= PARSED_OPSETS[1]:
@@ -207,8 +212,7 @@ def inspect_start(path: str | Path, layout: str, channels: int, size: int, class
                             "DATA=, in the data's class order (an ImageFolder's folders sorted by name)")
     facts = StartFacts(str(path), start_sha256(path), opset, layout, image.name, dims, out.name, classes,
                        len(model.graph.node))
-    _ladder_form(facts, channels, size)  # the rewrite the export stage makes, and its batch of 3, tried now
-    return facts
+    return (facts, *_ladder_form(facts, channels, size))  # the rewrite, and its batch of 3, tried now
 
 
 def _example(layout: str, channels: int, size: int, batch: int) -> np.ndarray:
@@ -216,15 +220,21 @@ def _example(layout: str, channels: int, size: int, batch: int) -> np.ndarray:
     return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
 
 
-def _run(path: Path | bytes, images: np.ndarray) -> np.ndarray:
-    """The graph's one output under ONNX Runtime (CPU)."""
+def _session(model: Path | bytes):
+    """An ONNX Runtime CPU session of a file or serialized graph; its failures are reported once, by the caller's
+    refusal, not also on stderr."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 4  # its failure is reported once, in the refusal: not also on stderr
+    options.log_severity_level = 4
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def _run(path: Path | bytes, images: np.ndarray) -> np.ndarray:
+    """The graph's one output under ONNX Runtime (CPU)."""
     try:
-        session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), options,
-                                       providers=["CPUExecutionProvider"])
+        session = _session(path)
         return session.run(None, {session.get_inputs()[0].name: images})[0]
     except Exception as err:  # onnxruntime's Fail / InvalidGraph / RuntimeException
         where = "the graph" if isinstance(path, bytes) else str(path)
@@ -347,18 +357,21 @@ def _ladder_form(facts: StartFacts, channels: int, size: int) -> tuple[bytes, li
     return data, changes
 
 
-def write_start_graph(facts: StartFacts, out: Path, channels: int, size: int) -> dict[str, Any]:
-    """Writes the user's graph in the ladder's form (:func:`_ladder_form`) to ``out``.
+def write_start_graph(path: str | Path, layout: str, channels: int, size: int, classes: int,
+                      out: Path) -> tuple[StartFacts, dict[str, Any]]:
+    """Checks the file again (it may have changed since the preflight) and writes the rewrite those checks made
+    (:func:`_ladder_form`) to ``out``.
 
     Returns:
-        What was changed (in words), the opset, the node count and the file's size, for the log and the manifest.
+        The file's facts, and what was changed (in words), the opset, the node count and the written file's size,
+        for the log and the manifest.
     """
-    data, changes = _ladder_form(facts, channels, size)
-    out.write_bytes(data)
     import onnx
 
-    return {"changes": changes, "opset": max(facts.opset, LADDER_OPSET), "nodes": len(onnx.load(str(out)).graph.node),
-            "size_mb": out.stat().st_size / 1e6}
+    facts, data, changes = _checked(Path(path), layout, channels, size, classes)
+    out.write_bytes(data)
+    return facts, {"changes": changes, "opset": max(facts.opset, LADDER_OPSET),
+                   "nodes": len(onnx.load_from_string(data).graph.node), "size_mb": len(data) / 1e6}
 
 
 def start_parity(facts: StartFacts, written: Path, images: np.ndarray) -> dict[str, Any]:
@@ -392,11 +405,7 @@ def graph_compute(path: Path, sample: Sequence[int]) -> dict[str, float]:
     probed = sorted({n.output[0] for n in counted} | {name for n in counted for name in n.input[:2]
                                                        if name and name not in weights}
                     - {model.graph.input[0].name})
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(with_outputs(path, probed), options, providers=["CPUExecutionProvider"])
+    session = _session(with_outputs(path, probed))
     image = np.zeros((1, *sample), np.float32)
     got = session.run(probed, {session.get_inputs()[0].name: image})
     shapes = {name: list(value.shape) for name, value in zip(probed, got)}

@@ -144,8 +144,8 @@ def test_the_rewrite_gives_the_ladder_its_input_and_changes_no_logit(tmp_path, l
     net = small_net() if layout == "nchw" else onnx_models_channels_last(small_net())
     shape = (1, 3, 16, 16) if layout == "nchw" else (1, 16, 16, 3)
     path = onnx_models.export(net, tmp_path / "given.onnx", shape, dynamic_batch=False, opset=opset)
-    facts = inspect_start(path, layout, 3, 16, 10)
-    written = write_start_graph(facts, tmp_path / "student.onnx", 3, 16)
+    facts, written = write_start_graph(path, layout, 3, 16, 10, tmp_path / "student.onnx")
+    assert facts == inspect_start(path, layout, 3, 16, 10)
     model = onnx.load(str(tmp_path / "student.onnx"))
     assert [i.name for i in model.graph.input] == ["input"] and [o.name for o in model.graph.output] == ["logits"]
     dims = model.graph.input[0].type.tensor_type.shape.dim
@@ -170,8 +170,7 @@ def test_the_ladders_names_are_freed_whatever_the_user_called_their_tensors(tmp_
     path = onnx_models.export(small_net(), tmp_path / "swapped.onnx", (1, 3, 16, 16), input_names=("logits",),
                               output_names=("input",), keep_initializers_as_inputs=True)
     assert len(onnx.load(str(path)).graph.input) > 1  # the initialisers are listed
-    facts = inspect_start(path, "nchw", 3, 16, 10)
-    write_start_graph(facts, tmp_path / "student.onnx", 3, 16)
+    facts, _ = write_start_graph(path, "nchw", 3, 16, 10, tmp_path / "student.onnx")
     model = onnx.load(str(tmp_path / "student.onnx"))
     assert [i.name for i in model.graph.input] == ["input"] and [o.name for o in model.graph.output] == ["logits"]
     images = np.random.default_rng(2).standard_normal((4, 3, 16, 16)).astype(np.float32)

@@ -120,10 +120,10 @@ class ExportStage(Stage):
         preflight), written in the ladder's form, compared with the user's graph and scored on the test split."""
         from pipeline.onnx_start import graph_compute, start_parity, write_start_graph
 
-        cfg, pre = ctx.recipe.export, ctx.preprocess
-        facts = self._inspect(ctx)
+        cfg, pre, start = ctx.recipe.export, ctx.preprocess, ctx.recipe.start
         path = workdir / "student.onnx"
-        written = write_start_graph(facts, path, pre.channels, pre.input_size)
+        facts, written = write_start_graph(start.onnx, start.layout, pre.channels, pre.input_size,
+                                           len(ctx.dataset().classes), path)
         parity = start_parity(facts, path, images)
         if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
             raise StageError(f"the rewritten {facts.path} disagrees with the given graph: max |Δlogit| "
