@@ -5,13 +5,14 @@
 Goal, stated before the run: for the ResNet-50 recipe's student (ResNet-50 pruned to 24% of its MACs by the recipe's
 own prune settings, at its 32×32 input), a 1920×1080 frame in each format a Jetson camera application meets (BGR from
 a camera, NV12 from a hardware decoder, JPEG from an MJPEG stream), measure the share of the frame's time spent
-outside the network, and the pipelined frame rate (decode + preprocess in a thread of their own) against the
-sequential one, each with its 95% interval over the rounds; report every run, the machine and the versions.
+outside the network, the pipelined frame rate (decode + preprocess in a thread of their own) against the sequential
+one, and the preprocessing written into the graph (:mod:`pipeline.frame_prefix`) against the CPU path, each with its
+95% interval over the rounds; report every run, the machine and the versions.
 
 Timing does not depend on the weights, so the student is pruned from an untrained ResNet-50 (no teacher is trained):
 the network's shape and MACs are the recipe's. The path is the agent's own (:func:`device.frame.time_frames`) on an ONNX
-Runtime runner in this process, the runner the loopback agent uses here. Not measured here: preprocessing written
-into the graph (not built yet, #44).
+Runtime runner in this process, the runner the loopback agent uses here; the in-graph form is the same student with
+the prefix in front, on a runner of its own, timed in the same rounds, interleaved (as the agent does).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-GOAL = ("at 1920×1080, for the ResNet-50 recipe's student, the share of the frame's time outside the network and "
-        "the pipelined frame rate against the sequential one, per frame format (bgr, nv12, jpeg), with 95% "
-        "intervals over rounds; every run reported")
+GOAL = ("at 1920×1080, for the ResNet-50 recipe's student, the share of the frame's time outside the network, "
+        "the pipelined frame rate against the sequential one, and the preprocessing in the graph against the CPU "
+        "path, per frame format (bgr, nv12, jpeg), with 95% intervals over rounds; every run reported")
 
 
 def student_onnx(path: Path) -> tuple[Path, dict]:
@@ -53,13 +54,15 @@ def student_onnx(path: Path) -> tuple[Path, dict]:
                   "preprocess": recipe.preprocess.to_preprocess().to_dict()}
 
 
-def measured_run(runner, preprocess, spec) -> dict:
-    """One format's frames through the agent's own path, with each figure's median and 95% interval over rounds."""
+def measured_run(runner, preprocess, spec, graph_runner) -> dict:
+    """One format's frames through the agent's own path, both forms, with each figure's median and 95% interval over
+    rounds."""
     from device.frame import time_frames
     from pipeline import stats
 
     started = time.perf_counter()
-    measured = time_frames(runner, preprocess, spec, progress=lambda text: print(f"  {spec.format}: {text}", flush=True))
+    measured = time_frames(runner, preprocess, spec, progress=lambda text: print(f"  {spec.format}: {text}", flush=True),
+                           graph_runner=graph_runner)
     stages = {s["stage"]: s["round_medians_ms"] for s in measured["stages"]}
     total = measured["total"]["round_medians_ms"]
     outside = [1 - engine / whole for engine, whole in zip(stages["engine"], total)]
@@ -69,7 +72,9 @@ def measured_run(runner, preprocess, spec) -> dict:
             "sequential_fps": stats.median_interval(measured["sequential_fps_rounds"]),
             "pipelined_fps": stats.median_interval(measured["pipelined_fps_rounds"]),
             "pipelined_over_sequential": stats.ratio_interval(measured["pipelined_fps_rounds"],
-                                                              measured["sequential_fps_rounds"])}
+                                                              measured["sequential_fps_rounds"]),
+            "in_graph_total_ms": stats.median_interval(measured["in_graph"]["total"]["round_medians_ms"]),
+            "cpu_over_in_graph": stats.ratio_interval(total, measured["in_graph"]["total"]["round_medians_ms"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from device.frame_schema import FRAME_STAGES, FrameSpec
     from device.preprocess import Preprocess
     from device.runners import make_runner
+    from pipeline.frame_prefix import write_prefixed
 
     work = Path("/tmp/edgefold-frame-bench")
     work.mkdir(exist_ok=True)
@@ -98,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         with make_runner("onnxruntime", str(onnx_path), threads=threads) as runner:
             for fmt in ("bgr", "nv12", "jpeg"):
                 spec = FrameSpec(width=1920, height=1080, format=fmt, frames=args.frames, rounds=args.rounds)
-                runs.append({"format": fmt, "threads": threads, **measured_run(runner, preprocess, spec)})
+                prefixed = write_prefixed(onnx_path, preprocess, spec, work / f"student-{fmt}.onnx")
+                with make_runner("onnxruntime", str(prefixed), threads=threads) as graph_runner:
+                    runs.append({"format": fmt, "threads": threads,
+                                 **measured_run(runner, preprocess, spec, graph_runner)})
                 print(f"  {fmt}, {threads or 'default'} threads: {runs[-1]['result']['bound_text']}", flush=True)
     host = machine()
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -117,13 +126,15 @@ def main(argv: list[str] | None = None) -> int:
              f"input {student['input']}. {args.rounds} rounds of {args.frames} frames per format; medians with 95% "
              "bootstrap intervals over the rounds.", "",
              "| frame | engine threads | " + " | ".join(f"{p} ms" for p in FRAME_STAGES) + " | total ms | outside the network | "
-             "fps, one by one | fps, pipelined | pipelined / one by one | what bounds it |",
-             "|---|---|" + "---|" * (len(FRAME_STAGES) + 6)]
+             "fps, one by one | fps, pipelined | pipelined / one by one | what bounds it | total ms, in the graph | "
+             "CPU path / in the graph |",
+             "|---|---|" + "---|" * (len(FRAME_STAGES) + 8)]
     for run in runs:
         lines.append(f"| 1920×1080 {run['format']} | {run['threads'] or 'default'} | " + " | ".join(cell(run["parts_ms"][p]) for p in FRAME_STAGES)
                      + f" | {cell(run['total_ms'])} | {cell(run['outside_share'], '.1f', 100)}% | "
                      f"{cell(run['sequential_fps'], '.1f')} | {cell(run['pipelined_fps'], '.1f')} | "
-                     f"{cell(run['pipelined_over_sequential'])} | {run['result']['bound_text']} |")
+                     f"{cell(run['pipelined_over_sequential'])} | {run['result']['bound_text']} | "
+                     f"{cell(run['in_graph_total_ms'])} | {cell(run['cpu_over_in_graph'])} |")
     (args.out / f"frame-path-{stamp}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -10,6 +10,7 @@ holds nothing that would run code or read outside itself when loaded, is it move
 * ``torch-export`` (``.pt2``): :func:`device.archive_check.check_program`;
 * ``torch-checkpoint`` (``.device.pt``): a bounded zip whose pickle :func:`device.safe_pickle.check_torch_save` passes;
 * ``eval-set`` (``.npy``): float32 N×C×H×W in C order, no object dtype, its size exactly what the header says;
+* ``image-set`` (``.images.npy``): the same, uint8 N×H×W×3 (raw RGB images a frame job makes its frames from);
 * ``detection-head`` (``.head.json``): at most 1 MiB, nested at most 32 deep, a valid sidecar.
 
 TensorRT engines are never accepted: they are built on the device from the ONNX, so an engine's bytes fail every
@@ -57,7 +58,8 @@ class HashingWriter:
 
 
 def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> str:
-    """The kind of a received file ("onnx", "torch-export", "torch-checkpoint", "eval-set" or "detection-head") once
+    """The kind of a received file ("onnx", "torch-export", "torch-checkpoint", "eval-set", "image-set" or
+    "detection-head") once
     its hash and content check out."""
     if actual_sha256 != expected_sha256:
         raise ArtifactError(f"upload corrupted: its bytes hash to sha256 {actual_sha256}, not {expected_sha256}",
@@ -69,7 +71,7 @@ def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> st
     if magic == b"PK\x03\x04":
         return _checked(lambda: _KINDS[_sniff_zip(path)](path))
     if magic == b"\x93NUM":
-        return _checked(lambda: _check_eval_set(path))
+        return _checked(lambda: _check_npy(path))
     if magic[:1] in (b"{", b"["):
         return _checked(lambda: _check_detection_head(path))
     return _checked(lambda: _check_onnx(path))
@@ -127,13 +129,14 @@ def _check_detection_head(path: Path) -> str:
     return "detection-head"
 
 
-@_kind("eval-set")
-def _check_eval_set(path: Path) -> str:
-    """An evaluation set: a ``.npy`` of float32 images, N×C×H×W, no pickled objects (its header only is read), and
-    exactly as many bytes as the header says."""
+def _check_npy(path: Path) -> str:
+    """An evaluation set (float32 images N×C×H×W, preprocessed) or an image set (uint8 N×H×W×3 RGB, as taken), by the
+    ``.npy`` header's dtype: no pickled objects (the header only is read), C order, and exactly as many bytes as the
+    header says."""
     import numpy as np
 
-    fix = "save the preprocessed test images with numpy.save(path, images.astype(np.float32))"
+    fix = ("save the preprocessed test images with numpy.save(path, images.astype(np.float32)), or the raw ones "
+           "with numpy.save(path, images.astype(np.uint8)) as N×H×W×3 RGB")
     try:
         with open(path, "rb") as handle:
             major, _ = np.lib.format.read_magic(handle)
@@ -142,14 +145,30 @@ def _check_eval_set(path: Path) -> str:
             offset = handle.tell()
     except (ValueError, OSError, SyntaxError) as err:
         raise ArtifactError(f"not a readable .npy file: {err}", fix=fix, status=422) from None
-    if dtype != np.float32 or len(shape) != 4 or fortran or shape[0] < 1:
-        raise ArtifactError(f"an evaluation set must be float32 images N×C×H×W in C order, got {dtype} {shape}",
-                            fix=fix, status=422)
-    expected = offset + math.prod(shape) * 4  # Python ints: numpy's product wraps at 2**63
+    if dtype == np.uint8 and len(shape) == 4 and shape[3] == 3 and not fortran and shape[0] >= 1:
+        kind = "image-set"
+    elif dtype == np.float32 and len(shape) == 4 and not fortran and shape[0] >= 1:
+        kind = "eval-set"
+    else:
+        raise ArtifactError(f"an evaluation set must be float32 images N×C×H×W, an image set uint8 N×H×W×3, both in C "
+                            f"order; got {dtype} {shape}", fix=fix, status=422)
+    expected = offset + math.prod(shape) * dtype.itemsize  # Python ints: numpy's product wraps at 2**63
     if path.stat().st_size != expected:
-        raise ArtifactError(f"the .npy header says {shape} float32 ({expected} bytes with the header) but the file "
+        raise ArtifactError(f"the .npy header says {shape} {dtype} ({expected} bytes with the header) but the file "
                             f"has {path.stat().st_size} bytes", fix=fix, status=422)
-    return "eval-set"
+    return kind
+
+
+def _npy_kind(kind: str):
+    def check_kind(path: Path) -> str:
+        found = _check_npy(path)
+        if found != kind:
+            raise ArtifactError(f"the file is an {found}, not an {kind}", fix="upload the file the deploy stage wrote", status=422)
+        return found
+    return check_kind
+
+
+_KINDS["eval-set"], _KINDS["image-set"] = _npy_kind("eval-set"), _npy_kind("image-set")
 
 
 def _sniff_zip(path: Path) -> str:

@@ -373,6 +373,15 @@ class Executor:
                                                           env.get("PYTHONPATH")]))
         return env
 
+    def _stored(self, sha256: str | None, kind: str, what: str) -> str | None:
+        """The stored file a job names, or None where it names none."""
+        if sha256 is None:
+            return None
+        found = self.store.get_artifact(sha256)
+        if found is None or found[0].kind != kind:
+            raise _CannotStart(f"{what} {sha256} is not stored as one ({kind}); upload it again")
+        return str(found[1])
+
     def _start(self, job) -> tuple[JobProcess, Path, float]:
         """Writes the job's files and starts its child, recorded as this executor's (caller holds the lock)."""
         held = self._held(job)
@@ -382,25 +391,17 @@ class Executor:
         if found is None:
             raise _CannotStart(f"artifact {job.spec.artifact} is no longer stored; upload it again")
         _, artifact_path = found
-        evaluation_path = None
-        if job.spec.evaluation is not None:
-            found_set = self.store.get_artifact(job.spec.evaluation.artifact)
-            if found_set is None or found_set[0].kind != "eval-set":
-                raise _CannotStart(f"evaluation set {job.spec.evaluation.artifact} is not stored as an evaluation "
-                                   "set; upload it again")
-            evaluation_path = str(found_set[1])
-        head_path = None
-        if job.spec.evaluation is not None and job.spec.evaluation.head is not None:
-            found_head = self.store.get_artifact(job.spec.evaluation.head)
-            if found_head is None or found_head[0].kind != "detection-head":
-                raise _CannotStart(f"detection sidecar {job.spec.evaluation.head} is not stored as one; upload the "
-                                   ".head.json again")
-            head_path = str(found_head[1])
+        spec = job.spec
+        evaluation_path = self._stored(spec.evaluation and spec.evaluation.artifact, "eval-set", "evaluation set")
+        head_path = self._stored(spec.evaluation and spec.evaluation.head, "detection-head", "detection sidecar")
+        frame_model_path = self._stored(spec.frame and spec.frame.in_graph, "onnx", "in-graph frame model")
+        frame_images_path = self._stored(spec.frame and spec.frame.images and spec.frame.images.artifact, "image-set",
+                                         "frame image set")
         job_dir = self.store.job_dir(job.id)
         job_dir.mkdir(parents=True, exist_ok=True)
         (job_dir / "job.json").write_text(json.dumps({
             "spec": job.spec.model_dump(), "artifact_path": str(artifact_path), "evaluation_path": evaluation_path,
-            "head_path": head_path,
+            "head_path": head_path, "frame_model_path": frame_model_path, "frame_images_path": frame_images_path,
             "engine_cache": str(self.store.root / "engines"), "jtop_socket": self.jtop_socket, "job_id": job.id,
             "hold_path": str(self.hold_path), "nvpmodel_conf": self.nvpmodel_conf}))
         timeout_s = job.spec.timeout_s or self.job_timeout_s

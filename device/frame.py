@@ -20,7 +20,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from device.errors import ConfigError, require
-from device.frame_schema import FRAME_STAGES, FrameSpec
+from device.files import sha256_file
+from device.frame_schema import FRAME_STAGES, FrameImages, FrameSpec
 from device.preprocess import Preprocess
 
 WARMUP_FRAMES = 2
@@ -189,11 +190,102 @@ def bound_words(medians_ms: dict[str, float], pipelined_fps: float) -> tuple[str
                    f"≈{ceiling:.0f}, the engine alone ≈{engine_fps:.0f}{shared})")
 
 
+def frame_from_image(image: np.ndarray, spec: FrameSpec) -> Any:
+    """An evaluation image as the camera would frame it (``source: images``): scaled (bilinear) to fit the frame,
+    centred on mid-grey, in the spec's format. A frame wider than the image keeps it whole inside the shorter side's
+    centre crop, so the model sees what it saw on the build host through the camera's resampling and codec."""
+    cv2 = _cv2()
+    image = image if image.ndim == 3 and image.shape[2] == 3 else np.repeat(image.reshape(*image.shape[:2], 1), 3, 2)
+    scale = min(spec.height / image.shape[0], spec.width / image.shape[1])
+    height, width = max(1, round(image.shape[0] * scale)), max(1, round(image.shape[1] * scale))
+    canvas = np.full((spec.height, spec.width, 3), 128, dtype=np.uint8)
+    top, left = (spec.height - height) // 2, (spec.width - width) // 2
+    canvas[top : top + height, left : left + width] = cv2.resize(np.ascontiguousarray(image[:, :, ::-1]),
+                                                                 (width, height), interpolation=cv2.INTER_LINEAR)
+    if spec.format == "jpeg":
+        return cv2.imencode(".jpg", canvas, [cv2.IMWRITE_JPEG_QUALITY, spec.jpeg_quality])[1]
+    return to_nv12(canvas) if spec.format == "nv12" else canvas
+
+
+class InGraphPath(FramePath):
+    """The frame's path with the preprocessing inside the engine (:mod:`pipeline.frame_prefix`): the frame's bytes as
+    they come (JPEG decoded to BGR first) are the engine's uint8 input."""
+
+    def __init__(self, runner, preprocess: Preprocess, spec: FrameSpec, batch_size: int = 1, k: int = 5):
+        super().__init__(runner, preprocess, spec, batch_size, k)
+        if spec.format != "jpeg":
+            self.decode = lambda frame: frame
+
+    def prepare(self, image: np.ndarray) -> np.ndarray:
+        batch = image[None]
+        return np.repeat(batch, self.batch_size, axis=0) if self.batch_size > 1 else batch
+
+
+def _one_round(path: FramePath, frames: Sequence[Any], pipelined_first: bool, copies: list[dict]) -> dict[str, Any]:
+    """One round of one form: every frame one by one (each part timed) and pipelined, in the order asked."""
+    if pipelined_first:
+        fps, piped = path.pipelined(frames)
+    times, answers, ends = [], [], []
+    for frame in frames:  # timed like the pipelined run: from the first answer to the last, by the wall clock
+        parts, answer = path.timed(frame)
+        times.append(parts)
+        answers.append(answer)
+        ends.append(time.perf_counter())
+        device_ms = getattr(path.runner, "last_device_ms", None)
+        if device_ms and "h2d_ms" in device_ms:
+            copies.append(device_ms)
+    if not pipelined_first:
+        fps, piped = path.pipelined(frames)
+    return {"stages": [1000 * statistics.median(t[position] for t in times) for position in range(len(FRAME_STAGES))],
+            "total": 1000 * statistics.median(sum(t) for t in times),
+            "sequential_fps": (len(frames) - 1) / (ends[-1] - ends[0]), "pipelined_fps": fps,
+            "agreement": float(np.mean([a[0] == b[0] for a, b in zip(answers, piped)]))}
+
+
+def _form(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """A form's rounds as :class:`device.frame_schema.FrameForm`'s fields."""
+    per_stage = {name: [r["stages"][position] for r in rounds] for position, name in enumerate(FRAME_STAGES)}
+    totals = [r["total"] for r in rounds]
+    medians = {name: statistics.median(values) for name, values in per_stage.items()}
+    pipelined = [r["pipelined_fps"] for r in rounds]
+    bound, text = bound_words(medians, statistics.median(pipelined))
+    return {"stages": [{"stage": name, "round_medians_ms": per_stage[name], "median_ms": medians[name]}
+                       for name in FRAME_STAGES],
+            "total": {"stage": "total", "round_medians_ms": totals, "median_ms": statistics.median(totals)},
+            "sequential_fps_rounds": [r["sequential_fps"] for r in rounds], "pipelined_fps_rounds": pipelined,
+            "bound": bound, "bound_text": text}
+
+
+def frame_batch(accepted: Sequence[int] | None) -> int:
+    """The engine batch a frame runs at: 1, or the smallest the runner was built for (the frame repeated)."""
+    return 1 if not accepted or 1 in accepted else min(accepted)
+
+
+def load_image_set(path: str, images: FrameImages) -> np.ndarray:
+    """The stored image set, memory-mapped, once its bytes and count are the job's.
+
+    Raises:
+        ConfigError: Another set's bytes, or another count, naming both.
+    """
+    actual = sha256_file(path)
+    if actual != images.artifact:
+        raise ConfigError(f"the frame image set's bytes hash to sha256 {actual}, not {images.artifact} as the job says",
+                          fix="upload the set again (the deploy stage does), then resubmit the job")
+    data = np.load(path, mmap_mode="r", allow_pickle=False)
+    if data.shape[0] != images.count:
+        raise ConfigError(f"the frame image set holds {data.shape[0]} images, the job says {images.count}",
+                          fix="resubmit the job with the set's own count")
+    return data
+
+
 def time_frames(runner, preprocess: Preprocess, spec: FrameSpec, accepted: Sequence[int] | None = None,
-                k: int = 5, progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+                k: int = 5, progress: Callable[[str], None] = lambda text: None, graph_runner=None,
+                images: np.ndarray | None = None) -> dict[str, Any]:
     """Times the frame's path on a loaded runner: ``spec.rounds`` rounds of ``spec.frames`` frames, each round one
-    by one (every part timed per frame) and pipelined (the frame rate), the same frames in both, the order alternating.
-    The intervals the report gives are over these rounds, within one job.
+    by one (every part timed per frame) and pipelined (the frame rate), the same frames in both, the order alternating;
+    with ``graph_runner`` (the rung with the preprocessing in its graph), that form too, interleaved round by round.
+    The intervals the report gives are over these rounds, within one job. With ``images`` (``source: images``) the
+    frames are made from them, and every one is then scored through the whole path (:func:`score_images`).
 
     Args:
         accepted: The batch sizes the runner was built for (TensorRT: one engine each); None: any.
@@ -201,40 +293,56 @@ def time_frames(runner, preprocess: Preprocess, spec: FrameSpec, accepted: Seque
     Returns:
         A :class:`device.frame_schema.FrameResult` as a dict.
     """
-    batch_size = 1 if not accepted or 1 in accepted else min(accepted)
-    path = FramePath(runner, preprocess, spec, batch_size, k)
+    batch_size = frame_batch(accepted)
+    paths = {"cpu": FramePath(runner, preprocess, spec, batch_size, k)}
+    if graph_runner is not None:
+        paths["in_graph"] = InGraphPath(graph_runner, preprocess, spec, batch_size, k)
     progress(f"frames: making {spec.frames} {spec.width}×{spec.height} {spec.format}")
-    frames = synthetic_frames(spec, spec.frames)
-    for frame in frames[:WARMUP_FRAMES]:
-        path.timed(frame)
-    per_stage: dict[str, list[float]] = {name: [] for name in (*FRAME_STAGES, "total")}
-    sequential_fps, pipelined_fps, agreement = [], [], []
+    frames = ([frame_from_image(images[i % len(images)], spec) for i in range(spec.frames)] if images is not None
+              else synthetic_frames(spec, spec.frames))
+    for path in paths.values():
+        for frame in frames[:WARMUP_FRAMES]:
+            path.timed(frame)
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
+    copies: list[dict] = []
     for index in range(spec.rounds):
         progress(f"frames: round {index + 1}/{spec.rounds}")
-        if index % 2:  # every other round pipelined first: neither form always runs on a warmer device
-            fps, piped = path.pipelined(frames)
-        times, answers, ends = [], [], []
-        for frame in frames:  # timed like the pipelined run: from the first answer to the last, by the wall clock
-            parts, answer = path.timed(frame)
-            times.append(parts)
-            answers.append(answer)
-            ends.append(time.perf_counter())
-        if not index % 2:
-            fps, piped = path.pipelined(frames)
-        for position, name in enumerate(FRAME_STAGES):
-            per_stage[name].append(1000 * statistics.median(t[position] for t in times))
-        per_stage["total"].append(1000 * statistics.median(sum(t) for t in times))
-        sequential_fps.append((len(frames) - 1) / (ends[-1] - ends[0]))
-        pipelined_fps.append(fps)
-        agreement.append(np.mean([a[0] == b[0] for a, b in zip(answers, piped)]))
-    medians = {name: statistics.median(values) for name, values in per_stage.items()}
-    bound, text = bound_words(medians, statistics.median(pipelined_fps))
-    stages = [{"stage": name, "round_medians_ms": per_stage[name], "median_ms": medians[name]}
-              for name in FRAME_STAGES]
-    return {"spec": spec.model_dump(), "batch_size": batch_size, "stages": stages,
-            "total": {"stage": "total", "round_medians_ms": per_stage["total"], "median_ms": medians["total"]},
-            "sequential_fps_rounds": sequential_fps, "pipelined_fps_rounds": pipelined_fps, "bound": bound,
-            "bound_text": text, "top1_agreement": float(np.mean(agreement)),
-            "note": ("the engine call holds the host→device and device→host copies (the runner times the call as a "
-                     "whole)") + (f"; batch {batch_size} (the frame repeated): the runner takes no batch of 1"
-                                  if batch_size > 1 else "")}
+        # Every other round reversed: neither form, nor the pipelined run, always runs on a warmer device.
+        for name in (list(paths) if index % 2 == 0 else list(paths)[::-1]):
+            rounds[name].append(_one_round(paths[name], frames, pipelined_first=bool(index % 2),
+                                           copies=copies if name == "cpu" else []))
+    cpu = _form(rounds["cpu"])
+    result = {"spec": spec.model_dump(), "batch_size": batch_size, **cpu,
+              "top1_agreement": float(np.mean([r["agreement"] for r in rounds["cpu"]])),
+              "copies_ms": ({"h2d": statistics.median(c["h2d_ms"] for c in copies),
+                             "d2h": statistics.median(c["d2h_ms"] for c in copies)} if copies else None),
+              "note": ("the engine call holds the host→device and device→host copies" +
+                       (" (timed apart by CUDA events: copies_ms)" if copies else " (the runtime has none to time "
+                                                                                  "apart, or does not say)"))
+                      + (f"; batch {batch_size} (the frame repeated): the runner takes no batch of 1"
+                         if batch_size > 1 else "")}
+    if graph_runner is not None:
+        result["in_graph"] = _form(rounds["in_graph"])
+    if images is not None:
+        result["scores"] = score_images(paths, images, spec, k, progress)
+    return result
+
+
+def score_images(paths: dict[str, FramePath], images: np.ndarray, spec: FrameSpec, k: int,
+                 progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+    """Every image, framed and encoded as :func:`frame_from_image` does, through each form's whole path: decode,
+    preprocess, the engine, top-k (the application's answer on the evaluation images); progress with rate and ETA."""
+    started = said = time.perf_counter()
+    predictions: dict[str, list[list[int]]] = {name: [] for name in paths}
+    for done, image in enumerate(images, start=1):
+        frame = frame_from_image(np.asarray(image), spec)
+        for name, path in paths.items():
+            predictions[name].append([int(c) for c in path.timed(frame)[1]])
+        if (now := time.perf_counter()) - said > 2 or done == 1:
+            rate = done / (now - started)
+            progress(f"frames: scoring images through the whole path, {done}/{len(images)} ({rate:.0f}/s, "
+                     f"ETA {(len(images) - done) / rate:.0f} s)")
+            said = now
+    return {"artifact": spec.images.artifact, "images": len(images), "top_k": len(predictions["cpu"][0]),
+            "predictions": predictions["cpu"], "in_graph_predictions": predictions.get("in_graph"),
+            "seconds": time.perf_counter() - started}

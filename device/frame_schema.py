@@ -1,10 +1,12 @@
 """The camera frame a job times the application's whole path on (``JobSpec.frame``, recipe ``deploy.frame``), and
 what it measured (``JobResult.frame``): decode, preprocess, the engine call, post-processing, the total, and the
-frame rate of a two-stage pipeline (:mod:`device.frame`)."""
+frame rate of a two-stage pipeline (:mod:`device.frame`); the same with the preprocessing written into the graph;
+and the evaluation images scored through the whole path."""
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -14,6 +16,16 @@ from device.window import Measured
 # times the call as a whole, as an application sees it.
 FRAME_STAGES = ("decode", "preprocess", "engine", "postprocess")
 MAX_HELD_BYTES = 1 << 30  # an 8 GB Jetson runs the engine beside them
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class FrameImages(BaseModel):
+    """The evaluation images the frames are made from (``source: images``): an uploaded image set."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    artifact: str = Field(pattern=SHA256.pattern, description="sha256 of the uploaded image set (uint8 N×H×W×3 RGB "
+                                                              ".npy, the evaluation set's images in its order)")
+    count: int = Field(ge=1, le=100_000, description="images in the set (the evaluation set's, in its order)")
 
 
 class FrameSpec(BaseModel):
@@ -25,15 +37,25 @@ class FrameSpec(BaseModel):
     format: Literal["bgr", "nv12", "jpeg"] = Field("bgr", description="bgr: packed 8-bit (a USB/CSI camera through "
                                                                       "OpenCV); nv12: YUV 4:2:0 (a hardware decoder's "
                                                                       "output); jpeg: a compressed frame (MJPEG)")
-    source: Literal["synthetic"] = Field("synthetic", description="frames made from the seed on the device")
+    source: Literal["synthetic", "images"] = Field(
+        "synthetic", description="synthetic: frames made from the seed on the device; images: the evaluation images, "
+                                 "each scaled to the frame's height, centred and encoded to the format (the device "
+                                 "also scores every one through the whole path)")
     frames: int = Field(32, ge=4, le=10_000, description="frames timed per round")
     rounds: int = Field(5, ge=2, le=100, description="rounds; each stage's interval is over the rounds' medians")
     queue: int = Field(4, ge=1, le=64, description="the pipelined run's bounded queue between its two threads")
     jpeg_quality: int = Field(90, ge=10, le=100)
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    in_graph: str | None = Field(None, pattern=SHA256.pattern,
+                                 description="sha256 of the uploaded rung with the preprocessing written into its graph "
+                                             "(pipeline.frame_prefix: uint8 frame in): timed beside the CPU path")
+    images: FrameImages | None = Field(None, description="the image set of source: images")
+    needs_artifacts: ClassVar[bool] = True  # a job names its uploads; a recipe's form (the deploy stage fills them) not
 
     @model_validator(mode="after")
     def _nv12_even(self) -> "FrameSpec":
+        if self.needs_artifacts and (self.source == "images") != (self.images is not None):
+            raise ValueError("source: images needs images (the uploaded image set), and images needs source: images")
         if self.format == "nv12" and (self.width % 2 or self.height % 2):
             raise ValueError(f"an NV12 frame has even width and height (its chroma is subsampled 2×2), got "
                              f"{self.width}×{self.height}")
@@ -50,6 +72,30 @@ class FrameStageTimes(Measured):
     stage: str
     round_medians_ms: list[float]
     median_ms: float = Field(description="the median of the rounds' medians")
+
+
+class FrameForm(Measured):
+    """The frame's path with the preprocessing inside the engine (``FrameSpec.in_graph``): decode (JPEG), the engine
+    (the prefix and the network), post-processing; timed in the same rounds as the CPU path, interleaved with it."""
+
+    stages: list[FrameStageTimes]
+    total: FrameStageTimes
+    sequential_fps_rounds: list[float]
+    pipelined_fps_rounds: list[float]
+    bound: str
+    bound_text: str
+
+
+class FrameScores(Measured):
+    """The evaluation images through the whole path (``source: images``): each image's top-k by the CPU path, and by
+    the in-graph form where it was timed; the build host holds the labels and scores them."""
+
+    artifact: str
+    images: int
+    top_k: int
+    predictions: list[list[int]]
+    in_graph_predictions: list[list[int]] | None = None
+    seconds: float
 
 
 class FrameResult(Measured):
@@ -71,4 +117,10 @@ class FrameResult(Measured):
     top1_agreement: float = Field(description="share of frames whose top-1 on the pipelined path equals the "
                                               "sequential path's (the same frames; 1.0 unless the runtime is "
                                               "non-deterministic)")
+    copies_ms: dict[str, float] | None = Field(None, description="host→device and device→host copies inside the engine "
+                                                                 "call, medians (TensorRT's CUDA events; None where "
+                                                                 "the runtime has no copies to time apart)")
+    in_graph: FrameForm | None = None
+    in_graph_error: str | None = Field(None, description="why the in-graph form was not timed")
+    scores: FrameScores | None = None
     note: str = ""

@@ -173,9 +173,11 @@ def verify_stored(job: dict[str, Any]) -> None:
     from device.artifacts import verify
     from device.store import ARTIFACT_SUFFIX
 
-    for key in ("artifact_path", "evaluation_path", "head_path"):
+    for key in ("artifact_path", "evaluation_path", "head_path", "frame_model_path", "frame_images_path"):
         path = job.get(key)
-        kind = next((k for k, suffix in ARTIFACT_SUFFIX.items() if path and str(path).endswith(suffix)), None)
+        # The longest suffix that fits: an image set's ".images.npy" also ends in an evaluation set's ".npy".
+        kind = max((k for k, suffix in ARTIFACT_SUFFIX.items() if path and str(path).endswith(suffix)),
+                   key=lambda k: len(ARTIFACT_SUFFIX[k]), default=None)
         if path and kind and kind not in CHECKED_BY_LOADER:
             verify(path, kind)
 
@@ -291,7 +293,7 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
             if runner.batch_sizes is None and len(spec.batch_sizes) > 1:
                 evaluation_note = (f"one {spec.runtime} model serves every batch size: scored once, at batch "
                                    f"{max(spec.batch_sizes)}")
-        frame, frame_error = frame_times(spec, runner, progress) if spec.frame is not None else (None, None)
+        frame, frame_error = frame_times(spec, job, runner, progress) if spec.frame is not None else (None, None)
         runtime = {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]),
                    "load_s": load_s, "python": platform.python_version(), "threads": spec.threads}
         if profile_note:
@@ -316,17 +318,38 @@ def static_facts(samplers) -> dict[str, dict[str, Any]]:
             for s in samplers}
 
 
-def frame_times(spec: JobSpec, runner, progress) -> tuple[dict[str, Any] | None, str | None]:
-    """The frame's path from bytes to top-k on the timed runner (:mod:`device.frame`), after the windows; or why it
-    could not be timed: a failure there loses none of what the job measured before it."""
-    from device.frame import time_frames
+def frame_times(spec: JobSpec, job: dict[str, Any], runner, progress) -> tuple[dict[str, Any] | None, str | None]:
+    """The frame's path from bytes to top-k on the timed runner (:mod:`device.frame`), after the windows, and on the
+    rung with the preprocessing in its graph (``frame.in_graph``, its own runner at the same batch); or why it could
+    not be timed: a failure there loses none of what the job measured before it (the in-graph form's, none of the
+    CPU path's)."""
+    from device.frame import frame_batch, load_image_set, time_frames
 
+    accepted = getattr(runner, "batch_sizes", None)
+    graph_runner, in_graph_error = None, None
     try:
-        return time_frames(runner, Preprocess.from_dict(spec.preprocess.model_dump()), spec.frame,
-                           getattr(runner, "batch_sizes", None), k=spec.evaluation.top_k if spec.evaluation else 5,
-                           progress=progress), None
+        images = (load_image_set(job["frame_images_path"], spec.frame.images) if spec.frame.images is not None
+                  else None)
+        with ExitStack() as stack:
+            if spec.frame.in_graph is not None:
+                progress("frames: loading the rung with the preprocessing in its graph")
+                try:
+                    graph_runner = stack.enter_context(make_runner(
+                        spec.runtime, job["frame_model_path"], precision=spec.precision, threads=spec.threads,
+                        batch_sizes=[frame_batch(accepted)], engine_cache=job.get("engine_cache")))
+                except Exception as err:  # noqa: BLE001 (a runtime that cannot build it: the CPU path still timed)
+                    in_graph_error = _first_line(err)
+            timed = time_frames(runner, Preprocess.from_dict(spec.preprocess.model_dump()), spec.frame, accepted,
+                                k=spec.evaluation.top_k if spec.evaluation else 5, progress=progress,
+                                graph_runner=graph_runner, images=images)
+        return {**timed, "in_graph_error": in_graph_error}, None
     except Exception as err:  # noqa: BLE001 (OpenCV's cv2.error, a runner's own: said in the result, not fatal)
-        return None, f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        return None, _first_line(err)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(getattr(err, "message", None) or err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def planted_fault(fault: str | None) -> None:

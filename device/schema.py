@@ -263,7 +263,7 @@ class Job(Strict):
 
 class Artifact(Strict):
     sha256: str
-    kind: Literal["onnx", "torch-export", "torch-checkpoint", "eval-set", "detection-head"]
+    kind: Literal["onnx", "torch-export", "torch-checkpoint", "eval-set", "image-set", "detection-head"]
     size_bytes: int
     stored_at: float
 
@@ -297,11 +297,9 @@ class ErrorBody(Strict):
 
 
 # ---------------------------------------------------------------- the job's result
-# What the agent measured, typed once: the job process builds it from these models, the client hands
-# it over, the deploy stage stores it and the report reads it. A measured figure is declared once, on
-# its field (:func:`reported`): the summary fills it from its telemetry series and the report's ladder
-# detail and results.csv show it, with no list to extend elsewhere.
-#
+# What the agent measured, typed once: the job process builds it from these models, the client hands it over, the
+# deploy stage stores it and the report reads it. A measured figure is declared once, on its field (:func:`reported`):
+# the summary fills it from its telemetry series and the report's ladder detail and results.csv show it.
 # Versions: "edgefold.result/MAJOR.MINOR". Written strictly (an unknown key is a producer's bug and
 # fails the job); read leniently within a major version: keys a newer minor added are dropped on read,
 # and a field this version added reads as "not recorded" in an older result (``Reported.since``).
@@ -310,8 +308,9 @@ class ErrorBody(Strict):
 # JobSpec.timing_cache; 2.5: EvaluationSpec.head, EvaluationResult.detections, network_s and postprocess_s (detection);
 # 2.6: JobResult.more_evaluations and evaluation_note, EvaluationResult.accelerator (every timed engine scored);
 # 2.7: the build facts of TensorRT and Torch-TensorRT in RuntimeInfo.built (each runner reports its own);
-# 2.8: JobSpec.diverge, JobResult.diverge; 2.9: JobSpec.frame, JobResult.frame (device.frame)
-RESULT_MAJOR, RESULT_MINOR = 2, 9
+# 2.8: JobSpec.diverge, JobResult.diverge; 2.9: JobSpec.frame, JobResult.frame (device.frame); 2.10: FrameSpec.in_graph,
+# source images, images; FrameResult.in_graph, in_graph_error, scores, copies_ms
+RESULT_MAJOR, RESULT_MINOR = 2, 10
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -567,7 +566,10 @@ class JobResult(Measured):
         """The JSON document (with its ``schema`` key). The spec's unset options are left out: a reader of an older
         minor version reads a job that used none of the newer ones (its JobSpec refuses keys it does not know)."""
         document = self.model_dump(mode="json", by_alias=True)
-        return {**document, "spec": {key: value for key, value in document["spec"].items() if value is not None}}
+        spec = {key: value for key, value in document["spec"].items() if value is not None}
+        if spec.get("frame"):
+            spec["frame"] = {key: value for key, value in spec["frame"].items() if value is not None}
+        return {**document, "spec": spec}
 
 
 def parse_result(data: Any, where: str = "the job result") -> JobResult:

@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS artifacts (
     sha256 TEXT PRIMARY KEY, kind TEXT NOT NULL, size_bytes INTEGER NOT NULL, stored_at REAL NOT NULL);
 """
 ARTIFACT_SUFFIX = {"onnx": ".onnx", "torch-export": ".pt2", "torch-checkpoint": ".device.pt", "eval-set": ".npy",
-                   "detection-head": ".head.json"}
+                   "image-set": ".images.npy", "detection-head": ".head.json"}
 UNREADABLE = "the stored job spec no longer validates ({problems}); this agent cannot run it: submit the job again"
 
 

@@ -57,6 +57,8 @@ class OnnxRuntimeRunner(Runner):
             raise RunnerError(f"ONNX Runtime cannot load {self.path}: {err}", fix="re-export the model") from None
         first = self.session.get_inputs()[0]
         self.input_name = first.name
+        # A float network takes float32; the frame job's in-graph form (pipeline.frame_prefix) takes uint8 pixels.
+        self.input_dtype = np.uint8 if first.type == "tensor(uint8)" else np.float32
         self.input_chw = tuple(d if isinstance(d, int) else None for d in first.shape[1:])
 
     @property
@@ -67,7 +69,7 @@ class OnnxRuntimeRunner(Runner):
         return {"providers": self.providers}
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
-        return self.session.run(None, {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)})[0]
+        return self.session.run(None, {self.input_name: np.ascontiguousarray(batch, dtype=self.input_dtype)})[0]
 
     def run_marked(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         """The marked tensors' values for ``batch`` (float32), by name."""

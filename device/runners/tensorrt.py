@@ -255,7 +255,9 @@ class TensorRTRunner(Runner):
         self.cuda.record(end, self.stream)
         self.cuda.synchronize(self.stream)
         self.last_device_ms = {"latency_ms": self.cuda.elapsed_ms(begin, end),
-                               "gpu_compute_ms": self.cuda.elapsed_ms(enqueued_at, computed_at)}
+                               "gpu_compute_ms": self.cuda.elapsed_ms(enqueued_at, computed_at),
+                               "h2d_ms": self.cuda.elapsed_ms(begin, enqueued_at),
+                               "d2h_ms": self.cuda.elapsed_ms(computed_at, end)}
         return entry.host_out.copy()
 
     def run_marked(self, batch: np.ndarray) -> dict[str, np.ndarray]:

@@ -11,7 +11,7 @@ import importlib
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Optional
+from typing import Annotated, Any, Callable, ClassVar, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -412,6 +412,16 @@ class SweepConfig(Strict):
         return self
 
 
+class FrameRecipe(FrameSpec):
+    """``deploy.frame``: a job's frame (:class:`FrameSpec`), and whether each rung is also sent with the preprocessing
+    written into its graph (:mod:`pipeline.frame_prefix`); the uploads a job names are the deploy stage's to fill."""
+
+    in_graph: bool = Field(True, description="also time each rung with the preprocessing inside its graph (a uint8 "
+                                             "frame in), against the CPU path")
+    images: None = Field(None, description="filled by the deploy stage (source: images)")
+    needs_artifacts: ClassVar[bool] = False
+
+
 class DeployConfig(Strict):
     """Benchmark jobs sent to every device's agent for every rung.
 
@@ -444,7 +454,7 @@ class DeployConfig(Strict):
         1000, ge=0, le=100_000, description="test images (stratified per class) each rung's engine scores on each "
                                             "device, once, outside the timed windows; 0: host accuracy only")
     sweep: SweepConfig | None = Field(None, description="power modes × jetson_clocks × batch on each Jetson")
-    frame: FrameSpec | None = Field(None, description="camera frames (width, height, bgr | nv12 | jpeg) each rung "
+    frame: FrameRecipe | None = Field(None, description="camera frames (width, height, bgr | nv12 | jpeg) each rung "
                                                       "is timed on from bytes to top-k, part by part and pipelined")
     latency_budget_ms: float | None = Field(None, gt=0, le=60_000, description="the p50 a product must meet: the "
                                                                                 "report names the least-energy "
@@ -456,6 +466,13 @@ class DeployConfig(Strict):
         if len(set(value)) != len(value):
             raise ValueError(f"deploy.runtimes names each road once, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _frames_from_images(self) -> "DeployConfig":
+        if self.frame is not None and self.frame.source == "images" and not self.evaluate_images:
+            raise ValueError("deploy.frame.source: images makes its frames from the evaluation images: set "
+                             "deploy.evaluate_images above 0")
+        return self
 
 
 class RecipeBase(Strict):

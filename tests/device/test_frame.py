@@ -197,7 +197,7 @@ def test_a_failed_frame_path_is_said_in_the_result_and_loses_nothing_else(tmp_pa
             raise RuntimeError("out of device memory")
 
     spec = JobSpec(artifact="0" * 64, preprocess=PREPROCESS.to_dict(), frame=FrameSpec(width=64, height=48, frames=4))
-    assert frame_times(spec, Broken(), lambda text: None) == (None, "RuntimeError: out of device memory")
+    assert frame_times(spec, {}, Broken(), lambda text: None) == (None, "RuntimeError: out of device memory")
 
 
 def test_frames_that_would_not_fit_in_memory_are_refused():
@@ -245,4 +245,83 @@ def test_the_agent_times_the_frame_path_and_refuses_a_bad_spec_with_422(agent, t
     for frame, said in (({"width": 0}, "width"), ({"format": "yuyv"}, "format"),
                         ({"format": "nv12", "height": 1079}, "even width and height")):
         response = httpx.post(f"{agent.url}/v1/jobs", json={"artifact": sha, **quick, "frame": frame}, headers=AUTH)
+        assert response.status_code == 422 and said in response.text, response.text
+
+
+def image_set(path, count: int = 12, size: int = 20):
+    """Real-looking images (smooth colour fields with grain), uint8 N×H×W×3 RGB, saved as the deploy stage does."""
+    images = np.stack([synthetic_frames(FrameSpec(width=size, height=size, seed=i, frames=4), 1)[0][:, :, ::-1]
+                       for i in range(count)])
+    np.save(path, np.ascontiguousarray(images), allow_pickle=False)
+    return path, images
+
+
+def test_the_whole_path_answers_as_the_tensor_path_when_the_preprocessing_is_the_same(tmp_path):
+    """Frames the images' own size, uncompressed BGR: the device's whole path (frame → decode → preprocess → engine →
+    top-k) gives each image the top-k the engine gives the build host's preprocessed tensors, image for image."""
+    from device.evaluation import evaluate_runner
+    from device.files import sha256_file
+    from device.frame import load_image_set
+    from device.frame_schema import FrameImages
+
+    path, images = image_set(tmp_path / "set.images.npy")
+    tensors = tmp_path / "set.npy"
+    np.save(tensors, np.concatenate([PREPROCESS(image) for image in images]), allow_pickle=False)
+    spec = FrameSpec(width=20, height=20, format="bgr", frames=4, rounds=2, source="images",
+                     images=FrameImages(artifact=sha256_file(path), count=len(images)))
+    with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
+        measured = time_frames(runner, PREPROCESS, spec, images=load_image_set(str(path), spec.images))
+        tensor_path = evaluate_runner(runner, tensors, sha256_file(tensors), len(images), 5, (3, 16, 16), [1])
+    assert measured["scores"]["images"] == len(images)
+    assert measured["scores"]["predictions"] == tensor_path["predictions"]
+    assert measured["scores"]["in_graph_predictions"] is None and "in_graph" not in measured
+
+
+def test_a_frame_image_set_of_other_bytes_or_count_is_refused(tmp_path):
+    from device.errors import ConfigError
+    from device.files import sha256_file
+    from device.frame import load_image_set
+    from device.frame_schema import FrameImages
+
+    path, images = image_set(tmp_path / "set.images.npy", count=4)
+    with pytest.raises(ConfigError, match="hash to sha256"):
+        load_image_set(str(path), FrameImages(artifact="0" * 64, count=4))
+    with pytest.raises(ConfigError, match="holds 4 images, the job says 5"):
+        load_image_set(str(path), FrameImages(artifact=sha256_file(path), count=5))
+
+
+def test_the_agent_times_both_forms_and_scores_the_images_through_the_whole_path(agent, tmp_path):
+    """A real agent: the rung, the rung with its preprocessing in the graph and the image set uploaded; the job times
+    both forms in the same rounds, scores every image through each, and a job naming a file the agent does not hold
+    as that kind fails before it starts, saying which."""
+    from pipeline.frame_prefix import write_prefixed
+
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    frame = {"width": 64, "height": 48, "format": "jpeg", "frames": 4, "rounds": 2, "source": "images"}
+    prefixed = write_prefixed(model, PREPROCESS, FrameSpec(**frame, images={"artifact": "0" * 64, "count": 1}),
+                              tmp_path / "frame-tiny.onnx")
+    path, images = image_set(tmp_path / "set.images.npy", count=6)
+    quick = {"batch_sizes": [1], "iterations": 5, "warmup_iterations": 1, "idle_s": 0.0, "profile": False,
+             "preprocess": PREPROCESS.to_dict()}
+    with agent.client() as client:
+        sha, graph_sha, set_sha = client.upload(model), client.upload(prefixed), client.upload(path)
+        job = client.wait(client.submit({"artifact": sha, **quick, "frame": {
+            **frame, "in_graph": graph_sha, "images": {"artifact": set_sha, "count": 6}}})["id"], timeout_s=120)
+        assert job["state"] == "succeeded", job["error"]
+        measured = job["result"]["frame"]
+        assert [s["stage"] for s in measured["in_graph"]["stages"]] == list(FRAME_STAGES)
+        assert len(measured["in_graph"]["total"]["round_medians_ms"]) == 2 and measured["in_graph_error"] is None
+        scores = measured["scores"]
+        assert scores["images"] == 6 and len(scores["predictions"]) == len(scores["in_graph_predictions"]) == 6
+        # JPEG at 64×48 from 20×20 images: the two forms see the same decoded pixels, within the prefix's tolerance
+        assert np.mean([a[0] == b[0] for a, b in zip(scores["predictions"], scores["in_graph_predictions"])]) >= 0.8
+        swapped = client.wait(client.submit({"artifact": sha, **quick, "frame": {
+            **frame, "in_graph": set_sha, "images": {"artifact": set_sha, "count": 6}}})["id"], timeout_s=60)
+        assert swapped["state"] == "failed" and f"in-graph frame model {set_sha} is not stored as one (onnx)" in \
+            swapped["error"]
+    for bad, said in (({"source": "images"}, "source: images needs images"),
+                      ({"images": {"artifact": set_sha, "count": 6}}, "images needs source: images"),
+                      ({"in_graph": "not-a-hash"}, "in_graph")):
+        response = httpx.post(f"{agent.url}/v1/jobs", json={"artifact": sha, **quick, "frame": {
+            "width": 64, "height": 48, **bad}}, headers=AUTH)
         assert response.status_code == 422 and said in response.text, response.text

@@ -487,6 +487,23 @@ def test_an_evaluation_set_with_objects_or_extra_bytes_is_refused(tmp_path):
     assert not marker.exists()
 
 
+def test_an_image_set_is_uint8_rgb_and_never_taken_for_an_evaluation_set(tmp_path):
+    good = tmp_path / "images.npy"
+    np.save(good, np.zeros((3, 8, 8, 3), np.uint8))
+    assert upload_check(good) == "image-set"
+    verify(good, "image-set")
+    with pytest.raises(UnsafeArtifactError, match="the file is an image-set, not an eval-set"):
+        verify(good, "eval-set")  # stored under the other kind's name by other means: not loaded as one
+    grey = tmp_path / "grey.npy"
+    np.save(grey, np.zeros((3, 8, 8), np.uint8))
+    refused_at_upload(grey, "an image set uint8 N×H×W×3")
+    padded = tmp_path / "padded.npy"
+    np.save(padded, np.zeros((3, 8, 8, 3), np.uint8))
+    with open(padded, "ab") as handle:
+        handle.write(b"\0")
+    refused_at_upload(padded, "header says .* but the file has")
+
+
 def test_an_evaluation_set_whose_shape_overflows_is_refused(tmp_path):
     path = tmp_path / "wrap.npy"
     header = {"descr": "<f4", "fortran_order": False, "shape": (2 ** 62 + 1, 4, 1, 1)}

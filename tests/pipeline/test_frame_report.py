@@ -33,10 +33,25 @@ def test_the_headline_says_how_much_of_the_frame_is_outside_the_engine():
     assert frame_headline({"frame_total_ms": None}) is None and frame_headline(None) is None
 
 
+def test_the_headline_says_which_preprocessing_is_faster_and_the_whole_paths_top1():
+    row = {"frame_spec": "1280×720 jpeg", "frame_total_ms": 2.0, "frame_engine_ms": 1.0, "frame_bound_text": "b",
+           "frame_in_graph_total_ms": 3.7, "frame_in_graph_speedup": 0.54, "frame_in_graph_speedup_low": 0.5,
+           "frame_in_graph_speedup_high": 0.6, "frame_top1": 0.9, "frame_top1_tensor": 0.92, "frame_top1_p": 0.031}
+    assert frame_headline(row).endswith("; b; preprocessing 1.85× faster on the CPU [1.67, 2.00]; top-1 through the "
+                                        "whole path 90.00% (tensor path 92.00%, McNemar p = 0.031)")
+    row.update(frame_in_graph_speedup=1.5, frame_in_graph_speedup_low=1.25, frame_in_graph_speedup_high=1.75)
+    assert "preprocessing 1.50× faster in the graph [1.25, 1.75]" in frame_headline(row)
+    row.update(frame_in_graph_speedup_low=0.9)  # the rounds cannot tell the two apart: neither is named faster
+    assert ("preprocessing in the graph or on the CPU: no measurable difference (CPU ÷ in-graph 1.50× [0.90, 1.75])"
+            in frame_headline(row))
+
+
 def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, tmp_path):
-    """The tiny run again with ``deploy.frame`` 1280×720 JPEG: only deploy and the report run again, and only the
-    first round's jobs (which carry the frame) are measured again; every rung has its parts, intervals and frame rates
-    in results.json and results.csv, and the section, figure and headline line."""
+    """The tiny run again with ``deploy.frame`` 1280×720 JPEG made from the evaluation images: only deploy and the
+    report run again, and only the first round's jobs (which carry the frame) are measured again; every rung has its
+    parts, intervals and frame rates, both preprocessing forms with their paired ratio, and its top-1 through the
+    whole path beside the tensor path's, in results.json and results.csv, and the section, figure and headline
+    line."""
     from pipeline.runner import run_pipeline
 
     runs = tmp_path / "runs"
@@ -44,7 +59,7 @@ def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, t
     before = json.loads((runs / "tiny" / "shared" / "manifest.json").read_text())["stages"]
     ctx = run_pipeline("tiny", run_id="shared", runs_dir=runs, overrides={
         "deploy.frame.width": 1280, "deploy.frame.height": 720, "deploy.frame.format": "jpeg",
-        "deploy.frame.frames": 8, "deploy.frame.rounds": 3})
+        "deploy.frame.frames": 8, "deploy.frame.rounds": 3, "deploy.frame.source": "images"})
     stages = ctx.manifest.data["stages"]
     for stage in ("teacher", "distill", "export", "quantize", "evaluate"):
         assert stages[stage] == before[stage], f"a frame spec re-ran {stage}"
@@ -59,12 +74,21 @@ def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, t
             assert row[f"frame_{part}_ms_low"] <= row[f"frame_{part}_ms"] <= row[f"frame_{part}_ms_high"]
         assert row["frame_decode_ms"] > 0 and row["frame_engine_ms"] > 0  # a JPEG is decoded; the engine runs
         assert row["frame_fps_pipelined"] > 0 and row["frame_fps_sequential"] > 0 and row["frame_batch"] == 1
+        assert row["frame_in_graph_total_ms_low"] <= row["frame_in_graph_total_ms"] <= row["frame_in_graph_total_ms_high"]
+        assert row["frame_in_graph_speedup_low"] <= row["frame_in_graph_speedup"] <= row["frame_in_graph_speedup_high"]
+        assert row["frame_images"] == row["device_images"] and 0 <= row["frame_top1_p"] <= 1
+        # The same engine on the same images: a 20×20 image through a 1280×720 JPEG loses little
+        assert abs(row["frame_top1"] - row["frame_top1_tensor"]) <= 0.05 and row["frame_top1_tensor"] == row["device_top1"]
+    assert (runs / "tiny" / "shared" / "deploy" / "frame-student_int8.onnx").exists()
+    assert data["frame_files"]["in_graph_difference"] <= 3 / 255 / 0.25  # the stated tolerance, checked on the run
     with open(report / "results.csv") as handle:
         table = list(csv.DictReader(handle))
     assert all(float(r["frame_total_ms"]) > 0 for r in table if r["status"] == "measured")
     markdown = (report / "report.md").read_text()
     assert "## Where the frame's time goes" in markdown and "| student_int8 | loopback | 1280×720 jpeg |" in markdown
     assert " bounds the frame rate: " in markdown
+    assert "| CPU path ms [95% CI] | in the graph ms [95% CI] |" in markdown
+    assert "| tensor path top-1 | whole path top-1 | Δ points | McNemar p |" in markdown
     assert "  frame          1280×720 jpeg: " in markdown  # the headline's line
     html = (report / "report.html").read_text()
     assert "Where each frame&#x27;s time goes" in html or "Where each frame's time goes" in html

@@ -10,14 +10,21 @@ from typing import Any, Sequence
 from device.frame_schema import FRAME_STAGES
 from pipeline import stats
 from pipeline.results import interval_cell
+from pipeline.tasks.classification.device_accuracy import device_scores, paired_top1_change
 from pipeline.sections import Figure, Section, Table, Text
 
 PARTS = (*FRAME_STAGES, "total")
-FRAME_COLUMNS = (*(f"frame_{part}_ms{end}" for part in PARTS for end in ("", "_low", "_high")),
-                 *(f"frame_fps_{kind}{end}" for kind in ("sequential", "pipelined") for end in ("", "_low", "_high")),
-                 "frame_bound", "frame_bound_text", "frame_spec", "frame_batch", "frame_note", "frame_error")
+_ENDS = ("", "_low", "_high")
+FRAME_COLUMNS = (*(f"frame_{part}_ms{end}" for part in PARTS for end in _ENDS),
+                 *(f"frame_fps_{kind}{end}" for kind in ("sequential", "pipelined") for end in _ENDS),
+                 "frame_bound", "frame_bound_text", "frame_spec", "frame_batch", "frame_note", "frame_error",
+                 "frame_copies_h2d_ms", "frame_copies_d2h_ms",
+                 *(f"frame_in_graph_{name}{end}" for name in ("total_ms", "fps_pipelined", "speedup") for end in _ENDS),
+                 "frame_in_graph_engine_ms", "frame_in_graph_bound_text", "frame_in_graph_error",
+                 "frame_images", "frame_top1", "frame_top1_tensor", "frame_top1_delta_points", "frame_top1_p",
+                 "frame_in_graph_top1")
 FRAME_TEXT = ("Each rung on each device timed from a camera frame's bytes to its top-5 classes, one frame after "
-              "another: decode (JPEG; NV12 converted to BGR), preprocess (the model's own: BGR → RGB, resize, "
+              "another: decode (JPEG; NV12 converted to RGB), preprocess (the model's own: BGR → RGB, resize, "
               "centre crop, normalize, on the device's CPU with OpenCV), the engine call (its host↔device copies "
               "inside), post-processing (top-k). Each part's median over the frames of a round, then the median of "
               "the rounds with its 95% interval. Pipelined: decode and preprocess run in a thread of their own ahead "
@@ -26,12 +33,17 @@ FRAME_TEXT = ("Each rung on each device timed from a camera frame's bytes to its
               "rounds of one job.")
 
 
-def frame_fields(rounds: Sequence[Any]) -> dict[str, Any]:
-    """A ladder row's frame figures from the round that timed the frame's path (:class:`device.schema.JobResult`)."""
-    frame = next((result.frame for result in rounds if getattr(result, "frame", None) is not None), None)
-    if frame is None:
+def frame_fields(rounds: Sequence[Any], evaluation: dict[str, Any] | None = None,
+                 rung: str | None = None) -> dict[str, Any]:
+    """A ladder row's frame figures from the round that timed the frame's path (:class:`device.schema.JobResult`):
+    the CPU path's parts and rates; the in-graph form's, and its speedup over the CPU path paired by round; and,
+    with ``source: images``, the deployed path's top-1 against the tensor path's on the same images (the deploy
+    stage's ``evaluation`` record holds the labels)."""
+    result = next((result for result in rounds if getattr(result, "frame", None) is not None), None)
+    if result is None:
         error = next((result.frame_error for result in rounds if getattr(result, "frame_error", None)), None)
         return {"frame_error": error} if error else {}
+    frame = result.frame
     out: dict[str, Any] = {}
     for times in (*frame.stages, frame.total):
         out.update(zip((f"frame_{times.stage}_ms", f"frame_{times.stage}_ms_low", f"frame_{times.stage}_ms_high"),
@@ -39,10 +51,43 @@ def frame_fields(rounds: Sequence[Any]) -> dict[str, Any]:
     for kind, values in (("sequential", frame.sequential_fps_rounds), ("pipelined", frame.pipelined_fps_rounds)):
         out.update(zip((f"frame_fps_{kind}", f"frame_fps_{kind}_low", f"frame_fps_{kind}_high"),
                        stats.median_interval(values)))
+    if frame.copies_ms:
+        out.update(frame_copies_h2d_ms=frame.copies_ms.get("h2d"), frame_copies_d2h_ms=frame.copies_ms.get("d2h"))
+    graph = frame.in_graph
+    if graph is not None:
+        out.update(zip((f"frame_in_graph_total_ms{end}" for end in _ENDS), stats.median_interval(
+            graph.total.round_medians_ms)))
+        out.update(zip((f"frame_in_graph_fps_pipelined{end}" for end in _ENDS),
+                       stats.median_interval(graph.pipelined_fps_rounds)))
+        out.update(zip((f"frame_in_graph_speedup{end}" for end in _ENDS),
+                       stats.ratio_interval(frame.total.round_medians_ms, graph.total.round_medians_ms)))
+        out.update(frame_in_graph_engine_ms=next(s.median_ms for s in graph.stages if s.stage == "engine"),
+                   frame_in_graph_bound_text=graph.bound_text)
+    elif frame.in_graph_error:
+        out["frame_in_graph_error"] = frame.in_graph_error
+    if frame.scores is not None and evaluation:
+        out.update(_deployed_path_scores(frame.scores, result.evaluation, evaluation, rung))
     spec = frame.spec
     return {**out, "frame_bound": frame.bound, "frame_bound_text": frame.bound_text,
             "frame_spec": f"{spec.width}×{spec.height} {spec.format}", "frame_batch": frame.batch_size,
             "frame_note": frame.note or None}
+
+
+def _deployed_path_scores(scores, tensor, evaluation: dict[str, Any], rung: str | None) -> dict[str, Any]:
+    """The deployed path's top-1 on the evaluation images, and its change from the tensor path's on the same
+    engine and images with McNemar's exact p (:func:`paired_top1_change`)."""
+    labels = evaluation["labels"]
+    if scores.images != len(labels):
+        return {"frame_error": f"the frame path scored {scores.images} images, the evaluation set has {len(labels)}"}
+    out = {"frame_images": scores.images, "frame_top1": device_scores(evaluation, rung, scores.predictions)
+           ["device_top1"]}
+    if scores.in_graph_predictions is not None:
+        out["frame_in_graph_top1"] = device_scores(evaluation, rung, scores.in_graph_predictions)["device_top1"]
+    if tensor is not None and len(tensor.predictions) == len(labels):
+        change = paired_top1_change(evaluation, tensor.predictions, scores.predictions)
+        out.update(frame_top1_tensor=device_scores(evaluation, rung, tensor.predictions)["device_top1"],
+                   frame_top1_delta_points=change["delta_points"], frame_top1_p=change["mcnemar_p"])
+    return out
 
 
 def framed(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -72,10 +117,78 @@ def frame_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Secti
             "frame:parts", shown, "Where each frame's time goes, per rung and device: the parts' medians stacked "
                                   "(one frame after another)."))
     notes = sorted({r["frame_note"] for r in rows if r.get("frame_note")})
+    files = data.get("frame_files") or {}
+    notes += [note for note in (files.get("in_graph_note"), files.get("images_note")) if note]
+    notes += [f"{r['rung']} on {r['device']}: host→device copy {r['frame_copies_h2d_ms']:.3f} ms, device→host "
+              f"{r['frame_copies_d2h_ms']:.3f} ms a frame, inside the engine's time (CUDA events)"
+              for r in rows if r.get("frame_copies_h2d_ms") is not None]
     failed = [Text(f"Not timed: {r['rung']} on {r['device']}: {r['frame_error']}.") for r in data["rows"]
               if r.get("frame_error")]
-    return Section("Where the frame's time goes", [*blocks, *([Table(table)] if rows else []),
-                                                   *(Text(f"Note: {n}.") for n in notes), *failed])
+    failed += [Text(f"In-graph form not timed: {r['rung']} on {r['device']}: {r['frame_in_graph_error']}.")
+               for r in data["rows"] if r.get("frame_in_graph_error")]
+    return Section("Where the frame's time goes",
+                   [*blocks, *([Table(table)] if rows else []), *in_graph_blocks(rows, files), *accuracy_blocks(rows),
+                    *(Text(f"Note: {n}.") for n in notes), *failed])
+
+
+def in_graph_words(row: dict[str, Any]) -> str:
+    """Which form is faster on this rung and device, by how much, or that the rounds cannot tell."""
+    ratio, low, high = (row[f"frame_in_graph_speedup{end}"] for end in _ENDS)
+    if not (low <= 1 <= high):  # NaN bounds (one round) compare False: said as measured, without an interval
+        if ratio >= 1:
+            return f"{ratio:.2f}× faster in the graph [{low:.2f}, {high:.2f}]"
+        return f"{1 / ratio:.2f}× faster on the CPU [{1 / high:.2f}, {1 / low:.2f}]"
+    return f"no measurable difference (CPU ÷ in-graph {ratio:.2f}× [{low:.2f}, {high:.2f}])"
+
+
+def in_graph_blocks(rows: Sequence[dict[str, Any]], files: dict[str, Any] | None = None) -> list:
+    """The two preprocessing forms side by side, where the in-graph one was timed."""
+    timed = [r for r in rows if r.get("frame_in_graph_total_ms") is not None]
+    if not timed:
+        return []
+    table = [["rung", "device", "CPU path ms [95% CI]", "in the graph ms [95% CI]", "fps pipelined, in the graph",
+              "which is faster"]] + [
+        [r["rung"], r["device"], interval_cell(r["frame_total_ms"], r["frame_total_ms_low"], r["frame_total_ms_high"],
+                                               ".2f"),
+         interval_cell(r["frame_in_graph_total_ms"], r["frame_in_graph_total_ms_low"],
+                       r["frame_in_graph_total_ms_high"], ".2f"),
+         interval_cell(r["frame_in_graph_fps_pipelined"], r["frame_in_graph_fps_pipelined_low"],
+                       r["frame_in_graph_fps_pipelined_high"], ".0f"), in_graph_words(r)] for r in timed]
+    checked = (f" On this run's frames its largest difference was {difference:.4f} (normalized units)."
+               if (difference := (files or {}).get("in_graph_difference")) is not None else "")
+    return [Text("Preprocessing in the graph: the same frames with resize, crop, colour conversion and normalization "
+                 "written into the engine's graph (a uint8 frame in; JPEG still decoded on the CPU), timed in the "
+                 "same rounds as the CPU path, interleaved. Its output matches the CPU path's within a tolerance "
+                 f"stated and tested per interpolation ({_levels()}).{checked} The ratio is the CPU path's frame time "
+                 "over the in-graph one, paired by round."), Table(table)]
+
+
+def _levels() -> str:
+    from pipeline.frame_prefix import MARGIN_LEVELS, MEASURED_LEVELS, NV12_EXTRA_LEVELS
+
+    return (", ".join(f"{mode} {MEASURED_LEVELS[mode] + MARGIN_LEVELS:g}" for mode in sorted(MEASURED_LEVELS))
+            + f" levels of 255; {NV12_EXTRA_LEVELS:g} more for NV12")
+
+
+def accuracy_blocks(rows: Sequence[dict[str, Any]]) -> list:
+    """The deployed path's top-1 beside the tensor path's (``source: images``)."""
+    scored = [r for r in rows if r.get("frame_top1") is not None]
+    if not scored:
+        return []
+
+    def cell(value):
+        return "—" if value is None else f"{100 * value:.2f}%"
+
+    table = [["rung", "device", "images", "tensor path top-1", "whole path top-1", "Δ points", "McNemar p",
+              "whole path, in the graph"]] + [
+        [r["rung"], r["device"], str(r["frame_images"]), cell(r.get("frame_top1_tensor")), cell(r["frame_top1"]),
+         "—" if r.get("frame_top1_delta_points") is None else f"{r['frame_top1_delta_points']:+.2f}",
+         "—" if r.get("frame_top1_p") is None else f"{r['frame_top1_p']:.3g}", cell(r.get("frame_in_graph_top1"))]
+        for r in scored]
+    return [Text("The deployed path's accuracy: each evaluation image scaled to the frame's height, centred, encoded "
+                 "in the frame's format, then decoded, preprocessed and run on the device as an application would; "
+                 "beside the same engine's top-1 on the tensors the build host preprocessed (the same images)."),
+            Table(table)]
 
 
 def frame_plot(plt, rows: Sequence[dict[str, Any]]) -> str:
@@ -102,5 +215,14 @@ def frame_headline(row: dict[str, Any] | None) -> str | None:
     if not row or row.get("frame_total_ms") is None:
         return None
     outside = 1 - row["frame_engine_ms"] / row["frame_total_ms"] if row["frame_total_ms"] else 0.0
-    return (f"{row['frame_spec']}: {row['frame_total_ms']:.2f} ms a frame one by one ({100 * outside:.0f}% outside "
+    text = (f"{row['frame_spec']}: {row['frame_total_ms']:.2f} ms a frame one by one ({100 * outside:.0f}% outside "
             f"the engine); {row['frame_bound_text']}")
+    if row.get("frame_in_graph_total_ms") is not None:
+        words = in_graph_words(row)
+        text += f"; preprocessing {'in the graph or on the CPU: ' if words.startswith('no ') else ''}{words}"
+    if row.get("frame_top1") is not None:
+        text += f"; top-1 through the whole path {100 * row['frame_top1']:.2f}%"
+        if row.get("frame_top1_tensor") is not None:
+            text += (f" (tensor path {100 * row['frame_top1_tensor']:.2f}%, McNemar p = "
+                     f"{row['frame_top1_p']:.2g})")
+    return text

@@ -127,7 +127,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                 row.update(runtime=result.runtime.name, precision=result.runtime.precision,
                            latency_batch=batches[0], throughput_batch=batches[-1],
                            **_energy_quality(entry["rounds"], batches[-1]),
-                           **_window_statistics(entry["rounds"], batches[0], batches[-1]))
+                           **_window_statistics(entry["rounds"], batches[0], batches[-1], evaluation, rung))
                 if result.evaluation is not None and evaluation:
                     # The accuracy of the engine that was timed, beside the host's on the same images.
                     scores = device_scores(evaluation, rung, result.evaluation.predictions)
@@ -187,7 +187,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "per_class": stages["evaluate"]["metrics"].get("per_class"), "groups": groups, "quantize": quantize,
             "power_traces": traces, "provenance": _provenance(stages, devices), "layer_profiles": profiles,
             "power_fronts": fronts, "deployed": deploy is not None, "evaluation": _evaluation_summary(evaluation, rows, device_predictions),
-            "absent_rungs": _absent_rungs(stages, rungs)}
+            "absent_rungs": _absent_rungs(stages, rungs), "frame_files": (deploy or {}).get("frame")}
 
 
 def _provenance(stages: dict[str, Any], devices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -504,10 +504,11 @@ def engines_scored(evaluation: dict[str, Any], rung: str, result: JobResult,
     return engines
 
 
-def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_batch: int) -> dict[str, Any]:
+def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_batch: int,
+                       evaluation: dict[str, Any] | None = None, rung: str | None = None) -> dict[str, Any]:
     """Per row: every declared measured field over the interleaved windows (a median with its 95% interval, a
-    peak, a low: :func:`pipeline.results.reported_figures`), the spread between windows, and why the windows
-    were noisy (pipeline.stats, device.contention)."""
+    peak, a low: :func:`pipeline.results.reported_figures`), the spread between windows, why the windows were noisy
+    (pipeline.stats, device.contention), and the frame's figures (the deploy stage's ``evaluation`` scores them)."""
     figures = reported_figures(rounds, latency_batch, throughput_batch)
     flags: dict[str, str] = {}
     for result in rounds:
@@ -518,7 +519,7 @@ def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_b
     if spread is not None and spread > contention.WINDOW_CV_LIMIT:
         flags["windows_disagree"] = (f"latency p50 varies {100 * spread:.0f}% between the interleaved windows; the "
                                      "device was not quiet: stop other work, lock clocks, or add rounds")
-    return {**figures, **frame_fields(rounds), "latency_cv_windows": spread, "windows": len(rounds),
+    return {**figures, **frame_fields(rounds, evaluation, rung), "latency_cv_windows": spread, "windows": len(rounds),
             "noisy": bool(flags), "noise_flags": sorted(flags),
             "noise": "; ".join(f"{flag}: {why}" for flag, why in sorted(flags.items())) or None}
 

@@ -30,6 +30,7 @@ from pipeline.devices import DEPLOY_SCHEMA, Device
 from pipeline.jobs import (LOOPBACK, choose_runtime, deploy_targets, interleaved_rounds, job_spec, reuse_or_measure,
                            trt_major, window_key)
 from pipeline.jobs import fingerprint as device_fingerprint
+from pipeline.tasks.classification.frame_files import FrameFiles, write_frame_files
 from pipeline.tasks.classification.road_artifacts import RoadArtifacts
 from pipeline.core.rungs import RUNGS, predictions_output
 from pipeline.core.stage import Stage, StageResult
@@ -140,12 +141,23 @@ class DeployStage(Stage):
         label = f"{ctx.recipe.name}/{ctx.run_dir.name}"
         lock = threading.Lock()
         evaluation = self._evaluation_set(ctx, workdir, artifacts) if cfg.evaluate_images else None
+
+        def log(text: str) -> None:
+            with lock:
+                ctx.log(f"[  deploy] {text}")
+
+        frames = None
+        if cfg.frame is not None:  # each rung with its preprocessing in the graph; the images the frames come from
+            frames = write_frame_files(cfg.frame, workdir, artifacts, preprocess,
+                                       (lambda: self._raw_images(ctx, evaluation)) if evaluation else None, log)
+            for note in filter(None, (frames.in_graph_note, frames.images_note)):
+                ctx.log(f"[  deploy] frames: {note}")
         with deploy_targets(ctx) as (targets, loopback):
             def deploy_one(device: Device) -> dict[str, Any]:
                 token = loopback.token if loopback and device is LOOPBACK else None
                 url = loopback.url if loopback and device is LOOPBACK else device.url
                 return self._device(device, url, token, artifacts, preprocess, cfg, cache, label, ctx, lock,
-                                    evaluation, programs)
+                                    evaluation, programs, frames)
 
             with ThreadPoolExecutor(max_workers=min(cfg.parallel_devices, len(targets))) as pool:
                 outcomes = list(pool.map(deploy_one, targets))
@@ -154,6 +166,7 @@ class DeployStage(Stage):
             evaluation["path"].unlink()
             evaluation = {key: value for key, value in evaluation.items() if key != "path"}
         results = {"schema": DEPLOY_SCHEMA, "devices": outcomes, "evaluation": evaluation,
+                   "frame": frames.record(ctx.run_dir) if frames else None,
                    "artifacts": {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
                                  for rung, path in artifacts.items()}}
         if programs:
@@ -193,10 +206,16 @@ class DeployStage(Stage):
                 "host_top1": host, "classes": list(ctx.dataset().classes),
                 "stratified": len(chosen) < len(labels), "of_images": int(len(labels))}
 
+    @staticmethod
+    def _raw_images(ctx, evaluation: dict[str, Any]) -> list[np.ndarray]:
+        """The evaluation set's images as the data holds them (uint8, before any preprocessing), in its order."""
+        test = ctx.dataset().test
+        return [test.image(int(index)) for index in ctx.splits()["test"][np.asarray(evaluation["indices"])]]
+
     def _device(self, device: Device, url: str, token: str | None, artifacts: dict[str, Path], preprocess, cfg,
                 cache: Path, label: str, ctx, lock: threading.Lock,
                 evaluation: dict[str, Any] | None = None,
-                programs: dict[str, RoadArtifacts] | None = None) -> dict[str, Any]:
+                programs: dict[str, RoadArtifacts] | None = None, frames: FrameFiles | None = None) -> dict[str, Any]:
         outcome: dict[str, Any] = {**device.public(), "url": url if device is not LOOPBACK else "loopback",
                                    "status": "ok", "error": None, "fingerprint": None, "info": None, "rungs": {}}
         try:
@@ -217,8 +236,7 @@ class DeployStage(Stage):
             # Interleaved rounds: teacher, pruned, student, INT8, teacher, … one window each per round, so a
             # busy spell hits every rung of its round and cancels in their paired ratios (pipeline.stats).
             code = code_sha256(self.code_modules)[0] if device is LOOPBACK else None
-            # Every job of a round, in order: the ONNX road's rungs, then the Torch-TensorRT road's where the agent
-            # has Torch-TensorRT, interleaved in the same rounds so the two roads' paired ratios share conditions.
+            # The ONNX road's rungs, then the Torch-TensorRT road's where the agent has it: one set of rounds for both.
             jobs = [(rung, "tensorrt", path) for rung, path in artifacts.items()]
             if programs:
                 road = {"status": "ok", "reason": None, "torch_tensorrt": info.get("torch_tensorrt"), "rungs": {}}
@@ -250,7 +268,8 @@ class DeployStage(Stage):
                 spec = job_spec(rung, digests[path], info, cfg, preprocess, f"{label}/{shown}/round{round_index + 1}",
                                 profile=round_index == 0, evaluation=scoring if round_index == 0 else None,
                                 sweep=cfg.sweep, road=road_name,
-                                frame=cfg.frame if round_index == 0 and road_name == "tensorrt" else None)
+                                frame=(frames.spec(client, rung) if frames and round_index == 0
+                                       and road_name == "tensorrt" else None))
                 # The agent is in the key (each board of a fleet is measured); loopback measures with this checkout.
                 key = window_key(artifact=digests[path], agent=device.url, code=code, fingerprint=fingerprint,
                                  round_index=round_index,

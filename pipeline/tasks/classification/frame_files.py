@@ -1,0 +1,104 @@
+"""What a frame job (``deploy.frame``) needs beside the rung: each rung with the preprocessing written into its graph
+(:mod:`pipeline.frame_prefix`), and for ``source: images`` the evaluation images as they were taken. A library of
+the classification deploy stage: it writes them once per run and turns the recipe's frame into each job's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from device.client import AgentError
+from device.errors import ConfigError
+from device.frame_schema import FrameImages, FrameSpec
+from device.preprocess import Preprocess
+
+# Evaluation images of different sizes are each cut to their centre square at the median shorter side, at most this.
+MAX_SIDE = 1024
+
+
+@dataclass
+class FrameFiles:
+    """The recipe's frame, each rung's in-graph ONNX and the image set, written on the build host."""
+
+    recipe: Any  # pipeline.core.recipe.FrameRecipe
+    in_graph: dict[str, Path] = field(default_factory=dict)
+    in_graph_note: str | None = None
+    in_graph_difference: float | None = None  # the prefix's largest difference from the CPU path, checked here
+    images: Path | None = None
+    image_count: int = 0
+    images_note: str | None = None
+    log: Callable[[str], None] = print
+
+    def spec(self, client, rung: str) -> FrameSpec:
+        """The job's frame for ``rung``, its files uploaded through the device's ``client`` (content-addressed: once
+        per device). What cannot be uploaded is logged, and the job times what it has."""
+        fields = self.recipe.model_dump(exclude={"in_graph", "images"})
+        if rung in self.in_graph:
+            try:
+                fields["in_graph"] = client.upload(self.in_graph[rung])
+            except AgentError as err:
+                self.log(f"the in-graph form of {rung} was not uploaded: {err.message}")
+        if self.images is not None:
+            try:
+                fields["images"] = FrameImages(artifact=client.upload(self.images), count=self.image_count)
+            except AgentError as err:
+                self.log(f"the frame image set was not uploaded ({err.message}): synthetic frames instead")
+                fields["source"] = "synthetic"
+        return FrameSpec(**fields)
+
+    def record(self, run_dir: Path) -> dict[str, Any]:
+        """What the deploy stage's results keep of them: the notes, and each file's path in the run."""
+        return {"in_graph": {rung: str(path.relative_to(run_dir)) for rung, path in self.in_graph.items()},
+                "in_graph_note": self.in_graph_note, "in_graph_difference": self.in_graph_difference,
+                "images": self.image_count or None, "images_note": self.images_note}
+
+
+def write_frame_files(recipe, workdir: Path, artifacts: dict[str, Path], preprocess: dict[str, Any],
+                      raw_images: Callable[[], list[np.ndarray]] | None, log: Callable[[str], None]) -> FrameFiles:
+    """Writes each rung's graph with the prefix in front (``frame-<rung>.onnx``) unless ``recipe.in_graph`` is off
+    or the preprocessing cannot be written into a graph (said in ``in_graph_note``), and the image set
+    (``frame-images.images.npy``) from ``raw_images`` when the frames come from the evaluation images."""
+    from pipeline.frame_prefix import check_prefix, refusal, write_prefixed
+
+    files = FrameFiles(recipe, log=log)
+    prep = Preprocess.from_dict(preprocess)
+    why = refusal(prep) if recipe.in_graph else "deploy.frame.in_graph is false"
+    if not why:
+        files.in_graph_difference = check_prefix(prep, recipe)
+    if why:
+        files.in_graph_note = f"the in-graph form was not timed: {why}"
+    else:
+        for rung, path in artifacts.items():
+            try:
+                files.in_graph[rung] = write_prefixed(path, prep, recipe, workdir / f"frame-{rung}.onnx")
+            except ConfigError as err:
+                files.in_graph_note = f"the in-graph form of {rung} was not written: {err.message}"
+    if recipe.source == "images" and raw_images is not None:
+        stacked, files.images_note = image_set(raw_images())
+        files.images = workdir / "frame-images.images.npy"
+        np.save(files.images, stacked, allow_pickle=False)
+        files.image_count = len(stacked)
+    return files
+
+
+def image_set(images: list[np.ndarray]) -> tuple[np.ndarray, str | None]:
+    """The images as one uint8 N×H×W×3 RGB array (grey repeated): as taken when they share a size; otherwise each
+    one's centre square at the median shorter side (at most :data:`MAX_SIDE`), and a note that says so."""
+    import cv2
+
+    colour = [np.repeat(i.reshape(*i.shape[:2], 1), 3, 2) if i.ndim == 2 or i.shape[2] == 1 else i[:, :, :3]
+              for i in images]
+    if len({i.shape for i in colour}) == 1:
+        return np.ascontiguousarray(np.stack(colour), dtype=np.uint8), None
+    side = min(MAX_SIDE, int(np.median([min(i.shape[:2]) for i in colour])))
+    squares = []
+    for image in colour:
+        short = min(image.shape[:2])
+        top, left = (image.shape[0] - short) // 2, (image.shape[1] - short) // 2
+        squares.append(cv2.resize(np.ascontiguousarray(image[top:top + short, left:left + short]), (side, side),
+                                  interpolation=cv2.INTER_AREA))
+    return np.stack(squares).astype(np.uint8), (f"the evaluation images differ in size: each was sent as its centre "
+                                                f"square at {side}×{side}")
