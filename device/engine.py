@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 from device.errors import (DlaError, EngineBuildError, PrecisionMismatchError, StaticShapeError,
                            TimingCacheError, require)
 from device.files import write_atomic
+from device.frame_schema import PREFIX_NODES
 
 # L4T → JetPack (exact, jetson-stats' table) and SoC → compute capability live with the board facts.
 from device.jetson import L4T_TO_JETPACK, TEGRA_COMPUTE_CAPABILITY, board_model, jetpack_for  # noqa: E402,F401
@@ -75,9 +76,10 @@ def float_compute_precision(model) -> str:
 
     half = {onnx_lib.TensorProto.FLOAT16, onnx_lib.TensorProto.BFLOAT16}
     initializers = {init.name: init.data_type for init in model.graph.initializer}
+    # A frame job's preprocessing in the graph (its colour and grey Convs in FP32) is not the network's precision.
     weights = [initializers[node.input[1]] for node in model.graph.node
                if node.op_type in ("Conv", "Gemm", "MatMul", "ConvTranspose") and len(node.input) > 1
-               and node.input[1] in initializers]
+               and node.input[1] in initializers and not node.name.startswith(PREFIX_NODES)]
     if weights:
         return "fp16" if sum(w in half for w in weights) * 2 > len(weights) else "fp32"
     inputs = [i for i in model.graph.input if i.name not in initializers]
@@ -277,6 +279,41 @@ def import_tensorrt():
                    "server pip install 'edgefold[trt]' from NVIDIA's index; elsewhere use the onnxruntime runner")
 
 
+def pin_prefix_fp32(trt, network, config, builder_flags: Sequence[str]) -> list[str]:
+    """Keeps a frame job's preprocessing in the graph (layers named ``frame_prefix/…``, :mod:`pipeline.frame_prefix`)
+    in FP32 where the builder may choose FP16 for it (the FP16 flag of TensorRT 10 before strong typing): its rounding
+    to OpenCV's uint8 levels is what the stated tolerance was measured in, and FP16 steps by 0.125–0.25 above 128.
+    Strongly typed builds (10.12+ for FP16/INT8 rungs, 11) take the ONNX's own FP32 types and need nothing.
+
+    Returns:
+        The layers pinned (``ILayer.precision``, ``set_output_type``, ``BuilderFlag.PREFER_PRECISION_CONSTRAINTS``).
+    """
+    if "FP16" not in builder_flags:
+        return []
+    pinned = []
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        if not layer.name.startswith(PREFIX_NODES):
+            continue
+        floats = [i for i in range(layer.num_outputs) if layer.get_output(i).dtype == trt.DataType.FLOAT]
+        if floats:  # its shape arithmetic (Shape, Slice and Concat of sizes) is integer and left alone
+            layer.precision = trt.DataType.FLOAT
+            for output in floats:
+                layer.set_output_type(output, trt.DataType.FLOAT)
+            pinned.append(layer.name)
+    if pinned:
+        config.set_flag(trt.BuilderFlag.PREFER_PRECISION_CONSTRAINTS)
+    return pinned
+
+
+def precision_constraints(pinned: Sequence[str]) -> list[str]:
+    """trtexec's flags for the layers :func:`pin_prefix_fp32` kept in FP32 (none when it kept none)."""
+    if not pinned:
+        return []
+    return ["--precisionConstraints=prefer", "--layerPrecisions=" + ",".join(f"{name}:fp32" for name in pinned),
+            "--layerOutputTypes=" + ",".join(f"{name}:fp32" for name in pinned)]
+
+
 def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: str | None = None,
                  artifact: str | None = None) -> None:
     """Builds a serialized engine from an ONNX file with the TensorRT Python API (10.x or 11.x).
@@ -329,8 +366,8 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
     for name in settings.builder_flags:
         config.set_flag(getattr(trt.BuilderFlag, name))
-    # IEngineInspector reports each layer's formats (precision), tactic and device only at DETAILED.
-    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    pinned = pin_prefix_fp32(trt, network, config, settings.builder_flags)
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # each layer's precision, tactic, device (inspector)
     if shape[0] < 0:  # a static input takes no optimization profile
         profile = builder.create_optimization_profile()
         profile.set_shape(tensor.name, (low, *shape[1:]), (opt, *shape[1:]), (high, *shape[1:]))
@@ -363,8 +400,9 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
     chw = tuple(int(d) for d in shape[1:])
     record = {"tensorrt": trt.__version__, "settings": asdict(settings), "options": asdict(options),
               "trtexec": " ".join(trtexec_command(str(onnx), str(Path(engine_path).parent / "engine.plan"), tensor.name, chw, options,
-                                                  trt.__version__, board=board, static_batch=shape[0] > 0)),
-              "dla_unsupported_layers": refused, "dla_layers": placed, **marked}
+                                                  trt.__version__, board=board, static_batch=shape[0] > 0)
+                                  + precision_constraints(pinned)),
+              "dla_unsupported_layers": refused, "dla_layers": placed, "fp32_layers": pinned, **marked}
     write_atomic(Path(engine_path).parent / "build.json", json.dumps(record, indent=1, default=list) + "\n")
     if cache_path is not None:
         # Shared by every build on this device: written whole or not at all, so a kill mid-write cannot

@@ -203,7 +203,10 @@ def frame_from_image(image: np.ndarray, spec: FrameSpec) -> Any:
     canvas[top : top + height, left : left + width] = cv2.resize(np.ascontiguousarray(image[:, :, ::-1]),
                                                                  (width, height), interpolation=cv2.INTER_LINEAR)
     if spec.format == "jpeg":
-        return cv2.imencode(".jpg", canvas, [cv2.IMWRITE_JPEG_QUALITY, spec.jpeg_quality])[1]
+        ok, encoded = cv2.imencode(".jpg", canvas, [cv2.IMWRITE_JPEG_QUALITY, spec.jpeg_quality])
+        if not ok:
+            raise ConfigError("OpenCV could not encode a JPEG frame", fix="check the agent's OpenCV build")
+        return encoded
     return to_nv12(canvas) if spec.format == "nv12" else canvas
 
 
@@ -300,49 +303,71 @@ def time_frames(runner, preprocess: Preprocess, spec: FrameSpec, accepted: Seque
     progress(f"frames: making {spec.frames} {spec.width}×{spec.height} {spec.format}")
     frames = ([frame_from_image(images[i % len(images)], spec) for i in range(spec.frames)] if images is not None
               else synthetic_frames(spec, spec.frames))
-    for path in paths.values():
-        for frame in frames[:WARMUP_FRAMES]:
-            path.timed(frame)
+    failures: dict[str, str] = {}
+
+    def run_form(name: str, work: Callable[[], Any]) -> Any:
+        """The in-graph form's failure drops that form, said in the result; the CPU path's fails the frame job."""
+        try:
+            return work()
+        except Exception as err:  # noqa: BLE001 (a runtime's own error on the in-graph engine)
+            if name == "cpu":
+                raise
+            failures[name] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+            paths.pop(name, None)
+            return None
+
+    for name, path in list(paths.items()):
+        run_form(name, lambda: [path.timed(frame) for frame in frames[:WARMUP_FRAMES]])
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
     copies: list[dict] = []
     for index in range(spec.rounds):
         progress(f"frames: round {index + 1}/{spec.rounds}")
         # Every other round reversed: neither form, nor the pipelined run, always runs on a warmer device.
         for name in (list(paths) if index % 2 == 0 else list(paths)[::-1]):
-            rounds[name].append(_one_round(paths[name], frames, pipelined_first=bool(index % 2),
-                                           copies=copies if name == "cpu" else []))
+            measured = run_form(name, lambda: _one_round(paths[name], frames, pipelined_first=bool(index % 2),
+                                                         copies=copies if name == "cpu" else []))
+            if measured is not None:
+                rounds[name].append(measured)
     cpu = _form(rounds["cpu"])
-    result = {"spec": spec.model_dump(), "batch_size": batch_size, **cpu,
+    # The spec's unset options left out: a reader one minor version older refuses keys its FrameSpec does not know.
+    result = {"spec": spec.model_dump(exclude_none=True), "batch_size": batch_size, **cpu,
               "top1_agreement": float(np.mean([r["agreement"] for r in rounds["cpu"]])),
               "copies_ms": ({"h2d": statistics.median(c["h2d_ms"] for c in copies),
                              "d2h": statistics.median(c["d2h_ms"] for c in copies)} if copies else None),
               "note": ("the engine call holds the host→device and device→host copies" +
                        (" (timed apart by CUDA events: copies_ms)" if copies else " (the runtime has none to time "
                                                                                   "apart, or does not say)"))
-                      + (f"; batch {batch_size} (the frame repeated): the runner takes no batch of 1"
+                      + (f"; batch {batch_size} (the frame repeated; the in-graph form repeats the whole uint8 frame, "
+                         f"its copy and prefix {batch_size}× a frame's): the runner takes no batch of 1"
                          if batch_size > 1 else "")}
-    if graph_runner is not None:
+    if "in_graph" in paths:  # timed in every round (a failure while scoring, below, leaves its timing standing)
         result["in_graph"] = _form(rounds["in_graph"])
     if images is not None:
-        result["scores"] = score_images(paths, images, spec, k, progress)
+        result["scores"] = score_images(paths, images, spec, k, progress, run_form)
+    if failures:
+        result["in_graph_error"] = failures["in_graph"]
     return result
 
 
 def score_images(paths: dict[str, FramePath], images: np.ndarray, spec: FrameSpec, k: int,
-                 progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+                 progress: Callable[[str], None] = lambda text: None,
+                 run_form: Callable[[str, Callable[[], Any]], Any] = lambda name, work: work()) -> dict[str, Any]:
     """Every image, framed and encoded as :func:`frame_from_image` does, through each form's whole path: decode,
     preprocess, the engine, top-k (the application's answer on the evaluation images); progress with rate and ETA."""
     started = said = time.perf_counter()
     predictions: dict[str, list[list[int]]] = {name: [] for name in paths}
     for done, image in enumerate(images, start=1):
         frame = frame_from_image(np.asarray(image), spec)
-        for name, path in paths.items():
-            predictions[name].append([int(c) for c in path.timed(frame)[1]])
+        for name, path in list(paths.items()):
+            answer = run_form(name, lambda: path.timed(frame)[1])
+            if answer is not None:
+                predictions[name].append([int(c) for c in answer])
         if (now := time.perf_counter()) - said > 2 or done == 1:
             rate = done / (now - started)
             progress(f"frames: scoring images through the whole path, {done}/{len(images)} ({rate:.0f}/s, "
                      f"ETA {(len(images) - done) / rate:.0f} s)")
             said = now
     return {"artifact": spec.images.artifact, "images": len(images), "top_k": len(predictions["cpu"][0]),
-            "predictions": predictions["cpu"], "in_graph_predictions": predictions.get("in_graph"),
+            "predictions": predictions["cpu"],
+            "in_graph_predictions": predictions["in_graph"] if "in_graph" in paths else None,
             "seconds": time.perf_counter() - started}

@@ -17,6 +17,9 @@ from device.window import Measured
 FRAME_STAGES = ("decode", "preprocess", "engine", "postprocess")
 MAX_HELD_BYTES = 1 << 30  # an 8 GB Jetson runs the engine beside them
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# The name every node of the preprocessing written into a graph starts with (pipeline.frame_prefix): the device tells
+# them from the network's by it (its precision is the network's, device.engine; TensorRT keeps them in FP32).
+PREFIX_NODES = "frame_prefix/"
 
 
 class FrameImages(BaseModel):
@@ -39,7 +42,7 @@ class FrameSpec(BaseModel):
                                                                       "output); jpeg: a compressed frame (MJPEG)")
     source: Literal["synthetic", "images"] = Field(
         "synthetic", description="synthetic: frames made from the seed on the device; images: the evaluation images, "
-                                 "each scaled to the frame's height, centred and encoded to the format (the device "
+                                 "each scaled to fit the frame, centred and encoded to the format (the device "
                                  "also scores every one through the whole path)")
     frames: int = Field(32, ge=4, le=10_000, description="frames timed per round")
     rounds: int = Field(5, ge=2, le=100, description="rounds; each stage's interval is over the rounds' medians")

@@ -334,15 +334,18 @@ def frame_times(spec: JobSpec, job: dict[str, Any], runner, progress) -> tuple[d
             if spec.frame.in_graph is not None:
                 progress("frames: loading the rung with the preprocessing in its graph")
                 try:
+                    # Built as the timed runner was (its accelerator, CUDA graphs, timing cache): one device, two forms.
                     graph_runner = stack.enter_context(make_runner(
                         spec.runtime, job["frame_model_path"], precision=spec.precision, threads=spec.threads,
-                        batch_sizes=[frame_batch(accepted)], engine_cache=job.get("engine_cache")))
+                        batch_sizes=[frame_batch(accepted)], engine_cache=job.get("engine_cache"),
+                        dla_core=getattr(getattr(runner, "options", None), "dla_core", None),
+                        cuda_graphs=spec.cuda_graphs, timing_cache=spec.timing_cache))
                 except Exception as err:  # noqa: BLE001 (a runtime that cannot build it: the CPU path still timed)
                     in_graph_error = _first_line(err)
             timed = time_frames(runner, Preprocess.from_dict(spec.preprocess.model_dump()), spec.frame, accepted,
                                 k=spec.evaluation.top_k if spec.evaluation else 5, progress=progress,
                                 graph_runner=graph_runner, images=images)
-        return {**timed, "in_graph_error": in_graph_error}, None
+        return {**timed, "in_graph_error": in_graph_error or timed.get("in_graph_error")}, None
     except Exception as err:  # noqa: BLE001 (OpenCV's cv2.error, a runner's own: said in the result, not fatal)
         return None, _first_line(err)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from device.errors import ConfigError
-from device.frame_schema import FrameSpec
+from device.frame_schema import PREFIX_NODES, FrameSpec
 from device.preprocess import Preprocess
 
 FRAME_INPUT = "frame"
@@ -73,14 +73,14 @@ class _Graph:
 
     def const(self, value, dtype=np.int64) -> str:
         self.count += 1
-        name = f"frame_prefix/const{self.count}"
+        name = f"{PREFIX_NODES}const{self.count}"
         self.initializers.append(self.numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
         return name
 
     def op(self, kind: str, inputs: list[str], output: str | None = None, **attributes) -> str:
         self.count += 1
-        output = output or f"frame_prefix/{kind.lower()}{self.count}"
-        self.nodes.append(self.helper.make_node(kind, inputs, [output], name=f"frame_prefix/{kind}{self.count}",
+        output = output or f"{PREFIX_NODES}{kind.lower()}{self.count}"
+        self.nodes.append(self.helper.make_node(kind, inputs, [output], name=f"{PREFIX_NODES}{kind}{self.count}",
                                                 **attributes))
         return output
 

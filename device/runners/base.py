@@ -31,7 +31,11 @@ class Runner(ABC):
     batch_sizes: tuple[int, ...] | None = None
 
     def __enter__(self) -> "Runner":
-        self.load()
+        try:
+            self.load()
+        except BaseException:  # a half-built runner (an engine, pinned buffers) is freed, not left to the next
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:

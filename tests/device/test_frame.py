@@ -325,3 +325,29 @@ def test_the_agent_times_both_forms_and_scores_the_images_through_the_whole_path
         response = httpx.post(f"{agent.url}/v1/jobs", json={"artifact": sha, **quick, "frame": {
             "width": 64, "height": 48, **bad}}, headers=AUTH)
         assert response.status_code == 422 and said in response.text, response.text
+
+
+def test_an_in_graph_engine_that_fails_drops_that_form_and_keeps_the_cpu_path(tmp_path):
+    """The in-graph engine fails on its third call (a TensorRT shape error, say): the CPU path's figures stand, the
+    in-graph form is left out, and why is said; the spec written back carries none of the unset options (a reader of
+    the previous minor version refuses keys its FrameSpec does not know)."""
+
+    class FailsLater:
+        batch_sizes, calls = None, 0
+
+        def __init__(self, runner):
+            self.runner = runner
+
+        def infer(self, batch):
+            FailsLater.calls += 1
+            if FailsLater.calls > 2:
+                raise RuntimeError("engine input shape mismatch\nsecond line")
+            return self.runner.infer(np.zeros((len(batch), 3, 16, 16), np.float32))
+
+    with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
+        measured = time_frames(runner, PREPROCESS, FrameSpec(width=16, height=16, frames=4, rounds=2),
+                               graph_runner=FailsLater(runner))
+    assert "in_graph" not in measured and measured["in_graph_error"] == "RuntimeError: engine input shape mismatch"
+    assert len(measured["total"]["round_medians_ms"]) == 2
+    assert measured["spec"] == {k: v for k, v in FrameSpec(width=16, height=16, frames=4, rounds=2).model_dump().items()
+                                if v is not None} and "in_graph" not in measured["spec"]

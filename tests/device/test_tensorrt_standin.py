@@ -283,7 +283,11 @@ def test_timed_call_reports_trtexec_latency_and_gpu_compute(monkeypatch, tmp_pat
         trt_runner.infer(np.zeros((4, 3, 16, 16), np.float32))
         times = trt_runner.last_device_ms
         assert calls == []  # not per call
-        assert set(times) == {"latency_ms", "gpu_compute_ms"} and 0 < times["gpu_compute_ms"] <= times["latency_ms"]
+        assert set(times) == {"latency_ms", "gpu_compute_ms", "h2d_ms", "d2h_ms"}
+        assert 0 < times["gpu_compute_ms"] <= times["latency_ms"]
+        # the copies timed apart by the same events (a frame job's copies_ms): the three add up to the latency
+        assert times["h2d_ms"] >= 0 and times["d2h_ms"] >= 0
+        assert times["h2d_ms"] + times["gpu_compute_ms"] + times["d2h_ms"] == pytest.approx(times["latency_ms"])
         assert trt_runner.cuda.pinned_bytes >= 4 * 3 * 16 * 16 * 4
 
 
@@ -503,3 +507,37 @@ def test_closing_a_runner_destroys_its_cuda_stream(monkeypatch, tmp_path, float_
     trt_runner.close()
     assert cuda.streams == set() and cuda.streams_destroyed == [stream]
     trt_runner.close()  # twice is harmless
+
+
+@pytest.mark.parametrize("version, pinned", [("10.3.0", True), ("11.1.0", False)])
+def test_the_frame_prefix_stays_fp32_in_an_fp16_engine_and_takes_a_uint8_frame(monkeypatch, tmp_path, half_model,
+                                                                                 version, pinned):
+    """The FP16 rung with a frame job's preprocessing in its graph: on TensorRT 10.3 (the FP16 builder flag, not
+    strongly typed) the prefix's float layers are pinned to FP32 with the precision-constraint flag, and build.json's
+    trtexec line says so; on 11 (strongly typed: the ONNX's types) nothing is pinned. Either engine takes the uint8
+    frame and answers as ONNX Runtime does."""
+    from device.frame import InGraphPath, synthetic_frames
+    from device.frame_schema import FrameSpec
+    from device.preprocess import Preprocess
+    from pipeline.frame_prefix import write_prefixed
+
+    preprocess, spec = Preprocess(16, 18, 3, (0.5,) * 3, (0.25,) * 3), FrameSpec(width=64, height=48, format="nv12")
+    prefixed = write_prefixed(half_model, preprocess, spec, tmp_path / "frame-half.onnx")
+    trt_standin.install(monkeypatch, version)
+    frame = synthetic_frames(spec, 1)[0]
+    with runner(prefixed, tmp_path, batch_sizes=(1,), precision="fp16") as trt_runner, \
+            make_runner("onnxruntime", str(prefixed)) as ort_runner:
+        assert trt_runner.precision_built == "fp16" and trt_runner.dtypes[trt_runner.inputs[0]] == np.uint8
+        batch = InGraphPath(trt_runner, preprocess, spec).prepare(frame)
+        assert np.allclose(trt_runner.infer(batch), ort_runner.infer(batch), atol=1e-2)
+    built = json.loads(next((tmp_path / "engines").rglob("build.json")).read_text())
+    layers = json.loads(next((tmp_path / "engines").rglob("engine.plan")).read_bytes())["layers"]
+    prefix = [layer for layer in layers if layer["name"].startswith("frame_prefix/")]
+    network = [layer for layer in layers if not layer["name"].startswith("frame_prefix/")]
+    assert prefix and {layer["precision"] for layer in network if layer["op"] == "Conv"} == {"fp16"}
+    assert {layer["precision"] for layer in prefix} == {"fp32"}  # pinned on 10.3; its own ONNX type on 11
+    if pinned:
+        assert built["fp32_layers"]
+        assert "--precisionConstraints=prefer" in built["trtexec"] and "frame_prefix/Cast" in built["trtexec"]
+    else:
+        assert built["fp32_layers"] == [] and "--precisionConstraints" not in built["trtexec"]

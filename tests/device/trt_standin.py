@@ -85,8 +85,9 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
     trt.ProfilingVerbosity = enum.IntEnum("ProfilingVerbosity", {"LAYER_NAMES_ONLY": 0, "NONE": 1, "DETAILED": 2})
     trt.LayerInformationFormat = enum.IntEnum("LayerInformationFormat", {"ONELINE": 0, "JSON": 1})
     trt.TensorIOMode = enum.IntEnum("TensorIOMode", {"NONE": 0, "INPUT": 1, "OUTPUT": 2})
-    trt.DataType = enum.IntEnum("DataType", {"FLOAT": 0, "HALF": 1, "INT8": 2, "INT32": 3})
-    trt.nptype = lambda dtype: {0: np.float32, 1: np.float16, 2: np.int8, 3: np.int32}[int(dtype)]
+    # NvInfer.h v10.3.0: kFLOAT = 0, kHALF = 1, kINT8 = 2, kINT32 = 3, kBOOL = 4, kUINT8 = 5 (network I/O only).
+    trt.DataType = enum.IntEnum("DataType", {"FLOAT": 0, "HALF": 1, "INT8": 2, "INT32": 3, "UINT8": 5})
+    trt.nptype = lambda dtype: {0: np.float32, 1: np.float16, 2: np.int8, 3: np.int32, 5: np.uint8}[int(dtype)]
 
     class Logger:
         WARNING, ERROR, INFO = 2, 1, 3
@@ -98,8 +99,10 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
 
     # --------------------------------------------------------------- the network and the parser
     class Tensor:
-        def __init__(self, name: str, shape: tuple[int, ...], is_network_output: bool = False) -> None:
+        def __init__(self, name: str, shape: tuple[int, ...], is_network_output: bool = False,
+                     dtype=None) -> None:
             self.name, self.shape, self.is_network_output = name, shape, is_network_output
+            self.dtype = trt.DataType.FLOAT if dtype is None else dtype
 
     # ONNX op → the layer type TensorRT's parser makes for it (onnx-tensorrt's builtin_op_importers).
     layer_types = {"Conv": "CONVOLUTION", "Relu": "ACTIVATION", "Sigmoid": "ACTIVATION", "Clip": "ACTIVATION",
@@ -117,6 +120,22 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             self.folded = layer_types.get(op) in parser_made and op != "Flatten"
             # onnx-tensorrt names a layer's output tensors after the ONNX node's outputs (ITensor::getName).
             self._outputs = list(outputs)
+            self._precision = None
+            self.output_types: dict[int, Any] = {}
+
+        @property
+        def precision(self):
+            return self._precision if self._precision is not None else trt.DataType.FLOAT
+
+        @precision.setter
+        def precision(self, dtype) -> None:  # ILayer::setPrecision: honoured under the precision-constraint flags
+            self._precision = dtype
+
+        def precision_is_set(self) -> bool:
+            return self._precision is not None
+
+        def set_output_type(self, index: int, dtype) -> None:
+            self.output_types[index] = dtype
 
         @property
         def num_outputs(self) -> int:
@@ -200,12 +219,14 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             self.network.onnx = path
             # The network's float type is its weights' (an FP16 model keeps float32 I/O behind Casts); the
             # I/O tensors keep the graph's own input type (HALF when the ONNX says float16).
+            # (A frame job's preprocessing in the graph, frame_prefix/…, is FP32 whatever the network's type.)
             floats = [t.data_type for t in model.graph.initializer
-                      if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) and len(t.dims) > 1]
+                      if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) and len(t.dims) > 1
+                      and not t.name.startswith("frame_prefix/")]
             self.network.float_type = "fp16" if floats and floats.count(onnx.TensorProto.FLOAT16) * 2 > len(floats) \
                 else "fp32"
-            self.network.io_type = {onnx.TensorProto.FLOAT16: "fp16"}.get(graph_input.type.tensor_type.elem_type,
-                                                                           "fp32")
+            self.network.io_type = {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.UINT8: "uint8"}.get(
+                graph_input.type.tensor_type.elem_type, "fp32")
             producers = {out: node for node in model.graph.node for out in node.output}
             # onnx-tensorrt makes a Constant layer for each initializer a layer consumes as a tensor (here:
             # the int8 weights behind a DequantizeLinear); TensorRT's log then names them "(CONSTANT):
@@ -306,11 +327,14 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
                 trt.log.append(reason)
                 return None
 
-            FP16, INT8, FALLBACK = 0, 1, 3
+            FP16, INT8, FALLBACK, PREFER = 0, 1, 3, 8
             tensor = network.inputs[0]
             if network.refused:
                 return fail(f"tensors marked as outputs twice or already network outputs: {network.refused}")
             strongly = network.strongly_typed()
+            if strongly and any(layer.precision_is_set() or layer.output_types for layer in network.layers):
+                # NvInfer.h (kSTRONGLY_TYPED): "Setting layer precision and layer output types is not allowed".
+                return fail("layer precision set on a strongly typed network")
             if major == 10 and strongly and config.flags_set & {FP16, INT8}:
                 # NvInfer.h (kSTRONGLY_TYPED): "Setting layer precision and layer output types is not allowed";
                 # the builder rejects precision flags on a strongly typed network.
@@ -341,7 +365,12 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
                 if strongly:
                     # Strongly typed (NvInfer.h): each tensor's type comes from the network — Q/DQ layers INT8,
                     # the rest in the ONNX's own float type.
-                    precision = "int8" if layer.quantized else network.float_type
+                    precision = ("int8" if layer.quantized else "fp32" if layer.name.startswith("frame_prefix/")
+                                 else network.float_type)
+                elif layer.precision_is_set() and PREFER in config.flags_set:
+                    # kPREFER_PRECISION_CONSTRAINTS: the layer's own precision where a kernel exists (the stand-in's
+                    # kernels take every precision).
+                    precision = {trt.DataType.FLOAT: "fp32", trt.DataType.HALF: "fp16"}[layer.precision]
                 else:
                     precision = ("int8" if layer.quantized and INT8 in config.flags_set
                                  else "fp16" if FP16 in config.flags_set else network.float_type)
@@ -434,7 +463,7 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
         def marked_shape(self, name: str, shape: tuple) -> tuple:
             # A marked tensor's shape at this input shape, from one ONNX Runtime run on zeros.
             if shape not in self._marked_shapes:
-                io = np.float16 if self.plan.get("io_dtype") == "fp16" else np.float32
+                io = {"fp16": np.float16, "uint8": np.uint8}.get(self.plan.get("io_dtype"), np.float32)
                 values = _ort_run(self.plan["onnx"], self.marked, None, {self.plan["input"]: np.zeros(shape, io)})
                 self._marked_shapes[shape] = {n: tuple(v.shape) for n, v in zip(self.marked, values[1:])}
             return self._marked_shapes[shape][name]
@@ -443,6 +472,8 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             # An FP16 ONNX's I/O tensors are HALF (the parser keeps the graph's I/O types); a marked tensor is FLOAT.
             if name in self.marked:
                 return trt.DataType.FLOAT
+            if self.plan.get("io_dtype") == "uint8":  # UINT8 is network I/O only: here a frame in, logits out
+                return trt.DataType.UINT8 if name == self.plan["input"] else trt.DataType.FLOAT
             return trt.DataType.HALF if self.plan.get("io_dtype") == "fp16" else trt.DataType.FLOAT
 
         @property
@@ -526,11 +557,11 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             if self.shape is None or set(self.addresses) != {plan["input"], output, *self.engine.marked}:
                 return False
             count = int(np.prod(self.shape))
-            io = np.float16 if plan.get("io_dtype") == "fp16" else np.float32
+            io = {"fp16": np.float16, "uint8": np.uint8}.get(plan.get("io_dtype"), np.float32)
             data = np.frombuffer((ctypes.c_char * (count * np.dtype(io).itemsize)).from_address(
                 self.addresses[plan["input"]]), dtype=io).reshape(self.shape)
             values = _ort_run(plan["onnx"], self.engine.marked, trt.planted_deviation, {plan["input"]: data.copy()})
-            result = values[0].astype(io)
+            result = values[0].astype(np.float32 if io is np.uint8 else io)
             for name, value in zip(self.engine.marked, values[1:]):
                 # Marked outputs are FLOAT unless the network says otherwise (ITensor::setType is never called).
                 value = np.ascontiguousarray(value, dtype=np.float32)

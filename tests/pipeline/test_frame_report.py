@@ -92,3 +92,20 @@ def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, t
     assert "  frame          1280×720 jpeg: " in markdown  # the headline's line
     html = (report / "report.html").read_text()
     assert "Where each frame&#x27;s time goes" in html or "Where each frame's time goes" in html
+
+
+def test_the_whole_path_is_compared_with_the_engine_of_its_own_batch():
+    """TensorRT builds one engine per batch (each may choose other precisions): the frames ran at batch 1, so the
+    tensor path they are compared with is batch 1's engine, not the largest batch's that ``evaluation`` holds; one
+    model serving every batch (ONNX Runtime) is that model; another accelerator's engine never."""
+    from types import SimpleNamespace as Scored
+
+    from pipeline.tasks.classification.frame_report import _same_engine
+
+    largest, one, dla = Scored(batch_size=8, accelerator=None), Scored(batch_size=1, accelerator=None), \
+        Scored(batch_size=1, accelerator="dla0")
+    assert _same_engine(Scored(evaluation=largest, more_evaluations=[dla, one]), 1) is one
+    assert _same_engine(Scored(evaluation=largest, more_evaluations=[]), 1) is largest
+    assert _same_engine(Scored(evaluation=largest, more_evaluations=[dla]), 1) is largest
+    assert _same_engine(Scored(evaluation=largest, more_evaluations=[Scored(batch_size=4, accelerator=None)]), 1) \
+        is None

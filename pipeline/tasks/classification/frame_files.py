@@ -67,15 +67,21 @@ def write_frame_files(recipe, workdir: Path, artifacts: dict[str, Path], preproc
     prep = Preprocess.from_dict(preprocess)
     why = refusal(prep) if recipe.in_graph else "deploy.frame.in_graph is false"
     if not why:
-        files.in_graph_difference = check_prefix(prep, recipe)
+        try:
+            files.in_graph_difference = check_prefix(prep, recipe)
+        except ConfigError as err:  # a prefix that misses its own tolerance is not timed as the preprocessing
+            why = err.message
     if why:
         files.in_graph_note = f"the in-graph form was not timed: {why}"
     else:
+        unwritten = []
         for rung, path in artifacts.items():
             try:
                 files.in_graph[rung] = write_prefixed(path, prep, recipe, workdir / f"frame-{rung}.onnx")
             except ConfigError as err:
-                files.in_graph_note = f"the in-graph form of {rung} was not written: {err.message}"
+                unwritten.append(f"{rung} ({err.message})")
+        if unwritten:
+            files.in_graph_note = f"the in-graph form was not written for {'; '.join(unwritten)}"
     if recipe.source == "images" and raw_images is not None:
         stacked, files.images_note = image_set(raw_images())
         files.images = workdir / "frame-images.images.npy"

@@ -21,7 +21,7 @@ FRAME_COLUMNS = (*(f"frame_{part}_ms{end}" for part in PARTS for end in _ENDS),
                  "frame_copies_h2d_ms", "frame_copies_d2h_ms",
                  *(f"frame_in_graph_{name}{end}" for name in ("total_ms", "fps_pipelined", "speedup") for end in _ENDS),
                  "frame_in_graph_engine_ms", "frame_in_graph_bound_text", "frame_in_graph_error",
-                 "frame_images", "frame_top1", "frame_top1_tensor", "frame_top1_delta_points", "frame_top1_p",
+                 "frame_images", "frame_scores_error", "frame_top1", "frame_top1_tensor", "frame_top1_delta_points", "frame_top1_p",
                  "frame_in_graph_top1")
 FRAME_TEXT = ("Each rung on each device timed from a camera frame's bytes to its top-5 classes, one frame after "
               "another: decode (JPEG; NV12 converted to RGB), preprocess (the model's own: BGR → RGB, resize, "
@@ -66,11 +66,18 @@ def frame_fields(rounds: Sequence[Any], evaluation: dict[str, Any] | None = None
     elif frame.in_graph_error:
         out["frame_in_graph_error"] = frame.in_graph_error
     if frame.scores is not None and evaluation:
-        out.update(_deployed_path_scores(frame.scores, result.evaluation, evaluation, rung))
+        out.update(_deployed_path_scores(frame.scores, _same_engine(result, frame.batch_size), evaluation, rung))
     spec = frame.spec
     return {**out, "frame_bound": frame.bound, "frame_bound_text": frame.bound_text,
             "frame_spec": f"{spec.width}×{spec.height} {spec.format}", "frame_batch": frame.batch_size,
             "frame_note": frame.note or None}
+
+
+def _same_engine(result, batch_size: int):
+    """The evaluation of the engine the frames ran on: the first accelerator's engine for their batch (TensorRT builds
+    one per batch, each may choose other precisions), or the one model that serves every batch; None otherwise."""
+    scored = [e for e in (result.evaluation, *result.more_evaluations) if e is not None and not e.accelerator]
+    return next((e for e in scored if e.batch_size == batch_size), scored[0] if len(scored) == 1 else None)
 
 
 def _deployed_path_scores(scores, tensor, evaluation: dict[str, Any], rung: str | None) -> dict[str, Any]:
@@ -78,7 +85,8 @@ def _deployed_path_scores(scores, tensor, evaluation: dict[str, Any], rung: str 
     engine and images with McNemar's exact p (:func:`paired_top1_change`)."""
     labels = evaluation["labels"]
     if scores.images != len(labels):
-        return {"frame_error": f"the frame path scored {scores.images} images, the evaluation set has {len(labels)}"}
+        return {"frame_scores_error": f"the whole path scored {scores.images} images, the evaluation set has "
+                                      f"{len(labels)}: not compared"}
     out = {"frame_images": scores.images, "frame_top1": device_scores(evaluation, rung, scores.predictions)
            ["device_top1"]}
     if scores.in_graph_predictions is not None:
@@ -126,6 +134,8 @@ def frame_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Secti
               if r.get("frame_error")]
     failed += [Text(f"In-graph form not timed: {r['rung']} on {r['device']}: {r['frame_in_graph_error']}.")
                for r in data["rows"] if r.get("frame_in_graph_error")]
+    failed += [Text(f"Whole-path accuracy: {r['rung']} on {r['device']}: {r['frame_scores_error']}.")
+               for r in data["rows"] if r.get("frame_scores_error")]
     return Section("Where the frame's time goes",
                    [*blocks, *([Table(table)] if rows else []), *in_graph_blocks(rows, files), *accuracy_blocks(rows),
                     *(Text(f"Note: {n}.") for n in notes), *failed])
@@ -185,7 +195,7 @@ def accuracy_blocks(rows: Sequence[dict[str, Any]]) -> list:
          "—" if r.get("frame_top1_delta_points") is None else f"{r['frame_top1_delta_points']:+.2f}",
          "—" if r.get("frame_top1_p") is None else f"{r['frame_top1_p']:.3g}", cell(r.get("frame_in_graph_top1"))]
         for r in scored]
-    return [Text("The deployed path's accuracy: each evaluation image scaled to the frame's height, centred, encoded "
+    return [Text("The deployed path's accuracy: each evaluation image scaled to fit the frame, centred, encoded "
                  "in the frame's format, then decoded, preprocessed and run on the device as an application would; "
                  "beside the same engine's top-1 on the tensors the build host preprocessed (the same images)."),
             Table(table)]
