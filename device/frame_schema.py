@@ -101,6 +101,18 @@ class FrameScores(Measured):
     seconds: float
 
 
+class FramePower(Measured):
+    """The board's power over the whole frame timing (both forms, every round: one telemetry window around them)."""
+
+    source: str = Field(description="sampler:series, as the job's windows name it")
+    mean_mw: float
+    peak_mw: float
+    window_s: float
+    energy_mj_per_frame: float = Field(description="the window's mean power × the CPU path's median frame time "
+                                                   "(one by one): an estimate, not a per-frame integral")
+    temp_peak_c: float | None = Field(None, description="the hottest temperature any sampler read in the window")
+
+
 class FrameResult(Measured):
     """The frame's path as measured: per part and in total (sequential, one frame after another), and the frame rate
     when decode + preprocess run in a thread of their own ahead of the engine (a bounded queue between them)."""
@@ -126,4 +138,6 @@ class FrameResult(Measured):
     in_graph: FrameForm | None = None
     in_graph_error: str | None = Field(None, description="why the in-graph form was not timed")
     scores: FrameScores | None = None
+    power: FramePower | None = None
+    power_note: str | None = Field(None, description="why there is no power over the frame timing")
     note: str = ""

@@ -31,7 +31,7 @@ import numpy as np
 from device import contention
 from device.errors import ConfigError, EdgeFoldError, MissingDependencyError
 from device.files import write_json_atomic
-from device.measure import MeasureSpec, measure
+from device.measure import MeasureSpec, measure, telemetry_window
 from device.jtop_client import use_socket
 from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
@@ -342,12 +342,36 @@ def frame_times(spec: JobSpec, job: dict[str, Any], runner, progress) -> tuple[d
                         cuda_graphs=spec.cuda_graphs, timing_cache=spec.timing_cache))
                 except Exception as err:  # noqa: BLE001 (a runtime that cannot build it: the CPU path still timed)
                     in_graph_error = _first_line(err)
-            timed = time_frames(runner, Preprocess.from_dict(spec.preprocess.model_dump()), spec.frame, accepted,
-                                k=spec.evaluation.top_k if spec.evaluation else 5, progress=progress,
-                                graph_runner=graph_runner, images=images)
-        return {**timed, "in_graph_error": in_graph_error or timed.get("in_graph_error")}, None
+            samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
+                                            pci_bus_id=getattr(runner, "pci_bus_id", None))
+            try:  # one telemetry window around the whole frame timing
+                timed, traces = telemetry_window(samplers, lambda: time_frames(
+                    runner, Preprocess.from_dict(spec.preprocess.model_dump()), spec.frame, accepted,
+                    k=spec.evaluation.top_k if spec.evaluation else 5, progress=progress, graph_runner=graph_runner,
+                    images=images))
+            finally:
+                for sampler in samplers:
+                    sampler.close()
+        return {**timed, "in_graph_error": in_graph_error or timed.get("in_graph_error"),
+                **frame_power(samplers, traces, timed["total"]["median_ms"], notes)}, None
     except Exception as err:  # noqa: BLE001 (OpenCV's cv2.error, a runner's own: said in the result, not fatal)
         return None, _first_line(err)
+
+
+def frame_power(samplers, traces, frame_ms: float, notes: list[str]) -> dict[str, Any]:
+    """The board's power over the frame timing from the first power source that read it (as :func:`summarize`
+    chooses), or why there is none."""
+    for name, key in POWER_SOURCES:
+        for sampler, trace in zip(samplers, traces):
+            if sampler.name == name and key in trace.values and np.isfinite(trace.values[key]).any():
+                mean = trace.mean(key)
+                temps = [trace.peak(k) for t in traces for k in series.of_kind(t.values, "temperature")
+                         if np.isfinite(t.values[k]).any()]
+                rail = getattr(sampler, "board_rail", None)
+                return {"power": {"source": f"{name}:{rail or key}", "mean_mw": mean, "peak_mw": trace.peak(key),
+                                  "window_s": trace.duration_s, "energy_mj_per_frame": mean * frame_ms / 1000,
+                                  "temp_peak_c": max(temps) if temps else None}}
+    return {"power_note": "no power telemetry on this device" + (f" ({'; '.join(notes)})" if notes else "")}
 
 
 def _first_line(err: BaseException) -> str:

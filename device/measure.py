@@ -93,7 +93,7 @@ def power_trace(trace: Trace, key: str, idle_mw: float | None, source: str,
             "mw": [round(float(v), 1) for v in values[::step][keep]], "idle_mw": idle_mw}
 
 
-def _window(samplers: Sequence[Sampler], work, keep_busy=None) -> tuple[Any, list[Trace]]:
+def telemetry_window(samplers: Sequence[Sampler], work, keep_busy=None) -> tuple[Any, list[Trace]]:
     """Runs ``work`` with the samplers sampling; ``keep_busy`` is called after the work until every
     source that publishes on its own clock has a measurement from after the window's end."""
     for sampler in samplers:
@@ -141,7 +141,7 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
     idle_means: dict[str, float] = {}
     idle_power: dict[str, float] = {}
     if samplers and spec.idle_s > 0:
-        _, idle_traces = _window(samplers, lambda: time.sleep(spec.idle_s))
+        _, idle_traces = telemetry_window(samplers, lambda: time.sleep(spec.idle_s))
         for sampler, trace in zip(samplers, idle_traces):
             idle_means.update({key: trace.mean(key) for key in trace.values})
             key = power_key if power_key in trace.values else None
@@ -185,7 +185,7 @@ def measure(runner: Runner, batch: np.ndarray, spec: MeasureSpec, samplers: Sequ
         window_contention.append(contention.between(window_contention[0], contention.snapshot()))
         return latencies, window_s
 
-    (latencies, window_s), traces = _window(samplers, timed, keep_busy=lambda: runner.infer(batch))
+    (latencies, window_s), traces = telemetry_window(samplers, timed, keep_busy=lambda: runner.infer(batch))
     start, stop = bounds
     images = len(latencies) * images_per_call
     telemetry: dict[str, TelemetrySummary] = {}

@@ -124,3 +124,27 @@ def test_the_agent_and_each_result_name_the_jtop_versions(tmp_path):
     assert job["state"] == "succeeded", job["error"]
     facts = job["result"]["runs"][0]["telemetry"]["jtop"]["facts"]
     assert (facts["service_version"], facts["client_version"]) == ("7.2.2", "7.2.2")
+
+
+def test_a_frame_job_has_the_boards_power_over_its_frames(tmp_path):
+    """A frame job on the simulated Orin Nano: one telemetry window around the whole frame timing, read from the
+    REAL jtop service: the planted board power (VDD_IN, 6096 mW while nothing changes it), the estimate per frame
+    from it, and the temperatures the board reports."""
+    from device.preprocess import Preprocess
+    from tests.device.jetson_sim import JtopService
+
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    preprocess = Preprocess(input_size=16, resize=18, channels=3, mean=(0.5,) * 3, std=(0.25,) * 3).to_dict()
+    with JtopService(tmp_path, "orin-nano") as svc, \
+            AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock)) as agent, agent.client() as client:
+        job = client.wait(client.submit({
+            "artifact": client.upload(model), "iterations": 5, "warmup_iterations": 1, "idle_s": 0.0,
+            "telemetry": ["jtop", "host"], "sample_hz": 20, "preprocess": preprocess,
+            "frame": {"width": 320, "height": 240, "format": "jpeg", "frames": 16, "rounds": 3}})["id"], timeout_s=120)
+    assert job["state"] == "succeeded", job["error"]
+    frame = job["result"]["frame"]
+    power = frame["power"]
+    assert power["source"] == "jtop:VDD_IN" and power["mean_mw"] == pytest.approx(6096, rel=0.01)
+    assert power["peak_mw"] == pytest.approx(6096, rel=0.01) and power["window_s"] > 0
+    assert power["energy_mj_per_frame"] == pytest.approx(power["mean_mw"] * frame["total"]["median_ms"] / 1000)
+    assert power["temp_peak_c"] is not None and frame["power_note"] is None

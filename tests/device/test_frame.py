@@ -242,6 +242,8 @@ def test_the_agent_times_the_frame_path_and_refuses_a_bad_spec_with_422(agent, t
         assert [s["stage"] for s in frame["stages"]] == list(FRAME_STAGES)
         assert all(len(s["round_medians_ms"]) == 2 for s in frame["stages"])
         assert frame["bound"] in FRAME_STAGES and len(frame["pipelined_fps_rounds"]) == 2
+        # loopback has no power sensor: said, with what each sampler lacked (the jtop socket, NVML)
+        assert frame["power"] is None and frame["power_note"].startswith("no power telemetry on this device (")
     for frame, said in (({"width": 0}, "width"), ({"format": "yuyv"}, "format"),
                         ({"format": "nv12", "height": 1079}, "even width and height")):
         response = httpx.post(f"{agent.url}/v1/jobs", json={"artifact": sha, **quick, "frame": frame}, headers=AUTH)

@@ -109,3 +109,37 @@ def test_the_whole_path_is_compared_with_the_engine_of_its_own_batch():
     assert _same_engine(Scored(evaluation=largest, more_evaluations=[dla]), 1) is largest
     assert _same_engine(Scored(evaluation=largest, more_evaluations=[Scored(batch_size=4, accelerator=None)]), 1) \
         is None
+
+
+def test_a_frame_measured_with_power_and_copies_says_both(tmp_path):
+    """A frame result as a Jetson's TensorRT job writes it (the board's power over the frame timing, the copies timed
+    apart by CUDA events) reaches the row's columns and the section's notes; a mismatched image count is said, not
+    compared."""
+    from types import SimpleNamespace
+
+    from device.frame import time_frames
+    from device.frame_schema import FrameResult, FrameSpec
+    from device.preprocess import Preprocess
+    from device.runners import make_runner
+    from pipeline.sections import to_markdown_lines
+    from pipeline.tasks.classification.frame_report import frame_fields, frame_section
+    from tests.device.agent_process import tiny_onnx
+
+    preprocess = Preprocess(16, 18, 3, (0.5,) * 3, (0.25,) * 3)
+    with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
+        measured = time_frames(runner, preprocess, FrameSpec(width=32, height=24, frames=4, rounds=2))
+    frame = FrameResult.model_validate({**measured, "copies_ms": {"h2d": 0.21, "d2h": 0.01}, "power": {
+        "source": "jtop:VDD_IN", "mean_mw": 6100.0, "peak_mw": 6300.0, "window_s": 2.0, "energy_mj_per_frame": 1.5,
+        "temp_peak_c": 48.5}})
+    row = {"rung": "student", "device": "orin-nano",
+           **frame_fields([SimpleNamespace(frame=frame, evaluation=None, more_evaluations=[])])}
+    assert row["frame_power_w"] == 6.1 and row["frame_energy_mj"] == 1.5 and row["frame_copies_h2d_ms"] == 0.21
+    text = "\n".join(to_markdown_lines(frame_section({"rows": [row]}, None)))
+    assert ("student on orin-nano: 6.10 W (jtop:VDD_IN) over the frame timing, ≈1.50 mJ a frame one by one" in text
+            and "host→device copy 0.210 ms, device→host 0.010 ms a frame" in text)
+    scored = FrameResult.model_validate({**frame.model_dump(), "scores": {
+        "artifact": "0" * 64, "images": 2, "top_k": 1, "predictions": [[0], [1]], "seconds": 0.1}})
+    row = frame_fields([SimpleNamespace(frame=scored, evaluation=None, more_evaluations=[])], {"labels": [0, 1, 2]},
+                       "student")
+    assert row["frame_scores_error"] == "the whole path scored 2 images, the evaluation set has 3: not compared"
+    assert "frame_top1" not in row

@@ -18,7 +18,8 @@ _ENDS = ("", "_low", "_high")
 FRAME_COLUMNS = (*(f"frame_{part}_ms{end}" for part in PARTS for end in _ENDS),
                  *(f"frame_fps_{kind}{end}" for kind in ("sequential", "pipelined") for end in _ENDS),
                  "frame_bound", "frame_bound_text", "frame_spec", "frame_batch", "frame_note", "frame_error",
-                 "frame_copies_h2d_ms", "frame_copies_d2h_ms",
+                 "frame_copies_h2d_ms", "frame_copies_d2h_ms", "frame_power_w", "frame_energy_mj", "frame_power_source",
+                 "frame_temp_peak_c",
                  *(f"frame_in_graph_{name}{end}" for name in ("total_ms", "fps_pipelined", "speedup") for end in _ENDS),
                  "frame_in_graph_engine_ms", "frame_in_graph_bound_text", "frame_in_graph_error",
                  "frame_images", "frame_scores_error", "frame_top1", "frame_top1_tensor", "frame_top1_delta_points", "frame_top1_p",
@@ -53,6 +54,9 @@ def frame_fields(rounds: Sequence[Any], evaluation: dict[str, Any] | None = None
                        stats.median_interval(values)))
     if frame.copies_ms:
         out.update(frame_copies_h2d_ms=frame.copies_ms.get("h2d"), frame_copies_d2h_ms=frame.copies_ms.get("d2h"))
+    if frame.power is not None:
+        out.update(frame_power_w=frame.power.mean_mw / 1000, frame_energy_mj=frame.power.energy_mj_per_frame,
+                   frame_power_source=frame.power.source, frame_temp_peak_c=frame.power.temp_peak_c)
     graph = frame.in_graph
     if graph is not None:
         out.update(zip((f"frame_in_graph_total_ms{end}" for end in _ENDS), stats.median_interval(
@@ -127,6 +131,9 @@ def frame_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Secti
     notes = sorted({r["frame_note"] for r in rows if r.get("frame_note")})
     files = data.get("frame_files") or {}
     notes += [note for note in (files.get("in_graph_note"), files.get("images_note")) if note]
+    notes += [f"{r['rung']} on {r['device']}: {r['frame_power_w']:.2f} W ({r['frame_power_source']}) over the frame "
+              f"timing, ≈{r['frame_energy_mj']:.2f} mJ a frame one by one (that power × the median frame time)"
+              for r in rows if r.get("frame_power_w") is not None]
     notes += [f"{r['rung']} on {r['device']}: host→device copy {r['frame_copies_h2d_ms']:.3f} ms, device→host "
               f"{r['frame_copies_d2h_ms']:.3f} ms a frame, inside the engine's time (CUDA events)"
               for r in rows if r.get("frame_copies_h2d_ms") is not None]
