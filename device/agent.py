@@ -69,6 +69,10 @@ class AgentConfig(BaseModel):
     jtop_socket: str = "/run/jtop.sock"
     nvpmodel_conf: str = Field(DEFAULT_CONF, description="the board's nvpmodel configuration: a sweep checks that "
                                                          "each mode took effect against its caps and online cores")
+    thermal_dir: str = Field("/sys/devices/virtual/thermal", description="the kernel's thermal zones: a sustained "
+                                                                         "job reads their trip points")
+    thermal_margin_c: float = Field(5.0, ge=0, le=50, description="a sustained job stops when a zone comes within "
+                                                                  "this of its critical trip point")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     public_docs: bool = Field(False, description="serve /docs, /redoc and /openapi.json without the token")
     fork_jobs: bool = Field(True, description="fork each job from a warm parent that has imported what jobs import "
@@ -94,6 +98,20 @@ class AgentConfig(BaseModel):
                               fix=f"allowed keys: {', '.join(cls.model_fields)}") from None
         config.data_dir = config.data_dir.expanduser()
         return config
+
+
+def submittable(store: Store, spec: JobSpec, job_timeout_s: float) -> None:
+    """A job the agent can run: its artifact uploaded (else 404), a sustained run within its effective timeout (the
+    job's own ``timeout_s``, else the agent's ``job_timeout_s``; else 422)."""
+    if store.get_artifact(spec.artifact) is None:
+        raise fastapi.HTTPException(404, f"no artifact {spec.artifact}; upload it first with "
+                                         f"PUT /v1/artifacts/{spec.artifact}")
+    timeout_s = spec.timeout_s or job_timeout_s
+    if spec.sustained is not None and spec.sustained.minutes * 60 > timeout_s:
+        raise fastapi.HTTPException(422, f"sustained.minutes {spec.sustained.minutes:g} "
+                                         f"({spec.sustained.minutes * 60:g} s) is past the job's effective timeout "
+                                         f"{timeout_s:g} s (the agent's job_timeout_s): run shorter, or give the job "
+                                         f"a timeout_s or the agent a job_timeout_s above it")
 
 
 def load_token(config: AgentConfig) -> str:
@@ -232,7 +250,8 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
     token = token or load_token(config)
     store = Store(config.data_dir)
     executor = Executor(store, job_timeout_s=config.job_timeout_s, jtop_socket=config.jtop_socket, env=child_env,
-                        nvpmodel_conf=config.nvpmodel_conf, use_zygote=config.fork_jobs)
+                        nvpmodel_conf=config.nvpmodel_conf, use_zygote=config.fork_jobs,
+                        thermal=(config.thermal_dir, config.thermal_margin_c))
     started = time.time()
     metrics = Metrics(store, executor, started)
     device_cache: dict[str, Any] = {}
@@ -374,9 +393,7 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
               responses={**errors, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}}, tags=["jobs"])
     def submit(spec: JobSpec) -> Job:
         """Queues a benchmark of an uploaded artifact; jobs run one at a time, in submission order."""
-        if store.get_artifact(spec.artifact) is None:
-            raise fastapi.HTTPException(404, f"no artifact {spec.artifact}; upload it first with "
-                                             f"PUT /v1/artifacts/{spec.artifact}")
+        submittable(store, spec, config.job_timeout_s)
         job = store.submit(spec)
         executor.wake()
         return job

@@ -40,6 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--jtop-socket", help="the jtop service's socket (default /run/jtop.sock)")
     serve.add_argument("--nvpmodel-conf", help="the board's nvpmodel configuration, which sweeps check each mode "
                                                "against (default /etc/nvpmodel.conf)")
+    serve.add_argument("--thermal-dir", help="the kernel's thermal zones, which sustained jobs read trip points from "
+                                             "(default /sys/devices/virtual/thermal)")
+    serve.add_argument("--thermal-margin-c", type=float, help="a sustained job stops when a zone comes within this "
+                                                              "of its critical trip point (default 5)")
     args = parser.parse_args(argv)
     try:
         if args.command == "device":
@@ -50,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = AgentConfig.load(args.config, host=args.host, port=args.port, data_dir=args.data_dir,
                                   token_file=args.token_file, job_timeout_s=args.job_timeout_s,
                                   max_upload_mib=args.max_upload_mib, jtop_socket=args.jtop_socket,
-                                  nvpmodel_conf=args.nvpmodel_conf)
+                                  nvpmodel_conf=args.nvpmodel_conf, thermal_dir=args.thermal_dir,
+                                  thermal_margin_c=args.thermal_margin_c)
         run_server(config)
         return 0
     except EdgeFoldError as err:

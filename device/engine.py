@@ -306,11 +306,13 @@ def pin_prefix_fp32(trt, network, config, builder_flags: Sequence[str]) -> list[
     return pinned
 
 
-def precision_constraints(pinned: Sequence[str]) -> list[str]:
-    """trtexec's flags for the layers :func:`pin_prefix_fp32` kept in FP32 (none when it kept none)."""
+def precision_constraints(command: list[str], pinned: Sequence[str]) -> list[str]:
+    """The trtexec line ``command`` with the flags for the layers :func:`pin_prefix_fp32` kept in FP32; the
+    constraint flag once (a DLA build's line has it already, and trtexec refuses a flag given twice)."""
     if not pinned:
-        return []
-    return ["--precisionConstraints=prefer", "--layerPrecisions=" + ",".join(f"{name}:fp32" for name in pinned),
+        return command
+    prefer = [] if any(part.startswith("--precisionConstraints") for part in command) else ["--precisionConstraints=prefer"]
+    return [*command, *prefer, "--layerPrecisions=" + ",".join(f"{name}:fp32" for name in pinned),
             "--layerOutputTypes=" + ",".join(f"{name}:fp32" for name in pinned)]
 
 
@@ -399,9 +401,9 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
     Path(engine_path).write_bytes(bytes(serialized))
     chw = tuple(int(d) for d in shape[1:])
     record = {"tensorrt": trt.__version__, "settings": asdict(settings), "options": asdict(options),
-              "trtexec": " ".join(trtexec_command(str(onnx), str(Path(engine_path).parent / "engine.plan"), tensor.name, chw, options,
-                                                  trt.__version__, board=board, static_batch=shape[0] > 0)
-                                  + precision_constraints(pinned)),
+              "trtexec": " ".join(precision_constraints(trtexec_command(
+                  str(onnx), str(Path(engine_path).parent / "engine.plan"), tensor.name, chw, options, trt.__version__,
+                  board=board, static_batch=shape[0] > 0), pinned)),
               "dla_unsupported_layers": refused, "dla_layers": placed, "fp32_layers": pinned, **marked}
     write_atomic(Path(engine_path).parent / "build.json", json.dumps(record, indent=1, default=list) + "\n")
     if cache_path is not None:

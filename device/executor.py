@@ -131,14 +131,16 @@ class Executor:
         env: Extra environment for the children.
         nvpmodel_conf: The board's nvpmodel configuration (a sweep checks each mode's caps against it).
         use_zygote: Fork each job from a warm parent (:mod:`device.launcher`); False starts each one fresh.
+        thermal: The thermal zones' folder and the margin below a critical trip point a sustained job stops at.
     """
 
     def __init__(self, store: Store, job_timeout_s: float = 1800.0, jtop_socket: str | None = "/run/jtop.sock",
                  env: dict[str, str] | None = None, nvpmodel_conf: str | None = DEFAULT_CONF,
-                 use_zygote: bool = True):
+                 use_zygote: bool = True, thermal: tuple[str, float] = ("/sys/devices/virtual/thermal", 5.0)):
         self.store, self.job_timeout_s, self.jtop_socket = store, job_timeout_s, jtop_socket
         self.env = env or {}
         self.nvpmodel_conf = nvpmodel_conf
+        self.thermal_dir, self.thermal_margin_c = thermal
         self.hold_path = store.root / HOLD_FILE
         self._restore_error: str | None = None
         self._wake = threading.Event()
@@ -403,7 +405,8 @@ class Executor:
             "spec": job.spec.model_dump(), "artifact_path": str(artifact_path), "evaluation_path": evaluation_path,
             "head_path": head_path, "frame_model_path": frame_model_path, "frame_images_path": frame_images_path,
             "engine_cache": str(self.store.root / "engines"), "jtop_socket": self.jtop_socket, "job_id": job.id,
-            "hold_path": str(self.hold_path), "nvpmodel_conf": self.nvpmodel_conf}))
+            "hold_path": str(self.hold_path), "nvpmodel_conf": self.nvpmodel_conf, "thermal_dir": self.thermal_dir,
+            "thermal_margin_c": self.thermal_margin_c}))
         timeout_s = job.spec.timeout_s or self.job_timeout_s
         child = self._launcher.launch(job_dir, job_dir / "log.txt")
         self._child, self._child_job, self._cancelled = child, job.id, None

@@ -283,7 +283,8 @@ def load_image_set(path: str, images: FrameImages) -> np.ndarray:
 
 def time_frames(runner, preprocess: Preprocess, spec: FrameSpec, accepted: Sequence[int] | None = None,
                 k: int = 5, progress: Callable[[str], None] = lambda text: None, graph_runner=None,
-                images: np.ndarray | None = None) -> dict[str, Any]:
+                images: np.ndarray | None = None,
+                around_rounds: Callable[[Callable[[], None]], Any] = lambda work: work()) -> dict[str, Any]:
     """Times the frame's path on a loaded runner: ``spec.rounds`` rounds of ``spec.frames`` frames, each round one
     by one (every part timed per frame) and pipelined (the frame rate), the same frames in both, the order alternating;
     with ``graph_runner`` (the rung with the preprocessing in its graph), that form too, interleaved round by round.
@@ -292,6 +293,7 @@ def time_frames(runner, preprocess: Preprocess, spec: FrameSpec, accepted: Seque
 
     Args:
         accepted: The batch sizes the runner was built for (TensorRT: one engine each); None: any.
+        around_rounds: Runs the timed rounds (a telemetry window around them, :func:`device.jobrun.frame_times`).
 
     Returns:
         A :class:`device.frame_schema.FrameResult` as a dict.
@@ -320,14 +322,18 @@ def time_frames(runner, preprocess: Preprocess, spec: FrameSpec, accepted: Seque
         run_form(name, lambda: [path.timed(frame) for frame in frames[:WARMUP_FRAMES]])
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
     copies: list[dict] = []
-    for index in range(spec.rounds):
-        progress(f"frames: round {index + 1}/{spec.rounds}")
-        # Every other round reversed: neither form, nor the pipelined run, always runs on a warmer device.
-        for name in (list(paths) if index % 2 == 0 else list(paths)[::-1]):
-            measured = run_form(name, lambda: _one_round(paths[name], frames, pipelined_first=bool(index % 2),
-                                                         copies=copies if name == "cpu" else []))
-            if measured is not None:
-                rounds[name].append(measured)
+
+    def timed_rounds() -> None:
+        for index in range(spec.rounds):
+            progress(f"frames: round {index + 1}/{spec.rounds}")
+            # Every other round reversed: neither form, nor the pipelined run, always runs on a warmer device.
+            for name in (list(paths) if index % 2 == 0 else list(paths)[::-1]):
+                measured = run_form(name, lambda: _one_round(paths[name], frames, pipelined_first=bool(index % 2),
+                                                             copies=copies if name == "cpu" else []))
+                if measured is not None:
+                    rounds[name].append(measured)
+
+    around_rounds(timed_rounds)
     cpu = _form(rounds["cpu"])
     # The spec's unset options left out: a reader one minor version older refuses keys its FrameSpec does not know.
     result = {"spec": spec.model_dump(exclude_none=True), "batch_size": batch_size, **cpu,

@@ -224,8 +224,8 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
                               fix="export with a fixed C×H×W (only the batch axis dynamic)")
         smoke_result = smoke(runner, chw, spec.preprocess.model_dump() if spec.preprocess else None,
                              finite=spec.diverge is None)
-        if spec.diverge is not None:
-            return debug_result(spec, job, job_dir, runner, chw, smoke_result, load_s)
+        if spec.diverge is not None or spec.sustained is not None:  # no ladder windows: a job of its own kind
+            return (debug_result if spec.diverge else sustained_result)(spec, job, job_dir, runner, chw, smoke_result, load_s)
         sweep = None
         samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
                                         pci_bus_id=getattr(runner, "pci_bus_id", None))
@@ -320,9 +320,9 @@ def static_facts(samplers) -> dict[str, dict[str, Any]]:
 
 def frame_times(spec: JobSpec, job: dict[str, Any], runner, progress) -> tuple[dict[str, Any] | None, str | None]:
     """The frame's path from bytes to top-k on the timed runner (:mod:`device.frame`), after the windows, and on the
-    rung with the preprocessing in its graph (``frame.in_graph``, its own runner at the same batch); or why it could
-    not be timed: a failure there loses none of what the job measured before it (the in-graph form's, none of the
-    CPU path's)."""
+    rung with the preprocessing in its graph (``frame.in_graph``, its own runner at the same batch), with one telemetry
+    window around the timed rounds; or why it could not be timed: a failure there loses none of what the job measured
+    before it (the in-graph form's, none of the CPU path's; the telemetry's, none of the timing)."""
     from device.frame import frame_batch, load_image_set, time_frames
 
     accepted = getattr(runner, "batch_sizes", None)
@@ -342,16 +342,18 @@ def frame_times(spec: JobSpec, job: dict[str, Any], runner, progress) -> tuple[d
                         cuda_graphs=spec.cuda_graphs, timing_cache=spec.timing_cache))
                 except Exception as err:  # noqa: BLE001 (a runtime that cannot build it: the CPU path still timed)
                     in_graph_error = _first_line(err)
-            samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
-                                            pci_bus_id=getattr(runner, "pci_bus_id", None))
-            try:  # one telemetry window around the whole frame timing
-                timed, traces = telemetry_window(samplers, lambda: time_frames(
-                    runner, Preprocess.from_dict(spec.preprocess.model_dump()), spec.frame, accepted,
-                    k=spec.evaluation.top_k if spec.evaluation else 5, progress=progress, graph_runner=graph_runner,
-                    images=images))
-            finally:
-                for sampler in samplers:
-                    sampler.close()
+            try:
+                samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
+                                                pci_bus_id=getattr(runner, "pci_bus_id", None))
+            except EdgeFoldError as err:  # a source lost since the windows: the frames are still timed
+                samplers, notes = [], [err.message]
+            for sampler in samplers:
+                stack.callback(sampler.close)
+            traces: list = []
+            timed = time_frames(runner, Preprocess.from_dict(spec.preprocess.model_dump()), spec.frame, accepted,
+                                k=spec.evaluation.top_k if spec.evaluation else 5, progress=progress,
+                                graph_runner=graph_runner, images=images,
+                                around_rounds=lambda work: traces.extend(telemetry_window(samplers, work)[1]))
         return {**timed, "in_graph_error": in_graph_error or timed.get("in_graph_error"),
                 **frame_power(samplers, traces, timed["total"]["median_ms"], notes)}, None
     except Exception as err:  # noqa: BLE001 (OpenCV's cv2.error, a runner's own: said in the result, not fatal)
@@ -359,18 +361,25 @@ def frame_times(spec: JobSpec, job: dict[str, Any], runner, progress) -> tuple[d
 
 
 def frame_power(samplers, traces, frame_ms: float, notes: list[str]) -> dict[str, Any]:
-    """The board's power over the frame timing from the first power source that read it (as :func:`summarize`
-    chooses), or why there is none."""
+    """The board's power over the frame rounds (clipped to their window, as :func:`summarize`'s energy is) from the
+    first power source with a finite mean, and the hottest temperature any sampler read; or why there is none."""
+    from device.telemetry.base import window_energy
+
+    temps = [t.peak(k) for t in traces for k in series.of_kind(t.values, "temperature") if np.isfinite(t.values[k]).any()]
     for name, key in POWER_SOURCES:
         for sampler, trace in zip(samplers, traces):
-            if sampler.name == name and key in trace.values and np.isfinite(trace.values[key]).any():
-                mean = trace.mean(key)
-                temps = [trace.peak(k) for t in traces for k in series.of_kind(t.values, "temperature")
-                         if np.isfinite(t.values[k]).any()]
-                rail = getattr(sampler, "board_rail", None)
-                return {"power": {"source": f"{name}:{rail or key}", "mean_mw": mean, "peak_mw": trace.peak(key),
-                                  "window_s": trace.duration_s, "energy_mj_per_frame": mean * frame_ms / 1000,
-                                  "temp_peak_c": max(temps) if temps else None}}
+            if sampler.name != name or key not in trace.values or trace.window is None:
+                continue
+            start, stop = trace.window
+            mean = window_energy(trace, start, stop, [], power_key=key)["window_power_mw"]
+            if mean is None or not np.isfinite(mean):
+                continue
+            inside = trace.values[key][(trace.times_s >= start) & (trace.times_s <= stop)]
+            rail = getattr(sampler, "board_rail", None)
+            return {"power": {"source": f"{name}:{rail or key}", "mean_mw": mean,
+                              "peak_mw": float(np.nanmax(inside)) if np.isfinite(inside).any() else mean,
+                              "window_s": stop - start, "energy_mj_per_frame": mean * frame_ms / 1000,
+                              "temp_peak_c": max(temps) if temps else None}}
     return {"power_note": "no power telemetry on this device" + (f" ({'; '.join(notes)})" if notes else "")}
 
 
@@ -404,6 +413,34 @@ def debug_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, chw:
     return JobResult.model_validate(
         {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
          "smoke": smoke_result, "runs": [], "diverge": diverge, "environment": describe_device()}).dump()
+
+
+def sustained_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, chw: tuple[int, ...],
+                     smoke_result: dict[str, Any], load_s: float) -> dict[str, Any]:
+    """A sustained job's result: the engine run without pause, interval by interval (:mod:`device.sustain`)."""
+    from device.info import describe_device
+    from device.sustain import THERMAL_DIR, run_sustained
+
+    def progress(text: str) -> None:
+        write_json_atomic(job_dir / "progress.json", {"progress": text, "at": time.time()})
+
+    samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
+                                    pci_bus_id=getattr(runner, "pci_bus_id", None))
+    try:
+        power = next(((name, key) for name, key in POWER_SOURCES if any(s.name == name for s in samplers)), None)
+        sustained = run_sustained(runner, spec.sustained, chw, samplers, power,
+                                  thermal_dir=job.get("thermal_dir") or THERMAL_DIR,
+                                  margin_c=job.get("thermal_margin_c", 5.0), progress=progress)
+    finally:
+        for sampler in samplers:
+            sampler.close()
+    runtime = {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]),
+               "load_s": load_s, "python": platform.python_version(), "threads": spec.threads,
+               **runner.runtime_facts()}
+    return JobResult.model_validate(
+        {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
+         "smoke": smoke_result, "telemetry_notes": notes, "runs": [], "sustained": sustained,
+         "environment": describe_device()}).dump()
 
 
 def timed_engines(runners: dict[str | None, Any], batch_sizes: list[int]) -> list[tuple[str | None, Any, int]]:

@@ -12,7 +12,9 @@ import re
 from typing import Annotated, Any, Literal
 
 from device.errors import EdgeFoldError
+from device.diverge_schema import DIVERGE_MAX_BYTES, DivergeResult, DivergeSpec, MarkedTensor, TensorName  # noqa: F401
 from device.frame_schema import FrameResult, FrameSpec
+from device.sustain_schema import SustainedResult, SustainedSpec
 from device.problems import describe_problems, field_problems
 from device.reported import reported
 from device.window import Contention, DeviceTiming, Measured, PowerTrace, RunSummary, TelemetryName, TelemetrySummary
@@ -81,33 +83,6 @@ class EvaluationSpec(Request):
     head: str | None = Field(None, pattern=SHA256.pattern,
                              description="sha256 of an uploaded detection sidecar (.head.json): the device decodes "
                                          "and runs NMS after each batch and returns detections, not classes (2.5)")
-
-
-# An ONNX tensor name as exporters write them (``/layer1/layer1.0/conv1/Conv_output_0``): printable, bounded.
-TensorName = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\x00-\x1f\x7f]+$")]
-# What one debug job may return: the marked tensors of its images, float32, at most this many bytes.
-DIVERGE_MAX_BYTES = 512 << 20
-
-
-class DivergeSpec(Request):
-    """A debug job (3.0's ``edgefold diverge``): build the rung's engine with ``tensors`` marked as extra outputs, run
-    the first ``images`` of the job's evaluation set through it, and keep those tensors' values for the build host,
-    which compares them with ONNX Runtime's (``GET /v1/jobs/{id}/tensors``). Marking a tensor changes how TensorRT
-    may fuse around it, so the host marks a few at a time (Polygraphy's ``--trt-outputs`` by hand, NVIDIA/TensorRT#3161).
-    """
-
-    tensors: Annotated[list[TensorName], Field(min_length=1, max_length=256)] = Field(
-        description="tensor names of the ONNX graph, each returned for every image")
-    images: int = Field(4, ge=1, le=256, description="the first images of the evaluation set to run")
-    max_bytes: int = Field(64 << 20, ge=1, le=DIVERGE_MAX_BYTES,
-                           description="refuse the job when the tensors' float32 values would exceed this")
-
-    @field_validator("tensors")
-    @classmethod
-    def _once(cls, value: list[str]) -> list[str]:
-        if len(set(value)) != len(value):
-            raise ValueError("name each tensor once")
-        return value
 
 
 # A power mode by the board's own name (``MAXN_SUPER``) or id (``nvpmodel -m ID``).
@@ -207,6 +182,8 @@ class JobSpec(Request):
                                                           "evaluation set's first images, for the build host (2.8)")
     frame: FrameSpec | None = Field(None, description="time camera frames of this size and format from bytes to "
                                                       "top-k, part by part, and pipelined, after the windows (2.9)")
+    sustained: SustainedSpec | None = Field(None, description="a sustained job: no ladder windows; the engine run "
+                                                              "without pause for minutes, recorded per interval (2.10)")
 
     @model_validator(mode="after")
     def _window(self) -> "JobSpec":
@@ -220,6 +197,15 @@ class JobSpec(Request):
             if self.diverge.images > self.evaluation.images:
                 raise ValueError(f"diverge.images {self.diverge.images} is more than the evaluation set's "
                                  f"{self.evaluation.images}")
+        if self.sustained is not None:
+            minutes, batch = self.sustained.minutes, self.sustained.batch_size
+            if batch not in self.batch_sizes:
+                raise ValueError(f"sustained.batch_size {batch} is not one of batch_sizes {self.batch_sizes}")
+            if self.sweep or self.diverge or self.frame:
+                raise ValueError("a sustained job runs alone: no sweep, diverge or frame")
+            if self.timeout_s and minutes * 60 > self.timeout_s:
+                raise ValueError(f"sustained.minutes {minutes:g} ({minutes * 60:g} s) is past timeout_s "
+                                 f"{self.timeout_s:g} s: raise timeout_s or run shorter")
         if self.frame is not None and (self.preprocess is None or self.diverge is not None):
             raise ValueError("frame needs the model's preprocess (its frames are preprocessed as the application's), "
                              "and no diverge")
@@ -309,7 +295,7 @@ class ErrorBody(Strict):
 # 2.6: JobResult.more_evaluations and evaluation_note, EvaluationResult.accelerator (every timed engine scored);
 # 2.7: the build facts of TensorRT and Torch-TensorRT in RuntimeInfo.built (each runner reports its own);
 # 2.8: JobSpec.diverge, JobResult.diverge; 2.9: JobSpec.frame, JobResult.frame (device.frame); 2.10: FrameSpec.in_graph,
-# source images, images; FrameResult.in_graph, in_graph_error, scores, copies_ms
+# source images, images; FrameResult.in_graph, in_graph_error, scores, copies_ms, power; JobSpec and JobResult.sustained
 RESULT_MAJOR, RESULT_MINOR = 2, 10
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
@@ -472,25 +458,6 @@ class EvaluationResult(Measured):
         return f"batch {self.batch_size}" + (f" on {self.accelerator}" if self.accelerator else "")
 
 
-class MarkedTensor(Measured):
-    """One tensor a debug job returned (2.8)."""
-
-    name: str
-    shape: list[int] = Field(description="images first: [images, …]")
-    layer: str | None = Field(None, description="the engine layer (or ONNX node) that writes it, where known")
-
-
-class DivergeResult(Measured):
-    """What a debug job kept: the marked tensors' values in ``tensors.npz`` beside the job (2.8)."""
-
-    images: int
-    batch_size: int
-    tensors: list[MarkedTensor]
-    sha256: str = Field(pattern=SHA256.pattern, description="of the .npz the agent serves at /v1/jobs/{id}/tensors")
-    size_bytes: int
-    seconds: float
-
-
 class SmokeResult(Measured):
     image: str
     output_shape: list[int]
@@ -523,6 +490,7 @@ class JobResult(Measured):
     frame: FrameResult | None = Field(None, description="the frame's path from bytes to top-k (JobSpec.frame) (2.9)")
     frame_error: str | None = Field(None, description="why the frame's path was not timed; the job's windows, "
                                                       "profile and evaluation stand (2.9)")
+    sustained: SustainedResult | None = Field(None, description="a sustained job's intervals (2.10)")
 
     @field_validator("schema_")
     @classmethod

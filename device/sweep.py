@@ -179,10 +179,13 @@ def open_accelerator(accelerator: str, runtime: str, make: Callable[[int | None]
     Returns:
         (the loaded runner, None), or (None, the accelerator's not-measured record with the reason and its fix).
     """
+    runner = None
     try:
         runner = make(accelerator_dla_core(accelerator, runtime))
         runner.load()
-    except EdgeFoldError as err:  # DlaError (no core, a TensorRT without DLA, FP32), an engine that did not build
+    except EdgeFoldError as err:
+        if runner is not None:  # a half-built runner (engines, pinned buffers) is freed before the sweep goes on
+            runner.close()  # DlaError (no core, a TensorRT without DLA, FP32), an engine that did not build
         reason = err.message + (f" (fix: {err.fix})" if err.fix else "")
         log.warning("sweep: %s not measured: %s", accelerator, reason)
         return None, NotMeasured(nvpmodel_id=None, nvpmodel_name="every setting", jetson_clocks=None, kind="skipped",

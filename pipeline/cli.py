@@ -70,11 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                        help="another deploy key, e.g. --set deploy.rounds=3 (only deploy.* keys)")
     sweep.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
-    for name, env, text in (("--edge", "EDGE", "edge agents, comma-separated"), ("--dc", "DC", "data-center agents"),
-                            ("--devices", "DEVICES", "devices file with groups"),
-                            ("--token-file", "EDGEFOLD_AGENT_TOKEN_FILE", "agent token file")):
-        sweep.add_argument(name, default=os.environ.get(env), help=text)
+    _add_devices(sweep)
 
+    _add_sustain(sub)
     _add_diverge(sub)
 
     runs = sub.add_parser("runs", help="list runs with their stages and accuracies")
@@ -224,35 +222,48 @@ def _run_dir(run: str, runs_dir: str):
     return run_dir.resolve()
 
 
+def _add_sustain(sub) -> None:
+    sustain = sub.add_parser("sustain", help="run one rung of a run without pause on its devices (deploy and report "
+                                             "again)",
+                             description="Run RUN's rung (default: the deployed student) without pause for MINUTES on "
+                                         "each device (deploy.sustained), recorded interval by interval, and rebuild "
+                                         "the report with \"After N minutes\": burst against settled latency, the "
+                                         "first throttle and its cause. Earlier stages and measured windows are "
+                                         "reused; a recipe changed since the run is refused.")
+    sustain.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
+    sustain.add_argument("--minutes", type=float, required=True, help="how long to run without pause")
+    sustain.add_argument("--rung", help="the rung to run (default: the deployed student)")
+    sustain.add_argument("--batch", type=int, help="its batch (one of deploy.batch_sizes; default 1)")
+    sustain.add_argument("--record-every-s", type=float, help="one recorded interval, s (default 10, or a tenth of "
+                                                              "a run shorter than 100 s)")
+    sustain.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                         help="another deploy key, e.g. --set deploy.job_timeout_s=3600 (only deploy.* keys)")
+    sustain.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
+    _add_devices(sustain)
+
+
+def _add_devices(parser) -> None:
+    for name, env, text in (("--edge", "EDGE", "edge agents, comma-separated"), ("--dc", "DC", "data-center agents"),
+                            ("--devices", "DEVICES", "devices file with groups"),
+                            ("--token-file", "EDGEFOLD_AGENT_TOKEN_FILE", "agent token file")):
+        parser.add_argument(name, default=os.environ.get(env), help=text)
+
+
+def _cmd_sustain(args) -> int:
+    from device.errors import ConfigError
+
+    sustained = {"minutes": args.minutes, **{key: value for key, value in (
+        ("rung", args.rung), ("batch_size", args.batch), ("record_every_s", args.record_every_s)) if value is not None}}
+    if args.minutes <= 0:
+        raise ConfigError(f"--minutes {args.minutes:g}: give a time above 0", fix="--minutes 10")
+    if args.record_every_s is None:  # ten intervals at least: a settled third to take an interval over
+        sustained["record_every_s"] = min(10.0, args.minutes * 6)
+    return _deploy_again(args, "sustain", {"deploy.sustained": sustained})
+
+
 def _cmd_sweep(args) -> int:
-    import hashlib
-    from pathlib import Path
+    from device.errors import ConfigError
 
-    from device.errors import ConfigError, ManifestError
-    from pipeline.devices import load_devices
-    from pipeline import tasks
-    from pipeline.runner import run_pipeline
-
-    run_dir = _run_dir(args.run, args.runs_dir)
-    if not (run_dir / "manifest.json").is_file():
-        raise ManifestError(f"no run at {args.run}", fix="pass a run directory (edgefold runs lists them)")
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    task = tasks.of_run(run_dir)
-    if task.name != "classification":
-        raise ConfigError(f"{run_dir} is a {task.name} run: power sweeps (deploy.sweep) are built for "
-                          "classification runs only", fix=f"measure this run at the board's current mode with "
-                                                          f"make edge MODEL={manifest.get('model')} EDGE=…")
-    if "quantize" not in manifest.get("stages", {}):
-        raise ManifestError(f"{run_dir} has no quantized student yet", fix=f"finish the run first: make edge "
-                                                                           f"MODEL={manifest.get('model')}")
-    recipe = Path((manifest.get("recipe") or {}).get("path", ""))
-    if not recipe.is_file() or hashlib.sha256(recipe.read_bytes()).hexdigest() != manifest["recipe"]["sha256"]:
-        raise ConfigError(f"the recipe {recipe} changed (or is gone) since run {run_dir.name}: a sweep would retrain",
-                          fix="sweep a run of the current recipe (make edge), or restore the recipe")
-    extra = _parse_sets(args.set)
-    if any(not key.startswith("deploy.") for key in extra):
-        raise ConfigError(f"edgefold sweep sets deploy keys only, not {sorted(k for k in extra if not k.startswith('deploy.'))}",
-                          fix="change other stages with edgefold run … --set")
     clocks = None if args.jetson_clocks is None else [{"on": True, "off": False}.get(v.strip()) for v in
                                                           args.jetson_clocks.split(",")]
     if clocks is not None and None in clocks:
@@ -271,8 +282,43 @@ def _cmd_sweep(args) -> int:
                                   fix=f"--{flag.replace('_', '-')} " + {"accelerators": "gpu,dla",
                                                                        "power_limits_w": "150,250",
                                                                        "gpu_clocks_mhz": "990,1410"}[flag]) from None
-    overrides = {**manifest.get("overrides", {}), **extra, "deploy.sweep": sweep,
-                 **({"deploy.latency_budget_ms": args.budget_ms} if args.budget_ms else {})}
+    return _deploy_again(args, "sweep", {"deploy.sweep": sweep, **({"deploy.latency_budget_ms": args.budget_ms}
+                                                                   if args.budget_ms else {})})
+
+
+def _deploy_again(args, command: str, job: dict) -> int:
+    """A finished classification run deployed and reported again with ``job``'s deploy keys: its recipe and overrides
+    kept, its earlier stages and measured windows reused; a recipe changed since the run refused."""
+    import hashlib
+    from pathlib import Path
+
+    from device.errors import ConfigError, ManifestError
+    from pipeline.devices import load_devices
+    from pipeline import tasks
+    from pipeline.runner import run_pipeline
+
+    run_dir = _run_dir(args.run, args.runs_dir)
+    if not (run_dir / "manifest.json").is_file():
+        raise ManifestError(f"no run at {args.run}", fix="pass a run directory (edgefold runs lists them)")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    task = tasks.of_run(run_dir)
+    if task.name != "classification":
+        raise ConfigError(f"{run_dir} is a {task.name} run: edgefold {command} is built for classification runs only",
+                          fix=f"measure this run at the board's current mode with make edge "
+                              f"MODEL={manifest.get('model')} EDGE=…")
+    if "quantize" not in manifest.get("stages", {}):
+        raise ManifestError(f"{run_dir} has no quantized student yet", fix=f"finish the run first: make edge "
+                                                                           f"MODEL={manifest.get('model')}")
+    recipe = Path((manifest.get("recipe") or {}).get("path", ""))
+    if not recipe.is_file() or hashlib.sha256(recipe.read_bytes()).hexdigest() != manifest["recipe"]["sha256"]:
+        raise ConfigError(f"the recipe {recipe} changed (or is gone) since run {run_dir.name}: {command} would "
+                          "retrain", fix=f"{command} a run of the current recipe (make edge), or restore the recipe")
+    extra = _parse_sets(args.set)
+    if any(not key.startswith("deploy.") for key in extra):
+        raise ConfigError(f"edgefold {command} sets deploy keys only, not "
+                          f"{sorted(k for k in extra if not k.startswith('deploy.'))}",
+                          fix="change other stages with edgefold run … --set")
+    overrides = {**manifest.get("overrides", {}), **extra, **job}
     ctx = run_pipeline(str(recipe), run_id=run_dir.name, runs_dir=run_dir.parent.parent, overrides=overrides,
                        devices=load_devices(args.edge, args.dc, args.devices, args.token_file))
     print(task.headline(json.loads(ctx.manifest.output("report", "json").read_text())["headline"]))
@@ -413,7 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``edgefold`` console script."""
     args = _parser().parse_args(argv)
     commands = {"run": _cmd_run, "runs": _cmd_runs, "recipes": _cmd_recipes, "recipe": _cmd_recipe,
-                "report": _cmd_report, "sweep": _cmd_sweep, "diverge": _cmd_diverge}
+                "report": _cmd_report, "sweep": _cmd_sweep, "sustain": _cmd_sustain,
+                "diverge": _cmd_diverge}
     try:
         return commands[args.command](args)
     except EdgeFoldError as err:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from device.errors import ConfigError
 from device.problems import describe_problems, field_problems, safe_text
 from device.schema import EvaluationSpec, JobSpec, PreprocessSpec, SweepSpec
+from device.sustain_schema import SustainedSpec
 from pipeline.core.manifest import sha256_json
 from pipeline.core.rungs import RUNGS
 from pipeline.devices import Device
@@ -159,7 +160,7 @@ def sweep_spec(sweep, device_info: dict[str, Any]) -> SweepSpec:
 
 def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preprocess: dict[str, Any],
              label: str, profile: bool = True, evaluation: EvaluationSpec | None = None, sweep=None,
-             road: str = "tensorrt", frame=None) -> JobSpec:
+             road: str = "tensorrt", frame=None, sustained=None) -> JobSpec:
     """The benchmark job for one rung on one device, as the agent's own schema (validated here).
 
     Args:
@@ -168,6 +169,8 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
             ``torch.export`` program compiled by Torch-TensorRT on the device; never swept: the sweep is the
             ONNX road's).
         frame: The recipe's ``deploy.frame`` (:class:`device.frame_schema.FrameSpec`), for one round's jobs.
+        sustained: The recipe's ``deploy.sustained`` (:class:`pipeline.core.recipe_jobs.SustainedRecipe`): a sustained
+            job at its one batch, whose timeout adds its minutes to ``deploy.job_timeout_s`` (the build's).
     """
     if road == "torch_tensorrt":
         runtime, sweep = "torch_tensorrt", None
@@ -177,13 +180,18 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
     # FP32 and the FP16 question is answered by the FP16 rungs, whose graphs say FP16.
     precision = RUNGS[rung].precision
     try:
-        return JobSpec(artifact=artifact, runtime=runtime, precision=precision,
-                       batch_sizes=list(sweep.batch_sizes or cfg.batch_sizes) if sweep else list(cfg.batch_sizes),
+        batch_sizes = list(sweep.batch_sizes or cfg.batch_sizes) if sweep else list(cfg.batch_sizes)
+        timeout_s = cfg.job_timeout_s
+        if sustained is not None:
+            batch_sizes, timeout_s = [sustained.batch_size], min(86_400.0, cfg.job_timeout_s + 60 * sustained.minutes)
+            sustained = SustainedSpec(**sustained.model_dump(exclude={"rung"}))
+        return JobSpec(artifact=artifact, runtime=runtime, precision=precision, batch_sizes=batch_sizes,
                        sweep=sweep_spec(sweep, device_info) if sweep else None,
                        duration_s=cfg.duration_s, warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
                        min_iterations=cfg.min_iterations, profile=profile, evaluation=evaluation,
-                       sample_hz=cfg.sample_hz, threads=cfg.threads, telemetry="auto", timeout_s=cfg.job_timeout_s,
-                       preprocess=PreprocessSpec(**preprocess), label=safe_text(label, 200), frame=frame)
+                       sample_hz=cfg.sample_hz, threads=cfg.threads, telemetry="auto", timeout_s=timeout_s,
+                       preprocess=PreprocessSpec(**preprocess), label=safe_text(label, 200), frame=frame,
+                       sustained=sustained)
     except ValidationError as err:  # the recipe was validated with the same bounds: this is a bug, said plainly
         raise ConfigError(f"deploy: the job for {rung} does not fit the agent's schema: "
                           f"{describe_problems(field_problems(err.errors()))}",

@@ -11,14 +11,14 @@ import importlib
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from device.architectures import ARCHITECTURES
 from device.errors import ConfigError, EdgeFoldError
-from device.frame_schema import FrameSpec
+from pipeline.core.recipe_jobs import FrameRecipe, SustainedRecipe
 from device.preprocess import Preprocess
 from device.schema import (BatchSizes, ClockMHz, IdleSeconds, PowerLimitWatts, MinIterations, ModeId, ModeName, SampleHz, Threads,
                            TimeoutSeconds, WarmupIterations, WindowSeconds)
@@ -412,16 +412,6 @@ class SweepConfig(Strict):
         return self
 
 
-class FrameRecipe(FrameSpec):
-    """``deploy.frame``: a job's frame (:class:`FrameSpec`), and whether each rung is also sent with the preprocessing
-    written into its graph (:mod:`pipeline.frame_prefix`); the uploads a job names are the deploy stage's to fill."""
-
-    in_graph: bool = Field(True, description="also time each rung with the preprocessing inside its graph (a uint8 "
-                                             "frame in), against the CPU path")
-    images: None = Field(None, description="filled by the deploy stage (source: images)")
-    needs_artifacts: ClassVar[bool] = False
-
-
 class DeployConfig(Strict):
     """Benchmark jobs sent to every device's agent for every rung.
 
@@ -456,6 +446,8 @@ class DeployConfig(Strict):
     sweep: SweepConfig | None = Field(None, description="power modes × jetson_clocks × batch on each Jetson")
     frame: FrameRecipe | None = Field(None, description="camera frames (width, height, bgr | nv12 | jpeg) each rung "
                                                       "is timed on from bytes to top-k, part by part and pipelined")
+    sustained: SustainedRecipe | None = Field(None, description="one rung run without pause for minutes on each "
+                                                                "device (edgefold sustain): burst against settled")
     latency_budget_ms: float | None = Field(None, gt=0, le=60_000, description="the p50 a product must meet: the "
                                                                                 "report names the least-energy "
                                                                                 "sweep point within it")
@@ -468,10 +460,15 @@ class DeployConfig(Strict):
         return value
 
     @model_validator(mode="after")
-    def _frames_from_images(self) -> "DeployConfig":
+    def _jobs(self) -> "DeployConfig":
         if self.frame is not None and self.frame.source == "images" and not self.evaluate_images:
             raise ValueError("deploy.frame.source: images makes its frames from the evaluation images: set "
                              "deploy.evaluate_images above 0")
+        if self.sustained is not None and self.sustained.rung not in self.rungs:
+            raise ValueError(f"deploy.sustained.rung {self.sustained.rung!r} is not deployed: one of {self.rungs}")
+        if self.sustained is not None and self.sustained.batch_size not in self.batch_sizes:
+            raise ValueError(f"deploy.sustained.batch_size {self.sustained.batch_size} is not one of "
+                             f"deploy.batch_sizes {self.batch_sizes}")
         return self
 
 

@@ -17,6 +17,7 @@ variables, which nothing outside these tests sets.
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import sys
 from pathlib import Path
@@ -65,6 +66,9 @@ def install_in_process(root: str | os.PathLike, version: str = "10.3.0", dla_cor
     trt = trt_standin.make_tensorrt(version, dla_cores)
     clock = gpu_devfreq(root) / "cur_freq"
     trt.planted_call_s = lambda dla_core, batch: planted_call_s(dla_core, batch, float(clock.read_text()))
+    # Found as installed (device.info.tensorrt_status asks importlib.util.find_spec, which reads the module's spec):
+    # the agent then reports TensorRT, and the pipeline's deploy chooses it as on a Jetson.
+    trt.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None, origin=__file__)
     sys.modules["tensorrt"] = trt
     device.runners.tensorrt.CudaRuntime = device.cuda.CudaRuntime = trt_standin.FakeCuda
     device.engine.board_model = lambda *a, **k: board

@@ -128,9 +128,11 @@ def test_a_planted_slow_stage_is_named_as_the_bound(tmp_path, monkeypatch):
         decoding = time_frames(runner, PREPROCESS, small)
     assert slow["bound"] == "engine" and slow["bound_text"].startswith("the engine bounds the frame rate: ")
     assert next(s["median_ms"] for s in slow["stages"] if s["stage"] == "engine") >= 50
-    assert max(slow["pipelined_fps_rounds"]) <= 20 * 1.01 and slow["total"]["median_ms"] >= 50
+    # 5% over the planted ceiling allowed: a clean clone under load measured 20.3 once (4 sleeps of 50 ms in 197 ms by
+    # perf_counter), which a virtual machine's clock allows; a pipeline that did not wait for the engine is 2× over.
+    assert max(slow["pipelined_fps_rounds"]) <= 20 * 1.05 and slow["total"]["median_ms"] >= 50
     assert decoding["bound"] == "decode" and decoding["bound_text"].startswith("decode bounds the frame rate: ")
-    assert max(decoding["pipelined_fps_rounds"]) <= 20 * 1.01 and slow["top1_agreement"] == 1.0
+    assert max(decoding["pipelined_fps_rounds"]) <= 20 * 1.05 and slow["top1_agreement"] == 1.0
 
 
 def test_the_two_threads_overlap(tmp_path, monkeypatch):

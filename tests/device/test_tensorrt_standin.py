@@ -535,9 +535,9 @@ def test_the_frame_prefix_stays_fp32_in_an_fp16_engine_and_takes_a_uint8_frame(m
     prefix = [layer for layer in layers if layer["name"].startswith("frame_prefix/")]
     network = [layer for layer in layers if not layer["name"].startswith("frame_prefix/")]
     assert prefix and {layer["precision"] for layer in network if layer["op"] == "Conv"} == {"fp16"}
-    assert {layer["precision"] for layer in prefix} == {"fp32"}  # pinned on 10.3; its own ONNX type on 11
-    if pinned:
-        assert built["fp32_layers"]
+    assert {layer["precision"] for layer in prefix if layer["op"] not in ("Shape", "Slice", "Concat")} == {"fp32"}
+    if pinned:  # the float layers pinned (10.3); its shape arithmetic (INT64) left alone
+        assert built["fp32_layers"] and not any("Shape" in name for name in built["fp32_layers"])
         assert "--precisionConstraints=prefer" in built["trtexec"] and "frame_prefix/Cast" in built["trtexec"]
     else:
         assert built["fp32_layers"] == [] and "--precisionConstraints" not in built["trtexec"]

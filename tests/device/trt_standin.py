@@ -71,9 +71,9 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
         else {"STRONGLY_TYPED": 0, "PREFER_JIT_PYTHON_PLUGINS": 1})
     # NvInfer.h v10.3.0 BuilderFlag: kFP16 = 0, kINT8 = 1, kGPU_FALLBACK = 3; research note: on 11 the
     # INT8 and FP16 flags are gone (getattr(trt.BuilderFlag, "INT8") raises AttributeError there).
-    # NvInfer.h v10.3.0: kPREFER_PRECISION_CONSTRAINTS = 8 (11: removed with the other precision flags).
+    # NvInfer.h v10.3.0: kPREFER_PRECISION_CONSTRAINTS = 10 (11: removed with the other precision flags).
     trt.BuilderFlag = enum.IntEnum("BuilderFlag", {"FP16": 0, "INT8": 1, "GPU_FALLBACK": 3,
-                                                   "PREFER_PRECISION_CONSTRAINTS": 8} if major == 10
+                                                   "PREFER_PRECISION_CONSTRAINTS": 10} if major == 10
                                    else {"GPU_FALLBACK": 3})
     # NvInfer.h LayerType (the members the code reads); the parser makes CONSTANT for initializers,
     # SHUFFLE for Reshape/Flatten and QUANTIZE/DEQUANTIZE for Q/DQ nodes.
@@ -85,8 +85,9 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
     trt.ProfilingVerbosity = enum.IntEnum("ProfilingVerbosity", {"LAYER_NAMES_ONLY": 0, "NONE": 1, "DETAILED": 2})
     trt.LayerInformationFormat = enum.IntEnum("LayerInformationFormat", {"ONELINE": 0, "JSON": 1})
     trt.TensorIOMode = enum.IntEnum("TensorIOMode", {"NONE": 0, "INPUT": 1, "OUTPUT": 2})
-    # NvInfer.h v10.3.0: kFLOAT = 0, kHALF = 1, kINT8 = 2, kINT32 = 3, kBOOL = 4, kUINT8 = 5 (network I/O only).
-    trt.DataType = enum.IntEnum("DataType", {"FLOAT": 0, "HALF": 1, "INT8": 2, "INT32": 3, "UINT8": 5})
+    # NvInfer.h v10.3.0: kFLOAT = 0, kHALF = 1, kINT8 = 2, kINT32 = 3, kBOOL = 4, kUINT8 = 5 (network I/O only),
+    # kINT64 = 8 (shape arithmetic: Shape, and Slice/Concat of shapes).
+    trt.DataType = enum.IntEnum("DataType", {"FLOAT": 0, "HALF": 1, "INT8": 2, "INT32": 3, "UINT8": 5, "INT64": 8})
     trt.nptype = lambda dtype: {0: np.float32, 1: np.float16, 2: np.int8, 3: np.int32, 5: np.uint8}[int(dtype)]
 
     class Logger:
@@ -214,7 +215,13 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
                          for d in graph_input.type.tensor_type.shape.dim)
             self.network.inputs.append(Tensor(graph_input.name, dims))
             own = [output.name for output in model.graph.output]
-            tensors = {name: Tensor(name, (), name in own) for node in model.graph.node for name in node.output}
+            # A Shape's output is INT64, and so is whatever only slices or concatenates such tensors (a Resize's sizes).
+            integer: set[str] = set()
+            for node in model.graph.node:
+                if node.op_type == "Shape" or (node.op_type in ("Slice", "Concat") and node.input[0] in integer):
+                    integer.update(node.output)
+            tensors = {name: Tensor(name, (), name in own, trt.DataType.INT64 if name in integer else None)
+                       for node in model.graph.node for name in node.output}
             self.network.outputs = [tensors[name] for name in own if name in tensors]
             self.network.onnx = path
             # The network's float type is its weights' (an FP16 model keeps float32 I/O behind Casts); the
@@ -327,7 +334,7 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
                 trt.log.append(reason)
                 return None
 
-            FP16, INT8, FALLBACK, PREFER = 0, 1, 3, 8
+            FP16, INT8, FALLBACK, PREFER = 0, 1, 3, 10
             tensor = network.inputs[0]
             if network.refused:
                 return fail(f"tensors marked as outputs twice or already network outputs: {network.refused}")

@@ -92,5 +92,5 @@ def test_a_sweep_of_a_detection_run_is_refused_up_front(tmp_path, capsys):
                                                    "task": "detection", "stages": {"quantize": {}}}))
     assert main(["sweep", str(run), "--modes", "all"]) == 2
     err = capsys.readouterr().err
-    assert "is a detection run: power sweeps (deploy.sweep) are built for classification runs only" in err
+    assert "is a detection run: edgefold sweep is built for classification runs only" in err
     assert "fix: measure this run" in err

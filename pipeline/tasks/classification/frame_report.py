@@ -67,7 +67,7 @@ def frame_fields(rounds: Sequence[Any], evaluation: dict[str, Any] | None = None
                        stats.ratio_interval(frame.total.round_medians_ms, graph.total.round_medians_ms)))
         out.update(frame_in_graph_engine_ms=next(s.median_ms for s in graph.stages if s.stage == "engine"),
                    frame_in_graph_bound_text=graph.bound_text)
-    elif frame.in_graph_error:
+    if frame.in_graph_error:  # not timed, or timed and then failed while scoring the images
         out["frame_in_graph_error"] = frame.in_graph_error
     if frame.scores is not None and evaluation:
         out.update(_deployed_path_scores(frame.scores, _same_engine(result, frame.batch_size), evaluation, rung))
@@ -80,7 +80,8 @@ def frame_fields(rounds: Sequence[Any], evaluation: dict[str, Any] | None = None
 def _same_engine(result, batch_size: int):
     """The evaluation of the engine the frames ran on: the first accelerator's engine for their batch (TensorRT builds
     one per batch, each may choose other precisions), or the one model that serves every batch; None otherwise."""
-    scored = [e for e in (result.evaluation, *result.more_evaluations) if e is not None and not e.accelerator]
+    first = result.evaluation.accelerator if result.evaluation is not None else None  # a sweep's names it
+    scored = [e for e in (result.evaluation, *result.more_evaluations) if e is not None and e.accelerator == first]
     return next((e for e in scored if e.batch_size == batch_size), scored[0] if len(scored) == 1 else None)
 
 

@@ -94,6 +94,8 @@ def text(h: dict[str, Any]) -> str:
              f"({significant_direction(h, 'throughput', 'lower', 'higher')})"]
     if h.get("frame_text"):  # deploy.frame: the camera application's figure beside the network's
         lines.append(f"  frame          {h['frame_text']}")
+    if h.get("sustained_text"):  # deploy.sustained: the latency a warm board settles at, when measurably worse
+        lines.append(f"  sustained      {h['sustained_text']}")
     if h["energy_mj_edge"] is None and h["energy_mj_dc"] is None:
         lines.append(f"  energy/image   {NOT_MEASURED}" + (f" ({h['energy_reason']})" if h.get("energy_reason") else ""))
     else:

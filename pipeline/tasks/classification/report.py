@@ -27,6 +27,7 @@ from pipeline.tasks.classification.headline import fmt
 from pipeline.tasks.classification.headline import text as headline_text
 from pipeline.tasks.classification.report_data import BASE_COLUMNS, collect
 from pipeline.tasks.classification.report_plots import PLOT_CAPTIONS, plots
+from pipeline.tasks.classification import sustain_report
 from pipeline.tasks.classification.frame_report import frame_asked, frame_section
 
 
@@ -240,6 +241,8 @@ def report_sections(data: dict[str, Any], figures: dict[str, str | Figure | Text
         sections.append(time_section(data))
     if frame_asked(data["rows"]):
         sections.append(frame_section(data, figures))
+    if data.get("sustained"):
+        sections.append(sustain_report.section(data["sustained"], figures))
     if data.get("power_fronts"):
         sections.append(power_section(data, figures))
     sections += list(extra)
@@ -249,7 +252,7 @@ def report_sections(data: dict[str, Any], figures: dict[str, str | Figure | Text
     if figures is not None:
         sections.append(Section("Plots", [figure if isinstance(figure, (Figure, Text)) else
                                           Figure(key, figure, PLOT_CAPTIONS[key]) for key, figure in figures.items()
-                                          if not key.startswith(("power_front:", "frame:"))]))
+                                          if not key.startswith(("power_front:", "frame:", "sustained:"))]))
     sections.append(Section("Provenance", [Bullets(provenance_lines(data))]))
     return sections
 

@@ -27,6 +27,7 @@ from pipeline.tasks.classification.device_accuracy import device_scores, paired_
 from pipeline.tasks.classification.front import choose, energy_front, settings_from_windows
 from pipeline.tasks.classification.frame_report import FRAME_COLUMNS, frame_fields, frame_headline
 from pipeline.tasks.classification.headline import accuracy_evidence
+from pipeline.tasks.classification.sustain_report import SUSTAINED_COLUMNS, headline_text, join_rows, sustained_runs
 
 
 # The row's own figures (names, accuracy on host and device, ratios with intervals, noise); the measured fields the
@@ -40,7 +41,7 @@ BASE_COLUMNS = ("rung", "device", "group", "role", "top1", "top1_delta_points", 
                 "energy_ratio_vs_dc_teacher", "energy_ratio_low", "energy_ratio_high", "energy_ratio_significant",
                 "noisy", "noise_flags", "noise", "status", "reason", "runtime_fallback", "device_top1",
                 "device_top1_correct", "device_images", "host_top1_same_images", "agreement", "mcnemar_p",
-                "device_deviates", *FRAME_COLUMNS)
+                "device_deviates", *FRAME_COLUMNS, *SUSTAINED_COLUMNS)
 
 
 COLUMNS = csv_columns(BASE_COLUMNS)
@@ -187,7 +188,7 @@ def collect(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "per_class": stages["evaluate"]["metrics"].get("per_class"), "groups": groups, "quantize": quantize,
             "power_traces": traces, "provenance": _provenance(stages, devices), "layer_profiles": profiles,
             "power_fronts": fronts, "deployed": deploy is not None, "evaluation": _evaluation_summary(evaluation, rows, device_predictions),
-            "absent_rungs": _absent_rungs(stages, rungs), "frame_files": (deploy or {}).get("frame")}
+            "absent_rungs": _absent_rungs(stages, rungs), **_jobs_of_their_own(deploy, rows, headline)}
 
 
 def _provenance(stages: dict[str, Any], devices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -502,6 +503,16 @@ def engines_scored(evaluation: dict[str, Any], rung: str, result: JobResult,
                         **{key: scores.get(key) for key in ("device_top1", "device_top1_correct", "agreement",
                                                             "mcnemar_p", "device_deviates")}})
     return engines
+
+
+def _jobs_of_their_own(deploy: dict[str, Any] | None, rows: list[dict[str, Any]],
+                       headline: dict[str, Any]) -> dict[str, Any]:
+    """The frame job's files and the sustained runs (``sustained``); each run's figures are also joined to its rung's
+    row, and the first that settled measurably slower to the headline (``sustained_text``)."""
+    runs = sustained_runs((deploy or {}).get("devices", []))
+    join_rows(runs, rows)
+    headline["sustained_text"] = headline_text(runs)
+    return {"frame_files": (deploy or {}).get("frame"), "sustained": runs}
 
 
 def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_batch: int,

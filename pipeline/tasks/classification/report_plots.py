@@ -11,6 +11,7 @@ from pipeline.profile_report import NOT_MEASURED
 from pipeline.sections import Text, figure_png
 from pipeline.tasks.classification.report_data import no_score, pareto_front
 from pipeline.tasks.classification.frame_report import frame_plot, framed
+from pipeline.tasks.classification.sustain_report import plot as sustain_plot
 
 
 def accuracy_front(rows: list[dict[str, Any]]) -> set[str]:
@@ -41,6 +42,9 @@ def plots(data: dict[str, Any]) -> dict[str, str | Text]:
         figures["per_class"] = figure_png(perclass.plot(data["per_class"]))
     if framed(data["rows"]):
         figures["frame:parts"] = frame_plot(plt, data["rows"])
+    for run in data.get("sustained") or []:
+        if run.get("intervals"):
+            figures[f"sustained:{run['device']}"] = sustain_plot(plt, run)
     for device in dict.fromkeys(f["device"] for f in data.get("power_fronts") or []):
         fronts = [f for f in data["power_fronts"] if f["device"] == device]
         drawable = any(p["energy_mj_per_image"] is not None for f in fronts for p in f["settings"])

@@ -156,8 +156,12 @@ class DeployStage(Stage):
             def deploy_one(device: Device) -> dict[str, Any]:
                 token = loopback.token if loopback and device is LOOPBACK else None
                 url = loopback.url if loopback and device is LOOPBACK else device.url
-                return self._device(device, url, token, artifacts, preprocess, cfg, cache, label, ctx, lock,
-                                    evaluation, programs, frames)
+                outcome = self._device(device, url, token, artifacts, preprocess, cfg, cache, label, ctx, lock,
+                                       evaluation, programs, frames)
+                if cfg.sustained is not None:  # after the ladder's windows: the board heats under it alone
+                    outcome["sustained"] = self._sustained(device, url, token, artifacts, preprocess, cfg, cache,
+                                                           label, ctx, lock, outcome)
+                return outcome
 
             with ThreadPoolExecutor(max_workers=min(cfg.parallel_devices, len(targets))) as pool:
                 outcomes = list(pool.map(deploy_one, targets))
@@ -294,6 +298,29 @@ class DeployStage(Stage):
                     outcome["roads"][road_name]["rungs"][rung] = _rung_record(records, outcome)
         return outcome
 
+    def _sustained(self, device: Device, url: str, token: str | None, artifacts: dict[str, Path], preprocess, cfg,
+                   cache: Path, label: str, ctx, lock: threading.Lock, outcome: dict[str, Any]) -> dict[str, Any]:
+        """``deploy.sustained``: its rung run without pause on this device (:mod:`device.sustain`), once; reused,
+        like a window, while its artifact, the device and the job are unchanged."""
+        rung, path = cfg.sustained.rung, artifacts.get(cfg.sustained.rung)
+        if outcome["status"] != "ok" or path is None:
+            return {"rung": rung, "state": "not measured",
+                    "error": outcome.get("error") or f"{rung} has no ONNX artifact in this run"}
+        spec = job_spec(rung, sha256_file(path), outcome["info"], cfg, preprocess, f"{label}/{rung}/sustained",
+                        profile=False, sustained=cfg.sustained)
+        key = window_key(artifact=sha256_file(path), agent=device.url, fingerprint=outcome["fingerprint"],
+                         code=code_sha256(self.code_modules)[0] if device is LOOPBACK else None, round_index=0,
+                         spec=spec.model_dump(mode="json", exclude={"label"}, exclude_none=True))
+        with lock:
+            ctx.log(f"[  deploy] {device.name}: {rung} run without pause for {cfg.sustained.minutes:g} min")
+        with AgentClient(url, token or device.token(), timeout_s=60) as client:
+            record, reused = reuse_or_measure(cache / f"{key}.json", lambda: self._benchmark(
+                client, device, f"{rung} sustained", path, spec, cfg, ctx, lock))
+        if reused:  # said in the log, not the record: results.json stays byte-identical and the report cached
+            with lock:
+                ctx.log(f"[  deploy] {device.name}: {rung} sustained run reused (same artifact, device and job)")
+        return {"rung": rung, **{k: v for k, v in record.items() if k != "unreachable"}}
+
     @staticmethod
     def _benchmark(client: AgentClient, device: Device, rung: str, path: Path, spec: JobSpec, cfg, ctx,
                    lock: threading.Lock) -> dict[str, Any]:
@@ -307,7 +334,8 @@ class DeployStage(Stage):
             try:
                 client.upload(path)
                 submitted = client.submit(spec)
-                job = client.wait(submitted["id"], timeout_s=cfg.job_timeout_s + 120, on_progress=report)
+                job = client.wait(submitted["id"], timeout_s=(spec.timeout_s or cfg.job_timeout_s) + 120,
+                                  on_progress=report)
             except JobTimeoutError as err:
                 # The agent answers: this rung failed, the device is not lost. Cancelled, or it holds the queue;
                 # not retried, a second attempt would wait as long.

@@ -1,0 +1,191 @@
+"""After ten minutes: one rung's engine run without pause, recorded interval by interval.
+
+One telemetry window (:func:`device.measure.telemetry_window`) spans the run, the engine never idle between its
+intervals; each interval is its slice of it and its calls: their latency percentiles and throughput, the board's power
+and energy per image, the temperatures (the samplers' series and the kernel's thermal zones), the GPU's lowest clock,
+and the throttle signals — a zone at or past one of
+its passive trip points (``/sys/devices/virtual/thermal/thermal_zone*/trip_point_*``, which jtop does not expose),
+NVML's clock-event reasons, a GPU clock below the first interval's. The run stops early, and says so, when a zone
+comes within the agent's margin of its critical trip point. Only numpy and the samplers here.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from device.contention import NVML_THROTTLE_MASK
+from device.measure import telemetry_window
+from device.sustain_schema import SustainedSpec
+from device.telemetry import series
+from device.telemetry.base import window_energy
+
+THERMAL_DIR = "/sys/devices/virtual/thermal"
+CLOCK_DROP = 0.95  # a GPU clock under this share of the first interval's is a throttle signal
+NVML_POWER_MASK = 0x4 | 0x80  # SwPowerCap, HwPowerBrakeSlowdown (NVML's clock-event reasons)
+WARMUP_CALLS = 3
+
+
+def thermal_zones(thermal_dir: str | Path = THERMAL_DIR) -> dict[str, Path]:
+    """Each readable thermal zone by its type (``cpu-thermal``, ``gpu-thermal``, …) → its folder."""
+    zones = {}
+    for folder in sorted(Path(thermal_dir).glob("thermal_zone*")):
+        try:
+            zones.setdefault((folder / "type").read_text().strip(), folder)
+        except OSError:
+            continue
+    return zones
+
+
+def trip_points(zones: dict[str, Path]) -> list[dict[str, Any]]:
+    """Every trip point the zones list: ``trip_point_N_type`` and ``trip_point_N_temp`` (millidegrees)."""
+    trips = []
+    for zone, folder in zones.items():
+        for type_file in sorted(folder.glob("trip_point_*_type")):
+            try:
+                temp = int((folder / type_file.name.replace("_type", "_temp")).read_text()) / 1000
+                trips.append({"zone": zone, "type": type_file.read_text().strip(), "temp_c": temp})
+            except (OSError, ValueError):
+                continue
+    return trips
+
+
+def zone_temps(zones: dict[str, Path]) -> dict[str, float]:
+    """Each zone's temperature now, °C (a zone that cannot be read is left out)."""
+    temps = {}
+    for zone, folder in zones.items():
+        try:
+            temps[zone] = int((folder / "temp").read_text()) / 1000
+        except (OSError, ValueError):
+            continue
+    return temps
+
+
+def _percentiles(latencies: list[float]) -> dict[str, float]:
+    p50, p90, p99 = np.percentile(np.asarray(latencies) * 1000, [50, 90, 99])
+    return {"latency_p50_ms": float(p50), "latency_p90_ms": float(p90), "latency_p99_ms": float(p99)}
+
+
+def _over(traces, key: str, start: float, stop: float, how: str) -> float | None:
+    """A series' peak or low over [start, stop] from the first sampler that read it there (else its last reading
+    before ``stop``: a source slower than the interval), or None."""
+    for trace in traces:
+        if key not in trace.values:
+            continue
+        values, times = trace.values[key], trace.times_s
+        inside = values[(times >= start) & (times <= stop) & np.isfinite(values)]
+        if not len(inside):
+            inside = values[(times <= stop) & np.isfinite(values)][-1:]
+        if len(inside):
+            return float(inside.max() if how == "peak" else inside.min())
+    return None
+
+
+def _interval(raw: dict[str, Any], batch: int, traces, samplers, power_key: tuple[str, str] | None,
+              trips: list[dict[str, Any]], first_clock: float | None) -> dict[str, Any]:
+    """One interval's record from its calls, the run's traces over its span and the zones' temperatures at its end."""
+    start, stop, latencies, temps = raw["start"], raw["stop"], raw["latencies"], raw["temps"]
+    images, seconds = len(latencies) * batch, stop - start
+    record: dict[str, Any] = {"end_s": raw["end_s"], "calls": len(latencies), "images": images,
+                              **_percentiles(latencies), "throughput_images_per_s": images / seconds,
+                              "power_mw": None, "energy_mj_per_image": None}
+    if power_key is not None:
+        trace = next(t for s, t in zip(samplers, traces) if s.name == power_key[0])
+        if power_key[1] in trace.values:
+            mean = window_energy(trace, start, stop, [], power_key=power_key[1])["window_power_mw"]
+            if mean is not None and np.isfinite(mean):
+                record.update(power_mw=mean, energy_mj_per_image=mean * seconds / images)
+    record["gpu_temp_c"] = _over(traces, series.GPU_TEMP, start, stop, "peak") or temps.get("gpu-thermal")
+    record["cpu_temp_c"] = _over(traces, series.temperature("cpu"), start, stop, "peak") or temps.get("cpu-thermal")
+    record["hottest_c"] = max(temps.values()) if temps else None
+    record["gpu_clock_mhz"] = _over(traces, series.GPU_FREQ, start, stop, "low")
+    signals = [f"temperature: {t['zone']} at {temps[t['zone']]:.1f} °C, past its {t['type']} trip point "
+               f"{t['temp_c']:.1f} °C" for t in trips
+               if t["type"] in ("passive", "hot") and temps.get(t["zone"], -1e9) >= t["temp_c"]]
+    reasons = _over(traces, series.THROTTLE_REASONS, start, stop, "peak")
+    if reasons is not None and int(reasons) & NVML_THROTTLE_MASK:
+        kind = "power" if int(reasons) & NVML_POWER_MASK else "temperature"
+        signals.append(f"{kind}: NVML clock-event reasons {int(reasons):#x}")
+    clock = record["gpu_clock_mhz"]
+    if clock is not None and first_clock and clock < CLOCK_DROP * first_clock:
+        signals.append(f"clock: the GPU at {clock:.0f} MHz, {first_clock:.0f} in the first interval")
+    record["signals"] = signals
+    return record
+
+
+def first_throttle(intervals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first interval with a throttle signal, and its cause: a temperature trip before a power cap before a
+    clock drop with neither reported."""
+    for interval in intervals:
+        if interval["signals"]:
+            kinds = [signal.split(":", 1)[0] for signal in interval["signals"]]
+            cause = next(kind for kind in ("temperature", "power", "clock") if kind in kinds)
+            return {"first_throttle_s": interval["end_s"], "throttle_cause": cause,
+                    "throttle_text": f"after {interval['end_s'] / 60:.1f} min: {'; '.join(interval['signals'])}"}
+    return {"first_throttle_s": None, "throttle_cause": "none", "throttle_text": "no throttle signal in the run"}
+
+
+def run_sustained(runner, spec: SustainedSpec, chw: Sequence[int], samplers, power_key: tuple[str, str] | None,
+                  thermal_dir: str | Path = THERMAL_DIR, margin_c: float = 5.0,
+                  progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+    """Runs ``runner`` on one batch without pause for ``spec.minutes``, one record per ``spec.record_every_s``.
+
+    Args:
+        samplers: Open telemetry samplers (each interval starts and stops them).
+        power_key: (sampler name, series) of the board's power, or None without a power source.
+        thermal_dir: The kernel's thermal zones (a simulated board's in tests).
+        margin_c: Stop when a zone comes within this of its critical trip point.
+
+    Returns:
+        A :class:`device.sustain_schema.SustainedResult` as a dict.
+    """
+    batch = np.random.default_rng(0).standard_normal((spec.batch_size, *chw)).astype(np.float32)
+    for _ in range(WARMUP_CALLS):
+        runner.infer(batch)
+    zones = thermal_zones(thermal_dir)
+    trips = trip_points(zones)
+    critical = {t["zone"]: t["temp_c"] for t in trips if t["type"] == "critical"}
+    not_measured = [] if power_key else ["power: no power telemetry on this device (jtop or NVML)"]
+    if not zones:
+        not_measured.append(f"temperatures and trip points: no thermal zones under {thermal_dir}")
+    elif not trips:
+        not_measured.append(f"trip points: the thermal zones under {thermal_dir} list none")
+    progress(f"sustained: started, {spec.minutes:g} min at batch {spec.batch_size}")
+    started, started_at = time.monotonic(), time.time()
+    deadline = started + spec.minutes * 60
+    raw: list[dict[str, Any]] = []
+    near_critical: list[str] = []
+
+    def run() -> None:
+        """Interval after interval, the engine never idle between them; a zone near its critical trip ends it."""
+        while time.monotonic() < deadline - 1e-3 and not near_critical:
+            start = time.monotonic()
+            until, latencies = min(start + spec.record_every_s, deadline), []
+            while not latencies or time.monotonic() < until:
+                begun = time.perf_counter()
+                runner.infer(batch)
+                latencies.append(time.perf_counter() - begun)
+            stop = time.monotonic()
+            temps = zone_temps(zones)
+            raw.append({"start": start, "stop": stop, "end_s": stop - started, "latencies": latencies, "temps": temps})
+            near_critical.extend(f"stopped after {(stop - started) / 60:.1f} min: {zone} at {temps[zone]:.1f} °C, within "
+                           f"{margin_c:g} °C of its critical trip point {limit:.1f} °C"
+                           for zone, limit in critical.items() if temps.get(zone, -1e9) >= limit - margin_c)
+            progress(f"sustained: {(stop - started) / 60:.1f}/{spec.minutes:g} min, p50 "
+                     f"{1000 * float(np.median(latencies)):.2f} ms"
+                     + (f", hottest zone {max(temps.values()):.1f} °C" if temps else ""))
+
+    # One telemetry window for the whole run (its traces sliced per interval after it): no pause between intervals.
+    _, traces = telemetry_window(samplers, run, keep_busy=lambda: runner.infer(batch))
+    intervals: list[dict[str, Any]] = []
+    for record in raw:
+        first_clock = intervals[0]["gpu_clock_mhz"] if intervals else None
+        intervals.append(_interval(record, spec.batch_size, traces, samplers, power_key, trips, first_clock))
+    if intervals and intervals[0]["gpu_clock_mhz"] is None:
+        not_measured.append("GPU clock: no sampler reads it here (jtop or NVML)")
+    return {"spec": spec.model_dump(), "started_at": started_at, "intervals": intervals, "trip_points": trips,
+            "stopped_early": near_critical[0] if near_critical else None, "not_measured": not_measured,
+            **first_throttle(intervals)}

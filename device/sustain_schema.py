@@ -1,0 +1,75 @@
+"""A sustained job (``JobSpec.sustained``, recipe ``deploy.sustained``, ``edgefold sustain``): one rung's engine run
+without pause for minutes, recorded interval by interval (:mod:`device.sustain`), and what it measured
+(``JobResult.sustained``): each interval's latency, throughput, power, temperatures and GPU clock, the board's trip
+points, and the first throttle signal with its cause. The burst and settled figures and their ratio are the build
+host's (``pipeline.tasks.classification.sustain_report``), from these intervals."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from device.window import Measured
+
+
+class SustainedSpec(BaseModel):
+    """How long to run the engine without pause, at which batch, and how often to record."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # as device.schema.Request
+    minutes: float = Field(gt=0, le=24 * 60, description="how long to run the engine without pause")
+    batch_size: int = Field(1, ge=1, le=4096, description="the batch each call runs (one of the job's batch_sizes)")
+    record_every_s: float = Field(10.0, ge=0.2, le=3600, description="one recorded interval's length, s")
+
+    @model_validator(mode="after")
+    def _intervals(self) -> "SustainedSpec":
+        if self.record_every_s > self.minutes * 60:
+            raise ValueError(f"record_every_s {self.record_every_s:g} s is longer than the run ({self.minutes:g} min "
+                             f"= {self.minutes * 60:g} s): record at most every {self.minutes * 60:g} s")
+        return self
+
+
+class TripPoint(Measured):
+    """One trip point of one thermal zone, as the kernel lists it (``thermal_zone*/trip_point_*``)."""
+
+    zone: str = Field(description="the zone's type (cpu-thermal, gpu-thermal, …)")
+    type: str = Field(description="passive, active, hot or critical")
+    temp_c: float
+
+
+class SustainedInterval(Measured):
+    """One recorded interval: its calls' latency percentiles, throughput, and what telemetry saw in it."""
+
+    end_s: float = Field(description="seconds from the start of the run to the interval's end")
+    calls: int
+    images: int
+    latency_p50_ms: float
+    latency_p90_ms: float
+    latency_p99_ms: float
+    throughput_images_per_s: float
+    power_mw: float | None = None
+    energy_mj_per_image: float | None = Field(None, description="the interval's mean power × its time ÷ its images")
+    gpu_temp_c: float | None = None
+    cpu_temp_c: float | None = None
+    hottest_c: float | None = Field(None, description="the hottest thermal zone at the interval's end, °C")
+    gpu_clock_mhz: float | None = Field(None, description="the GPU clock's lowest reading in the interval")
+    signals: list[str] = Field(default_factory=list, description="the throttle signals seen in the interval")
+
+
+class SustainedResult(Measured):
+    """A sustained run: its intervals, the board's trip points, the first throttle signal, and what could not be
+    measured (a source the device lacks)."""
+
+    spec: SustainedSpec
+    started_at: float = Field(description="the run's start (after warm-up), seconds since the epoch, device clock")
+    intervals: list[SustainedInterval]
+    trip_points: list[TripPoint]
+    first_throttle_s: float | None = Field(None, description="the end of the first interval with a throttle signal "
+                                                             "(None: none seen)")
+    throttle_cause: Literal["temperature", "power", "clock", "none"] = Field(
+        "none", description="temperature: a zone at or past a passive trip point; power: NVML's power-cap reasons; "
+                            "clock: the GPU clock dropped with neither reported")
+    throttle_text: str = ""
+    stopped_early: str | None = Field(None, description="why the run stopped before its time (a zone near its "
+                                                        "critical trip point)")
+    not_measured: list[str] = Field(default_factory=list)

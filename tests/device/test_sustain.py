@@ -1,0 +1,190 @@
+"""After ten minutes (:mod:`device.sustain`): the engine run without pause, recorded interval by interval. On loopback
+with real ONNX Runtime (what it cannot measure said), the kernel's trip points read and a zone near its critical one
+stopping the run, the agent refusing a bad spec or a run past its timeout with 422, and a cancel ending the load at
+once; on the simulated Orin Nano (the REAL jtop service, the clocked TensorRT stand-in, a PLANTED heat curve), the
+throttle moment and the settled-over-burst ratio the plant set."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from device.runners import make_runner
+from device.sustain import first_throttle, run_sustained, thermal_zones, trip_points
+from device.sustain_schema import SustainedResult, SustainedSpec
+from tests.device.agent_process import TOKEN, AgentProcess, tiny_onnx
+from tests.slow import slow_fixture
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def zones(root: Path, temps: dict[str, float], trips: dict[str, list[tuple[str, float]]] | None = None) -> Path:
+    """A thermal folder as the kernel lays it out: ``thermal_zoneN/{type,temp,trip_point_M_type,trip_point_M_temp}``."""
+    for index, (zone, temp) in enumerate(temps.items()):
+        folder = root / f"thermal_zone{index}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "type").write_text(zone + "\n")
+        (folder / "temp").write_text(f"{int(temp * 1000)}\n")
+        for number, (kind, limit) in enumerate((trips or {}).get(zone, [])):
+            (folder / f"trip_point_{number}_type").write_text(kind + "\n")
+            (folder / f"trip_point_{number}_temp").write_text(f"{int(limit * 1000)}\n")
+    return root
+
+
+def test_trip_points_are_read_as_the_kernel_lists_them(tmp_path):
+    folder = zones(tmp_path, {"cpu-thermal": 48.25, "gpu-thermal": 46.5},
+                   {"gpu-thermal": [("passive", 99.0), ("critical", 104.5)]})
+    (folder / "thermal_zone0" / "trip_point_0_type").write_text("passive\n")  # a trip without its temperature
+    assert trip_points(thermal_zones(folder)) == [{"zone": "gpu-thermal", "type": "passive", "temp_c": 99.0},
+                                                  {"zone": "gpu-thermal", "type": "critical", "temp_c": 104.5}]
+
+
+def test_the_first_throttle_names_a_temperature_before_a_power_cap_before_a_clock_drop():
+    quiet = {"end_s": 1.0, "signals": []}
+    both = {"end_s": 2.0, "signals": ["clock: the GPU at 306 MHz, 624 in the first interval",
+                                      "temperature: gpu-thermal at 99.2 °C, past its passive trip point 99.0 °C"]}
+    power = {"end_s": 3.0, "signals": ["power: NVML clock-event reasons 0x4"]}
+    assert first_throttle([quiet, both, power])["throttle_cause"] == "temperature"
+    assert first_throttle([quiet, power, both]) == {"first_throttle_s": 3.0, "throttle_cause": "power",
+                                                    "throttle_text": "after 0.1 min: power: NVML clock-event reasons "
+                                                                     "0x4"}
+    assert first_throttle([quiet]) == {"first_throttle_s": None, "throttle_cause": "none",
+                                       "throttle_text": "no throttle signal in the run"}
+
+
+def test_a_run_on_loopback_records_every_interval_and_says_what_it_could_not_measure(tmp_path):
+    folder = zones(tmp_path / "thermal", {"x86_pkg_temp": 41.0})
+    spec = SustainedSpec(minutes=0.02, batch_size=2, record_every_s=0.4)
+    progress = []
+    with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
+        result = run_sustained(runner, spec, (3, 16, 16), [], None, thermal_dir=folder, progress=progress.append)
+    SustainedResult.model_validate(result)
+    intervals = result["intervals"]
+    assert len(intervals) == 3 and intervals[-1]["end_s"] == pytest.approx(1.2, abs=0.3)
+    for interval in intervals:
+        assert interval["calls"] > 0 and interval["images"] == 2 * interval["calls"]
+        assert 0 < interval["latency_p50_ms"] <= interval["latency_p90_ms"] <= interval["latency_p99_ms"]
+        assert interval["hottest_c"] == 41.0 and interval["power_mw"] is None and interval["signals"] == []
+    assert result["not_measured"] == [
+        "power: no power telemetry on this device (jtop or NVML)",
+        f"trip points: the thermal zones under {folder} list none", "GPU clock: no sampler reads it here (jtop or NVML)"]
+    assert result["throttle_cause"] == "none" and result["stopped_early"] is None
+    assert progress[0] == "sustained: started, 0.02 min at batch 2"
+    assert progress[1].startswith("sustained: 0.0/0.02 min, p50 ") and progress[1].endswith("hottest zone 41.0 °C")
+
+
+def test_a_zone_near_its_critical_trip_point_stops_the_run_and_says_so(tmp_path):
+    folder = zones(tmp_path / "thermal", {"gpu-thermal": 101.0}, {"gpu-thermal": [("passive", 95.0),
+                                                                                  ("critical", 105.0)]})
+    spec = SustainedSpec(minutes=1.0, record_every_s=0.3)
+    with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
+        started = time.monotonic()
+        result = run_sustained(runner, spec, (3, 16, 16), [], None, thermal_dir=folder, margin_c=5.0)
+    assert time.monotonic() - started < 30 and len(result["intervals"]) == 1
+    assert result["stopped_early"] == ("stopped after 0.0 min: gpu-thermal at 101.0 °C, within 5 °C of its critical "
+                                       "trip point 105.0 °C")
+    assert result["throttle_cause"] == "temperature" and "past its passive trip point 95.0 °C" in \
+        result["throttle_text"]
+
+
+@pytest.fixture(scope="module")
+@slow_fixture
+def agent(tmp_path_factory):
+    with AgentProcess(tmp_path_factory.mktemp("agent"), args=("--job-timeout-s", "60")) as process:
+        yield process
+
+
+def test_a_bad_sustained_spec_or_a_run_past_the_timeout_is_a_422_with_the_reason(agent, tmp_path):
+    with agent.client() as client:
+        sha = client.upload(tiny_onnx(tmp_path / "tiny.onnx"))
+    for sustained, extra, said in (
+            ({"minutes": 0}, {}, "greater than 0"), ({"minutes": -1.0}, {}, "greater than 0"),
+            ({"minutes": 0.5, "record_every_s": 60}, {}, "record_every_s 60 s is longer than the run"),
+            ({"minutes": 1.0, "batch_size": 4}, {}, "sustained.batch_size 4 is not one of batch_sizes [1]"),
+            ({"minutes": 5.0}, {"timeout_s": 120.0}, "is past timeout_s 120 s"),
+            ({"minutes": 2.0}, {}, "past the job's effective timeout 60 s (the agent's job_timeout_s)")):
+        response = httpx.post(f"{agent.url}/v1/jobs", json={"artifact": sha, "sustained": sustained, **extra},
+                              headers=AUTH)
+        assert response.status_code == 422 and said in response.text, (sustained, response.text)
+
+
+def test_a_cancel_mid_run_leaves_the_agent_idle_within_a_second(agent, tmp_path):
+    with agent.client() as client:
+        sha = client.upload(tiny_onnx(tmp_path / "tiny.onnx"))
+        job = client.submit({"artifact": sha, "telemetry": ["host"], "sustained": {"minutes": 0.9,
+                                                                                   "record_every_s": 0.5}})
+        deadline = time.monotonic() + 60
+        while "sustained:" not in (client.job(job["id"])["progress"] or ""):
+            assert time.monotonic() < deadline, client.job(job["id"])
+            time.sleep(0.05)
+        started = time.monotonic()
+        assert client.cancel(job["id"])["state"] == "cancelled"
+        while client.health()["running"]:
+            assert time.monotonic() - started < 1.0, "the agent still runs the cancelled load"
+            time.sleep(0.02)
+
+
+# -------------------------------------------------------------- the simulated Orin Nano with a planted heat curve
+needs_jtop = pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root")
+
+
+def sustained_on_orin_nano(tmp_path, plant_kwargs: dict, minutes: float = 0.2, record_every_s: float = 1.0):
+    """A sustained job through a real agent on the simulated Orin Nano while the plant heats its GPU zone."""
+    pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
+    from tests.device.clocked_runtime import sitecustomize_dir
+    from tests.device.jetson_sim import JtopService
+    from tests.device.thermal_plant import ZONES, ThermalPlant
+
+    with JtopService(tmp_path, "orin-nano") as svc:
+        _, env = sitecustomize_dir(tmp_path / "site", svc.root, "10.3.0")
+        args = ("--jtop-socket", svc.sock, "--thermal-dir", str(svc.root / ZONES))
+        plant = ThermalPlant(svc.root, **plant_kwargs)
+        with AgentProcess(tmp_path / "data", env=env, args=args) as agent, agent.client() as client:
+            job = client.submit({"artifact": client.upload(tiny_onnx(tmp_path / "tiny.onnx")), "runtime": "tensorrt",
+                                 "telemetry": ["jtop", "host"], "sample_hz": 20,
+                                 "sustained": {"minutes": minutes, "record_every_s": record_every_s}})
+            deadline = time.monotonic() + 120
+            while "sustained: started" not in (client.job(job["id"])["progress"] or ""):  # the heat starts with the run
+                assert time.monotonic() < deadline and client.job(job["id"])["state"] in ("queued", "running")
+                time.sleep(0.02)
+            with plant:
+                job = client.wait(job["id"], timeout_s=180)
+    assert job["state"] == "succeeded", job["error"]
+    return job["result"]["sustained"], plant
+
+
+@needs_jtop
+@pytest.mark.slow
+def test_the_planted_throttle_moment_and_settled_ratio_are_found(tmp_path):
+    """The GPU zone heats from 50 °C toward 100 °C (τ 2 s) past its 90 °C trip point (planted at 3.2 s from the
+    plant's start, when the run starts); the clock then halves, 100 → 50 MHz, so each call takes twice as long (39 →
+    78 ms planted). The job finds the moment within one recording interval, names the temperature as the cause, and
+    settles at twice the burst latency within 3%."""
+    from pipeline.tasks.classification.sustain_report import burst_and_settled
+
+    sustained, plant = sustained_on_orin_nano(tmp_path, {"start_c": 50.0, "steady_c": 100.0, "tau_s": 2.0,
+                                                         "trip_c": 90.0, "critical_c": 120.0,
+                                                         "initial_hz": 100_000_000, "throttled_hz": 50_000_000})
+    planted = plant.started_at + plant.throttle_at_s() - sustained["started_at"]  # on the job's clock
+    assert sustained["throttle_cause"] == "temperature", sustained["throttle_text"]
+    assert planted <= sustained["first_throttle_s"] <= planted + 1.0 + 0.2, (planted, sustained["first_throttle_s"])
+    figures = burst_and_settled(sustained["intervals"])
+    assert figures["ratio"] == pytest.approx(2.0, rel=0.03), figures
+    assert sustained["intervals"][0]["gpu_clock_mhz"] == pytest.approx(100, rel=0.01)
+    assert sustained["intervals"][-1]["gpu_clock_mhz"] == pytest.approx(50, rel=0.01)
+    assert sustained["intervals"][0]["power_mw"] == pytest.approx(6096, rel=0.01)
+
+
+@needs_jtop
+@pytest.mark.slow
+def test_a_board_that_never_heats_reports_no_throttle(tmp_path):
+    sustained, _ = sustained_on_orin_nano(tmp_path, {"start_c": 45.0, "steady_c": 60.0, "tau_s": 2.0,
+                                                     "trip_c": 90.0, "throttled_hz": 312375000}, minutes=0.1)
+    assert sustained["throttle_cause"] == "none" and sustained["first_throttle_s"] is None
+    assert all(interval["signals"] == [] for interval in sustained["intervals"])
+    assert [t["type"] for t in sustained["trip_points"] if t["zone"] == "gpu-thermal"] == ["passive", "critical"]
