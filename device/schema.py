@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from device.errors import EdgeFoldError
 from device.diverge_schema import DIVERGE_MAX_BYTES, DivergeResult, DivergeSpec, MarkedTensor, TensorName  # noqa: F401
 from device.frame_schema import FrameResult, FrameSpec
-from device.sustain_schema import SustainedResult, SustainedSpec
+from device.sustain_schema import ALLOWANCE_S, SustainedResult, SustainedSpec
 from device.problems import describe_problems, field_problems
 from device.reported import reported
 from device.window import Contention, DeviceTiming, Measured, PowerTrace, RunSummary, TelemetryName, TelemetrySummary
@@ -203,9 +203,9 @@ class JobSpec(Request):
                 raise ValueError(f"sustained.batch_size {batch} is not one of batch_sizes {self.batch_sizes}")
             if self.sweep or self.diverge or self.frame:
                 raise ValueError("a sustained job runs alone: no sweep, diverge or frame")
-            if self.timeout_s and minutes * 60 > self.timeout_s:
-                raise ValueError(f"sustained.minutes {minutes:g} ({minutes * 60:g} s) is past timeout_s "
-                                 f"{self.timeout_s:g} s: raise timeout_s or run shorter")
+            if self.timeout_s and minutes * 60 + ALLOWANCE_S > self.timeout_s:
+                raise ValueError(f"sustained.minutes {minutes:g} ({minutes * 60:g} s, and {ALLOWANCE_S:g} s to load "
+                                 f"and build) is past timeout_s {self.timeout_s:g} s: raise timeout_s or run shorter")
         if self.frame is not None and (self.preprocess is None or self.diverge is not None):
             raise ValueError("frame needs the model's preprocess (its frames are preprocessed as the application's), "
                              "and no diverge")

@@ -21,7 +21,7 @@ from device.contention import NVML_THROTTLE_MASK
 from device.measure import telemetry_window
 from device.sustain_schema import SustainedSpec
 from device.telemetry import series
-from device.telemetry.base import window_energy
+from device.telemetry.base import COVERAGE_MIN, window_energy
 
 THERMAL_DIR = "/sys/devices/virtual/thermal"
 CLOCK_DROP = 0.95  # a GPU clock under this share of the first interval's is a throttle signal
@@ -41,13 +41,15 @@ def thermal_zones(thermal_dir: str | Path = THERMAL_DIR) -> dict[str, Path]:
 
 
 def trip_points(zones: dict[str, Path]) -> list[dict[str, Any]]:
-    """Every trip point the zones list: ``trip_point_N_type`` and ``trip_point_N_temp`` (millidegrees)."""
+    """Every trip point the zones list: ``trip_point_N_type`` and ``trip_point_N_temp`` (millidegrees); a placeholder
+    at or below 0 °C (a driver's unused trip, THERMAL_TEMP_INVALID) is left out."""
     trips = []
     for zone, folder in zones.items():
         for type_file in sorted(folder.glob("trip_point_*_type")):
             try:
                 temp = int((folder / type_file.name.replace("_type", "_temp")).read_text()) / 1000
-                trips.append({"zone": zone, "type": type_file.read_text().strip(), "temp_c": temp})
+                if temp > 0:
+                    trips.append({"zone": zone, "type": type_file.read_text().strip(), "temp_c": temp})
             except (OSError, ValueError):
                 continue
     return trips
@@ -65,27 +67,40 @@ def zone_temps(zones: dict[str, Path]) -> dict[str, float]:
 
 
 def _percentiles(latencies: list[float]) -> dict[str, float]:
-    p50, p90, p99 = np.percentile(np.asarray(latencies) * 1000, [50, 90, 99])
-    return {"latency_p50_ms": float(p50), "latency_p90_ms": float(p90), "latency_p99_ms": float(p99)}
+    """p50, p90 and p99, ms, and the p50's 95% interval from the order statistics of the calls (the binomial
+    interval of the median: no resampling)."""
+    ms = np.sort(np.asarray(latencies) * 1000)
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    half = 1.96 * np.sqrt(len(ms)) / 2
+    low, high = int(np.floor(len(ms) / 2 - half)), int(np.ceil(len(ms) / 2 + half))
+    return {"latency_p50_ms": float(p50), "latency_p90_ms": float(p90), "latency_p99_ms": float(p99),
+            "latency_p50_low_ms": float(ms[max(0, low)]), "latency_p50_high_ms": float(ms[min(len(ms) - 1, high)])}
 
 
 def _over(traces, key: str, start: float, stop: float, how: str) -> float | None:
-    """A series' peak or low over [start, stop] from the first sampler that read it there (else its last reading
-    before ``stop``: a source slower than the interval), or None."""
+    """A series' peak, low or bits ORed (a flags mask) over [start, stop] from the first sampler that read it there
+    (else its last reading before ``stop``: a source slower than the interval), or None."""
     for trace in traces:
         if key not in trace.values:
             continue
-        values, times = trace.values[key], trace.times_s
-        inside = values[(times >= start) & (times <= stop) & np.isfinite(values)]
+        first, last = np.searchsorted(trace.times_s, [start, stop], side="left")[0], \
+            np.searchsorted(trace.times_s, stop, side="right")
+        values = trace.values[key]
+        inside = values[first:last][np.isfinite(values[first:last])]
         if not len(inside):
-            inside = values[(times <= stop) & np.isfinite(values)][-1:]
+            before = values[:last][np.isfinite(values[:last])]
+            inside = before[-1:]
         if len(inside):
+            if how == "or":
+                return float(np.bitwise_or.reduce(inside.astype(np.int64)))
             return float(inside.max() if how == "peak" else inside.min())
     return None
 
 
 def _interval(raw: dict[str, Any], batch: int, traces, samplers, power_key: tuple[str, str] | None,
               trips: list[dict[str, Any]], first_clock: float | None) -> dict[str, Any]:
+    """``first_clock``: the GPU clock's peak in the first interval (its reference: a board still ramping from idle
+    in its first seconds would set a low one)."""
     """One interval's record from its calls, the run's traces over its span and the zones' temperatures at its end."""
     start, stop, latencies, temps = raw["start"], raw["stop"], raw["latencies"], raw["temps"]
     images, seconds = len(latencies) * batch, stop - start
@@ -95,8 +110,10 @@ def _interval(raw: dict[str, Any], batch: int, traces, samplers, power_key: tupl
     if power_key is not None:
         trace = next(t for s, t in zip(samplers, traces) if s.name == power_key[0])
         if power_key[1] in trace.values:
-            mean = window_energy(trace, start, stop, [], power_key=power_key[1])["window_power_mw"]
-            if mean is not None and np.isfinite(mean):
+            energy = window_energy(trace, start, stop, [], power_key=power_key[1])
+            mean = energy["window_power_mw"]
+            # As the ladder's windows: no figure from a source that covered under half the interval.
+            if mean is not None and np.isfinite(mean) and energy["coverage"] >= COVERAGE_MIN:
                 record.update(power_mw=mean, energy_mj_per_image=mean * seconds / images)
     record["gpu_temp_c"] = _over(traces, series.GPU_TEMP, start, stop, "peak") or temps.get("gpu-thermal")
     record["cpu_temp_c"] = _over(traces, series.temperature("cpu"), start, stop, "peak") or temps.get("cpu-thermal")
@@ -105,10 +122,11 @@ def _interval(raw: dict[str, Any], batch: int, traces, samplers, power_key: tupl
     signals = [f"temperature: {t['zone']} at {temps[t['zone']]:.1f} °C, past its {t['type']} trip point "
                f"{t['temp_c']:.1f} °C" for t in trips
                if t["type"] in ("passive", "hot") and temps.get(t["zone"], -1e9) >= t["temp_c"]]
-    reasons = _over(traces, series.THROTTLE_REASONS, start, stop, "peak")
-    if reasons is not None and int(reasons) & NVML_THROTTLE_MASK:
-        kind = "power" if int(reasons) & NVML_POWER_MASK else "temperature"
-        signals.append(f"{kind}: NVML clock-event reasons {int(reasons):#x}")
+    reasons = int(_over(traces, series.THROTTLE_REASONS, start, stop, "or") or 0)
+    if reasons & NVML_POWER_MASK:
+        signals.append(f"power: NVML clock-event reasons {reasons:#x} (a power cap)")
+    if reasons & NVML_THROTTLE_MASK & ~NVML_POWER_MASK:
+        signals.append(f"temperature: NVML clock-event reasons {reasons:#x} (a thermal or hardware slowdown)")
     clock = record["gpu_clock_mhz"]
     if clock is not None and first_clock and clock < CLOCK_DROP * first_clock:
         signals.append(f"clock: the GPU at {clock:.0f} MHz, {first_clock:.0f} in the first interval")
@@ -147,7 +165,10 @@ def run_sustained(runner, spec: SustainedSpec, chw: Sequence[int], samplers, pow
         runner.infer(batch)
     zones = thermal_zones(thermal_dir)
     trips = trip_points(zones)
-    critical = {t["zone"]: t["temp_c"] for t in trips if t["type"] == "critical"}
+    critical: dict[str, float] = {}
+    for trip in trips:  # a zone's lowest critical trip point
+        if trip["type"] == "critical":
+            critical[trip["zone"]] = min(trip["temp_c"], critical.get(trip["zone"], trip["temp_c"]))
     not_measured = [] if power_key else ["power: no power telemetry on this device (jtop or NVML)"]
     if not zones:
         not_measured.append(f"temperatures and trip points: no thermal zones under {thermal_dir}")
@@ -159,31 +180,47 @@ def run_sustained(runner, spec: SustainedSpec, chw: Sequence[int], samplers, pow
     raw: list[dict[str, Any]] = []
     near_critical: list[str] = []
 
+    def near(temps: dict[str, float]) -> list[str]:
+        return [f"stopped after {(time.monotonic() - started) / 60:.1f} min: {zone} at {temps[zone]:.1f} °C, within "
+                f"{margin_c:g} °C of its critical trip point {limit:.1f} °C"
+                for zone, limit in critical.items() if temps.get(zone, -1e9) >= limit - margin_c]
+
     def run() -> None:
-        """Interval after interval, the engine never idle between them; a zone near its critical trip ends it."""
+        """Interval after interval on a fixed grid, the engine never idle between them; the zones read every
+        second, and one near its critical trip point ends the run there."""
+        index = 0
         while time.monotonic() < deadline - 1e-3 and not near_critical:
-            start = time.monotonic()
-            until, latencies = min(start + spec.record_every_s, deadline), []
-            while not latencies or time.monotonic() < until:
+            index += 1
+            start, latencies = time.monotonic(), []
+            until, checked = min(started + index * spec.record_every_s, deadline), start
+            while (not latencies or time.monotonic() < until) and not near_critical:
                 begun = time.perf_counter()
                 runner.infer(batch)
                 latencies.append(time.perf_counter() - begun)
-            stop = time.monotonic()
-            temps = zone_temps(zones)
+                if critical and time.monotonic() - checked >= 1.0:
+                    checked = time.monotonic()
+                    near_critical.extend(near(zone_temps(zones)))
+            stop, temps = time.monotonic(), zone_temps(zones)
+            near_critical.extend([] if near_critical else near(temps))
             raw.append({"start": start, "stop": stop, "end_s": stop - started, "latencies": latencies, "temps": temps})
-            near_critical.extend(f"stopped after {(stop - started) / 60:.1f} min: {zone} at {temps[zone]:.1f} °C, within "
-                           f"{margin_c:g} °C of its critical trip point {limit:.1f} °C"
-                           for zone, limit in critical.items() if temps.get(zone, -1e9) >= limit - margin_c)
             progress(f"sustained: {(stop - started) / 60:.1f}/{spec.minutes:g} min, p50 "
                      f"{1000 * float(np.median(latencies)):.2f} ms"
                      + (f", hottest zone {max(temps.values()):.1f} °C" if temps else ""))
 
-    # One telemetry window for the whole run (its traces sliced per interval after it): no pause between intervals.
-    _, traces = telemetry_window(samplers, run, keep_busy=lambda: runner.infer(batch))
+    # One telemetry window for the whole run (its traces sliced per interval after it): no pause between intervals;
+    # after a stop near the critical trip point nothing more runs.
+    _, traces = telemetry_window(samplers, run,
+                                 keep_busy=lambda: time.sleep(0.01) if near_critical else runner.infer(batch))
+    if len(raw) > 1 and raw[-1]["stop"] - raw[-1]["start"] < spec.record_every_s / 2:  # a short tail joins its
+        tail = raw.pop()                                                                 # interval, not "settled"
+        raw[-1].update(stop=tail["stop"], end_s=tail["end_s"], temps=tail["temps"],
+                       latencies=raw[-1]["latencies"] + tail["latencies"])
     intervals: list[dict[str, Any]] = []
+    reference = None
     for record in raw:
-        first_clock = intervals[0]["gpu_clock_mhz"] if intervals else None
-        intervals.append(_interval(record, spec.batch_size, traces, samplers, power_key, trips, first_clock))
+        intervals.append(_interval(record, spec.batch_size, traces, samplers, power_key, trips, reference))
+        if reference is None:
+            reference = _over(traces, series.GPU_FREQ, record["start"], record["stop"], "peak")
     if intervals and intervals[0]["gpu_clock_mhz"] is None:
         not_measured.append("GPU clock: no sampler reads it here (jtop or NVML)")
     return {"spec": spec.model_dump(), "started_at": started_at, "intervals": intervals, "trip_points": trips,

@@ -257,7 +257,7 @@ def _cmd_sustain(args) -> int:
     if args.minutes <= 0:
         raise ConfigError(f"--minutes {args.minutes:g}: give a time above 0", fix="--minutes 10")
     if args.record_every_s is None:  # ten intervals at least: a settled third to take an interval over
-        sustained["record_every_s"] = min(10.0, args.minutes * 6)
+        sustained["record_every_s"] = max(0.2, min(10.0, args.minutes * 6))
     return _deploy_again(args, "sustain", {"deploy.sustained": sustained})
 
 

@@ -183,7 +183,7 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
         batch_sizes = list(sweep.batch_sizes or cfg.batch_sizes) if sweep else list(cfg.batch_sizes)
         timeout_s = cfg.job_timeout_s
         if sustained is not None:
-            batch_sizes, timeout_s = [sustained.batch_size], min(86_400.0, cfg.job_timeout_s + 60 * sustained.minutes)
+            batch_sizes, timeout_s = [sustained.batch_size], cfg.job_timeout_s + 60 * sustained.minutes
             sustained = SustainedSpec(**sustained.model_dump(exclude={"rung"}))
         return JobSpec(artifact=artifact, runtime=runtime, precision=precision, batch_sizes=batch_sizes,
                        sweep=sweep_spec(sweep, device_info) if sweep else None,

@@ -40,8 +40,27 @@ def test_trip_points_are_read_as_the_kernel_lists_them(tmp_path):
     folder = zones(tmp_path, {"cpu-thermal": 48.25, "gpu-thermal": 46.5},
                    {"gpu-thermal": [("passive", 99.0), ("critical", 104.5)]})
     (folder / "thermal_zone0" / "trip_point_0_type").write_text("passive\n")  # a trip without its temperature
+    (folder / "thermal_zone0" / "trip_point_1_type").write_text("passive\n")  # a driver's unused placeholder
+    (folder / "thermal_zone0" / "trip_point_1_temp").write_text("-274000\n")
     assert trip_points(thermal_zones(folder)) == [{"zone": "gpu-thermal", "type": "passive", "temp_c": 99.0},
                                                   {"zone": "gpu-thermal", "type": "critical", "temp_c": 104.5}]
+
+
+def test_nvml_reasons_are_the_bits_seen_in_the_interval_each_named():
+    """Two samples, a power cap (0x4) then a thermal slowdown (0x20): both are signals, not the larger one alone;
+    the GPU clock's reference is the first interval's peak, so a board ramping up in it is no drop later."""
+    from device.sustain import _interval
+    from device.telemetry.base import Trace
+    from device.telemetry import series
+
+    trace = Trace(np.array([0.0, 0.5, 1.0, 1.5]), {series.THROTTLE_REASONS: np.array([0.0, 4.0, 32.0, 0.0]),
+                                                   series.GPU_FREQ: np.array([900.0, 1400.0, 1350.0, 1380.0])}, 20.0)
+    sampler = type("Nvml", (), {"name": "nvml"})()
+    raw = {"start": 0.2, "stop": 1.2, "end_s": 1.0, "latencies": [0.01] * 10, "temps": {}}
+    record = _interval(raw, 1, [trace], [sampler], None, [], first_clock=1400.0)
+    assert record["signals"] == ["power: NVML clock-event reasons 0x24 (a power cap)",
+                                 "temperature: NVML clock-event reasons 0x24 (a thermal or hardware slowdown)"]
+    assert record["gpu_clock_mhz"] == 1350.0  # its lowest: within 95% of the first interval's peak, no clock signal
 
 
 def test_the_first_throttle_names_a_temperature_before_a_power_cap_before_a_clock_drop():
@@ -65,10 +84,12 @@ def test_a_run_on_loopback_records_every_interval_and_says_what_it_could_not_mea
         result = run_sustained(runner, spec, (3, 16, 16), [], None, thermal_dir=folder, progress=progress.append)
     SustainedResult.model_validate(result)
     intervals = result["intervals"]
-    assert len(intervals) == 3 and intervals[-1]["end_s"] == pytest.approx(1.2, abs=0.3)
+    # three intervals on a 0.4 s grid; a host stalled past a grid line may fold a short tail into the one before
+    assert len(intervals) in (2, 3) and intervals[-1]["end_s"] == pytest.approx(1.2, abs=0.3)
     for interval in intervals:
         assert interval["calls"] > 0 and interval["images"] == 2 * interval["calls"]
         assert 0 < interval["latency_p50_ms"] <= interval["latency_p90_ms"] <= interval["latency_p99_ms"]
+        assert interval["latency_p50_low_ms"] <= interval["latency_p50_ms"] <= interval["latency_p50_high_ms"]
         assert interval["hottest_c"] == 41.0 and interval["power_mw"] is None and interval["signals"] == []
     assert result["not_measured"] == [
         "power: no power telemetry on this device (jtop or NVML)",
@@ -95,7 +116,7 @@ def test_a_zone_near_its_critical_trip_point_stops_the_run_and_says_so(tmp_path)
 @pytest.fixture(scope="module")
 @slow_fixture
 def agent(tmp_path_factory):
-    with AgentProcess(tmp_path_factory.mktemp("agent"), args=("--job-timeout-s", "60")) as process:
+    with AgentProcess(tmp_path_factory.mktemp("agent"), args=("--job-timeout-s", "300")) as process:
         yield process
 
 
@@ -106,26 +127,36 @@ def test_a_bad_sustained_spec_or_a_run_past_the_timeout_is_a_422_with_the_reason
             ({"minutes": 0}, {}, "greater than 0"), ({"minutes": -1.0}, {}, "greater than 0"),
             ({"minutes": 0.5, "record_every_s": 60}, {}, "record_every_s 60 s is longer than the run"),
             ({"minutes": 1.0, "batch_size": 4}, {}, "sustained.batch_size 4 is not one of batch_sizes [1]"),
-            ({"minutes": 5.0}, {"timeout_s": 120.0}, "is past timeout_s 120 s"),
-            ({"minutes": 2.0}, {}, "past the job's effective timeout 60 s (the agent's job_timeout_s)")):
+            ({"minutes": 1.5}, {"timeout_s": 120.0}, "(90 s, and 60 s to load and build) is past timeout_s 120 s"),
+            ({"minutes": 4.5}, {}, "past the job's effective timeout 300 s (the agent's job_timeout_s)")):
         response = httpx.post(f"{agent.url}/v1/jobs", json={"artifact": sha, "sustained": sustained, **extra},
                               headers=AUTH)
         assert response.status_code == 422 and said in response.text, (sustained, response.text)
 
 
 def test_a_cancel_mid_run_leaves_the_agent_idle_within_a_second(agent, tmp_path):
+    """The job's process (the only process the job added under the agent) is gone within a second of the cancel,
+    and the agent answers that nothing runs."""
+    import psutil
+
+    def processes() -> set[int]:
+        return {child.pid for child in psutil.Process(agent.process.pid).children(recursive=True)}
+
     with agent.client() as client:
         sha = client.upload(tiny_onnx(tmp_path / "tiny.onnx"))
+        idle = processes()
         job = client.submit({"artifact": sha, "telemetry": ["host"], "sustained": {"minutes": 0.9,
                                                                                    "record_every_s": 0.5}})
         deadline = time.monotonic() + 60
         while "sustained:" not in (client.job(job["id"])["progress"] or ""):
             assert time.monotonic() < deadline, client.job(job["id"])
             time.sleep(0.05)
+        running = processes() - idle
+        assert running, "the job runs in a process of its own"
         started = time.monotonic()
         assert client.cancel(job["id"])["state"] == "cancelled"
-        while client.health()["running"]:
-            assert time.monotonic() - started < 1.0, "the agent still runs the cancelled load"
+        while running & processes() or client.health()["running"]:
+            assert time.monotonic() - started < 1.0, "the cancelled load still runs"
             time.sleep(0.02)
 
 

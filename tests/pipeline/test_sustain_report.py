@@ -56,7 +56,7 @@ def test_edgefold_sustain_on_loopback_ends_with_after_n_minutes(tiny_run, tmp_pa
     report = runs / "tiny" / "shared" / "report"
     data = json.loads((report / "results.json").read_text())
     (run,) = data["sustained"]
-    assert run["rung"] == "student_int8" and run["device"] == "loopback" and len(run["intervals"]) == 10
+    assert run["rung"] == "student_int8" and run["device"] == "loopback" and 9 <= len(run["intervals"]) <= 10
     assert run["throttle_text"] == "no throttle signal in the run" and run["first_throttle_s"] is None
     assert any(note.startswith("power: no power telemetry") for note in run["not_measured"])
     row = next(r for r in data["rows"] if r["rung"] == "student_int8")

@@ -7,6 +7,7 @@ the headline's line when the settled latency is measurably worse. A library of t
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from device.errors import EdgeFoldError
@@ -19,24 +20,29 @@ SUSTAINED_COLUMNS = ("sustained_minutes", "sustained_burst_p50_ms", "sustained_s
                      "sustained_settled_p50_ms_low", "sustained_settled_p50_ms_high", "sustained_ratio",
                      "sustained_ratio_low", "sustained_ratio_high", "sustained_throttle_s", "sustained_throttle_cause",
                      "sustained_burst_energy_mj", "sustained_settled_energy_mj", "sustained_peak_temp_c")
+MIN_SETTLED = 3  # settled intervals, at least, before the headline calls the settled latency worse
 TEXT = ("One rung run without pause on each device, recorded interval by interval after the ladder's windows. Burst: "
         "the first interval's p50. Settled: the median of the last third's interval p50s, with its 95% interval over "
-        "them; the ratio's interval is the settled one's over the burst as measured. A throttle signal is a thermal "
+        "them; the ratio's interval spans the settled one and the burst's own (over its calls). A throttle signal is a thermal "
         "zone at or past a passive trip point (the kernel's thermal_zone*/trip_point_*), NVML's clock-event reasons, or "
         "a GPU clock under 95% of the first interval's.")
 
 
 def burst_and_settled(intervals: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The burst (first interval) and settled (last third) figures of a run's intervals, and their ratio."""
-    p50 = [interval["latency_p50_ms"] for interval in intervals]
-    tail = intervals[len(intervals) - max(1, len(intervals) // 3):]
+    """The burst (first interval) and settled (the last third, rounded up) figures of a run's intervals, and their
+    ratio. The ratio's interval spans both figures' intervals (the settled one over the last third's interval p50s,
+    the burst's over its own calls): settled low over burst high to settled high over burst low."""
+    first = intervals[0]
+    burst, burst_low, burst_high = (first["latency_p50_ms"], first.get("latency_p50_low_ms", first["latency_p50_ms"]),
+                                    first.get("latency_p50_high_ms", first["latency_p50_ms"]))
+    tail = intervals[len(intervals) - math.ceil(len(intervals) / 3):]
     settled, low, high = stats.median_interval([interval["latency_p50_ms"] for interval in tail])
     energies = [interval["energy_mj_per_image"] for interval in tail if interval.get("energy_mj_per_image") is not None]
     temps = [interval[key] for interval in intervals for key in ("gpu_temp_c", "hottest_c")
              if interval.get(key) is not None]
-    return {"burst": p50[0], "settled": settled, "settled_low": low, "settled_high": high, "ratio": settled / p50[0],
-            "ratio_low": low / p50[0], "ratio_high": high / p50[0], "settled_intervals": len(tail),
-            "burst_energy": intervals[0].get("energy_mj_per_image"),
+    return {"burst": burst, "settled": settled, "settled_low": low, "settled_high": high, "ratio": settled / burst,
+            "ratio_low": low / burst_high, "ratio_high": high / burst_low, "settled_intervals": len(tail),
+            "burst_energy": first.get("energy_mj_per_image"),
             "settled_energy": stats.median_interval(energies)[0] if energies else None,
             "peak_temp": max(temps) if temps else None}
 
@@ -82,15 +88,20 @@ def join_rows(runs: Sequence[dict[str, Any]], rows: list[dict[str, Any]]) -> Non
 
 
 def headline_text(runs: Sequence[dict[str, Any]]) -> str | None:
-    """The headline's line for the first run whose settled latency is measurably above its burst, else None."""
+    """The headline's line for the first run whose settled latency is measurably above its burst (its ratio's
+    interval above 1, over at least :data:`MIN_SETTLED` settled intervals), else None."""
     for run in runs:
-        if "burst" in run and run["ratio_low"] > 1:
+        if "burst" in run and run["ratio_low"] > 1 and run["settled_intervals"] >= MIN_SETTLED:
             when = (f"after {run['first_throttle_s'] / 60:.1f} min the {run['throttle_cause']} throttled it"
                     if run["first_throttle_s"] is not None else "with no throttle signal")
             return (f"{run['rung']} on {run['device']}: {when}; p50 settled {run['ratio']:.2f}× "
                     f"[{run['ratio_low']:.2f}, {run['ratio_high']:.2f}] above the first interval "
                     f"({run['settled']:.3f} vs {run['burst']:.3f} ms)")
     return None
+
+
+def _mj(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
 
 
 def section(runs: Sequence[dict[str, Any]], figures: dict[str, Any] | None) -> Section:
@@ -103,7 +114,7 @@ def section(runs: Sequence[dict[str, Any]], figures: dict[str, Any] | None) -> S
          interval_cell(run["settled"], run["settled_low"], run["settled_high"], ".3f"),
          interval_cell(run["ratio"], run["ratio_low"], run["ratio_high"], ".2f"), run["throttle_text"],
          "—" if run["peak_temp"] is None else f"{run['peak_temp']:.1f}",
-         "—" if run["burst_energy"] is None else f"{run['burst_energy']:.2f} → {run['settled_energy']:.2f}"]
+         f"{_mj(run['burst_energy'])} → {_mj(run['settled_energy'])}"]
         for run in measured]
     blocks: list = [Text(TEXT), *([Table(table)] if measured else [])]
     for run in measured:

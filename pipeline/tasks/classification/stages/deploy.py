@@ -314,8 +314,9 @@ class DeployStage(Stage):
         with lock:
             ctx.log(f"[  deploy] {device.name}: {rung} run without pause for {cfg.sustained.minutes:g} min")
         with AgentClient(url, token or device.token(), timeout_s=60) as client:
+            # Never retried: a retry would run the board for the minutes again (a failure is reported as it is).
             record, reused = reuse_or_measure(cache / f"{key}.json", lambda: self._benchmark(
-                client, device, f"{rung} sustained", path, spec, cfg, ctx, lock))
+                client, device, f"{rung} sustained", path, spec, cfg.model_copy(update={"retries": 0}), ctx, lock))
         if reused:  # said in the log, not the record: results.json stays byte-identical and the report cached
             with lock:
                 ctx.log(f"[  deploy] {device.name}: {rung} sustained run reused (same artifact, device and job)")
