@@ -407,12 +407,16 @@ def debug_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, chw:
                                                               f"{len(spec.diverge.tensors)} tensors marked",
                                                   "at": time.time()})
     diverge = run_marked_pass(runner, spec, job["evaluation_path"], job_dir, chw)
-    runtime = {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]),
-               "load_s": load_s, "python": platform.python_version(), "threads": spec.threads,
-               **runner.runtime_facts()}
     return JobResult.model_validate(
-        {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
-         "smoke": smoke_result, "runs": [], "diverge": diverge, "environment": describe_device()}).dump()
+        {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw),
+         "runtime": runtime_of(spec, job, runner, load_s), "smoke": smoke_result, "runs": [], "diverge": diverge,
+         "environment": describe_device()}).dump()
+
+
+def runtime_of(spec: JobSpec, job: dict[str, Any], runner, load_s: float) -> dict[str, Any]:
+    """What ran a job of its own kind (debug, sustained): the runtime, the precision it ran in, its own facts."""
+    return {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]), "load_s": load_s,
+            "python": platform.python_version(), "threads": spec.threads, **runner.runtime_facts()}
 
 
 def sustained_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, chw: tuple[int, ...],
@@ -434,13 +438,10 @@ def sustained_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, 
     finally:
         for sampler in samplers:
             sampler.close()
-    runtime = {"name": spec.runtime, "precision": ran_precision(runner, spec, job["artifact_path"]),
-               "load_s": load_s, "python": platform.python_version(), "threads": spec.threads,
-               **runner.runtime_facts()}
     return JobResult.model_validate(
-        {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw), "runtime": runtime,
-         "smoke": smoke_result, "telemetry_notes": notes, "runs": [], "sustained": sustained,
-         "environment": describe_device()}).dump()
+        {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw),
+         "runtime": runtime_of(spec, job, runner, load_s), "smoke": smoke_result, "telemetry_notes": notes, "runs": [],
+         "sustained": sustained, "environment": describe_device()}).dump()
 
 
 def timed_engines(runners: dict[str | None, Any], batch_sizes: list[int]) -> list[tuple[str | None, Any, int]]:
