@@ -362,10 +362,20 @@ def frame_times(spec: JobSpec, job: dict[str, Any], runner, progress) -> tuple[d
 
 def frame_power(samplers, traces, frame_ms: float, notes: list[str]) -> dict[str, Any]:
     """The board's power over the frame rounds (clipped to their window, as :func:`summarize`'s energy is) from the
-    first power source with a finite mean, and the hottest temperature any sampler read; or why there is none."""
+    first power source with a finite mean, and the hottest temperature any sampler read inside it; or why there is
+    none."""
     from device.telemetry.base import window_energy
 
-    temps = [t.peak(k) for t in traces for k in series.of_kind(t.values, "temperature") if np.isfinite(t.values[k]).any()]
+    temps = []
+    for trace in traces:
+        inside = ((trace.times_s >= trace.window[0]) & (trace.times_s <= trace.window[1]) if trace.window is not None
+                  else np.ones(len(trace.times_s), bool))
+        for key in series.of_kind(trace.values, "temperature"):
+            values = trace.values[key]
+            # Inside the window; a source slower than the window has only the readings that bracket it.
+            values = values[inside] if np.isfinite(values[inside]).any() else values
+            if np.isfinite(values).any():
+                temps.append(float(np.nanmax(values)))
     for name, key in POWER_SOURCES:
         for sampler, trace in zip(samplers, traces):
             if sampler.name != name or key not in trace.values or trace.window is None:

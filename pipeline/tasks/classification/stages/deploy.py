@@ -306,17 +306,22 @@ class DeployStage(Stage):
         if outcome["status"] != "ok" or path is None:
             return {"rung": rung, "state": "not measured",
                     "error": outcome.get("error") or f"{rung} has no ONNX artifact in this run"}
-        spec = job_spec(rung, sha256_file(path), outcome["info"], cfg, preprocess, f"{label}/{rung}/sustained",
+        digest = sha256_file(path)
+        spec = job_spec(rung, digest, outcome["info"], cfg, preprocess, f"{label}/{rung}/sustained",
                         profile=False, sustained=cfg.sustained)
-        key = window_key(artifact=sha256_file(path), agent=device.url, fingerprint=outcome["fingerprint"],
+        key = window_key(artifact=digest, agent=device.url, fingerprint=outcome["fingerprint"],
                          code=code_sha256(self.code_modules)[0] if device is LOOPBACK else None, round_index=0,
                          spec=spec.model_dump(mode="json", exclude={"label"}, exclude_none=True))
-        with lock:
-            ctx.log(f"[  deploy] {device.name}: {rung} run without pause for {cfg.sustained.minutes:g} min")
-        with AgentClient(url, token or device.token(), timeout_s=60) as client:
+
+        def run() -> dict[str, Any]:
+            with lock:
+                ctx.log(f"[  deploy] {device.name}: {rung} run without pause for {cfg.sustained.minutes:g} min")
             # Never retried: a retry would run the board for the minutes again (a failure is reported as it is).
-            record, reused = reuse_or_measure(cache / f"{key}.json", lambda: self._benchmark(
-                client, device, f"{rung} sustained", path, spec, cfg.model_copy(update={"retries": 0}), ctx, lock))
+            return self._benchmark(client, device, f"{rung} sustained", path, spec,
+                                   cfg.model_copy(update={"retries": 0}), ctx, lock)
+
+        with AgentClient(url, token or device.token(), timeout_s=60) as client:
+            record, reused = reuse_or_measure(cache / f"{key}.json", run)
         if reused:  # said in the log, not the record: results.json stays byte-identical and the report cached
             with lock:
                 ctx.log(f"[  deploy] {device.name}: {rung} sustained run reused (same artifact, device and job)")
