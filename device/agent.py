@@ -47,7 +47,6 @@ from device.power_modes import DEFAULT_CONF
 from device.problems import describe_problems, field_problems, safe_text
 from device.schema import FINISHED, SHA256, Artifact, ErrorBody, Health, Job, JobSpec, JobState
 from device.store import Store
-from device.sustain_schema import ALLOWANCE_S
 
 log = logging.getLogger("edgefold.agent")
 TOKEN_ENV = "EDGEFOLD_AGENT_TOKEN"
@@ -108,12 +107,11 @@ def submittable(store: Store, spec: JobSpec, job_timeout_s: float) -> None:
         raise fastapi.HTTPException(404, f"no artifact {spec.artifact}; upload it first with "
                                          f"PUT /v1/artifacts/{spec.artifact}")
     timeout_s = spec.timeout_s or job_timeout_s
-    if spec.sustained is not None and spec.sustained.minutes * 60 + ALLOWANCE_S > timeout_s:
-        raise fastapi.HTTPException(422, f"sustained.minutes {spec.sustained.minutes:g} "
-                                         f"({spec.sustained.minutes * 60:g} s, and {ALLOWANCE_S:g} s to load and build) "
-                                         f"is past the job's effective timeout {timeout_s:g} s (the agent's "
-                                         f"job_timeout_s): run shorter, or give the job a timeout_s or the agent a "
-                                         f"job_timeout_s above it")
+    settings = spec.sweep.settings() if spec.sweep else 1  # a sweep of "all" modes: counted by the job, on the board
+    if spec.sustained is not None and settings and spec.sustained.budget_s(settings) > timeout_s:
+        raise fastapi.HTTPException(422, f"{spec.sustained.budget_text(settings)} is past the job's effective timeout "
+                                         f"{timeout_s:g} s (the agent's job_timeout_s): run shorter, or give the job a "
+                                         "timeout_s or the agent a job_timeout_s above it")
 
 
 def load_token(config: AgentConfig) -> str:

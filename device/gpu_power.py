@@ -21,13 +21,13 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from device.errors import ConfigError, DeviceError, MissingDependencyError, SweepStoppedError, require
 from device.files import write_json_atomic
 from device.gpu_state import GPU_HOLD_SCHEMA, GpuState, gpu_hold_state  # noqa: F401 (the hold's record, re-exported)
 from device.power_modes import Control, DeviceHeldError, PowerModeError, read_hold
-from device.schema import NotMeasured, PowerSetting, RunResult, SweepResult, SweepSpec
+from device.schema import NotMeasured, PowerSetting, SweepResult, SweepSpec
 
 log = logging.getLogger("edgefold.sweep")
 
@@ -35,7 +35,7 @@ RESTORE_TIMEOUT_S = 10.0
 # NVML rounds a power limit to the board's step (often 1 W): a read-back within 1% or 1 W is the limit asked for.
 LIMIT_TOLERANCE_MW = 1000
 
-MeasurePoint = Callable[[PowerSetting | None, str], list[RunResult]]
+MeasurePoint = Callable[[PowerSetting | None, str], list[Any]]  # windows, or a sustained job's run records
 
 
 class GpuPowerError(PowerModeError):
@@ -213,7 +213,7 @@ def _restore(control, original, hold_path: Path, progress: Callable[[str], None]
 
 
 def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: str | None,
-                  measure_point: MeasurePoint, progress: Callable[[str], None]) -> tuple[list[RunResult], SweepResult]:
+                  measure_point: MeasurePoint, progress: Callable[[str], None]) -> tuple[list[Any], SweepResult]:
     """Visits every power limit or locked clock of ``sweep`` on the job's GPU and restores it.
 
     Args:
@@ -247,7 +247,7 @@ def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: st
         settings = _settings(sweep, control)
         original = control.state()
         write_gpu_hold(hold_path, job_id, original)  # before the first change: a kill -9 leaves what to restore
-        runs: list[RunResult] = []
+        runs: list[Any] = []
         not_measured: list[NotMeasured] = []
         where = "before the first setting"
         try:

@@ -48,6 +48,9 @@ MEMORY_SOURCES = (("jtop", series.RAM_USED), ("nvml", series.GPU_MEM_USED), ("ho
 DETECTION_EVALUATION = "device.detection_evaluation"
 """The detection evaluation pass, imported by name only for a job whose evaluation names a sidecar."""
 SERIES_SOURCES = ("jtop", "nvml", "host")  # a series any of them reads comes from the first
+# Kept back from a sustained run's minutes within the job's timeout: the result (slicing the traces, validating,
+# writing) and, in a sweep, the restore of the original mode.
+RESULT_RESERVE_S, RESTORE_RESERVE_S = 15.0, 30.0
 
 
 def _is_tegra() -> bool:
@@ -431,27 +434,84 @@ def runtime_of(spec: JobSpec, job: dict[str, Any], runner, load_s: float) -> dic
 
 def sustained_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, chw: tuple[int, ...],
                      smoke_result: dict[str, Any], load_s: float) -> dict[str, Any]:
-    """A sustained job's result: the engine run without pause, interval by interval (:mod:`device.sustain`)."""
+    """A sustained job's result: the engine run without pause, interval by interval (:mod:`device.sustain`), under
+    the mode found or under each setting of its sweep (one result each, the device restored after), each run ended
+    before the job's timeout so that what it recorded is kept."""
     from device.info import describe_device
     from device.sustain import THERMAL_DIR, run_sustained
 
     def progress(text: str) -> None:
         write_json_atomic(job_dir / "progress.json", {"progress": text, "at": time.time()})
 
+    # The job's timeout counts from its launch (about its load's start; the reserve covers the process's start and
+    # the smoke call): what slicing the traces, the result (and a sweep's restore) need is kept back from the run,
+    # so a late build cuts the run short instead of losing it.
+    reserve = RESULT_RESERVE_S + (RESTORE_RESERVE_S if spec.sweep is not None else 0.0)
+    stop_by = time.monotonic() - load_s + job["timeout_s"] - reserve if job.get("timeout_s") else None
     samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
                                     pci_bus_id=getattr(runner, "pci_bus_id", None))
     try:
         power = next(((name, key) for name, key in POWER_SOURCES if any(s.name == name for s in samplers)), None)
-        sustained = run_sustained(runner, spec.sustained, chw, samplers, power,
-                                  thermal_dir=job.get("thermal_dir") or THERMAL_DIR,
-                                  margin_c=job.get("thermal_margin_c", 5.0), progress=progress)
+
+        def run(where: str = "") -> dict[str, Any]:
+            return run_sustained(runner, spec.sustained, chw, samplers, power,
+                                 thermal_dir=job.get("thermal_dir") or THERMAL_DIR,
+                                 margin_c=job.get("thermal_margin_c", 5.0), stop_by=stop_by,
+                                 progress=lambda text: progress(f"{where}: {text}" if where else text))
+
+        runs, sweep = (sustained_sweep(spec, job, job_dir, runner, run, stop_by, progress) if spec.sweep is not None
+                       else ([run()], None))
     finally:
         for sampler in samplers:
             sampler.close()
     return JobResult.model_validate(
         {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw),
          "runtime": runtime_of(spec, job, runner, load_s), "smoke": smoke_result, "telemetry_notes": notes, "runs": [],
-         "sustained": sustained, "environment": describe_device()}).dump()
+         "sustained": runs[0], "more_sustained": runs[1:], "sweep": sweep, "environment": describe_device()}).dump()
+
+
+def sustained_sweep(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, run, stop_by: float | None,
+                    progress) -> tuple[list[dict[str, Any]], Any]:
+    """One sustained run under each setting of the job's sweep (:func:`device.sweep.run_sweep`, or
+    :func:`device.gpu_power.run_gpu_sweep` on a data-center GPU): the hold written before the first change, the
+    device restored after the last. A setting the timeout leaves no interval for is recorded as not measured.
+
+    Raises:
+        ConfigError: A sweep of ``all`` modes whose settings, counted on the board, do not fit the job's timeout
+            (before anything is changed).
+    """
+    from device.schema import NotMeasured
+
+    timeout_s = job.get("timeout_s")
+    late: list[NotMeasured] = []
+
+    def fits(settings: int) -> None:
+        if timeout_s and spec.sustained.budget_s(settings) > timeout_s:
+            raise ConfigError(f"{spec.sustained.budget_text(settings)} is past the job's timeout {timeout_s:g} s "
+                              f"(this board lists {settings} settings for power_modes 'all')",
+                              fix="name the modes to sweep, run shorter, or give the job a longer timeout_s")
+
+    def measure_point(setting: PowerSetting | None, where: str) -> list[dict[str, Any]]:
+        if stop_by is not None and stop_by - time.monotonic() < spec.sustained.record_every_s:
+            late.append(NotMeasured(nvpmodel_id=setting and setting.nvpmodel_id,
+                                    nvpmodel_name=setting.label() if setting else "current mode",
+                                    jetson_clocks=setting and setting.jetson_clocks, kind="skipped",
+                                    reason="the job's timeout left no recording interval for it"))
+            return []
+        return [{**run(where), "power_setting": setting.model_dump() if setting is not None else None}]
+
+    hold, job_id = Path(job["hold_path"]), job.get("job_id", job_dir.name)
+    if spec.sweep.power_modes is None:  # a data-center GPU: NVML's power limit or locked clocks
+        from device.gpu_power import run_gpu_sweep
+
+        runs, sweep = run_gpu_sweep(spec.sweep, job_id, hold, getattr(runner, "pci_bus_id", None), measure_point,
+                                    progress)
+    else:
+        use_socket(job.get("jtop_socket"))
+        runs, sweep = run_sweep(spec.sweep, job_id, hold, job.get("nvpmodel_conf"), 1.0 / spec.sample_hz,
+                                measure_point, progress, check_settings=fits)
+    sweep.not_measured += late
+    return runs, sweep
 
 
 def timed_engines(runners: dict[str | None, Any], batch_sizes: list[int]) -> list[tuple[str | None, Any, int]]:

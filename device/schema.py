@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 from device.errors import EdgeFoldError
 from device.diverge_schema import DIVERGE_MAX_BYTES, DivergeResult, DivergeSpec, MarkedTensor, TensorName  # noqa: F401
 from device.frame_schema import FrameResult, FrameSpec
-from device.sustain_schema import ALLOWANCE_S, SustainedResult, SustainedSpec
+from device.setting_schema import NotMeasured, PowerSetting  # noqa: F401 (re-exported: the result's sweep records)
+from device.sustain_schema import SustainedResult, SustainedSpec
 from device.problems import describe_problems, field_problems
 from device.reported import reported
 from device.window import Contention, DeviceTiming, Measured, PowerTrace, RunSummary, TelemetryName, TelemetrySummary
@@ -142,6 +143,13 @@ class SweepSpec(Request):
             raise ValueError("accelerators names each accelerator once")
         return self
 
+    def settings(self) -> int | None:
+        """How many settings the sweep visits (None: ``all`` modes, known only on the board)."""
+        if self.power_modes == "all":
+            return None
+        values = self.power_modes or self.power_limits_w or self.gpu_clocks_mhz
+        return len(values) * (len(self.jetson_clocks) if self.jetson_clocks else 1)
+
 
 class JobSpec(Request):
     """One benchmark job: an uploaded artifact, a runtime, and how to measure it.
@@ -198,14 +206,17 @@ class JobSpec(Request):
                 raise ValueError(f"diverge.images {self.diverge.images} is more than the evaluation set's "
                                  f"{self.evaluation.images}")
         if self.sustained is not None:
-            minutes, batch = self.sustained.minutes, self.sustained.batch_size
+            batch, settings = self.sustained.batch_size, self.sweep.settings() if self.sweep else 1
             if batch not in self.batch_sizes:
                 raise ValueError(f"sustained.batch_size {batch} is not one of batch_sizes {self.batch_sizes}")
-            if self.sweep or self.diverge or self.frame:
-                raise ValueError("a sustained job runs alone: no sweep, diverge or frame")
-            if self.timeout_s and minutes * 60 + ALLOWANCE_S > self.timeout_s:
-                raise ValueError(f"sustained.minutes {minutes:g} ({minutes * 60:g} s, and {ALLOWANCE_S:g} s to load "
-                                 f"and build) is past timeout_s {self.timeout_s:g} s: raise timeout_s or run shorter")
+            if self.diverge or self.frame:
+                raise ValueError("a sustained job runs alone: no diverge or frame")
+            if self.sweep and len(self.sweep.accelerators) > 1:
+                raise ValueError("a sustained sweep runs one accelerator (sweep.accelerators has one): the board "
+                                 "heats under one engine at a time")
+            if self.timeout_s and settings and self.sustained.budget_s(settings) > self.timeout_s:
+                raise ValueError(f"{self.sustained.budget_text(settings)} is past timeout_s {self.timeout_s:g} s: "
+                                 "raise timeout_s or run shorter")
         if self.frame is not None and (self.preprocess is None or self.diverge is not None):
             raise ValueError("frame needs the model's preprocess (its frames are preprocessed as the application's), "
                              "and no diverge")
@@ -295,8 +306,9 @@ class ErrorBody(Strict):
 # 2.6: JobResult.more_evaluations and evaluation_note, EvaluationResult.accelerator (every timed engine scored);
 # 2.7: the build facts of TensorRT and Torch-TensorRT in RuntimeInfo.built (each runner reports its own);
 # 2.8: JobSpec.diverge, JobResult.diverge; 2.9: JobSpec.frame, JobResult.frame (device.frame); 2.10: FrameSpec.in_graph,
-# source images, images; FrameResult.in_graph, in_graph_error, scores, copies_ms, power; JobSpec and JobResult.sustained
-RESULT_MAJOR, RESULT_MINOR = 2, 10
+# source images, images; FrameResult.in_graph, in_graph_error, scores, copies_ms, power; JobSpec and JobResult.sustained;
+# 2.11: a sustained sweep (JobResult.more_sustained, SustainedResult.power_setting), cooling, the start's temperature
+RESULT_MAJOR, RESULT_MINOR = 2, 11
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -306,44 +318,6 @@ def result_version(schema: Any) -> tuple[int, int] | None:
     """(major, minor) of a result's ``schema`` string; ``edgefold.result/2`` is 2.0; None if not a result's."""
     match = _RESULT_VERSION.match(schema) if isinstance(schema, str) else None
     return (int(match["major"]), int(match["minor"] or 0)) if match else None
-
-
-class PowerSetting(Measured):
-    """The power setting a window ran under, as the device showed it once it had taken effect (2.2): a Jetson's
-    nvpmodel mode, or a data-center GPU's NVML power limit or locked clocks (2.3)."""
-
-    nvpmodel_id: int | None = None
-    nvpmodel_name: str | None = None
-    jetson_clocks: bool | None = Field(None, description="null: the board has no jetson_clocks (or is no Jetson)")
-    online_cores: list[int] = Field(default_factory=list, description="indices of the CPU cores online")
-    cpu_max_khz: dict[int, int] = Field(default_factory=dict, description="online core → its cpufreq "
-                                                                          "scaling_max_freq cap, kHz")
-    gpu_max_khz: int | None = Field(None, description="the GPU's devfreq max_freq cap, kHz")
-    power_limit_w: float | None = Field(None, description="NVML's power management limit read back, W (2.3)")
-    gpu_locked_mhz: int | None = Field(None, description="the graphics clock locked through NVML, MHz (2.3)")
-    settle_s: float = Field(description="seconds from setting the setting until the device showed it")
-
-    def label(self) -> str:
-        """The setting's name in the front: the nvpmodel mode, ``250 W limit`` or ``1410 MHz locked``."""
-        if self.nvpmodel_name is not None:
-            return self.nvpmodel_name
-        if self.power_limit_w is not None:
-            return f"{self.power_limit_w:g} W limit"
-        return f"{self.gpu_locked_mhz} MHz locked"
-
-
-class NotMeasured(Measured):
-    """A sweep setting that was not measured, and why."""
-
-    nvpmodel_id: int | None
-    nvpmodel_name: str
-    jetson_clocks: bool | None
-    kind: Literal["skipped", "refused"] = Field(description="skipped: never set (needs a reboot, no jetson_clocks, an "
-                                                            "accelerator the device lacks); refused: set, but it never "
-                                                            "took effect")
-    reason: str
-    accelerator: str | None = Field(None, description="the accelerator never measured (every setting of it); null: "
-                                                      "the setting, on every accelerator (2.3)")
 
 
 class SweepResult(Measured):
@@ -490,7 +464,10 @@ class JobResult(Measured):
     frame: FrameResult | None = Field(None, description="the frame's path from bytes to top-k (JobSpec.frame) (2.9)")
     frame_error: str | None = Field(None, description="why the frame's path was not timed; the job's windows, "
                                                       "profile and evaluation stand (2.9)")
-    sustained: SustainedResult | None = Field(None, description="a sustained job's intervals (2.10)")
+    sustained: SustainedResult | None = Field(None, description="a sustained job's intervals (2.10); a sustained "
+                                                                "sweep's first setting's")
+    more_sustained: list[SustainedResult] = Field(default_factory=list, description="a sustained sweep's other "
+                                                                                    "settings, in its order (2.11)")
 
     @field_validator("schema_")
     @classmethod
@@ -535,8 +512,9 @@ class JobResult(Measured):
         minor version reads a job that used none of the newer ones (its JobSpec refuses keys it does not know)."""
         document = self.model_dump(mode="json", by_alias=True)
         spec = {key: value for key, value in document["spec"].items() if value is not None}
-        if spec.get("frame"):
-            spec["frame"] = {key: value for key, value in spec["frame"].items() if value is not None}
+        for part in ("frame", "sustained"):
+            if spec.get(part):
+                spec[part] = {key: value for key, value in spec[part].items() if value is not None}
         return {**document, "spec": spec}
 
 

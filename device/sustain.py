@@ -99,9 +99,10 @@ def _over(traces, key: str, start: float, stop: float, how: str) -> float | None
 
 def _interval(raw: dict[str, Any], batch: int, traces, samplers, power_key: tuple[str, str] | None,
               trips: list[dict[str, Any]], first_clock: float | None) -> dict[str, Any]:
-    """``first_clock``: the GPU clock's peak in the first interval (its reference: a board still ramping from idle
-    in its first seconds would set a low one)."""
-    """One interval's record from its calls, the run's traces over its span and the zones' temperatures at its end."""
+    """One interval's record from its calls, the run's traces over its span and the zones' temperatures at its end.
+
+    ``first_clock`` is the GPU clock's peak in the first interval (its reference: a board still ramping from idle in
+    its first seconds would set a low one)."""
     start, stop, latencies, temps = raw["start"], raw["stop"], raw["latencies"], raw["temps"]
     images, seconds = len(latencies) * batch, stop - start
     record: dict[str, Any] = {"end_s": raw["end_s"], "calls": len(latencies), "images": images,
@@ -146,9 +147,29 @@ def first_throttle(intervals: list[dict[str, Any]]) -> dict[str, Any]:
     return {"first_throttle_s": None, "throttle_cause": "none", "throttle_text": "no throttle signal in the run"}
 
 
+def cool_down(zones: dict[str, Path], below_c: float, max_s: float, stop_by: float | None,
+              progress: Callable[[str], None]) -> str:
+    """Waits idle until every zone is below ``below_c`` (at most ``max_s``, and never past ``stop_by``); what it did."""
+    started = time.monotonic()
+    until = min(started + max_s, stop_by if stop_by is not None else float("inf"))
+    hottest = max(zone_temps(zones).values(), default=None)
+    if hottest is None:
+        return f"no thermal zone to read: started at once (cool_below_c {below_c:g} °C)"
+    first = hottest
+    while hottest >= below_c and time.monotonic() < until:
+        progress(f"sustained: cooling, hottest zone {hottest:.1f} °C, waiting for {below_c:g} °C")
+        time.sleep(min(1.0, max(0.0, until - time.monotonic())))
+        hottest = max(zone_temps(zones).values(), default=hottest)
+    waited = time.monotonic() - started
+    if hottest >= below_c:
+        return f"still {hottest:.1f} °C after {waited:.0f} s (cool_below_c {below_c:g} °C): started hotter"
+    return f"cooled from {first:.1f} to {hottest:.1f} °C in {waited:.0f} s" if waited >= 0.5 else \
+        f"already below {below_c:g} °C ({hottest:.1f} °C)"
+
+
 def run_sustained(runner, spec: SustainedSpec, chw: Sequence[int], samplers, power_key: tuple[str, str] | None,
                   thermal_dir: str | Path = THERMAL_DIR, margin_c: float = 5.0,
-                  progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+                  progress: Callable[[str], None] = lambda text: None, stop_by: float | None = None) -> dict[str, Any]:
     """Runs ``runner`` on one batch without pause for ``spec.minutes``, one record per ``spec.record_every_s``.
 
     Args:
@@ -156,27 +177,23 @@ def run_sustained(runner, spec: SustainedSpec, chw: Sequence[int], samplers, pow
         power_key: (sampler name, series) of the board's power, or None without a power source.
         thermal_dir: The kernel's thermal zones (a simulated board's in tests).
         margin_c: Stop when a zone comes within this of its critical trip point.
+        stop_by: ``time.monotonic()`` by which the run must end (the job's timeout less what the result needs): a run
+            cut there keeps its intervals and says so in ``stopped_early``.
 
     Returns:
         A :class:`device.sustain_schema.SustainedResult` as a dict.
     """
+    zones = thermal_zones(thermal_dir)
+    trips, critical, not_measured = _limits(zones, thermal_dir, power_key)
+    cooling = (cool_down(zones, spec.cool_below_c, spec.cooling_limit_s(), stop_by, progress)
+               if spec.cool_below_c is not None else None)
     batch = np.random.default_rng(0).standard_normal((spec.batch_size, *chw)).astype(np.float32)
     for _ in range(WARMUP_CALLS):
         runner.infer(batch)
-    zones = thermal_zones(thermal_dir)
-    trips = trip_points(zones)
-    critical: dict[str, float] = {}
-    for trip in trips:  # a zone's lowest critical trip point
-        if trip["type"] == "critical":
-            critical[trip["zone"]] = min(trip["temp_c"], critical.get(trip["zone"], trip["temp_c"]))
-    not_measured = [] if power_key else ["power: no power telemetry on this device (jtop or NVML)"]
-    if not zones:
-        not_measured.append(f"temperatures and trip points: no thermal zones under {thermal_dir}")
-    elif not trips:
-        not_measured.append(f"trip points: the thermal zones under {thermal_dir} list none")
+    start_hottest = max(zone_temps(zones).values(), default=None)
     progress(f"sustained: started, {spec.minutes:g} min at batch {spec.batch_size}")
     started, started_at = time.monotonic(), time.time()
-    deadline = started + spec.minutes * 60
+    deadline = min(started + spec.minutes * 60, stop_by if stop_by is not None else float("inf"))
     raw: list[dict[str, Any]] = []
     near_critical: list[str] = []
 
@@ -223,6 +240,25 @@ def run_sustained(runner, spec: SustainedSpec, chw: Sequence[int], samplers, pow
             reference = _over(traces, series.GPU_FREQ, record["start"], record["stop"], "peak")
     if intervals and intervals[0]["gpu_clock_mhz"] is None:
         not_measured.append("GPU clock: no sampler reads it here (jtop or NVML)")
+    ran_s = raw[-1]["end_s"] if raw else 0.0
+    cut = (f"stopped after {ran_s / 60:.1f} of {spec.minutes:g} min: the job's timeout was near (loading, building or "
+           f"cooling took longer than allowed for); the intervals so far are kept"
+           if not near_critical and stop_by is not None and stop_by < started + spec.minutes * 60 else None)
     return {"spec": spec.model_dump(), "started_at": started_at, "intervals": intervals, "trip_points": trips,
-            "stopped_early": near_critical[0] if near_critical else None, "not_measured": not_measured,
-            **first_throttle(intervals)}
+            "stopped_early": near_critical[0] if near_critical else cut, "not_measured": not_measured,
+            "start_hottest_c": start_hottest, "cooling": cooling, **first_throttle(intervals)}
+
+
+def _limits(zones: dict[str, Path], thermal_dir, power_key) -> tuple[list[dict[str, Any]], dict[str, float], list[str]]:
+    """The zones' trip points, each zone's lowest critical one, and what the run cannot measure here."""
+    trips = trip_points(zones)
+    critical: dict[str, float] = {}
+    for trip in trips:
+        if trip["type"] == "critical":
+            critical[trip["zone"]] = min(trip["temp_c"], critical.get(trip["zone"], trip["temp_c"]))
+    not_measured = [] if power_key else ["power: no power telemetry on this device (jtop or NVML)"]
+    if not zones:
+        not_measured.append(f"temperatures and trip points: no thermal zones under {thermal_dir}")
+    elif not trips:
+        not_measured.append(f"trip points: the thermal zones under {thermal_dir} list none")
+    return trips, critical, not_measured

@@ -10,10 +10,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from device.setting_schema import PowerSetting
 from device.window import Measured
 
 # What a sustained job needs besides its minutes within its timeout: loading, the engine build, the warm-up.
 ALLOWANCE_S = 60.0
+COOL_MAX_S = 300.0  # the longest wait for cool_below_c unless the spec says
 
 
 class SustainedSpec(BaseModel):
@@ -23,6 +25,12 @@ class SustainedSpec(BaseModel):
     minutes: float = Field(gt=0, le=24 * 60, description="how long to run the engine without pause")
     batch_size: int = Field(1, ge=1, le=4096, description="the batch each call runs (one of the job's batch_sizes)")
     record_every_s: float = Field(10.0, ge=0.2, le=3600, description="one recorded interval's length, s")
+    cool_below_c: float | None = Field(None, ge=20, le=150, description="before each run (each swept setting's), "
+                                       "wait idle until every thermal zone is below this, °C, so each starts from the "
+                                       "same heat; null: start at once (the start's temperature is recorded either way)")
+    # None rather than a default value: a result of a job that does not cool stays readable by a 2.10 reader.
+    cool_max_s: float | None = Field(None, ge=1, le=3600, description="the longest wait for cool_below_c, s (null: "
+                                     f"{COOL_MAX_S:g}): the run starts after it and says how hot it still was")
 
     @model_validator(mode="after")
     def _intervals(self) -> "SustainedSpec":
@@ -30,6 +38,26 @@ class SustainedSpec(BaseModel):
             raise ValueError(f"record_every_s {self.record_every_s:g} s is longer than the run ({self.minutes:g} min "
                              f"= {self.minutes * 60:g} s): record at most every {self.minutes * 60:g} s")
         return self
+
+    def cooling_limit_s(self) -> float:
+        """The longest wait for ``cool_below_c``, s."""
+        return self.cool_max_s if self.cool_max_s is not None else COOL_MAX_S
+
+    def runs_s(self, settings: int = 1) -> float:
+        """The time ``settings`` runs take: each one's minutes and its longest cooling wait."""
+        return settings * (self.minutes * 60 + (self.cooling_limit_s() if self.cool_below_c is not None else 0.0))
+
+    def budget_s(self, settings: int = 1) -> float:
+        """The time a job needs for ``settings`` runs: :meth:`runs_s`, and :data:`ALLOWANCE_S` once to load and
+        build."""
+        return self.runs_s(settings) + ALLOWANCE_S
+
+    def budget_text(self, settings: int = 1) -> str:
+        """How :meth:`budget_s` adds up, for a refusal."""
+        each = f"{self.minutes * 60:g} s" + (f" and up to {self.cooling_limit_s():g} s of cooling" if self.cool_below_c
+                                             is not None else "")
+        runs = f"{settings} settings × ({each})" if settings > 1 else each
+        return f"sustained.minutes {self.minutes:g} ({runs}, and {ALLOWANCE_S:g} s to load and build)"
 
 
 class TripPoint(Measured):
@@ -66,6 +94,10 @@ class SustainedResult(Measured):
     measured (a source the device lacks)."""
 
     spec: SustainedSpec
+    power_setting: PowerSetting | None = Field(None, description="the swept setting it ran under (null: the mode "
+                                                                 "it found) (2.11)")
+    start_hottest_c: float | None = Field(None, description="the hottest thermal zone when the run started, °C (2.11)")
+    cooling: str | None = Field(None, description="what the wait for cool_below_c did (2.11)")
     started_at: float = Field(description="the run's start (after warm-up), seconds since the epoch, device clock")
     intervals: list[SustainedInterval]
     trip_points: list[TripPoint]
@@ -76,5 +108,5 @@ class SustainedResult(Measured):
                             "clock: the GPU clock dropped with neither reported")
     throttle_text: str = ""
     stopped_early: str | None = Field(None, description="why the run stopped before its time (a zone near its "
-                                                        "critical trip point)")
+                                                        "critical trip point; the job's timeout near)")
     not_measured: list[str] = Field(default_factory=list)

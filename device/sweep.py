@@ -16,13 +16,14 @@ from typing import Any, Callable
 from device.errors import ConfigError, DeviceError, EdgeFoldError, MissingDependencyError, SweepStoppedError
 from device.power_modes import (DeviceHeldError, ModeController, ModeNotSettledError, ModeUnavailableError, PowerMode,
                                 PowerModeError, read_hold, read_nvpmodel_conf, write_hold)
-from device.schema import NotMeasured, PowerSetting, RunResult, SweepResult, SweepSpec
+from device.schema import NotMeasured, PowerSetting, SweepResult, SweepSpec
 
 log = logging.getLogger("edgefold.sweep")
 RESTORE_TIMEOUT_S = 60.0
 
-# Measures every batch size of the job under whatever the device runs now, with the given setting.
-MeasurePoint = Callable[[PowerSetting | None, str], list[RunResult]]
+# Measures every batch size of the job under whatever the device runs now, with the given setting (a sustained job:
+# its run's record).
+MeasurePoint = Callable[[PowerSetting | None, str], list[Any]]
 
 
 def resolve_modes(wanted: list[str | int] | str, modes: list[PowerMode]) -> list[PowerMode]:
@@ -49,7 +50,8 @@ def resolve_modes(wanted: list[str | int] | str, modes: list[PowerMode]) -> list
 
 
 def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | None, interval_s: float,
-              measure_point: MeasurePoint, progress: Callable[[str], None]) -> tuple[list[RunResult], SweepResult]:
+              measure_point: MeasurePoint, progress: Callable[[str], None],
+              check_settings: Callable[[int], None] | None = None) -> tuple[list[Any], SweepResult]:
     """Visits every setting of ``sweep`` and restores the device.
 
     Args:
@@ -58,8 +60,10 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
         hold_path: The agent's hold file (its data dir).
         conf_path: The board's nvpmodel configuration (the caps each mode must show).
         interval_s: The jtop client's interval: the job's sampling rate (the service's rate is its first client's).
-        measure_point: Measures every batch size under the current state.
+        measure_point: Measures every batch size under the current state (a sustained job: runs the engine).
         progress: Reports where the sweep is.
+        check_settings: Called with the number of settings once the board's modes are known, before any change (a
+            sustained job's time budget); it raises to refuse the sweep.
 
     Returns:
         (every window measured, the sweep's record).
@@ -87,16 +91,13 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
         caps = read_nvpmodel_conf(conf_path) if conf_path else {}
         original = controller.state()
         listed = controller.modes()
-        disagree = [f"id {mode.id}: jtop {mode.name}, the file {caps[mode.id].name}" for mode in listed
-                    if mode.id in caps and caps[mode.id].name != mode.name]
-        if disagree:  # jtop numbers modes by their order in nvpmodel's output: another file would check wrong caps
-            raise PowerModeError(f"jtop's power modes and {conf_path} disagree ({'; '.join(disagree)})",
-                                 fix="setting the agent's nvpmodel_conf at the file nvpmodel uses "
-                                     "(nvpmodel -p --verbose prints its path)")
+        _same_modes(listed, caps, conf_path)
         modes = resolve_modes(sweep.power_modes, listed)
         clocks = sweep.jetson_clocks if sweep.jetson_clocks is not None else [None]
         settings = [(mode, jc) for mode in modes for jc in clocks]
-        runs: list[RunResult] = []
+        if check_settings is not None:
+            check_settings(len(settings))
+        runs: list[Any] = []
         not_measured: list[NotMeasured] = []
         # The hold goes to disk before the first change: a kill -9 from here on leaves what to restore.
         write_hold(hold_path, job_id, original)
@@ -133,6 +134,20 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
                           fix="sweep modes that share the current mode's mask (see each reason)")
     return runs, SweepResult(controlled=True, original=original.to_dict(), restored=restored,
                              restore_note=restore_note, not_measured=not_measured)
+
+
+def _same_modes(listed: list[PowerMode], caps: dict, conf_path: str | None) -> None:
+    """jtop numbers modes by their order in nvpmodel's output: another configuration file would check wrong caps.
+
+    Raises:
+        PowerModeError: Naming the ids whose names differ.
+    """
+    disagree = [f"id {mode.id}: jtop {mode.name}, the file {caps[mode.id].name}" for mode in listed
+                if mode.id in caps and caps[mode.id].name != mode.name]
+    if disagree:
+        raise PowerModeError(f"jtop's power modes and {conf_path} disagree ({'; '.join(disagree)})",
+                             fix="setting the agent's nvpmodel_conf at the file nvpmodel uses "
+                                 "(nvpmodel -p --verbose prints its path)")
 
 
 def _restore(controller: ModeController, original, caps, hold_path: Path,

@@ -236,6 +236,12 @@ def _add_sustain(sub) -> None:
     sustain.add_argument("--batch", type=int, help="its batch (one of deploy.batch_sizes; default 1)")
     sustain.add_argument("--record-every-s", type=float, help="one recorded interval, s (default 10, or a tenth of "
                                                               "a run shorter than 100 s)")
+    sustain.add_argument("--swept", action="store_true", help="run under each setting of the run's deploy.sweep (or "
+                                                              "one given with --set deploy.sweep.modes=[...]), one "
+                                                              "result each; the mode found is restored after")
+    sustain.add_argument("--cool-below-c", type=float, help="before each run, wait idle until every thermal zone is "
+                                                            "below this, °C (at most --cool-max-s)")
+    sustain.add_argument("--cool-max-s", type=float, help="the longest wait for --cool-below-c, s (default 300)")
     sustain.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                          help="another deploy key, e.g. --set deploy.job_timeout_s=3600 (only deploy.* keys)")
     sustain.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
@@ -253,7 +259,9 @@ def _cmd_sustain(args) -> int:
     from device.errors import ConfigError
 
     sustained = {"minutes": args.minutes, **{key: value for key, value in (
-        ("rung", args.rung), ("batch_size", args.batch), ("record_every_s", args.record_every_s)) if value is not None}}
+        ("rung", args.rung), ("batch_size", args.batch), ("record_every_s", args.record_every_s),
+        ("cool_below_c", args.cool_below_c), ("cool_max_s", args.cool_max_s), ("swept", args.swept or None))
+        if value is not None}}
     if args.minutes <= 0:
         raise ConfigError(f"--minutes {args.minutes:g}: give a time above 0", fix="--minutes 10")
     if args.record_every_s is None:  # ten intervals at least: a settled third to take an interval over

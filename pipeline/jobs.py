@@ -16,7 +16,6 @@ from pydantic import ValidationError
 from device.errors import ConfigError
 from device.problems import describe_problems, field_problems, safe_text
 from device.schema import EvaluationSpec, JobSpec, PreprocessSpec, SweepSpec
-from device.sustain_schema import SustainedSpec
 from pipeline.core.manifest import sha256_json
 from pipeline.core.rungs import RUNGS
 from pipeline.devices import Device
@@ -170,7 +169,8 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
             ONNX road's).
         frame: The recipe's ``deploy.frame`` (:class:`device.frame_schema.FrameSpec`), for one round's jobs.
         sustained: The recipe's ``deploy.sustained`` (:class:`pipeline.core.recipe_jobs.SustainedRecipe`): a sustained
-            job at its one batch, whose timeout adds its minutes to ``deploy.job_timeout_s`` (the build's).
+            job at its one batch, whose timeout adds its runs' minutes (and cooling) to ``deploy.job_timeout_s`` (the
+            build's); with ``sweep`` (its ``swept``), one run per setting on the sweep's first accelerator.
     """
     if road == "torch_tensorrt":
         runtime, sweep = "torch_tensorrt", None
@@ -181,12 +181,14 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
     precision = RUNGS[rung].precision
     try:
         batch_sizes = list(sweep.batch_sizes or cfg.batch_sizes) if sweep else list(cfg.batch_sizes)
-        timeout_s = cfg.job_timeout_s
+        timeout_s, swept = cfg.job_timeout_s, sweep_spec(sweep, device_info) if sweep else None
         if sustained is not None:
-            batch_sizes, timeout_s = [sustained.batch_size], cfg.job_timeout_s + 60 * sustained.minutes
-            sustained = SustainedSpec(**sustained.model_dump(exclude={"rung"}))
-        return JobSpec(artifact=artifact, runtime=runtime, precision=precision, batch_sizes=batch_sizes,
-                       sweep=sweep_spec(sweep, device_info) if sweep else None,
+            if swept is not None:  # the board heats under one engine at a time: the first accelerator's
+                swept = swept.model_copy(update={"accelerators": swept.accelerators[:1]})
+            batch_sizes = [sustained.batch_size]
+            timeout_s = cfg.job_timeout_s + sustained.runs_s(sustained.settings(sweep))
+            sustained = sustained.job_spec()
+        return JobSpec(artifact=artifact, runtime=runtime, precision=precision, batch_sizes=batch_sizes, sweep=swept,
                        duration_s=cfg.duration_s, warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
                        min_iterations=cfg.min_iterations, profile=profile, evaluation=evaluation,
                        sample_hz=cfg.sample_hz, threads=cfg.threads, telemetry="auto", timeout_s=timeout_s,

@@ -464,14 +464,8 @@ class DeployConfig(Strict):
         if self.frame is not None and self.frame.source == "images" and not self.evaluate_images:
             raise ValueError("deploy.frame.source: images makes its frames from the evaluation images: set "
                              "deploy.evaluate_images above 0")
-        if self.sustained is not None and self.sustained.rung not in self.rungs:
-            raise ValueError(f"deploy.sustained.rung {self.sustained.rung!r} is not deployed: one of {self.rungs}")
-        if self.sustained is not None and self.job_timeout_s + 60 * self.sustained.minutes > 86_400:
-            raise ValueError(f"deploy.sustained.minutes {self.sustained.minutes:g} and deploy.job_timeout_s "
-                             f"{self.job_timeout_s:g} s (its build) exceed the agent's largest timeout, 24 h")
-        if self.sustained is not None and self.sustained.batch_size not in self.batch_sizes:
-            raise ValueError(f"deploy.sustained.batch_size {self.sustained.batch_size} is not one of "
-                             f"deploy.batch_sizes {self.batch_sizes}")
+        if self.sustained is not None:
+            self.sustained.check(self)
         return self
 
 

@@ -22,7 +22,47 @@ class FrameRecipe(FrameSpec):
     needs_artifacts: ClassVar[bool] = False
 
 
+# The settings a sweep of "all" modes is budgeted for before the board says (the recipe's limit on named modes).
+ALL_MODES_BUDGETED = 16
+
+
 class SustainedRecipe(SustainedSpec):
     """``deploy.sustained``: a sustained job (:class:`SustainedSpec`) for one rung on every device."""
 
     rung: str = Field(DEPLOYED, description="the rung to run (one of deploy.rungs; default: the deployed student)")
+    swept: bool = Field(False, description="run under each setting of deploy.sweep, one result each, the device "
+                                           "restored after (its first accelerator only); false: the mode found")
+
+    def job_spec(self) -> SustainedSpec:
+        """The agent's part of it."""
+        return SustainedSpec(**self.model_dump(exclude={"rung", "swept"}))
+
+    def settings(self, sweep) -> int:
+        """How many runs a job makes under the recipe's ``deploy.sweep`` (``all`` modes: budgeted at
+        :data:`ALL_MODES_BUDGETED`; a GPU server's knob, or a Jetson's modes × jetson_clocks, whichever is more)."""
+        if not self.swept or sweep is None:
+            return 1
+        modes = ALL_MODES_BUDGETED if sweep.modes == "all" else len(sweep.modes)
+        jetson = modes * (len(sweep.jetson_clocks) if sweep.jetson_clocks else 1)
+        return max(jetson, len(sweep.power_limits_w or sweep.gpu_clocks_mhz or []))
+
+    def check(self, deploy) -> None:
+        """Against the rest of ``deploy``: a deployed rung, one of its batch sizes, a sweep to follow when swept,
+        and within the agent's largest timeout with the build's ``job_timeout_s``.
+
+        Raises:
+            ValueError: Naming the key and the fix (the recipe's validation reports it with its path).
+        """
+        if self.rung not in deploy.rungs:
+            raise ValueError(f"deploy.sustained.rung {self.rung!r} is not deployed: one of {deploy.rungs}")
+        if self.batch_size not in deploy.batch_sizes:
+            raise ValueError(f"deploy.sustained.batch_size {self.batch_size} is not one of deploy.batch_sizes "
+                             f"{deploy.batch_sizes}")
+        if self.swept and deploy.sweep is None:
+            raise ValueError("deploy.sustained.swept follows deploy.sweep's settings: give deploy.sweep (its modes), "
+                             "or set swept false")
+        settings = self.settings(deploy.sweep)
+        if deploy.job_timeout_s + self.runs_s(settings) > 86_400:
+            raise ValueError(f"deploy.sustained.minutes {self.minutes:g} × {settings} setting(s) and "
+                             f"deploy.job_timeout_s {deploy.job_timeout_s:g} s (its build) exceed the agent's largest "
+                             "timeout, 24 h")

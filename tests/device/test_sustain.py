@@ -164,44 +164,53 @@ def test_a_cancel_mid_run_leaves_the_agent_idle_within_a_second(agent, tmp_path)
 needs_jtop = pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root")
 
 
-def sustained_on_orin_nano(tmp_path, plant_kwargs: dict, minutes: float = 0.2, record_every_s: float = 1.0):
-    """A sustained job through a real agent on the simulated Orin Nano while the plant heats its GPU zone."""
+def sustained_on_orin_nano(tmp_path, plant_kwargs: dict, minutes: float = 0.2, record_every_s: float = 1.0,
+                           **job) -> tuple[dict, object]:
+    """A sustained job through a real agent on the simulated Orin Nano while the plant heats its GPU zone; ``job``:
+    more of the job (a sweep, the sustained spec's other keys under ``sustained_extra``). The result, with the mode
+    the board was in before and after (``mode_before``, ``mode_after``)."""
     pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
     from tests.device.clocked_runtime import sitecustomize_dir
-    from tests.device.jetson_sim import JtopService
+    from tests.device.jetson_sim import JtopService, mode_state
     from tests.device.thermal_plant import ZONES, ThermalPlant
 
+    extra = job.pop("sustained_extra", {})
     with JtopService(tmp_path, "orin-nano") as svc:
         _, env = sitecustomize_dir(tmp_path / "site", svc.root, "10.3.0")
-        args = ("--jtop-socket", svc.sock, "--thermal-dir", str(svc.root / ZONES))
+        args = ("--jtop-socket", svc.sock, "--thermal-dir", str(svc.root / ZONES),
+                "--nvpmodel-conf", str(svc.root / "etc/nvpmodel.conf"))
         plant = ThermalPlant(svc.root, **plant_kwargs)
+        before = mode_state(svc.root)
         with AgentProcess(tmp_path / "data", env=env, args=args) as agent, agent.client() as client:
             job = client.submit({"artifact": client.upload(tiny_onnx(tmp_path / "tiny.onnx")), "runtime": "tensorrt",
-                                 "telemetry": ["jtop", "host"], "sample_hz": 20,
-                                 "sustained": {"minutes": minutes, "record_every_s": record_every_s}})
+                                 "telemetry": ["jtop", "host"], "sample_hz": 20, **job,
+                                 "sustained": {"minutes": minutes, "record_every_s": record_every_s, **extra}})
             deadline = time.monotonic() + 120
             while "sustained: started" not in (client.job(job["id"])["progress"] or ""):  # the heat starts with the run
                 assert time.monotonic() < deadline and client.job(job["id"])["state"] in ("queued", "running")
                 time.sleep(0.02)
             with plant:
                 job = client.wait(job["id"], timeout_s=180)
+        after = mode_state(svc.root)
     assert job["state"] == "succeeded", job["error"]
-    return job["result"]["sustained"], plant
+    return {**job["result"], "mode_before": before, "mode_after": after}, plant
 
 
 @needs_jtop
 @pytest.mark.slow
 def test_the_planted_throttle_moment_and_settled_ratio_are_found(tmp_path):
-    """The GPU zone heats from 50 °C toward 100 °C (τ 2 s) past its 90 °C trip point (planted at 3.2 s from the
-    plant's start, when the run starts); the clock then halves, 100 → 50 MHz, so each call takes twice as long (39 →
-    78 ms planted). The job finds the moment within one recording interval, names the temperature as the cause, and
-    settles at twice the burst latency within 3%."""
+    """The GPU zone heats from 50 °C toward 101 °C (40 °C ambient + 10 °C/W × the planted 6.1 W; τ 2 s) past its
+    90 °C trip point (about 3.1 s from the plant's start, when the run starts); the clock then halves, 100 → 50 MHz,
+    so each call takes twice as long (39 → 78 ms planted). The job finds the moment within one recording interval,
+    names the temperature as the cause, and settles at twice the burst latency within 3%."""
     from pipeline.tasks.classification.sustain_report import burst_and_settled
 
-    sustained, plant = sustained_on_orin_nano(tmp_path, {"start_c": 50.0, "steady_c": 100.0, "tau_s": 2.0,
-                                                         "trip_c": 90.0, "critical_c": 120.0,
-                                                         "initial_hz": 100_000_000, "throttled_hz": 50_000_000})
-    planted = plant.started_at + plant.throttle_at_s() - sustained["started_at"]  # on the job's clock
+    result, plant = sustained_on_orin_nano(tmp_path, {"start_c": 50.0, "ambient_c": 40.0, "c_per_w": 10.0,
+                                                      "tau_s": 2.0, "trip_c": 90.0, "critical_c": 120.0,
+                                                      "initial_hz": 100_000_000, "throttled_hz": 50_000_000})
+    sustained = result["sustained"]
+    planted = plant.first("throttled") - sustained["started_at"]  # on the job's clock
+    assert planted == pytest.approx(plant.throttle_at_s(), abs=0.5), "the plant's own moment, at the planted 6.1 W"
     assert sustained["throttle_cause"] == "temperature", sustained["throttle_text"]
     assert planted <= sustained["first_throttle_s"] <= planted + 1.0 + 0.2, (planted, sustained["first_throttle_s"])
     figures = burst_and_settled(sustained["intervals"])
@@ -214,8 +223,104 @@ def test_the_planted_throttle_moment_and_settled_ratio_are_found(tmp_path):
 @needs_jtop
 @pytest.mark.slow
 def test_a_board_that_never_heats_reports_no_throttle(tmp_path):
-    sustained, _ = sustained_on_orin_nano(tmp_path, {"start_c": 45.0, "steady_c": 60.0, "tau_s": 2.0,
-                                                     "trip_c": 90.0, "throttled_hz": 312375000}, minutes=0.1)
+    result, _ = sustained_on_orin_nano(tmp_path, {"start_c": 45.0, "ambient_c": 30.0, "c_per_w": 4.0, "tau_s": 2.0,
+                                                  "trip_c": 90.0, "throttled_hz": 312375000}, minutes=0.1)
+    sustained = result["sustained"]
     assert sustained["throttle_cause"] == "none" and sustained["first_throttle_s"] is None
     assert all(interval["signals"] == [] for interval in sustained["intervals"])
     assert [t["type"] for t in sustained["trip_points"] if t["zone"] == "gpu-thermal"] == ["passive", "critical"]
+
+
+@needs_jtop
+@pytest.mark.slow
+def test_a_sustained_sweep_runs_each_mode_under_its_own_heat_and_restores_the_mode(tmp_path):
+    """MAXN_SUPER then 15W, from 15W: the plant settles at 30 °C + 8 °C/W × the mode's planted watts, so MAXN_SUPER
+    (12.2 W, 127.5 °C) crosses the 90 °C trip point about 1.5 s in and halves the clock, 100 → 50 MHz; 15W (6.1 W,
+    78.8 °C) never reaches it. The 15W run waits until the zone is below 85 °C (cooling from MAXN_SUPER's heat, and
+    the clock given back 3 °C under the trip point), so it starts unthrottled. One result per mode, each with its
+    setting, power and throttle; the board back in 15W with the hold gone."""
+    from pipeline.tasks.classification.sustain_report import burst_and_settled
+
+    result, plant = sustained_on_orin_nano(
+        tmp_path, {"start_c": 50.0, "ambient_c": 30.0, "c_per_w": 8.0, "tau_s": 2.0, "trip_c": 90.0,
+                   "critical_c": 140.0, "initial_hz": 100_000_000, "throttled_hz": 50_000_000},
+        minutes=0.15, sweep={"power_modes": ["MAXN_SUPER", "15W"], "settle_timeout_s": 20},
+        sustained_extra={"cool_below_c": 85.0, "cool_max_s": 30.0})
+    maxn, low = result["sustained"], result["more_sustained"][0]
+    assert len(result["more_sustained"]) == 1 and result["runs"] == []
+    assert (maxn["power_setting"]["nvpmodel_name"], low["power_setting"]["nvpmodel_name"]) == ("MAXN_SUPER", "15W")
+    assert maxn["intervals"][0]["power_mw"] == pytest.approx(12192, rel=0.01)
+    assert low["intervals"][0]["power_mw"] == pytest.approx(6096, rel=0.01)
+    assert maxn["throttle_cause"] == "temperature"
+    planted = plant.first("throttled") - maxn["started_at"]
+    assert planted <= maxn["first_throttle_s"] <= planted + 1.0 + 0.2, (planted, maxn["first_throttle_s"])
+    assert burst_and_settled(maxn["intervals"])["ratio"] == pytest.approx(2.0, rel=0.03)
+    assert low["cooling"].startswith("cooled from ") and low["start_hottest_c"] < 85.0, low["cooling"]
+    assert low["throttle_cause"] == "none" and burst_and_settled(low["intervals"])["ratio"] == pytest.approx(1, rel=0.03)
+    sweep = result["sweep"]
+    assert sweep["restored"] is True and sweep["original"]["nvpmodel_name"] == "15W"
+    assert result["mode_after"] == result["mode_before"]
+
+
+def test_a_run_the_jobs_timeout_would_cut_keeps_its_intervals_and_says_so(tmp_path):
+    """``stop_by`` (the job's timeout less what its result needs) 1.2 s into a 1-minute run: the run ends there with
+    its intervals, and says why."""
+    spec = SustainedSpec(minutes=1.0, record_every_s=0.4)
+    with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
+        started = time.monotonic()
+        result = run_sustained(runner, spec, (3, 16, 16), [], None, thermal_dir=tmp_path / "none",
+                               stop_by=time.monotonic() + 1.2)
+    assert time.monotonic() - started < 20 and 2 <= len(result["intervals"]) <= 4
+    assert result["stopped_early"].startswith("stopped after 0.0 of 1 min: the job's timeout was near")
+
+
+def test_cooling_waits_for_the_zones_and_says_what_it_did(tmp_path):
+    """A zone at 70 °C written down to 50 °C by a thread after 1 s: the run waits for 60 °C, then starts; a zone that
+    never cools is waited for cool_max_s and the run starts hotter, said."""
+    import threading
+
+    folder = zones(tmp_path / "thermal", {"gpu-thermal": 70.0})
+    cooler = threading.Timer(1.0, lambda: (folder / "thermal_zone0" / "temp").write_text("50000\n"))
+    cooler.start()
+    spec = SustainedSpec(minutes=0.01, record_every_s=0.3, cool_below_c=60.0, cool_max_s=20.0)
+    with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
+        cooled = run_sustained(runner, spec, (3, 16, 16), [], None, thermal_dir=folder)
+        (folder / "thermal_zone0" / "temp").write_text("70000\n")
+        hot = run_sustained(runner, spec.model_copy(update={"cool_max_s": 1.0}), (3, 16, 16), [], None,
+                            thermal_dir=folder)
+    cooler.join()
+    assert cooled["cooling"].startswith("cooled from 70.0 to 50.0 °C in ") and cooled["start_hottest_c"] == 50.0
+    assert hot["cooling"] == "still 70.0 °C after 1 s (cool_below_c 60 °C): started hotter"
+    assert hot["start_hottest_c"] == 70.0
+    SustainedResult.model_validate(hot)
+
+
+@needs_jtop
+@pytest.mark.slow
+def test_a_cancel_mid_sustained_sweep_leaves_the_agent_idle_and_the_mode_restored(tmp_path):
+    """Cancelled in MAXN_SUPER's run (from 15W): the agent answers that nothing runs within a second, and its restore
+    from the hold puts 15W back."""
+    pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
+    from tests.device.jetson_sim import JtopService, mode_state
+
+    with JtopService(tmp_path, "orin-nano") as svc, AgentProcess(
+            tmp_path / "data", args=("--jtop-socket", svc.sock, "--nvpmodel-conf",
+                                     str(svc.root / "etc/nvpmodel.conf"))) as agent, agent.client() as client:
+        before = mode_state(svc.root)
+        job = client.submit({"artifact": client.upload(tiny_onnx(tmp_path / "tiny.onnx")), "telemetry": ["host"],
+                             "sweep": {"power_modes": ["MAXN_SUPER", "15W"], "settle_timeout_s": 20},
+                             "sustained": {"minutes": 1.0, "record_every_s": 1.0}})
+        deadline = time.monotonic() + 120
+        while "MAXN_SUPER" not in (progress := client.job(job["id"])["progress"] or "") or "sustained:" not in progress:
+            assert time.monotonic() < deadline, client.job(job["id"])
+            time.sleep(0.05)
+        assert mode_state(svc.root)["id"] == 2
+        started = time.monotonic()
+        assert client.cancel(job["id"])["state"] == "cancelled"
+        while client.health()["running"]:
+            assert time.monotonic() - started < 1.0, "the cancelled load still runs"
+            time.sleep(0.02)
+        while (tmp_path / "data" / "power_mode_hold.json").exists():
+            assert time.monotonic() - started < 60, "the agent's restore after the cancel"
+            time.sleep(0.1)
+        assert mode_state(svc.root) == before

@@ -1,14 +1,17 @@
-"""A PLANTED thermal model for the simulated Jetson (tests only): a first-order heat curve, the trip points the kernel
-lists, and the GPU clock stepped down at the passive trip point.
+"""A PLANTED thermal model for the simulated Jetson (tests only): a first-order heat curve driven by the board's
+planted power, the trip points the kernel lists, and the GPU clock stepped down at the passive trip point.
 
 On this host nothing heats: a sustained job's throttle moment and settled latency could not be checked against
-anything. Here a thread writes the simulated board's ``gpu-thermal`` zone every tick, rising from ``start_c``
-toward ``steady_c`` with time constant ``tau_s`` (``T(t) = steady − (steady − start)·e^(−t/τ)``, synthetic); the
-zone lists a passive trip point at ``trip_c`` and a critical one at ``critical_c`` (``trip_point_N_type/temp``,
-synthetic values); the GPU's devfreq ``cur_freq`` is ``initial_hz`` from the plant's making and, when the temperature reaches the
-passive trip point, is stepped down to ``throttled_hz`` and stays there. The clocked TensorRT stand-in (:mod:`tests.device.clocked_runtime`)
-times each call from that clock, so the latency doubles when the clock halves: the planted moment
-(:meth:`ThermalPlant.throttle_at_s`) and ratio are known in advance.
+anything. Here a thread writes the simulated board's ``gpu-thermal`` zone every tick. Its steady state is the
+ambient plus a thermal resistance times the board's input power as the simulation plants it now (the INA3221's
+VDD_IN, which the simulated ``nvpmodel`` sets per mode: 6.1 W at 15W, 12.2 W at MAXN_SUPER on the Orin Nano;
+SYNTHETIC), so a mode with more watts settles hotter; the temperature moves toward it with time constant
+``tau_s`` (``T ← Tss + (T − Tss)·e^(−dt/τ)``, exact while the power holds). The zone lists a passive trip point at
+``trip_c`` and a critical one at ``critical_c`` (``trip_point_N_type/temp``, synthetic values). The GPU's devfreq
+``cur_freq`` is ``initial_hz`` from the plant's making; at the passive trip point it is held at ``throttled_hz``
+(against a mode change that rewrites it), and given back ``hysteresis_c`` below it. The clocked TensorRT stand-in
+(:mod:`tests.device.clocked_runtime`) times each call from that clock, so the latency doubles when the clock halves:
+the planted moments (:attr:`ThermalPlant.events`, :meth:`ThermalPlant.throttle_at_s`) and ratio are known.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.device.jetson_sim import _replace, gpu_devfreq
+from tests.device.jetson_sim import HWMON, _read_int, _replace, gpu_devfreq
 
 ZONES = "sys/devices/virtual/thermal"
 
@@ -34,16 +37,20 @@ def zone_folder(root: str | Path, zone: str) -> Path:
 class ThermalPlant:
     """The heat curve, trip points and clock step of one zone, written by a thread while it runs."""
 
-    def __init__(self, root: str | Path, start_c: float, steady_c: float, tau_s: float, trip_c: float = 95.0,
-                 critical_c: float = 105.0, throttled_hz: int | None = None, initial_hz: int | None = None,
+    def __init__(self, root: str | Path, start_c: float, tau_s: float, ambient_c: float = 30.0,
+                 c_per_w: float = 8.0, trip_c: float = 95.0, critical_c: float = 105.0,
+                 throttled_hz: int | None = None, initial_hz: int | None = None, hysteresis_c: float = 3.0,
                  zone: str = "gpu-thermal", tick_s: float = 0.05):
-        self.root, self.start_c, self.steady_c, self.tau_s = Path(root), start_c, steady_c, tau_s
+        self.root, self.start_c, self.tau_s, self.ambient_c, self.c_per_w = Path(root), start_c, tau_s, ambient_c, \
+            c_per_w
         self.trip_c, self.critical_c, self.throttled_hz, self.tick_s = trip_c, critical_c, throttled_hz, tick_s
-        self.initial_hz = initial_hz
+        self.initial_hz, self.hysteresis_c = initial_hz, hysteresis_c
         self.folder = zone_folder(root, zone)
         self.clock = gpu_devfreq(root) / "cur_freq"
         self.started_at: float | None = None  # time.time() of t = 0
-        self.throttled_at_s: float | None = None
+        self.events: list[tuple[float, str]] = []  # (time.time(), "throttled" or "recovered")
+        self.temp_c = start_c
+        self._held_hz: int | None = None  # the clock the throttle took over (given back on recovery)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="thermal-plant", daemon=True)
         for index, (kind, temp_c) in enumerate((("passive", trip_c), ("critical", critical_c))):
@@ -53,24 +60,52 @@ class ThermalPlant:
         if initial_hz:  # from the first call on (the plant is made before the job runs, heats once entered)
             _replace(self.clock, initial_hz)
 
-    def temperature(self, t: float) -> float:
-        return self.steady_c - (self.steady_c - self.start_c) * math.exp(-t / self.tau_s)
+    def power_w(self) -> float:
+        """The board's input power the simulation plants now (VDD_IN: mV × mA on the first INA3221's channel 1)."""
+        hwmon = self.root / HWMON
+        return _read_int(hwmon / "in1_input") * _read_int(hwmon / "curr1_input") / 1e6
+
+    def steady_c(self, power_w: float | None = None) -> float:
+        """Where the zone settles at ``power_w`` (default: the power planted now)."""
+        return self.ambient_c + self.c_per_w * (self.power_w() if power_w is None else power_w)
 
     def throttle_at_s(self) -> float | None:
-        """The planted moment the zone reaches its passive trip point (None: it never does)."""
-        if self.steady_c <= self.trip_c:
+        """The planted moment, from the start, the zone reaches its passive trip point while the power planted now
+        holds (None: it settles below it)."""
+        steady = self.steady_c()
+        if steady <= self.trip_c:
             return None
-        return -self.tau_s * math.log((self.steady_c - self.trip_c) / (self.steady_c - self.start_c))
+        return -self.tau_s * math.log((steady - self.trip_c) / (steady - self.start_c))
+
+    def first(self, event: str, after: float = 0.0) -> float | None:
+        """``time.time()`` of the first ``event`` at or after ``after`` (None: none)."""
+        return next((at for at, name in self.events if name == event and at >= after), None)
+
+    def _tick(self, dt: float) -> None:
+        steady = self.steady_c()
+        self.temp_c = steady + (self.temp_c - steady) * math.exp(-dt / self.tau_s)
+        _replace(self.folder / "temp", int(self.temp_c * 1000))
+        if not self.throttled_hz:
+            return
+        now_hz = _read_int(self.clock)
+        if self._held_hz is None and self.temp_c >= self.trip_c:
+            self._held_hz = now_hz
+            _replace(self.clock, self.throttled_hz)
+            self.events.append((time.time(), "throttled"))
+        elif self._held_hz is not None and self.temp_c < self.trip_c - self.hysteresis_c:
+            _replace(self.clock, min(self._held_hz, _read_int(self.clock.parent / "max_freq")))
+            self._held_hz = None
+            self.events.append((time.time(), "recovered"))
+        elif self._held_hz is not None and now_hz != self.throttled_hz:
+            self._held_hz = now_hz  # jetson_clocks or a mode rewrote the clock: what it set comes back on recovery
+            _replace(self.clock, self.throttled_hz)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            t = time.time() - self.started_at
-            temp = self.temperature(t)
-            _replace(self.folder / "temp", int(temp * 1000))
-            if self.throttled_hz and self.throttled_at_s is None and temp >= self.trip_c:
-                _replace(self.clock, self.throttled_hz)
-                self.throttled_at_s = t
-            self._stop.wait(self.tick_s)
+        last = time.time()
+        while not self._stop.wait(self.tick_s):
+            now = time.time()
+            self._tick(now - last)
+            last = now
 
     def __enter__(self) -> "ThermalPlant":
         self.started_at = time.time()

@@ -4,6 +4,7 @@ finished run (loopback: what it cannot measure said) ending with the section, fi
 
 from __future__ import annotations
 
+import base64
 import csv
 import json
 import shutil
@@ -16,6 +17,42 @@ from pipeline.tasks.classification.sustain_report import burst_and_settled, head
 def intervals(p50s, energy=None):
     return [{"end_s": 10.0 * (i + 1), "latency_p50_ms": p, "energy_mj_per_image": energy, "gpu_temp_c": 50.0 + i,
              "hottest_c": None} for i, p in enumerate(p50s)]
+
+
+def test_a_bad_sustained_recipe_is_refused_with_its_key():
+    from device.errors import ConfigError
+    from pipeline.core.recipe import load_recipe
+
+    for overrides, said in (
+            ({"deploy.sustained.minutes": 1.0, "deploy.sustained.swept": True},
+             "deploy.sustained.swept follows deploy.sweep's settings"),
+            ({"deploy.sustained.minutes": 1.0, "deploy.sustained.rung": "student_fp16",
+              "deploy.rungs": ["teacher", "student_int8"]}, "deploy.sustained.rung 'student_fp16' is not deployed"),
+            ({"deploy.sustained.minutes": 1.0, "deploy.sustained.batch_size": 64}, "is not one of deploy.batch_sizes"),
+            ({"deploy.sustained.minutes": 600.0, "deploy.sustained.swept": True, "deploy.sweep.modes": "all"},
+             "× 16 setting(s) and deploy.job_timeout_s"),
+            ({"deploy.sustained.minutes": 1.0, "deploy.sustained.cool_below_c": 5.0}, "deploy.sustained.cool_below_c")):
+        with pytest.raises(ConfigError) as err:
+            load_recipe("tiny", overrides)
+        assert said in err.value.message, (overrides, err.value.message)
+
+
+def test_a_swept_sustained_job_runs_the_sweeps_first_accelerator_within_a_timeout_for_every_setting():
+    from pipeline.core.recipe import load_recipe
+    from pipeline.jobs import job_spec
+
+    cfg = load_recipe("tiny", {"deploy.sustained.minutes": 2.0, "deploy.sustained.swept": True,
+                               "deploy.sustained.cool_below_c": 60.0, "deploy.sustained.cool_max_s": 30.0,
+                               "deploy.sweep.modes": ["15W", "MAXN_SUPER"], "deploy.sweep.jetson_clocks": [False, True],
+                               "deploy.sweep.accelerators": ["dla", "gpu"]})[0].deploy
+    info = {"l4t": "36.4.0", "tensorrt": "10.3.0"}
+    spec = job_spec(cfg.sustained.rung, "0" * 64, info, cfg, {"input_size": 28, "resize": 32, "channels": 1,
+                                                              "mean": [0.5], "std": [0.25]}, "run/x/sustained",
+                    profile=False, sustained=cfg.sustained, sweep=cfg.sweep)
+    assert spec.sweep.accelerators == ["dla0"] and spec.sweep.settings() == 4
+    assert spec.timeout_s == cfg.job_timeout_s + 4 * (120 + 30)
+    assert spec.sustained.model_dump() == {"minutes": 2.0, "batch_size": 1, "record_every_s": 10.0,
+                                           "cool_below_c": 60.0, "cool_max_s": 30.0}
 
 
 def test_burst_is_the_first_interval_and_settled_the_last_thirds_median():
@@ -36,6 +73,61 @@ def test_the_headline_speaks_only_of_a_measurably_slower_settled_board():
                                        "the first interval (2.620 vs 2.000 ms)")
     steady = {**slower, **burst_and_settled(intervals([2.0, 1.9, 2.1, 1.95, 2.05, 2.0]))}
     assert headline_text([steady]) is None
+
+
+def test_a_sustained_sweep_is_one_row_per_setting_one_figure_per_device_and_its_first_setting_on_the_row(tmp_path):
+    """Two real runs on loopback (ONNX Runtime), each given a swept setting as the sweep gives it, in one job result
+    (2.11): the section has a setting column and each run's cooling and start temperature, one figure holds both,
+    the row takes the first setting's figures and names it, and a setting the timeout skipped is said."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from device.runners import make_runner
+    from device.schema import JobResult, JobSpec, NotMeasured, PowerSetting, SweepResult
+    from device.sustain import run_sustained
+    from pipeline.sections import Figure, to_markdown_lines
+    from pipeline.tasks.classification.sustain_report import join_rows, plot, section, sustained_runs
+    from tests.device.agent_process import tiny_onnx
+    from tests.device.test_sustain import zones
+
+    spec = JobSpec(artifact="0" * 64, sustained={"minutes": 0.01, "record_every_s": 0.2, "cool_below_c": 60.0,
+                                                 "cool_max_s": 1.0},
+                   sweep={"power_modes": ["MAXN_SUPER", "15W"], "jetson_clocks": [True]})
+    folder = zones(tmp_path / "thermal", {"gpu-thermal": 55.0})
+    runs = []
+    with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
+        for mode_id, name in ((2, "MAXN_SUPER"), (0, "15W")):
+            setting = PowerSetting(nvpmodel_id=mode_id, nvpmodel_name=name, jetson_clocks=True, settle_s=0.4)
+            runs.append({**run_sustained(runner, spec.sustained, (3, 16, 16), [], None, thermal_dir=folder),
+                         "power_setting": setting.model_dump()})
+    skipped = NotMeasured(nvpmodel_id=1, nvpmodel_name="7W", jetson_clocks=True, kind="skipped",
+                          reason="the job's timeout left no recording interval for it")
+    result = JobResult.model_validate({
+        "spec": spec.model_dump(), "input_chw": [3, 16, 16], "runtime": {"name": "onnxruntime", "precision": "fp32",
+                                                                         "load_s": 0.1, "python": "3.11"},
+        "smoke": {"image": "smoke.png", "output_shape": [1, 10], "top1_index": 0, "preprocess": {}},
+        "runs": [], "sustained": runs[0], "more_sustained": runs[1:],
+        "sweep": SweepResult(controlled=True, restored=True, not_measured=[skipped])}).dump()
+    assert result["schema"] == "edgefold.result/2.11" and "cool_max_s" in result["spec"]["sustained"]
+    shown = sustained_runs([{"name": "orin", "sustained": {"rung": "student_int8", "state": "succeeded",
+                                                           "result": result}}])
+    assert [run["setting"] for run in shown] == ["MAXN_SUPER, jetson_clocks on", "15W, jetson_clocks on"]
+    assert all(run["start_hottest_c"] == 55.0 and run["cooling"] == "already below 60 °C (55.0 °C)" for run in shown)
+    rows = [{"rung": "student_int8", "device": "orin"}]
+    join_rows(shown, rows)
+    assert rows[0]["sustained_setting"] == "MAXN_SUPER, jetson_clocks on"
+    assert rows[0]["sustained_burst_p50_ms"] == shown[0]["burst"]
+    png = plot(plt, shown)
+    assert base64.b64decode(png).startswith(b"\x89PNG")
+    shown_section = section(shown, {"sustained:orin": png})
+    assert [block.key for block in shown_section.blocks if isinstance(block, Figure)] == ["sustained:orin"]
+    text = "\n".join(to_markdown_lines(shown_section))
+    assert "| rung | device | setting | minutes |" in text and "| 15W, jetson_clocks on | 0.01 |" in text
+    assert "| 55.0 → " in text
+    assert "Sweep on orin: 7W not run: the job's timeout left no recording interval for it." in text
+    assert "orin (15W, jetson_clocks on): already below 60 °C (55.0 °C)." in text
 
 
 def test_edgefold_sustain_on_loopback_ends_with_after_n_minutes(tiny_run, tmp_path, capsys):
@@ -72,12 +164,31 @@ def test_edgefold_sustain_on_loopback_ends_with_after_n_minutes(tiny_run, tmp_pa
     assert "report: " in out
 
 
+def test_edgefold_sustain_swept_on_loopback_says_it_could_only_run_the_mode_found(tiny_run, tmp_path):
+    """``--swept`` with a sweep given by ``--set``, on loopback (no jtop service, so no power-mode control): one run
+    under the mode found, and the report says why there is no other."""
+    from pipeline.cli import main
+
+    runs = tmp_path / "runs"
+    shutil.copytree(tiny_run.run_dir, runs / "tiny" / "shared")
+    assert main(["sustain", str(runs / "tiny" / "shared"), "--minutes", "0.02", "--swept", "--runs-dir", str(runs),
+                 "--set", "deploy.sweep.modes=[15W, MAXN_SUPER]", "--set", "deploy.rungs=[teacher, student_int8]",
+                 "--set", "deploy.evaluate_images=0"]) == 0
+    data = json.loads((runs / "tiny" / "shared" / "report" / "results.json").read_text())
+    (run,) = data["sustained"]
+    assert run["setting"] is None and len(run["intervals"]) >= 2
+    assert run["sweep_notes"] and run["sweep_notes"][0].startswith("no power-mode control"), run["sweep_notes"]
+    markdown = (runs / "tiny" / "shared" / "report" / "report.md").read_text()
+    assert "Sweep on loopback: no power-mode control" in markdown
+
+
 def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(tiny_run, tmp_path):
-    """The done-when on a short clock: ``edgefold sustain --minutes 0.2`` on the tiny run's INT8 rung, deployed to a
-    real agent on the simulated Orin Nano (the REAL jtop service; the clocked TensorRT stand-in, whose calls follow
-    the GPU clock; a PLANTED heat curve whose passive trip point halves the clock 3.2 s into the run). The report's
-    "After 0.2 minutes" has the throttle moment within one recording interval of the plant's, the temperature as its
-    cause, the settled-over-burst ratio within 3% of the planted 2, the figure, and the headline's line."""
+    """The done-when: ``edgefold sustain --minutes 2`` on the tiny run's INT8 rung, deployed to a real agent on the
+    simulated Orin Nano (the REAL jtop service; the clocked TensorRT stand-in, whose calls follow the GPU clock; a
+    PLANTED heat curve driven by the board's planted 6.1 W, τ 20 s, whose passive trip point halves the clock about
+    31 s into the run). The report's "After 2 minutes" has the throttle moment within one recording interval (the
+    default 10 s) of the plant's, the temperature as its cause, the settled-over-burst ratio within 3% of the planted
+    2, the figure, and the headline's line."""
     import os
     import threading
     import time
@@ -96,8 +207,8 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     shutil.copytree(tiny_run.run_dir, run)
     with JtopService(tmp_path / "board", "orin-nano") as svc:
         _, env = sitecustomize_dir(tmp_path / "site", svc.root, "10.3.0")
-        plant = ThermalPlant(svc.root, start_c=50.0, steady_c=100.0, tau_s=2.0, trip_c=90.0, critical_c=120.0,
-                             initial_hz=100_000_000, throttled_hz=50_000_000)
+        plant = ThermalPlant(svc.root, start_c=50.0, tau_s=20.0, ambient_c=40.0, c_per_w=10.0, trip_c=90.0,
+                             critical_c=120.0, initial_hz=100_000_000, throttled_hz=50_000_000)
         with AgentProcess(tmp_path / "agent", env=env, args=("--jtop-socket", svc.sock, "--thermal-dir",
                                                              str(svc.root / ZONES))) as agent:
             done = threading.Event()
@@ -114,7 +225,7 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
             watcher = threading.Thread(target=heat_with_the_run, daemon=True)
             watcher.start()
             try:
-                code = main(["sustain", str(run), "--minutes", "0.2", "--record-every-s", "1", "--edge", agent.url,
+                code = main(["sustain", str(run), "--minutes", "2", "--edge", agent.url,
                              "--token-file", str(agent.token_file), "--set", "deploy.rungs=[teacher, student_int8]",
                              "--set", "deploy.evaluate_images=0", "--set", "deploy.duration_s=0.3",
                              "--set", "deploy.batch_sizes=[1]", "--set", "deploy.runtime=tensorrt"])
@@ -124,12 +235,13 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     assert code == 0
     data = json.loads((run / "report" / "results.json").read_text())
     (sustained,) = [r for r in data["sustained"] if r["device"] == "edge"]
-    planted = plant.started_at + plant.throttle_at_s() - sustained["started_at"]
+    planted = plant.first("throttled") - sustained["started_at"]  # on the job's clock
+    assert 25 < planted < 40, "the planted curve crosses 90 °C about 31 s in"
     assert sustained["throttle_cause"] == "temperature", sustained["throttle_text"]
-    assert planted <= sustained["first_throttle_s"] <= planted + 1.0 + 0.2, (planted, sustained["first_throttle_s"])
+    assert planted <= sustained["first_throttle_s"] <= planted + 10.0 + 0.5, (planted, sustained["first_throttle_s"])
     assert sustained["ratio"] == pytest.approx(2.0, rel=0.03) and sustained["ratio_low"] > 1
     row = next(r for r in data["rows"] if r["rung"] == "student_int8" and r["device"] == "edge")
     assert row["sustained_throttle_cause"] == "temperature" and row["sustained_ratio"] == sustained["ratio"]
     markdown = (run / "report" / "report.md").read_text()
-    assert "## After 0.2 minutes" in markdown and "  sustained      student_int8 on edge: after " in markdown
+    assert "## After 2 minutes" in markdown and "  sustained      student_int8 on edge: after " in markdown
     assert 'alt="sustained:edge"' in (run / "report" / "report.html").read_text()

@@ -42,9 +42,9 @@ def plots(data: dict[str, Any]) -> dict[str, str | Text]:
         figures["per_class"] = figure_png(perclass.plot(data["per_class"]))
     if framed(data["rows"]):
         figures["frame:parts"] = frame_plot(plt, data["rows"])
-    for run in data.get("sustained") or []:
-        if run.get("intervals"):
-            figures[f"sustained:{run['device']}"] = sustain_plot(plt, run)
+    drawn = [run for run in data.get("sustained") or [] if run.get("intervals")]
+    for device in dict.fromkeys(run["device"] for run in drawn):
+        figures[f"sustained:{device}"] = sustain_plot(plt, [run for run in drawn if run["device"] == device])
     for device in dict.fromkeys(f["device"] for f in data.get("power_fronts") or []):
         fronts = [f for f in data["power_fronts"] if f["device"] == device]
         drawable = any(p["energy_mj_per_image"] is not None for f in fronts for p in f["settings"])

@@ -308,14 +308,15 @@ class DeployStage(Stage):
                     "error": outcome.get("error") or f"{rung} has no ONNX artifact in this run"}
         digest = sha256_file(path)
         spec = job_spec(rung, digest, outcome["info"], cfg, preprocess, f"{label}/{rung}/sustained",
-                        profile=False, sustained=cfg.sustained)
+                        profile=False, sustained=cfg.sustained, sweep=cfg.sweep if cfg.sustained.swept else None)
         key = window_key(artifact=digest, agent=device.url, fingerprint=outcome["fingerprint"],
                          code=code_sha256(self.code_modules)[0] if device is LOOPBACK else None, round_index=0,
                          spec=spec.model_dump(mode="json", exclude={"label"}, exclude_none=True))
 
         def run() -> dict[str, Any]:
             with lock:
-                ctx.log(f"[  deploy] {device.name}: {rung} run without pause for {cfg.sustained.minutes:g} min")
+                ctx.log(f"[  deploy] {device.name}: {rung} run without pause for {cfg.sustained.minutes:g} min"
+                        + (" under each sweep setting" if spec.sweep is not None else ""))
             # Never retried: a retry would run the board for the minutes again (a failure is reported as it is).
             return self._benchmark(client, device, f"{rung} sustained", path, spec,
                                    cfg.model_copy(update={"retries": 0}), ctx, lock)
