@@ -107,11 +107,11 @@ def submittable(store: Store, spec: JobSpec, job_timeout_s: float) -> None:
         raise fastapi.HTTPException(404, f"no artifact {spec.artifact}; upload it first with "
                                          f"PUT /v1/artifacts/{spec.artifact}")
     timeout_s = spec.timeout_s or job_timeout_s
-    settings = spec.sweep.settings() if spec.sweep else 1  # a sweep of "all" modes: counted by the job, on the board
-    if spec.sustained is not None and settings and spec.sustained.budget_s(settings) > timeout_s:
-        raise fastapi.HTTPException(422, f"{spec.sustained.budget_text(settings)} is past the job's effective timeout "
-                                         f"{timeout_s:g} s (the agent's job_timeout_s): run shorter, or give the job a "
-                                         "timeout_s or the agent a job_timeout_s above it")
+    settings, settle_s = spec.sustained_settings()  # a sweep of "all" modes: counted by the job, on the board
+    if spec.sustained is not None and settings and spec.sustained.budget_s(settings, settle_s) > timeout_s:
+        raise fastapi.HTTPException(422, f"{spec.sustained.budget_text(settings, settle_s)} is past the job's "
+                                         f"effective timeout {timeout_s:g} s (the agent's job_timeout_s): run shorter, "
+                                         "or give the job a timeout_s or the agent a job_timeout_s above it")
 
 
 def load_token(config: AgentConfig) -> str:

@@ -406,7 +406,8 @@ class Executor:
             "head_path": head_path, "frame_model_path": frame_model_path, "frame_images_path": frame_images_path,
             "engine_cache": str(self.store.root / "engines"), "jtop_socket": self.jtop_socket, "job_id": job.id,
             "hold_path": str(self.hold_path), "nvpmodel_conf": self.nvpmodel_conf, "thermal_dir": self.thermal_dir,
-            "thermal_margin_c": self.thermal_margin_c, "timeout_s": job.spec.timeout_s or self.job_timeout_s}))
+            "thermal_margin_c": self.thermal_margin_c, "timeout_s": job.spec.timeout_s or self.job_timeout_s,
+            "launched_at": time.time()}))  # the timeout's start, for a sustained run to end before it
         timeout_s = job.spec.timeout_s or self.job_timeout_s
         child = self._launcher.launch(job_dir, job_dir / "log.txt")
         self._child, self._child_job, self._cancelled = child, job.id, None

@@ -26,8 +26,9 @@ from typing import Any, Callable
 from device.errors import ConfigError, DeviceError, MissingDependencyError, SweepStoppedError, require
 from device.files import write_json_atomic
 from device.gpu_state import GPU_HOLD_SCHEMA, GpuState, gpu_hold_state  # noqa: F401 (the hold's record, re-exported)
-from device.power_modes import Control, DeviceHeldError, PowerModeError, read_hold
+from device.power_modes import Control, PowerModeError
 from device.schema import NotMeasured, PowerSetting, SweepResult, SweepSpec
+from device.sweep import refuse_if_held
 
 log = logging.getLogger("edgefold.sweep")
 
@@ -213,7 +214,8 @@ def _restore(control, original, hold_path: Path, progress: Callable[[str], None]
 
 
 def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: str | None,
-                  measure_point: MeasurePoint, progress: Callable[[str], None]) -> tuple[list[Any], SweepResult]:
+                  measure_point: MeasurePoint, progress: Callable[[str], None],
+                  budget: Any = None) -> tuple[list[Any], SweepResult]:
     """Visits every power limit or locked clock of ``sweep`` on the job's GPU and restores it.
 
     Args:
@@ -223,6 +225,8 @@ def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: st
         pci_bus_id: The PCI bus id of the GPU the runner uses.
         measure_point: Measures every batch size (and accelerator) under the current setting.
         progress: Reports where the sweep is.
+        budget: A sustained job's time (:func:`device.sweep.run_sweep`'s): only ``late()`` is asked, the settings
+            being known from the spec.
 
     Returns:
         (every window measured, the sweep's record).
@@ -239,11 +243,7 @@ def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: st
         return measure_point(None, "current setting"), SweepResult(
             controlled=False, note=f"no NVML power control ({err.message}): measured the current setting only")
     with control:
-        held = read_hold(hold_path)
-        if held is not None:
-            raise DeviceHeldError(f"sweep job {held[0]} still holds the device (its original state "
-                                  f"{held[1].describe()} is not restored)",
-                                  fix="restart the agent: it restores the original state first")
+        refuse_if_held(hold_path, fix="restart the agent: it restores the original state first")
         settings = _settings(sweep, control)
         original = control.state()
         write_gpu_hold(hold_path, job_id, original)  # before the first change: a kill -9 leaves what to restore
@@ -254,6 +254,10 @@ def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: st
             for index, (kind, value) in enumerate(settings, start=1):
                 label = f"{value:g} W limit" if kind == "power_limit" else f"{value} MHz locked"
                 where = f"setting {index}/{len(settings)} ({label})"
+                if budget is not None and (reason := budget.late()):  # a sustained job's time is up: left unset
+                    not_measured.append(NotMeasured(nvpmodel_id=None, nvpmodel_name=label, jetson_clocks=None,
+                                                    kind="skipped", reason=reason))
+                    continue
                 progress(f"sweep {where}: setting")
                 started = time.monotonic()
                 try:

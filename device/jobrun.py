@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from device import contention
-from device.errors import ConfigError, EdgeFoldError, MissingDependencyError
+from device.errors import ConfigError, DeviceError, EdgeFoldError, MissingDependencyError
 from device.files import write_json_atomic
 from device.measure import MeasureSpec, measure, telemetry_window
 from device.jtop_client import use_socket
@@ -37,6 +37,8 @@ from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
 from device.reported import reported_fields
 from device.schema import RESULT_SCHEMA, JobResult, JobSpec, PowerSetting, RunResult, RunSummary
+from device.setting_schema import SWEEP_RESTORE_S
+from device.sustain_schema import RESULT_RESERVE_S
 from device.sweep import accelerator_dla_core, open_accelerator, point_facts, run_sweep
 from device.telemetry import series
 from device.telemetry.base import Sampler
@@ -48,9 +50,6 @@ MEMORY_SOURCES = (("jtop", series.RAM_USED), ("nvml", series.GPU_MEM_USED), ("ho
 DETECTION_EVALUATION = "device.detection_evaluation"
 """The detection evaluation pass, imported by name only for a job whose evaluation names a sidecar."""
 SERIES_SOURCES = ("jtop", "nvml", "host")  # a series any of them reads comes from the first
-# Kept back from a sustained run's minutes within the job's timeout: the result (slicing the traces, validating,
-# writing) and, in a sweep, the restore of the original mode.
-RESULT_RESERVE_S, RESTORE_RESERVE_S = 15.0, 30.0
 
 
 def _is_tegra() -> bool:
@@ -443,11 +442,11 @@ def sustained_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, 
     def progress(text: str) -> None:
         write_json_atomic(job_dir / "progress.json", {"progress": text, "at": time.time()})
 
-    # The job's timeout counts from its launch (about its load's start; the reserve covers the process's start and
-    # the smoke call): what slicing the traces, the result (and a sweep's restore) need is kept back from the run,
-    # so a late build cuts the run short instead of losing it.
-    reserve = RESULT_RESERVE_S + (RESTORE_RESERVE_S if spec.sweep is not None else 0.0)
-    stop_by = time.monotonic() - load_s + job["timeout_s"] - reserve if job.get("timeout_s") else None
+    # The job's timeout counts from its launch (the agent's clock, in job.json): what the result (and a sweep's
+    # restore) needs is kept back from the last run, so a late build cuts a run short instead of losing it.
+    reserve = RESULT_RESERVE_S + (SWEEP_RESTORE_S if spec.sweep is not None else 0.0)
+    stop_by = (time.monotonic() + job["launched_at"] + job["timeout_s"] - time.time() - reserve
+               if job.get("timeout_s") and job.get("launched_at") else None)
     samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
                                     pci_bus_id=getattr(runner, "pci_bus_id", None))
     try:
@@ -460,7 +459,7 @@ def sustained_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, 
                                  progress=lambda text: progress(f"{where}: {text}" if where else text))
 
         runs, sweep = (sustained_sweep(spec, job, job_dir, runner, run, stop_by, progress) if spec.sweep is not None
-                       else ([run()], None))
+                       else ([run()], None))  # alone, a run with no time for an interval fails the job, saying so
     finally:
         for sampler in samplers:
             sampler.close()
@@ -474,43 +473,51 @@ def sustained_sweep(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, r
                     progress) -> tuple[list[dict[str, Any]], Any]:
     """One sustained run under each setting of the job's sweep (:func:`device.sweep.run_sweep`, or
     :func:`device.gpu_power.run_gpu_sweep` on a data-center GPU): the hold written before the first change, the
-    device restored after the last. A setting the timeout leaves no interval for is recorded as not measured.
+    device restored after the last. A setting the timeout leaves no time for is left unset and recorded as not
+    measured, as is one whose cooling used up its time.
 
     Raises:
         ConfigError: A sweep of ``all`` modes whose settings, counted on the board, do not fit the job's timeout
             (before anything is changed).
+        DeviceError: No setting's run fitted in the job's timeout (the device restored first).
     """
     from device.schema import NotMeasured
+    from device.sustain import NoIntervalError, SustainedTime
 
-    timeout_s = job.get("timeout_s")
-    late: list[NotMeasured] = []
-
-    def fits(settings: int) -> None:
-        if timeout_s and spec.sustained.budget_s(settings) > timeout_s:
-            raise ConfigError(f"{spec.sustained.budget_text(settings)} is past the job's timeout {timeout_s:g} s "
-                              f"(this board lists {settings} settings for power_modes 'all')",
-                              fix="name the modes to sweep, run shorter, or give the job a longer timeout_s")
+    time_left = SustainedTime(spec.sustained, spec.sweep.settle_timeout_s, job.get("timeout_s"), stop_by)
+    cooled_out: list[NotMeasured] = []
 
     def measure_point(setting: PowerSetting | None, where: str) -> list[dict[str, Any]]:
-        if stop_by is not None and stop_by - time.monotonic() < spec.sustained.record_every_s:
-            late.append(NotMeasured(nvpmodel_id=setting and setting.nvpmodel_id,
-                                    nvpmodel_name=setting.label() if setting else "current mode",
-                                    jetson_clocks=setting and setting.jetson_clocks, kind="skipped",
-                                    reason="the job's timeout left no recording interval for it"))
+        try:
+            return [{**run(where), "power_setting": setting.model_dump() if setting is not None else None}]
+        except NoIntervalError as err:  # its cooling used the time up: the settings before it are kept
+            time_left.ran_out = True
+            cooled_out.append(NotMeasured(nvpmodel_id=setting.nvpmodel_id if setting else None,
+                                          nvpmodel_name=setting.label() if setting else "current mode",
+                                          jetson_clocks=setting.jetson_clocks if setting else None, kind="skipped",
+                                          reason=err.message))
             return []
-        return [{**run(where), "power_setting": setting.model_dump() if setting is not None else None}]
 
     hold, job_id = Path(job["hold_path"]), job.get("job_id", job_dir.name)
-    if spec.sweep.power_modes is None:  # a data-center GPU: NVML's power limit or locked clocks
-        from device.gpu_power import run_gpu_sweep
+    fix = "give the job a longer timeout_s (deploy.job_timeout_s), fewer settings or fewer minutes"
+    try:
+        if spec.sweep.power_modes is None:  # a data-center GPU: NVML's power limit or locked clocks
+            from device.gpu_power import run_gpu_sweep
 
-        runs, sweep = run_gpu_sweep(spec.sweep, job_id, hold, getattr(runner, "pci_bus_id", None), measure_point,
-                                    progress)
-    else:
-        use_socket(job.get("jtop_socket"))
-        runs, sweep = run_sweep(spec.sweep, job_id, hold, job.get("nvpmodel_conf"), 1.0 / spec.sample_hz,
-                                measure_point, progress, check_settings=fits)
-    sweep.not_measured += late
+            runs, sweep = run_gpu_sweep(spec.sweep, job_id, hold, getattr(runner, "pci_bus_id", None),
+                                        measure_point, progress, budget=time_left)
+        else:
+            use_socket(job.get("jtop_socket"))
+            runs, sweep = run_sweep(spec.sweep, job_id, hold, job.get("nvpmodel_conf"), 1.0 / spec.sample_hz,
+                                    measure_point, progress, budget=time_left)
+    except DeviceError as err:
+        if type(err) is DeviceError and time_left.ran_out:  # "no setting could be measured": the timeout's doing
+            raise DeviceError(err.message, fix=fix) from None
+        raise
+    if not runs:  # under the current setting only (no power control), and out of time
+        raise DeviceError("no sustained run fitted in the job's timeout: "
+                          + "; ".join(item.reason for item in cooled_out), fix=fix)
+    sweep.not_measured += cooled_out
     return runs, sweep
 
 

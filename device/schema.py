@@ -206,7 +206,7 @@ class JobSpec(Request):
                 raise ValueError(f"diverge.images {self.diverge.images} is more than the evaluation set's "
                                  f"{self.evaluation.images}")
         if self.sustained is not None:
-            batch, settings = self.sustained.batch_size, self.sweep.settings() if self.sweep else 1
+            batch, (settings, settle_s) = self.sustained.batch_size, self.sustained_settings()
             if batch not in self.batch_sizes:
                 raise ValueError(f"sustained.batch_size {batch} is not one of batch_sizes {self.batch_sizes}")
             if self.diverge or self.frame:
@@ -214,9 +214,9 @@ class JobSpec(Request):
             if self.sweep and len(self.sweep.accelerators) > 1:
                 raise ValueError("a sustained sweep runs one accelerator (sweep.accelerators has one): the board "
                                  "heats under one engine at a time")
-            if self.timeout_s and settings and self.sustained.budget_s(settings) > self.timeout_s:
-                raise ValueError(f"{self.sustained.budget_text(settings)} is past timeout_s {self.timeout_s:g} s: "
-                                 "raise timeout_s or run shorter")
+            if self.timeout_s and settings and self.sustained.budget_s(settings, settle_s) > self.timeout_s:
+                raise ValueError(f"{self.sustained.budget_text(settings, settle_s)} is past timeout_s "
+                                 f"{self.timeout_s:g} s: raise timeout_s or run shorter")
         if self.frame is not None and (self.preprocess is None or self.diverge is not None):
             raise ValueError("frame needs the model's preprocess (its frames are preprocessed as the application's), "
                              "and no diverge")
@@ -231,6 +231,11 @@ class JobSpec(Request):
         if self.timing_cache is not None and self.runtime != "tensorrt":
             raise ValueError("timing_cache needs runtime 'tensorrt'")
         return self
+
+    def sustained_settings(self) -> tuple[int | None, float | None]:
+        """(how many sustained runs, the sweep's settle timeout): (1, None) without a sweep; None runs for a sweep of
+        ``all`` modes (counted on the board)."""
+        return (self.sweep.settings(), self.sweep.settle_timeout_s) if self.sweep is not None else (1, None)
 
     def marked_tensors(self) -> tuple[str, ...]:
         """The tensors a debug job marks as outputs (none for a benchmark job)."""

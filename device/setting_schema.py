@@ -10,6 +10,10 @@ from pydantic import Field
 
 from device.window import Measured
 
+# A sweep's restore of the mode it found, at most (device.sweep's wait; NVML's takes less): a sustained sweep keeps it
+# back from its last run.
+SWEEP_RESTORE_S = 60.0
+
 
 class PowerSetting(Measured):
     """The power setting a window ran under, as the device showed it once it had taken effect (2.2): a Jetson's

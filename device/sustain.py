@@ -6,7 +6,10 @@ and energy per image, the temperatures (the samplers' series and the kernel's th
 and the throttle signals — a zone at or past one of
 its passive trip points (``/sys/devices/virtual/thermal/thermal_zone*/trip_point_*``, which jtop does not expose),
 NVML's clock-event reasons, a GPU clock below the first interval's. The run stops early, and says so, when a zone
-comes within the agent's margin of its critical trip point. Only numpy and the samplers here.
+comes within the agent's margin of its critical trip point, or when the job's timeout is near (``stop_by``: what it
+recorded is kept). Before it, a spec's ``cool_below_c`` waits idle for the zones to cool; the temperature it starts
+at is recorded either way. A sweep's runs ask :class:`SustainedTime` whether the next setting still fits. Only numpy
+and the samplers here.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from device.contention import NVML_THROTTLE_MASK
+from device.errors import ConfigError, DeviceError
 from device.measure import telemetry_window
 from device.sustain_schema import SustainedSpec
 from device.telemetry import series
@@ -27,6 +31,45 @@ THERMAL_DIR = "/sys/devices/virtual/thermal"
 CLOCK_DROP = 0.95  # a GPU clock under this share of the first interval's is a throttle signal
 NVML_POWER_MASK = 0x4 | 0x80  # SwPowerCap, HwPowerBrakeSlowdown (NVML's clock-event reasons)
 WARMUP_CALLS = 3
+
+
+class NoIntervalError(DeviceError):
+    """A sustained run left no time to record one interval (the job's timeout came first)."""
+
+
+class SustainedTime:
+    """A sustained job's time within its timeout, as a sweep asks it (``budget`` of :func:`device.sweep.run_sweep`).
+
+    Args:
+        spec: The job's sustained spec.
+        settle_s: The sweep's settle timeout (each setting may take that long to show).
+        timeout_s: The job's effective timeout.
+        stop_by: ``time.monotonic()`` by which the last run must end (the timeout less the result and the restore).
+    """
+
+    def __init__(self, spec: SustainedSpec, settle_s: float | None, timeout_s: float | None, stop_by: float | None):
+        self.spec, self.settle_s, self.timeout_s, self.stop_by = spec, settle_s, timeout_s, stop_by
+        self.ran_out = False  # a setting was left unset, or a run had no time for an interval
+
+    def check(self, settings: int) -> None:
+        """Raises :class:`ConfigError` when ``settings`` runs (a sweep of ``all`` modes, counted on the board) do
+        not fit the timeout, before anything is changed."""
+        if self.timeout_s and self.spec.budget_s(settings, self.settle_s) > self.timeout_s:
+            raise ConfigError(f"{self.spec.budget_text(settings, self.settle_s)} is past the job's timeout "
+                              f"{self.timeout_s:g} s (this board's modes × jetson_clocks states give {settings} "
+                              "settings, those that need a reboot counted though they are skipped)",
+                              fix="name the modes to sweep, run shorter, or give the job a longer timeout_s")
+
+    def late(self) -> str | None:
+        """Why the next setting is left unset (the time left is under its settling and one interval), or None."""
+        if self.stop_by is None:
+            return None
+        left, need = self.stop_by - time.monotonic(), (self.settle_s or 0.0) + self.spec.record_every_s
+        if left >= need:
+            return None
+        self.ran_out = True
+        return (f"the job's timeout left {max(0.0, left):.0f} s, under the {need:g} s a setting needs (settling and "
+                "one interval)")
 
 
 def thermal_zones(thermal_dir: str | Path = THERMAL_DIR) -> dict[str, Path]:
@@ -194,6 +237,11 @@ def run_sustained(runner, spec: SustainedSpec, chw: Sequence[int], samplers, pow
     progress(f"sustained: started, {spec.minutes:g} min at batch {spec.batch_size}")
     started, started_at = time.monotonic(), time.time()
     deadline = min(started + spec.minutes * 60, stop_by if stop_by is not None else float("inf"))
+    if deadline - started < min(1.0, spec.record_every_s):
+        raise NoIntervalError(f"the sustained run had no time to record an interval: the job's timeout was "
+                              f"{max(0.0, deadline - started):.1f} s away when it could start"
+                              + (f" ({cooling})" if cooling else ""),
+                              fix="give the job a longer timeout_s (deploy.job_timeout_s), or a shorter cool_max_s")
     raw: list[dict[str, Any]] = []
     near_critical: list[str] = []
 
@@ -228,8 +276,26 @@ def run_sustained(runner, spec: SustainedSpec, chw: Sequence[int], samplers, pow
     # after a stop near the critical trip point nothing more runs.
     _, traces = telemetry_window(samplers, run,
                                  keep_busy=lambda: time.sleep(0.01) if near_critical else runner.infer(batch))
-    if len(raw) > 1 and raw[-1]["stop"] - raw[-1]["start"] < spec.record_every_s / 2:  # a short tail joins its
-        tail = raw.pop()                                                                 # interval, not "settled"
+    intervals = _intervals(raw, spec, traces, samplers, power_key, trips)
+    if intervals and intervals[0]["gpu_clock_mhz"] is None:
+        not_measured.append("GPU clock: no sampler reads it here (jtop or NVML)")
+    cut = (f"stopped after {_span(raw[-1]['end_s'])} of {_span(spec.minutes * 60)}: the job's timeout was near; the "
+           "intervals so far are kept" if not near_critical and deadline < started + spec.minutes * 60 else None)
+    return {"spec": spec.model_dump(exclude_none=True), "started_at": started_at, "intervals": intervals,
+            "trip_points": trips, "stopped_early": near_critical[0] if near_critical else cut,
+            "not_measured": not_measured, "start_hottest_c": start_hottest, "cooling": cooling,
+            **first_throttle(intervals)}
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _intervals(raw: list[dict[str, Any]], spec: SustainedSpec, traces, samplers, power_key,
+               trips: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each interval's record; a short tail (under half an interval) joins the one before it, not "settled"."""
+    if len(raw) > 1 and raw[-1]["stop"] - raw[-1]["start"] < spec.record_every_s / 2:
+        tail = raw.pop()
         raw[-1].update(stop=tail["stop"], end_s=tail["end_s"], temps=tail["temps"],
                        latencies=raw[-1]["latencies"] + tail["latencies"])
     intervals: list[dict[str, Any]] = []
@@ -238,15 +304,7 @@ def run_sustained(runner, spec: SustainedSpec, chw: Sequence[int], samplers, pow
         intervals.append(_interval(record, spec.batch_size, traces, samplers, power_key, trips, reference))
         if reference is None:
             reference = _over(traces, series.GPU_FREQ, record["start"], record["stop"], "peak")
-    if intervals and intervals[0]["gpu_clock_mhz"] is None:
-        not_measured.append("GPU clock: no sampler reads it here (jtop or NVML)")
-    ran_s = raw[-1]["end_s"] if raw else 0.0
-    cut = (f"stopped after {ran_s / 60:.1f} of {spec.minutes:g} min: the job's timeout was near (loading, building or "
-           f"cooling took longer than allowed for); the intervals so far are kept"
-           if not near_critical and stop_by is not None and stop_by < started + spec.minutes * 60 else None)
-    return {"spec": spec.model_dump(), "started_at": started_at, "intervals": intervals, "trip_points": trips,
-            "stopped_early": near_critical[0] if near_critical else cut, "not_measured": not_measured,
-            "start_hottest_c": start_hottest, "cooling": cooling, **first_throttle(intervals)}
+    return intervals
 
 
 def _limits(zones: dict[str, Path], thermal_dir, power_key) -> tuple[list[dict[str, Any]], dict[str, float], list[str]]:

@@ -10,11 +10,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from device.setting_schema import PowerSetting
+from device.setting_schema import SWEEP_RESTORE_S, PowerSetting
 from device.window import Measured
 
-# What a sustained job needs besides its minutes within its timeout: loading, the engine build, the warm-up.
+# What a sustained job needs besides its runs within its timeout: loading, the engine build, the smoke call, and
+# writing the result (RESULT_RESERVE_S of it kept back from the last run).
 ALLOWANCE_S = 60.0
+RESULT_RESERVE_S = 15.0
 COOL_MAX_S = 300.0  # the longest wait for cool_below_c unless the spec says
 
 
@@ -37,27 +39,33 @@ class SustainedSpec(BaseModel):
         if self.record_every_s > self.minutes * 60:
             raise ValueError(f"record_every_s {self.record_every_s:g} s is longer than the run ({self.minutes:g} min "
                              f"= {self.minutes * 60:g} s): record at most every {self.minutes * 60:g} s")
+        if self.cool_max_s is not None and self.cool_below_c is None:
+            raise ValueError("cool_max_s bounds the wait for cool_below_c: give cool_below_c too, or leave both out")
         return self
 
     def cooling_limit_s(self) -> float:
         """The longest wait for ``cool_below_c``, s."""
         return self.cool_max_s if self.cool_max_s is not None else COOL_MAX_S
 
-    def runs_s(self, settings: int = 1) -> float:
-        """The time ``settings`` runs take: each one's minutes and its longest cooling wait."""
-        return settings * (self.minutes * 60 + (self.cooling_limit_s() if self.cool_below_c is not None else 0.0))
+    def runs_s(self, settings: int = 1, settle_s: float | None = None) -> float:
+        """The time ``settings`` runs take: each one's minutes, its longest cooling wait, and in a sweep
+        (``settle_s``: the sweep's settle timeout) its setting's settling and the restore of the mode found."""
+        each = self.minutes * 60 + (self.cooling_limit_s() if self.cool_below_c is not None else 0.0)
+        return settings * (each + (settle_s or 0.0)) + (SWEEP_RESTORE_S if settle_s is not None else 0.0)
 
-    def budget_s(self, settings: int = 1) -> float:
-        """The time a job needs for ``settings`` runs: :meth:`runs_s`, and :data:`ALLOWANCE_S` once to load and
-        build."""
-        return self.runs_s(settings) + ALLOWANCE_S
+    def budget_s(self, settings: int = 1, settle_s: float | None = None) -> float:
+        """The time a job needs for ``settings`` runs: :meth:`runs_s`, and :data:`ALLOWANCE_S` once to load, build
+        and write the result."""
+        return self.runs_s(settings, settle_s) + ALLOWANCE_S
 
-    def budget_text(self, settings: int = 1) -> str:
+    def budget_text(self, settings: int = 1, settle_s: float | None = None) -> str:
         """How :meth:`budget_s` adds up, for a refusal."""
-        each = f"{self.minutes * 60:g} s" + (f" and up to {self.cooling_limit_s():g} s of cooling" if self.cool_below_c
-                                             is not None else "")
-        runs = f"{settings} settings × ({each})" if settings > 1 else each
-        return f"sustained.minutes {self.minutes:g} ({runs}, and {ALLOWANCE_S:g} s to load and build)"
+        parts = [f"{self.minutes * 60:g} s"] + ([f"up to {self.cooling_limit_s():g} s of cooling"]
+                                                if self.cool_below_c is not None else []) + (
+            [f"up to {settle_s:g} s to settle"] if settle_s else [])
+        runs = f"{settings} settings × ({' and '.join(parts)})" if settle_s is not None else " and ".join(parts)
+        restore = f", {SWEEP_RESTORE_S:g} s to restore the mode" if settle_s is not None else ""
+        return f"sustained.minutes {self.minutes:g} ({runs}{restore}, and {ALLOWANCE_S:g} s to load and build)"
 
 
 class TripPoint(Measured):

@@ -17,9 +17,10 @@ from device.errors import ConfigError, DeviceError, EdgeFoldError, MissingDepend
 from device.power_modes import (DeviceHeldError, ModeController, ModeNotSettledError, ModeUnavailableError, PowerMode,
                                 PowerModeError, read_hold, read_nvpmodel_conf, write_hold)
 from device.schema import NotMeasured, PowerSetting, SweepResult, SweepSpec
+from device.setting_schema import SWEEP_RESTORE_S
 
 log = logging.getLogger("edgefold.sweep")
-RESTORE_TIMEOUT_S = 60.0
+RESTORE_TIMEOUT_S = SWEEP_RESTORE_S
 
 # Measures every batch size of the job under whatever the device runs now, with the given setting (a sustained job:
 # its run's record).
@@ -51,7 +52,7 @@ def resolve_modes(wanted: list[str | int] | str, modes: list[PowerMode]) -> list
 
 def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | None, interval_s: float,
               measure_point: MeasurePoint, progress: Callable[[str], None],
-              check_settings: Callable[[int], None] | None = None) -> tuple[list[Any], SweepResult]:
+              budget: Any = None) -> tuple[list[Any], SweepResult]:
     """Visits every setting of ``sweep`` and restores the device.
 
     Args:
@@ -62,8 +63,8 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
         interval_s: The jtop client's interval: the job's sampling rate (the service's rate is its first client's).
         measure_point: Measures every batch size under the current state (a sustained job: runs the engine).
         progress: Reports where the sweep is.
-        check_settings: Called with the number of settings once the board's modes are known, before any change (a
-            sustained job's time budget); it raises to refuse the sweep.
+        budget: A sustained job's time: ``check(n)`` once the board's settings are known, before any change (raises
+            to refuse them); ``late()`` before each setting, a reason to skip it (and the rest) unset, or None.
 
     Returns:
         (every window measured, the sweep's record).
@@ -83,11 +84,7 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
         progress("sweep: no power-mode control, measuring the current mode")
         return measure_point(None, "current mode"), SweepResult(controlled=False, note=note)
     with controller:
-        held = read_hold(hold_path)
-        if held is not None:
-            raise DeviceHeldError(f"sweep job {held[0]} still holds the device (its original mode "
-                                  f"{held[1].describe()} is not restored)",
-                                  fix="restart the agent with the jtop service running: it restores the mode")
+        refuse_if_held(hold_path)
         caps = read_nvpmodel_conf(conf_path) if conf_path else {}
         original = controller.state()
         listed = controller.modes()
@@ -95,8 +92,8 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
         modes = resolve_modes(sweep.power_modes, listed)
         clocks = sweep.jetson_clocks if sweep.jetson_clocks is not None else [None]
         settings = [(mode, jc) for mode in modes for jc in clocks]
-        if check_settings is not None:
-            check_settings(len(settings))
+        if budget is not None:
+            budget.check(len(settings))
         runs: list[Any] = []
         not_measured: list[NotMeasured] = []
         # The hold goes to disk before the first change: a kill -9 from here on leaves what to restore.
@@ -107,6 +104,8 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
                 label = f"{mode.name}" + ("" if jc is None else f", jetson_clocks {'on' if jc else 'off'}")
                 where = f"setting {index}/{len(settings)} ({label})"
                 try:
+                    if budget is not None and (reason := budget.late()):
+                        raise ModeUnavailableError(reason)
                     progress(f"sweep {where}: setting")
                     seen, settle_s = controller.set(mode, jc, caps.get(mode.id), sweep.settle_timeout_s)
                 except ModeNotSettledError as err:
@@ -134,6 +133,15 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
                           fix="sweep modes that share the current mode's mask (see each reason)")
     return runs, SweepResult(controlled=True, original=original.to_dict(), restored=restored,
                              restore_note=restore_note, not_measured=not_measured)
+
+
+def refuse_if_held(hold_path: Path, fix: str = "restart the agent with the jtop service running: it restores the "
+                                              "mode") -> None:
+    """Raises :class:`DeviceHeldError` while another sweep's hold is in place (its original state not restored)."""
+    held = read_hold(hold_path)
+    if held is not None:
+        raise DeviceHeldError(f"sweep job {held[0]} still holds the device (its original state "
+                              f"{held[1].describe()} is not restored)", fix=fix)
 
 
 def _same_modes(listed: list[PowerMode], caps: dict, conf_path: str | None) -> None:

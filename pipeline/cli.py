@@ -236,9 +236,11 @@ def _add_sustain(sub) -> None:
     sustain.add_argument("--batch", type=int, help="its batch (one of deploy.batch_sizes; default 1)")
     sustain.add_argument("--record-every-s", type=float, help="one recorded interval, s (default 10, or a tenth of "
                                                               "a run shorter than 100 s)")
-    sustain.add_argument("--swept", action="store_true", help="run under each setting of the run's deploy.sweep (or "
-                                                              "one given with --set deploy.sweep.modes=[...]), one "
-                                                              "result each; the mode found is restored after")
+    sustain.add_argument("--swept", action="store_true", help="run under each setting of the run's deploy.sweep, one "
+                                                              "result each, the mode found restored after (a sweep "
+                                                              "given here with --set deploy.sweep.modes=[...] also "
+                                                              "sweeps every rung's ladder windows, which are measured "
+                                                              "again)")
     sustain.add_argument("--cool-below-c", type=float, help="before each run, wait idle until every thermal zone is "
                                                             "below this, °C (at most --cool-max-s)")
     sustain.add_argument("--cool-max-s", type=float, help="the longest wait for --cool-below-c, s (default 300)")

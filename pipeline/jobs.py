@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from device.errors import ConfigError
 from device.problems import describe_problems, field_problems, safe_text
 from device.schema import EvaluationSpec, JobSpec, PreprocessSpec, SweepSpec
+from pipeline.core.recipe_jobs import ALL_MODES_BUDGETED
 from pipeline.core.manifest import sha256_json
 from pipeline.core.rungs import RUNGS
 from pipeline.devices import Device
@@ -186,7 +187,8 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
             if swept is not None:  # the board heats under one engine at a time: the first accelerator's
                 swept = swept.model_copy(update={"accelerators": swept.accelerators[:1]})
             batch_sizes = [sustained.batch_size]
-            timeout_s = cfg.job_timeout_s + sustained.runs_s(sustained.settings(sweep))
+            settings, settle_s = (swept.settings() or ALL_MODES_BUDGETED, swept.settle_timeout_s) if swept else (1, None)
+            timeout_s = cfg.job_timeout_s + sustained.runs_s(settings, settle_s)
             sustained = sustained.job_spec()
         return JobSpec(artifact=artifact, runtime=runtime, precision=precision, batch_sizes=batch_sizes, sweep=swept,
                        duration_s=cfg.duration_s, warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,

@@ -38,8 +38,10 @@ class SustainedRecipe(SustainedSpec):
         return SustainedSpec(**self.model_dump(exclude={"rung", "swept"}))
 
     def settings(self, sweep) -> int:
-        """How many runs a job makes under the recipe's ``deploy.sweep`` (``all`` modes: budgeted at
-        :data:`ALL_MODES_BUDGETED`; a GPU server's knob, or a Jetson's modes × jetson_clocks, whichever is more)."""
+        """The most runs a job makes under the recipe's ``deploy.sweep`` on any device (``all`` modes: budgeted at
+        :data:`ALL_MODES_BUDGETED`; a GPU server's knob, or a Jetson's modes × jetson_clocks, whichever is more):
+        the recipe's check against the agent's largest timeout. A job counts its own device's
+        (:func:`pipeline.jobs.job_spec`)."""
         if not self.swept or sweep is None:
             return 1
         modes = ALL_MODES_BUDGETED if sweep.modes == "all" else len(sweep.modes)
@@ -59,10 +61,12 @@ class SustainedRecipe(SustainedSpec):
             raise ValueError(f"deploy.sustained.batch_size {self.batch_size} is not one of deploy.batch_sizes "
                              f"{deploy.batch_sizes}")
         if self.swept and deploy.sweep is None:
-            raise ValueError("deploy.sustained.swept follows deploy.sweep's settings: give deploy.sweep (its modes), "
-                             "or set swept false")
+            raise ValueError("deploy.sustained.swept follows deploy.sweep's settings: give deploy.sweep (edgefold "
+                             "sustain --swept --set 'deploy.sweep.modes=[15W, MAXN_SUPER]'), or set swept false")
         settings = self.settings(deploy.sweep)
-        if deploy.job_timeout_s + self.runs_s(settings) > 86_400:
-            raise ValueError(f"deploy.sustained.minutes {self.minutes:g} × {settings} setting(s) and "
+        if deploy.job_timeout_s + self.runs_s(settings, deploy.sweep.settle_timeout_s if self.swept else None) > 86_400:
+            every = (f" (a sweep of all modes counted as {ALL_MODES_BUDGETED}: name them in deploy.sweep.modes)"
+                     if self.swept and deploy.sweep.modes == "all" else "")
+            raise ValueError(f"deploy.sustained.minutes {self.minutes:g} × {settings} setting(s){every} and "
                              f"deploy.job_timeout_s {deploy.job_timeout_s:g} s (its build) exceed the agent's largest "
                              "timeout, 24 h")

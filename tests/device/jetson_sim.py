@@ -132,7 +132,8 @@ def _write(root: Path, rel: str, value, end: str = "\n") -> None:
 
 
 def _replace(path: Path, value) -> None:
-    tmp = path.with_suffix(".tmp")
+    # A temporary name of each writer's own: the thermal plant's thread and the simulated tools write cur_freq at once.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(f"{value}\n")
     os.replace(tmp, path)
 

@@ -7,6 +7,7 @@ throttle moment and the settled-over-burst ratio the plant set."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import numpy as np
 import pytest
 
 from device.runners import make_runner
-from device.sustain import first_throttle, run_sustained, thermal_zones, trip_points
+from device.errors import ConfigError
+from device.sustain import NoIntervalError, SustainedTime, first_throttle, run_sustained, thermal_zones, trip_points
 from device.sustain_schema import SustainedResult, SustainedSpec
 from tests.device.agent_process import TOKEN, AgentProcess, tiny_onnx
 from tests.slow import slow_fixture
@@ -83,6 +85,8 @@ def test_a_run_on_loopback_records_every_interval_and_says_what_it_could_not_mea
     with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
         result = run_sustained(runner, spec, (3, 16, 16), [], None, thermal_dir=folder, progress=progress.append)
     SustainedResult.model_validate(result)
+    # A spec without cooling is written with 2.10's keys only: a 2.10 reader (its spec strict) reads the result.
+    assert set(result["spec"]) == {"minutes", "batch_size", "record_every_s"}
     intervals = result["intervals"]
     # three intervals on a 0.4 s grid; a host stalled past a grid line may fold a short tail into the one before
     assert len(intervals) in (2, 3) and intervals[-1]["end_s"] == pytest.approx(1.2, abs=0.3)
@@ -128,7 +132,16 @@ def test_a_bad_sustained_spec_or_a_run_past_the_timeout_is_a_422_with_the_reason
             ({"minutes": 0.5, "record_every_s": 60}, {}, "record_every_s 60 s is longer than the run"),
             ({"minutes": 1.0, "batch_size": 4}, {}, "sustained.batch_size 4 is not one of batch_sizes [1]"),
             ({"minutes": 1.5}, {"timeout_s": 120.0}, "(90 s, and 60 s to load and build) is past timeout_s 120 s"),
-            ({"minutes": 4.5}, {}, "past the job's effective timeout 300 s (the agent's job_timeout_s)")):
+            ({"minutes": 4.5}, {}, "past the job's effective timeout 300 s (the agent's job_timeout_s)"),
+            ({"minutes": 2.5}, {"sweep": {"power_modes": ["15W", "MAXN_SUPER"]}},
+             "sustained.minutes 2.5 (2 settings × (150 s and up to 30 s to settle), 60 s to restore the mode, and 60 s "
+             "to load and build) is past the job's effective timeout 300 s"),
+            ({"minutes": 0.5, "cool_below_c": 60.0}, {"sweep": {"power_modes": ["15W"], "jetson_clocks": [False, True]}},
+             "(2 settings × (30 s and up to 300 s of cooling and up to 30 s to settle), 60 s to restore the mode, and "
+             "60 s to load and build)"),
+            ({"minutes": 0.5}, {"runtime": "tensorrt", "sweep": {"power_modes": ["15W"], "accelerators": ["gpu", "dla0"]}},
+             "a sustained sweep runs one accelerator"),
+            ({"minutes": 0.5, "cool_max_s": 0.5}, {}, "cool_max_s")):
         response = httpx.post(f"{agent.url}/v1/jobs", json={"artifact": sha, "sustained": sustained, **extra},
                               headers=AUTH)
         assert response.status_code == 422 and said in response.text, (sustained, response.text)
@@ -210,7 +223,8 @@ def test_the_planted_throttle_moment_and_settled_ratio_are_found(tmp_path):
                                                       "initial_hz": 100_000_000, "throttled_hz": 50_000_000})
     sustained = result["sustained"]
     planted = plant.first("throttled") - sustained["started_at"]  # on the job's clock
-    assert planted == pytest.approx(plant.throttle_at_s(), abs=0.5), "the plant's own moment, at the planted 6.1 W"
+    assert plant.first("throttled") - plant.started_at == pytest.approx(plant.throttle_at_s(), abs=0.2), \
+        "the plant's own moment, at the planted 6.1 W"
     assert sustained["throttle_cause"] == "temperature", sustained["throttle_text"]
     assert planted <= sustained["first_throttle_s"] <= planted + 1.0 + 0.2, (planted, sustained["first_throttle_s"])
     figures = burst_and_settled(sustained["intervals"])
@@ -270,8 +284,28 @@ def test_a_run_the_jobs_timeout_would_cut_keeps_its_intervals_and_says_so(tmp_pa
         started = time.monotonic()
         result = run_sustained(runner, spec, (3, 16, 16), [], None, thermal_dir=tmp_path / "none",
                                stop_by=time.monotonic() + 1.2)
-    assert time.monotonic() - started < 20 and 2 <= len(result["intervals"]) <= 4
-    assert result["stopped_early"].startswith("stopped after 0.0 of 1 min: the job's timeout was near")
+    assert time.monotonic() - started < 20 and 1 <= len(result["intervals"]) <= 4
+    assert re.fullmatch(r"stopped after [0-9] s of 60 s: the job's timeout was near; the intervals so far are kept",
+                        result["stopped_early"]), result["stopped_early"]
+    with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner, \
+            pytest.raises(NoIntervalError, match="no time to record an interval: the job's timeout was 0.0 s away"):
+        run_sustained(runner, spec, (3, 16, 16), [], None, thermal_dir=tmp_path / "none", stop_by=time.monotonic())
+
+
+def test_a_sweep_out_of_time_leaves_the_next_setting_unset():
+    """:class:`SustainedTime`: the time left under a setting's settling and one interval skips it, saying why, and a
+    count of settings past the timeout is refused before anything changes."""
+    spec = SustainedSpec(minutes=1.0, record_every_s=5.0)
+    time_left = SustainedTime(spec, settle_s=30.0, timeout_s=300.0, stop_by=time.monotonic() + 100)
+    assert time_left.late() is None and not time_left.ran_out
+    time_left.stop_by = time.monotonic() + 20
+    assert re.fullmatch(r"the job's timeout left (19|20) s, under the 35 s a setting needs \(settling and one "
+                        r"interval\)", time_left.late())
+    assert time_left.ran_out
+    time_left.check(2)  # 2 × (60 + 30) + 60 + 60 = 300
+    with pytest.raises(ConfigError, match=r"3 settings × \(60 s and up to 30 s to settle\), 60 s to restore the "
+                                          r"mode, and 60 s to load and build\) is past the job's timeout 300 s"):
+        time_left.check(3)
 
 
 def test_cooling_waits_for_the_zones_and_says_what_it_did(tmp_path):
@@ -290,7 +324,7 @@ def test_cooling_waits_for_the_zones_and_says_what_it_did(tmp_path):
                             thermal_dir=folder)
     cooler.join()
     assert cooled["cooling"].startswith("cooled from 70.0 to 50.0 °C in ") and cooled["start_hottest_c"] == 50.0
-    assert hot["cooling"] == "still 70.0 °C after 1 s (cool_below_c 60 °C): started hotter"
+    assert re.fullmatch(r"still 70.0 °C after [12] s \(cool_below_c 60 °C\): started hotter", hot["cooling"])
     assert hot["start_hottest_c"] == 70.0
     SustainedResult.model_validate(hot)
 

@@ -51,6 +51,7 @@ class ThermalPlant:
         self.events: list[tuple[float, str]] = []  # (time.time(), "throttled" or "recovered")
         self.temp_c = start_c
         self._held_hz: int | None = None  # the clock the throttle took over (given back on recovery)
+        self.error: Exception | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="thermal-plant", daemon=True)
         for index, (kind, temp_c) in enumerate((("passive", trip_c), ("critical", critical_c))):
@@ -101,10 +102,14 @@ class ThermalPlant:
             _replace(self.clock, self.throttled_hz)
 
     def _run(self) -> None:
-        last = time.time()
+        last = time.monotonic()
         while not self._stop.wait(self.tick_s):
-            now = time.time()
-            self._tick(now - last)
+            now = time.monotonic()
+            try:
+                self._tick(now - last)
+            except Exception as err:  # noqa: BLE001 (kept for __exit__: a frozen curve must fail the test)
+                self.error = err
+                return
             last = now
 
     def __enter__(self) -> "ThermalPlant":
@@ -115,3 +120,5 @@ class ThermalPlant:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        if self.error is not None:
+            raise AssertionError(f"the thermal plant stopped heating: {self.error!r}") from self.error

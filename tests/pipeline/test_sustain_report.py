@@ -30,7 +30,7 @@ def test_a_bad_sustained_recipe_is_refused_with_its_key():
               "deploy.rungs": ["teacher", "student_int8"]}, "deploy.sustained.rung 'student_fp16' is not deployed"),
             ({"deploy.sustained.minutes": 1.0, "deploy.sustained.batch_size": 64}, "is not one of deploy.batch_sizes"),
             ({"deploy.sustained.minutes": 600.0, "deploy.sustained.swept": True, "deploy.sweep.modes": "all"},
-             "× 16 setting(s) and deploy.job_timeout_s"),
+             "× 16 setting(s) (a sweep of all modes counted as 16: name them in deploy.sweep.modes) and"),
             ({"deploy.sustained.minutes": 1.0, "deploy.sustained.cool_below_c": 5.0}, "deploy.sustained.cool_below_c")):
         with pytest.raises(ConfigError) as err:
             load_recipe("tiny", overrides)
@@ -50,7 +50,7 @@ def test_a_swept_sustained_job_runs_the_sweeps_first_accelerator_within_a_timeou
                                                               "mean": [0.5], "std": [0.25]}, "run/x/sustained",
                     profile=False, sustained=cfg.sustained, sweep=cfg.sweep)
     assert spec.sweep.accelerators == ["dla0"] and spec.sweep.settings() == 4
-    assert spec.timeout_s == cfg.job_timeout_s + 4 * (120 + 30)
+    assert spec.timeout_s == cfg.job_timeout_s + 4 * (120 + 30 + 30) + 60  # minutes, cooling, settling; the restore
     assert spec.sustained.model_dump() == {"minutes": 2.0, "batch_size": 1, "record_every_s": 10.0,
                                            "cool_below_c": 60.0, "cool_max_s": 30.0}
 

@@ -22,11 +22,13 @@ SUSTAINED_COLUMNS = ("sustained_minutes", "sustained_burst_p50_ms", "sustained_s
                      "sustained_burst_energy_mj", "sustained_settled_energy_mj", "sustained_peak_temp_c",
                      "sustained_setting")
 MIN_SETTLED = 3  # settled intervals, at least, before the headline calls the settled latency worse
-TEXT = ("One rung run without pause on each device, recorded interval by interval after the ladder's windows. Burst: "
-        "the first interval's p50. Settled: the median of the last third's interval p50s, with its 95% interval over "
-        "them; the ratio's interval spans the settled one and the burst's own (over its calls). A throttle signal is a thermal "
-        "zone at or past a passive trip point (the kernel's thermal_zone*/trip_point_*), NVML's clock-event reasons, or "
-        "a GPU clock under 95% of the first interval's.")
+TEXT = ("One rung run without pause on each device (under each sweep setting, when swept: one row each, in the order "
+        "run, the mode found restored after), recorded interval by interval after the ladder's windows. Burst: the "
+        "first interval's p50. Settled: the median of the last third's interval p50s, with its 95% interval over them; "
+        "the ratio's interval spans the settled one and the burst's own (over its calls). A throttle signal is a "
+        "thermal zone at or past a passive trip point (the kernel's thermal_zone*/trip_point_*), NVML's clock-event "
+        "reasons, or a GPU clock under 95% of the first interval's. Start → peak °C: the hottest zone when the run "
+        "started (a setting run after another starts on its heat unless cool_below_c waited) and the peak in it.")
 
 
 def burst_and_settled(intervals: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -140,12 +142,15 @@ def section(runs: Sequence[dict[str, Any]], figures: dict[str, Any] | None) -> S
             blocks.append(shown if isinstance(shown, (Figure, Text)) else Figure(
                 f"sustained:{device}", shown, f"{rung} on {device}: p50 latency, GPU clock and the hottest zone per "
                                               "interval (one line per setting); the first throttle signal marked."))
-    for run in measured:
-        on = run["device"] + (f" ({run['setting']})" if run["setting"] else "")
-        blocks += [Text(f"Not measured on {run['device']}: {note}.") for note in run["not_measured"]]
-        blocks += [Text(f"Sweep on {run['device']}: {note}.") for note in run["sweep_notes"]]
+    for run in runs:  # what each run says, measured or not
+        on = run["device"] + (f" ({run['setting']})" if run.get("setting") else "")
+        blocks += [Text(f"Not measured on {run['device']}: {note}.") for note in run.get("not_measured", [])]
+        blocks += [Text(f"Sweep on {run['device']}: {note}.") for note in run.get("sweep_notes", [])]
+        if "burst" not in run:
+            why = run.get("error") or run.get("stopped_early") or "no interval recorded"
+            blocks.append(Text(f"No sustained run on {on}: {why}."))
+            continue
         blocks += [Text(f"{on}: {said}.") for said in (run["cooling"], run["stopped_early"]) if said]
-    blocks += [Text(f"No sustained run on {run['device']}: {run['error']}.") for run in runs if "burst" not in run]
     return Section(f"After {minutes:g} minutes" if minutes else "After minutes without pause", blocks)
 
 
