@@ -107,9 +107,9 @@ def submittable(store: Store, spec: JobSpec, job_timeout_s: float) -> None:
         raise fastapi.HTTPException(404, f"no artifact {spec.artifact}; upload it first with "
                                          f"PUT /v1/artifacts/{spec.artifact}")
     timeout_s = spec.timeout_s or job_timeout_s
-    settings, settle_s = spec.sustained_settings()  # a sweep of "all" modes: counted by the job, on the board
-    if spec.sustained is not None and settings and spec.sustained.budget_s(settings, settle_s) > timeout_s:
-        raise fastapi.HTTPException(422, f"{spec.sustained.budget_text(settings, settle_s)} is past the job's "
+    settings, settle_s = spec.sustained_settings()  # a sweep of "all" modes: one here, all counted by the job
+    if spec.sustained is not None and spec.sustained.budget_s(settings or 1, settle_s) > timeout_s:
+        raise fastapi.HTTPException(422, f"{spec.sustained.budget_text(settings or 1, settle_s)} is past the job's "
                                          f"effective timeout {timeout_s:g} s (the agent's job_timeout_s): run shorter, "
                                          "or give the job a timeout_s or the agent a job_timeout_s above it")
 

@@ -96,6 +96,10 @@ class DeviceError(EdgeFoldError):
     """
 
 
+class NothingMeasuredError(DeviceError):
+    """A sweep measured none of its settings (each one's reason in the message)."""
+
+
 class SweepStoppedError(DeviceError):
     """A sweep ended by an error between its first change and its restore; the message carries both outcomes
     (the job's error is all a failed job's result keeps)."""

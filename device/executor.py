@@ -407,7 +407,9 @@ class Executor:
             "engine_cache": str(self.store.root / "engines"), "jtop_socket": self.jtop_socket, "job_id": job.id,
             "hold_path": str(self.hold_path), "nvpmodel_conf": self.nvpmodel_conf, "thermal_dir": self.thermal_dir,
             "thermal_margin_c": self.thermal_margin_c, "timeout_s": job.spec.timeout_s or self.job_timeout_s,
-            "launched_at": time.time()}))  # the timeout's start, for a sustained run to end before it
+            # The timeout's start, for a sustained run to end before it (CLOCK_MONOTONIC is one clock for every
+            # process on Linux; a board's wall clock jumps when NTP first syncs).
+            "launched_monotonic": time.monotonic()}))
         timeout_s = job.spec.timeout_s or self.job_timeout_s
         child = self._launcher.launch(job_dir, job_dir / "log.txt")
         self._child, self._child_job, self._cancelled = child, job.id, None

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from device.errors import ConfigError, DeviceError, MissingDependencyError, SweepStoppedError, require
+from device.errors import ConfigError, MissingDependencyError, NothingMeasuredError, SweepStoppedError, require
 from device.files import write_json_atomic
 from device.gpu_state import GPU_HOLD_SCHEMA, GpuState, gpu_hold_state  # noqa: F401 (the hold's record, re-exported)
 from device.power_modes import Control, PowerModeError
@@ -288,7 +288,7 @@ def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: st
         restored, restore_note = _restore(control, original, hold_path, progress)
     if not runs:
         reasons = "; ".join(f"{item.nvpmodel_name}: {item.reason}" for item in not_measured)
-        raise DeviceError(f"no setting of the sweep could be measured: {reasons}",
+        raise NothingMeasuredError(f"no setting of the sweep could be measured: {reasons}",
                           fix="check the GPU's limits and clocks with nvidia-smi -q -d POWER,CLOCK")
     return runs, SweepResult(controlled=True, original=original.to_dict(), restored=restored,
                              restore_note=restore_note, not_measured=not_measured)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from device import contention
-from device.errors import ConfigError, DeviceError, EdgeFoldError, MissingDependencyError
+from device.errors import ConfigError, DeviceError, EdgeFoldError, MissingDependencyError, NothingMeasuredError
 from device.files import write_json_atomic
 from device.measure import MeasureSpec, measure, telemetry_window
 from device.jtop_client import use_socket
@@ -442,11 +442,12 @@ def sustained_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, 
     def progress(text: str) -> None:
         write_json_atomic(job_dir / "progress.json", {"progress": text, "at": time.time()})
 
-    # The job's timeout counts from its launch (the agent's clock, in job.json): what the result (and a sweep's
-    # restore) needs is kept back from the last run, so a late build cuts a run short instead of losing it.
+    # The job's timeout counts from its launch (the agent's monotonic clock, in job.json): what the result (and a
+    # sweep's restore) needs is kept back from the last run, so a late build cuts a run short instead of losing it.
     reserve = RESULT_RESERVE_S + (SWEEP_RESTORE_S if spec.sweep is not None else 0.0)
-    stop_by = (time.monotonic() + job["launched_at"] + job["timeout_s"] - time.time() - reserve
-               if job.get("timeout_s") and job.get("launched_at") else None)
+    stop_by = (job["launched_monotonic"] + job["timeout_s"] - reserve
+               if job.get("timeout_s") and job.get("launched_monotonic") else None)
+    environment = describe_device()  # before the runs: its tools' answers take no time from the result's reserve
     samplers, notes = open_samplers(spec.telemetry, spec.sample_hz, job.get("jtop_socket"),
                                     pci_bus_id=getattr(runner, "pci_bus_id", None))
     try:
@@ -466,7 +467,7 @@ def sustained_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, 
     return JobResult.model_validate(
         {"schema": RESULT_SCHEMA, "spec": spec.model_dump(), "input_chw": list(chw),
          "runtime": runtime_of(spec, job, runner, load_s), "smoke": smoke_result, "telemetry_notes": notes, "runs": [],
-         "sustained": runs[0], "more_sustained": runs[1:], "sweep": sweep, "environment": describe_device()}).dump()
+         "sustained": runs[0], "more_sustained": runs[1:], "sweep": sweep, "environment": environment}).dump()
 
 
 def sustained_sweep(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, run, stop_by: float | None,
@@ -484,7 +485,7 @@ def sustained_sweep(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, r
     from device.schema import NotMeasured
     from device.sustain import NoIntervalError, SustainedTime
 
-    time_left = SustainedTime(spec.sustained, spec.sweep.settle_timeout_s, job.get("timeout_s"), stop_by)
+    time_left = SustainedTime(spec.sustained, spec.sustained_settings()[1], job.get("timeout_s"), stop_by)
     cooled_out: list[NotMeasured] = []
 
     def measure_point(setting: PowerSetting | None, where: str) -> list[dict[str, Any]]:
@@ -510,9 +511,10 @@ def sustained_sweep(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, r
             use_socket(job.get("jtop_socket"))
             runs, sweep = run_sweep(spec.sweep, job_id, hold, job.get("nvpmodel_conf"), 1.0 / spec.sample_hz,
                                     measure_point, progress, budget=time_left)
-    except DeviceError as err:
-        if type(err) is DeviceError and time_left.ran_out:  # "no setting could be measured": the timeout's doing
-            raise DeviceError(err.message, fix=fix) from None
+    except NothingMeasuredError as err:
+        if time_left.ran_out:  # the timeout's doing: with the settings whose cooling used their time up
+            raise NothingMeasuredError("; ".join([err.message] + [f"{item.nvpmodel_name}: {item.reason}"
+                                                                  for item in cooled_out]), fix=fix) from None
         raise
     if not runs:  # under the current setting only (no power control), and out of time
         raise DeviceError("no sustained run fitted in the job's timeout: "

@@ -143,6 +143,10 @@ class SweepSpec(Request):
             raise ValueError("accelerators names each accelerator once")
         return self
 
+    def settle_each_s(self) -> float:
+        """The longest a setting takes to show: the settle timeout for a Jetson's modes; NVML's take effect at once."""
+        return self.settle_timeout_s if self.power_modes is not None else 0.0
+
     def settings(self) -> int | None:
         """How many settings the sweep visits (None: ``all`` modes, known only on the board)."""
         if self.power_modes == "all":
@@ -214,7 +218,8 @@ class JobSpec(Request):
             if self.sweep and len(self.sweep.accelerators) > 1:
                 raise ValueError("a sustained sweep runs one accelerator (sweep.accelerators has one): the board "
                                  "heats under one engine at a time")
-            if self.timeout_s and settings and self.sustained.budget_s(settings, settle_s) > self.timeout_s:
+            settings = settings or 1  # a sweep of all modes: one setting at least here, all of them on the board
+            if self.timeout_s and self.sustained.budget_s(settings, settle_s) > self.timeout_s:
                 raise ValueError(f"{self.sustained.budget_text(settings, settle_s)} is past timeout_s "
                                  f"{self.timeout_s:g} s: raise timeout_s or run shorter")
         if self.frame is not None and (self.preprocess is None or self.diverge is not None):
@@ -233,9 +238,9 @@ class JobSpec(Request):
         return self
 
     def sustained_settings(self) -> tuple[int | None, float | None]:
-        """(how many sustained runs, the sweep's settle timeout): (1, None) without a sweep; None runs for a sweep of
-        ``all`` modes (counted on the board)."""
-        return (self.sweep.settings(), self.sweep.settle_timeout_s) if self.sweep is not None else (1, None)
+        """(how many sustained runs, each setting's settling): (1, None) without a sweep; None runs for a sweep of
+        ``all`` modes (counted on the board); a GPU server's settings (NVML) take effect at once."""
+        return (self.sweep.settings(), self.sweep.settle_each_s()) if self.sweep is not None else (1, None)
 
     def marked_tensors(self) -> tuple[str, ...]:
         """The tensors a debug job marks as outputs (none for a benchmark job)."""
@@ -514,12 +519,15 @@ class JobResult(Measured):
 
     def dump(self) -> dict[str, Any]:
         """The JSON document (with its ``schema`` key). The spec's unset options are left out: a reader of an older
-        minor version reads a job that used none of the newer ones (its JobSpec refuses keys it does not know)."""
+        minor version reads a job that used none of the newer ones (its JobSpec and a sustained run's spec refuse keys
+        they do not know)."""
         document = self.model_dump(mode="json", by_alias=True)
         spec = {key: value for key, value in document["spec"].items() if value is not None}
         for part in ("frame", "sustained"):
             if spec.get(part):
                 spec[part] = {key: value for key, value in spec[part].items() if value is not None}
+        for run in ([document["sustained"]] if document.get("sustained") else []) + document["more_sustained"]:
+            run["spec"] = {key: value for key, value in run["spec"].items() if value is not None}
         return {**document, "spec": spec}
 
 

@@ -228,8 +228,9 @@ def run_sustained(runner, spec: SustainedSpec, chw: Sequence[int], samplers, pow
     """
     zones = thermal_zones(thermal_dir)
     trips, critical, not_measured = _limits(zones, thermal_dir, power_key)
-    cooling = (cool_down(zones, spec.cool_below_c, spec.cooling_limit_s(), stop_by, progress)
-               if spec.cool_below_c is not None else None)
+    cooling = (cool_down(zones, spec.cool_below_c, spec.cooling_limit_s(),
+                         None if stop_by is None else stop_by - spec.record_every_s, progress)
+               if spec.cool_below_c is not None else None)  # cooling leaves the run one interval at least
     batch = np.random.default_rng(0).standard_normal((spec.batch_size, *chw)).astype(np.float32)
     for _ in range(WARMUP_CALLS):
         runner.infer(batch)
@@ -237,7 +238,7 @@ def run_sustained(runner, spec: SustainedSpec, chw: Sequence[int], samplers, pow
     progress(f"sustained: started, {spec.minutes:g} min at batch {spec.batch_size}")
     started, started_at = time.monotonic(), time.time()
     deadline = min(started + spec.minutes * 60, stop_by if stop_by is not None else float("inf"))
-    if deadline - started < min(1.0, spec.record_every_s):
+    if deadline - started < spec.record_every_s / 2:  # under half an interval: no interval of its own (_intervals)
         raise NoIntervalError(f"the sustained run had no time to record an interval: the job's timeout was "
                               f"{max(0.0, deadline - started):.1f} s away when it could start"
                               + (f" ({cooling})" if cooling else ""),

@@ -14,9 +14,10 @@ from device.setting_schema import SWEEP_RESTORE_S, PowerSetting
 from device.window import Measured
 
 # What a sustained job needs besides its runs within its timeout: loading, the engine build, the smoke call, and
-# writing the result (RESULT_RESERVE_S of it kept back from the last run).
-ALLOWANCE_S = 60.0
-RESULT_RESERVE_S = 15.0
+# the result (RESULT_RESERVE_S of it kept back from the last run: the samplers' last reads and closing, validating
+# and writing it).
+ALLOWANCE_S = 90.0
+RESULT_RESERVE_S = 30.0
 COOL_MAX_S = 300.0  # the longest wait for cool_below_c unless the spec says
 
 
@@ -55,7 +56,7 @@ class SustainedSpec(BaseModel):
 
     def budget_s(self, settings: int = 1, settle_s: float | None = None) -> float:
         """The time a job needs for ``settings`` runs: :meth:`runs_s`, and :data:`ALLOWANCE_S` once to load, build
-        and write the result."""
+        and write the result (a job that loads slower has its last run cut short, and says so)."""
         return self.runs_s(settings, settle_s) + ALLOWANCE_S
 
     def budget_text(self, settings: int = 1, settle_s: float | None = None) -> str:
@@ -63,9 +64,11 @@ class SustainedSpec(BaseModel):
         parts = [f"{self.minutes * 60:g} s"] + ([f"up to {self.cooling_limit_s():g} s of cooling"]
                                                 if self.cool_below_c is not None else []) + (
             [f"up to {settle_s:g} s to settle"] if settle_s else [])
-        runs = f"{settings} settings × ({' and '.join(parts)})" if settle_s is not None else " and ".join(parts)
+        runs = (f"{settings} setting{'s' if settings > 1 else ''} × ({' and '.join(parts)})" if settle_s is not None
+                else " and ".join(parts))
         restore = f", {SWEEP_RESTORE_S:g} s to restore the mode" if settle_s is not None else ""
-        return f"sustained.minutes {self.minutes:g} ({runs}{restore}, and {ALLOWANCE_S:g} s to load and build)"
+        return (f"sustained.minutes {self.minutes:g} ({runs}{restore}, and {ALLOWANCE_S:g} s to load, build and write "
+                "the result)")
 
 
 class TripPoint(Measured):

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from device.errors import ConfigError, DeviceError, EdgeFoldError, MissingDependencyError, SweepStoppedError
+from device.errors import ConfigError, EdgeFoldError, MissingDependencyError, NothingMeasuredError, SweepStoppedError
 from device.power_modes import (DeviceHeldError, ModeController, ModeNotSettledError, ModeUnavailableError, PowerMode,
                                 PowerModeError, read_hold, read_nvpmodel_conf, write_hold)
 from device.schema import NotMeasured, PowerSetting, SweepResult, SweepSpec
@@ -129,7 +129,7 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
             restored, restore_note = _restore(controller, original, caps, hold_path, progress)
     if not runs:
         reasons = "; ".join(f"{item.nvpmodel_name}: {item.reason}" for item in not_measured)
-        raise DeviceError(f"no setting of the sweep could be measured: {reasons}",
+        raise NothingMeasuredError(f"no setting of the sweep could be measured: {reasons}",
                           fix="sweep modes that share the current mode's mask (see each reason)")
     return runs, SweepResult(controlled=True, original=original.to_dict(), restored=restored,
                              restore_note=restore_note, not_measured=not_measured)

@@ -187,7 +187,9 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
             if swept is not None:  # the board heats under one engine at a time: the first accelerator's
                 swept = swept.model_copy(update={"accelerators": swept.accelerators[:1]})
             batch_sizes = [sustained.batch_size]
-            settings, settle_s = (swept.settings() or ALL_MODES_BUDGETED, swept.settle_timeout_s) if swept else (1, None)
+            # The agent's own count (NVML settles at once); all modes: the most a recipe may name, per jetson_clocks.
+            settings, settle_s = (swept.settings(), swept.settle_each_s()) if swept else (1, None)
+            settings = settings or ALL_MODES_BUDGETED * len(swept.jetson_clocks or [None])
             timeout_s = cfg.job_timeout_s + sustained.runs_s(settings, settle_s)
             sustained = sustained.job_spec()
         return JobSpec(artifact=artifact, runtime=runtime, precision=precision, batch_sizes=batch_sizes, sweep=swept,

@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from device.frame_schema import FrameSpec
-from device.sustain_schema import SustainedSpec
+from device.sustain_schema import ALLOWANCE_S, SustainedSpec
 from pipeline.core.rungs import DEPLOYED
 
 
@@ -63,6 +63,9 @@ class SustainedRecipe(SustainedSpec):
         if self.swept and deploy.sweep is None:
             raise ValueError("deploy.sustained.swept follows deploy.sweep's settings: give deploy.sweep (edgefold "
                              "sustain --swept --set 'deploy.sweep.modes=[15W, MAXN_SUPER]'), or set swept false")
+        if deploy.job_timeout_s < ALLOWANCE_S:
+            raise ValueError(f"deploy.job_timeout_s {deploy.job_timeout_s:g} s is under the {ALLOWANCE_S:g} s a "
+                             "sustained job needs to load, build and write its result: raise it")
         settings = self.settings(deploy.sweep)
         if deploy.job_timeout_s + self.runs_s(settings, deploy.sweep.settle_timeout_s if self.swept else None) > 86_400:
             every = (f" (a sweep of all modes counted as {ALL_MODES_BUDGETED}: name them in deploy.sweep.modes)"

@@ -15,8 +15,9 @@ import httpx
 import numpy as np
 import pytest
 
-from device.runners import make_runner
 from device.errors import ConfigError
+from device.jtop_client import use_socket
+from device.runners import make_runner
 from device.sustain import NoIntervalError, SustainedTime, first_throttle, run_sustained, thermal_zones, trip_points
 from device.sustain_schema import SustainedResult, SustainedSpec
 from tests.device.agent_process import TOKEN, AgentProcess, tiny_onnx
@@ -85,8 +86,17 @@ def test_a_run_on_loopback_records_every_interval_and_says_what_it_could_not_mea
     with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
         result = run_sustained(runner, spec, (3, 16, 16), [], None, thermal_dir=folder, progress=progress.append)
     SustainedResult.model_validate(result)
-    # A spec without cooling is written with 2.10's keys only: a 2.10 reader (its spec strict) reads the result.
-    assert set(result["spec"]) == {"minutes", "batch_size", "record_every_s"}
+    # A spec without cooling is written with 2.10's keys only, in the job's result too: a 2.10 reader (its sustained
+    # spec strict, refusing keys it does not know) reads it.
+    from device.schema import JobResult
+
+    document = JobResult.model_validate({
+        "spec": {"artifact": "0" * 64, "batch_sizes": [2], "sustained": spec.model_dump()}, "input_chw": [3, 16, 16],
+        "runtime": {"name": "onnxruntime", "precision": "fp32", "load_s": 0.1, "python": "3.11"},
+        "smoke": {"image": "smoke.png", "output_shape": [2, 10], "top1_index": 0, "preprocess": {}}, "runs": [],
+        "sustained": result}).dump()
+    assert set(document["sustained"]["spec"]) == set(document["spec"]["sustained"]) == {"minutes", "batch_size",
+                                                                                         "record_every_s"}
     intervals = result["intervals"]
     # three intervals on a 0.4 s grid; a host stalled past a grid line may fold a short tail into the one before
     assert len(intervals) in (2, 3) and intervals[-1]["end_s"] == pytest.approx(1.2, abs=0.3)
@@ -131,14 +141,14 @@ def test_a_bad_sustained_spec_or_a_run_past_the_timeout_is_a_422_with_the_reason
             ({"minutes": 0}, {}, "greater than 0"), ({"minutes": -1.0}, {}, "greater than 0"),
             ({"minutes": 0.5, "record_every_s": 60}, {}, "record_every_s 60 s is longer than the run"),
             ({"minutes": 1.0, "batch_size": 4}, {}, "sustained.batch_size 4 is not one of batch_sizes [1]"),
-            ({"minutes": 1.5}, {"timeout_s": 120.0}, "(90 s, and 60 s to load and build) is past timeout_s 120 s"),
+            ({"minutes": 1.5}, {"timeout_s": 120.0}, "(90 s, and 90 s to load, build and write the result) is past timeout_s 120 s"),
             ({"minutes": 4.5}, {}, "past the job's effective timeout 300 s (the agent's job_timeout_s)"),
             ({"minutes": 2.5}, {"sweep": {"power_modes": ["15W", "MAXN_SUPER"]}},
-             "sustained.minutes 2.5 (2 settings × (150 s and up to 30 s to settle), 60 s to restore the mode, and 60 s "
-             "to load and build) is past the job's effective timeout 300 s"),
+             "sustained.minutes 2.5 (2 settings × (150 s and up to 30 s to settle), 60 s to restore the mode, and 90 s "
+             "to load, build and write the result) is past the job's effective timeout 300 s"),
             ({"minutes": 0.5, "cool_below_c": 60.0}, {"sweep": {"power_modes": ["15W"], "jetson_clocks": [False, True]}},
              "(2 settings × (30 s and up to 300 s of cooling and up to 30 s to settle), 60 s to restore the mode, and "
-             "60 s to load and build)"),
+             "90 s to load, build and write the result)"),
             ({"minutes": 0.5}, {"runtime": "tensorrt", "sweep": {"power_modes": ["15W"], "accelerators": ["gpu", "dla0"]}},
              "a sustained sweep runs one accelerator"),
             ({"minutes": 0.5, "cool_max_s": 0.5}, {}, "cool_max_s")):
@@ -296,15 +306,16 @@ def test_a_sweep_out_of_time_leaves_the_next_setting_unset():
     """:class:`SustainedTime`: the time left under a setting's settling and one interval skips it, saying why, and a
     count of settings past the timeout is refused before anything changes."""
     spec = SustainedSpec(minutes=1.0, record_every_s=5.0)
-    time_left = SustainedTime(spec, settle_s=30.0, timeout_s=300.0, stop_by=time.monotonic() + 100)
+    time_left = SustainedTime(spec, settle_s=30.0, timeout_s=330.0, stop_by=time.monotonic() + 100)
     assert time_left.late() is None and not time_left.ran_out
     time_left.stop_by = time.monotonic() + 20
     assert re.fullmatch(r"the job's timeout left (19|20) s, under the 35 s a setting needs \(settling and one "
                         r"interval\)", time_left.late())
     assert time_left.ran_out
-    time_left.check(2)  # 2 × (60 + 30) + 60 + 60 = 300
+    time_left.check(2)  # 2 × (60 + 30) + 60 + 90 = 330
     with pytest.raises(ConfigError, match=r"3 settings × \(60 s and up to 30 s to settle\), 60 s to restore the "
-                                          r"mode, and 60 s to load and build\) is past the job's timeout 300 s"):
+                                          r"mode, and 90 s to load, build and write the result\) is past the job's "
+                                          r"timeout 330 s"):
         time_left.check(3)
 
 
@@ -358,3 +369,47 @@ def test_a_cancel_mid_sustained_sweep_leaves_the_agent_idle_and_the_mode_restore
             assert time.monotonic() - started < 60, "the agent's restore after the cancel"
             time.sleep(0.1)
         assert mode_state(svc.root) == before
+
+
+@needs_jtop
+@pytest.mark.slow
+def test_a_setting_the_timeout_leaves_no_time_for_is_never_set(tmp_path, monkeypatch):
+    """run_sweep through the REAL jtop service on the simulated Orin Nano, asking a sustained job's time before each
+    setting: MAXN_SUPER is set and run; 15W, after the time ran out, is never set (no call to set it) and is
+    recorded as skipped with the reason; the mode found is restored."""
+    pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
+    import jtop.service
+
+    from device.power_modes import ModeController
+    from device.schema import SweepSpec
+    from device.sweep import run_sweep
+    from tests.device.jetson_sim import JtopService, mode_state
+
+    class OneSettingOfTime:
+        def __init__(self):
+            self.asked, self.counted = 0, None
+
+        def check(self, settings: int) -> None:
+            self.counted = settings
+
+        def late(self) -> str | None:
+            self.asked += 1
+            return None if self.asked == 1 else "the job's timeout left 3 s, under the 21 s a setting needs"
+
+    set_calls, real_set = [], ModeController.set
+    monkeypatch.setattr(ModeController, "set", lambda self, mode, *rest: (set_calls.append(mode.name),
+                                                                          real_set(self, mode, *rest))[1])
+    monkeypatch.setattr(jtop.service, "JTOP_PIPE", jtop.service.JTOP_PIPE)  # use_socket's global, put back after
+    budget = OneSettingOfTime()
+    with JtopService(tmp_path, "orin-nano") as svc:
+        before = mode_state(svc.root)
+        use_socket(svc.sock)
+        runs, sweep = run_sweep(SweepSpec(power_modes=["MAXN_SUPER", "15W"], settle_timeout_s=20),
+                                "0123456789ab", tmp_path / "hold.json", str(svc.root / "etc/nvpmodel.conf"), 0.5,
+                                lambda setting, where: [(setting.nvpmodel_name, mode_state(svc.root)["id"])],
+                                lambda text: None, budget=budget)
+        after = mode_state(svc.root)
+    assert budget.counted == 2 and set_calls == ["MAXN_SUPER"] and runs == [("MAXN_SUPER", 2)]
+    assert [(item.nvpmodel_name, item.kind, item.reason) for item in sweep.not_measured] == [
+        ("15W", "skipped", "the job's timeout left 3 s, under the 21 s a setting needs")]
+    assert sweep.restored is True and after == before and not (tmp_path / "hold.json").exists()

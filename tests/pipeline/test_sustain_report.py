@@ -103,7 +103,8 @@ def test_a_sustained_sweep_is_one_row_per_setting_one_figure_per_device_and_its_
             runs.append({**run_sustained(runner, spec.sustained, (3, 16, 16), [], None, thermal_dir=folder),
                          "power_setting": setting.model_dump()})
     skipped = NotMeasured(nvpmodel_id=1, nvpmodel_name="7W", jetson_clocks=True, kind="skipped",
-                          reason="the job's timeout left no recording interval for it")
+                          reason="the job's timeout left 12 s, under the 35 s a setting needs (settling and one "
+                                 "interval)")
     result = JobResult.model_validate({
         "spec": spec.model_dump(), "input_chw": [3, 16, 16], "runtime": {"name": "onnxruntime", "precision": "fp32",
                                                                          "load_s": 0.1, "python": "3.11"},
@@ -126,7 +127,8 @@ def test_a_sustained_sweep_is_one_row_per_setting_one_figure_per_device_and_its_
     text = "\n".join(to_markdown_lines(shown_section))
     assert "| rung | device | setting | minutes |" in text and "| 15W, jetson_clocks on | 0.01 |" in text
     assert "| 55.0 → " in text
-    assert "Sweep on orin: 7W not run: the job's timeout left no recording interval for it." in text
+    assert ("Sweep on orin: 7W, jetson_clocks on not run: the job's timeout left 12 s, under the 35 s a setting needs "
+            "(settling and one interval).") in text
     assert "orin (15W, jetson_clocks on): already below 60 °C (55.0 °C)." in text
 
 

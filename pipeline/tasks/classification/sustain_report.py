@@ -69,7 +69,9 @@ def sustained_runs(devices: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         sweep = result.sweep
         sweep_notes = ([sweep.note] if sweep and sweep.note else []) + [
-            f"{item.nvpmodel_name} not run: {item.reason}" for item in (sweep.not_measured if sweep else [])]
+            f"{item.nvpmodel_name}" + ("" if item.jetson_clocks is None else
+                                       f", jetson_clocks {'on' if item.jetson_clocks else 'off'}")
+            + f" not run: {item.reason}" for item in (sweep.not_measured if sweep else [])]
         for index, sustained in enumerate([result.sustained, *result.more_sustained]):
             data, setting = sustained.model_dump(), sustained.power_setting
             runs.append({**run, "minutes": sustained.spec.minutes, "started_at": sustained.started_at,
