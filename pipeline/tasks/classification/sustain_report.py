@@ -69,15 +69,12 @@ def sustained_runs(devices: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         sweep = result.sweep
         sweep_notes = ([sweep.note] if sweep and sweep.note else []) + [
-            f"{item.nvpmodel_name}" + ("" if item.jetson_clocks is None else
-                                       f", jetson_clocks {'on' if item.jetson_clocks else 'off'}")
-            + f" not run: {item.reason}" for item in (sweep.not_measured if sweep else [])]
+            f"{item.nvpmodel_name}{_clocks(item.jetson_clocks)} not run: {item.reason}"
+            for item in (sweep.not_measured if sweep else [])]
         for index, sustained in enumerate([result.sustained, *result.more_sustained]):
             data, setting = sustained.model_dump(), sustained.power_setting
             runs.append({**run, "minutes": sustained.spec.minutes, "started_at": sustained.started_at,
-                         "setting": None if setting is None else setting.label() + (
-                             "" if setting.jetson_clocks is None else
-                             f", jetson_clocks {'on' if setting.jetson_clocks else 'off'}"),
+                         "setting": None if setting is None else setting.label() + _clocks(setting.jetson_clocks),
                          "intervals": data["intervals"], "trip_points": data["trip_points"],
                          "first_throttle_s": sustained.first_throttle_s, "throttle_cause": sustained.throttle_cause,
                          "throttle_text": sustained.throttle_text, "stopped_early": sustained.stopped_early,
@@ -86,6 +83,10 @@ def sustained_runs(devices: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                          "sweep_notes": sweep_notes if index == 0 else [],
                          **(burst_and_settled(data["intervals"]) if data["intervals"] else {})})
     return runs
+
+
+def _clocks(jetson_clocks: bool | None) -> str:
+    return "" if jetson_clocks is None else f", jetson_clocks {'on' if jetson_clocks else 'off'}"
 
 
 def join_rows(runs: Sequence[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
