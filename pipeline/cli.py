@@ -228,8 +228,9 @@ def _add_sustain(sub) -> None:
                              description="Run RUN's rung (default: the deployed student) without pause for MINUTES on "
                                          "each device (deploy.sustained), recorded interval by interval, and rebuild "
                                          "the report with \"After N minutes\": burst against settled latency, the "
-                                         "first throttle and its cause. Earlier stages and measured windows are "
-                                         "reused; a recipe changed since the run is refused.")
+                                         "first throttle and its cause; with --swept, once under each setting of "
+                                         "deploy.sweep. Earlier stages and measured windows are reused; a recipe "
+                                         "changed since the run is refused.")
     sustain.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
     sustain.add_argument("--minutes", type=float, required=True, help="how long to run without pause")
     sustain.add_argument("--rung", help="the rung to run (default: the deployed student)")
