@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -47,12 +46,11 @@ def machine() -> str:
 
 
 def main() -> int:
-    from device.client import AgentClient
     from pipeline.cli import main as edgefold
     from tests.device.agent_process import AgentProcess
     from tests.device.clocked_runtime import sitecustomize_dir
     from tests.device.jetson_sim import JtopService, mode_state
-    from tests.device.thermal_plant import ZONES, ThermalPlant
+    from tests.device.thermal_plant import ZONES, ThermalPlant, heating_with_the_run
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, help="a finished classification run (runs/<model>/<run-id>)")
@@ -74,22 +72,8 @@ def main() -> int:
             agent_args = ("--jtop-socket", svc.sock, "--thermal-dir", str(svc.root / ZONES), "--nvpmodel-conf",
                           str(svc.root / "etc/nvpmodel.conf"))
             with AgentProcess(tmp / "agent", env=env, args=agent_args) as agent:
-                done = threading.Event()
-
-                def heat_with_the_run() -> None:  # the plant starts when the first sustained run does
-                    with AgentClient(agent.url, agent.token_file.read_text().strip(), timeout_s=10) as client:
-                        while not done.is_set():
-                            if any("sustained: started" in (job.get("progress") or "")
-                                   for job in client.jobs("running")):
-                                with plant:
-                                    done.wait()
-                                return
-                            time.sleep(0.02)
-
-                watcher = threading.Thread(target=heat_with_the_run, daemon=True)
-                watcher.start()
                 started = time.monotonic()
-                try:
+                with heating_with_the_run(agent, plant):  # from the first sustained run's start
                     code = edgefold(["sustain", str(run), "--minutes", f"{args.minutes:g}", "--swept",
                                      "--cool-below-c", "85", "--cool-max-s", "120", "--edge", agent.url,
                                      "--token-file", str(agent.token_file),
@@ -98,9 +82,6 @@ def main() -> int:
                                      "--set", "deploy.evaluate_images=0", "--set", "deploy.duration_s=0.3",
                                      "--set", "deploy.frame.source=synthetic",  # a run made with frames from images
                                      "--set", "deploy.batch_sizes=[1]", "--set", "deploy.runtime=tensorrt"])
-                finally:
-                    done.set()
-                    watcher.join()
                 wall_s = time.monotonic() - started
             after = mode_state(svc.root)
         data = json.loads((run / "report" / "results.json").read_text())

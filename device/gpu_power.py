@@ -28,7 +28,7 @@ from device.files import write_json_atomic
 from device.gpu_state import GPU_HOLD_SCHEMA, GpuState, gpu_hold_state  # noqa: F401 (the hold's record, re-exported)
 from device.power_modes import Control, PowerModeError
 from device.schema import NotMeasured, PowerSetting, SweepResult, SweepSpec
-from device.sweep import refuse_if_held
+from device.sweep import MeasurePoint, refuse_if_held
 
 log = logging.getLogger("edgefold.sweep")
 
@@ -36,7 +36,6 @@ RESTORE_TIMEOUT_S = 10.0
 # NVML rounds a power limit to the board's step (often 1 W): a read-back within 1% or 1 W is the limit asked for.
 LIMIT_TOLERANCE_MW = 1000
 
-MeasurePoint = Callable[[PowerSetting | None, str], list[Any]]  # windows, or a sustained job's run records
 
 
 class GpuPowerError(PowerModeError):

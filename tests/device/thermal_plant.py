@@ -16,6 +16,7 @@ the planted moments (:attr:`ThermalPlant.events`, :meth:`ThermalPlant.throttle_a
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -122,3 +123,30 @@ class ThermalPlant:
         self._thread.join()
         if self.error is not None and exc[0] is None:  # not over a failure inside the block
             raise AssertionError(f"the thermal plant stopped heating: {self.error!r}") from self.error
+
+
+@contextlib.contextmanager
+def heating_with_the_run(agent, plant: ThermalPlant):
+    """Starts ``plant`` when a job running on ``agent`` (a :class:`tests.device.agent_process.AgentProcess`) first
+    reports "sustained: started" (the heat comes with the run, not with the ladder's windows before it), and stops
+    it when the block ends."""
+    from device.client import AgentClient
+
+    done = threading.Event()
+
+    def heat() -> None:
+        with AgentClient(agent.url, agent.token_file.read_text().strip(), timeout_s=10) as client:
+            while not done.is_set():
+                if any("sustained: started" in (job.get("progress") or "") for job in client.jobs("running")):
+                    with plant:
+                        done.wait()
+                    return
+                time.sleep(0.02)
+
+    watcher = threading.Thread(target=heat, name="heat-with-the-run", daemon=True)
+    watcher.start()
+    try:
+        yield plant
+    finally:
+        done.set()
+        watcher.join()

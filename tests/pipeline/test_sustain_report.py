@@ -192,18 +192,15 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     default 10 s) of the plant's, the temperature as its cause, the settled-over-burst ratio within 3% of the planted
     2, the figure, and the headline's line."""
     import os
-    import threading
-    import time
 
     if os.geteuid() != 0:
         pytest.skip("jtop's service insists on running as root")
     pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
-    from device.client import AgentClient
     from pipeline.cli import main
     from tests.device.agent_process import AgentProcess
     from tests.device.clocked_runtime import sitecustomize_dir
     from tests.device.jetson_sim import JtopService
-    from tests.device.thermal_plant import ZONES, ThermalPlant
+    from tests.device.thermal_plant import ZONES, ThermalPlant, heating_with_the_run
 
     run = tmp_path / "runs" / "tiny" / "shared"
     shutil.copytree(tiny_run.run_dir, run)
@@ -213,27 +210,11 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
                              critical_c=120.0, initial_hz=100_000_000, throttled_hz=50_000_000)
         with AgentProcess(tmp_path / "agent", env=env, args=("--jtop-socket", svc.sock, "--thermal-dir",
                                                              str(svc.root / ZONES))) as agent:
-            done = threading.Event()
-
-            def heat_with_the_run() -> None:  # the plant starts when the sustained run does
-                with AgentClient(agent.url, agent.token_file.read_text().strip(), timeout_s=10) as client:
-                    while not done.is_set():
-                        if any("sustained: started" in (job.get("progress") or "") for job in client.jobs("running")):
-                            with plant:
-                                done.wait()
-                            return
-                        time.sleep(0.02)
-
-            watcher = threading.Thread(target=heat_with_the_run, daemon=True)
-            watcher.start()
-            try:
+            with heating_with_the_run(agent, plant):  # the plant starts when the sustained run does
                 code = main(["sustain", str(run), "--minutes", "2", "--edge", agent.url,
                              "--token-file", str(agent.token_file), "--set", "deploy.rungs=[teacher, student_int8]",
                              "--set", "deploy.evaluate_images=0", "--set", "deploy.duration_s=0.3",
                              "--set", "deploy.batch_sizes=[1]", "--set", "deploy.runtime=tensorrt"])
-            finally:
-                done.set()
-                watcher.join()
     assert code == 0
     data = json.loads((run / "report" / "results.json").read_text())
     (sustained,) = [r for r in data["sustained"] if r["device"] == "edge"]
