@@ -195,7 +195,7 @@ def sustained_on_orin_nano(tmp_path, plant_kwargs: dict, minutes: float = 0.2, r
     pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
     from tests.device.clocked_runtime import sitecustomize_dir
     from tests.device.jetson_sim import JtopService, mode_state
-    from tests.device.thermal_plant import ZONES, ThermalPlant
+    from tests.device.thermal_plant import ZONES, ThermalPlant, heating_with_the_run
 
     extra = job.pop("sustained_extra", {})
     with JtopService(tmp_path, "orin-nano") as svc:
@@ -208,11 +208,7 @@ def sustained_on_orin_nano(tmp_path, plant_kwargs: dict, minutes: float = 0.2, r
             job = client.submit({"artifact": client.upload(tiny_onnx(tmp_path / "tiny.onnx")), "runtime": "tensorrt",
                                  "telemetry": ["jtop", "host"], "sample_hz": 20, **job,
                                  "sustained": {"minutes": minutes, "record_every_s": record_every_s, **extra}})
-            deadline = time.monotonic() + 120
-            while "sustained: started" not in (client.job(job["id"])["progress"] or ""):  # the heat starts with the run
-                assert time.monotonic() < deadline and client.job(job["id"])["state"] in ("queued", "running")
-                time.sleep(0.02)
-            with plant:
+            with heating_with_the_run(agent, plant):  # the heat starts with the run
                 job = client.wait(job["id"], timeout_s=180)
         after = mode_state(svc.root)
     assert job["state"] == "succeeded", job["error"]
@@ -302,7 +298,7 @@ def test_a_run_the_jobs_timeout_would_cut_keeps_its_intervals_and_says_so(tmp_pa
         run_sustained(runner, spec, (3, 16, 16), [], None, thermal_dir=tmp_path / "none", stop_by=time.monotonic())
 
 
-def test_a_sweep_out_of_time_leaves_the_next_setting_unset():
+def test_the_time_left_skips_a_setting_it_cannot_fit_and_refuses_too_many_settings():
     """:class:`SustainedTime`: the time left under a setting's settling and one interval skips it, saying why, and a
     count of settings past the timeout is refused before anything changes."""
     spec = SustainedSpec(minutes=1.0, record_every_s=5.0)
