@@ -2,13 +2,14 @@
 
     bash bench/dc_baseline.sh            # on a GPU machine with torch and nvidia-ml-py
 
-Exports torchvision's ResNet-50 with ``torch.export`` (random weights: latency and power do not
-depend on the weights' values) at the recipe's input (3×32×32, 10 classes) and at ImageNet's
-(3×224×224, 1000 classes), starts a loopback agent, and measures each at batch 1 and at a throughput
-batch, in fp32 and fp16, on each road (``--roads``):
+Writes torchvision's ResNet-50 as a device checkpoint (random weights: latency and power do not depend on the
+weights' values; the agent rebuilds the module from its own registry, as a default agent does) at the recipe's input
+(3×32×32, 10 classes) and at ImageNet's (3×224×224, 1000 classes), starts a loopback agent, and measures each at
+batch 1 and at a throughput batch, in fp32 and fp16, on each road (``--roads``):
 
 * ``torch``: the agent's Torch runner (channels_last, CUDA graphs at batch 1 on a GPU);
-* ``torch_tensorrt``: the same program compiled on the agent by Torch-TensorRT (the PyTorch user's road);
+* ``torch_tensorrt``: the same checkpoint exported and compiled on the agent by Torch-TensorRT (the PyTorch user's
+  road);
 * ``tensorrt``: the ONNX road, the model exported to ONNX (FP16 written in the graph for fp16) and built by the
   agent's TensorRT runner.
 
@@ -64,14 +65,16 @@ def road_line(road: str, status: dict[str, Any]) -> str:
 
 
 def export(path: Path, size: int, classes: int, arch: str = "resnet50") -> Path:
+    """The architecture's device checkpoint (``<path>.device.pt``): what the agent rebuilds and runs."""
     import torch
-    import torchvision
 
-    model = getattr(torchvision.models, arch)(num_classes=classes).eval()
-    example = torch.randn(2, 3, size, size)
-    program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=1024)},))
-    torch.export.save(program, path)
-    return path
+    from pipeline.checkpoint import save_checkpoint
+    from pipeline.models import build_model
+    from pipeline.torch_export import write_device_checkpoint
+
+    torch.manual_seed(0)
+    checkpoint = save_checkpoint(path.with_suffix(".pt"), build_model(arch, classes).eval(), arch, classes)
+    return write_device_checkpoint(checkpoint, path.with_suffix(".device.pt"), (3, size, size))
 
 
 def export_onnx(folder: Path, size: int, classes: int,
@@ -133,7 +136,7 @@ def table(result: dict[str, Any], cuda: bool) -> list[str]:
     def cell(value, fmt):
         return "not measured" if value is None else format(value, fmt)
 
-    lines = [f"{result['arch']} (torch.export) on {result['gpu']}, CUDA {result['cuda']}, torch {result['torch']}, "
+    lines = [f"{result['arch']} (device checkpoint) on {result['gpu']}, CUDA {result['cuda']}, torch {result['torch']}, "
              f"{result['date']}{' (CUDA graphs on the Torch road)' if cuda else ''}", ""]
     lines += [f"- {road_line(road, status)}" for road, status in result["roads"].items()]
     lines += [f"- NOT MEASURED: {what}" for what in result.get("not_measured", [])]
@@ -183,7 +186,7 @@ def main() -> int:
         device = client.device()
         for size in args.sizes:
             classes = 10 if size == 32 else 1000
-            program = client.upload(export(Path(tmp) / f"{args.arch}-{size}.pt2", size, classes, args.arch))
+            program = client.upload(export(Path(tmp) / f"{args.arch}-{size}", size, classes, args.arch))
             onnx, missing = {}, {}
             if roads.get("tensorrt", {}).get("measured"):
                 paths, missing = export_onnx(Path(tmp), size, classes, args.arch)

@@ -75,6 +75,10 @@ class AgentConfig(BaseModel):
                                                                   "this of its critical trip point")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     public_docs: bool = Field(False, description="serve /docs, /redoc and /openapi.json without the token")
+    trust_programs: bool = Field(False, description="accept torch.export programs (.pt2): loading one makes torch "
+                                                    "generate Python from the file and run it, so with this on any "
+                                                    "holder of the token can run code on the device; off, the device "
+                                                    "takes data only (ONNX, device checkpoints, tensors, sidecars)")
     fork_jobs: bool = Field(True, description="fork each job from a warm parent that has imported what jobs import "
                                               "(device.launcher; about 47 MB resident while idle, on x86); false starts "
                                               "each job as a fresh process")
@@ -251,7 +255,7 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
     store = Store(config.data_dir)
     executor = Executor(store, job_timeout_s=config.job_timeout_s, jtop_socket=config.jtop_socket, env=child_env,
                         nvpmodel_conf=config.nvpmodel_conf, use_zygote=config.fork_jobs,
-                        thermal=(config.thermal_dir, config.thermal_margin_c))
+                        thermal=(config.thermal_dir, config.thermal_margin_c), trust_programs=config.trust_programs)
     started = time.time()
     metrics = Metrics(store, executor, started)
     device_cache: dict[str, Any] = {}
@@ -331,12 +335,10 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
         def openapi_schema() -> JSONResponse:
             return JSONResponse(app.openapi())
 
-    @app.get("/v1/device", dependencies=auth, responses=errors, tags=["agent"])
+    @app.get("/v1/device", dependencies=auth, responses=errors, tags=["agent"], description=device_facts.__doc__)
     def device() -> dict[str, Any]:
-        """Board, L4T/JetPack, GPU, CUDA, TensorRT/ONNX Runtime/torch versions, nvpmodel and jetson_clocks; on a Jetson
-        ``jtop``: the jtop service's and client's jetson-stats versions and whether the service accepts the client."""
         if not device_cache or time.time() - device_cache["at"] > 60:
-            device_cache.update(info={**describe_device(), "jtop": jtop_status(config.jtop_socket)}, at=time.time())
+            device_cache.update(info=device_facts(config), at=time.time())
         return device_cache["info"]
 
     sha_param = PathParam(pattern=SHA256.pattern, description="lowercase hex sha256 of the artifact's bytes")
@@ -348,7 +350,8 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
     async def put_artifact(request: Request, sha256: str = sha_param) -> Artifact:
-        """Streams an ONNX model (or torch.export archive) in; stored only if its bytes hash to ``sha256``."""
+        """Streams an artifact in (a torch.export program only with ``--trust-programs``); stored if its bytes hash to
+        ``sha256`` and it passes its kind's check."""
         limit = config.max_upload_mib << 20
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
@@ -372,7 +375,7 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
                 tmp.unlink(missing_ok=True)  # before counting what is free: the partial file is not the agent's
                 needed = int(declared) if declared and declared.isdigit() else None
                 raise _disk_full(store.root, needed, writer.size) from None
-            kind = await run_in_threadpool(check, tmp, sha256, writer.digest.hexdigest(), writer.size)
+            kind = await run_in_threadpool(check, tmp, sha256, writer.digest.hexdigest(), writer.size, config.trust_programs)
             return store.add_artifact(sha256, kind, tmp)
         finally:
             try:
@@ -473,6 +476,14 @@ def add_tensors_route(app: FastAPI, store: Store, auth: list, errors: dict) -> F
     return app
 
 
+def device_facts(config: AgentConfig) -> dict[str, Any]:
+    """``GET /v1/device``: board, L4T/JetPack, GPU, CUDA, TensorRT/ONNX Runtime/torch versions, nvpmodel and
+    jetson_clocks, ``architectures`` (the sources this device can rebuild a device checkpoint's module from); on a
+    Jetson ``jtop``: the jtop service's and client's jetson-stats versions and whether the service accepts the client;
+    ``trust_programs``: whether ``.pt2`` uploads are accepted."""
+    return {**describe_device(), "jtop": jtop_status(config.jtop_socket), "trust_programs": config.trust_programs}
+
+
 def job_etag(job: Job) -> str:
     """A strong ETag of the job as served: it changes with its state, progress, error and result."""
     return '"' + hashlib.sha256(job.model_dump_json().encode()).hexdigest()[:32] + '"'
@@ -496,6 +507,15 @@ def _disk_full(data_dir: Path, needed: int | None, written: int) -> ArtifactErro
         status=507)
 
 
+def programs_banner(trust_programs: bool) -> str:
+    """The agent's line on what it accepts: data only, or torch.export programs too (said plainly: that is code)."""
+    if trust_programs:
+        return ("programs: TRUSTED (--trust-programs): torch.export programs (.pt2) are accepted, and any holder of "
+                "this agent's token can run code on this device")
+    return ("programs: refused (default): this agent takes data only (ONNX, device checkpoints, tensors, sidecars); "
+            "start with --trust-programs to accept .pt2 programs")
+
+
 def serve(config: AgentConfig) -> None:
     """Runs the agent with uvicorn until SIGINT/SIGTERM."""
     uvicorn = require("uvicorn", "uvicorn", "pip install 'edgefold[device]'")
@@ -503,6 +523,7 @@ def serve(config: AgentConfig) -> None:
     # The first line says which TensorRT this agent found, or why none: a Jetson agent that would time
     # ONNX Runtime under the board's name says so before it serves anything.
     print(runtime_banner(describe_device()), file=sys.stderr, flush=True)
+    print(programs_banner(config.trust_programs), file=sys.stderr, flush=True)
     jtop_line = jtop_banner(jtop_status(config.jtop_socket))
     if jtop_line:
         print(jtop_line, file=sys.stderr, flush=True)

@@ -48,6 +48,8 @@ class Architecture:
             for export; None where the trained form is the inference form.
         fingerprint: What besides EdgeFold's own code decides what ``build`` makes (the timm version; an entry
             point's package version and its code's sha256), part of a stage's cache key; empty for the built-ins.
+        requirement: What a device must have installed to build it (``torchvision`` for the built-ins, ``timm==…``,
+            the entry point's ``package==version``): named when a device lacks it.
     """
 
     name: str
@@ -59,6 +61,73 @@ class Architecture:
     sized: bool = False
     inference_form: Callable[[Any], Any] | None = None
     fingerprint: str = ""
+    requirement: str = "torchvision"
+
+    def identity(self) -> dict[str, str]:
+        """What a device checkpoint records of its architecture, so the device rebuilds the same module or refuses
+        (:func:`check_identity`)."""
+        return {"key": self.name, "source": self.source, "fingerprint": self.fingerprint,
+                "requirement": self.requirement}
+
+
+def source_kind(source: str) -> str:
+    """``built-in``, ``timm`` or ``entry point``, from an :attr:`Architecture.source`."""
+    return "timm" if source.startswith("timm") else "entry point" if source.startswith("entry point") else "built-in"
+
+
+def check_identity(recorded: Any, where: str) -> Architecture:
+    """The device's architecture for a checkpoint's recorded identity (:meth:`Architecture.identity`), refused when the
+    device lacks its source or would build another module from it.
+
+    Raises:
+        CheckpointError: No identity recorded, a source this device lacks, or another fingerprint; the fix names the
+            package to install.
+    """
+    import importlib.util
+
+    from device.errors import CheckpointError, MissingDependencyError
+
+    fields = ("key", "source", "fingerprint", "requirement")
+    if not (isinstance(recorded, dict) and set(recorded) == set(fields)
+            and all(isinstance(recorded[f], str) and len(recorded[f]) <= 512 for f in fields)):
+        raise CheckpointError(f"{where} records no architecture source and fingerprint (or an edited one): the device "
+                              "cannot tell that it would rebuild the same module",
+                              fix="re-run the export stage with this EdgeFold (edgefold run … --force export)")
+    key, requirement = recorded["key"], recorded["requirement"]
+    install = (f"pip install '{requirement}' into the agent's environment and restart it"
+               + (" (on a Jetson: make bundle or docker-jetson with TORCH_TENSORRT=1 carry JetPack's torchvision)"
+                  if requirement.startswith("torchvision") else ""))
+    if requirement.startswith("torchvision") and importlib.util.find_spec("torchvision") is None:
+        raise CheckpointError(f"{where}: its architecture {key} is built from torchvision, which this device lacks",
+                              fix=install)
+    try:
+        arch = ARCHITECTURES.get(key)
+    except (ConfigError, MissingDependencyError) as err:
+        raise CheckpointError(f"{where}: its architecture {key} comes from {recorded['source']} on the build host, "
+                              f"which this device lacks ({err.message})", fix=install) from None
+    if source_kind(arch.source) != source_kind(recorded["source"]) or arch.fingerprint != recorded["fingerprint"]:
+        raise CheckpointError(f"{where}: its architecture {key} was built by {recorded['source']} "
+                              f"({recorded['fingerprint'] or 'EdgeFold built-in'}) on the build host; this device has "
+                              f"{arch.source} ({arch.fingerprint or 'EdgeFold built-in'}), which may build another "
+                              "module", fix=install)
+    return arch
+
+
+def architecture_sources() -> dict[str, Any]:
+    """What this device can rebuild a checkpoint's module from, read without importing any of it (``GET /v1/device``):
+    torchvision for the built-ins, timm, and the installed entry points by key with their package."""
+    from importlib.metadata import PackageNotFoundError, entry_points, version
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    points = {}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        points[point.name] = f"{point.dist.name}=={point.dist.version}" if point.dist else point.value
+    return {"torchvision": installed("torchvision"), "timm": installed("timm"), "entry_points": points}
 
 
 class ArchitectureRegistry(Registry[Architecture]):
@@ -173,9 +242,10 @@ def entry_point_architectures() -> list[Architecture]:
             raise ConfigError(f"the architecture {point.name!r} registered by {where} fails to load: "
                               f"{type(err).__name__}: {err}", fix=f"fix or uninstall {package}") from None
         fingerprint = f"{dist}, {point.module} sha256 {_code_sha256(point)}"
+        requirement = f"{point.dist.name}=={point.dist.version}" if point.dist else point.module
         if isinstance(obj, Architecture):
             found.append(replace(obj, name=point.name, build=_channels_fitted(obj.build), source=where,
-                                 fingerprint=fingerprint))
+                                 fingerprint=fingerprint, requirement=requirement))
             continue
         fields = obj if isinstance(obj, dict) else {}
         if not callable(fields.get("build")) or not isinstance(fields.get("classifier"), str):
@@ -188,7 +258,8 @@ def entry_point_architectures() -> list[Architecture]:
                               fix="allowed: build, classifier, torchvision_name, preprocess, inference_form")
         found.append(Architecture(point.name, _channels_fitted(fields["build"]), fields["classifier"],
                                   fields.get("torchvision_name"), where, fields.get("preprocess"),
-                                  inference_form=fields.get("inference_form"), fingerprint=fingerprint))
+                                  inference_form=fields.get("inference_form"), fingerprint=fingerprint,
+                                  requirement=requirement))
     return found
 
 

@@ -1,19 +1,24 @@
-"""What a ``torch.export`` program (``.pt2``) may hold before the device loads it, checked without torch.
+"""The parts of the check of a ``torch.export`` program (``.pt2``) before the device loads it, without torch (assembled
+by :func:`device.program_schema.check_program`).
 
 ``torch.export.load`` trusts its file: in torch 2.14 it unpickles pickled weights and constants with
 ``weights_only=False``, retries sample inputs the same way when the safe load refuses them, unpickles "opaque"
 constants with ``pickle.loads``, resolves a node's target by walking attributes from ``torch`` (``torch.os.system`` is
-a valid walk), and hands every symbolic-shape string to ``sympy.sympify``, which evaluates it as Python. So a program
-is accepted only when every one of those inputs is inert:
+a valid walk), and hands every symbolic-shape string to ``sympy.sympify``, which evaluates it as Python;
+``ExportedProgram.module()`` then writes Python source from names in the document and ``exec`` s it. A default agent
+refuses programs outright (:func:`device.artifacts.check`); one started with ``--trust-programs`` accepts a program
+only when every one of those inputs is inert:
 
 * the zip's entries are bounded in count and size, stored or deflated within a ratio, under one root, with names that
   stay inside the archive, and each is one of the entries ``torch.export.save`` writes (no AOTInductor shared
   libraries, no TorchScript or opaque-object constants);
 * every pickle (sample inputs, pickled weights and tensor constants, legacy weight files) passes
   :func:`device.safe_pickle.check_torch_save`;
-* in ``models/*.json``, every operator is an ATen, prims or quantize op (or one of ``operator``'s, ``math``'s and
-  torch's ``sym_*`` helpers) and every shape expression parses to sympy's and torch's symbolic functions over
-  integer symbols and literals.
+* ``models/*.json`` and the payload configurations pass the closed schema of :mod:`device.program_schema`: torch's
+  own keys only, and every string of the grammar its field has — among them, every operator an ATen, prims or
+  quantize op (or one of ``operator``'s, ``math``'s and torch's ``sym_*`` helpers), every shape expression sympy's
+  and torch's symbolic functions over integer symbols and literals, every name an identifier, ``guards_code`` empty;
+* ``extra/`` entries are small JSON documents.
 """
 
 from __future__ import annotations
@@ -34,15 +39,18 @@ MAX_TOTAL_BYTES = 16 << 30
 MAX_RATIO = 200  # a deflated entry may expand at most this much (zip bombs reach 1000× and more)
 MAX_JSON_BYTES = 64 << 20
 MAX_JSON_DEPTH = 200
+# An ``extra/`` entry (torch.export.save's extra_files; EdgeFold's edgefold.json): a small JSON sidecar.
+MAX_EXTRA_BYTES = 1 << 20
+MAX_EXTRA_DEPTH = 32
 
 # The entries torch.export.save writes (torch/export/pt2_archive/constants.py, 2.6-2.14), under the archive's root.
 _NAME = r"[A-Za-z0-9_.\-]+"
-_PROGRAM_ENTRIES = [re.compile(p) for p in (
+PROGRAM_ENTRIES = [re.compile(p) for p in (
     r"archive_format", r"archive_version", r"byteorder", r"version", r"\.data/version", r"\.data/serialization_id",
     rf"models/{_NAME}\.json", rf"data/sample_inputs/{_NAME}\.pt",
     rf"data/weights/{_NAME}", rf"data/constants/{_NAME}", r"extra/[^/]+",
 )]
-_REFUSED_ENTRIES = {
+REFUSED_ENTRIES = {
     "data/aotinductor/": "an AOTInductor package: its compiled shared libraries would be loaded and run",
     "data/executorch/": "an ExecuTorch payload, which this device does not run",
     "data/mtia/": "an MTIA payload, which this device does not run",
@@ -71,14 +79,15 @@ _ATEN_OPS = frozenset("""
     mean sum amax amin max min argmax argmin topk sort softmax log_softmax _softmax _log_softmax norm
     linalg_vector_norm cumsum
     dropout dropout_ feature_dropout feature_dropout_ alpha_dropout scalar_tensor zeros_like ones_like full_like
-    masked_fill nonzero index
+    masked_fill nonzero index scaled_dot_product_attention _scaled_dot_product_flash_attention_for_cpu
+    _scaled_dot_product_efficient_attention _scaled_dot_product_flash_attention
     _assert_scalar _assert_async _assert_tensor_metadata sym_constrain_range sym_constrain_range_for_size
 """.split())
 _OTHER_OPS = frozenset({"tensorrt.quantize_op", "quantized_decomposed.quantize_per_tensor",
                         "quantized_decomposed.dequantize_per_tensor", "quantized_decomposed.quantize_per_channel",
                         "quantized_decomposed.dequantize_per_channel"})
 _TORCH_OP = re.compile(r"torch\.ops\.(?P<namespace>[a-z_]+)\.(?P<op>[A-Za-z_][A-Za-z0-9_]*)(\.[A-Za-z][A-Za-z0-9_]*)?")
-_ENUM_WORD = re.compile(r"[A-Za-z0-9_]{0,32}")  # a string argument: an enum ("same", "tanh", "floor"), never a path
+ENUM_WORD = re.compile(r"[A-Za-z0-9_]{0,32}")  # a string argument: an enum ("same", "tanh", "floor"), never a path
 _OPERATORS = {"getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne",
               "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift"}
 _MATH = {"sqrt", "floor", "ceil", "trunc", "exp", "log", "log2", "sin", "cos", "tan", "tanh", "pow", "fabs"}
@@ -93,9 +102,8 @@ _EXPR_FUNCTIONS = {
     "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal", "ToFloat",
     "Identity", "BitwiseFn_bitwise_and", "BitwiseFn_bitwise_or", "BitwiseFn_bitwise_xor",
 }
-# Keys whose values torch writes into generated source as attribute paths (ExportGraphSignature's specs).
-_PATH_KEYS = {"parameter_name", "buffer_name", "tensor_constant_name", "custom_obj_name", "fqn"}
-_ATTRIBUTE_PATH = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+# Module names may hold hyphens (torchvision's RegNet: trunk_output.block1.block1-0); torch quotes them as strings.
+_ATTRIBUTE_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_][A-Za-z0-9_\-]*)*")
 _TREESPEC_TYPES = {None, "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict",
                    "torch.fx.immutable_collections.immutable_list", "torch.fx.immutable_collections.immutable_dict"}
 _EXPR_SYMBOL = re.compile(r"[a-z]{1,4}\d+")  # s0, u3, zuf0: torch's symbol names; no Python builtin has this shape
@@ -110,9 +118,11 @@ _BRACKETS = re.compile(r"[\[\]{}]")
 
 
 class ArchiveRefused(ValueError):
-    """An archive the device will not load; the message names the entry and the reason, :data:`fix` the remedy."""
+    """An archive the device will not load; the message names the entry and the reason, :attr:`fix` the remedy."""
 
-    fix = _FIX
+    def __init__(self, message: str, fix: str = _FIX):
+        super().__init__(message)
+        self.fix = fix
 
 
 def check_zip(archive: zipfile.ZipFile, what: str) -> str:
@@ -131,7 +141,9 @@ def check_zip(archive: zipfile.ZipFile, what: str) -> str:
     for entry in entries:
         name = entry.filename
         parts = PurePosixPath(name).parts
-        if (name.startswith(("/", "\\")) or "\\" in name or "\x00" in name or re.match(r"[A-Za-z]:", name)
+        # zipfile cuts a name at its first NUL (ZipInfo keeps the whole one as orig_filename): check what is stored.
+        if (name.startswith(("/", "\\")) or "\\" in name or "\x00" in entry.orig_filename
+                or re.match(r"[A-Za-z]:", name)
                 or ".." in parts or not parts):
             raise ArchiveRefused(f"{what} has an entry named {name!r}, which leaves the archive")
         if name in seen:
@@ -152,46 +164,12 @@ def check_zip(archive: zipfile.ZipFile, what: str) -> str:
     return roots.pop()
 
 
-def check_program(path) -> None:
-    """Checks a ``.pt2`` as described in the module docstring.
-
-    Raises:
-        ArchiveRefused: The entry or value that is refused, and why.
-    """
+def read_json(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, limit: int = MAX_JSON_BYTES,
+               max_depth: int = MAX_JSON_DEPTH) -> Any:
+    if entry.file_size > limit:
+        raise ArchiveRefused(f"{entry.filename} is {entry.file_size} bytes of JSON, over {limit >> 10} KiB")
     try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as err:
-        raise ArchiveRefused(f"not a torch.export archive: {err}") from None
-    with archive:
-        root = check_zip(archive, "the program")
-        names = {e.filename[len(root) + 1:]: e for e in archive.infolist() if not e.is_dir()}
-        for name in names:
-            for prefix, why in _REFUSED_ENTRIES.items():
-                if name.startswith(prefix):
-                    raise ArchiveRefused(f"the program holds {name}: {why}")
-            if not any(p.fullmatch(name) for p in _PROGRAM_ENTRIES):
-                raise ArchiveRefused(f"the program holds {name}, which torch.export.save does not write")
-        models = [n for n in names if n.startswith("models/")]
-        if not models:
-            raise ArchiveRefused("the archive holds no models/*.json: not a torch.export program")
-        for name in models:
-            _check_graph_document(_read_json(archive, names[name]), name)
-        pickled = [n for n in names if n.startswith("data/sample_inputs/") or n.endswith(".pt")]
-        for name in names:
-            if name.endswith("_config.json") and name.startswith(("data/weights/", "data/constants/")):
-                pickled += _pickled_payloads(_read_json(archive, names[name]), name,
-                                             {n: e.file_size for n, e in names.items()})
-        for name in sorted(set(pickled)):
-            if name not in names:
-                raise ArchiveRefused(f"the program's configuration names {name}, which the archive does not hold")
-            _check_nested_torch_save(archive, names[name], name)
-
-
-def _read_json(archive: zipfile.ZipFile, entry: zipfile.ZipInfo) -> Any:
-    if entry.file_size > MAX_JSON_BYTES:
-        raise ArchiveRefused(f"{entry.filename} is {entry.file_size} bytes of JSON, over {MAX_JSON_BYTES >> 20} MiB")
-    try:
-        return load_json(archive.read(entry), entry.filename)
+        return load_json(archive.read(entry), entry.filename, max_depth=max_depth)
     except ValueError as err:
         raise ArchiveRefused(str(err)) from None
 
@@ -218,7 +196,7 @@ def load_json(data: bytes | str, what: str, max_depth: int = MAX_JSON_DEPTH, fin
         raise ValueError(f"{what} is not valid JSON: {err}") from None
 
 
-def _pickled_payloads(config: Any, name: str, sizes: dict[str, int]) -> list[str]:
+def pickled_payloads(config: Any, name: str, sizes: dict[str, int]) -> list[str]:
     """The entries a weights or constants configuration says are pickled; every ``path_name`` a plain file name, and
     every raw payload's view within its bytes."""
     folder = name.rsplit("/", 1)[0]
@@ -231,7 +209,7 @@ def _pickled_payloads(config: Any, name: str, sizes: dict[str, int]) -> list[str
         if not isinstance(path_name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", path_name):
             raise ArchiveRefused(f"{name}: payload {fqn!r} has path_name {path_name!r}, not a plain file name")
         if path_name.startswith(("custom_obj", "opaque_obj")):
-            raise ArchiveRefused(f"{name}: constant {fqn!r} is {_REFUSED_ENTRIES['data/constants/' + path_name[:10]]}")
+            raise ArchiveRefused(f"{name}: constant {fqn!r} is {REFUSED_ENTRIES['data/constants/' + path_name[:10]]}")
         if meta.get("use_pickle"):
             pickled.append(f"{folder}/{path_name}")
         else:
@@ -269,7 +247,7 @@ def _check_tensor_meta(meta: Any, where: str, payload_bytes: int | None) -> None
                              "weights are dense views of their own bytes")
 
 
-def _check_nested_torch_save(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, name: str) -> None:
+def check_nested_torch_save(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, name: str) -> None:
     import io
 
     data = archive.read(entry)
@@ -285,40 +263,6 @@ def _check_nested_torch_save(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, n
             raise ArchiveRefused(str(err)) from None
 
 
-def _check_graph_document(document: Any, name: str) -> None:
-    """Walks a serialized ExportedProgram: every operator, shape expression, attribute path, argument name and
-    pytree spec (torch turns the first into calls, the second into Python it evaluates, the next two into the source
-    of the ``forward`` it generates, and the last into imports)."""
-    stack = [(document, "")]
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, dict):
-            for key, item in value.items():
-                where = f"{name}{path}/{key}"
-                if key in ("target", "as_operator") and isinstance(item, str):
-                    _check_operator(item, where)
-                elif key == "expr_str" and isinstance(item, str):
-                    check_expression(item, where)
-                elif key == "range_constraints" and isinstance(item, dict):
-                    for symbol in item:
-                        check_expression(symbol, where)
-                elif key in _PATH_KEYS and isinstance(item, str):
-                    check_attribute_path(item, where)
-                elif key == "forward_arg_names" and isinstance(item, list):
-                    for argument in item:
-                        _check_identifier(argument, where)
-                elif key in ("in_spec", "out_spec") and isinstance(item, str):
-                    _check_treespec(item, where)
-                elif key in ("as_string", "as_strings"):
-                    for text in (item if isinstance(item, list) else [item]):
-                        if not isinstance(text, str) or not _ENUM_WORD.fullmatch(text):
-                            raise ArchiveRefused(f"{where}: string argument {str(text)[:80]!r} is not an enum word "
-                                                 "(a path or code has no place in an inference graph)")
-                stack.append((item, f"{path}/{key}"))
-        elif isinstance(value, list):
-            stack.extend((item, f"{path}[]") for item in value)
-
-
 def check_attribute_path(text: Any, where: str) -> None:
     """A module attribute path (``layer1.0.conv1.weight``, or ``""`` for the root): torch writes it into generated
     Python source (``getattr(self, "…")``), so anything but dot-separated words is refused."""
@@ -327,15 +271,7 @@ def check_attribute_path(text: Any, where: str) -> None:
                              "torch would write it into the program's generated code")
 
 
-def _check_identifier(text: Any, where: str) -> None:
-    import keyword
-
-    if not isinstance(text, str) or not text.isidentifier() or keyword.iskeyword(text):
-        raise ArchiveRefused(f"{where}: argument name {str(text)[:80]!r} is not a Python identifier; torch would "
-                             "write it into the program's generated code")
-
-
-def _check_treespec(text: str, where: str) -> None:
+def check_treespec(text: str, where: str) -> None:
     """A serialized pytree spec (``[protocol, {"type", "context", "children_spec"}]``): only the containers a model's
     inputs and outputs use, with contexts of plain keys. torch resolves ``type`` by name and decodes ``context`` with a
     hook that imports any module named in an ``__enum__`` object."""
@@ -363,7 +299,7 @@ def _check_treespec(text: str, where: str) -> None:
         nodes.extend(children)
 
 
-def _check_operator(target: str, where: str) -> None:
+def check_operator(target: str, where: str) -> None:
     module, _, attr = target.partition(".")
     op = _TORCH_OP.fullmatch(target)
     allowed = "__" not in target and (

@@ -7,7 +7,9 @@ holds nothing that would run code or read outside itself when loaded, is it move
 * ``onnx``: a valid model whose tensors are all inside the file (external data would be read from the agent's own
   disk, wherever its location points) and whose nodes use only the standard and ONNX Runtime domains or the model's
   own functions (a custom-op domain makes a runtime look up code the model does not carry);
-* ``torch-export`` (``.pt2``): :func:`device.archive_check.check_program`;
+* ``torch-export`` (``.pt2``): refused unless the agent trusts programs (``--trust-programs``): loading one makes torch
+  write Python from the file and run it. Trusted, it must still pass :func:`device.program_schema.check_program` (the
+  closed schema of :mod:`device.program_schema`);
 * ``torch-checkpoint`` (``.device.pt``): a bounded zip whose pickle :func:`device.safe_pickle.check_torch_save` passes;
 * ``eval-set`` (``.npy``): float32 N×C×H×W in C order, no object dtype, its size exactly what the header says;
 * ``image-set`` (``.images.npy``): the same, uint8 N×H×W×3 (raw RGB images a frame job makes its frames from);
@@ -57,10 +59,27 @@ class HashingWriter:
         self._file.close()
 
 
-def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> str:
+PROGRAMS_REFUSED_FIX = (
+    "send the rung's device checkpoint (<rung>.device.pt: state, architecture key and input C×H×W, which EdgeFold's "
+    "export stage writes); the device rebuilds the module from its own architecture registry. Only if the module "
+    "cannot be installed on the device: start the agent with --trust-programs, which lets any holder of its token "
+    "run code on this board (device/README.md, Security)")
+
+
+def programs_refused(prefix: str = "") -> str:
+    """Why a ``torch.export`` program is refused on an agent that does not trust programs."""
+    return (f"{prefix}a torch.export program (.pt2) is refused: this agent accepts data only (ONNX graphs, device "
+            "checkpoints, tensors, JSON sidecars), and loading a program makes torch generate Python source from the "
+            "file and run it")
+
+
+def check(path: Path, expected_sha256: str, actual_sha256: str, size: int, trust_programs: bool = False) -> str:
     """The kind of a received file ("onnx", "torch-export", "torch-checkpoint", "eval-set", "image-set" or
-    "detection-head") once
-    its hash and content check out."""
+    "detection-head") once its hash and content check out.
+
+    Args:
+        trust_programs: Accept ``torch.export`` programs (still checked against the closed schema); off by default.
+    """
     if actual_sha256 != expected_sha256:
         raise ArtifactError(f"upload corrupted: its bytes hash to sha256 {actual_sha256}, not {expected_sha256}",
                             fix="upload again; the artifact is named by the sha256 of its exact bytes")
@@ -69,7 +88,7 @@ def check(path: Path, expected_sha256: str, actual_sha256: str, size: int) -> st
     with open(path, "rb") as handle:
         magic = handle.read(4)
     if magic == b"PK\x03\x04":
-        return _checked(lambda: _KINDS[_sniff_zip(path)](path))
+        return _checked(lambda: _zip_kind(path, trust_programs))
     if magic == b"\x93NUM":
         return _checked(lambda: _check_npy(path))
     if magic[:1] in (b"{", b"["):
@@ -188,10 +207,18 @@ def _sniff_zip(path: Path) -> str:
                         status=422)
 
 
+def _zip_kind(path: Path, trust_programs: bool) -> str:
+    kind = _sniff_zip(path)
+    if kind == "torch-export" and not trust_programs:
+        raise ArtifactError(programs_refused(), fix=PROGRAMS_REFUSED_FIX, status=422)
+    return _KINDS[kind](path)
+
+
 @_kind("torch-export")
 def _check_program(path: Path) -> str:
-    """A ``torch.export`` program: :func:`device.archive_check.check_program`."""
-    from device.archive_check import ArchiveRefused, check_program
+    """A ``torch.export`` program: :func:`device.program_schema.check_program`."""
+    from device.archive_check import ArchiveRefused
+    from device.program_schema import check_program
 
     try:
         check_program(path)
@@ -199,7 +226,7 @@ def _check_program(path: Path) -> str:
         raise ArtifactError(f"a torch.export program refused: {err}", fix=err.fix, status=422) from None
     except (RecursionError, MemoryError, UnicodeDecodeError) as err:  # a document built to exhaust the checker
         raise ArtifactError(f"a torch.export program refused: it could not be checked ({type(err).__name__})",
-                            fix=ArchiveRefused.fix, status=422) from None
+                            fix=ArchiveRefused("").fix, status=422) from None
     return "torch-export"
 
 
@@ -290,12 +317,17 @@ class UnsafeArtifactError(RunnerError):
     """A stored artifact that fails its upload check when a job is about to load it."""
 
 
-def verify(path: str | os.PathLike, kind: str) -> None:
+def verify(path: str | os.PathLike, kind: str, trust_programs: bool = False) -> None:
     """The upload check of ``kind``, made again on the stored file just before a runner loads it.
+
+    Args:
+        trust_programs: The agent's ``--trust-programs``: without it a ``torch-export`` file is refused unread.
 
     Raises:
         UnsafeArtifactError: The file fails it (named, with the check's reason); nothing of it was loaded.
     """
+    if kind == "torch-export" and not trust_programs:
+        raise UnsafeArtifactError(programs_refused(f"{Path(path).name} was not loaded: "), fix=PROGRAMS_REFUSED_FIX)
     try:
         _checked(lambda: _KINDS[kind](Path(path)))
     except ArtifactError as err:

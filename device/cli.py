@@ -44,6 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                              "(default /sys/devices/virtual/thermal)")
     serve.add_argument("--thermal-margin-c", type=float, help="a sustained job stops when a zone comes within this "
                                                               "of its critical trip point (default 5)")
+    serve.add_argument("--trust-programs", action="store_true", default=None,
+                       help="accept torch.export programs (.pt2). Loading one runs Python that torch generates from "
+                            "the file: with this on, any holder of the token can run code on this device. Off by "
+                            "default: the device rebuilds modules from device checkpoints (.device.pt) instead")
     args = parser.parse_args(argv)
     try:
         if args.command == "device":
@@ -55,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   token_file=args.token_file, job_timeout_s=args.job_timeout_s,
                                   max_upload_mib=args.max_upload_mib, jtop_socket=args.jtop_socket,
                                   nvpmodel_conf=args.nvpmodel_conf, thermal_dir=args.thermal_dir,
-                                  thermal_margin_c=args.thermal_margin_c)
+                                  thermal_margin_c=args.thermal_margin_c, trust_programs=args.trust_programs)
         run_server(config)
         return 0
     except EdgeFoldError as err:

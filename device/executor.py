@@ -132,15 +132,18 @@ class Executor:
         nvpmodel_conf: The board's nvpmodel configuration (a sweep checks each mode's caps against it).
         use_zygote: Fork each job from a warm parent (:mod:`device.launcher`); False starts each one fresh.
         thermal: The thermal zones' folder and the margin below a critical trip point a sustained job stops at.
+        trust_programs: The agent's ``--trust-programs``, handed to each job (its runners load a ``.pt2`` only then).
     """
 
     def __init__(self, store: Store, job_timeout_s: float = 1800.0, jtop_socket: str | None = "/run/jtop.sock",
                  env: dict[str, str] | None = None, nvpmodel_conf: str | None = DEFAULT_CONF,
-                 use_zygote: bool = True, thermal: tuple[str, float] = ("/sys/devices/virtual/thermal", 5.0)):
+                 use_zygote: bool = True, thermal: tuple[str, float] = ("/sys/devices/virtual/thermal", 5.0),
+                 trust_programs: bool = False):
         self.store, self.job_timeout_s, self.jtop_socket = store, job_timeout_s, jtop_socket
         self.env = env or {}
         self.nvpmodel_conf = nvpmodel_conf
         self.thermal_dir, self.thermal_margin_c = thermal
+        self.trust_programs = trust_programs
         self.hold_path = store.root / HOLD_FILE
         self._restore_error: str | None = None
         self._wake = threading.Event()
@@ -407,6 +410,7 @@ class Executor:
             "engine_cache": str(self.store.root / "engines"), "jtop_socket": self.jtop_socket, "job_id": job.id,
             "hold_path": str(self.hold_path), "nvpmodel_conf": self.nvpmodel_conf, "thermal_dir": self.thermal_dir,
             "thermal_margin_c": self.thermal_margin_c, "timeout_s": job.spec.timeout_s or self.job_timeout_s,
+            "trust_programs": self.trust_programs,
             # The timeout's start, for a sustained run to end before it (CLOCK_MONOTONIC is one clock for every
             # process on Linux; a board's wall clock jumps when NTP first syncs).
             "launched_monotonic": time.monotonic()}))

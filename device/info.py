@@ -165,6 +165,10 @@ def describe_device() -> dict[str, Any]:
     except ImportError:
         info["onnxruntime_providers"] = []
     info.update(power_mode())
+    # What a device checkpoint's module can be rebuilt from here (read without importing any of it).
+    from device.architectures import architecture_sources
+
+    info["architectures"] = architecture_sources()
     return info
 
 

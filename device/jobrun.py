@@ -180,8 +180,9 @@ def verify_stored(job: dict[str, Any]) -> None:
         # The longest suffix that fits: an image set's ".images.npy" also ends in an evaluation set's ".npy".
         kind = max((k for k, suffix in ARTIFACT_SUFFIX.items() if path and str(path).endswith(suffix)),
                    key=lambda k: len(ARTIFACT_SUFFIX[k]), default=None)
-        if path and kind and kind not in CHECKED_BY_LOADER:
-            verify(path, kind)
+        if path and kind and (kind not in CHECKED_BY_LOADER
+                              or (kind == "torch-export" and not job.get("trust_programs"))):
+            verify(path, kind, bool(job.get("trust_programs")))
 
 
 def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
@@ -202,8 +203,8 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
     def make(core: int | None):
         return make_runner(spec.runtime, job["artifact_path"], precision=spec.precision, threads=spec.threads,
                            batch_sizes=spec.batch_sizes, dla_core=core, engine_cache=job.get("engine_cache"),
-                           channels_last=spec.channels_last, cuda_graphs=spec.cuda_graphs,
-                           timing_cache=spec.timing_cache, marked=spec.marked_tensors())
+                           channels_last=spec.channels_last, cuda_graphs=spec.cuda_graphs, timing_cache=spec.timing_cache,
+                           marked=spec.marked_tensors(), trust_programs=bool(job.get("trust_programs")))
 
     runner = make(dla_core)
     faults = dict(item.split("=", 1) for item in os.environ.get("EDGEFOLD_AGENT_FAULT", "").split(",") if "=" in item)

@@ -318,7 +318,8 @@ class ErrorBody(Strict):
 # 2.8: JobSpec.diverge, JobResult.diverge; 2.9: JobSpec.frame, JobResult.frame (device.frame); 2.10: FrameSpec.in_graph,
 # source images, images; FrameResult.in_graph, in_graph_error, scores, copies_ms, power; JobSpec and JobResult.sustained;
 # 2.11: a sustained sweep (JobResult.more_sustained, SustainedResult.power_setting), cooling, the start's temperature
-RESULT_MAJOR, RESULT_MINOR = 2, 11
+# 2.12: RuntimeInfo.loaded_from (a torch runner's artifact: a device checkpoint rebuilt here, or a trusted program)
+RESULT_MAJOR, RESULT_MINOR = 2, 12
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -408,6 +409,10 @@ class RuntimeInfo(Measured):
             data = {key: value for key, value in data.items() if key not in BuildFacts.model_fields} | {
                 "built": {key: data[key] for key in BuildFacts.model_fields if key in data} | (data.get("built") or {})}
         return data
+    loaded_from: dict[str, Any] | None = Field(None, description="the torch runner: what the module was loaded from "
+                                                                "(a device checkpoint rebuilt by this device's "
+                                                                "architecture registry, with the architecture's "
+                                                                "source; or a torch.export program) (2.12)")
     torch_tensorrt: dict[str, Any] | None = Field(None, description="Torch-TensorRT: release, the rules used (with "
                                                                    "their sources), compile arguments and the ops "
                                                                    "that fell back to PyTorch, per batch (2.4)")

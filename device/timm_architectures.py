@@ -53,7 +53,7 @@ def architecture_fields(name: str) -> dict:
 
     return {"name": f"timm/{name}", "build": build, "classifier": classifier, "source": f"timm {timm.__version__}",
             "preprocess": lambda: pretrained_preprocess(name, cfg), "sized": sized, "inference_form": inference_form,
-            "fingerprint": f"timm {timm.__version__}"}
+            "fingerprint": f"timm {timm.__version__}", "requirement": f"timm=={timm.__version__}"}
 
 
 def inference_form(model):

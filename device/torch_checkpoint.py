@@ -6,8 +6,11 @@ and is validated against the architecture it names. The build side writes it (:m
 device reads it when it must export a rung on its own torch (the Torch-TensorRT road: a ``.pt2`` from a newer
 torch does not load, and ModelOpt's INT8 export needs CUDA, which the build host may lack).
 
-Optional keys a device checkpoint adds:
+Keys a device checkpoint adds:
 
+* ``architecture``: the architecture's identity (:meth:`device.architectures.Architecture.identity`: key, source,
+  fingerprint, the package that provides it); the device rebuilds the module only when its own registry has the same
+  source and fingerprint, and names the package to install otherwise;
 * ``input_chw``: the network input's C×H×W, for the static export at each measured batch;
 * ``modelopt``: the INT8 rung of the Torch-TensorRT road, ModelOpt's quantizer state calibrated on the build
   host: ``{"version": modelopt's, "state": mto.modelopt_state(model), "state_dict": the quantized (BatchNorm
@@ -26,7 +29,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from device.architectures import ARCHITECTURES, build_model, fold_batchnorm
+from device.architectures import ARCHITECTURES, build_model, check_identity, fold_batchnorm
 from device.errors import CheckpointError, MissingDependencyError
 
 FORMAT = "edgefold.checkpoint/1"
@@ -229,8 +232,13 @@ def check_archive(path: Path, what: str, fix: str) -> None:
 UNSAFE = "holds pickled Python objects, not only tensors (refused: loading runs code)"
 
 
-def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that produces it (--force STAGE)") -> dict:
+def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that produces it (--force STAGE)",
+                 on_device: bool = False) -> dict:
     """The checkpoint's dict, loaded with ``weights_only=True`` and checked to be an EdgeFold checkpoint.
+
+    Args:
+        on_device: A device checkpoint read by the device: its recorded architecture identity must be there and
+            match what this device would build (:func:`device.architectures.check_identity`).
 
     Raises:
         CheckpointError: Missing, unreadable, unsafe, or not an EdgeFold checkpoint; or an unknown architecture.
@@ -249,7 +257,13 @@ def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that prod
             size is not None and (type(size) is not int or not 0 < size <= MAX_INPUT_SIZE)):
         raise CheckpointError(f"{path} records {classes!r} classes, {channels!r} input channels and input size "
                               f"{size!r}", fix=_CORRUPT)
-    if payload.get("arch") not in ARCHITECTURES:
+    if on_device:
+        identity = payload.get("architecture")
+        if isinstance(identity, dict) and identity.get("key") != payload.get("arch"):
+            raise CheckpointError(f"{path.name} names architecture {payload.get('arch')!r} but records the identity of "
+                                  f"{str(identity.get('key'))[:80]!r}", fix=_CORRUPT)
+        check_identity(identity, f"checkpoint {path.name}")
+    elif payload.get("arch") not in ARCHITECTURES:
         raise CheckpointError(f"{path} names unknown architecture {payload.get('arch')!r}",
                               fix=ARCHITECTURES.suggest(str(payload.get("arch"))))
     return payload
@@ -312,6 +326,134 @@ def modelopt_modules():
     return mto, mtq
 
 
+# What ModelOpt's quantize and calibrate modes write for a TensorQuantizer (modelopt/torch/quantization/nn/modules/
+# tensor_quantizer.py get_modelopt_state, 0.47.0): ``restore_quantizer_state`` sets each key as an attribute of the
+# quantizer, so only these keys, with values of these kinds, reach it.
+_FLAGS = {"_disabled", "_if_quant", "_if_calib", "_fake_quant", "_dynamic", "_dequantize", "_narrow_range", "_unsigned",
+          "_learn_amax", "_rotate", "_pass_through_bwd", "_use_constant_amax", "_enable_pre_quant_scale"}
+QUANTIZER_KEYS = _FLAGS | {"_num_bits", "_axis", "_effective_bits", "_input_dtype", "_trt_high_precision_dtype",
+                           "_constant_amax", "_bias", "_block_sizes", "backend", "backend_extra_args",
+                           "_pytorch_state_metadata"}
+QUANTIZER_BUFFERS = {"_amax", "_pre_quant_scale", "_bias_value"}
+MODELOPT_MODES = {"quantize", "max_calibrate", "mse_calibrate"}
+_QUANTIZER_NAME = ("input_quantizer", "weight_quantizer", "output_quantizer")
+_CALIBRATORS = {None, "max", "histogram"}
+
+
+def check_modelopt_state(modelopt: Any, model, source: str) -> None:
+    """Refuses, by name, anything in a checkpoint's ModelOpt state that ModelOpt's INT8 modes do not write: modes other
+    than quantize and max/mse calibration, quantizers on modules the student lacks, quantizer keys or values of other
+    kinds, buffers other than a quantizer's amax and scales. ``model`` is the float student the state is for.
+
+    Raises:
+        CheckpointError: Naming the mode, quantizer, key or value.
+    """
+    import torch
+
+    fix = "re-run the quantize stage: edgefold run … --force quantize"
+
+    def refuse(what: str):
+        raise CheckpointError(f"{source}: ModelOpt state refused: {what}", fix=fix)
+
+    if not isinstance(modelopt, dict) or set(modelopt) != {"version", "state", "state_dict"}:
+        refuse("the modelopt entry must hold version, state and state_dict only")
+    state = modelopt["state"]
+    if not isinstance(state, dict) or set(state) != {"modelopt_state_dict", "modelopt_version"}:
+        refuse(f"state keys {sorted(state) if isinstance(state, dict) else type(state).__name__}, not "
+               "modelopt_state_dict and modelopt_version")
+    modes = state["modelopt_state_dict"]
+    if not isinstance(modes, (list, tuple)) or not modes:
+        refuse("modelopt_state_dict is not a list of modes")
+    modules = {name for name, _ in model.named_modules()}
+    for entry in modes:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[1], dict)):
+            refuse("a mode entry is not (name, state)")
+        mode, mode_state = entry
+        if mode not in MODELOPT_MODES:
+            refuse(f"mode {str(mode)[:60]!r} (EdgeFold's INT8 rung writes {', '.join(sorted(MODELOPT_MODES))})")
+        if set(mode_state) - {"config", "metadata"}:
+            refuse(f"mode {mode} holds {sorted(set(mode_state) - {'config', 'metadata'})}")
+        _check_plain_config(mode_state.get("config"), f"mode {mode} config", refuse)
+        metadata = mode_state.get("metadata") or {}
+        if not isinstance(metadata, dict) or set(metadata) - {"quantizer_state"}:
+            refuse(f"mode {mode} metadata holds {sorted(metadata) if isinstance(metadata, dict) else metadata!r}")
+        quantizers = metadata.get("quantizer_state") or {}
+        if not isinstance(quantizers, dict):
+            refuse(f"mode {mode}: quantizer_state is not a mapping")
+        for name, quantizer in quantizers.items():
+            parent, _, leaf = str(name).rpartition(".")
+            if leaf not in _QUANTIZER_NAME or parent not in modules:
+                refuse(f"quantizer {str(name)[:80]!r} is not an input, weight or output quantizer of a layer of the "
+                       "student")
+            _check_quantizer(quantizer, str(name), refuse, torch)
+
+
+def _check_plain_config(config: Any, where: str, refuse, depth: int = 0) -> None:
+    """A mode's config: plain values only, no backend or custom calibrator (ModelOpt resolves those to code)."""
+    if depth > 8:
+        refuse(f"{where} nests deeper than 8 levels")
+    if isinstance(config, dict):
+        for key, value in config.items():
+            if not isinstance(key, str):
+                refuse(f"{where} has a key of type {type(key).__name__}")
+            if key == "calibrator" and value not in _CALIBRATORS:
+                refuse(f"{where}: calibrator {str(value)[:60]!r} (max or histogram)")
+            if key in ("backend", "backend_extra_args") and value not in (None, {}):
+                refuse(f"{where}: {key} {str(value)[:60]!r} (a custom quantization backend)")
+            if key == "parent_class" and value is not None and not (
+                    isinstance(value, str) and value.startswith("nn.") and value[3:].isidentifier()):
+                refuse(f"{where}: parent_class {str(value)[:60]!r} (torch.nn classes only)")
+            _check_plain_config(value, f"{where}.{key}", refuse, depth + 1)
+    elif isinstance(config, (list, tuple)):
+        for item in config:
+            _check_plain_config(item, where, refuse, depth + 1)
+    elif not (config is None or isinstance(config, (str, int, float, bool))):
+        refuse(f"{where} holds a {type(config).__name__}")
+
+
+def _check_quantizer(quantizer: Any, name: str, refuse, torch) -> None:
+    if not isinstance(quantizer, dict):
+        refuse(f"quantizer {name} is a {type(quantizer).__name__}")
+    unknown = sorted(set(quantizer) - QUANTIZER_KEYS)
+    if unknown:
+        refuse(f"quantizer {name} sets {', '.join(map(str, unknown[:5]))}, which ModelOpt's TensorQuantizer state does "
+               "not hold")
+
+    def ints(value, most: int = 8) -> bool:
+        values = value if isinstance(value, (list, tuple)) else [value]
+        return len(values) <= most and all(type(v) is int and -8 <= v <= MAX_WIDTH for v in values)
+
+    checks = {
+        "_num_bits": lambda v: ints(v, 2) and v not in (0, []),
+        "_axis": lambda v: v is None or ints(v, 4),
+        "_effective_bits": lambda v: v is None or ints(v, 1),
+        "_input_dtype": lambda v: v is None or isinstance(v, torch.dtype),
+        "_trt_high_precision_dtype": lambda v: v in ("Float", "Half", "BFloat16"),
+        "_constant_amax": lambda v: v is None or type(v) in (int, float),
+        "_bias": lambda v: v is None or (isinstance(v, dict) and all(ints(k, 1) or isinstance(k, str) for k in v)),
+        "_block_sizes": lambda v: v is None or (isinstance(v, dict) and all(
+            (type(k) is int and ints(x, 1)) or (k in ("type", "scale_bits", "scale_block_sizes")) for k, x in v.items())),
+        "backend": lambda v: v is None,
+        "backend_extra_args": lambda v: v in (None, {}),
+        "_pytorch_state_metadata": lambda v: _state_metadata_ok(v, torch),
+    }
+    for key, value in quantizer.items():
+        ok = type(value) is bool if key in _FLAGS else checks[key](value)
+        if not ok:
+            refuse(f"quantizer {name}: {key} = {str(value)[:60]!r} is not what ModelOpt writes there")
+
+
+def _state_metadata_ok(value: Any, torch) -> bool:
+    if not (isinstance(value, dict) and set(value) <= {"params", "buffers"} and value.get("params", {}) == {}):
+        return False
+    buffers = value.get("buffers", {})
+    return isinstance(buffers, dict) and all(
+        name in QUANTIZER_BUFFERS and isinstance(meta, dict) and set(meta) == {"shape", "dtype"}
+        and isinstance(meta["dtype"], torch.dtype) and isinstance(meta["shape"], (tuple, list, torch.Size))
+        and len(meta["shape"]) <= 4 and all(type(d) is int and 0 < d <= MAX_WIDTH for d in meta["shape"])
+        for name, meta in buffers.items())
+
+
 def restore_quantized(model, modelopt: dict, source: str):
     """``model`` (the float student) folded as the build host folded it, with ModelOpt's quantizers restored from
     ``modelopt`` (the checkpoint's ``modelopt`` key) and their amax loaded: fake-quantized, eval mode.
@@ -322,8 +464,10 @@ def restore_quantized(model, modelopt: dict, source: str):
     """
     mto, _ = modelopt_modules()
     fix = "re-run the quantize stage: edgefold run … --force quantize"
+    folded = fold_batchnorm(model.eval().cpu())
+    check_modelopt_state(modelopt, folded, source)  # ModelOpt sets each quantizer key as an attribute
     try:
-        restored = mto.restore_from_modelopt_state(fold_batchnorm(model.eval().cpu()), modelopt["state"])
+        restored = mto.restore_from_modelopt_state(folded, modelopt["state"])
         load_state_strict(restored, modelopt["state_dict"], f"{source} (ModelOpt state)")
     except CheckpointError as err:  # the quantized weights or amax do not fit the restored quantizers
         raise CheckpointError(err.message, fix=fix) from None
@@ -338,15 +482,16 @@ def load_for_export(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
     with ModelOpt's INT8 quantizers restored.
 
     Returns:
-        The module (CPU, eval) and ``{"arch", "quantized", "input_chw", "modelopt"}`` (ModelOpt's version that
-        calibrated, or None).
+        The module (CPU, eval) and ``{"arch", "source", "quantized", "input_chw", "modelopt"}`` (the architecture's
+        recorded source; ModelOpt's version that calibrated, or None).
     """
-    payload = read_payload(path, fix="send the checkpoint the pipeline's export or quantize stage wrote")
+    payload = read_payload(path, fix="send the checkpoint the pipeline's export or quantize stage wrote", on_device=True)
     model = model_from_payload(payload, str(path))
     modelopt = payload.get("modelopt")
     if modelopt is not None:
         model = restore_quantized(model, modelopt, str(path))
     chw = payload.get("input_chw")
-    return model, {"arch": payload["arch"], "quantized": modelopt is not None,
+    return model, {"arch": payload["arch"], "source": payload["architecture"]["source"],
+                   "quantized": modelopt is not None,
                    "input_chw": tuple(int(d) for d in chw) if chw else None,
                    "modelopt": (modelopt or {}).get("version")}

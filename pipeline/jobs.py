@@ -46,7 +46,9 @@ def deploy_targets(ctx) -> Iterator[tuple[list[Device], Any]]:
     tmp = tempfile.mkdtemp(prefix="edgefold-loopback-")
     loopback = None
     try:
-        loopback = LoopbackAgent(Path(tmp) / "agent").start()
+        # The run's own programs on this machine, under a token of this run: trusted when the recipe sends programs.
+        trust = ("--trust-programs",) if getattr(ctx.recipe.deploy, "torch_programs", False) else ()
+        loopback = LoopbackAgent(Path(tmp) / "agent", args=trust).start()
         ctx.log(f"[  deploy] no EDGE=/DC=/DEVICES= given: loopback agent at {loopback.url} (this machine)")
         yield [LOOPBACK], loopback
     finally:

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from device.architectures import fold_batchnorm
+from device.architectures import ARCHITECTURES, fold_batchnorm
 from device.files import atomic_writer
 from device.torch_checkpoint import load_for_export, model_from_payload, modelopt_modules, read_payload
 
@@ -58,6 +58,7 @@ def calibrate(checkpoint: Path, calibration: np.ndarray, path: Path, method: str
     quantized = mtq.quantize(prepared, config, forward_loop)
     chw = list(input_chw) if input_chw is not None else list(calibration.shape[1:])
     device_checkpoint = {**payload, "input_chw": [int(d) for d in chw],
+                         "architecture": ARCHITECTURES.get(payload["arch"]).identity(),
                          "modelopt": {"version": modelopt.__version__, "state": mto.modelopt_state(quantized),
                                       "state_dict": {k: v.detach().cpu().contiguous()
                                                      for k, v in quantized.state_dict().items()}}}

@@ -1,8 +1,10 @@
-"""The ``torch.export`` program (``.pt2``) a rung ships for the Torch-TensorRT road, and its parity check.
+"""What a rung ships for the Torch-TensorRT road, and their parity checks: the device checkpoint (``.device.pt``:
+state and architecture identity, the default: data the device rebuilds a module from), and, for agents that trust
+programs, the ``torch.export`` program (``.pt2``).
 
-The agent's ``torch_tensorrt`` runtime compiles this program on the device (device/runners/torch_tensorrt.py), and
-refuses one its torch cannot load: the program records the torch that wrote it (``extra/edgefold.json``) beside
-torch's own serialization schema version, so the refusal can name both.
+The agent's ``torch_tensorrt`` runtime compiles either on the device (device/runners/torch_tensorrt.py). A program
+records the torch that wrote it (``extra/edgefold.json``) beside torch's own serialization schema version, so a
+refusal can name both.
 """
 
 from __future__ import annotations
@@ -41,13 +43,14 @@ def export_program(model: torch.nn.Module, path: Path, input_shape: tuple[int, .
     return {**record, "aten_ops": int(ops), "size_mb": path.stat().st_size / 1e6}
 
 
-def check_program_parity(model: torch.nn.Module, path: Path, images: np.ndarray) -> dict:
-    """Compares ``model`` with the saved program as the agent's Torch runner loads and runs it."""
+def runner_parity(model: torch.nn.Module, path: Path, images: np.ndarray) -> dict:
+    """Compares ``model`` with the module the agent's Torch runner loads from ``path``: a device checkpoint rebuilt
+    by the device's own loader (registry and identity check included), or a saved program."""
     from device.runners.torch import TorchRunner
 
     with torch.no_grad():
         reference = model.eval()(torch.from_numpy(images)).numpy()
-    with TorchRunner(path, channels_last=False) as runner:
+    with TorchRunner(path, channels_last=False, trust_programs=True) as runner:  # the build host's own file
         got = np.concatenate([runner.infer(images[i : i + 64]) for i in range(0, len(images), 64)])
     diff = np.abs(got - reference)
     return {"images": int(len(images)), "max_abs_diff": float(diff.max()),
@@ -55,14 +58,16 @@ def check_program_parity(model: torch.nn.Module, path: Path, images: np.ndarray)
 
 
 def write_device_checkpoint(checkpoint: Path, path: Path, input_chw: tuple[int, ...]) -> Path:
-    """A float rung's device checkpoint: its checkpoint with ``input_chw`` added, sent instead of the ``.pt2`` to a
-    device whose torch is another release, which rebuilds the rung and exports it on its own torch
+    """A float rung's device checkpoint: its checkpoint with ``input_chw`` and its architecture's identity added,
+    which the device rebuilds with its own code and exports on its own torch
     (:func:`device.torch_checkpoint.load_for_export`)."""
+    from device.architectures import ARCHITECTURES
     from device.files import atomic_writer
     from device.torch_checkpoint import read_payload
 
     payload = read_payload(checkpoint)
     with atomic_writer(path) as handle:
-        torch.save({**payload, "input_chw": [int(d) for d in input_chw]}, handle)
+        torch.save({**payload, "input_chw": [int(d) for d in input_chw],
+                    "architecture": ARCHITECTURES.get(payload["arch"]).identity()}, handle)
     return path
 

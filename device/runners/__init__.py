@@ -15,20 +15,24 @@ from device.runners.base import Runner  # noqa: F401 (the interface, re-exported
 
 def make_runner(runtime: str, artifact: str, *, precision: str = "fp32", threads: int = 0, batch_sizes=(1,),
                 dla_core: int | None = None, engine_cache: str | None = None, channels_last: bool = True,
-                cuda_graphs: bool = False, timing_cache: str | None = None, marked: tuple[str, ...] = ()) -> Runner:
+                cuda_graphs: bool = False, timing_cache: str | None = None, marked: tuple[str, ...] = (),
+                trust_programs: bool = False) -> Runner:
     """The runner for ``runtime`` (a key of :data:`RUNNERS`), its framework imported only now.
 
     Args:
         timing_cache: TensorRT only: a timing cache *name* (``JobSpec.timing_cache``), resolved to one file
             beside the engine cache (:func:`timing_cache_path`).
         marked: ONNX tensors returned besides the outputs (``run_marked``): ONNX Runtime and TensorRT only.
+        trust_programs: The torch runners load a ``torch.export`` program (``.pt2``) only when this is set (the agent's
+            ``--trust-programs``); device checkpoints load either way.
     """
     if marked and runtime not in ("onnxruntime", "tensorrt"):
         raise ConfigError(f"runtime {runtime!r} cannot mark ONNX tensors as outputs",
                           fix="run the debug job with runtime tensorrt or onnxruntime")
     return RUNNERS.get(runtime)(artifact, precision=precision, threads=threads, batch_sizes=tuple(batch_sizes),
                                 dla_core=dla_core, engine_cache=engine_cache, channels_last=channels_last,
-                                cuda_graphs=cuda_graphs, timing_cache=timing_cache, marked=tuple(marked))
+                                cuda_graphs=cuda_graphs, timing_cache=timing_cache, marked=tuple(marked),
+                                trust_programs=trust_programs)
 
 
 def timing_cache_path(engine_cache: str | None, name: str | None) -> str | None:
@@ -65,19 +69,21 @@ def _tensorrt(artifact: str, *, precision: str, batch_sizes: tuple[int, ...], dl
     return TensorRTRunner(artifact, options, cache_dir=engine_cache, batch_sizes=batch_sizes)
 
 
-def _torch(artifact: str, *, precision: str, channels_last: bool, cuda_graphs: bool, threads: int, **_: Any) -> Runner:
+def _torch(artifact: str, *, precision: str, channels_last: bool, cuda_graphs: bool, threads: int,
+           trust_programs: bool, **_: Any) -> Runner:
     from device.runners.torch import TorchRunner
 
     return TorchRunner(artifact, precision=precision, channels_last=channels_last, cuda_graphs=cuda_graphs,
-                       threads=threads)
+                       threads=threads, trust_programs=trust_programs)
 
 
 def _torch_tensorrt(artifact: str, *, precision: str, batch_sizes: tuple[int, ...], engine_cache: str | None,
-                    **_: Any) -> Runner:
+                    trust_programs: bool, **_: Any) -> Runner:
     from device.runners.torch_tensorrt import TorchTensorRTRunner
 
     # Static shapes, one compiled module per measured batch, as the TensorRT runner builds one engine per batch.
-    return TorchTensorRTRunner(artifact, precision=precision, batch_sizes=batch_sizes, cache_dir=engine_cache)
+    return TorchTensorRTRunner(artifact, precision=precision, batch_sizes=batch_sizes, cache_dir=engine_cache,
+                               trust_programs=trust_programs)
 
 
 RUNNERS: Registry = Registry("runtime")

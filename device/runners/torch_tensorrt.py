@@ -63,6 +63,7 @@ from device.errors import (ConfigError, DeviceError, EngineBuildError, Precision
                            ProgramVersionError, RunnerError, ShapeOutsideProfileError, require)
 from device.files import sha256_file, write_atomic
 from device.runners.base import Runner, engine_facts
+from device.runners.export_load import artifact_kind, load_checkpoint_module, load_program, program_module
 from device.runners.torch_tensorrt_rules import Rule, compile_arguments, rules_for
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "float32"}  # an INT8 program keeps float I/O
@@ -102,46 +103,32 @@ def read_program_versions(path: str | os.PathLike) -> ProgramVersions:
     Raises:
         DeviceError: Not a ``torch.export`` archive.
     """
+    from device.archive_check import MAX_EXTRA_BYTES, MAX_EXTRA_DEPTH, MAX_JSON_BYTES, load_json
+
+    fix = "save it with torch.export.save(torch.export.export(model, args), path)"
     try:
         with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-            model = next((n for n in names if re.search(r"(^|/)models/[^/]+\.json$", n)), None)
+            entries = archive.infolist()
+            model = next((e for e in entries if re.search(r"(^|/)models/[^/]+\.json$", e.filename)), None)
             if model is None:
-                raise DeviceError(f"{path} is not a torch.export program (no models/*.json in the archive)",
-                                  fix="save it with torch.export.save(torch.export.export(model, args), path)")
-            text = archive.read(model).decode(errors="replace")
-            extra = next((n for n in names if n.endswith("extra/edgefold.json")), None)
-            recorded = json.loads(archive.read(extra)) if extra else {}
+                raise DeviceError(f"{path} is not a torch.export program (no models/*.json in the archive)", fix=fix)
+            extra = next((e for e in entries if e.filename.endswith("extra/edgefold.json")), None)
+            # Bounded as the upload check bounds them: this runs on files nothing has checked yet (a runner used
+            # directly) and must not be the parser a crafted document exhausts.
+            if model.file_size > MAX_JSON_BYTES or (extra is not None and extra.file_size > MAX_EXTRA_BYTES):
+                raise DeviceError(f"{path}: its documents exceed the upload check's bounds", fix=fix)
+            document = load_json(archive.read(model), model.filename)
+            recorded = load_json(archive.read(extra), extra.filename, max_depth=MAX_EXTRA_DEPTH) if extra else {}
     except zipfile.BadZipFile:
-        raise DeviceError(f"{path} is not a torch.export program (not a zip archive)",
-                          fix="save it with torch.export.save(torch.export.export(model, args), path)") from None
-    document = json.loads(text)
+        raise DeviceError(f"{path} is not a torch.export program (not a zip archive)", fix=fix) from None
+    except ValueError as err:
+        raise DeviceError(f"{path} is not a readable torch.export program: {err}", fix=fix) from None
+    if not isinstance(document, dict) or not isinstance(recorded, dict):
+        raise DeviceError(f"{path} is not a torch.export program (its documents are not JSON objects)", fix=fix)
+    text = json.dumps(document)
     schema = document.get("schema_version") or {}
     version = (int(schema["major"]), int(schema["minor"])) if "major" in schema else None
     return ProgramVersions(version, recorded.get("torch") or document.get("torch_version"), QUANTIZE_OP in text)
-
-
-def artifact_kind(path: str | os.PathLike) -> str:
-    """``torch-export`` (a ``.pt2``) or ``torch-checkpoint`` (a ``.device.pt``).
-
-    The agent stores each upload under the suffix of the kind its check found (:data:`device.store.ARTIFACT_SUFFIX`),
-    so the suffix decides: a file the check passed as a program is never unpickled as a checkpoint. A path with
-    neither suffix (the runner used directly) is read: ``models/*.json`` makes a program, ``data.pkl`` a checkpoint.
-    """
-    name = os.fspath(path)
-    if name.endswith(".device.pt"):
-        return "torch-checkpoint"
-    if name.endswith(".pt2"):
-        return "torch-export"
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-    except zipfile.BadZipFile:
-        raise DeviceError(f"{path} is neither a torch.export program nor a device checkpoint (not a zip archive)",
-                          fix="send the .pt2 or the .device.pt the pipeline wrote") from None
-    if any(re.search(r"(^|/)models/[^/]+\.json$", n) for n in names):
-        return "torch-export"
-    return "torch-checkpoint" if any(n.endswith("data.pkl") for n in names) else "torch-export"
 
 
 def check_program_versions(program: ProgramVersions, torch_version: str, schema: Sequence[int]) -> list[str]:
@@ -262,16 +249,17 @@ class TorchTensorRTRunner(Runner):
         precision: ``fp32``, ``fp16`` or ``int8``; must agree with the program (:func:`reconcile`).
         batch_sizes: The batches the job measures: one compiled module each (static shapes).
         cache_dir: Cache folder (default: ``engines/`` beside the program).
+        trust_programs: Load a ``.pt2`` (the agent's ``--trust-programs``); off, only device checkpoints load.
     """
 
     name = "torch_tensorrt"
 
     def __init__(self, path: str | os.PathLike, precision: str = "fp32", batch_sizes: Sequence[int] = (1,),
-                 cache_dir: str | os.PathLike | None = None):
+                 cache_dir: str | os.PathLike | None = None, trust_programs: bool = False):
         if precision not in DTYPES:
             raise ConfigError(f"the torch_tensorrt runner runs fp32, fp16 or int8, not {precision!r}",
                               fix="use precision fp32, fp16 or int8")
-        self.path, self.precision = str(path), precision
+        self.path, self.precision, self.trust_programs = str(path), precision, trust_programs
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
         self.cache = CompiledCache(cache_dir or Path(path).parent / "engines")
         self._modules: dict[int, Any] = {}
@@ -285,6 +273,11 @@ class TorchTensorRTRunner(Runner):
         self.quantized = False
 
     def load(self) -> None:
+        from device.artifacts import verify
+
+        kind = artifact_kind(self.path)
+        if kind == "torch-export":  # refused or checked before anything imports torch or reads the archive
+            verify(self.path, "torch-export", self.trust_programs)
         torch = require("torch", "PyTorch", "pip install 'edgefold[torch-tensorrt]' (JetPack: NVIDIA's torch wheel)")
         tt = require("torch_tensorrt", "Torch-TensorRT",
                      "pip install 'edgefold[torch-tensorrt]' on x86/SBSA; on JetPack 6 (L4T 36.4/36.5) make bundle "
@@ -296,14 +289,14 @@ class TorchTensorRTRunner(Runner):
         self.device = compute_device(torch)
         if self.device.type == "cuda":
             self.pci_bus_id = cuda_pci_bus_id(torch)
-        if artifact_kind(self.path) == "torch-checkpoint":
+        if kind == "torch-checkpoint":
             module, artifact, notes, source = self._from_checkpoint(torch)
             versions = ProgramVersions(None, None, artifact == "int8")
         else:
             versions = read_program_versions(self.path)
             notes = check_program_versions(versions, torch.__version__, SCHEMA_VERSION)
             program = self._load_program(torch, versions, SCHEMA_VERSION)
-            module = program.module()
+            module = program_module(program, self.path)
             artifact = program_precision(module, versions.quantized)
             self.input_chw = self._input_chw(program)
             source = {"artifact": "torch.export program", "exported_on_device": False}
@@ -349,10 +342,9 @@ class TorchTensorRTRunner(Runner):
             require("modelopt.torch.quantization", "NVIDIA ModelOpt",
                     "pip install nvidia-modelopt (Torch-TensorRT compiles INT8 programs through ModelOpt's op)")
         from device.artifacts import UnsafeArtifactError
-        from device.runners.export_load import load_program
 
         try:
-            return load_program(torch, self.path)
+            return load_program(torch, self.path, self.trust_programs, verified=True)
         except UnsafeArtifactError:
             raise
         except Exception as err:  # torch raises several types for a foreign or truncated archive
@@ -372,9 +364,7 @@ class TorchTensorRTRunner(Runner):
         Raises:
             DeviceError: An INT8 checkpoint on a host without CUDA (ModelOpt's export needs CUDA tensors).
         """
-        from device.torch_checkpoint import load_for_export
-
-        module, facts = load_for_export(self.path)
+        module, facts = load_checkpoint_module(self.path)
         if facts["input_chw"] is None:
             raise ConfigError(f"{Path(self.path).name} records no input_chw: the device cannot export it at a static "
                               "shape", fix="send the .device.pt the pipeline's export or quantize stage wrote")

@@ -435,8 +435,12 @@ class DeployConfig(Strict):
     runtimes: list[Literal["tensorrt", "torch_tensorrt"]] = Field(
         ["tensorrt"], min_length=1, description="the roads to each device: tensorrt is the ONNX road (its runtime "
                                                 "chosen by deploy.runtime); torch_tensorrt adds the PyTorch road "
-                                                "(torch.export programs and ModelOpt's quantizer state, compiled by "
-                                                "Torch-TensorRT on the device)")
+                                                "(each rung's device checkpoint, with ModelOpt's quantizer state for "
+                                                "INT8, rebuilt and compiled by Torch-TensorRT on the device)")
+    torch_programs: bool = Field(False, description="on the torch_tensorrt road, send the build host's torch.export "
+                                                    "program (.pt2) to devices with the same torch release instead of "
+                                                    "the device checkpoint: only to agents started with "
+                                                    "--trust-programs (a program is code the device runs)")
     job_timeout_s: TimeoutSeconds = Field(1800.0, description="per job, engine build included")
     parallel_devices: int = Field(8, ge=1, le=256, description="devices benchmarked at once")
     retries: int = Field(1, ge=0, le=5, description="resubmissions of a job that failed or was interrupted")
@@ -466,6 +470,9 @@ class DeployConfig(Strict):
                              "deploy.evaluate_images above 0")
         if self.sustained is not None:
             self.sustained.check(self)
+        if self.torch_programs and "torch_tensorrt" not in self.runtimes:
+            raise ValueError("deploy.torch_programs sends programs on the torch_tensorrt road: add torch_tensorrt to "
+                             "deploy.runtimes, or leave deploy.torch_programs out")
         return self
 
 

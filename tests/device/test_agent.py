@@ -395,19 +395,25 @@ def test_unreachable_agent_is_a_clear_error():
     assert "unreachable" in err.value.message and "edgefold-agent serve" in err.value.fix
 
 
-def test_torch_export_artifact_runs_on_the_torch_runner(agent, tmp_path):
+def test_a_device_checkpoint_runs_on_the_torch_runner(agent, tmp_path):
+    """The default agent's torch road: state and an architecture key, rebuilt by the agent's own registry."""
     torch = pytest.importorskip("torch")
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
-                                torch.nn.Flatten(), torch.nn.Linear(4, 5)).eval()
-    program = torch.export.export(model, (torch.zeros(2, 3, 16, 16),),
-                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=16)},))
-    torch.export.save(program, tmp_path / "m.pt2")
+    from pipeline.checkpoint import save_checkpoint
+    from pipeline.models import build_model
+    from pipeline.torch_export import write_device_checkpoint
+
+    torch.manual_seed(0)
+    checkpoint = save_checkpoint(tmp_path / "m.pt", build_model("tiny_resnet", 5).eval(), "tiny_resnet", 5)
+    path = write_device_checkpoint(checkpoint, tmp_path / "m.device.pt", (3, 16, 16))
     with agent.client() as client:
-        sha = client.upload(tmp_path / "m.pt2")
-        assert (agent.data_dir / "artifacts" / f"{sha}.pt2").is_file()
+        sha = client.upload(path)
+        assert (agent.data_dir / "artifacts" / f"{sha}.device.pt").is_file()
         job = client.wait(client.submit({"artifact": sha, **QUICK, "runtime": "torch"})["id"], timeout_s=180)
     assert job["state"] == "succeeded", job["error"]
-    assert job["result"]["runtime"]["device"] == "cpu" and job["result"]["smoke"]["output_shape"] == [1, 5]
+    runtime = job["result"]["runtime"]
+    assert runtime["device"] == "cpu" and job["result"]["smoke"]["output_shape"] == [1, 5]
+    assert runtime["loaded_from"] == {"artifact": "device checkpoint", "arch": "tiny_resnet",
+                                      "architecture": "built-in (test model)"}
 
 
 def test_incomplete_preprocessing_is_a_422_not_a_500(agent, model):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from device.artifacts import UnsafeArtifactError
 from device.errors import ConfigError, RunnerError, UnknownKeyError
 from device.runners import RUNNERS, make_runner
 from tests.device.agent_process import tiny_onnx
@@ -29,18 +30,47 @@ def exported(tmp_path_factory):
     return model, folder / "model.pt2"
 
 
-def test_torch_runner_matches_eager_and_takes_any_batch(exported):
+@pytest.fixture(scope="module")
+def device_checkpoint(tmp_path_factory):
+    """tiny_resnet's device checkpoint as the export stage writes it (state, architecture identity, input C×H×W)."""
+    torch = pytest.importorskip("torch")
+    from pipeline.checkpoint import save_checkpoint
+    from pipeline.models import build_model
+    from pipeline.torch_export import write_device_checkpoint
+
+    folder = tmp_path_factory.mktemp("checkpoint")
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10).eval()
+    checkpoint = save_checkpoint(folder / "model.pt", model, "tiny_resnet", 10)
+    return model, write_device_checkpoint(checkpoint, folder / "student.device.pt", (3, 16, 16))
+
+
+@pytest.mark.parametrize("artifact", ["device checkpoint", "program (trusted)"])
+def test_torch_runner_matches_eager_and_takes_any_batch(exported, device_checkpoint, artifact):
     import torch
 
-    model, path = exported
+    model, path = device_checkpoint if artifact == "device checkpoint" else exported
     batch = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
-    with make_runner("torch", str(path)) as runner:
+    with make_runner("torch", str(path), trust_programs=artifact != "device checkpoint") as runner:
         assert runner.input_chw == (3, 16, 16) and runner.device.type == "cpu"
         out = runner.infer(batch)
         assert runner.infer(batch[:1]).shape == (1, 10)
+        loaded = runner.runtime_facts()["loaded_from"]
+    assert loaded["artifact"] == ("device checkpoint" if artifact == "device checkpoint" else "torch.export program")
     with torch.inference_mode():
         expected = model(torch.from_numpy(batch)).numpy()
     np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_torch_runner_refuses_an_int8_checkpoint_it_would_run_in_float(tmp_path, device_checkpoint):
+    pytest.importorskip("modelopt.torch.quantization")
+    from pipeline.modelopt_state import calibrate
+
+    _, path = device_checkpoint
+    int8 = tmp_path / "student.int8.device.pt"
+    calibrate(path, np.random.default_rng(0).standard_normal((8, 3, 16, 16)).astype(np.float32), int8)
+    with pytest.raises(ConfigError, match="carries ModelOpt's INT8 quantizers: the torch runner runs float rungs"):
+        make_runner("torch", str(int8)).load()
 
 
 def test_torch_runner_refuses_what_a_cpu_cannot_do(exported, tmp_path):
@@ -51,8 +81,8 @@ def test_torch_runner_refuses_what_a_cpu_cannot_do(exported, tmp_path):
         make_runner("torch", str(path), precision="int8")
     bogus = tmp_path / "bogus.pt2"
     bogus.write_bytes(b"PK\x03\x04 not really")
-    with pytest.raises(RunnerError, match="not a torch.export (program|archive)"):
-        make_runner("torch", str(bogus)).load()
+    with pytest.raises(UnsafeArtifactError, match="fails the torch-export check"):
+        make_runner("torch", str(bogus), trust_programs=True).load()
 
 
 def test_onnxruntime_runner_reports_its_input(tmp_path):
@@ -72,7 +102,7 @@ def test_torch_runner_cuda_graphs_and_half_precision(exported):
     with torch.inference_mode():
         expected = model(torch.from_numpy(batch)).numpy()
     for precision, tolerance in (("fp32", 1e-3), ("bf16", 5e-2), ("fp16", 1e-2)):
-        with make_runner("torch", str(path), precision=precision, cuda_graphs=True) as runner:
+        with make_runner("torch", str(path), precision=precision, cuda_graphs=True, trust_programs=True) as runner:
             np.testing.assert_allclose(runner.infer(batch), expected, atol=tolerance)
 
 

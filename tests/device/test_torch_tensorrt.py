@@ -117,7 +117,7 @@ def test_standin_keeps_the_explicit_typing_assertion_of_2_6_to_2_12():
 def test_runner_compiles_each_batch_with_its_release_arguments(monkeypatch, tmp_path, program, version, expected):
     model, path = program
     tt = standin(monkeypatch, version)
-    with make_runner("torch_tensorrt", str(path), batch_sizes=(1, 4), engine_cache=str(tmp_path)) as runner:
+    with make_runner("torch_tensorrt", str(path), trust_programs=True, batch_sizes=(1, 4), engine_cache=str(tmp_path)) as runner:
         batch = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
         out = runner.infer(batch)
         with torch.inference_mode():
@@ -135,7 +135,7 @@ def test_runner_compiles_each_batch_with_its_release_arguments(monkeypatch, tmp_
 def test_runner_reports_the_ops_that_fell_back_by_name_and_count(monkeypatch, tmp_path, program):
     _, path = program
     standin(monkeypatch, "2.5.0")
-    with make_runner("torch_tensorrt", str(path), batch_sizes=(2,), engine_cache=str(tmp_path)) as runner:
+    with make_runner("torch_tensorrt", str(path), trust_programs=True, batch_sizes=(2,), engine_cache=str(tmp_path)) as runner:
         report = runner.torch_tensorrt["fallback"][2]
     assert report["fallback_ops"] == {"aten.adaptive_avg_pool2d.default": 1}
     assert report["fallback_count"] == 1 and runner.torch_tensorrt["fallback_count"] == 1
@@ -146,7 +146,7 @@ def test_runner_reports_the_ops_that_fell_back_by_name_and_count(monkeypatch, tm
 def test_runner_casts_an_fp32_program_to_fp16_before_compiling(monkeypatch, tmp_path, program):
     _, path = program
     tt = standin(monkeypatch, "2.9.0")
-    with make_runner("torch_tensorrt", str(path), precision="fp16", batch_sizes=(1,),
+    with make_runner("torch_tensorrt", str(path), trust_programs=True, precision="fp16", batch_sizes=(1,),
                      engine_cache=str(tmp_path)) as runner:
         out = runner.infer(np.zeros((1, 3, 16, 16), np.float32))
     assert out.dtype == np.float32 and runner.precision_built == "fp16"
@@ -157,19 +157,19 @@ def test_runner_casts_an_fp32_program_to_fp16_before_compiling(monkeypatch, tmp_
 def test_compiled_programs_are_cached_by_the_engine_fingerprint(monkeypatch, tmp_path, program):
     _, path = program
     tt = standin(monkeypatch, "2.5.0")
-    with make_runner("torch_tensorrt", str(path), batch_sizes=(1,), engine_cache=str(tmp_path)) as first:
+    with make_runner("torch_tensorrt", str(path), trust_programs=True, batch_sizes=(1,), engine_cache=str(tmp_path)) as first:
         first_out = first.infer(np.ones((1, 3, 16, 16), np.float32))
     assert first.built_now and len(tt.calls) == 1
     recorded = json.loads((first.engine_path / "fingerprint.json").read_text())
     assert recorded["torch_tensorrt"] == "2.5.0" and recorded["torch"] == torch.__version__
     assert (first.engine_path / "compiled.pt2").is_file()
-    with make_runner("torch_tensorrt", str(path), batch_sizes=(1,), engine_cache=str(tmp_path)) as again:
+    with make_runner("torch_tensorrt", str(path), trust_programs=True, batch_sizes=(1,), engine_cache=str(tmp_path)) as again:
         np.testing.assert_allclose(again.infer(np.ones((1, 3, 16, 16), np.float32)), first_out, rtol=1e-5)
         assert again.torch_tensorrt["fallback_count"] == 1  # the report travels with the cached program
     assert not again.built_now and len(tt.calls) == 1
     # Another Torch-TensorRT release: another fingerprint, compiled again.
     newer = standin(monkeypatch, "2.14.0")
-    with make_runner("torch_tensorrt", str(path), batch_sizes=(1,), engine_cache=str(tmp_path)) as other:
+    with make_runner("torch_tensorrt", str(path), trust_programs=True, batch_sizes=(1,), engine_cache=str(tmp_path)) as other:
         pass
     assert other.built_now and len(newer.calls) == 1 and other.engine_path != first.engine_path
 
@@ -178,7 +178,7 @@ def test_an_int8_job_on_a_float_program_is_refused(monkeypatch, tmp_path, progra
     _, path = program
     standin(monkeypatch, "2.14.0")
     with pytest.raises(PrecisionMismatchError, match="no ModelOpt quantizer ops") as err:
-        make_runner("torch_tensorrt", str(path), precision="int8", engine_cache=str(tmp_path)).load()
+        make_runner("torch_tensorrt", str(path), trust_programs=True, precision="int8", engine_cache=str(tmp_path)).load()
     assert "device checkpoint" in err.value.fix
 
 
@@ -221,7 +221,7 @@ def test_runner_times_each_engine_layer_with_its_releases_profiler(monkeypatch, 
 
     _, path = program
     standin(monkeypatch, version)
-    with make_runner("torch_tensorrt", str(path), batch_sizes=(2,), engine_cache=str(tmp_path)) as runner:
+    with make_runner("torch_tensorrt", str(path), trust_programs=True, batch_sizes=(2,), engine_cache=str(tmp_path)) as runner:
         profile, note = profile_runner(runner, (2,), (3, 16, 16), iterations=4, warmup=1)
         engines = find_engines(runner._modules[2])
         assert all(engine._profile is None and engine.profile_path_prefix != "" for _, engine in engines)
@@ -312,7 +312,7 @@ def test_without_the_cpp_runtime_the_profile_says_so_instead_of_guessing(monkeyp
 
     _, path = program
     standin(monkeypatch, "2.14.0", cpp_runtime=False)
-    with make_runner("torch_tensorrt", str(path), batch_sizes=(1,), engine_cache=str(tmp_path)) as runner:
+    with make_runner("torch_tensorrt", str(path), trust_programs=True, batch_sizes=(1,), engine_cache=str(tmp_path)) as runner:
         profile, note = profile_runner(runner, (1,), (3, 16, 16), iterations=3, warmup=0)
     assert profile is None
     assert "without its C++ runtime" in note and "writes no trace" in note and "_TRTEngine.py@v2.13.0" in note
@@ -345,13 +345,17 @@ def test_program_versions_are_read_without_torch(program):
 
 
 def test_a_program_from_another_schema_major_is_refused_naming_both_versions(monkeypatch, tmp_path, program):
+    """The closed schema refuses it first (it knows serialization schema 8 only), naming the writer's torch; the
+    runner's own rule names both torch versions (test_version_rule_matches_torchs_own)."""
+    from device.artifacts import UnsafeArtifactError
+
     _, path = program
     standin(monkeypatch, "2.5.0")
     foreign = rewrite_schema(path, tmp_path / "newer.pt2", 99, "2.99.0")
-    with pytest.raises(ProgramVersionError) as err:
-        make_runner("torch_tensorrt", str(foreign), engine_cache=str(tmp_path)).load()
-    assert "torch 2.99.0" in err.value.message and f"torch {torch.__version__}" in err.value.message
-    assert "schema 99.0" in err.value.message and "device checkpoint" in err.value.fix
+    with pytest.raises(UnsafeArtifactError) as err:
+        make_runner("torch_tensorrt", str(foreign), trust_programs=True, engine_cache=str(tmp_path)).load()
+    assert "written by torch 2.99.0 (serialization schema 99.0)" in err.value.message
+    assert "device checkpoint" in err.value.fix
 
 
 def test_version_rule_matches_torchs_own():
@@ -394,7 +398,9 @@ def agent_job(tmp_path_factory, program):
     _, path = program
     tmp = tmp_path_factory.mktemp("ttagent")
     _, env = sitecustomize_dir(tmp / "site", "2.5.0")
-    with AgentProcess(tmp / "data", env=env) as agent, agent.client() as client:
+    # A program is code: only an agent started with --trust-programs takes it (the default road is the device
+    # checkpoint: tests/pipeline/test_torch_road.py).
+    with AgentProcess(tmp / "data", env=env, args=("--trust-programs",)) as agent, agent.client() as client:
         sha = client.upload(path)
         job = client.submit({"artifact": sha, "runtime": "torch_tensorrt", "iterations": 5, "warmup_iterations": 1,
                              "idle_s": 0, "batch_sizes": [1, 2], "telemetry": ["host"], "label": "student"})
@@ -427,7 +433,7 @@ def test_real_torch_tensorrt_compiles_and_matches_eager(tmp_path, program):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     model, path = program
-    with make_runner("torch_tensorrt", str(path), batch_sizes=(1, 4), engine_cache=str(tmp_path)) as runner:
+    with make_runner("torch_tensorrt", str(path), trust_programs=True, batch_sizes=(1, 4), engine_cache=str(tmp_path)) as runner:
         batch = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
         out = runner.infer(batch)
     with torch.inference_mode():
@@ -445,7 +451,7 @@ def test_real_torch_tensorrt_times_its_engine_layers(tmp_path, program):
     from device.profile import profile_runner
 
     _, path = program
-    with make_runner("torch_tensorrt", str(path), batch_sizes=(4,), engine_cache=str(tmp_path)) as runner:
+    with make_runner("torch_tensorrt", str(path), trust_programs=True, batch_sizes=(4,), engine_cache=str(tmp_path)) as runner:
         profile, note = profile_runner(runner, (4,), (3, 16, 16), iterations=5, warmup=1)
     import torch_tensorrt
 
@@ -471,24 +477,30 @@ PREPROCESS = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, 
 @pytest.fixture(scope="module")
 @slow_fixture
 def two_roads(tmp_path_factory, program):
-    """The deploy stage's jobs for one rung on both roads, against a real agent whose job processes have the
-    Torch-TensorRT stand-in; then the same against an agent without it."""
+    """The deploy stage's jobs for one rung on both roads, against a real (default) agent whose job processes have
+    the Torch-TensorRT stand-in; then the same against an agent without it. The Torch-TensorRT road sends the rung's
+    device checkpoint (a tiny_resnet, rebuilt on the device)."""
     import threading
 
+    from pipeline.checkpoint import save_checkpoint
     from pipeline.devices import Device
     from pipeline.core.recipe import DeployConfig
-    from pipeline.tasks.classification.road_artifacts import RoadArtifacts
+    from pipeline.models import build_model
+    from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
     from pipeline.tasks.classification.stages.deploy import DeployStage
+    from pipeline.torch_export import write_device_checkpoint
     from tests.device.agent_process import tiny_onnx
     from tests.device.torch_tensorrt_standin import sitecustomize_dir
 
-    _, path = program
     tmp = tmp_path_factory.mktemp("roads")
+    torch.manual_seed(0)
+    student = save_checkpoint(tmp / "student.pt", build_model("tiny_resnet", 5).eval(), "tiny_resnet", 5)
+    student_device = write_device_checkpoint(student, tmp / "student.device.pt", (3, 16, 16))
     models = {"student": tiny_onnx(tmp / "student.onnx", classes=5)}
     # retries=0: the INT8 rung fails on this CPU agent every time (no CUDA); a retry would only add a job.
     cfg = DeployConfig(rungs=["student"], batch_sizes=[1], duration_s=0.1, rounds=2, warmup_iterations=1, idle_s=0,
                        retries=0, job_timeout_s=600, runtimes=["tensorrt", "torch_tensorrt"])
-    programs = {"student": RoadArtifacts(program=path)}
+    programs = {"student": RoadArtifacts(student_device, None, recorded_architecture(student_device))}
     if importlib.util.find_spec("modelopt") is not None:  # the INT8 rung: its device checkpoint, ModelOpt's state in it
         from pipeline.checkpoint import save_checkpoint
         from pipeline.models import build_model
@@ -497,7 +509,8 @@ def two_roads(tmp_path_factory, program):
         checkpoint = save_checkpoint(tmp / "model.pt", build_model("tiny_resnet", 5).eval(), "tiny_resnet", 5)
         calibration = np.random.default_rng(0).standard_normal((16, 3, 16, 16)).astype(np.float32)
         calibrate(checkpoint, calibration, tmp / "student.int8.device.pt")
-        programs["student_int8"] = RoadArtifacts(checkpoint=tmp / "student.int8.device.pt")
+        programs["student_int8"] = RoadArtifacts(tmp / "student.int8.device.pt", None,
+                                                 recorded_architecture(tmp / "student.int8.device.pt"))
     outcomes, logs = {}, {}
     for name, env in (("with", sitecustomize_dir(tmp / "site", "2.14.0")[1]), ("without", {})):
         (tmp / f"cache-{name}").mkdir()
@@ -528,8 +541,8 @@ def test_the_int8_rung_is_sent_as_its_device_checkpoint_and_a_cpu_agent_says_why
     road = two_roads[0]["with"]["roads"]["torch_tensorrt"]
     if "student_int8" not in road["sent"]:
         pytest.skip("needs nvidia-modelopt to write the INT8 device checkpoint")
-    assert road["sent"]["student_int8"].startswith("device checkpoint: ModelOpt's INT8 export runs on the device")
-    assert road["sent"]["student"].startswith("torch.export program")  # the agent's torch wrote it
+    assert road["sent"]["student_int8"].startswith("device checkpoint: the device rebuilds the module")
+    assert road["sent"]["student"].startswith("device checkpoint")  # a default agent takes data only
     entry = road["rungs"]["student_int8"]
     # The agent stored the upload as a device checkpoint, restored ModelOpt's state, and refused to export on CPU.
     assert entry["state"] == "failed" and "needs CUDA tensors" in entry["error"]
@@ -580,7 +593,8 @@ def test_report_puts_the_two_roads_side_by_side(two_roads):
     page = "\n".join(to_markdown_lines(time_section({"layer_profiles": profiles})))
     assert "### student on with (torch_tensorrt, gpu, batch 1)" in page and "fell back to PyTorch" in page
     text = two_roads_text(line)
-    assert "Torch-TensorRT 2.14.0 vs ONNX → onnxruntime" in text and "1 op fell back to PyTorch" in text
+    assert ("Torch-TensorRT 2.14.0 (exported on the device from its checkpoint) vs ONNX → onnxruntime" in text
+            and "1 op fell back to PyTorch" in text)
     assert "top-1 not measured vs 90.0%" in text
 
 

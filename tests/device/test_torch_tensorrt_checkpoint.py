@@ -102,18 +102,121 @@ def test_the_int8_export_follows_its_releases_example():
     assert "vgg16_ptq.py@v2.7.0" in rules_for("2.8.0")["int8_export"].source
 
 
-def test_the_road_sends_the_program_to_its_own_torch_and_the_checkpoint_elsewhere(checkpoints, program):  # noqa: F811
-    from pipeline.tasks.classification.road_artifacts import RoadArtifacts
+def device_info(**changes) -> dict:
+    """What an agent's GET /v1/device says that the road reads: its torch, whether it trusts programs, and the
+    architecture sources it has (this machine's, by default)."""
+    from device.architectures import architecture_sources
+
+    return {"torch": torch.__version__, "trust_programs": False, "architectures": architecture_sources(), **changes}
+
+
+def test_the_road_sends_the_device_checkpoint_and_a_program_only_where_trusted(checkpoints, program):  # noqa: F811
+    from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
 
     _, float_path, int8_path, _ = checkpoints
-    both = RoadArtifacts(program[1], float_path)
-    assert both.for_device(torch.__version__)[0] == program[1]
-    sent, why = both.for_device("2.5.0a0+nv24.08")  # JetPack 6's NVIDIA torch, older than the build host's
-    assert sent == float_path and "own torch" in why
-    assert RoadArtifacts(checkpoint=int8_path or float_path).for_device(torch.__version__)[1].startswith(
-        "device checkpoint: ModelOpt")
-    assert RoadArtifacts().for_device(torch.__version__) == (None, "no artifact for this rung on the "
-                                                                   "Torch-TensorRT road")
+    identity = recorded_architecture(float_path)
+    assert identity == {"key": "tiny_resnet", "source": "built-in (test model)", "fingerprint": "",
+                        "requirement": "torchvision"}
+    both = RoadArtifacts(float_path, program[1], identity)
+    sent, why = both.for_device(device_info())  # a default agent: data only
+    assert sent == float_path and why.startswith("device checkpoint: the device rebuilds the module")
+    assert both.for_device(device_info(trust_programs=True))[0] == program[1]
+    # A trusting agent on another torch release (JetPack 6's NVIDIA torch) still gets the checkpoint.
+    assert both.for_device(device_info(trust_programs=True, torch="2.5.0a0+nv24.08"))[0] == float_path
+    assert RoadArtifacts(int8_path or float_path, None, identity).for_device(device_info())[0] == (
+        int8_path or float_path)
+    assert RoadArtifacts().for_device(device_info()) == (None, "no artifact for this rung on the "
+                                                               "Torch-TensorRT road")
+
+
+@pytest.mark.parametrize("identity,sources,reason", [
+    ({"key": "tiny_resnet", "source": "built-in (test model)", "fingerprint": "", "requirement": "torchvision"},
+     {"torchvision": None, "timm": None, "entry_points": {}}, "built from torchvision, which the device lacks"),
+    ({"key": "timm/resnet10t", "source": "timm 1.0.31", "fingerprint": "timm 1.0.31", "requirement": "timm==1.0.31"},
+     {"torchvision": "0.23.0", "timm": "1.0.20", "entry_points": {}}, "needs timm 1.0.31 .* has timm 1.0.20"),
+    ({"key": "mynet", "source": "entry point nets:NET (nets 2.0)", "fingerprint": "nets 2.0, …",
+      "requirement": "nets==2.0"}, {"torchvision": "0.23.0", "timm": None, "entry_points": {}},
+     "comes from nets==2.0 and the device has no such entry point"),
+])
+def test_a_device_that_cannot_rebuild_the_architecture_is_sent_nothing_and_told_what_to_install(
+        tmp_path, identity, sources, reason):
+    from pipeline.tasks.classification.road_artifacts import RoadArtifacts
+
+    sent, why = RoadArtifacts(tmp_path / "x.device.pt", None, identity).for_device(
+        {"torch": torch.__version__, "architectures": sources})
+    assert sent is None
+    import re
+
+    assert re.search(reason, why) and f"pip install '{identity['requirement']}'" in why
+
+
+def _edited(path, tmp_path, change) -> "Path":
+    payload = torch.load(path, weights_only=True)
+    change(payload)
+    edited = tmp_path / "edited.device.pt"
+    torch.save(payload, edited)
+    return edited
+
+
+@pytest.mark.parametrize("change,reason,install", [
+    (lambda p: p.pop("architecture"), "records no architecture source and fingerprint", None),
+    (lambda p: p["architecture"].update(key="timm/resnet10t", source="timm 9.9.9", fingerprint="timm 9.9.9",
+                                        requirement="timm==9.9.9"), "names architecture 'tiny_resnet' but records", None),
+    (lambda p: p.update(arch="timm/resnet10t", architecture={
+        "key": "timm/resnet10t", "source": "timm 9.9.9", "fingerprint": "timm 9.9.9", "requirement": "timm==9.9.9"}),
+     r"built by timm 9\.9\.9 \(timm 9\.9\.9\) on the build host; this device has timm", "timm==9.9.9"),
+    (lambda p: p.update(arch="no_such_net", architecture={
+        "key": "no_such_net", "source": "entry point nets:NET (nets 2.0)", "fingerprint": "nets 2.0",
+        "requirement": "nets==2.0"}), "comes from entry point nets:NET .* which this device lacks", "nets==2.0"),
+    (lambda p: p["architecture"].update(fingerprint="timm 1.0.31"), "may build another module", "torchvision"),
+])
+def test_the_device_rebuilds_only_the_same_module_and_names_the_package_otherwise(tmp_path, checkpoints, change,
+                                                                                  reason, install):
+    from device.errors import CheckpointError
+    from device.torch_checkpoint import load_for_export
+
+    _, float_path, _, _ = checkpoints
+    with pytest.raises(CheckpointError, match=reason) as err:
+        load_for_export(_edited(float_path, tmp_path, change))
+    if install:
+        assert f"pip install '{install}'" in err.value.fix
+
+
+def _modelopt_edit(int8_path, tmp_path, change):
+    return _edited(int8_path, tmp_path, lambda p: change(p["modelopt"]))
+
+
+def _first_quantizer(modelopt) -> dict:
+    mode = modelopt["state"]["modelopt_state_dict"][0][1]
+    return next(iter(mode["metadata"]["quantizer_state"].values()))
+
+
+@pytest.mark.parametrize("change,reason", [
+    (lambda m: _first_quantizer(m).update(forward="x"), "sets forward, which ModelOpt's TensorQuantizer"),
+    (lambda m: _first_quantizer(m).update(_num_bits="8; import os"), "_num_bits = '8; import os'"),
+    (lambda m: _first_quantizer(m).update(backend="my.pkg:kernel"), "backend = 'my.pkg:kernel'"),
+    (lambda m: _first_quantizer(m)["_pytorch_state_metadata"]["buffers"].update(
+        _secret={"shape": torch.Size([1]), "dtype": torch.float32}), "_pytorch_state_metadata"),
+    (lambda m: m["state"]["modelopt_state_dict"].append(("sparsegpt", {"config": {}, "metadata": {}})),
+     "mode 'sparsegpt'"),
+    (lambda m: m["state"]["modelopt_state_dict"][0][1]["metadata"]["quantizer_state"].update(
+        {"ghost.input_quantizer": {}}), "quantizer 'ghost.input_quantizer' is not"),
+    (lambda m: m["state"]["modelopt_state_dict"][0][1]["config"]["quant_cfg"][1]["cfg"].update(
+        calibrator="evil.module:Calibrator"), "calibrator 'evil.module:Calibrator'"),
+    (lambda m: m.update(extra=1), "version, state and state_dict only"),
+])
+def test_modelopts_restore_gets_only_what_modelopt_writes(tmp_path, checkpoints, change, reason):
+    """ModelOpt's restore sets every key of a quantizer's state as an attribute: any other key, value kind, mode or
+    quantizer is refused by name before it runs."""
+    from device.errors import CheckpointError
+    from device.torch_checkpoint import load_for_export
+
+    _, _, int8_path, _ = checkpoints
+    if int8_path is None:
+        pytest.skip("needs nvidia-modelopt")
+    with pytest.raises(CheckpointError, match=reason) as err:
+        load_for_export(_modelopt_edit(int8_path, tmp_path, change))
+    assert "ModelOpt state refused" in err.value.message
 
 
 @pytest.mark.tensorrt

@@ -1,7 +1,11 @@
 """Uploaded files never run code on the device: crafted files of every kind the agent accepts, refused at upload
 and, put into the store by other means, refused again when a job would load them. Each crafted payload runs
-``touch MARKER`` if anything executes it; every test asserts the marker never appears. Real torch, ONNX, NumPy and a
-real agent on loopback; no stand-in."""
+``touch MARKER`` if anything executes it; every test asserts the marker never appears. Real torch, ONNX and NumPy;
+no stand-in.
+
+A ``torch.export`` program is refused outright by a default agent (tests/device/test_program_trust.py); the program
+tests here check what an agent started with ``--trust-programs`` still refuses (``trust=True``); the real agents, a
+default one and a trusting one, with planted files, are there too."""
 
 from __future__ import annotations
 
@@ -16,8 +20,7 @@ import pytest
 
 from device.artifacts import ArtifactError, UnsafeArtifactError, check, verify
 from device.files import sha256_file
-from tests.device.agent_process import AgentProcess, tiny_onnx
-from tests.slow import slow_fixture
+from tests.device.agent_process import tiny_onnx
 
 torch = pytest.importorskip("torch")
 
@@ -32,14 +35,15 @@ class Touch:
         return os.system, (f"touch {self.marker}",)
 
 
-def upload_check(path: Path) -> str:
+def upload_check(path: Path, trust: bool = True) -> str:
+    """The agent's upload check; ``trust``: as an agent with ``--trust-programs`` makes it."""
     sha = sha256_file(path)
-    return check(path, sha, sha, path.stat().st_size)
+    return check(path, sha, sha, path.stat().st_size, trust)
 
 
-def refused_at_upload(path: Path, reason: str) -> ArtifactError:
+def refused_at_upload(path: Path, reason: str, trust: bool = True) -> ArtifactError:
     with pytest.raises(ArtifactError, match=reason) as err:
-        upload_check(path)
+        upload_check(path, trust)
     assert err.value.status == 422 and err.value.fix
     return err.value
 
@@ -91,7 +95,7 @@ def test_a_program_as_torch_export_save_writes_it_passes_and_loads(program):
     from device.runners import make_runner
 
     assert upload_check(program) == "torch-export"
-    with make_runner("torch", str(program)) as runner:
+    with make_runner("torch", str(program), trust_programs=True) as runner:
         assert runner.infer(np.zeros((3, 3, 8, 8), np.float32)).shape == (3, 2)
 
 
@@ -118,7 +122,7 @@ def test_the_crafted_program_is_refused_at_upload_and_never_loaded(crafted):
     err = refused_at_upload(path, r"sample_inputs/model\.pt: it names (posix|os)\.system")
     assert "torch.export.save" in err.fix
     with pytest.raises(UnsafeArtifactError, match="fails the torch-export check"):
-        verify(path, "torch-export")
+        verify(path, "torch-export", True)
     assert not marker.exists()
 
 
@@ -132,7 +136,7 @@ def test_a_crafted_program_put_in_the_store_fails_its_runner_without_running(cra
     stored = tmp_path / f"{sha256_file(path)}.pt2"
     stored.write_bytes(path.read_bytes())
     with pytest.raises(UnsafeArtifactError, match=r"(posix|os)\.system"):
-        make_runner(runtime, str(stored)).load()
+        make_runner(runtime, str(stored), trust_programs=True).load()
     assert not marker.exists()
 
 
@@ -161,7 +165,7 @@ def test_pickled_weights_of_plain_tensors_still_load_weights_only(program, tmp_p
         "data/weights/model_weights_config.json": json.dumps(config).encode(),
         f"data/weights/{meta['path_name']}": pickled(torch.nn.Parameter(weight))})
     assert upload_check(path) == "torch-export"
-    loaded = export_load.load_program(torch, path)
+    loaded = export_load.load_program(torch, path, trust_programs=True)
     assert torch.equal(loaded.state_dict[name], weight)
 
 
@@ -174,7 +178,7 @@ def test_pickled_weights_of_plain_tensors_still_load_weights_only(program, tmp_p
     ("a parameter name written into generated code", "param_name", "is not a module attribute path"),
     ("a pytree context that imports a module", "enum", "pytree context .* is not null or a list of plain keys"),
     ("a pytree type that is not a container", "pytree_type", "pytree node type 'collections.defaultdict'"),
-    ("an argument name that is code", "arg_name", "is not a Python identifier"),
+    ("an argument name that is code", "arg_name", "is not a plain Python identifier"),
     ("a power sympy would compute for ever", "power", "a power whose exponent"),
     ("an expression that exhausts the parser", "deep", "is not a shape expression"),
     ("an ATen op that maps a file", "from_file", r"operator 'torch\.ops\.aten\.from_file\.default', which is not"),
@@ -265,7 +269,7 @@ def test_every_way_a_program_could_run_code_is_refused_at_upload(program, tmp_pa
     path = rewrite(program, tmp_path / f"{replace}.pt2", changes, compress)
     refused_at_upload(path, reason)
     with pytest.raises(UnsafeArtifactError):
-        verify(path, "torch-export")
+        verify(path, "torch-export", True)
     assert not marker.exists()
 
 
@@ -530,43 +534,3 @@ def test_a_detection_sidecar_of_absurd_size_or_depth_is_refused(tmp_path):
         refused_at_upload(path, reason)
         with pytest.raises(UnsafeArtifactError):
             verify(path, "detection-head")
-
-
-# -- through the agent ----------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-@slow_fixture
-def agent_with_planted(tmp_path_factory, program):
-    """An agent whose store holds the crafted program, put there by hand before it started."""
-    from device.store import Store
-
-    root = tmp_path_factory.mktemp("agent")
-    marker = root / "ran"
-    crafted = rewrite(program, root / "crafted.pt2", {"data/sample_inputs/model.pt": pickled(Touch(marker))})
-    store = Store(root / "data")
-    sha = sha256_file(crafted)
-    copy = store.temp_file()
-    copy.write_bytes(crafted.read_bytes())
-    store.add_artifact(sha, "torch-export", copy)
-    with AgentProcess(root / "data") as agent:
-        yield agent, crafted, sha, marker
-
-
-def test_the_agent_refuses_the_crafted_upload_and_fails_a_planted_one_without_running_it(agent_with_planted):
-    import httpx
-
-    from tests.device.agent_process import TOKEN
-
-    agent, crafted, sha, marker = agent_with_planted
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    # The same exploit under another hash (the planted one is already stored): refused, and nothing is stored.
-    again = rewrite(crafted, crafted.with_name("again.pt2"), {"extra/note.txt": b"x"})
-    response = httpx.put(f"{agent.url}/v1/artifacts/{sha256_file(again)}", content=again.read_bytes(), headers=auth)
-    assert response.status_code == 422 and "system" in response.text, response.text
-    assert httpx.get(f"{agent.url}/v1/artifacts/{sha256_file(again)}", headers=auth).status_code == 404
-    with agent.client() as client:
-        job = client.submit({"artifact": sha, "runtime": "torch", "precision": "fp32", "batch_sizes": [1],
-                             "iterations": 2, "warmup_iterations": 1, "idle_s": 0, "telemetry": ["host"]})
-        done = client.wait(job["id"], timeout_s=120)
-    assert done["state"] == "failed" and "system" in done["error"] and "fails the torch-export check" in done["error"]
-    assert not marker.exists()

@@ -162,7 +162,8 @@ def test_bundle_installs_offline_into_a_fresh_venv(tmp_path):
 def test_torch_tensorrt_wheels_are_the_documented_jetpack_6_ones(l4t):
     wheels = platforms.torch_tensorrt(l4t)
     assert wheels["index"] == "https://pypi.jetson-ai-lab.io/jp6/cu126"  # docsrc/getting_started/jetpack.rst
-    assert wheels["packages"] == ["torch==2.8.0", "torch_tensorrt==2.8.0", "nvidia-modelopt==0.47.0"]
+    assert wheels["packages"] == ["torch==2.8.0", "torch_tensorrt==2.8.0", "nvidia-modelopt==0.47.0",
+                                  "torchvision==0.23.0"]
     assert "numpy<2.0.0" in wheels["requirements"] and "jetpack.rst@v2.9.0" in wheels["source"]
     # The wheel's TensorRT is JetPack's own: the release's table entry must carry that TensorRT.
     assert platforms.release(l4t)[1]["tensorrt"].startswith(wheels["tensorrt"])
@@ -171,6 +172,49 @@ def test_torch_tensorrt_wheels_are_the_documented_jetpack_6_ones(l4t):
     assert f"--build-arg=TORCH_TENSORRT_PACKAGES={','.join(wheels['packages'])}" in args
     assert not any("TORCH_TENSORRT" in arg for arg in platforms.build_args(l4t))  # off unless asked
     assert platforms.tag("jetson", l4t, with_torch_tensorrt=True).endswith("-torchtrt2.8.0")
+
+
+# torchvision's release table (pytorch/vision README): the torchvision built for each torch minor.
+TORCHVISION_FOR_TORCH = {"2.8": "0.23", "2.14": "0.29"}
+
+
+def test_the_images_carry_what_rebuilds_every_built_in_architecture():
+    """A default agent rebuilds each rung from its device checkpoint with its own registry: every built-in key needs
+    torchvision, so the Jetson image and bundle with Torch-TensorRT carry the one paired with their torch, and the
+    data-center image its own."""
+    from device.architectures import ARCHITECTURES, source_kind
+
+    requirements = {ARCHITECTURES.get(key).requirement for key in ARCHITECTURES.names()
+                    if source_kind(ARCHITECTURES.get(key).source) == "built-in"}
+    assert requirements == {"torchvision"}
+    for l4t in platforms.JETSON_TORCH_TENSORRT:
+        pins = dict(p.split("==") for p in platforms.torch_tensorrt(f"{l4t}.0")["packages"])
+        assert pins["torchvision"].rsplit(".", 1)[0] == TORCHVISION_FOR_TORCH[pins["torch"].rsplit(".", 1)[0]]
+    dc = dict(line[4:].split("=", 1) for line in (DOCKER / "dc.Dockerfile").read_text().splitlines()
+              if line.startswith("ARG ") and "=" in line)
+    assert dc["TORCHVISION_VERSION"].rsplit(".", 1)[0] == TORCHVISION_FOR_TORCH[dc["TORCH_VERSION"].rsplit(".", 1)[0]]
+
+
+def test_every_built_in_key_builds_from_torch_and_torchvision_alone():
+    """What the images add for the device checkpoint road is enough: every built-in architecture builds in a process
+    that cannot import what only the build host has (timm, the pipeline, Torch-Pruning, ONNX, scikit-learn)."""
+    script = """
+import sys
+# None in sys.modules: an import of the name fails and importlib.util.find_spec says it is absent.
+for name in ("timm", "pipeline", "torch_pruning", "onnx", "onnxruntime", "onnxscript", "onnxslim", "sklearn",
+             "torch_tensorrt", "tensorrt", "modelopt"):
+    sys.modules[name] = None
+from device.architectures import ARCHITECTURES, build_model, source_kind
+built = []
+for key in ARCHITECTURES.names():
+    if source_kind(ARCHITECTURES.get(key).source) == "built-in":
+        build_model(key, 4, 3)
+        built.append(key)
+print(" ".join(built))
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert {"resnet50", "mobilenet_v3_small", "tiny_resnet"} <= set(result.stdout.split())
 
 
 @pytest.mark.parametrize("l4t, jetpack", [("35.4.1", "5.1.2"), ("36.3.0", "6.0"), ("38.4.0", "7.1")])

@@ -51,8 +51,19 @@ def planted(tmp_path_factory):
     folder = tmp_path_factory.mktemp("planted")
     path = folder / "fp32.onnx"
     export_onnx(Planted(), path, (1, 3, 8, 8), 17)
-    rng = np.random.default_rng(0)
-    images = rng.standard_normal((192, 3, 8, 8)).astype(np.float32)
+    # Random images less the tenth on which the FP32 network is least sure (the smallest gap between its two top
+    # logits): a random network's classes are otherwise near ties, which the INT8 kernels of one CPU flip and another's
+    # do not (AVX2, AVX-512 VNNI, AMX; on an AMD EPYC the other layers' INT8 alone cost 12.5 points of the 10 allowed).
+    # Measured on that EPYC: everything INT8 loses 28 points on the held-out images and 34 on the test ones, the
+    # planted layer kept in float 0 and 4.7: far from the budget on both sides.
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(1)
+    pool = rng.standard_normal((2000, 3, 8, 8)).astype(np.float32)
+    logits = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {INPUT_NAME: pool})[0]
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    images = pool[margin >= np.quantile(margin, 0.1)][:192]
     return path, images
 
 

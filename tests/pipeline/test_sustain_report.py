@@ -85,7 +85,7 @@ def test_a_sustained_sweep_is_one_row_per_setting_one_figure_per_device_and_its_
     import matplotlib.pyplot as plt
 
     from device.runners import make_runner
-    from device.schema import JobResult, JobSpec, NotMeasured, PowerSetting, SweepResult
+    from device.schema import RESULT_SCHEMA, JobResult, JobSpec, NotMeasured, PowerSetting, SweepResult
     from device.sustain import run_sustained
     from pipeline.sections import Figure, to_markdown_lines
     from pipeline.tasks.classification.sustain_report import join_rows, plot, section, sustained_runs
@@ -111,7 +111,7 @@ def test_a_sustained_sweep_is_one_row_per_setting_one_figure_per_device_and_its_
         "smoke": {"image": "smoke.png", "output_shape": [1, 10], "top1_index": 0, "preprocess": {}},
         "runs": [], "sustained": runs[0], "more_sustained": runs[1:],
         "sweep": SweepResult(controlled=True, restored=True, not_measured=[skipped])}).dump()
-    assert result["schema"] == "edgefold.result/2.11" and "cool_max_s" in result["spec"]["sustained"]
+    assert result["schema"] == RESULT_SCHEMA and "cool_max_s" in result["spec"]["sustained"]
     shown = sustained_runs([{"name": "orin", "sustained": {"rung": "student_int8", "state": "succeeded",
                                                            "result": result}}])
     assert [run["setting"] for run in shown] == ["MAXN_SUPER, jetson_clocks on", "15W, jetson_clocks on"]

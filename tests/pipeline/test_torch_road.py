@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from tests.slow import slow_fixture
+
 torch = pytest.importorskip("torch")
 
 
@@ -32,14 +34,14 @@ def images():
 
 def test_float_program_records_its_torch_and_runs_as_the_model(tmp_path, student, images):
     from device.runners.torch_tensorrt import read_program_versions
-    from pipeline.torch_export import check_program_parity, export_program
+    from pipeline.torch_export import export_program, runner_parity
 
     path = tmp_path / "student.pt2"
     facts = export_program(student, path, (1, 3, 16, 16))
     assert facts["torch"] == torch.__version__ and facts["aten_ops"] > 5
     versions = read_program_versions(path)  # what the device reads, without torch
     assert versions.torch == torch.__version__ and f"{versions.schema[0]}.{versions.schema[1]}" == facts["schema"]
-    parity = check_program_parity(student, path, images)
+    parity = runner_parity(student, path, images)
     assert parity["max_abs_diff"] < 1e-4 and parity["top1_agreement"] == 1.0
     # The batch axis is dynamic: the runtime re-exports at each measured batch.
     program = torch.export.load(path)
@@ -110,9 +112,11 @@ def test_an_upload_that_pickles_a_module_is_refused_naming_the_global(tmp_path):
 def test_a_float_checkpoint_is_not_restored_as_int8(tmp_path, student_checkpoint):
     from device.errors import CheckpointError
     from pipeline.modelopt_state import restore
+    from pipeline.torch_export import write_device_checkpoint
 
+    float_device = write_device_checkpoint(student_checkpoint, tmp_path / "student.device.pt", (3, 16, 16))
     with pytest.raises(CheckpointError, match="no ModelOpt quantizer state") as err:
-        restore(student_checkpoint)
+        restore(float_device)
     assert "--force quantize" in err.value.fix
 
 
@@ -150,36 +154,137 @@ def test_roads_default_to_the_onnx_road_and_unknown_ones_are_refused(repo):
             parse_recipe(raw)
 
 
+def test_export_stage_writes_a_device_checkpoint_per_float_rung_and_no_program(torch_road_run):
+    """The road's artifact is data: each float rung's device checkpoint, rebuilt here by the device's own loader and
+    checked against the rung; no program unless deploy.torch_programs asks for one."""
+    from device.torch_checkpoint import load_for_export
+
+    entry = torch_road_run.manifest.stage("export")
+    chw = tuple(torch_road_run.preprocess.input_shape(1)[1:])
+    for rung in ("teacher", "pruned", "student"):
+        assert f"{rung}_pt2" not in entry["outputs"]
+        _, facts = load_for_export(torch_road_run.run_dir / entry["outputs"][f"{rung}_device_checkpoint"])
+        assert not facts["quantized"] and facts["input_chw"] == chw and facts["source"] == "built-in (test model)"
+        parity = entry["metrics"]["rungs"][rung]["device_checkpoint"]["parity"]
+        assert parity["top1_agreement"] == 1.0 and parity["max_abs_diff"] < 1e-4
+    assert "student_fp16_device_checkpoint" not in entry["outputs"]  # the device casts the student itself
+
+
+def test_torch_programs_needs_the_torch_road(repo):
+    import yaml
+
+    from device.errors import ConfigError
+    from pipeline.core.recipe import parse_recipe
+
+    raw = yaml.safe_load((repo / "models" / "tiny.yaml").read_text())
+    raw["deploy"]["torch_programs"] = True
+    with pytest.raises(ConfigError, match="add torch_tensorrt to deploy.runtimes"):
+        parse_recipe(raw)
+
+
+def test_torch_programs_is_refused_before_any_upload_when_an_agent_does_not_trust_programs(tiny_run, tmp_path):
+    """A clear error before the first stage runs, naming the agent and both ways out."""
+    import shutil
+
+    from device.errors import ConfigError
+    from pipeline.devices import Device
+    from pipeline.runner import run_pipeline
+    from tests.device.agent_process import AgentProcess
+
+    runs = tmp_path / "runs"
+    shutil.copytree(tiny_run.run_dir, runs / "tiny" / "shared")
+    with AgentProcess(tmp_path / "agent") as agent:
+        orin = Device("orin", "edge", agent.url, "edge", str(agent.token_file))
+        with pytest.raises(ConfigError, match=r"orin \(http.*\) does not trust programs") as err:
+            run_pipeline("tiny", runs_dir=runs, run_id="shared", devices=[orin],
+                         overrides={"deploy.runtimes": ["tensorrt", "torch_tensorrt"], "deploy.torch_programs": True})
+        assert "leave deploy.torch_programs out" in err.value.fix and "--trust-programs" in err.value.fix
+        assert not list((agent.data_dir / "artifacts").glob("*"))  # nothing was uploaded
+
+
 @pytest.fixture(scope="module")
-def torch_road_run(tiny_run, tmp_path_factory):
-    """The tiny run's export and quantize stages again with both roads selected."""
+@slow_fixture
+def both_roads_deployed(tiny_run, tmp_path_factory):
+    """The tiny run deployed through the Torch-TensorRT road twice, on loopback agents whose job processes have the
+    Torch-TensorRT STAND-IN (tests/device/torch_tensorrt_standin.py, compiling for the CPU): by default (a default
+    agent gets each rung's device checkpoint), and with deploy.torch_programs (a trusted agent gets the programs)."""
     import shutil
 
     from pipeline.runner import run_pipeline
+    from tests.device.torch_tensorrt_standin import sitecustomize_dir
 
-    runs = tmp_path_factory.mktemp("torchroad")
-    shutil.copytree(tiny_run.run_dir, runs / "tiny" / "shared")
-    return run_pipeline("tiny", runs_dir=runs, run_id="shared", until="quantize",
-                        overrides={"deploy.runtimes": ["tensorrt", "torch_tensorrt"]})
+    folder = tmp_path_factory.mktemp("roads-e2e")
+    _, env = sitecustomize_dir(folder / "site", "2.14.0")
+    runs = {}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():  # the loopback agents inherit them; this process imported torch_tensorrt never
+            patch.setenv(key, value)
+        for name, extra in (("checkpoint", {}), ("program", {"deploy.torch_programs": True})):
+            shutil.copytree(tiny_run.run_dir, folder / name / "tiny" / "shared")
+            runs[name] = run_pipeline("tiny", runs_dir=folder / name, run_id="shared", until="deploy",
+                                      overrides={"deploy.runtimes": ["tensorrt", "torch_tensorrt"], "deploy.rounds": 1,
+                                                 "deploy.batch_sizes": [1], "deploy.duration_s": 0.05,
+                                                 "deploy.idle_s": 0, "deploy.retries": 0, **extra})
+    return runs
 
 
-def test_export_stage_writes_a_program_per_float_rung(torch_road_run):
-    from device.runners.torch_tensorrt import read_program_versions
+@pytest.fixture(scope="module")
+def torch_road_run(both_roads_deployed):
+    """The tiny run with both roads selected (its export and quantize stages), as deployed by default."""
+    return both_roads_deployed["checkpoint"]
 
-    entry = torch_road_run.manifest.stage("export")
+
+def road_top1(run) -> tuple[dict[str, str], dict[str, float], dict[str, list[int]], dict]:
+    results = json.loads((run.run_dir / run.manifest.stage("deploy")["outputs"]["results"]).read_text())
+    road = results["devices"][0]["roads"]["torch_tensorrt"]
+    labels = np.asarray(results["evaluation"]["labels"])
+    top1, predictions = {}, {}
+    for rung, entry in road["rungs"].items():
+        if entry["state"] == "succeeded":
+            predictions[rung] = [p[0] for p in entry["result"]["evaluation"]["predictions"]]
+            top1[rung] = float((np.asarray(predictions[rung]) == labels).mean())
+    return road["sent"], top1, predictions, results
+
+
+def test_the_torch_road_deploys_device_checkpoints_with_the_programs_device_top1(both_roads_deployed):
+    sent, top1, _, results = road_top1(both_roads_deployed["checkpoint"])
+    program_sent, program_top1, _, _ = road_top1(both_roads_deployed["program"])
+    float_rungs = ("teacher", "pruned", "student", "teacher_fp16", "student_fp16")
+    assert all(sent[rung].startswith("device checkpoint") for rung in sent), sent
+    assert all(program_sent[rung].startswith("torch.export program") for rung in float_rungs), program_sent
+    # The INT8 rung is always its device checkpoint (ModelOpt's export needs CUDA): on this CPU agent it fails on both
+    # runs with that reason, and every float rung is measured on both.
+    assert set(top1) == set(program_top1) == set(float_rungs), (top1, program_top1)
+    assert top1 == program_top1
+    assert top1["student"] > 0.5 and results["evaluation"]["images"] >= 100
+    # With deploy.torch_programs the export stage wrote each float rung's program too, checked the same way.
+    exported = both_roads_deployed["program"].manifest.stage("export")
     for rung in ("teacher", "pruned", "student"):
-        path = torch_road_run.run_dir / entry["outputs"][f"{rung}_pt2"]
-        assert path.is_file() and read_program_versions(path).torch == torch.__version__
-        program = entry["metrics"]["rungs"][rung]["program"]
-        assert program["parity"]["top1_agreement"] == 1.0 and program["torch"] == torch.__version__
-    assert "student_fp16_pt2" not in entry["outputs"]  # the device casts the student's program itself
-    # Beside each program, the rung's device checkpoint, for a device whose torch cannot load the program.
-    from device.torch_checkpoint import load_for_export
+        assert exported["metrics"]["rungs"][rung]["program"]["parity"]["top1_agreement"] == 1.0
+        assert f"{rung}_pt2" in exported["outputs"] and f"{rung}_device_checkpoint" in exported["outputs"]
 
-    chw = tuple(torch_road_run.preprocess.input_shape(1)[1:])
-    for rung in ("teacher", "pruned", "student"):
-        _, facts = load_for_export(torch_road_run.run_dir / entry["outputs"][f"{rung}_device_checkpoint"])
-        assert not facts["quantized"] and facts["input_chw"] == chw
+
+def test_the_plain_torch_runner_scores_the_device_checkpoints_the_same(both_roads_deployed, tmp_path):
+    from device.schema import EvaluationSpec
+    from pipeline.diverge import run_images
+    from tests.device.agent_process import AgentProcess
+
+    run = both_roads_deployed["checkpoint"]
+    _, top1, predictions, results = road_top1(run)
+    images = run_images(run.manifest, results["evaluation"]["indices"])
+    np.save(tmp_path / "evaluation.npy", images)
+    exported = run.manifest.stage("export")["outputs"]
+    with AgentProcess(tmp_path / "agent") as agent, agent.client() as client:
+        scoring = EvaluationSpec(artifact=client.upload(tmp_path / "evaluation.npy"), images=len(images), top_k=1)
+        for rung in ("teacher", "pruned", "student"):
+            artifact = client.upload(run.run_dir / exported[f"{rung}_device_checkpoint"])
+            job = client.submit({"artifact": artifact, "runtime": "torch", "precision": "fp32", "batch_sizes": [1],
+                                 "iterations": 2, "warmup_iterations": 1, "idle_s": 0, "telemetry": ["host"],
+                                 "evaluation": scoring.model_dump()})
+            done = client.wait(job["id"], timeout_s=300)
+            assert done["state"] == "succeeded", done["error"]
+            assert done["result"]["runtime"]["loaded_from"]["artifact"] == "device checkpoint"
+            assert [p[0] for p in done["result"]["evaluation"]["predictions"]] == predictions[rung], rung
 
 
 def test_quantize_stage_ships_the_modelopt_state_behind_the_gate(torch_road_run):

@@ -31,7 +31,7 @@ from pipeline.jobs import (LOOPBACK, choose_runtime, deploy_targets, interleaved
                            trt_major, window_key)
 from pipeline.jobs import fingerprint as device_fingerprint
 from pipeline.tasks.classification.frame_files import FrameFiles, write_frame_files
-from pipeline.tasks.classification.road_artifacts import RoadArtifacts
+from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
 from pipeline.core.rungs import RUNGS, predictions_output
 from pipeline.core.stage import Stage, StageResult
 
@@ -72,6 +72,19 @@ def _rung_record(rounds: list[dict[str, Any]], outcome: dict[str, Any]) -> dict[
             "rounds_failed": [r.get("error") for r in rounds if r["state"] != "succeeded"]}
 
 
+def _reachable_facts(ctx) -> list[tuple[str, dict[str, Any]]]:
+    """(name (url), ``GET /v1/device``) of each configured agent that answers; an unreachable one is left to the stage,
+    which reports it."""
+    facts = []
+    for device in ctx.devices:
+        try:
+            with AgentClient(device.url, device.token(), timeout_s=10) as client:
+                facts.append((f"{device.name} ({device.url})", client.device()))
+        except EdgeFoldError:
+            continue
+    return facts
+
+
 class DeployStage(Stage):
     name = "deploy"
     always_run = True  # device fingerprints are re-checked every time; unchanged results are reused
@@ -79,8 +92,11 @@ class DeployStage(Stage):
     code_modules = ("device.jobrun", "device.agent")
 
     def preflight(self, ctx):
-        """``deploy.runtime: tensorrt`` against an agent without TensorRT is refused before the first stage,
-        with the agent's own reason and fix (an unreachable agent is left to the stage: it is reported there)."""
+        """Refused before the first stage, with the agent's own reason and fix (an unreachable agent is left to the
+        stage: it is reported there): ``deploy.runtime: tensorrt`` against an agent without TensorRT, and
+        ``deploy.torch_programs`` against an agent that does not trust programs."""
+        if ctx.recipe.deploy.torch_programs:
+            self._programs_trusted(ctx)
         if ctx.recipe.deploy.runtime != "tensorrt":
             return
         if not ctx.devices:
@@ -88,16 +104,9 @@ class DeployStage(Stage):
 
             targets = [("the loopback agent (this machine)", tensorrt_status())]
         else:
-            targets = []
-            for device in ctx.devices:
-                try:
-                    with AgentClient(device.url, device.token(), timeout_s=10) as client:
-                        info = client.device()
-                except EdgeFoldError:
-                    continue
-                targets.append((f"{device.name} ({device.url})", info.get("tensorrt_status") or {
-                    "found": trt_major(info) >= 10, "reason": f"its agent reports TensorRT {info.get('tensorrt')}",
-                    "fix": "upgrade the agent to this EdgeFold's version"}))
+            targets = [(name, info.get("tensorrt_status") or {
+                "found": trt_major(info) >= 10, "reason": f"its agent reports TensorRT {info.get('tensorrt')}",
+                "fix": "upgrade the agent to this EdgeFold's version"}) for name, info in _reachable_facts(ctx)]
         missing = [(name, status) for name, status in targets if not status.get("found")]
         if missing:
             named = "; ".join(f"{name}: {status.get('reason')}" for name, status in missing)
@@ -105,6 +114,17 @@ class DeployStage(Stage):
             raise ConfigError(f"deploy.runtime is tensorrt but TensorRT is not available on {named}",
                               fix=f"{fixes}; or run with --set deploy.runtime=auto (ONNX Runtime where TensorRT "
                                   "is missing, said so in the report)")
+
+    @staticmethod
+    def _programs_trusted(ctx) -> None:
+        """Every configured agent accepts programs (``--trust-programs``); the loopback agent is started so."""
+        refusing = [name for name, info in _reachable_facts(ctx) if not info.get("trust_programs")]
+        if refusing:
+            raise ConfigError(f"deploy.torch_programs sends torch.export programs, and {', '.join(refusing)} "
+                              "does not trust programs (its agent refuses .pt2 uploads: a program is code it would run)",
+                              fix="leave deploy.torch_programs out: the device rebuilds each rung from its device "
+                                  "checkpoint (.device.pt) with the same results; or start that agent with "
+                                  "--trust-programs, which lets any holder of its token run code on the board")
 
     def needs(self, ctx):
         return tuple(stage for stage in ("export", "quantize") if ctx.manifest.stage(stage))
@@ -128,13 +148,16 @@ class DeployStage(Stage):
             for rung in cfg.rungs:
                 source = rung if RUNGS[rung].checkpoint_stage else RUNGS[rung].form_of
                 if RUNGS[rung].precision == "int8":
-                    if "student_int8_device_checkpoint" in quantized:
-                        programs[rung] = RoadArtifacts(
-                            checkpoint=ctx.manifest.output("quantize", "student_int8_device_checkpoint"))
-                elif f"{source}_pt2" in exported:
-                    checkpoint = (ctx.manifest.output("export", f"{source}_device_checkpoint")
-                                  if f"{source}_device_checkpoint" in exported else None)
-                    programs[rung] = RoadArtifacts(ctx.manifest.output("export", f"{source}_pt2"), checkpoint)
+                    stage, key = "quantize", "student_int8_device_checkpoint"
+                    found = key in quantized
+                else:
+                    stage, key = "export", f"{source}_device_checkpoint"
+                    found = key in exported
+                if found:
+                    checkpoint = ctx.manifest.output(stage, key)
+                    program = (ctx.manifest.output("export", f"{source}_pt2")
+                               if cfg.torch_programs and f"{source}_pt2" in exported else None)
+                    programs[rung] = RoadArtifacts(checkpoint, program, recorded_architecture(checkpoint))
         preprocess = json.loads(ctx.manifest.output("export", "preprocess").read_text())
         cache = ctx.run_dir / "deploy-cache"
         cache.mkdir(exist_ok=True)
@@ -216,6 +239,28 @@ class DeployStage(Stage):
         test = ctx.dataset().test
         return [test.image(int(index)) for index in ctx.splits()["test"][np.asarray(evaluation["indices"])]]
 
+    @staticmethod
+    def _torch_road(device: Device, info: dict[str, Any], programs: dict[str, RoadArtifacts], jobs: list, ctx,
+                    lock: threading.Lock) -> dict[str, Any]:
+        """The Torch-TensorRT road on one device: what each rung sends (its jobs appended to ``jobs``), or why the
+        road or a rung is not measured there."""
+        road = {"status": "ok", "reason": None, "torch_tensorrt": info.get("torch_tensorrt"), "rungs": {}, "sent": {}}
+        if not info.get("torch_tensorrt"):
+            road.update(status="not measured", reason="the agent has no Torch-TensorRT (pip install "
+                                                      "'edgefold[torch-tensorrt]' on the device)")
+            with lock:
+                ctx.log(f"[  deploy] {device.name}: Torch-TensorRT road not measured: {road['reason']}")
+            return road
+        for rung, artifacts_of_rung in programs.items():
+            path, road["sent"][rung] = artifacts_of_rung.for_device(info)
+            if path is not None:
+                jobs.append((rung, "torch_tensorrt", path))
+            else:
+                road["rungs"][rung] = {"state": "not measured", "error": road["sent"][rung]}
+                with lock:
+                    ctx.log(f"[  deploy] {device.name}: {rung} on the Torch-TensorRT road {road['sent'][rung]}")
+        return road
+
     def _device(self, device: Device, url: str, token: str | None, artifacts: dict[str, Path], preprocess, cfg,
                 cache: Path, label: str, ctx, lock: threading.Lock,
                 evaluation: dict[str, Any] | None = None,
@@ -243,19 +288,7 @@ class DeployStage(Stage):
             # The ONNX road's rungs, then the Torch-TensorRT road's where the agent has it: one set of rounds for both.
             jobs = [(rung, "tensorrt", path) for rung, path in artifacts.items()]
             if programs:
-                road = {"status": "ok", "reason": None, "torch_tensorrt": info.get("torch_tensorrt"), "rungs": {}}
-                if info.get("torch_tensorrt"):
-                    for rung, artifacts_of_rung in programs.items():
-                        path, why = artifacts_of_rung.for_device(info.get("torch"))
-                        road["sent"] = {**road.get("sent", {}), rung: why}
-                        if path is not None:
-                            jobs.append((rung, "torch_tensorrt", path))
-                else:
-                    road.update(status="not measured", reason="the agent has no Torch-TensorRT (pip install "
-                                                              "'edgefold[torch-tensorrt]' on the device)")
-                    with lock:
-                        ctx.log(f"[  deploy] {device.name}: Torch-TensorRT road not measured: {road['reason']}")
-                outcome["roads"] = {"torch_tensorrt": road}
+                outcome["roads"] = {"torch_tensorrt": self._torch_road(device, info, programs, jobs, ctx, lock)}
             digests = {path: sha256_file(path) for _, _, path in jobs}
             scoring = None
             if evaluation is not None:

@@ -1,9 +1,10 @@
 """export stage: ONNX (opset ≥ 17, dynamic batch, BatchNorm folded) for every measured rung,
-and, when ``deploy.runtimes`` names ``torch_tensorrt``, a ``torch.export`` program (``<rung>.pt2``, torch version
-recorded, run back through the agent's Torch runner for parity) for the Torch-TensorRT road: the device casts it to
-FP16 itself for an FP16 rung, so only the float rungs get one; beside it the rung's device checkpoint
-(``<rung>.device.pt``: state, architecture key, input C×H×W) for a device whose torch cannot load the program,
-with its outputs checked against torch on real test images by ONNX Runtime; and the FP16 forms
+with its outputs checked against torch on real test images by ONNX Runtime; when ``deploy.runtimes`` names
+``torch_tensorrt``, each float rung's device checkpoint (``<rung>.device.pt``: state, architecture key with its source
+and fingerprint, input C×H×W), rebuilt here by the device's own loader and checked against the rung's outputs: the
+Torch-TensorRT road's artifact (the device casts it to FP16 itself for an FP16 rung, so only the float rungs get one);
+with ``deploy.torch_programs`` also a ``torch.export`` program (``<rung>.pt2``, torch version recorded, run back
+through the agent's Torch runner for parity) for agents that trust programs; and the FP16 forms
 (``teacher_fp16``, ``student_fp16``): FP16 weights and compute written in the graph, float32 I/O,
 scored on the whole test split by ONNX Runtime — an emulation on the host's CPU (casts around most
 nodes), labelled so; the device's own figure comes from the engine it timed."""
@@ -56,7 +57,8 @@ class ExportStage(Stage):
 
     def config(self, ctx):
         config = {"export": ctx.recipe.section("export"), "preprocess": ctx.preprocess.to_dict(),
-                  "torch": torch.__version__, "runtimes": list(ctx.recipe.deploy.runtimes)}
+                  "torch": torch.__version__, "runtimes": list(ctx.recipe.deploy.runtimes),
+                  "torch_programs": ctx.recipe.deploy.torch_programs}
         if ctx.recipe.start is not None:  # the user's file by its bytes: a re-exported model.onnx is exported again
             from pipeline.onnx_start import start_sha256
 
@@ -87,11 +89,10 @@ class ExportStage(Stage):
                 )
             outputs[rung] = path
             if "torch_tensorrt" in ctx.recipe.deploy.runtimes:
-                outputs[f"{rung}_pt2"] = self._program(ctx, model, rung, workdir, images, metrics[rung])
-                # For a device whose torch is another release: it rebuilds the rung and exports it itself.
-                outputs[f"{rung}_device_checkpoint"] = write_device_checkpoint(
-                    ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model"), workdir / f"{rung}.device.pt",
-                    ctx.preprocess.input_shape(1)[1:])
+                outputs[f"{rung}_device_checkpoint"] = self._device_checkpoint(ctx, model, rung, workdir, images,
+                                                                               metrics[rung])
+                if ctx.recipe.deploy.torch_programs:  # only for agents that trust programs (--trust-programs)
+                    outputs[f"{rung}_pt2"] = self._program(ctx, model, rung, workdir, images, metrics[rung])
         if cfg.fp16_rungs:
             outputs.update(self._fp16_forms(ctx, workdir, outputs, metrics))
         # The device needs the preprocessing with the model to feed it correctly.
@@ -100,14 +101,31 @@ class ExportStage(Stage):
         return StageResult(outputs=outputs, metrics={"rungs": metrics})
 
     @staticmethod
+    def _device_checkpoint(ctx, model, rung: str, workdir: Path, images: np.ndarray, metrics: dict) -> Path:
+        """Writes ``<rung>.device.pt`` and checks that the module the device's loader rebuilds from it gives the rung's
+        outputs (the device builds it from its own architecture registry: nothing of the module travels)."""
+        from pipeline.torch_export import runner_parity
+
+        cfg = ctx.recipe.export
+        path = write_device_checkpoint(ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model"),
+                                       workdir / f"{rung}.device.pt", ctx.preprocess.input_shape(1)[1:])
+        parity = runner_parity(model, path, images)
+        metrics["device_checkpoint"] = {"size_mb": path.stat().st_size / 1e6, "parity": parity}
+        if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
+            raise StageError(f"the device checkpoint of {rung}, rebuilt as the device rebuilds it, disagrees with torch: "
+                             f"max |Δlogit| {parity['max_abs_diff']:.3g} (allowed {cfg.parity_atol:g})",
+                             fix="report this model to EdgeFold, or leave torch_tensorrt out of deploy.runtimes")
+        return path
+
+    @staticmethod
     def _program(ctx, model, rung: str, workdir: Path, images: np.ndarray, metrics: dict) -> Path:
         """Writes ``<rung>.pt2`` and checks it against torch as the agent's Torch runner runs it."""
-        from pipeline.torch_export import check_program_parity, export_program
+        from pipeline.torch_export import export_program, runner_parity
 
         cfg = ctx.recipe.export
         path = workdir / f"{rung}.pt2"
         facts = export_program(model, path, ctx.preprocess.input_shape(1))
-        parity = check_program_parity(model, path, images)
+        parity = runner_parity(model, path, images)
         metrics["program"] = {**facts, "parity": parity}
         if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
             raise StageError(f"the torch.export program of {rung} disagrees with torch: max |Δlogit| "
