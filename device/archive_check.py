@@ -27,6 +27,7 @@ import ast
 import json
 import math
 import re
+import struct
 import zipfile
 from pathlib import PurePosixPath
 from typing import Any
@@ -106,7 +107,12 @@ _EXPR_FUNCTIONS = {
 _ATTRIBUTE_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_][A-Za-z0-9_\-]*)*")
 _TREESPEC_TYPES = {None, "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict",
                    "torch.fx.immutable_collections.immutable_list", "torch.fx.immutable_collections.immutable_dict"}
-_EXPR_SYMBOL = re.compile(r"[a-z]{1,4}\d+")  # s0, u3, zuf0: torch's symbol names; no Python builtin has this shape
+# s0, u3, zuf0: torch's symbol names (no Python builtin has this shape). Five digits at most: torch counts its
+# unbacked symbols up to a name's number in a Python loop (u99999999999 would never end).
+_EXPR_SYMBOL = re.compile(r"[a-z]{1,4}\d{1,5}")
+MAX_LITERAL = 2 ** 32  # the largest number a shape expression may hold: sympy computes with what it is given
+# A pytree dict's key becomes a parameter name of the forward torch generates when forward_arg_names is empty.
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 _EXPR_KEYWORDS = {"positive", "integer", "real", "nonnegative", "negative", "nonzero", "finite", "zero"}
 _EXPR_NODES = (ast.Expression, ast.Call, ast.Name, ast.Load, ast.Constant, ast.keyword, ast.BinOp, ast.UnaryOp,
                ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd, ast.Compare,
@@ -125,6 +131,53 @@ class ArchiveRefused(ValueError):
         self.fix = fix
 
 
+def _recorded_directory_offset(handle) -> int:
+    """The central directory's offset as the end record says it (zip64's where the record defers to it): what a zip
+    reader that does not correct for prepended bytes (torch's miniz) reads the directory at."""
+    handle.seek(0, 2)
+    size = handle.tell()
+    handle.seek(max(0, size - (1 << 16) - 22))
+    tail = handle.read()
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) < at + 22:
+        raise ArchiveRefused("no end of central directory record")
+    offset = struct.unpack("<I", tail[at + 16:at + 20])[0]
+    locator = at - 20
+    if offset == 0xFFFFFFFF and locator >= 0 and tail[locator:locator + 4] == b"PK\x06\x07":
+        record = struct.unpack("<Q", tail[locator + 8:locator + 16])[0]
+        handle.seek(record)
+        zip64 = handle.read(56)
+        if zip64[:4] != b"PK\x06\x06":
+            raise ArchiveRefused("a zip64 end record that is not where its locator says")
+        offset = struct.unpack("<Q", zip64[48:56])[0]
+    return offset
+
+
+def _check_layout(archive: zipfile.ZipFile, entries: list, what: str) -> None:
+    """One archive for every reader: no bytes before the first entry or between the recorded and the real directory
+    (Python's zipfile corrects offsets for prepended data, torch's miniz does not: such a file shows each of them
+    another set of entries), and every entry's local header names what the directory names."""
+    if archive.fp is None:
+        return
+    position = archive.fp.tell()
+    try:
+        if _recorded_directory_offset(archive.fp) != archive.start_dir or (
+                entries and min(e.header_offset for e in entries) != 0):
+            raise ArchiveRefused(f"{what} has bytes before its entries or its directory is not where its end record "
+                                 "says: zip readers would each see other entries")
+        for entry in entries:
+            archive.fp.seek(entry.header_offset)
+            header = archive.fp.read(30)
+            if header[:4] != b"PK\x03\x04":
+                raise ArchiveRefused(f"{what}: entry {entry.filename!r} has no local header where the directory says")
+            name_length = struct.unpack("<H", header[26:28])[0]
+            if archive.fp.read(name_length) != entry.orig_filename.encode("utf-8" if entry.flag_bits & 0x800
+                                                                           else "cp437"):
+                raise ArchiveRefused(f"{what}: entry {entry.filename!r} is named otherwise in its local header")
+    finally:
+        archive.fp.seek(position)
+
+
 def check_zip(archive: zipfile.ZipFile, what: str) -> str:
     """Bounds a zip before anything reads it: entry count and sizes, compression ratio, names inside one root.
 
@@ -137,6 +190,7 @@ def check_zip(archive: zipfile.ZipFile, what: str) -> str:
     entries = archive.infolist()
     if len(entries) > MAX_ENTRIES:
         raise ArchiveRefused(f"{what} has {len(entries)} entries, over {MAX_ENTRIES}")
+    _check_layout(archive, entries, what)
     total, roots, seen = 0, set(), set()
     for entry in entries:
         name = entry.filename
@@ -290,9 +344,14 @@ def check_treespec(text: str, where: str) -> None:
                                  f"leaves: {', '.join(sorted(t for t in _TREESPEC_TYPES if t))})")
         context = node.get("context")
         decoded = load_json(context, where) if isinstance(context, str) else context
+        import keyword
+
         if decoded is not None and not (isinstance(decoded, list) and all(
-                isinstance(key, (str, int)) and not isinstance(key, bool) for key in decoded)):
-            raise ArchiveRefused(f"{where}: pytree context {str(context)[:80]!r} is not null or a list of plain keys")
+                (type(key) is int and abs(key) <= MAX_LITERAL) or (
+                    isinstance(key, str) and _KEY.fullmatch(key) and not keyword.iskeyword(key)
+                    and not key.startswith("__")) for key in decoded)):
+            raise ArchiveRefused(f"{where}: pytree context {str(context)[:80]!r} is not null or a list of plain keys "
+                                 "(identifiers, or small integers): torch writes a key into the generated forward")
         children = node.get("children_spec", [])
         if not isinstance(children, list):
             raise ArchiveRefused(f"{where}: pytree children_spec is not a list")
@@ -340,10 +399,19 @@ def check_expression(text: str, where: str) -> None:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, MemoryError, RecursionError):  # deep nesting exhausts the parser
         raise ArchiveRefused(f"{where}: {text[:80]!r} is not a shape expression") from None
+    powers = sum(_is_power(node) for node in ast.walk(tree))
     for node in ast.walk(tree):
         bad = None
         if not isinstance(node, _EXPR_NODES):
             bad = type(node).__name__
+        elif _is_power(node) and (powers > 2 or any(_is_power(inner) for inner in ast.walk(node) if inner is not node)):
+            bad = "powers of powers, or more than two powers (sympy would compute with their product)"
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Float" and (
+                len(node.args) > 1 or node.keywords):
+            bad = "a Float with a precision (sympy would compute to it)"
+        elif isinstance(node, ast.Constant) and type(node.value) in (int, float) and not (
+                math.isfinite(node.value) and abs(node.value) <= MAX_LITERAL):
+            bad = f"the number {str(node.value)[:40]} (at most {MAX_LITERAL} in a shape expression)"
         elif isinstance(node, ast.Name) and node.id not in _EXPR_FUNCTIONS and not _EXPR_SYMBOL.fullmatch(node.id):
             bad = f"the name {node.id!r}"
         elif isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _EXPR_FUNCTIONS):

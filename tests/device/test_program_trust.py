@@ -402,3 +402,100 @@ def test_crafted_files_are_refused_by_the_agent_and_planted_ones_fail_their_jobs
     assert not marker.exists()
     log = agent.log.read_text()
     assert ("programs: TRUSTED" in log) is (trust == "trusted") and "programs: " in log
+
+
+# -- what an outside review found (tests/device: the review's reproductions) -----------------------------------------
+
+def test_a_kwargs_key_written_into_forward_is_refused(program, tmp_path):  # noqa: F811
+    """With ``forward_arg_names`` empty, torch 2.14 writes the keys of the in_spec's kwargs dict into ``def forward``
+    (torch/export/_unlift.py _get_codegen): a key with a default value ran at ``.module()``."""
+    marker = tmp_path / "ran"
+    key = f'y=__import__("os").system("touch {marker}")#\'\n'
+    leaf = {"type": None, "context": None, "children_spec": []}
+    in_spec = json.dumps([1, {"type": "builtins.tuple", "context": "null", "children_spec": [
+        {"type": "builtins.tuple", "context": "null", "children_spec": [leaf]},
+        {"type": "builtins.dict", "context": json.dumps([key]), "children_spec": [leaf]}]}])
+    document = json.loads(entry(program, "models/model.json"))
+    signature = document["graph_module"]["module_call_graph"][0]["signature"]
+    signature["in_spec"], signature["forward_arg_names"] = in_spec, []
+    path = rewrite(program, tmp_path / "kwargs.pt2", {"models/model.json": json.dumps(document).encode()})
+    with pytest.raises(ArtifactError, match="pytree context .* is not null or a list of plain keys"):
+        upload_check(path, trust=True)
+    assert not marker.exists()
+
+
+def _split(data: bytes) -> tuple[bytes, bytes, int, int]:
+    import struct
+
+    end = data.rfind(b"PK\x05\x06")
+    _, _, _, _, count, size, offset, _ = struct.unpack("<IHHHHIIH", data[end:end + 22])
+    return data[:offset], data[offset:offset + size], count, size
+
+
+def _shifted(directory: bytes, delta: int) -> bytes:
+    import struct
+
+    out, at = bytearray(directory), 0
+    while at < len(out):
+        name, extra, comment = struct.unpack("<HHH", out[at + 28:at + 34])
+        offset = struct.unpack("<I", out[at + 42:at + 46])[0]
+        out[at + 42:at + 46] = struct.pack("<I", offset + delta)
+        at += 46 + name + extra + comment
+    return bytes(out)
+
+
+def two_faced(shown_to_torch: Path, shown_to_python: Path, target: Path) -> Path:
+    """One file, two archives: Python's zipfile corrects every offset for the bytes before the directory it finds,
+    torch's miniz reads the directory where the end record says; so each reads the entries of another archive."""
+    import struct
+
+    evil_entries, evil_directory, count, size = _split(shown_to_torch.read_bytes())
+    benign_entries, benign_directory, other_count, other_size = _split(shown_to_python.read_bytes())
+    assert (count, size) == (other_count, other_size), "the two archives must have directories of one size"
+    evil_at = len(evil_entries) + len(benign_entries)
+    base = evil_at + len(evil_directory)
+    concat = base + len(benign_entries) - evil_at
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, size, evil_at, 0)
+    target.write_bytes(evil_entries + b"\0" * len(benign_entries) + evil_directory + benign_entries
+                       + _shifted(benign_directory, base - concat) + end)
+    return target
+
+
+def test_a_file_that_is_two_archives_is_refused(program, tmp_path):  # noqa: F811
+    """The check would read a harmless program and torch a hostile one (guards_code) from the same bytes."""
+    document = json.loads(entry(program, "models/model.json"))
+    hostile = rewrite(program, tmp_path / "hostile.pt2", {"models/model.json": json.dumps(
+        {**document, "guards_code": [guards_at_forward(tmp_path / "ran")]}).encode()})
+    benign = rewrite(program, tmp_path / "benign.pt2", {"models/model.json": json.dumps(document).encode()})
+    both = two_faced(hostile, benign, tmp_path / "both.pt2")
+    with zipfile.ZipFile(both) as archive:
+        seen = json.loads(archive.read(next(n for n in archive.namelist() if n.endswith("models/model.json"))))
+    assert seen["guards_code"] == [], "Python's zipfile reads the harmless program"
+    assert json.loads(torch._C.PyTorchFileReader(str(both)).get_record("models/model.json"))["guards_code"], \
+        "torch reads the hostile one"
+    with pytest.raises(ArtifactError, match="bytes before its entries or its directory is not where"):
+        upload_check(both, trust=True)
+    # The same shape of file as a device checkpoint: the pickle check would read the dense tensor, torch the view.
+    for folder, tensor in (("view", torch.zeros(1).expand(1 << 20)), ("dense", torch.zeros(1))):
+        (tmp_path / folder).mkdir()
+        torch.save({"w": tensor}, tmp_path / folder / "w.pt")  # one name: one root folder, directories of one size
+    checkpoint = two_faced(tmp_path / "view" / "w.pt", tmp_path / "dense" / "w.pt", tmp_path / "both.device.pt")
+    with pytest.raises(ArtifactError, match="bytes before its entries"):
+        upload_check(checkpoint, trust=False)
+
+
+@pytest.mark.parametrize("expression", ["ceiling(1e99999999)", "(((((9**64)**64)**64)**64)**64)",
+                                        "sqrt(Float(2, 100000000))", "Float(1, 999999999)", "Integer(1e99999999999)"])
+def test_a_shape_expression_sympy_would_compute_for_ever_is_refused(program, tmp_path, expression):  # noqa: F811
+    from device.archive_check import ArchiveRefused, check_expression
+
+    with pytest.raises(ArchiveRefused):
+        check_expression(expression, "x")
+
+
+def test_an_unbacked_symbol_torch_would_count_to_for_ever_is_refused(program, tmp_path):  # noqa: F811
+    document = json.loads(entry(program, "models/model.json"))
+    document["range_constraints"]["u99999999999"] = {"min_val": 0, "max_val": 4}
+    path = rewrite(program, tmp_path / "count.pt2", {"models/model.json": json.dumps(document).encode()})
+    with pytest.raises(ArtifactError, match="u99999999999"):
+        upload_check(path, trust=True)
