@@ -14,6 +14,10 @@ EDGE     ?=
 DC       ?=
 DEVICES  ?=
 TOKEN_FILE ?=
+RUNG     ?= best
+DEVICE   ?=
+TO       ?=
+MAX_DROP ?=
 HOST     ?= 127.0.0.1
 PORT     ?= 8765
 AGENT_DATA ?= $(HOME)/.local/share/edgefold-agent
@@ -64,7 +68,7 @@ RUN_CMD := $(if $(filter-out 1,$(NPROC)),$(BIN)/torchrun --standalone --nproc_pe
 # 27% slower on two cores: bench/results/train-speed-*); the tests set PASSIVE themselves (tests/conftest.py), since
 # many processes share the cores there and a spinning wait steals another's time.
 
-.PHONY: help venv agent-venv lock edge test bench bench-seeds readme-figures data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
+.PHONY: help venv agent-venv lock edge test ship bench bench-seeds readme-figures data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
 
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
@@ -73,6 +77,7 @@ help:
 	@echo "     NPROC=8: teacher and distill as one DDP job over 8 processes (torchrun)"
 	@echo "     devices:   EDGE=http://jetson:8765[,…] DC=http://gpu:8765 DEVICES=devices.yaml TOKEN_FILE=path (none: a loopback agent)"
 	@echo "make report MODEL= RUN=id      rebuild a run's report (default: the model's latest run)"
+	@echo "make ship MODEL= [RUN= RUNG=best DEVICE= TO= MAX_DROP=1]  the folder an application runs a rung from"
 	@echo "make agent [HOST= PORT= AGENT_DATA= TOKEN_FILE=]  run the device agent here (on a Jetson its venv sees JetPack's TensorRT)"
 	@echo "make docker-jetson L4T=36.4.3 | docker-dc | docker-pipeline   build (and smoke-test) the images"
 	@echo "make bundle L4T=36.4.3     offline agent bundle for an air-gapped Jetson (dist/)"
@@ -165,6 +170,12 @@ lock: | venv-system-site
 agent: $(AGENT_STAMP)
 	$(BIN)/edgefold-agent serve --host $(HOST) --port $(PORT) --data-dir '$(AGENT_DATA)' \
 	    $(if $(TOKEN_FILE),--token-file '$(TOKEN_FILE)')
+
+# The folder an application runs one rung from (edgefold ship): RUNG=best is the fastest within MAX_DROP points.
+ship: $(STAMP)
+	$(EDGEFOLD) ship '$(RUNS)/$(if $(filter %.onnx,$(MODEL)),$(notdir $(MODEL)),$(MODEL))/$(if $(RUN),$(RUN),latest)' \
+	    --rung '$(RUNG)' $(if $(DEVICE),--device '$(DEVICE)') $(if $(TO),--to '$(TO)') \
+	    $(if $(MAX_DROP),--max-drop $(MAX_DROP)) $(if $(TOKEN_FILE),--token-file '$(TOKEN_FILE)')
 
 report: $(STAMP)
 	$(EDGEFOLD) report '$(RUNS)/$(if $(filter %.onnx,$(MODEL)),$(notdir $(MODEL)),$(MODEL))/$(if $(RUN),$(RUN),latest)'

@@ -14,6 +14,7 @@ import asyncio
 import errno
 import hashlib
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -448,7 +449,7 @@ def create_app(config: AgentConfig, token: str | None = None, child_env: dict[st
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.state.store, app.state.executor, app.state.config = store, executor, config
-    return add_tensors_route(app, store, auth, errors)
+    return add_engine_routes(add_tensors_route(app, store, auth, errors), store, auth, errors)
 
 
 def add_tensors_route(app: FastAPI, store: Store, auth: list, errors: dict) -> FastAPI:
@@ -472,6 +473,46 @@ def add_tensors_route(app: FastAPI, store: Store, auth: list, errors: dict) -> F
             raise fastapi.HTTPException(409 if job.state not in FINISHED else 404,
                                         f"job {job_id} is {job.state} and has kept no tensors")
         return FileResponse(path, media_type="application/octet-stream", filename=f"{job_id}-tensors.npz")
+
+    return app
+
+
+def add_engine_routes(app: FastAPI, store: Store, auth: list, errors: dict) -> FastAPI:
+    """Adds ``GET /v1/engines/{key}`` and ``/v1/engines/{key}/file``: an engine this agent built, read-only (engines
+    are never accepted into an agent; ``edgefold ship`` fetches one with the build that made it)."""
+    from device.engine import ENGINE_FILES, ENGINE_KEY
+
+    key_param = PathParam(pattern=ENGINE_KEY, description="a job result's runtime.built.engines value")
+
+    def held(key: str) -> tuple[Path, Path]:
+        folder = store.root / "engines" / key
+        engine = next((folder / name for name in ENGINE_FILES if (folder / name).is_file()), None)
+        if engine is None or not (folder / "fingerprint.json").is_file():
+            raise ArtifactError(f"this agent no longer holds engine {key} (its cache was cleared, or the engine was "
+                                "never built here)", fix="rebuild it on the device from the shipped ONNX with the "
+                                                         "trtexec line in build.json", status=404)
+        return folder, engine
+
+    @app.get("/v1/engines/{key}", dependencies=auth, responses=errors, tags=["engines"])
+    def engine_facts(key: str = key_param) -> dict[str, Any]:
+        """The build that made an engine (``build.json``: TensorRT version, settings, the trtexec line, DLA layers)
+        and the device fingerprint it is bound to; the engine's file name, size and sha256."""
+        from device.files import sha256_file
+
+        folder, engine = held(key)
+        build = folder / "build.json"
+        return {"key": key, "file": engine.name, "size_bytes": engine.stat().st_size, "sha256": sha256_file(engine),
+                "fingerprint": json.loads((folder / "fingerprint.json").read_text()),
+                "build": json.loads(build.read_text()) if build.is_file() else None}
+
+    @app.get("/v1/engines/{key}/file", response_class=FileResponse, dependencies=auth, tags=["engines"],
+             responses={**errors, 200: {"content": {"application/octet-stream": {}},
+                                        "description": "the serialized engine: it runs only on the fingerprint "
+                                                       "GET /v1/engines/{key} names"}})
+    def engine_file(key: str = key_param) -> FileResponse:
+        """The engine's bytes (a TensorRT plan, or Torch-TensorRT's compiled program)."""
+        _, engine = held(key)
+        return FileResponse(engine, media_type="application/octet-stream", filename=f"{key}-{engine.name}")
 
     return app
 

@@ -177,6 +177,29 @@ class AgentClient:
     def jobs(self, state: str | None = None) -> list[dict[str, Any]]:
         return self._request("GET", "/v1/jobs", params={"state": state} if state else None).json()
 
+    def engine(self, key: str) -> dict[str, Any]:
+        """An engine the agent built (``GET /v1/engines/{key}``): its build, fingerprint, file, size and sha256."""
+        return self._request("GET", f"/v1/engines/{key}").json()
+
+    def engine_file(self, key: str, path: str | os.PathLike) -> Path:
+        """Downloads an engine's bytes to ``path`` and checks them against the sha256 the agent gives.
+
+        Raises:
+            ResultError: The bytes do not hash to it (refused with both hashes; nothing is left at ``path``).
+        """
+        import hashlib
+
+        from device.errors import ResultError
+
+        expected = self.engine(key)["sha256"]
+        blob = self._request("GET", f"/v1/engines/{key}/file").content
+        actual = hashlib.sha256(blob).hexdigest()
+        if actual != expected:
+            raise ResultError(f"engine {key}'s bytes hash to sha256 {actual}, not {expected} as the agent says",
+                              fix="fetch it again (edgefold ship)")
+        Path(path).write_bytes(blob)
+        return Path(path)
+
     def tensors(self, job: dict[str, Any]) -> dict[str, Any]:
         """A finished debug job's marked tensors by name, checked against the sha256 its result records.
 

@@ -5,7 +5,8 @@ over levels into one ``N×A×K`` tensor — because torchvision's post-processin
 TensorRT should not quantize. Its JSON sidecar (:func:`load_head_spec`) carries what decoding needs: the anchors,
 the box coder's kind and weights, how scores are made, and the recipe's thresholds. This module reproduces
 torchvision's ``postprocess_detections`` (FCOS, RetinaNet, SSD) in numpy, so the agent runs and times what an
-application would run after the engine.
+application would run after the engine. It needs only NumPy (and EdgeFold's errors where EdgeFold is installed):
+``edgefold ship`` puts this file beside a shipped detector's ``infer.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device.errors import ConfigError
+try:
+    from device.errors import ConfigError
+except ImportError:  # shipped alone beside an application (edgefold ship copies this file into its folder)
+    class ConfigError(ValueError):  # noqa: N818 (EdgeFold's name)
+        def __init__(self, message: str, fix: str | None = None):
+            super().__init__(message)
+            self.message, self.fix = message, fix
 
 SCHEMA = "edgefold.detection_head/1"
 SCORES = ("sigmoid", "sigmoid_centerness", "softmax")

@@ -174,8 +174,12 @@ def detect_gpu(device_tree: str = "/proc/device-tree/compatible",
 
 
 # ------------------------------------------------------------------ cache and build
+ENGINE_KEY = r"^[0-9a-f]{16}-[0-9a-f]{16}-[0-9a-f]{8}$"  # a cache folder's name: ONNX sha256, fingerprint, options
+ENGINE_FILES = ("engine.plan", "compiled.pt2")
+
+
 class EngineCache:
-    """Engines under ``root/<onnx sha256>-<fingerprint key>/`` with the fingerprint beside them.
+    """Engines under ``root/<onnx sha256>-<fingerprint key>-<options key>/`` with the fingerprint beside them.
 
     Attributes:
         filename: The cached file's name in its folder (a TensorRT plan here; the Torch-TensorRT runner

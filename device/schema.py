@@ -318,7 +318,8 @@ class ErrorBody(Strict):
 # 2.8: JobSpec.diverge, JobResult.diverge; 2.9: JobSpec.frame, JobResult.frame (device.frame); 2.10: FrameSpec.in_graph,
 # source images, images; FrameResult.in_graph, in_graph_error, scores, copies_ms, power; JobSpec and JobResult.sustained;
 # 2.11: a sustained sweep (JobResult.more_sustained, SustainedResult.power_setting), cooling, the start's temperature
-# 2.12: RuntimeInfo.loaded_from (a torch runner's artifact: a device checkpoint rebuilt here, or a trusted program)
+# 2.12: RuntimeInfo.loaded_from (a torch runner's artifact: a device checkpoint rebuilt here, or a trusted program);
+# BuildFacts.engines (each batch's engine by its key in the agent's cache: GET /v1/engines/{key})
 RESULT_MAJOR, RESULT_MINOR = 2, 12
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
@@ -384,6 +385,8 @@ class BuildFacts(Measured):
     precision_built: str | None = None
     trtexec: dict[int, str] | None = Field(None, description="batch size → the trtexec line of that engine's build")
     dla_unsupported_layers: list[str] | None = None
+    engines: dict[int, str] | None = Field(None, description="batch size → that engine's key in the agent's cache, "
+                                                             "for GET /v1/engines/{key} (2.12)")
 
 
 class RuntimeInfo(Measured):

@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_sustain(sub)
     _add_diverge(sub)
+    _add_ship(sub)
 
     runs = sub.add_parser("runs", help="list runs with their stages and accuracies")
     runs.add_argument("model", nargs="?", help="only this model's runs")
@@ -118,6 +119,51 @@ def _add_diverge(sub) -> None:
     diverge.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
     diverge.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
                          help="agent token file (default: $EDGEFOLD_AGENT_TOKEN)")
+
+
+def _add_ship(sub) -> None:
+    from pipeline.ship.choose import DEFAULT_MAX_DROP
+
+    ship = sub.add_parser(
+        "ship", help="write the folder an application runs one rung from (ONNX, engine, DeepStream, Triton, infer.py, "
+                     "the card of figures it was chosen on)",
+        description="Writes RUN's rung into one folder: model.onnx, labels.txt, preprocess.json, postprocess.json, the "
+                    "engine the device built with its build.json (when its agent still holds it), a DeepStream "
+                    "nvinfer config, a Triton model repository, infer.py and card.md/card.json. --rung best picks the "
+                    "fastest rung on the device within --max-drop points of the teacher's accuracy there.")
+    ship.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
+    ship.add_argument("--rung", default="best", help="a rung's name, or best (default)")
+    ship.add_argument("--device", help="the device it is shipped for (default: the run's only one)")
+    ship.add_argument("--to", help="the folder to write (default: <run>/ship/<rung>-<device>); it must not exist")
+    ship.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP,
+                      help=f"--rung best: the most accuracy points a rung may lose against the teacher (default "
+                           f"{DEFAULT_MAX_DROP:g}: MLPerf's 99%%-of-FP32 rule at ResNet-50's scale)")
+    ship.add_argument("--in-graph", action="store_true",
+                      help="also ship model.frame.onnx, the rung with its preprocessing in the graph (deploy.frame)")
+    ship.add_argument("--no-engine", dest="engine", action="store_false",
+                      help="do not ask the agent for the engine (the card gives the trtexec line that rebuilds it)")
+    ship.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
+    ship.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
+                      help="agent token file (default: $EDGEFOLD_AGENT_TOKEN)")
+
+
+def _cmd_ship(args) -> int:
+    from pathlib import Path
+
+    from device.client import read_token
+    from device.errors import ManifestError
+    from pipeline import tasks
+    from pipeline.ship.bundle import ship
+
+    run_dir = _run_dir(args.run, args.runs_dir)
+    if not (run_dir / "manifest.json").is_file():
+        raise ManifestError(f"no run at {args.run}", fix="pass a run directory (edgefold runs lists them)")
+    token = None
+    if args.engine and (args.token_file or os.environ.get("EDGEFOLD_AGENT_TOKEN")):
+        token = read_token(token_file=args.token_file)
+    ship(run_dir, tasks.of_run(run_dir).ship, rung=args.rung, device=args.device, to=Path(args.to) if args.to else None,
+         max_drop=args.max_drop, in_graph=args.in_graph, token=token, fetch_engine=args.engine)
+    return 0
 
 
 def _parse_sets(pairs: list[str]) -> dict:
@@ -471,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands = {"run": _cmd_run, "runs": _cmd_runs, "recipes": _cmd_recipes, "recipe": _cmd_recipe,
                 "report": _cmd_report, "sweep": _cmd_sweep, "sustain": _cmd_sustain,
-                "diverge": _cmd_diverge}
+                "diverge": _cmd_diverge, "ship": _cmd_ship}
     try:
         return commands[args.command](args)
     except EdgeFoldError as err:

@@ -285,13 +285,8 @@ def rung_on_device(run_dir: Path, rung: str, device: str) -> dict[str, Any]:
 def run_images(manifest, indices: Sequence[int]) -> np.ndarray:
     """The run's test images at ``indices`` (positions in its test split), preprocessed as the deploy stage did."""
     from pipeline.core.context import RunContext
-    from pipeline.core.recipe import load_recipe
 
-    recipe_path = (manifest.data.get("recipe") or {}).get("path")
-    if not recipe_path or not Path(recipe_path).is_file():
-        raise ConfigError(f"the run's recipe {recipe_path} is gone", fix="restore the recipe the run was made with")
-    recipe, _, _ = load_recipe(recipe_path, manifest.data.get("overrides") or {})
-    ctx = RunContext(recipe, manifest)
+    ctx = RunContext.of_run(manifest)
     wanted, seen, kept = sorted(indices), 0, {}
     for x, *_ in ctx.batches("test", 256):
         for position in wanted:

@@ -84,6 +84,19 @@ def significant(low: float, high: float) -> bool:
     return bool(np.isfinite(low) and np.isfinite(high) and (high < 1 or low > 1))
 
 
+def binomial_interval(correct: int, total: int, level: float = LEVEL) -> tuple[float, float]:
+    """Wilson's score interval of a proportion (``correct`` of ``total``): an accuracy's interval over its images."""
+    from scipy import stats
+
+    if total <= 0:
+        return math.nan, math.nan
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    p = correct / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def mean_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
     """(mean, low, high): Student's t interval of a mean over independent replicates (a benchmark's seeds); nan
     bounds with fewer than two, all nan with none."""

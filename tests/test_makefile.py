@@ -97,3 +97,15 @@ def test_an_old_venv_is_switched_over_and_then_imports_the_systems_tensorrt(repo
     finally:
         shutil.rmtree(standin, ignore_errors=True)
     assert not standin.exists() and sysconfig.get_paths()["purelib"] != str(site)  # this venv never saw it
+
+
+def test_make_ship_runs_edgefold_ship_on_the_models_latest_run(repo, tiny_run, tmp_path):
+    """make ship MODEL=tiny RUNG=best: the latest run of the model shipped into TO (the README's command)."""
+    runs = tmp_path / "runs"
+    shutil.copytree(tiny_run.run_dir, runs / "tiny" / "shared")
+    (runs / "tiny" / "latest").symlink_to("shared")
+    result = make(repo, "ship", "MODEL=tiny", "RUNG=best", f"RUNS={runs}", f"TO={tmp_path / 'bundle'}")
+    assert result.returncode == 0, result.stderr
+    assert "shipping " in result.stdout and (tmp_path / "bundle" / "card.md").is_file()
+    again = make(repo, "ship", "MODEL=tiny", f"RUNS={runs}", f"TO={tmp_path / 'bundle'}")
+    assert again.returncode == 2 and "exists" in again.stderr and "fix: pass another folder" in again.stderr

@@ -97,6 +97,7 @@ class TensorRTRunner(Runner):
         self.device: str | None = None
         self.precision_built: str | None = None
         self.trtexec: dict[int, str] = {}
+        self.engine_keys: dict[int, str] = {}  # batch → the engine's folder in the cache (GET /v1/engines/{key})
         self.dla_unsupported_layers: list[str] = []
         self._engines: dict[int, _Engine] = {}
         self.marked = tuple(options.mark_outputs)
@@ -155,6 +156,7 @@ class TensorRTRunner(Runner):
             # default trtexec build does. It "does not affect how IEngineInspector interacts with the engine".
             context.nvtx_verbosity = trt.ProfilingVerbosity.LAYER_NAMES_ONLY
             self._engines[batch] = _Engine(batch, path, built, engine, context, build=record)
+            self.engine_keys[batch] = path.parent.name
             self.trtexec[batch] = record.get("trtexec", "")
         first = self._engines[self.batch_sizes[0]]
         self.engine_path = first.path.parent

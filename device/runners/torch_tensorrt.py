@@ -263,6 +263,7 @@ class TorchTensorRTRunner(Runner):
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
         self.cache = CompiledCache(cache_dir or Path(path).parent / "engines")
         self._modules: dict[int, Any] = {}
+        self.engine_keys: dict[int, str] = {}
         self.engine_path: Path | None = None
         self.built_now = False
         self.precision_built: str | None = None
@@ -322,6 +323,7 @@ class TorchTensorRTRunner(Runner):
             record = json.loads((path.parent / "build.json").read_text())
             reports[batch] = record
             self._modules[batch] = tt.load(str(path)).module().to(self.device)
+            self.engine_keys[batch] = path.parent.name
             self.built_now = self.built_now or built
         self.engine_path = path.parent
         first = reports[self.batch_sizes[0]]

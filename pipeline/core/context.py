@@ -32,6 +32,24 @@ class RunContext:
         # A detection recipe has no classification preprocessing: its detectors resize and normalise themselves.
         self.preprocess = recipe.preprocess.to_preprocess() if hasattr(recipe, "preprocess") else None
 
+    @classmethod
+    def of_run(cls, manifest: Manifest) -> "RunContext":
+        """The context of a finished run, from its manifest: its recipe as it ran (the overrides applied again).
+
+        Raises:
+            ConfigError: The run's recipe file is gone.
+        """
+        from pathlib import Path
+
+        from device.errors import ConfigError
+        from pipeline.core.recipe import load_recipe
+
+        recipe_path = (manifest.data.get("recipe") or {}).get("path")
+        if not recipe_path or not Path(recipe_path).is_file():
+            raise ConfigError(f"the run's recipe {recipe_path} is gone", fix="restore the recipe the run was made with")
+        recipe, _, _ = load_recipe(recipe_path, manifest.data.get("overrides") or {})
+        return cls(recipe, manifest)
+
     @staticmethod
     def log(message: str) -> None:
         """The run's log (rank 0 only): :func:`pipeline.core.log.log`."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from device.registry import Registry
 from pipeline.core.stage import Stage
@@ -28,6 +28,7 @@ class Task:
             (``md``, ``html``, ``json``, ``csv`` at least: every task writes ``results.json`` and ``results.csv``).
         summary: Prints the end of ``edgefold run`` (the ladder, the headline, where the report is).
         headline: The headline of a built report's ``results.json`` (its ``headline`` object) in words.
+        ship: What ``edgefold ship`` asks of the task (:class:`pipeline.ship.task.ShipTask`); None where it cannot ship.
     """
 
     name: str
@@ -35,6 +36,7 @@ class Task:
     build_report: Callable[[Path, Path], dict[str, Path]]
     summary: Callable[["RunContext"], None]
     headline: Callable[[dict], str]
+    ship: Any = None
 
 
 def stage_registry(task: str, stages: list[type[Stage]]) -> Registry[Stage]:

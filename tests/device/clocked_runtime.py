@@ -57,15 +57,17 @@ def planted_point(mode: dict, batch: int, accelerator: str, board: dict) -> dict
 
 def install_in_process(root: str | os.PathLike, version: str = "10.3.0", dla_cores: int = 0,
                        board: str | None = None):
-    """Installs the clocked stand-in in this process (no monkeypatch: a job process lives only for its job)."""
+    """Installs the clocked stand-in in this process (no monkeypatch: a job process lives only for its job); with no
+    ``root`` (no simulated board) its calls take what the numpy graph takes, unclocked."""
     import device.cuda
     import device.engine
     import device.runners.tensorrt
     from tests.device import trt_standin
 
     trt = trt_standin.make_tensorrt(version, dla_cores)
-    clock = gpu_devfreq(root) / "cur_freq"
-    trt.planted_call_s = lambda dla_core, batch: planted_call_s(dla_core, batch, float(clock.read_text()))
+    if root:
+        clock = gpu_devfreq(root) / "cur_freq"
+        trt.planted_call_s = lambda dla_core, batch: planted_call_s(dla_core, batch, float(clock.read_text()))
     # Found as installed (device.info.tensorrt_status asks importlib.util.find_spec, which reads the module's spec):
     # the agent then reports TensorRT, and the pipeline's deploy chooses it as on a Jetson.
     trt.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None, origin=__file__)
@@ -76,20 +78,21 @@ def install_in_process(root: str | os.PathLike, version: str = "10.3.0", dla_cor
     return trt
 
 
-def sitecustomize_dir(folder: Path, root: Path, version: str = "10.3.0", dla_cores: int = 0,
+def sitecustomize_dir(folder: Path, root: Path | None, version: str = "10.3.0", dla_cores: int = 0,
                       board: str | None = None) -> tuple[Path, dict[str, str]]:
     """A folder holding a ``sitecustomize`` that installs the clocked stand-in, and the environment an agent needs
-    for its job processes to pick it up (``PYTHONPATH`` first, then the repository)."""
+    for its job processes to pick it up (``PYTHONPATH`` first, then the repository). ``root`` None: no simulated
+    board, the stand-in unclocked."""
     folder.mkdir(parents=True, exist_ok=True)
     repo = Path(__file__).resolve().parents[2]
     (folder / "sitecustomize.py").write_text(
         "# STAND-IN for TensorRT in EdgeFold's sweep tests (tests/device/clocked_runtime.py)\n"
         "import os\n"
-        f"if os.environ.get({_ENV_ROOT!r}):\n"
+        f"if {_ENV_ROOT!r} in os.environ:\n"
         f"    from tests.device.clocked_runtime import install_from_environment\n"
         "    install_from_environment()\n")
     env = {"PYTHONPATH": os.pathsep.join([str(folder), str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           _ENV_ROOT: str(root), _ENV_VERSION: version, _ENV_DLA: str(dla_cores), _ENV_BOARD: board or ""}
+           _ENV_ROOT: str(root or ""), _ENV_VERSION: version, _ENV_DLA: str(dla_cores), _ENV_BOARD: board or ""}
     return folder, env
 
 

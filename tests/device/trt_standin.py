@@ -488,6 +488,13 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
             # Synthetic: activations scale with the largest batch (ICudaEngine::getDeviceMemorySize).
             return int(np.prod([max(d, 1) for d in self.plan["max"]])) * 4 * 64
 
+        def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[tuple]:
+            # NvInferRuntime.h ICudaEngine::getProfileShape (Python get_tensor_profile_shape): [min, opt, max] of an
+            # input in a profile; the engine's builds have one profile, min = opt = max per measured batch.
+            if name != self.plan["input"] or profile_index != 0:
+                raise ValueError(f"no profile {profile_index} for {name}")
+            return [tuple(self.plan["min"]), tuple(self.plan["max"]), tuple(self.plan["max"])]
+
         def get_tensor_shape(self, name: str) -> tuple:
             if name == self.plan["input"]:
                 return tuple(self.plan["network_shape"])

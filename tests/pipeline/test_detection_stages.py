@@ -532,3 +532,40 @@ def test_a_detection_run_writes_the_same_results_document_as_a_classification_ru
     report = (run_dir / outputs["md"]).read_text()
     assert all(how.label in report for how in REPORTED.values()), "the detail table names every declared field"
     assert report.index("## Headline") < report.index("## loopback")
+
+
+def test_the_shipped_detector_answers_with_its_boxes_and_the_hosts_map(det_run, tmp_path):
+    """edgefold ship on the detection run (tests/pipeline/test_ship.py has the classifier's): infer.py on the test
+    canvases, decoding with the shipped detection_post.py, scores the mAP the run recorded for the rung; nvinfer gets
+    network-type 100 with the raw tensor attached for the application to decode."""
+    import subprocess
+    import sys
+
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from pipeline.ship.bundle import ship
+    from pipeline.ship.deepstream import NVINFER_KEYS, parse_config
+    from pipeline.tasks.detection.ship import DetectionShip
+
+    run_dir, _ = det_run
+    hooks = DetectionShip()
+    folder = ship(run_dir, hooks, rung="student_int8", to=tmp_path / "bundle", log=lambda _: None)
+    card = json.loads((folder / "card.json").read_text())
+    assert card["metric"] == "mAP" and (folder / "detection_post.py").is_file()
+    hooks.write_test_images(run_dir, tmp_path / "images")
+    result = subprocess.run([sys.executable, str(folder / "infer.py"), str(tmp_path / "images"), "--json",
+                             str(tmp_path / "answers.json")], capture_output=True, text=True, timeout=300,
+                            env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)  # no EdgeFold on its path: standalone
+    assert result.returncode == 0, result.stderr
+    answers = json.loads((tmp_path / "answers.json").read_text())
+    assert all({"boxes", "scores", "labels", "classes"} <= set(a) for a in answers.values())
+    row = next(r for r in hooks.rows(run_dir) if r.rung == "student_int8")
+    assert hooks.score_answers(run_dir, answers) == pytest.approx(row.accuracy, abs=1e-9)
+    keys = parse_config((folder / "deepstream" / "config_infer.txt").read_text())["property"]
+    assert all(key in NVINFER_KEYS and NVINFER_KEYS[key](value) for key, value in keys.items())
+    assert keys["network-type"] == "100" and keys["output-tensor-meta"] == "1" and keys["network-mode"] == "1"
+    assert (folder / "deepstream" / "labels.txt").read_text().split("\n")[:2] == ["0", "1"]
+    (model,) = list((folder / "triton").iterdir())
+    config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert list(config.input[0].dims) == [3, 64, 64] and len(config.output[0].dims) == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pipeline.core.task import Task, stage_registry
 from pipeline.tasks.classification.report import build_report, headline_text
+from pipeline.tasks.classification.ship import ClassificationShip
 from pipeline.tasks.classification.stages.data import DataStage
 from pipeline.tasks.classification.stages.deploy import DeployStage
 from pipeline.tasks.classification.stages.distill import DistillStage
@@ -36,4 +37,4 @@ def _summary(ctx) -> None:
 TASK = Task(name="classification",
             stages=stage_registry("classification", [DataStage, TeacherStage, PruneStage, DistillStage, ExportStage,
                                                      QuantizeStage, EvaluateStage, DeployStage, ReportStage]),
-            build_report=build_report, summary=_summary, headline=headline_text)
+            build_report=build_report, summary=_summary, headline=headline_text, ship=ClassificationShip())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pipeline.core.task import Task, stage_registry
 from pipeline.tasks.detection.report import build_from_run, headline_text
+from pipeline.tasks.detection.ship import DetectionShip
 from pipeline.tasks.detection.stages.data import DetectionDataStage
 from pipeline.tasks.detection.stages.deploy import DetectionDeployStage
 from pipeline.tasks.detection.stages.distill import DetectionDistillStage
@@ -36,4 +37,4 @@ TASK = Task(name="detection",
             stages=stage_registry("detection", [DetectionDataStage, DetectionTeacherStage, DetectionPruneStage,
                                                 DetectionDistillStage, DetectionExportStage, DetectionQuantizeStage,
                                                 DetectionEvaluateStage, DetectionDeployStage, DetectionReportStage]),
-            build_report=build_from_run, summary=_summary, headline=headline_text)
+            build_report=build_from_run, summary=_summary, headline=headline_text, ship=DetectionShip())

@@ -212,6 +212,8 @@ class DetectionDeployStage(Stage):
                 # Round 1's per-layer profile of the engine it timed (or why there is none), for "where the time goes".
                 "profile": result.profile, "profile_note": result.runtime.profile_note,
                 "runtime": result.runtime.name,
+                # Each batch's engine by its key in the agent's cache (edgefold ship fetches it and its build).
+                "engines": (result.runtime.built.engines or None) if result.runtime.built else None,
                 "network_ms_per_image": 1e3 * result.evaluation.network_s / count,
                 "postprocess_ms_per_image": 1e3 * result.evaluation.postprocess_s / count,
                 "evaluation_batch": result.evaluation.batch_size, "other_engines": others,

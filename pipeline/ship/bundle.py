@@ -1,0 +1,216 @@
+"""Writes the shipped folder of one rung (``edgefold ship``): everything an application needs to run it as it was
+measured, written into a temporary folder and renamed into place at the end (nothing half-written).
+
+::
+
+    <to>/
+      model.onnx  labels.txt  preprocess.json  postprocess.json  infer.py  card.md  card.json
+      engine/        engine.plan and build.json, when the agent that measured it still holds it
+      deepstream/    config_infer.txt, the graph nvinfer runs, its label file
+      triton/        <name>/ (tensorrt_plan, with the engine) and <name>_onnx/ (onnxruntime_onnx)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from device.errors import ConfigError, EdgeFoldError
+from pipeline.ship.card import card_document, card_markdown
+from pipeline.ship.choose import DEFAULT_MAX_DROP, TEACHER, choose, pick_device
+from pipeline.ship.deepstream import (COLOR_FORMAT, NETWORK_MODE, SCALING_FILTER, config_text, deepstream_model,
+                                      normalization)
+from pipeline.ship.task import ShipRow, ShipTask
+from pipeline.ship.triton import io_facts, write_repository
+
+INFER_SCRIPT = Path(__file__).with_name("infer.py")
+# The TensorRT a trtexec line is written for when the rung never met one (JetPack 6's, L4T 36.4).
+DEFAULT_TENSORRT = "10.3.0"
+
+
+def ship(run_dir: Path, hooks: ShipTask | None, rung: str = "best", device: str | None = None, to: Path | None = None,
+         max_drop: float = DEFAULT_MAX_DROP, in_graph: bool = False, token: str | None = None,
+         fetch_engine: bool = True, log: Callable[[str], None] = print) -> Path:
+    """Ships one rung of a finished run into a folder.
+
+    Args:
+        run_dir: The run (``runs/<model>/<run-id>``).
+        hooks: The run's task's part (``Task.ship``; None: a task that does not ship).
+        rung: A rung's name, or ``best`` (:func:`pipeline.ship.choose.choose`).
+        device: The device it is shipped for (default: the run's only one).
+        to: The folder to write (default: ``<run>/ship/<rung>-<device>``); it must not exist.
+        max_drop: ``best``'s allowance, in the task's accuracy points against the teacher.
+        in_graph: Also ship the graph with the preprocessing written into it (a run that measured it).
+        token: The agent's token, to fetch the engine it built.
+        fetch_engine: Ask the agent for the engine (False: ship without it; the card gives its trtexec line).
+
+    Returns:
+        The folder written.
+
+    Raises:
+        ConfigError: The run is not finished, the rung or device is not there, the folder exists, the device is gone.
+    """
+    run_dir = Path(run_dir)
+    if hooks is None:
+        raise ConfigError(f"{run_dir} is a run of a task edgefold ship does not ship yet")
+    rows = hooks.rows(run_dir)
+    device = pick_device(rows, device)
+    row, why = choose(rows, device, rung, max_drop, hooks.metric)
+    teacher = next((r for r in rows if r.device == device and r.rung == TEACHER), None)
+    target = Path(to) if to else run_dir / "ship" / f"{row.rung}-{re.sub(r'[^A-Za-z0-9_.-]', '_', device)}"
+    if target.exists():
+        raise ConfigError(f"{target} exists", fix="pass another folder with --to (TO=), or remove that one")
+    log(f"shipping {why}")
+    record = deployed_device(run_dir, device)
+    partial = target.parent / f".{target.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        _write(hooks, run_dir, row, teacher, why, record, partial, in_graph, token, fetch_engine, log)
+        os.replace(partial, target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    log(f"shipped: {target}")
+    return target
+
+
+def deployed_device(run_dir: Path, device: str) -> dict[str, Any]:
+    """The deploy stage's record of ``device``: its agent URL and what it said about itself."""
+    results = json.loads((run_dir / "deploy" / "results.json").read_text())
+    found = next((d for d in results.get("devices", []) if d.get("name") == device), None)
+    if found is None:
+        raise ConfigError(f"the deploy stage has no record of {device}", fix="deploy to it first (make edge EDGE=URL)")
+    return {"url": found.get("url"), "info": found.get("info") or found.get("fingerprint") or {}}
+
+
+def _write(hooks: ShipTask, run_dir: Path, row: ShipRow, teacher: ShipRow | None, why: str, record: dict[str, Any],
+           folder: Path, in_graph: bool, token: str | None, fetch_engine: bool, log) -> None:
+    model = folder / "model.onnx"
+    shutil.copyfile(hooks.model(run_dir, row.rung), model)
+    io = io_facts(model)
+    preprocess = {**hooks.preprocess(run_dir), "input_name": io["inputs"][0]["name"], "dtype": "float32",
+                  "layout": "NCHW", "channel_order": "RGB", "scale": 1 / 255}
+    if in_graph:
+        preprocess["in_graph"] = _in_graph(run_dir, row.rung, folder)
+    (folder / "preprocess.json").write_text(json.dumps(preprocess, indent=1) + "\n")
+    labels = hooks.labels(run_dir)
+    (folder / "labels.txt").write_text("\n".join(labels) + "\n")
+    (folder / "postprocess.json").write_text(json.dumps(hooks.postprocess(run_dir, row.rung), indent=1) + "\n")
+    extra = hooks.extra_files(run_dir, row.rung, folder)
+    shutil.copyfile(INFER_SCRIPT, folder / "infer.py")
+    engine = _engine(row, record, folder, io, token, fetch_engine, log)
+    deepstream = _deepstream(hooks, run_dir, row, folder, preprocess, labels, engine)
+    name = re.sub(r"[^A-Za-z0-9_]", "_", f"{run_dir.parent.name}_{row.rung}")
+    onnx_batch = max([row.batch, *row.figures.get("measured_batches", [])])
+    triton = write_repository(folder / "triton", name, model, folder / "engine" / engine["file"]
+                              if engine.get("file") == "engine.plan" else None, row.batch, max(onnx_batch, 8))
+    deployed = json.loads((run_dir / "manifest.json").read_text())["stages"]["deploy"]
+    card = card_document(row, teacher, why, hooks.metric, record["info"], deployed.get("finished"), engine,
+                         deepstream, {"files": sorted(["model.onnx", "labels.txt", "preprocess.json",
+                                                       "postprocess.json", "infer.py", *extra]),
+                                      "triton_models": triton, "run": str(run_dir),
+                                      "per_class_drops": hooks.per_class_drops(run_dir, row.rung, row.device),
+                                      "power_setting": hooks.power_setting(run_dir, row.rung, row.device)})
+    (folder / "card.json").write_text(json.dumps(card, indent=1, default=str) + "\n")
+    (folder / "card.md").write_text(card_markdown(card))
+
+
+def _in_graph(run_dir: Path, rung: str, folder: Path) -> dict[str, Any]:
+    """``model.frame.onnx``: the rung with the preprocessing written into its graph, as the run measured it."""
+    results = json.loads((run_dir / "deploy" / "results.json").read_text())
+    frame = results.get("frame") or {}
+    graph = (frame.get("in_graph") or {}).get(rung)
+    if not graph:
+        raise ConfigError(f"the run did not measure {rung} with its preprocessing in the graph",
+                          fix="deploy with deploy.frame (in_graph: true) first, or ship without --in-graph")
+    shutil.copyfile(run_dir / graph, folder / "model.frame.onnx")
+    return {"file": "model.frame.onnx", "frame": frame.get("recipe") or frame.get("spec"),
+            "input": io_facts(folder / "model.frame.onnx")["inputs"][0]}
+
+
+def trtexec_line(recorded: str | None, io: dict[str, Any], row: ShipRow, info: dict[str, Any]) -> str:
+    """The trtexec line that rebuilds the engine from the shipped ONNX: the device's own, its paths made the
+    folder's; or, for a rung no TensorRT built, the line the agent would run for this batch and precision."""
+    if recorded:
+        line = re.sub(r"--onnx=\S+", "--onnx=model.onnx", recorded)
+        line = re.sub(r"--saveEngine=\S+", "--saveEngine=engine/engine.plan", line)
+        return re.sub(r"\s--timingCacheFile=\S+", "", line)
+    from device.trt_settings import BuildOptions, trtexec_command
+
+    options = BuildOptions(precision=row.precision).for_batch(row.batch)
+    chw = tuple(int(d) for d in io["inputs"][0]["dims"])
+    return " ".join(trtexec_command("model.onnx", "engine/engine.plan", io["inputs"][0]["name"], chw, options,
+                                    info.get("tensorrt") or DEFAULT_TENSORRT, board=info.get("board")))
+
+
+def _engine(row: ShipRow, record: dict[str, Any], folder: Path, io: dict[str, Any], token: str | None,
+            fetch_engine: bool, log) -> dict[str, Any]:
+    """The engine the device built for the shipped batch, with its build, fetched from the agent; or why not."""
+    info = record["info"]
+    key = row.engines.get(row.batch)
+    if record["url"] == "loopback" or row.runtime not in ("tensorrt", "torch_tensorrt") or key is None:
+        ran = f"{row.runtime or 'an unknown runtime'} on {row.device}"
+        return {"file": None, "why": f"the rung was measured with {ran}, which builds no engine",
+                "trtexec": trtexec_line(None, io, row, info)}
+    if not fetch_engine:
+        return {"file": None, "why": "shipped without it (--no-engine)", "trtexec": trtexec_line(None, io, row, info)}
+    from device.client import AgentClient, AgentError
+
+    try:
+        with AgentClient(record["url"], token, timeout_s=60) as client:
+            try:
+                facts = client.engine(key)
+            except AgentError as err:
+                if err.status != 404:
+                    raise
+                log(f"the agent at {record['url']} no longer holds the engine: the card says how to rebuild it")
+                return {"file": None, "why": f"the agent no longer holds it ({err.message})",
+                        "trtexec": trtexec_line(None, io, row, info)}
+            (folder / "engine").mkdir()
+            client.engine_file(key, folder / "engine" / facts["file"])
+    except (AgentError, EdgeFoldError) as err:
+        raise ConfigError(f"the device {row.device} ({record['url']}) does not answer for its engine: "
+                          f"{getattr(err, 'message', err)}",
+                          fix="bring its agent back, or ship without the engine: --no-engine (the card gives the "
+                              "trtexec line that rebuilds it)") from None
+    (folder / "engine" / "build.json").write_text(json.dumps(facts["build"], indent=1) + "\n")
+    fingerprint = facts["fingerprint"]
+    return {"file": facts["file"], "sha256": facts["sha256"], "key": key, "fingerprint": fingerprint,
+            "fingerprint_text": ", ".join(f"{k} {v}" for k, v in fingerprint.items() if v is not None),
+            "tensorrt": (facts["build"] or {}).get("tensorrt"),
+            "trtexec": trtexec_line((facts["build"] or {}).get("trtexec"), io, row, info)}
+
+
+def _deepstream(hooks: ShipTask, run_dir: Path, row: ShipRow, folder: Path, preprocess: dict[str, Any],
+                labels: list[str], engine: dict[str, Any]) -> dict[str, Any]:
+    """``deepstream/``: the config, the graph nvinfer runs and its label file; the accuracy under nvinfer's feed."""
+    target = folder / "deepstream"
+    target.mkdir()
+    scale, offsets, per_channel = normalization(preprocess)
+    edits = deepstream_model(folder / "model.onnx", target / "model.onnx", per_channel, hooks.softmax())
+    classifier = hooks.network_type == 1
+    # nvinfer's classifier label file is one line of labels separated by semicolons; a detector's, one per line.
+    (target / "labels.txt").write_text((";".join(labels) if classifier else "\n".join(labels)) + "\n")
+    scaling = preprocess.get("interpolation") if preprocess.get("interpolation") in SCALING_FILTER else "bilinear"
+    keys = {"gpu-id": 0, "onnx-file": "model.onnx"}
+    if engine.get("file") == "engine.plan":
+        # nvinfer loads the plan when its batch and fingerprint fit, else builds one from onnx-file.
+        keys["model-engine-file"] = "../engine/engine.plan"
+    keys.update({"labelfile-path": "labels.txt", "batch-size": row.batch,
+                 "network-mode": NETWORK_MODE[row.precision], "network-type": hooks.network_type,
+                 "process-mode": 1, "gie-unique-id": 1,
+                 "infer-dims": [preprocess["channels"], preprocess["input_size"], preprocess["input_size"]],
+                 "model-color-format": COLOR_FORMAT[preprocess["channels"]],
+                 "net-scale-factor": f"{scale:.10g}", "offsets": [f"{o:.6g}" for o in offsets],
+                 "scaling-filter": SCALING_FILTER[scaling], "maintain-aspect-ratio": 0,
+                 **hooks.nvinfer(run_dir, row.rung)})
+    (target / "config_infer.txt").write_text(config_text(keys))
+    scored = hooks.nvinfer_accuracy(run_dir, target / "model.onnx", scaling)
+    text = ("not measured" if scored["value"] is None else f"is {100 * scored['value']:.2f}")
+    return {"config": "deepstream/config_infer.txt", "accuracy": scored["value"], "accuracy_text": text,
+            "images": scored["images"], "scaling": scaling, "graph_changes": edits["changes"],
+            "notes": [n for n in (scored.get("note"),) if n]}

@@ -1,0 +1,92 @@
+"""The shipped rung's card: what it was chosen on, each figure with the device, power mode, batch and date it was
+measured under, the teacher's beside it (``card.json``, and ``card.md`` for people)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.ship.task import ShipRow
+
+# Figures of a row the card shows, in order: (key, label, unit, format).
+FIGURES = (("latency_p50_ms", "latency p50", "ms", ".3f"), ("latency_p99_ms", "latency p99", "ms", ".3f"),
+           ("throughput_images_per_s", "throughput", "images/s", ".0f"),
+           ("energy_mj_per_image", "energy per image", "mJ", ".2f"), ("power_mean_w", "mean power", "W", ".2f"),
+           ("peak_memory_mb", "peak memory", "MB", ".0f"), ("frame_sequential_fps", "frame to answer", "frames/s",
+                                                            ".1f"),
+           ("sustained_ratio", "sustained (settled / burst p50)", "×", ".2f"))
+
+
+def conditions(info: dict[str, Any], row: ShipRow, date: str | None) -> dict[str, Any]:
+    """Where and how the figures were measured."""
+    mode = info.get("nvpmodel")
+    mode_name = mode.get("name") if isinstance(mode, dict) else mode
+    gpu = info.get("gpu") if info.get("gpu") not in (None, "unknown") else None
+    return {"device": row.device, "board": info.get("board") or f"{info.get('hostname')} ({info.get('machine')})",
+            "l4t": info.get("l4t"), "jetpack": info.get("jetpack"), "tensorrt": info.get("tensorrt"),
+            "gpu": gpu, "compute_capability": info.get("compute_capability"),
+            "power_mode": mode_name, "jetson_clocks": info.get("jetson_clocks"), "runtime": row.runtime,
+            "precision": row.precision, "batch": row.batch, "date": date}
+
+
+def card_document(row: ShipRow, teacher: ShipRow | None, why: str, metric: str, info: dict[str, Any],
+                  date: str | None, engine: dict[str, Any], deepstream: dict[str, Any], extra: dict[str, Any]) -> dict:
+    """``card.json``."""
+    def figures(of: ShipRow | None) -> dict[str, Any] | None:
+        if of is None:
+            return None
+        shown = {"accuracy": of.accuracy, "accuracy_low": of.accuracy_low, "accuracy_high": of.accuracy_high,
+                 "accuracy_source": of.accuracy_source, "latency_p50_ms": of.latency_p50_ms}
+        shown.update({key: of.figures.get(key) for key, *_ in FIGURES if key != "latency_p50_ms"})
+        return shown
+
+    return {"schema": "edgefold.card/1", "rung": row.rung, "chosen": why, "metric": metric,
+            "figures": figures(row), "teacher": figures(teacher), "measured_under": conditions(info, row, date),
+            "engine": engine, "deepstream": deepstream, **extra}
+
+
+def _value(value: Any, fmt: str, unit: str) -> str:
+    return "not measured" if value is None else f"{format(value, fmt)} {unit}".strip()
+
+
+def card_markdown(card: dict[str, Any]) -> str:
+    """``card.md``: the same facts for a person."""
+    row, teacher, under = card["figures"], card["teacher"] or {}, card["measured_under"]
+    metric = card["metric"]
+
+    def accuracy(of: dict[str, Any]) -> str:
+        if not of or of.get("accuracy") is None:
+            return "not measured"
+        interval = (f" [{100 * of['accuracy_low']:.2f}, {100 * of['accuracy_high']:.2f}]"
+                    if of.get("accuracy_low") is not None and of.get("accuracy_high") is not None else "")
+        return f"{100 * of['accuracy']:.2f}{interval} ({of.get('accuracy_source')})"
+
+    lines = [f"# {card['rung']} on {under['device']}", "", f"Chosen: {card['chosen']}.", "",
+             f"| figure | {card['rung']} | teacher |", "|---|---|---|",
+             f"| {metric} | {accuracy(row)} | {accuracy(teacher)} |"]
+    for key, label, unit, fmt in FIGURES:
+        if row.get(key) is None and teacher.get(key) is None:
+            continue
+        lines.append(f"| {label} | {_value(row.get(key), fmt, unit)} | {_value(teacher.get(key), fmt, unit)} |")
+    drops = card.get("per_class_drops") or []
+    if drops:
+        lines += ["", f"Classes whose {metric} fell most against the teacher: "
+                  + ", ".join(f"{d['class']} ({d['drop_points']:+.1f} points)" for d in drops) + "."]
+    measured = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in under.items() if v is not None and k != "device")
+    lines += ["", f"Measured on {under['device']}: {measured}.", ""]
+    if card.get("power_setting") and card["power_setting"].get("text"):
+        lines += [f"Power setting (deploy.latency_budget_ms over the sweep): {card['power_setting']['text']}", ""]
+    engine = card["engine"]
+    if engine.get("file"):
+        lines += [f"The engine (`engine/{engine['file']}`) runs only on the device fingerprint in `engine/build.json` "
+                  f"({engine.get('fingerprint_text')}) and loads only in a Triton built on the same TensorRT "
+                  f"({engine.get('tensorrt')}). To rebuild it on another device:", "",
+                  f"    {engine.get('trtexec')}", ""]
+    else:
+        lines += [f"No engine is shipped: {engine.get('why')}. Build it on the device:", "",
+                  f"    {engine.get('trtexec')}", ""]
+    ds = card["deepstream"]
+    lines += [f"DeepStream's `nvinfer` stretches the whole frame to the network's size (no shorter-side resize, no "
+              f"centre crop): {metric} under that preprocessing {ds['accuracy_text']}, against "
+              f"{accuracy(row)} as EdgeFold fed it ({ds['images']} test images, host ONNX Runtime). "
+              + " ".join(ds.get("notes", [])), ""]
+    return "\n".join(lines)

@@ -1,0 +1,236 @@
+"""Runs the shipped rung on images or a camera and prints the answer (written by ``edgefold ship``; standalone).
+
+    python infer.py photo.jpg more/*.png         # each image's answer
+    python infer.py images/ --json answers.json  # a folder, answers kept as JSON
+    python infer.py --camera 0                   # frames from a camera until Ctrl-C
+
+Needs OpenCV and NumPy, and TensorRT where it is installed (the engine in ``engine/`` runs only on the device it was
+built on), else ONNX Runtime on ``model.onnx`` (``--onnx`` forces it). It reads ``preprocess.json`` (how the images
+were fed when the rung was measured), ``postprocess.json`` and ``labels.txt`` beside it; a detector's decode and NMS
+are ``detection_post.py`` beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import json
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+INTERPOLATION = {"bilinear": cv2.INTER_LINEAR, "area": cv2.INTER_AREA, "nearest": cv2.INTER_NEAREST,
+                 "bicubic": cv2.INTER_CUBIC}
+
+
+def read_rgb(path: Path) -> np.ndarray:
+    image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    if image is None:
+        raise SystemExit(f"error: cannot decode {path}")
+    if image.dtype == np.uint16:
+        image = (image // 257).astype(np.uint8)
+    if image.ndim == 3:
+        image = cv2.cvtColor(image, cv2.COLOR_BGRA2RGB if image.shape[2] == 4 else cv2.COLOR_BGR2RGB)
+    return image
+
+
+def geometry(image: np.ndarray, pre: dict) -> tuple[np.ndarray, float]:
+    """The network-sized uint8 image (H×W×C) and the factor from the image's pixels to the network's."""
+    size = pre["input_size"]
+    if image.ndim == 3 and image.shape[2] == 1:
+        image = image[:, :, 0]
+    height, width = image.shape[:2]
+    if pre["kind"] == "letterbox":  # scaled to fit, at the top-left corner on black (boxes map by one factor)
+        factor = size / max(height, width)
+        new = (max(1, int(round(width * factor))), max(1, int(round(height * factor))))
+        resized = cv2.resize(image, new, interpolation=cv2.INTER_AREA if factor < 1 else cv2.INTER_LINEAR)
+        if resized.ndim == 2:
+            resized = np.repeat(resized[:, :, None], 3, axis=2)
+        square = np.zeros((size, size, 3), np.uint8)
+        square[:new[1], :new[0]] = resized
+        return square, factor
+    scale = pre["resize"] / min(height, width)  # the shorter side to `resize`, then the centre crop
+    new_h, new_w = max(pre["resize"], round(height * scale)), max(pre["resize"], round(width * scale))
+    if (new_h, new_w) != (height, width):
+        image = cv2.resize(image, (new_w, new_h), interpolation=INTERPOLATION[pre["interpolation"]])
+    top, left = (new_h - size) // 2, (new_w - size) // 2
+    image = image[top:top + size, left:left + size]
+    image = image[:, :, None] if image.ndim == 2 else image
+    if pre["channels"] == 3 and image.shape[2] == 1:
+        image = np.repeat(image, 3, axis=2)
+    elif pre["channels"] == 1 and image.shape[2] == 3:
+        image = cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2GRAY)[:, :, None]
+    return np.ascontiguousarray(image), scale
+
+
+def normalize(images: np.ndarray, pre: dict) -> np.ndarray:
+    """uint8 N×H×W×C → float32 N×C×H×W: scaled to [0, 1], minus the mean, over the standard deviation."""
+    mean = np.asarray(pre["mean"], np.float32).reshape(1, -1, 1, 1)
+    std = np.asarray(pre["std"], np.float32).reshape(1, -1, 1, 1)
+    data = images.astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+    return np.ascontiguousarray((data - mean) / std)
+
+
+class OnnxRuntime:
+    def __init__(self, path: Path):
+        import onnxruntime
+
+        available = onnxruntime.get_available_providers()
+        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+        self.session = onnxruntime.InferenceSession(str(path), providers=providers)
+        self.input = self.session.get_inputs()[0].name
+        self.name = f"ONNX Runtime {onnxruntime.__version__} ({self.session.get_providers()[0]})"
+
+    def __call__(self, batch: np.ndarray) -> list[np.ndarray]:
+        return self.session.run(None, {self.input: batch})
+
+
+class Cuda:
+    """The CUDA runtime calls a TensorRT engine needs (libcudart through ctypes)."""
+
+    def __init__(self):
+        name = ctypes.util.find_library("cudart") or "/usr/local/cuda/lib64/libcudart.so"
+        self.lib = ctypes.CDLL(name)
+
+    def _check(self, status: int, call: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{call} failed with CUDA error {status}")
+
+    def malloc(self, nbytes: int) -> int:
+        pointer = ctypes.c_void_p()
+        self._check(self.lib.cudaMalloc(ctypes.byref(pointer), ctypes.c_size_t(nbytes)), "cudaMalloc")
+        return int(pointer.value)
+
+    def stream(self) -> int:
+        handle = ctypes.c_void_p()
+        self._check(self.lib.cudaStreamCreate(ctypes.byref(handle)), "cudaStreamCreate")
+        return int(handle.value or 0)
+
+    def copy(self, dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
+        self._check(self.lib.cudaMemcpyAsync(ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_size_t(nbytes),
+                                             kind, ctypes.c_void_p(stream)), "cudaMemcpyAsync")
+
+    def synchronize(self, stream: int) -> None:
+        self._check(self.lib.cudaStreamSynchronize(ctypes.c_void_p(stream)), "cudaStreamSynchronize")
+
+
+class TensorRT:
+    """The shipped engine (TensorRT 10/11): one fixed batch, tensors bound by name, ``execute_async_v3``."""
+
+    def __init__(self, path: Path, cuda=None):
+        import tensorrt as trt
+
+        self.trt, self.cuda = trt, cuda or Cuda()
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
+        if self.engine is None:
+            raise RuntimeError(f"TensorRT could not deserialize {path}: it runs only on the device and TensorRT "
+                               "it was built with (engine/build.json); rebuild it there with its trtexec line")
+        self.context = self.engine.create_execution_context()
+        self.stream = self.cuda.stream()
+        self.names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.input = next(n for n in self.names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT)
+        self.outputs = [n for n in self.names if n != self.input]
+        self.batch = self.engine.get_tensor_shape(self.input)[0]
+        if self.batch < 0:  # a dynamic axis: the engine's one profile fixes it (EdgeFold builds min = opt = max)
+            self.batch = self.engine.get_tensor_profile_shape(self.input, 0)[2][0]
+        self.name = f"TensorRT {trt.__version__} ({path.name})"
+
+    def __call__(self, batch: np.ndarray) -> list[np.ndarray]:
+        trt, engine, context = self.trt, self.engine, self.context
+        if self.batch > 0 and batch.shape[0] != self.batch:  # the engine's batch is fixed: pad, then drop
+            padded = np.zeros((self.batch, *batch.shape[1:]), batch.dtype)
+            padded[:len(batch)] = batch
+            return [out[:len(batch)] for out in self(padded)]
+        context.set_input_shape(self.input, batch.shape)
+        hosts = {self.input: np.ascontiguousarray(batch, trt.nptype(engine.get_tensor_dtype(self.input)))}
+        for name in self.outputs:
+            hosts[name] = np.empty(tuple(context.get_tensor_shape(name)), trt.nptype(engine.get_tensor_dtype(name)))
+        devices = {name: self.cuda.malloc(max(host.nbytes, 1)) for name, host in hosts.items()}
+        for name, pointer in devices.items():
+            context.set_tensor_address(name, pointer)
+        self.cuda.copy(devices[self.input], hosts[self.input].ctypes.data, hosts[self.input].nbytes, 1, self.stream)
+        context.execute_async_v3(self.stream)
+        for name in self.outputs:
+            self.cuda.copy(hosts[name].ctypes.data, devices[name], hosts[name].nbytes, 2, self.stream)
+        self.cuda.synchronize(self.stream)
+        return [hosts[name].astype(np.float32) for name in self.outputs]
+
+
+def load_runtime(force_onnx: bool):
+    engine = HERE / "engine" / "engine.plan"
+    if not force_onnx and engine.is_file():
+        try:
+            return TensorRT(engine)
+        except ImportError:
+            print("TensorRT is not installed here: ONNX Runtime runs model.onnx instead", file=sys.stderr)
+    return OnnxRuntime(HERE / "model.onnx")
+
+
+def answer(outputs: list[np.ndarray], factor: float, post: dict, labels: list[str]) -> dict:
+    """One image's answer: the top classes with their probabilities, or the boxes in the image's pixels."""
+    if post["kind"] == "classification":
+        logits = outputs[0].reshape(-1).astype(np.float64)
+        probabilities = np.exp(logits - logits.max())
+        probabilities /= probabilities.sum()
+        top = np.argsort(-probabilities, kind="stable")[:post["top_k"]]
+        return {"top": [[int(k), labels[k], float(probabilities[k])] for k in top]}
+    sys.path.insert(0, str(HERE))
+    from detection_post import head_spec_from_dict, postprocess
+
+    spec = head_spec_from_dict(post["head"], "postprocess.json")
+    detections = postprocess(spec, outputs[0])[0]
+    return {"boxes": (np.asarray(detections["boxes"], np.float64) / factor).tolist(),
+            "scores": [float(s) for s in detections["scores"]],
+            "labels": [labels[int(k)] for k in detections["labels"]], "classes": [int(k) for k in detections["labels"]]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("images", nargs="*", help="image files or folders")
+    parser.add_argument("--camera", type=int, help="read frames from this camera (OpenCV's index)")
+    parser.add_argument("--json", help="write every answer to this JSON file")
+    parser.add_argument("--onnx", action="store_true", help="run model.onnx with ONNX Runtime even where TensorRT is")
+    args = parser.parse_args(argv)
+    pre = json.loads((HERE / "preprocess.json").read_text())
+    post = json.loads((HERE / "postprocess.json").read_text())
+    labels = (HERE / "labels.txt").read_text().splitlines()
+    runtime = load_runtime(args.onnx)
+    print(f"running {runtime.name}", file=sys.stderr)
+    answers = {}
+
+    def one(name: str, image: np.ndarray) -> None:
+        fed, factor = geometry(image, pre)
+        answers[name] = answer(runtime(normalize(fed[None], pre)), factor, post, labels)
+        shown = answers[name].get("top") or list(zip(answers[name]["labels"], answers[name]["scores"]))
+        print(f"{name}: {shown[:3]}")
+
+    if args.camera is not None:
+        capture = cv2.VideoCapture(args.camera)
+        frame_index = 0
+        try:
+            while True:
+                ok, frame = capture.read()
+                if not ok:
+                    break
+                one(f"frame {frame_index}", cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+                frame_index += 1
+        except KeyboardInterrupt:
+            pass
+    files = []
+    for item in map(Path, args.images):
+        files += sorted(p for p in item.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if item.is_dir() else [item]
+    for path in files:
+        one(str(path), read_rgb(path))
+    if args.json:
+        Path(args.json).write_text(json.dumps(answers, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

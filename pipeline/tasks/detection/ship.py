@@ -1,0 +1,170 @@
+"""Detection's part of ``edgefold ship`` (:class:`pipeline.ship.task.ShipTask`): COCO mAP from the report's rows, the
+class names, the sidecar and decoder (``detection_post.py``, numpy alone) the application decodes with.
+
+DeepStream: ``network-type=100`` with ``output-tensor-meta=1`` — nvinfer runs the engine and attaches the raw head
+tensor to each frame's metadata, and the application decodes it with the shipped decoder. A bounding-box parser
+would have to be a C++ library built against the DeepStream SDK's headers for each release, and EdgeFold's heads
+(anchors, box coders, centerness) would be written twice, once in C++; one decoder, the one the device measured and
+scored with, is what ships.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from device.errors import ManifestError
+from pipeline.ship.task import ShipRow
+
+CARD_FIGURES = ("latency_p99_ms", "throughput_images_per_s", "energy_mj_per_image", "power_mean_w", "peak_memory_mb")
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+class DetectionShip:
+    """Detection's :class:`pipeline.ship.task.ShipTask`."""
+
+    metric = "mAP"
+    network_type = 100  # "other": nvinfer attaches the raw tensors (output-tensor-meta) and the application decodes
+
+    def rows(self, run_dir: Path) -> list[ShipRow]:
+        path = run_dir / "report" / "results.json"
+        if not path.is_file():
+            raise ManifestError(f"{run_dir} has no report yet: ship reads the figures the report recorded",
+                                fix=f"finish the run first (make edge, or edgefold report {run_dir})")
+        deployed = {d["name"]: d for d in _json(run_dir / "deploy" / "results.json").get("devices", [])}
+        rows = []
+        for row in _json(path)["rows"]:
+            on_device = row.get("map") is not None
+            prefix = "" if on_device else "host_"
+            record = deployed.get(row["device"], {}).get("rungs", {}).get(row["rung"], {})
+            figures = {key: row.get(key) for key in CARD_FIGURES}
+            figures["measured_batches"] = [int(b) for b in (record.get("latency_p50_ms") or {})]
+            rows.append(ShipRow(rung=row["rung"], device=row["device"], accuracy=row.get(f"{prefix}map"),
+                                accuracy_source="device" if on_device else "host",
+                                accuracy_low=row.get(f"{prefix}map_low"), accuracy_high=row.get(f"{prefix}map_high"),
+                                latency_p50_ms=row.get("latency_p50_ms"), batch=int(row.get("latency_batch") or 1),
+                                precision=row.get("precision") or "fp32", runtime=row.get("runtime"), figures=figures,
+                                engines={int(b): key for b, key in (record.get("engines") or {}).items()},
+                                measured=row.get("status") == "measured"))
+        return rows
+
+    @staticmethod
+    def _output(run_dir: Path, rung: str, suffix: str = "") -> Path:
+        from pipeline.core.manifest import Manifest
+
+        manifest = Manifest.load(run_dir)
+        stage = "export" if f"{rung}{suffix}" in manifest.stage("export")["outputs"] else "quantize"
+        return manifest.output(stage, f"{rung}{suffix}")
+
+    def model(self, run_dir: Path, rung: str) -> Path:
+        return self._output(run_dir, rung)
+
+    def _head(self, run_dir: Path, rung: str) -> dict[str, Any]:
+        return _json(self._output(run_dir, rung, "_head"))
+
+    def preprocess(self, run_dir: Path) -> dict[str, Any]:
+        head = self._head(run_dir, "student")
+        size = int(head["image_size"][0])
+        return {"kind": "letterbox", "input_size": size, "resize": size, "channels": 3, "mean": [0.0, 0.0, 0.0],
+                "std": [1.0, 1.0, 1.0], "interpolation": "bilinear",
+                "note": "scaled to fit the square (aspect kept; area when shrinking), at its top-left corner on black, "
+                        f"RGB in [0, 1]: {head.get('input_note')}"}
+
+    def labels(self, run_dir: Path) -> list[str]:
+        from pipeline.core.manifest import Manifest
+
+        return list(_json(Manifest.load(run_dir).output("data", "dataset"))["classes"])
+
+    def postprocess(self, run_dir: Path, rung: str) -> dict[str, Any]:
+        return {"kind": "detection", "decoder": "detection_post.py (decode, per-class NMS)",
+                "head": self._head(run_dir, rung)}
+
+    def extra_files(self, run_dir: Path, rung: str, folder: Path) -> list[str]:
+        import device.detection_post
+
+        shutil.copyfile(device.detection_post.__file__, folder / "detection_post.py")
+        return ["detection_post.py"]
+
+    def nvinfer(self, run_dir: Path, rung: str) -> dict[str, Any]:
+        return {"output-tensor-meta": 1}
+
+    def softmax(self) -> bool:
+        return False
+
+    def power_setting(self, run_dir: Path, rung: str, device: str) -> dict[str, Any] | None:
+        return None  # a detection run is not swept over power modes (its recipe refuses deploy.sweep)
+
+    def per_class_drops(self, run_dir: Path, rung: str, device: str) -> list[dict[str, Any]]:
+        deployed = {d["name"]: d for d in _json(run_dir / "deploy" / "results.json").get("devices", [])}
+        rungs = deployed.get(device, {}).get("rungs", {})
+        mine = ((rungs.get(rung) or {}).get("scores") or {}).get("per_class_ap")
+        teacher = ((rungs.get("teacher") or {}).get("scores") or {}).get("per_class_ap")
+        if not mine or not teacher:
+            return []
+        drops = [{"class": name, "drop_points": round(100 * (t - m), 2)}
+                 for name, m, t in zip(self.labels(run_dir), mine, teacher) if m is not None and t is not None and t > m]
+        return sorted(drops, key=lambda d: -d["drop_points"])[:3]
+
+    # -- the test split ------------------------------------------------------------------------------------------
+    def _test(self, run_dir: Path):
+        from pipeline.core.manifest import Manifest
+        from pipeline.tasks.detection.files import load_split
+
+        return load_split(Manifest.load(run_dir).output("data", "canvases"), "test")
+
+    def _map(self, run_dir: Path, detections) -> float:
+        from pipeline.tasks.detection.metrics import accumulate, match, summary
+
+        truth = self._test(run_dir).boxes
+        return float(summary(accumulate(match(truth, detections, len(self.labels(run_dir)))))["map"])
+
+    def nvinfer_accuracy(self, run_dir: Path, deepstream_model: Path, scaling: str) -> dict[str, Any]:
+        import cv2
+        import onnxruntime as ort
+
+        from device.detection_post import head_spec_from_dict, postprocess
+        from pipeline.tasks.detection.metrics import Boxes
+
+        test = self._test(run_dir)
+        size = self.preprocess(run_dir)["input_size"]
+        spec = head_spec_from_dict(self._head(run_dir, "student"))
+        session = ort.InferenceSession(str(deepstream_model), providers=["CPUExecutionProvider"])
+        name, found = session.get_inputs()[0].name, []
+        flag = cv2.INTER_NEAREST if scaling == "nearest" else cv2.INTER_LINEAR
+        for image in test.images:
+            stretched = cv2.resize(image, (size, size), interpolation=flag)
+            stretched = np.repeat(stretched[:, :, None], 3, axis=2) if stretched.ndim == 2 else stretched
+            fed = (stretched.astype(np.float32).transpose(2, 0, 1)[None] / 255.0)
+            height, width = image.shape[:2]
+            detections = postprocess(spec, session.run(None, {name: np.ascontiguousarray(fed)})[0],
+                                     [(height, width)])[0]
+            found.append(Boxes(detections["boxes"].astype(np.float64), detections["labels"],
+                               detections["scores"].astype(np.float64)))
+        return {"value": self._map(run_dir, found), "images": len(test.images),
+                "note": "nvinfer's feed emulated on this host (the whole image stretched to the network's size); "
+                        "the boxes decoded by the shipped detection_post.py"}
+
+    def write_test_images(self, run_dir: Path, folder: Path) -> list[Path]:
+        import cv2
+
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for index, image in enumerate(self._test(run_dir).images):
+            paths.append(folder / f"{index:06d}.png")
+            cv2.imwrite(str(paths[-1]), image if image.ndim == 2 else cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+        return paths
+
+    def score_answers(self, run_dir: Path, answers: dict[str, Any]) -> float:
+        from pipeline.tasks.detection.metrics import Boxes
+
+        found = [Boxes(np.asarray(answers[name]["boxes"], np.float64).reshape(-1, 4),
+                       np.asarray(answers[name]["classes"], np.int64), np.asarray(answers[name]["scores"], np.float64))
+                 for name in sorted(answers)]
+        return self._map(run_dir, found)

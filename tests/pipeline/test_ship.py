@@ -1,0 +1,278 @@
+"""``edgefold ship``: the folder an application runs, checked the way an application would use it — ``infer.py`` run
+on the test split's images, Triton's own schema parsing ``config.pbtxt``, the ``nvinfer`` keys NVIDIA documents, the
+engine fetched from a real agent that built it (the TensorRT STAND-IN, tests/device/trt_standin.py: no TensorRT or
+GPU here). The detection half is in tests/pipeline/test_detection_stages.py, on its run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device.errors import ConfigError
+from pipeline.tasks.classification.ship import ClassificationShip
+from tests.slow import slow_fixture
+
+pytest.importorskip("torch")
+TASK_SHIP = ClassificationShip()
+
+
+@pytest.fixture(scope="module")
+def shipped(tiny_run, tmp_path_factory):
+    """The tiny run's best rung shipped from its loopback measurements."""
+    from pipeline.ship.bundle import ship
+
+    folder = tmp_path_factory.mktemp("shipped") / "bundle"
+    lines = []
+    ship(tiny_run.run_dir, TASK_SHIP, to=folder, log=lines.append)
+    return tiny_run.run_dir, folder, lines
+
+
+def test_the_folder_holds_what_an_application_needs(shipped):
+    run_dir, folder, lines = shipped
+    for name in ("model.onnx", "labels.txt", "preprocess.json", "postprocess.json", "infer.py", "card.md",
+                 "card.json", "deepstream/config_infer.txt", "deepstream/model.onnx", "deepstream/labels.txt"):
+        assert (folder / name).is_file(), name
+    card = json.loads((folder / "card.json").read_text())
+    assert card["rung"] != "teacher" and "within 1 top-1 points of the teacher" in card["chosen"]
+    assert lines[0].startswith(f"shipping {card['rung']}: the fastest rung on loopback")
+    preprocess = json.loads((folder / "preprocess.json").read_text())
+    assert preprocess["kind"] == "resize_crop" and preprocess["input_name"] == "input" and preprocess["layout"] == "NCHW"
+    assert (folder / "labels.txt").read_text().split() == [str(k) for k in range(10)]
+    # Measured with ONNX Runtime on loopback: no engine, and the card says how to build one.
+    assert not (folder / "engine").exists() and card["engine"]["trtexec"].startswith("trtexec --onnx=model.onnx")
+    assert "No engine is shipped" in (folder / "card.md").read_text()
+    assert not list(folder.parent.glob(".*partial*")), "nothing half-written is left"
+
+
+def test_infer_py_gives_the_rungs_top1_on_the_test_split(shipped, tmp_path):
+    from pipeline.tasks.classification.ship import ClassificationShip
+
+    run_dir, folder, _ = shipped
+    hooks = ClassificationShip()
+    images = hooks.write_test_images(run_dir, tmp_path / "images")
+    result = subprocess.run([sys.executable, str(folder / "infer.py"), str(tmp_path / "images"), "--json",
+                             str(tmp_path / "answers.json")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    answers = json.loads((tmp_path / "answers.json").read_text())
+    assert len(answers) == len(images)
+    card = json.loads((folder / "card.json").read_text())
+    assert hooks.score_answers(run_dir, answers) == pytest.approx(card["figures"]["accuracy"], abs=1e-9)
+
+
+def test_config_pbtxt_parses_with_tritons_own_schema(shipped):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    _, folder, _ = shipped
+    (model,) = [p for p in (folder / "triton").iterdir()]
+    config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert config.name == model.name and config.platform == "onnxruntime_onnx" and config.max_batch_size >= 8
+    assert config.input[0].name == "input" and list(config.input[0].dims) == [3, 16, 16]
+    assert config.input[0].data_type == model_config_pb2.TYPE_FP32 and list(config.output[0].dims) == [10]
+    assert (model / "1" / "model.onnx").read_bytes() == (folder / "model.onnx").read_bytes()
+
+
+def test_config_infer_holds_only_keys_nvidia_documents_each_with_a_value_it_takes(shipped):
+    """The keys and values of Gst-nvinfer's "File Configuration Specifications" (DeepStream 9.2,
+    https://docs.nvidia.com/metropolis/deepstream/dev-guide/text/DS_plugin_gst-nvinfer.html): pipeline/ship/
+    deepstream.py:NVINFER_KEYS."""
+    from pipeline.ship.deepstream import NVINFER_KEYS, parse_config
+
+    _, folder, _ = shipped
+    groups = parse_config((folder / "deepstream" / "config_infer.txt").read_text())
+    assert list(groups) == ["property"]
+    keys = groups["property"]
+    for key, value in keys.items():
+        assert key in NVINFER_KEYS and NVINFER_KEYS[key](value), (key, value)
+    assert keys["network-type"] == "1" and keys["network-mode"] in ("0", "1", "2") and keys["infer-dims"] == "3;16;16"
+    assert len(keys["offsets"].split(";")) == 3 and keys["onnx-file"] == "model.onnx"
+    # nvinfer's classifier label file: the labels on one line, separated by semicolons.
+    assert (folder / "deepstream" / "labels.txt").read_text().strip() == ";".join(str(k) for k in range(10))
+    card = json.loads((folder / "card.json").read_text())
+    assert card["deepstream"]["accuracy"] is not None and card["deepstream"]["images"] > 100
+
+
+def test_a_value_nvinfer_does_not_take_is_refused_when_written():
+    from pipeline.ship.deepstream import config_text
+
+    assert config_text({"network-mode": 2, "infer-dims": [3, 224, 224]}).startswith("[property]\nnetwork-mode=2")
+    for keys in ({"network-mode": 7}, {"infer-dims": [224, 224]}, {"is-detector": 1}, {"offsets": "a;b"}):
+        with pytest.raises(ValueError, match="not one the Gst-nvinfer page documents"):
+            config_text(keys)
+
+
+def test_the_deepstream_graph_takes_what_nvinfer_feeds_and_answers_probabilities(tmp_path):
+    """A standard deviation per channel: nvinfer's one scale, the graph's per-channel Mul, and a Softmax after the
+    logits give the probabilities of the original graph fed EdgeFold's way."""
+    import onnxruntime as ort
+
+    from pipeline.ship.deepstream import deepstream_model, normalization
+    from tests.device.agent_process import tiny_onnx
+
+    source = tiny_onnx(tmp_path / "m.onnx")
+    preprocess = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    scale, offsets, per_channel = normalization(preprocess)
+    assert per_channel is not None and scale == pytest.approx(1 / 255)
+    changes = deepstream_model(source, tmp_path / "ds.onnx", per_channel, softmax=True)["changes"]
+    assert len(changes) == 2
+    pixels = np.random.default_rng(0).integers(0, 256, (4, 3, 16, 16)).astype(np.float32)
+    mean = np.asarray(preprocess["mean"], np.float32).reshape(1, 3, 1, 1)
+    std = np.asarray(preprocess["std"], np.float32).reshape(1, 3, 1, 1)
+    logits = ort.InferenceSession(str(source)).run(None, {"input": (pixels / 255 - mean) / std})[0]
+    expected = np.exp(logits - logits.max(1, keepdims=True))
+    expected /= expected.sum(1, keepdims=True)
+    fed = scale * (pixels - np.asarray(offsets, np.float32).reshape(1, 3, 1, 1))
+    got = ort.InferenceSession(str(tmp_path / "ds.onnx")).run(None, {"input": fed.astype(np.float32)})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+    # One standard deviation for all channels: the scale takes it, the graph is not touched before the network.
+    scale, _, per_channel = normalization({"mean": [0.5] * 3, "std": [0.25] * 3})
+    assert per_channel is None and scale == pytest.approx(1 / (255 * 0.25))
+
+
+def test_bad_input_is_refused_with_the_fix_and_nothing_half_written(tiny_run, tmp_path, monkeypatch):
+    from pipeline.ship import bundle
+
+    run_dir = tiny_run.run_dir
+    for kwargs, reason in (({"rung": "nosuch"}, "no rung 'nosuch' on loopback"),
+                           ({"device": "orin"}, "did not measure on device 'orin'"),
+                           ({"max_drop": -50.0}, r"no rung on loopback is within -50 top-1 points .* the closest is")):
+        with pytest.raises(ConfigError, match=reason) as err:
+            bundle.ship(run_dir, TASK_SHIP, to=tmp_path / "x", log=lambda _: None, **kwargs)
+        assert err.value.fix
+    (tmp_path / "exists").mkdir()
+    with pytest.raises(ConfigError, match="exists") as err:
+        bundle.ship(run_dir, TASK_SHIP, to=tmp_path / "exists", log=lambda _: None)
+    assert "--to" in err.value.fix
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted failure while writing")
+
+    monkeypatch.setattr(bundle, "write_repository", broken)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        bundle.ship(run_dir, TASK_SHIP, to=tmp_path / "half", log=lambda _: None)
+    assert not (tmp_path / "half").exists() and not list(tmp_path.glob(".half*"))
+
+
+def test_the_best_rule_picks_the_fastest_within_the_drop_and_names_the_closest():
+    from pipeline.ship.choose import choose
+    from pipeline.ship.task import ShipRow
+
+    def row(rung, accuracy, p50):
+        return ShipRow(rung, "orin", accuracy, "device", None, None, p50, 1, "int8", "tensorrt")
+
+    rows = [row("teacher", 0.80, 5.0), row("student", 0.795, 2.0), row("student_int8", 0.78, 1.0),
+            row("student_fp16", 0.794, 1.5)]
+    chosen, why = choose(rows, "orin", "best", 1.0)
+    assert chosen.rung == "student_fp16" and "faster but outside: student_int8" in why
+    assert choose(rows, "orin", "best", 2.5)[0].rung == "student_int8"
+    with pytest.raises(ConfigError, match="the closest is student at 0.50 points") as err:
+        choose(rows, "orin", "best", 0.1)
+    assert "--rung student" in err.value.fix
+
+
+# ------------------------------------------------------------------ the engine, from an agent that built it
+@pytest.fixture(scope="module")
+@slow_fixture
+def measured_on_tensorrt(tiny_run, tmp_path_factory):
+    """The tiny run deployed to a real agent whose job processes have the TensorRT STAND-IN (it builds an engine per
+    batch into the agent's cache, as TensorRT would); the agent is kept running for the ship tests."""
+    from pipeline.devices import Device
+    from pipeline.runner import run_pipeline
+    from tests.device.agent_process import AgentProcess
+    from tests.device.clocked_runtime import sitecustomize_dir
+
+    tmp = tmp_path_factory.mktemp("trt-ship")
+    shutil.copytree(tiny_run.run_dir, tmp / "runs" / "tiny" / "shared")
+    _, env = sitecustomize_dir(tmp / "site", None, "10.3.0")
+    with AgentProcess(tmp / "agent", env=env) as agent:
+        orin = Device("orin", "edge", agent.url, "edge", str(agent.token_file))
+        ctx = run_pipeline("tiny", runs_dir=tmp / "runs", run_id="shared", devices=[orin],
+                           overrides={"deploy.rounds": 1, "deploy.batch_sizes": [1], "deploy.duration_s": 0.05,
+                                      "deploy.runtime": "tensorrt"})
+        yield ctx.run_dir, agent, tmp
+
+
+def test_the_engine_the_device_built_ships_with_its_build(measured_on_tensorrt):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from device.files import sha256_file
+    from pipeline.ship.bundle import ship
+
+    run_dir, agent, tmp = measured_on_tensorrt
+    folder = ship(run_dir, TASK_SHIP, rung="student_int8", to=tmp / "int8", token=agent.token, log=lambda _: None)
+    card = json.loads((folder / "card.json").read_text())
+    engine = card["engine"]
+    plan = folder / "engine" / "engine.plan"
+    cached = agent.data_dir / "engines" / engine["key"] / "engine.plan"
+    assert plan.read_bytes() == cached.read_bytes() and engine["sha256"] == sha256_file(plan)
+    build = json.loads((folder / "engine" / "build.json").read_text())
+    assert build["tensorrt"] == "10.3.0" and build["options"]["batch"] == [1, 1, 1]
+    assert engine["fingerprint"]["gpu"] == "standin-gpu-0" and engine["fingerprint"]["tensorrt"] == "10.3.0"
+    assert engine["trtexec"].startswith("trtexec --onnx=model.onnx --saveEngine=engine/engine.plan") and "--int8" in \
+        engine["trtexec"]
+    triton = folder / "triton" / f"tiny_student_int8"
+    config = text_format.Parse((triton / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert config.platform == "tensorrt_plan" and config.max_batch_size == 1
+    assert (triton / "1" / "model.plan").read_bytes() == plan.read_bytes()
+    keys = (folder / "deepstream" / "config_infer.txt").read_text()
+    assert "model-engine-file=../engine/engine.plan" in keys and "network-mode=1" in keys
+    assert "runs only on the device fingerprint" in (folder / "card.md").read_text()
+    # The route is read-only and takes cache keys alone: an absent one is a 404 with the fix, a path is no key.
+    import httpx
+
+    auth = {"Authorization": f"Bearer {agent.token}"}
+    absent = httpx.get(f"{agent.url}/v1/engines/{'0' * 16}-{'0' * 16}-{'0' * 8}", headers=auth)
+    assert absent.status_code == 404 and "trtexec line" in absent.json()["fix"]
+    for bad in ("..%2F..%2Fagent.db", engine["key"] + "x", "engine.plan"):
+        assert httpx.get(f"{agent.url}/v1/engines/{bad}", headers=auth).status_code in (404, 422), bad
+    assert httpx.put(f"{agent.url}/v1/engines/{engine['key']}/file", headers=auth, content=b"x").status_code == 405
+
+
+def test_infer_py_runs_the_shipped_engine_where_tensorrt_is(measured_on_tensorrt, monkeypatch):
+    """infer.py's TensorRT path against the STAND-IN (its engine file, TensorRT 10's tensor API, host memory for
+    CUDA's): the same answers as ONNX Runtime on model.onnx."""
+    import importlib.util
+
+    from pipeline.ship.bundle import ship
+    from tests.device import trt_standin
+
+    run_dir, agent, tmp = measured_on_tensorrt
+    folder = ship(run_dir, TASK_SHIP, rung="student", to=tmp / "fp32", token=agent.token, log=lambda _: None)
+    spec = importlib.util.spec_from_file_location("shipped_infer", folder / "infer.py")
+    infer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(infer)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt_standin.make_tensorrt("10.3.0", 0))
+    engine = infer.TensorRT(folder / "engine" / "engine.plan", cuda=trt_standin.FakeCuda())
+    reference = infer.OnnxRuntime(folder / "model.onnx")
+    batch = np.random.default_rng(0).standard_normal((3, 3, 16, 16)).astype(np.float32)  # padded to the engine's 1
+    assert engine.batch == 1
+    np.testing.assert_allclose(np.concatenate([engine(batch[i:i + 1])[0] for i in range(3)]), reference(batch)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_an_engine_the_agent_no_longer_holds_and_a_device_that_is_gone(measured_on_tensorrt):
+    from pipeline.ship.bundle import ship
+
+    run_dir, agent, tmp = measured_on_tensorrt
+    first = json.loads((ship(run_dir, TASK_SHIP, rung="teacher", to=tmp / "t1", token=agent.token,
+                             log=lambda _: None) / "card.json").read_text())
+    shutil.rmtree(agent.data_dir / "engines" / first["engine"]["key"])
+    lines = []
+    folder = ship(run_dir, TASK_SHIP, rung="teacher", to=tmp / "t2", token=agent.token, log=lines.append)
+    card = json.loads((folder / "card.json").read_text())
+    assert card["engine"]["file"] is None and "no longer holds it" in card["engine"]["why"]
+    assert not (folder / "engine").exists() and any("no longer holds the engine" in line for line in lines)
+    assert "Build it on the device" in (folder / "card.md").read_text()
+    agent.stop()
+    with pytest.raises(ConfigError, match=r"the device orin \(http.*\) does not answer for its engine") as err:
+        ship(run_dir, TASK_SHIP, rung="teacher", to=tmp / "t3", token=agent.token, log=lambda _: None)
+    assert "--no-engine" in err.value.fix and not (tmp / "t3").exists()
+    folder = ship(run_dir, TASK_SHIP, rung="teacher", to=tmp / "t3", fetch_engine=False, log=lambda _: None)
+    assert "shipped without it" in json.loads((folder / "card.json").read_text())["engine"]["why"]
