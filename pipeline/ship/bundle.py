@@ -127,7 +127,8 @@ def _in_graph(run_dir: Path, rung: str, folder: Path) -> dict[str, Any]:
     if not graph:
         raise ConfigError(f"the run did not measure {rung} with its preprocessing in the graph",
                           fix="deploy with deploy.frame (in_graph: true) first, or ship without --in-graph")
-    shutil.copyfile(run_dir / graph, folder / "model.frame.onnx")
+    # By name in the deploy folder: earlier runs recorded the path in the stage's partial folder.
+    shutil.copyfile(run_dir / "deploy" / Path(graph).name, folder / "model.frame.onnx")
     return {"file": "model.frame.onnx", "frame": frame.get("recipe") or frame.get("spec"),
             "input": io_facts(folder / "model.frame.onnx")["inputs"][0]}
 

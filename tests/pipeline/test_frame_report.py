@@ -92,6 +92,17 @@ def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, t
     assert "  frame          1280×720 jpeg: " in markdown  # the headline's line
     html = (report / "report.html").read_text()
     assert "Where each frame&#x27;s time goes" in html or "Where each frame's time goes" in html
+    # Shipped with the preprocessing in its graph (the form this run measured), and the frame figures on its card.
+    from pipeline.ship.bundle import ship
+    from pipeline.tasks.classification.ship import ClassificationShip
+
+    folder = ship(ctx.run_dir, ClassificationShip(), rung="student_int8", to=tmp_path / "bundle", in_graph=True,
+                  log=lambda _: None)
+    preprocess = json.loads((folder / "preprocess.json").read_text())
+    assert (folder / "model.frame.onnx").read_bytes() == (ctx.run_dir / "deploy" / "frame-student_int8.onnx").read_bytes()
+    assert preprocess["in_graph"]["file"] == "model.frame.onnx" and preprocess["in_graph"]["input"]["dims"][-1] == 3
+    card = json.loads((folder / "card.json").read_text())
+    assert card["figures"]["frame_total_ms"] > 0 and "frame to answer" in (folder / "card.md").read_text()
 
 
 def test_the_whole_path_is_compared_with_the_engine_of_its_own_batch():

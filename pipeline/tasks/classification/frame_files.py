@@ -49,9 +49,10 @@ class FrameFiles:
                 fields["source"] = "synthetic"
         return FrameSpec(**fields)
 
-    def record(self, run_dir: Path) -> dict[str, Any]:
-        """What the deploy stage's results keep of them: the notes, and each file's path in the run."""
-        return {"in_graph": {rung: str(path.relative_to(run_dir)) for rung, path in self.in_graph.items()},
+    def record(self, stage: str) -> dict[str, Any]:
+        """What the deploy stage's results keep of them: the notes, and each file's path in the run (in the stage's
+        folder ``stage``: the files are written while it is still a partial folder, renamed at the end)."""
+        return {"in_graph": {rung: f"{stage}/{path.name}" for rung, path in self.in_graph.items()},
                 "in_graph_note": self.in_graph_note, "in_graph_difference": self.in_graph_difference,
                 "images": self.image_count or None, "images_note": self.images_note}
 

@@ -14,7 +14,7 @@ from device.errors import ManifestError
 from pipeline.ship.task import ShipRow
 
 CARD_FIGURES = ("latency_p99_ms", "throughput_images_per_s", "energy_mj_per_image", "power_mean_w", "peak_memory_mb",
-                "frame_sequential_fps", "sustained_ratio")
+                "frame_total_ms", "frame_fps_pipelined", "sustained_ratio")
 
 
 def _results(run_dir: Path) -> dict[str, Any]:

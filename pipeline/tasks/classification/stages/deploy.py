@@ -193,7 +193,7 @@ class DeployStage(Stage):
             evaluation["path"].unlink()
             evaluation = {key: value for key, value in evaluation.items() if key != "path"}
         results = {"schema": DEPLOY_SCHEMA, "devices": outcomes, "evaluation": evaluation,
-                   "frame": frames.record(ctx.run_dir) if frames else None,
+                   "frame": frames.record(self.name) if frames else None,
                    "artifacts": {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
                                  for rung, path in artifacts.items()}}
         if programs:
