@@ -42,8 +42,8 @@ def test_each_rung_gets_its_in_graph_form_and_each_job_names_its_uploads(tmp_pat
     assert refused.source == "synthetic" and refused.images is None and refused.in_graph is not None
     assert said == ["the frame image set was not uploaded (upload exceeds the agent's limit of 1 MiB): synthetic "
                     "frames instead"]
-    record = files.record(tmp_path)
-    assert record["in_graph"] == {"student": "frame-student.onnx", "teacher": "frame-teacher.onnx"}
+    record = files.record("deploy")
+    assert record["in_graph"] == {"student": "deploy/frame-student.onnx", "teacher": "deploy/frame-teacher.onnx"}
 
 
 def test_an_interpolation_the_graph_cannot_carry_is_said_and_the_cpu_path_still_timed(tmp_path):

@@ -238,17 +238,18 @@ def _copy_of(teacher_run: Path, runs: Path, run_id: str) -> Path:
 def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(latency_teacher, tmp_path, capsys):
     from pipeline.runner import run_pipeline
 
-    # 20%: on a busy host the nested path's neighbouring plans of this 16x16 net can lie 33% apart around the
-    # budget, and a bracket that closes there is (rightly) refused at 3x the tolerance; seen once in CI.
-    recipe = _latency_recipe(tmp_path, ratio=0.75, tolerance=0.2)  # the unpruned net (1.33x) stays over it
+    # 0.8: the narrowest plan of this net is ORT's per-call floor, 0.66-0.76x of the unpruned time by CPU and
+    # load (0.76x on a loaded AMD EPYC, where 0.75 was refused as below it). 15%: the unpruned net (1.25x) stays
+    # outside the tolerance, and a bracket refused at 3x it (45%) spans the 33% steps a busy host shows.
+    recipe = _latency_recipe(tmp_path, ratio=0.8, tolerance=0.15)
     runs = _copy_of(latency_teacher, tmp_path / "runs", "a")
     ctx = run_pipeline(str(recipe), until="prune", runs_dir=runs, run_id="a")
     assert "[ teacher] cached" in capsys.readouterr().err
     stage = ctx.manifest.stage("prune")
     lat = stage["metrics"]["latency"]
     budget, measured = lat["budget_ms"], lat["measured_ms"]["p50_ms"]
-    assert budget == pytest.approx(0.75 * lat["unpruned_ms"]["p50_ms"])
-    assert measured <= budget * 1.2, "the pruned plan meets the budget the stage measured, within its tolerance"
+    assert budget == pytest.approx(0.8 * lat["unpruned_ms"]["p50_ms"])
+    assert measured <= budget * 1.15, "the pruned plan meets the budget the stage measured, within its tolerance"
     # Not a timing assert (a loaded host can invert two close times): the chosen plan is a real cut.
     assert lat["jobs"] > 0 and next(p for p in lat["plans"] if p.get("chosen"))["macs_fraction"] < 1.0
     for name in ("unpruned", "macs_pruned", "plan"):
