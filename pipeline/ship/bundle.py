@@ -61,6 +61,9 @@ def ship(run_dir: Path, hooks: ShipTask | None, rung: str = "best", device: str 
     device = pick_device(rows, device)
     row, why = choose(rows, device, rung, max_drop, hooks.metric)
     teacher = next((r for r in rows if r.device == device and r.rung == TEACHER), None)
+    if row.precision not in NETWORK_MODE:  # what trtexec, nvinfer and the card can each name
+        raise ConfigError(f"{row.rung} ran in precision {row.precision!r}, which nvinfer's network-mode has no value "
+                          f"for ({', '.join(NETWORK_MODE)})", fix="ship a rung of one of those precisions")
     target = Path(to) if to else run_dir / "ship" / f"{row.rung}-{re.sub(r'[^A-Za-z0-9_.-]', '_', device)}"
     if target.exists():
         raise ConfigError(f"{target} exists", fix="pass another folder with --to (TO=), or remove that one")
@@ -99,11 +102,13 @@ def _write(hooks: ShipTask, run_dir: Path, row: ShipRow, teacher: ShipRow | None
     (folder / "preprocess.json").write_text(json.dumps(preprocess, indent=1) + "\n")
     labels = hooks.labels(run_dir)
     (folder / "labels.txt").write_text("\n".join(labels) + "\n")
-    (folder / "postprocess.json").write_text(json.dumps(hooks.postprocess(run_dir, row.rung), indent=1) + "\n")
+    # The outputs by the ONNX graph's names and order: a TensorRT engine's tensor order need not keep it.
+    postprocess = {**hooks.postprocess(run_dir, row.rung), "outputs": [value["name"] for value in io["outputs"]]}
+    (folder / "postprocess.json").write_text(json.dumps(postprocess, indent=1) + "\n")
     extra = hooks.extra_files(run_dir, row.rung, folder)
     shutil.copyfile(INFER_SCRIPT, folder / "infer.py")
     engine = _engine(row, record, folder, io, token, fetch_engine, log)
-    deepstream = _deepstream(hooks, run_dir, row, folder, preprocess, labels, engine)
+    deepstream = _deepstream(hooks, run_dir, row, folder, preprocess, labels, engine, record["info"])
     name = re.sub(r"[^A-Za-z0-9_]", "_", f"{run_dir.parent.name}_{row.rung}")
     onnx_batch = max([row.batch, *row.figures.get("measured_batches", [])])
     triton = write_repository(folder / "triton", name, model, folder / "engine" / engine["file"]
@@ -133,18 +138,19 @@ def _in_graph(run_dir: Path, rung: str, folder: Path) -> dict[str, Any]:
             "input": io_facts(folder / "model.frame.onnx")["inputs"][0]}
 
 
-def trtexec_line(recorded: str | None, io: dict[str, Any], row: ShipRow, info: dict[str, Any]) -> str:
-    """The trtexec line that rebuilds the engine from the shipped ONNX: the device's own, its paths made the
+def trtexec_line(recorded: str | None, io: dict[str, Any], row: ShipRow, info: dict[str, Any],
+                 onnx: str = "model.onnx", plan: str = "engine/engine.plan") -> str:
+    """The trtexec line that builds ``plan`` from the shipped ``onnx``: the device's own, its paths made the
     folder's; or, for a rung no TensorRT built, the line the agent would run for this batch and precision."""
     if recorded:
-        line = re.sub(r"--onnx=\S+", "--onnx=model.onnx", recorded)
-        line = re.sub(r"--saveEngine=\S+", "--saveEngine=engine/engine.plan", line)
+        line = re.sub(r"--onnx=\S+", f"--onnx={onnx}", recorded)
+        line = re.sub(r"--saveEngine=\S+", f"--saveEngine={plan}", line)
         return re.sub(r"\s--timingCacheFile=\S+", "", line)
     from device.trt_settings import BuildOptions, trtexec_command
 
     options = BuildOptions(precision=row.precision).for_batch(row.batch)
     chw = tuple(int(d) for d in io["inputs"][0]["dims"])
-    return " ".join(trtexec_command("model.onnx", "engine/engine.plan", io["inputs"][0]["name"], chw, options,
+    return " ".join(trtexec_command(onnx, plan, io["inputs"][0]["name"], chw, options,
                                     info.get("tensorrt") or DEFAULT_TENSORRT, board=info.get("board")))
 
 
@@ -153,7 +159,11 @@ def _engine(row: ShipRow, record: dict[str, Any], folder: Path, io: dict[str, An
     """The engine the device built for the shipped batch, with its build, fetched from the agent; or why not."""
     info = record["info"]
     key = row.engines.get(row.batch)
-    if record["url"] == "loopback" or row.runtime not in ("tensorrt", "torch_tensorrt") or key is None:
+    if row.runtime == "torch_tensorrt":
+        # Its engines live inside the compiled program (TensorRT-in-Torch), not as a plan a TensorRT runtime loads.
+        return {"file": None, "why": f"the rung ran through Torch-TensorRT on {row.device}, whose engines live inside "
+                "its program, not as a TensorRT plan", "trtexec": trtexec_line(None, io, row, info)}
+    if record["url"] == "loopback" or row.runtime != "tensorrt" or key is None:
         ran = f"{row.runtime or 'an unknown runtime'} on {row.device}"
         return {"file": None, "why": f"the rung was measured with {ran}, which builds no engine",
                 "trtexec": trtexec_line(None, io, row, info)}
@@ -187,20 +197,31 @@ def _engine(row: ShipRow, record: dict[str, Any], folder: Path, io: dict[str, An
 
 
 def _deepstream(hooks: ShipTask, run_dir: Path, row: ShipRow, folder: Path, preprocess: dict[str, Any],
-                labels: list[str], engine: dict[str, Any]) -> dict[str, Any]:
+                labels: list[str], engine: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
     """``deepstream/``: the config, the graph nvinfer runs and its label file; the accuracy under nvinfer's feed."""
     target = folder / "deepstream"
     target.mkdir()
     scale, offsets, per_channel = normalization(preprocess)
     edits = deepstream_model(folder / "model.onnx", target / "model.onnx", per_channel, hooks.softmax())
     classifier = hooks.network_type == 1
-    # nvinfer's classifier label file is one line of labels separated by semicolons; a detector's, one per line.
+    notes = []
+    if classifier and any(";" in label for label in labels):
+        # nvinfer's classifier label file is one line of labels separated by semicolons.
+        labels = [label.replace(";", ",") for label in labels]
+        notes.append("a ';' in a class name is a ',' in deepstream/labels.txt (nvinfer splits that file on ';')")
     (target / "labels.txt").write_text((";".join(labels) if classifier else "\n".join(labels)) + "\n")
     scaling = preprocess.get("interpolation") if preprocess.get("interpolation") in SCALING_FILTER else "bilinear"
     keys = {"gpu-id": 0, "onnx-file": "model.onnx"}
-    if engine.get("file") == "engine.plan":
-        # nvinfer loads the plan when its batch and fingerprint fit, else builds one from onnx-file.
+    build = None
+    if engine.get("file") == "engine.plan" and not edits["changes"]:
+        # The graph nvinfer runs is the one the device built: nvinfer loads that plan when its batch and device fit.
         keys["model-engine-file"] = "../engine/engine.plan"
+    else:
+        # The graph nvinfer runs differs from the measured one (or no plan came): its own plan, built with the
+        # measured engine's options; where it is absent nvinfer builds one from onnx-file with its own.
+        keys["model-engine-file"] = "model.plan"
+        build = trtexec_line(engine.get("trtexec"), io_facts(target / "model.onnx"), row, info,
+                             onnx="deepstream/model.onnx", plan="deepstream/model.plan")
     keys.update({"labelfile-path": "labels.txt", "batch-size": row.batch,
                  "network-mode": NETWORK_MODE[row.precision], "network-type": hooks.network_type,
                  "process-mode": 1, "gie-unique-id": 1,
@@ -213,5 +234,6 @@ def _deepstream(hooks: ShipTask, run_dir: Path, row: ShipRow, folder: Path, prep
     scored = hooks.nvinfer_accuracy(run_dir, target / "model.onnx", scaling)
     text = ("not measured" if scored["value"] is None else f"is {100 * scored['value']:.2f}")
     return {"config": "deepstream/config_infer.txt", "accuracy": scored["value"], "accuracy_text": text,
-            "images": scored["images"], "scaling": scaling, "graph_changes": edits["changes"],
-            "notes": [n for n in (scored.get("note"),) if n]}
+            "host_accuracy": row.host_accuracy, "images": scored["images"], "scaling": scaling,
+            "graph_changes": edits["changes"], "engine": keys["model-engine-file"], "trtexec": build,
+            "notes": [n for n in (scored.get("note"), *notes) if n]}

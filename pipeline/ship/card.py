@@ -85,8 +85,17 @@ def card_markdown(card: dict[str, Any]) -> str:
         lines += [f"No engine is shipped: {engine.get('why')}. Build it on the device:", "",
                   f"    {engine.get('trtexec')}", ""]
     ds = card["deepstream"]
-    lines += [f"DeepStream's `nvinfer` stretches the whole frame to the network's size (no shorter-side resize, no "
-              f"centre crop): {metric} under that preprocessing {ds['accuracy_text']}, against "
-              f"{accuracy(row)} as EdgeFold fed it ({ds['images']} test images, host ONNX Runtime). "
+    host = ds.get("host_accuracy")
+    against = (f"against {100 * host:.2f} as EdgeFold fed it on the same host" if host is not None
+               else "(the host did not score the rung under EdgeFold's own feed)")
+    lines += [f"DeepStream's `nvinfer` scales the whole frame to the network's size (no shorter-side resize, no "
+              f"centre crop): {metric} under that preprocessing {ds['accuracy_text']}, {against} ({ds['images']} test "
+              f"images, ONNX Runtime); on the device, as EdgeFold fed it: {accuracy(row)}. "
               + " ".join(ds.get("notes", [])), ""]
+    if ds.get("trtexec"):
+        changes = "; ".join(ds.get("graph_changes") or []) or "no engine came from the device"
+        lines += [f"The DeepStream graph is not the measured one ({changes}), so `nvinfer` needs its own plan, "
+                  f"`deepstream/model.plan`; build it on the device with the options the measured engine was built "
+                  f"with (a plan nvinfer builds itself from `onnx-file` is built with its own options, not those "
+                  f"measured):", "", f"    {ds['trtexec']}", ""]
     return "\n".join(lines)

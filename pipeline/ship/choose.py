@@ -1,7 +1,8 @@
 """Which rung to ship: named, or ``best`` by a stated rule.
 
 ``best`` is the fastest rung on the device (its median latency at the batch it was measured at) whose accuracy drop
-against the teacher, both as that device scored them, stays within ``max_drop`` points. The default, 1 point, is the
+against the teacher, both as that device scored them (a rung scored only on the host is not compared with a teacher
+scored on the device, and is named), stays within ``max_drop`` points. The default, 1 point, is the
 loss INT8 deployment is usually held to: MLPerf Inference's closed division requires 99% of the FP32 reference's
 accuracy, 0.76 top-1 points for ResNet-50 (76.46%) and 0.37 mAP points for RetinaNet (37.55), so 1 point is at that
 scale. It is not ``quantize.accuracy_budget_points``, which measures INT8 against the FP32 student, not the teacher.
@@ -67,12 +68,19 @@ def choose(rows: list[ShipRow], device: str, rung: str, max_drop: float = DEFAUL
     if teacher is None or teacher.accuracy is None:
         raise ConfigError(f"--rung best compares each rung's {metric} with the teacher's on {device}, and the run has "
                           "no teacher score there", fix="name the rung: --rung student_int8")
-    scored = [(drop_points(row, teacher), row) for row in measured.values() if row.rung != TEACHER]
+    candidates = [row for row in measured.values() if row.rung != TEACHER]
+    # A drop is taken between two scores of one source: a host score against the device's teacher would mix the
+    # host's runtime with the device's.
+    elsewhere = [row.rung for row in candidates if row.accuracy is not None
+                 and row.accuracy_source != teacher.accuracy_source]
+    scored = [(drop_points(row, teacher), row) for row in candidates if row.accuracy_source == teacher.accuracy_source]
     scored = [(drop, row) for drop, row in scored if drop is not None]
     within = [(row.latency_p50_ms, drop, row) for drop, row in scored if drop <= max_drop]
+    unlike = (f"; not compared, scored on the {'host' if teacher.accuracy_source == 'device' else 'device'} while "
+              f"the teacher was scored on the {teacher.accuracy_source}: {', '.join(elsewhere)}" if elsewhere else "")
     if not within:
         closest = min(scored, key=lambda pair: pair[0], default=None)
-        named = (f"; the closest is {closest[1].rung} at {closest[0]:.2f} points" if closest else "")
+        named = (f"; the closest is {closest[1].rung} at {closest[0]:.2f} points" if closest else "") + unlike
         raise ConfigError(f"no rung on {device} is within {max_drop:g} {metric} points of the teacher "
                           f"({100 * teacher.accuracy:.2f}){named}",
                           fix=f"raise --max-drop (MAX_DROP=), or name the rung (--rung {closest[1].rung})"
@@ -84,5 +92,6 @@ def choose(rows: list[ShipRow], device: str, rung: str, max_drop: float = DEFAUL
     why = (f"{row.rung}: the fastest rung on {device} within {max_drop:g} {metric} points of the teacher "
            f"({versus}; p50 {latency:.3f} ms at batch {row.batch}"
            + (f"; next {others[0].rung} at {others[0].latency_p50_ms:.3f} ms" if others else "")
-           + (f"; faster but outside: {', '.join(r.rung for r in faster_outside)}" if faster_outside else "") + ")")
+           + (f"; faster but outside: {', '.join(r.rung for r in faster_outside)}" if faster_outside else "")
+           + unlike + ")")
     return row, why

@@ -77,17 +77,21 @@ def normalize(images: np.ndarray, pre: dict) -> np.ndarray:
 
 
 class OnnxRuntime:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, outputs: list[str] | None = None):
         import onnxruntime
 
         available = onnxruntime.get_available_providers()
         providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
         self.session = onnxruntime.InferenceSession(str(path), providers=providers)
         self.input = self.session.get_inputs()[0].name
+        self.outputs = outputs or [o.name for o in self.session.get_outputs()]
         self.name = f"ONNX Runtime {onnxruntime.__version__} ({self.session.get_providers()[0]})"
 
     def __call__(self, batch: np.ndarray) -> list[np.ndarray]:
-        return self.session.run(None, {self.input: batch})
+        return self.session.run(self.outputs, {self.input: batch})
+
+    def close(self) -> None:
+        pass
 
 
 class Cuda:
@@ -95,7 +99,7 @@ class Cuda:
 
     def __init__(self):
         name = ctypes.util.find_library("cudart") or "/usr/local/cuda/lib64/libcudart.so"
-        self.lib = ctypes.CDLL(name)
+        self.lib = ctypes.CDLL(name)  # OSError where there is no CUDA runtime
 
     def _check(self, status: int, call: str) -> None:
         if status != 0:
@@ -106,10 +110,16 @@ class Cuda:
         self._check(self.lib.cudaMalloc(ctypes.byref(pointer), ctypes.c_size_t(nbytes)), "cudaMalloc")
         return int(pointer.value)
 
+    def free(self, pointer: int) -> None:
+        self._check(self.lib.cudaFree(ctypes.c_void_p(pointer)), "cudaFree")
+
     def stream(self) -> int:
         handle = ctypes.c_void_p()
         self._check(self.lib.cudaStreamCreate(ctypes.byref(handle)), "cudaStreamCreate")
         return int(handle.value or 0)
+
+    def destroy_stream(self, stream: int) -> None:
+        self._check(self.lib.cudaStreamDestroy(ctypes.c_void_p(stream)), "cudaStreamDestroy")
 
     def copy(self, dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
         self._check(self.lib.cudaMemcpyAsync(ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_size_t(nbytes),
@@ -119,57 +129,96 @@ class Cuda:
         self._check(self.lib.cudaStreamSynchronize(ctypes.c_void_p(stream)), "cudaStreamSynchronize")
 
 
-class TensorRT:
-    """The shipped engine (TensorRT 10/11): one fixed batch, tensors bound by name, ``execute_async_v3``."""
+def _host_type(trt, dtype) -> np.dtype:
+    """The NumPy type of a tensor's host buffer: bfloat16 (no NumPy type, TensorRT's nptype refuses it) travels as
+    its 16 bits."""
+    if dtype == getattr(trt.DataType, "BF16", object()):
+        return np.dtype(np.uint16)
+    return np.dtype(trt.nptype(dtype))
 
-    def __init__(self, path: Path, cuda=None):
+
+def _to_bfloat16(values: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+
+
+def _from_bfloat16(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+class TensorRT:
+    """The shipped engine (TensorRT 10/11): one fixed batch, tensors bound by name once, ``execute_async_v3``."""
+
+    def __init__(self, path: Path, outputs: list[str] | None = None, cuda=None):
         import tensorrt as trt
 
-        self.trt, self.cuda = trt, cuda or Cuda()
+        self.trt = trt
         runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
             raise RuntimeError(f"TensorRT could not deserialize {path}: it runs only on the device and TensorRT "
                                "it was built with (engine/build.json); rebuild it there with its trtexec line")
+        self.cuda = cuda or Cuda()
         self.context = self.engine.create_execution_context()
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.input = next(n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT)
+        found = [n for n in names if n != self.input]
+        # In the ONNX graph's output order (postprocess.json), which TensorRT's tensor order need not keep.
+        self.outputs = [n for n in outputs if n in found] + [n for n in found if n not in outputs] if outputs \
+            else found
+        shape = tuple(self.engine.get_tensor_shape(self.input))
+        if shape[0] < 0:  # a dynamic axis: the engine's one profile fixes it (EdgeFold builds min = opt = max)
+            shape = tuple(self.engine.get_tensor_profile_shape(self.input, 0)[2])
+        self.batch = int(shape[0])
+        self.context.set_input_shape(self.input, shape)
+        # The batch is fixed, so every buffer is made and bound once.
+        self.hosts = {self.input: np.empty(shape, _host_type(trt, self.engine.get_tensor_dtype(self.input)))}
+        for name in self.outputs:
+            self.hosts[name] = np.empty(tuple(self.context.get_tensor_shape(name)),
+                                        _host_type(trt, self.engine.get_tensor_dtype(name)))
         self.stream = self.cuda.stream()
-        self.names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.input = next(n for n in self.names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT)
-        self.outputs = [n for n in self.names if n != self.input]
-        self.batch = self.engine.get_tensor_shape(self.input)[0]
-        if self.batch < 0:  # a dynamic axis: the engine's one profile fixes it (EdgeFold builds min = opt = max)
-            self.batch = self.engine.get_tensor_profile_shape(self.input, 0)[2][0]
+        self.devices = {}
+        for name, host in self.hosts.items():
+            self.devices[name] = self.cuda.malloc(max(host.nbytes, 1))
+            self.context.set_tensor_address(name, self.devices[name])
         self.name = f"TensorRT {trt.__version__} ({path.name})"
 
     def __call__(self, batch: np.ndarray) -> list[np.ndarray]:
-        trt, engine, context = self.trt, self.engine, self.context
-        if self.batch > 0 and batch.shape[0] != self.batch:  # the engine's batch is fixed: pad, then drop
+        if batch.shape[0] != self.batch:  # the engine's batch is fixed: pad, then drop
+            if batch.shape[0] > self.batch:
+                return [np.concatenate(parts) for parts in zip(*(self(batch[i:i + self.batch])
+                                                                 for i in range(0, len(batch), self.batch)))]
             padded = np.zeros((self.batch, *batch.shape[1:]), batch.dtype)
             padded[:len(batch)] = batch
             return [out[:len(batch)] for out in self(padded)]
-        context.set_input_shape(self.input, batch.shape)
-        hosts = {self.input: np.ascontiguousarray(batch, trt.nptype(engine.get_tensor_dtype(self.input)))}
+        host = self.hosts[self.input]
+        host[...] = _to_bfloat16(batch) if host.dtype == np.uint16 else batch
+        self.cuda.copy(self.devices[self.input], host.ctypes.data, host.nbytes, 1, self.stream)
+        if not self.context.execute_async_v3(self.stream):
+            raise RuntimeError("TensorRT's execute_async_v3 failed (its log above says why)")
         for name in self.outputs:
-            hosts[name] = np.empty(tuple(context.get_tensor_shape(name)), trt.nptype(engine.get_tensor_dtype(name)))
-        devices = {name: self.cuda.malloc(max(host.nbytes, 1)) for name, host in hosts.items()}
-        for name, pointer in devices.items():
-            context.set_tensor_address(name, pointer)
-        self.cuda.copy(devices[self.input], hosts[self.input].ctypes.data, hosts[self.input].nbytes, 1, self.stream)
-        context.execute_async_v3(self.stream)
-        for name in self.outputs:
-            self.cuda.copy(hosts[name].ctypes.data, devices[name], hosts[name].nbytes, 2, self.stream)
+            self.cuda.copy(self.hosts[name].ctypes.data, self.devices[name], self.hosts[name].nbytes, 2, self.stream)
         self.cuda.synchronize(self.stream)
-        return [hosts[name].astype(np.float32) for name in self.outputs]
+        return [(_from_bfloat16(self.hosts[name]) if self.hosts[name].dtype == np.uint16
+                 else self.hosts[name].astype(np.float32)) for name in self.outputs]
+
+    def close(self) -> None:
+        for pointer in self.devices.values():
+            self.cuda.free(pointer)
+        self.devices = {}
+        self.cuda.destroy_stream(self.stream)
 
 
-def load_runtime(force_onnx: bool):
+def load_runtime(force_onnx: bool, outputs: list[str] | None = None):
     engine = HERE / "engine" / "engine.plan"
     if not force_onnx and engine.is_file():
         try:
-            return TensorRT(engine)
+            return TensorRT(engine, outputs)
         except ImportError:
             print("TensorRT is not installed here: ONNX Runtime runs model.onnx instead", file=sys.stderr)
-    return OnnxRuntime(HERE / "model.onnx")
+        except (RuntimeError, OSError) as err:
+            print(f"the engine does not run here ({err}): ONNX Runtime runs model.onnx instead", file=sys.stderr)
+    return OnnxRuntime(HERE / "model.onnx", outputs)
 
 
 def answer(outputs: list[np.ndarray], factor: float, post: dict, labels: list[str]) -> dict:
@@ -200,7 +249,7 @@ def main(argv=None) -> int:
     pre = json.loads((HERE / "preprocess.json").read_text())
     post = json.loads((HERE / "postprocess.json").read_text())
     labels = (HERE / "labels.txt").read_text().splitlines()
-    runtime = load_runtime(args.onnx)
+    runtime = load_runtime(args.onnx, post.get("outputs"))
     print(f"running {runtime.name}", file=sys.stderr)
     answers = {}
 
@@ -210,23 +259,27 @@ def main(argv=None) -> int:
         shown = answers[name].get("top") or list(zip(answers[name]["labels"], answers[name]["scores"]))
         print(f"{name}: {shown[:3]}")
 
-    if args.camera is not None:
-        capture = cv2.VideoCapture(args.camera)
-        frame_index = 0
-        try:
-            while True:
-                ok, frame = capture.read()
-                if not ok:
-                    break
-                one(f"frame {frame_index}", cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
-                frame_index += 1
-        except KeyboardInterrupt:
-            pass
-    files = []
-    for item in map(Path, args.images):
-        files += sorted(p for p in item.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if item.is_dir() else [item]
-    for path in files:
-        one(str(path), read_rgb(path))
+    try:
+        if args.camera is not None:
+            capture = cv2.VideoCapture(args.camera)
+            frame_index = 0
+            try:
+                while True:
+                    ok, frame = capture.read()
+                    if not ok:
+                        break
+                    one(f"frame {frame_index}", cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+                    frame_index += 1
+            except KeyboardInterrupt:
+                pass
+        files = []
+        for item in map(Path, args.images):
+            files += (sorted(p for p in item.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if item.is_dir()
+                      else [item])
+        for path in files:
+            one(str(path), read_rgb(path))
+    finally:
+        runtime.close()
     if args.json:
         Path(args.json).write_text(json.dumps(answers, indent=1) + "\n")
     return 0

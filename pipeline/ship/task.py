@@ -30,6 +30,8 @@ class ShipRow:
         figures: Every other figure of the row the card shows (latency p99, throughput, energy, memory …).
         engines: Batch → the engine's key in the agent's cache, where the agent built one.
         measured: Whether the device measured it (a failed or absent rung is not shippable from that device).
+        host_accuracy: The same figure on this host (ONNX Runtime) under EdgeFold's preprocessing: what the DeepStream
+            feed's score, also taken on the host, is set against.
     """
 
     rung: str
@@ -45,6 +47,7 @@ class ShipRow:
     figures: dict[str, Any] = field(default_factory=dict)
     engines: dict[int, str] = field(default_factory=dict)
     measured: bool = True
+    host_accuracy: float | None = None
 
 
 class ShipTask(Protocol):
@@ -86,8 +89,9 @@ class ShipTask(Protocol):
         """Whether the DeepStream graph appends a Softmax (nvinfer's classifier parser reads probabilities)."""
 
     def nvinfer_accuracy(self, run_dir: Path, deepstream_model: Path, scaling: str) -> dict[str, Any]:
-        """The rung's accuracy on the run's test split when fed as ``nvinfer`` feeds it (the whole image stretched
-        to the network's size with ``scaling``, the shipped DeepStream graph): ``{"value", "images", "note"}``."""
+        """The rung's accuracy on the run's test split, on this host, fed as ``nvinfer`` feeds it under the task's
+        keys (the whole image scaled to the network's size with ``scaling``, stretched or letterboxed; the shipped
+        DeepStream graph): ``{"value", "images", "note"}``."""
 
     def score_answers(self, run_dir: Path, answers: dict[str, Any]) -> float:
         """The accuracy figure of ``infer.py``'s answers (``--json``) on the run's test images written by

@@ -565,6 +565,12 @@ def test_the_shipped_detector_answers_with_its_boxes_and_the_hosts_map(det_run, 
     keys = parse_config((folder / "deepstream" / "config_infer.txt").read_text())["property"]
     assert all(key in NVINFER_KEYS and NVINFER_KEYS[key](value) for key, value in keys.items())
     assert keys["network-type"] == "100" and keys["output-tensor-meta"] == "1" and keys["network-mode"] == "1"
+    # EdgeFold's letterbox, as nvinfer does it: aspect kept, the image top-left. On the run's canvases (the network's
+    # size) the two feeds are one, so the host scores the DeepStream graph as it scored the rung.
+    assert keys["maintain-aspect-ratio"] == "1" and keys["symmetric-padding"] == "0"
+    assert card["deepstream"]["accuracy"] == pytest.approx(card["deepstream"]["host_accuracy"], abs=1e-9)
+    assert card["deepstream"]["graph_changes"] == [] and keys["model-engine-file"] == "model.plan", \
+        "no engine came from a loopback agent: the card's trtexec line builds the plan"
     assert (folder / "deepstream" / "labels.txt").read_text().split("\n")[:2] == ["0", "1"]
     (model,) = list((folder / "triton").iterdir())
     config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())

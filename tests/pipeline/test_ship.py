@@ -50,6 +50,33 @@ def test_the_folder_holds_what_an_application_needs(shipped):
     assert not list(folder.parent.glob(".*partial*")), "nothing half-written is left"
 
 
+def test_deepstream_gets_a_label_file_it_can_split_and_only_precisions_it_has(tiny_run, tmp_path):
+    import dataclasses
+
+    from pipeline.ship.bundle import ship
+
+    class Named(ClassificationShip):
+        def labels(self, run_dir):
+            return [f"shirt; long sleeve {k}" for k in range(10)]
+
+    folder = ship(tiny_run.run_dir, Named(), rung="student", to=tmp_path / "named", log=lambda _: None)
+    assert (folder / "labels.txt").read_text().splitlines()[0] == "shirt; long sleeve 0", "infer.py's keep the ';'"
+    ds_labels = (folder / "deepstream" / "labels.txt").read_text().strip().split(";")
+    assert len(ds_labels) == 10 and ds_labels[0] == "shirt, long sleeve 0"
+    card_text = (folder / "card.md").read_text()
+    assert "a ';' in a class name is a ',' in deepstream/labels.txt" in card_text
+    assert "as EdgeFold fed it on the same host" in card_text, "the nvinfer feed's score beside the host's own"
+
+    class Fp8(ClassificationShip):
+        def rows(self, run_dir):
+            return [dataclasses.replace(r, precision="fp8") if r.rung == "student" else r
+                    for r in super().rows(run_dir)]
+
+    with pytest.raises(ConfigError, match="precision 'fp8', which nvinfer's network-mode has no value for"):
+        ship(tiny_run.run_dir, Fp8(), rung="student", to=tmp_path / "fp8", log=lambda _: None)
+    assert not (tmp_path / "fp8").exists() and not list(tmp_path.glob(".fp8*"))
+
+
 def test_infer_py_gives_the_rungs_top1_on_the_test_split(shipped, tmp_path):
     from pipeline.tasks.classification.ship import ClassificationShip
 
@@ -96,6 +123,45 @@ def test_config_infer_holds_only_keys_nvidia_documents_each_with_a_value_it_take
     assert (folder / "deepstream" / "labels.txt").read_text().strip() == ";".join(str(k) for k in range(10))
     card = json.loads((folder / "card.json").read_text())
     assert card["deepstream"]["accuracy"] is not None and card["deepstream"]["images"] > 100
+
+
+def test_triton_is_told_each_models_batch_and_type_or_refuses(tmp_path):
+    """model_config.proto: with max_batch_size 0 the dims are the whole shape; a free batch axis lets Triton batch;
+    bfloat16 is TYPE_BF16; a type Triton has no name for is refused, never declared as FP32."""
+    import onnx
+    from google.protobuf import text_format
+    from onnx import TensorProto, helper
+    from tritonclient.grpc import model_config_pb2
+
+    from pipeline.ship.triton import io_facts, write_repository
+
+    def graph(path, batch, elem=TensorProto.FLOAT):
+        node = helper.make_node("Identity", ["x"], ["y"])
+        made = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, [batch, 3, 4, 4])],
+                                 [helper.make_tensor_value_info("y", elem, [batch, 3, 4, 4])])
+        onnx.save(helper.make_model(made, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+        return path
+
+    def parsed(folder):
+        return text_format.Parse((folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+    static = graph(tmp_path / "static.onnx", 2)
+    engine = tmp_path / "engine.plan"
+    engine.write_bytes(b"plan")
+    assert write_repository(tmp_path / "a", "m", static, engine, 4, 8) == ["m", "m_onnx"]
+    plan, onnx_model = parsed(tmp_path / "a" / "m"), parsed(tmp_path / "a" / "m_onnx")
+    assert plan.max_batch_size == 0 and list(plan.input[0].dims) == [2, 3, 4, 4]
+    assert onnx_model.max_batch_size == 0 and list(onnx_model.output[0].dims) == [2, 3, 4, 4]
+    assert onnx_model.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_AUTO
+    free = graph(tmp_path / "free.onnx", "batch")
+    write_repository(tmp_path / "b", "m", free, engine, 4, 8)
+    plan, onnx_model = parsed(tmp_path / "b" / "m"), parsed(tmp_path / "b" / "m_onnx")
+    assert plan.max_batch_size == 0 and list(plan.input[0].dims) == [4, 3, 4, 4], "the engine's one batch"
+    assert onnx_model.max_batch_size == 8 and list(onnx_model.input[0].dims) == [3, 4, 4]
+    bf16 = io_facts(graph(tmp_path / "bf16.onnx", 1, TensorProto.BFLOAT16))
+    assert bf16["inputs"][0]["data_type"] == "TYPE_BF16"
+    with pytest.raises(ValueError, match="FLOAT8E4M3FN, which Triton's model configuration has no type for"):
+        io_facts(graph(tmp_path / "fp8.onnx", 1, TensorProto.FLOAT8E4M3FN))
 
 
 def test_a_value_nvinfer_does_not_take_is_refused_when_written():
@@ -174,6 +240,11 @@ def test_the_best_rule_picks_the_fastest_within_the_drop_and_names_the_closest()
     with pytest.raises(ConfigError, match="the closest is student at 0.50 points") as err:
         choose(rows, "orin", "best", 0.1)
     assert "--rung student" in err.value.fix
+    # A rung the device could not score (host top-1 only) is not set against the device's teacher, and is named.
+    host_only = ShipRow("pruned", "orin", 0.80, "host", None, None, 0.5, 1, "fp32", "tensorrt")
+    chosen, why = choose([*rows, host_only], "orin", "best", 1.0)
+    assert chosen.rung == "student_fp16" and "scored on the host while the teacher was scored on the device: pruned" \
+        in why
 
 
 # ------------------------------------------------------------------ the engine, from an agent that built it
@@ -219,11 +290,19 @@ def test_the_engine_the_device_built_ships_with_its_build(measured_on_tensorrt):
         engine["trtexec"]
     triton = folder / "triton" / f"tiny_student_int8"
     config = text_format.Parse((triton / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
-    assert config.platform == "tensorrt_plan" and config.max_batch_size == 1
+    # The engine is built for batch 1 alone: Triton is told its whole shape and to batch nothing itself.
+    assert config.platform == "tensorrt_plan" and config.max_batch_size == 0
+    assert list(config.input[0].dims) == [1, 3, 16, 16] and list(config.output[0].dims) == [1, 10]
     assert (triton / "1" / "model.plan").read_bytes() == plan.read_bytes()
+    # A classifier's DeepStream graph ends in a Softmax the measured engine lacks: nvinfer gets its own plan, built
+    # with the measured engine's options from the DeepStream graph, never the measured plan under another graph.
     keys = (folder / "deepstream" / "config_infer.txt").read_text()
-    assert "model-engine-file=../engine/engine.plan" in keys and "network-mode=1" in keys
-    assert "runs only on the device fingerprint" in (folder / "card.md").read_text()
+    assert "model-engine-file=model.plan" in keys and "../engine" not in keys and "network-mode=1" in keys
+    card_text = (folder / "card.md").read_text()
+    ds_line = card["deepstream"]["trtexec"]
+    assert ds_line.startswith("trtexec --onnx=deepstream/model.onnx --saveEngine=deepstream/model.plan")
+    assert ds_line.split()[3:] == engine["trtexec"].split()[3:] and ds_line in card_text
+    assert "runs only on the device fingerprint" in card_text
     # The route is read-only and takes cache keys alone: an absent one is a 404 with the fix, a path is no key.
     import httpx
 
@@ -249,12 +328,50 @@ def test_infer_py_runs_the_shipped_engine_where_tensorrt_is(measured_on_tensorrt
     infer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(infer)
     monkeypatch.setitem(sys.modules, "tensorrt", trt_standin.make_tensorrt("10.3.0", 0))
-    engine = infer.TensorRT(folder / "engine" / "engine.plan", cuda=trt_standin.FakeCuda())
-    reference = infer.OnnxRuntime(folder / "model.onnx")
-    batch = np.random.default_rng(0).standard_normal((3, 3, 16, 16)).astype(np.float32)  # padded to the engine's 1
-    assert engine.batch == 1
+    cuda = trt_standin.FakeCuda()
+    outputs = json.loads((folder / "postprocess.json").read_text())["outputs"]
+    engine = infer.TensorRT(folder / "engine" / "engine.plan", outputs, cuda=cuda)
+    reference = infer.OnnxRuntime(folder / "model.onnx", outputs)
+    batch = np.random.default_rng(0).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    assert engine.batch == 1 and engine.outputs == outputs == [o.name for o in reference.session.get_outputs()]
+    allocated = dict(engine.devices)
     np.testing.assert_allclose(np.concatenate([engine(batch[i:i + 1])[0] for i in range(3)]), reference(batch)[0],
                                rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(engine(batch)[0], reference(batch)[0], rtol=1e-5, atol=1e-5)  # split into the 1s
+    assert engine.devices == allocated and len(cuda.blocks) == len(allocated), "bound once, not per call"
+    engine.close()
+    assert sorted(cuda.freed) == sorted(allocated.values()) and not cuda.streams
+    # bfloat16 has no NumPy type: it travels as its upper 16 bits, rounded to nearest even.
+    values = np.array([1.0, -2.5, 3.1415927, 1e-3, 65504.0], np.float32)
+    np.testing.assert_allclose(infer._from_bfloat16(infer._to_bfloat16(values)), values, rtol=2 ** -8)
+    assert infer._to_bfloat16(np.array([1.0], np.float32))[0] == 0x3F80
+
+
+def test_infer_py_falls_back_to_onnx_runtime_where_the_engine_cannot_run(measured_on_tensorrt, monkeypatch,
+                                                                         capsys):
+    """No CUDA runtime (OSError from ctypes) and an engine TensorRT refuses (RuntimeError): ONNX Runtime runs
+    model.onnx, and says why."""
+    import importlib.util
+
+    from pipeline.ship.bundle import ship
+    from tests.device import trt_standin
+
+    run_dir, agent, tmp = measured_on_tensorrt
+    folder = ship(run_dir, TASK_SHIP, rung="student", to=tmp / "fallback", token=agent.token, log=lambda _: None)
+    spec = importlib.util.spec_from_file_location("shipped_infer_fallback", folder / "infer.py")
+    infer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(infer)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt_standin.make_tensorrt("10.3.0", 0))
+
+    def no_cuda():
+        raise OSError("libcudart.so: cannot open shared object file")
+
+    monkeypatch.setattr(infer, "Cuda", no_cuda)
+    assert isinstance(infer.load_runtime(False), infer.OnnxRuntime)
+    assert "libcudart.so: cannot open shared object file" in capsys.readouterr().err
+    (folder / "engine" / "engine.plan").write_bytes(b"not an engine")
+    assert isinstance(infer.load_runtime(False), infer.OnnxRuntime)
+    assert "could not deserialize" in capsys.readouterr().err
 
 
 def test_an_engine_the_agent_no_longer_holds_and_a_device_that_is_gone(measured_on_tensorrt):

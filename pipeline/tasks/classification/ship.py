@@ -57,7 +57,7 @@ class ClassificationShip:
                                 batch=int(row.get("latency_batch") or 1), precision=row.get("precision") or "fp32",
                                 runtime=row.get("runtime"), figures=figures,
                                 engines={int(b): key for b, key in (built.get("engines") or {}).items()},
-                                measured=row.get("status") == "measured"))
+                                measured=row.get("status") == "measured", host_accuracy=row.get("top1")))
         return rows
 
     def model(self, run_dir: Path, rung: str) -> Path:

@@ -52,7 +52,7 @@ class DetectionShip:
                                 latency_p50_ms=row.get("latency_p50_ms"), batch=int(row.get("latency_batch") or 1),
                                 precision=row.get("precision") or "fp32", runtime=row.get("runtime"), figures=figures,
                                 engines={int(b): key for b, key in (record.get("engines") or {}).items()},
-                                measured=row.get("status") == "measured"))
+                                measured=row.get("status") == "measured", host_accuracy=row.get("host_map")))
         return rows
 
     @staticmethod
@@ -93,7 +93,9 @@ class DetectionShip:
         return ["detection_post.py"]
 
     def nvinfer(self, run_dir: Path, rung: str) -> dict[str, Any]:
-        return {"output-tensor-meta": 1}
+        # EdgeFold's letterbox: aspect kept, the image at the top-left corner, black below and right (nvinfer pads
+        # with black; symmetric-padding=1 would centre it and shift every box).
+        return {"output-tensor-meta": 1, "maintain-aspect-ratio": 1, "symmetric-padding": 0}
 
     def softmax(self) -> bool:
         return False
@@ -139,17 +141,26 @@ class DetectionShip:
         name, found = session.get_inputs()[0].name, []
         flag = cv2.INTER_NEAREST if scaling == "nearest" else cv2.INTER_LINEAR
         for image in test.images:
-            stretched = cv2.resize(image, (size, size), interpolation=flag)
-            stretched = np.repeat(stretched[:, :, None], 3, axis=2) if stretched.ndim == 2 else stretched
-            fed = (stretched.astype(np.float32).transpose(2, 0, 1)[None] / 255.0)
+            # maintain-aspect-ratio=1, symmetric-padding=0: scaled to fit with the one filter nvinfer has, at the
+            # top-left corner on black; boxes map back by one factor.
             height, width = image.shape[:2]
+            factor = size / max(height, width)
+            new = (max(1, int(round(width * factor))), max(1, int(round(height * factor))))
+            fitted = cv2.resize(image, new, interpolation=flag)
+            fitted = np.repeat(fitted[:, :, None], 3, axis=2) if fitted.ndim == 2 else fitted
+            canvas = np.zeros((size, size, 3), np.uint8)
+            canvas[:new[1], :new[0]] = fitted
+            fed = canvas.astype(np.float32).transpose(2, 0, 1)[None] / 255.0
+            side = max(height, width)  # one factor on both axes: the boxes of a letterbox, not of a stretch
             detections = postprocess(spec, session.run(None, {name: np.ascontiguousarray(fed)})[0],
-                                     [(height, width)])[0]
+                                     [(side, side)])[0]
             found.append(Boxes(detections["boxes"].astype(np.float64), detections["labels"],
                                detections["scores"].astype(np.float64)))
         return {"value": self._map(run_dir, found), "images": len(test.images),
-                "note": "nvinfer's feed emulated on this host (the whole image stretched to the network's size); "
-                        "the boxes decoded by the shipped detection_post.py"}
+                "note": "nvinfer's feed emulated on this host (maintain-aspect-ratio=1, symmetric-padding=0: scaled to "
+                        f"fit with {scaling}, top-left on black, as EdgeFold letterboxes; on the run's square "
+                        "canvases the two feeds differ only where EdgeFold shrinks with area); the boxes decoded by "
+                        "the shipped detection_post.py"}
 
     def write_test_images(self, run_dir: Path, folder: Path) -> list[Path]:
         import cv2
