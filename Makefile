@@ -71,7 +71,7 @@ RUN_CMD := $(if $(filter-out 1,$(NPROC)),$(BIN)/torchrun --standalone --nproc_pe
 .PHONY: help venv agent-venv lock edge test ship bench bench-seeds readme-figures data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
 
 help:
-	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → evaluate)"
+	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → export → quantize → evaluate → deploy → report)"
 	@echo "make edge MODEL=model.onnx DATA=imagefolder:/path   start from a trained classifier's ONNX file (FP32 → FP16 → INT8, measured)"
 	@echo "     variables: DATA=fashion-mnist|digits|imagefolder:/path (detection: fmnist-det|digits-det|coco:/path.json) WEIGHTS=path|imagenet RUN=id UNTIL=stage FORCE='stage …' SET='key=value …'"
 	@echo "     NPROC=8: teacher and distill as one DDP job over 8 processes (torchrun)"
@@ -85,7 +85,7 @@ help:
 	@echo "make test                  run the tests (TEST_WORKERS=2 pytest-xdist workers; PYTEST_ARGS=...)"
 	@echo "make bench                 time the default run (first and cached) into bench/results/"
 	@echo "make bench-seeds MODEL=tiny SEEDS=5   a recipe's gates and figures over seeds into bench/results/"
-	@echo "make readme-figures        the README's figures block from bench/results/seeds-*.json"
+	@echo "make readme-figures        the README's generated parts again: console examples, the report's picture, figures"
 	@echo "make data                  install Fashion-MNIST (Debian's dataset-fashion-mnist)"
 	@echo "make lock                  re-resolve constraints.txt, the exact versions make installs (x86_64 and aarch64)"
 	@echo "make clean | distclean     remove runs/ | also the virtual environment"
@@ -142,8 +142,10 @@ SEEDS ?= 5
 bench-seeds: $(STAMP) data
 	$(BIN)/python bench/recipe_seeds.py --recipe $(MODEL) --seeds $(SEEDS)
 
+# The README's generated parts: the console examples run again (minutes), the report's picture, the install time, the
+# figures from bench/results; `make test` fails when the README is not what these files say.
 readme-figures: $(STAMP)
-	$(BIN)/python bench/readme_figures.py
+	$(BIN)/python bench/readme_figures.py --examples --screenshot --install-time
 
 agent-venv: $(AGENT_STAMP)
 

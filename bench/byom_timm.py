@@ -57,6 +57,10 @@ def image_folder(root: Path) -> Path:
     return root
 
 
+# The data set as the result files and the README's figures name it.
+DATA_NAME = "fashion-mnist as a 64 px ImageFolder"
+
+
 def recipe(path: Path, folder: Path) -> Path:
     """The resnet50 recipe's ladder with a timm teacher on the folder: ≤ 30% of the teacher's MACs."""
     raw = yaml.safe_load((HERE.parent / "models" / "resnet50.yaml").read_text())
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = image_folder(args.work / "fashion-mnist-64")
     path = recipe(args.work / f"byom-{TEACHER.split('/')[1]}.yaml", folder)
     return recipe_seeds.main(["--recipe", str(path), "--seeds", str(args.seeds), "--work", str(args.work / "seeds"),
-                              "--out", str(args.out), "--goal", GOAL])
+                              "--out", str(args.out), "--goal", GOAL, "--data", DATA_NAME])
 
 
 if __name__ == "__main__":

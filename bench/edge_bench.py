@@ -29,7 +29,7 @@ def run(model: str, runs_dir: str, run_id: str) -> float:
 
 
 def main() -> int:
-    from bench.recipe_seeds import machine
+    from bench.recipe_seeds import machine, provenance
     from pipeline.core.stage import STAGE_ORDER
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -53,6 +53,7 @@ def main() -> int:
         "model": args.model, "date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(),
         "cpus": os.cpu_count(), "torch": stages["teacher"]["env"]["torch"],
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default (unset)", "machine": machine(),
+        "provenance": provenance(args.model),
         # Each training epoch's rate and precision, as the stages logged them.
         "training": {name: [{key: epoch.get(key) for key in ("epoch", "images_per_s", "autocast")}
                             for epoch in stages[name].get("metrics", {}).get("history", []) if "images_per_s" in epoch]

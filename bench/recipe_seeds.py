@@ -23,13 +23,15 @@ import os
 import platform
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
 
 GOAL = ("every stage's gate passes on every seed with the recipe as shipped (teacher and student sanity, the quantize "
         "stage's accuracy budget through its fallbacks)")
@@ -58,6 +60,29 @@ def machine() -> dict[str, Any]:
                    + ", ".join(f"{name}={value}" for name, value in forced.items()) + f"; the CPU has {kernels})")
     return {"cpu": model, "vector_flags": vector, "cores": os.cpu_count(), "machine": platform.machine(),
             "kernels": kernels}
+
+
+def provenance(recipe: str, data: str | None = None) -> dict[str, Any]:
+    """What else the figures depend on: the commit, the lock's sha256 and the data set (``data``, else the recipe's
+    source, a folder named by its last part: another machine's path says nothing)."""
+    from pipeline.core.recipe import load_recipe
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                capture_output=True, text=True).stdout.strip())
+    lock = REPO / "constraints.txt"
+    return {"commit": (commit + ("+uncommitted" if dirty else "")) or None,
+            "lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock.is_file() else None,
+            "data": data or _data_name(load_recipe(recipe)[0])}
+
+
+def _data_name(config) -> str:
+    """``<source> at <side> px``: classification's ``preprocess.input_size``, detection's teacher's input side."""
+    kind, _, where = str(config.data.source).partition(":")
+    name = f"{kind}:{Path(where.split('@')[0]).name}" if where.startswith("/") else str(config.data.source)
+    preprocess = getattr(config, "preprocess", None)
+    side = preprocess.input_size if preprocess is not None else config.teacher.size()
+    return f"{name} at {side} px"
 
 
 def experiment_key(recipe: str) -> str:
@@ -178,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until", help="stop each run after this stage (default: the whole run)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--goal", default=GOAL, help="the goal to state before the run (a bench that calls this one)")
+    parser.add_argument("--data", help="the data set's name in the record (default: the recipe's data source)")
     args = parser.parse_args(argv)
     work = args.work or Path(f"/tmp/edgefold-seeds-{Path(args.recipe).stem}")
     state_path = work / "state.json"
@@ -202,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [state[str(s)] for s in range(args.seeds)]
     doc = {"schema": "edgefold.bench.seeds/1", "recipe": Path(args.recipe).stem, "date": time.strftime("%Y-%m-%d"),
            "goal": args.goal, "seed_keys": list(SEED_KEYS), "until": args.until, "machine": machine(), "experiment": key,
-           "runs": runs,
+           "provenance": provenance(args.recipe, args.data), "runs": runs,
            "summary": summary(runs)}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
