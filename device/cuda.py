@@ -110,10 +110,17 @@ class CudaRuntime:
     def free_host(self, pointer: int) -> None:
         self.lib.cudaFreeHost(ctypes.c_void_p(pointer))
 
-    def event(self) -> int:
+    def event(self, blocking: bool = False) -> int:
+        """``cudaEventCreateWithFlags``: ``blocking`` (cudaEventBlockingSync) makes a host waiting on it sleep, as
+        trtexec's events do unless ``--useSpinWait`` (samples/common/sampleDevice.h), instead of spinning a core."""
         handle = ctypes.c_void_p()
-        self.check(self.lib.cudaEventCreate(ctypes.byref(handle)), "cudaEventCreate")
+        self.check(self.lib.cudaEventCreateWithFlags(ctypes.byref(handle), ctypes.c_uint(1 if blocking else 0)),
+                   "cudaEventCreateWithFlags")
         return int(handle.value or 0)
+
+    def wait_event(self, event: int) -> None:
+        """``cudaEventSynchronize``: the host waits until the event completes (asleep for a blocking-sync event)."""
+        self.check(self.lib.cudaEventSynchronize(ctypes.c_void_p(event)), "cudaEventSynchronize")
 
     def record(self, event: int, stream: int) -> None:
         self.check(self.lib.cudaEventRecord(ctypes.c_void_p(event), ctypes.c_void_p(stream)), "cudaEventRecord")

@@ -372,6 +372,9 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
     for name in settings.builder_flags:
         config.set_flag(getattr(trt.BuilderFlag, name))
+    for name in settings.cleared_flags:
+        if hasattr(trt.BuilderFlag, name):  # a flag this TensorRT does not have is not on either
+            config.clear_flag(getattr(trt.BuilderFlag, name))
     pinned = pin_prefix_fp32(trt, network, config, settings.builder_flags)
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # each layer's precision, tactic, device (inspector)
     if shape[0] < 0:  # a static input takes no optimization profile

@@ -242,7 +242,8 @@ def _one_round(path: FramePath, frames: Sequence[Any], pipelined_first: bool, co
     return {"stages": [1000 * statistics.median(t[position] for t in times) for position in range(len(FRAME_STAGES))],
             "total": 1000 * statistics.median(sum(t) for t in times),
             "sequential_fps": (len(frames) - 1) / (ends[-1] - ends[0]), "pipelined_fps": fps,
-            "agreement": float(np.mean([a[0] == b[0] for a, b in zip(answers, piped)]))}
+            "agreement": float(np.mean([a[0] == b[0] for a, b in zip(answers, piped)])),
+            "frames": 2 * len(frames)}  # one by one, then pipelined (or the other way round)
 
 
 def _form(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -335,8 +336,10 @@ def time_frames(runner, preprocess: Preprocess, spec: FrameSpec, accepted: Seque
 
     around_rounds(timed_rounds)
     cpu = _form(rounds["cpu"])
+    # Every frame that ran inside the telemetry window: each form's rounds, one by one and pipelined.
+    frames_timed = sum(r["frames"] for form in rounds.values() for r in form)
     # The spec's unset options left out: a reader one minor version older refuses keys its FrameSpec does not know.
-    result = {"spec": spec.model_dump(exclude_none=True), "batch_size": batch_size, **cpu,
+    result = {"spec": spec.model_dump(exclude_none=True), "batch_size": batch_size, **cpu, "frames_timed": frames_timed,
               "top1_agreement": float(np.mean([r["agreement"] for r in rounds["cpu"]])),
               "copies_ms": ({"h2d": statistics.median(c["h2d_ms"] for c in copies),
                              "d2h": statistics.median(c["d2h_ms"] for c in copies)} if copies else None),

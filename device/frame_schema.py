@@ -108,8 +108,9 @@ class FramePower(Measured):
     mean_mw: float
     peak_mw: float
     window_s: float
-    energy_mj_per_frame: float = Field(description="the window's mean power × the CPU path's median frame time "
-                                                   "(one by one): an estimate, not a per-frame integral")
+    energy_mj_per_frame: float = Field(description="the window's energy ÷ the frames run in it: an average over "
+                                                   "the mix of forms (CPU path, in the graph) and modes (one by one, "
+                                                   "pipelined) the rounds interleave, not one of them (2.12)")
     temp_peak_c: float | None = Field(None, description="the hottest temperature any sampler read in the window")
 
 
@@ -140,4 +141,6 @@ class FrameResult(Measured):
     scores: FrameScores | None = None
     power: FramePower | None = None
     power_note: str | None = Field(None, description="why there is no power over the frame timing")
+    frames_timed: int | None = Field(None, description="the frames run inside the telemetry window: every form's "
+                                                       "rounds, one by one and pipelined (2.12)")
     note: str = ""

@@ -358,15 +358,16 @@ def frame_times(spec: JobSpec, job: dict[str, Any], runner, progress) -> tuple[d
                                 graph_runner=graph_runner, images=images,
                                 around_rounds=lambda work: traces.extend(telemetry_window(samplers, work)[1]))
         return {**timed, "in_graph_error": in_graph_error or timed.get("in_graph_error"),
-                **frame_power(samplers, traces, timed["total"]["median_ms"], notes)}, None
+                **frame_power(samplers, traces, timed["frames_timed"], notes)}, None
     except Exception as err:  # noqa: BLE001 (OpenCV's cv2.error, a runner's own: said in the result, not fatal)
         return None, _first_line(err)
 
 
-def frame_power(samplers, traces, frame_ms: float, notes: list[str]) -> dict[str, Any]:
+def frame_power(samplers, traces, frames_timed: int, notes: list[str]) -> dict[str, Any]:
     """The board's power over the frame rounds (clipped to their window, as :func:`summarize`'s energy is) from the
-    first power source with a finite mean, and the hottest temperature any sampler read inside it; or why there is
-    none."""
+    first power source with a finite mean, the window's energy per frame run in it (the rounds interleave the forms
+    and modes, so it is their average, and says so), and the hottest temperature any sampler read inside it; or why
+    there is none."""
     from device.telemetry.base import window_energy
 
     temps = []
@@ -391,7 +392,8 @@ def frame_power(samplers, traces, frame_ms: float, notes: list[str]) -> dict[str
             rail = getattr(sampler, "board_rail", None)
             return {"power": {"source": f"{name}:{rail or key}", "mean_mw": mean,
                               "peak_mw": float(np.nanmax(inside)) if np.isfinite(inside).any() else mean,
-                              "window_s": stop - start, "energy_mj_per_frame": mean * frame_ms / 1000,
+                              "window_s": stop - start,
+                              "energy_mj_per_frame": mean * (stop - start) / max(frames_timed, 1),
                               "temp_peak_c": max(temps) if temps else None}}
     return {"power_note": "no power telemetry on this device" + (f" ({'; '.join(notes)})" if notes else "")}
 

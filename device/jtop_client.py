@@ -10,6 +10,8 @@ fails there, and that failure must not read as a stopped service.
 from __future__ import annotations
 
 import re
+import threading
+import time
 from importlib import metadata
 from typing import Any
 
@@ -71,6 +73,14 @@ def start_error(err: Exception) -> DeviceError:
 
 # How long a new client waits for the service's first value (jtop's own wait: three client intervals).
 FIRST_VALUE_S = 5.0
+# The whole start, bounded: jtop's connect answers the manager's challenge with a blocking read, and its
+# _get_configuration calls the queue's get(interval * TIMEOUT_GAIN), whose first parameter is ``block``, not a timeout
+# (jetson-stats 7.2.2, jtop.py), so a service whose control loop died holds start() for ever.
+START_S = 15.0
+# jtop's constructor starts a thread that runs nvcc --version, opencv_version, dpkg -l and vulkaninfo
+# (jtop.py __init__, core/jetson_libraries.py); a client waits for it before it is used, so that no idle or timed
+# window shares the CPU with it.
+LIBRARY_SCAN_S = 30.0
 
 
 def start(interval_s: float, observer=None) -> Any:
@@ -80,14 +90,18 @@ def start(interval_s: float, observer=None) -> Any:
         interval_s: The client's interval.
         observer: Attached before the client's reader starts (it iterates its observers without a lock).
 
+    Returns only after jtop's library scan (a thread its constructor starts) has ended, or :data:`LIBRARY_SCAN_S`.
+
     Raises:
-        MissingDependencyError: jetson-stats is not installed, or the service does not answer.
+        MissingDependencyError: jetson-stats is not installed, or the service does not answer (within
+            :data:`START_S`).
         JtopVersionError: The service is of another major.minor release than the client.
     """
     client = require("jtop", "jetson-stats", "pip install 'edgefold[jetson]'")
 
     class Client(client.jtop):
         service_version: str | None = None
+        library_scan_s: float | None = None  # how long start() waited for jtop's library scan
 
         def _get_configuration(self):
             # jtop keeps the init message local to start(); the service's version is in it (jtop.py start()).
@@ -108,10 +122,29 @@ def start(interval_s: float, observer=None) -> Any:
     jetson = Client(interval=interval_s)
     if observer is not None:
         jetson.attach(observer)
-    try:
-        jetson.start()
-    except client.JtopException as err:
-        raise start_error(err) from None
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            jetson.start()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            failed.append(err)
+
+    starting = threading.Thread(target=run, name="jtop-start", daemon=True)
+    starting.start()
+    starting.join(START_S)
+    if starting.is_alive():  # left behind: a daemon thread blocked on the service's socket ends with the process
+        raise MissingDependencyError(f"the jtop service did not answer a new client within {START_S:g} s (its "
+                                     "control loop may have stopped)", fix=SERVICE_FIX)
+    if failed:
+        if isinstance(failed[0], client.JtopException):
+            raise start_error(failed[0]) from None
+        raise failed[0]
+    scan = getattr(jetson, "_thread_libraries", None)
+    if scan is not None:
+        began = time.monotonic()
+        scan.join(LIBRARY_SCAN_S)
+        jetson.library_scan_s = round(time.monotonic() - began, 3)
     return jetson
 
 

@@ -387,6 +387,8 @@ class BuildFacts(Measured):
     dla_unsupported_layers: list[str] | None = None
     engines: dict[int, str] | None = Field(None, description="batch size → that engine's key in the agent's cache, "
                                                              "for GET /v1/engines/{key} (2.12)")
+    host_wait: str | None = Field(None, description="how the host waits for each timed call: 'blocking-sync event' "
+                                                    "(trtexec's default, without --useSpinWait) (2.12)")
 
 
 class RuntimeInfo(Measured):

@@ -28,7 +28,10 @@ from device.telemetry import series
 from device.telemetry.base import COVERAGE_MIN, window_energy
 
 THERMAL_DIR = "/sys/devices/virtual/thermal"
-CLOCK_DROP = 0.95  # a GPU clock under this share of the first interval's is a throttle signal
+# An interval's median GPU clock under this share of the first interval's peak is a throttle signal. The median, not
+# the lowest reading: without jetson_clocks the GPU runs under its DVFS governor and jtop reads the instantaneous
+# cur_freq (jetson-stats 7.2.2, core/gpu.py), so one sample of a governor's dip is no throttle; a throttle holds.
+CLOCK_DROP = 0.95
 NVML_POWER_MASK = 0x4 | 0x80  # SwPowerCap, HwPowerBrakeSlowdown (NVML's clock-event reasons)
 WARMUP_CALLS = 3
 
@@ -121,7 +124,7 @@ def _percentiles(latencies: list[float]) -> dict[str, float]:
 
 
 def _over(traces, key: str, start: float, stop: float, how: str) -> float | None:
-    """A series' peak, low or bits ORed (a flags mask) over [start, stop] from the first sampler that read it there
+    """A series' peak, low, median or bits ORed (a flags mask) over [start, stop] from the first sampler that read it there
     (else its last reading before ``stop``: a source slower than the interval), or None."""
     for trace in traces:
         if key not in trace.values:
@@ -136,6 +139,8 @@ def _over(traces, key: str, start: float, stop: float, how: str) -> float | None
         if len(inside):
             if how == "or":
                 return float(np.bitwise_or.reduce(inside.astype(np.int64)))
+            if how == "median":
+                return float(np.median(inside))
             return float(inside.max() if how == "peak" else inside.min())
     return None
 
@@ -163,6 +168,7 @@ def _interval(raw: dict[str, Any], batch: int, traces, samplers, power_key: tupl
     record["cpu_temp_c"] = _over(traces, series.temperature("cpu"), start, stop, "peak") or temps.get("cpu-thermal")
     record["hottest_c"] = max(temps.values()) if temps else None
     record["gpu_clock_mhz"] = _over(traces, series.GPU_FREQ, start, stop, "low")
+    record["gpu_clock_median_mhz"] = _over(traces, series.GPU_FREQ, start, stop, "median")
     signals = [f"temperature: {t['zone']} at {temps[t['zone']]:.1f} °C, past its {t['type']} trip point "
                f"{t['temp_c']:.1f} °C" for t in trips
                if t["type"] in ("passive", "hot") and temps.get(t["zone"], -1e9) >= t["temp_c"]]
@@ -171,9 +177,10 @@ def _interval(raw: dict[str, Any], batch: int, traces, samplers, power_key: tupl
         signals.append(f"power: NVML clock-event reasons {reasons:#x} (a power cap)")
     if reasons & NVML_THROTTLE_MASK & ~NVML_POWER_MASK:
         signals.append(f"temperature: NVML clock-event reasons {reasons:#x} (a thermal or hardware slowdown)")
-    clock = record["gpu_clock_mhz"]
+    clock = record["gpu_clock_median_mhz"]
     if clock is not None and first_clock and clock < CLOCK_DROP * first_clock:
-        signals.append(f"clock: the GPU at {clock:.0f} MHz, {first_clock:.0f} in the first interval")
+        signals.append(f"clock: the GPU at {clock:.0f} MHz (the interval's median), {first_clock:.0f} in the first "
+                       "interval")
     record["signals"] = signals
     return record
 

@@ -62,6 +62,8 @@ class BuildSettings:
     network_flags: tuple[str, ...]
     builder_flags: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
+    # Flags TensorRT sets by default that the build clears (IBuilderConfig::clearFlag; trtexec's --no<Flag>).
+    cleared_flags: tuple[str, ...] = field(default=())
 
 
 def trt_version_tuple(version: str) -> tuple[int, int, int]:
@@ -172,7 +174,14 @@ def build_settings(trt_version: str, options: BuildOptions, board: str | None = 
             # kPREFER_PRECISION_CONSTRAINTS on every --useDLACore build; EdgeFold builds what its recorded
             # trtexec line builds. TensorRT 11 removed the precision-constraint flags (strongly typed).
             builder = builder + ("PREFER_PRECISION_CONSTRAINTS",)
-    return BuildSettings(major, network_flags, tuple(builder), tuple(notes))
+    cleared: tuple[str, ...] = ()
+    if options.precision == "fp32":
+        # BuilderFlag.TF32 is on by default (NvInfer.h; trtexec too, unless --noTF32): on Ampere and later an
+        # "fp32" engine may then round convolution and matrix inputs to 10-bit mantissas. An fp32 rung is IEEE FP32
+        # math here, the reference its FP16 and INT8 forms are held against.
+        cleared = ("TF32",)
+        notes.append("fp32: TF32 off (TensorRT allows it by default; the rung is IEEE FP32 math)")
+    return BuildSettings(major, network_flags, tuple(builder), tuple(notes), cleared)
 
 
 def trtexec_command(onnx: str, engine: str, input_name: str, chw: tuple[int, int, int], options: BuildOptions,
@@ -195,6 +204,8 @@ def trtexec_command(onnx: str, engine: str, input_name: str, chw: tuple[int, int
         cmd += [f"--{flag.lower()}" for flag in settings.builder_flags if flag in ("INT8", "FP16")]
         if "STRONGLY_TYPED" in settings.network_flags:
             cmd.append("--stronglyTyped")
+    if "TF32" in settings.cleared_flags:
+        cmd.append("--noTF32")
     if options.dla_core is not None:
         cmd += [f"--useDLACore={options.dla_core}", "--allowGPUFallback"]
         if "PREFER_PRECISION_CONSTRAINTS" in settings.builder_flags:

@@ -73,5 +73,6 @@ def build_facts(runner: Any) -> dict[str, Any]:
              "built_now": runner.built_now, "precision_built": runner.precision_built,
              "trtexec": getattr(runner, "trtexec", None) or None,
              "dla_unsupported_layers": getattr(runner, "dla_unsupported_layers", None) or None,
-             "engines": getattr(runner, "engine_keys", None) or None}
+             "engines": getattr(runner, "engine_keys", None) or None,
+             "host_wait": getattr(runner, "host_wait", None)}
     return {key: value for key, value in facts.items() if value is not None}

@@ -40,6 +40,36 @@ from device.errors import (DlaError, EngineBuildError, MissingDependencyError, R
 from device.runners.base import Runner, engine_facts
 
 
+def host_type(trt, dtype, name: str) -> np.dtype:
+    """The NumPy type a tensor's host buffer holds: TensorRT's own (``trt.nptype``), bfloat16 as its 16 bits
+    (``nptype`` refuses it; widened to float32 when read).
+
+    Raises:
+        RunnerError: A type no host buffer can hold element by element (FP8, INT4, FP4: ``nptype`` refuses them too).
+    """
+    if dtype == getattr(trt.DataType, "BF16", object()):
+        return np.dtype(np.uint16)
+    try:
+        return np.dtype(trt.nptype(dtype))
+    except TypeError:
+        kind = getattr(dtype, "name", str(dtype))
+        raise RunnerError(f"TensorRT tensor {name!r} is of type {kind}, which has no host type this runner can read "
+                          "or write", fix="keep the network's inputs, outputs and marked tensors in FP32, FP16, BF16 "
+                                          "or INT8 (a Cast in the ONNX before an output; mark a tensor before its "
+                                          "quantize)") from None
+
+
+def to_bfloat16(values: np.ndarray) -> np.ndarray:
+    """float32 → bfloat16's 16 bits, rounded to nearest even."""
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16's 16 bits → float32 (exact)."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 @dataclass
 class _Engine:
     """One engine (one batch size), its execution context, device buffers and pinned host buffers.
@@ -167,7 +197,8 @@ class TensorRTRunner(Runner):
         # The model's own outputs first (a debug build records them): marked outputs may come before them.
         own = [n for n in first.build.get("network_outputs") or () if n in outputs]
         self.outputs = own + [n for n in outputs if n not in own]
-        self.dtypes = {n: np.dtype(trt.nptype(first.engine.get_tensor_dtype(n))) for n in names}
+        self.dtypes = {n: host_type(trt, first.engine.get_tensor_dtype(n), n) for n in names}
+        self.bfloat16 = {n for n in names if first.engine.get_tensor_dtype(n) == getattr(trt.DataType, "BF16", None)}
         self.input_chw = tuple(d if d > 0 else None for d in first.engine.get_tensor_shape(self.inputs[0])[1:])
         self._marked_layers = dict(first.build.get("marked_outputs") or {})
         self.dla_unsupported_layers = sorted({name for e in self._engines.values()
@@ -179,7 +210,10 @@ class TensorRTRunner(Runner):
                 f" + GPU fallback ({len(self.dla_unsupported_layers)} network layers cannot run on the DLA)"
                 if self.dla_unsupported_layers else "")
         self.stream = self.cuda.stream()
-        self._events = tuple(self.cuda.event() for _ in range(4))  # type: ignore[assignment]
+        # The host sleeps on the last event of each call (blocking sync, trtexec's default without --useSpinWait):
+        # a spinning wait would hold a core the frame's decode thread needs and move the energy per image.
+        self._events = (*(self.cuda.event() for _ in range(3)), self.cuda.event(blocking=True))  # type: ignore
+        self.host_wait = "blocking-sync event"
         for entry in self._engines.values():
             self._bind(entry)
 
@@ -242,7 +276,10 @@ class TensorRTRunner(Runner):
             raise ShapeOutsideProfileError(
                 f"input shape {tuple(batch.shape)} is not the engine's {entry.host_in.shape} (batch {entry.batch})",
                 fix="check the model's C×H×W against the preprocessing")
-        np.copyto(entry.host_in, batch, casting="unsafe")
+        if self.inputs[0] in self.bfloat16:
+            entry.host_in[...] = to_bfloat16(batch)
+        else:
+            np.copyto(entry.host_in, batch, casting="unsafe")
         first = self.outputs[0]
         begin, enqueued_at, computed_at, end = self._events
         self.cuda.record(begin, self.stream)
@@ -255,12 +292,12 @@ class TensorRTRunner(Runner):
         self.cuda.record(computed_at, self.stream)
         self.cuda.copy(entry.host_out.ctypes.data, entry.buffers[first][0], entry.host_out.nbytes, _D2H, self.stream)
         self.cuda.record(end, self.stream)
-        self.cuda.synchronize(self.stream)
+        self.cuda.wait_event(end)
         self.last_device_ms = {"latency_ms": self.cuda.elapsed_ms(begin, end),
                                "gpu_compute_ms": self.cuda.elapsed_ms(enqueued_at, computed_at),
                                "h2d_ms": self.cuda.elapsed_ms(begin, enqueued_at),
                                "d2h_ms": self.cuda.elapsed_ms(computed_at, end)}
-        return entry.host_out.copy()
+        return from_bfloat16(entry.host_out) if first in self.bfloat16 else entry.host_out.copy()
 
     def run_marked(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         """Runs ``batch`` and returns the tensors marked at build time (``BuildOptions.mark_outputs``), float32.
@@ -278,7 +315,7 @@ class TensorRTRunner(Runner):
             host = np.empty(shape, dtype=self.dtypes[name])
             self.cuda.copy(host.ctypes.data, entry.buffers[name][0], host.nbytes, _D2H, self.stream)
             self.cuda.synchronize(self.stream)
-            values[name] = host.astype(np.float32)
+            values[name] = from_bfloat16(host) if name in self.bfloat16 else host.astype(np.float32)
         return values
 
     def marked_shapes(self, batch: int) -> dict[str, tuple[tuple[int, ...], int]]:

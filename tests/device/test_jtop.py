@@ -124,3 +124,48 @@ def test_a_service_whose_first_value_comes_late_is_waited_for(tmp_path):
             assert client.ok() and client.power["tot"]["power"] > 0
         finally:
             client.close()
+
+
+@pytest.mark.slow  # the real jtop service
+@needs_root
+def test_a_client_is_handed_over_after_jtops_library_scan(tmp_path, monkeypatch):
+    """jtop's constructor starts a thread that runs nvcc, opencv_version, dpkg -l and vulkaninfo (jetson-stats 7.2.2,
+    jtop.py __init__ and _load_jetson_libraries); planted here as a 1.5 s scan. A job's idle window must not share the
+    CPU with it, so start() returns only when it has ended."""
+    import sys
+
+    import jtop  # noqa: F401 - its package exports the class under the module's name: the module is sys.modules'
+
+    from device import jtop_client
+
+    jtop_module = sys.modules["jtop.jtop"]
+
+    def slow_scan():
+        time.sleep(1.5)  # dpkg -l and vulkaninfo on a busy board
+        return {}
+
+    monkeypatch.setattr(jtop_module, "get_libraries", slow_scan)
+    with service(tmp_path, "orin-nano"):
+        began = time.monotonic()
+        client = jtop_client.start(0.05)
+        try:
+            assert not client._thread_libraries.is_alive() and time.monotonic() - began >= 1.5
+            assert client.library_scan_s > 0.5 and client.ok()
+        finally:
+            client.close()
+
+
+@pytest.mark.slow  # the real jtop service
+@needs_root
+def test_a_service_that_stops_answering_fails_the_start_in_bounded_time(tmp_path, monkeypatch):
+    """A stopped service (SIGSTOP: its control loop answers nothing) held jtop's start() for ever: the manager's
+    challenge is a blocking read, and _get_configuration's queue get takes its timeout as ``block``."""
+    from device import jtop_client
+
+    monkeypatch.setattr(jtop_client, "START_S", 2.0)
+    with service(tmp_path, "orin-nano") as svc:
+        svc.pause()
+        began = time.monotonic()
+        with pytest.raises(MissingDependencyError, match="did not answer a new client within 2 s") as err:
+            jtop_client.start(0.05)
+        assert time.monotonic() - began < 5 and "systemctl restart jtop.service" in err.value.fix

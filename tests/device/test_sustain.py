@@ -66,6 +66,24 @@ def test_nvml_reasons_are_the_bits_seen_in_the_interval_each_named():
     assert record["gpu_clock_mhz"] == 1350.0  # its lowest: within 95% of the first interval's peak, no clock signal
 
 
+def test_a_governors_dip_is_no_throttle_and_a_held_drop_is():
+    """Without jetson_clocks the GPU runs under DVFS and jtop reads the instantaneous clock (jetson-stats 7.2.2,
+    core/gpu.py): one sample of a governor's dip to 306 MHz is no throttle; the clock held at 624 MHz is."""
+    from device.sustain import _interval
+    from device.telemetry import series
+    from device.telemetry.base import Trace
+
+    sampler = type("Jtop", (), {"name": "jtop"})()
+    raw = {"start": 0.0, "stop": 2.0, "end_s": 2.0, "latencies": [0.01] * 10, "temps": {}}
+    times = np.arange(0.0, 2.0, 0.25)
+    dip = Trace(times, {series.GPU_FREQ: np.array([1300.0, 1300, 306, 1300, 1300, 1300, 1300, 1300])}, 4.0)
+    record = _interval(raw, 1, [dip], [sampler], None, [], first_clock=1300.0)
+    assert record["signals"] == [] and record["gpu_clock_mhz"] == 306.0 and record["gpu_clock_median_mhz"] == 1300.0
+    held = Trace(times, {series.GPU_FREQ: np.array([1300.0, 624, 624, 624, 624, 624, 624, 1300])}, 4.0)
+    record = _interval(raw, 1, [held], [sampler], None, [], first_clock=1300.0)
+    assert record["signals"] == ["clock: the GPU at 624 MHz (the interval's median), 1300 in the first interval"]
+
+
 def test_the_first_throttle_names_a_temperature_before_a_power_cap_before_a_clock_drop():
     quiet = {"end_s": 1.0, "signals": []}
     both = {"end_s": 2.0, "signals": ["clock: the GPU at 306 MHz, 624 in the first interval",

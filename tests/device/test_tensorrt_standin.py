@@ -289,6 +289,13 @@ def test_timed_call_reports_trtexec_latency_and_gpu_compute(monkeypatch, tmp_pat
         assert times["h2d_ms"] >= 0 and times["d2h_ms"] >= 0
         assert times["h2d_ms"] + times["gpu_compute_ms"] + times["d2h_ms"] == pytest.approx(times["latency_ms"])
         assert trt_runner.cuda.pinned_bytes >= 4 * 3 * 16 * 16 * 4
+        # The host sleeps on the call's last event (blocking sync, trtexec's default without --useSpinWait), never on
+        # a spinning stream synchronize; the build facts say so.
+        end = trt_runner._events[-1]
+        assert trt_runner.cuda.blocking_events == {end} and trt_runner.cuda.waited == [end]
+        from device.runners.base import build_facts
+
+        assert build_facts(trt_runner)["host_wait"] == "blocking-sync event"
 
 
 def test_job_result_and_report_carry_three_latencies(monkeypatch, tmp_path, float_model):
@@ -541,3 +548,45 @@ def test_the_frame_prefix_stays_fp32_in_an_fp16_engine_and_takes_a_uint8_frame(m
         assert "--precisionConstraints=prefer" in built["trtexec"] and "frame_prefix/Cast" in built["trtexec"]
     else:
         assert built["fp32_layers"] == [] and "--precisionConstraints" not in built["trtexec"]
+
+
+def test_bfloat16_io_and_marked_tensors_are_carried_and_fp8_is_refused_by_name(monkeypatch, tmp_path, float_model):
+    """TensorRT's nptype has no NumPy type for BF16, FP8 or INT4 and raises TypeError (tensorrt/__init__.py, v10.3.0
+    and v11.1): a BF16 input, output or marked tensor travels as its 16 bits and is widened; FP8 is refused with the
+    tensor's name and the fix (the stand-in plants the types a strongly typed network would report)."""
+    from device.errors import RunnerError
+
+    trt = trt_standin.install(monkeypatch, "10.3.0")
+    trt.planted_io_types.update(input="bf16", output="bf16", marked="bf16")
+    batch = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    with make_runner("onnxruntime", str(float_model)) as reference:
+        expected = reference.infer(batch)
+    with runner(float_model, tmp_path, batch_sizes=(2,), marked=("relu",)) as trt_runner:
+        assert trt_runner.dtypes[trt_runner.inputs[0]] == np.uint16 and trt_runner.bfloat16 >= {"input", "relu"}
+        out = trt_runner.infer(batch)
+        relu = trt_runner.run_marked(batch)["relu"]
+    # bfloat16 keeps 8 bits of mantissa: within 1% of the float32 values (the input rounded, the output truncated).
+    assert out.dtype == np.float32 and np.allclose(out, expected, rtol=2e-2, atol=2e-2)
+    assert relu.dtype == np.float32 and relu.min() >= 0 and relu.shape[0] == 2
+    trt.planted_io_types.clear()
+    trt.planted_io_types["marked"] = "fp8"
+    with pytest.raises(RunnerError, match="tensor 'relu' is of type FP8, which has no host type") as err:
+        with runner(float_model, tmp_path / "fp8", batch_sizes=(2,), marked=("relu",)):
+            pass
+    assert "mark a tensor before its quantize" in err.value.fix
+
+
+@pytest.mark.parametrize("version", ["10.3.0", "11.1.0"])
+def test_an_fp32_engine_is_built_without_tf32_and_its_trtexec_line_says_so(monkeypatch, tmp_path, float_model,
+                                                                           half_model, version):
+    """BuilderFlag.TF32 is on by default (NvInfer.h; trtexec unless --noTF32): an fp32 rung is IEEE FP32 math, the
+    reference its FP16 and INT8 forms are held against, so its build clears it; the FP16 rung keeps TensorRT's
+    default."""
+    trt_standin.install(monkeypatch, version)
+    with runner(float_model, tmp_path / "fp32", batch_sizes=(2,)) as fp32:
+        plan = json.loads(fp32._engines[2].path.read_bytes())
+        assert plan["tf32"] is False and "--noTF32" in fp32.trtexec[2]
+    if version.startswith("10"):
+        with runner(half_model, tmp_path / "fp16", batch_sizes=(2,), precision="fp16") as fp16:
+            assert json.loads(fp16._engines[2].path.read_bytes())["tf32"] is True
+            assert "--noTF32" not in fp16.trtexec[2]

@@ -72,9 +72,10 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
     # NvInfer.h v10.3.0 BuilderFlag: kFP16 = 0, kINT8 = 1, kGPU_FALLBACK = 3; research note: on 11 the
     # INT8 and FP16 flags are gone (getattr(trt.BuilderFlag, "INT8") raises AttributeError there).
     # NvInfer.h v10.3.0: kPREFER_PRECISION_CONSTRAINTS = 10 (11: removed with the other precision flags).
-    trt.BuilderFlag = enum.IntEnum("BuilderFlag", {"FP16": 0, "INT8": 1, "GPU_FALLBACK": 3,
+    # kTF32 = 6, on by default (NvInfer.h: "Enabled by default"): a new config has it set.
+    trt.BuilderFlag = enum.IntEnum("BuilderFlag", {"FP16": 0, "INT8": 1, "GPU_FALLBACK": 3, "TF32": 6,
                                                    "PREFER_PRECISION_CONSTRAINTS": 10} if major == 10
-                                   else {"GPU_FALLBACK": 3})
+                                   else {"GPU_FALLBACK": 3, "TF32": 6})
     # NvInfer.h LayerType (the members the code reads); the parser makes CONSTANT for initializers,
     # SHUFFLE for Reshape/Flatten and QUANTIZE/DEQUANTIZE for Q/DQ nodes.
     trt.LayerType = enum.IntEnum("LayerType", {"CONVOLUTION": 0, "ACTIVATION": 2, "POOLING": 3, "ELEMENTWISE": 7,
@@ -87,8 +88,21 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
     trt.TensorIOMode = enum.IntEnum("TensorIOMode", {"NONE": 0, "INPUT": 1, "OUTPUT": 2})
     # NvInfer.h v10.3.0: kFLOAT = 0, kHALF = 1, kINT8 = 2, kINT32 = 3, kBOOL = 4, kUINT8 = 5 (network I/O only),
     # kINT64 = 8 (shape arithmetic: Shape, and Slice/Concat of shapes).
-    trt.DataType = enum.IntEnum("DataType", {"FLOAT": 0, "HALF": 1, "INT8": 2, "INT32": 3, "UINT8": 5, "INT64": 8})
-    trt.nptype = lambda dtype: {0: np.float32, 1: np.float16, 2: np.int8, 3: np.int32, 5: np.uint8}[int(dtype)]
+    # kFP8 = 6, kBF16 = 7, kINT4 = 9: trt.nptype has no NumPy type for them and raises TypeError
+    # (python/packaging/bindings_wheel/tensorrt/__init__.py nptype, v10.3.0 and v11.1).
+    trt.DataType = enum.IntEnum("DataType", {"FLOAT": 0, "HALF": 1, "INT8": 2, "INT32": 3, "UINT8": 5, "FP8": 6,
+                                             "BF16": 7, "INT64": 8, "INT4": 9})
+
+    def nptype(dtype):
+        found = {0: np.float32, 1: np.float16, 2: np.int8, 3: np.int32, 5: np.uint8, 8: np.int64}.get(int(dtype))
+        if found is None:
+            raise TypeError("Could not resolve TensorRT datatype to an equivalent numpy datatype.")
+        return found
+
+    trt.nptype = nptype
+    # Planted I/O types (tests only): "input", "output" or "marked" → "bf16" or "fp8", as a strongly typed network
+    # with such tensors would report them; BF16 values travel as their upper 16 bits.
+    trt.planted_io_types = {}
 
     class Logger:
         WARNING, ERROR, INFO = 2, 1, 3
@@ -268,7 +282,7 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
 
     class BuilderConfig:
         def __init__(self) -> None:
-            self.flags_set: set[int] = set()
+            self.flags_set: set[int] = {int(trt.BuilderFlag.TF32)}  # on by default
             self.default_device_type = trt.DeviceType.GPU
             self.DLA_core = -1
             self.profiling_verbosity = trt.ProfilingVerbosity.LAYER_NAMES_ONLY
@@ -281,6 +295,9 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
 
         def set_flag(self, flag) -> None:
             self.flags_set.add(int(flag))
+
+        def clear_flag(self, flag) -> None:
+            self.flags_set.discard(int(flag))
 
         def get_flag(self, flag) -> bool:
             return int(flag) in self.flags_set
@@ -388,7 +405,7 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
                 layers.append({"name": layer.name, "op": layer.op, "precision": precision,
                                "device": "dla" if on_dla else "gpu"})
             plan = {"standin": True, "version": version, "onnx": network.onnx, "input": tensor.name,
-                    "io_dtype": network.io_type,
+                    "io_dtype": network.io_type, "tf32": int(trt.BuilderFlag.TF32) in config.flags_set,
                     "network_shape": list(tensor.shape), "min": list(low), "max": list(high),
                     "dla_core": config.DLA_core if dla else None, "layers": _fuse_dla(layers),
                     "marked": list(network.marked),
@@ -477,6 +494,10 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
 
         def get_tensor_dtype(self, name: str):
             # An FP16 ONNX's I/O tensors are HALF (the parser keeps the graph's I/O types); a marked tensor is FLOAT.
+            role = "marked" if name in self.marked else "input" if name == self.plan["input"] else \
+                "output" if name == self.output_name else None
+            if role in trt.planted_io_types:
+                return {"bf16": trt.DataType.BF16, "fp8": trt.DataType.FP8}[trt.planted_io_types[role]]
             if name in self.marked:
                 return trt.DataType.FLOAT
             if self.plan.get("io_dtype") == "uint8":  # UINT8 is network I/O only: here a frame in, logits out
@@ -572,13 +593,21 @@ def make_tensorrt(version: str = "10.3.0", dla_cores: int = 0, device_memory_byt
                 return False
             count = int(np.prod(self.shape))
             io = {"fp16": np.float16, "uint8": np.uint8}.get(plan.get("io_dtype"), np.float32)
-            data = np.frombuffer((ctypes.c_char * (count * np.dtype(io).itemsize)).from_address(
-                self.addresses[plan["input"]]), dtype=io).reshape(self.shape)
+            planted = trt.planted_io_types
+            read_as = np.uint16 if planted.get("input") == "bf16" else io
+            data = np.frombuffer((ctypes.c_char * (count * np.dtype(read_as).itemsize)).from_address(
+                self.addresses[plan["input"]]), dtype=read_as).reshape(self.shape)
+            if planted.get("input") == "bf16":
+                data = (data.astype(np.uint32) << 16).view(np.float32).astype(io)
             values = _ort_run(plan["onnx"], self.engine.marked, trt.planted_deviation, {plan["input"]: data.copy()})
             result = values[0].astype(np.float32 if io is np.uint8 else io)
+            if planted.get("output") == "bf16":  # truncated to bfloat16's upper 16 bits, as a BF16 output holds
+                result = (np.ascontiguousarray(result, np.float32).view(np.uint32) >> 16).astype(np.uint16)
             for name, value in zip(self.engine.marked, values[1:]):
                 # Marked outputs are FLOAT unless the network says otherwise (ITensor::setType is never called).
                 value = np.ascontiguousarray(value, dtype=np.float32)
+                if planted.get("marked") == "bf16":
+                    value = (value.view(np.uint32) >> 16).astype(np.uint16)
                 ctypes.memmove(self.addresses[name], value.ctypes.data, value.nbytes)
             if trt.planted_swap_every and (trt.planted_swap_batches is None
                                            or self.shape[0] in trt.planted_swap_batches):
@@ -754,11 +783,20 @@ class FakeCuda:
         self.free(pointer)
 
     # Events: the stand-in runs every call synchronously, so an event's time is when it was recorded.
-    def event(self) -> int:
+    def event(self, blocking: bool = False) -> int:
         self.events = getattr(self, "events", {})
+        self.blocking_events = getattr(self, "blocking_events", set())
         handle = len(self.events) + 1
         self.events[handle] = None
+        if blocking:
+            self.blocking_events.add(handle)
         return handle
+
+    def wait_event(self, event: int) -> None:
+        # cudaEventSynchronize on an event never recorded returns at once; here every waited event was recorded.
+        if self.events.get(event) is None:
+            raise AssertionError(f"waited on event {event}, which was never recorded")
+        self.waited = [*getattr(self, "waited", []), event]
 
     def record(self, event: int, stream: int) -> None:
         import time

@@ -146,7 +146,7 @@ def test_a_frame_measured_with_power_and_copies_says_both(tmp_path):
            **frame_fields([SimpleNamespace(frame=frame, evaluation=None, more_evaluations=[])])}
     assert row["frame_power_w"] == 6.1 and row["frame_energy_mj"] == 1.5 and row["frame_copies_h2d_ms"] == 0.21
     text = "\n".join(to_markdown_lines(frame_section({"rows": [row]}, None)))
-    assert ("student on orin-nano: 6.10 W (jtop:VDD_IN) over the frame timing, ≈1.50 mJ a frame one by one" in text
+    assert ("student on orin-nano: 6.10 W (jtop:VDD_IN) over the frame timing, 1.50 mJ a frame (the window" in text
             and "host→device copy 0.210 ms, device→host 0.010 ms a frame" in text)
     scored = FrameResult.model_validate({**frame.model_dump(), "scores": {
         "artifact": "0" * 64, "images": 2, "top_k": 1, "predictions": [[0], [1]], "seconds": 0.1}})

@@ -133,7 +133,8 @@ def frame_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Secti
     files = data.get("frame_files") or {}
     notes += [note for note in (files.get("in_graph_note"), files.get("images_note")) if note]
     notes += [f"{r['rung']} on {r['device']}: {r['frame_power_w']:.2f} W ({r['frame_power_source']}) over the frame "
-              f"timing, ≈{r['frame_energy_mj']:.2f} mJ a frame one by one (that power × the median frame time)"
+              f"timing, {r['frame_energy_mj']:.2f} mJ a frame (the window's energy over every frame run in it: an "
+              "average over the forms and modes the rounds interleave)"
               for r in rows if r.get("frame_power_w") is not None]
     notes += [f"{r['rung']} on {r['device']}: host→device copy {r['frame_copies_h2d_ms']:.3f} ms, device→host "
               f"{r['frame_copies_d2h_ms']:.3f} ms a frame, inside the engine's time (CUDA events)"
