@@ -32,6 +32,9 @@ EXTRAS   ?= build,device,modelopt,nvml,dev
 # The exact versions the tests and benchmarks ran with, for x86_64 and aarch64 (make lock refreshes it); setup.cfg
 # keeps ranges for people who install EdgeFold into an environment of their own. LOCK= (empty) installs without it.
 LOCK     ?= constraints.txt
+# The agent's own lock (make agent-lock): the device, nvml and jetson extras resolved for aarch64 and Python 3.10
+# with numpy<2 (JetPack 6's Torch-TensorRT wheel), which the images, the bundle and make agent on a Jetson install.
+AGENT_LOCK ?= docker/agent-constraints.txt
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist, the dev extra); each test file runs whole on one worker, the longest files first
 # (tests/conftest.py). 1: no xdist.
@@ -68,7 +71,7 @@ RUN_CMD := $(if $(filter-out 1,$(NPROC)),$(BIN)/torchrun --standalone --nproc_pe
 # 27% slower on two cores: bench/results/train-speed-*); the tests set PASSIVE themselves (tests/conftest.py), since
 # many processes share the cores there and a spinning wait steals another's time.
 
-.PHONY: help venv agent-venv lock edge test ship bench bench-seeds readme-figures data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
+.PHONY: help venv agent-venv lock agent-lock edge test ship bench bench-seeds readme-figures data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
 
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → export → quantize → evaluate → deploy → report)"
@@ -88,6 +91,7 @@ help:
 	@echo "make readme-figures        the README's generated parts again: console examples, the report's picture, figures"
 	@echo "make data                  install Fashion-MNIST (Debian's dataset-fashion-mnist)"
 	@echo "make lock                  re-resolve constraints.txt, the exact versions make installs (x86_64 and aarch64)"
+	@echo "make agent-lock            re-resolve docker/agent-constraints.txt, the agent's (images, bundle, a Jetson)"
 	@echo "make clean | distclean     remove runs/ | also the virtual environment"
 
 venv: $(STAMP)
@@ -149,11 +153,13 @@ readme-figures: $(STAMP)
 
 agent-venv: $(AGENT_STAMP)
 
-$(AGENT_STAMP): setup.cfg pyproject.toml $(LOCK) | venv-system-site
+# On a Jetson the venv is the agent's alone: it installs with the agent's lock (numpy<2, JetPack's wheels).
+AGENT_LOCK_ARGS := $(if $(SYSTEM_SITE_PACKAGES),$(if $(AGENT_LOCK),-c $(AGENT_LOCK)),$(LOCK_ARGS))
+$(AGENT_STAMP): setup.cfg pyproject.toml $(LOCK) $(AGENT_LOCK) | venv-system-site
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[$(AGENT_EXTRAS)]' $(LOCK_ARGS)
+	$(BIN)/python -m pip install --quiet -e '.[$(AGENT_EXTRAS)]' $(AGENT_LOCK_ARGS)
 	$(if $(SYSTEM_SITE_PACKAGES),$(BIN)/python -c 'import jtop' 2>/dev/null || \
-	  $(BIN)/python -m pip install --quiet 'jetson-stats' $(LOCK_ARGS))
+	  $(BIN)/python -m pip install --quiet 'jetson-stats' $(AGENT_LOCK_ARGS))
 	touch $@
 
 # One universal resolve (uv) of every extra make installs, for Python 3.10+ on x86_64 and aarch64 (markers say
@@ -167,6 +173,18 @@ lock: | venv-system-site
 	   $(BIN)/uv pip compile setup.cfg $(foreach e,$(LOCK_EXTRAS),--extra $(e)) --universal --python-version 3.10 \
 	     --no-header --quiet; } > $(LOCK).new && mv $(LOCK).new $(LOCK)
 	@echo "wrote $(LOCK): $$(grep -c '==' $(LOCK)) pins"
+
+# The agent's lock: resolved for the Jetson (aarch64, JetPack 6's Python 3.10) without markers, so that pip download
+# --platform for another target reads the same pins; make test's bundle tests resolve it for L4T 36 and 38.
+agent-lock: | venv-system-site
+	$(BIN)/python -m pip install --quiet 'uv>=0.9'
+	@{ echo "# EdgeFold agent's lock: generated $$(date -u +%Y-%m-%d) by 'make agent-lock', which runs:"; \
+	   echo "#   uv pip compile setup.cfg docker/agent-lock.in --extra device --extra nvml --extra jetson --python-version 3.10 --python-platform aarch64-unknown-linux-gnu"; \
+	   echo "# The images, the offline bundle and make agent on a Jetson install with it (-c)."; \
+	   $(BIN)/uv pip compile setup.cfg docker/agent-lock.in --extra device --extra nvml --extra jetson \
+	     --python-version 3.10 --python-platform aarch64-unknown-linux-gnu --no-header --no-annotate --quiet; \
+	 } > $(AGENT_LOCK).new && mv $(AGENT_LOCK).new $(AGENT_LOCK)
+	@echo "wrote $(AGENT_LOCK): $$(grep -c '==' $(AGENT_LOCK)) pins"
 
 # Its first line says which TensorRT it found (or why none) and what runtime `auto` will measure with.
 agent: $(AGENT_STAMP)

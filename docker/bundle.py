@@ -25,6 +25,7 @@ from platforms import PlatformError, release, torch_tensorrt, version  # noqa: E
 
 from device.files import sha256_file  # noqa: E402  (make bundle runs in the project's venv)
 
+AGENT_LOCK = HERE / "agent-constraints.txt"  # make agent-lock: the agent's pins, resolved for aarch64
 EXTRAS = "device,jetson"  # jetson: its wheel travels in the bundle; install.sh installs it only where no jtop is
 GLIBC = {"20.04": 31, "22.04": 35, "24.04": 39}  # Ubuntu release → glibc 2.x
 
@@ -85,9 +86,10 @@ def download_commands(requirement: str, platforms: list[str], python_version: st
     Without Torch-TensorRT, one: the agent's wheel with its extras. With it: ``torch_tensorrt`` alone without its
     dependencies (its ``tensorrt`` requirement is JetPack's own install, which has no wheel), then the agent, torch,
     ModelOpt and torch_tensorrt's other requirements resolved TOGETHER, so one consistent set is downloaded (its
-    ``numpy<2.0.0`` binds the agent's numpy too).
+    ``numpy<2.0.0`` binds the agent's numpy too). Every call downloads the versions of the agent's lock
+    (:data:`AGENT_LOCK`).
     """
-    common = [sys.executable, "-m", "pip", "download", "--only-binary=:all:"]
+    common = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "-c", str(AGENT_LOCK)]
     target = ["--python-version", python_version, "--implementation", "cp", "--dest", str(dest)]
     if torch_tensorrt_wheels is None:
         flags = [flag for platform in platforms for flag in ("--platform", platform)]

@@ -42,6 +42,8 @@ RUN apt-get update \
 # --system-site-packages: JetPack's TensorRT bindings (python3-libnvinfer) live in the system Python.
 RUN "python${PYTHON_VERSION}" -m venv --system-site-packages /opt/edgefold
 COPY --from=wheel /wheels /wheels
+# The agent's lock (make agent-lock), less jetson-stats: JETSON_STATS names the board's own service's release.
+COPY docker/agent-constraints.txt /wheels/agent-constraints.txt
 # With Torch-TensorRT, one pip call resolves the agent and the wheels together (torch_tensorrt's JetPack wheel
 # requires numpy<2 and JetPack's TensorRT 10.3, which the venv sees in the system site packages). The torch wheel
 # needs cuSPARSELt: pytorch/TensorRT's JetPack guide (docsrc/getting_started/jetpack.rst@v2.9.0) installs this
@@ -50,13 +52,14 @@ ARG CUSPARSELT=https://developer.download.nvidia.com/compute/cusparselt/redist/l
 # set -e: every step of the flag's branch must succeed (the SHELL has pipefail, not errexit).
 RUN set -e; \
     wheel="$(ls /wheels/edgefold-*.whl)"; \
+    grep -v '^jetson-stats==' /wheels/agent-constraints.txt > /tmp/agent-constraints.txt; \
     if [ "$WITH_TORCH_TENSORRT" = 1 ]; then \
       if [ -z "$TORCH_TENSORRT_INDEX" ] || [ -z "$TORCH_TENSORRT_PACKAGES" ]; then \
         echo "error: WITH_TORCH_TENSORRT=1 without TORCH_TENSORRT_INDEX/PACKAGES; use: make docker-jetson L4T=... TORCH_TENSORRT=1" >&2; \
         exit 2; \
       fi; \
       echo "$TORCH_TENSORRT_PACKAGES" | tr , '\n' > /tmp/torch-tensorrt.txt; \
-      /opt/edgefold/bin/pip install --no-cache-dir --extra-index-url "$TORCH_TENSORRT_INDEX" "${wheel}[device]" "jetson-stats==${JETSON_STATS}" \
+      /opt/edgefold/bin/pip install --no-cache-dir -c /tmp/agent-constraints.txt --extra-index-url "$TORCH_TENSORRT_INDEX" "${wheel}[device]" "jetson-stats==${JETSON_STATS}" \
         -r /tmp/torch-tensorrt.txt; \
       rm /tmp/torch-tensorrt.txt; \
       if [ ! -e /usr/local/cuda/lib64/libcusparseLt.so ]; then \
@@ -68,9 +71,9 @@ RUN set -e; \
         rm -rf /tmp/cusparselt /tmp/cusparselt.tar.xz; \
       fi; \
     else \
-      /opt/edgefold/bin/pip install --no-cache-dir "${wheel}[device]" "jetson-stats==${JETSON_STATS}"; \
+      /opt/edgefold/bin/pip install --no-cache-dir -c /tmp/agent-constraints.txt "${wheel}[device]" "jetson-stats==${JETSON_STATS}"; \
     fi; \
-    rm -rf /wheels
+    rm -rf /wheels /tmp/agent-constraints.txt
 COPY docker/smoke_check.py /opt/edgefold/smoke_check.py
 ENV PATH=/opt/edgefold/bin:$PATH
 VOLUME ["/var/lib/edgefold-agent"]

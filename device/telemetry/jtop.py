@@ -19,7 +19,9 @@ blocking: its blocking form stops the client's reader for good after one stall.
 
 from __future__ import annotations
 
+import collections
 import math
+import statistics
 import threading
 import time
 from typing import Any
@@ -34,6 +36,11 @@ INPUT_RAILS = ("VIN", "POM_5V_IN", "VDD_IN")
 KHZ_THRESHOLD = 20_000
 # /proc/uptime prints hundredths truncated: the measurement lies on average half a step later.
 _UPTIME_HALF_STEP_S = 0.005
+# The service's tick runs `nvpmodel -q` and rebuilds its process table (jtop/service.py at 7.2.2), so it may
+# deliver slower than the interval it was configured with: the rate is measured from the values' own stamps
+# over this many intervals once the client opens (bounded by DELIVERED_WAIT_S), and kept up to date after.
+DELIVERED_TICKS = 5
+DELIVERED_WAIT_S = 3.0
 
 
 def board_total(power: dict[str, Any]) -> tuple[str, float]:
@@ -118,9 +125,12 @@ class JtopSampler(Sampler):
 
     Values: ``board_power_mw``, ``rail_<NAME>_mw`` per rail, ``ram_used_mb``, ``nvmap_mb``,
     ``gpu_load_percent``, ``gpu_freq_mhz``, ``temp_<zone>_c``. ``board_rail`` names the total's
-    source (``summed_rails`` the rails of a sum); ``nvpmodel``, ``jetson_clocks``, ``gpu_name`` and
-    ``service_interval_s`` (the rate the service actually runs at) are read when the sampler opens, with
-    ``service_version`` and ``client_version`` (jetson-stats on either side).
+    source (``summed_rails`` the rails of a sum); ``nvpmodel``, ``jetson_clocks``, ``gpu_name``,
+    ``service_interval_s`` (the interval the service was configured with, by its first client: not what it
+    delivers) and ``delivered_interval_s`` (the median time between the values it delivered, from their own
+    stamps) are read when the sampler opens, with ``service_version`` and ``client_version`` (jetson-stats on
+    either side). Gaps are judged against the slowest of the three intervals (asked, configured, delivered): a
+    service that delivers every 200 ms leaves no gap in a window where it delivered every 200 ms.
     """
 
     name = "jtop"
@@ -145,6 +155,8 @@ class JtopSampler(Sampler):
         self.board: dict[str, Any] = {}
         self.gpu_name: str | None = None
         self.service_interval_s: float | None = None
+        self.delivered_interval_s: float | None = None
+        self._stamps: collections.deque[float] = collections.deque(maxlen=64)
         self.data_time: str = "jtop uptime"
         self.service_version: str | None = None
         self.client_version: str | None = None
@@ -152,8 +164,15 @@ class JtopSampler(Sampler):
     @property
     def gap_limit_s(self) -> float:
         # The service may run slower than asked (its first client owns the rate): judge gaps by its interval.
-        interval = max(self.service_interval_s or 0.0, 1.0 / self.rate_hz)
+        interval = max(self.service_interval_s or 0.0, 1.0 / self.rate_hz, self.delivered() or 0.0)
         return GAP_FACTOR * interval
+
+    def delivered(self) -> float | None:
+        """The median time between the last values the service delivered (None before three of them)."""
+        with self._lock:
+            stamps = list(self._stamps)
+        steps = [later - earlier for earlier, later in zip(stamps, stamps[1:]) if later > earlier]
+        return statistics.median(steps) if len(steps) >= 2 else None
 
     def open(self) -> None:
         # A service of another release raises JtopVersionError, which no telemetry: auto may drop.
@@ -171,6 +190,10 @@ class JtopSampler(Sampler):
             self.service_interval_s = float(jetson.interval)
         except (TypeError, ValueError, AttributeError):
             self.service_interval_s = None
+        deadline = time.monotonic() + DELIVERED_WAIT_S
+        while len(self._stamps) < DELIVERED_TICKS and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.delivered_interval_s = self.delivered()
 
     def _stamp(self, uptime_s: float | None) -> float:
         """The monotonic time a measurement with the service's data time ``uptime_s`` was taken."""
@@ -203,6 +226,8 @@ class JtopSampler(Sampler):
             self._tick_error = f"{type(err).__name__}: {err}"
             return
         with self._lock:
+            if not self._stamps or stamp != self._stamps[-1]:
+                self._stamps.append(stamp)
             self._last_tick = tick
             if self._recording:
                 self._ticks.append(tick)

@@ -307,6 +307,20 @@ def mode_state(root: str | os.PathLike) -> dict:
             "cpu_max_khz": _read_int(cpus[0] / "cpufreq/scaling_max_freq"), "online": online}
 
 
+def store_jetson_clocks(root: str | os.PathLike, mode_id: int) -> Path:
+    """Plants the file jtop's service stores on its first start and restores from whenever it switches
+    jetson_clocks off, as if stored while the board ran ``mode_id`` (the board then goes back to the mode it was
+    in). Call before the service starts: it stores no file when one exists."""
+    root = Path(root)
+    current = _read_int(root / "nvpmodel_state")
+    _apply_mode(root, mode_id)
+    stored = root / "jtop_config" / "l4t_dfs.conf"
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    _jetson_clocks(root, ["--store", str(stored)])
+    _apply_mode(root, current)
+    return stored
+
+
 def set_mode(root: str | os.PathLike, mode_id: int) -> None:
     """Puts the simulated board in mode ``mode_id`` behind jtop's back (as a sweep killed mid-way leaves it)."""
     _apply_mode(Path(root), mode_id)
@@ -421,17 +435,27 @@ def _jetson_clocks(root: Path, args: list[str]) -> int:
               "FreqOverride=0")
         return 0
     if args[:1] == ["--store"] and len(args) > 1:
-        saved = {"cpu_min_khz": [_read_int(cpu / "cpufreq/scaling_min_freq") for cpu in cpus],
-                 "gpu_min_hz": _read_int(gpu / "min_freq"), "emc_hz": _read_int(emc / "rate")}
+        # NVIDIA's script stores each core's online state and cpufreq min and max, the GPU's min and max and
+        # EMC, and --restore writes every one back: the cores and caps of the mode the file was stored under.
+        saved = {"online": [_read_int(cpu / "online") for cpu in cpus],
+                 "cpu_min_khz": [_read_int(cpu / "cpufreq/scaling_min_freq") for cpu in cpus],
+                 "cpu_max_khz": [_read_int(cpu / "cpufreq/scaling_max_freq") for cpu in cpus],
+                 "gpu_min_hz": _read_int(gpu / "min_freq"), "gpu_max_hz": _read_int(gpu / "max_freq"),
+                 "emc_hz": _read_int(emc / "rate")}
         Path(args[1]).write_text(json.dumps(saved))
         print(f"stored in {args[1]}")
         return 0
     if args[:1] == ["--restore"] and len(args) > 1:
         saved = json.loads(Path(args[1]).read_text())
-        for cpu, khz in zip(cpus, saved["cpu_min_khz"]):
+        for cpu, online, low, high in zip(cpus, saved["online"], saved["cpu_min_khz"], saved["cpu_max_khz"]):
             freq = cpu / "cpufreq"
-            _replace(freq / "scaling_min_freq", min(khz, _read_int(freq / "scaling_max_freq")))
-        _replace(gpu / "min_freq", min(saved["gpu_min_hz"], _read_int(gpu / "max_freq")))
+            _replace(cpu / "online", online)
+            _replace(freq / "scaling_max_freq", high)
+            _replace(freq / "scaling_min_freq", min(low, high))
+            _replace(freq / "scaling_cur_freq", min(_read_int(freq / "scaling_cur_freq"), high))
+        _replace(gpu / "max_freq", saved["gpu_max_hz"])
+        _replace(gpu / "min_freq", min(saved["gpu_min_hz"], saved["gpu_max_hz"]))
+        _replace(gpu / "cur_freq", min(_read_int(gpu / "cur_freq"), saved["gpu_max_hz"]))
         _replace(emc / "rate", saved["emc_hz"])
         return 0
     if not args:
@@ -577,6 +601,17 @@ def serve(root: str, sock: str, version: str | None = None) -> None:
             return stats(self)
 
         service.JtopServer.jtop_stats = late_first_stats
+    tick_s = float(os.environ.get(TICK_S, "0") or 0)
+    if tick_s:
+        # Planted (tests only): a tick as slow as a board's (`nvpmodel -q`, the process table) delivers slower
+        # than the interval its first client configured.
+        measured = service.JtopServer.jtop_stats
+
+        def slow_stats(self):
+            time.sleep(tick_s)
+            return measured(self)
+
+        service.JtopServer.jtop_stats = slow_stats
     server = service.JtopServer(force=True)
     if version:
         server._version = version
@@ -635,6 +670,8 @@ def _listening(path: str) -> bool:
 
 FIRST_STATS_DELAY = "EDGEFOLD_SIM_FIRST_STATS_DELAY_S"
 """Environment of the simulated service: its first published value comes this many seconds late (tests only)."""
+TICK_S = "EDGEFOLD_SIM_TICK_S"
+"""Environment of the simulated service: each of its ticks takes at least this long (tests only)."""
 
 
 class JtopService:
@@ -642,10 +679,12 @@ class JtopService:
 
     Args:
         first_stats_delay_s: Plants a service whose first value comes this late (:data:`FIRST_STATS_DELAY`).
+        tick_s: Plants a service whose every tick takes this long (:data:`TICK_S`).
     """
 
-    def __init__(self, tmp_path: Path, board: str, version: str | None = None, first_stats_delay_s: float = 0.0):
-        self.version, self.first_stats_delay_s = version, first_stats_delay_s
+    def __init__(self, tmp_path: Path, board: str, version: str | None = None, first_stats_delay_s: float = 0.0,
+                 tick_s: float = 0.0):
+        self.version, self.first_stats_delay_s, self.tick_s = version, first_stats_delay_s, tick_s
         self.root = plant(tmp_path / "root", board)
         self.sock = str(tmp_path / "jtop.sock")
         self.log = tmp_path / "service.log"
@@ -656,7 +695,7 @@ class JtopService:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.device.jetson_sim", str(self.root), self.sock, *([self.version] if self.version else [])], cwd=repo,
             stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, FIRST_STATS_DELAY: str(self.first_stats_delay_s)})
+            env={**os.environ, FIRST_STATS_DELAY: str(self.first_stats_delay_s), TICK_S: str(self.tick_s)})
         # A Jetson's jtop service has the board to itself; here it shares two cores with another test worker,
         # which stalled it past the samplers' staleness limit (every window's energy degraded, nothing chosen).
         # Raised before it starts its own children, which inherit it; root only (as the service itself).

@@ -169,3 +169,32 @@ def test_a_service_that_stops_answering_fails_the_start_in_bounded_time(tmp_path
         with pytest.raises(MissingDependencyError, match="did not answer a new client within 2 s") as err:
             jtop_client.start(0.05)
         assert time.monotonic() - began < 5 and "systemctl restart jtop.service" in err.value.fix
+
+
+@pytest.mark.slow  # the real jtop service
+@needs_root
+def test_a_service_slower_than_asked_is_measured_and_its_windows_are_covered(tmp_path):
+    """Planted: every tick of the simulated service takes 0.15 s, as `nvpmodel -q` and the process table may on a
+    board, while its first client configured 0.05 s. jtop's ``interval`` still says 0.05 s; the sampler measures what
+    the service delivered from the values' stamps, and a window in which it delivered at that pace is covered,
+    not flagged as one gap after another."""
+    from device.telemetry import series
+    from device.telemetry.base import window_energy
+    from tests.device.jetson_sim import JtopService
+
+    with JtopService(tmp_path, "orin-nano", tick_s=0.15):
+        sampler = JtopSampler(rate_hz=20)
+        sampler.open()
+        try:
+            assert sampler.service_interval_s == pytest.approx(0.05)
+            assert sampler.delivered_interval_s is not None and sampler.delivered_interval_s > 0.12
+            sampler.start()
+            start = time.monotonic()
+            time.sleep(2.0)
+            stop = time.monotonic()
+            trace = sampler.stop()
+        finally:
+            sampler.close()
+    assert 2.5 < trace.achieved_hz < 8, "the rate it delivered, not the 20 Hz asked for"
+    energy = window_energy(trace, start, stop, [(start, stop, 10)], power_key=series.BOARD_POWER)
+    assert energy["coverage"] > 0.9 and "low_coverage" not in energy["degraded_reasons"], energy

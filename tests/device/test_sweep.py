@@ -90,6 +90,28 @@ def test_the_original_mode_and_jetson_clocks_are_restored(swept):
     assert not (swept["data"] / HOLD).exists()
 
 
+def test_clocks_off_in_the_same_mode_sets_the_mode_again_when_jtops_stored_file_is_another_modes(tmp_path):
+    """jtop switches jetson_clocks off with ``--restore`` of a file it stored once, here while the board ran 7W
+    (four cores, lower caps); the board now runs 15W. Without setting 15W again the cores and caps of 7W stay,
+    and every setting and restore after it fails its check."""
+    from device.power_modes import ModeController, PowerMode, read_nvpmodel_conf
+    from tests.device.jetson_sim import JtopService, mode_state, store_jetson_clocks
+
+    svc = JtopService(tmp_path, "orin-nano")
+    store_jetson_clocks(svc.root, 1)
+    caps = read_nvpmodel_conf(svc.root / "etc/nvpmodel.conf")
+    with svc, ModeController(0.5) as controller:
+        before = mode_state(svc.root)
+        assert (before["id"], before["jetson_clocks"], before["online"]) == (0, False, [1] * 6)
+        mode = PowerMode(0, "15W", True)
+        controller.set(mode, True, caps[0], timeout_s=60)
+        assert mode_state(svc.root)["jetson_clocks"] is True
+        observed, _ = controller.set(mode, False, caps[0], timeout_s=60)
+        assert observed.mismatches(caps[0], False) == []
+        assert mode_state(svc.root) == before, "15W's six cores and caps, jetson_clocks off"
+    assert not (svc.root / "reboots").exists(), "the same mode again needs no reboot, and none was forced"
+
+
 def test_kill_9_mid_sweep_then_restart_restores_the_original_mode(tmp_path):
     from tests.device.jetson_sim import JtopService, mode_state
 
@@ -158,6 +180,26 @@ def test_a_thor_sweep_reads_the_gpu_cap_in_the_unit_jtop_gives_it(tmp_path):
     caps = {run["power_setting"]["nvpmodel_name"]: run["power_setting"]["gpu_max_khz"] for run in result["runs"]}
     assert caps == {"MAXN_SUPER": 1020000, "15W": 624000}  # NVML's whole MHz, as kHz
     assert result["runs"][0]["telemetry"]["jtop"]["facts"]["gpu_name"] == "Thor"
+
+
+def test_jetson_clocks_on_a_thor_is_read_in_one_unit_where_jtop_never_reports_it_on(tmp_path):
+    """jetson-stats 7.2.2 on Thor: the GPU's maximum comes from NVML in MHz, its minimum from the gpu-gpc-0 devfreq
+    node in kHz, and jetson_clocks_alive compares the two as they are, so jtop never reports jetson_clocks on. A
+    setting with it on waited for jtop until the time limit; EdgeFold reads the pinned clocks itself there."""
+    from device.power_modes import ModeController, PowerMode, read_nvpmodel_conf
+    from tests.device.jetson_sim import JtopService, mode_state
+
+    svc = JtopService(tmp_path, "thor")
+    caps = read_nvpmodel_conf(svc.root / "etc/nvpmodel.conf")
+    with svc, ModeController(0.5) as controller:
+        before = mode_state(svc.root)
+        mode = PowerMode(0, "15W", True)
+        controller.set(mode, True, caps[0], timeout_s=20)
+        assert mode_state(svc.root)["jetson_clocks"] is True, "the simulated board's clocks are pinned"
+        assert bool(controller.jetson.jetson_clocks) is False, "jtop itself still says off (the planted fault)"
+        assert controller.state().jetson_clocks is True
+        controller.set(mode, False, caps[0], timeout_s=20)
+        assert controller.state().jetson_clocks is False and mode_state(svc.root) == before
 
 
 def test_stopping_the_agent_mid_sweep_restores_before_it_exits(tmp_path):

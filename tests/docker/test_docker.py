@@ -277,3 +277,37 @@ def test_bundle_adds_torch_tensorrt_only_for_known_releases(tmp_path):
     assert not (tmp_path / "out").exists()
     with pytest.raises(SystemExit):
         bundle.main(["--platform", "manylinux2014_x86_64", "--python-version", "3.11", "--torch-tensorrt"])
+
+
+def _extra_names(extra: str) -> set[str]:
+    import configparser
+    import re
+
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    lines = [line.split("#")[0].strip() for line in config["options.extras_require"][extra].splitlines()]
+    return {re.split(r"[<>=~!\[ ;]", line)[0].lower().replace("_", "-") for line in lines if line}
+
+
+def test_the_agents_lock_pins_every_agent_requirement_and_every_agent_install_uses_it():
+    """The agent's lock (make agent-lock) pins each package of the device, nvml and jetson extras once, without
+    markers (pip download --platform for another target evaluates markers on this host), numpy below 2 (JetPack 6's
+    Torch-TensorRT wheel); the images, the bundle's downloads and make agent on a Jetson install with it."""
+    import bundle
+
+    lines = [line for line in (DOCKER / "agent-constraints.txt").read_text().splitlines()
+             if line and not line.startswith("#")]
+    pins = dict(line.split("==") for line in lines)
+    assert all(";" not in line for line in lines) and len(pins) == len(lines)
+    assert (_extra_names("device") | _extra_names("nvml") | _extra_names("jetson")) <= set(pins), \
+        "an agent requirement is missing from docker/agent-constraints.txt: run make agent-lock"
+    assert int(pins["numpy"].split(".")[0]) < 2
+    for name in ("jetson.Dockerfile", "dc.Dockerfile"):
+        installs = [line for line in (DOCKER / name).read_text().splitlines() if "pip install" in line]
+        assert installs and all("-c /" in line and "agent-constraints.txt" in line for line in installs), name
+    for command in bundle.download_commands("edgefold.whl[device,jetson]", ["manylinux2014_aarch64"], "3.10",
+                                            DOCKER):
+        assert command[command.index("-c") + 1] == str(DOCKER / "agent-constraints.txt")
+    jetson = subprocess.run(["make", "-n", "-W", "setup.cfg", "agent-venv", "SYSTEM_SITE_PACKAGES=1"], cwd=REPO,
+                            capture_output=True, text=True)
+    assert "-c docker/agent-constraints.txt" in jetson.stdout, jetson.stdout + jetson.stderr
