@@ -320,6 +320,15 @@ def precision_constraints(command: list[str], pinned: Sequence[str]) -> list[str
             "--layerOutputTypes=" + ",".join(f"{name}:fp32" for name in pinned)]
 
 
+def apply_flags(trt, config, settings: BuildSettings) -> None:
+    """Sets the settings' builder flags and clears those it turns off (TF32 for fp32: on by default)."""
+    for name in settings.builder_flags:
+        config.set_flag(getattr(trt.BuilderFlag, name))
+    for name in settings.cleared_flags:
+        if hasattr(trt.BuilderFlag, name):  # a flag this TensorRT does not have is not on either
+            config.clear_flag(getattr(trt.BuilderFlag, name))
+
+
 def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: str | None = None,
                  artifact: str | None = None) -> None:
     """Builds a serialized engine from an ONNX file with the TensorRT Python API (10.x or 11.x).
@@ -370,11 +379,7 @@ def build_engine(onnx: Path, options: BuildOptions, engine_path: Path, board: st
             fix=f"re-export with a dynamic batch axis (the export stage does), or measure batch_sizes: [{shape[0]}]")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
-    for name in settings.builder_flags:
-        config.set_flag(getattr(trt.BuilderFlag, name))
-    for name in settings.cleared_flags:
-        if hasattr(trt.BuilderFlag, name):  # a flag this TensorRT does not have is not on either
-            config.clear_flag(getattr(trt.BuilderFlag, name))
+    apply_flags(trt, config, settings)
     pinned = pin_prefix_fp32(trt, network, config, settings.builder_flags)
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # each layer's precision, tactic, device (inspector)
     if shape[0] < 0:  # a static input takes no optimization profile

@@ -41,7 +41,8 @@ from device.setting_schema import SWEEP_RESTORE_S
 from device.sustain_schema import RESULT_RESERVE_S
 from device.sweep import accelerator_dla_core, open_accelerator, point_facts, run_sweep
 from device.telemetry import series
-from device.telemetry.base import Sampler
+from device.telemetry.base import Sampler, static_facts
+from device.telemetry.jtop import shared_client
 
 SMOKE_IMAGE = Path(__file__).parent / "assets" / "smoke.png"
 # Which power series is the device's power, in order of preference, and how to name it.
@@ -262,16 +263,8 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
 
             if spec.sweep is None:
                 runs = measure_point(None)
-            elif spec.sweep.power_modes is None:  # a data-center GPU: NVML's power limit or locked clocks
-                from device.gpu_power import run_gpu_sweep
-
-                runs, sweep = run_gpu_sweep(spec.sweep, job.get("job_id", job_dir.name), Path(job["hold_path"]),
-                                            getattr(runner, "pci_bus_id", None), measure_point, progress)
-                sweep.not_measured = skipped + sweep.not_measured
             else:
-                use_socket(job.get("jtop_socket"))
-                runs, sweep = run_sweep(spec.sweep, job.get("job_id", job_dir.name), Path(job["hold_path"]),
-                                        job.get("nvpmodel_conf"), 1.0 / spec.sample_hz, measure_point, progress)
+                runs, sweep = sweep_points(spec, job, job_dir, runner, samplers, measure_point, progress)
                 sweep.not_measured = skipped + sweep.not_measured
         finally:
             for sampler in samplers:
@@ -312,14 +305,17 @@ def run_job(job: dict[str, Any], job_dir: Path) -> dict[str, Any]:
          "environment": describe_device(), "sweep": sweep, "frame": frame, "frame_error": frame_error}).dump()
 
 
-def static_facts(samplers) -> dict[str, dict[str, Any]]:
-    """What each telemetry sampler knows before it samples (its rails, the board, the service's versions)."""
-    return {s.name: {k: getattr(s, k) for k in ("board_rail", "summed_rails", "nvpmodel", "jetson_clocks", "board",
-                                                "gpu_name", "service_interval_s", "delivered_interval_s", "data_time",
-                                                "service_version", "client_version", "unsupported", "rapl_readable",
-                                                "provenance")
-                     if hasattr(s, k)}
-            for s in samplers}
+def sweep_points(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, samplers, measure_point, progress):
+    """Every setting of the job's sweep measured: NVML's power limits or locked clocks on a data-center GPU, power
+    modes through the jtop sampler's client on a Jetson (:func:`device.sweep.run_sweep`)."""
+    job_id, hold = job.get("job_id", job_dir.name), Path(job["hold_path"])
+    if spec.sweep.power_modes is None:
+        from device.gpu_power import run_gpu_sweep
+
+        return run_gpu_sweep(spec.sweep, job_id, hold, getattr(runner, "pci_bus_id", None), measure_point, progress)
+    use_socket(job.get("jtop_socket"))
+    return run_sweep(spec.sweep, job_id, hold, job.get("nvpmodel_conf"), 1.0 / spec.sample_hz, measure_point,
+                     progress, jetson=shared_client(samplers))
 
 
 def frame_times(spec: JobSpec, job: dict[str, Any], runner, progress) -> tuple[dict[str, Any] | None, str | None]:
@@ -463,7 +459,8 @@ def sustained_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, 
                                  margin_c=job.get("thermal_margin_c", 5.0), stop_by=stop_by,
                                  progress=lambda text: progress(f"{where}: {text}" if where else text))
 
-        runs, sweep = (sustained_sweep(spec, job, job_dir, runner, run, stop_by, progress) if spec.sweep is not None
+        runs, sweep = (sustained_sweep(spec, job, job_dir, runner, run, stop_by, progress, shared_client(samplers))
+                       if spec.sweep is not None
                        else ([run()], None))  # alone, a run with no time for an interval fails the job, saying so
     finally:
         for sampler in samplers:
@@ -475,11 +472,12 @@ def sustained_result(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, 
 
 
 def sustained_sweep(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, run, stop_by: float | None,
-                    progress) -> tuple[list[dict[str, Any]], Any]:
+                    progress, jetson: Any = None) -> tuple[list[dict[str, Any]], Any]:
     """One sustained run under each setting of the job's sweep (:func:`device.sweep.run_sweep`, or
     :func:`device.gpu_power.run_gpu_sweep` on a data-center GPU): the hold written before the first change, the
     device restored after the last. A setting the timeout leaves no time for is left unset and recorded as not
-    measured, as is one whose cooling used up its time.
+    measured, as is one whose cooling used up its time. ``jetson``: the job's open jtop client, which the sweep sets
+    modes through (None: one of its own).
 
     Raises:
         ConfigError: A sweep of ``all`` modes whose settings, counted on the board, do not fit the job's timeout
@@ -514,7 +512,7 @@ def sustained_sweep(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, r
         else:
             use_socket(job.get("jtop_socket"))
             runs, sweep = run_sweep(spec.sweep, job_id, hold, job.get("nvpmodel_conf"), 1.0 / spec.sample_hz,
-                                    measure_point, progress, budget=time_left)
+                                    measure_point, progress, budget=time_left, jetson=jetson)
     except NothingMeasuredError as err:
         if time_left.ran_out:  # the timeout's doing: with the settings whose cooling used their time up
             raise NothingMeasuredError("; ".join([err.message] + [f"{item.nvpmodel_name}: {item.reason}"

@@ -183,10 +183,16 @@ def probe(socket: str, timeout_s: float = 10.0) -> dict[str, Any]:
     return info
 
 
+# The jtop service keeps its first client's interval until it has seen no client for max(3 s, 3 intervals)
+# (jtop/service.py at 7.2.2): a probe at 1 s left a job that started within 3 s sampling at 1 Hz whatever it asked
+# for. The probe asks for the jobs' default rate (JobSpec.sample_hz, 20 Hz) for the moment it is open.
+PROBE_INTERVAL_S = 0.05
+
+
 def _probe_main(socket: str) -> dict[str, Any]:
     use_socket(socket)
     try:
-        jetson = start(1.0)
+        jetson = start(PROBE_INTERVAL_S)
     except JtopVersionError as err:
         return {"service": err.service, "client": err.client, "ok": False, "error": err.message, "fix": err.fix}
     except MissingDependencyError as err:

@@ -257,10 +257,13 @@ class ModeController(Control):
     Args:
         interval_s: The jtop client's interval.
         poll_s: How often a wait looks again.
+        jetson: An open jtop client to use instead of one of its own (the job's sampler's: every client unpickles
+            the service's whole stats each tick), left open at :meth:`close`.
     """
 
-    def __init__(self, interval_s: float = 0.5, poll_s: float = 0.1):
+    def __init__(self, interval_s: float = 0.5, poll_s: float = 0.1, jetson=None):
         self.interval_s, self.poll_s = interval_s, poll_s
+        self._borrowed = jetson
         self._jetson = None
         self._lost: tuple[type[BaseException], ...] = (EOFError, OSError)
 
@@ -271,22 +274,23 @@ class ModeController(Control):
             MissingDependencyError: jetson-stats is not installed, the service does not answer, or the
                 board has no nvpmodel.
         """
-        jetson = jtop_client.start(self.interval_s)
+        jetson = self._borrowed if self._borrowed is not None else jtop_client.start(self.interval_s)
         self._lost = jtop_client.lost_errors()
         if jetson.nvpmodel is None:
-            jetson.close()
+            if self._borrowed is None:
+                jetson.close()
             raise MissingDependencyError("jtop reports no nvpmodel on this board: power modes cannot be set",
                                          fix="install the board's nvpmodel (JetPack's nvidia-l4t-nvpmodel) and "
                                              "restart jtop.service")
         self._jetson = jetson
 
     def close(self) -> None:
-        if self._jetson is not None:
+        if self._jetson is not None and self._borrowed is None:
             try:
                 self._jetson.close()
             except Exception:  # a service that died makes close raise its raw errors: nothing is left to close
                 pass
-            self._jetson = None
+        self._jetson = None
 
     @property
     def jetson(self):

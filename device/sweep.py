@@ -52,7 +52,7 @@ def resolve_modes(wanted: list[str | int] | str, modes: list[PowerMode]) -> list
 
 def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | None, interval_s: float,
               measure_point: MeasurePoint, progress: Callable[[str], None],
-              budget: Any = None) -> tuple[list[Any], SweepResult]:
+              budget: Any = None, jetson: Any = None) -> tuple[list[Any], SweepResult]:
     """Visits every setting of ``sweep`` and restores the device.
 
     Args:
@@ -65,6 +65,7 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
         progress: Reports where the sweep is.
         budget: A sustained job's time: ``check(n)`` once the board's settings are known, before any change (raises
             to refuse them); ``late()`` before each setting, a reason to skip it (and the rest) unset, or None.
+        jetson: The job's open jtop client (its sampler's), shared rather than a second one; None: one of its own.
 
     Returns:
         (every window measured, the sweep's record).
@@ -77,7 +78,7 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
             agent retries it if it fails).
     """
     try:
-        controller = ModeController(interval_s)
+        controller = ModeController(interval_s, jetson=jetson)
         controller.open()
     except MissingDependencyError as err:
         note = f"no power-mode control ({err.message}): measured the current mode only"

@@ -96,6 +96,33 @@ def _is_agx_orin(board: str | None) -> bool:
     return bool(board) and "agx orin" in board.lower()
 
 
+def _check_dla(trt_version: str, version: tuple[int, ...], major: int, options: BuildOptions,
+               board: str | None) -> None:
+    """Raises :class:`DlaError` where this TensorRT, board, shape or precision gives no DLA build."""
+    low, opt, high = options.batch
+    if not low == opt == high:
+        # NVIDIA DLA docs ("DLA Supported Layers and Restrictions"): no dynamic dimensions on the DLA.
+        raise DlaError(f"DLA needs static shapes (min = opt = max), got batch profile {options.batch}",
+                       fix="build one engine per batch size (BuildOptions.for_batch)")
+    if major == 10 and version > DLA_LAST_10:
+        raise DlaError(f"TensorRT {trt_version} has no DLA support: NVIDIA's \"Working with DLA\" documentation "
+                       "(TensorRT 11.x) names 10.7 as the last 10.x release with DLA",
+                       fix="leave dla_core unset to run on the GPU, or use JetPack 6.x's TensorRT 10.3 "
+                           "(≤ 10.7), or TensorRT ≥ 11.4.1 on an AGX Orin (JetPack ≥ 7.2.2)")
+    if major >= 11 and version < DLA_ON_11_FROM:
+        raise DlaError(f"TensorRT {trt_version} has no DLA support (TensorRT 11.0–11.3 dropped it)",
+                       fix="leave dla_core unset, or use TensorRT 10 (JetPack 6) or ≥ 11.4.1 on an AGX Orin")
+    if major >= 11 and board is not None and not _is_agx_orin(board):
+        raise DlaError(f"TensorRT {trt_version} supports DLA only on Jetson AGX Orin, not on {board!r}",
+                       fix="leave dla_core unset (Thor has no DLA under TensorRT 11)")
+    if options.precision == "fp32":
+        # The DLA runs FP16 and INT8 only. trtexec turns FP16 on for an FP32 network, but then the
+        # rung timed is not the artifact scored: the DLA gets the FP16 artifact (export.fp16_rungs).
+        raise DlaError("an FP32 artifact cannot run on the DLA (it runs FP16 and INT8 only; TensorRT 11 is "
+                       "strongly typed, and building it \"as FP16\" on 10.x would time a model nobody scored)",
+                       fix="send the rung's FP16 form (student_fp16, teacher_fp16) or the Q/DQ INT8 model")
+
+
 def build_settings(trt_version: str, options: BuildOptions, board: str | None = None,
                artifact: str | None = None) -> BuildSettings:
     """Chooses network and builder flags for this TensorRT generation.
@@ -118,28 +145,7 @@ def build_settings(trt_version: str, options: BuildOptions, board: str | None = 
         raise ConfigError(f"TensorRT {trt_version} is too old", fix="use TensorRT 10 (JetPack 6) or newer")
     dla = options.dla_core is not None
     if dla:
-        low, opt, high = options.batch
-        if not low == opt == high:
-            # NVIDIA DLA docs ("DLA Supported Layers and Restrictions"): no dynamic dimensions on the DLA.
-            raise DlaError(f"DLA needs static shapes (min = opt = max), got batch profile {options.batch}",
-                           fix="build one engine per batch size (BuildOptions.for_batch)")
-        if major == 10 and version > DLA_LAST_10:
-            raise DlaError(f"TensorRT {trt_version} has no DLA support: NVIDIA's \"Working with DLA\" documentation "
-                           "(TensorRT 11.x) names 10.7 as the last 10.x release with DLA",
-                           fix="leave dla_core unset to run on the GPU, or use JetPack 6.x's TensorRT 10.3 "
-                               "(≤ 10.7), or TensorRT ≥ 11.4.1 on an AGX Orin (JetPack ≥ 7.2.2)")
-        if major >= 11 and version < DLA_ON_11_FROM:
-            raise DlaError(f"TensorRT {trt_version} has no DLA support (TensorRT 11.0–11.3 dropped it)",
-                           fix="leave dla_core unset, or use TensorRT 10 (JetPack 6) or ≥ 11.4.1 on an AGX Orin")
-        if major >= 11 and board is not None and not _is_agx_orin(board):
-            raise DlaError(f"TensorRT {trt_version} supports DLA only on Jetson AGX Orin, not on {board!r}",
-                           fix="leave dla_core unset (Thor has no DLA under TensorRT 11)")
-        if options.precision == "fp32":
-            # The DLA runs FP16 and INT8 only. trtexec turns FP16 on for an FP32 network, but then the
-            # rung timed is not the artifact scored: the DLA gets the FP16 artifact (export.fp16_rungs).
-            raise DlaError("an FP32 artifact cannot run on the DLA (it runs FP16 and INT8 only; TensorRT 11 is "
-                           "strongly typed, and building it \"as FP16\" on 10.x would time a model nobody scored)",
-                           fix="send the rung's FP16 form (student_fp16, teacher_fp16) or the Q/DQ INT8 model")
+        _check_dla(trt_version, version, major, options, board)
     if major == 10:
         # The builder flags follow the artifact: its precision is written in the graph (FP16 weights, Q/DQ
         # with FP16 float islands), so the flags only allow what the graph already says.

@@ -407,3 +407,13 @@ class Sampler(ABC):
             self._thread.join()
             self._thread = None
         self.close()
+
+
+def static_facts(samplers) -> dict[str, dict[str, Any]]:
+    """What each telemetry sampler knows before it samples (its rails, the board, the service's versions)."""
+    return {s.name: {k: getattr(s, k) for k in ("board_rail", "summed_rails", "nvpmodel", "jetson_clocks", "board",
+                                                "gpu_name", "service_interval_s", "delivered_interval_s", "data_time",
+                                                "service_version", "client_version", "unsupported", "rapl_readable",
+                                                "provenance")
+                     if hasattr(s, k)}
+            for s in samplers}

@@ -120,6 +120,11 @@ def clock_offset(monotonic=time.monotonic, boottime=None) -> float:
     return best_offset
 
 
+def shared_client(samplers) -> Any:
+    """The open jtop sampler's client, for a sweep to set modes through (None: no jtop sampler is open)."""
+    return next((s.client for s in samplers if s.name == "jtop" and getattr(s, "client", None) is not None), None)
+
+
 class JtopSampler(Sampler):
     """Samples a Jetson through the jtop service (``/run/jtop.sock``).
 
@@ -166,6 +171,11 @@ class JtopSampler(Sampler):
         # The service may run slower than asked (its first client owns the rate): judge gaps by its interval.
         interval = max(self.service_interval_s or 0.0, 1.0 / self.rate_hz, self.delivered() or 0.0)
         return GAP_FACTOR * interval
+
+    @property
+    def client(self):
+        """The open jtop client (None while closed): a sweep sets power modes through it rather than a second one."""
+        return self._jetson
 
     def delivered(self) -> float | None:
         """The median time between the last values the service delivered (None before three of them)."""

@@ -198,3 +198,22 @@ def test_a_service_slower_than_asked_is_measured_and_its_windows_are_covered(tmp
     assert 2.5 < trace.achieved_hz < 8, "the rate it delivered, not the 20 Hz asked for"
     energy = window_energy(trace, start, stop, [(start, stop, 10)], power_key=series.BOARD_POWER)
     assert energy["coverage"] > 0.9 and "low_coverage" not in energy["degraded_reasons"], energy
+
+
+@pytest.mark.slow  # the real jtop service
+@needs_root
+def test_a_job_sampling_just_after_the_agents_probe_gets_the_rate_it_asked_for(tmp_path):
+    """The service keeps its first client's interval until it has seen no client for 3 s: the agent's version probe
+    (GET /v1/device, every start) at 1 s left a job that started within 3 s sampling at 1 Hz."""
+    from device import jtop_client
+    from tests.device.jetson_sim import JtopService
+
+    with JtopService(tmp_path, "orin-nano") as svc:
+        assert jtop_client.probe(svc.sock)["ok"]
+        sampler = JtopSampler(rate_hz=20)
+        sampler.open()
+        try:
+            assert sampler.delivered_interval_s is not None and sampler.delivered_interval_s < 0.1, \
+                sampler.delivered_interval_s
+        finally:
+            sampler.close()

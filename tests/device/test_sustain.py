@@ -271,6 +271,25 @@ def test_a_board_that_never_heats_reports_no_throttle(tmp_path):
 
 @needs_jtop
 @pytest.mark.slow
+def test_a_dvfs_governors_dips_on_the_simulated_board_are_no_throttle(tmp_path):
+    """Planted: without jetson_clocks the GPU's governor drops the clock from 100 to 40 MHz for 0.15 s of every
+    0.7 s, on a board that never heats. jtop reads the instantaneous clock, so some of every interval's samples
+    dip; an interval's lowest sample against the first interval's peak read each dip as a clock throttle."""
+    result, plant = sustained_on_orin_nano(tmp_path, {"start_c": 45.0, "ambient_c": 30.0, "c_per_w": 4.0,
+                                                      "tau_s": 2.0, "trip_c": 90.0, "throttled_hz": 50_000_000,
+                                                      "initial_hz": 100_000_000, "dip_hz": 40_000_000,
+                                                      "dip_every_s": 0.7},
+                                           minutes=0.1)
+    sustained = result["sustained"]
+    assert plant.dips >= 4, "the governor dipped during the run"
+    assert any(interval["gpu_clock_mhz"] == pytest.approx(40, rel=0.05) for interval in sustained["intervals"]
+               if interval.get("gpu_clock_mhz") is not None), "jtop saw the dips"
+    assert sustained["throttle_cause"] == "none" and sustained["first_throttle_s"] is None, sustained["throttle_text"]
+    assert all(interval["signals"] == [] for interval in sustained["intervals"]), sustained["intervals"]
+
+
+@needs_jtop
+@pytest.mark.slow
 def test_a_sustained_sweep_runs_each_mode_under_its_own_heat_and_restores_the_mode(tmp_path):
     """MAXN_SUPER then 15W, from 15W: the plant settles at 30 °C + 8 °C/W × the mode's planted watts, so MAXN_SUPER
     (12.2 W, 127.5 °C) crosses the 90 °C trip point about 1.5 s in and halves the clock, 100 → 50 MHz; 15W (6.1 W,

@@ -112,6 +112,37 @@ def test_clocks_off_in_the_same_mode_sets_the_mode_again_when_jtops_stored_file_
     assert not (svc.root / "reboots").exists(), "the same mode again needs no reboot, and none was forced"
 
 
+def test_a_sweep_sets_modes_through_the_samplers_client_and_leaves_it_open(tmp_path, monkeypatch):
+    """Every jtop client unpickles the service's whole stats each tick: a sweep with a jtop sampler open sets its
+    modes through that client rather than a second one, and closing the controller leaves it to the sampler."""
+    from device import jtop_client
+    from device.power_modes import ModeController, PowerMode, read_nvpmodel_conf
+    from device.telemetry.host import HostSampler
+    from device.telemetry.jtop import JtopSampler, shared_client
+    from tests.device.jetson_sim import JtopService, mode_state
+
+    svc = JtopService(tmp_path, "orin-nano")
+    caps = read_nvpmodel_conf(svc.root / "etc/nvpmodel.conf")
+    with svc:
+        sampler, host = JtopSampler(rate_hz=10), HostSampler(10)
+        sampler.open()
+        try:
+            client = shared_client([host, sampler])
+            assert client is sampler.client is not None
+
+            def no_second_client(*args, **kwargs):
+                raise AssertionError("the sweep opened a second jtop client")
+
+            monkeypatch.setattr(jtop_client, "start", no_second_client)
+            with ModeController(0.1, jetson=client) as controller:
+                controller.set(PowerMode(2, "MAXN_SUPER", True), None, caps[2], timeout_s=60)
+            assert mode_state(svc.root)["id"] == 2
+            assert client.ok(spin=True) and sampler.read()["board_power_mw"] > 0, "the sampler's client is open"
+        finally:
+            sampler.close()
+    assert shared_client([HostSampler(10)]) is None
+
+
 def test_kill_9_mid_sweep_then_restart_restores_the_original_mode(tmp_path):
     from tests.device.jetson_sim import JtopService, mode_state
 

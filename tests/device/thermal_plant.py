@@ -12,6 +12,10 @@ SYNTHETIC), so a mode with more watts settles hotter; the temperature moves towa
 (against a mode change that rewrites it), and given back ``hysteresis_c`` below it. The clocked TensorRT stand-in
 (:mod:`tests.device.clocked_runtime`) times each call from that clock, so the latency doubles when the clock halves:
 the planted moments (:attr:`ThermalPlant.events`, :meth:`ThermalPlant.throttle_at_s`) and ratio are known.
+
+``dip_hz``, ``dip_every_s`` and ``dip_s`` plant a DVFS governor (jetson_clocks off): every ``dip_every_s`` the GPU's
+``cur_freq`` drops to ``dip_hz`` for ``dip_s`` and comes back, the instantaneous clock jtop reads
+(jtop/core/gpu.py at 7.2.2), which is no throttle.
 """
 
 from __future__ import annotations
@@ -41,11 +45,16 @@ class ThermalPlant:
     def __init__(self, root: str | Path, start_c: float, tau_s: float, ambient_c: float = 30.0,
                  c_per_w: float = 8.0, trip_c: float = 95.0, critical_c: float = 105.0,
                  throttled_hz: int | None = None, initial_hz: int | None = None, hysteresis_c: float = 3.0,
-                 zone: str = "gpu-thermal", tick_s: float = 0.05):
+                 zone: str = "gpu-thermal", tick_s: float = 0.05, dip_hz: int | None = None,
+                 dip_every_s: float = 1.0, dip_s: float = 0.15):
         self.root, self.start_c, self.tau_s, self.ambient_c, self.c_per_w = Path(root), start_c, tau_s, ambient_c, \
             c_per_w
         self.trip_c, self.critical_c, self.throttled_hz, self.tick_s = trip_c, critical_c, throttled_hz, tick_s
         self.initial_hz, self.hysteresis_c = initial_hz, hysteresis_c
+        self.dip_hz, self.dip_every_s, self.dip_s = dip_hz, dip_every_s, dip_s
+        self._elapsed_s = 0.0
+        self._dipped_from: int | None = None  # the clock a governor dip took over (given back after it)
+        self.dips = 0
         self.folder = zone_folder(root, zone)
         self.clock = gpu_devfreq(root) / "cur_freq"
         self.started_at: float | None = None  # time.time() of t = 0
@@ -87,6 +96,16 @@ class ThermalPlant:
         steady = self.steady_c()
         self.temp_c = steady + (self.temp_c - steady) * math.exp(-dt / self.tau_s)
         _replace(self.folder / "temp", int(self.temp_c * 1000))
+        self._elapsed_s += dt
+        if self.dip_hz:
+            dipping = self._elapsed_s % self.dip_every_s >= self.dip_every_s - self.dip_s
+            if dipping and self._dipped_from is None:
+                self._dipped_from = _read_int(self.clock)
+                _replace(self.clock, self.dip_hz)
+                self.dips += 1
+            elif not dipping and self._dipped_from is not None:
+                _replace(self.clock, self._dipped_from)
+                self._dipped_from = None
         if not self.throttled_hz:
             return
         now_hz = _read_int(self.clock)
