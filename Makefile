@@ -33,7 +33,8 @@ EXTRAS   ?= build,device,modelopt,nvml,dev
 # keeps ranges for people who install EdgeFold into an environment of their own. LOCK= (empty) installs without it.
 LOCK     ?= constraints.txt
 # The agent's own lock (make agent-lock): the device, nvml and jetson extras resolved for aarch64 and Python 3.10
-# with numpy<2 (JetPack 6's Torch-TensorRT wheel), which the images, the bundle and make agent on a Jetson install.
+# with numpy<2 (JetPack 6's Torch-TensorRT wheel), which the Jetson image, the bundle and make agent on a Jetson
+# install.
 AGENT_LOCK ?= docker/agent-constraints.txt
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist, the dev extra); each test file runs whole on one worker, the longest files first
@@ -180,7 +181,7 @@ agent-lock: | venv-system-site
 	$(BIN)/python -m pip install --quiet 'uv>=0.9'
 	@{ echo "# EdgeFold agent's lock: generated $$(date -u +%Y-%m-%d) by 'make agent-lock', which runs:"; \
 	   echo "#   uv pip compile setup.cfg docker/agent-lock.in --extra device --extra nvml --extra jetson --python-version 3.10 --python-platform aarch64-unknown-linux-gnu"; \
-	   echo "# The images, the offline bundle and make agent on a Jetson install with it (-c)."; \
+	   echo "# The Jetson image, the offline bundle and make agent on a Jetson install with it (-c)."; \
 	   $(BIN)/uv pip compile setup.cfg docker/agent-lock.in --extra device --extra nvml --extra jetson \
 	     --python-version 3.10 --python-platform aarch64-unknown-linux-gnu --no-header --no-annotate --quiet; \
 	 } > $(AGENT_LOCK).new && mv $(AGENT_LOCK).new $(AGENT_LOCK)

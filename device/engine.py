@@ -195,6 +195,8 @@ class EngineCache:
         keyed = asdict(options)
         if not keyed["mark_outputs"]:  # the key of every engine cached before debug builds existed stays as it was
             del keyed["mark_outputs"]
+        if keyed.get("precision") == "fp32":  # built without TF32 since result 2.12: an older fp32 plan is not reused
+            keyed["cleared_flags"] = ["TF32"]
         options_key = hashlib.sha256(json.dumps(keyed, sort_keys=True, default=list).encode()).hexdigest()[:8]
         return self.root / f"{onnx_sha256[:16]}-{fingerprint_key(fp)}-{options_key}"
 

@@ -31,7 +31,7 @@ from device import jtop_client
 from device.gpu_state import GPU_HOLD_SCHEMA, gpu_hold_state
 from device.errors import DeviceError, MissingDependencyError
 from device.files import write_json_atomic
-from device.telemetry.jtop import KHZ_THRESHOLD, gpu_khz
+from device.telemetry.jtop import gpu_khz, gpu_units_differ, jetson_clocks_on
 
 DEFAULT_CONF = "/etc/nvpmodel.conf"
 HOLD_FILE = "power_mode_hold.json"
@@ -303,45 +303,7 @@ class ModeController(Control):
         return self._guarded("reading the power mode", self._state)
 
     def _state(self) -> DeviceState:
-        jc = self.jetson.jetson_clocks
-        on = None if jc is None else bool(jc)
-        if on is False and self._gpu_units_differ():
-            on = self._pinned()
-        return DeviceState(int(self.jetson.nvpmodel.id), str(self.jetson.nvpmodel.name), on)
-
-    def _gpu_entries(self) -> list[dict[str, Any]]:
-        return [entry["freq"] for entry in self.jetson.gpu.values()
-                if isinstance(entry, dict) and isinstance(entry.get("freq"), dict)]
-
-    def _gpu_units_differ(self) -> bool:
-        """Whether jtop gives the GPU's maximum and minimum clocks in different units.
-
-        On Thor jetson-stats 7.2.2 takes the maximum from NVML in MHz and the minimum from the gpu-gpc-0 devfreq
-        node in kHz (jtop/core/gpu.py, nvml_read_gpu_status), and its jetson_clocks_alive compares the two as they
-        are (jtop/core/jetson_clocks.py): jtop never reports jetson_clocks on there, and waiting for it would last
-        until the time limit.
-        """
-        for freq in self._gpu_entries():
-            high, low = freq.get("max"), freq.get("min")
-            if isinstance(high, (int, float)) and isinstance(low, (int, float)) and high > 0 and low > 0 and \
-                    (high > KHZ_THRESHOLD) != (low > KHZ_THRESHOLD):
-                return True
-        return False
-
-    def _pinned(self) -> bool:
-        """jtop's jetson_clocks_alive rule (every online core's and the GPU's minimum at their maximum, EMC at its
-        maximum) with the GPU's clocks in one unit; NVML's whole MHz meet a kHz devfreq within an operating
-        point's rounding."""
-        for cpu in self.jetson.cpu.get("cpu", []):
-            freq = cpu.get("freq") if cpu.get("online", True) else None
-            if isinstance(freq, dict) and freq.get("max") != freq.get("min"):
-                return False
-        for freq in self._gpu_entries():
-            high, low = gpu_khz(freq.get("max")), gpu_khz(freq.get("min"))
-            if high is None or low is None or abs(high - low) > CAP_TOLERANCE * high:
-                return False
-        emc = (self.jetson.memory or {}).get("EMC", {})
-        return "max" not in emc or emc.get("max") == emc.get("cur")
+        return DeviceState(int(self.jetson.nvpmodel.id), str(self.jetson.nvpmodel.name), jetson_clocks_on(self.jetson))
 
     @property
     def has_jetson_clocks(self) -> bool:
@@ -425,6 +387,8 @@ class ModeController(Control):
             clocks_restored = False
             if self.state().jetson_clocks and jetson_clocks is False:
                 self._until(lambda: self.state().jetson_clocks is False, lambda: self._clocks(False), deadline)
+                # Off shows as soon as one core's minimum moves, while --restore still writes: wait until it ends.
+                self._until(lambda: self.jetson.jetson_clocks.status == "inactive", lambda: None, deadline)
                 clocks_restored = True
             if clocks_restored and self.state().nvpmodel_id == mode.id:
                 self._reapply(mode, caps, deadline)
@@ -466,22 +430,29 @@ class ModeController(Control):
         jtop switches it off with ``jetson_clocks --restore`` from a file it stored once, when none existed, and
         keeps across restarts (jtop/core/jetson_clocks.py at 7.2.2: ``initialization``, ``_th_stop``): the cores
         and caps of whatever mode ran then come back. A new mode's ``nvpmodel -m`` rewrites them; the same mode
-        needs asking again, and jtop's client drops a request for the id it already reports unless ``force``
-        (jtop/core/nvpmodel.py, ``set_nvpmodel_id``). Forcing only answers nvpmodel's reboot prompt, which a
-        mode of the current mode's own mask never asks.
+        needs asking again, and jtop's client drops a request for the id it already reports
+        (jtop/core/nvpmodel.py, ``set_nvpmodel_id``) while its service takes it (the same id has the same mask).
+        The request goes to the service as the client would send it, without ``force``, which would answer a
+        reboot prompt with YES.
         """
-        if caps is None:  # nothing to compare against: ask once and wait until nvpmodel has run
-            self._mode(mode.id, force=True)
-            self._wait(deadline)
+        if caps is None:  # nothing to compare against: ask once, see nvpmodel start (or finish between two
+            # ticks), then wait until it has run
+            self._mode(mode.id, same=True)
+            started = time.monotonic()
+            while not self.jetson.nvpmodel.is_running() and time.monotonic() - started < REASK_S:
+                self._wait(deadline)
             self._until(lambda: not self.jetson.nvpmodel.is_running(), lambda: None, deadline)
             return
-        self._until(lambda: not self.observe().mismatches(caps, None), lambda: self._mode(mode.id, force=True),
+        self._until(lambda: not self.observe().mismatches(caps, None), lambda: self._mode(mode.id, same=True),
                     deadline)
 
-    def _mode(self, mode_id: int, force: bool = False) -> None:
+    def _mode(self, mode_id: int, same: bool = False) -> None:
         try:  # by id: the id is what nvpmodel -m takes
-            if force:
-                self.jetson.nvpmodel.set_nvpmodel_id(mode_id, force=True)
+            nvpmodel = self.jetson.nvpmodel
+            if same and hasattr(nvpmodel, "_controller"):
+                # The client's setter returns without sending when the id is the one it reports: send what it sends
+                # (jetson-stats 7.2.2, jtop/core/nvpmodel.py set_nvpmodel_id), force off.
+                nvpmodel._controller.put({"nvp": {"id": mode_id, "force": False}})
             else:
                 self.jetson.nvpmodel = mode_id
         except (EOFError, OSError):  # the request's socket is closed: a lost service, not a refusal
@@ -493,7 +464,12 @@ class ModeController(Control):
     def _clocks(self, on: bool) -> None:
         try:
             clocks = self.jetson.jetson_clocks
-            if bool(clocks) is on and self._gpu_units_differ() and hasattr(clocks, "_controller"):
+            if bool(clocks) is on and gpu_units_differ(self.jetson) and hasattr(clocks, "_controller"):
+                if not on and not clocks.is_config():  # the client's own guard, which its setter would apply
+                    raise PowerModeError("jtop cannot switch jetson_clocks off: it stored no configuration to "
+                                         "restore (jetson_clocks was on when its service started)",
+                                         fix="switch it by hand (sudo jetson_clocks --restore), then restart "
+                                             "jtop.service")
                 # jtop's client drops a request for the state it reports, and on Thor it reports off while the
                 # clocks are pinned (_gpu_units_differ): send the request its setter would (jetson-stats 7.2.2,
                 # jtop/core/jetson_clocks.py set_enable); the service acts on it whatever it reports.

@@ -36,16 +36,17 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3-venv &&
 # --system-site-packages: the container's TensorRT Python package is installed in the system Python.
 RUN python3 -m venv --system-site-packages /opt/edgefold
 COPY --from=wheel /wheels /wheels
-# The agent's lock (make agent-lock): the versions the agent was tested with, on every image.
-COPY docker/agent-constraints.txt /wheels/agent-constraints.txt
+# The project's lock (make lock): on x86_64 the versions the tests ran with (torch 2.14.1 as TORCH_VERSION); the
+# Jetson image takes the agent's (docker/agent-constraints.txt: aarch64, numpy<2 for JetPack 6's wheels).
+COPY constraints.txt /wheels/constraints.txt
 RUN wheel="$(ls /wheels/edgefold-*.whl)" \
- && /opt/edgefold/bin/pip install --no-cache-dir -c /wheels/agent-constraints.txt "${wheel}[device,nvml]" \
+ && /opt/edgefold/bin/pip install --no-cache-dir -c /wheels/constraints.txt "${wheel}[device,nvml]" \
  && if [ "$WITH_TORCH" = 1 ]; then \
-      /opt/edgefold/bin/pip install --no-cache-dir -c /wheels/agent-constraints.txt "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"; \
+      /opt/edgefold/bin/pip install --no-cache-dir -c /wheels/constraints.txt "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"; \
     fi \
  && if [ "$WITH_TORCH_TENSORRT" = 1 ]; then \
       if [ "$WITH_TORCH" != 1 ]; then echo "error: WITH_TORCH_TENSORRT=1 needs WITH_TORCH=1" >&2; exit 2; fi; \
-      /opt/edgefold/bin/pip install --no-cache-dir -c /wheels/agent-constraints.txt --extra-index-url https://pypi.nvidia.com \
+      /opt/edgefold/bin/pip install --no-cache-dir -c /wheels/constraints.txt --extra-index-url https://pypi.nvidia.com \
         "torch==${TORCH_VERSION}" "torch-tensorrt==${TORCH_TENSORRT_VERSION}" "nvidia-modelopt==${MODELOPT_VERSION}" \
         "tensorrt${TORCH_TENSORRT_TENSORRT}" "tensorrt-cu13${TORCH_TENSORRT_TENSORRT}" \
         "tensorrt-cu13-bindings${TORCH_TENSORRT_TENSORRT}" "tensorrt-cu13-libs${TORCH_TENSORRT_TENSORRT}"; \

@@ -93,6 +93,47 @@ def gpu_khz(value: Any) -> int | None:
     return int(value) if value > KHZ_THRESHOLD else int(round(value * 1000))
 
 
+def _gpu_freqs(jetson) -> list[dict[str, Any]]:
+    return [entry["freq"] for entry in (jetson.gpu or {}).values()
+            if isinstance(entry, dict) and isinstance(entry.get("freq"), dict)]
+
+
+def gpu_units_differ(jetson) -> bool:
+    """Whether jtop gives the GPU's maximum and minimum clocks in different units.
+
+    On Thor jetson-stats 7.2.2 takes the maximum from NVML in MHz and the minimum from the gpu-gpc-0 devfreq node
+    in kHz (jtop/core/gpu.py, nvml_read_gpu_status and _thor_gpc_freq), and its jetson_clocks_alive compares the
+    two as they are (jtop/core/jetson_clocks.py): jtop never reports jetson_clocks on there.
+    """
+    for freq in _gpu_freqs(jetson):
+        high, low = freq.get("max"), freq.get("min")
+        if isinstance(high, (int, float)) and isinstance(low, (int, float)) and high > 0 and low > 0 and \
+                (high > KHZ_THRESHOLD) != (low > KHZ_THRESHOLD):
+            return True
+    return False
+
+
+def jetson_clocks_on(jetson) -> bool | None:
+    """jtop's jetson_clocks state (None: the board has none), read in one unit where jtop's own cannot be on.
+
+    There jtop's jetson_clocks_alive rule applies with the GPU's clocks in kHz: every online core's and the GPU's
+    minimum at their maximum (NVML's whole MHz meet a kHz devfreq within 2 %), EMC at its maximum.
+    """
+    clocks = jetson.jetson_clocks
+    if clocks is None or bool(clocks) or not gpu_units_differ(jetson):
+        return None if clocks is None else bool(clocks)
+    for cpu in jetson.cpu.get("cpu", []):
+        freq = cpu.get("freq") if cpu.get("online", True) else None
+        if isinstance(freq, dict) and freq.get("max") != freq.get("min"):
+            return False
+    for freq in _gpu_freqs(jetson):
+        high, low = gpu_khz(freq.get("max")), gpu_khz(freq.get("min"))
+        if high is None or low is None or abs(high - low) > 0.02 * high:
+            return False
+    emc = (jetson.memory or {}).get("EMC", {})
+    return "max" not in emc or emc.get("max") == emc.get("cur")
+
+
 def gpu_freq_mhz(entry: dict[str, Any]) -> float:
     """The GPU's current clock in MHz (:func:`gpu_khz`)."""
     khz = gpu_khz((entry.get("freq") or {}).get("cur"))
@@ -192,7 +233,7 @@ class JtopSampler(Sampler):
         self.client_version = jtop_client.client_version()
         self.board = dict(jetson.board.get("hardware", {}))
         self.nvpmodel = str(jetson.nvpmodel) if jetson.nvpmodel is not None else None
-        self.jetson_clocks = bool(jetson.jetson_clocks) if jetson.jetson_clocks is not None else None
+        self.jetson_clocks = jetson_clocks_on(jetson)
         self.board_rail, _ = board_total(jetson.power)
         self.summed_rails = summed_rails(jetson.power) if self.board_rail.startswith("sum of") else []
         self.gpu_name, _ = gpu_entry(jetson.gpu)

@@ -218,6 +218,7 @@ def test_jetson_clocks_on_a_thor_is_read_in_one_unit_where_jtop_never_reports_it
     node in kHz, and jetson_clocks_alive compares the two as they are, so jtop never reports jetson_clocks on. A
     setting with it on waited for jtop until the time limit; EdgeFold reads the pinned clocks itself there."""
     from device.power_modes import ModeController, PowerMode, read_nvpmodel_conf
+    from device.telemetry.jtop import JtopSampler
     from tests.device.jetson_sim import JtopService, mode_state
 
     svc = JtopService(tmp_path, "thor")
@@ -229,6 +230,12 @@ def test_jetson_clocks_on_a_thor_is_read_in_one_unit_where_jtop_never_reports_it
         assert mode_state(svc.root)["jetson_clocks"] is True, "the simulated board's clocks are pinned"
         assert bool(controller.jetson.jetson_clocks) is False, "jtop itself still says off (the planted fault)"
         assert controller.state().jetson_clocks is True
+        sampler = JtopSampler(rate_hz=10)
+        sampler.open()
+        try:
+            assert sampler.jetson_clocks is True, "a window's facts say what the board runs, not jtop's flag"
+        finally:
+            sampler.close()
         controller.set(mode, False, caps[0], timeout_s=20)
         assert controller.state().jetson_clocks is False and mode_state(svc.root) == before
 

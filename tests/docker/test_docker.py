@@ -292,7 +292,8 @@ def _extra_names(extra: str) -> set[str]:
 def test_the_agents_lock_pins_every_agent_requirement_and_every_agent_install_uses_it():
     """The agent's lock (make agent-lock) pins each package of the device, nvml and jetson extras once, without
     markers (pip download --platform for another target evaluates markers on this host), numpy below 2 (JetPack 6's
-    Torch-TensorRT wheel); the images, the bundle's downloads and make agent on a Jetson install with it."""
+    Torch-TensorRT wheel); the Jetson image, the bundle's downloads and make agent on a Jetson install with it, the
+    data-center image with the project's lock (x86_64: the versions the tests ran with)."""
     import bundle
 
     lines = [line for line in (DOCKER / "agent-constraints.txt").read_text().splitlines()
@@ -302,9 +303,9 @@ def test_the_agents_lock_pins_every_agent_requirement_and_every_agent_install_us
     assert (_extra_names("device") | _extra_names("nvml") | _extra_names("jetson")) <= set(pins), \
         "an agent requirement is missing from docker/agent-constraints.txt: run make agent-lock"
     assert int(pins["numpy"].split(".")[0]) < 2
-    for name in ("jetson.Dockerfile", "dc.Dockerfile"):
+    for name, lock in (("jetson.Dockerfile", "agent-constraints.txt"), ("dc.Dockerfile", "/wheels/constraints.txt")):
         installs = [line for line in (DOCKER / name).read_text().splitlines() if "pip install" in line]
-        assert installs and all("-c /" in line and "agent-constraints.txt" in line for line in installs), name
+        assert installs and all("-c /" in line and lock in line for line in installs), name
     for command in bundle.download_commands("edgefold.whl[device,jetson]", ["manylinux2014_aarch64"], "3.10",
                                             DOCKER):
         assert command[command.index("-c") + 1] == str(DOCKER / "agent-constraints.txt")
