@@ -109,6 +109,42 @@ def reuse_or_measure(cached: Path, measure: Callable[[], dict[str, Any]]) -> tup
     return record, False
 
 
+def submit_and_wait(client, path: Path, spec: JobSpec | dict[str, Any], wait_s: float, retries: int,
+                    on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """One job on an agent, as every task's deploy runs it: the artifact uploaded (the agent keeps one copy), the job
+    submitted and waited for, resubmitted up to ``retries`` times when it failed or was interrupted.
+
+    A job still running after ``wait_s`` is cancelled and its rung recorded failed, not retried (a second attempt
+    would wait as long), and the device is not lost; a connection that drops is (``unreachable``).
+
+    Returns:
+        ``{"state": "succeeded", "job_id", "result" (the agent's JSON), "attempts", "started_at"}``, or
+        ``{"state": "failed", "error"}`` with ``"unreachable": True`` where the agent could not be reached.
+    """
+    from device.client import AgentError, JobTimeoutError
+
+    last_error = None
+    for attempt in range(retries + 1):
+        try:
+            client.upload(path)
+            submitted = client.submit(spec)
+            job = client.wait(submitted["id"], timeout_s=wait_s, on_progress=on_progress)
+        except JobTimeoutError as err:
+            return {"state": "failed", "error": f"{err.message}; {client.abandon(err.job_id)}"}
+        except AgentError as err:
+            if err.status == 0:  # connection lost: the device is gone for this run
+                return {"state": "failed", "error": err.message, "unreachable": True}
+            last_error = err.message
+            continue
+        if job["state"] == "succeeded":
+            return {"state": "succeeded", "job_id": job["id"], "result": job["result"], "attempts": attempt + 1,
+                    "started_at": job.get("started_at")}
+        last_error = job["error"]
+        if job["state"] not in ("failed", "interrupted"):
+            break
+    return {"state": "failed", "error": last_error}
+
+
 def fingerprint(device_info: dict[str, Any]) -> dict[str, Any]:
     """What identifies a device's measuring setup (:data:`FINGERPRINT_KEYS`) from its ``/v1/device``."""
     return {key: device_info.get(key) for key in FINGERPRINT_KEYS}

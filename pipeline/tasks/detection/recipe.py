@@ -184,7 +184,9 @@ class DetectionDeployConfig(Strict):
     idle_s: IdleSeconds = Field(1.0, description="idle power baseline before each job")
     evaluate_images: Optional[int] = Field(None, ge=1, description="test images the device scores (null = all)")
     profile: bool = Field(True, description="the per-layer profile after the timed windows")
-    timeout_s: int = Field(1800, ge=10, description="longest wait for one job")
+    timeout_s: int = Field(1800, ge=10, description="the agent's limit for one job (the wait is 2 minutes longer); "
+                                                    "a job past it fails its rung, and the others are measured")
+    retries: int = Field(1, ge=0, le=5, description="resubmissions of a job that failed or was interrupted")
     resamples: int = Field(200, ge=10, description="bootstrap resamples for the device-measured mAP's interval")
 
     @field_validator("batch_sizes")

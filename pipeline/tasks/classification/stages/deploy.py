@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from device.client import AgentClient, AgentError, JobTimeoutError
+from device.client import AgentClient, AgentError
 from device.errors import ConfigError, EdgeFoldError
 from device.files import sha256_file
 from device.schema import EvaluationSpec, JobSpec, parse_result
 from pipeline.core.codehash import code_sha256
 from pipeline.devices import DEPLOY_SCHEMA, Device
 from pipeline.jobs import (LOOPBACK, choose_runtime, deploy_targets, interleaved_rounds, job_spec, reuse_or_measure,
-                           trt_major, window_key)
+                           submit_and_wait, trt_major, window_key)
 from pipeline.jobs import fingerprint as device_fingerprint
 from pipeline.tasks.classification.frame_files import FrameFiles, write_frame_files
 from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
@@ -369,35 +369,17 @@ class DeployStage(Stage):
                 ctx.log(f"[  deploy] {device.name}: {rung} {job['state']}"
                         f"{' — ' + job['progress'] if job.get('progress') and job['state'] == 'running' else ''}")
 
-        last_error = None
-        for attempt in range(cfg.retries + 1):
-            try:
-                client.upload(path)
-                submitted = client.submit(spec)
-                job = client.wait(submitted["id"], timeout_s=(spec.timeout_s or cfg.job_timeout_s) + 120,
-                                  on_progress=report)
-            except JobTimeoutError as err:
-                # The agent answers: this rung failed, the device is not lost. Cancelled, or it holds the queue;
-                # not retried, a second attempt would wait as long.
-                return {"state": "failed", "error": f"{err.message}; {client.abandon(err.job_id)}",
-                        "spec": spec.model_dump(mode="json", exclude_none=True)}
-            except AgentError as err:
-                if err.status == 0:  # connection lost: the device is gone for this run
-                    return {"state": "failed", "error": err.message, "unreachable": True}
-                last_error = err.message
-                continue
-            if job["state"] == "succeeded":
-                try:  # the agent's result, typed: an agent of another version is named, not misread
-                    result = parse_result(job["result"], f"{device.name}'s result for {rung}")
-                except EdgeFoldError as err:
-                    return {"state": "failed", "error": f"{err.message} ({err.fix})",
-                            "spec": spec.model_dump(mode="json", exclude_none=True)}
-                return {"state": "succeeded", "job_id": job["id"], "spec": spec.model_dump(mode="json", exclude_none=True),
-                        "result": result.dump(), "attempts": attempt + 1, "started_at": job.get("started_at")}
-            last_error = job["error"]
-            if job["state"] not in ("failed", "interrupted"):
-                break
-        return {"state": "failed", "error": last_error, "spec": spec.model_dump(mode="json", exclude_none=True)}
+        record = submit_and_wait(client, path, spec, (spec.timeout_s or cfg.job_timeout_s) + 120, cfg.retries,
+                                 on_progress=report)
+        if record.get("unreachable"):
+            return record
+        record["spec"] = spec.model_dump(mode="json", exclude_none=True)
+        if record["state"] == "succeeded":
+            try:  # the agent's result, typed: an agent of another version is named, not misread
+                record["result"] = parse_result(record["result"], f"{device.name}'s result for {rung}").dump()
+            except EdgeFoldError as err:
+                return {"state": "failed", "error": f"{err.message} ({err.fix})", "spec": record["spec"]}
+        return record
 
     def summary(self, metrics):
         devices = ", ".join(f"{name} {status}" for name, status in metrics["devices"].items())

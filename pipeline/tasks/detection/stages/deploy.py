@@ -113,7 +113,7 @@ class DetectionDeployStage(Stage):
                     spec = {"artifact": digests[rung], "runtime": runtime, "precision": precision,
                             "batch_sizes": list(cfg.batch_sizes), "iterations": cfg.iterations,
                             "warmup_iterations": cfg.warmup_iterations, "idle_s": cfg.idle_s,
-                            "profile": cfg.profile and round_index == 0}
+                            "profile": cfg.profile and round_index == 0, "timeout_s": cfg.timeout_s}
                     if round_index == 0:  # round 1 also scores the set through the engine it timed
                         spec["evaluation"] = {"artifact": uploaded_sets[sizes[rung]], "images": count,
                                               "head": heads[rung]}
@@ -142,22 +142,22 @@ class DetectionDeployStage(Stage):
         """One round of one rung: the agent's job (or its cached record, when the same artifact, agent, fingerprint,
         code and job were measured before), as ``{"state", "result", "job_id", "reused"}``, the result parsed once
         here."""
+        from device.client import AgentError
         from device.schema import parse_result
-        from pipeline.jobs import reuse_or_measure
+        from pipeline.jobs import reuse_or_measure, submit_and_wait
 
         def measure() -> dict[str, Any]:
-            client.upload(path)
             # Logged as the graph's own precision: ONNX Runtime runs a Q/DQ graph in INT8 whatever the job field
             # says (the result's runtime.precision records what ran).
             ctx.log(f"[  deploy] {device.name}: {rung} round {round_index + 1} ({runtime}, "
                     f"{ladder['rungs'][rung]['precision']})")
-            job = client.wait(client.submit({**spec, "label": f"{ctx.recipe.name}/{rung}/round{round_index + 1}"})
-                              ["id"], timeout_s=ctx.recipe.deploy.timeout_s)
-            if job["state"] != "succeeded":
-                return {"state": job["state"], "error": job.get("error")}
-            return {"state": "succeeded", "job_id": job["id"], "result": job["result"]}
+            cfg = ctx.recipe.deploy
+            return submit_and_wait(client, path, {**spec, "label": f"{ctx.recipe.name}/{rung}/round{round_index + 1}"},
+                                   cfg.timeout_s + 120, cfg.retries)
 
         record, reused = reuse_or_measure(cached, measure)
+        if record.get("unreachable"):  # the device is gone for this run: its other rungs are not waited for
+            raise AgentError(record["error"], fix="check that the agent is running and reachable", status=0)
         if record["state"] != "succeeded":
             return record
         if reused:
