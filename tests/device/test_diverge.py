@@ -202,10 +202,15 @@ def test_the_debug_engine_is_cached_apart_from_the_timed_one(monkeypatch, tmp_pa
     cache = EngineCache(tmp_path)
     plain, marked = BuildOptions(precision="fp32"), BuildOptions(precision="fp32", mark_outputs=("relu3",))
     assert cache.folder("a" * 64, {"gpu": "x"}, plain) != cache.folder("a" * 64, {"gpu": "x"}, marked)
-    # An engine cached before debug builds existed keeps its key: the options as they were then.
-    before = {"precision": "fp32", "batch": [1, 1, 1], "workspace_mib": 1024, "dla_core": None, "timing_cache": None}
-    key = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:8]
-    assert cache.folder("a" * 64, {"gpu": "x"}, plain).name.endswith(f"-{key}")
+    # An engine cached before debug builds existed keeps its key (the options as they were then), but an fp32 one:
+    # it was built with TF32 allowed, and is built again without it.
+    def old_key(precision: str) -> str:
+        before = {"precision": precision, "batch": [1, 1, 1], "workspace_mib": 1024, "dla_core": None,
+                  "timing_cache": None}
+        return hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:8]
+
+    assert cache.folder("a" * 64, {"gpu": "x"}, BuildOptions(precision="fp16")).name.endswith(f"-{old_key('fp16')}")
+    assert not cache.folder("a" * 64, {"gpu": "x"}, plain).name.endswith(f"-{old_key('fp32')}")
 
 
 @pytest.mark.parametrize("change, message", [
