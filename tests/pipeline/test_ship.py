@@ -314,20 +314,29 @@ def test_the_engine_the_device_built_ships_with_its_build(measured_on_tensorrt):
     assert httpx.put(f"{agent.url}/v1/engines/{engine['key']}/file", headers=auth, content=b"x").status_code == 405
 
 
-def test_infer_py_runs_the_shipped_engine_where_tensorrt_is(measured_on_tensorrt, monkeypatch):
-    """infer.py's TensorRT path against the STAND-IN (its engine file, TensorRT 10's tensor API, host memory for
-    CUDA's): the same answers as ONNX Runtime on model.onnx."""
+def _shipped_infer(measured_on_tensorrt, name: str, monkeypatch):
+    """The student shipped to its own folder and its infer.py imported as a user's script would be, with the
+    TensorRT STAND-IN (tests/device/trt_standin.py) as ``tensorrt``."""
     import importlib.util
 
     from pipeline.ship.bundle import ship
     from tests.device import trt_standin
 
     run_dir, agent, tmp = measured_on_tensorrt
-    folder = ship(run_dir, TASK_SHIP, rung="student", to=tmp / "fp32", token=agent.token, log=lambda _: None)
-    spec = importlib.util.spec_from_file_location("shipped_infer", folder / "infer.py")
+    folder = ship(run_dir, TASK_SHIP, rung="student", to=tmp / name, token=agent.token, log=lambda _: None)
+    spec = importlib.util.spec_from_file_location(f"shipped_infer_{name}", folder / "infer.py")
     infer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(infer)
     monkeypatch.setitem(sys.modules, "tensorrt", trt_standin.make_tensorrt("10.3.0", 0))
+    return folder, infer
+
+
+def test_infer_py_runs_the_shipped_engine_where_tensorrt_is(measured_on_tensorrt, monkeypatch):
+    """infer.py's TensorRT path against the STAND-IN (its engine file, TensorRT 10's tensor API, host memory for
+    CUDA's): the same answers as ONNX Runtime on model.onnx."""
+    from tests.device import trt_standin
+
+    folder, infer = _shipped_infer(measured_on_tensorrt, "fp32", monkeypatch)
     cuda = trt_standin.FakeCuda()
     outputs = json.loads((folder / "postprocess.json").read_text())["outputs"]
     engine = infer.TensorRT(folder / "engine" / "engine.plan", outputs, cuda=cuda)
@@ -351,17 +360,7 @@ def test_infer_py_falls_back_to_onnx_runtime_where_the_engine_cannot_run(measure
                                                                          capsys):
     """No CUDA runtime (OSError from ctypes) and an engine TensorRT refuses (RuntimeError): ONNX Runtime runs
     model.onnx, and says why."""
-    import importlib.util
-
-    from pipeline.ship.bundle import ship
-    from tests.device import trt_standin
-
-    run_dir, agent, tmp = measured_on_tensorrt
-    folder = ship(run_dir, TASK_SHIP, rung="student", to=tmp / "fallback", token=agent.token, log=lambda _: None)
-    spec = importlib.util.spec_from_file_location("shipped_infer_fallback", folder / "infer.py")
-    infer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(infer)
-    monkeypatch.setitem(sys.modules, "tensorrt", trt_standin.make_tensorrt("10.3.0", 0))
+    folder, infer = _shipped_infer(measured_on_tensorrt, "fallback", monkeypatch)
 
     def no_cuda():
         raise OSError("libcudart.so: cannot open shared object file")
