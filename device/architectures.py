@@ -38,6 +38,9 @@ class Architecture:
         name: Registry key.
         build: ``build(num_classes, in_channels) -> nn.Module``.
         classifier: Dotted module name of the final classification layer.
+        extra_heads: Further classification layers whose outputs the model averages with the classifier's (timm's
+            distillation heads: RepViT's, DeiT distilled's, LeViT's). Each is kept whole and replaced for another
+            class count, as the classifier is.
         torchvision_name: The torchvision builder whose ImageNet weights fit, if any.
         source: Where the key comes from ("built-in (torchvision)", "timm 1.0.31", "entry point pkg.mod:obj (pkg 1.0)").
         preprocess: ``preprocess() -> dict`` of the input size, mean, std and interpolation the model was trained
@@ -62,6 +65,32 @@ class Architecture:
     inference_form: Callable[[Any], Any] | None = None
     fingerprint: str = ""
     requirement: str = "torchvision"
+    extra_heads: tuple[str, ...] = ()
+
+    @property
+    def heads(self) -> tuple[str, ...]:
+        """The classifier and the extra heads, by their names in the trained form."""
+        return (self.classifier, *self.extra_heads)
+
+    def head_modules(self, model) -> list:
+        """The head layers of ``model``, in its trained or its inference form: a head that folding replaced (RepViT's
+        two heads fused into ``head``, LeViT's normalised ``head.linear`` into ``head``) is found at the nearest
+        enclosing module that still exists."""
+        found = []
+        for name in self.heads:
+            parts = name.split(".")
+            while parts:
+                try:
+                    module = model.get_submodule(".".join(parts))
+                except AttributeError:
+                    parts.pop()
+                    continue
+                if all(module is not seen for seen in found):
+                    found.append(module)
+                break
+            else:
+                raise AttributeError(f"{type(model).__name__} has no module {name!r} (the registered classifier)")
+        return found
 
     def identity(self) -> dict[str, str]:
         """What a device checkpoint records of its architecture, so the device rebuilds the same module or refuses

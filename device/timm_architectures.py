@@ -29,7 +29,7 @@ def architecture_fields(name: str) -> dict:
 
     Raises:
         UnknownKeyError: timm has no such model; the nearest of its names are suggested.
-        ConfigError: The model has two heads (a distilled DeiT's), which a single-head student cannot take.
+        ConfigError: The model does not name its classifier.
     """
     timm = _timm()
     if not timm.is_model(name):
@@ -43,7 +43,7 @@ def architecture_fields(name: str) -> dict:
         tags = timm.list_pretrained(f"{name.split('.')[0]}.*")
         raise UnknownKeyError(f"unknown architecture 'timm/{name}': {err}",
                               fix=f"its tags: {', '.join(tags[:6])}" if tags else "leave the tag out") from None
-    classifier = _classifier(timm, name, cfg)
+    classifier, *extra_heads = _heads(timm, name, cfg)
     # A ViT, Swin or LeViT is built for one input size (its position embedding, its windows): timm marks it so.
     sized = bool(cfg is not None and cfg.fixed_input_size)
 
@@ -53,7 +53,8 @@ def architecture_fields(name: str) -> dict:
 
     return {"name": f"timm/{name}", "build": build, "classifier": classifier, "source": f"timm {timm.__version__}",
             "preprocess": lambda: pretrained_preprocess(name, cfg), "sized": sized, "inference_form": inference_form,
-            "fingerprint": f"timm {timm.__version__}", "requirement": f"timm=={timm.__version__}"}
+            "fingerprint": f"timm {timm.__version__}", "requirement": f"timm=={timm.__version__}",
+            "extra_heads": tuple(extra_heads)}
 
 
 def inference_form(model):
@@ -65,18 +66,22 @@ def inference_form(model):
                                               for m in model.modules()) else model
 
 
-def _classifier(timm, name: str, cfg) -> str:
+def _heads(timm, name: str, cfg) -> list[str]:
+    """The classifier timm's ``pretrained_cfg`` names, then any distillation head beside it.
+
+    A distilled model (RepViT, DeiT distilled, LeViT, EfficientFormer and V2) has two heads and, out of timm's
+    ``distilled_training`` mode, returns their average in training and in evaluation alike: EdgeFold builds and trains
+    it so. Where both heads read the same feature, the inference form folds them into one layer (RepViT's classifier
+    ``fuse``, through ``reparameterize_model``); where they read different tokens (DeiT, PiT) the graph keeps both."""
     classifier = getattr(cfg, "classifier", None) if cfg is not None else None
     if classifier is None:  # no pretrained config: find the head a built model reports
         model = timm.create_model(name, pretrained=False, num_classes=2)
-        head = model.get_classifier()
-        classifier = next((n for n, m in model.named_modules() if m is head), None)
-        if classifier is None:
+        heads = model.get_classifier()
+        names = {m: n for n, m in reversed(list(model.named_modules()))}
+        classifier = [names.get(head) for head in (heads if isinstance(heads, (tuple, list)) else [heads])]
+        if None in classifier:
             raise ConfigError(f"timm/{name} does not name its classifier", fix="choose another timm architecture")
-    if isinstance(classifier, (tuple, list)):
-        raise ConfigError(f"timm/{name} has {len(classifier)} heads ({', '.join(classifier)}); EdgeFold's students "
-                          "have one", fix="choose the variant without a distillation head (e.g. deit_small_patch16_224)")
-    return classifier
+    return list(classifier) if isinstance(classifier, (tuple, list)) else [classifier]
 
 
 def pretrained_preprocess(name: str, cfg=None) -> dict:

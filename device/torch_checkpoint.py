@@ -6,6 +6,9 @@ and is validated against the architecture it names. The build side writes it (:m
 device reads it when it must export a rung on its own torch (the Torch-TensorRT road: a ``.pt2`` from a newer
 torch does not load, and ModelOpt's INT8 export needs CUDA, which the build host may lack).
 
+``folded: true`` marks a network pruned in its inference form (timm's ``reparameterize_model`` applied before
+pruning, as FastViT and MobileOne must be): the architecture is built, folded, then narrowed to the structure.
+
 Keys a device checkpoint adds:
 
 * ``architecture``: the architecture's identity (:meth:`device.architectures.Architecture.identity`: key, source,
@@ -257,6 +260,8 @@ def read_payload(path: str | os.PathLike, fix: str = "re-run the stage that prod
             size is not None and (type(size) is not int or not 0 < size <= MAX_INPUT_SIZE)):
         raise CheckpointError(f"{path} records {classes!r} classes, {channels!r} input channels and input size "
                               f"{size!r}", fix=_CORRUPT)
+    if not isinstance(payload.get("folded", False), bool):
+        raise CheckpointError(f"{path} records folded={payload.get('folded')!r}, not true or false", fix=_CORRUPT)
     if on_device:
         identity = payload.get("architecture")
         if isinstance(identity, dict) and identity.get("key") != payload.get("arch"):
@@ -274,6 +279,12 @@ def model_from_payload(payload: dict, source: str):
     args = (payload["arch"], payload["num_classes"], int(payload.get("in_channels", 3)))
     _refuse_oversized(payload, args, source)
     model = build_model(*args, input_size=payload.get("input_size"))
+    if payload.get("folded"):
+        fold = ARCHITECTURES.get(payload["arch"]).inference_form
+        if fold is None:
+            raise CheckpointError(f"{source} was pruned in the inference form of {payload['arch']}, which this "
+                                  "registry's architecture does not have", fix=_CORRUPT)
+        model = fold(model)
     state_dict = payload["state_dict"]
     apply_structure(model, payload.get("structure") or {}, state_dict)
     load_state_strict(model, state_dict, source)
@@ -302,7 +313,8 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
     """Loads and validates a checkpoint.
 
     Returns:
-        The model (eval mode, on CPU) and the checkpoint's metadata (``arch``, ``num_classes``, ``meta``).
+        The model (eval mode, on CPU) and the checkpoint's metadata (``arch``, ``num_classes``, ``meta``, ``folded``:
+        the model is already in its inference form).
 
     Raises:
         CheckpointError: Missing file, not a checkpoint, unknown architecture, or shapes that do not fit the
@@ -310,7 +322,8 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
     """
     payload = read_payload(path)
     model = model_from_payload(payload, str(path))
-    return model, {"arch": payload["arch"], "num_classes": payload["num_classes"], "meta": payload.get("meta", {})}
+    return model, {"arch": payload["arch"], "num_classes": payload["num_classes"], "meta": payload.get("meta", {}),
+                   "folded": bool(payload.get("folded"))}
 
 
 def modelopt_modules():

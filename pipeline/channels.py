@@ -49,7 +49,7 @@ def _groups(model: nn.Module, arch: str, graph) -> Iterator[tuple[str, Any, Any]
     from pipeline.pruning import ignored_modules
 
     names = {module: name for name, module in model.named_modules()}
-    for group in graph.get_all_groups(ignored_layers=ignored_modules(model, arch),
+    for group in graph.get_all_groups(ignored_layers=ignored_modules(model, arch, graph=graph),
                                       root_module_types=[nn.Conv2d, nn.Linear]):
         root = group[0].dep.target.module
         yield names[root], root, group

@@ -27,10 +27,11 @@ _REDOWNLOAD = "copy or download the file again (compare its size and checksum wi
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, arch: str, num_classes: int,
-                    input_size: int | None = None, **meta: Any) -> Path:
+                    input_size: int | None = None, folded: bool = False, **meta: Any) -> Path:
     """Writes a checkpoint atomically (a crash leaves no half-written file); under DDP only rank 0 writes.
 
-    ``input_size`` is recorded for an architecture built for one input size (a timm ViT), to rebuild it so."""
+    ``input_size`` is recorded for an architecture built for one input size (a timm ViT), to rebuild it so;
+    ``folded`` for a model in its architecture's inference form (pruned after ``reparameterize_model``)."""
     path = Path(path)
     if not distributed.world().main:
         return path
@@ -41,6 +42,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, arch: str, num_cl
         "num_classes": int(num_classes),
         "in_channels": int(model.get_submodule(stem_name(model)).in_channels),
         **({"input_size": int(input_size)} if input_size and ARCHITECTURES.get(arch).sized else {}),
+        **({"folded": True} if folded else {}),
         "structure": capture_structure(model),
         "state_dict": {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
         "meta": meta,
@@ -92,7 +94,7 @@ def _safetensors(path: Path) -> dict[str, torch.Tensor]:
 def apply_torchvision_state(model: nn.Module, arch: str, state: dict[str, torch.Tensor], source: str) -> list[str]:
     """The one way teacher weights are loaded (a user's file, torchvision's ImageNet weights, a timm checkpoint).
 
-    The classifier (the registry's ``classifier`` of ``arch``) is kept fresh when the weights were
+    The classifier (the registry's ``classifier`` of ``arch``, and a distilled model's second head) is kept fresh when the weights were
     trained for another class count; any other missing, unexpected or misshapen layer is refused,
     naming it.
 
@@ -100,7 +102,7 @@ def apply_torchvision_state(model: nn.Module, arch: str, state: dict[str, torch.
         The state_dict keys left at their fresh initialisation (the replaced head).
     """
     state = {k.removeprefix("module."): v for k, v in state.items()}
-    classifier = ARCHITECTURES.get(arch).classifier
+    heads = ARCHITECTURES.get(arch).heads
     expected = model.state_dict()
     stem = f"{stem_name(model)}.weight"
     if stem in state and stem in expected and state[stem].shape[1] != expected[stem].shape[1]:
@@ -111,7 +113,7 @@ def apply_torchvision_state(model: nn.Module, arch: str, state: dict[str, torch.
     replaced = []
     for key, tensor in list(state.items()):
         if key in expected and expected[key].shape != tensor.shape:
-            if key.startswith(classifier + "."):
+            if key.startswith(tuple(f"{head}." for head in heads)):
                 replaced.append(key)
                 del state[key]
             else:

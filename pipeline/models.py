@@ -27,7 +27,7 @@ def checked_model(arch: str, num_classes: int, in_channels: int, input_size: int
     entry = ARCHITECTURES.get(arch)
     try:
         stem_name(model)
-        model.get_submodule(entry.classifier)
+        entry.head_modules(model)
     except (ValueError, AttributeError) as err:
         raise ConfigError(f"{arch} ({entry.source}) cannot enter the ladder: {err}",
                           fix="register it with 'classifier' naming its final layer, and a Conv2d taking the image "

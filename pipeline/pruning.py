@@ -134,6 +134,7 @@ def kept_whole(model: torch.nn.Module) -> dict[str, str]:
       value and projection keep their widths (and with them the embedding width they share).
     - A convolution or linear layer of a subclass with parameters beyond ``weight`` and ``bias`` (timm's
       ``ScaledStdConv2d`` and its per-channel gain): Torch-Pruning narrows only the two it knows.
+    - A depthwise convolution with a channel multiplier (:func:`multiplier_convs`), with the layers feeding it.
     """
     kept: dict[str, str] = {}
     for name, module in model.named_modules():
@@ -151,17 +152,41 @@ def kept_whole(model: torch.nn.Module) -> dict[str, str]:
             if extra:
                 kept[name] = f"{type(module).__name__} with parameters Torch-Pruning does not narrow " \
                              f"({', '.join(extra)}): kept whole"
+                continue
+        if isinstance(module, torch.nn.Conv2d) and 1 < module.groups == module.in_channels != module.out_channels:
+            kept[name] = f"depthwise convolution with a channel multiplier ({module.in_channels} → " \
+                         f"{module.out_channels}): Torch-Pruning cannot narrow its input, so the layers feeding it " \
+                         "keep their widths too"
     return kept
 
 
 _PROJECTIONS = {"qkv", "qk", "kv", "q", "k", "v", "to_qkv", "to_q"}
 
 
-def ignored_modules(model: torch.nn.Module, arch: str) -> list[torch.nn.Module]:
-    """What no plan may narrow: the classifier and every layer :func:`kept_whole` names, with their submodules."""
-    roots = [model.get_submodule(ARCHITECTURES.get(arch).classifier),
+def multiplier_convs(model: torch.nn.Module) -> list[torch.nn.Conv2d]:
+    """Depthwise convolutions with a channel multiplier (one group per input, several outputs each: FastViT's patch
+    embeddings and final convolution). Torch-Pruning narrows their inputs as if they were plain depthwise layers and
+    reads their importance out of range, so they, and every layer whose outputs feed them, keep their widths."""
+    return [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and 1 < m.groups == m.in_channels
+            and m.out_channels != m.in_channels]
+
+
+def ignored_modules(model: torch.nn.Module, arch: str, input_shape=None, graph=None) -> list[torch.nn.Module]:
+    """What no plan may narrow: the heads, every layer :func:`kept_whole` names, with their submodules, and the
+    layers coupled to a :func:`multiplier_convs` input (found on ``graph``, or a dependency graph built at
+    ``input_shape``, only when the model has such a convolution)."""
+    roots = [*ARCHITECTURES.get(arch).head_modules(model),
              *(model.get_submodule(name) for name in kept_whole(model))]
-    return [module for root in roots for module in root.modules()]
+    ignored = [module for root in roots for module in root.modules()]
+    multiplied = multiplier_convs(model)
+    if multiplied:
+        tp = torch_pruning()
+        if graph is None:
+            graph = tp.DependencyGraph().build_dependency(model, torch.zeros(input_shape))
+        for conv in multiplied:
+            group = graph.get_pruning_group(conv, tp.pruner.function.prune_conv_in_channels, [0])
+            ignored += [dep.target.module for dep, _ in group if graph.is_out_channel_pruning_fn(dep.handler)]
+    return ignored
 
 
 def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, input_shape) -> PlanPruner:
@@ -184,7 +209,7 @@ def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict,
         pruning_ratio=plan["ratio"],
         pruning_ratio_dict=per_layer or None,
         iterative_steps=cfg.steps,
-        ignored_layers=[*ignored_modules(model, arch), *grouped],
+        ignored_layers=[*ignored_modules(model, arch, input_shape), *grouped],
         round_to=cfg.round_to,
     )
     return PlanPruner(model, tp_pruner, cfg, plan["ratio"], input_shape, grouped)
@@ -202,9 +227,10 @@ def macs_after(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict, 
         if isinstance(err, torch.OutOfMemoryError):
             raise
         raise StageError(f"Torch-Pruning cannot prune {arch}: a pruned copy fails to run ({type(err).__name__}: "
-                         f"{str(err)[:200]})", fix="choose a teacher Torch-Pruning can narrow (a timm/ network of "
-                                               "plain convolutions, linear layers and attention); the prune stage "
-                                               "cannot be skipped yet") from None
+                         f"{str(err)[:200]})", fix="distill without pruning: set prune: null and distill.student to a "
+                                               "smaller registry architecture (--set prune=null --set "
+                                               "distill.student=mobilenet_v3_small), or choose a teacher "
+                                               "Torch-Pruning can narrow") from None
 
 
 def bisect_target(evaluate, low, high, target: float, good_enough: float, iterations: int, integer: bool = False):

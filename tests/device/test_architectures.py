@@ -155,3 +155,39 @@ def test_a_timm_name_with_a_tag_timm_lacks_lists_the_tags_it_has():
         ARCHITECTURES.get("timm/resnet18.bogus")
     assert "resnet18.a1_in1k" in err.value.fix
     assert "timm/resnet18.bogus" not in ARCHITECTURES
+
+
+@pytest.mark.parametrize("name, size, folds", [("repvit_m0_9", 64, True), ("deit_tiny_distilled_patch16_224", 32, False)])
+def test_a_two_headed_timm_model_is_built_as_timm_evaluates_it(name, size, folds):
+    """A distilled timm model (a distillation head beside the classifier) is taken, not refused: built and trained with
+    its two heads averaged, as timm runs it outside distilled training. RepViT's heads read one feature and fold into
+    one layer in the inference form; DeiT's read two tokens and stay two. Either way the outputs are timm's."""
+    from pipeline.checkpoint import apply_torchvision_state
+
+    key = f"timm/{name}"
+    arch = ARCHITECTURES.get(key)
+    assert len(arch.heads) == 2 and arch.extra_heads == arch.heads[1:]
+    torch.manual_seed(0)
+    model = build_model(key, 5, input_size=size).eval()
+    torch.manual_seed(0)
+    reference = timm.create_model(name, pretrained=False, num_classes=5,
+                                  **({"img_size": size} if arch.sized else {})).eval()
+    x = torch.randn(3, 3, size, size)
+    with torch.no_grad():
+        out = model(x)
+        torch.testing.assert_close(out, reference(x))
+        features = reference.forward_features(x)
+        if folds:  # RepViT: one pooled feature, each head a BatchNorm and a Linear over it
+            pooled = reference.forward_head(features, pre_logits=True)
+            averaged = (reference.head.head(pooled) + reference.head.head_dist(pooled)) / 2
+        else:  # DeiT: the class token to one head, the distillation token to the other
+            averaged = (reference.head(features[:, 0]) + reference.head_dist(features[:, 1])) / 2
+        torch.testing.assert_close(out, averaged, rtol=1e-4, atol=1e-5)
+        folded = arch.inference_form(model)
+        torch.testing.assert_close(folded(x), out, rtol=1e-4, atol=1e-5)
+    assert len(arch.head_modules(model)) == 2
+    assert len(arch.head_modules(folded)) == (1 if folds else 2)
+    # weights trained for another class count: both heads are replaced, the rest loaded
+    other = build_model(key, 7, input_size=size).state_dict()
+    replaced = apply_torchvision_state(model, key, other, "WEIGHTS=other.pt")
+    assert {k.rsplit(".", 1)[0] for k in replaced} >= set(arch.heads)

@@ -77,3 +77,41 @@ def test_an_architecture_torch_pruning_breaks_is_refused_with_what_to_do():
         find_plan(model, "timm/test_nfnet", PruneConfig(macs_target=0.5), (1, 3, 32, 32),
                   count_macs(model, (1, 3, 32, 32)))
     assert "choose a teacher Torch-Pruning can narrow" in err.value.fix
+    assert "prune: null" in err.value.fix, "the way around it: distill without pruning"
+
+
+@pytest.mark.parametrize("name", ["fastvit_t8", "mobileone_s0", "repvgg_a0", "repvit_m0_9"])
+def test_a_reparameterisable_timm_net_is_pruned_in_its_folded_form(tmp_path, name):
+    """timm's re-parameterisable families, each at its smallest variant: the teacher is folded as it is exported
+    (parallel branches summed into one convolution), pruned to the target in that form, trains, and reloads from its
+    checkpoint (``folded``) with the same outputs. FastViT's depthwise convolutions with a channel multiplier are kept
+    whole and named; before, its pruned copy failed to run (an IndexError inside Torch-Pruning)."""
+    pytest.importorskip("timm")
+    from pipeline.pruning import kept_whole
+    from pipeline.tasks.classification.stages.prune import _inference_form
+
+    arch, shape = f"timm/{name}", (1, 3, 64, 64)
+    torch.manual_seed(0)
+    trained = build_model(arch, 4).eval()
+    model, folded = _inference_form(trained, arch)
+    assert folded and model is not trained
+    def norms(net):
+        return sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules())
+
+    assert norms(model) < norms(trained), "the branches' BatchNorms are folded away"
+    cfg = PruneConfig(macs_target=0.5, tolerance=0.1, round_to=8)
+    base = count_macs(model, shape)
+    plan, _ = find_plan(model, arch, cfg, shape, base)
+    make_pruner(model, arch, cfg, plan, shape).step()
+    assert abs(count_macs(model, shape) / base - 0.5) <= 0.1 * 0.5
+    multiplied = [n for n, reason in kept_whole(model).items() if "channel multiplier" in reason]
+    assert bool(multiplied) == (name == "fastvit_t8")
+    model.train()
+    model(torch.randn(2, *shape[1:])).sum().backward()  # it fine-tunes in that form
+    model.eval()
+    path = save_checkpoint(tmp_path / "pruned.pt", model, arch, 4, folded=True)
+    reloaded, info = load_checkpoint(path)
+    assert info["folded"]
+    x = torch.randn(2, *shape[1:])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(x), model(x))

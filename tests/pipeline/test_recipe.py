@@ -86,6 +86,31 @@ def test_missing_section_is_reported(tiny_raw):
         parse_recipe(tiny_raw)
 
 
+def test_prune_null_distills_without_pruning_and_the_ladder_loses_its_pruned_rung(tiny_raw):
+    """``prune: null`` (or a registry student) skips the prune stage: the rung lists left unwritten lose ``pruned``, a
+    written one naming it is refused, and ``distill.student: pruned`` without a prune section names both ways out. A
+    prune section left out is still missing, with the null that says "no pruning" in its hint."""
+    from pipeline.tasks.classification.recipe import pruning_skipped
+
+    recipe = parse_recipe(tiny_raw, overrides={"prune": None, "distill.student": "mobilenet_v3_small"})
+    assert recipe.prune is None and "pruned" not in recipe.export.rungs and "pruned" not in recipe.deploy.rungs
+    assert pruning_skipped(recipe) == "prune is null: the teacher is distilled into mobilenet_v3_small without pruning"
+    registry = parse_recipe(tiny_raw, overrides={"distill.student": "mobilenet_v3_small"})
+    assert registry.prune is not None and "pruned" not in registry.export.rungs
+    assert "not the pruned teacher" in pruning_skipped(registry)
+    assert pruning_skipped(parse_recipe(tiny_raw)) is None
+    with pytest.raises(ConfigError, match=r"distill.student: pruned distills the prune stage's model, and prune is "
+                                          r"null: name a student from the registry"):
+        parse_recipe(tiny_raw, overrides={"prune": None})
+    with pytest.raises(ConfigError, match=r"export.rungs names pruned, but prune is null"):
+        parse_recipe(tiny_raw, overrides={"prune": None, "distill.student": "mobilenet_v3_small",
+                                          "export.rungs": ["teacher", "pruned", "student"]})
+    del tiny_raw["prune"]
+    with pytest.raises(ConfigError, match=r"prune: required; .*write prune: null to distill the teacher into "
+                                          r"distill.student without pruning"):
+        parse_recipe(tiny_raw)
+
+
 def test_overrides_use_dotted_keys(tiny_raw):
     before = copy.deepcopy(tiny_raw)
     recipe = parse_recipe(tiny_raw, overrides={"data.source": "fashion-mnist", "teacher.train.epochs": 1,

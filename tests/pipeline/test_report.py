@@ -390,3 +390,16 @@ def test_the_kept_layers_are_priced_from_the_int8_rungs_per_layer_profile():
                     "1 fusion(s) of kept and INT8 layers not priced")
     assert "none of the kept layers is named" in kept_time_text(["conv5"], entry)
     assert kept_time_text([], entry) is None and kept_time_text(["conv3"], {"device": "x", "profile": None}) is None
+
+
+def test_a_ladder_distilled_without_pruning_says_why_it_has_no_pruned_rung():
+    """The report names an absent pruned rung with its reason (beside the ladder); a ladder that pruned, or whose
+    student is the pruned teacher, names nothing absent."""
+    from pipeline.tasks.classification.report_data import _absent_rungs
+
+    rungs = {"teacher": {}, "student": {}, "student_int8": {}}
+    distilled = {"distill": {"config": {"distill": {"student": "mobilenet_v3_small"}}}, "export": {"config": {}}}
+    absent = _absent_rungs(distilled, rungs)
+    assert list(absent) == ["pruned"] and "distilled into mobilenet_v3_small without pruning" in absent["pruned"]
+    assert _absent_rungs({**distilled, "prune": {}}, {**rungs, "pruned": {}}) == {}
+    assert _absent_rungs({"distill": {"config": {"distill": {"student": "pruned"}}}}, rungs) == {}

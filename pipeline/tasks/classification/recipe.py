@@ -52,7 +52,9 @@ class Recipe(RecipeBase):
         "data": "say where the images are: DATA=fashion-mnist|digits|imagefolder:/path (an ONNX start: the classes "
                 "its model was trained on, in its output order)",
         **{name: "the ladder starts from a PyTorch teacher (teacher, prune, distill), or from an ONNX file "
-                 "(start: {onnx: path}, or MODEL=path/to/model.onnx)" for name in TORCH_SECTIONS}}
+                 "(start: {onnx: path}, or MODEL=path/to/model.onnx)" for name in TORCH_SECTIONS},
+        "prune": "the ladder starts from a PyTorch teacher (teacher, prune, distill), or from an ONNX file (start: "
+                 "{onnx: path}); write prune: null to distill the teacher into distill.student without pruning"}
     # Set when preprocess was left to the teacher's architecture (timm's pretrained_cfg): the run says so.
     _preprocess_from: str | None = PrivateAttr(None)
 
@@ -83,10 +85,13 @@ class Recipe(RecipeBase):
                 source = f"{arch}'s pretrained_cfg ({entry.source})" + (
                     f", with {', '.join(sorted(written))} from the recipe" if written else "")
         if isinstance(data, dict) and data.get("start") is None:
-            missing = [name for name in TORCH_SECTIONS if data.get(name) is None]
+            # prune: null, written, distills without pruning; left out, it is missing
+            missing = [name for name in TORCH_SECTIONS if data.get(name) is None and not (name == "prune"
+                                                                                         and "prune" in data)]
             if missing:
                 raise ValidationError.from_exception_data(cls.__name__, [
                     {"type": "missing", "loc": (name,), "input": data} for name in missing])
+            data = _sections_without_pruning(data)
         elif isinstance(data, dict):
             data = _sections_of_the_start(data)
         recipe = handler(data)
@@ -123,6 +128,53 @@ def _sections_of_the_start(data: dict) -> dict:
             raise ValueError(f"{section}.{key}: an ONNX start has {', '.join(allowed)} here (the given graph is the "
                              f"student), not {given}; leave {section}.{key} out")
     return {**data, **sections}
+
+
+def _student(data: dict) -> Any:
+    distill = data.get("distill")
+    return distill.get("student", "pruned") if isinstance(distill, dict) else "pruned"
+
+
+def _sections_without_pruning(data: dict) -> dict:
+    """A recipe that distills without pruning (``prune: null``, or a ``distill.student`` from the registry) has no
+    ``pruned`` rung: the rung lists left unwritten lose it, a written one that names it is refused, and
+    ``distill.student: pruned`` with no prune section is refused with both ways out."""
+    student = _student(data)
+    if data.get("prune") is None and student == "pruned":
+        raise ValueError("distill.student: pruned distills the prune stage's model, and prune is null: name a student "
+                         "from the registry (distill.student: mobilenet_v3_small, timm/<name>) to distill without "
+                         "pruning, or write the prune section")
+    if student == "pruned":
+        return data
+    sections = {name: dict(data.get(name) or {}) for name in ("export", "deploy")
+                if isinstance(data.get(name) or {}, dict)}
+    for section, key, default in (("export", "rungs", ExportConfig().rungs), ("deploy", "rungs", list(RUNGS))):
+        if section not in sections:
+            continue
+        given = sections[section].get(key, default)
+        if key in sections[section] and isinstance(given, list) and "pruned" in given:
+            raise ValueError(f"{section}.{key} names pruned, but {pruning_skipped_reason(data)}: leave pruned out of "
+                             f"{section}.{key}")
+        if key not in sections[section]:
+            sections[section][key] = [name for name in default if name != "pruned"]
+    return {**data, **sections}
+
+
+def pruning_skipped_reason(data: dict) -> str:
+    """Why a recipe's ladder has no pruned rung, from its raw data or its validated model."""
+    student = _student(data) if isinstance(data, dict) else data.distill.student
+    prune = data.get("prune") if isinstance(data, dict) else data.prune
+    if prune is None:
+        return f"prune is null: the teacher is distilled into {student} without pruning"
+    return f"distill.student is {student}, not the pruned teacher: the prune section is not used"
+
+
+def pruning_skipped(recipe) -> str | None:
+    """Why the prune stage is not in a run (an ONNX start, ``prune: null``, a registry student); None when it is."""
+    started = started_without_torch(recipe)
+    if started or recipe.distill.student != "pruned":
+        return started or pruning_skipped_reason(recipe)
+    return None
 
 
 def started_without_torch(recipe) -> str | None:

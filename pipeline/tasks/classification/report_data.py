@@ -205,10 +205,13 @@ def _provenance(stages: dict[str, Any], devices: list[dict[str, Any]]) -> dict[s
 
 
 def _absent_rungs(stages: dict[str, Any], rungs: dict[str, Any]) -> dict[str, str]:
-    """The rungs an ONNX start's ladder does not have, each with why (the report says so beside the ladder)."""
+    """The rungs the ladder does not have, each with why (the report says so beside the ladder): an ONNX start's
+    (no PyTorch model), or the pruned rung of a teacher distilled without pruning."""
     start = ((stages.get("export") or {}).get("config") or {}).get("start")
     if not start:
-        return {}
+        student = (((stages.get("distill") or {}).get("config") or {}).get("distill") or {}).get("student")
+        return {} if "prune" in stages or "pruned" in rungs or student in (None, "pruned") else {
+            "pruned": f"the teacher is distilled into {student} without pruning (prune: null, or a registry student)"}
     why = (f"the ladder starts at export from {start['onnx']}: there is no PyTorch model to train, prune or distill "
            "(the given graph is the student)")
     return {name: why for name in RUNGS if name not in rungs and RUNGS[name].form_of != RUNGS[DEPLOYED].form_of

@@ -237,8 +237,9 @@ class _Trainer:
     def _update(self, x, labels, positions, flipped) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns the logits and the loss."""
         x, labels = x.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
+        # Batches come from HWC images (NHWC strides): left so, the convolutions would run channels_last whatever was
+        # chosen, and on a CPU some networks' backward then crawls (timm's FastViT: over 60 s a step against 0.4 s).
+        x = x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
         with autocast:
             logits = self.train_model(x)
@@ -268,6 +269,8 @@ class _Trainer:
     def train_epoch(self, epoch: int) -> dict:
         """One epoch with a progress bar (or a log line every 10% and 15 s without a terminal); its record."""
         self.train_model.train()
+        # predict() (the evaluation between epochs) leaves the weights channels_last: back to this run's format
+        self.model.to(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         seen = correct = 0
         loss_sum = data_s = 0.0  # data_s: time spent waiting for the next batch, the input pipeline's share
         epoch_steps = min(self.steps_per_epoch, self.total_steps - self.step)

@@ -67,8 +67,9 @@ class DistillStage(Stage):
         num_classes = teacher_info["num_classes"]
         if cfg.student == "pruned":
             student, info = load_checkpoint(ctx.manifest.output("prune", "model"))
-            arch = info["arch"]
+            arch, folded = info["arch"], info["folded"]
         else:
+            folded = False
             torch.manual_seed(cfg.train.seed)
             arch, student = cfg.student, build_model(cfg.student, num_classes, ctx.preprocess.channels,
                                                             ctx.preprocess.input_size)
@@ -109,7 +110,7 @@ class DistillStage(Stage):
             fix="raise distill.train.epochs, lower distill.train.lr, or prune less (prune.macs_target)")
         student.cpu()
         path = save_checkpoint(workdir / "model.pt", student, arch, num_classes, ctx.preprocess.input_size,
-                               distilled_from="teacher")
+                               folded=folded, distilled_from="teacher")
         return StageResult(
             outputs={"model": path, "predictions": workdir / "predictions.npy"},
             metrics={**recorded_scores(metrics), "sanity": sanity, "bn_recalibrated_images": recalibrated,

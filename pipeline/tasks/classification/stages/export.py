@@ -76,7 +76,7 @@ class ExportStage(Stage):
             model, info = load_checkpoint(ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model"))
             path = workdir / f"{rung}.onnx"
             fold = ARCHITECTURES.get(info["arch"]).inference_form  # train-time branches folded (timm's RepVGG …)
-            inference = fold(model) if fold else model
+            inference = fold(model) if fold and not info["folded"] else model  # a pruned rung may be folded already
             facts = export_onnx(inference, path, ctx.preprocess.input_shape(1), cfg.opset)
             parity = check_parity(model, path, images)  # the folded graph against the trained model
             metrics[rung] = {**facts, "parity": parity, "branches_folded": inference is not model}

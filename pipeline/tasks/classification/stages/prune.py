@@ -27,7 +27,7 @@ from pipeline.core.log import log
 from pipeline.channels import WidthPruner
 from pipeline.latency.search import macs_knapsack_plan
 from pipeline.pruning import find_plan, kept_whole, make_pruner
-from pipeline.tasks.classification.recipe import started_without_torch
+from pipeline.tasks.classification.recipe import pruning_skipped
 
 
 # The latency path, loaded by name (importlib) and only for a latency budget: the code hash follows imports,
@@ -40,7 +40,7 @@ class PruneStage(Stage):
     name = "prune"
 
     def absent(self, ctx):
-        return started_without_torch(ctx.recipe)
+        return pruning_skipped(ctx.recipe)
 
     def needs(self, ctx):
         return ("data", "teacher")
@@ -67,6 +67,7 @@ class PruneStage(Stage):
         cfg = ctx.recipe.prune
         model, info = load_checkpoint(ctx.manifest.output("teacher", "model"))
         arch, input_shape = info["arch"], ctx.preprocess.input_shape(1)
+        model, folded = _inference_form(model, arch)
         base_macs, base_params = count_macs(model, input_shape), count_parameters(model)
         whole = _kept_whole(model)
         latency_metrics = None
@@ -130,8 +131,7 @@ class PruneStage(Stage):
         metrics = evaluate(model, test, ctx.device, "pruned eval", save_predictions=workdir / "predictions.npy")
         model.cpu()
         path = save_checkpoint(workdir / "model.pt", model, arch, info["num_classes"], ctx.preprocess.input_size,
-                               pruned_from="teacher",
-                               plan=plan)
+                               folded=folded, pruned_from="teacher", plan=plan)
         return StageResult(
             outputs={"model": path, "predictions": workdir / "predictions.npy"},
             # Not gated: a pruned model before distillation is expected to be bad; the verdict is recorded.
@@ -139,7 +139,7 @@ class PruneStage(Stage):
                      "macs_g": macs / 1e9, "params_m": count_parameters(model) / 1e6,
                      "macs_fraction": fraction, "params_fraction": count_parameters(model) / base_params,
                      "layers_off_multiple": len(odd), "unpruned_layers": unpruned, "kept_whole": whole,
-                     "macs_concentration": concentration, "history": history,
+                     "macs_concentration": concentration, "history": history, "folded": folded,
                      **({"latency": latency_metrics} if latency_metrics is not None else {})},
         )
 
@@ -163,6 +163,19 @@ class PruneStage(Stage):
     def summary(self, metrics):
         return (f"{100 * metrics['macs_fraction']:.1f}% of the teacher's MACs ({metrics['macs_g']:.3f} G), "
                 f"{metrics['params_m']:.2f} M params, top-1 before distillation {100 * metrics['top1']:.2f}%")
+
+
+def _inference_form(model: torch.nn.Module, arch: str) -> tuple[torch.nn.Module, bool]:
+    """The teacher as it is exported (:attr:`Architecture.inference_form`: timm's ``reparameterize_model`` folds
+    RepVGG's, MobileOne's, FastViT's and RepViT's parallel branches into one convolution): the form that is pruned
+    and fine-tuned, since Torch-Pruning cannot narrow branches it sees summed. Returns (model, whether it folded)."""
+    fold = ARCHITECTURES.get(arch).inference_form
+    folded = fold(model) if fold else model
+    if folded is model:
+        return model, False
+    log(f"prune: {arch} pruned in its inference form (train-time branches folded, as it is exported); the student "
+        "is fine-tuned in that form")
+    return folded.eval(), True
 
 
 def _kept_whole(model: torch.nn.Module) -> list[dict]:
@@ -227,11 +240,12 @@ def macs_concentration(before: dict[str, int], after: dict[str, int], top: int =
 
 
 def _channels_off_multiple(model: torch.nn.Module, arch: str, multiple: int) -> list[str]:
-    classifier = ARCHITECTURES.get(arch).classifier
+    heads = ARCHITECTURES.get(arch).head_modules(model)
     odd = []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Conv2d) and module.out_channels % multiple:
             odd.append(f"{name}={module.out_channels}")
-        elif isinstance(module, torch.nn.Linear) and name != classifier and module.out_features % multiple:
+        elif isinstance(module, torch.nn.Linear) and all(module is not head for head in heads) \
+                and module.out_features % multiple:
             odd.append(f"{name}={module.out_features}")
     return odd
