@@ -26,7 +26,7 @@ Runtime = Literal["onnxruntime", "tensorrt", "torch", "torch_tensorrt"]
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 JobState = Literal["queued", "running", "succeeded", "failed", "interrupted", "cancelled"]
 FINISHED = ("succeeded", "failed", "interrupted", "cancelled")
-Interpolation = Literal["bilinear", "area", "nearest", "bicubic"]
+Interpolation = Literal["bilinear", "area", "nearest", "bicubic", "bilinear_antialias"]
 BatchSize = Annotated[int, Field(ge=1, le=4096)]
 # The bounds of a job's measurement, shared with the recipe's deploy section (pipeline.core.recipe.DeployConfig),
 # so a recipe the agent would refuse is refused before the first stage runs, by the same numbers.

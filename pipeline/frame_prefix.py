@@ -34,6 +34,8 @@ MARGIN_LEVELS = 1.0
 _YUV_TO_RGB = np.array([[1.164, 0.0, 1.596], [1.164, -0.391, -0.813], [1.164, 2.018, 0.0]], dtype=np.float32)
 _GREY = (0.299, 0.587, 0.114)  # cv2.COLOR_RGB2GRAY's weights
 REFUSED = {"area": "has no ONNX Resize mode that matches OpenCV's (its box filter when shrinking)",
+           "bilinear_antialias": "needs ONNX Resize's antialias (opset 18), which onnx-tensorrt's operator table "
+                                 "says TensorRT does not support",
            "bicubic": "is a cubic Resize, which TensorRT 10's ONNX parser does not build (nearest and linear only)"}
 _RESIZE = {"bilinear": {"mode": "linear", "coordinate_transformation_mode": "half_pixel"},
            "nearest": {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}}

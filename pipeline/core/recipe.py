@@ -137,7 +137,7 @@ class PreprocessConfig(Strict):
     channels: Literal[1, 3] = 3
     mean: list[float]
     std: list[float]
-    interpolation: Literal["bilinear", "area", "nearest", "bicubic"] = "bilinear"
+    interpolation: Literal["bilinear", "area", "nearest", "bicubic", "bilinear_antialias"] = "bilinear"
 
     @model_validator(mode="after")
     def _consistent(self) -> "PreprocessConfig":

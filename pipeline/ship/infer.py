@@ -39,6 +39,18 @@ def read_rgb(path: Path) -> np.ndarray:
     return image
 
 
+def _pil_bilinear(image: np.ndarray, width: int, height: int) -> np.ndarray:
+    """PIL's bilinear resize (antialiased: torchvision's Resize), as the rung was fed; Pillow is needed only here."""
+    try:
+        from PIL import Image
+    except ImportError:
+        sys.exit("preprocess.json asks for bilinear_antialias (PIL's resize): pip install pillow")
+    planes = [image] if image.ndim == 2 else [image[:, :, c] for c in range(image.shape[2])]
+    resized = [np.asarray(Image.fromarray(np.ascontiguousarray(p)).resize((width, height), Image.BILINEAR))
+               for p in planes]
+    return resized[0] if image.ndim == 2 else np.stack(resized, axis=2)
+
+
 def geometry(image: np.ndarray, pre: dict) -> tuple[np.ndarray, float]:
     """The network-sized uint8 image (H×W×C) and the factor from the image's pixels to the network's."""
     size = pre["input_size"]
@@ -56,7 +68,9 @@ def geometry(image: np.ndarray, pre: dict) -> tuple[np.ndarray, float]:
         return square, factor
     scale = pre["resize"] / min(height, width)  # the shorter side to `resize`, then the centre crop
     new_h, new_w = max(pre["resize"], round(height * scale)), max(pre["resize"], round(width * scale))
-    if (new_h, new_w) != (height, width):
+    if (new_h, new_w) != (height, width) and pre["interpolation"] == "bilinear_antialias":
+        image = _pil_bilinear(image, new_w, new_h)
+    elif (new_h, new_w) != (height, width):
         image = cv2.resize(image, (new_w, new_h), interpolation=INTERPOLATION[pre["interpolation"]])
     top, left = (new_h - size) // 2, (new_w - size) // 2
     image = image[top:top + size, left:left + size]

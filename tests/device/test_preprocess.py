@@ -88,3 +88,29 @@ def test_real_photograph_parity_with_torchvision_style_pipeline():
     resized = cv2.resize(photo, (256, 256), interpolation=cv2.INTER_LINEAR)[16:240, 16:240]
     expected = (resized.astype(np.float32) / 255 - np.array(p.mean, np.float32)) / np.array(p.std, np.float32)
     np.testing.assert_allclose(out[0], expected.transpose(2, 0, 1), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, new", [((480, 640, 3), (224, 298)), ((100, 60, 1), (32, 19)), ((37, 53, 3), (36, 52)),
+                                        ((8, 8, 3), (16, 16))])
+def test_the_antialiased_resize_is_torchvisions_within_one_level(shape, new):
+    """``bilinear_antialias`` is the resize torchvision's ``Resize`` and PIL's bilinear apply (its filter widens with the
+    reduction): at most 1 level of 255 from either, shrinking or enlarging, grey or RGB. OpenCV's bilinear is far off
+    when shrinking, which is why a model trained on torchvision's resize loses accuracy when fed by it."""
+    torch = pytest.importorskip("torch")
+    from PIL import Image
+    from torchvision.transforms.v2 import functional as F
+
+    from device.preprocess import resize_antialiased
+
+    rng = np.random.default_rng(0)
+    image = (np.cumsum(rng.integers(0, 256, shape), axis=0) % 256).astype(np.uint8)
+    ours = resize_antialiased(image, *new).astype(int)
+    theirs = F.resize(torch.from_numpy(image).permute(2, 0, 1), list(new), antialias=True).permute(1, 2, 0).numpy()
+    pil = np.stack([np.asarray(Image.fromarray(image[:, :, c]).resize(new[::-1], Image.BILINEAR))
+                    for c in range(shape[2])], axis=2)
+    assert ours.shape == (*new, shape[2])
+    assert np.abs(ours - theirs).max() <= 1 and np.abs(ours - pil).max() <= 1
+    pre = Preprocess(input_size=min(new), resize=min(new), channels=shape[2] if shape[2] == 3 else 1,
+                     mean=(0.5,) * (3 if shape[2] == 3 else 1), std=(0.5,) * (3 if shape[2] == 3 else 1),
+                     interpolation="bilinear_antialias")
+    assert pre.geometry(image).shape == (min(new), min(new), pre.channels)

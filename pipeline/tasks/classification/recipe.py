@@ -26,6 +26,10 @@ class StartConfig(Strict):
     onnx: str = Field(description="path to the .onnx file (one image input, the class scores out)")
     layout: Literal["nchw", "nhwc"] = Field("nchw", description="the input's layout: N×C×H×W (PyTorch) or N×H×W×C "
                                                                 "(TensorFlow, Keras)")
+    preprocess_check: Literal["stop", "warn", "off"] = Field(
+        "stop", description="score the model on training images under the declared preprocessing and the plausible "
+                            "others (resize filter, crop, normalisation); when another scores higher beyond noise, "
+                            "stop with both scores and the keys that select it, or warn and go on")
 
 
 class Recipe(RecipeBase):

@@ -148,6 +148,7 @@ class ExportStage(Stage):
                              f"{parity['max_abs_diff']:.3g} (allowed {cfg.parity_atol:g})",
                              fix="report this model to EdgeFold; meanwhile export it as the ladder writes it "
                                  "(one NCHW input 'input' with a dynamic batch, opset 17)")
+        probe = self._probe_preprocessing(ctx, path)
         test_images, labels = self._test_split(ctx)
         predictions = workdir / "student.predictions.npy"
         scores = onnx_accuracy(path, test_images, labels, save_predictions=predictions)
@@ -157,11 +158,37 @@ class ExportStage(Stage):
                                      "trained with",
                               fix="check DATA= and the recipe's preprocess and start.layout")
         metrics["student"] = {**written, "parity": parity, "started_from": facts.as_dict(), "sanity": sanity,
+                              "preprocess_probe": probe,
                               "scores": recorded_scores(scores), **graph_compute(path, pre.input_shape(1)[1:])}
         ctx.log(f"export: the student is {facts.path} (sha256 {facts.sha256[:12]}…, opset {facts.opset}, "
                 f"{facts.layout.upper()}): top-1 {100 * scores['top1']:.2f}% on the test split"
                 + (f"; written with {', '.join(written['changes'])}" if written["changes"] else ""))
         return {"student": path, "student_predictions": predictions}
+
+    @staticmethod
+    def _probe_preprocessing(ctx, path: Path) -> dict | None:
+        """The start's graph scored under the declared preprocessing and the plausible others, on a seeded slice of
+        the training split (:mod:`pipeline.preprocess_probe`); stops the stage, or warns, when another beats it."""
+        from device.runners.onnxruntime import OnnxRuntimeRunner
+        from pipeline.preprocess_probe import SLICE_IMAGES, advice, probe
+
+        check = ctx.recipe.start.preprocess_check
+        if check == "off":
+            return None
+        split = ctx.dataset().train
+        chosen = np.sort(np.random.default_rng(ctx.recipe.data.seed).permutation(len(split))[:SLICE_IMAGES])
+        with OnnxRuntimeRunner(path) as runner:
+            result = probe(ctx.preprocess, [split.image(int(i)) for i in chosen], split.labels[chosen], runner.infer)
+        ctx.log(f"export: preprocessing probe on {result['images']} training images: declared "
+                f"{100 * result['declared']['top1']:.1f}%, best {result['best']['label']} "
+                f"{100 * result['best']['top1']:.1f}% (p = {result['p_value']:.2g})")
+        if result["better"]:
+            problem, fix = advice(result)
+            if check == "stop":
+                raise StageError(problem, fix=fix)
+            ctx.log(f"export: warning: {problem}; going on with the declared preprocessing (start.preprocess_check: "
+                    "warn)")
+        return result
 
     @staticmethod
     def _test_split(ctx) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,130 @@
+"""The preprocessing a model was trained with, found rather than guessed: a model brought as ONNX does not say how its
+images were resized, cropped, scaled and normalised, and a wrong guess is the most common reason a deployed model
+loses accuracy. A library: the export stage runs it on an ONNX start before the ladder enters.
+
+The model is scored on a seeded slice of the *training* split (the ladder's test split is never used to choose) under
+the declared preprocessing and under the plausible others, one factor changed at a time (the resize's filter, the
+crop, the scale and normalisation), then the best of each factor that helped, combined. When one scores higher than
+the declared beyond noise (McNemar's exact test on the same images, p < :data:`ALPHA`), the stage stops with both
+scores and the recipe keys that select it, or goes on with a warning where the recipe says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from device.preprocess import Preprocess
+
+ALPHA = 0.05
+SLICE_IMAGES = 256
+CROP_PCT = 0.875  # timm's and torchvision's evaluation crop: the shorter side to input_size / 0.875, then the centre
+NORMALISATIONS = {  # on the 0–1 scale; "0–255" divides std by 255, so the network sees raw pixel values
+    "ImageNet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "0.5/0.5": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "none (0–1)": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+    "none (0–255)": ((0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255)),
+}
+FILTERS = ("bilinear", "bilinear_antialias", "area", "bicubic")
+FIELDS = {"interpolation": ("interpolation",), "crop": ("resize",), "normalisation": ("mean", "std")}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One preprocessing tried: what differs from the declared one (``label``), and its per-image correctness."""
+
+    label: str
+    preprocess: Preprocess
+    correct: np.ndarray
+
+    @property
+    def top1(self) -> float:
+        return float(self.correct.mean())
+
+    def keys(self) -> dict[str, object]:
+        """The recipe keys that select this preprocessing."""
+        pre = self.preprocess
+        return {"preprocess.interpolation": pre.interpolation, "preprocess.resize": pre.resize,
+                "preprocess.mean": [round(v, 6) for v in pre.mean], "preprocess.std": [round(v, 6) for v in pre.std]}
+
+
+def _factors(pre: Preprocess) -> dict[str, list[tuple[str, Preprocess]]]:
+    """Each factor's alternatives to the declared preprocessing, one factor changed at a time."""
+    channels = pre.channels
+    cropped = max(pre.input_size, int(round(pre.input_size / CROP_PCT)))
+    crops = [(f"resize {size} then crop {pre.input_size}" if size > pre.input_size else
+              f"direct resize to {pre.input_size}", replace(pre, resize=size))
+             for size in dict.fromkeys((cropped, pre.input_size)) if size != pre.resize]
+    norms = []
+    for name, (mean, std) in NORMALISATIONS.items():
+        mean = mean[:channels] if channels == 3 else (float(np.mean(mean)),)
+        std = std[:channels] if channels == 3 else (float(np.mean(std)),)
+        if not (np.allclose(mean, pre.mean) and np.allclose(std, pre.std)):
+            norms.append((f"{name} normalisation", replace(pre, mean=tuple(mean), std=tuple(std))))
+    return {"interpolation": [(f"{f} resize", replace(pre, interpolation=f)) for f in FILTERS
+                              if f != pre.interpolation],
+            "crop": crops, "normalisation": norms}
+
+
+def probe(declared: Preprocess, images: list[np.ndarray], labels: np.ndarray,
+          score: Callable[[np.ndarray], np.ndarray]) -> dict:
+    """Scores ``score`` (normalised N×C×H×W float32 → logits) under the declared preprocessing and the others.
+
+    Args:
+        images: The slice's images as decoded (uint8, their own sizes): each preprocessing starts from them.
+        labels: Their classes.
+
+    Returns:
+        ``{"declared": {...}, "best": {...}, "p_value", "better", "tried": [{label, top1}], "images"}``; ``better`` is
+        True when the best scores higher than the declared beyond noise (``p_value``: McNemar's, Bonferroni-adjusted
+        for the number of alternatives tried).
+    """
+    from pipeline.perclass import mcnemar_exact
+
+    def run(label: str, pre: Preprocess) -> Candidate:
+        batch = pre.normalize(np.stack([pre.geometry(image) for image in images]))
+        logits = np.concatenate([score(batch[i:i + 64]) for i in range(0, len(batch), 64)])
+        return Candidate(label, pre, logits.argmax(1) == labels)
+
+    base = run("declared", declared)
+    tried = [base]
+    improved = {}
+    for factor, alternatives in _factors(declared).items():
+        scored = [run(label, pre) for label, pre in alternatives]
+        tried += scored
+        best = max(scored, key=lambda c: c.top1, default=None)
+        if best is not None and best.top1 > base.top1:
+            improved[factor] = best
+    if len(improved) > 1:  # the helpful changes together
+        merged = declared
+        for factor, candidate in improved.items():
+            merged = replace(merged, **{name: getattr(candidate.preprocess, name) for name in FIELDS[factor]})
+        tried.append(run(" + ".join(c.label for c in improved.values()), merged))
+    best = max(tried, key=lambda c: c.top1)
+    only_best = int((best.correct & ~base.correct).sum())
+    only_declared = int((base.correct & ~best.correct).sum())
+    # The best of several is tested against the declared: Bonferroni over the alternatives tried.
+    p_value = min(1.0, mcnemar_exact(only_best, only_declared) * (len(tried) - 1)) if best is not base else 1.0
+    return {"images": len(images), "declared": {"top1": base.top1, **base.keys()},
+            "best": {"label": best.label, "top1": best.top1, **best.keys()}, "p_value": p_value,
+            "better": best is not base and best.top1 > base.top1 and p_value < ALPHA,
+            "tried": [{"label": c.label, "top1": c.top1} for c in tried]}
+
+
+def advice(result: dict) -> tuple[str, str]:
+    """(the problem, the fix) of a probe whose best beat the declared preprocessing."""
+    declared, best = result["declared"], result["best"]
+    changed = {key: value for key, value in best.items() if key.startswith("preprocess.") and declared[key] != value}
+    sets = " ".join(f"{key}={_yaml(value)}" for key, value in changed.items())
+    problem = (f"the model scores {100 * declared['top1']:.1f}% under the declared preprocessing and "
+               f"{100 * best['top1']:.1f}% with {best['label']} on {result['images']} training images "
+               f"(McNemar p = {result['p_value']:.2g}, adjusted): it was probably trained with another preprocessing")
+    fix = (f"set SET='{sets}' (or those keys in the recipe's preprocess section); or start.preprocess_check: warn to "
+           "go on with the declared one")
+    return problem, fix
+
+
+def _yaml(value) -> str:
+    return "[" + ",".join(f"{v:g}" for v in value) + "]" if isinstance(value, (list, tuple)) else str(value)
