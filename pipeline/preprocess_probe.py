@@ -113,7 +113,29 @@ def probe(declared: Preprocess, images: list[np.ndarray], labels: np.ndarray,
             "tried": [{"label": c.label, "top1": c.top1} for c in tried]}
 
 
-def advice(result: dict) -> tuple[str, str]:
+def check_model(ctx, score: Callable[[np.ndarray], np.ndarray], check: str, what: str, key: str) -> dict | None:
+    """Probes a run's model (``score``) on a seeded slice of the run's training split; stops with
+    :class:`device.errors.StageError` or warns (``check``: the recipe's ``key``) when another preprocessing beats the
+    declared one. Returns the probe's record, None when ``check`` is off."""
+    from device.errors import StageError
+
+    if check == "off":
+        return None
+    split = ctx.dataset().train
+    chosen = np.sort(np.random.default_rng(ctx.recipe.data.seed).permutation(len(split))[:SLICE_IMAGES])
+    result = probe(ctx.preprocess, [split.image(int(i)) for i in chosen], split.labels[chosen], score)
+    ctx.log(f"{what}: preprocessing probe on {result['images']} training images: declared "
+            f"{100 * result['declared']['top1']:.1f}%, best {result['best']['label']} "
+            f"{100 * result['best']['top1']:.1f}% (p = {result['p_value']:.2g})")
+    if result["better"]:
+        problem, fix = advice(result, key)
+        if check == "stop":
+            raise StageError(problem, fix=fix)
+        ctx.log(f"{what}: warning: {problem}; going on with the declared preprocessing ({key}: warn)")
+    return result
+
+
+def advice(result: dict, key: str = "start.preprocess_check") -> tuple[str, str]:
     """(the problem, the fix) of a probe whose best beat the declared preprocessing."""
     declared, best = result["declared"], result["best"]
     changed = {key: value for key, value in best.items() if key.startswith("preprocess.") and declared[key] != value}
@@ -121,8 +143,8 @@ def advice(result: dict) -> tuple[str, str]:
     problem = (f"the model scores {100 * declared['top1']:.1f}% under the declared preprocessing and "
                f"{100 * best['top1']:.1f}% with {best['label']} on {result['images']} training images "
                f"(McNemar p = {result['p_value']:.2g}, adjusted): it was probably trained with another preprocessing")
-    fix = (f"set SET='{sets}' (or those keys in the recipe's preprocess section); or start.preprocess_check: warn to "
-           "go on with the declared one")
+    fix = f"set SET='{sets}' (or those keys in the recipe's preprocess section); or {key}: warn to go on with the " \
+          "declared one"
     return problem, fix
 
 

@@ -163,6 +163,10 @@ class TeacherConfig(Strict):
 
     arch: str
     weights: Optional[str] = Field(None, description="path to a torchvision state_dict, 'imagenet', or null to train")
+    preprocess_check: Literal["stop", "warn", "off"] = Field(
+        "stop", description="weights of a user's that keep their head: score them on training images under the "
+                            "declared preprocessing and the plausible others before training; when another scores "
+                            "higher beyond noise, stop with both scores and the keys that select it, or warn")
     train: TrainConfig
 
     _known_arch = registry_check("arch", ARCHITECTURES.get)

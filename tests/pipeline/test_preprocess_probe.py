@@ -32,7 +32,7 @@ def noisy_digits(seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny_resnet trained on the first 1,200 images as PIL would feed them; (ONNX path, images, labels, its own
-    validation top-1 on the other 597)."""
+    validation top-1 on the other 597); its state_dict is ``weights.pt`` beside the ONNX file."""
     from device.architectures import build_model
     from tests.onnx_models import export
 
@@ -53,6 +53,7 @@ def trained(tmp_path_factory):
     with torch.no_grad():
         own = float((model(x[1200:]).argmax(1) == y[1200:]).float().mean())
     path = export(model, tmp_path_factory.mktemp("probe") / "model.onnx", (1, 3, 16, 16))
+    torch.save(model.state_dict(), path.parent / "weights.pt")
     return path, images, labels, own
 
 
@@ -112,6 +113,26 @@ def test_an_onnx_start_fed_otherwise_than_it_was_trained_is_stopped_with_the_key
     assert not student["preprocess_probe"]["better"]
     # the same 597 validation images the test scored itself: within noise of its own score, well above the declared
     assert abs(student["scores"]["top1"] - own) <= 0.03 and student["scores"]["top1"] - declared > 0.05
+
+
+@pytest.mark.slow
+def test_weights_brought_with_their_head_are_probed_before_training(tmp_path, trained):
+    """WEIGHTS= of the data's own classes answer for the data as given: the teacher stage stops before training when
+    the declared preprocessing is beaten, and scores as the model did on its own validation images once it is not."""
+    from pipeline.runner import run_pipeline
+
+    path, images, labels, own = trained
+    data = write_folder(tmp_path / "digits", images, labels)
+    overrides = {"data.source": f"imagefolder:{data}", "teacher.weights": str(path.parent / "weights.pt"),
+                 "teacher.train.epochs": 0}
+    with pytest.raises(StageError) as err:
+        run_pipeline("tiny", until="teacher", runs_dir=tmp_path / "runs", overrides=overrides)
+    assert "teacher.preprocess_check: warn" in err.value.fix and "preprocess.interpolation=" in err.value.fix
+    chosen = err.value.fix.split("preprocess.interpolation=")[1].split()[0].rstrip("'")
+    fixed = run_pipeline("tiny", until="teacher", runs_dir=tmp_path / "runs", new=True,
+                         overrides={**overrides, "preprocess.interpolation": chosen})
+    teacher = fixed.manifest.stage("teacher")["metrics"]
+    assert not teacher["preprocess_probe"]["better"] and abs(teacher["top1"] - own) <= 0.03
 
 
 def test_the_in_graph_prefix_refuses_the_antialiased_resize():

@@ -167,28 +167,14 @@ class ExportStage(Stage):
 
     @staticmethod
     def _probe_preprocessing(ctx, path: Path) -> dict | None:
-        """The start's graph scored under the declared preprocessing and the plausible others, on a seeded slice of
-        the training split (:mod:`pipeline.preprocess_probe`); stops the stage, or warns, when another beats it."""
+        """The start's graph scored under the declared preprocessing and the plausible others
+        (:func:`pipeline.preprocess_probe.check_model`)."""
         from device.runners.onnxruntime import OnnxRuntimeRunner
-        from pipeline.preprocess_probe import SLICE_IMAGES, advice, probe
+        from pipeline.preprocess_probe import check_model
 
-        check = ctx.recipe.start.preprocess_check
-        if check == "off":
-            return None
-        split = ctx.dataset().train
-        chosen = np.sort(np.random.default_rng(ctx.recipe.data.seed).permutation(len(split))[:SLICE_IMAGES])
         with OnnxRuntimeRunner(path) as runner:
-            result = probe(ctx.preprocess, [split.image(int(i)) for i in chosen], split.labels[chosen], runner.infer)
-        ctx.log(f"export: preprocessing probe on {result['images']} training images: declared "
-                f"{100 * result['declared']['top1']:.1f}%, best {result['best']['label']} "
-                f"{100 * result['best']['top1']:.1f}% (p = {result['p_value']:.2g})")
-        if result["better"]:
-            problem, fix = advice(result)
-            if check == "stop":
-                raise StageError(problem, fix=fix)
-            ctx.log(f"export: warning: {problem}; going on with the declared preprocessing (start.preprocess_check: "
-                    "warn)")
-        return result
+            return check_model(ctx, runner.infer, ctx.recipe.start.preprocess_check, "export",
+                               "start.preprocess_check")
 
     @staticmethod
     def _test_split(ctx) -> tuple[np.ndarray, np.ndarray]:

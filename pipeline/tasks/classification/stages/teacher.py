@@ -36,6 +36,20 @@ def _imagenet_weights(arch: str, num_classes: int, in_channels: int) -> tuple[to
     return model, replaced
 
 
+def _probe_weights(ctx, model: torch.nn.Module) -> dict | None:
+    """Weights that keep their head answer for the data as given: probed under the declared preprocessing and the
+    plausible others before any training (:func:`pipeline.preprocess_probe.check_model`)."""
+    from pipeline.preprocess_probe import check_model
+
+    model.eval()
+
+    @torch.no_grad()
+    def score(batch):
+        return model(torch.from_numpy(batch)).float().numpy()
+
+    return check_model(ctx, score, ctx.recipe.teacher.preprocess_check, "teacher", "teacher.preprocess_check")
+
+
 def _imagenet_entry(arch: str):
     """The registry entry of ``arch`` if torchvision has ImageNet weights for it; otherwise what to do instead."""
     entry = ARCHITECTURES.get(arch)
@@ -91,6 +105,7 @@ class TeacherStage(Stage):
             model = build_model(cfg.arch, num_classes, channels, ctx.preprocess.input_size)
             if cfg.weights:
                 replaced = load_weights(model, cfg.arch, cfg.weights)
+        probe = _probe_weights(ctx, model) if cfg.weights and not replaced else None
         test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
         history = []
         if cfg.train.epochs:
@@ -121,7 +136,8 @@ class TeacherStage(Stage):
         return StageResult(
             outputs={"model": path, "predictions": workdir / "predictions.npy"},
             metrics={**recorded_scores(metrics), "sanity": sanity, "bn_recalibrated_images": recalibrated,
-                     **size_metrics(model, ctx.preprocess.input_shape(1)), "history": history},
+                     **size_metrics(model, ctx.preprocess.input_shape(1)), "history": history,
+                     **({"preprocess_probe": probe} if probe is not None else {})},
         )
 
     def summary(self, metrics):
