@@ -72,7 +72,7 @@ RUN_CMD := $(if $(filter-out 1,$(NPROC)),$(BIN)/torchrun --standalone --nproc_pe
 # 27% slower on two cores: bench/results/train-speed-*); the tests set PASSIVE themselves (tests/conftest.py), since
 # many processes share the cores there and a spinning wait steals another's time.
 
-.PHONY: help venv agent-venv lock agent-lock edge test ship bench bench-seeds readme-figures data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
+.PHONY: help venv agent-venv lock agent-lock edge test test-fast ship bench bench-seeds readme-figures data agent report docker-jetson docker-dc docker-pipeline bundle clean distclean
 
 help:
 	@echo "make edge MODEL=resnet50   run the pipeline (data → teacher → prune → distill → export → quantize → evaluate → deploy → report)"
@@ -87,6 +87,7 @@ help:
 	@echo "make bundle L4T=36.4.3     offline agent bundle for an air-gapped Jetson (dist/)"
 	@echo "   TORCH_TENSORRT=1          with docker-jetson, docker-dc and bundle: + Torch-TensorRT and ModelOpt"
 	@echo "make test                  run the tests (TEST_WORKERS=2 pytest-xdist workers; PYTEST_ARGS=...)"
+	@echo "make test-fast             the inner loop: the tests not marked slow (no pipeline runs or agents)"
 	@echo "make bench                 time the default run (first and cached) into bench/results/"
 	@echo "make bench-seeds MODEL=tiny SEEDS=5   a recipe's gates and figures over seeds into bench/results/"
 	@echo "make readme-figures        the README's generated parts again: console examples, the report's picture, figures"
@@ -136,8 +137,14 @@ data: $(STAMP)
 edge: $(STAMP) data
 	$(RUN_CMD) run $(MODEL) $(EDGE_ARGS)
 
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 test: $(STAMP)
-	$(BIN)/python -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The inner loop: every test but those that run whole pipelines, agents or sustained jobs (marked slow).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP) data
 	$(BIN)/python bench/edge_bench.py --model $(BENCH_MODEL) --runs-dir '$(RUNS)'

@@ -72,24 +72,24 @@ class Architecture:
         """The classifier and the extra heads, by their names in the trained form."""
         return (self.classifier, *self.extra_heads)
 
-    def head_modules(self, model) -> list:
+    def head_modules(self, model, exact: bool = False) -> list:
         """The head layers of ``model``, in its trained or its inference form: a head that folding replaced (RepViT's
         two heads fused into ``head``, LeViT's normalised ``head.linear`` into ``head``) is found at the nearest
-        enclosing module that still exists."""
+        enclosing module that still exists. ``exact``: the trained form, where every name must exist as registered
+        (a mistyped registration is not hidden by its parent)."""
         found = []
         for name in self.heads:
             parts = name.split(".")
-            while parts:
+            for end in range(len(parts), len(parts) - 1 if exact else 0, -1):
                 try:
-                    module = model.get_submodule(".".join(parts))
+                    module = model.get_submodule(".".join(parts[:end]))
+                    break
                 except AttributeError:
-                    parts.pop()
                     continue
-                if all(module is not seen for seen in found):
-                    found.append(module)
-                break
             else:
                 raise AttributeError(f"{type(model).__name__} has no module {name!r} (the registered classifier)")
+            if all(module is not seen for seen in found):
+                found.append(module)
         return found
 
     def identity(self) -> dict[str, str]:

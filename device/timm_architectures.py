@@ -62,8 +62,13 @@ def inference_form(model):
     ``reparameterize`` or ``fuse`` method, as RepVGG, MobileOne, FastViT and RepViT have); unchanged otherwise."""
     from timm.utils.model import reparameterize_model
 
-    return reparameterize_model(model) if any(hasattr(m, "reparameterize") or hasattr(m, "fuse")
-                                              for m in model.modules()) else model
+    if getattr(model, "_edgefold_folded", False):  # folding twice breaks FastViT (its RepMixer is replaced)
+        return model
+    if not any(hasattr(m, "reparameterize") or hasattr(m, "fuse") for m in model.modules()):
+        return model
+    folded = reparameterize_model(model)
+    folded._edgefold_folded = True
+    return folded
 
 
 def _heads(timm, name: str, cfg) -> list[str]:

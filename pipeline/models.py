@@ -27,7 +27,7 @@ def checked_model(arch: str, num_classes: int, in_channels: int, input_size: int
     entry = ARCHITECTURES.get(arch)
     try:
         stem_name(model)
-        entry.head_modules(model)
+        entry.head_modules(model, exact=True)
     except (ValueError, AttributeError) as err:
         raise ConfigError(f"{arch} ({entry.source}) cannot enter the ladder: {err}",
                           fix="register it with 'classifier' naming its final layer, and a Conv2d taking the image "
@@ -83,3 +83,19 @@ def layer_macs(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, int]
 def size_metrics(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, float]:
     """Parameters (millions) and MACs (billions) of one forward pass, as recorded in the manifest."""
     return {"params_m": count_parameters(model) / 1e6, "macs_g": count_macs(model, input_shape) / 1e9}
+
+
+def as_exported(model: nn.Module, arch: str, folded: bool = False) -> tuple[nn.Module, bool]:
+    """``model`` in the form it is exported in (:attr:`Architecture.inference_form`: timm's ``reparameterize_model``
+    folds RepVGG's, MobileOne's, FastViT's and RepViT's parallel branches into one convolution), and whether folding
+    changed it. A model already ``folded`` (its checkpoint says so) is returned as it is. The fold runs on a copy, so
+    an ``inference_form`` that folds in place (a package's) leaves ``model`` as trained."""
+    import copy
+
+    fold = ARCHITECTURES.get(arch).inference_form
+    if folded or fold is None:
+        return model, False
+    inference = fold(copy.deepcopy(model))
+    changed = set(inference.state_dict()) != set(model.state_dict())
+    return (inference.eval(), True) if changed else (model, False)
+

@@ -26,6 +26,7 @@ NORMALISATIONS = {  # on the 0–1 scale; "0–255" divides std by 255, so the n
     "0.5/0.5": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "none (0–1)": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
     "none (0–255)": ((0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255)),
+    "ImageNet mean on 0–255 (Caffe, Keras)": ((0.485, 0.456, 0.406), (1 / 255, 1 / 255, 1 / 255)),
 }
 FILTERS = ("bilinear", "bilinear_antialias", "area", "bicubic")
 FIELDS = {"interpolation": ("interpolation",), "crop": ("resize",), "normalisation": ("mean", "std")}
@@ -54,8 +55,8 @@ def _factors(pre: Preprocess) -> dict[str, list[tuple[str, Preprocess]]]:
     """Each factor's alternatives to the declared preprocessing, one factor changed at a time."""
     channels = pre.channels
     cropped = max(pre.input_size, int(round(pre.input_size / CROP_PCT)))
-    crops = [(f"resize {size} then crop {pre.input_size}" if size > pre.input_size else
-              f"direct resize to {pre.input_size}", replace(pre, resize=size))
+    crops = [(f"shorter side {size} then crop {pre.input_size}" if size > pre.input_size else
+              f"shorter side {pre.input_size}, no crop margin", replace(pre, resize=size))
              for size in dict.fromkeys((cropped, pre.input_size)) if size != pre.resize]
     norms = []
     for name, (mean, std) in NORMALISATIONS.items():
@@ -143,8 +144,10 @@ def advice(result: dict, key: str = "start.preprocess_check") -> tuple[str, str]
     problem = (f"the model scores {100 * declared['top1']:.1f}% under the declared preprocessing and "
                f"{100 * best['top1']:.1f}% with {best['label']} on {result['images']} training images "
                f"(McNemar p = {result['p_value']:.2g}, adjusted): it was probably trained with another preprocessing")
+    frame = (f"; {best['preprocess.interpolation']} has no in-graph form, so deploy.frame is refused with it"
+             if best["preprocess.interpolation"] in ("area", "bicubic", "bilinear_antialias") else "")
     fix = f"set SET='{sets}' (or those keys in the recipe's preprocess section); or {key}: warn to go on with the " \
-          "declared one"
+          f"declared one{frame}"
     return problem, fix
 
 

@@ -318,7 +318,10 @@ def latency_plan(ctx, workdir: Path, model: nn.Module, arch: str, cfg, input_sha
             if target.reference:
                 from pipeline.checkpoint import load_checkpoint
 
-                reference = load_checkpoint(target.reference)[0].eval()
+                from pipeline.models import as_exported
+
+                reference, info = load_checkpoint(target.reference)
+                reference = as_exported(reference.eval(), info["arch"], info["folded"])[0]  # timed as exported
             search = plan_to_budget(model, arch, cfg, input_shape, meter, ctx.log, batches=train_batches,
                                     reference=reference)
             checks = check_table(model, arch, cfg, input_shape, meter, search, ctx.log) if target.check else None

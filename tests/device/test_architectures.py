@@ -191,3 +191,18 @@ def test_a_two_headed_timm_model_is_built_as_timm_evaluates_it(name, size, folds
     other = build_model(key, 7, input_size=size).state_dict()
     replaced = apply_torchvision_state(model, key, other, "WEIGHTS=other.pt")
     assert {k.rsplit(".", 1)[0] for k in replaced} >= set(arch.heads)
+
+
+def test_a_head_registered_under_a_wrong_name_is_not_hidden_by_its_parent():
+    """On the trained form every head must exist as registered; only a folded model's heads are looked up at the
+    nearest module that still exists (RepViT's two fused into one)."""
+    from dataclasses import replace
+
+    entry = ARCHITECTURES.get("mobilenet_v3_small")
+    model = build_model("mobilenet_v3_small", 4)
+    assert entry.head_modules(model, exact=True) == [model.classifier[3]]
+    wrong = replace(entry, classifier="classifier.4")
+    with pytest.raises(AttributeError, match="classifier.4"):
+        wrong.head_modules(model, exact=True)
+    assert wrong.head_modules(model) == [model.classifier], "the lenient lookup, kept for folded models"
+

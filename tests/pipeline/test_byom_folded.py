@@ -12,7 +12,9 @@ FOLDED_LADDER = {"preprocess.input_size": 32, "data.train_size": 512, "data.test
 
 
 @pytest.mark.parametrize("name, changes", [
-    ("fastvit_t8", {}),  # pruned in its folded form: before, its pruned copy failed to run and no student was reached
+    # pruned in its folded form (before, its pruned copy failed to run and no student was reached); with the
+    # Torch-TensorRT road, whose device checkpoints are then rebuilt folded, teacher and student alike
+    ("fastvit_t8", {"deploy.runtimes": ["tensorrt", "torch_tensorrt"]}),
     ("repvit_m0_9", {}),  # two heads, folded into one: before, refused before any stage
     ("fastvit_t8", {"prune": None, "distill.student": "mobilenet_v3_small"}),  # distilled without pruning
 ])
@@ -36,6 +38,12 @@ def test_a_reparameterisable_or_two_headed_timm_teacher_reaches_an_int8_student(
     else:
         assert stages["prune"]["metrics"]["folded"]
         assert abs(stages["prune"]["metrics"]["macs_fraction"] - 0.5) <= 0.1 * 0.5
-        assert not exported["student"]["branches_folded"], "the folded student is not folded again"
+        assert exported["student"]["branches_folded"], "the student, pruned folded, is exported so (not folded twice)"
+        if "deploy.runtimes" in changes:
+            from device.torch_checkpoint import read_payload
+
+            for rung in ("teacher", "student"):
+                payload = read_payload(ctx.manifest.output("export", f"{rung}_device_checkpoint"))
+                assert payload["folded"] and exported[rung]["device_checkpoint"]["parity"]["top1_agreement"] == 1.0
         whole = [w["layer"] for w in stages["prune"]["metrics"]["kept_whole"]]
         assert any("downsample" in layer for layer in whole) == (name == "fastvit_t8")

@@ -88,12 +88,12 @@ def test_a_reparameterisable_timm_net_is_pruned_in_its_folded_form(tmp_path, nam
     whole and named; before, its pruned copy failed to run (an IndexError inside Torch-Pruning)."""
     pytest.importorskip("timm")
     from pipeline.pruning import kept_whole
-    from pipeline.tasks.classification.stages.prune import _inference_form
+    from pipeline.models import as_exported
 
     arch, shape = f"timm/{name}", (1, 3, 64, 64)
     torch.manual_seed(0)
     trained = build_model(arch, 4).eval()
-    model, folded = _inference_form(trained, arch)
+    model, folded = as_exported(trained, arch)
     assert folded and model is not trained
     def norms(net):
         return sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules())
@@ -112,6 +112,9 @@ def test_a_reparameterisable_timm_net_is_pruned_in_its_folded_form(tmp_path, nam
     path = save_checkpoint(tmp_path / "pruned.pt", model, arch, 4, folded=True)
     reloaded, info = load_checkpoint(path)
     assert info["folded"]
+    from pipeline.models import ARCHITECTURES
+
+    assert ARCHITECTURES.get(arch).inference_form(reloaded) is reloaded, "never folded twice (FastViT's would break)"
     x = torch.randn(2, *shape[1:])
     with torch.no_grad():
         torch.testing.assert_close(reloaded(x), model(x))

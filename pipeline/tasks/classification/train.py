@@ -269,7 +269,7 @@ class _Trainer:
     def train_epoch(self, epoch: int) -> dict:
         """One epoch with a progress bar (or a log line every 10% and 15 s without a terminal); its record."""
         self.train_model.train()
-        # predict() (the evaluation between epochs) leaves the weights channels_last: back to this run's format
+        # predict() (the evaluation between epochs) changes the weights' format: back to this run's
         self.model.to(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         seen = correct = 0
         loss_sum = data_s = 0.0  # data_s: time spent waiting for the next batch, the input pipeline's share

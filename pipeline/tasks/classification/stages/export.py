@@ -19,7 +19,7 @@ import torch
 
 from device.errors import StageError
 from pipeline.checkpoint import load_checkpoint
-from pipeline.models import ARCHITECTURES
+from pipeline.models import as_exported
 from pipeline.onnx_export import check_parity, export_onnx
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.core.rungs import RUNGS
@@ -75,11 +75,10 @@ class ExportStage(Stage):
         for rung in cfg.rungs if ctx.recipe.start is None else ():
             model, info = load_checkpoint(ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model"))
             path = workdir / f"{rung}.onnx"
-            fold = ARCHITECTURES.get(info["arch"]).inference_form  # train-time branches folded (timm's RepVGG …)
-            inference = fold(model) if fold and not info["folded"] else model  # a pruned rung may be folded already
+            inference, folded_here = as_exported(model, info["arch"], info["folded"])  # a pruned rung is already
             facts = export_onnx(inference, path, ctx.preprocess.input_shape(1), cfg.opset)
             parity = check_parity(model, path, images)  # the folded graph against the trained model
-            metrics[rung] = {**facts, "parity": parity, "branches_folded": inference is not model}
+            metrics[rung] = {**facts, "parity": parity, "branches_folded": folded_here or info["folded"]}
             if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
                 raise StageError(
                     f"ONNX export of {rung} disagrees with torch: max |Δlogit| {parity['max_abs_diff']:.3g} "
@@ -89,8 +88,8 @@ class ExportStage(Stage):
                 )
             outputs[rung] = path
             if "torch_tensorrt" in ctx.recipe.deploy.runtimes:
-                outputs[f"{rung}_device_checkpoint"] = self._device_checkpoint(ctx, model, rung, workdir, images,
-                                                                               metrics[rung])
+                outputs[f"{rung}_device_checkpoint"] = self._device_checkpoint(
+                    ctx, model, rung, workdir, images, metrics[rung], inference if folded_here else None)
                 if ctx.recipe.deploy.torch_programs:  # only for agents that trust programs (--trust-programs)
                     outputs[f"{rung}_pt2"] = self._program(ctx, model, rung, workdir, images, metrics[rung])
         if cfg.fp16_rungs:
@@ -101,14 +100,21 @@ class ExportStage(Stage):
         return StageResult(outputs=outputs, metrics={"rungs": metrics})
 
     @staticmethod
-    def _device_checkpoint(ctx, model, rung: str, workdir: Path, images: np.ndarray, metrics: dict) -> Path:
+    def _device_checkpoint(ctx, model, rung: str, workdir: Path, images: np.ndarray, metrics: dict,
+                           folded=None) -> Path:
         """Writes ``<rung>.device.pt`` and checks that the module the device's loader rebuilds from it gives the rung's
-        outputs (the device builds it from its own architecture registry: nothing of the module travels)."""
+        outputs (the device builds it from its own architecture registry: nothing of the module travels). ``folded``:
+        the rung's inference form, which the device then rebuilds, as it does a rung pruned folded."""
+        from pipeline.checkpoint import save_checkpoint
         from pipeline.torch_export import runner_parity
 
         cfg = ctx.recipe.export
-        path = write_device_checkpoint(ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model"),
-                                       workdir / f"{rung}.device.pt", ctx.preprocess.input_shape(1)[1:])
+        source = ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model")
+        if folded is not None:
+            _, info = load_checkpoint(source)
+            source = save_checkpoint(workdir / f"{rung}.folded.pt", folded, info["arch"], info["num_classes"],
+                                     ctx.preprocess.input_size, folded=True)
+        path = write_device_checkpoint(source, workdir / f"{rung}.device.pt", ctx.preprocess.input_shape(1)[1:])
         parity = runner_parity(model, path, images)
         metrics["device_checkpoint"] = {"size_mb": path.stat().st_size / 1e6, "parity": parity}
         if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:

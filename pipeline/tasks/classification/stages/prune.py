@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from device.errors import StageError
 from pipeline.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.models import ARCHITECTURES, count_macs, count_parameters, layer_macs
+from pipeline.models import ARCHITECTURES, as_exported, count_macs, count_parameters, layer_macs
 from pipeline.core.recipe import PruneConfig
 from pipeline.core.stage import Stage, StageResult
 from pipeline.scores import assess, recorded_scores
@@ -67,7 +67,7 @@ class PruneStage(Stage):
         cfg = ctx.recipe.prune
         model, info = load_checkpoint(ctx.manifest.output("teacher", "model"))
         arch, input_shape = info["arch"], ctx.preprocess.input_shape(1)
-        model, folded = _inference_form(model, arch)
+        model, folded = _exported_form(model, arch)
         base_macs, base_params = count_macs(model, input_shape), count_parameters(model)
         whole = _kept_whole(model)
         latency_metrics = None
@@ -165,17 +165,14 @@ class PruneStage(Stage):
                 f"{metrics['params_m']:.2f} M params, top-1 before distillation {100 * metrics['top1']:.2f}%")
 
 
-def _inference_form(model: torch.nn.Module, arch: str) -> tuple[torch.nn.Module, bool]:
-    """The teacher as it is exported (:attr:`Architecture.inference_form`: timm's ``reparameterize_model`` folds
-    RepVGG's, MobileOne's, FastViT's and RepViT's parallel branches into one convolution): the form that is pruned
-    and fine-tuned, since Torch-Pruning cannot narrow branches it sees summed. Returns (model, whether it folded)."""
-    fold = ARCHITECTURES.get(arch).inference_form
-    folded = fold(model) if fold else model
-    if folded is model:
-        return model, False
-    log(f"prune: {arch} pruned in its inference form (train-time branches folded, as it is exported); the student "
-        "is fine-tuned in that form")
-    return folded.eval(), True
+def _exported_form(model: torch.nn.Module, arch: str) -> tuple[torch.nn.Module, bool]:
+    """The teacher as it is exported (:func:`pipeline.models.as_exported`): Torch-Pruning cannot narrow parallel
+    branches it sees summed, so a re-parameterisable net is pruned, and then fine-tuned, folded."""
+    model, folded = as_exported(model, arch)
+    if folded:
+        log(f"prune: {arch} pruned in its inference form (train-time branches folded, as it is exported); the "
+            "student is fine-tuned in that form")
+    return model, folded
 
 
 def _kept_whole(model: torch.nn.Module) -> list[dict]:

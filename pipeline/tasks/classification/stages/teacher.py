@@ -41,13 +41,16 @@ def _probe_weights(ctx, model: torch.nn.Module) -> dict | None:
     plausible others before any training (:func:`pipeline.preprocess_probe.check_model`)."""
     from pipeline.preprocess_probe import check_model
 
-    model.eval()
+    model.eval().to(ctx.device)
 
     @torch.no_grad()
     def score(batch):
-        return model(torch.from_numpy(batch)).float().numpy()
+        return model(torch.from_numpy(batch).to(ctx.device)).float().cpu().numpy()
 
-    return check_model(ctx, score, ctx.recipe.teacher.preprocess_check, "teacher", "teacher.preprocess_check")
+    try:
+        return check_model(ctx, score, ctx.recipe.teacher.preprocess_check, "teacher", "teacher.preprocess_check")
+    finally:
+        model.cpu()
 
 
 def _imagenet_entry(arch: str):
@@ -85,6 +88,7 @@ class TeacherStage(Stage):
 
     def config(self, ctx):
         cfg = ctx.recipe.section("teacher")
+        cfg.pop("preprocess_check")  # a check, not the teacher: switching it to warn must not train it again
         weights = ctx.recipe.teacher.weights
         if weights and weights != "imagenet":
             cfg["weights_sha256"] = sha256_file(weights) if Path(weights).is_file() else None
