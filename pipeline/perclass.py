@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pipeline.stats import mcnemar_exact  # noqa: F401 (this module's callers import it from here too)
+
 ALPHA = 0.05
 
 
@@ -36,18 +38,6 @@ def per_class(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> 
         "correct": diagonal.astype(int).tolist(),
         "confusion": confusion.astype(int).tolist(),
     }
-
-
-def mcnemar_exact(only_a: int, only_b: int) -> float:
-    """Two-sided exact McNemar p-value: ``only_a`` images right under A alone, ``only_b`` under B alone.
-
-    Under "no difference" each disagreement is a fair coin: the exact binomial test of ``only_a`` of
-    ``only_a + only_b`` at ½ (SciPy's ``binomtest``); 1 when the two never disagree.
-    """
-    from scipy.stats import binomtest
-
-    n = only_a + only_b
-    return 1.0 if n == 0 else float(binomtest(min(only_a, only_b), n, 0.5).pvalue)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

@@ -82,7 +82,7 @@ def probe(declared: Preprocess, images: list[np.ndarray], labels: np.ndarray,
         True when the best scores higher than the declared beyond noise (``p_value``: McNemar's, Bonferroni-adjusted
         for the number of alternatives tried).
     """
-    from pipeline.perclass import mcnemar_exact
+    from pipeline.stats import mcnemar_exact
 
     def run(label: str, pre: Preprocess) -> Candidate:
         batch = pre.normalize(np.stack([pre.geometry(image) for image in images]))

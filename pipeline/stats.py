@@ -110,3 +110,15 @@ def mean_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float,
         return mean, math.nan, math.nan
     half = float(stats.t.ppf(0.5 + level / 2, len(data) - 1) * data.std(ddof=1) / math.sqrt(len(data)))
     return mean, mean - half, mean + half
+
+
+def mcnemar_exact(only_a: int, only_b: int) -> float:
+    """Two-sided exact McNemar p-value: ``only_a`` images right under A alone, ``only_b`` under B alone.
+
+    Under "no difference" each disagreement is a fair coin: the exact binomial test of ``only_a`` of
+    ``only_a + only_b`` at ½ (SciPy's ``binomtest``); 1 when the two never disagree.
+    """
+    from scipy.stats import binomtest
+
+    n = only_a + only_b
+    return 1.0 if n == 0 else float(binomtest(min(only_a, only_b), n, 0.5).pvalue)
