@@ -139,12 +139,14 @@ def check_model(ctx, score: Callable[[np.ndarray], np.ndarray], check: str, what
 def advice(result: dict, key: str = "start.preprocess_check") -> tuple[str, str]:
     """(the problem, the fix) of a probe whose best beat the declared preprocessing."""
     declared, best = result["declared"], result["best"]
-    changed = {key: value for key, value in best.items() if key.startswith("preprocess.") and declared[key] != value}
-    sets = " ".join(f"{key}={_yaml(value)}" for key, value in changed.items())
+    changed = {name: value for name, value in best.items()
+               if name.startswith("preprocess.") and declared[name] != value}
+    sets = " ".join(f"{name}={_yaml(value)}" for name, value in changed.items())
     problem = (f"the model scores {100 * declared['top1']:.1f}% under the declared preprocessing and "
                f"{100 * best['top1']:.1f}% with {best['label']} on {result['images']} training images "
                f"(McNemar p = {result['p_value']:.2g}, adjusted): it was probably trained with another preprocessing")
-    frame = (f"; {best['preprocess.interpolation']} has no in-graph form, so deploy.frame is refused with it"
+    frame = (f"; {best['preprocess.interpolation']} has no in-graph form: deploy.frame then times its preprocessing "
+             "on the CPU only"
              if best["preprocess.interpolation"] in ("area", "bicubic", "bilinear_antialias") else "")
     fix = f"set SET='{sets}' (or those keys in the recipe's preprocess section); or {key}: warn to go on with the " \
           f"declared one{frame}"
