@@ -137,6 +137,7 @@ def kept_whole(model: torch.nn.Module) -> dict[str, str]:
     - A depthwise convolution with a channel multiplier (:func:`multiplier_convs`), with the layers feeding it.
     """
     kept: dict[str, str] = {}
+    multiplied = multiplier_convs(model)
     for name, module in model.named_modules():
         if any(name.startswith(done + ".") for done in kept):
             continue
@@ -153,7 +154,7 @@ def kept_whole(model: torch.nn.Module) -> dict[str, str]:
                 kept[name] = f"{type(module).__name__} with parameters Torch-Pruning does not narrow " \
                              f"({', '.join(extra)}): kept whole"
                 continue
-        if isinstance(module, torch.nn.Conv2d) and 1 < module.groups == module.in_channels != module.out_channels:
+        if module in multiplied:
             kept[name] = f"depthwise convolution with a channel multiplier ({module.in_channels} → " \
                          f"{module.out_channels}): Torch-Pruning cannot narrow its input, so the layers feeding it " \
                          "keep their widths too"

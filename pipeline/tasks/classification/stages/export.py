@@ -89,7 +89,7 @@ class ExportStage(Stage):
             outputs[rung] = path
             if "torch_tensorrt" in ctx.recipe.deploy.runtimes:
                 outputs[f"{rung}_device_checkpoint"] = self._device_checkpoint(
-                    ctx, model, rung, workdir, images, metrics[rung], inference if folded_here else None)
+                    ctx, model, rung, workdir, images, metrics[rung], (inference, info) if folded_here else None)
                 if ctx.recipe.deploy.torch_programs:  # only for agents that trust programs (--trust-programs)
                     outputs[f"{rung}_pt2"] = self._program(ctx, model, rung, workdir, images, metrics[rung])
         if cfg.fp16_rungs:
@@ -104,15 +104,15 @@ class ExportStage(Stage):
                            folded=None) -> Path:
         """Writes ``<rung>.device.pt`` and checks that the module the device's loader rebuilds from it gives the rung's
         outputs (the device builds it from its own architecture registry: nothing of the module travels). ``folded``:
-        the rung's inference form, which the device then rebuilds, as it does a rung pruned folded."""
+        (the rung's inference form, its checkpoint's info), which the device then rebuilds, as a rung pruned folded."""
         from pipeline.checkpoint import save_checkpoint
         from pipeline.torch_export import runner_parity
 
         cfg = ctx.recipe.export
         source = ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model")
         if folded is not None:
-            _, info = load_checkpoint(source)
-            source = save_checkpoint(workdir / f"{rung}.folded.pt", folded, info["arch"], info["num_classes"],
+            inference, info = folded
+            source = save_checkpoint(workdir / f"{rung}.folded.pt", inference, info["arch"], info["num_classes"],
                                      ctx.preprocess.input_size, folded=True)
         path = write_device_checkpoint(source, workdir / f"{rung}.device.pt", ctx.preprocess.input_shape(1)[1:])
         parity = runner_parity(model, path, images)
