@@ -54,7 +54,7 @@ class StartFacts:
         return dict(self.__dict__)
 
 
-def _refuse(path: Path, problem: str, fix: str) -> ConfigError:
+def refuse_start(path: Path, problem: str, fix: str) -> ConfigError:
     return ConfigError(f"start.onnx {path}: {problem}", fix=fix)
 
 
@@ -87,25 +87,25 @@ def start_sha256(path: Path) -> str:
     return hashlib.sha256("".join(sha256_file(f) if f.is_file() else "missing" for f in files).encode()).hexdigest()
 
 
-def _load(path: Path):
+def load_graph(path: Path):
     """The parsed model, or a refusal naming the file's sha256 (a text file named ``.onnx``, a truncated copy)."""
     import onnx
 
     if not path.is_file():
-        raise _refuse(path, "no such file", "check the path (relative paths are from where you run make)")
+        raise refuse_start(path, "no such file", "check the path (relative paths are from where you run make)")
     size = sum(f.stat().st_size for f in start_files(path) if f.is_file())
     if size > MAX_BYTES:
-        raise _refuse(path, f"holds {size / 2**30:.1f} GiB; an ONNX start takes models under 2 GiB (protobuf's limit "
+        raise refuse_start(path, f"holds {size / 2**30:.1f} GiB; an ONNX start takes models under 2 GiB (protobuf's limit "
                             "on the graph it rewrites)", "start from a smaller classifier")
     try:
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as err:  # protobuf's DecodeError, onnx's ValidationError, a missing external-data file
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise _refuse(path, f"is not a valid ONNX model (sha256 {sha256_file(path)[:16]}…): {first}",
+        raise refuse_start(path, f"is not a valid ONNX model (sha256 {sha256_file(path)[:16]}…): {first}",
                       "pass the .onnx file your exporter wrote; " + REEXPORT) from None
     if not model.graph.node:
-        raise _refuse(path, f"holds no graph (sha256 {sha256_file(path)[:16]}…)", REEXPORT)
+        raise refuse_start(path, f"holds no graph (sha256 {sha256_file(path)[:16]}…)", REEXPORT)
     return model
 
 
@@ -118,34 +118,34 @@ def _subgraphs(graph):
                 yield from _subgraphs(nested)
 
 
-def _opset(model) -> int:
+def graph_opset(model) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def _dims(value_info) -> list[Any]:
+def tensor_dims(value_info) -> list[Any]:
     """A tensor's dimensions: ints where static, the symbol (or None) where not."""
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
             for d in value_info.type.tensor_type.shape.dim]
 
 
-def _check_ops(path: Path, model) -> None:
+def check_ops(path: Path, model) -> None:
     nodes = [node for graph in _subgraphs(model.graph) for node in graph.node]
     foreign = sorted({f"{n.domain}::{n.op_type}" for n in nodes if n.domain not in ("", "ai.onnx")})
     if foreign:
-        raise _refuse(path, f"uses operators outside the ONNX standard: {', '.join(foreign)}",
+        raise refuse_start(path, f"uses operators outside the ONNX standard: {', '.join(foreign)}",
                       "TensorRT imports them only through a plugin of your own; export without them (e.g. without "
                       "ONNX Runtime's graph optimisations, which write com.microsoft fused ops)")
     unparsed = sorted({n.op_type for n in nodes} & UNPARSED_OPS)
     if unparsed:
-        raise _refuse(path, f"uses {', '.join(unparsed)}, which TensorRT 10's ONNX parser does not import "
+        raise refuse_start(path, f"uses {', '.join(unparsed)}, which TensorRT 10's ONNX parser does not import "
                             "(onnx-tensorrt docs/operators.md)", "export the model without them")
 
 
-def _check_input(path: Path, model, layout: str, channels: int, size: int) -> tuple[Any, list[Any]]:
+def check_image_input(path: Path, model, layout: str, channels: int, size: int) -> tuple[Any, list[Any]]:
     initialisers = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in initialisers]
     if len(inputs) != 1:
-        raise _refuse(path, f"has {len(inputs)} inputs ({', '.join(i.name for i in inputs) or 'none'}); EdgeFold "
+        raise refuse_start(path, f"has {len(inputs)} inputs ({', '.join(i.name for i in inputs) or 'none'}); EdgeFold "
                             "feeds one image tensor", "export a graph with one image input (fold the others in "
                                                       "as constants)")
     (image,) = inputs
@@ -153,29 +153,29 @@ def _check_input(path: Path, model, layout: str, channels: int, size: int) -> tu
         import onnx
 
         kind = onnx.TensorProto.DataType.Name(image.type.tensor_type.elem_type)
-        raise _refuse(path, f"input {image.name!r} is {kind}; the ladder feeds float32 images (its FP16 and INT8 "
+        raise refuse_start(path, f"input {image.name!r} is {kind}; the ladder feeds float32 images (its FP16 and INT8 "
                             "rungs keep float32 I/O)", "export the FP32 model: " + REEXPORT)
-    dims = _dims(image)
+    dims = tensor_dims(image)
     if len(dims) != 4:
-        raise _refuse(path, f"input {image.name!r} has shape {dims}, not an image batch", REEXPORT)
+        raise refuse_start(path, f"input {image.name!r} has shape {dims}, not an image batch", REEXPORT)
     c, h, w = (dims[1], dims[2], dims[3]) if layout == "nchw" else (dims[3], dims[1], dims[2])
     if isinstance(c, int) and c != channels:
         other = dims[3] if layout == "nchw" else dims[1]
         other_layout = "nhwc" if layout == "nchw" else "nchw"
         hint = f"set start.layout: {other_layout} (the graph looks {other_layout.upper()}); " if other == channels else ""
-        raise _refuse(path, f"input {image.name!r} {dims} read as {layout.upper()} has {c} channels; preprocess.channels "
+        raise refuse_start(path, f"input {image.name!r} {dims} read as {layout.upper()} has {c} channels; preprocess.channels "
                             f"is {channels}", hint + "set preprocess.channels to the model's, or start.layout")
     if isinstance(h, int) and isinstance(w, int) and h != w:
-        raise _refuse(path, f"input {image.name!r} {dims} ({layout.upper()}) is {h}×{w}; EdgeFold's preprocessing "
+        raise refuse_start(path, f"input {image.name!r} {dims} ({layout.upper()}) is {h}×{w}; EdgeFold's preprocessing "
                             "(device/preprocess.py) makes square inputs", "export the model at a square input size")
     for name, value in (("height", h), ("width", w)):
         if isinstance(value, int) and value != size:
-            raise _refuse(path, f"input {image.name!r} {dims} ({layout.upper()}) has {name} {value}; "
+            raise refuse_start(path, f"input {image.name!r} {dims} ({layout.upper()}) has {name} {value}; "
                                 f"preprocess.input_size is {size}",
                           f"set preprocess.input_size: {value} (SET='preprocess.input_size={value}'), the size the "
                           "model was trained at")
     if isinstance(dims[0], int) and dims[0] != 1:
-        raise _refuse(path, f"input {image.name!r} fixes the batch at {dims[0]}", "export with batch 1 or a dynamic "
+        raise refuse_start(path, f"input {image.name!r} fixes the batch at {dims[0]}", "export with batch 1 or a dynamic "
                       "batch: " + REEXPORT)
     return image, dims
 
@@ -193,21 +193,21 @@ def inspect_start(path: str | Path, layout: str, channels: int, size: int, class
 def _checked(path: Path, layout: str, channels: int, size: int,
              classes: int) -> tuple[StartFacts, bytes, list[str]]:
     """:func:`inspect_start`'s checks, with the rewrite they tried (:func:`_ladder_form`): its bytes and changes."""
-    model = _load(path)
-    opset = _opset(model)
+    model = load_graph(path)
+    opset = graph_opset(model)
     if not PARSED_OPSETS[0] <= opset <= PARSED_OPSETS[1]:
-        raise _refuse(path, f"is opset {opset}; TensorRT 10's ONNX parser imports opsets "
+        raise refuse_start(path, f"is opset {opset}; TensorRT 10's ONNX parser imports opsets "
                             f"{PARSED_OPSETS[0]}–{PARSED_OPSETS[1]}", REEXPORT)
-    _check_ops(path, model)
-    image, dims = _check_input(path, model, layout, channels, size)
+    check_ops(path, model)
+    image, dims = check_image_input(path, model, layout, channels, size)
     if len(model.graph.output) != 1:
-        raise _refuse(path, f"has {len(model.graph.output)} outputs "
+        raise refuse_start(path, f"has {len(model.graph.output)} outputs "
                             f"({', '.join(o.name for o in model.graph.output)}); a classifier's ladder reads one: "
                             "the class scores", "export only the logits (N × classes)")
     out = model.graph.output[0]
-    got = _run(path, _example(layout, channels, size, 2 if dims[0] != 1 else 1))
+    got = run_graph(path, _example(layout, channels, size, 2 if dims[0] != 1 else 1))
     if got.ndim != 2 or got.shape[1] != classes:
-        raise _refuse(path, f"output {out.name!r} is {list(got.shape)} for a batch of {got.shape[0] if got.ndim else 1}; "
+        raise refuse_start(path, f"output {out.name!r} is {list(got.shape)} for a batch of {got.shape[0] if got.ndim else 1}; "
                             f"the data has {classes} classes", f"export the logits for the {classes} classes of "
                             "DATA=, in the data's class order (an ImageFolder's folders sorted by name)")
     facts = StartFacts(str(path), start_sha256(path), opset, layout, image.name, dims, out.name, classes,
@@ -231,7 +231,7 @@ def _session(model: Path | bytes):
                                 providers=["CPUExecutionProvider"])
 
 
-def _run(path: Path | bytes, images: np.ndarray) -> np.ndarray:
+def run_graph(path: Path | bytes, images: np.ndarray) -> np.ndarray:
     """The graph's one output under ONNX Runtime (CPU)."""
     try:
         session = _session(path)
@@ -242,7 +242,17 @@ def _run(path: Path | bytes, images: np.ndarray) -> np.ndarray:
                           fix=REEXPORT) from None
 
 
-def _renamed(model, old: str, new: str) -> None:
+def run_graph_outputs(model: bytes, images: np.ndarray, names: Sequence[str]) -> list[np.ndarray]:
+    """The graph's tensors ``names`` (graph outputs) under ONNX Runtime (CPU) on ``images``."""
+    try:
+        session = _session(model)
+        return session.run(list(names), {session.get_inputs()[0].name: images})
+    except Exception as err:  # onnxruntime's Fail / InvalidGraph / RuntimeException
+        raise ConfigError(f"start.onnx: ONNX Runtime cannot run the graph: {str(err).strip().splitlines()[0]}",
+                          fix=REEXPORT) from None
+
+
+def renamed(model, old: str, new: str) -> None:
     """Renames the tensor ``old`` to ``new`` wherever the graph, or a graph nested in it, names it."""
     for graph in _subgraphs(model.graph):
         for node in graph.node:
@@ -253,7 +263,7 @@ def _renamed(model, old: str, new: str) -> None:
                 value.name = new
 
 
-def _tensor_names(model) -> set[str]:
+def tensor_names(model) -> set[str]:
     names = set()
     for graph in _subgraphs(model.graph):
         for node in graph.node:
@@ -263,29 +273,30 @@ def _tensor_names(model) -> set[str]:
     return names
 
 
-def _renamed_to_ladder(model, input_name: str, output_name: str, nhwc: bool) -> None:
-    """The image input named ``input`` (an NHWC graph's behind a Transpose from it) and the scores ``logits``,
-    whatever tensors those names held before (a user's graph may call a hidden tensor ``logits``)."""
+def renamed_to_ladder(model, input_name: str, output_name: str, nhwc: bool, output_as: str = OUTPUT_NAME) -> None:
+    """The image input named ``input`` (an NHWC graph's behind a Transpose from it) and the one output ``output_as``
+    (a classifier's ``logits``), whatever tensors those names held before (a user's graph may call a hidden tensor
+    ``logits``)."""
     from onnx import helper
 
-    taken = _tensor_names(model)
+    taken = tensor_names(model)
     staged = {input_name: "edgefold_staged_input", output_name: "edgefold_staged_logits"}
     for old, temporary in staged.items():
-        _renamed(model, old, temporary)
-    for reserved in (INPUT_NAME, OUTPUT_NAME, "input_nhwc"):
+        renamed(model, old, temporary)
+    for reserved in (INPUT_NAME, output_as, "input_nhwc"):
         if reserved in taken and reserved not in staged:
-            _renamed(model, reserved, f"edgefold_was_{reserved}")
-    _renamed(model, staged[output_name], OUTPUT_NAME)
+            renamed(model, reserved, f"edgefold_was_{reserved}")
+    renamed(model, staged[output_name], output_as)
     if nhwc:
-        _renamed(model, staged[input_name], "input_nhwc")
+        renamed(model, staged[input_name], "input_nhwc")
         model.graph.node.insert(0, helper.make_node("Transpose", [INPUT_NAME], ["input_nhwc"], perm=[0, 2, 3, 1],
                                                     name="edgefold_nchw_to_nhwc"))
         next(value for value in model.graph.input if value.name == "input_nhwc").name = INPUT_NAME
     else:
-        _renamed(model, staged[input_name], INPUT_NAME)
+        renamed(model, staged[input_name], INPUT_NAME)
 
 
-def _set_shape(value_info, dims: Sequence[int | str]) -> None:
+def set_shape(value_info, dims: Sequence[int | str]) -> None:
     """Replaces a graph input's or output's shape: ints static, strings symbolic (a dimension holds one or the other:
     setting both keeps the last)."""
     tensor = value_info.type.tensor_type
@@ -316,7 +327,7 @@ def _ladder_form(facts: StartFacts, channels: int, size: int) -> tuple[bytes, li
         try:
             model = version_converter.convert_version(model, LADDER_OPSET)
         except Exception as err:  # the converter raises RuntimeError / ConvertError by adapter
-            raise _refuse(path, f"opset {facts.opset} cannot be converted to {LADDER_OPSET} (which the INT8 ladder "
+            raise refuse_start(path, f"opset {facts.opset} cannot be converted to {LADDER_OPSET} (which the INT8 ladder "
                                 f"writes per-channel Q/DQ in): {err}", REEXPORT) from None
         changes.append(f"opset {facts.opset} → {LADDER_OPSET}")
     graph = model.graph
@@ -327,11 +338,11 @@ def _ladder_form(facts: StartFacts, channels: int, size: int) -> tuple[bytes, li
     kept = [value for value in graph.input if value.name not in initialisers]
     del graph.input[:]
     graph.input.extend(kept)
-    _renamed_to_ladder(model, facts.input_name, facts.output_name, facts.layout == "nhwc")
+    renamed_to_ladder(model, facts.input_name, facts.output_name, facts.layout == "nhwc")
     if facts.layout == "nhwc":
         changes.append("NHWC input behind a Transpose from NCHW")
-    _set_shape(graph.input[0], ("batch", channels, size, size))
-    _set_shape(graph.output[0], ("batch", facts.classes))
+    set_shape(graph.input[0], ("batch", channels, size, size))
+    set_shape(graph.output[0], ("batch", facts.classes))
     if facts.input_shape[0] == 1:
         changes.append("batch made dynamic (it was 1)")
     del graph.value_info[:]  # shapes recorded for the old batch and size: inferred again below
@@ -339,20 +350,20 @@ def _ladder_form(facts: StartFacts, channels: int, size: int) -> tuple[bytes, li
         model = onnx.shape_inference.infer_shapes(model)
         onnx.checker.check_model(model)
     except Exception as err:  # onnx's InferenceError / ValidationError
-        raise _refuse(path, f"cannot be rewritten with a free batch and the ladder's names: "
+        raise refuse_start(path, f"cannot be rewritten with a free batch and the ladder's names: "
                             f"{str(err).strip().splitlines()[0]}", "report this model to EdgeFold; " + REEXPORT) from None
     data = model.SerializeToString()
     try:
-        got = _run(data, _example("nchw", channels, size, 3))
+        got = run_graph(data, _example("nchw", channels, size, 3))
     except ConfigError as err:
         if facts.input_shape[0] != 1:
             raise
         said = err.message.split("cannot run the graph: ")[-1]
-        raise _refuse(path, f"fixes its batch at 1 inside the graph (a Reshape to [1, …]); ONNX Runtime at a batch "
+        raise refuse_start(path, f"fixes its batch at 1 inside the graph (a Reshape to [1, …]); ONNX Runtime at a batch "
                             f"of 3: {said}",
                       "export with a dynamic batch: " + REEXPORT) from None
     if got.shape != (3, facts.classes):
-        raise _refuse(path, f"fixes its batch inside the graph (a batch of 3 gives {list(got.shape)})",
+        raise refuse_start(path, f"fixes its batch inside the graph (a batch of 3 gives {list(got.shape)})",
                       "export with a dynamic batch: " + REEXPORT)
     return data, changes
 
@@ -379,8 +390,8 @@ def start_parity(facts: StartFacts, written: Path, images: np.ndarray) -> dict[s
     graph, fed one at a time to a graph of batch 1): the rewrite must change nothing."""
     given = images if facts.layout == "nchw" else images.transpose(0, 2, 3, 1).copy()
     step = 1 if facts.input_shape[0] == 1 else 64
-    reference = np.concatenate([_run(Path(facts.path), given[i : i + step]) for i in range(0, len(given), step)])
-    got = np.concatenate([_run(written, images[i : i + 64]) for i in range(0, len(images), 64)])
+    reference = np.concatenate([run_graph(Path(facts.path), given[i : i + step]) for i in range(0, len(given), step)])
+    got = np.concatenate([run_graph(written, images[i : i + 64]) for i in range(0, len(images), 64)])
     diff = np.abs(got - reference)
     return {"images": int(len(images)), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
             "top1_agreement": float((got.argmax(1) == reference.argmax(1)).mean())}

@@ -187,7 +187,9 @@ def _preflight(recipe, registry: Registry, names: Sequence[str], devices) -> tup
 
 def _say_preprocess_source(recipe) -> None:
     """Logs the preprocessing a recipe left to its teacher's architecture (timm's pretrained_cfg)."""
-    if getattr(recipe, "_preprocess_from", None):
+    if getattr(recipe, "_preprocess_from", None) and getattr(recipe, "preprocess", None) is None:
+        log(f"assumed: {recipe._preprocess_from}")  # a detector's ONNX: its layout and letterbox
+    elif getattr(recipe, "_preprocess_from", None):
         pre = recipe.preprocess
         log(f"preprocess from {recipe._preprocess_from}: {pre.input_size}×{pre.input_size} (shorter side "
             f"{pre.resize or pre.input_size}, {pre.interpolation}), mean {pre.mean}, std {pre.std}; write a "

@@ -1,7 +1,8 @@
 """The recipe of ``MODEL=path/to/model.onnx``: an ONNX start (:mod:`pipeline.onnx_start`) with nothing else written.
 
 Its input size, channels and layout come from the file's input shape; its mean and std are ImageNet's, and the run
-says they were assumed. A recipe with ``start: {onnx: path}`` states all of them instead.
+says they were assumed. A recipe with ``start: {onnx: path}`` states all of them instead. A file whose output is
+three-dimensional is a detector (:mod:`pipeline.tasks.detection.onnx_start`): its layout is read from that shape.
 """
 
 from __future__ import annotations
@@ -16,20 +17,40 @@ IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 DEFAULT_SIZE = 224
 
 
-def _input_dims(path: Path) -> list[Any]:
-    """The first non-initialiser input's dimensions (ints where static), or [] when the file does not parse: the
-    export stage's preflight then says what is wrong with it."""
+def _dims(path: Path) -> tuple[list[Any], list[Any]]:
+    """The first non-initialiser input's and the first output's dimensions (ints where static), or [] when the file
+    does not parse: the export stage's preflight then says what is wrong with it."""
     try:
         import onnx
 
         graph = onnx.load(str(path), load_external_data=False).graph
     except Exception:  # any parse failure is reported, with the file's hash, by pipeline.onnx_start
-        return []
+        return [], []
     initialisers = {t.name for t in graph.initializer}
     image = next((i for i in graph.input if i.name not in initialisers), None)
-    if image is None:
-        return []
-    return [d.dim_value if d.HasField("dim_value") else None for d in image.type.tensor_type.shape.dim]
+
+    def dims(value) -> list[Any]:
+        return [] if value is None else [d.dim_value if d.HasField("dim_value") else None
+                                         for d in value.type.tensor_type.shape.dim]
+
+    return dims(image), dims(graph.output[0] if graph.output else None)
+
+
+def _detector_recipe(path: Path, name: str, size: int | None, output: list[Any]) -> tuple[dict[str, Any], str]:
+    """A detector's raw recipe: its output layout read from the output's shape (Ultralytics' exports), the COCO
+    images letterboxed to its input size."""
+    columns, rows = output[1] if isinstance(output[1], int) else None, output[2] if isinstance(output[2], int) else None
+    if columns and rows:  # both fixed: the longer side is the boxes'
+        columns, rows = (columns, None) if columns < rows else (None, columns)
+    # Columns first (N×K×A) is YOLOv8's; columns last is YOLOv5's, or end-to-end's six.
+    layout = "yolov8" if columns or not (rows or output[2]) else "end2end" if output[2] == 6 else "yolov5"
+    size = size or 640
+    raw = {"name": name, "description": f"{path.name}, a detector started at export", "task": "detection",
+           "start": {"onnx": str(path), "outputs": layout}, "data": {"canvas": {"size": size}}}
+    said = (f"{path.name}'s output {output} read as {layout} (assumed from its shape: if not, "
+            "SET='start.outputs=yolov8|yolov5|end2end'), images letterboxed to its input as Ultralytics does "
+            f"({size} px, RGB in [0, 1])")
+    return raw, said
 
 
 def onnx_recipe(path: Path) -> tuple[dict[str, Any], str]:
@@ -40,14 +61,17 @@ def onnx_recipe(path: Path) -> tuple[dict[str, Any], str]:
     """
     if not path.is_file():
         raise ConfigError(f"ONNX file {path} does not exist", fix="check the path (relative to where you run make)")
-    dims = _input_dims(path)
+    dims, output = _dims(path)
+    # Named after the whole file name: runs/model.onnx/ never resumes a run of a recipe named model.
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.name)
+    if len(output) == 3:  # N×K×A or N×A×K: a detector's raw (or end-to-end) output
+        return _detector_recipe(path, name, dims[2] if len(dims) == 4 and isinstance(dims[2], int) else None, output)
     nhwc = len(dims) == 4 and dims[3] in (1, 3) and dims[1] not in (1, 3)
     channels, height = (dims[3], dims[1]) if nhwc else (dims[1], dims[2]) if len(dims) == 4 else (3, None)
     channels = channels if channels in (1, 3) else 3
     size = height if isinstance(height, int) and height >= 4 else DEFAULT_SIZE
     mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ([0.449], [0.226])  # grey: RGB's average
-    # Named after the whole file name: runs/model.onnx/ never resumes a run of a recipe named model.
-    raw = {"name": re.sub(r"[^A-Za-z0-9_.-]", "_", path.name), "description": f"{path.name}, started at export",
+    raw = {"name": name, "description": f"{path.name}, started at export",
            "start": {"onnx": str(path), "layout": "nhwc" if nhwc else "nchw"},
            "preprocess": {"input_size": size, "channels": channels, "mean": mean, "std": std}}
     said = (f"{path.name}'s input ({'NHWC' if nhwc else 'NCHW'}, {channels} channel{'s' if channels > 1 else ''}"

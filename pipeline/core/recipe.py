@@ -566,7 +566,8 @@ def parse_recipe(raw: Any, source: str = "<recipe>", overrides: dict[str, Any] |
     if not isinstance(raw, dict):
         raise ConfigError(f"recipe {source} must be a YAML mapping, got {type(raw).__name__}", fix="see models/tiny.yaml")
     raw = _apply_overrides(raw, overrides or {})
-    task = raw.get("task", "classification")
+    start = raw.get("start") if isinstance(raw.get("start"), dict) else {}  # start: {onnx, task: detection} names it
+    task = (raw := {"task": start.get("task", "classification"), **raw})["task"]
     if task not in TASKS:
         near = difflib.get_close_matches(str(task), TASKS, n=1, cutoff=0.5)
         hint = f"did you mean {near[0]!r}? " if near else ""

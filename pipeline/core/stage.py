@@ -68,3 +68,11 @@ class Stage:
 
 # The order stages run in; `--until` and `--force` take these names.
 STAGE_ORDER = ("data", "teacher", "prune", "distill", "export", "quantize", "evaluate", "deploy", "report")
+
+
+def started_without_torch(recipe) -> str | None:
+    """Why a stage that needs the PyTorch model (teacher, prune, distill) is not in a run that starts from an ONNX
+    file (any task's ``start``); None for a recipe with a teacher."""
+    start = getattr(recipe, "start", None)
+    return (f"the ladder starts at export from {start.onnx} (no PyTorch model to train, prune or distill)"
+            if start is not None else None)

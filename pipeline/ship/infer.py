@@ -57,6 +57,15 @@ def geometry(image: np.ndarray, pre: dict) -> tuple[np.ndarray, float]:
     if image.ndim == 3 and image.shape[2] == 1:
         image = image[:, :, 0]
     height, width = image.shape[:2]
+    if pre["kind"] == "letterbox_ultralytics":  # Ultralytics' LetterBox: centred on grey 114, bilinear
+        factor = min(size / height, size / width)
+        new = (max(1, int(round(width * factor))), max(1, int(round(height * factor))))
+        resized = cv2.resize(image, new, interpolation=cv2.INTER_LINEAR) if new != (width, height) else image
+        resized = np.repeat(resized[:, :, None], 3, axis=2) if resized.ndim == 2 else resized
+        left, top = int(round((size - new[0]) / 2 - 0.1)), int(round((size - new[1]) / 2 - 0.1))
+        square = np.full((size, size, 3), 114, np.uint8)
+        square[top:top + new[1], left:left + new[0]] = resized
+        return square, factor
     if pre["kind"] == "letterbox":  # scaled to fit, at the top-left corner on black (boxes map by one factor)
         factor = size / max(height, width)
         new = (max(1, int(round(width * factor))), max(1, int(round(height * factor))))
@@ -235,8 +244,10 @@ def load_runtime(force_onnx: bool, outputs: list[str] | None = None):
     return OnnxRuntime(HERE / "model.onnx", outputs)
 
 
-def answer(outputs: list[np.ndarray], factor: float, post: dict, labels: list[str]) -> dict:
-    """One image's answer: the top classes with their probabilities, or the boxes in the image's pixels."""
+def answer(outputs: list[np.ndarray], factor: float, post: dict, labels: list[str],
+           image_size: tuple[int, int] | None = None) -> dict:
+    """One image's answer: the top classes with their probabilities, or the boxes in the image's pixels (a centred
+    letterbox's mapped back through its padding, from the image's (height, width))."""
     if post["kind"] == "classification":
         logits = outputs[0].reshape(-1).astype(np.float64)
         probabilities = np.exp(logits - logits.max())
@@ -247,8 +258,9 @@ def answer(outputs: list[np.ndarray], factor: float, post: dict, labels: list[st
     from detection_post import head_spec_from_dict, postprocess
 
     spec = head_spec_from_dict(post["head"], "postprocess.json")
-    detections = postprocess(spec, outputs[0])[0]
-    return {"boxes": (np.asarray(detections["boxes"], np.float64) / factor).tolist(),
+    centred = spec.resize == "letterbox" and image_size is not None
+    detections = postprocess(spec, outputs[0], [image_size] if centred else None)[0]
+    return {"boxes": (np.asarray(detections["boxes"], np.float64) / (1.0 if centred else factor)).tolist(),
             "scores": [float(s) for s in detections["scores"]],
             "labels": [labels[int(k)] for k in detections["labels"]], "classes": [int(k) for k in detections["labels"]]}
 
@@ -269,7 +281,7 @@ def main(argv=None) -> int:
 
     def one(name: str, image: np.ndarray) -> None:
         fed, factor = geometry(image, pre)
-        answers[name] = answer(runtime(normalize(fed[None], pre)), factor, post, labels)
+        answers[name] = answer(runtime(normalize(fed[None], pre)), factor, post, labels, image.shape[:2])
         shown = answers[name].get("top") or list(zip(answers[name]["labels"], answers[name]["scores"]))
         print(f"{name}: {shown[:3]}")
 

@@ -63,7 +63,7 @@ class ShipTask(Protocol):
         """The rung's ONNX file as the device ran it."""
 
     def preprocess(self, run_dir: Path) -> dict[str, Any]:
-        """``preprocess.json``'s part the task knows: ``kind`` (``resize_crop`` or ``letterbox``), ``input_size``,
+        """``preprocess.json``'s part the task knows: ``kind`` (``resize_crop``, ``letterbox`` or ``letterbox_ultralytics``), ``input_size``,
         ``resize``, ``channels``, ``mean``, ``std`` (on the 0-1 scale), ``interpolation``."""
 
     def per_class_drops(self, run_dir: Path, rung: str, device: str) -> list[dict[str, Any]]:

@@ -46,7 +46,7 @@ def write_coco(folder, count: int, seed: int = 0):
 
 def test_letterbox_keeps_the_aspect_at_the_top_left():
     image = np.full((40, 80, 3), 200, np.uint8)
-    square, factor = letterbox(image, 64)
+    square, factor, _ = letterbox(image, 64)
     assert factor == pytest.approx(0.8) and square.shape == (64, 64, 3)
     assert (square[:32, :64] == 200).all() and (square[32:] == 0).all()
 

@@ -14,6 +14,7 @@ from device.architectures import ARCHITECTURES
 from device.errors import EdgeFoldError, UnknownKeyError
 from pipeline.core.recipe import (DataConfig, DeployConfig, DistillConfig, EvaluateConfig, ExportConfig,
                                   PreprocessConfig, PruneConfig, QuantizeConfig, RecipeBase, Strict, TeacherConfig)
+from pipeline.core.stage import started_without_torch
 from pipeline.core.rungs import RUNGS
 
 # The stages an ONNX start has no PyTorch model for: the ladder enters at export.
@@ -179,11 +180,3 @@ def pruning_skipped(recipe) -> str | None:
     if started or recipe.distill.student != "pruned":
         return started or pruning_skipped_reason(recipe)
     return None
-
-
-def started_without_torch(recipe) -> str | None:
-    """Why a stage that needs the PyTorch model (teacher, prune, distill) is not in a run that starts from an ONNX
-    file; None for a recipe with a teacher."""
-    start = getattr(recipe, "start", None)
-    return (f"the ladder starts at export from {start.onnx} (no PyTorch model to train, prune or distill)"
-            if start is not None else None)

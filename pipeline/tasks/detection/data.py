@@ -229,25 +229,39 @@ def load_coco(argument: str) -> tuple[list[str], list[dict[str, Any]], list[Boxe
     return [c["name"] for c in categories], document["images"], boxes, images_dir
 
 
-def letterbox(image: np.ndarray, size: int) -> tuple[np.ndarray, float]:
-    """``image`` (H×W×3 uint8) scaled to fit a ``size``×``size`` square (aspect kept), placed at its top-left corner
-    on black: boxes then map by one factor, with no offset. Returns the square and that factor."""
+def letterbox(image: np.ndarray, size: int, style: str = "top_left") -> tuple[np.ndarray, float, tuple[int, int]]:
+    """``image`` (H×W×3 uint8) scaled to fit a ``size``×``size`` square, its aspect kept.
+
+    ``top_left``: at the square's top-left corner on black, shrunk with area (boxes map by one factor, no offset).
+    ``ultralytics``: centred on grey 114, resized bilinearly, the padding split as Ultralytics' ``LetterBox`` splits
+    it (``round(d - 0.1)`` before, the rest after), so a YOLO model sees its own training geometry.
+
+    Returns:
+        The square, the scale factor, and the (x, y) offset of the image inside it.
+    """
     import cv2
 
     height, width = image.shape[:2]
     factor = size / max(height, width)
     new = (max(1, int(round(width * factor))), max(1, int(round(height * factor))))
+    if style == "ultralytics":
+        resized = cv2.resize(image, new, interpolation=cv2.INTER_LINEAR) if new != (width, height) else image
+        left, top = int(round((size - new[0]) / 2 - 0.1)), int(round((size - new[1]) / 2 - 0.1))
+        square = np.full((size, size, 3), 114, np.uint8)
+        square[top:top + new[1], left:left + new[0]] = resized
+        return square, factor, (left, top)
     resized = cv2.resize(image, new, interpolation=cv2.INTER_AREA if factor < 1 else cv2.INTER_LINEAR)
     square = np.zeros((size, size, 3), np.uint8)
     square[:new[1], :new[0]] = resized
-    return square, factor
+    return square, factor, (0, 0)
 
 
 def coco_set(argument: str, train_images: int, test_images: int, size: int, seed: int,
-             log: Callable[[str], None] | None = None) -> DetectionSet:
+             log: Callable[[str], None] | None = None, style: str = "top_left") -> DetectionSet:
     """The user's COCO set as the pipeline trains on it: checked whole (:func:`load_coco`), split by ``seed`` (the
     test images drawn first: at most ``test_images`` and a fifth of the set; then at most ``train_images`` of the
-    rest), each image letterboxed to ``size``×``size`` RGB (:func:`letterbox`) with its boxes scaled alike.
+    rest), each image letterboxed to ``size``×``size`` RGB (:func:`letterbox`, ``style``) with its boxes mapped
+    alike.
 
     Images are read as stored (EXIF orientation ignored, as COCO's tools read them, so the boxes still fit).
     Box IoU does not change under one scale factor, so mAP on the letterboxed images is the images' own, except
@@ -288,8 +302,9 @@ def coco_set(argument: str, train_images: int, test_images: int, size: int, seed
                 problems.append(f"{path} is {image.shape[1]}×{image.shape[0]}, but the annotations say "
                                 f"{entry['width']}×{entry['height']}")
                 continue
-            images[row], factor = letterbox(cv2.cvtColor(image, cv2.COLOR_BGR2RGB), size)
-            scaled.append(Boxes(boxes[index].xyxy * factor, boxes[index].labels))
+            images[row], factor, (left, top) = letterbox(cv2.cvtColor(image, cv2.COLOR_BGR2RGB), size, style)
+            scaled.append(Boxes(boxes[index].xyxy * factor + np.array([left, top, left, top], np.float64),
+                                boxes[index].labels))
         splits[name] = DetectionSplit(images, scaled)
     progress.close()
     if problems:
@@ -299,7 +314,7 @@ def coco_set(argument: str, train_images: int, test_images: int, size: int, seed
     annotations = Path(parse_coco_argument(argument)[0])
     return DetectionSet(name=f"coco:{annotations.name}", classes=classes, train=splits["train"], test=splits["test"],
                         generator={"source": f"coco:{argument}", "annotations_sha256": sha256_file(annotations),
-                                   "images": len(entries), "seed": seed, "letterbox": size,
+                                   "images": len(entries), "seed": seed, "letterbox": size, "letterbox_style": style,
                                    "train_images": len(chosen["train"]), "test_images": len(chosen["test"]),
                                    "split": "seeded: test drawn first (at most test_images and a fifth of the set), "
                                             "then at most train_images of the rest"})

@@ -168,14 +168,26 @@ def sidecar_path(onnx_path: Path) -> Path:
 
 
 def box_branch_nodes(path: Path) -> list[str]:
-    """The ONNX nodes of the box-regression branch (the legacy exporter names nodes by module scope:
-    ``/head/regression_head/...``, the wrapper's own attribute left out), which INT8 leaves in float unless the
-    recipe says otherwise."""
+    """The ONNX nodes of the box-regression branch, which INT8 leaves in float unless the recipe says otherwise.
+
+    For a detector of EdgeFold's registry the legacy exporter names nodes by module scope
+    (``/head/regression_head/...``, the wrapper's own attribute left out); for a YOLO-layout graph brought as ONNX
+    (its sidecar's coder decodes no anchors) the branch is traced from the graph
+    (:func:`pipeline.tasks.detection.box_branch.traced_box_branch`).
+    """
     import onnx
 
+    from device.detection_post import ANCHORED
+
+    model = onnx.load(str(path), load_external_data=False)
+    sidecar = sidecar_path(path)
+    head = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
+    if head.get("box_coder", {}).get("kind", "linear") not in ANCHORED:
+        from pipeline.tasks.detection.box_branch import traced_box_branch
+
+        return traced_box_branch(model, columns_last=not head.get("transpose", False))
     scope = "/" + BOX_BRANCH.replace(".", "/") + "/"
-    return [node.name for node in onnx.load(str(path), load_external_data=False).graph.node
-            if node.name.startswith((scope, "/detector" + scope))]
+    return [node.name for node in model.graph.node if node.name.startswith((scope, "/detector" + scope))]
 
 
 def raw_outputs(detector: nn.Module, inputs: np.ndarray, batch_size: int = 64) -> np.ndarray:

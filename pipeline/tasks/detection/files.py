@@ -43,3 +43,27 @@ def load_split(path: Path, name: str) -> DetectionSplit:
 def recorded_classes(ctx) -> list[str]:
     """The class names the data stage recorded (``data/dataset.json``), in label order."""
     return json.loads(ctx.manifest.output("data", "dataset").read_text())["classes"]
+
+
+def planned_classes(recipe) -> list[str]:
+    """The class names the data stage will record, read before it runs (a preflight's): a composited set's source
+    classes, or a COCO file's categories sorted by id.
+
+    Raises:
+        DataError: The COCO file is missing or not JSON with categories (the data stage would say the same).
+    """
+    from pipeline.tasks.detection.data import parse_coco_argument
+    from pipeline.tasks.detection.recipe import DETECTION_SOURCES
+
+    source = recipe.data.source
+    if source in DETECTION_SOURCES:
+        from pipeline.core.data.sources import load_source
+
+        return list(load_source(DETECTION_SOURCES[source]).classes)
+    path, _ = parse_coco_argument(source.partition(":")[2])
+    try:
+        categories = json.loads(Path(path).read_text())["categories"]
+        return [c["name"] for c in sorted(categories, key=lambda c: c["id"])]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(f"COCO annotations {path} give no categories ({type(err).__name__}: {err})",
+                        fix="DATA=coco:/path/annotations.json[@/path/images] with a categories list") from None

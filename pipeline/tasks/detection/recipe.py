@@ -9,9 +9,9 @@ detection code changed.
 from __future__ import annotations
 
 import difflib
-from typing import Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from device.errors import ConfigError, DataError, UnknownKeyError
 from device.schema import IdleSeconds
@@ -20,6 +20,13 @@ from pipeline.core.recipe import LadderConfig, RecipeBase, Strict, TrainConfig, 
 BOX_HEADS = ("fp16", "float", "int8")
 """How the quantize stage may leave the box-regression branch (``quantize.box_head``): FP16 or FP32 outside Q/DQ, or
 quantized."""
+
+OUTPUT_LAYOUTS = ("yolov8", "yolov5", "end2end")
+"""The raw outputs of a detector brought as ONNX (:mod:`pipeline.tasks.detection.onnx_start`)."""
+LETTERBOXES = ("top_left", "ultralytics")
+"""How a COCO image is fitted to the square: EdgeFold's (top-left on black) or Ultralytics' (centred on grey 114)."""
+TORCH_SECTIONS = ("teacher", "prune", "distill")
+"""The stages a detector brought as ONNX has no PyTorch model for: the ladder enters at export."""
 
 DETECTION_SOURCES = {"fmnist-det": "fashion-mnist", "digits-det": "digits"}
 """Composited canvas sets by recipe key → the classification source whose images are placed on the canvases."""
@@ -84,6 +91,10 @@ class DetectionDataConfig(Strict):
     test_images: int = Field(500, ge=1, description="composited test canvases (coco: at most this many test images, "
                                                     "and a fifth of the set; drawn first by data.seed)")
     canvas: CanvasConfig = CanvasConfig()
+    letterbox: Literal[LETTERBOXES] = Field(
+        "top_left", description="coco: how each image is fitted to the square: top_left (aspect kept, at the top-left "
+                                "corner on black) or ultralytics (aspect kept, centred on grey 114, as Ultralytics' "
+                                "LetterBox; the default for a YOLO start)")
     seed: int = 0
 
     _known_source = registry_check("source", check_detection_source)
@@ -197,15 +208,68 @@ class DetectionDeployConfig(Strict):
         return value
 
 
+class DetectionStartConfig(Strict):
+    """A detector trained elsewhere, as ONNX, as the ladder's FP32 student (:mod:`pipeline.tasks.detection.onnx_start`)."""
+
+    onnx: str = Field(description="path to the .onnx file (one RGB image input, one raw or end-to-end output)")
+    outputs: Literal[OUTPUT_LAYOUTS] = Field(
+        description="the output's layout: yolov8 (YOLOv8/YOLO11: N×(4+classes)×A, boxes cx cy w h in input pixels, "
+                    "class scores after the sigmoid), yolov5 (YOLOv5/v7: N×A×(5+classes), with objectness) or "
+                    "end2end (N×D×6: x1 y1 x2 y2 score class, no NMS after)")
+    task: Literal["detection"] = Field("detection", description="the file is a detector (the recipe's task)")
+
+
 class DetectionRecipe(RecipeBase):
     """A detection recipe (``task: detection``): the same ladder for detectors, built stage by stage."""
 
     task: Literal["detection"]
     data: DetectionDataConfig
-    teacher: DetectionTeacherConfig
-    prune: DetectionPruneConfig
-    distill: DetectionDistillConfig
+    start: Optional[DetectionStartConfig] = Field(None, description="a detector brought as ONNX, entering the ladder "
+                                                                    "at export instead of teacher, prune and distill")
+    teacher: Optional[DetectionTeacherConfig] = None  # the three required without start (_sections_of_the_start)
+    prune: Optional[DetectionPruneConfig] = None
+    distill: Optional[DetectionDistillConfig] = None
     export: DetectionExportConfig = DetectionExportConfig()
     quantize: DetectionQuantizeConfig = DetectionQuantizeConfig()
     postprocess: DetectionPostprocessConfig = DetectionPostprocessConfig()
     deploy: DetectionDeployConfig = DetectionDeployConfig()
+    MISSING_HINTS: ClassVar[dict[str, str]] = {
+        "data.source": "say where the images are: DATA=digits-det|fmnist-det|coco:/path/annotations.json (a "
+                       "detector's ONNX: the classes it was trained on, in its output order)",
+        **{name: "the detection ladder starts from a PyTorch teacher (teacher, prune, distill), or from a detector's "
+              "ONNX file (start: {onnx: path, outputs: yolov8|yolov5|end2end})" for name in TORCH_SECTIONS}}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sections_of_the_start(cls, data: Any) -> Any:
+        """Teacher, prune and distill are required without ``start``; with it they are refused (they would not run),
+        as is QAT (it needs the PyTorch model), and COCO images are letterboxed as Ultralytics does unless the
+        recipe says otherwise."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("start") is None:
+            missing = [name for name in TORCH_SECTIONS if data.get(name) is None]
+            if missing:
+                raise ValidationError.from_exception_data(cls.__name__, [
+                    {"type": "missing", "loc": (name,), "input": data} for name in missing])
+            return data
+        written = [name for name in TORCH_SECTIONS if data.get(name) is not None]
+        if written:
+            raise ValueError(f"start.onnx enters the ladder at export: {', '.join(written)} would not run; remove "
+                             f"{'them' if len(written) > 1 else 'it'} from the recipe")
+        quantize = data.get("quantize")
+        if isinstance(quantize, dict) and quantize.get("qat") is not None:
+            raise ValueError("quantize.qat needs the PyTorch model, which a detector brought as ONNX does not have; "
+                             "set quantize.qat: null (the INT8 ladder still tries each calibration method)")
+        source = data.get("data")
+        if isinstance(source, dict) and "letterbox" not in source:
+            data = {**data, "data": {**source, "letterbox": "ultralytics"}}
+        return data
+
+    def input_size(self) -> int:
+        """The square side the student runs at: the teacher's, or the started graph's own."""
+        if self.start is not None:
+            from pipeline.tasks.detection.onnx_start import input_size
+
+            return input_size(self.start.onnx) or self.data.canvas.size
+        return self.teacher.size()

@@ -40,6 +40,13 @@ SCORED_TEXT = ("Host mAP: the teacher through torchvision's post-processing, the
                "paired by round.")
 
 
+def scored_text(ladder: dict[str, Any]) -> str:
+    """How the rungs were scored; a detector brought as ONNX has no teacher, and every rung is ONNX."""
+    if "teacher" in ladder["rungs"]:
+        return SCORED_TEXT
+    return "Host mAP: ONNX Runtime and the device's decode + NMS" + SCORED_TEXT.split("decode + NMS", 1)[1]
+
+
 def interval(scores: dict[str, Any] | None, key: str = "map") -> str:
     """``scores[key]`` in points with its ``_low``/``_high`` interval (``17.1 [16.4, 20.8]``); — when absent."""
     if not scores or scores.get(key) is None:
@@ -199,7 +206,7 @@ def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: di
     sections = [Section("Headline", [Text(headline_text(lead))])]
     sections += [device_section(ladder, device) for device in deploy["devices"]]
     sections.append(Section("How the rungs were scored", [Text(f"Images scored on the device: {deploy['images']}. "
-                                                               + SCORED_TEXT)]))
+                                                               + scored_text(ladder))]))
     if quantize.get("other_box_heads"):
         sections.append(Section("What each box-head setting costs", [
             Text(box_heads_text(quantize)), Table(box_head_rows(quantize))]))

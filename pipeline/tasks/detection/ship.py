@@ -72,6 +72,10 @@ class DetectionShip:
     def preprocess(self, run_dir: Path) -> dict[str, Any]:
         head = self._head(run_dir, "student")
         size = int(head["image_size"][0])
+        if head.get("resize") == "letterbox":  # a YOLO brought as ONNX: fed as Ultralytics feeds it
+            return {"kind": "letterbox_ultralytics", "input_size": size, "resize": size, "channels": 3,
+                    "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0], "interpolation": "bilinear",
+                    "note": f"Ultralytics' LetterBox: scaled to fit, centred on grey 114: {head.get('input_note')}"}
         return {"kind": "letterbox", "input_size": size, "resize": size, "channels": 3, "mean": [0.0, 0.0, 0.0],
                 "std": [1.0, 1.0, 1.0], "interpolation": "bilinear",
                 "note": "scaled to fit the square (aspect kept; area when shrinking), at its top-left corner on black, "

@@ -12,7 +12,7 @@ from pipeline.models import ARCHITECTURES, build_model, checked_model, count_mac
 from pipeline.core.stage import Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.train import class_weights, evaluate, finish_and_score, fit, predict
-from pipeline.tasks.classification.recipe import started_without_torch
+from pipeline.core.stage import started_without_torch
 
 
 class DistillStage(Stage):

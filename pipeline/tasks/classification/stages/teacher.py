@@ -15,7 +15,7 @@ from pipeline.core.stage import Stage, StageResult
 from pipeline.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.train import class_weights, evaluate, finish_and_score, fit
 from pipeline.core.log import log
-from pipeline.tasks.classification.recipe import started_without_torch
+from pipeline.core.stage import started_without_torch
 
 
 def _imagenet_weights(arch: str, num_classes: int, in_channels: int) -> tuple[torch.nn.Module, list[str]]:

@@ -35,7 +35,7 @@ class DetectionDataStage(Stage):
         cfg = ctx.recipe.data
         if cfg.source.startswith("coco:"):  # every bad annotation named before an image is read
             data = coco_set(cfg.source.partition(":")[2], cfg.train_images, cfg.test_images, cfg.canvas.size, cfg.seed,
-                            log=ctx.log)
+                            log=ctx.log, style=cfg.letterbox)
         else:
             data = composited(DETECTION_SOURCES[cfg.source], cfg.train_images, cfg.test_images,
                               cfg.canvas.to_spec(cfg.seed))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.tasks.detection.models import detector_size_metrics
-from pipeline.core.stage import Stage, StageResult
+from pipeline.core.stage import Stage, StageResult, started_without_torch
 from pipeline.tasks.detection.files import recorded_classes
 
 
@@ -13,6 +13,9 @@ class DetectionDistillStage(Stage):
     """Fine-tunes the pruned detector with the teacher: its own detection loss + class KD + feature imitation."""
 
     name = "distill"
+
+    def absent(self, ctx):
+        return started_without_torch(ctx.recipe)
 
     def needs(self, ctx):
         return ("data", "teacher", "prune")

@@ -25,7 +25,8 @@ class DetectionEvaluateStage(Stage):
     name = "evaluate"
 
     def needs(self, ctx):
-        return ("data", "teacher", "distill", "export", "quantize")
+        return ("data", "export", "quantize") if ctx.recipe.start is not None else \
+            ("data", "teacher", "distill", "export", "quantize")
 
     def config(self, ctx):
         return {}
@@ -35,18 +36,22 @@ class DetectionEvaluateStage(Stage):
         export, quantize = m.stage("export"), m.stage("quantize")
         rungs = export["metrics"]["rungs"]
         q = quantize["metrics"]
-        ladder = {
+        # A detector brought as ONNX has no teacher; its MACs are counted from its graph.
+        started = ctx.recipe.start is not None
+        macs = rungs["student"]["macs_g"] if started else m.stage("distill")["metrics"]["macs_g"]
+        ladder = {} if started else {
             "teacher": _row(m.stage("teacher")["metrics"], export["outputs"]["teacher"], rungs["teacher"]["size_mb"],
-                            precision="fp32", macs_g=m.stage("teacher")["metrics"]["macs_g"]),
+                            precision="fp32", macs_g=m.stage("teacher")["metrics"]["macs_g"])}
+        ladder.update({
             "student": _row(q["fp32"], export["outputs"]["student"], rungs["student"]["size_mb"], precision="fp32",
-                            macs_g=m.stage("distill")["metrics"]["macs_g"]),
+                            macs_g=macs),
             "student_int8": _row(q["int8"], quantize["outputs"]["student_int8"], q["size_mb"], precision="int8",
-                                 box_head=q["box_head"], macs_g=m.stage("distill")["metrics"]["macs_g"]),
-        }
+                                 box_head=q["box_head"], macs_g=macs),
+        })
         for other in q.get("other_box_heads", ()):
             key = f"student_int8_box_{other['box_head']}"
             ladder[key] = _row(other["scores"], quantize["outputs"][key], other["size_mb"], precision="int8",
-                               box_head=other["box_head"], macs_g=m.stage("distill")["metrics"]["macs_g"])
+                               box_head=other["box_head"], macs_g=macs)
         path = workdir / "ladder.json"
         path.write_text(json.dumps({"rungs": ladder, "classes": json.loads(m.output("data", "dataset").read_text())
                                     ["classes"]}, indent=1) + "\n")

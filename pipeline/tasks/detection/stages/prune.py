@@ -6,7 +6,7 @@ from pathlib import Path
 
 from device.errors import StageError
 from pipeline.tasks.detection.models import detector_size_metrics
-from pipeline.core.stage import Stage, StageResult
+from pipeline.core.stage import Stage, StageResult, started_without_torch
 from pipeline.tasks.detection.files import recorded_classes
 
 
@@ -14,6 +14,9 @@ class DetectionPruneStage(Stage):
     """Prunes the teacher's backbone and neck to the MACs target, the head's anchor-sized layers kept whole."""
 
     name = "prune"
+
+    def absent(self, ctx):
+        return started_without_torch(ctx.recipe)
 
     def needs(self, ctx):
         return ("data", "teacher")

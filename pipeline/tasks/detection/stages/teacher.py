@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.tasks.detection.models import detector_size_metrics
-from pipeline.core.stage import Stage, StageResult
+from pipeline.core.stage import Stage, StageResult, started_without_torch
 from pipeline.tasks.detection.files import recorded_classes
 
 
@@ -13,6 +13,9 @@ class DetectionTeacherStage(Stage):
     """The teacher detector, from a user's state_dict or trained from scratch, scored with COCO mAP and intervals."""
 
     name = "teacher"
+
+    def absent(self, ctx):
+        return started_without_torch(ctx.recipe)
 
     def preflight(self, ctx):
         from device.errors import CheckpointError

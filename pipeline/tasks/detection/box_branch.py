@@ -1,0 +1,114 @@
+"""A YOLO-layout detector's box branch found from its ONNX graph: the nodes INT8 leaves in FP16.
+
+Where the box columns and the score columns of the output are concatenated (YOLOv8's ``cat(dbox, cls.sigmoid())``,
+YOLOv5's ``cat(xy, wh, conf)`` per level, an end-to-end ``cat(boxes, score, class)``), the box branch is every node
+whose values only the box columns depend on. A library of the detection task: the export module asks it for a
+started graph's branch (:func:`pipeline.tasks.detection.export.box_branch_nodes`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def traced_box_branch(model, columns_last: bool) -> list[str]:
+    """The nodes only the box columns of a YOLO-layout output depend on.
+
+    Walking back from the output, each Concat along the output's column axis whose leading inputs make exactly the
+    four box columns (YOLOv8's ``cat(dbox, cls.sigmoid())``; YOLOv5's ``cat(xy, wh, conf)`` per level; an end-to-end
+    ``cat(boxes, score, class)``) splits the graph: the box branch is every node the box inputs depend on and the
+    score inputs do not. The walk stops at such a Concat.
+
+    Args:
+        columns_last: The output's columns are its last axis (``N×A×K``); False for YOLOv8's ``N×K×A``.
+
+    Returns:
+        The box branch's node names, in graph order (empty where no such Concat is found).
+    """
+    graph = model.graph
+    shapes = _concat_shapes(model)
+    producer = {out: node for node in graph.node for out in node.output}
+    output = graph.output[0].name
+    box_inputs, score_inputs, seen, queue = [], [], set(), [output]
+    while queue:
+        name = queue.pop()
+        node = producer.get(name)
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        split = _box_split(node, shapes, columns_last) if node.op_type == "Concat" else None
+        if split:
+            box_inputs += split[0]
+            score_inputs += split[1]
+        else:
+            queue.extend(node.input)
+    if not box_inputs:
+        return []
+    boxes, scores = _ancestors(box_inputs, producer), _ancestors(score_inputs, producer)
+    return [node.name for node in model.graph.node if node.name in boxes - scores]
+
+
+def _concat_shapes(model) -> dict[str, list[int]]:
+    """The shape of every Concat's inputs as ONNX Runtime computes them on one zero image: ONNX's shape inference
+    loses them behind a GatherElements or a Reshape of a computed shape (a YOLO head's)."""
+    import onnx
+
+    from pipeline.onnx_start import run_graph_outputs
+
+    try:
+        types = {v.name: v.type.tensor_type.elem_type
+                 for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    except Exception:  # noqa: BLE001 (inference is a nicety: ONNX Runtime fills an unset type itself)
+        types = {}
+    probed = sorted({name for node in model.graph.node if node.op_type == "Concat" for name in node.input if name}
+                    - {t.name for t in model.graph.initializer})
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    present = {output.name for output in copy.graph.output}
+    copy.graph.output.extend(onnx.helper.make_tensor_value_info(name, types.get(name) or onnx.TensorProto.FLOAT, None)
+                             for name in probed if name not in present)
+    dims = [d.dim_value or 1 for d in copy.graph.input[0].type.tensor_type.shape.dim]
+    values = run_graph_outputs(copy.SerializeToString(), np.zeros(dims, np.float32), probed)
+    shapes = {name: list(value.shape) for name, value in zip(probed, values)}
+    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
+    return shapes
+
+
+def _box_split(node, shapes: dict, columns_last: bool) -> tuple[list[str], list[str]] | None:
+    """(box inputs, score inputs) of a Concat along the column axis whose leading inputs are four columns. A
+    Concat of vectors (a shape being computed) is never one."""
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    dims = [shapes.get(name) for name in node.input]
+    if not dims or any(not d for d in dims) or len(dims[0]) < 3:
+        return None
+    rank = len(dims[0])
+    axis = axis % rank
+    if axis != (rank - 1 if columns_last else 1):
+        return None
+    sizes = [d[axis] for d in dims]
+    total = 0
+    for index, width in enumerate(sizes):
+        if not isinstance(width, int):
+            return None
+        total += width
+        if total == 4:
+            rest = list(node.input[index + 1:])
+            return (list(node.input[:index + 1]), rest) if rest else None
+        if total > 4:
+            return None
+    return None
+
+
+def _ancestors(names: list[str], producer: dict) -> set[str]:
+    """The names of every node whose values the tensors ``names`` are computed from: a ``Shape`` or ``Size`` reads
+    only its input's dimensions, so the walk does not go past one (torchvision's heads reshape the centerness by
+    the box regression's shape; that shares no value)."""
+    found, queue = set(), list(names)
+    while queue:
+        node = producer.get(queue.pop())
+        if node is None or node.name in found:
+            continue
+        found.add(node.name)
+        if node.op_type not in ("Shape", "Size"):
+            queue.extend(node.input)
+    return found

@@ -1,0 +1,263 @@
+"""A detector brought as ONNX (recipe ``start: {onnx: path, outputs: yolov8 | yolov5 | end2end}``): the detection
+ladder entered at export, the user's graph as the FP32 ``student``.
+
+The three output layouts are Ultralytics' exports:
+
+- ``yolov8`` (YOLOv8, YOLO11): one output ``N×(4 + classes)×A``: boxes as centre x, centre y, width, height in the
+  input's pixels, then the class scores already through a sigmoid; no objectness.
+- ``yolov5`` (YOLOv5, YOLOv7): one output ``N×A×(5 + classes)``: the box as above, an objectness score, the class
+  probabilities.
+- ``end2end`` (``end2end=True``, YOLOv10, YOLO26): one output ``N×D×6``: x1, y1, x2, y2, score, class, the
+  detections already chosen (no NMS after the graph).
+
+The graph is checked before any stage runs (:func:`inspect_detection_start`) and written in the ladder's form: opset
+≥ 13, the input named ``input`` with a free batch, the output ``head``; its sidecar says how
+:mod:`device.detection_post` decodes it. The box branch INT8 leaves in FP16 is found from the graph
+(:func:`pipeline.tasks.detection.box_branch.traced_box_branch`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from device.detection_post import SCHEMA, head_spec_from_dict
+from pipeline.onnx_start import (LADDER_OPSET, PARSED_OPSETS, check_image_input, check_ops, graph_opset, load_graph,
+                                 refuse_start, renamed_to_ladder, run_graph, set_shape, start_sha256)
+
+OUTPUT_LAYOUTS = ("yolov8", "yolov5", "end2end")
+# Ultralytics' prediction defaults (ultralytics/cfg/default.yaml: conf 0.25 when predicting, iou 0.7, max_det 300;
+# non_max_suppression's max_nms 30000): the post-processing an application runs.
+YOLO_POSTPROCESS = {"score_threshold": 0.25, "iou_threshold": 0.7, "max_detections": 300, "topk_candidates": 30000}
+EXPORT_HINT = ("export it again with Ultralytics: yolo export model=best.pt format=onnx dynamic=True opset=17 (add "
+               "nms=False; end2end models export their final detections)")
+_FIXED = {  # layout → (columns before the classes, the output is N×K×A)
+    "yolov8": (4, True), "yolov5": (5, False), "end2end": (None, False)}
+
+
+@dataclass(frozen=True)
+class DetectionStartFacts:
+    """What the checks found in the user's detector (recorded in the export stage's metrics)."""
+
+    path: str
+    sha256: str
+    opset: int
+    outputs: str
+    input_name: str
+    input_shape: list[Any]
+    output_name: str
+    output_shape: list[int]
+    classes: int
+    rows: int
+    nodes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _layout_of(shape: tuple[int, ...], classes: int) -> str | None:
+    """The layout a raw output of ``shape`` (batch first) looks like for ``classes`` classes, or None."""
+    if len(shape) != 3:
+        return None
+    if shape[1] == 4 + classes and shape[2] != 4 + classes:
+        return "yolov8"
+    if shape[2] == 5 + classes:
+        return "yolov5"
+    return "end2end" if shape[2] == 6 else None
+
+
+def _checked_output(path: Path, outputs: str, got: np.ndarray, classes: int) -> int:
+    """The rows (boxes per image) of the output ``got`` read as ``outputs``.
+
+    Raises:
+        ConfigError: The output does not have that layout for the data's classes (the layout it looks like named).
+    """
+    shape = tuple(got.shape)
+    columns, transposed = _FIXED[outputs]
+    width = shape[1] if transposed else shape[-1]
+    expected = 6 if outputs == "end2end" else columns + classes
+    if len(shape) != 3 or width != expected:
+        guess = _layout_of(shape, classes)
+        wanted = {"yolov8": f"N×{expected}×A", "yolov5": f"N×A×{expected}", "end2end": "N×D×6"}[outputs]
+        hint = f"it looks like start.outputs: {guess}; " if guess and guess != outputs else ""
+        raise refuse_start(path, f"output is {list(shape)}; start.outputs {outputs} with the data's {classes} "
+                                 f"classes is {wanted}",
+                           hint + "name the layout your exporter wrote, and DATA= with the classes the model was "
+                                  "trained on, in its class order")
+    rows = shape[2] if transposed else shape[1]
+    if outputs != "end2end":
+        scores = got.transpose(0, 2, 1) if transposed else got
+        scores = scores[..., 4:]
+        if scores.size and (scores.min() < -1e-4 or scores.max() > 1 + 1e-4):
+            raise refuse_start(path, f"class scores range over [{scores.min():.3g}, {scores.max():.3g}]; a {outputs} "
+                                     "export's scores are probabilities in [0, 1] (after the sigmoid)",
+                               "export the model's inference form (the head's decode and sigmoid in the graph): "
+                               + EXPORT_HINT)
+    return int(rows)
+
+
+def inspect_detection_start(path: str | Path, outputs: str, size: int | None, classes: int) -> DetectionStartFacts:
+    """Every check of a starting detector that needs no earlier stage: the file, its opset and operators, one
+    square RGB input (of ``size`` when given), one output of the declared layout for ``classes``.
+
+    Raises:
+        ConfigError: What is wrong with the file, and how to fix it.
+    """
+    return _checked(Path(path), outputs, size, classes)[0]
+
+
+def input_size(path: str | Path) -> int | None:
+    """The square side the graph's input fixes, or None (a free size, or no readable graph: the preflight says)."""
+    try:
+        import onnx
+
+        graph = onnx.load(str(path), load_external_data=False).graph
+        initialisers = {t.name for t in graph.initializer}
+        image = next(i for i in graph.input if i.name not in initialisers)
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in image.type.tensor_type.shape.dim]
+    except Exception:  # reported by the preflight, with the file's hash
+        return None
+    return dims[2] if len(dims) == 4 and isinstance(dims[2], int) and dims[2] == dims[3] else None
+
+
+def _checked(path: Path, outputs: str, size: int | None, classes: int) -> tuple[DetectionStartFacts, bytes, list[str]]:
+    model = load_graph(path)
+    opset = graph_opset(model)
+    if not PARSED_OPSETS[0] <= opset <= PARSED_OPSETS[1]:
+        raise refuse_start(path, f"is opset {opset}; TensorRT 10's ONNX parser imports opsets "
+                                 f"{PARSED_OPSETS[0]}–{PARSED_OPSETS[1]}", EXPORT_HINT)
+    check_ops(path, model)
+    size = size or input_size(path)
+    if size is None:
+        raise refuse_start(path, "does not fix a square input size", "export at one square size (imgsz=640)")
+    image, dims = check_image_input(path, model, "nchw", 3, size)
+    if len(model.graph.output) != 1:
+        raise refuse_start(path, f"has {len(model.graph.output)} outputs "
+                                 f"({', '.join(o.name for o in model.graph.output)}); the detection start reads one",
+                           "export the one raw (or end-to-end) output; a segmentation or pose export's extra "
+                           "outputs are not read")
+    got = run_graph(path, np.random.default_rng(0).random((1, 3, size, size), dtype=np.float32))
+    rows = _checked_output(path, outputs, got, classes)
+    out = model.graph.output[0]
+    facts = DetectionStartFacts(str(path), start_sha256(path), opset, outputs, image.name, dims, out.name,
+                                list(got.shape[1:]), classes, rows, len(model.graph.node))
+    return (facts, *_ladder_form(facts, size))
+
+
+def _ladder_form(facts: DetectionStartFacts, size: int) -> tuple[bytes, list[str]]:
+    """The user's detector in the ladder's form, serialized, and what was changed in words: opset ≥ 13, the input
+    ``input`` with a free batch, the output ``head``, every node named (the quantizer leaves nodes out by name); run
+    at a batch of 3 to prove the batch is free.
+
+    Raises:
+        ConfigError: The graph cannot be converted, or fixes its batch inside.
+    """
+    import onnx
+    from onnx import version_converter
+
+    from pipeline.tasks.detection.export import OUTPUT_NAME
+
+    path = Path(facts.path)
+    model = onnx.load(facts.path)
+    changes = []
+    if facts.opset < LADDER_OPSET:
+        try:
+            model = version_converter.convert_version(model, LADDER_OPSET)
+        except Exception as err:  # the converter raises RuntimeError / ConvertError by adapter
+            raise refuse_start(path, f"opset {facts.opset} cannot be converted to {LADDER_OPSET}: {err}",
+                               EXPORT_HINT) from None
+        changes.append(f"opset {facts.opset} → {LADDER_OPSET}")
+    graph = model.graph
+    model.ir_version = max(model.ir_version, 7)
+    initialisers = {t.name for t in graph.initializer}
+    kept = [value for value in graph.input if value.name not in initialisers]
+    del graph.input[:]
+    graph.input.extend(kept)
+    renamed_to_ladder(model, facts.input_name, facts.output_name, False, output_as=OUTPUT_NAME)
+    unnamed = [node for node in graph.node if not node.name]
+    for index, node in enumerate(unnamed):
+        node.name = f"edgefold_{node.op_type}_{index}"
+    if unnamed:
+        changes.append(f"{len(unnamed)} unnamed node(s) named")
+    set_shape(graph.input[0], ("batch", 3, size, size))
+    set_shape(graph.output[0], ("batch", *facts.output_shape))
+    if facts.input_shape[0] == 1:
+        changes.append("batch made dynamic (it was 1)")
+    del graph.value_info[:]
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+        onnx.checker.check_model(model)
+    except Exception as err:  # onnx's InferenceError / ValidationError
+        raise refuse_start(path, f"cannot be rewritten with a free batch: {str(err).strip().splitlines()[0]}",
+                           EXPORT_HINT) from None
+    data = model.SerializeToString()
+    try:
+        got = run_graph(data, np.zeros((3, 3, size, size), np.float32))
+    except Exception as err:  # ConfigError from ONNX Runtime
+        said = getattr(err, "message", str(err)).split("cannot run the graph: ")[-1]
+        raise refuse_start(path, f"fixes its batch at 1 inside the graph; at a batch of 3: {said}", EXPORT_HINT) from None
+    if list(got.shape) != [3, *facts.output_shape]:
+        raise refuse_start(path, f"fixes its batch inside the graph (a batch of 3 gives {list(got.shape)})",
+                           EXPORT_HINT)
+    return data, changes
+
+
+def start_sidecar(facts: DetectionStartFacts, size: int, postprocess: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The decoding sidecar of a started detector: its layout, score and box kinds, Ultralytics' letterbox and
+    thresholds (the recipe's ``postprocess`` keys that are set win).
+
+    Raises:
+        HeadSpecError: The sidecar does not decode (checked as the device will check it).
+    """
+    from pipeline.tasks.detection.export import INPUT_NAME, OUTPUT_NAME
+
+    classes = facts.classes
+    if facts.outputs == "end2end":
+        layout = {"bbox_regression": [0, 4], "scores": [4, 5], "labels": [5, 6]}
+        score, candidates, coder = "final", "final", {"kind": "xyxy"}
+    elif facts.outputs == "yolov5":
+        layout = {"bbox_regression": [0, 4], "objectness": [4, 5], "cls_logits": [5, 5 + classes]}
+        score, candidates, coder = "objectness", "per_box", {"kind": "cxcywh"}
+    else:
+        layout = {"bbox_regression": [0, 4], "cls_logits": [4, 4 + classes]}
+        score, candidates, coder = "probability", "per_box", {"kind": "cxcywh"}
+    sidecar = {
+        "schema": SCHEMA, "arch": f"onnx:{Path(facts.path).name}", "outputs": facts.outputs,
+        "input": INPUT_NAME, "output": OUTPUT_NAME, "input_shape": [3, size, size], "image_size": [size, size],
+        "input_note": "RGB in [0, 1], letterboxed as Ultralytics does (aspect kept, centred, grey 114 padding); no "
+                      "normalisation (YOLO's graphs take the image as it is)",
+        "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0], "num_classes": classes, "label_offset": 0,
+        "layout": layout, "score": score, "box_coder": coder, "candidates": candidates, "anchors": [],
+        "anchors_per_level": [], "rows": facts.rows, "transpose": facts.outputs == "yolov8", "resize": "letterbox",
+        "postprocess": {**YOLO_POSTPROCESS, **{k: v for k, v in (postprocess or {}).items() if v is not None}},
+    }
+    head_spec_from_dict(sidecar, f"the sidecar of {Path(facts.path).name}")
+    return sidecar
+
+
+def write_detection_start(path: str | Path, outputs: str, size: int | None, classes: int, out: Path,
+                          postprocess: dict[str, Any] | None = None) -> tuple[DetectionStartFacts, dict[str, Any]]:
+    """Checks the file again (it may have changed since the preflight), writes its ladder form to ``out`` and the
+    sidecar beside it.
+
+    Returns:
+        The file's facts, and what was written: the changes in words, opset, nodes, size, the box branch's nodes.
+    """
+    import json
+
+    import onnx
+
+    from pipeline.tasks.detection.box_branch import traced_box_branch
+    from pipeline.tasks.detection.export import sidecar_path
+
+    facts, data, changes = _checked(Path(path), outputs, size, classes)
+    out.write_bytes(data)
+    size = size or input_size(path)
+    sidecar_path(out).write_text(json.dumps(start_sidecar(facts, size, postprocess)) + "\n")
+    model = onnx.load_from_string(data)
+    return facts, {"changes": changes, "opset": max(facts.opset, LADDER_OPSET), "nodes": len(model.graph.node),
+                   "size_mb": len(data) / 1e6, "box_branch_nodes": len(traced_box_branch(model, outputs != "yolov8")),
+                   "sidecar": sidecar_path(out).name}
