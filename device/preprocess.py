@@ -35,6 +35,8 @@ class Preprocess:
         mean: Per-channel mean on the [0,1] scale.
         std: Per-channel standard deviation on the [0,1] scale.
         interpolation: OpenCV interpolation for the resize.
+        channel_order: ``rgb``, or ``bgr`` for a model trained on BGR images (OpenCV's order, Caffe's); the image
+            given is RGB and is reversed for it. ``mean`` and ``std`` are in the model's order.
     """
 
     input_size: int
@@ -43,6 +45,7 @@ class Preprocess:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     interpolation: str = "bilinear"
+    channel_order: str = "rgb"
 
     def __post_init__(self) -> None:
         if self.channels not in (1, 3):
@@ -57,27 +60,33 @@ class Preprocess:
             raise ConfigError(f"std values must be positive, got {list(self.std)}")
         if self.interpolation not in _INTERPOLATIONS:
             raise ConfigError(f"interpolation must be one of {_INTERPOLATIONS}, got {self.interpolation!r}")
+        if self.channel_order not in ("rgb", "bgr") or (self.channel_order == "bgr" and self.channels != 3):
+            raise ConfigError(f"channel_order {self.channel_order!r} with {self.channels} channel(s): rgb, or bgr "
+                              "for a 3-channel model")
 
     # -- serialisation: recorded in the manifest and shipped to the device with the model --
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["mean"], data["std"] = list(self.mean), list(self.std)
+        if self.channel_order == "rgb":  # the default left out: a record (and its cache key) as before BGR existed
+            del data["channel_order"]
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Preprocess":
-        known = {"input_size", "resize", "channels", "mean", "std", "interpolation"}
+        known = {"input_size", "resize", "channels", "mean", "std", "interpolation", "channel_order"}
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"unknown preprocessing keys {sorted(unknown)}", fix=f"allowed: {sorted(known)}")
-        missing = known - {"interpolation"} - set(data)
+        missing = known - {"interpolation", "channel_order"} - set(data)
         if missing:
             raise ConfigError(f"missing preprocessing keys {sorted(missing)}", fix=f"give all of {sorted(known)}")
         return cls(**{**data, "mean": tuple(data["mean"]), "std": tuple(data["std"])})
 
     # -- the two halves: geometry (uint8, per image) and normalisation (float, batched) --
     def geometry(self, image: np.ndarray) -> np.ndarray:
-        """Resizes and center-crops one uint8 image (H×W or H×W×C, RGB) and matches channels.
+        """Resizes and center-crops one uint8 image (H×W or H×W×C, RGB), matches channels, and puts them in the
+        model's order.
 
         Returns:
             uint8 array of shape (input_size, input_size, channels).
@@ -112,6 +121,8 @@ class Preprocess:
             image = np.repeat(image, 3, axis=2)
         elif self.channels == 1 and image.shape[2] == 3:
             image = cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2GRAY)[:, :, None]
+        if self.channel_order == "bgr":
+            image = image[:, :, ::-1]
         return np.ascontiguousarray(image)
 
     def normalize(self, batch: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from device.sustain_schema import SustainedResult, SustainedSpec
 from device.problems import describe_problems, field_problems
 from device.reported import reported
 from device.window import Contention, DeviceTiming, Measured, PowerTrace, RunSummary, TelemetryName, TelemetrySummary
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 Runtime = Literal["onnxruntime", "tensorrt", "torch", "torch_tensorrt"]
@@ -62,6 +62,15 @@ class PreprocessSpec(Request):
     mean: list[MeanValue] = Field(min_length=1, max_length=3, description="per channel, on the [0,1] scale")
     std: list[StdValue] = Field(min_length=1, max_length=3, description="per channel, on the [0,1] scale")
     interpolation: Interpolation = "bilinear"
+    channel_order: Literal["rgb", "bgr"] = Field("rgb", description="bgr: the model was trained on BGR images")
+
+    @model_serializer(mode="wrap")
+    def _as_recorded(self, handler) -> dict[str, Any]:
+        """As ``Preprocess.to_dict`` writes it: the default RGB order left out (a record as before BGR existed)."""
+        data = handler(self)
+        if data.get("channel_order") == "rgb":
+            del data["channel_order"]
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> "PreprocessSpec":

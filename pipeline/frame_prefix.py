@@ -141,7 +141,8 @@ def prefix_graph(preprocess: Preprocess, spec: FrameSpec, opset: int = 17):
         g.resize(rgb, size, _RESIZE[preprocess.interpolation], source=(height, width)))
     top, left, side = (size[0] - preprocess.input_size) // 2, (size[1] - preprocess.input_size) // 2, preprocess.input_size
     cropped = g.op("Slice", [resized, g.const([top, left]), g.const([top + side, left + side]), g.const([2, 3])])
-    if order == "bgr":
+    # The frame's order to the model's; a grey model's conversion weighs RGB.
+    if order != (preprocess.channel_order if preprocess.channels == 3 else "rgb"):
         cropped = g.op("Gather", [cropped, g.const([2, 1, 0])], axis=1)
     if preprocess.channels == 1:
         cropped = g.to_uint8_range(g.op("Conv", [cropped, g.const(np.array(_GREY).reshape(1, 3, 1, 1), np.float32)]))

@@ -4,7 +4,7 @@ loses accuracy. A library: the export stage runs it on an ONNX start before the 
 
 The model is scored on a seeded slice of the *training* split (the ladder's test split is never used to choose) under
 the declared preprocessing and under the plausible others, one factor changed at a time (the resize's filter, the
-crop, the scale and normalisation), then the best of each factor that helped, combined. When one scores higher than
+crop, RGB or BGR, the scale and normalisation), then the best of each factor that helped, combined. When one scores higher than
 the declared beyond noise (McNemar's exact test on the same images, p < :data:`ALPHA`), the stage stops with both
 scores and the recipe keys that select it, or goes on with a warning where the recipe says so.
 """
@@ -26,10 +26,12 @@ NORMALISATIONS = {  # on the 0–1 scale; "0–255" divides std by 255, so the n
     "0.5/0.5": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "none (0–1)": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
     "none (0–255)": ((0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255)),
-    "ImageNet mean on 0–255 (Caffe, Keras)": ((0.485, 0.456, 0.406), (1 / 255, 1 / 255, 1 / 255)),
+    "ImageNet mean on 0–255 (Keras)": ((0.485, 0.456, 0.406), (1 / 255, 1 / 255, 1 / 255)),
+    "ImageNet mean in BGR order on 0–255 (Caffe)": ((0.406, 0.456, 0.485), (1 / 255, 1 / 255, 1 / 255)),
 }
 FILTERS = ("bilinear", "bilinear_antialias", "area", "bicubic")
-FIELDS = {"interpolation": ("interpolation",), "crop": ("resize",), "normalisation": ("mean", "std")}
+FIELDS = {"interpolation": ("interpolation",), "crop": ("resize",), "channel order": ("channel_order", "mean", "std"),
+          "normalisation": ("mean", "std")}
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class Candidate:
         """The recipe keys that select this preprocessing."""
         pre = self.preprocess
         return {"preprocess.interpolation": pre.interpolation, "preprocess.resize": pre.resize,
+                "preprocess.channel_order": pre.channel_order,
                 "preprocess.mean": [round(v, 6) for v in pre.mean], "preprocess.std": [round(v, 6) for v in pre.std]}
 
 
@@ -64,9 +67,15 @@ def _factors(pre: Preprocess) -> dict[str, list[tuple[str, Preprocess]]]:
         std = std[:channels] if channels == 3 else (float(np.mean(std)),)
         if not (np.allclose(mean, pre.mean) and np.allclose(std, pre.std)):
             norms.append((f"{name} normalisation", replace(pre, mean=tuple(mean), std=tuple(std))))
+    other = "rgb" if pre.channel_order == "bgr" else "bgr"
+    # A BGR model's mean and std are in BGR order: the order flipped with them, and alone.
+    orders = [(f"{other.upper()} channel order", replace(pre, channel_order=other)),
+              (f"{other.upper()} channel order, mean and std reversed",
+               replace(pre, channel_order=other, mean=pre.mean[::-1], std=pre.std[::-1]))] if channels == 3 else []
     return {"interpolation": [(f"{f} resize", replace(pre, interpolation=f)) for f in FILTERS
                               if f != pre.interpolation],
-            "crop": crops, "normalisation": norms}
+            "crop": crops, "channel order": orders[:1 if pre.mean == pre.mean[::-1] and pre.std == pre.std[::-1]
+                                                     else 2], "normalisation": norms}
 
 
 def probe(declared: Preprocess, images: list[np.ndarray], labels: np.ndarray,

@@ -138,6 +138,8 @@ class PreprocessConfig(Strict):
     mean: list[float]
     std: list[float]
     interpolation: Literal["bilinear", "area", "nearest", "bicubic", "bilinear_antialias"] = "bilinear"
+    channel_order: Literal["rgb", "bgr"] = Field("rgb", description="bgr: a model trained on BGR images (mean, std "
+                                                                    "in that order)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "PreprocessConfig":
@@ -146,14 +148,9 @@ class PreprocessConfig(Strict):
 
     def to_preprocess(self) -> Preprocess:
         try:
-            return Preprocess(
-                input_size=self.input_size,
-                resize=self.resize or self.input_size,
-                channels=self.channels,
-                mean=tuple(self.mean),
-                std=tuple(self.std),
-                interpolation=self.interpolation,
-            )
+            return Preprocess(input_size=self.input_size, resize=self.resize or self.input_size, channels=self.channels,
+                              mean=tuple(self.mean), std=tuple(self.std), interpolation=self.interpolation,
+                              channel_order=self.channel_order)
         except ConfigError as err:
             raise ValueError(err.message) from None
 

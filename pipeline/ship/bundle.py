@@ -226,7 +226,8 @@ def _deepstream(hooks: ShipTask, run_dir: Path, row: ShipRow, folder: Path, prep
                  "network-mode": NETWORK_MODE[row.precision], "network-type": hooks.network_type,
                  "process-mode": 1, "gie-unique-id": 1,
                  "infer-dims": [preprocess["channels"], preprocess["input_size"], preprocess["input_size"]],
-                 "model-color-format": COLOR_FORMAT[preprocess["channels"]],
+                 "model-color-format": COLOR_FORMAT["bgr" if preprocess.get("channel_order") == "bgr"
+                                                    else preprocess["channels"]],
                  "net-scale-factor": f"{scale:.10g}", "offsets": [f"{o:.6g}" for o in offsets],
                  "scaling-filter": SCALING_FILTER[scaling], "maintain-aspect-ratio": 0,
                  **hooks.nvinfer(run_dir, row.rung)})

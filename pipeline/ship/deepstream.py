@@ -97,7 +97,7 @@ NVINFER_KEYS: dict[str, Callable[[str], bool]] = {
     "dump-input-tensor": _BOOL, "dump-output-tensor": _BOOL,
 }
 NETWORK_MODE = {"fp32": 0, "int8": 1, "fp16": 2}
-COLOR_FORMAT = {3: 0, 1: 2}  # RGB (EdgeFold's channel order), GRAY
+COLOR_FORMAT = {3: 0, 1: 2, "bgr": 1}  # RGB (EdgeFold's channel order), GRAY; BGR for a model trained so
 SCALING_FILTER = {"nearest": 0, "bilinear": 1}  # NvBufSurfTransform_Inter
 
 

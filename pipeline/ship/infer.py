@@ -88,6 +88,8 @@ def geometry(image: np.ndarray, pre: dict) -> tuple[np.ndarray, float]:
         image = np.repeat(image, 3, axis=2)
     elif pre["channels"] == 1 and image.shape[2] == 3:
         image = cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2GRAY)[:, :, None]
+    if pre.get("channel_order") == "bgr":  # a model trained on BGR images
+        image = image[:, :, ::-1]
     return np.ascontiguousarray(image), scale
 
 

@@ -46,6 +46,8 @@ def test_rgb_to_grey_for_single_channel_models():
     (dict(mean=(0.5,)), "mean and std need 3 values"),
     (dict(std=(0.1, 0.0, 0.1)), "std values must be positive"),
     (dict(interpolation="lanczos9"), "interpolation must be one of"),
+    (dict(channel_order="bgr", channels=1, mean=(0.5,), std=(0.5,)), "rgb, or bgr for a 3-channel model"),
+    (dict(channel_order="brg"), "channel_order 'brg'"),
 ])
 def test_bad_definitions_are_refused(kw, message):
     with pytest.raises(ConfigError, match=message):
@@ -57,6 +59,15 @@ def test_round_trip_through_dict():
     assert Preprocess.from_dict(p.to_dict()) == p
     with pytest.raises(ConfigError, match="unknown preprocessing keys"):
         Preprocess.from_dict({**p.to_dict(), "flip": True})
+
+
+def test_a_bgr_model_gets_the_channels_reversed_and_its_record_says_so():
+    image = np.zeros((8, 8, 3), np.uint8)
+    image[..., 0], image[..., 2] = 200, 10  # red
+    rgb, bgr = make(input_size=8, resize=8), make(input_size=8, resize=8, channel_order="bgr")
+    assert rgb.geometry(image)[0, 0].tolist() == [200, 0, 10] and bgr.geometry(image)[0, 0].tolist() == [10, 0, 200]
+    assert "channel_order" not in rgb.to_dict(), "an RGB record is the one written before BGR existed"
+    assert bgr.to_dict()["channel_order"] == "bgr" and Preprocess.from_dict(bgr.to_dict()) == bgr
 
 
 def test_read_image_decodes_bgr_files_as_rgb(tmp_path):

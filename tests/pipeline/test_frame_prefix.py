@@ -63,6 +63,22 @@ def test_the_prefix_matches_the_cpu_path_within_the_levels_measured(interpolatio
     assert check_prefix(preprocess, spec) <= tolerance(preprocess, spec)
 
 
+@pytest.mark.parametrize("fmt", ["bgr", "nv12"])
+def test_a_bgr_model_gets_its_order_in_the_graph_too(fmt):
+    """The frame's order (BGR, or NV12's RGB) turned to a BGR model's: a channel order left out would differ by far
+    more than the resize's levels on a photograph."""
+    preprocess = Preprocess(32, 40, 3, (0.406, 0.456, 0.485), (0.225, 0.224, 0.229), "bilinear", "bgr")
+    spec = FrameSpec(width=100, height=60, format=fmt, frames=4)
+    assert check_prefix(preprocess, spec) <= tolerance(preprocess, spec)
+    # The graph of the same numbers read as RGB, against the BGR model's CPU path: far off (the fault it guards).
+    session = ort.InferenceSession(prefix_graph(Preprocess(32, 40, 3, preprocess.mean, preprocess.std), spec)
+                                   .SerializeToString(), providers=["CPUExecutionProvider"])
+    cpu = FramePath(None, preprocess, spec)
+    frame = frames_with_a_photograph(spec)[-1]  # the photograph
+    unflipped = session.run(None, {"frame": frame[None]})[0]
+    assert float(np.abs(unflipped - cpu.prepare(cpu.decode(frame))).max()) > 10 * tolerance(preprocess, spec)
+
+
 def test_resize_by_onnx_alone_would_land_a_pixel_off_where_opencv_does_not():
     """Why nearest neighbour is written as Gathers: ONNX Resize's float32 scale misplaces rows for 480 → 256 (the
     row a whole-number source coordinate lands on), by a whole pixel."""

@@ -139,3 +139,46 @@ def test_the_in_graph_prefix_refuses_the_antialiased_resize():
     from pipeline.frame_prefix import REFUSED
 
     assert "antialias" in REFUSED["bilinear_antialias"] and "TensorRT" in REFUSED["bilinear_antialias"]
+
+
+def red_digits(seed: int = 1) -> tuple[list[np.ndarray], np.ndarray]:
+    """scikit-learn's digits at 16 px in the red channel, noise in the green, the blue empty: RGB images."""
+    import cv2
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+    images = []
+    for image in digits.images:
+        red = cv2.resize((image * 16).clip(0, 255).astype(np.uint8), (16, 16), interpolation=cv2.INTER_LINEAR)
+        images.append(np.stack([red, rng.integers(0, 256, red.shape, dtype=np.uint8), np.zeros_like(red)], axis=2))
+    return images, digits.target
+
+
+def test_the_probe_finds_a_model_trained_on_bgr_images(tmp_path):
+    """A model trained on BGR images (OpenCV's order: the digit in its last channel) and declared RGB scores near
+    chance; the probe finds the channel order, and the keys it gives select it."""
+    from device.architectures import build_model
+    from tests.onnx_models import export
+
+    images, labels = red_digits()
+    trained_with = Preprocess(16, 16, 3, tuple(MEAN), tuple(STD), channel_order="bgr")
+    x = torch.from_numpy(trained_with.normalize(np.stack([trained_with.geometry(i) for i in images])))
+    y = torch.from_numpy(labels)
+    torch.manual_seed(0)
+    model = build_model("tiny_resnet", 10)
+    optimizer = torch.optim.AdamW(model.parameters(), 0.005)
+    for _ in range(4):
+        model.train()
+        for batch in torch.randperm(1200).split(64):
+            loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    path = export(model.eval(), tmp_path / "bgr.onnx", (1, 3, 16, 16))
+    declared = Preprocess(16, 16, 3, tuple(MEAN), tuple(STD))
+    result = probe(declared, images[:256], labels[:256], onnx_scorer(path))
+    assert result["better"] and result["best"]["preprocess.channel_order"] == "bgr", result["tried"]
+    assert result["best"]["top1"] > 0.8 > 0.5 > result["declared"]["top1"]
+    assert "preprocess.channel_order=bgr" in advice(result)[1]
+    assert not probe(trained_with, images[:256], labels[:256], onnx_scorer(path))["better"]

@@ -139,7 +139,7 @@ class ClassificationShip:
                     stretched = np.repeat(stretched, 3, axis=2)
                 elif channels == 1 and stretched.shape[2] == 3:
                     stretched = cv2.cvtColor(stretched, cv2.COLOR_RGB2GRAY)[:, :, None]
-                batch.append(stretched)
+                batch.append(stretched[:, :, ::-1] if pre.get("channel_order") == "bgr" else stretched)
             fed = scale * (np.stack(batch).astype(np.float32).transpose(0, 3, 1, 2) - offset)
             probabilities = session.run(None, {name: np.ascontiguousarray(fed, np.float32)})[0]
             correct += int((probabilities.argmax(1) == labels[start:start + 256]).sum())
