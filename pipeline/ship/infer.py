@@ -65,7 +65,7 @@ def geometry(image: np.ndarray, pre: dict) -> tuple[np.ndarray, float]:
         left, top = int(round((size - new[0]) / 2 - 0.1)), int(round((size - new[1]) / 2 - 0.1))
         square = np.full((size, size, 3), 114, np.uint8)
         square[top:top + new[1], left:left + new[0]] = resized
-        return square, factor
+        return (square[:, :, ::-1].copy() if pre.get("channel_order") == "bgr" else square), factor
     if pre["kind"] == "letterbox":  # scaled to fit, at the top-left corner on black (boxes map by one factor)
         factor = size / max(height, width)
         new = (max(1, int(round(width * factor))), max(1, int(round(height * factor))))

@@ -191,6 +191,19 @@ def test_model_equals_a_detector_onnx_reads_its_layout_from_the_shape(yolo_files
         assert f"read as {layout}" in recipe._preprocess_from
 
 
+def yolo_recipe(path, **sections) -> dict:
+    """The test recipe of a YOLOv8-layout file: tiny-det's canvases, the ladder's cheapest settings."""
+    return {"name": "yolo-start", "task": "detection",
+            "data": {"source": "digits-det", "train_images": 256, "test_images": 64,
+                     "canvas": {**CANVAS, "objects": list(CANVAS["objects"]), "scale": list(CANVAS["scale"])}},
+            "start": {"onnx": str(path), "outputs": "yolov8"}, "postprocess": {"score_threshold": THRESHOLD},
+            # The tiny detector's mAP is a few points: the budget tests the plumbing, not the method.
+            "quantize": {"calibration_methods": ["max"], "resamples": 50, "calib_images": 64,
+                         "accuracy_budget_points": 10.0},
+            "deploy": {"idle_s": 0.1, "rounds": 1, "iterations": 5, "warmup_iterations": 1, "resamples": 50},
+            **sections}
+
+
 @pytest.fixture(scope="module")
 @slow_fixture
 def yolo_run(yolo_files, tmp_path_factory):
@@ -199,17 +212,8 @@ def yolo_run(yolo_files, tmp_path_factory):
 
     _, _, files, _ = yolo_files
     folder = tmp_path_factory.mktemp("yolo-run")
-    recipe = {"name": "yolo-start", "task": "detection",
-              "data": {"source": "digits-det", "train_images": 256, "test_images": 64, "canvas": CANVAS},
-              "start": {"onnx": str(files["yolov8"]), "outputs": "yolov8"},
-              "postprocess": {"score_threshold": THRESHOLD},
-              # The tiny detector's mAP is a few points: the budget tests the plumbing, not the method.
-              "quantize": {"calibration_methods": ["max"], "resamples": 50, "calib_images": 64,
-                           "accuracy_budget_points": 10.0},
-              "deploy": {"idle_s": 0.1, "rounds": 1, "iterations": 5, "warmup_iterations": 1, "resamples": 50}}
     path = folder / "yolo-start.yaml"
-    path.write_text(yaml.safe_dump({**recipe, "data": {**recipe["data"], "canvas": {
-        **CANVAS, "objects": list(CANVAS["objects"]), "scale": list(CANVAS["scale"])}}}))
+    path.write_text(yaml.safe_dump(yolo_recipe(files["yolov8"])))
     ctx = run_pipeline(str(path), runs_dir=folder / "runs", new=True)
     return ctx.run_dir, json.loads((ctx.run_dir / "manifest.json").read_text()), files["yolov8"]
 
@@ -246,6 +250,31 @@ def test_the_host_map_equals_an_independent_decode_of_the_raw_outputs(yolo_run):
     assert theirs > 0.01
     assert manifest["stages"]["export"]["metrics"]["rungs"]["student"]["scores"]["map"] == pytest.approx(theirs, abs=1e-9)
     assert manifest["stages"]["quantize"]["metrics"]["fp32"]["map"] == pytest.approx(theirs, abs=1e-9)
+
+
+def test_a_graph_fed_otherwise_than_declared_is_stopped_with_the_key_that_fixes_it(yolo_files, yolo_run, tmp_path):
+    """The same network in a graph that takes pixel values 0–255 (YOLOX's feed), declared 0–1: the export stage's
+    feed probe on training canvases stops with both mAPs and start.input_range=0-255; with it, the graph scores what
+    the 0–1 graph scored on the same test canvases."""
+    from device.errors import StageError
+    from pipeline.runner import run_pipeline
+
+    folder, detector, _, _ = yolo_files
+    path = export_layout(detector, "yolov8", tmp_path / "pixels.onnx", pixel_values=True)
+    recipe = tmp_path / "pixels.yaml"
+    recipe.write_text(yaml.safe_dump(yolo_recipe(path)))
+    with pytest.raises(StageError, match=r"scores mAP .* as declared and .* with pixels in 0-255") as caught:
+        run_pipeline(str(recipe), runs_dir=tmp_path / "runs", new=True, until="export")
+    assert "start.input_range=0-255" in caught.value.fix and "start.channel_order" not in caught.value.fix
+    ctx = run_pipeline(str(recipe), runs_dir=tmp_path / "runs", new=True, until="export",
+                       overrides={"start.input_range": "0-255"})
+    rung = json.loads((ctx.run_dir / "manifest.json").read_text())["stages"]["export"]["metrics"]["rungs"]["student"]
+    assert not rung["feed_probe"]["better"]
+    _, manifest, _ = yolo_run
+    as_trained = manifest["stages"]["export"]["metrics"]["rungs"]["student"]["scores"]["map"]
+    assert rung["scores"]["map"] == pytest.approx(as_trained, abs=0.005)
+    probe = manifest["stages"]["export"]["metrics"]["rungs"]["student"]["feed_probe"]
+    assert [t["label"] for t in probe["tried"]] == ["declared", "BGR channel order", "pixels in 0-255"]
 
 
 def test_the_shipped_yolo_detector_letterboxes_as_ultralytics_and_maps_boxes_back(yolo_run, tmp_path):

@@ -68,13 +68,27 @@ def trained_fcos(train_images: int = 1024, epochs: int = 5) -> nn.Module:
     return model.eval()
 
 
-def export_layout(detector: nn.Module, layout: str, path: Path, opset: int = 17, dynamic: bool = True) -> Path:
-    """The wrapped detector exported as Ultralytics exports (input ``images``, output ``output0``)."""
+class PixelValues(nn.Module):
+    """A graph that takes pixel values 0–255 (YOLOX's feed), the same network inside."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x / 255)
+
+
+def export_layout(detector: nn.Module, layout: str, path: Path, opset: int = 17, dynamic: bool = True,
+                  pixel_values: bool = False) -> Path:
+    """The wrapped detector exported as Ultralytics exports (input ``images``, output ``output0``); with
+    ``pixel_values`` its graph takes 0–255."""
     import warnings
 
+    wrapped = YoloLayout(detector, layout)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(YoloLayout(detector, layout), (torch.zeros(1, 3, SIZE, SIZE),), str(path), dynamo=False,
+        torch.onnx.export(PixelValues(wrapped) if pixel_values else wrapped, (torch.zeros(1, 3, SIZE, SIZE),), str(path), dynamo=False,
                           opset_version=opset, input_names=["images"], output_names=["output0"],
                           dynamic_axes={"images": {0: "batch"}, "output0": {0: "batch"}} if dynamic else None)
     return path

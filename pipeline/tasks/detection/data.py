@@ -257,7 +257,8 @@ def letterbox(image: np.ndarray, size: int, style: str = "top_left") -> tuple[np
 
 
 def coco_set(argument: str, train_images: int, test_images: int, size: int, seed: int,
-             log: Callable[[str], None] | None = None, style: str = "top_left") -> DetectionSet:
+             log: Callable[[str], None] | None = None, style: str = "top_left",
+             train_only: int | None = None) -> DetectionSet:
     """The user's COCO set as the pipeline trains on it: checked whole (:func:`load_coco`), split by ``seed`` (the
     test images drawn first: at most ``test_images`` and a fifth of the set; then at most ``train_images`` of the
     rest), each image letterboxed to ``size``×``size`` RGB (:func:`letterbox`, ``style``) with its boxes mapped
@@ -269,6 +270,8 @@ def coco_set(argument: str, train_images: int, test_images: int, size: int, seed
 
     Args:
         log: Where progress lines (images read, rate, ETA) go on a set that takes more than a few seconds.
+        train_only: Read only the first this many training images (the test split empty): the preprocessing
+            probe's slice, letterboxed another way.
 
     Raises:
         DataError: A bad annotation (all named), an unreadable image or one whose size is not the one recorded,
@@ -286,6 +289,8 @@ def coco_set(argument: str, train_images: int, test_images: int, size: int, seed
     order = np.random.default_rng(seed).permutation(len(entries))
     test_count = max(1, min(test_images, len(entries) // 5))
     chosen = {"test": order[:test_count], "train": order[test_count:test_count + train_images]}
+    if train_only is not None:
+        chosen = {"test": order[:0], "train": chosen["train"][:train_only]}
     splits, problems = {}, []
     progress = progress_lines(sum(len(i) for i in chosen.values()), "reading COCO images", "images",
                               **({"log_fn": log} if log else {}))

@@ -71,15 +71,26 @@ def check_exportable(detector: nn.Module, size: int) -> None:
                           fix=f"set teacher.input_size to a multiple of {divisible}")
 
 
-def network_inputs(images: np.ndarray, size: int) -> np.ndarray:
+def network_inputs(images: np.ndarray, size: int, channel_order: str = "rgb", input_range: str = "0-1") -> np.ndarray:
     """N×H×W (grey) or N×H×W×3 uint8 images → float32 N×3×size×size in [0, 1], resized as torchvision's transform
-    resizes a square image (bilinear, ``align_corners=False``), not yet normalised (the graph does it)."""
+    resizes a square image (bilinear, ``align_corners=False``), not yet normalised (the graph does it).
+
+    Args:
+        channel_order: ``bgr`` for a detector brought as ONNX that was trained on BGR images.
+        input_range: ``0-255`` for one whose graph takes the pixel values as they are (YOLOX's, for one).
+    """
     from pipeline.tasks.detection.train import image_tensors
 
     x = image_tensors(images)
     if tuple(x.shape[-2:]) != (size, size):
         x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-    return x.numpy().astype(np.float32)
+    x = x.flip(1) if channel_order == "bgr" else x
+    return (x * 255 if input_range == "0-255" else x).numpy().astype(np.float32)
+
+
+def feed_of(sidecar: dict[str, Any]) -> dict[str, str]:
+    """The :func:`network_inputs` keywords a rung's sidecar asks for (EdgeFold's own detectors: the defaults)."""
+    return {"channel_order": sidecar.get("channel_order", "rgb"), "input_range": sidecar.get("input_range", "0-1")}
 
 
 def _postprocess_config(detector: nn.Module, overrides: dict[str, Any]) -> dict[str, Any]:

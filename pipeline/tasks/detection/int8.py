@@ -99,16 +99,17 @@ class DetectionLadder(LadderTask):
         decoding sidecar copied beside ``fp32`` (a copy of the exported student)."""
         import json
 
-        from pipeline.tasks.detection.export import network_inputs, sidecar_path
+        from pipeline.tasks.detection.export import feed_of, network_inputs, sidecar_path
         from pipeline.tasks.detection.files import load_split, recorded_classes
 
         cfg = ctx.recipe.quantize
         shutil.copyfile(ctx.manifest.output("export", "student_head"), sidecar_path(fp32))
-        size = json.loads(ctx.manifest.output("export", "student_head").read_text())["input_shape"][-1]
+        head = json.loads(ctx.manifest.output("export", "student_head").read_text())
+        size, feed = head["input_shape"][-1], feed_of(head)
         canvases = ctx.manifest.output("data", "canvases")
         train, test = load_split(canvases, "train"), load_split(canvases, "test")
-        calibration = network_inputs(train.images[: cfg.calib_images], size)
-        inputs, sizes = network_inputs(test.images, size), [tuple(image.shape[:2]) for image in test.images]
+        calibration = network_inputs(train.images[: cfg.calib_images], size, **feed)
+        inputs, sizes = network_inputs(test.images, size, **feed), [tuple(image.shape[:2]) for image in test.images]
         return cls(ctx, workdir, fp32, calibration, train, size, inputs, test, recorded_classes(ctx), sizes,
                    cfg.box_head)
 

@@ -205,9 +205,10 @@ def _ladder_form(facts: DetectionStartFacts, size: int) -> tuple[bytes, list[str
     return data, changes
 
 
-def start_sidecar(facts: DetectionStartFacts, size: int, postprocess: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The decoding sidecar of a started detector: its layout, score and box kinds, Ultralytics' letterbox and
-    thresholds (the recipe's ``postprocess`` keys that are set win).
+def start_sidecar(facts: DetectionStartFacts, size: int, postprocess: dict[str, Any] | None = None,
+                  channel_order: str = "rgb", input_range: str = "0-1") -> dict[str, Any]:
+    """The decoding sidecar of a started detector: its layout, score and box kinds, its feed (channel order, input
+    range), Ultralytics' letterbox and thresholds (the recipe's ``postprocess`` keys that are set win).
 
     Raises:
         HeadSpecError: The sidecar does not decode (checked as the device will check it).
@@ -227,9 +228,12 @@ def start_sidecar(facts: DetectionStartFacts, size: int, postprocess: dict[str, 
     sidecar = {
         "schema": SCHEMA, "arch": f"onnx:{Path(facts.path).name}", "outputs": facts.outputs,
         "input": INPUT_NAME, "output": OUTPUT_NAME, "input_shape": [3, size, size], "image_size": [size, size],
-        "input_note": "RGB in [0, 1], letterboxed as Ultralytics does (aspect kept, centred, grey 114 padding); no "
-                      "normalisation (YOLO's graphs take the image as it is)",
-        "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0], "num_classes": classes, "label_offset": 0,
+        "input_note": f"{channel_order.upper()} in [{input_range.replace('-', ', ')}], letterboxed as Ultralytics does "
+                      "(aspect kept, centred, grey 114 padding); no normalisation (YOLO's graphs take the image as "
+                      "it is)",
+        "channel_order": channel_order, "input_range": input_range,
+        "mean": [0.0, 0.0, 0.0], "std": [1 / 255 if input_range == "0-255" else 1.0] * 3, "num_classes": classes,
+        "label_offset": 0,
         "layout": layout, "score": score, "box_coder": coder, "candidates": candidates, "anchors": [],
         "anchors_per_level": [], "rows": facts.rows, "transpose": facts.outputs == "yolov8", "resize": "letterbox",
         "postprocess": {**YOLO_POSTPROCESS, **{k: v for k, v in (postprocess or {}).items() if v is not None}},
@@ -239,9 +243,13 @@ def start_sidecar(facts: DetectionStartFacts, size: int, postprocess: dict[str, 
 
 
 def write_detection_start(path: str | Path, outputs: str, size: int | None, classes: int, out: Path,
-                          postprocess: dict[str, Any] | None = None) -> tuple[DetectionStartFacts, dict[str, Any]]:
+                          postprocess: dict[str, Any] | None = None, **feed: str
+                          ) -> tuple[DetectionStartFacts, dict[str, Any]]:
     """Checks the file again (it may have changed since the preflight), writes its ladder form to ``out`` and the
     sidecar beside it.
+
+    Args:
+        feed: ``channel_order`` and ``input_range`` (:func:`start_sidecar`), recorded in the sidecar.
 
     Returns:
         The file's facts, and what was written: the changes in words, opset, nodes, size, the box branch's nodes.
@@ -256,7 +264,7 @@ def write_detection_start(path: str | Path, outputs: str, size: int | None, clas
     facts, data, changes = _checked(Path(path), outputs, size, classes)
     out.write_bytes(data)
     size = size or input_size(path)
-    sidecar_path(out).write_text(json.dumps(start_sidecar(facts, size, postprocess)) + "\n")
+    sidecar_path(out).write_text(json.dumps(start_sidecar(facts, size, postprocess, **feed)) + "\n")
     model = onnx.load_from_string(data)
     return facts, {"changes": changes, "opset": max(facts.opset, LADDER_OPSET), "nodes": len(model.graph.node),
                    "size_mb": len(data) / 1e6, "box_branch_nodes": len(traced_box_branch(model, outputs != "yolov8")),

@@ -217,6 +217,14 @@ class DetectionStartConfig(Strict):
                     "class scores after the sigmoid), yolov5 (YOLOv5/v7: N×A×(5+classes), with objectness) or "
                     "end2end (N×D×6: x1 y1 x2 y2 score class, no NMS after)")
     task: Literal["detection"] = Field("detection", description="the file is a detector (the recipe's task)")
+    channel_order: Literal["rgb", "bgr"] = Field("rgb", description="the images the model was trained on: RGB "
+                                                                    "(Ultralytics') or BGR (OpenCV's, YOLOX's)")
+    input_range: Literal["0-1", "0-255"] = Field("0-1", description="the pixel values the graph takes: 0-1 "
+                                                                     "(Ultralytics') or 0-255 (YOLOX's)")
+    preprocess_check: Literal["stop", "warn", "off"] = Field(
+        "stop", description="score the model on training images as declared and with the other channel order, "
+                            "input range and (COCO) letterbox; when one scores higher beyond noise, stop with both "
+                            "mAPs and the keys that select it, or warn and go on")
 
 
 class DetectionRecipe(RecipeBase):

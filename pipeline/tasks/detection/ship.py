@@ -74,7 +74,8 @@ class DetectionShip:
         size = int(head["image_size"][0])
         if head.get("resize") == "letterbox":  # a YOLO brought as ONNX: fed as Ultralytics feeds it
             return {"kind": "letterbox_ultralytics", "input_size": size, "resize": size, "channels": 3,
-                    "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0], "interpolation": "bilinear",
+                    "mean": list(head["mean"]), "std": list(head["std"]), "interpolation": "bilinear",
+                    "channel_order": head.get("channel_order", "rgb"),
                     "note": f"Ultralytics' LetterBox: scaled to fit, centred on grey 114: {head.get('input_note')}"}
         return {"kind": "letterbox", "input_size": size, "resize": size, "channels": 3, "mean": [0.0, 0.0, 0.0],
                 "std": [1.0, 1.0, 1.0], "interpolation": "bilinear",
@@ -140,7 +141,10 @@ class DetectionShip:
 
         test = self._test(run_dir)
         size = self.preprocess(run_dir)["input_size"]
+        from pipeline.tasks.detection.export import feed_of
+
         spec = head_spec_from_dict(self._head(run_dir, "student"))
+        spec_feed = feed_of(self._head(run_dir, "student"))
         session = ort.InferenceSession(str(deepstream_model), providers=["CPUExecutionProvider"])
         name, found = session.get_inputs()[0].name, []
         flag = cv2.INTER_NEAREST if scaling == "nearest" else cv2.INTER_LINEAR
@@ -155,6 +159,8 @@ class DetectionShip:
             canvas = np.zeros((size, size, 3), np.uint8)
             canvas[:new[1], :new[0]] = fitted
             fed = canvas.astype(np.float32).transpose(2, 0, 1)[None] / 255.0
+            fed = fed[:, ::-1] if spec_feed["channel_order"] == "bgr" else fed
+            fed = fed * 255.0 if spec_feed["input_range"] == "0-255" else fed
             side = max(height, width)  # one factor on both axes: the boxes of a letterbox, not of a stretch
             detections = postprocess(spec, session.run(None, {name: np.ascontiguousarray(fed)})[0],
                                      [(side, side)])[0]

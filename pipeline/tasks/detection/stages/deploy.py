@@ -52,25 +52,29 @@ class DetectionDeployStage(Stage):
 
     def run(self, ctx, workdir: Path) -> StageResult:
         from pipeline.tasks.detection.files import load_split
-        from pipeline.tasks.detection.export import network_inputs, sidecar_path
+        from pipeline.tasks.detection.export import feed_of, network_inputs, sidecar_path
 
         cfg = ctx.recipe.deploy
         ladder = json.loads(ctx.manifest.output("evaluate", "ladder").read_text())
         test = load_split(ctx.manifest.output("data", "canvases"), "test")
         count = min(cfg.evaluate_images or len(test), len(test))
         artifacts = {rung: ctx.run_dir / row["artifact"] for rung, row in ladder["rungs"].items()}
-        sizes = {rung: json.loads(sidecar_path(path).read_text())["input_shape"][-1] for rung, path in artifacts.items()}
-        sets = {}
-        for size in sorted(set(sizes.values())):
-            path = workdir / f"evaluation-set-{size}.npy"
-            np.save(path, np.ascontiguousarray(network_inputs(test.images[:count], size)), allow_pickle=False)
-            sets[size] = path
+        heads = {rung: json.loads(sidecar_path(path).read_text()) for rung, path in artifacts.items()}
+        sizes = {rung: head["input_shape"][-1] for rung, head in heads.items()}
+        sets = {}  # rung → its evaluation set: one file per input size and feed
+        for rung, head in heads.items():
+            feed = feed_of(head)
+            path = workdir / f"evaluation-set-{sizes[rung]}-{feed['channel_order']}-{feed['input_range']}.npy"
+            if not path.is_file():
+                np.save(path, np.ascontiguousarray(network_inputs(test.images[:count], sizes[rung], **feed)),
+                        allow_pickle=False)
+            sets[rung] = path
         try:
             with deploy_targets(ctx) as (devices, loopback):
                 outcomes = [self._device(ctx, device, loopback, artifacts, sizes, sets, test, count, ladder)
                             for device in devices]
         finally:
-            for path in sets.values():
+            for path in set(sets.values()):
                 path.unlink(missing_ok=True)
         path = workdir / "results.json"
         path.write_text(json.dumps({"devices": outcomes, "images": count}, indent=1) + "\n")
@@ -103,7 +107,7 @@ class DetectionDeployStage(Stage):
                 info = client.device()
                 runtime, fallback = choose_runtime(cfg.runtime, info)
                 outcome.update(runtime=runtime, runtime_fallback=fallback, fingerprint=fingerprint(info))
-                uploaded_sets = {size: client.upload(path) for size, path in sets.items()}
+                uploaded = {path: client.upload(path) for path in set(sets.values())}
                 heads = {rung: client.upload(sidecar_path(path)) for rung, path in artifacts.items()}
                 digests = {rung: sha256_file(path) for rung, path in artifacts.items()}
 
@@ -115,7 +119,7 @@ class DetectionDeployStage(Stage):
                             "warmup_iterations": cfg.warmup_iterations, "idle_s": cfg.idle_s,
                             "profile": cfg.profile and round_index == 0, "timeout_s": cfg.timeout_s}
                     if round_index == 0:  # round 1 also scores the set through the engine it timed
-                        spec["evaluation"] = {"artifact": uploaded_sets[sizes[rung]], "images": count,
+                        spec["evaluation"] = {"artifact": uploaded[sets[rung]], "images": count,
                                               "head": heads[rung]}
                     key = window_key(artifact=digests[rung], agent=device.url or "loopback", code=code,
                                      fingerprint=outcome["fingerprint"], round_index=round_index, spec=spec)

@@ -108,17 +108,19 @@ class DetectionExportStage(Stage):
         from pipeline.tasks.detection.files import load_split
         from pipeline.tasks.detection.onnx import score_onnx_detector
         from pipeline.tasks.detection.onnx_start import write_detection_start
+        from pipeline.tasks.detection.probe import check_started_detector
 
         cfg, start, classes = ctx.recipe.export, ctx.recipe.start, recorded_classes(ctx)
         path = workdir / "student.onnx"
+        feed = {"channel_order": start.channel_order, "input_range": start.input_range}
         facts, written = write_detection_start(start.onnx, start.outputs, None, len(classes), path,
-                                               ctx.recipe.section("postprocess"))
+                                               ctx.recipe.section("postprocess"), **feed)
         size = facts.input_shape[-1]
         for change in written["changes"]:
             ctx.log(f"export: {Path(start.onnx).name}: {change}")
         test = load_split(ctx.manifest.output("data", "canvases"), "test")
         sizes = [tuple(image.shape[:2]) for image in test.images]
-        inputs = network_inputs(test.images, size)
+        inputs = network_inputs(test.images, size, **feed)
         probe = inputs[: cfg.parity_images]
         step = 1 if facts.input_shape[0] == 1 else len(probe)  # the given graph at its own batch
         given = np.concatenate([run_graph(Path(start.onnx), probe[i:i + step]) for i in range(0, len(probe), step)])
@@ -128,12 +130,14 @@ class DetectionExportStage(Stage):
             raise StageError(f"the ladder's form of {start.onnx} differs from the given graph by up to {diff:.3g} "
                              f"(allowed {cfg.parity_atol:g}) on {len(probe)} test images",
                              fix="report this model to EdgeFold, or loosen export.parity_atol")
+        feed_probe = check_started_detector(ctx, path, classes, size)  # before the test split is scored
         scores, _ = score_onnx_detector(path, inputs, test.boxes, classes, sizes, f"the given {start.outputs} "
                                         "detector", resamples=0)
         ctx.log(f"export: {Path(start.onnx).name} ({start.outputs}, {facts.rows} boxes per image, {size} px): "
                 f"mAP {100 * scores['map']:.1f} on the test {'images' if ctx.recipe.data.source.startswith('coco:') else 'canvases'}"
                 f"; {written['box_branch_nodes']} node(s) in its box branch")
-        rung = {**written, "start": facts.as_dict(), "parity_max_abs_diff": diff, "parity_images": len(probe),
+        rung = {**written, "start": facts.as_dict(), "feed_probe": feed_probe, "parity_max_abs_diff": diff,
+                "parity_images": len(probe),
                 "scores": scores, "arch": f"onnx:{Path(start.onnx).name}", "input_size": size,
                 **graph_compute(path, (3, size, size))}
         return StageResult(outputs={"student": path, "student_head": sidecar_path(path)},
