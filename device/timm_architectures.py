@@ -17,6 +17,9 @@ from device.preprocess import _INTERPOLATIONS
 
 VERSION = "1.0.31"  # setup.cfg's pin (the build side, and the torch-tensorrt agent that rebuilds models)
 INSTALL = f"pip install timm=={VERSION} (make venv installs it; on a device, into the agent's environment)"
+SINGLE_HEAD = ":single_head"
+"""``timm/<name>:single_head``: a distilled model built without its distillation head (timm's ``distillation=False``
+or ``distilled=False``), for a user training from scratch."""
 
 
 def _timm():
@@ -32,6 +35,8 @@ def architecture_fields(name: str) -> dict:
         ConfigError: The model does not name its classifier.
     """
     timm = _timm()
+    key, single = name, name.endswith(SINGLE_HEAD)
+    name = name.removesuffix(SINGLE_HEAD)
     if not timm.is_model(name):
         near = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
         hint = f"did you mean {' or '.join(repr('timm/' + n) for n in near)}? " if near else ""
@@ -44,17 +49,43 @@ def architecture_fields(name: str) -> dict:
         raise UnknownKeyError(f"unknown architecture 'timm/{name}': {err}",
                               fix=f"its tags: {', '.join(tags[:6])}" if tags else "leave the tag out") from None
     classifier, *extra_heads = _heads(timm, name, cfg)
+    options = _single_head_option(timm, name, extra_heads) if single else {}
+    extra_heads = [] if single else extra_heads
     # A ViT, Swin or LeViT is built for one input size (its position embedding, its windows): timm marks it so.
     sized = bool(cfg is not None and cfg.fixed_input_size)
 
     def build(num_classes: int, in_channels: int = 3, input_size: int | None = None):
         size = {"img_size": input_size} if sized and input_size else {}
-        return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **size)
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **size,
+                                 **options)
 
-    return {"name": f"timm/{name}", "build": build, "classifier": classifier, "source": f"timm {timm.__version__}",
+    return {"name": f"timm/{key}", "build": build, "classifier": classifier, "source": f"timm {timm.__version__}",
             "preprocess": lambda: pretrained_preprocess(name, cfg), "sized": sized, "inference_form": inference_form,
             "fingerprint": f"timm {timm.__version__}", "requirement": f"timm=={timm.__version__}",
             "extra_heads": tuple(extra_heads)}
+
+
+def _single_head_option(timm, name: str, extra_heads: list[str]) -> dict:
+    """The keyword that builds timm's ``name`` without its distillation head(s) ``extra_heads``.
+
+    Raises:
+        ConfigError: ``name`` has one head already, or timm builds it only with both.
+    """
+    import torch
+
+    if not extra_heads:
+        raise ConfigError(f"timm/{name}{SINGLE_HEAD}: timm/{name} has one head already", fix=f"use timm/{name}")
+    for option in ({"distillation": False}, {"distilled": False}):  # RepViT, EfficientFormerV2; LeViT, PiT
+        try:
+            modules = dict(timm.create_model(name, pretrained=False, num_classes=2, **option).named_modules())
+        except TypeError:  # the model takes the other keyword, or neither
+            continue
+        if not any(isinstance(modules.get(head), torch.nn.Linear) for head in extra_heads):
+            return option
+    raise ConfigError(f"timm/{name}{SINGLE_HEAD}: timm builds {name} only with its distillation head(s) "
+                      f"({', '.join(extra_heads)})",
+                      fix=f"train both heads (timm/{name}: they are averaged, as timm runs them), or take the model's "
+                          "undistilled form (deit_small_patch16_224 for deit_small_distilled_patch16_224)")
 
 
 def inference_form(model):

@@ -193,6 +193,33 @@ def test_a_two_headed_timm_model_is_built_as_timm_evaluates_it(name, size, folds
     assert {k.rsplit(".", 1)[0] for k in replaced} >= set(arch.heads)
 
 
+@pytest.mark.parametrize("name, size, option", [("repvit_m0_9", 64, {"distillation": False}),
+                                                ("levit_128s", 224, {"distilled": False})])
+def test_a_distilled_timm_model_is_built_with_one_head_for_training_from_scratch(name, size, option):
+    """``:single_head``: timm's own keyword leaves the distillation head out (RepViT's ``distillation``, LeViT's
+    ``distilled``); the key goes wherever a key goes (checkpoints, the device's rebuild)."""
+    key = f"timm/{name}:single_head"
+    arch = ARCHITECTURES.get(key)
+    assert arch.name == key and arch.extra_heads == () and len(arch.heads) == 1
+    torch.manual_seed(0)
+    model = build_model(key, 5, input_size=size).eval()
+    torch.manual_seed(0)
+    reference = timm.create_model(name, pretrained=False, num_classes=5, **option).eval()
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x))
+    assert not any("dist" in module for module, _ in model.named_modules())
+    assert len(arch.head_modules(model)) == 1
+
+
+@pytest.mark.parametrize("name, said", [("resnet18", "has one head already"),
+                                        ("deit_tiny_distilled_patch16_224", "only with its distillation head")])
+def test_single_head_is_refused_where_timm_has_no_such_form(name, said):
+    with pytest.raises(ConfigError, match=said) as err:
+        ARCHITECTURES.get(f"timm/{name}:single_head")
+    assert f"timm/{name}" in err.value.fix or "undistilled" in err.value.fix
+
+
 def test_a_head_registered_under_a_wrong_name_is_not_hidden_by_its_parent():
     """On the trained form every head must exist as registered; only a folded model's heads are looked up at the
     nearest module that still exists (RepViT's two fused into one)."""
