@@ -323,3 +323,26 @@ def test_the_shipped_yolo_detector_letterboxes_as_ultralytics_and_maps_boxes_bac
     (wide_answer,) = json.loads((tmp_path / "wide.json").read_text()).values()
     assert len(expected["boxes"]) and np.allclose(np.asarray(wide_answer["boxes"]), expected["boxes"], atol=1e-3)
     assert np.asarray(wide_answer["boxes"])[:, [0, 2]].max() > 64, "boxes in the 96-px frame, past the square"
+
+
+def test_on_a_coco_set_the_probe_also_tries_the_other_letterbox(yolo_files, tmp_path):
+    """A YOLO start on a COCO set of mixed sizes: the images are letterboxed as Ultralytics does (centred on grey
+    114), and the feed probe scores the same training images letterboxed EdgeFold's way too."""
+    from pipeline.runner import run_pipeline
+    from tests.pipeline.test_detection_coco import write_coco
+
+    _, _, files, _ = yolo_files
+    annotations = write_coco(tmp_path / "coco", 60)
+    recipe = yolo_recipe(files["yolov8"])
+    recipe["data"] = {"source": f"coco:{annotations}", "train_images": 40, "test_images": 12, "canvas": {"size": SIZE}}
+    recipe["start"]["preprocess_check"] = "warn"  # which letterbox wins on these black frames is not the point
+    path = tmp_path / "coco.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    ctx = run_pipeline(str(path), runs_dir=tmp_path / "runs", new=True, until="export")
+    manifest = json.loads((ctx.run_dir / "manifest.json").read_text())
+    assert manifest["stages"]["data"]["metrics"]["generator"]["letterbox_style"] == "ultralytics"
+    probe = manifest["stages"]["export"]["metrics"]["rungs"]["student"]["feed_probe"]
+    assert probe["images"] == 40 and probe["declared"]["data.letterbox"] == "ultralytics"
+    assert [t["label"] for t in probe["tried"]] == ["declared", "BGR channel order", "pixels in 0-255",
+                                                    "top_left letterbox"]
+    assert all(0 <= t["map"] <= 1 for t in probe["tried"])

@@ -62,7 +62,7 @@ def probe_detector(score: Callable[[Feed], Any], declared: Feed, images: int, se
     tried = [("declared", declared, score(declared))] + [(label, feed, score(feed)) for label, feed in
                                                          alternatives(declared)]
     points = [summary(accumulate(matches))["map"] for _, _, matches in tried]
-    points = [0.0 if value != value else value for value in points]  # NaN: no box of any class scored
+    points = [0.0 if value != value else float(value) for value in points]  # NaN: no box of any class scored
     best = int(np.argmax(points))
     p_value = 1.0
     if best and points[best] > points[0]:
@@ -75,10 +75,10 @@ def probe_detector(score: Callable[[Feed], Any], declared: Feed, images: int, se
         draws = bootstrap_draws(images, difference, RESAMPLES, seed)[:, 0]
         draws = draws[~np.isnan(draws)]
         one_sided = (np.sum(draws <= 0) + 1) / (len(draws) + 1)
-        p_value = min(1.0, one_sided * (len(tried) - 1))
+        p_value = float(min(1.0, one_sided * (len(tried) - 1)))
     return {"images": images, "declared": {"map": points[0], **declared.keys()},
             "best": {"label": tried[best][0], "map": points[best], **tried[best][1].keys()},
-            "p_value": p_value, "better": best != 0 and points[best] > points[0] and p_value < ALPHA,
+            "p_value": p_value, "better": bool(best != 0 and points[best] > points[0] and p_value < ALPHA),
             "tried": [{"label": label, "map": value} for (label, _, _), value in zip(tried, points)]}
 
 
