@@ -25,6 +25,7 @@ LONGEST_FIRST = (
     # Three timm runs on one thread, first: over when the timing-sensitive files (planted power, sustained) start.
     "tests/pipeline/test_byom_folded.py",
     "tests/pipeline/test_integrity.py",
+    "tests/pipeline/test_detection_start.py",
     "tests/pipeline/test_latency_prune.py",
     "tests/bench/test_latency_prune.py",
     "tests/docker/test_docker.py",

@@ -86,9 +86,10 @@ def export_layout(detector: nn.Module, layout: str, path: Path, opset: int = 17,
     import warnings
 
     wrapped = YoloLayout(detector, layout)
+    wrapped = PixelValues(wrapped) if pixel_values else wrapped
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(PixelValues(wrapped) if pixel_values else wrapped, (torch.zeros(1, 3, SIZE, SIZE),), str(path), dynamo=False,
+        torch.onnx.export(wrapped, (torch.zeros(1, 3, SIZE, SIZE),), str(path), dynamo=False,
                           opset_version=opset, input_names=["images"], output_names=["output0"],
                           dynamic_axes={"images": {0: "batch"}, "output0": {0: "batch"}} if dynamic else None)
     return path

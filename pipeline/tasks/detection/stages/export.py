@@ -133,13 +133,13 @@ class DetectionExportStage(Stage):
         feed_probe = check_started_detector(ctx, path, classes, size)  # before the test split is scored
         scores, _ = score_onnx_detector(path, inputs, test.boxes, classes, sizes, f"the given {start.outputs} "
                                         "detector", resamples=0)
+        what = "images" if ctx.recipe.data.source.startswith("coco:") else "canvases"
         ctx.log(f"export: {Path(start.onnx).name} ({start.outputs}, {facts.rows} boxes per image, {size} px): "
-                f"mAP {100 * scores['map']:.1f} on the test {'images' if ctx.recipe.data.source.startswith('coco:') else 'canvases'}"
-                f"; {written['box_branch_nodes']} node(s) in its box branch")
+                f"mAP {100 * scores['map']:.1f} on the test {what}; {written['box_branch_nodes']} node(s) in its box "
+                "branch")
         rung = {**written, "start": facts.as_dict(), "feed_probe": feed_probe, "parity_max_abs_diff": diff,
-                "parity_images": len(probe),
-                "scores": scores, "arch": f"onnx:{Path(start.onnx).name}", "input_size": size,
-                **graph_compute(path, (3, size, size))}
+                "parity_images": len(probe), "scores": scores, "arch": f"onnx:{Path(start.onnx).name}",
+                "input_size": size, **graph_compute(path, (3, size, size))}
         return StageResult(outputs={"student": path, "student_head": sidecar_path(path)},
                            metrics={"rungs": {"student": rung}, "started": True})
 
