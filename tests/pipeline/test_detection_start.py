@@ -293,6 +293,12 @@ def test_the_shipped_yolo_detector_letterboxes_as_ultralytics_and_maps_boxes_bac
     hooks = DetectionShip()
     folder = ship(run_dir, hooks, rung="student", to=tmp_path / "bundle", log=lambda _: None)
     assert json.loads((folder / "preprocess.json").read_text())["kind"] == "letterbox_ultralytics"
+    from pipeline.ship.deepstream import parse_config
+
+    keys = parse_config((folder / "deepstream" / "config_infer.txt").read_text())["property"]
+    assert keys["symmetric-padding"] == "1" and keys["maintain-aspect-ratio"] == "1"  # centred, as it was trained
+    card = json.loads((folder / "card.json").read_text())
+    assert card["deepstream"]["accuracy"] == pytest.approx(card["deepstream"]["host_accuracy"], abs=1e-9)
     paths = hooks.write_test_images(run_dir, tmp_path / "images")
     canvas = cv2.imread(str(paths[0]))
     wide = np.full((64, 96, 3), 114, np.uint8)

@@ -99,8 +99,10 @@ class DetectionShip:
 
     def nvinfer(self, run_dir: Path, rung: str) -> dict[str, Any]:
         # EdgeFold's letterbox: aspect kept, the image at the top-left corner, black below and right (nvinfer pads
-        # with black; symmetric-padding=1 would centre it and shift every box).
-        return {"output-tensor-meta": 1, "maintain-aspect-ratio": 1, "symmetric-padding": 0}
+        # with black). A YOLO brought as ONNX was trained on Ultralytics' centred letterbox: symmetric-padding=1
+        # centres it too (on black, not Ultralytics' grey 114: nvinfer has no padding value).
+        return {"output-tensor-meta": 1, "maintain-aspect-ratio": 1,
+                "symmetric-padding": int(self._head(run_dir, rung).get("resize") == "letterbox")}
 
     def softmax(self) -> bool:
         return False
@@ -148,29 +150,31 @@ class DetectionShip:
         session = ort.InferenceSession(str(deepstream_model), providers=["CPUExecutionProvider"])
         name, found = session.get_inputs()[0].name, []
         flag = cv2.INTER_NEAREST if scaling == "nearest" else cv2.INTER_LINEAR
+        centred = self.nvinfer(run_dir, "student")["symmetric-padding"] == 1
         for image in test.images:
-            # maintain-aspect-ratio=1, symmetric-padding=0: scaled to fit with the one filter nvinfer has, at the
-            # top-left corner on black; boxes map back by one factor.
+            # maintain-aspect-ratio=1: scaled to fit with the one filter nvinfer has, on black, at the top-left corner
+            # (symmetric-padding=0) or centred (1); boxes map back through the same factor and offset.
             height, width = image.shape[:2]
             factor = size / max(height, width)
             new = (max(1, int(round(width * factor))), max(1, int(round(height * factor))))
+            left, top = ((size - new[0]) // 2, (size - new[1]) // 2) if centred else (0, 0)
             fitted = cv2.resize(image, new, interpolation=flag)
             fitted = np.repeat(fitted[:, :, None], 3, axis=2) if fitted.ndim == 2 else fitted
             canvas = np.zeros((size, size, 3), np.uint8)
-            canvas[:new[1], :new[0]] = fitted
+            canvas[top:top + new[1], left:left + new[0]] = fitted
             fed = canvas.astype(np.float32).transpose(2, 0, 1)[None] / 255.0
             fed = fed[:, ::-1] if spec_feed["channel_order"] == "bgr" else fed
             fed = fed * 255.0 if spec_feed["input_range"] == "0-255" else fed
-            side = max(height, width)  # one factor on both axes: the boxes of a letterbox, not of a stretch
-            detections = postprocess(spec, session.run(None, {name: np.ascontiguousarray(fed)})[0],
-                                     [(side, side)])[0]
-            found.append(Boxes(detections["boxes"].astype(np.float64), detections["labels"],
+            detections = postprocess(spec, session.run(None, {name: np.ascontiguousarray(fed)})[0])[0]
+            boxes = (detections["boxes"].astype(np.float64) - [left, top, left, top]) / factor
+            found.append(Boxes(np.clip(boxes, 0, [width, height, width, height]), detections["labels"],
                                detections["scores"].astype(np.float64)))
+        padding = "centred (symmetric-padding=1, as the YOLO was trained)" if centred else \
+            "top-left (symmetric-padding=0, as EdgeFold letterboxes)"
         return {"value": self._map(run_dir, found), "images": len(test.images),
-                "note": "nvinfer's feed emulated on this host (maintain-aspect-ratio=1, symmetric-padding=0: scaled to "
-                        f"fit with {scaling}, top-left on black, as EdgeFold letterboxes; on the run's square "
-                        "canvases the two feeds differ only where EdgeFold shrinks with area); the boxes decoded by "
-                        "the shipped detection_post.py"}
+                "note": f"nvinfer's feed emulated on this host (maintain-aspect-ratio=1, {padding}, on black: scaled to "
+                        f"fit with {scaling}; on the run's square canvases the feeds differ only in the filter); the "
+                        "boxes decoded by the shipped detection_post.py"}
 
     def write_test_images(self, run_dir: Path, folder: Path) -> list[Path]:
         import cv2
