@@ -277,7 +277,7 @@ def _candidates(spec: HeadSpec, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray
         return np.clip(boxes, 0, limits)
 
     if spec.candidates in ("per_box", "final"):
-        return _box_candidates(spec, raw, clip)
+        return _box_candidates(spec, raw)
     t = spec.thresholds
     (c0, c1), (b0, b1) = spec.layout["cls_logits"], spec.layout["bbox_regression"]
     logits, deltas = raw[:, c0:c1], raw[:, b0:b1]
@@ -311,10 +311,11 @@ def _candidates(spec: HeadSpec, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return np.concatenate(picked_boxes), np.concatenate(picked_scores), np.concatenate(picked_labels)
 
 
-def _box_candidates(spec: HeadSpec, raw: np.ndarray, clip) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _box_candidates(spec: HeadSpec, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """YOLO's candidates: each box's best class above the threshold (Ultralytics' ``non_max_suppression`` with
     ``multi_label=False``; YOLOv5/v7 first drop boxes whose objectness is at or below it, then score objectness ×
-    class probability), the ``topk`` best; or an end-to-end output's rows above the threshold, as they are."""
+    class probability), the ``topk`` best; or an end-to-end output's rows above the threshold, as they are. Not
+    clipped: Ultralytics runs NMS on the boxes as decoded and clips after (:func:`postprocess`)."""
     t = spec.thresholds
     (b0, b1) = spec.layout["bbox_regression"]
     if spec.candidates == "final":
@@ -322,7 +323,7 @@ def _box_candidates(spec: HeadSpec, raw: np.ndarray, clip) -> tuple[np.ndarray, 
         scores = raw[:, s0]
         index = np.flatnonzero(scores > t.score)
         index = index[_top(scores[index], t.max_detections)]
-        return clip(raw[index, b0:b1]), scores[index], np.rint(raw[index, l0]).astype(np.int64)
+        return raw[index, b0:b1], scores[index], np.rint(raw[index, l0]).astype(np.int64)
     (c0, c1) = spec.layout["cls_logits"]
     rows = np.arange(len(raw))
     probabilities = raw[:, c0:c1]
@@ -335,7 +336,7 @@ def _box_candidates(spec: HeadSpec, raw: np.ndarray, clip) -> tuple[np.ndarray, 
     index = np.flatnonzero(best > t.score)
     index = index[_top(best[index], t.topk)]
     boxes = decode_boxes(raw[rows[index], b0:b1], spec.anchors, spec.coder)
-    return clip(boxes), best[index], labels[index].astype(np.int64)
+    return boxes, best[index], labels[index].astype(np.int64)
 
 
 def _to_originals(spec: HeadSpec, boxes: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -380,6 +381,9 @@ def postprocess(spec: HeadSpec, raw: np.ndarray, original_sizes: Sequence[tuple[
         keep = np.arange(len(scores)) if spec.candidates == "final" else \
             batched_nms(boxes, scores, labels, spec.thresholds.iou)[: spec.thresholds.max_detections]
         boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+        if spec.candidates in ("per_box", "final"):  # YOLO's: clipped after NMS, to the network's input
+            height, width = spec.image_size
+            boxes = np.clip(boxes, 0, np.array([width, height, width, height], np.float32))
         if original_sizes is not None:
             boxes = _to_originals(spec, boxes, *original_sizes[index])
         out.append({"boxes": boxes.astype(np.float32), "scores": scores.astype(np.float32),

@@ -37,14 +37,27 @@ def _dims(path: Path) -> tuple[list[Any], list[Any]]:
 
 
 def _detector_recipe(path: Path, name: str, size: int | None, output: list[Any]) -> tuple[dict[str, Any], str]:
-    """A detector's raw recipe: its output layout read from the output's shape (Ultralytics' exports), the COCO
-    images letterboxed to its input size."""
-    columns, rows = output[1] if isinstance(output[1], int) else None, output[2] if isinstance(output[2], int) else None
-    if columns and rows:  # both fixed: the longer side is the boxes'
-        columns, rows = (columns, None) if columns < rows else (None, columns)
-    # Columns first (N×K×A) is YOLOv8's; columns last is YOLOv5's, or end-to-end's six.
-    layout = "yolov8" if columns or not (rows or output[2]) else "end2end" if output[2] == 6 else "yolov5"
+    """A detector's raw recipe: its output layout read from the output's shape (Ultralytics' exports: the shape
+    ONNX Runtime gives on one zero image where the file leaves dimensions free), the COCO images letterboxed to its
+    input size."""
     size = size or 640
+    if not all(isinstance(d, int) for d in output[1:]):
+        try:
+            import numpy as np
+            import onnxruntime as ort
+
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            image = np.zeros((1, 3, size, size), np.float32)
+            output = list(session.run(None, {session.get_inputs()[0].name: image})[0].shape)
+        except Exception:  # noqa: BLE001 (the export stage's preflight says what is wrong with the file)
+            pass
+    first, last = (d if isinstance(d, int) else None for d in output[1:3])
+    if last == 6 and (first is None or first <= 1000):  # an end-to-end model's few detections of six columns
+        layout = "end2end"
+    elif first is not None and last is not None:  # the longer side is the boxes': columns first is YOLOv8's
+        layout = "yolov8" if first < last else "yolov5"
+    else:
+        layout = "yolov5" if last is not None else "yolov8"
     raw = {"name": name, "description": f"{path.name}, a detector started at export", "task": "detection",
            "start": {"onnx": str(path), "outputs": layout}, "data": {"canvas": {"size": size}}}
     said = (f"{path.name}'s output {output} read as {layout} (assumed from its shape: if not, "

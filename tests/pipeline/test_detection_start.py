@@ -53,7 +53,7 @@ def test_the_device_decodes_each_layout_as_ultralytics_does(yolo_files, layout):
     session = ort.InferenceSession(str(files[layout]), providers=["CPUExecutionProvider"])
     raw = session.run(None, {"images": inputs})[0]
     mine = postprocess(load_head_spec(sidecar_path(out)), raw)
-    theirs = independent_decode(raw, layout, conf=THRESHOLD)
+    theirs = independent_decode(raw, layout, conf=THRESHOLD, **({"iou": 0.45, "max_det": 1000} if layout == "yolov5" else {}))
     assert sum(len(d["scores"]) for d in mine) > len(test.images), "the detector finds boxes"
     for found, (boxes, scores, labels) in zip(mine, theirs):
         order = np.lexsort((found["boxes"][:, 0], -found["scores"]))
@@ -352,3 +352,67 @@ def test_on_a_coco_set_the_probe_also_tries_the_other_letterbox(yolo_files, tmp_
     assert [t["label"] for t in probe["tried"]] == ["declared", "BGR channel order", "pixels in 0-255",
                                                     "top_left letterbox"]
     assert all(0 <= t["map"] <= 1 for t in probe["tried"])
+
+
+class _Planted(torch.nn.Module):
+    """A graph whose output is planted columns (N×A×6): what a layout check must read."""
+
+    def __init__(self, columns):
+        super().__init__()
+        self.columns = columns
+        self.conv = torch.nn.Conv2d(3, 1, 8, stride=8)
+
+    def forward(self, x):
+        rows = torch.sigmoid(self.conv(x).flatten(1))[..., None]  # N×64×1, in (0, 1)
+        return torch.cat([column(rows) for column in self.columns], dim=2)
+
+
+def _planted(tmp_path, name, columns):
+    path = tmp_path / name
+    torch.onnx.export(_Planted(columns), (torch.zeros(1, 3, SIZE, SIZE),), str(path), dynamo=False,
+                      input_names=["images"], output_names=["output0"], dynamic_axes={"images": {0: "batch"}})
+    return path
+
+
+def test_boxes_left_in_the_heads_terms_are_refused_with_the_decode_flag(tmp_path):
+    """YOLOX exported without --decode_in_inference: sigmoid scores (they pass), but grid offsets and log sizes."""
+    offsets, log_size = (lambda r: r), (lambda r: torch.log(r))
+    path = _planted(tmp_path, "raw.onnx", [offsets, offsets, log_size, log_size, offsets, offsets])
+    with pytest.raises(ConfigError, match="boxes are not decoded to input pixels") as caught:
+        inspect_detection_start(path, "yolov5", None, 1)
+    assert "--decode_in_inference" in caught.value.fix and "export.py --weights" in caught.value.fix
+
+
+def test_a_one_class_yolov5_output_declared_end_to_end_is_named(tmp_path):
+    """N×A×6 is both a one-class YOLOv5 output and an end-to-end one: a class column of probabilities tells them
+    apart."""
+    pixels = lambda r: 64 * r  # noqa: E731
+    path = _planted(tmp_path, "one-class.onnx", [pixels, pixels, pixels, pixels, lambda r: r, lambda r: r])
+    with pytest.raises(ConfigError, match="not indices of the data's 1 classes") as caught:
+        inspect_detection_start(path, "end2end", None, 1)
+    assert "it looks like start.outputs: yolov5" in caught.value.fix
+    assert inspect_detection_start(path, "yolov5", None, 1).rows == 64
+
+
+@pytest.mark.parametrize("shape, layout", [([1, 84, 8400], "yolov8"), ([1, 25200, 85], "yolov5"),
+                                           ([1, 300, 6], "end2end"), ([1, 25200, 6], "yolov5"),
+                                           ([None, 14, None], "yolov8"), ([None, None, 6], "end2end")])
+def test_model_equals_reads_the_layout_from_the_output_shape(shape, layout, tmp_path):
+    from pipeline.core.onnx_recipe import _detector_recipe
+
+    raw, said = _detector_recipe(tmp_path / "absent.onnx", "m", 640, shape)
+    assert raw["start"]["outputs"] == layout and f"read as {layout}" in said
+
+
+def test_yolo_boxes_are_clipped_after_nms_as_ultralytics_does():
+    """Two boxes past the right edge overlap by IoU 0.75 as decoded (Ultralytics keeps one at iou 0.7), by 0.5
+    once clipped to 640 (two would be kept)."""
+    spec = head_spec_from_dict({
+        "schema": "edgefold.detection_head/1", "num_classes": 1, "label_offset": 0, "anchors": [],
+        "anchors_per_level": [], "rows": 2, "image_size": [640, 640], "box_coder": {"kind": "cxcywh"},
+        "layout": {"bbox_regression": [0, 4], "cls_logits": [4, 5]}, "score": "probability", "candidates": "per_box",
+        "transpose": False, "postprocess": {"score_threshold": 0.25, "iou_threshold": 0.7, "max_detections": 300,
+                                            "topk_candidates": 30000}})
+    raw = np.array([[[640, 50, 120, 100, 0.9], [655, 50, 90, 100, 0.8]]], np.float32)  # [580, 700] and [610, 700]
+    (found,) = postprocess(spec, raw)
+    assert len(found["scores"]) == 1 and found["boxes"][0].tolist() == [580, 0, 640, 100]

@@ -46,10 +46,14 @@ class YoloLayout(nn.Module):
             return torch.cat([torch.cat([centre, extent], dim=2).transpose(1, 2), scores.transpose(1, 2)], dim=1)
         if self.layout == "yolov5":  # Detect.forward: cat((xy, wh, conf), 4), columns last
             return torch.cat([centre, extent, objectness, classes], dim=2)
-        scores = torch.sqrt(classes * objectness)  # end2end: the best boxes, no NMS after
+        # end2end, as Ultralytics' Detect writes it: corners and scores in one N×(4+C)×A tensor, then the best
+        # boxes gathered from it (Detect.postprocess), no NMS after.
+        scores = torch.sqrt(classes * objectness)
+        joined = torch.cat([torch.cat([top_left, bottom_right], dim=2).transpose(1, 2), scores.transpose(1, 2)], dim=1)
+        boxes, scores = joined.permute(0, 2, 1).split([4, scores.shape[2]], dim=-1)
         best, label = scores.max(dim=2)
         top, index = best.topk(self.keep, dim=1)
-        corners = torch.gather(torch.cat([top_left, bottom_right], dim=2), 1, index[..., None].expand(-1, -1, 4))
+        corners = torch.gather(boxes, 1, index[..., None].expand(-1, -1, 4))
         return torch.cat([corners, top[..., None], torch.gather(label, 1, index)[..., None].float()], dim=2)
 
 
@@ -98,14 +102,15 @@ def export_layout(detector: nn.Module, layout: str, path: Path, opset: int = 17,
 def independent_decode(raw: np.ndarray, layout: str, conf: float = 0.25, iou: float = 0.7, max_det: int = 300
                        ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(boxes xyxy, scores, labels) per image from a YOLO raw output, as Ultralytics' ``non_max_suppression``
-    (``multi_label=False``) decodes it, with torchvision's ``batched_nms``; boxes clipped to the input."""
+    (``multi_label=False``) decodes it, with torchvision's ``batched_nms``; boxes clipped to the input after NMS, as
+    its ``scale_boxes`` does."""
     from torchvision.ops import batched_nms
 
     out = []
     for image in np.asarray(raw, np.float32):
         if layout == "end2end":
             kept = image[image[:, 4] > conf][:max_det]
-            out.append((np.clip(kept[:, :4], 0, SIZE), kept[:, 4], kept[:, 5].astype(np.int64)))
+            out.append((np.clip(kept[:, :4], 0, SIZE), kept[:, 4], np.rint(kept[:, 5]).astype(np.int64)))
             continue
         rows = image.T if layout == "yolov8" else image
         if layout == "yolov5":
@@ -117,8 +122,8 @@ def independent_decode(raw: np.ndarray, layout: str, conf: float = 0.25, iou: fl
         scores = probabilities[np.arange(len(rows)), labels]
         chosen = scores > conf
         xywh, scores, labels = rows[chosen, :4], scores[chosen], labels[chosen]
-        boxes = np.clip(np.concatenate([xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2], 1), 0, SIZE)
+        boxes = np.concatenate([xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2], 1)
         keep = batched_nms(torch.from_numpy(boxes), torch.from_numpy(scores), torch.from_numpy(labels), iou)
         keep = keep[:max_det].numpy()
-        out.append((boxes[keep], scores[keep], labels[keep]))
+        out.append((np.clip(boxes[keep], 0, SIZE), scores[keep], labels[keep]))
     return out

@@ -11,13 +11,19 @@ from __future__ import annotations
 import numpy as np
 
 
+WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+"""The operators that carry a layer's weights: a box branch without one is only the indexing after the boxes were
+made (an end-to-end head's gather of the chosen boxes)."""
+
+
 def traced_box_branch(model, columns_last: bool) -> list[str]:
     """The nodes only the box columns of a YOLO-layout output depend on.
 
-    Walking back from the output, each Concat along the output's column axis whose leading inputs make exactly the
-    four box columns (YOLOv8's ``cat(dbox, cls.sigmoid())``; YOLOv5's ``cat(xy, wh, conf)`` per level; an end-to-end
+    Walking back from the output, each Concat whose leading inputs make exactly the four box columns along the
+    columns' axis (YOLOv8's ``cat(dbox, cls.sigmoid())``; YOLOv5's ``cat(xy, wh, conf)`` per level; an end-to-end
     ``cat(boxes, score, class)``) splits the graph: the box branch is every node the box inputs depend on and the
-    score inputs do not. The walk stops at such a Concat.
+    score inputs do not. The walk stops at such a Concat when its branch holds a weighted layer; otherwise it goes on
+    past it (an end-to-end head gathers boxes made earlier, at YOLOv8's Concat along axis 1).
 
     Args:
         columns_last: The output's columns are its last axis (``N×A×K``); False for YOLOv8's ``N×K×A``.
@@ -28,24 +34,25 @@ def traced_box_branch(model, columns_last: bool) -> list[str]:
     graph = model.graph
     shapes = _concat_shapes(model)
     producer = {out: node for node in graph.node for out in node.output}
-    output = graph.output[0].name
-    box_inputs, score_inputs, seen, queue = [], [], set(), [output]
+    found, fallback, seen, queue = set(), set(), set(), [graph.output[0].name]
     while queue:
-        name = queue.pop()
-        node = producer.get(name)
+        node = producer.get(queue.pop())
         if node is None or node.name in seen:
             continue
         seen.add(node.name)
         split = _box_split(node, shapes, columns_last) if node.op_type == "Concat" else None
-        if split:
-            box_inputs += split[0]
-            score_inputs += split[1]
-        else:
-            queue.extend(node.input)
-    if not box_inputs:
-        return []
-    boxes, scores = _ancestors(box_inputs, producer), _ancestors(score_inputs, producer)
-    return [node.name for node in model.graph.node if node.name in boxes - scores]
+        branch = _ancestors(split[0], producer) - _ancestors(split[1], producer) if split else set()
+        if branch and _ops(branch, graph) & set(WEIGHTED):
+            found |= branch
+            continue
+        fallback |= branch
+        queue.extend(node.input)
+    chosen = found or fallback
+    return [node.name for node in graph.node if node.name in chosen]
+
+
+def _ops(names: set[str], graph) -> set[str]:
+    return {node.op_type for node in graph.node if node.name in names}
 
 
 def _concat_shapes(model) -> dict[str, list[int]]:
@@ -83,7 +90,8 @@ def _box_split(node, shapes: dict, columns_last: bool) -> tuple[list[str], list[
         return None
     rank = len(dims[0])
     axis = axis % rank
-    if axis != (rank - 1 if columns_last else 1):
+    # The output's column axis; inside an end-to-end head (columns last) also YOLOv8's N×K×A Concat, along axis 1.
+    if axis not in ((rank - 1, 1) if columns_last and rank == 3 else (rank - 1,) if columns_last else (1,)):
         return None
     sizes = [d[axis] for d in dims]
     total = 0

@@ -29,11 +29,18 @@ from pipeline.onnx_start import (LADDER_OPSET, PARSED_OPSETS, check_image_input,
                                  refuse_start, renamed_to_ladder, run_graph, set_shape, start_sha256)
 
 OUTPUT_LAYOUTS = ("yolov8", "yolov5", "end2end")
-# Ultralytics' prediction defaults (ultralytics/cfg/default.yaml: conf 0.25 when predicting, iou 0.7, max_det 300;
-# non_max_suppression's max_nms 30000): the post-processing an application runs.
-YOLO_POSTPROCESS = {"score_threshold": 0.25, "iou_threshold": 0.7, "max_detections": 300, "topk_candidates": 30000}
-EXPORT_HINT = ("export it again with Ultralytics: yolo export model=best.pt format=onnx dynamic=True opset=17 (add "
-               "nms=False; end2end models export their final detections)")
+# The post-processing an application runs, as each family's own predictor sets it: Ultralytics'
+# (ultralytics/cfg/default.yaml: conf 0.25 when predicting, iou 0.7, max_det 300; non_max_suppression's max_nms
+# 30000) and YOLOv5's detect.py (conf 0.25, iou 0.45, max_det 1000).
+_ULTRALYTICS = {"score_threshold": 0.25, "iou_threshold": 0.7, "max_detections": 300, "topk_candidates": 30000}
+YOLO_POSTPROCESS = {"yolov8": _ULTRALYTICS, "end2end": _ULTRALYTICS,
+                    "yolov5": {**_ULTRALYTICS, "iou_threshold": 0.45, "max_detections": 1000}}
+EXPORT_HINTS = {
+    "yolov8": "export it again with Ultralytics: yolo export model=best.pt format=onnx dynamic=True opset=17",
+    "end2end": "export it again with Ultralytics: yolo export model=best.pt format=onnx dynamic=True opset=17 (an "
+               "end-to-end model writes its final detections)",
+    "yolov5": "export it again from the YOLOv5 repository: python export.py --weights best.pt --include onnx --dynamic "
+              "(YOLOX: tools/export_onnx.py --decode_in_inference)"}
 _FIXED = {  # layout → (columns before the classes, the output is N×K×A)
     "yolov8": (4, True), "yolov5": (5, False), "end2end": (None, False)}
 
@@ -88,15 +95,48 @@ def _checked_output(path: Path, outputs: str, got: np.ndarray, classes: int) -> 
                            hint + "name the layout your exporter wrote, and DATA= with the classes the model was "
                                   "trained on, in its class order")
     rows = shape[2] if transposed else shape[1]
-    if outputs != "end2end":
-        scores = got.transpose(0, 2, 1) if transposed else got
-        scores = scores[..., 4:]
-        if scores.size and (scores.min() < -1e-4 or scores.max() > 1 + 1e-4):
-            raise refuse_start(path, f"class scores range over [{scores.min():.3g}, {scores.max():.3g}]; a {outputs} "
-                                     "export's scores are probabilities in [0, 1] (after the sigmoid)",
-                               "export the model's inference form (the head's decode and sigmoid in the graph): "
-                               + EXPORT_HINT)
+    rows_of = got.transpose(0, 2, 1) if transposed else got
+    if outputs == "end2end":
+        _check_final(path, rows_of, classes)
+    else:
+        _check_decoded(path, outputs, rows_of)
     return int(rows)
+
+
+def _check_decoded(path: Path, outputs: str, rows: np.ndarray) -> None:
+    """A raw YOLO output as its predictor reads it: class scores (and objectness) already probabilities, boxes
+    already decoded to centres across the input and sizes that are not negative.
+
+    Raises:
+        ConfigError: Logits, or boxes still in the head's own terms (YOLOX's export without its decode: grid offsets
+            and log sizes).
+    """
+    scores = rows[..., 4:]
+    if scores.size and (scores.min() < -1e-4 or scores.max() > 1 + 1e-4):
+        raise refuse_start(path, f"class scores range over [{scores.min():.3g}, {scores.max():.3g}]; a {outputs} "
+                                 "export's scores are probabilities in [0, 1] (after the sigmoid)",
+                           "export the model's inference form (the head's decode and sigmoid in the graph): "
+                           + EXPORT_HINTS[outputs])
+    centres, sizes = rows[..., 0:2], rows[..., 2:4]
+    if rows.size and (sizes.min() < -1e-3 or centres.max() < 2.0):
+        raise refuse_start(path, f"boxes are not decoded to input pixels (centres up to {centres.max():.3g}, sizes "
+                                 f"down to {sizes.min():.3g}): the graph ends before the head's decode",
+                           EXPORT_HINTS[outputs])
+
+
+def _check_final(path: Path, rows: np.ndarray, classes: int) -> None:
+    """An end-to-end output's class column holds class indices; a one-class YOLOv5 export (N×A×6 too) holds
+    probabilities there.
+
+    Raises:
+        ConfigError: Not class indices of the data's classes (yolov5 named when the shape fits it).
+    """
+    labels = rows[..., 5]
+    if labels.size and (np.abs(labels - np.rint(labels)).max() > 1e-3 or labels.min() < 0 or labels.max() >= classes):
+        hint = "it looks like start.outputs: yolov5 (a one-class YOLOv5 export is N×A×6 too); " if classes == 1 else ""
+        raise refuse_start(path, f"column 5 of the output holds values from {labels.min():.3g} to {labels.max():.3g}, "
+                                 f"not indices of the data's {classes} classes: not an end-to-end output",
+                           hint + "name the layout your exporter wrote")
 
 
 def inspect_detection_start(path: str | Path, outputs: str, size: int | None, classes: int) -> DetectionStartFacts:
@@ -128,7 +168,7 @@ def _checked(path: Path, outputs: str, size: int | None, classes: int) -> tuple[
     opset = graph_opset(model)
     if not PARSED_OPSETS[0] <= opset <= PARSED_OPSETS[1]:
         raise refuse_start(path, f"is opset {opset}; TensorRT 10's ONNX parser imports opsets "
-                                 f"{PARSED_OPSETS[0]}–{PARSED_OPSETS[1]}", EXPORT_HINT)
+                                 f"{PARSED_OPSETS[0]}–{PARSED_OPSETS[1]}", EXPORT_HINTS[outputs])
     check_ops(path, model)
     size = size or input_size(path)
     if size is None:
@@ -168,7 +208,7 @@ def _ladder_form(facts: DetectionStartFacts, size: int) -> tuple[bytes, list[str
             model = version_converter.convert_version(model, LADDER_OPSET)
         except Exception as err:  # the converter raises RuntimeError / ConvertError by adapter
             raise refuse_start(path, f"opset {facts.opset} cannot be converted to {LADDER_OPSET}: {err}",
-                               EXPORT_HINT) from None
+                               EXPORT_HINTS[facts.outputs]) from None
         changes.append(f"opset {facts.opset} → {LADDER_OPSET}")
     graph = model.graph
     model.ir_version = max(model.ir_version, 7)
@@ -192,16 +232,17 @@ def _ladder_form(facts: DetectionStartFacts, size: int) -> tuple[bytes, list[str
         onnx.checker.check_model(model)
     except Exception as err:  # onnx's InferenceError / ValidationError
         raise refuse_start(path, f"cannot be rewritten with a free batch: {str(err).strip().splitlines()[0]}",
-                           EXPORT_HINT) from None
+                           EXPORT_HINTS[facts.outputs]) from None
     data = model.SerializeToString()
     try:
         got = run_graph(data, np.zeros((3, 3, size, size), np.float32))
     except Exception as err:  # ConfigError from ONNX Runtime
         said = getattr(err, "message", str(err)).split("cannot run the graph: ")[-1]
-        raise refuse_start(path, f"fixes its batch at 1 inside the graph; at a batch of 3: {said}", EXPORT_HINT) from None
+        raise refuse_start(path, f"fixes its batch at 1 inside the graph; at a batch of 3: {said}",
+                           EXPORT_HINTS[facts.outputs]) from None
     if list(got.shape) != [3, *facts.output_shape]:
         raise refuse_start(path, f"fixes its batch inside the graph (a batch of 3 gives {list(got.shape)})",
-                           EXPORT_HINT)
+                           EXPORT_HINTS[facts.outputs])
     return data, changes
 
 
@@ -236,7 +277,8 @@ def start_sidecar(facts: DetectionStartFacts, size: int, postprocess: dict[str, 
         "label_offset": 0,
         "layout": layout, "score": score, "box_coder": coder, "candidates": candidates, "anchors": [],
         "anchors_per_level": [], "rows": facts.rows, "transpose": facts.outputs == "yolov8", "resize": "letterbox",
-        "postprocess": {**YOLO_POSTPROCESS, **{k: v for k, v in (postprocess or {}).items() if v is not None}},
+        "postprocess": {**YOLO_POSTPROCESS[facts.outputs],
+                        **{k: v for k, v in (postprocess or {}).items() if v is not None}},
     }
     head_spec_from_dict(sidecar, f"the sidecar of {Path(facts.path).name}")
     return sidecar
