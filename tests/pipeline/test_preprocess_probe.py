@@ -29,27 +29,34 @@ def noisy_digits(seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
     return images, digits.target
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny_resnet trained on the first 1,200 images as PIL would feed them; (ONNX path, images, labels, its own
-    validation top-1 on the other 597); its state_dict is ``weights.pt`` beside the ONNX file."""
+def trained_on(images, labels, preprocess: Preprocess, epochs: int):
+    """A tiny_resnet trained on the first 1,200 images fed as ``preprocess`` feeds them; (the model in eval mode, all
+    images' inputs, their labels)."""
     from device.architectures import build_model
-    from tests.onnx_models import export
 
-    images, labels = noisy_digits()
-    x = torch.from_numpy(TRAINED_WITH.normalize(np.stack([TRAINED_WITH.geometry(i) for i in images])))
+    x = torch.from_numpy(preprocess.normalize(np.stack([preprocess.geometry(i) for i in images])))
     y = torch.from_numpy(labels)
     torch.manual_seed(0)
     model = build_model("tiny_resnet", 10)
     optimizer = torch.optim.AdamW(model.parameters(), 0.005)
-    for _ in range(8):
+    for _ in range(epochs):
         model.train()
         for batch in torch.randperm(1200).split(64):
             loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    model.eval()
+    return model.eval(), x, y
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny_resnet trained on the first 1,200 images as PIL would feed them; (ONNX path, images, labels, its own
+    validation top-1 on the other 597); its state_dict is ``weights.pt`` beside the ONNX file."""
+    from tests.onnx_models import export
+
+    images, labels = noisy_digits()
+    model, x, y = trained_on(images, labels, TRAINED_WITH, epochs=8)
     with torch.no_grad():
         own = float((model(x[1200:]).argmax(1) == y[1200:]).float().mean())
     path = export(model, tmp_path_factory.mktemp("probe") / "model.onnx", (1, 3, 16, 16))
@@ -158,24 +165,12 @@ def red_digits(seed: int = 1) -> tuple[list[np.ndarray], np.ndarray]:
 def test_the_probe_finds_a_model_trained_on_bgr_images(tmp_path):
     """A model trained on BGR images (OpenCV's order: the digit in its last channel) and declared RGB scores near
     chance; the probe finds the channel order, and the keys it gives select it."""
-    from device.architectures import build_model
     from tests.onnx_models import export
 
     images, labels = red_digits()
     trained_with = Preprocess(16, 16, 3, tuple(MEAN), tuple(STD), channel_order="bgr")
-    x = torch.from_numpy(trained_with.normalize(np.stack([trained_with.geometry(i) for i in images])))
-    y = torch.from_numpy(labels)
-    torch.manual_seed(0)
-    model = build_model("tiny_resnet", 10)
-    optimizer = torch.optim.AdamW(model.parameters(), 0.005)
-    for _ in range(4):
-        model.train()
-        for batch in torch.randperm(1200).split(64):
-            loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    path = export(model.eval(), tmp_path / "bgr.onnx", (1, 3, 16, 16))
+    model, _, _ = trained_on(images, labels, trained_with, epochs=4)
+    path = export(model, tmp_path / "bgr.onnx", (1, 3, 16, 16))
     declared = Preprocess(16, 16, 3, tuple(MEAN), tuple(STD))
     result = probe(declared, images[:256], labels[:256], onnx_scorer(path))
     assert result["better"] and result["best"]["preprocess.channel_order"] == "bgr", result["tried"]
