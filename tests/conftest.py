@@ -32,6 +32,7 @@ LONGEST_FIRST = (
     "tests/pipeline/test_detection_stages.py",
     "tests/device/test_sweep.py",
     "tests/pipeline/test_distributed.py",
+    "tests/pipeline/test_detection_resume.py",
     "tests/device/test_torch_tensorrt.py",
     "tests/pipeline/test_quantize.py",
     "tests/pipeline/test_report.py",

@@ -60,6 +60,19 @@ def init() -> World:
     return me
 
 
+def require_divisible(batch_size: int, world_size: int) -> None:
+    """Refuses a global batch that does not split evenly over the ranks (each rank takes every ``world``-th image).
+
+    Raises:
+        ConfigError: With the batch size and the process count.
+    """
+    if batch_size % world_size:
+        from device.errors import ConfigError
+
+        raise ConfigError(f"batch_size {batch_size} does not split over {world_size} processes",
+                          fix=f"use a global batch size divisible by {world_size} (it is split across the ranks)")
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -61,7 +61,7 @@ def test_detection_run_records_every_stage(det_run):
     assert stages["data"]["metrics"]["generator"]["source"] == "digits"
     teacher = stages["teacher"]["metrics"]
     assert teacher["ap50"] > 0.05 and teacher["map_low"] <= teacher["map_high"]
-    losses = teacher["history"]
+    losses = [epoch["loss"] for epoch in teacher["history"]]
     assert len(losses) == 4 and losses[-1] < 0.7 * losses[0], "the from-scratch detector learned"
     pruning = stages["prune"]["metrics"]["pruning"]
     assert abs(pruning["fraction"] - 0.6) <= 0.1 * 0.6

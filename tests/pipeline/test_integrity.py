@@ -173,7 +173,8 @@ def test_every_recorded_output_is_as_recorded_after_a_full_run(tiny_run):
 # ------------------------------------------------------------------ 5. the cache key covers the code
 def test_code_closure_follows_imports_but_not_package_inits():
     modules = codehash.closure(stage_code_roots(STAGES.get("distill")))
-    assert {"pipeline.tasks.classification.train", "pipeline.tasks.classification.losses", "pipeline.checkpoint", "pipeline.models"} <= set(modules)
+    assert {"pipeline.tasks.classification.train", "pipeline.train.engine", "pipeline.tasks.classification.losses",
+            "pipeline.checkpoint", "pipeline.models"} <= set(modules)
     assert "pipeline.tasks.classification.stages.quantize" not in modules and "pipeline.tasks.classification" not in modules
     assert "device.qdq_lint" in codehash.closure(stage_code_roots(STAGES.get("quantize")))
     assert "device.measure" in codehash.closure(stage_code_roots(STAGES.get("deploy")))
@@ -206,15 +207,15 @@ def test_editing_a_helper_module_reruns_exactly_the_stages_that_use_it(run_copy,
 
 # ------------------------------------------------------------------ 6. resume keyed by config and inputs
 def interrupt_after_first_epoch(monkeypatch):
-    from pipeline.tasks.classification import train
+    from pipeline.train import engine
 
-    real = train._save_resume
+    real = engine._save_resume
 
     def save_then_die(path, state):
         real(path, state)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train, "_save_resume", save_then_die)
+    monkeypatch.setattr(engine, "_save_resume", save_then_die)
 
 
 @pytest.mark.slow  # trains a teacher

@@ -20,6 +20,7 @@ import torch
 
 from device.preprocess import Preprocess
 from pipeline.core.data.sources import Split
+from pipeline.core.distributed import require_divisible
 from pipeline.core.recipe import AugmentConfig
 
 
@@ -77,13 +78,14 @@ class Batches:
         n = len(self.indices)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+    @property
+    def input_size(self) -> int:
+        """The network's input side in pixels (the training engine picks the memory format by it)."""
+        return self.preprocess.input_size
+
     def shard(self, rank: int, world: int) -> "Batches":
         """Makes this iterator yield rank ``rank``'s share of each global batch of ``batch_size``."""
-        if self.batch_size % world:
-            from device.errors import ConfigError
-
-            raise ConfigError(f"batch_size {self.batch_size} does not split over {world} processes",
-                              fix=f"use a global batch size divisible by {world} (it is split across the ranks)")
+        require_divisible(self.batch_size, world)
         self.rank, self.world = rank, world
         return self
 

@@ -16,6 +16,7 @@ from torch import nn
 from device.errors import CheckpointError
 from device.files import atomic_writer
 from device.torch_checkpoint import apply_structure, capture_structure, load_state_strict, torch_load
+from pipeline.core import distributed
 from pipeline.tasks.detection.models import DETECTORS, build_detector
 
 FORMAT = "edgefold.detector/1"
@@ -23,8 +24,11 @@ FORMAT = "edgefold.detector/1"
 
 def save_detector(path: str | os.PathLike, model: nn.Module, arch: str, num_classes: int, input_size: int,
                   **meta: Any) -> Path:
-    """Writes a detector checkpoint atomically (state and structure, never a pickled module)."""
+    """Writes a detector checkpoint atomically (state and structure, never a pickled module); under DDP only rank 0
+    writes."""
     path = Path(path)
+    if not distributed.world().main:
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "arch": arch, "num_classes": int(num_classes), "input_size": int(input_size),
                "structure": capture_structure(model),

@@ -21,6 +21,7 @@ import numpy as np
 from device.errors import MissingDependencyError
 from pipeline.ort_quantize import quiet as _quiet
 from pipeline.quantizers import store_weights_as_int8
+from pipeline.train import engine
 
 # ModelOpt's quantizer names follow module paths: every quantizer inside the box-regression branch.
 BOX_BRANCH_QUANTIZERS = "*regression_head*"
@@ -73,36 +74,22 @@ def detector_qat(checkpoint: Path, out: Path, calibration: np.ndarray, train_inp
 
     with _quiet("modelopt"):
         wrapped = mtq.quantize(wrapped, config, calibrate)
-    parameters = [p for p in wrapped.parameters() if p.requires_grad]
-    optimizer = (torch.optim.AdamW(parameters, lr=cfg.lr, weight_decay=cfg.weight_decay) if cfg.optimizer == "adamw"
-                 else torch.optim.SGD(parameters, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay))
-    rng = np.random.default_rng(cfg.seed)
-    per_epoch = max(1, len(train_inputs) // cfg.batch_size)
-    total = max(1, math.ceil(cfg.epochs * per_epoch))
-    wrapped.train()
-    for module in wrapped.modules():  # statistics stay the FP32 student's: only the weights learn the rounding
-        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-            module.eval()
-    loss = torch.zeros(())
-    for step in range(total):
-        if step % per_epoch == 0:
-            order = rng.permutation(len(train_inputs))
-        picked = order[(step % per_epoch) * cfg.batch_size : (step % per_epoch + 1) * cfg.batch_size]
-        batch = torch.from_numpy(train_inputs[picked])
+    batches = engine.InputBatches(torch.from_numpy(train_inputs), cfg.batch_size, cfg.seed)
+
+    def step(model, x, device, memory_format) -> engine.Step:
+        x = x.to(device).contiguous(memory_format=memory_format)
         with torch.no_grad():
-            target = reference(batch)
-        loss = torch.nn.functional.mse_loss(wrapped(batch), target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(parameters, cfg.grad_clip)
-        optimizer.step()
+            target = reference(x)
+        return engine.Step(torch.nn.functional.mse_loss(model(x), target), len(x))
+
+    # Statistics stay the FP32 student's (frozen_norms): only the weights learn the rounding.
+    history = engine.fit(wrapped, batches, cfg, step, torch.device("cpu"), "qat", frozen_norms=True)
     detector = wrapped.eval().detector
     with _quiet("modelopt"):
         export_detector(detector, out, meta["arch"], meta["input_size"], DETECTORS.get(meta["arch"]).label_offset,
                         opset, postprocess)
     converted = store_weights_as_int8(out)
-    return {"qat_steps": total, "qat_last_loss": float(loss.detach()), "weights_int8": converted,
+    return {"qat_steps": math.ceil(cfg.epochs * len(batches)), "qat_history": history, "weights_int8": converted,
             "box_branch_quantized": box_head == "int8", "batchnorm_folded": folded}
 
 

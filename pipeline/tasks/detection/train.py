@@ -2,15 +2,15 @@
 
 The detector owns its resizing and normalisation (torchvision's ``GeneralizedRCNNTransform``) and maps its boxes
 back to the image's pixels, so images go in as they are (grey canvases repeated to three channels, 0–1) and
-predictions come out in the same pixels as the ground truth. Scores come from :mod:`pipeline.tasks.detection.metrics`
-(COCO mAP, checked against faster-coco-eval, with bootstrap intervals). A library: the detection teacher and
-distill stages will call it.
+predictions come out in the same pixels as the ground truth. Training is the engine's
+(:mod:`pipeline.train.engine`); this module supplies its batches and step. Scores come from
+:mod:`pipeline.tasks.detection.metrics` (COCO mAP, checked against faster-coco-eval, with bootstrap intervals).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -18,7 +18,10 @@ import torch
 from device.errors import ConfigError
 from pipeline.tasks.detection.data import DetectionSplit
 from pipeline.tasks.detection.metrics import Boxes, evaluate, require_sane_detector
+from pipeline.core.distributed import require_divisible
 from pipeline.core.recipe import TrainConfig
+from pipeline.train import engine
+from pipeline.train.engine import Step, StepFn
 
 
 def image_tensors(images: np.ndarray) -> torch.Tensor:
@@ -48,35 +51,82 @@ def _hflip(images: torch.Tensor, batch: list[dict[str, torch.Tensor]], flip: tor
     return images, batch
 
 
-def _optimizer(model: torch.nn.Module, cfg: TrainConfig, steps: int, extra: torch.nn.Module | None = None):
-    params = [p for m in (model, extra) if m is not None for p in m.parameters() if p.requires_grad]
-    if cfg.optimizer == "adamw":
-        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    else:
-        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                                    weight_decay=cfg.weight_decay)
-    if cfg.schedule == "onecycle":
-        return optimizer, torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=max(1, steps))
-    warmup = int(cfg.warmup_epochs / max(cfg.epochs, 1e-9) * steps)
+class DetectionBatches:
+    """A detection split as the training engine's batches: images 0–1 with torchvision's targets, reshuffled each
+    epoch from ``(seed, epoch)`` with the flips drawn per global batch, so a resumed run and every rank under torchrun
+    see the batches one uninterrupted process would.
 
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if cfg.schedule == "constant":
-            return 1.0
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+    Args:
+        split: Images and boxes.
+        batch_size: The global batch (split across the ranks under torchrun).
+        label_offset: Added to the data's class indices (torchvision's background label).
+        seed: Shuffling and flip draws.
+        hflip: Flip half the images, boxes with them.
+        input_size: The detector's input side (the engine picks the memory format by it).
+    """
 
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    def __init__(self, split: DetectionSplit, batch_size: int, label_offset: int, seed: int, hflip: bool,
+                 input_size: int):
+        self.images, self.truth = image_tensors(split.images), targets(split.boxes, label_offset)
+        self.batch_size, self.seed, self.hflip, self.input_size = batch_size, seed, hflip, input_size
+        self.epoch, self.rank, self.world = 0, 0, 1
+
+    def __len__(self) -> int:
+        # Under torchrun a last batch too small to give every rank an image is dropped: a rank without images
+        # cannot step, and the others would wait for it.
+        n = len(self.images)
+        return n // self.batch_size if self.world > 1 else -(-n // self.batch_size)
+
+    def shard(self, rank: int, world: int) -> "DetectionBatches":
+        """Makes this iterator yield rank ``rank``'s share of each global batch."""
+        require_divisible(self.batch_size, world)
+        self.rank, self.world = rank, world
+        return self
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, list[dict[str, torch.Tensor]]]]:
+        """Yields ``(images N×3×H×W, targets)``."""
+        generator = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        order = torch.randperm(len(self.images), generator=generator)
+        self.epoch += 1
+        for batch in range(len(self)):
+            idx = order[batch * self.batch_size:(batch + 1) * self.batch_size]
+            flips = torch.rand(len(idx), generator=generator) < 0.5 if self.hflip else None
+            mine = slice(self.rank, None, self.world)
+            idx = idx[mine]
+            x, truth = self.images[idx], [self.truth[i] for i in idx.tolist()]
+            if flips is not None:
+                x, truth = _hflip(x, truth, flips[mine])
+            yield x, truth
+
+
+def detection_step(extra_loss: Callable | None = None) -> StepFn:
+    """The engine's step for a torchvision detector: its own losses summed, plus ``extra_loss(images, targets)``."""
+
+    def step(model: torch.nn.Module, batch, device: torch.device, memory_format: torch.memory_format) -> Step:
+        x, truth = batch
+        x = x.to(device).contiguous(memory_format=memory_format)
+        truth = [{key: value.to(device) for key, value in target.items()} for target in truth]
+        loss = sum(model(list(x), truth).values())
+        if extra_loss is not None:
+            loss = loss + extra_loss(x, truth)
+        return Step(loss, len(x))
+
+    return step
 
 
 def train_detector(model: torch.nn.Module, split: DetectionSplit, cfg: TrainConfig, label_offset: int = 0,
-                   log=None, extra_loss: Callable | None = None, extra_modules: torch.nn.Module | None = None
-                   ) -> list[float]:
-    """Trains ``model`` in place on ``split`` with the detector's own losses (summed); returns each epoch's mean.
+                   desc: str = "detector", extra_loss: Callable | None = None,
+                   extra_modules: torch.nn.Module | None = None, resume: Path | None = None,
+                   input_size: int | None = None) -> list[dict]:
+    """Trains ``model`` in place on ``split`` with the detector's own losses, on the training engine
+    (:func:`pipeline.train.engine.fit`: resume, DDP, mixed precision, progress); returns each epoch's record.
 
     Args:
+        desc: The progress bar's and the log's label ("teacher", "distill").
         extra_loss: ``extra_loss(images, targets) -> tensor`` added to each batch's loss (distillation terms).
         extra_modules: Trained alongside the model (the distillation adapters).
+        resume: The engine's per-epoch state file (the stage's ``ctx.resume``).
+        input_size: The detector's input side (default: the images'); the engine picks the memory format by it.
 
     Raises:
         ConfigError: ``augment.crop_padding`` is set (a crop would cut boxes; only ``hflip`` moves them here).
@@ -84,40 +134,13 @@ def train_detector(model: torch.nn.Module, split: DetectionSplit, cfg: TrainConf
     if cfg.augment.crop_padding:
         raise ConfigError("detection training has no padded crop (it would have to cut and drop boxes)",
                           fix="set train.augment.crop_padding: 0; augment.hflip flips images and boxes together")
-    torch.manual_seed(cfg.seed)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    images, truth = image_tensors(split.images), targets(split.boxes, label_offset)
-    per_epoch = math.ceil(len(split) / cfg.batch_size)
-    optimizer, schedule = _optimizer(model, cfg, max(1, int(round(cfg.epochs * per_epoch))), extra_modules)
-    total, losses = int(round(cfg.epochs * per_epoch)), []
-    model.train()
-    step = 0
-    while step < total:
-        order, running = torch.randperm(len(split), generator=generator), []
-        for start in range(0, len(split), cfg.batch_size):
-            if step >= total:
-                break
-            idx = order[start:start + cfg.batch_size]
-            x, batch = images[idx], [truth[i] for i in idx.tolist()]
-            if cfg.augment.hflip:
-                x, batch = _hflip(x, batch, torch.rand(len(idx), generator=generator) < 0.5)
-            loss = sum(model(list(x), batch).values())
-            if extra_loss is not None:
-                loss = loss + extra_loss(x, batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
-                                               cfg.grad_clip)
-            optimizer.step()
-            schedule.step()
-            running.append(float(loss.detach()))
-            step += 1
-        losses.append(float(np.mean(running)))
-        if log:
-            log(f"detector epoch {len(losses)}: loss {losses[-1]:.3f}")
+    batches = DetectionBatches(split, cfg.batch_size, label_offset, cfg.seed, cfg.augment.hflip,
+                               input_size or int(split.images.shape[1]))
+    # On the CPU: scoring, pruning and the distillation terms (the teacher's forward) run there too.
+    history = engine.fit(model, batches, cfg, detection_step(extra_loss), torch.device("cpu"), desc,
+                         resume=resume, extra=extra_modules)
     model.eval()
-    return losses
+    return history
 
 
 @torch.no_grad()

@@ -44,9 +44,9 @@ class DetectionDistillStage(Stage):
                                     cfg.temperature, cfg.kd_weight, cfg.feature_weight, meta["input_size"]) \
             if teaching else None
         student.train()
-        history = train_detector(student, load_split(canvases, "train"), cfg.train, spec.label_offset, log=ctx.log,
+        history = train_detector(student, load_split(canvases, "train"), cfg.train, spec.label_offset, "distill",
                                  extra_loss=(lambda x, batch: loss(student, teacher, x, batch)["total"]) if loss else None,
-                                 extra_modules=loss)
+                                 extra_modules=loss, resume=ctx.resume, input_size=meta["input_size"])
         test = load_split(canvases, "test")
         scores = score_detector(student, test, classes, "the distilled student", spec.label_offset)
         changes = class_changes(test.boxes, predict(teacher, test.images, spec.label_offset),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.tasks.detection.models import detector_size_metrics
+from pipeline.core import distributed
 from pipeline.core.stage import Stage, StageResult, started_without_torch
 from pipeline.tasks.detection.files import recorded_classes
 
@@ -13,6 +14,7 @@ class DetectionTeacherStage(Stage):
     """The teacher detector, from a user's state_dict or trained from scratch, scored with COCO mAP and intervals."""
 
     name = "teacher"
+    distributed = True  # trains under torchrun on every rank (DDP); rank 0 scores and writes the checkpoint
 
     def absent(self, ctx):
         return started_without_torch(ctx.recipe)
@@ -52,10 +54,12 @@ class DetectionTeacherStage(Stage):
         if replaced:
             ctx.log(f"teacher: head re-initialised for {len(classes)} classes ({', '.join(replaced)})")
         offset = DETECTORS.get(cfg.arch).label_offset
-        history = train_detector(model, load_split(canvases, "train"), cfg.train, offset, log=ctx.log) \
-            if cfg.train.epochs else []
-        scores = score_detector(model, load_split(canvases, "test"), classes, "the teacher", offset)
+        history = train_detector(model, load_split(canvases, "train"), cfg.train, offset, "teacher",
+                                 resume=ctx.resume, input_size=cfg.size()) if cfg.train.epochs else []
         path = save_detector(workdir / "model.pt", model, cfg.arch, len(classes), cfg.size())
+        if not distributed.world().main:  # the runner records rank 0's result alone
+            return StageResult(outputs={"model": path})
+        scores = score_detector(model, load_split(canvases, "test"), classes, "the teacher", offset)
         return StageResult(outputs={"model": path},
                            metrics={**scores, **detector_size_metrics(model, cfg.size()), "history": history,
                                     "weights": cfg.weights, "replaced_head": replaced})

@@ -1,5 +1,5 @@
-"""The classification training loop's numeric settings: the fused optimizer step, and bf16 autocast on a CPU only
-where the recipe asks for it and the CPU computes bf16 natively (a real short fit on the digits data)."""
+"""The training engine's numeric settings: the fused optimizer step, and bf16 autocast on a CPU only where the recipe
+asks for it and the CPU computes bf16 natively (a real short fit on the digits data, through the classifier's step)."""
 
 import numpy as np
 import pytest
@@ -11,6 +11,7 @@ from pipeline.core.data.batches import Batches
 from pipeline.core.data.sources import load_source
 from pipeline.core.recipe import TrainConfig
 from pipeline.tasks.classification import train
+from pipeline.train import engine
 
 PRE = Preprocess(input_size=16, resize=16, channels=3, mean=(0.3, 0.3, 0.3), std=(0.4, 0.4, 0.4))
 
@@ -19,12 +20,12 @@ PRE = Preprocess(input_size=16, resize=16, channels=3, mean=(0.3, 0.3, 0.3), std
 def test_the_optimizer_steps_with_one_fused_kernel_and_the_same_update(optimizer):
     model = torch.nn.Linear(8, 3)
     cfg = TrainConfig(epochs=1, lr=0.1, optimizer=optimizer, weight_decay=0.01)
-    fused = train.make_optimizer(model, cfg)
+    fused = engine.make_optimizer(model, cfg)
     assert all(group["fused"] for group in fused.param_groups)
     # The same update as the per-tensor loop, to rounding.
     twin = torch.nn.Linear(8, 3)
     twin.load_state_dict(model.state_dict())
-    looped = train.make_optimizer(twin, cfg)
+    looped = engine.make_optimizer(twin, cfg)
     for group in looped.param_groups:
         group["fused"], group["foreach"] = False, True
     x = torch.randn(16, 8)
@@ -38,16 +39,16 @@ def test_the_optimizer_steps_with_one_fused_kernel_and_the_same_update(optimizer
 
 def test_bf16_on_a_cpu_only_when_asked_and_native(monkeypatch):
     cpu = torch.device("cpu")
-    monkeypatch.setattr(train, "cpu_bf16", lambda: "amx_bf16")
-    assert train.amp_dtype(TrainConfig(epochs=1, lr=0.1, amp="bf16"), cpu) is torch.bfloat16
-    assert train.amp_dtype(TrainConfig(epochs=1, lr=0.1), cpu) is None, "auto keeps a CPU in fp32"
-    monkeypatch.setattr(train, "cpu_bf16", lambda: None)  # an AVX2 host: bf16 would be emulated, slower
-    assert train.amp_dtype(TrainConfig(epochs=1, lr=0.1, amp="bf16"), cpu) is None
+    monkeypatch.setattr(engine, "cpu_bf16", lambda: "amx_bf16")
+    assert engine.amp_dtype(TrainConfig(epochs=1, lr=0.1, amp="bf16"), cpu) is torch.bfloat16
+    assert engine.amp_dtype(TrainConfig(epochs=1, lr=0.1), cpu) is None, "auto keeps a CPU in fp32"
+    monkeypatch.setattr(engine, "cpu_bf16", lambda: None)  # an AVX2 host: bf16 would be emulated, slower
+    assert engine.amp_dtype(TrainConfig(epochs=1, lr=0.1, amp="bf16"), cpu) is None
 
 
 @pytest.mark.parametrize("native", [None, "avx512_bf16"])
 def test_each_epoch_records_the_precision_it_trained_in(monkeypatch, native):
-    monkeypatch.setattr(train, "cpu_bf16", lambda: native)
+    monkeypatch.setattr(engine, "cpu_bf16", lambda: native)
     split = load_source("digits").train
     batches = Batches(split, np.arange(64), PRE, batch_size=32, shuffle=True, seed=0)
     model = build_model("tiny_resnet", 10)
