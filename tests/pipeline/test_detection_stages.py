@@ -225,13 +225,13 @@ def test_a_device_whose_fingerprint_changed_is_measured_again(det_run, tmp_path,
     upgrade reuses nothing (detection's key once lacked it and reused the old board's windows)."""
     import shutil
 
-    from pipeline import jobs
+    from pipeline.deploy import session
     from pipeline.runner import run_pipeline
 
     run_dir, manifest = det_run
     shutil.copytree(run_dir, tmp_path / "tiny-det" / run_dir.name)
-    real = jobs.fingerprint
-    monkeypatch.setattr(jobs, "fingerprint", lambda info: {**real(info), "tensorrt": "10.3.0"})  # "upgraded"
+    real = session.fingerprint
+    monkeypatch.setattr(session, "fingerprint", lambda info: {**real(info), "tensorrt": "10.3.0"})  # "upgraded"
     # One round: its windows are in the cache under the old fingerprint, so reusing any would show.
     ctx = run_pipeline(manifest["recipe"]["path"], runs_dir=tmp_path, run_id=run_dir.name,
                        overrides={**(manifest.get("overrides") or {}), "deploy.rounds": 1}, until="deploy")

@@ -296,16 +296,17 @@ def test_auto_runtime_fallback_is_said_in_the_headline_and_the_ladder(tiny_run):
     assert f"runtime        on loopback: {why}" in markdown and "onnxruntime fp32 (fallback) [1]" in markdown
 
 
-def test_tensorrt_runtime_without_tensorrt_fails_before_any_stage(tmp_path):
+@pytest.mark.parametrize("recipe", ["tiny", "tiny-det"])
+def test_tensorrt_runtime_without_tensorrt_fails_before_any_stage(tmp_path, recipe):
     """`--set deploy.runtime=tensorrt` against an agent without TensorRT (here: the loopback agent) is refused
-    before the data stage, with the agent's reason and the fix."""
+    before the data stage, with the agent's reason and the fix, in every task (one preflight, shared)."""
     from device.errors import ConfigError
 
     with pytest.raises(ConfigError, match="deploy.runtime is tensorrt but TensorRT is not available on the "
                                           "loopback agent") as err:
-        run_pipeline("tiny", runs_dir=tmp_path, run_id="r", overrides={"deploy.runtime": "tensorrt"})
+        run_pipeline(recipe, runs_dir=tmp_path, run_id="r", overrides={"deploy.runtime": "tensorrt"})
     assert "--system-site-packages" in err.value.fix and "deploy.runtime=auto" in err.value.fix
-    assert not (tmp_path / "tiny" / "r" / "data").exists()
+    assert not (tmp_path / recipe / "r" / "data").exists()
 
 
 def test_every_rung_is_scored_by_the_engine_that_was_timed(tiny_run):

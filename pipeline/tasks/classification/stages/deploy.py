@@ -21,15 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from device.client import AgentClient, AgentError
-from device.errors import ConfigError, EdgeFoldError
+from device.client import AgentError
+from device.errors import ConfigError
 from device.files import sha256_file
-from device.schema import EvaluationSpec, JobSpec, parse_result
-from pipeline.core.codehash import code_sha256
+from device.schema import EvaluationSpec
+from pipeline.deploy.session import DeviceSession, reachable_facts, require_runtime
 from pipeline.devices import DEPLOY_SCHEMA, Device
-from pipeline.jobs import (LOOPBACK, choose_runtime, deploy_targets, interleaved_rounds, job_spec, reuse_or_measure,
-                           submit_and_wait, trt_major, window_key)
-from pipeline.jobs import fingerprint as device_fingerprint
+from pipeline.jobs import LOOPBACK, deploy_targets, interleaved_rounds, job_spec
 from pipeline.tasks.classification.frame_files import FrameFiles, write_frame_files
 from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
 from pipeline.core.rungs import RUNGS, predictions_output
@@ -72,19 +70,6 @@ def _rung_record(rounds: list[dict[str, Any]], outcome: dict[str, Any]) -> dict[
             "rounds_failed": [r.get("error") for r in rounds if r["state"] != "succeeded"]}
 
 
-def _reachable_facts(ctx) -> list[tuple[str, dict[str, Any]]]:
-    """(name (url), ``GET /v1/device``) of each configured agent that answers; an unreachable one is left to the stage,
-    which reports it."""
-    facts = []
-    for device in ctx.devices:
-        try:
-            with AgentClient(device.url, device.token(), timeout_s=10) as client:
-                facts.append((f"{device.name} ({device.url})", client.device()))
-        except EdgeFoldError:
-            continue
-    return facts
-
-
 class DeployStage(Stage):
     name = "deploy"
     always_run = True  # device fingerprints are re-checked every time; unchanged results are reused
@@ -93,32 +78,17 @@ class DeployStage(Stage):
 
     def preflight(self, ctx):
         """Refused before the first stage, with the agent's own reason and fix (an unreachable agent is left to the
-        stage: it is reported there): ``deploy.runtime: tensorrt`` against an agent without TensorRT, and
-        ``deploy.torch_programs`` against an agent that does not trust programs."""
+        stage: it is reported there): ``deploy.runtime: tensorrt`` against an agent without TensorRT
+        (:func:`~pipeline.deploy.session.require_runtime`), and ``deploy.torch_programs`` against an agent that does
+        not trust programs."""
         if ctx.recipe.deploy.torch_programs:
             self._programs_trusted(ctx)
-        if ctx.recipe.deploy.runtime != "tensorrt":
-            return
-        if not ctx.devices:
-            from device.info import tensorrt_status
-
-            targets = [("the loopback agent (this machine)", tensorrt_status())]
-        else:
-            targets = [(name, info.get("tensorrt_status") or {
-                "found": trt_major(info) >= 10, "reason": f"its agent reports TensorRT {info.get('tensorrt')}",
-                "fix": "upgrade the agent to this EdgeFold's version"}) for name, info in _reachable_facts(ctx)]
-        missing = [(name, status) for name, status in targets if not status.get("found")]
-        if missing:
-            named = "; ".join(f"{name}: {status.get('reason')}" for name, status in missing)
-            fixes = "; ".join(dict.fromkeys(status.get("fix") or "install TensorRT" for _, status in missing))
-            raise ConfigError(f"deploy.runtime is tensorrt but TensorRT is not available on {named}",
-                              fix=f"{fixes}; or run with --set deploy.runtime=auto (ONNX Runtime where TensorRT "
-                                  "is missing, said so in the report)")
+        require_runtime(ctx)
 
     @staticmethod
     def _programs_trusted(ctx) -> None:
         """Every configured agent accepts programs (``--trust-programs``); the loopback agent is started so."""
-        refusing = [name for name, info in _reachable_facts(ctx) if not info.get("trust_programs")]
+        refusing = [name for name, info in reachable_facts(ctx) if not info.get("trust_programs")]
         if refusing:
             raise ConfigError(f"deploy.torch_programs sends torch.export programs, and {', '.join(refusing)} "
                               "does not trust programs (its agent refuses .pt2 uploads: a program is code it would run)",
@@ -265,31 +235,14 @@ class DeployStage(Stage):
                 cache: Path, label: str, ctx, lock: threading.Lock,
                 evaluation: dict[str, Any] | None = None,
                 programs: dict[str, RoadArtifacts] | None = None, frames: FrameFiles | None = None) -> dict[str, Any]:
-        outcome: dict[str, Any] = {**device.public(), "url": url if device is not LOOPBACK else "loopback",
-                                   "status": "ok", "error": None, "fingerprint": None, "info": None, "rungs": {}}
-        try:
-            client = AgentClient(url, token or device.token(), timeout_s=60)
-        except EdgeFoldError as err:
-            return {**outcome, "status": "unreachable", "error": str(err)}
-        with client:
-            try:
-                info = client.device()
-            except AgentError as err:
-                return {**outcome, "status": "unreachable", "error": err.message}
-            fingerprint = device_fingerprint(info)
-            runtime, fallback = choose_runtime(cfg.runtime, info)
-            outcome.update(info=info, fingerprint=fingerprint, runtime=runtime, runtime_fallback=fallback)
-            if fallback:
-                with lock:
-                    ctx.log(f"[  deploy] {device.name}: {fallback}")
-            # Interleaved rounds: teacher, pruned, student, INT8, teacher, … one window each per round, so a
-            # busy spell hits every rung of its round and cancels in their paired ratios (pipeline.stats).
-            code = code_sha256(self.code_modules)[0] if device is LOOPBACK else None
+        with DeviceSession(device, url, token, cfg.runtime, cache, self.code_modules, ctx.log, lock) as session:
+            if not session.open():
+                return session.outcome
+            outcome, info, client = session.outcome, session.info, session.client
             # The ONNX road's rungs, then the Torch-TensorRT road's where the agent has it: one set of rounds for both.
             jobs = [(rung, "tensorrt", path) for rung, path in artifacts.items()]
             if programs:
                 outcome["roads"] = {"torch_tensorrt": self._torch_road(device, info, programs, jobs, ctx, lock)}
-            digests = {path: sha256_file(path) for _, _, path in jobs}
             scoring = None
             if evaluation is not None:
                 try:  # content-addressed like a model: uploaded once per device, never twice
@@ -302,26 +255,16 @@ class DeployStage(Stage):
                 rung, road_name, path = job
                 shown = rung if road_name == "tensorrt" else f"{rung}@{road_name}"
                 # Round 1 also scores the set through the engine it timed, and (ONNX road) times the frame's path.
-                spec = job_spec(rung, digests[path], info, cfg, preprocess, f"{label}/{shown}/round{round_index + 1}",
-                                profile=round_index == 0, evaluation=scoring if round_index == 0 else None,
-                                sweep=cfg.sweep, road=road_name,
+                spec = job_spec(rung, session.digest(path), info, cfg, preprocess,
+                                f"{label}/{shown}/round{round_index + 1}", profile=round_index == 0,
+                                evaluation=scoring if round_index == 0 else None, sweep=cfg.sweep, road=road_name,
                                 frame=(frames.spec(client, rung) if frames and round_index == 0
                                        and road_name == "tensorrt" else None))
-                # The agent is in the key (each board of a fleet is measured); loopback measures with this checkout.
-                key = window_key(artifact=digests[path], agent=device.url, code=code, fingerprint=fingerprint,
-                                 round_index=round_index,
-                                 spec=spec.model_dump(mode="json", exclude={"label"}, exclude_none=True))
-                record, reused = reuse_or_measure(cache / f"{key}.json", lambda: self._benchmark(
-                    client, device, shown, path, spec, cfg, ctx, lock))
-                if reused:  # not flagged in the record: results.json stays byte-identical, so the report is cached
-                    outcome.setdefault("reused", []).append(shown)
-                    with lock:
-                        ctx.log(f"[  deploy] {device.name}: {shown} round {round_index + 1} reused "
-                                "(same artifact, device and job)")
-                elif record.get("unreachable"):
-                    outcome.update(status="lost", error=record["error"])
-                return record
+                return session.window(shown, path, spec, round_index, cfg.retries,
+                                      (spec.timeout_s or cfg.job_timeout_s) + 120)
 
+            # Interleaved rounds: teacher, pruned, student, INT8, teacher, … one window each per round, so a
+            # busy spell hits every rung of its round and cancels in their paired ratios (pipeline.stats).
             rounds: dict[tuple[str, str, Path], list[dict[str, Any]]] = {job: [] for job in jobs}
             interleaved_rounds(jobs, cfg.rounds, window, rounds)
             for (rung, road_name, _), records in rounds.items():
@@ -339,47 +282,16 @@ class DeployStage(Stage):
         if outcome["status"] != "ok" or path is None:
             return {"rung": rung, "state": "not measured",
                     "error": outcome.get("error") or f"{rung} has no ONNX artifact in this run"}
-        digest = sha256_file(path)
-        spec = job_spec(rung, digest, outcome["info"], cfg, preprocess, f"{label}/{rung}/sustained",
-                        profile=False, sustained=cfg.sustained, sweep=cfg.sweep if cfg.sustained.swept else None)
-        key = window_key(artifact=digest, agent=device.url, fingerprint=outcome["fingerprint"],
-                         code=code_sha256(self.code_modules)[0] if device is LOOPBACK else None, round_index=0,
-                         spec=spec.model_dump(mode="json", exclude={"label"}, exclude_none=True))
-
-        def run() -> dict[str, Any]:
-            with lock:
-                ctx.log(f"[  deploy] {device.name}: {rung} run without pause for {cfg.sustained.minutes:g} min"
-                        + (" under each sweep setting" if spec.sweep is not None else ""))
+        with DeviceSession(device, url, token, cfg.runtime, cache, self.code_modules, ctx.log, lock) as session:
+            if not session.open():
+                return {"rung": rung, "state": "not measured", "error": session.outcome["error"]}
+            spec = job_spec(rung, session.digest(path), session.info, cfg, preprocess, f"{label}/{rung}/sustained",
+                            profile=False, sustained=cfg.sustained, sweep=cfg.sweep if cfg.sustained.swept else None)
             # Never retried: a retry would run the board for the minutes again (a failure is reported as it is).
-            return self._benchmark(client, device, f"{rung} sustained", path, spec,
-                                   cfg.model_copy(update={"retries": 0}), ctx, lock)
-
-        with AgentClient(url, token or device.token(), timeout_s=60) as client:
-            record, reused = reuse_or_measure(cache / f"{key}.json", run)
-        if reused:  # said in the log, not the record: results.json stays byte-identical and the report cached
-            with lock:
-                ctx.log(f"[  deploy] {device.name}: {rung} sustained run reused (same artifact, device and job)")
+            record = session.window(f"{rung} sustained", path, spec, 0, 0, (spec.timeout_s or cfg.job_timeout_s) + 120,
+                                    announce=f"{rung} run without pause for {cfg.sustained.minutes:g} min"
+                                             + (" under each sweep setting" if spec.sweep is not None else ""))
         return {"rung": rung, **{k: v for k, v in record.items() if k != "unreachable"}}
-
-    @staticmethod
-    def _benchmark(client: AgentClient, device: Device, rung: str, path: Path, spec: JobSpec, cfg, ctx,
-                   lock: threading.Lock) -> dict[str, Any]:
-        def report(job: dict[str, Any]) -> None:
-            with lock:
-                ctx.log(f"[  deploy] {device.name}: {rung} {job['state']}"
-                        f"{' — ' + job['progress'] if job.get('progress') and job['state'] == 'running' else ''}")
-
-        record = submit_and_wait(client, path, spec, (spec.timeout_s or cfg.job_timeout_s) + 120, cfg.retries,
-                                 on_progress=report)
-        if record.get("unreachable"):
-            return record
-        record["spec"] = spec.model_dump(mode="json", exclude_none=True)
-        if record["state"] == "succeeded":
-            try:  # the agent's result, typed: an agent of another version is named, not misread
-                record["result"] = parse_result(record["result"], f"{device.name}'s result for {rung}").dump()
-            except EdgeFoldError as err:
-                return {"state": "failed", "error": f"{err.message} ({err.fix})", "spec": record["spec"]}
-        return record
 
     def summary(self, metrics):
         devices = ", ".join(f"{name} {status}" for name, status in metrics["devices"].items())

@@ -44,6 +44,13 @@ class DetectionDeployStage(Stage):
     # The agent's job process and what it loads by name for a detection job (device.jobrun, device.artifacts).
     code_modules = ("device.jobrun", "device.agent", "device.detection_evaluation")
 
+    def preflight(self, ctx):
+        """``deploy.runtime: tensorrt`` against an agent without TensorRT is refused before the first stage, as
+        every task's deploy does (:func:`~pipeline.deploy.session.require_runtime`)."""
+        from pipeline.deploy.session import require_runtime
+
+        require_runtime(ctx)
+
     def needs(self, ctx):
         return ("data", "export", "quantize", "evaluate")  # the rungs and their sidecars are those stages' outputs
 
@@ -86,52 +93,52 @@ class DetectionDeployStage(Stage):
                                     "windows_reused": reused})
 
     def _device(self, ctx, device, loopback, artifacts, sizes, sets, test, count, ladder) -> dict[str, Any]:
-        from device.client import AgentClient
-        from device.errors import EdgeFoldError
-        from device.files import sha256_file
-        from pipeline.core.codehash import code_sha256
+        from device.client import AgentError
+        from device.schema import EvaluationSpec, JobSpec, parse_result
+        from pipeline.deploy.session import DeviceSession
+        from pipeline.jobs import interleaved_rounds
         from pipeline.tasks.detection.export import sidecar_path
-        from pipeline.jobs import choose_runtime, fingerprint, interleaved_rounds, window_key
 
         cfg = ctx.recipe.deploy
         url, token = (loopback.url, loopback.token) if loopback is not None else (device.url, None)
-        outcome = {**device.public(), "url": "loopback" if loopback is not None else device.url, "status": "ok",
-                   "error": None, "rungs": {}}
         cache = ctx.run_dir / "deploy-cache"
         cache.mkdir(exist_ok=True)
-        # A loopback agent measures with this checkout's code: editing the job process measures again.
-        code = code_sha256(self.code_modules)[0] if loopback is not None else None
         records: dict[str, list[dict[str, Any]]] = {rung: [] for rung in artifacts}
-        try:
-            with AgentClient(url, token or device.token(), timeout_s=60) as client:
-                info = client.device()
-                runtime, fallback = choose_runtime(cfg.runtime, info)
-                outcome.update(runtime=runtime, runtime_fallback=fallback, fingerprint=fingerprint(info))
-                uploaded = {path: client.upload(path) for path in set(sets.values())}
-                heads = {rung: client.upload(sidecar_path(path)) for rung, path in artifacts.items()}
-                digests = {rung: sha256_file(path) for rung, path in artifacts.items()}
+        with DeviceSession(device, url, token, cfg.runtime, cache, self.code_modules, ctx.log) as session:
+            if session.open():
+                try:  # content-addressed: uploaded once per device
+                    uploaded = {path: session.client.upload(path) for path in set(sets.values())}
+                    heads = {rung: session.client.upload(sidecar_path(path)) for rung, path in artifacts.items()}
+                except AgentError as err:
+                    session.outcome.update(status="lost" if err.status == 0 else "failed", error=err.message)
+                else:
+                    def window(rung: str, round_index: int) -> dict[str, Any]:
+                        # TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored.
+                        precision = ladder["rungs"][rung]["precision"] if session.runtime == "tensorrt" else "fp32"
+                        spec = JobSpec(
+                            artifact=session.digest(artifacts[rung]), runtime=session.runtime, precision=precision,
+                            batch_sizes=list(cfg.batch_sizes), iterations=cfg.iterations,
+                            warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
+                            profile=cfg.profile and round_index == 0, timeout_s=cfg.timeout_s,
+                            label=f"{ctx.recipe.name}/{rung}/round{round_index + 1}",
+                            # Round 1 also scores the set through the engine it timed, with the device's decode.
+                            evaluation=EvaluationSpec(artifact=uploaded[sets[rung]], images=count,
+                                                      head=heads[rung]) if round_index == 0 else None)
+                        # Logged as the graph's own precision: ONNX Runtime runs a Q/DQ graph in INT8 whatever the
+                        # job field says (the result's runtime.precision records what ran).
+                        return session.window(rung, artifacts[rung], spec, round_index, cfg.retries,
+                                              cfg.timeout_s + 120, announce=f"{rung} round {round_index + 1} "
+                                              f"({session.runtime}, {ladder['rungs'][rung]['precision']})")
 
-                def window(rung: str, round_index: int) -> dict[str, Any]:
-                    # TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored.
-                    precision = ladder["rungs"][rung]["precision"] if runtime == "tensorrt" else "fp32"
-                    spec = {"artifact": digests[rung], "runtime": runtime, "precision": precision,
-                            "batch_sizes": list(cfg.batch_sizes), "iterations": cfg.iterations,
-                            "warmup_iterations": cfg.warmup_iterations, "idle_s": cfg.idle_s,
-                            "profile": cfg.profile and round_index == 0, "timeout_s": cfg.timeout_s}
-                    if round_index == 0:  # round 1 also scores the set through the engine it timed
-                        spec["evaluation"] = {"artifact": uploaded[sets[rung]], "images": count,
-                                              "head": heads[rung]}
-                    key = window_key(artifact=digests[rung], agent=device.url or "loopback", code=code,
-                                     fingerprint=outcome["fingerprint"], round_index=round_index, spec=spec)
-                    return self._job(ctx, client, device, rung, artifacts[rung], spec, round_index, ladder, runtime,
-                                     cache / f"{key}.json")
-
-                interleaved_rounds(list(artifacts), cfg.rounds, window, records)
-        except EdgeFoldError as err:  # an unreachable or failing device is recorded, as classification's deploy does
-            outcome.update(status="failed", error=str(err))
+                    interleaved_rounds(list(artifacts), cfg.rounds, window, records)
+        outcome = session.outcome
+        reused = outcome.pop("reused", [])
         for rung, rounds in records.items():
             if rounds:
-                outcome["rungs"][rung] = self._rung(rung, rounds, test, count, sizes, ladder, cfg)
+                typed = [{**r, "result": parse_result(r["result"], f"{rung} on {device.name}")}
+                         if r["state"] == "succeeded" else r for r in rounds]
+                outcome["rungs"][rung] = self._rung(rung, typed, test, count, sizes, ladder, cfg)
+                outcome["rungs"][rung]["reused_rounds"] = reused.count(rung)
         _ratios(outcome["rungs"])
         return outcome
 
@@ -141,35 +148,6 @@ class DetectionDeployStage(Stage):
                 + ", ".join(f"{name} ({status})" for name, status in metrics["devices"].items()))
 
     @staticmethod
-    def _job(ctx, client, device, rung: str, path: Path, spec: dict, round_index: int, ladder, runtime: str,
-             cached: Path) -> dict[str, Any]:
-        """One round of one rung: the agent's job (or its cached record, when the same artifact, agent, fingerprint,
-        code and job were measured before), as ``{"state", "result", "job_id", "reused"}``, the result parsed once
-        here."""
-        from device.client import AgentError
-        from device.schema import parse_result
-        from pipeline.jobs import reuse_or_measure, submit_and_wait
-
-        def measure() -> dict[str, Any]:
-            # Logged as the graph's own precision: ONNX Runtime runs a Q/DQ graph in INT8 whatever the job field
-            # says (the result's runtime.precision records what ran).
-            ctx.log(f"[  deploy] {device.name}: {rung} round {round_index + 1} ({runtime}, "
-                    f"{ladder['rungs'][rung]['precision']})")
-            cfg = ctx.recipe.deploy
-            return submit_and_wait(client, path, {**spec, "label": f"{ctx.recipe.name}/{rung}/round{round_index + 1}"},
-                                   cfg.timeout_s + 120, cfg.retries)
-
-        record, reused = reuse_or_measure(cached, measure)
-        if record.get("unreachable"):  # the device is gone for this run: its other rungs are not waited for
-            raise AgentError(record["error"], fix="check that the agent is running and reachable", status=0)
-        if record["state"] != "succeeded":
-            return record
-        if reused:
-            ctx.log(f"[  deploy] {device.name}: {rung} round {round_index + 1} reused (same artifact, device and job)")
-        return {"state": "succeeded", "result": parse_result(record["result"], f"{rung} round {round_index + 1} on "
-                                                                               f"{device.name}"),
-                "job_id": record.get("job_id", record.get("id")), "reused": reused}
-
     @staticmethod
     def _rung(rung: str, rounds: list[dict[str, Any]], test, count: int, sizes, ladder, cfg) -> dict[str, Any]:
         """A rung's record: round 1's scores (device mAP through its own decode + NMS) and timings, and every round's
@@ -212,7 +190,6 @@ class DetectionDeployStage(Stage):
                                 "low_ms": figures["latency_p50_low_ms"], "high_ms": figures["latency_p50_high_ms"],
                                 "rounds": len(windows[batch])},
                 "rounds_failed": [e.get("error") for e in rounds if e["state"] != "succeeded"],
-                "reused_rounds": sum(1 for e in rounds if e.get("reused")),
                 # Round 1's per-layer profile of the engine it timed (or why there is none), for "where the time goes".
                 "profile": result.profile, "profile_note": result.runtime.profile_note,
                 "runtime": result.runtime.name,
