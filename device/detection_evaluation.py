@@ -18,6 +18,13 @@ from device.evaluation import EvaluationSetError, load_evaluation_set, padded_ba
 from device.files import sha256_file
 
 
+def evaluate_job(runner, job: dict[str, Any], evaluation, chw: Sequence[int], batch_sizes: Sequence[int]) -> dict[str, Any]:
+    """The ``detection`` post-processor (:mod:`device.postprocessors`): :func:`evaluate_detection_runner` on the job's
+    set with its sidecar."""
+    return evaluate_detection_runner(runner, job["evaluation_path"], evaluation.artifact, evaluation.images,
+                                     job["head_path"], evaluation.head, chw, batch_sizes)
+
+
 def evaluate_detection_runner(runner, path: str | Path, artifact: str, images: int, head_path: str | Path,
                               head: str, chw: Sequence[int], batch_sizes: Sequence[int]) -> dict[str, Any]:
     """Runs every image of the set through ``runner`` at its largest batch and post-processes each batch.

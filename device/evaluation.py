@@ -56,6 +56,12 @@ def padded_batches(data: np.ndarray, batch: int):
         yield chunk, real
 
 
+def evaluate_job(runner, job: dict[str, Any], evaluation, chw: Sequence[int], batch_sizes: Sequence[int]) -> dict[str, Any]:
+    """The ``top_k`` post-processor (:mod:`device.postprocessors`): :func:`evaluate_runner` on the job's set."""
+    return evaluate_runner(runner, job["evaluation_path"], evaluation.artifact, evaluation.images, evaluation.top_k,
+                           chw, batch_sizes)
+
+
 def evaluate_runner(runner, path: str | Path, artifact: str, images: int, top_k: int, chw: Sequence[int],
                     batch_sizes: Sequence[int]) -> dict[str, Any]:
     """Runs every image of the set through ``runner`` at the largest batch it was built for.

@@ -14,7 +14,6 @@ purpose otherwise. Unset (always, outside tests) it does nothing.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import platform
@@ -48,8 +47,6 @@ SMOKE_IMAGE = Path(__file__).parent / "assets" / "smoke.png"
 # Which power series is the device's power, in order of preference, and how to name it.
 POWER_SOURCES = (("jtop", series.BOARD_POWER), ("nvml", series.GPU_POWER))
 MEMORY_SOURCES = (("jtop", series.RAM_USED), ("nvml", series.GPU_MEM_USED), ("host", series.PROCESS_RSS))
-DETECTION_EVALUATION = "device.detection_evaluation"
-"""The detection evaluation pass, imported by name only for a job whose evaluation names a sidecar."""
 SERIES_SOURCES = ("jtop", "nvml", "host")  # a series any of them reads comes from the first
 
 
@@ -541,18 +538,11 @@ def timed_engines(runners: dict[str | None, Any], batch_sizes: list[int]) -> lis
 
 
 def evaluate_engine(spec: JobSpec, job: dict[str, Any], runner, chw: tuple[int, ...], batch: int) -> dict[str, Any]:
-    """The evaluation set through ``runner``'s engine for ``batch``: top-k classes, or detections after the
-    device's decode + NMS when the job names a head."""
-    if spec.evaluation.head is not None:
-        # Loaded by name: the pipeline's code hashes follow import statements, and a classification deploy
-        # must not be re-run by an edit to the detection decoder (pipeline.core.recipe.TASKS does the same).
-        evaluate_detection_runner = importlib.import_module(DETECTION_EVALUATION).evaluate_detection_runner
-        return evaluate_detection_runner(runner, job["evaluation_path"], spec.evaluation.artifact,
-                                         spec.evaluation.images, job["head_path"], spec.evaluation.head, chw, [batch])
-    from device.evaluation import evaluate_runner
+    """The evaluation set through ``runner``'s engine for ``batch`` and the post-processor the job names
+    (:mod:`device.postprocessors`)."""
+    from device import postprocessors
 
-    return evaluate_runner(runner, job["evaluation_path"], spec.evaluation.artifact, spec.evaluation.images,
-                           spec.evaluation.top_k, chw, [batch])
+    return postprocessors.evaluate(spec.evaluation, job, runner, chw, [batch])
 
 
 def ran_precision(runner, spec: JobSpec, artifact_path: str) -> str:

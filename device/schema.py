@@ -83,6 +83,10 @@ class PreprocessSpec(Request):
         return self
 
 
+Postprocess = Literal["top_k", "detection"]
+"""The device's post-processors by name (:data:`device.postprocessors.POSTPROCESSORS` loads each)."""
+
+
 class EvaluationSpec(Request):
     """An evaluation set the job runs through the engine it timed, outside the timed windows: an uploaded
     ``.npy`` of preprocessed images (float32, N×C×H×W, the shared preprocessing) named by its sha256."""
@@ -93,6 +97,21 @@ class EvaluationSpec(Request):
     head: str | None = Field(None, pattern=SHA256.pattern,
                              description="sha256 of an uploaded detection sidecar (.head.json): the device decodes "
                                          "and runs NMS after each batch and returns detections, not classes (2.5)")
+    postprocess: Postprocess | None = Field(
+        None, description="the post-processor the device runs on the engine's outputs (device.postprocessors): "
+                          "top_k classes, or detection (the sidecar head's decode + NMS); named by the job, so the "
+                          "device never guesses the task from which fields are set. Absent (a client before 2.13): "
+                          "detection where head is given, else top_k (2.13)")
+
+    @model_validator(mode="after")
+    def _named_postprocessor(self) -> "EvaluationSpec":
+        if self.postprocess is None:  # a job from a client before 2.13, which named no post-processor
+            self.postprocess = "detection" if self.head is not None else "top_k"
+        if (self.postprocess == "detection") != (self.head is not None):
+            raise ValueError(f"postprocess {self.postprocess} "
+                             + ("needs head: the sha256 of the uploaded .head.json sidecar" if self.head is None
+                                else "takes no head (a detection sidecar): name postprocess detection"))
+        return self
 
 
 # A power mode by the board's own name (``MAXN_SUPER``) or id (``nvpmodel -m ID``).
@@ -209,8 +228,8 @@ class JobSpec(Request):
     @model_validator(mode="after")
     def _window(self) -> "JobSpec":
         if self.diverge is not None:
-            if self.evaluation is None or self.evaluation.head is not None:
-                raise ValueError("diverge runs the evaluation set's images: give evaluation (without head)")
+            if self.evaluation is None or self.evaluation.postprocess != "top_k":
+                raise ValueError("diverge runs the evaluation set's images: give evaluation (postprocess top_k)")
             if self.runtime not in ("tensorrt", "onnxruntime"):
                 raise ValueError("diverge marks ONNX tensors as outputs: runtime tensorrt or onnxruntime")
             if self.sweep is not None or len(self.batch_sizes) != 1:
@@ -328,8 +347,9 @@ class ErrorBody(Strict):
 # source images, images; FrameResult.in_graph, in_graph_error, scores, copies_ms, power; JobSpec and JobResult.sustained;
 # 2.11: a sustained sweep (JobResult.more_sustained, SustainedResult.power_setting), cooling, the start's temperature
 # 2.12: RuntimeInfo.loaded_from (a torch runner's artifact: a device checkpoint rebuilt here, or a trusted program);
-# BuildFacts.engines (each batch's engine by its key in the agent's cache: GET /v1/engines/{key})
-RESULT_MAJOR, RESULT_MINOR = 2, 12
+# BuildFacts.engines (each batch's engine by its key in the agent's cache: GET /v1/engines/{key});
+# 2.13: EvaluationSpec.postprocess (the job names the device's post-processor)
+RESULT_MAJOR, RESULT_MINOR = 2, 13
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added

@@ -219,7 +219,8 @@ def agent_probe(client, artifact: str, evaluation: str, images: np.ndarray, spec
     def probe(names: list[str]) -> tuple[dict[str, dict[str, float]], str | None]:
         job_spec = JobSpec(artifact=artifact, runtime=spec["runtime"], precision=spec.get("precision", "fp32"),
                            batch_sizes=[spec["batch"]], iterations=2, profile=False,
-                           evaluation=EvaluationSpec(artifact=evaluation, images=spec["evaluation_images"]),
+                           evaluation=EvaluationSpec(artifact=evaluation, images=spec["evaluation_images"],
+                                                     postprocess="top_k"),
                            diverge=DivergeSpec(tensors=names, images=len(images), max_bytes=max_bytes),
                            label=spec.get("label", "diverge"), timing_cache=spec.get("timing_cache"),
                            dla_core=spec.get("dla_core"))

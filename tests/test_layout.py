@@ -169,3 +169,70 @@ def test_a_misspelled_code_root_is_an_error_with_the_near_name():
     with pytest.raises(ConfigError, match="code root 'pipeline.tasks.classification.stages.quantise' is not a module") as err:
         codehash.closure(["pipeline.tasks.classification.stages.quantise"])
     assert "pipeline.tasks.classification.stages.quantize" in err.value.fix
+
+
+def test_the_device_never_tells_tasks_apart_by_which_fields_are_set():
+    """A job names its post-processor (``EvaluationSpec.postprocess``) and the device looks it up by that name
+    (:mod:`device.postprocessors`): outside the schema (which reads an older client's job), no device module branches
+    on whether a job's evaluation holds a sidecar; every registered name is a module with ``evaluate_job``."""
+    import importlib
+    import importlib.util
+    from typing import get_args
+
+    from device.postprocessors import POSTPROCESSORS
+    from device.schema import Postprocess
+
+    assert set(POSTPROCESSORS) == set(get_args(Postprocess))
+    for name, module in POSTPROCESSORS.items():
+        assert importlib.util.find_spec(module) is not None, f"{name}: {module} is not a module"
+        assert callable(getattr(importlib.import_module(module), "evaluate_job", None)), module
+    branching = []
+    for path in sorted((ROOT / "device").rglob("*.py")):
+        if path.name == "schema.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            tests = [node.test] if isinstance(node, (ast.If, ast.IfExp, ast.While)) else []
+            tests += [cond for gen in getattr(node, "generators", []) for cond in gen.ifs]
+            for test in tests:
+                if any(isinstance(n, ast.Attribute) and n.attr == "head" for n in ast.walk(test)):
+                    branching.append(f"{path.relative_to(ROOT)}:{test.lineno}")
+    assert branching == [], "branch on evaluation.postprocess (the job's own word), not on which fields are set"
+
+
+def _named_modules() -> dict[str, list[str]]:
+    """Every module the sources name in a string (``"device.jobrun"``, ``b"device.jobrun"`` in /proc lines,
+    ``"pkg.mod:Attr"`` roots), and setup.cfg's entry points, with where each is written."""
+    import re
+
+    pattern = re.compile(r"^(device|pipeline)(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?$")
+    named: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "device").rglob("*.py")) + sorted((ROOT / "pipeline").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+                text = node.value.decode("utf-8", "replace") if isinstance(node.value, bytes) else node.value
+                if pattern.match(text):
+                    named.setdefault(text, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    for line in (ROOT / "setup.cfg").read_text().splitlines():
+        target = line.partition("=")[2].strip()
+        if pattern.match(target):
+            named.setdefault(target, []).append("setup.cfg")
+    return named
+
+
+def test_every_module_named_in_a_string_is_a_module():
+    """Module names written as strings (job processes found in /proc by name, post-processors and recipe roots loaded
+    by name, code roots, entry points) move with their modules: one that no longer names a module, or an attribute
+    it no longer has, fails here instead of on a board."""
+    import importlib
+    import importlib.util
+
+    named = _named_modules()
+    assert {"device.jobrun", "device.zygote", "device.cli:main", "pipeline.cli:main"} <= set(named), "the scan sees them"
+    missing = []
+    for text, where in named.items():
+        module, _, attribute = text.partition(":")
+        if importlib.util.find_spec(module) is None:
+            missing.append(f"{text} ({', '.join(where)})")
+        elif attribute and not hasattr(importlib.import_module(module), attribute):
+            missing.append(f"{text}: no {attribute} ({', '.join(where)})")
+    assert missing == []

@@ -119,3 +119,19 @@ def test_the_client_refuses_what_the_agent_would_refuse_before_sending():
         with pytest.raises(AgentError) as err:  # a tuple is a list on the wire: valid, so it is sent
             client.submit({"artifact": SHA, "batch_sizes": (1, 8)})
         assert err.value.status == 0
+
+
+def test_a_job_names_its_post_processor_and_an_older_clients_job_reads_as_before():
+    """2.13: ``evaluation.postprocess`` names what the device runs on the outputs; a job without it (a client before
+    2.13) reads as it did (a sidecar: detection, else top-k), and a name that contradicts the fields is refused."""
+    from device.schema import EvaluationSpec
+
+    assert EvaluationSpec(artifact=SHA, images=3).postprocess == "top_k"
+    assert EvaluationSpec(artifact=SHA, images=3, head=SHA).postprocess == "detection"
+    assert EvaluationSpec(artifact=SHA, images=3, head=SHA, postprocess="detection").head == SHA
+    with pytest.raises(ValidationError, match="postprocess detection needs head"):
+        EvaluationSpec(artifact=SHA, images=3, postprocess="detection")
+    with pytest.raises(ValidationError, match="takes no head"):
+        EvaluationSpec(artifact=SHA, images=3, head=SHA, postprocess="top_k")
+    with pytest.raises(ValidationError, match="postprocess"):
+        EvaluationSpec(artifact=SHA, images=3, postprocess="masks")

@@ -247,7 +247,7 @@ class DeployStage(Stage):
             if evaluation is not None:
                 try:  # content-addressed like a model: uploaded once per device, never twice
                     scoring = EvaluationSpec(artifact=client.upload(evaluation["path"]), images=evaluation["images"],
-                                             top_k=evaluation["top_k"])
+                                             top_k=evaluation["top_k"], postprocess="top_k")
                 except AgentError as err:
                     outcome["evaluation_error"] = err.message
 

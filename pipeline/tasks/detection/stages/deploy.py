@@ -123,7 +123,7 @@ class DetectionDeployStage(Stage):
                             label=f"{ctx.recipe.name}/{rung}/round{round_index + 1}",
                             # Round 1 also scores the set through the engine it timed, with the device's decode.
                             evaluation=EvaluationSpec(artifact=uploaded[sets[rung]], images=count,
-                                                      head=heads[rung]) if round_index == 0 else None)
+                                                      head=heads[rung], postprocess="detection") if round_index == 0 else None)
                         # Logged as the graph's own precision: ONNX Runtime runs a Q/DQ graph in INT8 whatever the
                         # job field says (the result's runtime.precision records what ran).
                         return session.window(rung, artifacts[rung], spec, round_index, cfg.retries,

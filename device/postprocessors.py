@@ -1,0 +1,37 @@
+"""The post-processors a job names (``EvaluationSpec.postprocess``): what the device does with the engine's outputs
+on the evaluation set. The job says which; the device never infers the task from which fields are set.
+
+Each is a module loaded by name when a job names it, exposing ``evaluate_job(runner, job, evaluation, chw,
+batch_sizes)``: the pipeline's code hashes follow import statements, so a classification deploy is not re-measured by
+an edit to the detection decoder. A new task adds its module here and its name to :data:`device.schema.Postprocess`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Sequence
+
+from device.schema import EvaluationSpec
+
+POSTPROCESSORS: dict[str, str] = {
+    "top_k": "device.evaluation",                 # classes: the k best per image
+    "detection": "device.detection_evaluation",   # the sidecar's decode + NMS per batch, detections per image
+}
+
+
+def evaluate(evaluation: EvaluationSpec, job: dict[str, Any], runner, chw: Sequence[int],
+             batch_sizes: Sequence[int]) -> dict[str, Any]:
+    """The evaluation set through ``runner``'s engine and the post-processor the job names.
+
+    Args:
+        evaluation: The job's evaluation (its ``postprocess`` set: the schema fills it for an older client).
+        job: The executor's job record (the stored files' paths: ``evaluation_path``, ``head_path``).
+        runner: The loaded runner whose engine was timed.
+        chw: The model's input C×H×W.
+        batch_sizes: The batches the job measured.
+
+    Returns:
+        ``device.schema.EvaluationResult`` as a dict.
+    """
+    module = importlib.import_module(POSTPROCESSORS[evaluation.postprocess])
+    return module.evaluate_job(runner, job, evaluation, chw, batch_sizes)
