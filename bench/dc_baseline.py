@@ -96,7 +96,7 @@ def export_onnx(folder: Path, size: int, classes: int,
     export_graph(model, fp32, (1, 3, size, size), opset=17)
     fp16 = folder / f"{arch}-{size}.fp16.onnx"
     try:
-        from pipeline.fp16 import to_fp16
+        from pipeline.quantize.fp16 import to_fp16
 
         to_fp16(fp32, fp16)
     except Exception as err:  # noqa: BLE001 (a missing converter or a failed conversion: both leave no FP16 model)

@@ -146,7 +146,7 @@ def _measure(convert, src: Path, dst: Path, images: np.ndarray, reference: np.nd
              ranges: dict[tuple[str, int], float]) -> dict:
     import onnx
 
-    from pipeline.fp16 import graph_facts, quiet
+    from pipeline.quantize.fp16 import graph_facts, quiet
 
     before = graph_facts(onnx.load(str(src)))
     started = time.perf_counter()
@@ -200,7 +200,7 @@ def main() -> int:
     import modelopt
     import onnxconverter_common
 
-    from pipeline.fp16 import quiet
+    from pipeline.quantize.fp16 import quiet
 
     converters = _converters()
     rows = []

@@ -5,9 +5,9 @@
     python bench/int8_sensitivity.py --runs runs/tiny-det/seed{0,1,2} --quantizer modelopt --outlier 1000
 
 Goal, stated before the run: on each finished run's FP32 student (export stage), the sensitivity order of
-:mod:`pipeline.mixed_precision` (leave-one-out on calibration images held apart from calibration) brings the INT8
-student within the accuracy budget with at most half the layers kept out of INT8 that keeping the largest layers (by
-MACs) or a random order needs. Each order is walked over the same k, each candidate written by the quantizer with
+:mod:`pipeline.quantize.mixed_precision` (leave-one-out on calibration images held apart from calibration) brings the
+INT8 student within the accuracy budget with at most half the layers kept out of INT8 that keeping the largest layers
+(by MACs) or a random order needs. Each order is walked over the same k, each candidate written by the quantizer with
 ``nodes_to_exclude`` and calibrated on the same images, and scored on the test split — measurement only: the
 sensitivity is measured on the held-out calibration slice, nothing is chosen on the test split. The random order is
 one seeded permutation per run.
@@ -49,8 +49,8 @@ def one_run(run_dir: Path, method: str, per_tensor: bool, held_out: float, ks: t
     from pipeline.core.context import RunContext
     from pipeline.core.manifest import Manifest
     from pipeline.core.recipe import load_recipe
-    from pipeline.mixed_precision import layer_macs, sensitivity
-    from pipeline.quantize_ladder import HeldOut, Step, scratch_copy
+    from pipeline.quantize.mixed_precision import layer_macs, sensitivity
+    from pipeline.quantize.ladder import HeldOut, Step, scratch_copy
     from pipeline.tasks.classification.int8 import ClassificationLadder
     from pipeline.tasks.detection.int8 import DetectionLadder
 
@@ -151,7 +151,7 @@ def plant_outlier(path: Path, seed: int, factor: float, where: str = "first-half
         raise SystemExit(f"{path}: no Conv → Relu → Conv chain to plant an outlier in")
     rng = np.random.default_rng(seed)
     if where == "not-largest":
-        from pipeline.mixed_precision import layer_macs
+        from pipeline.quantize.mixed_precision import layer_macs
 
         macs = layer_macs(model)
         largest = max(macs, key=macs.get)

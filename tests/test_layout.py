@@ -26,7 +26,7 @@ LONG_FUNCTIONS = {
     "device/agent.py:create_app": 211, "pipeline/latency/budget.py:plan_to_budget": 179,
     "device/jobrun.py:run_job": 125, "device/safe_pickle.py:interpret": 106, "pipeline/tasks/classification/report_data.py:collect": 94,
     "pipeline/runner.py:run_pipeline": 104, "pipeline/latency/measure.py:measure": 95,
-    "device/engine.py:build_engine": 94, "pipeline/fp16_nodes.py:nodes_to_fp16": 92,
+    "device/engine.py:build_engine": 94, "pipeline/quantize/fp16_nodes.py:nodes_to_fp16": 92,
     "device/sweep.py:run_sweep": 85}
 # Public library functions still living in a stage module (the stage itself should be all there is).
 STAGE_MODULE_LIBRARY = {

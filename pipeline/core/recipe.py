@@ -312,7 +312,7 @@ MODELOPT_METHODS = ("max", "entropy")  # modelopt.onnx.quantization's int8 calib
 
 class MixedPrecisionConfig(Strict):
     """The ladder's step between calibration and QAT: the most sensitive layers left out of INT8 (FP16 in the graph),
-    as few as meet the budget on a slice of the calibration images held apart (:mod:`pipeline.mixed_precision`)."""
+    as few as meet the budget on calibration images held apart (:mod:`pipeline.quantize.mixed_precision`)."""
 
     max_layers: int = Field(8, ge=1, description="most layers left out of INT8; k ≤ this is found by bisection")
     held_out: float = Field(0.25, gt=0, lt=1, description="fraction of the calibration images held apart from "
@@ -321,7 +321,7 @@ class MixedPrecisionConfig(Strict):
 
 
 class LadderConfig(Strict):
-    """The INT8 ladder every task climbs (:mod:`pipeline.quantize_ladder`): each calibration method in order, then
+    """The INT8 ladder every task climbs (:mod:`pipeline.quantize.ladder`): each calibration method in order, then
     the most sensitive layers left in FP16, then quantization-aware fine-tuning, until the INT8 student is within the
     budget of the FP32 one."""
 

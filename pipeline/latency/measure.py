@@ -232,7 +232,7 @@ def quantize_for_timing(fp32: Path, out: Path, input_shape) -> Path:
     ModelOpt (the quantize stage's default) places Q/DQ the same way (Conv inputs, one input of each residual
     Add) but takes seconds per network; a table measures a hundred or more.
     """
-    from pipeline.ort_quantize import quantize_ort
+    from pipeline.quantize.ort import quantize_ort
 
     calibration = np.random.default_rng(0).standard_normal((8, *input_shape[1:])).astype(np.float32)
     quantize_ort(fp32, out, calibration, "max", per_channel=True)

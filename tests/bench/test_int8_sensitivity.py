@@ -50,7 +50,7 @@ def test_the_plant_keeps_the_function_and_goes_where_asked(tiny_run, tmp_path, w
 
     from bench.int8_sensitivity import plant_outlier
     from device.runners.onnxruntime import OnnxRuntimeRunner
-    from pipeline.mixed_precision import layer_macs
+    from pipeline.quantize.mixed_precision import layer_macs
 
     source = tiny_run.manifest.output("export", "student")
     planted_path = tmp_path / "planted.onnx"

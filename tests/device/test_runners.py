@@ -64,7 +64,7 @@ def test_torch_runner_matches_eager_and_takes_any_batch(exported, device_checkpo
 
 def test_torch_runner_refuses_an_int8_checkpoint_it_would_run_in_float(tmp_path, device_checkpoint):
     pytest.importorskip("modelopt.torch.quantization")
-    from pipeline.modelopt_state import calibrate
+    from pipeline.quantize.modelopt_state import calibrate
 
     _, path = device_checkpoint
     int8 = tmp_path / "student.int8.device.pt"

@@ -504,7 +504,7 @@ def two_roads(tmp_path_factory, program):
     if importlib.util.find_spec("modelopt") is not None:  # the INT8 rung: its device checkpoint, ModelOpt's state in it
         from pipeline.checkpoint import save_checkpoint
         from pipeline.models import build_model
-        from pipeline.modelopt_state import calibrate
+        from pipeline.quantize.modelopt_state import calibrate
 
         checkpoint = save_checkpoint(tmp / "model.pt", build_model("tiny_resnet", 5).eval(), "tiny_resnet", 5)
         calibration = np.random.default_rng(0).standard_normal((16, 3, 16, 16)).astype(np.float32)

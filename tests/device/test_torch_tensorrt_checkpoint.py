@@ -39,7 +39,7 @@ def checkpoints(tmp_path_factory):
     images = np.random.default_rng(0).standard_normal((40, 3, 16, 16)).astype(np.float32)
     int8_path = None
     try:
-        from pipeline.modelopt_state import calibrate
+        from pipeline.quantize.modelopt_state import calibrate
 
         int8_path = tmp / "student.int8.device.pt"
         calibrate(checkpoint, images[:32], int8_path, "max", (3, 16, 16))
@@ -226,7 +226,7 @@ def test_real_int8_rung_compiles_from_its_device_checkpoint(tmp_path, checkpoint
     pytest.importorskip("modelopt.torch.quantization")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from pipeline.modelopt_state import restore
+    from pipeline.quantize.modelopt_state import restore
 
     _, _, int8_path, images = checkpoints
     with make_runner("torch_tensorrt", str(int8_path), precision="int8", batch_sizes=(4,),

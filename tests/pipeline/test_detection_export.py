@@ -17,9 +17,9 @@ from pipeline.tasks.detection.export import box_branch_nodes, export_detector, n
 from pipeline.tasks.detection.models import build_detector
 from pipeline.tasks.detection.recipe import BOX_HEADS
 from pipeline.tasks.detection.train import predict
-from pipeline.fp16_nodes import fp16_nodes
-from pipeline.int8_weights import float_weights
-from pipeline.quantize_ladder import Step, check_candidate
+from pipeline.quantize.fp16_nodes import fp16_nodes
+from pipeline.quantize.int8_weights import float_weights
+from pipeline.quantize.ladder import Step, check_candidate
 from pipeline.tasks.detection.int8 import quantize_detector
 
 

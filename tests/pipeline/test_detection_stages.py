@@ -92,8 +92,8 @@ def test_detection_int8_puts_the_box_head_in_fp16_and_records_what_each_setting_
 
     from device.qdq_lint import lint_qdq
     from pipeline.tasks.detection.export import box_branch_nodes
-    from pipeline.fp16_nodes import fp16_nodes
-    from pipeline.int8_weights import float_weights
+    from pipeline.quantize.fp16_nodes import fp16_nodes
+    from pipeline.quantize.int8_weights import float_weights
 
     run_dir, manifest = det_run
     quantize = manifest["stages"]["quantize"]
@@ -417,8 +417,8 @@ def test_detection_climbs_the_shared_ladder_to_qat_when_calibration_misses(det_r
 
     import pipeline.tasks.detection.onnx as detection_onnx
     from pipeline.tasks.detection.export import box_branch_nodes
-    from pipeline.fp16_nodes import fp16_nodes
-    from pipeline.int8_weights import float_weights
+    from pipeline.quantize.fp16_nodes import fp16_nodes
+    from pipeline.quantize.int8_weights import float_weights
 
     real = detection_onnx.score_onnx_detector
 
@@ -460,8 +460,8 @@ def test_detection_keeps_its_most_sensitive_layers_in_fp16_when_calibration_miss
 
     import pipeline.tasks.detection.onnx as detection_onnx
     from pipeline.tasks.detection.export import box_branch_nodes
-    from pipeline.fp16_nodes import fp16_nodes
-    from pipeline.mixed_precision import quantized_layers
+    from pipeline.quantize.fp16_nodes import fp16_nodes
+    from pipeline.quantize.mixed_precision import quantized_layers
 
     real = detection_onnx.score_onnx_detector
 

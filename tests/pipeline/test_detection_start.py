@@ -67,8 +67,8 @@ def test_the_device_decodes_each_layout_as_ultralytics_does(yolo_files, layout):
 def test_the_box_branch_is_traced_from_the_graph_and_kept_in_fp16(yolo_files, layout, tmp_path):
     import onnx
 
-    from pipeline.fp16_nodes import fp16_nodes
-    from pipeline.quantize_ladder import Step
+    from pipeline.quantize.fp16_nodes import fp16_nodes
+    from pipeline.quantize.ladder import Step
     from pipeline.tasks.detection.int8 import quantize_detector
 
     folder, _, files, test = yolo_files

@@ -21,7 +21,7 @@ from pipeline.core.stage import STAGE_ORDER
 from pipeline.tasks import classification, detection
 
 STAGES = classification.TASK.stages
-from pipeline.quantizers import QUANTIZERS, within_budget
+from pipeline.quantize.quantizers import QUANTIZERS, within_budget
 
 
 
@@ -133,7 +133,7 @@ def rewriting_quantizer(fp32, out, calibration, method, per_channel):
     (module-level: quantizers run in a spawned process)."""
     import onnx
 
-    from pipeline.ort_quantize import quantize_ort
+    from pipeline.quantize.ort import quantize_ort
 
     onnx.save(onnx.shape_inference.infer_shapes(onnx.load(str(fp32))), str(fp32))
     quantize_ort(fp32, out, calibration, method, per_channel)

@@ -10,9 +10,9 @@ from device.errors import StageError
 from device.qdq_lint import lint_qdq
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from device.files import sha256_file
-from pipeline.int8_weights import float_weights
+from pipeline.quantize.int8_weights import float_weights
 from pipeline.tasks.classification import int8 as classifier_int8
-from pipeline.quantizers import QUANTIZERS
+from pipeline.quantize.quantizers import QUANTIZERS
 from pipeline.runner import run_pipeline
 
 
@@ -216,7 +216,7 @@ def test_int8_float_islands_are_fp16_in_the_graph(tiny_run):
 def test_ort_calibrates_a_slice_that_batches_of_32_do_not_divide(tmp_path, method):
     """The mixed step calibrates on the held-in part of the slice (48 of 64 images): ORT's histogram calibrators
     fail on a short last batch, so the slice is fed in batches of one size."""
-    from pipeline.ort_quantize import quantize_ort
+    from pipeline.quantize.ort import quantize_ort
     from tests.device.agent_process import tiny_onnx
 
     images = np.random.default_rng(0).standard_normal((48, 3, 16, 16)).astype(np.float32)
@@ -232,11 +232,11 @@ def test_an_attention_models_float_islands_become_fp16(tmp_path):
     import onnxruntime as ort
     import torch
 
-    from pipeline.fp16_nodes import fp16_nodes
+    from pipeline.quantize.fp16_nodes import fp16_nodes
     from pipeline.models import build_model
     from pipeline.onnx_export import export_onnx
-    from pipeline.ort_quantize import quantize_ort
-    from pipeline.quantizers import float_islands_to_fp16
+    from pipeline.quantize.ort import quantize_ort
+    from pipeline.quantize.quantizers import float_islands_to_fp16
 
     torch.manual_seed(0)
     export_onnx(build_model("timm/test_vit", 10, input_size=32).eval(), tmp_path / "vit.onnx", (1, 3, 32, 32), 17)

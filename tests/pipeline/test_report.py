@@ -379,7 +379,7 @@ def test_the_int8_verdict_counts_the_layers_kept_in_fp16():
 def test_the_kept_layers_are_priced_from_the_int8_rungs_per_layer_profile():
     """A kept layer alone (or fused with other kept layers) is priced by its profiled time; a fusion with an INT8 layer
     cannot be split and is counted apart; a profile that names none of them says so."""
-    from pipeline.quantize_report import kept_time_text
+    from pipeline.quantize.report import kept_time_text
 
     layers = [{"name": "conv3 + relu3", "time_ms": 0.25}, {"name": "conv7", "time_ms": 0.5},
               {"name": "conv9 + add9", "time_ms": 1.0}, {"name": "conv1", "time_ms": 0.25}]

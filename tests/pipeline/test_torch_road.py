@@ -57,7 +57,7 @@ def student_checkpoint(tmp_path_factory, student):
 
 def test_modelopt_state_restores_into_a_fresh_student(tmp_path, student, student_checkpoint, images):
     pytest.importorskip("modelopt.torch.quantization")
-    from pipeline.modelopt_state import MODELOPT_METHODS, calibrate, restore
+    from pipeline.quantize.modelopt_state import MODELOPT_METHODS, calibrate, restore
 
     path = tmp_path / "student.int8.device.pt"
     record = calibrate(student_checkpoint, images[:32], path, "max")
@@ -87,7 +87,7 @@ def test_the_device_checkpoint_loads_with_weights_only_and_passes_the_upload_che
     pytest.importorskip("modelopt.torch.quantization")
     from device.artifacts import check
     from device.files import sha256_file
-    from pipeline.modelopt_state import calibrate
+    from pipeline.quantize.modelopt_state import calibrate
 
     path = tmp_path / "student.int8.device.pt"
     calibrate(student_checkpoint, images[:32], path, "max")
@@ -111,7 +111,7 @@ def test_an_upload_that_pickles_a_module_is_refused_naming_the_global(tmp_path):
 
 def test_a_float_checkpoint_is_not_restored_as_int8(tmp_path, student_checkpoint):
     from device.errors import CheckpointError
-    from pipeline.modelopt_state import restore
+    from pipeline.quantize.modelopt_state import restore
     from pipeline.torch_export import write_device_checkpoint
 
     float_device = write_device_checkpoint(student_checkpoint, tmp_path / "student.device.pt", (3, 16, 16))
@@ -123,7 +123,7 @@ def test_a_float_checkpoint_is_not_restored_as_int8(tmp_path, student_checkpoint
 def test_a_state_for_another_student_is_refused(tmp_path, student_checkpoint, images):
     pytest.importorskip("modelopt.torch.quantization")
     from device.errors import CheckpointError
-    from pipeline.modelopt_state import calibrate, restore
+    from pipeline.quantize.modelopt_state import calibrate, restore
 
     path = tmp_path / "student.int8.device.pt"
     calibrate(student_checkpoint, images[:32], path, "max")

@@ -1,4 +1,4 @@
-"""The classifier on the INT8 ladder (:mod:`pipeline.quantize_ladder`): top-1 on the test split decided on counts,
+"""The classifier on the INT8 ladder (:mod:`pipeline.quantize.ladder`): top-1 on the test split decided on counts,
 the float islands written FP16 in the graph (``quantize.float_islands``), QAT distilled from the FP32 student's
 logits (:mod:`pipeline.tasks.classification.qat`). A library: the quantize stage climbs with it.
 """
@@ -16,8 +16,8 @@ from pipeline.core.log import log
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.tasks.classification.qat import quantization_aware_finetune
 from pipeline.onnx_export import INPUT_NAME
-from pipeline.quantize_ladder import HeldOut, LadderTask, Step
-from pipeline.quantizers import QUANTIZERS, float_islands_to_fp16, logged_to, run_isolated, within_budget
+from pipeline.quantize.ladder import HeldOut, LadderTask, Step
+from pipeline.quantize.quantizers import QUANTIZERS, float_islands_to_fp16, logged_to, run_isolated, within_budget
 from pipeline.scores import points
 
 
@@ -73,7 +73,7 @@ class ClassificationLadder(LadderTask):
         return self._float_islands(out, step, self.cfg.float_islands if step.quantizer == "modelopt" else "fp32")
 
     def hold_out(self, fraction: float) -> HeldOut:
-        from pipeline.mixed_precision import held_apart
+        from pipeline.quantize.mixed_precision import held_apart
 
         if self.calibration_labels is None:
             raise StageError("the mixed-precision step needs the calibration images' labels",
@@ -88,7 +88,7 @@ class ClassificationLadder(LadderTask):
         return HeldOut(self.calibration[rest], inputs, score, self.calibration_source)
 
     def distortion(self, reference: list[np.ndarray], outputs: list[np.ndarray]) -> float:
-        from pipeline.mixed_precision import logit_kl
+        from pipeline.quantize.mixed_precision import logit_kl
 
         return logit_kl(reference, outputs)
 

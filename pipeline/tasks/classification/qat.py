@@ -1,5 +1,5 @@
 """Quantization-aware fine-tuning of a classifier with ModelOpt, distilled from its own FP32 form: the last step of
-the INT8 ladder (:mod:`pipeline.quantize_ladder`) for the classification task. A library."""
+the INT8 ladder (:mod:`pipeline.quantize.ladder`) for the classification task. A library."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from device.errors import MissingDependencyError
-from pipeline.ort_quantize import quiet as _quiet
-from pipeline.quantizers import store_weights_as_int8
+from pipeline.quantize.ort import quiet as _quiet
+from pipeline.quantize.quantizers import store_weights_as_int8
 
 
 def quantization_aware_finetune(ctx, path: Path, calibration: np.ndarray) -> Path:

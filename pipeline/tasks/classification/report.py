@@ -19,7 +19,7 @@ from pipeline.core.rungs import DEPLOYED, RUNGS
 from pipeline.profile_report import (NOT_MEASURED, TIMING_COLUMNS, TIMINGS_TEXT, has_device_timings, time_section,
                                      timing_rows)
 from pipeline.diverge_report import diverge_section
-from pipeline.quantize_report import int8_section
+from pipeline.quantize.report import int8_section
 from pipeline.results import (detail_columns, figure_cell, figure_label, interval_cell, ladder_columns,
                               write_results)
 from pipeline.sections import Bullets, Details, Figure, Pre, Section, Table, Text, to_html, to_markdown

@@ -19,7 +19,7 @@ from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from pipeline.devices import DEPLOY_SCHEMA
 from pipeline.diverge_report import answer_text, diverge_answers
 from pipeline.profile_report import NOT_MEASURED, shown_batch, time_table
-from pipeline.quantize_report import quantize_summary
+from pipeline.quantize.report import quantize_summary
 from pipeline.results import csv_columns, reported_figures
 from pipeline.scores import points as _points
 from pipeline.scores import verdict
@@ -294,7 +294,7 @@ def _int8_vs_fp16(rows: list[dict[str, Any]], device: str, predictions: dict, ev
     """The verdict users want: the INT8 student against its FP16 form on one device, with its evidence —
     paired latency and energy ratios with intervals, the device-measured top-1 change with McNemar's p, and,
     when INT8 does not pay off, the reasons the per-layer profile gives; the layers the INT8 rung keeps out of INT8
-    (``quantize``: :func:`pipeline.quantize_report.quantize_summary`) counted."""
+    (``quantize``: :func:`pipeline.quantize.report.quantize_summary`) counted."""
     from device.profile import BatchProfile, int8_payoff_reasons
 
     fp16 = fp16_form(RUNGS[DEPLOYED].form_of)

@@ -1,4 +1,4 @@
-"""The detector on the INT8 ladder (:mod:`pipeline.quantize_ladder`): COCO mAP of ONNX Runtime + the device's
+"""The detector on the INT8 ladder (:mod:`pipeline.quantize.ladder`): COCO mAP of ONNX Runtime + the device's
 decode on the test canvases; the box-regression branch kept out of Q/DQ as ``quantize.box_head`` says (FP16 in the
 graph, FP32, or quantized); QAT towards the FP32 student's raw head outputs (:mod:`pipeline.tasks.detection.qat`).
 A library: the detection quantize stage climbs with it.
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from device.errors import StageError
-from pipeline.quantize_ladder import HeldOut, LadderTask, Step
+from pipeline.quantize.ladder import HeldOut, LadderTask, Step
 
 
 def box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
@@ -22,7 +22,7 @@ def box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
     """
     import onnx
 
-    from pipeline.fp16_nodes import fp16_nodes, nodes_to_fp16
+    from pipeline.quantize.fp16_nodes import fp16_nodes, nodes_to_fp16
 
     model = onnx.load(str(path))
     facts = nodes_to_fp16(model, box_nodes)
@@ -32,7 +32,8 @@ def box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
         raise StageError(f"the box branch's FP16 rewrite of {path.name} left "
                          + (f"{len(stray)} node(s) outside the branch in FP16 (e.g. {stray[0]})" if stray
                             else "no node in FP16"),
-                         fix="this is a bug in pipeline/fp16_nodes.py; set quantize.box_head: float meanwhile")
+                         fix="this is a bug in pipeline/quantize/fp16_nodes.py; "
+                             "set quantize.box_head: float meanwhile")
     onnx.save(model, str(path))
     return {"box_nodes_fp16": facts["fp16_nodes"], "box_casts": facts["casts_in"] + facts["casts_out"]}
 
@@ -47,8 +48,8 @@ def quantize_detector(step: Step, fp32: Path, out: Path, calibration, per_channe
         float32_islands: Every layer left out of Q/DQ in FP32 (the sensitivity's graph edits need float32 weights).
     """
     from pipeline.tasks.detection.export import box_branch_nodes, sidecar_path
-    from pipeline.ort_quantize import quantize_ort, quiet
-    from pipeline.quantizers import logged_to, quantize_modelopt, run_isolated
+    from pipeline.quantize.ort import quantize_ort, quiet
+    from pipeline.quantize.quantizers import logged_to, quantize_modelopt, run_isolated
 
     box_nodes = box_branch_nodes(fp32) if box_head in ("fp16", "float") else []
     excluded = box_nodes + [name for name in exclude if name not in box_nodes]
@@ -63,7 +64,7 @@ def quantize_detector(step: Step, fp32: Path, out: Path, calibration, per_channe
                      per_channel, islands, excluded)
         import onnx
 
-        from pipeline.fp16_nodes import fp16_nodes
+        from pipeline.quantize.fp16_nodes import fp16_nodes
 
         halves = {"float_islands": islands,
                   "box_nodes_fp16": len(fp16_nodes(onnx.load(str(out))) & set(box_nodes))}
@@ -133,7 +134,7 @@ class DetectionLadder(LadderTask):
         sidecar_path(source).replace(sidecar_path(target))
 
     def hold_out(self, fraction: float) -> HeldOut:
-        from pipeline.mixed_precision import held_apart
+        from pipeline.quantize.mixed_precision import held_apart
         from pipeline.tasks.detection.onnx import score_onnx_detector
 
         # The calibration canvases are the first training canvases: the slice's indices are the training split's.

@@ -1,5 +1,5 @@
 """Quantization-aware fine-tuning of a detector with ModelOpt: the last step of the INT8 ladder
-(:mod:`pipeline.quantize_ladder`) for the detection task.
+(:mod:`pipeline.quantize.ladder`) for the detection task.
 
 The student is fake-quantized (INT8, per-channel weights) with the box-regression branch left unquantized unless the
 recipe quantizes it (``quantize.box_head: int8``), calibrated on the calibration canvases, then fine-tuned to give
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from device.errors import MissingDependencyError
-from pipeline.ort_quantize import quiet as _quiet
-from pipeline.quantizers import store_weights_as_int8
+from pipeline.quantize.ort import quiet as _quiet
+from pipeline.quantize.quantizers import store_weights_as_int8
 from pipeline.train import engine
 
 # ModelOpt's quantizer names follow module paths: every quantizer inside the box-regression branch.

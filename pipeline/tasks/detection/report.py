@@ -335,7 +335,7 @@ QUANTIZE_KEYS = ("box_head", "drop_points", "method", "kept_layers", "kept_preci
 def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, Any],
                  quantize_metrics: dict[str, Any], out: Path) -> dict[str, Path]:
     """Writes report.md, report.html (plots inline), results.json and results.csv into ``out``; returns their paths."""
-    from pipeline.quantize_report import int8_section
+    from pipeline.quantize.report import int8_section
     from pipeline.tasks.detection.plots import plots
 
     quantize = {key: quantize_metrics[key] for key in QUANTIZE_KEYS if key in quantize_metrics}

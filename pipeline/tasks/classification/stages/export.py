@@ -192,7 +192,7 @@ class ExportStage(Stage):
 
     def _fp16_forms(self, ctx, workdir: Path, exported: dict, metrics: dict) -> dict:
         """Writes each FP16 rung from its exported FP32 ONNX and scores it on the test split."""
-        from pipeline.fp16 import to_fp16
+        from pipeline.quantize.fp16 import to_fp16
 
         cfg = ctx.recipe.export
         images, labels = self._test_split(ctx)

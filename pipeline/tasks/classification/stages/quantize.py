@@ -16,9 +16,9 @@ from device.errors import StageError
 from device.trt_settings import trtexec_lines
 from pipeline.tasks.classification.int8 import ClassificationLadder
 from pipeline.onnx_export import INPUT_NAME
-from pipeline.ort_quantize import quiet as _quiet
-from pipeline.quantize_ladder import climb, scratch_copy, steps
-from pipeline.quantizers import within_budget
+from pipeline.quantize.ort import quiet as _quiet
+from pipeline.quantize.ladder import climb, scratch_copy, steps
+from pipeline.quantize.quantizers import within_budget
 from pipeline.scores import points, require_sane
 from pipeline.core.stage import Stage, StageResult
 
@@ -90,7 +90,7 @@ class QuantizeStage(Stage):
         """
         import torch
 
-        from pipeline.modelopt_state import calibrate, restore
+        from pipeline.quantize.modelopt_state import calibrate, restore
 
         cfg = ctx.recipe.quantize
         checkpoint = ctx.manifest.output("distill", "model")

@@ -1,12 +1,12 @@
 """detection quantize stage: the student to INT8 Q/DQ on backbone and neck through the ladder every task climbs
-(:mod:`pipeline.quantize_ladder`: ONNX Runtime or ModelOpt with each calibration method in order, then QAT distilled
+(:mod:`pipeline.quantize.ladder`: ONNX Runtime or ModelOpt with each calibration method in order, then QAT distilled
 from the FP32 student), the box branch outside Q/DQ in FP16 unless the recipe says ``quantize.box_head: float``
 (FP32) or ``int8`` (quantized too), gated on COCO mAP.
 
 The box-regression branch's nodes are excluded from Q/DQ; for ``fp16`` those nodes alone are then rewritten to FP16
-with Casts at the branch's edges (:mod:`pipeline.fp16_nodes`), so the precision is written in the graph, where a
-strongly typed TensorRT build takes it. Each candidate passes the ladder's TensorRT Q/DQ lint and int8-weights check.
-Its mAP comes from ONNX Runtime and the device's own decode + NMS (:mod:`pipeline.tasks.detection.onnx`). With
+with Casts at the branch's edges (:mod:`pipeline.quantize.fp16_nodes`), so the precision is written in the graph,
+where a strongly typed TensorRT build takes it. Each candidate passes the ladder's TensorRT Q/DQ lint and int8-weights
+check. Its mAP comes from ONNX Runtime and the device's own decode + NMS (:mod:`pipeline.tasks.detection.onnx`). With
 ``compare_box_head`` the other box-head settings are quantized with the accepted calibration too, and their mAP
 recorded: what each costs.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeline.tasks.detection.int8 import DetectionLadder
 from pipeline.tasks.detection.recipe import BOX_HEADS
-from pipeline.quantize_ladder import Step, check_candidate, climb, scratch_copy, steps
+from pipeline.quantize.ladder import Step, check_candidate, climb, scratch_copy, steps
 from pipeline.core.stage import Stage, StageResult
 
 

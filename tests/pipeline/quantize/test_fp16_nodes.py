@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from device.errors import StageError
 from device.runners.onnxruntime import OnnxRuntimeRunner
-from pipeline.fp16_nodes import fp16_nodes, nodes_to_fp16
+from pipeline.quantize.fp16_nodes import fp16_nodes, nodes_to_fp16
 
 
 def _graph():

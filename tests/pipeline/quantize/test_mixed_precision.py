@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from device.errors import StageError
-from pipeline.mixed_precision import dequantized, fewest, layer_macs, logit_kl, quantized_layers, sensitivity
+from pipeline.quantize.mixed_precision import dequantized, fewest, layer_macs, logit_kl, quantized_layers, sensitivity
 from pipeline.onnx_export import INPUT_NAME, export_onnx
-from pipeline.ort_quantize import quantize_ort
-from pipeline.quantize_ladder import HeldOut, LadderTask, Step, climb, steps
-from pipeline.quantizers import run_isolated
+from pipeline.quantize.ort import quantize_ort
+from pipeline.quantize.ladder import HeldOut, LadderTask, Step, climb, steps
+from pipeline.quantize.quantizers import run_isolated
 from pipeline.scores import points
 
 OUTLIER = 400.0
@@ -205,7 +205,7 @@ def test_a_ladder_without_the_mixed_step_fails_with_every_score(planted, tmp_pat
 
 
 def test_the_detector_measure_weighs_each_output_channel_alike():
-    from pipeline.mixed_precision import normalised_error
+    from pipeline.quantize.mixed_precision import normalised_error
 
     rng = np.random.default_rng(0)
     reference = np.concatenate([rng.normal(0, 100, (50, 1)), rng.normal(0, 0.01, (50, 1))], axis=1)
@@ -251,7 +251,7 @@ def test_a_layer_left_out_keeps_its_quantized_readers_inputs_quantized(tmp_path)
 
 
 def test_the_held_out_slice_is_spread_over_the_calibration_images_and_never_all_of_them():
-    from pipeline.mixed_precision import held_apart
+    from pipeline.quantize.mixed_precision import held_apart
 
     held, rest = held_apart(0.25, 128, "data.calib_size")
     assert len(held) == 32 and len(rest) == 96 and not set(held) & set(rest)

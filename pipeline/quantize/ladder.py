@@ -1,7 +1,7 @@
 """The one INT8 ladder every task climbs: post-training quantization with each calibration method in the recipe's
-order, then the most sensitive layers kept out of INT8 (:mod:`pipeline.mixed_precision`), then quantization-aware
-fine-tuning distilled from the FP32 student, until a candidate is within the task's accuracy budget of the FP32
-student.
+order, then the most sensitive layers kept out of INT8 (:mod:`pipeline.quantize.mixed_precision`), then
+quantization-aware fine-tuning distilled from the FP32 student, until a candidate is within the task's accuracy
+budget of the FP32 student.
 
 What is the same for every task lives here: the order of the steps, the checks every candidate passes before it is
 scored (TensorRT's Q/DQ rules, weights stored as int8), the record of every attempt, and the error that names each
@@ -109,7 +109,7 @@ class LadderTask(ABC):
 
     def distortion(self, reference: list[np.ndarray], outputs: list[np.ndarray]) -> float:
         """How far a candidate's outputs are from the FP32 model's (the sensitivity's measure)."""
-        from pipeline.mixed_precision import normalised_error
+        from pipeline.quantize.mixed_precision import normalised_error
 
         return normalised_error(reference, outputs)
 
@@ -161,7 +161,7 @@ def check_candidate(path: Path, step: Step) -> dict[str, Any]:
         StageError: Either fails (a quantizer bug: no score would mean anything).
     """
     from device.qdq_lint import lint_qdq
-    from pipeline.int8_weights import float_weights
+    from pipeline.quantize.int8_weights import float_weights
 
     lint = lint_qdq(path)
     if not lint.ok:
@@ -184,7 +184,7 @@ def mixed_step(task: LadderTask, methods: list[Step], workdir: Path, out: Path, 
     costs, and every k tried."""
     import onnx
 
-    from pipeline.mixed_precision import fewest, layer_macs, run_model, sensitivity
+    from pipeline.quantize.mixed_precision import fewest, layer_macs, run_model, sensitivity
 
     held = task.hold_out(fraction)
     fp32 = onnx.load(str(task.fp32))

@@ -1,6 +1,6 @@
 """The quantizers the INT8 ladder chooses from by key (``quantize.quantizer``), and what every INT8 candidate goes
 through whichever task made it: a fresh process per quantizer run, the weights stored as int8, the float islands
-written FP16 in the graph, the gate decided on counts. A library (:mod:`pipeline.quantize_ladder` climbs with it).
+written FP16 in the graph, the gate decided on counts. A library (:mod:`pipeline.quantize.ladder` climbs with it).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 
 from device.errors import MissingDependencyError, StageError
 from device.registry import Registry
-from pipeline.ort_quantize import quantize_ort
-from pipeline.ort_quantize import quiet as _quiet
+from pipeline.quantize.ort import quantize_ort
+from pipeline.quantize.ort import quiet as _quiet
 
 QUANTIZERS: Registry = Registry("quantizer")
 

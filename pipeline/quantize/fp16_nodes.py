@@ -1,7 +1,7 @@
 """Named nodes of an ONNX graph rewritten to FP16, with a Cast at each edge of the set and nothing else touched.
 
-:mod:`pipeline.fp16` converts a whole graph (its float remainder, for FP16 islands); a detector's box branch needs
-less: only its own nodes in FP16, the class tower beside it left as it was (measured: the class tower's
+:mod:`pipeline.quantize.fp16` converts a whole graph (its float remainder, for FP16 islands); a detector's box
+branch needs less: only its own nodes in FP16, the class tower beside it left as it was (measured: the class tower's
 GroupNorm in FP16 moving tiny-det's INT8 mAP from 17.1 to 7.6). The converters' block lists work the other way
 round (everything but the listed nodes), so this is a small rewrite of its own:
 
@@ -133,7 +133,7 @@ def nodes_to_fp16(model, names: Iterable[str]) -> dict[str, Any]:
         onnx.checker.check_model(model, full_check=True)
     except Exception as err:  # onnx raises ValidationError and shape-inference errors
         raise StageError(f"the FP16 rewrite made an invalid ONNX graph: {str(err).splitlines()[0]}",
-                         fix="this is a bug in pipeline/fp16_nodes.py; report it with the ONNX") from None
+                         fix="this is a bug in pipeline/quantize/fp16_nodes.py; report it with the ONNX") from None
     fp16_outputs = _float16_producers(model)
     return {"fp16_nodes": len(fp16_outputs & wanted), "casts_in": len(casts_before), "casts_out": len(casts_after),
             "weights_fp16": weights}
@@ -163,7 +163,7 @@ def _topological(nodes: list, available: set[str]) -> list:
                 heapq.heappush(ready, j)
     if len(order) != len(nodes):
         raise StageError("the FP16 rewrite left a cycle in the graph",
-                         fix="this is a bug in pipeline/fp16_nodes.py; report it with the ONNX")
+                         fix="this is a bug in pipeline/quantize/fp16_nodes.py; report it with the ONNX")
     return order
 
 

@@ -1,4 +1,4 @@
-"""pipeline.fp16: FP16 ONNX with float32 I/O, run for real under ONNX Runtime on CPU, with both converters."""
+"""pipeline.quantize.fp16: FP16 ONNX with float32 I/O, run for real under ONNX Runtime on CPU, with both converters."""
 
 import sys
 
@@ -8,7 +8,7 @@ import pytest
 from onnx import numpy_helper
 
 from device.errors import ConfigError, MissingDependencyError
-from pipeline.fp16 import AUTOCAST, CONVERTERS, DEFAULT_CONVERTER, ONNXCONVERTER, graph_facts, to_fp16
+from pipeline.quantize.fp16 import AUTOCAST, CONVERTERS, DEFAULT_CONVERTER, ONNXCONVERTER, graph_facts, to_fp16
 from tests.device.agent_process import tiny_onnx
 
 UNIT_ROUNDOFF = 2.0 ** -11  # FP16 keeps 11 significant bits: rounding moves a value by at most this, relatively
