@@ -435,14 +435,14 @@ def _cmd_runs(args) -> int:
     from pipeline.core.stage import STAGE_ORDER
 
     width = max(len(row["run"]) for row in rows) + 2
-    print(f"{'run':<{width}}{'last stage':<16}{'teacher':>9}{'student':>9}{'seconds':>9}")
+    print(f"{'run':<{width}}{'last stage':<16}{'score':>7}{'teacher':>9}{'student':>9}{'seconds':>9}")
     for row in rows:
         if "error" in row:
             print(f"{row['run']:<{width}}error: {row['error']}")
             continue
         last = f"{row['stages'][-1]} ({len(row['stages'])}/{len(STAGE_ORDER)})" if row["stages"] else "-"
-        print(f"{row['run']:<{width}}{last:<16}{pct(row['teacher_top1']):>9}"
-              f"{pct(row['student_top1']):>9}{row['seconds']:>9.0f}")
+        print(f"{row['run']:<{width}}{last:<16}{row['score']:>7}{pct(row['teacher_score']):>9}"
+              f"{pct(row['student_score']):>9}{row['seconds']:>9.0f}")
     return 0
 
 

@@ -87,6 +87,30 @@ def shown_batch(profile: dict[str, Any]) -> dict[str, Any]:
     return min(profile["batches"], key=lambda b: b["batch_size"])
 
 
+INT8_FIX = ("measure it where TensorRT builds INT8 engines: EDGE=http://<jetson>:8765 (make agent on the Jetson) or "
+            "DC=http://<gpu-server>:8765 (an agent with TensorRT)")
+
+
+def computes_in(profile: dict[str, Any] | None, precision: str) -> bool:
+    """Whether a compute layer of a rung's own profile ran in ``precision`` (true where no profile says otherwise, and
+    for fp32): ONNX Runtime's CPU provider runs a Q/DQ graph with every quantize and dequantize node a layer of its
+    own, and no compute layer in INT8."""
+    if not profile or precision == "fp32":
+        return True
+    layers = time_table(shown_batch(profile))["layers"]
+    return any(_get(layer, "precision") == precision and not _get(layer, "overhead") for layer in layers)
+
+
+def int8_not_run_reason(runtime: str | None) -> str:
+    """Why a headline leads with a float rung where the device ran the INT8 rung without INT8 compute."""
+    return (f"no compute layer ran in INT8 there: {runtime or 'the runtime'} ran the INT8 rung's Q/DQ graph with its "
+            "quantize and dequantize nodes as layers of their own (its profile, \"Where the time goes\")")
+
+
+def _get(item: Any, key: str) -> Any:
+    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
+
+
 TIMINGS_TEXT = ("Three latencies of the same timed calls at the latency batch, each the median over the interleaved "
                 "windows with its 95% interval. Wall: the whole call as an application sees it (the batch copied "
                 "into the runtime, the copies, the enqueue, the wait, Python) — the ladder's p50. trtexec Latency: "

@@ -312,14 +312,15 @@ def list_runs(runs_dir: str | Path = "runs", model: str | None = None) -> list[d
         except ManifestError as err:
             rows.append({"run": str(manifest_path.parent), "error": err.message})
             continue
-        stages = manifest.data["stages"]
+        stages, task = manifest.data["stages"], tasks.of_run(manifest_path.parent)
+        score = task.score
         rows.append({
             "run": str(manifest_path.parent), "model": manifest.data["model"], "created": manifest.data.get("created"),
-            "stages": [s for s in STAGE_ORDER if s in stages],
-            "teacher_top1": stages.get("teacher", {}).get("metrics", {}).get("top1"),
+            "stages": [s for s in STAGE_ORDER if s in stages], "score": task.score_name,
+            "teacher_score": stages.get("teacher", {}).get("metrics", {}).get(score),
             # An ONNX start has no distill stage: its student (the given graph) is scored at export.
-            "student_top1": stages.get("distill", {}).get("metrics", {}).get("top1")
-            or (stages.get("evaluate", {}).get("metrics", {}).get("rungs", {}).get("student") or {}).get("top1"),
+            "student_score": stages.get("distill", {}).get("metrics", {}).get(score)
+            or (stages.get("evaluate", {}).get("metrics", {}).get("rungs", {}).get("student") or {}).get(score),
             "seconds": sum(s.get("seconds", 0) for s in stages.values()),
         })
     return sorted(rows, key=lambda r: r.get("created") or "", reverse=True)

@@ -29,6 +29,8 @@ class Task:
         summary: Prints the end of ``edgefold run`` (the ladder, the headline, where the report is).
         headline: The headline of a built report's ``results.json`` (its ``headline`` object) in words.
         ship: What ``edgefold ship`` asks of the task (:class:`pipeline.ship.task.ShipTask`); None where it cannot ship.
+        score: The key of the task's score in a stage's metrics (``top1``, ``map``), a fraction.
+        score_name: That score in words (``top-1``, ``mAP``), for listings and logs.
     """
 
     name: str
@@ -37,6 +39,8 @@ class Task:
     summary: Callable[["RunContext"], None]
     headline: Callable[[dict], str]
     ship: Any = None
+    score: str = "top1"
+    score_name: str = "top-1"
 
 
 def stage_registry(task: str, stages: list[type[Stage]]) -> Registry[Stage]:

@@ -214,8 +214,7 @@ def fit(model: nn.Module, batches: TrainBatches, cfg: TrainConfig, step: StepFn,
         One dict per epoch: mean loss, train accuracy (where the step counts it), images/s and what ``evaluate_fn``
         returned.
     """
-    trainer = _Trainer(model, batches, cfg, step, device, desc, extra)
-    trainer.frozen_norms = frozen_norms
+    trainer = _Trainer(model, batches, cfg, step, device, desc, extra, frozen_norms)
     if trainer.total_steps == 0:
         return []
     if resume is not None and resume.is_file():
@@ -238,7 +237,7 @@ class _Trainer:
     """The state of one :func:`fit`: model (DDP-wrapped under torchrun), optimizer, schedule, AMP, history."""
 
     def __init__(self, model: nn.Module, batches: TrainBatches, cfg: TrainConfig, step: StepFn, device: torch.device,
-                 desc: str, extra: nn.Module | None = None):
+                 desc: str, extra: nn.Module | None = None, frozen_norms: bool = False):
         self.me = distributed.world()
         self.batches, self.cfg, self.step_fn, self.device, self.desc = batches, cfg, step, device, desc
         if self.me.distributed:
@@ -246,7 +245,7 @@ class _Trainer:
         self.steps_per_epoch = len(batches)
         self.total_steps = math.ceil(cfg.epochs * self.steps_per_epoch)
         self.epochs, self.first_epoch, self.step, self.history = math.ceil(cfg.epochs), 0, 0, []
-        self.frozen_norms = False
+        self.frozen_norms = frozen_norms
         if self.total_steps == 0:
             return
         torch.manual_seed(cfg.seed)

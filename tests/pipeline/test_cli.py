@@ -73,7 +73,7 @@ def test_run_and_runs_listing(repo, tmp_path, capsys):
     listing = edgefold_here(capsys, "runs", "--runs-dir", str(tmp_path), "--json")
     rows = json.loads(listing.stdout)
     assert rows[0]["model"] == "tiny" and rows[0]["stages"] == ["data", "teacher"]
-    assert 0.5 < rows[0]["teacher_top1"] <= 1.0
+    assert rows[0]["score"] == "top-1" and 0.5 < rows[0]["teacher_score"] <= 1.0
 
 
 def test_help_tells_the_stages(capsys):

@@ -54,6 +54,17 @@ def det_run(repo, tmp_path_factory):
     return ctx.run_dir, manifest
 
 
+def test_edgefold_runs_lists_a_detection_run_by_its_own_score(det_run):
+    """The listing asks the run's task for its score: mAP for detection, not a top-1 column left blank."""
+    from pipeline.runner import list_runs
+
+    run_dir, manifest = det_run
+    row = next(r for r in list_runs(run_dir.parent.parent) if r["run"] == str(run_dir))
+    assert row["score"] == "mAP"
+    assert row["teacher_score"] == manifest["stages"]["teacher"]["metrics"]["map"] > 0
+    assert row["student_score"] == manifest["stages"]["distill"]["metrics"]["map"] > 0
+
+
 def test_detection_run_records_every_stage(det_run):
     _, manifest = det_run
     stages = manifest["stages"]
@@ -323,6 +334,32 @@ def test_a_detection_run_reported_by_an_older_version_is_rebuilt_and_its_manifes
     assert entry["outputs"] == {"md": "report/report.md", "html": "report/report.html",
                                 "json": "report/results.json", "csv": "report/results.csv"}
     assert all(entry["sha256"][rel] == sha256_file(run_dir / rel) for rel in entry["outputs"].values())
+
+
+def test_the_detection_headline_leads_with_a_rung_the_device_really_ran():
+    """As classification's: INT8 leads only where its own profile on that device shows a compute layer in INT8; else
+    the FP32 student measured there leads, and the headline says why and how to measure INT8."""
+    from pipeline.tasks.detection.report import headline, headline_text
+    from tests.pipeline.test_report import _profile
+
+    keys = dict(role="edge", runtime="onnxruntime", map_low=0.1, map_high=0.2, latency_p50_low_ms=None,
+                latency_p50_high_ms=None, ratio_low=1.8, ratio_high=2.0, ratio_significant=True,
+                postprocess_ms_per_image=1.0, latency_batch=1, reason=None, status="measured", device="orin")
+    rows = [{**keys, "rung": "student", "map": 0.17, "map_delta_points": 0.0, "latency_p50_ms": 1.0,
+             "ratio_vs_student": None},
+            {**keys, "rung": "student_int8", "map": 0.168, "map_delta_points": -0.2, "latency_p50_ms": 1.9,
+             "ratio_vs_student": 1.9}]
+    unfused = {"device": "orin", "rung": "student_int8", "status": "measured",
+               "profile": _profile(("int8", "qdq", 0.6), ("fp32", None, 0.4))}
+    lead = headline(rows, {"method": "max", "box_head": "fp16"}, [unfused])
+    assert lead["rung"] == "student" and lead["int8_not_measured"]["device"] == "orin"
+    text = headline_text(lead)
+    assert text.startswith("student on orin (onnxruntime)") and "×1.9" not in text
+    assert "student_int8 not measured as INT8 on orin: no compute layer ran in INT8" in text and "EDGE=" in text
+    fused = {**unfused, "profile": _profile(("int8", None, 0.9), ("fp16", "reformat", 0.1))}
+    assert headline(rows, {}, [fused])["rung"] == "student_int8"
+    assert "×1.90 [1.80, 2.00] the FP32 student's (slower)" in headline_text(headline(rows, {}, [fused]))
+    assert headline(rows, {}, [])["rung"] == "student_int8", "no profile: nothing says otherwise"
 
 
 def test_the_headline_of_a_result_without_rounds_names_what_it_has():

@@ -18,7 +18,7 @@ from pipeline import stats
 from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from pipeline.devices import DEPLOY_SCHEMA
 from pipeline.diverge_report import answer_text, diverge_answers
-from pipeline.profile_report import NOT_MEASURED, shown_batch, time_table
+from pipeline.profile_report import INT8_FIX, NOT_MEASURED, computes_in, int8_not_run_reason, shown_batch
 from pipeline.quantize.report import quantize_summary
 from pipeline.results import csv_columns, reported_figures
 from pipeline.scores import points as _points
@@ -370,10 +370,6 @@ def _evaluation_summary(evaluation: dict | None, rows: list[dict[str, Any]], pre
             "per_class_device": per_class, "seconds_total": sum(seconds) if seconds else None}
 
 
-INT8_FIX = ("measure it where TensorRT builds INT8 engines: EDGE=http://<jetson>:8765 (make agent on the Jetson) or "
-            "DC=http://<gpu-server>:8765 (an agent with TensorRT)")
-
-
 def _lead_rung(rows: list[dict[str, Any]], edge_device: dict[str, Any] | None,
                profiles: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
     """The rung the headline leads with on the edge device: the INT8 student, unless the device's own profile of it
@@ -392,31 +388,22 @@ def _lead_rung(rows: list[dict[str, Any]], edge_device: dict[str, Any] | None,
         return next((p for p in profiles if p["device"] == name and p["rung"] == rung and p["status"] == "measured"),
                     None)
 
-    def computes_in(rung: str) -> bool:
+    def ran_as(rung: str) -> bool:
         """Whether a compute layer ran in the rung's precision (true when there is no profile to say otherwise)."""
-        entry, precision = profile(rung), RUNGS[rung].precision
-        if entry is None or precision == "fp32":
-            return True
-        layers = time_table(shown_batch(entry["profile"]))["layers"]
-        return any(_get(layer, "precision") == precision and not _get(layer, "overhead") for layer in layers)
+        entry = profile(rung)
+        return computes_in(entry and entry["profile"], RUNGS[rung].precision)
 
     entry = profile(DEPLOYED)
-    if entry is None or computes_in(DEPLOYED):
+    if entry is None or ran_as(DEPLOYED):
         return DEPLOYED, None
     forms = {RUNGS[DEPLOYED].form_of, fp16_form(RUNGS[DEPLOYED].form_of)}
     ran = [r for r in rows if r["device"] == name and r["rung"] in forms and r["status"] == "measured"
-           and r.get("latency_p50_ms") is not None and not no_score(r) and computes_in(r["rung"])]
+           and r.get("latency_p50_ms") is not None and not no_score(r) and ran_as(r["rung"])]
     if not ran:
         return DEPLOYED, None
     fastest = min(ran, key=lambda r: r["latency_p50_ms"])
-    runtime = entry.get("runtime") or "the runtime"
-    reason = (f"no compute layer ran in INT8 there: {runtime} ran the INT8 rung's Q/DQ graph with its quantize and "
-              "dequantize nodes as layers of their own (its profile, \"Where the time goes\")")
-    return fastest["rung"], {"device": name, "rung": DEPLOYED, "reason": reason, "fix": INT8_FIX}
-
-
-def _get(item: Any, key: str) -> Any:
-    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
+    return fastest["rung"], {"device": name, "rung": DEPLOYED, "reason": int8_not_run_reason(entry.get("runtime")),
+                             "fix": INT8_FIX}
 
 
 def _headline(rows, edge, dc, baseline_device, baseline_rung: str = TEACHER, lead: str = DEPLOYED) -> dict[str, Any]:

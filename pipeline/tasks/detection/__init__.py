@@ -37,4 +37,5 @@ TASK = Task(name="detection",
             stages=stage_registry("detection", [DetectionDataStage, DetectionTeacherStage, DetectionPruneStage,
                                                 DetectionDistillStage, DetectionExportStage, DetectionQuantizeStage,
                                                 DetectionEvaluateStage, DetectionDeployStage, DetectionReportStage]),
-            build_report=build_from_run, summary=_summary, headline=headline_text, ship=DetectionShip())
+            build_report=build_from_run, summary=_summary, headline=headline_text, ship=DetectionShip(),
+            score="map", score_name="mAP")

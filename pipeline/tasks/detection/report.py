@@ -15,6 +15,7 @@ from typing import Any
 
 from pipeline.results import (REPORTED, csv_columns, detail_columns, figure_cell, figure_label, ladder_columns,
                               write_results)
+from pipeline.profile_report import INT8_FIX, computes_in, int8_not_run_reason
 from pipeline.sections import Figure, Section, Table, Text, to_html, to_markdown
 
 # The ladder as three tables, so that each fits a laptop's window: what the rungs are compared by (with the declared
@@ -273,22 +274,38 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
 
 
 LEAD_RUNG = "student_int8"
+REFERENCE = "student"  # the FP32 student: what a float headline leads with
 
 
-def headline(rows: list[dict[str, Any]], quantize: dict[str, Any]) -> dict[str, Any]:
+def headline(rows: list[dict[str, Any]], quantize: dict[str, Any],
+             profiles: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """What the run comes to, as data: the INT8 student on the first edge device that measured it (else the first
     device that did), its mAP on the device against the FP32 student's on the host, its network time against the
-    FP32 student's on the same device, and its decode + NMS."""
+    FP32 student's on the same device, and its decode + NMS.
+
+    True to the device, as classification's: where the INT8 rung's own profile there shows no compute layer in INT8
+    (ONNX Runtime's CPU provider), the headline leads with the FP32 student measured there and says why and how to
+    measure INT8 (``int8_not_measured``).
+    """
     lead = [r for r in rows if r["rung"] == LEAD_RUNG and r["status"] == "measured"]
     lead.sort(key=lambda r: r["role"] != "edge")
     if not lead:
         return {"rung": LEAD_RUNG, "measured": False,
                 "reason": next((r["reason"] for r in rows if r["rung"] == LEAD_RUNG and r["reason"]), None)}
-    row = lead[0]
+    row, missing = lead[0], None
+    profile = next((p for p in profiles if p["device"] == row["device"] and p["rung"] == LEAD_RUNG
+                    and p["status"] == "measured"), None)
+    if profile is not None and not computes_in(profile["profile"], "int8"):
+        student = next((r for r in rows if r["device"] == row["device"] and r["rung"] == REFERENCE
+                        and r["status"] == "measured"), None)
+        if student is not None:
+            missing = {"device": row["device"], "rung": LEAD_RUNG, "reason": int8_not_run_reason(row["runtime"]),
+                       "fix": INT8_FIX}
+            row = student
     keys = ("device", "role", "runtime", "map", "map_low", "map_high", "map_delta_points", "latency_p50_ms",
             "latency_p50_low_ms", "latency_p50_high_ms", "ratio_vs_student", "ratio_low", "ratio_high",
             "ratio_significant", "postprocess_ms_per_image", "latency_batch")
-    return {"rung": LEAD_RUNG, "measured": True, **{k: row[k] for k in keys},
+    return {"rung": row["rung"], "measured": True, **{k: row[k] for k in keys}, "int8_not_measured": missing,
             "method": quantize.get("method"), "box_head": quantize.get("box_head")}
 
 
@@ -305,9 +322,13 @@ def headline_text(h: dict[str, Any]) -> str:
         text += f"; network p50 {h['latency_p50_ms']:.3f} ms at batch {h['latency_batch']}"
     if h.get("ratio_vs_student") is not None:
         text += (f", ×{h['ratio_vs_student']:.2f} [{h['ratio_low']:.2f}, {h['ratio_high']:.2f}] the FP32 student's"
-                 + ("" if h["ratio_significant"] else " (no measurable difference)"))
+                 + (f" ({'slower' if h['ratio_vs_student'] > 1 else 'faster'})" if h["ratio_significant"]
+                    else " (no measurable difference)"))
     if h.get("postprocess_ms_per_image") is not None:
         text += f"; decode + NMS {h['postprocess_ms_per_image']:.2f} ms per image"
+    missing = h.get("int8_not_measured")
+    if missing:  # the headline leads with the FP32 student: say why, and how to measure INT8
+        text += f". {missing['rung']} not measured as INT8 on {missing['device']}: {missing['reason']}; {missing['fix']}"
     return text + (f". INT8 by {h['method']}, box head {h['box_head']}." if h.get("method") else ".")
 
 
@@ -340,7 +361,7 @@ def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, 
 
     quantize = {key: quantize_metrics[key] for key in QUANTIZE_KEYS if key in quantize_metrics}
     rows = result_rows(ladder, deploy)
-    lead = headline(rows, quantize)  # one object: the page, report.md and results.json say the same
+    lead = headline(rows, quantize, layer_profiles(deploy))  # one object: the page, report.md and results.json agree
     paths = {"md": out / "report.md", "html": out / "report.html"}
     extra = int8_section(quantize_metrics, "mAP", lambda value: f"{100 * value:.2f}", out)
     paths["md"].write_text(render(name, ladder, deploy, quantize, lead, extra))
