@@ -70,7 +70,7 @@ def export(path: Path, size: int, classes: int, arch: str = "resnet50") -> Path:
 
     from pipeline.checkpoint import save_checkpoint
     from pipeline.models import build_model
-    from pipeline.torch_export import write_device_checkpoint
+    from pipeline.tasks.classification.torch_export import write_device_checkpoint
 
     torch.manual_seed(0)
     checkpoint = save_checkpoint(path.with_suffix(".pt"), build_model(arch, classes).eval(), arch, classes)

@@ -400,7 +400,7 @@ def test_a_device_checkpoint_runs_on_the_torch_runner(agent, tmp_path):
     torch = pytest.importorskip("torch")
     from pipeline.checkpoint import save_checkpoint
     from pipeline.models import build_model
-    from pipeline.torch_export import write_device_checkpoint
+    from pipeline.tasks.classification.torch_export import write_device_checkpoint
 
     torch.manual_seed(0)
     checkpoint = save_checkpoint(tmp_path / "m.pt", build_model("tiny_resnet", 5).eval(), "tiny_resnet", 5)

@@ -318,7 +318,7 @@ def test_every_string_the_schema_can_hold_has_a_grammar():
 def test_programs_of_real_architectures_pass_the_closed_schema(tmp_path):
     """The schema is closed, not narrow: programs torch writes for the registry's architectures pass."""
     from device.architectures import build_model
-    from pipeline.torch_export import export_program
+    from pipeline.tasks.classification.torch_export import export_program
 
     for arch in ("tiny_resnet", "mobilenet_v3_small", "regnet_y_400mf"):
         path = tmp_path / f"{arch}.pt2"

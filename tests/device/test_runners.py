@@ -36,7 +36,7 @@ def device_checkpoint(tmp_path_factory):
     torch = pytest.importorskip("torch")
     from pipeline.checkpoint import save_checkpoint
     from pipeline.models import build_model
-    from pipeline.torch_export import write_device_checkpoint
+    from pipeline.tasks.classification.torch_export import write_device_checkpoint
 
     folder = tmp_path_factory.mktemp("checkpoint")
     torch.manual_seed(0)

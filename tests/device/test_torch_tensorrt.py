@@ -488,7 +488,7 @@ def two_roads(tmp_path_factory, program):
     from pipeline.models import build_model
     from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
     from pipeline.tasks.classification.stages.deploy import DeployStage
-    from pipeline.torch_export import write_device_checkpoint
+    from pipeline.tasks.classification.torch_export import write_device_checkpoint
     from tests.device.agent_process import tiny_onnx
     from tests.device.torch_tensorrt_standin import sitecustomize_dir
 

@@ -22,7 +22,7 @@ def checkpoints(tmp_path_factory):
     """A pruned-width tiny_resnet's checkpoint, its float device checkpoint and its INT8 one (ModelOpt, max)."""
     from pipeline.checkpoint import save_checkpoint
     from pipeline.models import build_model
-    from pipeline.torch_export import write_device_checkpoint
+    from pipeline.tasks.classification.torch_export import write_device_checkpoint
 
     tmp = tmp_path_factory.mktemp("devckpt")
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ from device.errors import CheckpointError, ConfigError, DataError, ManifestError
 from pipeline.core import codehash
 from device.files import sha256_file
 from pipeline.runner import run_pipeline, stage_code_roots
-from pipeline.scores import assess, points
+from pipeline.tasks.classification.scores import assess, points
 from pipeline.core.stage import STAGE_ORDER
 from pipeline.tasks import classification, detection
 

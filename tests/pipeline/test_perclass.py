@@ -81,7 +81,7 @@ def test_default_run_reports_per_class_results(tiny_run):
 
 @pytest.mark.slow
 def test_collapsed_rung_is_named_collapsed_not_chance(tiny_run):
-    from pipeline.scores import verdict
+    from pipeline.tasks.classification.scores import verdict
 
     pruned = tiny_run.manifest.stage("evaluate")["metrics"]["rungs"]["pruned"]
     report = (tiny_run.run_dir / "report" / "report.md").read_text()

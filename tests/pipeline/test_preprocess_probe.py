@@ -10,7 +10,7 @@ import yaml
 
 from device.errors import StageError
 from device.preprocess import Preprocess
-from pipeline.preprocess_probe import advice, probe
+from pipeline.tasks.classification.preprocess_probe import advice, probe
 
 MEAN, STD = [0.3] * 3, [0.38] * 3
 TRAINED_WITH = Preprocess(16, 16, 3, tuple(MEAN), tuple(STD), "bilinear_antialias")

@@ -34,7 +34,7 @@ def images():
 
 def test_float_program_records_its_torch_and_runs_as_the_model(tmp_path, student, images):
     from device.runners.torch_tensorrt import read_program_versions
-    from pipeline.torch_export import export_program, runner_parity
+    from pipeline.tasks.classification.torch_export import export_program, runner_parity
 
     path = tmp_path / "student.pt2"
     facts = export_program(student, path, (1, 3, 16, 16))
@@ -112,7 +112,7 @@ def test_an_upload_that_pickles_a_module_is_refused_naming_the_global(tmp_path):
 def test_a_float_checkpoint_is_not_restored_as_int8(tmp_path, student_checkpoint):
     from device.errors import CheckpointError
     from pipeline.quantize.modelopt_state import restore
-    from pipeline.torch_export import write_device_checkpoint
+    from pipeline.tasks.classification.torch_export import write_device_checkpoint
 
     float_device = write_device_checkpoint(student_checkpoint, tmp_path / "student.device.pt", (3, 16, 16))
     with pytest.raises(CheckpointError, match="no ModelOpt quantizer state") as err:

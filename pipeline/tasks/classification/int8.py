@@ -18,7 +18,7 @@ from pipeline.tasks.classification.qat import quantization_aware_finetune
 from pipeline.onnx_export import INPUT_NAME
 from pipeline.quantize.ladder import HeldOut, LadderTask, Step
 from pipeline.quantize.quantizers import QUANTIZERS, float_islands_to_fp16, logged_to, run_isolated, within_budget
-from pipeline.scores import points
+from pipeline.tasks.classification.scores import points
 
 
 class ClassificationLadder(LadderTask):

@@ -21,8 +21,8 @@ from pipeline.diverge_report import answer_text, diverge_answers
 from pipeline.profile_report import INT8_FIX, NOT_MEASURED, computes_in, int8_not_run_reason, shown_batch
 from pipeline.quantize.report import quantize_summary
 from pipeline.results import csv_columns, reported_figures
-from pipeline.scores import points as _points
-from pipeline.scores import verdict
+from pipeline.tasks.classification.scores import points as _points
+from pipeline.tasks.classification.scores import verdict
 from pipeline.tasks.classification.device_accuracy import device_scores, paired_top1_change, per_class_device
 from pipeline.tasks.classification.front import choose, energy_front, settings_from_windows
 from pipeline.tasks.classification.frame_report import FRAME_COLUMNS, frame_fields, frame_headline

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from pipeline.core import distributed
 from pipeline.core.data.batches import Batches
 from pipeline.core.recipe import TrainConfig
-from pipeline.scores import accuracy, save_top1  # noqa: F401 (training scores with them; re-exported)
+from pipeline.tasks.classification.scores import accuracy, save_top1
 from pipeline.core.log import log
 from pipeline.train import engine
 from pipeline.train.engine import Step, StepFn, progress_disabled

@@ -10,7 +10,7 @@ from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.tasks.classification.losses import kd_loss
 from pipeline.models import ARCHITECTURES, build_model, checked_model, count_macs, count_parameters, size_metrics
 from pipeline.core.stage import Stage, StageResult
-from pipeline.scores import recorded_scores, require_sane
+from pipeline.tasks.classification.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.train import class_weights, evaluate, finish_and_score, fit, predict
 from pipeline.core.stage import started_without_torch
 

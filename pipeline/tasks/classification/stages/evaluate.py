@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline.perclass import summarize
 from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, predictions_output
-from pipeline.scores import points, verdict
+from pipeline.tasks.classification.scores import points, verdict
 from pipeline.core.stage import Stage, StageResult
 
 RECORDED = ("top1", "top5", "params_m", "macs_g", "top1_correct", "images", "sanity")

@@ -24,8 +24,8 @@ from pipeline.onnx_export import check_parity, export_onnx
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.core.rungs import RUNGS
 from pipeline.core.stage import Stage, StageResult
-from pipeline.scores import recorded_scores, require_sane
-from pipeline.torch_export import write_device_checkpoint
+from pipeline.tasks.classification.scores import recorded_scores, require_sane
+from pipeline.tasks.classification.torch_export import write_device_checkpoint
 
 # Calibration images whose activations decide which layers of an FP16 rung stay FP32. AutoCast's reference run keeps
 # every intermediate tensor of every image (Polygraphy's comparator), so they are few: a ResNet-50 at 224 px holds
@@ -106,7 +106,7 @@ class ExportStage(Stage):
         outputs (the device builds it from its own architecture registry: nothing of the module travels). ``folded``:
         (the rung's inference form, its checkpoint's info), which the device then rebuilds, as a rung pruned folded."""
         from pipeline.checkpoint import save_checkpoint
-        from pipeline.torch_export import runner_parity
+        from pipeline.tasks.classification.torch_export import runner_parity
 
         cfg = ctx.recipe.export
         source = ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model")
@@ -126,7 +126,7 @@ class ExportStage(Stage):
     @staticmethod
     def _program(ctx, model, rung: str, workdir: Path, images: np.ndarray, metrics: dict) -> Path:
         """Writes ``<rung>.pt2`` and checks it against torch as the agent's Torch runner runs it."""
-        from pipeline.torch_export import export_program, runner_parity
+        from pipeline.tasks.classification.torch_export import export_program, runner_parity
 
         cfg = ctx.recipe.export
         path = workdir / f"{rung}.pt2"
@@ -174,9 +174,9 @@ class ExportStage(Stage):
     @staticmethod
     def _probe_preprocessing(ctx, path: Path) -> dict | None:
         """The start's graph scored under the declared preprocessing and the plausible others
-        (:func:`pipeline.preprocess_probe.check_model`)."""
+        (:func:`pipeline.tasks.classification.preprocess_probe.check_model`)."""
         from device.runners.onnxruntime import OnnxRuntimeRunner
-        from pipeline.preprocess_probe import check_model
+        from pipeline.tasks.classification.preprocess_probe import check_model
 
         with OnnxRuntimeRunner(path) as runner:
             return check_model(ctx, runner.infer, ctx.recipe.start.preprocess_check, "export",

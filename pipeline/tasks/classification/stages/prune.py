@@ -21,7 +21,7 @@ from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.models import ARCHITECTURES, as_exported, count_macs, count_parameters, layer_macs
 from pipeline.core.recipe import PruneConfig
 from pipeline.core.stage import Stage, StageResult
-from pipeline.scores import assess, recorded_scores
+from pipeline.tasks.classification.scores import assess, recorded_scores
 from pipeline.tasks.classification.train import evaluate, fit, recalibrate_if_needed
 from pipeline.core.log import log
 from pipeline.channels import WidthPruner

@@ -19,7 +19,7 @@ from pipeline.onnx_export import INPUT_NAME
 from pipeline.quantize.ort import quiet as _quiet
 from pipeline.quantize.ladder import climb, scratch_copy, steps
 from pipeline.quantize.quantizers import within_budget
-from pipeline.scores import points, require_sane
+from pipeline.tasks.classification.scores import points, require_sane
 from pipeline.core.stage import Stage, StageResult
 
 

@@ -12,7 +12,7 @@ from pipeline.checkpoint import apply_torchvision_state, load_weights, save_chec
 from device.files import sha256_file
 from pipeline.models import ARCHITECTURES, build_model, checked_model, size_metrics
 from pipeline.core.stage import Stage, StageResult
-from pipeline.scores import recorded_scores, require_sane
+from pipeline.tasks.classification.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.train import class_weights, evaluate, finish_and_score, fit
 from pipeline.core.log import log
 from pipeline.core.stage import started_without_torch
@@ -38,8 +38,8 @@ def _imagenet_weights(arch: str, num_classes: int, in_channels: int) -> tuple[to
 
 def _probe_weights(ctx, model: torch.nn.Module) -> dict | None:
     """Weights that keep their head answer for the data as given: probed under the declared preprocessing and the
-    plausible others before any training (:func:`pipeline.preprocess_probe.check_model`)."""
-    from pipeline.preprocess_probe import check_model
+    plausible others before any training (:func:`pipeline.tasks.classification.preprocess_probe.check_model`)."""
+    from pipeline.tasks.classification.preprocess_probe import check_model
 
     model.eval().to(ctx.device)
 

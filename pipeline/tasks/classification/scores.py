@@ -4,7 +4,7 @@ A model at chance, or one that predicts a single class, fails its stage.
 
 Every rung's accuracy is compared against another rung's, so a teacher that learned nothing makes
 every later gate pass ("0.00 points lost") and every headline a win. The gates run after the
-teacher, after distillation and on the INT8 model, on the counts of :func:`pipeline.tasks.classification.train.accuracy`.
+teacher, after distillation and on the INT8 model, on the counts of :func:`accuracy`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def points(value: float) -> float:
 
 
 def assess(scores: dict[str, Any], classes: Sequence[str] | None = None) -> dict[str, Any]:
-    """Judges one model's test-split scores (the output of :func:`pipeline.tasks.classification.train.accuracy`).
+    """Judges one model's test-split scores (the output of :func:`pipeline.tasks.classification.scores.accuracy`).
 
     Chance is what the best constant guess scores: the largest class's share of the test labels
     (1/classes when balanced). A top-1 count within ``CHANCE_SIGMAS`` binomial standard deviations
