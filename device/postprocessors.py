@@ -3,7 +3,7 @@ on the evaluation set. The job says which; the device never infers the task from
 
 Each is a module loaded by name when a job names it, exposing ``evaluate_job(runner, job, evaluation, chw,
 batch_sizes)``: the pipeline's code hashes follow import statements, so a classification deploy is not re-measured by
-an edit to the detection decoder. A new task adds its module here and its name to :data:`device.schema.Postprocess`.
+an edit to the detection decoder. A new task adds its module here and its name to :data:`device.evaluation_schema.Postprocess`.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from device.errors import EdgeFoldError
 from device.diverge_schema import DIVERGE_MAX_BYTES, DivergeResult, DivergeSpec, MarkedTensor, TensorName  # noqa: F401
+from device.evaluation_schema import EvaluationSpec, Postprocess  # noqa: F401 (re-exported: the job's part)
 from device.frame_schema import FrameResult, FrameSpec
 from device.setting_schema import NotMeasured, PowerSetting  # noqa: F401 (re-exported: the result's sweep records)
 from device.sustain_schema import SustainedResult, SustainedSpec
@@ -80,37 +81,6 @@ class PreprocessSpec(Request):
             Preprocess.from_dict(self.model_dump())
         except EdgeFoldError as err:
             raise ValueError(err.message) from None
-        return self
-
-
-Postprocess = Literal["top_k", "detection"]
-"""The device's post-processors by name (:data:`device.postprocessors.POSTPROCESSORS` loads each)."""
-
-
-class EvaluationSpec(Request):
-    """An evaluation set the job runs through the engine it timed, outside the timed windows: an uploaded
-    ``.npy`` of preprocessed images (float32, N×C×H×W, the shared preprocessing) named by its sha256."""
-
-    artifact: str = Field(pattern=SHA256.pattern, description="sha256 of the uploaded evaluation set (.npy)")
-    images: int = Field(ge=1, le=1_000_000, description="how many images the set holds (checked on the device)")
-    top_k: int = Field(5, ge=1, le=5, description="predictions returned per image (k = min(5, classes))")
-    head: str | None = Field(None, pattern=SHA256.pattern,
-                             description="sha256 of an uploaded detection sidecar (.head.json): the device decodes "
-                                         "and runs NMS after each batch and returns detections, not classes (2.5)")
-    postprocess: Postprocess | None = Field(
-        None, description="the post-processor the device runs on the engine's outputs (device.postprocessors): "
-                          "top_k classes, or detection (the sidecar head's decode + NMS); named by the job, so the "
-                          "device never guesses the task from which fields are set. Absent (a client before 2.13): "
-                          "detection where head is given, else top_k (2.13)")
-
-    @model_validator(mode="after")
-    def _named_postprocessor(self) -> "EvaluationSpec":
-        if self.postprocess is None:  # a job from a client before 2.13, which named no post-processor
-            self.postprocess = "detection" if self.head is not None else "top_k"
-        if (self.postprocess == "detection") != (self.head is not None):
-            raise ValueError(f"postprocess {self.postprocess} "
-                             + ("needs head: the sha256 of the uploaded .head.json sidecar" if self.head is None
-                                else "takes no head (a detection sidecar): name postprocess detection"))
         return self
 
 

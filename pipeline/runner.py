@@ -271,7 +271,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
             log(f"[{name:>8}] running")
         distributed.barrier()
         started = time.perf_counter()
-        result = stage.run(ctx, staging) if (stage.distributed or me.main) else None
+        result = _run_stage(stage, ctx, staging, me)
         seconds = time.perf_counter() - started
         distributed.barrier()
         if me.main:
@@ -299,6 +299,15 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
         if not me.main:
             manifest = ctx.manifest = Manifest.load(run_dir)
     return ctx
+
+
+def _run_stage(stage, ctx: RunContext, staging: Path, me: distributed.World):
+    """The stage's result on the ranks that run it (None on the others): under torchrun a stage that is not
+    ``distributed`` runs on rank 0 alone, as a world of one (no shard, no DDP, no collective to wait on)."""
+    if not (stage.distributed or me.main):
+        return None
+    with distributed.alone(me.distributed and not stage.distributed):
+        return stage.run(ctx, staging)
 
 
 def list_runs(runs_dir: str | Path = "runs", model: str | None = None) -> list[dict[str, Any]]:

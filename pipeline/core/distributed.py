@@ -9,8 +9,10 @@ manifest and logs. Outside torchrun (no ``WORLD_SIZE``), everything here is a no
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from datetime import timedelta
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -33,10 +35,33 @@ class World:
         return self.rank == 0
 
 
+_alone = False  # inside a stage rank 0 runs by itself under torchrun (:func:`alone`)
+
+
 def world() -> World:
-    """Read from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK)."""
+    """Read from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK); a world of one inside :func:`alone`."""
+    if _alone:
+        return World()
     return World(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
                  int(os.environ.get("LOCAL_RANK", 0)))
+
+
+@contextmanager
+def alone(flag: bool = True) -> Iterator[None]:
+    """Within, this process is a world of one: no sharding, no DDP, no collective (the runner's scope for a stage
+    that is not ``distributed``, which rank 0 runs while the other ranks wait at a barrier: a collective there
+    would wait for ranks that never join)."""
+    global _alone
+    previous, _alone = _alone, flag
+    try:
+        yield
+    finally:
+        _alone = previous
+
+
+def _active() -> bool:
+    """Whether collectives reach the other ranks (a process group, and not inside :func:`alone`)."""
+    return dist.is_available() and dist.is_initialized() and not _alone
 
 
 def init() -> World:
@@ -74,13 +99,13 @@ def require_divisible(batch_size: int, world_size: int) -> None:
 
 
 def barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
+    if _active():
         dist.barrier()
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     """Sums numbers across ranks (identity outside DDP)."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not _active():
         return values
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
@@ -89,7 +114,7 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 
 def broadcast_object(obj, source: int = 0):
     """Rank ``source``'s object on every rank (identity outside DDP)."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not _active():
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=source)
@@ -125,7 +150,7 @@ class CpuSyncBatchNorm(torch.nn.BatchNorm2d):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or not (dist.is_available() and dist.is_initialized()):
+        if not self.training or not _active():
             return super().forward(x)
         count = torch.tensor([x.numel() / x.shape[1]], dtype=x.dtype, device=x.device)
         local = torch.cat([x.sum((0, 2, 3)), (x * x).sum((0, 2, 3)), count])

@@ -73,9 +73,9 @@ class DeviceSession:
         with self._lock:
             self._log(f"[  deploy] {self.device.name}: {text}")
 
-    def open(self) -> bool:
+    def open(self, say_fallback: bool = True) -> bool:
         """Connects and reads the device's facts; False, with the outcome ``unreachable`` and why, when the agent
-        does not answer."""
+        does not answer. ``say_fallback``: log why ``auto`` did not pick TensorRT (once per device and stage)."""
         try:
             self.client = AgentClient(self._url, self._token or self.device.token(), timeout_s=60)
             self.info = self.client.device()
@@ -85,7 +85,7 @@ class DeviceSession:
         self.runtime, fallback = choose_runtime(self._requested, self.info)
         self.outcome.update(info=self.info, fingerprint=fingerprint(self.info), runtime=self.runtime,
                             runtime_fallback=fallback)
-        if fallback:
+        if fallback and say_fallback:
             self.log(fallback)
         return True
 

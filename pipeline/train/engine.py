@@ -259,6 +259,8 @@ class _Trainer:
             self.train_model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
         self.model, self.extra = model, extra
+        if extra is not None and self.me.distributed:  # DDP broadcasts the model's start, not these: rank 0's
+            _broadcast_parameters(extra.to(device))
         # What the optimizer steps and the resume state holds: the model alone (its state_dict's keys unchanged), or
         # the model and the modules trained beside it.
         self.trained = model if extra is None else nn.ModuleList([model, extra.to(device)])
@@ -294,19 +296,18 @@ class _Trainer:
         with autocast:
             done = self.step_fn(self.train_model, batch, self.device, memory_format)
         loss = done.loss
-        if not torch.isfinite(loss):
+        if not _finite_everywhere(loss, self.me.distributed):  # every rank stops, none waits in backward
             from device.errors import StageError
 
-            raise StageError(f"{self.desc}: loss became {loss.item()} at step {self.step}",
-                             fix="lower the learning rate or enable grad_clip in the recipe")
+            where = "" if not torch.isfinite(loss) else " on another rank"
+            raise StageError(f"{self.desc}: loss became {loss.item() if not where else 'not finite'} at step "
+                             f"{self.step}{where}", fix="lower the learning rate or enable grad_clip in the recipe")
         self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler:
-            self.scaler.scale(loss).backward()
-            self.scaler.unscale_(self.optimizer)
-        else:
-            loss.backward()
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
         if self.extra is not None and self.me.distributed:  # DDP averages the model's gradients, not these
-            _average_gradients(self.extra, self.me.size)
+            _average_gradients(self.extra, self.me.size)  # before unscale_: every rank sees the same inf check
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
         if self.cfg.grad_clip:
             nn.utils.clip_grad_norm_(self.trained.parameters(), self.cfg.grad_clip)
         if self.scaler:
@@ -385,13 +386,33 @@ class _Trainer:
 
 
 def _average_gradients(module: nn.Module, world_size: int) -> None:
-    """Each gradient of ``module`` replaced by its mean over the ranks (what DDP does for the model it wraps)."""
+    """Each gradient of ``module`` replaced by its mean over the ranks (what DDP does for the model it wraps); a
+    parameter without a gradient on this rank takes part with zeros, so every rank makes the same calls."""
     import torch.distributed as dist
 
     for param in module.parameters():
-        if param.grad is not None:
+        if param.requires_grad:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
             dist.all_reduce(param.grad)
             param.grad.div_(world_size)
+
+
+def _broadcast_parameters(module: nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank (what DDP does for the model it wraps at construction)."""
+    import torch.distributed as dist
+
+    for tensor in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(tensor.data, src=0)
+
+
+def _finite_everywhere(loss: torch.Tensor, distributed_run: bool) -> bool:
+    """Whether the loss is finite on every rank (one all-reduce under DDP: a rank that stopped alone would leave
+    the others waiting in backward)."""
+    finite = bool(torch.isfinite(loss))
+    if not distributed_run:
+        return finite
+    return all_reduce_sum([0.0 if finite else 1.0], loss.device)[0] == 0.0
 
 
 def _load_resume(path: Path, model: nn.Module, optimizer, scheduler, scaler, device: torch.device, desc: str,

@@ -135,3 +135,9 @@ def test_a_job_names_its_post_processor_and_an_older_clients_job_reads_as_before
         EvaluationSpec(artifact=SHA, images=3, head=SHA, postprocess="top_k")
     with pytest.raises(ValidationError, match="postprocess"):
         EvaluationSpec(artifact=SHA, images=3, postprocess="masks")
+    # On the wire without the name where head implies it: what an agent or reader before 2.13 accepts (extra=forbid).
+    for spec in (EvaluationSpec(artifact=SHA, images=3, postprocess="top_k"),
+                 EvaluationSpec(artifact=SHA, images=3, head=SHA, postprocess="detection")):
+        sent = JobSpec(artifact=SHA, evaluation=spec).model_dump(mode="json", exclude_none=True)
+        assert "postprocess" not in sent["evaluation"]
+        assert JobSpec.model_validate(sent).evaluation.postprocess == spec.postprocess

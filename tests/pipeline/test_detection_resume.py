@@ -38,19 +38,23 @@ def test_a_killed_detection_teacher_resumes_from_its_last_epoch(tmp_path, monkey
 
 
 @pytest.mark.slow  # torchrun: two processes train
-def test_two_gloo_processes_train_the_detection_teacher(repo, tmp_path):
+def test_two_gloo_processes_train_the_detection_teacher_and_rank_0_distills_alone(repo, tmp_path):
+    """The teacher trains under DDP on both ranks; the distill stage (not distributed) trains on rank 0 as a world of
+    one while rank 1 waits: it must not shard or wait for a rank that never joins."""
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "EDGEFOLD_PROGRESS": "0", "EDGEFOLD_DEVICE": "cpu",
            "OMP_NUM_THREADS": "1"}
     single = run_pipeline("tiny-det", runs_dir=tmp_path / "one", until="teacher", overrides=OVERRIDES)
-    sets = [arg for key, value in OVERRIDES.items() for arg in ("--set", f"{key}={value}")]
+    sets = [arg for key, value in {**OVERRIDES, "distill.train.epochs": 1}.items() for arg in ("--set", f"{key}={value}")]
     process = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                               "-m", "pipeline", "run", "tiny-det", "--runs-dir", str(tmp_path / "two"),
-                              "--until", "teacher", *sets], cwd=repo, env=env, capture_output=True, text=True,
+                              "--until", "distill", *sets], cwd=repo, env=env, capture_output=True, text=True,
                              timeout=600)
     out = process.stdout + process.stderr
     assert process.returncode == 0, out[-3000:]
-    double = json.loads(next(Path(tmp_path / "two").glob("tiny-det/*/manifest.json")).read_text())["stages"]["teacher"]
+    stages = json.loads(next(Path(tmp_path / "two").glob("tiny-det/*/manifest.json")).read_text())["stages"]
+    double = stages["teacher"]
     assert double["env"]["processes"] == 2 and out.count("[ teacher] running") == 1, "one log: rank 0's"
+    assert [epoch["processes"] for epoch in stages["distill"]["metrics"]["history"]] == [1], "rank 0 alone"
     one = single.manifest.data["stages"]["teacher"]["metrics"]["history"]
     two = double["metrics"]["history"]
     assert [epoch["processes"] for epoch in two] == [2, 2]

@@ -7,7 +7,8 @@ import torch
 from pipeline.tasks.detection.data import DetectionSplit
 from pipeline.tasks.detection.metrics import Boxes
 from pipeline.tasks.detection.models import build_detector
-from pipeline.tasks.detection.train import _hflip, image_tensors, predict, targets, train_detector
+from pipeline.tasks.detection.train import (DetectionBatches, _hflip, image_tensors, predict, targets,
+                                            train_detector)
 from pipeline.core.recipe import TrainConfig
 
 
@@ -60,3 +61,19 @@ def test_a_padded_crop_is_refused_for_detection():
     with pytest.raises(ConfigError, match="crop_padding"):
         train_detector(build_detector("tiny_fcos", 2), _split(), TrainConfig(epochs=1, lr=0.01,
                                                                              augment={"crop_padding": 2}))
+
+
+def test_batches_split_over_ranks_like_one_process_and_a_too_small_last_batch_is_dropped():
+    """Two ranks see halves of the global batches one process sees; a last batch with an image for every rank is
+    kept, one without is dropped; fewer images than ranks is refused."""
+    from device.errors import ConfigError
+
+    one = list(DetectionBatches(_split(10), 4, 0, seed=3, hflip=True, input_size=64))
+    ranks = [list(DetectionBatches(_split(10), 4, 0, seed=3, hflip=True, input_size=64).shard(r, 2)) for r in range(2)]
+    assert [len(x) for x, _ in one] == [4, 4, 2] and [[len(x) for x, _ in rank] for rank in ranks] == [[2, 2, 1]] * 2
+    for step, (x, truth) in enumerate(one):
+        assert torch.equal(torch.cat([ranks[0][step][0], ranks[1][step][0]]), torch.cat([x[0::2], x[1::2]]))
+    assert len(DetectionBatches(_split(9), 4, 0, seed=3, hflip=False, input_size=64).shard(0, 2)) == 2, \
+        "one image left for two ranks: dropped"
+    with pytest.raises(ConfigError, match="1 training images cannot feed 2 processes"):
+        DetectionBatches(_split(1), 2, 0, seed=3, hflip=False, input_size=64).shard(0, 2)

@@ -74,12 +74,19 @@ class DetectionBatches:
     def __len__(self) -> int:
         # Under torchrun a last batch too small to give every rank an image is dropped: a rank without images
         # cannot step, and the others would wait for it.
-        n = len(self.images)
-        return n // self.batch_size if self.world > 1 else -(-n // self.batch_size)
+        full, rest = divmod(len(self.images), self.batch_size)
+        return full + (rest >= self.world)
 
     def shard(self, rank: int, world: int) -> "DetectionBatches":
-        """Makes this iterator yield rank ``rank``'s share of each global batch."""
+        """Makes this iterator yield rank ``rank``'s share of each global batch.
+
+        Raises:
+            ConfigError: The batch does not split over the ranks, or there are fewer images than ranks.
+        """
         require_divisible(self.batch_size, world)
+        if len(self.images) < world:
+            raise ConfigError(f"{len(self.images)} training images cannot feed {world} processes",
+                              fix="train on one process (without torchrun), or on more images")
         self.rank, self.world = rank, world
         return self
 
@@ -117,7 +124,7 @@ def detection_step(extra_loss: Callable | None = None) -> StepFn:
 def train_detector(model: torch.nn.Module, split: DetectionSplit, cfg: TrainConfig, label_offset: int = 0,
                    desc: str = "detector", extra_loss: Callable | None = None,
                    extra_modules: torch.nn.Module | None = None, resume: Path | None = None,
-                   input_size: int | None = None) -> list[dict]:
+                   input_size: int | None = None, device: torch.device | None = None) -> list[dict]:
     """Trains ``model`` in place on ``split`` with the detector's own losses, on the training engine
     (:func:`pipeline.train.engine.fit`: resume, DDP, mixed precision, progress); returns each epoch's record.
 
@@ -127,6 +134,7 @@ def train_detector(model: torch.nn.Module, split: DetectionSplit, cfg: TrainConf
         extra_modules: Trained alongside the model (the distillation adapters).
         resume: The engine's per-epoch state file (the stage's ``ctx.resume``).
         input_size: The detector's input side (default: the images'); the engine picks the memory format by it.
+        device: Where to train (default the CPU); the model comes back on the CPU, where it is scored.
 
     Raises:
         ConfigError: ``augment.crop_padding`` is set (a crop would cut boxes; only ``hflip`` moves them here).
@@ -136,10 +144,9 @@ def train_detector(model: torch.nn.Module, split: DetectionSplit, cfg: TrainConf
                           fix="set train.augment.crop_padding: 0; augment.hflip flips images and boxes together")
     batches = DetectionBatches(split, cfg.batch_size, label_offset, cfg.seed, cfg.augment.hflip,
                                input_size or int(split.images.shape[1]))
-    # On the CPU: scoring, pruning and the distillation terms (the teacher's forward) run there too.
-    history = engine.fit(model, batches, cfg, detection_step(extra_loss), torch.device("cpu"), desc,
+    history = engine.fit(model, batches, cfg, detection_step(extra_loss), device or torch.device("cpu"), desc,
                          resume=resume, extra=extra_modules)
-    model.eval()
+    model.cpu().eval()
     return history
 
 

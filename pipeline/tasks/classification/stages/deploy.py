@@ -283,7 +283,7 @@ class DeployStage(Stage):
             return {"rung": rung, "state": "not measured",
                     "error": outcome.get("error") or f"{rung} has no ONNX artifact in this run"}
         with DeviceSession(device, url, token, cfg.runtime, cache, self.code_modules, ctx.log, lock) as session:
-            if not session.open():
+            if not session.open(say_fallback=False):  # said by the ladder's session already
                 return {"rung": rung, "state": "not measured", "error": session.outcome["error"]}
             spec = job_spec(rung, session.digest(path), session.info, cfg, preprocess, f"{label}/{rung}/sustained",
                             profile=False, sustained=cfg.sustained, sweep=cfg.sweep if cfg.sustained.swept else None)

@@ -54,8 +54,10 @@ class DetectionTeacherStage(Stage):
         if replaced:
             ctx.log(f"teacher: head re-initialised for {len(classes)} classes ({', '.join(replaced)})")
         offset = DETECTORS.get(cfg.arch).label_offset
-        history = train_detector(model, load_split(canvases, "train"), cfg.train, offset, "teacher",
-                                 resume=ctx.resume, input_size=cfg.size()) if cfg.train.epochs else []
+        # On the run's device (under torchrun each rank's, where NCCL needs CUDA tensors); scored on the CPU.
+        history = [] if not cfg.train.epochs else train_detector(
+            model, load_split(canvases, "train"), cfg.train, offset, "teacher", resume=ctx.resume,
+            input_size=cfg.size(), device=ctx.device)
         path = save_detector(workdir / "model.pt", model, cfg.arch, len(classes), cfg.size())
         if not distributed.world().main:  # the runner records rank 0's result alone
             return StageResult(outputs={"model": path})

@@ -1,0 +1,47 @@
+"""The suite-time bench reads pytest's own output: the wall time, the counts, each file's summed phases."""
+
+import importlib.util
+
+import pytest
+
+from tests.conftest import REPO
+
+SAMPLE = """\
+........................................................................ [ 50%]
+.......s                                                                 [100%]
+============================= slowest durations ==============================
+30.50s call     tests/pipeline/test_a.py::test_one
+12.25s setup    tests/pipeline/test_a.py::test_two
+4.00s call     tests/device/test_b.py::test_three[x-1]
+0.01s teardown tests/device/test_b.py::test_three[x-1]
+=========================== short test summary info ============================
+SKIPPED [1] tests/device/test_b.py:9: needs a GPU
+============ 79 passed, 1 skipped, 3 warnings in 61.25s (0:01:01) ============
+"""
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("suite_time_bench", REPO / "bench" / "suite_time.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_run_is_read_from_pytests_output_and_summarized():
+    bench = _bench()
+    run = bench.parse_log(SAMPLE)
+    assert run["seconds"] == 61.25 and run["counts"] == {"passed": 79, "skipped": 1}
+    assert run["files"] == {"tests/pipeline/test_a.py": 42.75, "tests/device/test_b.py": 4.01}
+    assert run["slowest"][0] == {"seconds": 30.5, "phase": "call", "test": "tests/pipeline/test_a.py::test_one"}
+    faster = {**run, "seconds": 50.0}
+    record = bench.summarize([run, faster, {**run, "seconds": 700.0}], "test", {"cpu": "x", "cores": 2,
+                             "kernels": "AVX2"}, "abc123")
+    assert record["median_s"] == 61.25 and record["max_s"] == 700.0 and not record["goal_met"]
+    assert record["files"] == run["files"], "the median run's profile"
+    text = bench.markdown(record)
+    assert "**Median 1.0 min**" in text and "goal NOT met" in text and "| tests/pipeline/test_a.py | 43 |" in text
+
+
+def test_an_unfinished_run_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="did not finish"):
+        _bench().parse_log("....F\nKeyboardInterrupt\n")
