@@ -30,7 +30,8 @@ sys.path.insert(0, str(HERE))
 
 GOAL = "make test takes at most 10 minutes of pytest on a clean clone here, nothing else running (#62)"
 GOAL_S = 600.0
-_SUMMARY = re.compile(r"=+ (?P<counts>.*?) in (?P<seconds>[\d.]+)s")
+# pytest's last line: "=== 941 passed, 7 skipped in 120.47s (0:02:00) ===", or without the rules under -q.
+_SUMMARY = re.compile(r"^=*\s*(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<seconds>[\d.]+)s\b", re.M)
 _COUNT = re.compile(r"(?P<n>\d+) (?P<kind>passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 _DURATION = re.compile(r"^(?P<seconds>[\d.]+)s (?P<phase>call|setup|teardown)\s+(?P<test>\S+)$")
 
@@ -113,16 +114,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parse", nargs="+", type=Path, metavar="LOG",
                         help="record these finished runs' outputs instead of running the suite")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/edgefold-suite-time"),
+                        help="where each run's output is kept (for --parse later)")
     args = parser.parse_args(argv)
     from recipe_seeds import machine
 
     target = "test-fast" if args.fast else "test"
     print(f"goal: {GOAL}", flush=True)
     outputs = [path.read_text() for path in args.parse] if args.parse else []
+    args.work.mkdir(parents=True, exist_ok=True)
     for index in range(0 if args.parse else args.runs):
         started = time.monotonic()
         outputs.append(run_suite(target))
-        print(f"run {index + 1}/{args.runs}: {time.monotonic() - started:.0f} s", flush=True)
+        kept = args.work / f"{target}-run{index + 1}.log"  # kept before it is read: a parse error loses no run
+        kept.write_text(outputs[-1])
+        print(f"run {index + 1}/{args.runs}: {time.monotonic() - started:.0f} s ({kept})", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip() or None
     record = summarize([parse_log(text) for text in outputs], target, machine(), commit)

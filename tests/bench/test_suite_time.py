@@ -42,6 +42,14 @@ def test_a_run_is_read_from_pytests_output_and_summarized():
     assert "**Median 1.0 min**" in text and "goal NOT met" in text and "| tests/pipeline/test_a.py | 43 |" in text
 
 
+def test_the_quiet_summary_line_is_read_too():
+    """Under -q pytest ends with the counts alone, without the rules around them."""
+    quiet = SAMPLE.replace("============ 79 passed, 1 skipped, 3 warnings in 61.25s (0:01:01) ============",
+                           "2 failed, 1175 passed, 8 skipped, 32 warnings in 1176.96s (0:19:36)")
+    run = _bench().parse_log(quiet)
+    assert run["seconds"] == 1176.96 and run["counts"] == {"failed": 2, "passed": 1175, "skipped": 8}
+
+
 def test_an_unfinished_run_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="did not finish"):
         _bench().parse_log("....F\nKeyboardInterrupt\n")
