@@ -321,7 +321,7 @@ def list_runs(runs_dir: str | Path = "runs", model: str | None = None) -> list[d
         except ManifestError as err:
             rows.append({"run": str(manifest_path.parent), "error": err.message})
             continue
-        stages, task = manifest.data["stages"], tasks.of_run(manifest_path.parent)
+        stages, task = manifest.data["stages"], tasks.of_manifest(manifest.data)
         score = task.score
         rows.append({
             "run": str(manifest_path.parent), "model": manifest.data["model"], "created": manifest.data.get("created"),

@@ -38,6 +38,11 @@ def of_run(run_dir: Path) -> Task:
         manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
     except (OSError, ValueError):
         return get("classification")
+    return of_manifest(manifest)
+
+
+def of_manifest(manifest: dict) -> Task:
+    """The task of a run from its manifest's data (:func:`of_run` without reading the file again)."""
     if manifest.get("task"):
         return get(manifest["task"])
     evaluated = ((manifest.get("stages") or {}).get("evaluate") or {}).get("outputs", {})
