@@ -17,43 +17,37 @@ from tests.slow import SLOW_FIXTURES, slow_fixture  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
-# The longest test files (measured with --durations on two xdist workers), longest first. `make test` runs each
-# file whole on one worker (--dist loadfile) in collection order (--no-loadscope-reorder), so these start first and
-# the two workers end together. The first two start at once, on different workers: the first builds the shared tiny
-# run while the second needs none. A file missing here only runs later; nothing else depends on the list.
-LONGEST_FIRST = (
-    # Three timm runs on one thread, first: over when the timing-sensitive files (planted power, sustained) start.
-    "tests/pipeline/test_byom_folded.py",
-    "tests/pipeline/test_integrity.py",
-    "tests/pipeline/test_detection_start.py",
-    "tests/pipeline/test_latency_prune.py",
-    "tests/bench/test_latency_prune.py",
-    "tests/docker/test_docker.py",
-    "tests/pipeline/test_detection_stages.py",
-    "tests/device/test_sweep.py",
-    "tests/pipeline/test_distributed.py",
-    "tests/pipeline/test_detection_resume.py",
-    "tests/device/test_torch_tensorrt.py",
-    "tests/pipeline/test_quantize.py",
-    "tests/pipeline/test_report.py",
-    "tests/device/test_agent.py",
-    "tests/pipeline/test_detection_pruning.py",
-    "tests/pipeline/test_report_power.py",
-    "tests/bench/test_dc_baseline.py",
-    "tests/device/test_planted_power.py",
-    "tests/device/test_agent_jtop.py",
-)
+# `make test` runs each file whole on one worker (--dist loadfile) in collection order (--no-loadscope-reorder): the
+# longest files first, so that the workers end together (longest processing time first). The lengths are the newest
+# record of `bench/suite_time.py` (bench/results/suite-time-test-*.json, per file as measured); a file the record does
+# not know (a new one) counts as the record's median file. Rerun the bench after a change to the suite's time.
+SUITE_RECORDS = REPO / "bench" / "results"
+
+
+def recorded_file_seconds(folder: Path = SUITE_RECORDS) -> dict[str, float]:
+    """Seconds per test file in the newest ``make test`` record (empty without one: collection order alone)."""
+    import json
+
+    records = sorted(folder.glob("suite-time-test-2*.json"))  # dated names sort by time; -fast- records excluded
+    return dict(json.loads(records[-1].read_text()).get("files", {})) if records else {}
+
+
+def longest_first(paths: list[str], seconds: dict[str, float]) -> list[str]:
+    """``paths`` ordered by recorded seconds, longest first (an unknown file as the median one; ties by name)."""
+    known = sorted(seconds.values())
+    unknown = known[len(known) // 2] if known else 0.0
+    return sorted(dict.fromkeys(paths), key=lambda path: (-seconds.get(path, unknown), path))
 
 
 def pytest_collection_modifyitems(items):
     """Every test that uses a slow fixture (a pipeline run, a real agent), directly or through another, is slow;
-    the files in :data:`LONGEST_FIRST` are moved to the front, in that order (a stable sort: tests within a file keep
-    theirs)."""
+    the files are ordered longest first (:func:`longest_first`; a stable sort: tests within a file keep theirs)."""
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    files = [item.nodeid.split("::", 1)[0] for item in items]
+    rank = {path: index for index, path in enumerate(longest_first(files, recorded_file_seconds()))}
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The suite-time bench reads pytest's own output: the wall time, the counts, each file's summed phases."""
 
 import importlib.util
+import json
 
 import pytest
 
@@ -53,3 +54,21 @@ def test_the_quiet_summary_line_is_read_too():
 def test_an_unfinished_run_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="did not finish"):
         _bench().parse_log("....F\nKeyboardInterrupt\n")
+
+
+def test_the_files_run_longest_first_by_the_newest_record(tmp_path):
+    from tests.conftest import SUITE_RECORDS, longest_first, recorded_file_seconds
+
+    seconds = {"tests/a.py": 30.0, "tests/b.py": 5.0, "tests/c.py": 10.0}
+    # A file the record does not know counts as its median one (10 s): after a, tied with c and ordered by name.
+    assert longest_first(["tests/b.py", "tests/new.py", "tests/a.py", "tests/c.py", "tests/a.py"], seconds) == \
+        ["tests/a.py", "tests/c.py", "tests/new.py", "tests/b.py"]
+    assert longest_first(["tests/b.py", "tests/a.py"], {}) == ["tests/a.py", "tests/b.py"]
+    for name, files in (("suite-time-test-20260101-000000.json", {"tests/old.py": 1.0}),
+                        ("suite-time-test-20260102-000000.json", {"tests/new.py": 2.0}),
+                        ("suite-time-test-fast-20260103-000000.json", {"tests/fast.py": 3.0})):
+        (tmp_path / name).write_text(json.dumps({"files": files}))
+    assert recorded_file_seconds(tmp_path) == {"tests/new.py": 2.0}, "the newest make test record, never -fast"
+    assert recorded_file_seconds(tmp_path / "none") == {}
+    recorded = recorded_file_seconds(SUITE_RECORDS)
+    assert recorded and all(path.startswith("tests/") and path.endswith(".py") for path in recorded)

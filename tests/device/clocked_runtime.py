@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from tests.device.jetson_sim import gpu_devfreq, rail_power_mw
+from tests.device.time_scale import ENV_SCALE, TimeScale
 
 # Planted work of one call, in GPU cycles: FIXED_CYCLES per call plus IMAGE_CYCLES per image (× DLA_FACTOR on a
 # DLA). At MAXN's 1300.5 MHz a batch-1 call takes 3 ms, a batch-4 call 6 ms.
@@ -79,20 +80,24 @@ def install_in_process(root: str | os.PathLike, version: str = "10.3.0", dla_cor
 
 
 def sitecustomize_dir(folder: Path, root: Path | None, version: str = "10.3.0", dla_cores: int = 0,
-                      board: str | None = None) -> tuple[Path, dict[str, str]]:
+                      board: str | None = None, clock: TimeScale | None = None) -> tuple[Path, dict[str, str]]:
     """A folder holding a ``sitecustomize`` that installs the clocked stand-in, and the environment an agent needs
     for its job processes to pick it up (``PYTHONPATH`` first, then the repository). ``root`` None: no simulated
-    board, the stand-in unclocked."""
+    board, the stand-in unclocked. ``clock``: the job processes run on that simulated clock."""
     folder.mkdir(parents=True, exist_ok=True)
     repo = Path(__file__).resolve().parents[2]
     (folder / "sitecustomize.py").write_text(
         "# STAND-IN for TensorRT in EdgeFold's sweep tests (tests/device/clocked_runtime.py)\n"
         "import os\n"
+        f"if {ENV_SCALE!r} in os.environ:  # a simulated clock in the job processes (tests/device/time_scale.py)\n"
+        "    from tests.device.time_scale import install_in_job_process\n"
+        "    install_in_job_process()\n"
         f"if {_ENV_ROOT!r} in os.environ:\n"
         f"    from tests.device.clocked_runtime import install_from_environment\n"
         "    install_from_environment()\n")
     env = {"PYTHONPATH": os.pathsep.join([str(folder), str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           _ENV_ROOT: str(root or ""), _ENV_VERSION: version, _ENV_DLA: str(dla_cores), _ENV_BOARD: board or ""}
+           _ENV_ROOT: str(root or ""), _ENV_VERSION: version, _ENV_DLA: str(dla_cores), _ENV_BOARD: board or "",
+           **(clock.environment() if clock else {})}
     return folder, env
 
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from tests.device.jetson_sim import HWMON, _read_int, _replace, gpu_devfreq
+from tests.device.time_scale import TimeScale
 
 ZONES = "sys/devices/virtual/thermal"
 
@@ -46,19 +47,21 @@ class ThermalPlant:
                  c_per_w: float = 8.0, trip_c: float = 95.0, critical_c: float = 105.0,
                  throttled_hz: int | None = None, initial_hz: int | None = None, hysteresis_c: float = 3.0,
                  zone: str = "gpu-thermal", tick_s: float = 0.05, dip_hz: int | None = None,
-                 dip_every_s: float = 1.0, dip_s: float = 0.15):
+                 dip_every_s: float = 1.0, dip_s: float = 0.15, clock: TimeScale | None = None):
         self.root, self.start_c, self.tau_s, self.ambient_c, self.c_per_w = Path(root), start_c, tau_s, ambient_c, \
             c_per_w
         self.trip_c, self.critical_c, self.throttled_hz, self.tick_s = trip_c, critical_c, throttled_hz, tick_s
         self.initial_hz, self.hysteresis_c = initial_hz, hysteresis_c
         self.dip_hz, self.dip_every_s, self.dip_s = dip_hz, dip_every_s, dip_s
+        # Simulated time shared with the job (tests.device.time_scale), or the host's.
+        self._monotonic, self._wall = (clock.monotonic, clock.wall) if clock else (time.monotonic, time.time)
         self._elapsed_s = 0.0
         self._dipped_from: int | None = None  # the clock a governor dip took over (given back after it)
         self.dips = 0
         self.folder = zone_folder(root, zone)
         self.clock = gpu_devfreq(root) / "cur_freq"
-        self.started_at: float | None = None  # time.time() of t = 0
-        self.events: list[tuple[float, str]] = []  # (time.time(), "throttled" or "recovered")
+        self.started_at: float | None = None  # the wall clock's (simulated or the host's) time of t = 0
+        self.events: list[tuple[float, str]] = []  # (wall time, "throttled" or "recovered")
         self.temp_c = start_c
         self._held_hz: int | None = None  # the clock the throttle took over (given back on recovery)
         self.error: Exception | None = None
@@ -89,7 +92,7 @@ class ThermalPlant:
         return -self.tau_s * math.log((steady - self.trip_c) / (steady - self.start_c))
 
     def first(self, event: str, after: float = 0.0) -> float | None:
-        """``time.time()`` of the first ``event`` at or after ``after`` (None: none)."""
+        """The wall time (the plant's clock) of the first ``event`` at or after ``after`` (None: none)."""
         return next((at for at, name in self.events if name == event and at >= after), None)
 
     def _tick(self, dt: float) -> None:
@@ -112,19 +115,19 @@ class ThermalPlant:
         if self._held_hz is None and self.temp_c >= self.trip_c:
             self._held_hz = now_hz
             _replace(self.clock, self.throttled_hz)
-            self.events.append((time.time(), "throttled"))
+            self.events.append((self._wall(), "throttled"))
         elif self._held_hz is not None and self.temp_c < self.trip_c - self.hysteresis_c:
             _replace(self.clock, min(self._held_hz, _read_int(self.clock.parent / "max_freq")))
             self._held_hz = None
-            self.events.append((time.time(), "recovered"))
+            self.events.append((self._wall(), "recovered"))
         elif self._held_hz is not None and now_hz != self.throttled_hz:
             self._held_hz = now_hz  # jetson_clocks or a mode rewrote the clock: what it set comes back on recovery
             _replace(self.clock, self.throttled_hz)
 
     def _run(self) -> None:
-        last = time.monotonic()
+        last = self._monotonic()
         while not self._stop.wait(self.tick_s):
-            now = time.monotonic()
+            now = self._monotonic()
             try:
                 self._tick(now - last)
             except Exception as err:  # noqa: BLE001 (kept for __exit__: a frozen curve must fail the test)
@@ -133,7 +136,7 @@ class ThermalPlant:
             last = now
 
     def __enter__(self) -> "ThermalPlant":
-        self.started_at = time.time()
+        self.started_at = self._wall()
         self._thread.start()
         return self
 

@@ -47,7 +47,7 @@ def test_the_headline_says_which_preprocessing_is_faster_and_the_whole_paths_top
 
 
 def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, tmp_path):
-    """The tiny run again with ``deploy.frame`` 1280×720 JPEG made from the evaluation images: only deploy and the
+    """The tiny run again with ``deploy.frame`` 640×360 JPEG made from the evaluation images: only deploy and the
     report run again, and only the first round's jobs (which carry the frame) are measured again; every rung has its
     parts, intervals and frame rates, both preprocessing forms with their paired ratio, and its top-1 through the
     whole path beside the tensor path's, in results.json and results.csv, and the section, figure and headline
@@ -58,7 +58,7 @@ def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, t
     shutil.copytree(tiny_run.run_dir, runs / "tiny" / "shared")
     before = json.loads((runs / "tiny" / "shared" / "manifest.json").read_text())["stages"]
     ctx = run_pipeline("tiny", run_id="shared", runs_dir=runs, overrides={
-        "deploy.frame.width": 1280, "deploy.frame.height": 720, "deploy.frame.format": "jpeg",
+        "deploy.frame.width": 640, "deploy.frame.height": 360, "deploy.frame.format": "jpeg",
         "deploy.frame.frames": 8, "deploy.frame.rounds": 3, "deploy.frame.source": "images"})
     stages = ctx.manifest.data["stages"]
     for stage in ("teacher", "distill", "export", "quantize", "evaluate"):
@@ -69,7 +69,7 @@ def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, t
     measured = [r for r in data["rows"] if r["status"] == "measured"]
     assert len(measured) == 5
     for row in measured:
-        assert row["frame_spec"] == "1280×720 jpeg" and row["frame_bound"] in FRAME_STAGES
+        assert row["frame_spec"] == "640×360 jpeg" and row["frame_bound"] in FRAME_STAGES
         for part in (*FRAME_STAGES, "total"):
             assert row[f"frame_{part}_ms_low"] <= row[f"frame_{part}_ms"] <= row[f"frame_{part}_ms_high"]
         assert row["frame_decode_ms"] > 0 and row["frame_engine_ms"] > 0  # a JPEG is decoded; the engine runs
@@ -77,7 +77,7 @@ def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, t
         assert row["frame_in_graph_total_ms_low"] <= row["frame_in_graph_total_ms"] <= row["frame_in_graph_total_ms_high"]
         assert row["frame_in_graph_speedup_low"] <= row["frame_in_graph_speedup"] <= row["frame_in_graph_speedup_high"]
         assert row["frame_images"] == row["device_images"] and 0 <= row["frame_top1_p"] <= 1
-        # The same engine on the same images: a 20×20 image through a 1280×720 JPEG loses little
+        # The same engine on the same images: a 20×20 image through a 640×360 JPEG loses little
         assert abs(row["frame_top1"] - row["frame_top1_tensor"]) <= 0.05 and row["frame_top1_tensor"] == row["device_top1"]
     assert (runs / "tiny" / "shared" / "deploy" / "frame-student_int8.onnx").exists()
     assert data["frame_files"]["in_graph_difference"] <= 3 / 255 / 0.25  # the stated tolerance, checked on the run
@@ -85,11 +85,11 @@ def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, t
         table = list(csv.DictReader(handle))
     assert all(float(r["frame_total_ms"]) > 0 for r in table if r["status"] == "measured")
     markdown = (report / "report.md").read_text()
-    assert "## Where the frame's time goes" in markdown and "| student_int8 | loopback | 1280×720 jpeg |" in markdown
+    assert "## Where the frame's time goes" in markdown and "| student_int8 | loopback | 640×360 jpeg |" in markdown
     assert " bounds the frame rate: " in markdown
     assert "| CPU path ms [95% CI] | in the graph ms [95% CI] |" in markdown
     assert "| tensor path top-1 | whole path top-1 | Δ points | McNemar p |" in markdown
-    assert "  frame          1280×720 jpeg: " in markdown  # the headline's line
+    assert "  frame          640×360 jpeg: " in markdown  # the headline's line
     html = (report / "report.html").read_text()
     assert "Where each frame&#x27;s time goes" in html or "Where each frame's time goes" in html
     # Shipped with the preprocessing in its graph (the form this run measured), and the frame figures on its card.

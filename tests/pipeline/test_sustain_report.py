@@ -13,6 +13,9 @@ import pytest
 
 from pipeline.tasks.classification.sustain_report import burst_and_settled, headline_text
 
+# The simulated Orin Nano's sustained run: its two minutes are simulated ones, on a clock the job processes and the
+# planted heat share (tests/device/time_scale.py), four times the host's: 30 s here.
+SIMULATED_PER_HOST_S = 4.0
 
 def intervals(p50s, energy=None):
     return [{"end_s": 10.0 * (i + 1), "latency_p50_ms": p, "energy_mj_per_image": energy, "gpu_temp_c": 50.0 + i,
@@ -190,7 +193,8 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     PLANTED heat curve driven by the board's planted 6.1 W, τ 20 s, whose passive trip point halves the clock about
     31 s into the run). The report's "After 2 minutes" has the throttle moment within one recording interval (the
     default 10 s) of the plant's, the temperature as its cause, the settled-over-burst ratio within 3% of the planted
-    2, the figure, and the headline's line."""
+    2, the figure, and the headline's line. Every time here is simulated: the job and the plant share a clock
+    :data:`SIMULATED_PER_HOST_S` times the host's, so the two minutes last 30 s."""
     import os
 
     if os.geteuid() != 0:
@@ -201,13 +205,15 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     from tests.device.clocked_runtime import sitecustomize_dir
     from tests.device.jetson_sim import JtopService
     from tests.device.thermal_plant import ZONES, ThermalPlant, heating_with_the_run
+    from tests.device.time_scale import TimeScale
 
     run = tmp_path / "runs" / "tiny" / "shared"
     shutil.copytree(tiny_run.run_dir, run)
+    clock = TimeScale.starting_now(SIMULATED_PER_HOST_S)
     with JtopService(tmp_path / "board", "orin-nano") as svc:
-        _, env = sitecustomize_dir(tmp_path / "site", svc.root, "10.3.0")
+        _, env = sitecustomize_dir(tmp_path / "site", svc.root, "10.3.0", clock=clock)
         plant = ThermalPlant(svc.root, start_c=50.0, tau_s=20.0, ambient_c=40.0, c_per_w=10.0, trip_c=90.0,
-                             critical_c=120.0, initial_hz=100_000_000, throttled_hz=50_000_000)
+                             critical_c=120.0, initial_hz=100_000_000, throttled_hz=50_000_000, clock=clock)
         with AgentProcess(tmp_path / "agent", env=env, args=("--jtop-socket", svc.sock, "--thermal-dir",
                                                              str(svc.root / ZONES))) as agent:
             with heating_with_the_run(agent, plant):  # the plant starts when the sustained run does
@@ -223,6 +229,7 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     assert sustained["throttle_cause"] == "temperature", sustained["throttle_text"]
     assert planted <= sustained["first_throttle_s"] <= planted + 10.0 + 0.5, (planted, sustained["first_throttle_s"])
     assert sustained["ratio"] == pytest.approx(2.0, rel=0.03) and sustained["ratio_low"] > 1
+    assert len(sustained["intervals"]) == 12 and sustained["intervals"][-1]["end_s"] == pytest.approx(120, abs=1)
     row = next(r for r in data["rows"] if r["rung"] == "student_int8" and r["device"] == "edge")
     assert row["sustained_throttle_cause"] == "temperature" and row["sustained_ratio"] == sustained["ratio"]
     markdown = (run / "report" / "report.md").read_text()
