@@ -24,9 +24,34 @@ class Text:
 
 @dataclass(frozen=True)
 class Pre:
-    """Preformatted lines (the headline)."""
+    """Preformatted lines."""
 
     text: str
+
+
+HEADLINE_LABEL_WIDTH = 15
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The headline, the same in every task: what it compares (``title``) and one row per finding, (label, words).
+
+    A row whose label is None carries its own lead ("INT8 vs FP16 on orin: …"); a row labelled "" continues the
+    one above. The report's first table, and the aligned lines ``edgefold run`` prints (:meth:`lines`).
+    """
+
+    title: str
+    rows: list[tuple[str | None, str]]
+
+    def lines(self) -> str:
+        """The headline as aligned text: the title, then each row indented under it."""
+        return "\n".join([self.title, *(f"  {words}" if label is None else
+                                        f"  {label:<{HEADLINE_LABEL_WIDTH}}{words}" for label, words in self.rows)])
+
+
+def page_title(model: str, run: str) -> str:
+    """Every task's report page is titled alike."""
+    return f"EdgeFold report: {model} / {run}"
 
 
 @dataclass(frozen=True)
@@ -74,7 +99,7 @@ class Section:
     level: int = 2
 
 
-Block = Union[Text, Pre, Bullets, Table, Figure, Details, Section]
+Block = Union[Text, Pre, Headline, Bullets, Table, Figure, Details, Section]
 
 
 # ----------------------------------------------------------------- Markdown
@@ -87,6 +112,9 @@ def _md_block(block: Block) -> list[str]:
         return [block.text, ""]
     if isinstance(block, Pre):
         return ["```", block.text, "```", ""]
+    if isinstance(block, Headline):
+        return ([f"**{_md_cell(block.title)}**", "", "| | |", "|---|---|"]
+                + [f"| {_md_cell(label or '')} | {_md_cell(words)} |" for label, words in block.rows] + [""])
     if isinstance(block, Bullets):
         return [(f"[{number}] " if block.numbered else "- ") + (f"**{lead}**" if lead else "") + text
                 + ("  " if block.numbered else "") for number, (lead, text) in enumerate(block.items, 1)] + [""]
@@ -127,6 +155,9 @@ td:last-child{text-align:left}td:last-child{white-space:normal;min-width:7em}th.
 font-weight:600}pre{background:#f7f7f7;padding:1em;border-radius:4px;white-space:pre-wrap}
 figure{margin:0;flex:1 1 520px}figcaption{font-size:13px;color:#555}img{max-width:100%}summary{cursor:pointer}
 .grid{display:flex;flex-wrap:wrap;gap:1.5em}.scroll{overflow-x:auto}.notes{font-size:13px;color:#555}
+table.headline{font-size:14px;width:100%}table.headline caption{text-align:left;font-weight:600;padding:4px 0}
+table.headline th{text-align:left;vertical-align:top;white-space:nowrap;width:9em}
+table.headline td{text-align:left;white-space:normal;overflow-wrap:anywhere}
 """
 
 
@@ -159,6 +190,10 @@ def _html_block(block: Block) -> str:
         return f"<p>{esc(block.text)}</p>"
     if isinstance(block, Pre):
         return f"<pre>{esc(block.text)}</pre>"
+    if isinstance(block, Headline):  # its cells wrap: a long finding never widens the page
+        return (f'<table class="headline"><caption>{esc(block.title)}</caption>'
+                + "".join(f'<tr><th scope="row">{esc(label or "")}</th><td>{esc(words)}</td></tr>'
+                          for label, words in block.rows) + "</table>")
     if isinstance(block, Bullets):
         tag = "ol" if block.numbered else "ul"
         return (f"<{tag}{_attr(block.css)}>" + "".join(f"<li>{f'<b>{esc(lead)}</b>' if lead else ''}{esc(text)}</li>"

@@ -43,9 +43,10 @@ class Task:
     score_name: str = "top-1"
 
 
-def stage_registry(task: str, stages: list[type[Stage]]) -> Registry[Stage]:
-    """One instance of each stage class, registered under its name (a duplicate name is refused)."""
+def stage_registry(task: str, stages: list[type[Stage] | Stage]) -> Registry[Stage]:
+    """Each stage registered under its name (a duplicate name is refused): a task's own stage class is made here; a
+    shared stage (:mod:`pipeline.stages`) comes made, with the task's hooks."""
     registry: Registry[Stage] = Registry(f"{task} stage")
-    for cls in stages:
-        registry.add(cls.name, cls())
+    for entry in stages:
+        registry.add(entry.name, entry() if isinstance(entry, type) else entry)
     return registry

@@ -300,7 +300,7 @@ def test_edgefold_report_rebuilds_a_detection_run_and_keeps_the_manifest_true(de
     (run_dir / "report" / "report.md").write_text("stale")
     assert cli.main(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "student_int8 on loopback (onnxruntime): device mAP" in out and "html: " in out and "csv: " in out
+    assert "student_int8 on loopback (onnxruntime)\n  mAP            " in out and "html: " in out and "csv: " in out
     manifest = json.loads((run_dir / "manifest.json").read_text())
     entry = manifest["stages"]["report"]
     assert (run_dir / "report" / "report.md").read_text() != "stale"
@@ -369,7 +369,8 @@ def test_the_headline_of_a_result_without_rounds_names_what_it_has():
                           "map": 0.171, "map_low": None, "map_delta_points": 0.03, "latency_p50_ms": None,
                           "ratio_vs_student": None, "postprocess_ms_per_image": 0.9, "method": "max",
                           "box_head": "fp16"})
-    assert text.startswith("student_int8 on orin (tensorrt): device mAP 17.1, +0.03 points") and "p50" not in text
+    assert text.splitlines()[:2] == ["student_int8 on orin (tensorrt)", "  mAP            17.1 on the device, +0.03 "
+                                     "points against the FP32 student on the host"] and "p50" not in text
 
 
 def _html_rows(page: str) -> list[list[str]]:
@@ -395,7 +396,8 @@ def test_the_detection_report_html_shows_results_json_s_rungs_and_is_self_contai
     assert report["sha256"][report["outputs"]["html"]] == sha256_file(page_path), "the manifest hashes report.html"
     page = page_path.read_text()
     data = json.loads((run_dir / report["outputs"]["json"]).read_text())
-    tables = re.findall(r"<table.*?</table>", page, re.S)
+    headline, *tables = re.findall(r"<table.*?</table>", page, re.S)
+    assert headline.startswith('<table class="headline"><caption>student')  # the page opens with the headline
     main, detail = ({row[0]: row for row in _html_rows(table)[1:]} for table in tables[:2])
     (device,) = data["deploy"]["devices"]
     assert f"{device['name']} ({device['runtime']}; {device['status']})" in page
@@ -417,18 +419,18 @@ def test_the_detection_report_html_shows_results_json_s_rungs_and_is_self_contai
 
 
 def test_the_detection_report_html_fits_a_1366_px_page(det_run):
-    """Rendered by Chromium 1366 px wide (a laptop's): both plots load, no table runs off the page, nothing scrolls
-    sideways."""
+    """Rendered by Chromium 1366 px wide (a laptop's): the headline is the page's first table, both plots load, no
+    table runs off the page, nothing scrolls sideways."""
     from tests.browser import render_probe
 
     run_dir, manifest = det_run
     check = ("const imgs=[...document.images];const tables=[...document.querySelectorAll('table')];"
              "document.title=[window.innerWidth,imgs.filter(i=>i.complete&&i.naturalWidth>300).length,"
              "tables.length,tables.filter(t=>t.getBoundingClientRect().right<=window.innerWidth).length,"
-             "document.documentElement.scrollWidth<=window.innerWidth].join(':')")
+             "document.documentElement.scrollWidth<=window.innerWidth,tables[0].className].join(':')")
     tables = len(re.findall("<table", (run_dir / manifest["stages"]["report"]["outputs"]["html"]).read_text()))
     title = render_probe(run_dir / manifest["stages"]["report"]["outputs"]["html"], check, 1366)
-    assert title == f"1366:2:{tables}:{tables}:true"
+    assert title == f"1366:2:{tables}:{tables}:true:headline"
 
 
 def _rerun_detection_quantize(det_run, tmp_path, **overrides):

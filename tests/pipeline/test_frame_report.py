@@ -89,7 +89,7 @@ def test_make_edge_with_a_frame_ends_with_where_the_frames_time_goes(tiny_run, t
     assert " bounds the frame rate: " in markdown
     assert "| CPU path ms [95% CI] | in the graph ms [95% CI] |" in markdown
     assert "| tensor path top-1 | whole path top-1 | Δ points | McNemar p |" in markdown
-    assert "  frame          640×360 jpeg: " in markdown  # the headline's line
+    assert "| frame | 640×360 jpeg: " in markdown  # the headline's row
     html = (report / "report.html").read_text()
     assert "Where each frame&#x27;s time goes" in html or "Where each frame's time goes" in html
     # Shipped with the preprocessing in its graph (the form this run measured), and the frame figures on its card.

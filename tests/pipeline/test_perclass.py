@@ -205,14 +205,14 @@ def test_report_headline_says_directions_in_words(tiny_run):
     lead = RUNGS[h["lead_rung"]].precision.upper()
     assert f"student {lead} on loopback vs teacher FP32 on loopback" in headline
     if h["int8_not_measured"]:  # ONNX Runtime's CPU provider runs the Q/DQ graph unfused: said, with the fix
-        assert h["lead_rung"] != "student_int8" and "INT8 rung      not measured as INT8 on loopback" in headline
+        assert h["lead_rung"] != "student_int8" and "| INT8 rung | not measured as INT8 on loopback" in headline
         assert "EDGE=http://<jetson>:8765" in headline
     else:
         assert h["lead_rung"] == "student_int8"
     # The latency line says the direction the recorded ratio and its interval give, and only that one.
     low, ratio, high = h["latency_ratio_low"], h["latency_ratio"], h["latency_ratio_high"]
     assert low <= ratio <= high and h["latency_ratio_significant"] == (not low <= 1 <= high)
-    (latency,) = [line for line in headline.splitlines() if line.strip().startswith("latency p50")]
+    (latency,) = [line for line in headline.splitlines() if line.startswith("| latency p50 |")]
     said = {word for word in ("faster,", "slower,", "no measurable difference") if word in latency}
     expected = "no measurable difference" if low <= 1 <= high else "faster," if ratio < 1 else "slower,"
     assert said == {expected}, latency

@@ -119,14 +119,17 @@ def test_report_command_rebuilds_and_chromium_renders_the_figures(tiny_run, tmp_
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "html: " in result.stdout and (run / "report" / "report.html").is_file()
-    # Every figure loaded, and at a laptop's 1366 px the ladder's ratio columns and its status column are in view.
+    # Every figure loaded, and at a laptop's 1366 px the ladder's ratio columns and its status column are in view,
+    # the headline is the page's first table, every headline row fits and nothing scrolls sideways.
     check = ("const imgs=[...document.images];"
              "const heads=[...document.querySelectorAll('table.ladder th')];"
              "const inView=h=>h.getBoundingClientRect().right<=window.innerWidth;"
+             "const lead=document.querySelector('table');"
              "document.title=[window.innerWidth,imgs.length,imgs.filter(i=>i.complete&&i.naturalWidth>300).length,"
-             "heads.filter(h=>h.classList.contains('ratio')).map(inView).join('+'),inView(heads[heads.length-1])]"
-             ".join(':')")
-    assert render_probe(run / "report" / "report.html", check, 1366) == "1366:2:2:true+true:true"
+             "heads.filter(h=>h.classList.contains('ratio')).map(inView).join('+'),inView(heads[heads.length-1]),"
+             "lead.className,[...lead.querySelectorAll('td')].every(inView),"
+             "document.documentElement.scrollWidth<=window.innerWidth].join(':')")
+    assert render_probe(run / "report" / "report.html", check, 1366) == "1366:2:2:true+true:true:headline:true:true"
 
 
 def test_report_without_deploy_says_not_measured(tiny_run, tmp_path):
@@ -293,7 +296,7 @@ def test_auto_runtime_fallback_is_said_in_the_headline_and_the_ladder(tiny_run):
     assert why.startswith("ONNX Runtime ran instead of TensorRT: no module named 'tensorrt'")
     assert all(row["runtime_fallback"] == why for row in data["rows"])
     markdown = (tiny_run.run_dir / stages["report"]["outputs"]["md"]).read_text()
-    assert f"runtime        on loopback: {why}" in markdown and "onnxruntime fp32 (fallback) [1]" in markdown
+    assert f"| runtime | on loopback: {why} |" in markdown and "onnxruntime fp32 (fallback) [1]" in markdown
 
 
 @pytest.mark.parametrize("recipe", ["tiny", "tiny-det"])

@@ -233,5 +233,5 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     row = next(r for r in data["rows"] if r["rung"] == "student_int8" and r["device"] == "edge")
     assert row["sustained_throttle_cause"] == "temperature" and row["sustained_ratio"] == sustained["ratio"]
     markdown = (run / "report" / "report.md").read_text()
-    assert "## After 2 minutes" in markdown and "  sustained      student_int8 on edge: after " in markdown
+    assert "## After 2 minutes" in markdown and "| sustained | student_int8 on edge: after " in markdown
     assert 'alt="sustained:edge"' in (run / "report" / "report.html").read_text()

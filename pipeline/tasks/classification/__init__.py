@@ -8,6 +8,8 @@ them. It imports no other task.
 from __future__ import annotations
 
 from pipeline.core.task import Task, stage_registry
+from pipeline.stages.report import ReportStage
+from pipeline.tasks.classification.headline import one_line
 from pipeline.tasks.classification.report import build_report, headline_text
 from pipeline.tasks.classification.ship import ClassificationShip
 from pipeline.tasks.classification.stages.data import DataStage
@@ -17,7 +19,6 @@ from pipeline.tasks.classification.stages.evaluate import EvaluateStage, ladder_
 from pipeline.tasks.classification.stages.export import ExportStage
 from pipeline.tasks.classification.stages.prune import PruneStage
 from pipeline.tasks.classification.stages.quantize import QuantizeStage
-from pipeline.tasks.classification.stages.report import ReportStage
 from pipeline.tasks.classification.stages.teacher import TeacherStage
 
 
@@ -36,5 +37,6 @@ def _summary(ctx) -> None:
 
 TASK = Task(name="classification",
             stages=stage_registry("classification", [DataStage, TeacherStage, PruneStage, DistillStage, ExportStage,
-                                                     QuantizeStage, EvaluateStage, DeployStage, ReportStage]),
+                                                     QuantizeStage, EvaluateStage, DeployStage,
+                                                     ReportStage(build_report, one_line)]),
             build_report=build_report, summary=_summary, headline=headline_text, ship=ClassificationShip())

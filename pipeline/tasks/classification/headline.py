@@ -1,6 +1,6 @@
 """The headline: one object (the report's ``headline``, in results.json and the manifest) and every view of it.
 
-The console line of ``make edge``, the headline block of report.md and report.html, and ``edgefold
+The console line of ``make edge``, the headline table that opens report.md and report.html, and ``edgefold
 report`` all render the same dictionary with the functions here, so they cannot disagree: a ratio
 whose 95% interval holds 1 is "no measurable difference" in each, and an accuracy change is said with
 its McNemar p-value and the classes that dropped beyond noise.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.sections import Headline
 from pipeline.tasks.classification.device_accuracy import CAUSES
 
 NOT_MEASURED = "not measured"
@@ -79,64 +80,70 @@ def fmt(value, spec: str, missing: str = "—") -> str:
 
 
 def text(h: dict[str, Any]) -> str:
-    """The headline as a few aligned lines (printed by ``make edge``, the report's first block)."""
-    fallbacks = [f"  runtime        on {device}: {why}" for device, why in (h.get("runtime_fallbacks") or {}).items()]
+    """The headline as a few aligned lines (printed by ``make edge`` and ``edgefold report``)."""
+    return block(h).lines()
+
+
+def block(h: dict[str, Any]) -> Headline:
+    """The headline's title and findings: the report's first table, and :func:`text`'s lines."""
+    fallbacks = [("runtime", f"on {device}: {why}") for device, why in (h.get("runtime_fallbacks") or {}).items()]
     if h["status"] != "measured":
-        return "\n".join([f"headline: {NOT_MEASURED} ({h['reason']})", *fallbacks])
+        return Headline(f"headline: {NOT_MEASURED} ({h['reason']})", fallbacks)
     edge, dc = h.get("edge_precision", "int8").upper(), h.get("dc_precision", "fp32").upper()
     against = h.get("baseline_label", "teacher")  # an ONNX start's: the given model
-    lines = [f"student {edge} on {h['edge_device']} vs {against} {dc} on {h['dc_device']}",
-             *int8_not_measured_lines(h),
-             f"  top-1          {100 * h['top1_edge']:.2f}% vs {100 * h['top1_dc']:.2f}%  ({accuracy_words(h)})",
-             f"  latency p50    {h['latency_p50_ms_edge']:.3f} ms vs {h['latency_p50_ms_dc']:.3f} ms  "
-             f"({significant_direction(h, 'latency', 'faster', 'slower')})",
-             f"  throughput     {h['throughput_edge']:.0f} vs {h['throughput_dc']:.0f} images/s  "
-             f"({significant_direction(h, 'throughput', 'lower', 'higher')})"]
+    rows: list[tuple[str | None, str]] = [
+        *int8_not_measured_rows(h),
+        ("top-1", f"{100 * h['top1_edge']:.2f}% vs {100 * h['top1_dc']:.2f}%  ({accuracy_words(h)})"),
+        ("latency p50", f"{h['latency_p50_ms_edge']:.3f} ms vs {h['latency_p50_ms_dc']:.3f} ms  "
+                        f"({significant_direction(h, 'latency', 'faster', 'slower')})"),
+        ("throughput", f"{h['throughput_edge']:.0f} vs {h['throughput_dc']:.0f} images/s  "
+                       f"({significant_direction(h, 'throughput', 'lower', 'higher')})")]
     if h.get("frame_text"):  # deploy.frame: the camera application's figure beside the network's
-        lines.append(f"  frame          {h['frame_text']}")
+        rows.append(("frame", h["frame_text"]))
     if h.get("sustained_text"):  # deploy.sustained: the latency a warm board settles at, when measurably worse
-        lines.append(f"  sustained      {h['sustained_text']}")
+        rows.append(("sustained", h["sustained_text"]))
     if h["energy_mj_edge"] is None and h["energy_mj_dc"] is None:
-        lines.append(f"  energy/image   {NOT_MEASURED}" + (f" ({h['energy_reason']})" if h.get("energy_reason") else ""))
+        rows.append(("energy/image", NOT_MEASURED + (f" ({h['energy_reason']})" if h.get("energy_reason") else "")))
     else:
-        lines.append(f"  energy/image   {fmt(h['energy_mj_edge'], '.2f', NOT_MEASURED)} vs "
-                     f"{fmt(h['energy_mj_dc'], '.2f', NOT_MEASURED)} mJ"
-                     + (f"  ({significant_direction(h, 'energy', 'less', 'more')})" if h["energy_ratio"] else ""))
+        rows.append(("energy/image", f"{fmt(h['energy_mj_edge'], '.2f', NOT_MEASURED)} vs "
+                                     f"{fmt(h['energy_mj_dc'], '.2f', NOT_MEASURED)} mJ"
+                     + (f"  ({significant_direction(h, 'energy', 'less', 'more')})" if h["energy_ratio"] else "")))
     if h.get("macs_ratio") is not None and against == "teacher":  # an ONNX start's INT8 is the given network
-        lines.append(f"  compute        {100 * h['macs_ratio']:.1f}% of the {against}'s MACs, "
-                     f"{100 * h['params_ratio']:.1f}% of its parameters "
-                     f"({'smaller' if h['macs_ratio'] < 1 and h['params_ratio'] < 1 else 'NOT smaller'})")
+        rows.append(("compute", f"{100 * h['macs_ratio']:.1f}% of the {against}'s MACs, "
+                                f"{100 * h['params_ratio']:.1f}% of its parameters "
+                                f"({'smaller' if h['macs_ratio'] < 1 and h['params_ratio'] < 1 else 'NOT smaller'})"))
     if h.get("size_mb_student_fp32") is not None:
-        lines.append(f"  size, FP32     {h['size_mb_student_fp32']:.1f} MB vs {h['size_mb_dc']:.1f} MB  "
-                     f"({direction(h['size_mb_student_fp32'] / h['size_mb_dc'] if h['size_mb_dc'] else None, 'smaller', 'larger')});"
-                     f" deployed {edge} {h['size_mb_edge']:.1f} MB")
+        smaller = direction(h["size_mb_student_fp32"] / h["size_mb_dc"] if h["size_mb_dc"] else None, "smaller",
+                            "larger")
+        rows.append(("size, FP32", f"{h['size_mb_student_fp32']:.1f} MB vs {h['size_mb_dc']:.1f} MB  ({smaller});"
+                                   f" deployed {edge} {h['size_mb_edge']:.1f} MB"))
     else:
-        lines.append(f"  model size     {h['size_mb_edge']:.1f} MB {edge} vs {h['size_mb_dc']:.1f} MB {dc}")
+        rows.append(("model size", f"{h['size_mb_edge']:.1f} MB {edge} vs {h['size_mb_dc']:.1f} MB {dc}"))
     if h.get("teacher_precision_why"):
-        lines.append(f"  {'teacher' if against == 'teacher' else 'baseline'} as    {h['teacher_precision_why']}")
+        rows.append((f"{'teacher' if against == 'teacher' else 'baseline'} as", h["teacher_precision_why"]))
     for d in h.get("device_deviations") or []:
-        lines.append(f"  device top-1  {d['rung']} on {d['device']}: {100 * d['device_top1']:.2f}% on the device vs "
-                     f"{100 * d['host_top1']:.2f}% on the host (same {d['images']} images, McNemar p = "
-                     f"{d['mcnemar_p']:.2g}): differs by more than noise; {CAUSES}")
-        lines.append(f"  where it parts {d['diverge']}" if d.get("diverge") else
-                     f"  where it parts not searched yet: edgefold diverge RUN --rung {d['rung'].split(' ')[0]} "
-                     f"--device {d['device']} finds the first layer whose values part from ONNX Runtime's")
-    lines += [f"  {int8_vs_fp16_text(v)}" for v in h.get("int8_vs_fp16") or []]
-    lines += [f"  {two_roads_text(v)}" for v in h.get("two_roads") or []]
-    lines += [f"  power mode     {c['rung']} on {c['device']}: {c['text']}" for c in h.get("power_mode_choices") or []]
-    lines += fallbacks
+        rows.append(("device top-1", f"{d['rung']} on {d['device']}: {100 * d['device_top1']:.2f}% on the device vs "
+                                     f"{100 * d['host_top1']:.2f}% on the host (same {d['images']} images, McNemar "
+                                     f"p = {d['mcnemar_p']:.2g}): differs by more than noise; {CAUSES}"))
+        rows.append(("where it parts", d["diverge"]) if d.get("diverge") else
+                    ("where it parts", f"not searched yet: edgefold diverge RUN --rung {d['rung'].split(' ')[0]} "
+                                       f"--device {d['device']} finds the first layer whose values part from ONNX "
+                                       "Runtime's"))
+    rows += [(None, int8_vs_fp16_text(v)) for v in h.get("int8_vs_fp16") or []]
+    rows += [(None, two_roads_text(v)) for v in h.get("two_roads") or []]
+    rows += [("power mode", f"{c['rung']} on {c['device']}: {c['text']}") for c in h.get("power_mode_choices") or []]
+    rows += fallbacks
     if h.get("note"):
-        lines.append(f"  note: {h['note']}")
-    return "\n".join(lines)
+        rows.append(("note", h["note"]))
+    return Headline(f"student {edge} on {h['edge_device']} vs {against} {dc} on {h['dc_device']}", rows)
 
 
-def int8_not_measured_lines(h: dict[str, Any]) -> list[str]:
+def int8_not_measured_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
     """Why the headline leads with a float rung: the device ran no INT8 compute, and how to measure INT8."""
     missing = h.get("int8_not_measured")
     if not missing:
         return []
-    return [f"  INT8 rung      not measured as INT8 on {missing['device']}: {missing['reason']}",
-            f"                 {missing['fix']}"]
+    return [("INT8 rung", f"not measured as INT8 on {missing['device']}: {missing['reason']}"), ("", missing["fix"])]
 
 
 def ratio_parts(line: dict[str, Any]) -> list[str]:

@@ -22,8 +22,9 @@ from pipeline.diverge_report import diverge_section
 from pipeline.quantize.report import int8_section
 from pipeline.results import (detail_columns, figure_cell, figure_label, interval_cell, ladder_columns,
                               write_results)
-from pipeline.sections import Bullets, Details, Figure, Pre, Section, Table, Text, to_html, to_markdown
+from pipeline.sections import Bullets, Details, Figure, Section, Table, Text, page_title, to_html, to_markdown
 from pipeline.tasks.classification.headline import fmt
+from pipeline.tasks.classification.headline import block as headline_block
 from pipeline.tasks.classification.headline import text as headline_text
 from pipeline.tasks.classification.report_data import BASE_COLUMNS, collect
 from pipeline.tasks.classification.report_plots import PLOT_CAPTIONS, plots
@@ -212,7 +213,7 @@ def report_sections(data: dict[str, Any], figures: dict[str, str | Figure | Text
             section (report.md, which never embedded them).
         extra: Stage-specific sections placed before the fleet (the latency-budget plan).
     """
-    sections = [Section("Headline", [Text(f"Generated {data['generated']}."), Pre(headline_text(data["headline"]))])]
+    sections = [Section("Headline", [Text(f"Generated {data['generated']}."), headline_block(data["headline"])])]
     absent = data.get("absent_rungs") or {}
     said_absent = [Text(f"Not in this ladder: {', '.join(absent)} — {why}.")
                    for why in dict.fromkeys(absent.values())]
@@ -294,7 +295,7 @@ def power_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Secti
 
 
 def report_title(data: dict[str, Any]) -> str:
-    return f"EdgeFold report: {data['model']} / {data['run']}"
+    return page_title(data["model"], data["run"])
 
 
 def render_markdown(data: dict[str, Any], extra: list[Section] = ()) -> str:

@@ -8,7 +8,8 @@ report) beside them. It imports no other task.
 from __future__ import annotations
 
 from pipeline.core.task import Task, stage_registry
-from pipeline.tasks.detection.report import build_from_run, headline_text
+from pipeline.stages.report import ReportStage
+from pipeline.tasks.detection.report import build_from_run, headline_line, headline_text
 from pipeline.tasks.detection.ship import DetectionShip
 from pipeline.tasks.detection.stages.data import DetectionDataStage
 from pipeline.tasks.detection.stages.deploy import DetectionDeployStage
@@ -17,7 +18,6 @@ from pipeline.tasks.detection.stages.evaluate import DetectionEvaluateStage
 from pipeline.tasks.detection.stages.export import DetectionExportStage
 from pipeline.tasks.detection.stages.prune import DetectionPruneStage
 from pipeline.tasks.detection.stages.quantize import DetectionQuantizeStage
-from pipeline.tasks.detection.stages.report import DetectionReportStage
 from pipeline.tasks.detection.stages.teacher import DetectionTeacherStage
 
 
@@ -36,6 +36,7 @@ def _summary(ctx) -> None:
 TASK = Task(name="detection",
             stages=stage_registry("detection", [DetectionDataStage, DetectionTeacherStage, DetectionPruneStage,
                                                 DetectionDistillStage, DetectionExportStage, DetectionQuantizeStage,
-                                                DetectionEvaluateStage, DetectionDeployStage, DetectionReportStage]),
+                                                DetectionEvaluateStage, DetectionDeployStage,
+                                                ReportStage(build_from_run, headline_line)]),
             build_report=build_from_run, summary=_summary, headline=headline_text, ship=DetectionShip(),
             score="map", score_name="mAP")

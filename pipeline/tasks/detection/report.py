@@ -16,7 +16,7 @@ from typing import Any
 from pipeline.results import (REPORTED, csv_columns, detail_columns, figure_cell, figure_label, ladder_columns,
                               write_results)
 from pipeline.profile_report import INT8_FIX, computes_in, int8_not_run_reason
-from pipeline.sections import Figure, Section, Table, Text, to_html, to_markdown
+from pipeline.sections import Figure, Headline, Section, Table, Text, page_title, to_html, to_markdown
 
 # The ladder as three tables, so that each fits a laptop's window: what the rungs are compared by (with the declared
 # ladder figures: network p50, energy), the detail, and every other measured field the result schema declares.
@@ -204,7 +204,7 @@ def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: di
         lead: The headline object (:func:`headline`), as results.json records it.
         figures: The plots (:func:`pipeline.tasks.detection.plots.plots`); None leaves them out (report.md).
     """
-    sections = [Section("Headline", [Text(headline_text(lead))])]
+    sections = [Section("Headline", [headline_block(lead)])]
     sections += [device_section(ladder, device) for device in deploy["devices"]]
     sections.append(Section("How the rungs were scored", [Text(f"Images scored on the device: {deploy['images']}. "
                                                                + scored_text(ladder))]))
@@ -309,43 +309,56 @@ def headline(rows: list[dict[str, Any]], quantize: dict[str, Any],
             "method": quantize.get("method"), "box_head": quantize.get("box_head")}
 
 
-def headline_text(h: dict[str, Any]) -> str:
-    """The headline in one paragraph (the report's first section and what ``edgefold report`` prints)."""
+def headline_block(h: dict[str, Any]) -> Headline:
+    """The headline's title and findings, labelled as classification's (the report's first table)."""
     if not h.get("measured"):
-        return f"{h['rung']}: not measured on any device" + (f" ({h['reason']})" if h.get("reason") else "") + "."
-    text = f"{h['rung']} on {h['device']} ({h['runtime']}): device mAP {100 * h['map']:.1f}"
-    if h.get("map_low") is not None:
-        text += f" [{100 * h['map_low']:.1f}, {100 * h['map_high']:.1f}]"
+        return Headline(f"{h['rung']}: not measured on any device", [("why", h["reason"])] if h.get("reason") else [])
+    score = f"{100 * h['map']:.1f}" + (f" [{100 * h['map_low']:.1f}, {100 * h['map_high']:.1f}]"
+                                       if h.get("map_low") is not None else "") + " on the device"
     if h.get("map_delta_points") is not None:
-        text += f", {h['map_delta_points']:+.2f} points against the FP32 student on the host"
-    if h.get("latency_p50_ms") is not None:  # a result from before rounds has no median over them
-        text += f"; network p50 {h['latency_p50_ms']:.3f} ms at batch {h['latency_batch']}"
-    if h.get("ratio_vs_student") is not None:
-        text += (f", ×{h['ratio_vs_student']:.2f} [{h['ratio_low']:.2f}, {h['ratio_high']:.2f}] the FP32 student's"
-                 + (f" ({'slower' if h['ratio_vs_student'] > 1 else 'faster'})" if h["ratio_significant"]
-                    else " (no measurable difference)"))
-    if h.get("postprocess_ms_per_image") is not None:
-        text += f"; decode + NMS {h['postprocess_ms_per_image']:.2f} ms per image"
+        score += f", {h['map_delta_points']:+.2f} points against the FP32 student on the host"
+    rows: list[tuple[str | None, str]] = []
     missing = h.get("int8_not_measured")
     if missing:  # the headline leads with the FP32 student: say why, and how to measure INT8
-        text += f". {missing['rung']} not measured as INT8 on {missing['device']}: {missing['reason']}; {missing['fix']}"
-    return text + (f". INT8 by {h['method']}, box head {h['box_head']}." if h.get("method") else ".")
+        rows += [("INT8 rung", f"{missing['rung']} not measured as INT8 on {missing['device']}: {missing['reason']}"),
+                 ("", missing["fix"])]
+    rows.append(("mAP", score))
+    if h.get("latency_p50_ms") is not None:  # a result from before rounds has no median over them
+        latency = f"network {h['latency_p50_ms']:.3f} ms at batch {h['latency_batch']}"
+        if h.get("ratio_vs_student") is not None:
+            latency += (f", ×{h['ratio_vs_student']:.2f} [{h['ratio_low']:.2f}, {h['ratio_high']:.2f}] the FP32 "
+                        "student's" + (f" ({'slower' if h['ratio_vs_student'] > 1 else 'faster'})"
+                                       if h["ratio_significant"] else " (no measurable difference)"))
+        rows.append(("latency p50", latency))
+    if h.get("postprocess_ms_per_image") is not None:
+        rows.append(("decode + NMS", f"{h['postprocess_ms_per_image']:.2f} ms per image"))
+    if h.get("method"):
+        rows.append(("INT8", f"by {h['method']}, box head {h['box_head']}"))
+    return Headline(f"{h['rung']} on {h['device']} ({h['runtime']})", rows)
 
 
-def title(name: str) -> str:
-    return f"{name}: detection ladder"
+def headline_line(h: dict[str, Any]) -> str:
+    """The headline in one console line (the report stage's summary): what leads, its mAP and its latency."""
+    block = headline_block(h)
+    found = dict(block.rows)
+    return "; ".join([block.title, *(f"{label} {found[label]}" for label in ("mAP", "latency p50") if label in found)])
 
 
-def render(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
+def headline_text(h: dict[str, Any]) -> str:
+    """The headline as aligned lines (what ``edgefold run`` and ``edgefold report`` print)."""
+    return headline_block(h).lines()
+
+
+def render(title: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
            lead: dict[str, Any], extra: list[Section] = ()) -> str:
     """report.md (also what ``edgefold run`` prints)."""
-    return to_markdown(title(name), report_sections(ladder, deploy, quantize, lead) + list(extra))
+    return to_markdown(title, report_sections(ladder, deploy, quantize, lead) + list(extra))
 
 
-def render_html(name: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
+def render_html(title: str, ladder: dict[str, Any], deploy: dict[str, Any], quantize: dict[str, Any],
                 lead: dict[str, Any], figures: dict[str, Figure | Text], extra: list[Section] = ()) -> str:
     """The self-contained report.html: the same page, stylesheet and figure embedding as every task's."""
-    return to_html(title(name), report_sections(ladder, deploy, quantize, lead, figures) + list(extra))
+    return to_html(title, report_sections(ladder, deploy, quantize, lead, figures) + list(extra))
 
 
 QUANTIZE_KEYS = ("box_head", "drop_points", "method", "kept_layers", "kept_precision", "attempts",
@@ -364,8 +377,8 @@ def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, 
     lead = headline(rows, quantize, layer_profiles(deploy))  # one object: the page, report.md and results.json agree
     paths = {"md": out / "report.md", "html": out / "report.html"}
     extra = int8_section(quantize_metrics, "mAP", lambda value: f"{100 * value:.2f}", out)
-    paths["md"].write_text(render(name, ladder, deploy, quantize, lead, extra))
-    paths["html"].write_text(render_html(name, ladder, deploy, quantize, lead, plots(ladder, deploy, quantize),
+    paths["md"].write_text(render(page_title(name, run), ladder, deploy, quantize, lead, extra))
+    paths["html"].write_text(render_html(page_title(name, run), ladder, deploy, quantize, lead, plots(ladder, deploy, quantize),
                                          extra))
     document = {"model": name, "run": run, "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                 "headline": lead, "rows": rows, "ladder": ladder, "deploy": deploy,
