@@ -46,6 +46,40 @@ class Step:
         return self.method == "mixed"
 
 
+class QuantizeHooks(ABC):
+    """What a task gives the quantize stage written once (:class:`pipeline.stages.quantize.QuantizeStage`): its
+    :class:`LadderTask` for a run, what it reads and depends on beyond the quantize section, and what it records
+    once the ladder accepted a candidate.
+
+    Attributes:
+        scratch_name: The exported student's name in the quantizers' scratch copy (None: its own).
+    """
+
+    scratch_name: str | None = None
+
+    @abstractmethod
+    def ladder(self, ctx, workdir: Path, fp32: Path) -> "LadderTask":
+        """The task's ladder for this run, over ``fp32`` (the scratch copy of the exported student)."""
+
+    def needs(self, ctx) -> tuple[str, ...]:
+        """Stages read beyond data and export (and distill, for QAT)."""
+        return ()
+
+    def config(self, ctx) -> dict[str, Any]:
+        """What decides the result beyond the recipe's quantize section."""
+        return {}
+
+    @abstractmethod
+    def finish(self, ctx, workdir: Path, task: "LadderTask", reference: dict[str, Any], attempts: list[dict[str, Any]],
+               candidate: Path) -> Any:
+        """The stage's result (a :class:`pipeline.core.stage.StageResult`): the accepted ``candidate`` as the task
+        names its INT8 rung, and its metrics."""
+
+    @abstractmethod
+    def summary(self, metrics: dict[str, Any]) -> str:
+        """The stage's console line."""
+
+
 def steps(quantizer: str, calibration_methods: list[str], qat: bool, mixed: bool = False) -> list[Step]:
     """The ladder a recipe asks for: each calibration method with its quantizer, the mixed-precision step when it is
     set, then QAT when it is set."""

@@ -8,8 +8,10 @@ them. It imports no other task.
 from __future__ import annotations
 
 from pipeline.core.task import Task, stage_registry
+from pipeline.stages.quantize import QuantizeStage
 from pipeline.stages.report import ReportStage
 from pipeline.tasks.classification.headline import one_line
+from pipeline.tasks.classification.int8 import ClassificationQuantize
 from pipeline.tasks.classification.report import build_report, headline_text
 from pipeline.tasks.classification.ship import ClassificationShip
 from pipeline.tasks.classification.stages.data import DataStage
@@ -18,7 +20,6 @@ from pipeline.tasks.classification.stages.distill import DistillStage
 from pipeline.tasks.classification.stages.evaluate import EvaluateStage, ladder_table
 from pipeline.tasks.classification.stages.export import ExportStage
 from pipeline.tasks.classification.stages.prune import PruneStage
-from pipeline.tasks.classification.stages.quantize import QuantizeStage
 from pipeline.tasks.classification.stages.teacher import TeacherStage
 
 
@@ -37,6 +38,7 @@ def _summary(ctx) -> None:
 
 TASK = Task(name="classification",
             stages=stage_registry("classification", [DataStage, TeacherStage, PruneStage, DistillStage, ExportStage,
-                                                     QuantizeStage, EvaluateStage, DeployStage,
+                                                     QuantizeStage(ClassificationQuantize()), EvaluateStage,
+                                                     DeployStage,
                                                      ReportStage(build_report, one_line)]),
             build_report=build_report, summary=_summary, headline=headline_text, ship=ClassificationShip())

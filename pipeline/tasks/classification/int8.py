@@ -5,6 +5,7 @@ logits (:mod:`pipeline.tasks.classification.qat`). A library: the quantize stage
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -12,13 +13,15 @@ import numpy as np
 
 from device.errors import StageError
 from device.qdq_lint import lint_qdq
+from device.trt_settings import trtexec_lines
 from pipeline.core.log import log
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.tasks.classification.qat import quantization_aware_finetune
 from pipeline.onnx_export import INPUT_NAME
-from pipeline.quantize.ladder import HeldOut, LadderTask, Step
+from pipeline.core.stage import StageResult
+from pipeline.quantize.ladder import HeldOut, LadderTask, QuantizeHooks, Step
 from pipeline.quantize.quantizers import QUANTIZERS, float_islands_to_fp16, logged_to, run_isolated, within_budget
-from pipeline.tasks.classification.scores import points
+from pipeline.tasks.classification.scores import points, require_sane
 
 
 class ClassificationLadder(LadderTask):
@@ -132,3 +135,94 @@ class ClassificationLadder(LadderTask):
     def fix(self, qat: bool) -> str:
         return ("raise quantize.accuracy_budget_points, add calibration methods, enlarge data.calib_size"
                 + ("" if qat else ", or set quantize.qat (a short fine-tuning schedule)"))
+
+
+class ClassificationQuantize(QuantizeHooks):
+    """Classification's part of the quantize stage: its ladder gated on top-1, the INT8 rung's predictions and
+    sanity, the trtexec lines of the engines the agent builds, and the Torch-TensorRT road's ModelOpt state."""
+
+    def ladder(self, ctx, workdir: Path, fp32: Path) -> ClassificationLadder:
+        return ClassificationLadder.from_run(ctx, workdir, fp32)
+
+    def needs(self, ctx) -> tuple[str, ...]:
+        return ("distill",) if "torch_tensorrt" in ctx.recipe.deploy.runtimes else ()
+
+    def config(self, ctx) -> dict:
+        # The batch sizes shape the recorded trtexec lines (one engine per measured batch).
+        return {"calib_size": ctx.recipe.data.calib_size, "batch_sizes": list(ctx.recipe.deploy.batch_sizes),
+                "runtimes": list(ctx.recipe.deploy.runtimes)}
+
+    def finish(self, ctx, workdir: Path, task: ClassificationLadder, reference: dict, attempts: list[dict],
+               candidate: Path) -> StageResult:
+        accepted = attempts[-1]
+        shutil.copyfile(candidate, workdir / "student.int8.onnx")
+        shutil.copyfile(workdir / f"predictions.{accepted['method']}.npy", workdir / "predictions.npy")
+        sanity = require_sane(
+            "the INT8 student", accepted, ctx.dataset().classes,
+            causes="a collapsed FP32 student passes the gate with the same score; calibration data that does not "
+                   "match the test data",
+            fix=("check the export stage's score of the given model" if ctx.recipe.start is not None
+                 else "check the distill stage's scores") + "; enlarge data.calib_size")
+        chw = ctx.preprocess.input_shape(1)[1:]
+        # The engines the agent builds: one per measured batch, opt = that batch (one line each).
+        trtexec = {f"tensorrt_{version.split('.')[0]}": trtexec_lines(
+            "student.int8.onnx", "student.int8", INPUT_NAME, chw, ctx.recipe.deploy.batch_sizes, "int8", version)
+            for version in ("10.3", "11.1")}
+        scored = ("top1", "top5", "top1_correct", "top5_correct", "images", "predicted_counts", "label_counts")
+        outputs = {"student_int8": workdir / "student.int8.onnx", "predictions": workdir / "predictions.npy",
+                   "fp32_predictions": workdir / "predictions.fp32.npy"}
+        torch_road = None
+        if "torch_tensorrt" in ctx.recipe.deploy.runtimes:
+            outputs["student_int8_device_checkpoint"], torch_road = _modelopt_state(ctx, workdir, task, reference)
+        return StageResult(
+            outputs=outputs,
+            metrics={"fp32_top1": reference["top1"], "fp32_top1_correct": reference["top1_correct"],
+                     **{key: accepted[key] for key in scored}, "sanity": sanity,
+                     "drop_points": accepted["drop_points"],
+                     "method": accepted["method"], "size_mb": accepted["size_mb"],
+                     "kept_layers": [layer["layer"] for layer in accepted.get("kept_layers", ())],
+                     "kept_precision": accepted.get("kept_precision"),
+                     "float_islands": accepted["float_islands"],
+                     "fp32_size_mb": ctx.manifest.output("export", "student").stat().st_size / 1e6,
+                     "attempts": attempts, "trtexec": trtexec, "torch_road": torch_road})
+
+    def summary(self, metrics: dict) -> str:
+        kept = len(metrics.get("kept_layers") or [])
+        precision = (metrics.get("kept_precision") or "fp16").upper()
+        method = metrics["method"] + (f", {kept} layer{'s' if kept != 1 else ''} in {precision}" if kept else "")
+        return (f"INT8 top-1 {100 * metrics['top1']:.2f}% ({points(-metrics['drop_points']):+.2f} points, {method}), "
+                f"{metrics['size_mb']:.1f} MB vs {metrics['fp32_size_mb']:.1f} MB FP32")
+
+
+def _modelopt_state(ctx, workdir: Path, task: ClassificationLadder, reference: dict) -> tuple[Path, dict]:
+    """The Torch-TensorRT road's INT8 rung: ModelOpt's quantizer state calibrated (max) on the same calibration
+    images, restored into a fresh student and gated with fake quantization on the same budget as the ONNX road.
+
+    Raises:
+        StageError: When the restored, fake-quantized student misses the budget.
+    """
+    import torch
+
+    from pipeline.quantize.modelopt_state import calibrate, restore
+    from pipeline.quantize.ort import quiet
+
+    cfg = ctx.recipe.quantize
+    images, labels = task.images, task.labels
+    checkpoint = ctx.manifest.output("distill", "model")
+    path = workdir / "student.int8.device.pt"
+    with quiet("modelopt"):
+        record = calibrate(checkpoint, task.calibration, path, "max", ctx.preprocess.input_shape(1)[1:])
+        restored = restore(path)  # what the device does, with the device's code, from the file it gets
+    with torch.no_grad():
+        predicted = np.concatenate([restored(torch.from_numpy(images[i : i + 256])).argmax(1).numpy()
+                                    for i in range(0, len(images), 256)])
+    correct = int((predicted == labels).sum())
+    drop = 100 * (reference["top1_correct"] - correct) / len(labels)
+    gate = {**record, "top1": correct / len(labels), "top1_correct": correct, "drop_points": drop,
+            "host_note": "ModelOpt fake quantization on CPU; the device compiles the restored student"}
+    if not within_budget(reference["top1_correct"], correct, len(labels), cfg.accuracy_budget_points):
+        raise StageError(f"the ModelOpt INT8 student (Torch-TensorRT road, max calibration) drops {drop:.2f} "
+                         f"points, over the budget of {cfg.accuracy_budget_points}",
+                         fix="raise quantize.accuracy_budget_points, enlarge data.calib_size, or leave "
+                             "torch_tensorrt out of deploy.runtimes")
+    return path, gate

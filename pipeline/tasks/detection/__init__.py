@@ -8,7 +8,9 @@ report) beside them. It imports no other task.
 from __future__ import annotations
 
 from pipeline.core.task import Task, stage_registry
+from pipeline.stages.quantize import QuantizeStage
 from pipeline.stages.report import ReportStage
+from pipeline.tasks.detection.int8 import DetectionQuantize
 from pipeline.tasks.detection.report import build_from_run, headline_line, headline_text
 from pipeline.tasks.detection.ship import DetectionShip
 from pipeline.tasks.detection.stages.data import DetectionDataStage
@@ -17,7 +19,6 @@ from pipeline.tasks.detection.stages.distill import DetectionDistillStage
 from pipeline.tasks.detection.stages.evaluate import DetectionEvaluateStage
 from pipeline.tasks.detection.stages.export import DetectionExportStage
 from pipeline.tasks.detection.stages.prune import DetectionPruneStage
-from pipeline.tasks.detection.stages.quantize import DetectionQuantizeStage
 from pipeline.tasks.detection.stages.teacher import DetectionTeacherStage
 
 
@@ -35,7 +36,8 @@ def _summary(ctx) -> None:
 
 TASK = Task(name="detection",
             stages=stage_registry("detection", [DetectionDataStage, DetectionTeacherStage, DetectionPruneStage,
-                                                DetectionDistillStage, DetectionExportStage, DetectionQuantizeStage,
+                                                DetectionDistillStage, DetectionExportStage,
+                                                QuantizeStage(DetectionQuantize()),
                                                 DetectionEvaluateStage, DetectionDeployStage,
                                                 ReportStage(build_from_run, headline_line)]),
             build_report=build_from_run, summary=_summary, headline=headline_text, ship=DetectionShip(),

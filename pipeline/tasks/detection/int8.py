@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from device.errors import StageError
-from pipeline.quantize.ladder import HeldOut, LadderTask, Step
+from pipeline.quantize.ladder import HeldOut, LadderTask, QuantizeHooks, Step
 
 
 def box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
@@ -175,3 +175,77 @@ class DetectionLadder(LadderTask):
         other = "; or set quantize.box_head: fp16" if self.box_head == "int8" else ""
         return ("raise quantize.accuracy_budget_points, add calibration methods, raise quantize.calib_images"
                 + ("" if qat else ", or set quantize.qat (a short fine-tuning schedule)") + other)
+
+
+class DetectionQuantize(QuantizeHooks):
+    """Detection's part of the quantize stage: its ladder gated on COCO mAP with the box branch outside Q/DQ in
+    FP16 unless ``quantize.box_head`` says ``float`` (FP32) or ``int8``; the decoding sidecar beside the INT8 rung;
+    with ``compare_box_head`` the other box-head settings quantized with the accepted calibration and their mAP
+    recorded (what each costs); the per-class changes against FP32."""
+
+    scratch_name = "student.onnx"
+
+    def ladder(self, ctx, workdir: Path, fp32: Path) -> DetectionLadder:
+        return DetectionLadder.from_run(ctx, workdir, fp32)
+
+    def finish(self, ctx, workdir: Path, task: DetectionLadder, reference: dict, attempts: list[dict],
+               candidate: Path):
+        from pipeline.core.stage import StageResult
+        from pipeline.tasks.detection.export import sidecar_path
+        from pipeline.tasks.detection.metrics import class_changes
+
+        cfg = ctx.recipe.quantize
+        chosen = attempts[-1]
+        others, other_outputs = _other_box_heads(ctx, task, reference, chosen, workdir) \
+            if cfg.compare_box_head else (None, {})
+        final = workdir / "student.int8.onnx"
+        shutil.copyfile(candidate, final)
+        shutil.copyfile(sidecar_path(candidate), sidecar_path(final))
+        outputs = {"student_int8": final, "student_int8_head": sidecar_path(final), **other_outputs}
+        fp32_scores = {key: value for key, value in reference.items() if key != "value"}
+        metrics = {"fp32": fp32_scores, "int8": chosen["scores"], "drop_points": chosen["drop_points"],
+                   "quantizer": chosen["quantizer"], "method": chosen["method"], "box_head": cfg.box_head,
+                   "kept_layers": [layer["layer"] for layer in chosen.get("kept_layers", ())],
+                   "kept_precision": chosen.get("kept_precision"), "size_mb": chosen["size_mb"],
+                   "fp32_size_mb": ctx.manifest.output("export", "student").stat().st_size / 1e6,
+                   "attempts": attempts,
+                   "class_changes_vs_fp32": class_changes(task.test.boxes, task.detections["fp32"],
+                                                          task.detections[chosen["method"]], task.classes,
+                                                          resamples=cfg.resamples)}
+        if others is not None:
+            metrics["other_box_heads"] = others
+        return StageResult(outputs=outputs, metrics=metrics)
+
+    def summary(self, metrics: dict) -> str:
+        line = (f"INT8 mAP {100 * metrics['int8']['map']:.1f} ({-metrics['drop_points']:+.2f} points vs FP32 "
+                f"{100 * metrics['fp32']['map']:.1f}; box head {metrics['box_head']}, {metrics['method']}"
+                + (f", {len(metrics['kept_layers'])} more layer(s) in {metrics['kept_precision'].upper()}"
+                   if metrics.get("kept_layers") else "")
+                + ")")
+        for other in metrics.get("other_box_heads", ()):
+            line += f"; box head {other['box_head']}: mAP {100 * other['scores']['map']:.1f} ({-other['drop_points']:+.2f})"
+        return line
+
+
+def _other_box_heads(ctx, task: DetectionLadder, reference: dict, chosen: dict, workdir: Path):
+    """The other box-head settings quantized with the same quantizer and calibration (after QAT: the first
+    calibration method) and scored: (their records, their outputs)."""
+    from pipeline.quantize.ladder import check_candidate
+    from pipeline.tasks.detection.export import sidecar_path
+    from pipeline.tasks.detection.recipe import BOX_HEADS
+
+    cfg = ctx.recipe.quantize
+    # After QAT: the first calibration method; after the mixed step: its calibration, no layer kept in float.
+    step = Step(cfg.quantizer, cfg.calibration_methods[0]) if chosen["method"] == "qat" else \
+        Step(chosen["quantizer"], chosen.get("base_method", chosen["method"]))
+    records, outputs = [], {}
+    for other in (setting for setting in BOX_HEADS if setting != cfg.box_head):
+        path = workdir / f"student.int8.box_{other}.onnx"
+        facts = {**task.quantize(step, path, box_head=other), **check_candidate(path, step)}
+        scores = task.score(path, Step(step.quantizer, f"box_{other}"))["scores"]
+        drop = task.drop_points(reference, {"value": scores["map"]})
+        records.append({**facts, "method": step.method, "scores": scores, "drop_points": drop})
+        ctx.log(f"quantize: box head {other}: INT8 mAP {100 * scores['map']:.2f} ({-drop:+.2f} points)")
+        outputs[f"student_int8_box_{other}"] = path
+        outputs[f"student_int8_box_{other}_head"] = sidecar_path(path)
+    return records, outputs
