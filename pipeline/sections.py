@@ -107,14 +107,22 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "/").replace("\n", " ")
 
 
+def _md_text(text: str, cell: bool = False) -> str:
+    """Words as Markdown shows them verbatim: no tag a renderer would swallow (``<stdin>``), a table cell's pipes
+    escaped (GFM's ``\\|``), one line."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace("\n", " ")
+    return text.replace("|", "\\|") if cell else text
+
+
 def _md_block(block: Block) -> list[str]:
     if isinstance(block, Text):
         return [block.text, ""]
     if isinstance(block, Pre):
         return ["```", block.text, "```", ""]
     if isinstance(block, Headline):
-        return ([f"**{_md_cell(block.title)}**", "", "| | |", "|---|---|"]
-                + [f"| {_md_cell(label or '')} | {_md_cell(words)} |" for label, words in block.rows] + [""])
+        return ([f"**{_md_text(block.title)}**", "", "| | |", "|---|---|"]
+                + [f"| {_md_text(label or '', True)} | {_md_text(words, True)} |" for label, words in block.rows]
+                + [""])
     if isinstance(block, Bullets):
         return [(f"[{number}] " if block.numbered else "- ") + (f"**{lead}**" if lead else "") + text
                 + ("  " if block.numbered else "") for number, (lead, text) in enumerate(block.items, 1)] + [""]

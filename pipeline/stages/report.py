@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.core.manifest import sha256_json
 from pipeline.core.stage import Stage, StageResult
 from pipeline.results import RESULTS_SCHEMA
 
@@ -34,7 +35,12 @@ class ReportStage(Stage):
         return ("evaluate",) + (("deploy",) if ctx.manifest.stage("deploy") else ())
 
     def config(self, ctx):
-        return {"schema": RESULTS_SCHEMA}
+        # The builder reads what the stages before deploy recorded (their metrics, beside the files this stage's
+        # inputs hash): a stage re-run to new metrics over the same files is a new report. Deploy's own metrics
+        # count this run's reused windows; what it measured is its results file, an input.
+        recorded = {name: entry.get("metrics") for name, entry in ctx.manifest.data["stages"].items()
+                    if name not in ("deploy", self.name)}
+        return {"schema": RESULTS_SCHEMA, "recorded_sha256": sha256_json(recorded)}
 
     def run(self, ctx, workdir: Path) -> StageResult:
         ctx.manifest.save()  # the builder reads the run from its files, as `edgefold report` does

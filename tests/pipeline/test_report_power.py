@@ -56,7 +56,7 @@ def test_the_front_table_plot_and_headline_name_the_point_to_ship(tmp_path):
     choice = data["headline"]["power_mode_choices"][0]
     assert choice["rung"] == "student_int8" and choice["device"] == "orin"
     markdown = paths["md"].read_text()
-    assert "power mode     student_int8 on orin: MAXN_SUPER, jetson_clocks on, batch 8, GPU: 3.00 mJ/image [" in markdown
+    assert "| power mode | student_int8 on orin: MAXN_SUPER, jetson_clocks on, batch 8, GPU: 3.00 mJ/image [" in markdown
     assert "## Power modes: the energy–latency front" in markdown and "### student_int8 on orin" in markdown
     assert "| MAXN_SUPER, jetson_clocks on, batch 4, GPU |" in markdown and "degraded energy" in markdown
     assert "**7W (skipped)**: needs a reboot" in markdown and "Chosen within 1.2 ms: " in markdown
@@ -114,5 +114,5 @@ def test_a_sweep_of_the_tiny_ladder_on_the_simulated_orin_nano_ends_in_the_front
         assert all(p["degraded"] for p in front["settings"]), front["settings"]
         assert "no setting with undegraded energy" in markdown
     else:
-        assert f"power mode     student_int8 on edge: {chosen['label']}: " in markdown
+        assert f"| power mode | student_int8 on edge: {chosen['label']}: " in markdown
     assert 'alt="power_front:edge"' in (run / "report" / "report.html").read_text()

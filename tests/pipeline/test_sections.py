@@ -26,7 +26,7 @@ def test_the_headline_is_a_table_in_both_formats_its_text_escaped():
                                "**student INT8 on orin vs teacher FP32 on dc**\n\n| | |\n|---|---|\n"
                                "| INT8 rung | not measured as INT8 on orin: no compute layer ran in INT8 |\n"
                                "|  | measure it with EDGE=… |\n")
-    assert "| top-1 | 98.10% vs 98.40%  (0.30 points lost / <b>within noise</b>) |" in markdown
+    assert r"| top-1 | 98.10% vs 98.40%  (0.30 points lost \| &lt;b>within noise&lt;/b>) |" in markdown
     page = to_html(page_title("tiny", "r1"), sections)
     assert page.index('<table class="headline"><caption>student INT8 on orin vs teacher FP32 on dc</caption>') < \
         page.index("The ladder")

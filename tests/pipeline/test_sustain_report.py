@@ -189,9 +189,9 @@ def test_edgefold_sustain_swept_on_loopback_says_it_could_only_run_the_mode_foun
 
 def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(tiny_run, tmp_path):
     """The done-when: ``edgefold sustain --minutes 2`` on the tiny run's INT8 rung, deployed to a real agent on the
-    simulated Orin Nano (the REAL jtop service; the clocked TensorRT stand-in, whose calls follow the GPU clock; a
-    PLANTED heat curve driven by the board's planted 6.1 W, τ 20 s, whose passive trip point halves the clock about
-    31 s into the run). The report's "After 2 minutes" has the throttle moment within one recording interval (the
+    simulated Orin Nano (the REAL jtop service; the clocked TensorRT stand-in, whose calls follow the GPU clock, planted
+    at 50 MHz; a PLANTED heat curve driven by the board's planted 6.1 W, τ 20 s, whose passive trip point halves the
+    clock about 31 s into the run). The report's "After 2 minutes" has the throttle moment within one recording interval (the
     default 10 s) of the plant's, the temperature as its cause, the settled-over-burst ratio within 3% of the planted
     2, the figure, and the headline's line. Every time here is simulated: the job and the plant share a clock
     :data:`SIMULATED_PER_HOST_S` times the host's, so the two minutes last 30 s."""
@@ -213,7 +213,7 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     with JtopService(tmp_path / "board", "orin-nano") as svc:
         _, env = sitecustomize_dir(tmp_path / "site", svc.root, "10.3.0", clock=clock)
         plant = ThermalPlant(svc.root, start_c=50.0, tau_s=20.0, ambient_c=40.0, c_per_w=10.0, trip_c=90.0,
-                             critical_c=120.0, initial_hz=100_000_000, throttled_hz=50_000_000, clock=clock)
+                             critical_c=120.0, initial_hz=50_000_000, throttled_hz=25_000_000, clock=clock)
         with AgentProcess(tmp_path / "agent", env=env, args=("--jtop-socket", svc.sock, "--thermal-dir",
                                                              str(svc.root / ZONES))) as agent:
             with heating_with_the_run(agent, plant):  # the plant starts when the sustained run does
@@ -230,6 +230,12 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     assert planted <= sustained["first_throttle_s"] <= planted + 10.0 + 0.5, (planted, sustained["first_throttle_s"])
     assert sustained["ratio"] == pytest.approx(2.0, rel=0.03) and sustained["ratio_low"] > 1
     assert len(sustained["intervals"]) == 12 and sustained["intervals"][-1]["end_s"] == pytest.approx(120, abs=1)
+    assert sustained["stopped_early"] is None, "the job's timeout comes from the agent's clock, the host's"
+    # What jtop measured lands in the right intervals on the job's clock: the planted 15W mode's input power in
+    # every one, the GPU clock jtop read at 50 MHz before the trip point and at 25 MHz after it.
+    first, last = sustained["intervals"][0], sustained["intervals"][-1]
+    assert all(i["power_mw"] == pytest.approx(6100, rel=0.05) for i in sustained["intervals"]), sustained["intervals"]
+    assert first["gpu_clock_median_mhz"] == pytest.approx(50) and last["gpu_clock_median_mhz"] == pytest.approx(25)
     row = next(r for r in data["rows"] if r["rung"] == "student_int8" and r["device"] == "edge")
     assert row["sustained_throttle_cause"] == "temperature" and row["sustained_ratio"] == sustained["ratio"]
     markdown = (run / "report" / "report.md").read_text()
