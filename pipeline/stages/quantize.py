@@ -2,8 +2,9 @@
 climbs (:func:`pipeline.quantize.ladder.climb`: each calibration method in the recipe's order, the most sensitive
 layers kept in float, then QAT), gated on the task's score against the FP32 student.
 
-The task gives its ladder and what it records of the accepted candidate (:class:`pipeline.quantize.ladder.QuantizeHooks`):
-which nodes stay float and in which precision, how a candidate is scored, what else the INT8 rung carries.
+The task gives its ladder and what it records of the accepted candidate
+(:class:`pipeline.quantize.ladder.QuantizeHooks`): which nodes stay float and in which precision, how a candidate is
+scored, what else the INT8 rung carries.
 """
 
 from __future__ import annotations

@@ -191,9 +191,9 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     """The done-when: ``edgefold sustain --minutes 2`` on the tiny run's INT8 rung, deployed to a real agent on the
     simulated Orin Nano (the REAL jtop service; the clocked TensorRT stand-in, whose calls follow the GPU clock, planted
     at 50 MHz; a PLANTED heat curve driven by the board's planted 6.1 W, τ 20 s, whose passive trip point halves the
-    clock about 31 s into the run). The report's "After 2 minutes" has the throttle moment within one recording interval (the
-    default 10 s) of the plant's, the temperature as its cause, the settled-over-burst ratio within 3% of the planted
-    2, the figure, and the headline's line. Every time here is simulated: the job and the plant share a clock
+    clock about 31 s into the run). The report's "After 2 minutes" has the throttle moment within one recording
+    interval (the default 10 s) of the plant's, the temperature as its cause, the settled-over-burst ratio within 3%
+    of the planted 2, the figure, and the headline's line. Every time here is simulated: the job and the plant share a clock
     :data:`SIMULATED_PER_HOST_S` times the host's, so the two minutes last 30 s."""
     import os
 
@@ -234,7 +234,8 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     # What jtop measured lands in the right intervals on the job's clock: the planted 15W mode's input power in
     # every one, the GPU clock jtop read at 50 MHz before the trip point and at 25 MHz after it.
     first, last = sustained["intervals"][0], sustained["intervals"][-1]
-    assert all(i["power_mw"] == pytest.approx(6100, rel=0.05) for i in sustained["intervals"]), sustained["intervals"]
+    assert all(i["power_mw"] == pytest.approx(6100, rel=0.05) for i in sustained["intervals"]), \
+        sustained["intervals"]
     assert first["gpu_clock_median_mhz"] == pytest.approx(50) and last["gpu_clock_median_mhz"] == pytest.approx(25)
     row = next(r for r in data["rows"] if r["rung"] == "student_int8" and r["device"] == "edge")
     assert row["sustained_throttle_cause"] == "temperature" and row["sustained_ratio"] == sustained["ratio"]

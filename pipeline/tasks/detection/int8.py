@@ -223,7 +223,8 @@ class DetectionQuantize(QuantizeHooks):
                    if metrics.get("kept_layers") else "")
                 + ")")
         for other in metrics.get("other_box_heads", ()):
-            line += f"; box head {other['box_head']}: mAP {100 * other['scores']['map']:.1f} ({-other['drop_points']:+.2f})"
+            line += (f"; box head {other['box_head']}: mAP {100 * other['scores']['map']:.1f} "
+                     f"({-other['drop_points']:+.2f})")
         return line
 
 
