@@ -22,13 +22,6 @@ class Text:
     text: str
 
 
-@dataclass(frozen=True)
-class Pre:
-    """Preformatted lines."""
-
-    text: str
-
-
 HEADLINE_LABEL_WIDTH = 15
 
 
@@ -99,7 +92,7 @@ class Section:
     level: int = 2
 
 
-Block = Union[Text, Pre, Headline, Bullets, Table, Figure, Details, Section]
+Block = Union[Text, Headline, Bullets, Table, Figure, Details, Section]
 
 
 # ----------------------------------------------------------------- Markdown
@@ -117,8 +110,6 @@ def _md_text(text: str, cell: bool = False) -> str:
 def _md_block(block: Block) -> list[str]:
     if isinstance(block, Text):
         return [block.text, ""]
-    if isinstance(block, Pre):
-        return ["```", block.text, "```", ""]
     if isinstance(block, Headline):
         return ([f"**{_md_text(block.title)}**", "", "| | |", "|---|---|"]
                 + [f"| {_md_text(label or '', True)} | {_md_text(words, True)} |" for label, words in block.rows]
@@ -160,7 +151,7 @@ CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em
 padding:0 1em}table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 6px;
 text-align:right;white-space:nowrap}th{background:#f2f2f2;white-space:normal}td:first-child,td:nth-child(2),
 td:last-child{text-align:left}td:last-child{white-space:normal;min-width:7em}th.ratio,td.ratio{background:#eef5ff;
-font-weight:600}pre{background:#f7f7f7;padding:1em;border-radius:4px;white-space:pre-wrap}
+font-weight:600}
 figure{margin:0;flex:1 1 520px}figcaption{font-size:13px;color:#555}img{max-width:100%}summary{cursor:pointer}
 .grid{display:flex;flex-wrap:wrap;gap:1.5em}.scroll{overflow-x:auto}.notes{font-size:13px;color:#555}
 table.headline{font-size:14px;width:100%}table.headline caption{text-align:left;font-weight:600;padding:4px 0}
@@ -196,8 +187,6 @@ def _html_block(block: Block) -> str:
     esc = html.escape
     if isinstance(block, Text):
         return f"<p>{esc(block.text)}</p>"
-    if isinstance(block, Pre):
-        return f"<pre>{esc(block.text)}</pre>"
     if isinstance(block, Headline):  # its cells wrap: a long finding never widens the page
         return (f'<table class="headline"><caption>{esc(block.title)}</caption>'
                 + "".join(f'<tr><th scope="row">{esc(label or "")}</th><td>{esc(words)}</td></tr>'
