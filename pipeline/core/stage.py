@@ -66,6 +66,20 @@ class Stage:
         return ""
 
 
+class HookedStage(Stage):
+    """A stage written once for every task (:mod:`pipeline.stages`), over the hooks the task supplies when it declares
+    the stage.
+
+    Args:
+        hooks: The task's part; the stage calls it and never imports the task.
+    """
+
+    def __init__(self, hooks: Any):
+        self.hooks = hooks
+        # The task's part runs here without the stage's module importing it: it is part of the stage's code hash.
+        self.code_modules = (type(hooks).__module__,)
+
+
 # The order stages run in; `--until` and `--force` take these names.
 STAGE_ORDER = ("data", "teacher", "prune", "distill", "export", "quantize", "evaluate", "deploy", "report")
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.core.stage import Stage, StageResult
+from pipeline.core.stage import HookedStage, StageResult
 from pipeline.quantize.ladder import QuantizeHooks, climb, scratch_copy, steps
 
 
-class QuantizeStage(Stage):
+class QuantizeStage(HookedStage):
     """The INT8 student, linted, int8 weights checked, within the task's budget of its FP32 form.
 
     Args:
@@ -23,11 +23,7 @@ class QuantizeStage(Stage):
     """
 
     name = "quantize"
-
-    def __init__(self, hooks: QuantizeHooks):
-        self.hooks = hooks
-        # The task's part runs here without this module importing it: it is part of the stage's code hash.
-        self.code_modules = (type(hooks).__module__,)
+    hooks: QuantizeHooks
 
     def needs(self, ctx):
         # Quantization-aware fine-tuning starts from the distilled checkpoint, not from the ONNX.

@@ -97,7 +97,7 @@ def test_a_module_registered_by_an_installed_package_goes_through_the_ladder(rep
     stages = manifest(tmp_path / "runs", "byom-plugin")["stages"]
     assert stages["teacher"]["metrics"]["top1"] > 0.5
     # the package's version and code are part of the teacher's cache key
-    assert stages["teacher"]["config"]["teacher"]["arch_fingerprint"].startswith("edgefold-test-arch 1.2.3, ")
+    assert stages["teacher"]["config"]["arch_fingerprint"].startswith("edgefold-test-arch 1.2.3, ")
     assert stages["prune"]["metrics"]["macs_fraction"] < 0.75
     assert stages["deploy"]["metrics"]["jobs_succeeded"] == stages["deploy"]["metrics"]["jobs"] == 5
     without = subprocess.run([sys.executable, "-m", "pipeline", "recipe", str(path)], capture_output=True, text=True,

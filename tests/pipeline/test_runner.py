@@ -152,7 +152,7 @@ def test_teacher_from_a_torchvision_state_dict(tiny_run, tmp_path):
     ctx = run_pipeline("tiny", runs_dir=tmp_path / "runs", until="teacher",
                        overrides={"teacher.weights": str(weights), "teacher.train.epochs": 1})
     entry = ctx.manifest.stage("teacher")
-    assert entry["config"]["teacher"]["weights_sha256"] == sha256_file(weights)
+    assert entry["config"]["weights_sha256"] == sha256_file(weights)
     loaded, info = load_checkpoint(ctx.run_dir / "teacher" / "model.pt")
     assert info["meta"]["replaced_head"] is True
     # One epoch from the shared features trains the fresh head far past chance.

@@ -1,25 +1,28 @@
 """Object detection: a detector folded rung by rung and scored by mAP (AP50, AP75) on the host and on every device,
 its box decode and NMS timed apart from the network.
 
-Its stages are in ``stages/``; its libraries (models, training, metrics, the INT8 ladder's detection task, the
-report) beside them. It imports no other task.
+Its own stages are in ``stages/``; its hooks for the stages written once (:mod:`pipeline.stages`) are
+``training.py`` (teacher), ``distilling.py`` (distill) and ``int8.py`` (quantize); its libraries (models, training,
+metrics, the report) beside them. It imports no other task.
 """
 
 from __future__ import annotations
 
 from pipeline.core.task import Task, stage_registry
+from pipeline.stages.distill import DistillStage
 from pipeline.stages.quantize import QuantizeStage
 from pipeline.stages.report import ReportStage
+from pipeline.stages.teacher import TeacherStage
+from pipeline.tasks.detection.distilling import DetectionDistill
 from pipeline.tasks.detection.int8 import DetectionQuantize
 from pipeline.tasks.detection.report import build_from_run, headline_line, headline_text
 from pipeline.tasks.detection.ship import DetectionShip
 from pipeline.tasks.detection.stages.data import DetectionDataStage
 from pipeline.tasks.detection.stages.deploy import DetectionDeployStage
-from pipeline.tasks.detection.stages.distill import DetectionDistillStage
 from pipeline.tasks.detection.stages.evaluate import DetectionEvaluateStage
 from pipeline.tasks.detection.stages.export import DetectionExportStage
 from pipeline.tasks.detection.stages.prune import DetectionPruneStage
-from pipeline.tasks.detection.stages.teacher import DetectionTeacherStage
+from pipeline.tasks.detection.training import DetectionModels
 
 
 def _summary(ctx) -> None:
@@ -35,8 +38,9 @@ def _summary(ctx) -> None:
 
 
 TASK = Task(name="detection",
-            stages=stage_registry("detection", [DetectionDataStage, DetectionTeacherStage, DetectionPruneStage,
-                                                DetectionDistillStage, DetectionExportStage,
+            stages=stage_registry("detection", [DetectionDataStage, TeacherStage(DetectionModels()),
+                                                DetectionPruneStage, DistillStage(DetectionDistill()),
+                                                DetectionExportStage,
                                                 QuantizeStage(DetectionQuantize()),
                                                 DetectionEvaluateStage, DetectionDeployStage,
                                                 ReportStage(build_from_run, headline_line)]),

@@ -1,0 +1,139 @@
+"""The teacher and distill stages written once (:mod:`pipeline.stages.teacher`, :mod:`pipeline.stages.distill`) over
+a task's hooks (:mod:`pipeline.train.hooks`): driven here by a toy task made of hooks alone (a linear model on random
+points), so what the stages do themselves is seen apart from classification's and detection's hooks, which the
+pipelines' tests run."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pipeline.core import codehash
+from pipeline.runner import stage_code_roots
+from pipeline.stages.distill import DistillStage
+from pipeline.stages.teacher import TeacherStage
+from pipeline.train.hooks import DistillHooks, ModelHooks, Scored, Start
+
+
+class ToyModels(DistillHooks):
+    """A task of two features and one score; it records what the stages asked of it, in order."""
+
+    unkeyed = {"teacher": ("check",)}
+
+    def __init__(self, from_pruned: bool = True):
+        self.calls: list[str] = []
+        self.pruned = from_pruned
+
+    def keys(self, ctx, stage):
+        return {"toy_input": 2}
+
+    def from_pruned(self, ctx):
+        return self.pruned
+
+    def teacher(self, ctx):
+        self.calls.append("teacher")
+        # Drawn after the stage seeds: the same recipe seed gives the same start.
+        return Start(torch.nn.Linear(2, 2), {"arch": "toy", "num_classes": 2}, replaced=["bias"], notes={"probe": "ok"})
+
+    def student(self, ctx):
+        self.calls.append("student")
+        return Start(torch.nn.Linear(2, 2), {"arch": "toy-student"})
+
+    def load(self, ctx, stage):
+        self.calls.append(f"load {stage}")
+        return torch.nn.Linear(2, 2)
+
+    def train(self, ctx, start, cfg, stage, teacher=None):
+        self.calls.append(f"train {stage}" + (" with teacher" if teacher is not None else ""))
+        return [{"epoch": 1, "loss": 0.5}]
+
+    def finish(self, ctx, start, cfg, stage, workdir, teacher=None):
+        self.calls.append(f"finish {stage}")
+        (workdir / "predictions.npy").write_bytes(b"")
+        return Scored({"score": 0.75}, {"predictions": workdir / "predictions.npy"})
+
+    def save(self, path, start):
+        self.calls.append("save")
+        torch.save(start.model.state_dict(), path)
+        return path
+
+    def size(self, ctx, start):
+        return {"params_m": sum(p.numel() for p in start.model.parameters()) / 1e6, "macs_g": 0.0}
+
+    def summary(self, stage, metrics):
+        return f"{stage} score {metrics['score']}"
+
+
+def _ctx(epochs: int = 1, weights: str | None = None, check: str = "error") -> SimpleNamespace:
+    train = SimpleNamespace(epochs=epochs, seed=3)
+    sections = {"teacher": {"arch": "toy", "weights": weights, "check": check}, "distill": {"temperature": 4.0}}
+    recipe = SimpleNamespace(teacher=SimpleNamespace(train=train, weights=weights), distill=SimpleNamespace(train=train),
+                             section=lambda name: dict(sections[name]))
+    logged: list[str] = []
+    return SimpleNamespace(recipe=recipe, log=logged.append, logged=logged, resume=None)
+
+
+def test_the_teacher_stage_seeds_builds_trains_scores_then_saves(tmp_path):
+    hooks, ctx = ToyModels(), _ctx()
+    result = TeacherStage(hooks).run(ctx, tmp_path)
+    assert hooks.calls == ["teacher", "train teacher", "finish teacher", "save"]
+    assert result.outputs == {"model": tmp_path / "model.pt", "predictions": tmp_path / "predictions.npy"}
+    assert result.metrics == {"score": 0.75, "params_m": 6e-6, "macs_g": 0.0, "history": [{"epoch": 1, "loss": 0.5}],
+                              "probe": "ok", "weights": None, "replaced_head": ["bias"]}
+    assert ctx.logged == ["teacher: head re-initialised for 2 classes (bias)"]
+    # Seeded by the stage before the task builds: a second run starts from the same weights.
+    (tmp_path / "again").mkdir()
+    TeacherStage(ToyModels()).run(_ctx(), tmp_path / "again")
+    first, second = torch.load(tmp_path / "model.pt"), torch.load(tmp_path / "again" / "model.pt")
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_no_epochs_scores_the_weights_as_loaded(tmp_path):
+    hooks = ToyModels()
+    result = TeacherStage(hooks).run(_ctx(epochs=0), tmp_path)
+    assert "train teacher" not in hooks.calls and result.metrics["history"] == []
+
+
+def test_the_teachers_key_is_its_section_less_checks_and_its_weights_bytes(tmp_path):
+    stage = TeacherStage(ToyModels())
+    weights = tmp_path / "weights.pth"
+    weights.write_bytes(b"one")
+    key = stage.config(_ctx(weights=str(weights)))
+    assert key["toy_input"] == 2 and "check" not in key["teacher"]
+    assert stage.config(_ctx(weights=str(weights), check="warn")) == key, "a check is not an input"
+    weights.write_bytes(b"two")
+    assert stage.config(_ctx(weights=str(weights)))["weights_sha256"] != key["weights_sha256"]
+    assert stage.config(_ctx(weights="imagenet"))["weights_sha256"] is None
+
+
+def test_the_distill_stage_trains_the_student_with_the_teacher(tmp_path):
+    hooks = ToyModels()
+    stage = DistillStage(hooks)
+    result = stage.run(_ctx(), tmp_path)
+    assert hooks.calls == ["load teacher", "student", "train distill with teacher", "finish distill", "save"]
+    assert result.metrics["score"] == 0.75 and result.metrics["history"] and stage.summary(result.metrics) == \
+        "distill score 0.75"
+    assert stage.needs(_ctx()) == ("data", "teacher", "prune")
+    assert DistillStage(ToyModels(from_pruned=False)).needs(_ctx()) == ("data", "teacher")
+
+
+@pytest.mark.parametrize("task", ["classification", "detection"])
+def test_each_task_declares_the_shared_stages_with_its_hooks_and_their_code(task):
+    """A task's hooks are each stage's code; the distillation loss is the distill stage's alone, so editing it
+    leaves a trained teacher cached."""
+    import importlib
+
+    stages = importlib.import_module(f"pipeline.tasks.{task}").TASK.stages
+    teacher, distill = stages.get("teacher"), stages.get("distill")
+    assert type(teacher) is TeacherStage and isinstance(teacher.hooks, ModelHooks)
+    assert type(distill) is DistillStage and isinstance(distill.hooks, DistillHooks)
+    assert teacher.code_modules == (f"pipeline.tasks.{task}.training",)
+    assert distill.code_modules == (f"pipeline.tasks.{task}.distilling",)
+    loss = {"classification": "pipeline.tasks.classification.losses",
+            "detection": "pipeline.tasks.detection.distill"}[task]
+    assert loss in codehash.closure(stage_code_roots(distill))
+    assert loss not in codehash.closure(stage_code_roots(teacher))
+    # Detection's distillation loss runs the student's parts outside DDP's forward: rank 0 alone, for now.
+    assert distill.distributed is (task == "classification") and teacher.distributed
