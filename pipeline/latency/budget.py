@@ -2,7 +2,7 @@
 error on plans it was not fitted to (:func:`check_table`), and the prune stage's latency path
 (:func:`latency_plan`).
 
-The prune stage loads this module by name, only for a latency budget (``pipeline.tasks.classification.stages.prune``'s
+The prune stage loads this module by name, only for a latency budget (``pipeline.tasks.classification.pruned``'s
 ``LATENCY_PATH``): a MACs target's code hash does not cover the agent, the runners or the deploy code.
 """
 

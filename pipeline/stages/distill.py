@@ -38,7 +38,7 @@ class DistillStage(HookedStage):
         return section_key(ctx, self.hooks, "distill")
 
     def run(self, ctx, workdir: Path) -> StageResult:
-        teacher = self.hooks.load(ctx, "teacher")
+        teacher = self.hooks.checkpoint(ctx, "teacher").model
         start = self.hooks.student(ctx)
         history = self.hooks.train(ctx, start, ctx.recipe.distill.train, "distill", teacher=teacher)
         return trained_result(ctx, self.hooks, "distill", start, history, workdir, teacher=teacher)

@@ -1,10 +1,10 @@
-"""What a task gives the teacher and distill stages written once (:mod:`pipeline.stages.teacher`,
-:mod:`pipeline.stages.distill`).
+"""What a task gives the model stages written once: teacher, prune and distill (:mod:`pipeline.stages.teacher`,
+:mod:`pipeline.stages.prune`, :mod:`pipeline.stages.distill`).
 
-Both stages are the same sequence for every task: seed, start from a model (built, loaded from the user's weights or
-from the stage before), train it on the data (with the teacher, for distillation), score it with its interval on the
-test split, save it as state (never a pickled module) and record its size and training history. A task says only how
-each of those steps is done for its models (:class:`ModelHooks`).
+They are the same sequence for every task: seed, start from a model (built, loaded from the user's weights or from
+the stage before), prune it or train it on the data (with the teacher, for distillation), score it with its interval
+on the test split, save it as state (never a pickled module) and record its size and history. A task says only how
+each of those steps is done for its models (:class:`ModelHooks`, :class:`PruneHooks`, :class:`DistillHooks`).
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ class ModelHooks(ABC):
         """The teacher before training: built, with the recipe's weights loaded where it names some."""
 
     @abstractmethod
-    def load(self, ctx, stage: str) -> Any:
-        """The model an earlier stage saved (eval mode, on the CPU)."""
+    def checkpoint(self, ctx, stage: str) -> Start:
+        """The model an earlier stage saved (eval mode, on the CPU), with what was saved beside it."""
 
     @abstractmethod
     def train(self, ctx, start: Start, cfg, stage: str, teacher: Any = None) -> list[dict]:
@@ -115,6 +115,34 @@ class DistillHooks(ModelHooks):
     @abstractmethod
     def student(self, ctx) -> Start:
         """The student before distillation: the pruned teacher, or a smaller architecture built afresh."""
+
+
+class PruneHooks(ModelHooks):
+    """A task's part of the prune stage: how its model is pruned to the recipe's target, and how the pruned model is
+    scored before fine-tuning (not gated: a pruned model before distillation is expected to be bad)."""
+
+    def skipped(self, ctx) -> str | None:
+        """Why the stage is not in this run (an ONNX start, a recipe without pruning), in the log's words."""
+        from pipeline.core.stage import started_without_torch
+
+        return started_without_torch(ctx.recipe)
+
+    def roots(self, ctx) -> tuple[str, ...]:
+        """Modules this run's pruning loads by name (one mode's own path), beyond the hooks' imports."""
+        return ()
+
+    @abstractmethod
+    def prune(self, ctx, start: Start, workdir: Path) -> dict[str, Any]:
+        """Prunes ``start.model`` in place to the recipe's target (fine-tuned between steps where the recipe asks),
+        recording the plan in ``start.saved``; returns what the stage records of it (``macs_fraction`` at least).
+
+        Raises:
+            StageError: The target was not reached within the recipe's tolerance (with what bounds it).
+        """
+
+    @abstractmethod
+    def assess(self, ctx, start: Start, workdir: Path) -> Scored:
+        """The pruned model's scores and a sanity verdict in words, recorded, never raised."""
 
 
 def section_key(ctx, hooks: ModelHooks, stage: str) -> dict[str, Any]:

@@ -8,8 +8,8 @@ from device.runners.onnxruntime import OnnxRuntimeRunner
 from pipeline.checkpoint import load_checkpoint
 from pipeline.models import build_model
 from pipeline.runner import run_pipeline
-from pipeline.tasks.classification.stages import export as export_stage
-from pipeline.tasks.classification.stages.export import check_parity, export_onnx
+from pipeline.tasks.classification import exported as export_stage
+from pipeline.tasks.classification.exported import check_parity, export_onnx
 
 
 def test_export_folds_batchnorm_and_keeps_a_dynamic_batch(tmp_path):

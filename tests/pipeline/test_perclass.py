@@ -69,8 +69,10 @@ def test_default_run_reports_per_class_results(tiny_run):
     assert len(per["accuracy"]["teacher"]) == 10
     assert [c["before"] + "→" + c["after"] for c in per["comparisons"]] == ["teacher→student", "student→student_int8",
                                                                             "teacher→student_int8"]
-    # The whole fold's overall test is the headline's accuracy evidence, on every test image.
-    whole = per["comparisons"][-1]["overall"]
+    # The whole fold's overall test (teacher → the rung the headline leads with: the INT8 student, or the student
+    # form the device ran where it ran no INT8 compute) is the headline's accuracy evidence, on every test image.
+    lead = results["headline"]["lead_rung"]
+    whole = next(c for c in per["comparisons"] if c["before"] == "teacher" and c["after"] == lead)["overall"]
     assert whole["images"] == tiny_run.manifest.stage("teacher")["metrics"]["images"]
     assert results["headline"]["accuracy_p"] == whole["p_value"] and results["headline"]["per_class_tested"]
     evaluated = json.loads((tiny_run.run_dir / "evaluate" / "per_class.json").read_text())
@@ -146,7 +148,7 @@ def test_grouped_convolutions_are_pruned_by_whole_groups():
     from pipeline.models import build_model, count_macs
     from pipeline.core.recipe import PruneConfig
     from pipeline.pruning import grouped_convs, make_pruner
-    from pipeline.tasks.classification.stages.prune import _conv_shapes, unpruned_layers
+    from pipeline.tasks.classification.pruned import _conv_shapes, unpruned_layers
 
     model = build_model("regnet_y_400mf", 10)
     shape = (1, 3, 32, 32)
@@ -172,7 +174,7 @@ def test_grouped_convolutions_are_pruned_by_whole_groups():
 
 def test_layers_kept_whole_are_listed_with_the_reason():
     from pipeline.models import build_model
-    from pipeline.tasks.classification.stages.prune import unpruned_layers
+    from pipeline.tasks.classification.pruned import unpruned_layers
 
     model = build_model("regnet_y_400mf", 10)
     shapes = {name: (m.in_channels, m.out_channels, m.groups) for name, m in model.named_modules()
@@ -183,7 +185,7 @@ def test_layers_kept_whole_are_listed_with_the_reason():
 
 
 def test_a_concentrated_cut_is_named():
-    from pipeline.tasks.classification.stages.prune import macs_concentration
+    from pipeline.tasks.classification.pruned import macs_concentration
 
     before = {"a": 100, "b": 100, "c": 100, "d": 1000, "e": 10}
     after = {"a": 90, "b": 90, "c": 90, "d": 100, "e": 5}

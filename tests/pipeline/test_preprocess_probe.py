@@ -77,7 +77,9 @@ def test_the_probe_finds_the_resize_the_model_was_trained_with(trained):
     result = probe(declared, images[:256], labels[:256], onnx_scorer(path))
     assert result["better"] and result["p_value"] < 0.05
     assert result["best"]["preprocess.interpolation"] in ("bilinear_antialias", "area"), result["tried"]
-    assert result["best"]["top1"] - result["declared"]["top1"] > 0.05
+    # The gap's size depends on the CPU the model trained on (over 5 points on an AVX2 host, 3.9 on an AVX-512 one):
+    # that it is real is McNemar's p above; that it is large enough to matter, two points or more.
+    assert result["best"]["top1"] - result["declared"]["top1"] > 0.02
     problem, fix = advice(result)
     assert f"{100 * result['declared']['top1']:.1f}%" in problem and f"{100 * result['best']['top1']:.1f}%" in problem
     assert f"preprocess.interpolation={result['best']['preprocess.interpolation']}" in fix

@@ -5,7 +5,7 @@ from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.models import build_model, count_macs
 from pipeline.core.recipe import PruneConfig
 from pipeline.pruning import find_plan, make_pruner
-from pipeline.tasks.classification.stages.prune import _channels_off_multiple
+from pipeline.tasks.classification.pruned import _channels_off_multiple
 
 
 @pytest.mark.parametrize("arch, target, shape", [

@@ -46,8 +46,14 @@ def test_report_from_the_tiny_run(tiny_run):
     assert teacher["latency_ratio_vs_dc_teacher"] == pytest.approx(1.0)
     headline = data["headline"]
     assert headline["status"] == "measured" and "no data-center device" in headline["note"]
+    # The headline leads with the INT8 student where the device's profile shows INT8 compute; ONNX Runtime's CPU
+    # provider fuses the Q/DQ graph into INT8 kernels on some CPUs and not on others (this one's AVX-512 host did not),
+    # and then the headline leads with the student form the device really ran, and says why.
+    lead = headline["lead_rung"]
+    assert lead == "student_int8" or (lead in ("student", "student_fp16")
+                                      and "no compute layer ran in INT8" in headline["int8_not_measured"]["reason"])
     assert headline["accuracy_lost_points"] == pytest.approx(100 * (data["rungs"]["teacher"]["top1"]
-                                                                    - data["rungs"]["student_int8"]["top1"]))
+                                                                    - data["rungs"][lead]["top1"]))
     with open(tiny_run.run_dir / report["csv"]) as handle:
         rows = list(csv.DictReader(handle))
     assert list(rows[0]) == list(COLUMNS) and len(rows) == 5

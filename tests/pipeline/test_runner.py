@@ -182,7 +182,7 @@ def test_imagenet_weights_without_internet_say_what_to_do(tmp_path, monkeypatch)
 
 def test_a_failed_rerun_keeps_the_previous_outputs(run_copy, monkeypatch):
     from device.errors import StageError
-    from pipeline.tasks.classification.stages.prune import PruneStage
+    from pipeline.stages.prune import PruneStage
 
     before = json.loads((run_copy / "manifest.json").read_text())["stages"]["prune"]
     checkpoint = run_copy / before["outputs"]["model"]

@@ -1,28 +1,32 @@
 """Image classification: a classifier folded rung by rung (teacher, pruned, distilled student, FP16, INT8) and
 scored by top-1 on the host and on every device.
 
-Its own stages are in ``stages/``; its hooks for the stages written once (:mod:`pipeline.stages`) are
-``training.py`` (teacher), ``distilling.py`` (distill) and ``int8.py`` (quantize); its libraries (training, the
-report) beside them. It imports no other task.
+Its hooks for the stages written once (:mod:`pipeline.stages`) are ``splits.py`` (data), ``training.py``
+(teacher), ``pruned.py`` (prune), ``distilling.py`` (distill), ``exported.py`` (export) and ``int8.py`` (quantize);
+the stages still its own are in ``stages/``; its libraries (training, the report) beside them. It imports no other
+task.
 """
 
 from __future__ import annotations
 
 from pipeline.core.task import Task, stage_registry
+from pipeline.stages.data import DataStage
 from pipeline.stages.distill import DistillStage
+from pipeline.stages.export import ExportStage
+from pipeline.stages.prune import PruneStage
 from pipeline.stages.quantize import QuantizeStage
 from pipeline.stages.report import ReportStage
 from pipeline.stages.teacher import TeacherStage
 from pipeline.tasks.classification.distilling import ClassificationDistill
+from pipeline.tasks.classification.exported import ClassificationExport
 from pipeline.tasks.classification.headline import one_line
 from pipeline.tasks.classification.int8 import ClassificationQuantize
+from pipeline.tasks.classification.pruned import ClassificationPrune
 from pipeline.tasks.classification.report import build_report, headline_text
 from pipeline.tasks.classification.ship import ClassificationShip
-from pipeline.tasks.classification.stages.data import DataStage
+from pipeline.tasks.classification.splits import ClassificationData
 from pipeline.tasks.classification.stages.deploy import DeployStage
 from pipeline.tasks.classification.stages.evaluate import EvaluateStage, ladder_table
-from pipeline.tasks.classification.stages.export import ExportStage
-from pipeline.tasks.classification.stages.prune import PruneStage
 from pipeline.tasks.classification.training import ClassificationModels
 
 
@@ -40,8 +44,9 @@ def _summary(ctx) -> None:
 
 
 TASK = Task(name="classification",
-            stages=stage_registry("classification", [DataStage, TeacherStage(ClassificationModels()), PruneStage,
-                                                     DistillStage(ClassificationDistill()), ExportStage,
-                                                     QuantizeStage(ClassificationQuantize()), EvaluateStage,
-                                                     DeployStage, ReportStage(build_report, one_line)]),
+            stages=stage_registry("classification", [
+                DataStage(ClassificationData()), TeacherStage(ClassificationModels()),
+                PruneStage(ClassificationPrune()), DistillStage(ClassificationDistill()),
+                ExportStage(ClassificationExport()), QuantizeStage(ClassificationQuantize()), EvaluateStage,
+                DeployStage, ReportStage(build_report, one_line)]),
             build_report=build_report, summary=_summary, headline=headline_text, ship=ClassificationShip())

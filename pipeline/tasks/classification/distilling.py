@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from device.errors import ConfigError
-from pipeline.checkpoint import load_checkpoint
 from pipeline.models import build_model, checked_model, count_macs, count_parameters
 from pipeline.tasks.classification.losses import kd_loss
 from pipeline.tasks.classification.train import class_weights, predict
@@ -43,16 +42,16 @@ class ClassificationDistill(ClassificationModels, DistillHooks):
         return ctx.recipe.distill.student == "pruned"
 
     def student(self, ctx):
-        cfg, num_classes = ctx.recipe.distill, ctx.dataset().num_classes
+        cfg = ctx.recipe.distill
         if cfg.student == "pruned":
-            model, info = load_checkpoint(ctx.manifest.output("prune", "model"))
-            arch, folded = info["arch"], info["folded"]
+            start = self.checkpoint(ctx, "prune")
         else:
             torch.manual_seed(cfg.train.seed)
-            arch, folded = cfg.student, False
-            model = build_model(arch, num_classes, ctx.preprocess.channels, ctx.preprocess.input_size)
-        return Start(model, {"arch": arch, "num_classes": num_classes, "input_size": ctx.preprocess.input_size,
-                             "folded": folded, "distilled_from": "teacher"})
+            num_classes, size = ctx.dataset().num_classes, ctx.preprocess.input_size
+            start = Start(build_model(cfg.student, num_classes, ctx.preprocess.channels, size),
+                          {"arch": cfg.student, "num_classes": num_classes, "input_size": size, "folded": False})
+        start.saved["distilled_from"] = "teacher"
+        return start
 
     def loss(self, ctx, cfg, teacher=None):
         if teacher is None:

@@ -62,8 +62,10 @@ class ClassificationModels(ModelHooks):
                  "weights": cfg.weights, "replaced_head": bool(replaced)}
         return Start(model, saved, replaced, {"preprocess_probe": probe} if probe is not None else {})
 
-    def load(self, ctx, stage):
-        return load_checkpoint(ctx.manifest.output(stage, "model"))[0]
+    def checkpoint(self, ctx, stage):
+        model, info = load_checkpoint(ctx.manifest.output(stage, "model"))
+        return Start(model, {"arch": info["arch"], "num_classes": info["num_classes"],
+                             "input_size": ctx.preprocess.input_size, "folded": info["folded"]})
 
     def train(self, ctx, start, cfg, stage, teacher=None):
         model, device = start.model, ctx.device

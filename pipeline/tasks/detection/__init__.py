@@ -1,27 +1,31 @@
 """Object detection: a detector folded rung by rung and scored by mAP (AP50, AP75) on the host and on every device,
 its box decode and NMS timed apart from the network.
 
-Its own stages are in ``stages/``; its hooks for the stages written once (:mod:`pipeline.stages`) are
-``training.py`` (teacher), ``distilling.py`` (distill) and ``int8.py`` (quantize); its libraries (models, training,
-metrics, the report) beside them. It imports no other task.
+Its hooks for the stages written once (:mod:`pipeline.stages`) are ``splits.py`` (data), ``training.py``
+(teacher), ``pruned.py`` (prune), ``distilling.py`` (distill), ``exported.py`` (export) and ``int8.py`` (quantize);
+the stages still its own are in ``stages/``; its libraries (models, training, metrics, the report) beside them. It
+imports no other task.
 """
 
 from __future__ import annotations
 
 from pipeline.core.task import Task, stage_registry
+from pipeline.stages.data import DataStage
 from pipeline.stages.distill import DistillStage
+from pipeline.stages.export import ExportStage
+from pipeline.stages.prune import PruneStage
 from pipeline.stages.quantize import QuantizeStage
 from pipeline.stages.report import ReportStage
 from pipeline.stages.teacher import TeacherStage
 from pipeline.tasks.detection.distilling import DetectionDistill
+from pipeline.tasks.detection.exported import DetectionExport
 from pipeline.tasks.detection.int8 import DetectionQuantize
+from pipeline.tasks.detection.pruned import DetectionPrune
 from pipeline.tasks.detection.report import build_from_run, headline_line, headline_text
 from pipeline.tasks.detection.ship import DetectionShip
-from pipeline.tasks.detection.stages.data import DetectionDataStage
+from pipeline.tasks.detection.splits import DetectionData
 from pipeline.tasks.detection.stages.deploy import DetectionDeployStage
 from pipeline.tasks.detection.stages.evaluate import DetectionEvaluateStage
-from pipeline.tasks.detection.stages.export import DetectionExportStage
-from pipeline.tasks.detection.stages.prune import DetectionPruneStage
 from pipeline.tasks.detection.training import DetectionModels
 
 
@@ -38,11 +42,10 @@ def _summary(ctx) -> None:
 
 
 TASK = Task(name="detection",
-            stages=stage_registry("detection", [DetectionDataStage, TeacherStage(DetectionModels()),
-                                                DetectionPruneStage, DistillStage(DetectionDistill()),
-                                                DetectionExportStage,
-                                                QuantizeStage(DetectionQuantize()),
-                                                DetectionEvaluateStage, DetectionDeployStage,
-                                                ReportStage(build_from_run, headline_line)]),
+            stages=stage_registry("detection", [
+                DataStage(DetectionData()), TeacherStage(DetectionModels()), PruneStage(DetectionPrune()),
+                DistillStage(DetectionDistill()), ExportStage(DetectionExport()),
+                QuantizeStage(DetectionQuantize()), DetectionEvaluateStage, DetectionDeployStage,
+                ReportStage(build_from_run, headline_line)]),
             build_report=build_from_run, summary=_summary, headline=headline_text, ship=DetectionShip(),
             score="map", score_name="mAP")

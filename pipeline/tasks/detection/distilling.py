@@ -7,7 +7,7 @@ from __future__ import annotations
 from pipeline.core import distributed
 from pipeline.tasks.detection.files import recorded_classes
 from pipeline.tasks.detection.training import DetectionModels, label_offset
-from pipeline.train.hooks import DistillHooks, Scored, Start
+from pipeline.train.hooks import DistillHooks, Scored
 
 
 class DetectionDistill(DetectionModels, DistillHooks):
@@ -18,11 +18,9 @@ class DetectionDistill(DetectionModels, DistillHooks):
     distributed = False
 
     def student(self, ctx):
-        from pipeline.tasks.detection.checkpoint import load_detector
-
-        model, meta = load_detector(ctx.manifest.output("prune", "model"))
-        return Start(model, {"arch": meta["arch"], "num_classes": meta["num_classes"],
-                             "input_size": meta["input_size"], "distilled": _teaching(ctx.recipe.distill)})
+        start = self.checkpoint(ctx, "prune")
+        start.saved["distilled"] = _teaching(ctx.recipe.distill)
+        return start
 
     def train(self, ctx, start, cfg, stage, teacher=None):
         import torch

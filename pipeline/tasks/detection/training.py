@@ -34,10 +34,11 @@ class DetectionModels(ModelHooks):
         replaced = load_detector_weights(model, cfg.arch, cfg.weights) if cfg.weights else []
         return Start(model, {"arch": cfg.arch, "num_classes": len(classes), "input_size": cfg.size()}, replaced)
 
-    def load(self, ctx, stage):
+    def checkpoint(self, ctx, stage):
         from pipeline.tasks.detection.checkpoint import load_detector
 
-        return load_detector(ctx.manifest.output(stage, "model"))[0]
+        model, meta = load_detector(ctx.manifest.output(stage, "model"))
+        return Start(model, {key: meta[key] for key in ("arch", "num_classes", "input_size")})
 
     def train(self, ctx, start, cfg, stage, teacher=None):
         from pipeline.tasks.detection.files import load_split

@@ -1,7 +1,7 @@
-"""The teacher and distill stages written once (:mod:`pipeline.stages.teacher`, :mod:`pipeline.stages.distill`) over
-a task's hooks (:mod:`pipeline.train.hooks`): driven here by a toy task made of hooks alone (a linear model on random
-points), so what the stages do themselves is seen apart from classification's and detection's hooks, which the
-pipelines' tests run."""
+"""The model stages written once (:mod:`pipeline.stages.teacher`, :mod:`pipeline.stages.prune`,
+:mod:`pipeline.stages.distill`) over a task's hooks (:mod:`pipeline.train.hooks`): driven here by a toy task made of
+hooks alone (a linear model), so what the stages do themselves is seen apart from classification's and detection's
+hooks, which the pipelines' tests run."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import torch
 from pipeline.core import codehash
 from pipeline.runner import stage_code_roots
 from pipeline.stages.distill import DistillStage
+from pipeline.stages.prune import PruneStage
 from pipeline.stages.teacher import TeacherStage
-from pipeline.train.hooks import DistillHooks, ModelHooks, Scored, Start
+from pipeline.train.hooks import DistillHooks, ModelHooks, PruneHooks, Scored, Start
 
 
-class ToyModels(DistillHooks):
+class ToyModels(DistillHooks, PruneHooks):
     """A task of two features and one score; it records what the stages asked of it, in order."""
 
     unkeyed = {"teacher": ("check",)}
@@ -41,9 +42,19 @@ class ToyModels(DistillHooks):
         self.calls.append("student")
         return Start(torch.nn.Linear(2, 2), {"arch": "toy-student"})
 
-    def load(self, ctx, stage):
+    def checkpoint(self, ctx, stage):
         self.calls.append(f"load {stage}")
-        return torch.nn.Linear(2, 2)
+        return Start(torch.nn.Linear(2, 2), {"arch": "toy"})
+
+    def prune(self, ctx, start, workdir):
+        self.calls.append("prune")
+        start.model = torch.nn.Linear(2, 1)  # one output channel of two
+        start.saved["plan"] = {"kept": [0]}
+        return {"macs_fraction": 0.5}
+
+    def assess(self, ctx, start, workdir):
+        self.calls.append("assess")
+        return Scored({"score": 0.25, "sanity": "at chance"})
 
     def train(self, ctx, start, cfg, stage, teacher=None):
         self.calls.append(f"train {stage}" + (" with teacher" if teacher is not None else ""))
@@ -69,8 +80,8 @@ class ToyModels(DistillHooks):
 def _ctx(epochs: int = 1, weights: str | None = None, check: str = "error") -> SimpleNamespace:
     train = SimpleNamespace(epochs=epochs, seed=3)
     sections = {"teacher": {"arch": "toy", "weights": weights, "check": check}, "distill": {"temperature": 4.0}}
-    recipe = SimpleNamespace(teacher=SimpleNamespace(train=train, weights=weights), distill=SimpleNamespace(train=train),
-                             section=lambda name: dict(sections[name]))
+    recipe = SimpleNamespace(teacher=SimpleNamespace(train=train, weights=weights),
+                             distill=SimpleNamespace(train=train), section=lambda name: dict(sections[name]))
     logged: list[str] = []
     return SimpleNamespace(recipe=recipe, log=logged.append, logged=logged, resume=None)
 
@@ -119,6 +130,18 @@ def test_the_distill_stage_trains_the_student_with_the_teacher(tmp_path):
     assert DistillStage(ToyModels(from_pruned=False)).needs(_ctx()) == ("data", "teacher")
 
 
+def test_the_prune_stage_prunes_the_teachers_checkpoint_scores_without_a_gate_and_saves(tmp_path):
+    hooks = ToyModels()
+    stage = PruneStage(hooks)
+    result = stage.run(_ctx(), tmp_path)
+    assert hooks.calls == ["load teacher", "prune", "assess", "save"]
+    # The size is the pruned model's, the scores recorded as they are.
+    assert result.metrics == {"score": 0.25, "sanity": "at chance", "params_m": 3e-6, "macs_g": 0.0,
+                              "macs_fraction": 0.5}
+    assert torch.load(tmp_path / "model.pt")["weight"].shape == (1, 2)
+    assert stage.needs(_ctx()) == ("data", "teacher") and stage.absent(_ctx()) is None
+
+
 @pytest.mark.parametrize("task", ["classification", "detection"])
 def test_each_task_declares_the_shared_stages_with_its_hooks_and_their_code(task):
     """A task's hooks are each stage's code; the distillation loss is the distill stage's alone, so editing it
@@ -126,14 +149,16 @@ def test_each_task_declares_the_shared_stages_with_its_hooks_and_their_code(task
     import importlib
 
     stages = importlib.import_module(f"pipeline.tasks.{task}").TASK.stages
-    teacher, distill = stages.get("teacher"), stages.get("distill")
+    teacher, prune, distill = stages.get("teacher"), stages.get("prune"), stages.get("distill")
     assert type(teacher) is TeacherStage and isinstance(teacher.hooks, ModelHooks)
+    assert type(prune) is PruneStage and isinstance(prune.hooks, PruneHooks)
     assert type(distill) is DistillStage and isinstance(distill.hooks, DistillHooks)
     assert teacher.code_modules == (f"pipeline.tasks.{task}.training",)
+    assert prune.code_modules == (f"pipeline.tasks.{task}.pruned",)
     assert distill.code_modules == (f"pipeline.tasks.{task}.distilling",)
     loss = {"classification": "pipeline.tasks.classification.losses",
             "detection": "pipeline.tasks.detection.distill"}[task]
     assert loss in codehash.closure(stage_code_roots(distill))
-    assert loss not in codehash.closure(stage_code_roots(teacher))
+    assert loss not in set(codehash.closure(stage_code_roots(teacher))) | set(codehash.closure(stage_code_roots(prune)))
     # Detection's distillation loss runs the student's parts outside DDP's forward: rank 0 alone, for now.
     assert distill.distributed is (task == "classification") and teacher.distributed

@@ -1,33 +1,28 @@
-"""detection data stage: the composited canvas set made once (seeded, its generator recorded), or the user's COCO
-set checked, split by seed and letterboxed to the recipe's square (``data.canvas.size``)."""
+"""Detection's part of the data stage (:class:`pipeline.core.data.hooks.DataHooks`): the composited canvas set made
+once (seeded, its generator recorded), or the user's COCO set checked, split by seed and letterboxed to the recipe's
+square (``data.canvas.size``)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from device.errors import DataError
 from device.files import sha256_file
-from pipeline.core.stage import Stage, StageResult
+from pipeline.core.data.hooks import DataHooks, Splits
 
 
-class DetectionDataStage(Stage):
+class DetectionData(DataHooks):
     """Composites the canvas set once (seeded; its generator's parameters recorded), or reads a COCO set."""
 
-    name = "data"
-
-    def config(self, ctx):
-        config = {"data": ctx.recipe.section("data")}
+    def keys(self, ctx):
         source = ctx.recipe.data.source
         if source.startswith("coco:"):  # an edited annotations file under the same path makes the set again
             from pipeline.tasks.detection.data import parse_coco_argument
 
             annotations = parse_coco_argument(source.partition(":")[2])[0]
             if annotations.is_file():
-                config["annotations_sha256"] = sha256_file(annotations)
-        return config
+                return {"annotations_sha256": sha256_file(annotations)}
+        return {}
 
-    def run(self, ctx, workdir: Path) -> StageResult:
+    def split(self, ctx, workdir):
         from pipeline.tasks.detection.data import coco_set, composited
         from pipeline.tasks.detection.files import save_splits
         from pipeline.tasks.detection.recipe import DETECTION_SOURCES
@@ -45,12 +40,10 @@ class DetectionDataStage(Stage):
             raise DataError(f"{data.name}: a split came out without boxes ({boxes})",
                             fix="raise data.canvas.objects or the canvas size")
         save_splits(workdir / "canvases.npz", {"train": data.train, "test": data.test})
-        (workdir / "dataset.json").write_text(json.dumps({"source": data.name, "classes": data.classes,
-                                                          "generator": data.generator}, indent=2) + "\n")
-        return StageResult(outputs={"canvases": workdir / "canvases.npz", "dataset": workdir / "dataset.json"},
-                           metrics={"source": data.name, "num_classes": len(data.classes), "train": len(data.train),
-                                    "test": len(data.test), "train_boxes": boxes["train"], "test_boxes": boxes["test"],
-                                    "generator": data.generator})
+        return Splits(data.name, data.classes, {"canvases": workdir / "canvases.npz"},
+                      {"train": len(data.train), "test": len(data.test), "train_boxes": boxes["train"],
+                       "test_boxes": boxes["test"], "generator": data.generator},
+                      {"generator": data.generator})
 
     def summary(self, metrics):
         what = "images" if metrics["source"].startswith("coco:") else "canvases"

@@ -1,13 +1,13 @@
-"""export stage: ONNX (opset ≥ 17, dynamic batch, BatchNorm folded) for every measured rung,
-with its outputs checked against torch on real test images by ONNX Runtime; when ``deploy.runtimes`` names
-``torch_tensorrt``, each float rung's device checkpoint (``<rung>.device.pt``: state, architecture key with its source
-and fingerprint, input C×H×W), rebuilt here by the device's own loader and checked against the rung's outputs: the
-Torch-TensorRT road's artifact (the device casts it to FP16 itself for an FP16 rung, so only the float rungs get one);
-with ``deploy.torch_programs`` also a ``torch.export`` program (``<rung>.pt2``, torch version recorded, run back
-through the agent's Torch runner for parity) for agents that trust programs; and the FP16 forms
-(``teacher_fp16``, ``student_fp16``): FP16 weights and compute written in the graph, float32 I/O,
-scored on the whole test split by ONNX Runtime — an emulation on the host's CPU (casts around most
-nodes), labelled so; the device's own figure comes from the engine it timed."""
+"""Classification's part of the export stage (:class:`pipeline.export.hooks.ExportHooks`): ONNX (opset ≥ 17,
+dynamic batch, BatchNorm folded) for every measured rung, with its outputs checked against torch on real test images
+by ONNX Runtime; when ``deploy.runtimes`` names ``torch_tensorrt``, each float rung's device checkpoint
+(``<rung>.device.pt``: state, architecture key with its source and fingerprint, input C×H×W), rebuilt here by the
+device's own loader and checked against the rung's outputs: the Torch-TensorRT road's artifact (the device casts it to
+FP16 itself for an FP16 rung, so only the float rungs get one); with ``deploy.torch_programs`` also a ``torch.export``
+program (``<rung>.pt2``, torch version recorded, run back through the agent's Torch runner for parity) for agents that
+trust programs; and the FP16 forms (``teacher_fp16``, ``student_fp16``): FP16 weights and compute written in the
+graph, float32 I/O, scored on the whole test split by ONNX Runtime — an emulation on the host's CPU (casts around
+most nodes), labelled so; the device's own figure comes from the engine it timed."""
 
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from device.errors import StageError
 from pipeline.checkpoint import load_checkpoint
+from pipeline.core.rungs import RUNGS
+from pipeline.export.hooks import Exported, ExportHooks
 from pipeline.models import as_exported
 from pipeline.onnx_export import check_parity, export_onnx
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
-from pipeline.core.rungs import RUNGS
-from pipeline.core.stage import Stage, StageResult
 from pipeline.tasks.classification.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.torch_export import write_device_checkpoint
 
@@ -33,71 +32,58 @@ from pipeline.tasks.classification.torch_export import write_device_checkpoint
 FP16_RANGE_IMAGES = 16
 
 
-class ExportStage(Stage):
-    name = "export"
+class ClassificationExport(ExportHooks):
+    """Classification's export: see the module's docstring."""
 
-    def preflight(self, ctx):
-        """An ONNX start's file is checked before any work (:func:`pipeline.onnx_start.inspect_start`): that it is
-        one, its input against the declared layout and preprocessing, its opset and operators against TensorRT 10's
-        parser, its output against the data's class count."""
-        if ctx.recipe.start is not None:
-            self._inspect(ctx)
+    def keys(self, ctx):
+        return {"preprocess": ctx.preprocess.to_dict(), "runtimes": list(ctx.recipe.deploy.runtimes),
+                "torch_programs": ctx.recipe.deploy.torch_programs}
 
-    @staticmethod
-    def _inspect(ctx):
+    def inspect_start(self, ctx):
+        """That the file is an ONNX model, its input against the declared layout and preprocessing, its opset and
+        operators against TensorRT 10's parser, its output against the data's class count
+        (:func:`pipeline.onnx_start.inspect_start`)."""
         from pipeline.onnx_start import inspect_start
 
         start, pre = ctx.recipe.start, ctx.preprocess
         return inspect_start(start.onnx, start.layout, pre.channels, pre.input_size, len(ctx.dataset().classes))
 
-    def needs(self, ctx):
-        if ctx.recipe.start is not None:
-            return ("data",)
-        return ("data",) + tuple(RUNGS[r].checkpoint_stage for r in ctx.recipe.export.rungs)
+    def rungs(self, ctx):
+        return {rung: RUNGS[rung].checkpoint_stage for rung in ctx.recipe.export.rungs}
 
-    def config(self, ctx):
-        config = {"export": ctx.recipe.section("export"), "preprocess": ctx.preprocess.to_dict(),
-                  "torch": torch.__version__, "runtimes": list(ctx.recipe.deploy.runtimes),
-                  "torch_programs": ctx.recipe.deploy.torch_programs}
-        if ctx.recipe.start is not None:  # the user's file by its bytes: a re-exported model.onnx is exported again
-            from pipeline.onnx_start import start_sha256
-
-            config["start"] = {**ctx.recipe.section("start"), "sha256": start_sha256(Path(ctx.recipe.start.onnx))}
-        return config
-
-    def run(self, ctx, workdir: Path) -> StageResult:
+    def probe(self, ctx):
         cfg = ctx.recipe.export
-        test = ctx.batches("test", cfg.parity_images)
-        images = next(iter(test))[0][: cfg.parity_images].numpy()
-        outputs, metrics = {}, {}
-        if ctx.recipe.start is not None:
-            outputs.update(self._started(ctx, workdir, images, metrics))
-        for rung in cfg.rungs if ctx.recipe.start is None else ():
-            model, info = load_checkpoint(ctx.manifest.output(RUNGS[rung].checkpoint_stage, "model"))
-            path = workdir / f"{rung}.onnx"
-            inference, folded_here = as_exported(model, info["arch"], info["folded"])  # a pruned rung is already
-            facts = export_onnx(inference, path, ctx.preprocess.input_shape(1), cfg.opset)
-            parity = check_parity(model, path, images)  # the folded graph against the trained model
-            metrics[rung] = {**facts, "parity": parity, "branches_folded": folded_here or info["folded"]}
-            if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
-                raise StageError(
-                    f"ONNX export of {rung} disagrees with torch: max |Δlogit| {parity['max_abs_diff']:.3g} "
-                    f"(allowed {cfg.parity_atol:g}), top-1 agreement {100 * parity['top1_agreement']:.1f}% "
-                    f"(required {100 * cfg.min_top1_agreement:.1f}%)",
-                    fix="report this model to EdgeFold; try export.opset: 18, or loosen export.parity_atol",
-                )
-            outputs[rung] = path
-            if "torch_tensorrt" in ctx.recipe.deploy.runtimes:
-                outputs[f"{rung}_device_checkpoint"] = self._device_checkpoint(
-                    ctx, model, rung, workdir, images, metrics[rung], (inference, info) if folded_here else None)
-                if ctx.recipe.deploy.torch_programs:  # only for agents that trust programs (--trust-programs)
-                    outputs[f"{rung}_pt2"] = self._program(ctx, model, rung, workdir, images, metrics[rung])
-        if cfg.fp16_rungs:
-            outputs.update(self._fp16_forms(ctx, workdir, outputs, metrics))
+        return next(iter(ctx.batches("test", cfg.parity_images)))[0][: cfg.parity_images].numpy()
+
+    def export(self, ctx, rung, stage, workdir, probe):
+        cfg = ctx.recipe.export
+        model, info = load_checkpoint(ctx.manifest.output(stage, "model"))
+        path = workdir / f"{rung}.onnx"
+        inference, folded_here = as_exported(model, info["arch"], info["folded"])  # a pruned rung is already
+        facts = export_onnx(inference, path, ctx.preprocess.input_shape(1), cfg.opset)
+        parity = check_parity(model, path, probe)  # the folded graph against the trained model
+        metrics = {**facts, "parity": parity, "branches_folded": folded_here or info["folded"]}
+        if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
+            raise StageError(
+                f"ONNX export of {rung} disagrees with torch: max |Δlogit| {parity['max_abs_diff']:.3g} "
+                f"(allowed {cfg.parity_atol:g}), top-1 agreement {100 * parity['top1_agreement']:.1f}% "
+                f"(required {100 * cfg.min_top1_agreement:.1f}%)",
+                fix="report this model to EdgeFold; try export.opset: 18, or loosen export.parity_atol",
+            )
+        outputs = {rung: path}
+        if "torch_tensorrt" in ctx.recipe.deploy.runtimes:
+            outputs[f"{rung}_device_checkpoint"] = self._device_checkpoint(
+                ctx, model, rung, workdir, probe, metrics, (inference, info) if folded_here else None)
+            if ctx.recipe.deploy.torch_programs:  # only for agents that trust programs (--trust-programs)
+                outputs[f"{rung}_pt2"] = self._program(ctx, model, rung, workdir, probe, metrics)
+        return Exported(outputs, {rung: metrics})
+
+    def finish(self, ctx, workdir, exported):
+        if ctx.recipe.export.fp16_rungs:
+            exported.outputs.update(self._fp16_forms(ctx, workdir, exported.outputs, exported.rungs))
         # The device needs the preprocessing with the model to feed it correctly.
         (workdir / "preprocess.json").write_text(json.dumps(ctx.preprocess.to_dict(), indent=2) + "\n")
-        outputs["preprocess"] = workdir / "preprocess.json"
-        return StageResult(outputs=outputs, metrics={"rungs": metrics})
+        exported.outputs["preprocess"] = workdir / "preprocess.json"
 
     @staticmethod
     def _device_checkpoint(ctx, model, rung: str, workdir: Path, images: np.ndarray, metrics: dict,
@@ -118,8 +104,8 @@ class ExportStage(Stage):
         parity = runner_parity(model, path, images)
         metrics["device_checkpoint"] = {"size_mb": path.stat().st_size / 1e6, "parity": parity}
         if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
-            raise StageError(f"the device checkpoint of {rung}, rebuilt as the device rebuilds it, disagrees with torch: "
-                             f"max |Δlogit| {parity['max_abs_diff']:.3g} (allowed {cfg.parity_atol:g})",
+            raise StageError(f"the device checkpoint of {rung}, rebuilt as the device rebuilds it, disagrees with "
+                             f"torch: max |Δlogit| {parity['max_abs_diff']:.3g} (allowed {cfg.parity_atol:g})",
                              fix="report this model to EdgeFold, or leave torch_tensorrt out of deploy.runtimes")
         return path
 
@@ -139,22 +125,20 @@ class ExportStage(Stage):
                              fix="report this model to EdgeFold, or leave torch_tensorrt out of deploy.runtimes")
         return path
 
-    def _started(self, ctx, workdir: Path, images: np.ndarray, metrics: dict) -> dict[str, Path]:
-        """The ONNX start's graph as the ``student`` rung: checked again (the file may have changed since the
-        preflight), written in the ladder's form, compared with the user's graph and scored on the test split."""
+    def started(self, ctx, workdir, probe):
         from pipeline.onnx_start import graph_compute, start_parity, write_start_graph
 
         cfg, pre, start = ctx.recipe.export, ctx.preprocess, ctx.recipe.start
         path = workdir / "student.onnx"
         facts, written = write_start_graph(start.onnx, start.layout, pre.channels, pre.input_size,
                                            len(ctx.dataset().classes), path)
-        parity = start_parity(facts, path, images)
+        parity = start_parity(facts, path, probe)
         if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
             raise StageError(f"the rewritten {facts.path} disagrees with the given graph: max |Δlogit| "
                              f"{parity['max_abs_diff']:.3g} (allowed {cfg.parity_atol:g})",
                              fix="report this model to EdgeFold; meanwhile export it as the ladder writes it "
                                  "(one NCHW input 'input' with a dynamic batch, opset 17)")
-        probe = self._probe_preprocessing(ctx, path)
+        checked = self._probe_preprocessing(ctx, path)
         test_images, labels = self._test_split(ctx)
         predictions = workdir / "student.predictions.npy"
         scores = onnx_accuracy(path, test_images, labels, save_predictions=predictions)
@@ -163,13 +147,13 @@ class ExportStage(Stage):
                                      "the preprocess section (size, mean, std, channels, layout) is not the one it was "
                                      "trained with",
                               fix="check DATA= and the recipe's preprocess and start.layout")
-        metrics["student"] = {**written, "parity": parity, "started_from": facts.as_dict(), "sanity": sanity,
-                              "preprocess_probe": probe,
-                              "scores": recorded_scores(scores), **graph_compute(path, pre.input_shape(1)[1:])}
+        student = {**written, "parity": parity, "started_from": facts.as_dict(), "sanity": sanity,
+                   "preprocess_probe": checked, "scores": recorded_scores(scores),
+                   **graph_compute(path, pre.input_shape(1)[1:])}
         ctx.log(f"export: the student is {facts.path} (sha256 {facts.sha256[:12]}…, opset {facts.opset}, "
                 f"{facts.layout.upper()}): top-1 {100 * scores['top1']:.2f}% on the test split"
                 + (f"; written with {', '.join(written['changes'])}" if written["changes"] else ""))
-        return {"student": path, "student_predictions": predictions}
+        return Exported({"student": path, "student_predictions": predictions}, {"student": student})
 
     @staticmethod
     def _probe_preprocessing(ctx, path: Path) -> dict | None:

@@ -1,8 +1,8 @@
-"""data stage: deterministic train / calibration / test splits of the recipe's source."""
+"""Classification's part of the data stage (:class:`pipeline.core.data.hooks.DataHooks`): deterministic train /
+calibration / test splits of the recipe's source, every class and every image checked before any training."""
 
 from __future__ import annotations
 
-import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,8 +12,53 @@ from tqdm import tqdm
 
 from device.errors import DataError, EdgeFoldError
 from device.preprocess import read_image
-from pipeline.core.stage import Stage, StageResult
+from pipeline.core.data.hooks import DataHooks, Splits
 from pipeline.core.log import log
+
+
+class ClassificationData(DataHooks):
+    """Splits of an image source by seed: see the module's docstring."""
+
+    def keys(self, ctx):
+        # The source's fingerprint makes a changed data set invalidate the splits.
+        return {"preprocess": ctx.preprocess.to_dict(), "fingerprint": ctx.dataset().fingerprint}
+
+    def split(self, ctx, workdir):
+        cfg, dataset = ctx.recipe.data, ctx.dataset()
+        check_classes(dataset, cfg.allow_missing_test_classes)
+        rng = np.random.default_rng(cfg.seed)
+        order = rng.permutation(len(dataset.train))
+        train_size = min(cfg.train_size or len(order), len(order))
+        train = np.sort(order[:train_size])
+        rest = order[train_size:]
+        # Calibration images come from outside the training subset when there are enough,
+        # so INT8 calibration does not only see images the model memorised.
+        if len(rest) >= cfg.calib_size:
+            calib = np.sort(rest[: cfg.calib_size])
+        else:
+            calib = np.sort(rng.choice(len(dataset.train), size=min(cfg.calib_size, len(dataset.train)), replace=False))
+        test = np.arange(len(dataset.test))
+        if cfg.test_size and cfg.test_size < len(test):
+            test = np.sort(rng.choice(len(test), size=cfg.test_size, replace=False))
+        decoded = check_decodable(dataset.train, np.union1d(train, calib), "training") \
+            + check_decodable(dataset.test, test, "test")
+        np.savez(workdir / "splits.npz", train=train, calib=calib, test=test)
+        counts = np.bincount(dataset.train.labels[train], minlength=dataset.num_classes)
+        warnings = balance_warnings(counts, dataset.classes, cfg)
+        for warning in warnings:
+            log(f"data: warning: {warning}")
+        return Splits(dataset.name, dataset.classes, {"splits": workdir / "splits.npz"},
+                      {"train": int(len(train)), "calib": int(len(calib)), "test": int(len(test)),
+                       "images_decoded": decoded, "train_per_class_min": int(counts.min()),
+                       "train_per_class_max": int(counts.max()),
+                       "train_per_class": dict(zip(dataset.classes, counts.astype(int).tolist())),
+                       "warnings": warnings},
+                      {"fingerprint": dataset.fingerprint, "preprocess": ctx.preprocess.to_dict()})
+
+    def summary(self, metrics):
+        return (f"{metrics['source']}: {metrics['num_classes']} classes, {metrics['train']} train / "
+                f"{metrics['calib']} calib / {metrics['test']} test"
+                + (f"; {len(metrics['warnings'])} warnings" if metrics.get("warnings") else ""))
 
 
 def check_classes(dataset, allow_missing_test: bool) -> None:
@@ -85,53 +130,3 @@ def balance_warnings(counts: np.ndarray, classes: list[str], cfg) -> list[str]:
     if warnings and cfg.class_balance == "none":
         warnings.append("consider data.class_balance: loss_weights, or more images of the small classes")
     return warnings
-
-
-class DataStage(Stage):
-    name = "data"
-
-    def config(self, ctx):
-        # The source's fingerprint makes a changed data set invalidate the splits.
-        return {"data": ctx.recipe.section("data"), "preprocess": ctx.preprocess.to_dict(),
-                "fingerprint": ctx.dataset().fingerprint}
-
-    def run(self, ctx, workdir: Path) -> StageResult:
-        cfg, dataset = ctx.recipe.data, ctx.dataset()
-        check_classes(dataset, cfg.allow_missing_test_classes)
-        rng = np.random.default_rng(cfg.seed)
-        order = rng.permutation(len(dataset.train))
-        train_size = min(cfg.train_size or len(order), len(order))
-        train = np.sort(order[:train_size])
-        rest = order[train_size:]
-        # Calibration images come from outside the training subset when there are enough,
-        # so INT8 calibration does not only see images the model memorised.
-        if len(rest) >= cfg.calib_size:
-            calib = np.sort(rest[: cfg.calib_size])
-        else:
-            calib = np.sort(rng.choice(len(dataset.train), size=min(cfg.calib_size, len(dataset.train)), replace=False))
-        test = np.arange(len(dataset.test))
-        if cfg.test_size and cfg.test_size < len(test):
-            test = np.sort(rng.choice(len(test), size=cfg.test_size, replace=False))
-        decoded = check_decodable(dataset.train, np.union1d(train, calib), "training") \
-            + check_decodable(dataset.test, test, "test")
-        np.savez(workdir / "splits.npz", train=train, calib=calib, test=test)
-        info = {"source": dataset.name, "classes": dataset.classes, "fingerprint": dataset.fingerprint,
-                "preprocess": ctx.preprocess.to_dict()}
-        (workdir / "dataset.json").write_text(json.dumps(info, indent=2) + "\n")
-        counts = np.bincount(dataset.train.labels[train], minlength=dataset.num_classes)
-        warnings = balance_warnings(counts, dataset.classes, cfg)
-        for warning in warnings:
-            log(f"data: warning: {warning}")
-        return StageResult(
-            outputs={"splits": workdir / "splits.npz", "dataset": workdir / "dataset.json"},
-            metrics={"source": dataset.name, "num_classes": dataset.num_classes, "train": int(len(train)),
-                     "calib": int(len(calib)), "test": int(len(test)), "images_decoded": decoded,
-                     "train_per_class_min": int(counts.min()), "train_per_class_max": int(counts.max()),
-                     "train_per_class": dict(zip(dataset.classes, counts.astype(int).tolist())),
-                     "warnings": warnings},
-        )
-
-    def summary(self, metrics):
-        return (f"{metrics['source']}: {metrics['num_classes']} classes, {metrics['train']} train / "
-                f"{metrics['calib']} calib / {metrics['test']} test"
-                + (f"; {len(metrics['warnings'])} warnings" if metrics.get("warnings") else ""))

@@ -1,4 +1,5 @@
-"""prune stage: structured channel pruning with Torch-Pruning (DepGraph) to a MACs target or a latency budget.
+"""Classification's part of the prune stage (:class:`pipeline.train.hooks.PruneHooks`): structured channel pruning
+with Torch-Pruning (DepGraph) to a MACs target or a latency budget.
 
 A latency budget (``prune.latency``) is measured on the named device's agent: a latency table per
 channel group, a knapsack over group importance under the budget, and the chosen plan measured
@@ -17,98 +18,62 @@ import torch
 import torch.nn.functional as F
 
 from device.errors import StageError
-from pipeline.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.models import ARCHITECTURES, as_exported, count_macs, count_parameters, layer_macs
-from pipeline.core.recipe import PruneConfig
-from pipeline.core.stage import Stage, StageResult
-from pipeline.tasks.classification.scores import assess, recorded_scores
-from pipeline.tasks.classification.train import evaluate, fit, recalibrate_if_needed
-from pipeline.core.log import log
 from pipeline.channels import WidthPruner
+from pipeline.core.log import log
+from pipeline.core.recipe import PruneConfig
 from pipeline.latency.search import macs_knapsack_plan
+from pipeline.models import ARCHITECTURES, as_exported, count_macs, count_parameters, layer_macs
 from pipeline.pruning import find_plan, kept_whole, make_pruner
 from pipeline.tasks.classification.recipe import pruning_skipped
-
+from pipeline.tasks.classification.scores import assess, recorded_scores
+from pipeline.tasks.classification.train import evaluate, fit, recalibrate_if_needed
+from pipeline.tasks.classification.training import ClassificationModels
+from pipeline.train.hooks import PruneHooks, Scored
 
 # The latency path, loaded by name (importlib) and only for a latency budget: the code hash follows imports,
 # lazy ones included, and that path reaches the agent, its runners and the ONNX export. Declared as a code
-# root for that mode alone (PruneStage.code_roots), so a MACs target is not re-run by an edit there.
+# root for that mode alone (ClassificationPrune.roots), so a MACs target is not re-run by an edit there.
 LATENCY_PATH = "pipeline.latency.budget"
 
 
-class PruneStage(Stage):
-    name = "prune"
+class ClassificationPrune(ClassificationModels, PruneHooks):
+    """Classification's pruning: see the module's docstring."""
 
-    def absent(self, ctx):
+    def skipped(self, ctx):
         return pruning_skipped(ctx.recipe)
 
-    def needs(self, ctx):
-        return ("data", "teacher")
-
-    def code_roots(self, ctx) -> tuple[str, ...]:
+    def roots(self, ctx):
         """The MACs path is this module's own imports; a latency budget adds the latency path and the agent's job
         process, which times the networks without being imported here."""
         return (LATENCY_PATH, "device.jobrun", "device.agent") if ctx.recipe.prune.latency is not None else ()
 
-    def config(self, ctx):
-        config = {"prune": ctx.recipe.section("prune"), "preprocess": ctx.preprocess.to_dict()}
+    def keys(self, ctx, stage):
+        keys = {"preprocess": ctx.preprocess.to_dict()}
         if ctx.recipe.prune.latency is not None:
             # The budget is measured with the deploy stage's runtime on these devices: a change plans again.
             deploy = ctx.recipe.deploy
-            config.update(devices=[d.public() for d in ctx.devices],
-                          deploy={"runtime": deploy.runtime, "threads": deploy.threads}, opset=ctx.recipe.export.opset)
+            keys.update(devices=[d.public() for d in ctx.devices],
+                        deploy={"runtime": deploy.runtime, "threads": deploy.threads}, opset=ctx.recipe.export.opset)
             if ctx.recipe.prune.latency.reference:  # the budget is of that network's latency: its bytes count
                 from device.files import sha256_file
 
-                config["reference_sha256"] = sha256_file(ctx.recipe.prune.latency.reference)
-        return config
+                keys["reference_sha256"] = sha256_file(ctx.recipe.prune.latency.reference)
+        return keys
 
-    def run(self, ctx, workdir: Path) -> StageResult:
-        cfg = ctx.recipe.prune
-        model, info = load_checkpoint(ctx.manifest.output("teacher", "model"))
-        arch, input_shape = info["arch"], ctx.preprocess.input_shape(1)
-        model, folded = _exported_form(model, arch)
+    def prune(self, ctx, start, workdir):
+        cfg, arch, input_shape = ctx.recipe.prune, start.saved["arch"], ctx.preprocess.input_shape(1)
+        model, folded = _exported_form(start.model, arch)
+        start.model = model
         base_macs, base_params = count_macs(model, input_shape), count_parameters(model)
         whole = _kept_whole(model)
-        latency_metrics = None
-        if cfg.latency is not None:
-            plan, pruner, latency_metrics = self._latency_plan(ctx, workdir, model, arch, cfg, input_shape)
-        elif cfg.importance == "taylor":
-            # The latency budget's knapsack with MACs as the cost: the control for "latency as the objective".
-            def train_batches():
-                return ctx.batches("train", 64, shuffle=True, seed=cfg.seed)
-
-            widths, groups, predicted = macs_knapsack_plan(model, arch, cfg, input_shape, train_batches())
-            log(f"prune: knapsack over {len(groups)} channel groups by Taylor importance → {100 * predicted:.1f}% of "
-                f"the teacher's MACs (target {100 * cfg.macs_target:.1f}%)")
-            plan = {"widths": widths, "macs_target": cfg.macs_target, "importance": "taylor"}
-            pruner = WidthPruner(model, arch, cfg, groups, widths, input_shape, train_batches)
-        else:
-            plan, predicted = find_plan(model, arch, cfg, input_shape, base_macs)
-            log(f"prune: channel ratio {plan['ratio']:.5f} ({plan['harder_ratio']:.5f} on the first "
-                f"{plan['harder_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
-                f"(target {100 * cfg.macs_target:.1f}%)")
-            pruner = make_pruner(model, arch, cfg, plan, input_shape)
-        before_shapes = _conv_shapes(model)
-        before_macs = layer_macs(model, input_shape)
-        test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
+        plan, pruner, latency_metrics = _plan(ctx, workdir, model, arch, cfg, input_shape, base_macs)
+        before_shapes, before_macs = _conv_shapes(model), layer_macs(model, input_shape)
         history = []
         for step in range(cfg.steps):
             pruner.step()
             if cfg.finetune and cfg.finetune.epochs:
-                train = ctx.batches("train", cfg.finetune.batch_size, shuffle=True, augment=cfg.finetune.augment,
-                                    seed=cfg.finetune.seed + step, drop_last=True)
-
-                def loss_fn(logits, batch):
-                    return F.cross_entropy(logits, batch.labels, label_smoothing=cfg.finetune.label_smoothing)
-
-                history += fit(model, train, cfg.finetune, loss_fn, ctx.device, f"prune step {step + 1}/{cfg.steps}")
-                recalibrate_if_needed(model, cfg.finetune, lambda: ctx.batches("train", 256, shuffle=True,
-                                                                               seed=cfg.finetune.seed),
-                                      ctx.device, "pruned")
-                model.cpu()
-        macs = count_macs(model, input_shape)
-        fraction = macs / base_macs
+                history += _finetune(ctx, model, cfg, step)
+        fraction = count_macs(model, input_shape) / base_macs
         if cfg.macs_target is not None and abs(fraction - cfg.macs_target) > cfg.tolerance * cfg.macs_target:
             raise StageError(
                 f"pruned model has {100 * fraction:.1f}% of the teacher's MACs; target {100 * cfg.macs_target:.1f}% "
@@ -120,49 +85,79 @@ class PruneStage(Stage):
         unpruned = unpruned_layers(before_shapes, model, arch, cfg.round_to)
         if unpruned:
             log(f"prune: note: {len(unpruned)} prunable layers kept every channel; e.g. {unpruned[0]['layer']}: "
-                  f"{unpruned[0]['reason']}")
+                f"{unpruned[0]['reason']}")
         concentration = macs_concentration(before_macs, layer_macs(model, input_shape))
         if concentration["warning"]:
             log(f"prune: note: {concentration['warning']}")
         odd = _channels_off_multiple(model, arch, cfg.round_to)
         if odd:
             log(f"prune: note: {len(odd)} layers keep channel counts that are not multiples of {cfg.round_to} "
-                  f"(unpruned originals): {odd[:3]}")
-        metrics = evaluate(model, test, ctx.device, "pruned eval", save_predictions=workdir / "predictions.npy")
-        model.cpu()
-        path = save_checkpoint(workdir / "model.pt", model, arch, info["num_classes"], ctx.preprocess.input_size,
-                               folded=folded, pruned_from="teacher", plan=plan)
-        return StageResult(
-            outputs={"model": path, "predictions": workdir / "predictions.npy"},
-            # Not gated: a pruned model before distillation is expected to be bad; the verdict is recorded.
-            metrics={**recorded_scores(metrics), "sanity": assess(metrics, ctx.dataset().classes), "plan": plan,
-                     "macs_g": macs / 1e9, "params_m": count_parameters(model) / 1e6,
-                     "macs_fraction": fraction, "params_fraction": count_parameters(model) / base_params,
-                     "layers_off_multiple": len(odd), "unpruned_layers": unpruned, "kept_whole": whole,
-                     "macs_concentration": concentration, "history": history, "folded": folded,
-                     **({"latency": latency_metrics} if latency_metrics is not None else {})},
-        )
+                f"(unpruned originals): {odd[:3]}")
+        start.saved.update(folded=folded, pruned_from="teacher", plan=plan)
+        return {"plan": plan, "macs_fraction": fraction, "params_fraction": count_parameters(model) / base_params,
+                "layers_off_multiple": len(odd), "unpruned_layers": unpruned, "kept_whole": whole,
+                "macs_concentration": concentration, "history": history, "folded": folded,
+                **({"latency": latency_metrics} if latency_metrics is not None else {})}
 
-    @staticmethod
-    def _latency_plan(ctx, workdir: Path, model, arch: str, cfg: PruneConfig, input_shape):
-        """The latency path (:func:`pipeline.latency.budget.latency_plan`): table, knapsack, measured plan.
+    def assess(self, ctx, start, workdir):
+        test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
+        metrics = evaluate(start.model, test, ctx.device, "pruned eval", save_predictions=workdir / "predictions.npy")
+        start.model.cpu()
+        return Scored({**recorded_scores(metrics), "sanity": assess(metrics, ctx.dataset().classes)},
+                      {"predictions": workdir / "predictions.npy"})
 
-        Returns:
-            (plan recorded in the checkpoint, pruner, the ``latency`` metrics).
-        """
+    def summary(self, stage, metrics):
+        if stage != "prune":
+            return super().summary(stage, metrics)
+        return (f"{100 * metrics['macs_fraction']:.1f}% of the teacher's MACs ({metrics['macs_g']:.3f} G), "
+                f"{metrics['params_m']:.2f} M params, top-1 before distillation {100 * metrics['top1']:.2f}%")
+
+
+def _plan(ctx, workdir: Path, model: torch.nn.Module, arch: str, cfg: PruneConfig, input_shape, base_macs: int):
+    """The recipe's plan and the pruner that carries it out: a latency budget's (measured on the device), a MACs
+    knapsack by Taylor importance, or a channel ratio bisected to the MACs target.
+
+    Returns:
+        (plan recorded in the checkpoint, pruner, the ``latency`` metrics or None).
+    """
+    def train_batches():  # for the Taylor importance: the loss change of removing a channel, on training data
+        return ctx.batches("train", 64, shuffle=True, seed=cfg.seed)
+
+    if cfg.latency is not None:
         import importlib
-
-        def train_batches():  # for the Taylor importance: the loss change of removing a channel, on training data
-            return ctx.batches("train", 64, shuffle=True, seed=cfg.seed)
 
         widths, budget_ms, groups, metrics = importlib.import_module(LATENCY_PATH).latency_plan(
             ctx, workdir, model, arch, cfg, input_shape, train_batches)
         plan = {"widths": widths, "latency_budget_ms": budget_ms}
         return plan, WidthPruner(model, arch, cfg, groups, widths, input_shape, train_batches), metrics
+    if cfg.importance == "taylor":
+        # The latency budget's knapsack with MACs as the cost: the control for "latency as the objective".
+        widths, groups, predicted = macs_knapsack_plan(model, arch, cfg, input_shape, train_batches())
+        log(f"prune: knapsack over {len(groups)} channel groups by Taylor importance → {100 * predicted:.1f}% of "
+            f"the teacher's MACs (target {100 * cfg.macs_target:.1f}%)")
+        plan = {"widths": widths, "macs_target": cfg.macs_target, "importance": "taylor"}
+        return plan, WidthPruner(model, arch, cfg, groups, widths, input_shape, train_batches), None
+    plan, predicted = find_plan(model, arch, cfg, input_shape, base_macs)
+    log(f"prune: channel ratio {plan['ratio']:.5f} ({plan['harder_ratio']:.5f} on the first "
+        f"{plan['harder_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
+        f"(target {100 * cfg.macs_target:.1f}%)")
+    return plan, make_pruner(model, arch, cfg, plan, input_shape), None
 
-    def summary(self, metrics):
-        return (f"{100 * metrics['macs_fraction']:.1f}% of the teacher's MACs ({metrics['macs_g']:.3f} G), "
-                f"{metrics['params_m']:.2f} M params, top-1 before distillation {100 * metrics['top1']:.2f}%")
+
+def _finetune(ctx, model: torch.nn.Module, cfg: PruneConfig, step: int) -> list[dict]:
+    """Fine-tunes between pruning steps (``prune.finetune``), BatchNorm statistics re-estimated where it asks."""
+    tune = cfg.finetune
+    train = ctx.batches("train", tune.batch_size, shuffle=True, augment=tune.augment, seed=tune.seed + step,
+                        drop_last=True)
+
+    def loss_fn(logits, batch):
+        return F.cross_entropy(logits, batch.labels, label_smoothing=tune.label_smoothing)
+
+    history = fit(model, train, tune, loss_fn, ctx.device, f"prune step {step + 1}/{cfg.steps}")
+    recalibrate_if_needed(model, tune, lambda: ctx.batches("train", 256, shuffle=True, seed=tune.seed),
+                          ctx.device, "pruned")
+    model.cpu()
+    return history
 
 
 def _exported_form(model: torch.nn.Module, arch: str) -> tuple[torch.nn.Module, bool]:
