@@ -88,7 +88,7 @@ def export_onnx(folder: Path, size: int, classes: int,
     import torch
     import torchvision
 
-    from pipeline.onnx_export import export_onnx as export_graph
+    from pipeline.export.onnx import export_onnx as export_graph
 
     torch.manual_seed(0)
     model = getattr(torchvision.models, arch)(num_classes=classes).eval()

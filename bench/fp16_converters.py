@@ -5,7 +5,7 @@
 Compares onnxconverter-common's ``float16.convert_float_to_float16(model, keep_io_types=True)`` with NVIDIA
 ModelOpt's AutoCast: ``convert_to_mixed_precision`` (AutoCast proper: a reference run keeps nodes whose
 values exceed data_max=512 in FP32) and ``convert_to_f16`` (its converter without that classifier), all
-with float32 I/O. Models are exported the way the export stage does (pipeline.onnx_export.export_onnx,
+with float32 I/O. Models are exported the way the export stage does (pipeline.export.onnx.export_onnx,
 opset 17, dynamic batch, BN folded): torchvision resnet18 and mobilenet_v3_small with random weights at
 3x32x32 and 10 classes (BatchNorm statistics measured on random inputs, so activations have a trained
 network's unit scale), the tests' tiny_onnx (Conv/Relu/pool/Gemm at 3x16x16), and one stress case,
@@ -75,7 +75,7 @@ def _models(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
     import torch
     import torchvision
 
-    from pipeline.onnx_export import export_onnx
+    from pipeline.export.onnx import export_onnx
     from tests.device.agent_process import tiny_onnx
 
     models = {"tiny_onnx": (tiny_onnx(folder / "tiny.onnx"), (3, 16, 16))}

@@ -37,8 +37,8 @@ def student_onnx(path: Path) -> tuple[Path, dict]:
 
     from pipeline.core.recipe import load_recipe
     from pipeline.models import build_model, count_macs
-    from pipeline.onnx_export import export_onnx
-    from pipeline.pruning import find_plan, make_pruner
+    from pipeline.export.onnx import export_onnx
+    from pipeline.prune.ratio import find_plan, make_pruner
 
     recipe, _, _ = load_recipe("resnet50")
     shape = recipe.preprocess.to_preprocess().input_shape(1)

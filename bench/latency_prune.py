@@ -267,7 +267,7 @@ def _val_top1(ctx, model, size: int) -> float | None:
 def _match_a(args, ctx, teacher, a_student, seed: int, meter, log) -> tuple[float, list[dict]]:
     """A′'s MACs target: bisected until the knapsack plan's measured latency matches A's student, the two measured
     side by side in one agent call (fresh, never cached). Latency falls as the target does."""
-    from pipeline.channels import at_widths
+    from pipeline.prune.channels import at_widths
     from pipeline.latency.search import macs_knapsack_plan
     from pipeline.core.recipe import PruneConfig
 

@@ -171,7 +171,7 @@ def write_prefixed(model_path: str | Path, preprocess: Preprocess, spec: FrameSp
     inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     if inputs != ["input"]:
         raise ConfigError(f"{model_path}: the in-graph prefix feeds an input named 'input', the graph has {inputs}",
-                          fix="deploy the ladder's own exports (pipeline.onnx_export names the input 'input')")
+                          fix="deploy the ladder's own exports (pipeline.export.onnx names the input 'input')")
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     if opset < 13:
         raise ConfigError(f"{model_path}: opset {opset}; the prefix needs 13 or later",

@@ -1,4 +1,4 @@
-"""ONNX files made by the tests for the ONNX start (:mod:`pipeline.onnx_start`): a torchvision classifier that is
+"""ONNX files made by the tests for the ONNX start (:mod:`pipeline.export.onnx_start`): a torchvision classifier that is
 not in EdgeFold's registry (ShuffleNetV2 ×0.5), trained for a few epochs on scikit-learn's digits at 32 px with the
 preprocessing the test recipes declare, and exported as a user's training code would; nothing is downloaded.
 """

@@ -1,4 +1,4 @@
-"""The recipe of ``MODEL=path/to/model.onnx``: an ONNX start (:mod:`pipeline.onnx_start`) with nothing else written.
+"""The recipe of ``MODEL=path/to/model.onnx``: an ONNX start (:mod:`pipeline.export.onnx_start`) with nothing else written.
 
 Its input size, channels and layout come from the file's input shape; its mean and std are ImageNet's, and the run
 says they were assumed. A recipe with ``start: {onnx: path}`` states all of them instead. A file whose output is
@@ -24,7 +24,7 @@ def _dims(path: Path) -> tuple[list[Any], list[Any]]:
         import onnx
 
         graph = onnx.load(str(path), load_external_data=False).graph
-    except Exception:  # any parse failure is reported, with the file's hash, by pipeline.onnx_start
+    except Exception:  # any parse failure is reported, with the file's hash, by pipeline.export.onnx_start
         return [], []
     initialisers = {t.name for t in graph.initializer}
     image = next((i for i in graph.input if i.name not in initialisers), None)

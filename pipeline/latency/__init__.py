@@ -2,7 +2,7 @@
 
 Where things are (each module imports only those above it; none imports a stage):
 
-* :mod:`pipeline.channels` (beside this package): channel groups, widths, importance, pruning to a plan;
+* :mod:`pipeline.prune.channels` (beside this package): channel groups, widths, importance, pruning to a plan;
 * :mod:`pipeline.latency.model`: :class:`~pipeline.latency.model.Measurement`, the table of measured
   changes and the per-layer model fitted to it (``LayerModel``, ``LatencyTable``, ``build_table``), the
   cost of building a table (``table_cost``);

@@ -19,7 +19,7 @@ from torch import nn
 
 from device.errors import ConfigError, StageError
 from device.files import write_json_atomic
-from pipeline.channels import at_widths, group_importance, prunable_groups, widths_of
+from pipeline.prune.channels import at_widths, group_importance, prunable_groups, widths_of
 from pipeline.latency.measure import Meter
 from pipeline.latency.model import TABLE_FORMAT, LatencyTable, Measurement, build_table, restricted, table_cost
 from pipeline.latency.search import nested_path, next_on_path, solve_plan
@@ -254,11 +254,11 @@ def check_table(model: nn.Module, arch: str, cfg, input_shape, meter: Meter, sea
                 log: Callable[[str], None]) -> dict[str, Any]:
     """Predicted against measured latency of the unpruned and of a MACs-pruned network (the table's error).
 
-    The MACs-pruned network is the MACs path's own plan (:func:`pipeline.pruning.find_plan`) at
+    The MACs-pruned network is the MACs path's own plan (:func:`pipeline.prune.ratio.find_plan`) at
     ``check_macs_target``, by default the chosen plan's MACs fraction (half the MACs when the plan kept
     almost everything).
     """
-    from pipeline.pruning import find_plan, make_pruner
+    from pipeline.prune.ratio import find_plan, make_pruner
 
     table: LatencyTable = search["table"]
     groups = search["groups"]

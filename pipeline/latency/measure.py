@@ -99,7 +99,7 @@ class Meter:
         """
         from device.client import AgentError, JobTimeoutError
         from device.schema import JobSpec
-        from pipeline.onnx_export import export_onnx
+        from pipeline.export.onnx import export_onnx
 
         results: dict[Any, Measurement] = {}
         pending: dict[Any, tuple[str, str]] = {}

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from pipeline.channels import ChannelGroup, at_widths
+from pipeline.prune.channels import ChannelGroup, at_widths
 
 TABLE_FORMAT = "edgefold.latency-table/1"
 

@@ -1,7 +1,7 @@
 """The plan search: the knapsack over channel groups under a cost model, its repair against the full
 prediction, and the nested path a budget is bisected on by measurement.
 
-Generic over the cost: a *table* here is anything with ``groups`` (:class:`pipeline.channels.ChannelGroup`)
+Generic over the cost: a *table* here is anything with ``groups`` (:class:`pipeline.prune.channels.ChannelGroup`)
 and ``predict(widths)``: the latency model (:class:`pipeline.latency.model.LatencyTable`) or the exact MACs
 (:class:`MacsCost`, the MACs target's knapsack with Taylor importance: the control that differs from the
 latency budget in the cost alone).
@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-from pipeline import knapsack
-from pipeline.channels import ChannelGroup
+from pipeline.prune import knapsack
+from pipeline.prune.channels import ChannelGroup
 from pipeline.latency.model import LayerModel
 
 
@@ -217,7 +217,7 @@ def macs_knapsack_plan(model, arch: str, cfg, input_shape, batches) -> tuple[dic
     from dataclasses import replace
 
     from device.errors import StageError
-    from pipeline.channels import group_importance, prunable_groups
+    from pipeline.prune.channels import group_importance, prunable_groups
 
     groups = prunable_groups(model, arch, input_shape, cfg.round_to)
     bound = cfg.max_pruning_ratio if cfg.max_pruning_ratio is not None else 0.9

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from device.errors import require
-from pipeline.onnx_export import INPUT_NAME
+from pipeline.export.onnx import INPUT_NAME
 
 
 @contextlib.contextmanager

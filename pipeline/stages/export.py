@@ -34,7 +34,7 @@ class ExportStage(HookedStage):
 
         config = {"export": ctx.recipe.section("export"), "torch": torch.__version__, **self.hooks.keys(ctx)}
         if ctx.recipe.start is not None:  # the user's file by its bytes: a re-exported model.onnx is taken again
-            from pipeline.onnx_start import start_sha256
+            from pipeline.export.onnx_start import start_sha256
 
             config["start"] = {**ctx.recipe.section("start"), "sha256": start_sha256(Path(ctx.recipe.start.onnx))}
         return config

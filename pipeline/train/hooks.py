@@ -42,11 +42,12 @@ class Scored:
 
 
 class ModelHooks(ABC):
-    """A task's part of the teacher stage, and what its distill stage shares with it (:class:`DistillHooks`).
+    """A task's part of the teacher stage, and what its prune and distill stages share with it (:class:`PruneHooks`,
+    :class:`DistillHooks`).
 
-    ``stage`` is ``"teacher"`` or ``"distill"`` wherever a hook takes it. The teacher's hooks live in a module of their
-    own, apart from the distillation loss: a stage's code hash is its hooks' module and what that imports, so an edit
-    to the loss re-runs distillation and leaves the teacher cached.
+    ``stage`` is ``"teacher"``, ``"prune"`` or ``"distill"`` wherever a hook takes it. The teacher's hooks live in a
+    module of their own, apart from pruning and the distillation loss: a stage's code hash is its hooks' module and
+    what that imports, so an edit to the loss re-runs distillation and leaves the teacher cached.
 
     Attributes:
         unkeyed: Per stage, keys of its recipe section that are checks rather than inputs: switching one does not

@@ -22,6 +22,7 @@ JOB = {"duration_s": 3.0, "idle_s": 1.0, "warmup_iterations": 2, "telemetry": ["
 def run_on(tmp_path, board, during=None):
     from tests.device.jetson_sim import JtopService
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     model = tiny_onnx(tmp_path / "tiny.onnx")
     with JtopService(tmp_path, board) as svc, \
             AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock)) as agent, agent.client() as client:
@@ -38,10 +39,16 @@ def run_on(tmp_path, board, during=None):
 def test_orin_nano_power_change_during_a_job_shows_in_its_energy(tmp_path):
     from tests.device.jetson_sim import set_current
 
-    job = run_on(tmp_path, "orin-nano", during=lambda svc: set_current(svc.root, 1, 2000))
-    assert job["state"] == "succeeded", job["error"]
-    run = job["result"]["runs"][0]
-    summary, jtop = run["summary"], run["telemetry"]["jtop"]
+    for attempt in range(2):
+        job = run_on(tmp_path / f"attempt{attempt}", "orin-nano", during=lambda svc: set_current(svc.root, 1, 2000))
+        assert job["state"] == "succeeded", job["error"]
+        run = job["result"]["runs"][0]
+        summary, jtop = run["summary"], run["telemetry"]["jtop"]
+        # A host busy enough to starve the jtop service's sampling (two test workers on two cores) leaves the window
+        # uncovered, and the agent rightly reports no energy, saying why: that is the host, so it is measured once
+        # more; a job that never reports energy still fails below.
+        if summary["energy_mj_per_image"] is not None or "low_coverage" not in summary["energy_degraded_reasons"]:
+            break
     assert summary["power_source"] == "jtop:VDD_IN"
     assert summary["power_idle_mw"] == pytest.approx(6096, rel=0.01)
     assert summary["power_peak_mw"] == 10160
@@ -93,6 +100,7 @@ def test_a_service_of_another_release_fails_the_job_with_the_fix_and_the_agent_n
     with both versions and the fix, and the agent's banner and /v1/device say the same before any job."""
     from tests.device.jetson_sim import JtopService
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     model = tiny_onnx(tmp_path / "tiny.onnx")
     with JtopService(tmp_path, "orin-nano", version="4.2.12") as svc, \
             AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock)) as agent, agent.client() as client:
@@ -112,6 +120,7 @@ def test_a_service_of_another_release_fails_the_job_with_the_fix_and_the_agent_n
 def test_the_agent_and_each_result_name_the_jtop_versions(tmp_path):
     from tests.device.jetson_sim import JtopService
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     model = tiny_onnx(tmp_path / "tiny.onnx")
     with JtopService(tmp_path, "orin-nano") as svc, \
             AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock)) as agent, agent.client() as client:
@@ -133,6 +142,7 @@ def test_a_frame_job_has_the_boards_power_over_its_frames(tmp_path):
     from device.preprocess import Preprocess
     from tests.device.jetson_sim import JtopService
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     model = tiny_onnx(tmp_path / "tiny.onnx")
     preprocess = Preprocess(input_size=16, resize=18, channels=3, mean=(0.5,) * 3, std=(0.25,) * 3).to_dict()
     with JtopService(tmp_path, "orin-nano") as svc, \

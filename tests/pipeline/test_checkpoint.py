@@ -112,7 +112,7 @@ def test_a_pruned_timm_model_reloads_with_its_norm_subclasses_and_layer_scales_n
     the checkpoint records and restores both, and a file widening a gamma past the architecture is refused."""
     pytest.importorskip("timm")
     from pipeline.core.recipe import PruneConfig
-    from pipeline.pruning import make_pruner
+    from pipeline.prune.ratio import make_pruner
 
     model = build_model("timm/test_convnext", 10).eval()
     make_pruner(model, "timm/test_convnext", PruneConfig(macs_target=0.5, steps=1),

@@ -96,7 +96,7 @@ def test_a_timm_model_with_train_time_branches_is_exported_in_its_inference_form
     writes the folded graph (fewer convolutions), and it agrees with the trained model it came from."""
     pytest.importorskip("timm")
     from device.architectures import ARCHITECTURES
-    from pipeline.onnx_export import check_parity, export_onnx
+    from pipeline.export.onnx import check_parity, export_onnx
 
     torch.manual_seed(0)
     model = build_model("timm/mobileone_s0", 10)

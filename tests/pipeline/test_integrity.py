@@ -467,7 +467,7 @@ def _prune_ctx(**prune):
     ("device.runners.tensorrt", False, True),   # the agent's engine builds: what the latency table timed
     ("pipeline.jobs", False, True),             # the job spec the table is measured with (the deploy stage's own)
     ("pipeline.tasks.classification.stages.deploy", False, False),   # the deploy stage itself: neither prunes through it
-    ("pipeline.channels", True, True),          # the pruning mechanics both modes share
+    ("pipeline.prune.channels", True, True),          # the pruning mechanics both modes share
 ])
 def test_a_prunes_code_hash_follows_its_mode(tmp_path, edited, macs_changes, latency_changes):
     """A MACs target hashes the MACs path only: editing the runners or the job spec no longer re-runs it (its

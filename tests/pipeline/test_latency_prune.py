@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from device.errors import ConfigError, StageError
-from pipeline import channels, knapsack
+from pipeline.prune import channels, knapsack
 from pipeline.tasks.classification import report
 from pipeline.latency import budget as lbudget
 from pipeline.latency import measure
@@ -149,7 +149,7 @@ def test_tables_time_the_deployed_precision_unless_told_float(tmp_path):
     import onnxruntime as ort
 
     from pipeline.core.recipe import LatencyTarget, parse_recipe
-    from pipeline.onnx_export import export_onnx
+    from pipeline.export.onnx import export_onnx
 
     recipe = parse_recipe(_tiny_raw())
     info = {"tensorrt": None, "runtimes": ["onnxruntime"]}
@@ -372,7 +372,7 @@ def test_taylor_importance_ranks_by_loss_change():
 def test_grouped_convolutions_lose_whole_groups_on_the_latency_path():
     """RegNet's grouped convolutions: widths are whole conv-groups (and on round_to), the knapsack's values
     keep a conv-group's channels together, and set_widths keeps the conv-groups the scores rank highest."""
-    from pipeline.pruning import grouped_convs
+    from pipeline.prune.ratio import grouped_convs
 
     torch.manual_seed(0)
     shape = (1, 3, 32, 32)

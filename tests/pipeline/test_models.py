@@ -3,7 +3,7 @@ import torch
 
 from pipeline.models import ARCHITECTURES, build_model, count_macs
 from pipeline.core.recipe import PruneConfig
-from pipeline.pruning import find_plan, make_pruner
+from pipeline.prune.ratio import find_plan, make_pruner
 
 REQUIRED = {"resnet50", "resnet18", "resnet34", "mobilenet_v3_large", "efficientnet_b0", "tiny_resnet"}
 

@@ -23,7 +23,7 @@ import yaml
 from device.architectures import ARCHITECTURES
 from device.errors import ConfigError
 from pipeline.core.recipe import load_recipe, parse_recipe
-from pipeline.onnx_start import graph_compute, inspect_start, start_parity, write_start_graph
+from pipeline.export.onnx_start import graph_compute, inspect_start, start_parity, write_start_graph
 from tests import onnx_models
 from tests.slow import slow_fixture
 

@@ -147,7 +147,7 @@ def test_a_student_larger_than_its_teacher_is_refused_before_training(tmp_path):
 def test_grouped_convolutions_are_pruned_by_whole_groups():
     from pipeline.models import build_model, count_macs
     from pipeline.core.recipe import PruneConfig
-    from pipeline.pruning import grouped_convs, make_pruner
+    from pipeline.prune.ratio import grouped_convs, make_pruner
     from pipeline.tasks.classification.pruned import _conv_shapes, unpruned_layers
 
     model = build_model("regnet_y_400mf", 10)

@@ -4,7 +4,7 @@ import torch
 from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.models import build_model, count_macs
 from pipeline.core.recipe import PruneConfig
-from pipeline.pruning import find_plan, make_pruner
+from pipeline.prune.ratio import find_plan, make_pruner
 from pipeline.tasks.classification.pruned import _channels_off_multiple
 
 
@@ -52,7 +52,7 @@ def test_attention_is_kept_whole_and_named():
     """Torch-Pruning would cut across a ViT's heads: the attention blocks are left whole, named with the reason, and
     the rest (the MLPs) still pruned; the pruned model runs."""
     pytest.importorskip("timm")
-    from pipeline.pruning import kept_whole
+    from pipeline.prune.ratio import kept_whole
 
     model = build_model("timm/test_vit", 10, input_size=32).eval()
     whole = kept_whole(model)
@@ -87,7 +87,7 @@ def test_a_reparameterisable_timm_net_is_pruned_in_its_folded_form(tmp_path, nam
     checkpoint (``folded``) with the same outputs. FastViT's depthwise convolutions with a channel multiplier are kept
     whole and named; before, its pruned copy failed to run (an IndexError inside Torch-Pruning)."""
     pytest.importorskip("timm")
-    from pipeline.pruning import kept_whole
+    from pipeline.prune.ratio import kept_whole
     from pipeline.models import as_exported
 
     arch, shape = f"timm/{name}", (1, 3, 64, 64)

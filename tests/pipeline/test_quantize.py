@@ -234,7 +234,7 @@ def test_an_attention_models_float_islands_become_fp16(tmp_path):
 
     from pipeline.quantize.fp16_nodes import fp16_nodes
     from pipeline.models import build_model
-    from pipeline.onnx_export import export_onnx
+    from pipeline.export.onnx import export_onnx
     from pipeline.quantize.ort import quantize_ort
     from pipeline.quantize.quantizers import float_islands_to_fp16
 

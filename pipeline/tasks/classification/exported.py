@@ -21,7 +21,7 @@ from pipeline.checkpoint import load_checkpoint
 from pipeline.core.rungs import RUNGS
 from pipeline.export.hooks import Exported, ExportHooks
 from pipeline.models import as_exported
-from pipeline.onnx_export import check_parity, export_onnx
+from pipeline.export.onnx import check_parity, export_onnx
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.tasks.classification.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.torch_export import write_device_checkpoint
@@ -42,8 +42,8 @@ class ClassificationExport(ExportHooks):
     def inspect_start(self, ctx):
         """That the file is an ONNX model, its input against the declared layout and preprocessing, its opset and
         operators against TensorRT 10's parser, its output against the data's class count
-        (:func:`pipeline.onnx_start.inspect_start`)."""
-        from pipeline.onnx_start import inspect_start
+        (:func:`pipeline.export.onnx_start.inspect_start`)."""
+        from pipeline.export.onnx_start import inspect_start
 
         start, pre = ctx.recipe.start, ctx.preprocess
         return inspect_start(start.onnx, start.layout, pre.channels, pre.input_size, len(ctx.dataset().classes))
@@ -126,7 +126,7 @@ class ClassificationExport(ExportHooks):
         return path
 
     def started(self, ctx, workdir, probe):
-        from pipeline.onnx_start import graph_compute, start_parity, write_start_graph
+        from pipeline.export.onnx_start import graph_compute, start_parity, write_start_graph
 
         cfg, pre, start = ctx.recipe.export, ctx.preprocess, ctx.recipe.start
         path = workdir / "student.onnx"

@@ -17,7 +17,7 @@ from device.trt_settings import trtexec_lines
 from pipeline.core.log import log
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.tasks.classification.qat import quantization_aware_finetune
-from pipeline.onnx_export import INPUT_NAME
+from pipeline.export.onnx import INPUT_NAME
 from pipeline.core.stage import StageResult
 from pipeline.quantize.ladder import HeldOut, LadderTask, QuantizeHooks, Step
 from pipeline.quantize.quantizers import QUANTIZERS, float_islands_to_fp16, logged_to, run_isolated, within_budget

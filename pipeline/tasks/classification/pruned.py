@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from device.errors import StageError
-from pipeline.channels import WidthPruner
+from pipeline.prune.channels import WidthPruner
 from pipeline.core.log import log
 from pipeline.core.recipe import PruneConfig
 from pipeline.latency.search import macs_knapsack_plan
 from pipeline.models import ARCHITECTURES, as_exported, count_macs, count_parameters, layer_macs
-from pipeline.pruning import find_plan, kept_whole, make_pruner
+from pipeline.prune.ratio import find_plan, kept_whole, make_pruner
 from pipeline.tasks.classification.recipe import pruning_skipped
 from pipeline.tasks.classification.scores import assess, recorded_scores
 from pipeline.tasks.classification.train import evaluate, fit, recalibrate_if_needed
@@ -171,7 +171,7 @@ def _exported_form(model: torch.nn.Module, arch: str) -> tuple[torch.nn.Module, 
 
 
 def _kept_whole(model: torch.nn.Module) -> list[dict]:
-    """The layers :func:`pipeline.pruning.kept_whole` names, as the stage records them, said once in the log."""
+    """The layers :func:`pipeline.prune.ratio.kept_whole` names, as the stage records them, said once in the log."""
     whole = [{"layer": name, "reason": reason} for name, reason in kept_whole(model).items()]
     if whole:
         log(f"prune: {len(whole)} layers kept whole, as the classifier is; e.g. {whole[0]['layer']}: "

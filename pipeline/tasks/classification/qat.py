@@ -25,7 +25,7 @@ def quantization_aware_finetune(ctx, path: Path, calibration: np.ndarray) -> Pat
     from pipeline.checkpoint import load_checkpoint
     from pipeline.tasks.classification.losses import kd_loss
     from pipeline.models import fold_batchnorm
-    from pipeline.onnx_export import export_onnx
+    from pipeline.export.onnx import export_onnx
     from pipeline.tasks.classification.train import fit
 
     try:

@@ -22,7 +22,7 @@ TORCH_SECTIONS = ("teacher", "prune", "distill")
 
 
 class StartConfig(Strict):
-    """An ONNX file trained elsewhere as the ladder's FP32 student (:mod:`pipeline.onnx_start`)."""
+    """An ONNX file trained elsewhere as the ladder's FP32 student (:mod:`pipeline.export.onnx_start`)."""
 
     onnx: str = Field(description="path to the .onnx file (one image input, the class scores out)")
     layout: Literal["nchw", "nhwc"] = Field("nchw", description="the input's layout: N×C×H×W (PyTorch) or N×H×W×C "

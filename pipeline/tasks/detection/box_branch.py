@@ -60,7 +60,7 @@ def _concat_shapes(model) -> dict[str, list[int]]:
     loses them behind a GatherElements or a Reshape of a computed shape (a YOLO head's)."""
     import onnx
 
-    from pipeline.onnx_start import run_graph_outputs
+    from pipeline.export.onnx_start import run_graph_outputs
 
     try:
         types = {v.name: v.type.tensor_type.elem_type

@@ -91,7 +91,7 @@ class DetectionExport(ExportHooks):
         import numpy as np
 
         from device.runners.onnxruntime import OnnxRuntimeRunner
-        from pipeline.onnx_start import graph_compute, run_graph
+        from pipeline.export.onnx_start import graph_compute, run_graph
         from pipeline.tasks.detection.export import network_inputs, sidecar_path
         from pipeline.tasks.detection.onnx import score_onnx_detector
         from pipeline.tasks.detection.onnx_start import write_detection_start

@@ -18,7 +18,7 @@ import torch
 from device.errors import StageError
 from pipeline.tasks.detection.models import DETECTORS, kept_whole
 from pipeline.models import count_macs
-from pipeline.pruning import bisect_target, torch_pruning
+from pipeline.prune.ratio import bisect_target, torch_pruning
 
 
 @dataclass

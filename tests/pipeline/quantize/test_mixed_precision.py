@@ -10,7 +10,7 @@ import torch
 
 from device.errors import StageError
 from pipeline.quantize.mixed_precision import dequantized, fewest, layer_macs, logit_kl, quantized_layers, sensitivity
-from pipeline.onnx_export import INPUT_NAME, export_onnx
+from pipeline.export.onnx import INPUT_NAME, export_onnx
 from pipeline.quantize.ort import quantize_ort
 from pipeline.quantize.ladder import HeldOut, LadderTask, Step, climb, steps
 from pipeline.quantize.quantizers import run_isolated

@@ -34,7 +34,7 @@ class ChannelGroup:
 
 
 def _tp():
-    from pipeline.pruning import torch_pruning
+    from pipeline.prune.ratio import torch_pruning
 
     return torch_pruning()
 
@@ -45,8 +45,8 @@ def _graph(model: nn.Module, input_shape):
 
 def _groups(model: nn.Module, arch: str, graph) -> Iterator[tuple[str, Any, Any]]:
     """(root name, root module, group) of every prunable group; the classifier's outputs and the layers
-    :func:`pipeline.pruning.kept_whole` names are never one."""
-    from pipeline.pruning import ignored_modules
+    :func:`pipeline.prune.ratio.kept_whole` names are never one."""
+    from pipeline.prune.ratio import ignored_modules
 
     names = {module: name for name, module in model.named_modules()}
     for group in graph.get_all_groups(ignored_layers=ignored_modules(model, arch, graph=graph),
@@ -69,10 +69,10 @@ def prunable_groups(model: nn.Module, arch: str, input_shape, round_to: int) -> 
     """The channel groups of ``model`` with their candidate widths (multiples of ``round_to`` and the full width).
 
     A group that holds a grouped convolution (RegNet's, ResNeXt's) loses whole conv-groups, as on the MACs
-    path (:func:`pipeline.pruning.grouped_convs`): its widths are multiples of both ``round_to`` and
+    path (:func:`pipeline.prune.ratio.grouped_convs`): its widths are multiples of both ``round_to`` and
     the conv-group width.
     """
-    from pipeline.pruning import grouped_convs
+    from pipeline.prune.ratio import grouped_convs
 
     grouped = set(grouped_convs(model))
     groups = []
@@ -161,7 +161,7 @@ def channel_scores(model: nn.Module, arch: str, input_shape, importance: str,
     Raises:
         ConfigError: For ``taylor`` without training batches.
     """
-    from pipeline.pruning import grouped_convs
+    from pipeline.prune.ratio import grouped_convs
 
     if importance == "taylor" and batches is None:
         raise ConfigError("prune.importance taylor needs training batches", fix="use l2, or run it in the prune stage")
@@ -193,7 +193,7 @@ def set_widths(model: nn.Module, arch: str, input_shape, widths: dict[str, int],
     Raises:
         StageError: When a width is not whole conv-groups of a grouped convolution, or Torch-Pruning refuses.
     """
-    from pipeline.pruning import grouped_convs, whole_group_graph
+    from pipeline.prune.ratio import grouped_convs, whole_group_graph
 
     if scores is None and importance:
         scores = channel_scores(model, arch, input_shape, importance)

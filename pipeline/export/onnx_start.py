@@ -18,7 +18,7 @@ import numpy as np
 
 from device.errors import ConfigError
 from device.files import sha256_file
-from pipeline.onnx_export import INPUT_NAME, OUTPUT_NAME
+from pipeline.export.onnx import INPUT_NAME, OUTPUT_NAME
 
 # TensorRT 10's ONNX parser imports opsets 9 to 20 (onnx-tensorrt 10.x docs/operators.md); 11.x up to 25.
 PARSED_OPSETS = (9, 20)
