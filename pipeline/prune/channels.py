@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from device.errors import ConfigError, StageError
+from pipeline.prune.importance import estimator as importance_estimator
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class ChannelGroup:
 
 
 def _tp():
-    from pipeline.prune.ratio import torch_pruning
+    from pipeline.prune.importance import torch_pruning
 
     return torch_pruning()
 
@@ -94,20 +95,6 @@ def widths_of(model: nn.Module, groups: list[ChannelGroup]) -> dict[str, int]:
                      else modules[g.name].out_features) for g in groups}
 
 
-def _estimator(importance: str):
-    """Torch-Pruning's group estimator for ``importance``.
-
-    ``l1``/``l2``: group magnitude, divided by the group's mean (Torch-Pruning's default ``normalizer``), so
-    every group's channels sum to its width. ``taylor``: for one batch's gradients, |Σ w·∂L/∂w| of each
-    channel summed over the group's layers and *not* normalized (squared and averaged over batches by
-    :func:`taylor_scores`).
-    """
-    tp = _tp()
-    if importance == "taylor":
-        return tp.importance.GroupTaylorImportance(group_reduction="sum", normalizer=None, multivariable=True)
-    return tp.importance.GroupMagnitudeImportance(p=1 if importance == "l1" else 2)
-
-
 def taylor_scores(model: nn.Module, arch: str, input_shape, batches, count: int = 32,
                   groups: list[tuple[str, Any]] | None = None) -> dict[str, torch.Tensor]:
     """Each group's per-channel Taylor importance, in channel order: the first-order loss change of removing
@@ -125,7 +112,7 @@ def taylor_scores(model: nn.Module, arch: str, input_shape, batches, count: int 
     Raises:
         ConfigError: When ``batches`` yields nothing.
     """
-    estimator = _estimator("taylor")
+    estimator = importance_estimator("taylor")
     if groups is None:
         groups = [(name, group) for name, _, group in _groups(model, arch, _graph(model, input_shape))]
     was_training = model.training
@@ -169,7 +156,7 @@ def channel_scores(model: nn.Module, arch: str, input_shape, importance: str,
     if importance == "taylor":
         scores = taylor_scores(model, arch, input_shape, batches, groups=groups)
     else:
-        estimator = _estimator(importance)
+        estimator = importance_estimator(importance)
         scores = {name: estimator(group).detach() for name, group in groups}
     grouped = set(grouped_convs(model))
     for name, group in groups:

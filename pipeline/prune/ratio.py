@@ -9,19 +9,10 @@ import copy
 
 import torch
 
-from device.errors import StageError, require
+from device.errors import StageError
 from pipeline.models import ARCHITECTURES, count_macs
 from pipeline.core.recipe import PruneConfig
-
-
-def torch_pruning():
-    """Torch-Pruning, imported lazily with the install line when it is missing."""
-    import warnings
-
-    # A layer's own per-channel parameter (timm's layer-scale gamma, shape (C,) or (C,1,1)) is narrowed along its
-    # last non-singleton dimension, its channels: right for every such parameter seen, and warned at every graph.
-    warnings.filterwarnings("ignore", message="Unwrapped parameters detected", category=UserWarning)
-    return require("torch_pruning", "Torch-Pruning", "pip install torch-pruning==1.6.1")
+from pipeline.prune.importance import estimator, torch_pruning
 
 
 class _GroupedConv2d(torch.nn.Conv2d):
@@ -206,7 +197,7 @@ def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict,
     tp_pruner = tp.pruner.MetaPruner(
         model,
         torch.zeros(input_shape),
-        importance=tp.importance.MagnitudeImportance(p=1 if cfg.importance == "l1" else 2),
+        importance=estimator(cfg.importance),
         pruning_ratio=plan["ratio"],
         pruning_ratio_dict=per_layer or None,
         iterative_steps=cfg.steps,

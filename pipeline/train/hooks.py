@@ -134,8 +134,9 @@ class PruneHooks(ModelHooks):
 
     @abstractmethod
     def prune(self, ctx, start: Start, workdir: Path) -> dict[str, Any]:
-        """Prunes ``start.model`` in place to the recipe's target (fine-tuned between steps where the recipe asks),
-        recording the plan in ``start.saved``; returns what the stage records of it (``macs_fraction`` at least).
+        """Prunes ``start.model`` to the recipe's target (fine-tuned between steps where the recipe asks), in place or
+        replacing it with the form it was pruned in (folded), recording the plan in ``start.saved``; returns what
+        the stage records of it (``macs_fraction`` at least).
 
         Raises:
             StageError: The target was not reached within the recipe's tolerance (with what bounds it).

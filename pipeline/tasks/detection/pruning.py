@@ -18,7 +18,8 @@ import torch
 from device.errors import StageError
 from pipeline.tasks.detection.models import DETECTORS, kept_whole
 from pipeline.models import count_macs
-from pipeline.prune.ratio import bisect_target, torch_pruning
+from pipeline.prune.importance import estimator, torch_pruning
+from pipeline.prune.ratio import bisect_target
 
 
 @dataclass
@@ -55,7 +56,7 @@ def _pruner(model: torch.nn.Module, arch: str, ratio: float, input_shape, round_
     ignored = [model.get_submodule(kept.module) for kept in kept_whole(arch, model)]
     return tp.pruner.MetaPruner(
         model, torch.zeros(input_shape),
-        importance=tp.importance.MagnitudeImportance(p=1 if importance == "l1" else 2),
+        importance=estimator(importance),
         pruning_ratio=ratio, iterative_steps=1, ignored_layers=ignored, round_to=round_to)
 
 
