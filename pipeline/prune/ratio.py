@@ -197,7 +197,10 @@ def make_pruner(model: torch.nn.Module, arch: str, cfg: PruneConfig, plan: dict,
     tp_pruner = tp.pruner.MetaPruner(
         model,
         torch.zeros(input_shape),
-        importance=estimator(cfg.importance),
+        # A uniform ratio ranks channels by weight magnitude whatever prune.importance says: Taylor importance needs
+        # gradients on data and is the knapsack's (pipeline.prune.channels); a latency budget's table check compares
+        # its plans with this magnitude baseline.
+        importance=estimator("l1" if cfg.importance == "l1" else "l2"),
         pruning_ratio=plan["ratio"],
         pruning_ratio_dict=per_layer or None,
         iterative_steps=cfg.steps,
