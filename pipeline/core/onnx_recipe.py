@@ -1,4 +1,5 @@
-"""The recipe of ``MODEL=path/to/model.onnx``: an ONNX start (:mod:`pipeline.export.onnx_start`) with nothing else written.
+"""The recipe of ``MODEL=path/to/model.onnx``: an ONNX start (:mod:`pipeline.export.onnx_start`) with nothing else
+written.
 
 Its input size, channels and layout come from the file's input shape; its mean and std are ImageNet's, and the run
 says they were assumed. A recipe with ``start: {onnx: path}`` states all of them instead. A file whose output is

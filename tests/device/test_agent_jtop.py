@@ -100,7 +100,6 @@ def test_a_service_of_another_release_fails_the_job_with_the_fix_and_the_agent_n
     with both versions and the fix, and the agent's banner and /v1/device say the same before any job."""
     from tests.device.jetson_sim import JtopService
 
-    tmp_path.mkdir(parents=True, exist_ok=True)
     model = tiny_onnx(tmp_path / "tiny.onnx")
     with JtopService(tmp_path, "orin-nano", version="4.2.12") as svc, \
             AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock)) as agent, agent.client() as client:
@@ -120,7 +119,6 @@ def test_a_service_of_another_release_fails_the_job_with_the_fix_and_the_agent_n
 def test_the_agent_and_each_result_name_the_jtop_versions(tmp_path):
     from tests.device.jetson_sim import JtopService
 
-    tmp_path.mkdir(parents=True, exist_ok=True)
     model = tiny_onnx(tmp_path / "tiny.onnx")
     with JtopService(tmp_path, "orin-nano") as svc, \
             AgentProcess(tmp_path / "data", args=("--jtop-socket", svc.sock)) as agent, agent.client() as client:
@@ -142,7 +140,6 @@ def test_a_frame_job_has_the_boards_power_over_its_frames(tmp_path):
     from device.preprocess import Preprocess
     from tests.device.jetson_sim import JtopService
 
-    tmp_path.mkdir(parents=True, exist_ok=True)
     model = tiny_onnx(tmp_path / "tiny.onnx")
     preprocess = Preprocess(input_size=16, resize=18, channels=3, mean=(0.5,) * 3, std=(0.25,) * 3).to_dict()
     with JtopService(tmp_path, "orin-nano") as svc, \

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from device.detection_post import SCHEMA, head_spec_from_dict
-from pipeline.export.onnx_start import (LADDER_OPSET, PARSED_OPSETS, check_image_input, check_ops, graph_opset, load_graph,
-                                 refuse_start, renamed_to_ladder, run_graph, set_shape, start_sha256)
+from pipeline.export.onnx_start import (LADDER_OPSET, PARSED_OPSETS, check_image_input, check_ops, graph_opset,
+                                        load_graph, refuse_start, renamed_to_ladder, run_graph, set_shape, start_sha256)
 
 OUTPUT_LAYOUTS = ("yolov8", "yolov5", "end2end")
 # The post-processing an application runs, as each family's own predictor sets it: Ultralytics'
