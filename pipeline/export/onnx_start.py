@@ -317,27 +317,9 @@ def _ladder_form(facts: StartFacts, channels: int, size: int) -> tuple[bytes, li
     Raises:
         ConfigError: When the graph cannot be converted, or fixes its batch inside (a Reshape to [1, …]).
     """
-    import onnx
-    from onnx import version_converter
-
     path = Path(facts.path)
-    model = onnx.load(facts.path)
-    changes = []
-    if facts.opset < LADDER_OPSET:
-        try:
-            model = version_converter.convert_version(model, LADDER_OPSET)
-        except Exception as err:  # the converter raises RuntimeError / ConvertError by adapter
-            raise refuse_start(path, f"opset {facts.opset} cannot be converted to {LADDER_OPSET} (which the INT8 ladder "
-                                f"writes per-channel Q/DQ in): {err}", REEXPORT) from None
-        changes.append(f"opset {facts.opset} → {LADDER_OPSET}")
+    model, changes = opened_for_ladder(path, facts.opset, REEXPORT)
     graph = model.graph
-    # Initialisers listed as graph inputs too (older exporters) would be inputs a runner could be asked to feed;
-    # from IR 4 on an initialiser need not be one.
-    model.ir_version = max(model.ir_version, 7)
-    initialisers = {t.name for t in graph.initializer}
-    kept = [value for value in graph.input if value.name not in initialisers]
-    del graph.input[:]
-    graph.input.extend(kept)
     renamed_to_ladder(model, facts.input_name, facts.output_name, facts.layout == "nhwc")
     if facts.layout == "nhwc":
         changes.append("NHWC input behind a Transpose from NCHW")
@@ -345,27 +327,73 @@ def _ladder_form(facts: StartFacts, channels: int, size: int) -> tuple[bytes, li
     set_shape(graph.output[0], ("batch", facts.classes))
     if facts.input_shape[0] == 1:
         changes.append("batch made dynamic (it was 1)")
-    del graph.value_info[:]  # shapes recorded for the old batch and size: inferred again below
+    data = with_free_batch(model, path, _example("nchw", channels, size, 3), (facts.classes,),
+                           facts.input_shape[0] == 1, REEXPORT)
+    return data, changes
+
+
+def opened_for_ladder(path: Path, opset: int, fix: str):
+    """A start's graph loaded, at the ladder's opset at least, with no initialiser listed as a graph input; and what
+    was changed, in words. Every task's start takes this first step (its names and shapes are the task's).
+
+    Raises:
+        ConfigError: The opset cannot be converted (``fix``: how to export it again).
+    """
+    import onnx
+    from onnx import version_converter
+
+    model, changes = onnx.load(str(path)), []
+    if opset < LADDER_OPSET:
+        try:
+            model = version_converter.convert_version(model, LADDER_OPSET)
+        except Exception as err:  # the converter raises RuntimeError / ConvertError by adapter
+            raise refuse_start(path, f"opset {opset} cannot be converted to {LADDER_OPSET} (which the INT8 ladder "
+                                     f"writes per-channel Q/DQ in): {err}", fix) from None
+        changes.append(f"opset {opset} → {LADDER_OPSET}")
+    # Initialisers listed as graph inputs too (older exporters) would be inputs a runner could be asked to feed;
+    # from IR 4 on an initialiser need not be one.
+    model.ir_version = max(model.ir_version, 7)
+    initialisers = {t.name for t in model.graph.initializer}
+    kept = [value for value in model.graph.input if value.name not in initialisers]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    return model, changes
+
+
+def with_free_batch(model, path: Path, example: np.ndarray, per_image: Sequence[int], was_one: bool, fix: str) -> bytes:
+    """The rewritten graph's shapes inferred again and checked, serialized, and proved free in its batch: run at the
+    batch of ``example`` (3), its output must be that batch of ``per_image``.
+
+    Args:
+        was_one: The given graph's batch was 1: a failure at 3 is a batch fixed inside it (a Reshape to [1, …]).
+
+    Raises:
+        ConfigError: The graph cannot be rewritten, or fixes its batch inside (``fix``: how to export it again).
+    """
+    import onnx
+
+    del model.graph.value_info[:]  # shapes recorded for the old batch and size: inferred again
     try:
         model = onnx.shape_inference.infer_shapes(model)
         onnx.checker.check_model(model)
     except Exception as err:  # onnx's InferenceError / ValidationError
         raise refuse_start(path, f"cannot be rewritten with a free batch and the ladder's names: "
-                            f"{str(err).strip().splitlines()[0]}", "report this model to EdgeFold; " + REEXPORT) from None
+                                 f"{str(err).strip().splitlines()[0]}",
+                           "report this model to EdgeFold; " + fix) from None
     data = model.SerializeToString()
+    batch = len(example)
     try:
-        got = run_graph(data, _example("nchw", channels, size, 3))
+        got = run_graph(data, example)
     except ConfigError as err:
-        if facts.input_shape[0] != 1:
+        if not was_one:
             raise
         said = err.message.split("cannot run the graph: ")[-1]
-        raise refuse_start(path, f"fixes its batch at 1 inside the graph (a Reshape to [1, …]); ONNX Runtime at a batch "
-                            f"of 3: {said}",
-                      "export with a dynamic batch: " + REEXPORT) from None
-    if got.shape != (3, facts.classes):
-        raise refuse_start(path, f"fixes its batch inside the graph (a batch of 3 gives {list(got.shape)})",
-                      "export with a dynamic batch: " + REEXPORT)
-    return data, changes
+        raise refuse_start(path, f"fixes its batch at 1 inside the graph (a Reshape to [1, …]); ONNX Runtime at a "
+                                 f"batch of {batch}: {said}", "export with a dynamic batch: " + fix) from None
+    if tuple(got.shape) != (batch, *per_image):
+        raise refuse_start(path, f"fixes its batch inside the graph (a batch of {batch} gives {list(got.shape)})",
+                           "export with a dynamic batch: " + fix)
+    return data
 
 
 def write_start_graph(path: str | Path, layout: str, channels: int, size: int, classes: int,

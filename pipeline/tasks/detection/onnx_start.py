@@ -26,7 +26,8 @@ import numpy as np
 
 from device.detection_post import SCHEMA, head_spec_from_dict
 from pipeline.export.onnx_start import (LADDER_OPSET, PARSED_OPSETS, check_image_input, check_ops, graph_opset,
-                                        load_graph, refuse_start, renamed_to_ladder, run_graph, set_shape, start_sha256)
+                                        load_graph, opened_for_ladder, refuse_start, renamed_to_ladder, run_graph,
+                                        set_shape, start_sha256, with_free_batch)
 
 OUTPUT_LAYOUTS = ("yolov8", "yolov5", "end2end")
 # The post-processing an application runs, as each family's own predictor sets it: Ultralytics'
@@ -195,27 +196,11 @@ def _ladder_form(facts: DetectionStartFacts, size: int) -> tuple[bytes, list[str
     Raises:
         ConfigError: The graph cannot be converted, or fixes its batch inside.
     """
-    import onnx
-    from onnx import version_converter
-
     from pipeline.tasks.detection.export import OUTPUT_NAME
 
     path = Path(facts.path)
-    model = onnx.load(facts.path)
-    changes = []
-    if facts.opset < LADDER_OPSET:
-        try:
-            model = version_converter.convert_version(model, LADDER_OPSET)
-        except Exception as err:  # the converter raises RuntimeError / ConvertError by adapter
-            raise refuse_start(path, f"opset {facts.opset} cannot be converted to {LADDER_OPSET}: {err}",
-                               EXPORT_HINTS[facts.outputs]) from None
-        changes.append(f"opset {facts.opset} → {LADDER_OPSET}")
+    model, changes = opened_for_ladder(path, facts.opset, EXPORT_HINTS[facts.outputs])
     graph = model.graph
-    model.ir_version = max(model.ir_version, 7)
-    initialisers = {t.name for t in graph.initializer}
-    kept = [value for value in graph.input if value.name not in initialisers]
-    del graph.input[:]
-    graph.input.extend(kept)
     renamed_to_ladder(model, facts.input_name, facts.output_name, False, output_as=OUTPUT_NAME)
     unnamed = [node for node in graph.node if not node.name]
     for index, node in enumerate(unnamed):
@@ -226,23 +211,8 @@ def _ladder_form(facts: DetectionStartFacts, size: int) -> tuple[bytes, list[str
     set_shape(graph.output[0], ("batch", *facts.output_shape))
     if facts.input_shape[0] == 1:
         changes.append("batch made dynamic (it was 1)")
-    del graph.value_info[:]
-    try:
-        model = onnx.shape_inference.infer_shapes(model)
-        onnx.checker.check_model(model)
-    except Exception as err:  # onnx's InferenceError / ValidationError
-        raise refuse_start(path, f"cannot be rewritten with a free batch: {str(err).strip().splitlines()[0]}",
-                           EXPORT_HINTS[facts.outputs]) from None
-    data = model.SerializeToString()
-    try:
-        got = run_graph(data, np.zeros((3, 3, size, size), np.float32))
-    except Exception as err:  # ConfigError from ONNX Runtime
-        said = getattr(err, "message", str(err)).split("cannot run the graph: ")[-1]
-        raise refuse_start(path, f"fixes its batch at 1 inside the graph; at a batch of 3: {said}",
-                           EXPORT_HINTS[facts.outputs]) from None
-    if list(got.shape) != [3, *facts.output_shape]:
-        raise refuse_start(path, f"fixes its batch inside the graph (a batch of 3 gives {list(got.shape)})",
-                           EXPORT_HINTS[facts.outputs])
+    data = with_free_batch(model, path, np.zeros((3, 3, size, size), np.float32), facts.output_shape,
+                           facts.input_shape[0] == 1, EXPORT_HINTS[facts.outputs])
     return data, changes
 
 
