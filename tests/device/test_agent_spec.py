@@ -38,7 +38,7 @@ def test_every_preprocess_to_dict_is_a_valid_spec_and_keeps_its_shape(prep):
 
 
 def test_the_deploy_stages_job_validates():
-    # The shape pipeline/tasks/classification/stages/deploy.py builds (a raw dict, preprocess from export's preprocess.json).
+    # The shape classification's deploy hooks build (a raw dict, preprocess from export's preprocess.json).
     prep = json.loads(json.dumps(Preprocess(input_size=28, resize=28, channels=1, mean=(0.286,), std=(0.353,))
                                  .to_dict()))
     spec = {"artifact": SHA, "runtime": "onnxruntime", "precision": "fp32", "batch_sizes": [1, 32], "duration_s": 3.0,

@@ -463,15 +463,6 @@ def test_real_torch_tensorrt_times_its_engine_layers(tmp_path, program):
 
 
 # ------------------------------------------------------------------ both roads through the deploy stage and the report
-class _Log:
-    def __init__(self):
-        self.lines = []
-
-    def log(self, line: str) -> None:
-        self.lines.append(line)
-
-
-PREPROCESS = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
 
 
 @pytest.fixture(scope="module")
@@ -480,16 +471,14 @@ def two_roads(tmp_path_factory, program):
     """The deploy stage's jobs for one rung on both roads, against a real (default) agent whose job processes have
     the Torch-TensorRT stand-in; then the same against an agent without it. The Torch-TensorRT road sends the rung's
     device checkpoint (a tiny_resnet, rebuilt on the device)."""
-    import threading
-
     from pipeline.checkpoint import save_checkpoint
     from pipeline.devices import Device
     from pipeline.core.recipe import DeployConfig
     from pipeline.models import build_model
     from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
-    from pipeline.tasks.classification.stages.deploy import DeployStage
     from pipeline.tasks.classification.torch_export import write_device_checkpoint
     from tests.device.agent_process import tiny_onnx
+    from tests.pipeline.test_deploy import deploy_one
     from tests.device.torch_tensorrt_standin import sitecustomize_dir
 
     tmp = tmp_path_factory.mktemp("roads")
@@ -516,10 +505,7 @@ def two_roads(tmp_path_factory, program):
         (tmp / f"cache-{name}").mkdir()
         with AgentProcess(tmp / f"agent-{name}", env=env) as agent:
             device = Device(name, "edge", agent.url, "edge", str(agent.token_file))
-            logs[name] = _Log()
-            outcomes[name] = DeployStage()._device(device, agent.url, None, models, PREPROCESS, cfg,
-                                                   tmp / f"cache-{name}", "t", logs[name], threading.Lock(),
-                                                   programs=programs)
+            outcomes[name], logs[name] = deploy_one(device, models, cfg, tmp / f"cache-{name}", programs)
     return outcomes, logs
 
 

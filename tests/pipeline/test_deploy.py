@@ -2,27 +2,37 @@
 the device, and is cancelled on the agent."""
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
 from device.client import AgentClient
 from pipeline.devices import Device
 from pipeline.core.recipe import DeployConfig
-from pipeline.tasks.classification.stages.deploy import DeployStage
+from pipeline.stages.deploy import DeployStage
+from pipeline.tasks.classification.deployed import ClassificationDeploy, Plan
 from tests.device.agent_process import AgentProcess, tiny_onnx
 
 PREPROCESS = {"input_size": 16, "resize": 16, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}
 HUNG = "t/pruned/round1"  # the job label deploy gives the pruned rung's first round under the label "t"
 
 
-class Log:
-    """The stage's context, as far as one device's deploy uses it: its log."""
+class Context:
+    """The stage's context, as far as one device's deploy uses it: the recipe's deploy section and its log."""
 
-    def __init__(self):
+    def __init__(self, cfg: DeployConfig):
+        self.recipe = SimpleNamespace(name="t", deploy=cfg)
         self.lines = []
 
     def log(self, line: str) -> None:
         self.lines.append(line)
+
+
+def deploy_one(device: Device, models: dict, cfg: DeployConfig, cache, programs=None) -> tuple[dict, Context]:
+    """One device's deploy by the shared stage with classification's hooks, as the stage runs it for each device."""
+    ctx = Context(cfg)
+    plan = Plan(models, programs or {}, PREPROCESS, "t", None, None)
+    return DeployStage(ClassificationDeploy())._device(ctx, device, device.url, None, plan, cache, threading.Lock()), ctx
 
 
 @pytest.mark.slow
@@ -43,8 +53,7 @@ def test_a_job_that_outlasts_the_wait_fails_its_rung_is_cancelled_and_the_other_
     (tmp_path / "cache").mkdir()
     with AgentProcess(tmp_path / "agent", env={"EDGEFOLD_AGENT_FAULT": f"{HUNG}=hang"}) as agent:
         device = Device("edge", "edge", agent.url, "edge", str(agent.token_file))
-        outcome = DeployStage()._device(device, agent.url, None, models, PREPROCESS, cfg, tmp_path / "cache", "t",
-                                        Log(), threading.Lock())
+        outcome, _ = deploy_one(device, models, cfg, tmp_path / "cache")
         with agent.client() as client:
             jobs = {job["spec"]["label"]: job for job in client.jobs()}
     assert outcome["status"] == "ok" and outcome["error"] is None, "the device answered all along: not lost"

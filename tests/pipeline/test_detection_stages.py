@@ -225,10 +225,10 @@ def test_a_second_run_reuses_every_measured_window(det_run, tmp_path, capfd):
     ctx = run_pipeline(manifest["recipe"]["path"], runs_dir=tmp_path, run_id=run_dir.name,
                        overrides=manifest.get("overrides") or {})
     deploy = ctx.manifest.stage("deploy")["metrics"]
-    assert deploy["windows_reused"] == deploy["rounds"] * deploy["jobs"] and deploy["jobs_succeeded"] == deploy["jobs"]
+    assert deploy["jobs_reused"] == deploy["rounds"] * deploy["jobs"] and deploy["jobs_succeeded"] == deploy["jobs"]
     logged = capfd.readouterr().err
     assert (f"{deploy['jobs']}/{deploy['jobs']} rungs measured in {deploy['rounds']} interleaved rounds "
-            f"({deploy['windows_reused']} windows reused)") in logged, "the stage's own summary line"
+            f"({deploy['jobs_reused']} windows reused);") in logged, "the stage's own summary line"
 
 
 def test_a_device_whose_fingerprint_changed_is_measured_again(det_run, tmp_path, monkeypatch):
@@ -247,7 +247,7 @@ def test_a_device_whose_fingerprint_changed_is_measured_again(det_run, tmp_path,
     ctx = run_pipeline(manifest["recipe"]["path"], runs_dir=tmp_path, run_id=run_dir.name,
                        overrides={**(manifest.get("overrides") or {}), "deploy.rounds": 1}, until="deploy")
     deploy = ctx.manifest.stage("deploy")["metrics"]
-    assert deploy["rounds"] == 1 and deploy["windows_reused"] == 0 and deploy["jobs_succeeded"] == deploy["jobs"]
+    assert deploy["rounds"] == 1 and deploy["jobs_reused"] == 0 and deploy["jobs_succeeded"] == deploy["jobs"]
 
 
 def test_the_detection_benchmark_reads_every_rungs_figures_from_a_run(det_run):

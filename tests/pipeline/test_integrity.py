@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from device.errors import CheckpointError, ConfigError, DataError, ManifestError, StageError
+from pipeline.core.ladder import points
 from pipeline.core import codehash
 from device.files import sha256_file
 from pipeline.runner import run_pipeline, stage_code_roots
-from pipeline.tasks.classification.scores import assess, points
+from pipeline.tasks.classification.scores import assess
 from pipeline.core.stage import STAGE_ORDER
 from pipeline.tasks import classification, detection
 
@@ -150,7 +151,7 @@ def test_quantizer_that_rewrites_its_input_gets_a_copy(run_copy, monkeypatch):
 
 
 def test_a_stage_that_modifies_its_input_is_stopped(run_copy, monkeypatch):
-    from pipeline.tasks.classification.stages.evaluate import EvaluateStage
+    from pipeline.stages.evaluate import EvaluateStage
 
     real = EvaluateStage.run
 
@@ -383,7 +384,7 @@ def test_libraries_never_import_a_stage():
     assert offenders == {}
     # A prune no longer hashes the deploy and export stages through the latency library.
     prune = codehash.closure(["pipeline.tasks.classification.pruned"])
-    assert "pipeline.tasks.classification.stages.deploy" not in prune
+    assert "pipeline.tasks.classification.deployed" not in prune and "pipeline.stages.deploy" not in prune
     assert "pipeline.tasks.classification.exported" not in prune
 
 
@@ -467,7 +468,7 @@ def _prune_ctx(**prune):
 @pytest.mark.parametrize("edited, macs_changes, latency_changes", [
     ("device.runners.tensorrt", False, True),   # the agent's engine builds: what the latency table timed
     ("pipeline.jobs", False, True),             # the job spec the table is measured with (the deploy stage's own)
-    ("pipeline.tasks.classification.stages.deploy", False, False),   # the deploy stage itself: neither prunes through it
+    ("pipeline.tasks.classification.deployed", False, False),   # the deploy stage's hooks: neither prunes through them
     ("pipeline.prune.channels", True, True),          # the pruning mechanics both modes share
 ])
 def test_a_prunes_code_hash_follows_its_mode(tmp_path, edited, macs_changes, latency_changes):

@@ -101,10 +101,10 @@ def test_changed_config_reruns_that_stage_and_what_depends_on_it(run_copy, capsy
 
 
 def test_tampered_output_is_rebuilt(run_copy, capsys):
-    (run_copy / "evaluate" / "metrics.json").write_text("{}")
+    (run_copy / "evaluate" / "ladder.json").write_text("{}")
     run_pipeline("tiny", runs_dir=run_copy.parent.parent, run_id="shared", until="evaluate")
     assert "[evaluate] running" in capsys.readouterr().err
-    assert json.loads((run_copy / "evaluate" / "metrics.json").read_text())
+    assert json.loads((run_copy / "evaluate" / "ladder.json").read_text())["rungs"]
 
 
 def test_until_stops_early(tmp_path):

@@ -15,13 +15,14 @@ from device.errors import StageError
 from device.qdq_lint import lint_qdq
 from device.trt_settings import trtexec_lines
 from pipeline.core.log import log
+from pipeline.core.ladder import points
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.tasks.classification.qat import quantization_aware_finetune
 from pipeline.export.onnx import INPUT_NAME
 from pipeline.core.stage import StageResult
 from pipeline.quantize.ladder import HeldOut, LadderTask, QuantizeHooks, Step
 from pipeline.quantize.quantizers import QUANTIZERS, float_islands_to_fp16, logged_to, run_isolated, within_budget
-from pipeline.tasks.classification.scores import points, require_sane
+from pipeline.tasks.classification.scores import require_sane
 
 
 class ClassificationLadder(LadderTask):

@@ -15,13 +15,13 @@ from device import contention
 from device.errors import ManifestError, SchemaVersionError
 from device.schema import JobResult, parse_result
 from pipeline import stats
+from pipeline.core.ladder import points as _points
 from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from pipeline.devices import DEPLOY_SCHEMA
 from pipeline.diverge_report import answer_text, diverge_answers
 from pipeline.profile_report import INT8_FIX, NOT_MEASURED, computes_in, int8_not_run_reason, shown_batch
 from pipeline.quantize.report import quantize_summary
 from pipeline.results import csv_columns, reported_figures
-from pipeline.tasks.classification.scores import points as _points
 from pipeline.tasks.classification.scores import verdict
 from pipeline.tasks.classification.device_accuracy import device_scores, paired_top1_change, per_class_device
 from pipeline.tasks.classification.front import choose, energy_front, settings_from_windows

@@ -29,12 +29,6 @@ def recorded_scores(metrics: dict) -> dict:
     return {key: metrics[key] for key in keys if key in metrics}
 
 
-def points(value: float) -> float:
-    """A difference in percentage points for display: ``-0.0`` (a zero difference negated) becomes 0.0,
-    so a table never prints "−0.00 points"."""
-    return round(value, 10) + 0.0
-
-
 def assess(scores: dict[str, Any], classes: Sequence[str] | None = None) -> dict[str, Any]:
     """Judges one model's test-split scores (the output of :func:`pipeline.tasks.classification.scores.accuracy`).
 

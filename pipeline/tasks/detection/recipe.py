@@ -198,6 +198,7 @@ class DetectionDeployConfig(Strict):
     timeout_s: int = Field(1800, ge=10, description="the agent's limit for one job (the wait is 2 minutes longer); "
                                                     "a job past it fails its rung, and the others are measured")
     retries: int = Field(1, ge=0, le=5, description="resubmissions of a job that failed or was interrupted")
+    parallel_devices: int = Field(8, ge=1, le=256, description="devices measured at once")
     resamples: int = Field(200, ge=10, description="bootstrap resamples for the device-measured mAP's interval")
 
     @field_validator("batch_sizes")

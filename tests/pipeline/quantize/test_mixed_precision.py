@@ -14,7 +14,7 @@ from pipeline.export.onnx import INPUT_NAME, export_onnx
 from pipeline.quantize.ort import quantize_ort
 from pipeline.quantize.ladder import HeldOut, LadderTask, Step, climb, steps
 from pipeline.quantize.quantizers import run_isolated
-from pipeline.tasks.classification.scores import points
+from pipeline.core.ladder import points
 
 OUTLIER = 400.0
 

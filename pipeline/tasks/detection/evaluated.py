@@ -1,16 +1,14 @@
-"""detection evaluate stage: the ladder's host figures in one table, each rung's mAP as its own stage measured it.
+"""Detection's part of the evaluate stage (:mod:`pipeline.stages.evaluate`): every rung's host mAP (with intervals)
+as its own stage measured it, its artifact and size.
 
 Every figure was measured where the rung was made (the teacher and distill stages through torchvision's
 post-processing, which the export stage showed the device's decode reproduces; the INT8 forms through ONNX Runtime
-and the device's decode); this stage gathers them with the sizes, so that deploy and the report read one table.
+and the device's decode); nothing is scored a second time here.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from pipeline.core.stage import Stage, StageResult
+from pipeline.core.ladder import EvaluateHooks
 
 SCORED = ("map", "map_low", "map_high", "ap50", "ap50_low", "ap50_high", "ap75", "ap75_low", "ap75_high", "per_class_ap")
 
@@ -19,19 +17,15 @@ def _row(scores: dict, artifact: str, size_mb: float, **extra) -> dict:
     return {"artifact": artifact, "size_mb": size_mb, **{key: scores.get(key) for key in SCORED}, **extra}
 
 
-class DetectionEvaluateStage(Stage):
-    """Gathers every rung's host mAP (with intervals), its artifact and size into ``ladder.json``."""
+class DetectionEvaluate(EvaluateHooks):
+    """The ladder's rows from the teacher, distill, export and quantize records (each INT8 box head its own rung)."""
 
-    name = "evaluate"
+    score = "map"
 
     def needs(self, ctx):
-        return ("data", "export", "quantize") if ctx.recipe.start is not None else \
-            ("data", "teacher", "distill", "export", "quantize")
+        return ("export", "quantize") if ctx.recipe.start is not None else ("teacher", "distill", "export", "quantize")
 
-    def config(self, ctx):
-        return {}
-
-    def run(self, ctx, workdir: Path) -> StageResult:
+    def rows(self, ctx):
         m = ctx.manifest
         export, quantize = m.stage("export"), m.stage("quantize")
         rungs = export["metrics"]["rungs"]
@@ -52,10 +46,8 @@ class DetectionEvaluateStage(Stage):
             key = f"student_int8_box_{other['box_head']}"
             ladder[key] = _row(other["scores"], quantize["outputs"][key], other["size_mb"], precision="int8",
                                box_head=other["box_head"], macs_g=macs)
-        path = workdir / "ladder.json"
-        path.write_text(json.dumps({"rungs": ladder, "classes": json.loads(m.output("data", "dataset").read_text())
-                                    ["classes"]}, indent=1) + "\n")
-        return StageResult(outputs={"ladder": path}, metrics={"rungs": list(ladder)})
+        return ladder
 
     def summary(self, metrics):
-        return f"{len(metrics['rungs'])} rungs: {', '.join(metrics['rungs'])}"
+        return ", ".join(f"{name} mAP {100 * row['map']:.1f}" for name, row in metrics["rungs"].items()
+                         if row.get("map") is not None)

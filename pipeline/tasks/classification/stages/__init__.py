@@ -1,1 +1,0 @@
-"""The classification task's stages, one module each (listed in :data:`pipeline.tasks.classification.TASK`)."""

@@ -1,0 +1,200 @@
+"""Detection's part of the deploy stage (:mod:`pipeline.stages.deploy`): each rung's ONNX with its sidecar and the
+evaluation set (the test canvases as network inputs), timed on the agent and then scored there through the same
+engine with the device's own decode + NMS after each batch (:mod:`device.detection_evaluation`), the two timed apart.
+The build host, which holds the boxes, scales the detections to the canvases and computes COCO mAP with intervals:
+the rung's device-measured mAP; each rung's network p50 has an interval over rounds and a ratio to the FP32
+student's paired by round. Unlike classification, no power sweep, frames or sustained run yet (the recipe refuses
+them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.deploy.hooks import DeployHooks, Job, Windows
+
+
+def device_boxes(detections: list[dict], network_size: int, sizes: list[tuple[int, int]]):
+    """The agent's detections (network pixels) as :class:`Boxes` in each image's own pixels."""
+    import numpy as np
+
+    from pipeline.tasks.detection.metrics import Boxes
+
+    out = []
+    for found, (height, width) in zip(detections, sizes):
+        scale = np.array([width, height, width, height], np.float64) / network_size
+        out.append(Boxes(np.asarray(found["boxes"], np.float64).reshape(-1, 4) * scale,
+                         np.asarray(found["labels"], np.int64), np.asarray(found["scores"], np.float64)))
+    return out
+
+
+@dataclass
+class Plan:
+    """What every device is sent: each rung's ONNX and sidecar, the evaluation set of its input size and feed; and
+    what its detections are scored against (the test canvases, the ladder's classes)."""
+
+    artifacts: dict[str, Path]
+    sizes: dict[str, int]
+    sets: dict[str, Path]
+    test: Any
+    count: int
+    ladder: dict[str, Any]
+
+
+class DetectionDeploy(DeployHooks):
+    """Device-measured mAP through the engine each rung was timed with, its post-processing timed apart."""
+
+    device_modules = ("device.detection_evaluation",)
+
+    def needs(self, ctx):
+        return ("data", "export", "quantize", "evaluate")  # the rungs and their sidecars are those stages' outputs
+
+    def prepare(self, ctx, workdir: Path) -> Plan:
+        from pipeline.tasks.detection.export import feed_of, network_inputs, sidecar_path
+        from pipeline.tasks.detection.files import load_split
+
+        ladder = json.loads(ctx.manifest.output("evaluate", "ladder").read_text())
+        test = load_split(ctx.manifest.output("data", "canvases"), "test")
+        count = min(ctx.recipe.deploy.evaluate_images or len(test), len(test))
+        artifacts = {rung: ctx.run_dir / row["artifact"] for rung, row in ladder["rungs"].items()}
+        heads = {rung: json.loads(sidecar_path(path).read_text()) for rung, path in artifacts.items()}
+        sizes = {rung: head["input_shape"][-1] for rung, head in heads.items()}
+        sets = {}  # rung → its evaluation set: one file per input size and feed
+        for rung, head in heads.items():
+            feed = feed_of(head)
+            path = workdir / f"evaluation-set-{sizes[rung]}-{feed['channel_order']}-{feed['input_range']}.npy"
+            if not path.is_file():
+                np.save(path, np.ascontiguousarray(network_inputs(test.images[:count], sizes[rung], **feed)),
+                        allow_pickle=False)
+            sets[rung] = path
+        return Plan(artifacts, sizes, sets, test, count, ladder)
+
+    def windows(self, ctx, session, plan: Plan) -> Windows | None:
+        from device.client import AgentError
+        from device.schema import EvaluationSpec, JobSpec
+        from pipeline.tasks.detection.export import sidecar_path
+
+        cfg = ctx.recipe.deploy
+        try:  # content-addressed: uploaded once per device
+            uploaded = {path: session.client.upload(path) for path in set(plan.sets.values())}
+            heads = {rung: session.client.upload(sidecar_path(path)) for rung, path in plan.artifacts.items()}
+        except AgentError as err:
+            session.outcome.update(status="lost" if err.status == 0 else "failed", error=err.message)
+            return None
+
+        def spec(job: Job, round_index: int) -> JobSpec:
+            # TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored.
+            precision = plan.ladder["rungs"][job.rung]["precision"] if session.runtime == "tensorrt" else "fp32"
+            return JobSpec(
+                artifact=session.digest(job.path), runtime=session.runtime, precision=precision,
+                batch_sizes=list(cfg.batch_sizes), iterations=cfg.iterations,
+                warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
+                profile=cfg.profile and round_index == 0, timeout_s=cfg.timeout_s,
+                label=f"{ctx.recipe.name}/{job.rung}/round{round_index + 1}",
+                # Round 1 also scores the set through the engine it timed, with the device's decode.
+                evaluation=EvaluationSpec(artifact=uploaded[plan.sets[job.rung]], images=plan.count,
+                                          head=heads[job.rung], postprocess="detection") if round_index == 0 else None)
+
+        def announce(job: Job, round_index: int) -> str:
+            # Logged as the graph's own precision: ONNX Runtime runs a Q/DQ graph in INT8 whatever the job field
+            # says (the result's runtime.precision records what ran).
+            return (f"{job.rung} round {round_index + 1} ({session.runtime}, "
+                    f"{plan.ladder['rungs'][job.rung]['precision']})")
+
+        return Windows([Job(rung, path) for rung, path in plan.artifacts.items()], spec, announce)
+
+    def record(self, ctx, outcome, plan: Plan, rounds):
+        from device.schema import parse_result
+
+        reused = outcome.get("reused", [])
+        for job, records in rounds.items():
+            if records:
+                typed = [{**r, "result": parse_result(r["result"], f"{job.rung} on {outcome['name']}")}
+                         if r["state"] == "succeeded" else r for r in records]
+                outcome["rungs"][job.rung] = _rung_record(job.rung, typed, plan, ctx.recipe.deploy)
+                outcome["rungs"][job.rung]["reused_rounds"] = reused.count(job.rung)
+        _ratios(outcome["rungs"])
+
+    def results(self, ctx, plan: Plan):
+        for path in set(plan.sets.values()):
+            path.unlink(missing_ok=True)
+        return {"images": plan.count}
+
+
+def _rung_record(rung: str, rounds: list[dict[str, Any]], plan: Plan, cfg) -> dict[str, Any]:
+    """A rung's record: round 1's scores (device mAP through its own decode + NMS) and timings, and every round's
+    network p50 with the median's interval over rounds."""
+    from pipeline.results import reported_figures
+    from pipeline.tasks.detection.metrics import accumulate, evaluate, match, summary
+
+    test, count, sizes, ladder = plan.test, plan.count, plan.sizes, plan.ladder
+    first = rounds[0]
+    if first["state"] != "succeeded":
+        return {"state": first["state"], "error": first.get("error")}
+    result = first["result"]
+    if result.evaluation is None or result.evaluation.detections is None:
+        return {"state": "failed", "error": "the agent returned no detections: it predates result schema 2.5 "
+                                            "(upgrade the agent to this EdgeFold)"}
+    image_sizes = [tuple(image.shape[:2]) for image in test.images[:count]]
+    found = device_boxes([d.model_dump() for d in result.evaluation.detections], sizes[rung], image_sizes)
+    scores = evaluate(test.boxes[:count], found, ladder["classes"], image_sizes, resamples=cfg.resamples)
+    # Every other engine the job timed (TensorRT's per batch, a sweep's per accelerator): its mAP on the same
+    # images, a point figure (the interval is the largest batch's).
+    others = []
+    for scored in result.more_evaluations:
+        boxes = device_boxes([d.model_dump() for d in scored.detections or []], sizes[rung], image_sizes)
+        point = summary(accumulate(match(test.boxes[:count], boxes, len(ladder["classes"]))))
+        others.append({"label": scored.engine(), "map": point["map"]})
+    windows = {}
+    for entry in rounds:
+        if entry["state"] == "succeeded":
+            for run in entry["result"].runs:
+                windows.setdefault(run.batch_size, []).append(run.latency_p50_ms)
+    batch = min(windows)
+    # The measured fields the result schema declares (latency with its interval over rounds, energy, peak
+    # temperature, lowest clock …), over every succeeded round.
+    figures = reported_figures(e["result"] for e in rounds if e["state"] == "succeeded")
+    return {"state": "succeeded", "job_id": first["job_id"], "precision": result.runtime.precision,
+            "scores": scores, "latency_p50_ms": {b: float(np.median(v)) for b, v in windows.items()},
+            "latency_p50_windows_ms": {b: v for b, v in windows.items()},
+            "network_p50": {"batch": batch, "median_ms": figures["latency_p50_ms"],
+                            "low_ms": figures["latency_p50_low_ms"], "high_ms": figures["latency_p50_high_ms"],
+                            "rounds": len(windows[batch])},
+            "rounds_failed": [e.get("error") for e in rounds if e["state"] != "succeeded"],
+            # Round 1's per-layer profile of the engine it timed (or why there is none), for "where the time goes".
+            "profile": result.profile, "profile_note": result.runtime.profile_note,
+            "runtime": result.runtime.name,
+            # Each batch's engine by its key in the agent's cache (edgefold ship fetches it and its build).
+            "engines": (result.runtime.built.engines or None) if result.runtime.built else None,
+            "network_ms_per_image": 1e3 * result.evaluation.network_s / count,
+            "postprocess_ms_per_image": 1e3 * result.evaluation.postprocess_s / count,
+            "evaluation_batch": result.evaluation.batch_size, "other_engines": others,
+            "evaluation_note": result.evaluation_note, "reported": figures}
+
+
+
+
+REFERENCE_RUNG = "student"  # the FP32 student: what the INT8 fold is compared with
+
+
+def _ratios(rungs: dict[str, dict[str, Any]]) -> None:
+    """Each rung's network p50 over the FP32 student's, paired by round (a round's busy spell cancels), with its
+    interval (:func:`pipeline.stats.ratio_interval`); ``vs_student`` in each measured rung's record."""
+    from pipeline.stats import ratio_interval, significant
+
+    reference = rungs.get(REFERENCE_RUNG, {})
+    if reference.get("state") != "succeeded":
+        return
+    batch = reference["network_p50"]["batch"]
+    for name, entry in rungs.items():
+        windows = (entry.get("latency_p50_windows_ms") or {}).get(batch)
+        if entry.get("state") != "succeeded" or name == REFERENCE_RUNG or not windows:
+            continue
+        ratio, low, high = ratio_interval(windows, reference["latency_p50_windows_ms"][batch])
+        entry["vs_student"] = {"batch": batch, "ratio": ratio, "low": low, "high": high,
+                               "significant": significant(low, high)}

@@ -1,1 +1,0 @@
-"""The detection task's stages, one module each (listed in :data:`pipeline.tasks.detection.TASK`)."""
