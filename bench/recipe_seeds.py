@@ -38,7 +38,7 @@ GOAL = ("every stage's gate passes on every seed with the recipe as shipped (tea
 SEED_KEYS = ("data.seed", "teacher.train.seed", "distill.train.seed")
 FIGURES = (("teacher", "teacher"), ("student", "distill"), ("INT8", "quantize"))
 BUILD_STAGES = ("data", "teacher", "prune", "distill", "export", "quantize", "evaluate")
-# Over seeds, in points (top-1 or mAP) but for the MACs: the figures, then the fold's changes.
+# Over seeds, in points (top-1, mAP or mIoU) but for the MACs: the figures, then the fold's changes.
 FIGURE_ROWS = ("teacher", "student", "INT8", "student_macs_percent", "student_change", "int8_change", "int8_drop_points")
 
 
@@ -99,8 +99,8 @@ def experiment_key(recipe: str) -> str:
 
 
 def score(metrics: dict[str, Any]) -> float | None:
-    """The stage's headline metric in points: top-1 for classification, mAP for detection."""
-    for key in ("top1", "map", "mAP"):
+    """The stage's headline metric in points: top-1 for classification, mAP for detection, mIoU for segmentation."""
+    for key in ("top1", "map", "mAP", "miou"):
         if isinstance(metrics.get(key), (int, float)):
             return 100 * metrics[key]
     return None

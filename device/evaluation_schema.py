@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
-Postprocess = Literal["top_k", "detection"]
+Postprocess = Literal["top_k", "detection", "segmentation"]
 """The device's post-processors by name (:data:`device.postprocessors.POSTPROCESSORS` loads each)."""
 
 
@@ -28,7 +28,8 @@ class EvaluationSpec(BaseModel):
                                          "and runs NMS after each batch and returns detections, not classes (2.5)")
     postprocess: Postprocess | None = Field(
         None, description="the post-processor the device runs on the engine's outputs (device.postprocessors): "
-                          "top_k classes, or detection (the sidecar head's decode + NMS); named by the job, so the "
+                          "top_k classes, detection (the sidecar head's decode + NMS) or segmentation (the argmax over "
+                          "classes, a mask per image, 2.14); named by the job, so the "
                           "device never guesses the task from which fields are set. Absent (a client before 2.13): "
                           "detection where head is given, else top_k (2.13)")
 

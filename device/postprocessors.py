@@ -16,6 +16,7 @@ from device.schema import EvaluationSpec
 POSTPROCESSORS: dict[str, str] = {
     "top_k": "device.evaluation",                 # classes: the k best per image
     "detection": "device.detection_evaluation",   # the sidecar's decode + NMS per batch, detections per image
+    "segmentation": "device.segmentation_evaluation",  # the argmax over classes per batch, a mask per image
 }
 
 

@@ -319,7 +319,8 @@ class ErrorBody(Strict):
 # 2.12: RuntimeInfo.loaded_from (a torch runner's artifact: a device checkpoint rebuilt here, or a trusted program);
 # BuildFacts.engines (each batch's engine by its key in the agent's cache: GET /v1/engines/{key});
 # 2.13: EvaluationSpec.postprocess (the job names the device's post-processor)
-RESULT_MAJOR, RESULT_MINOR = 2, 13
+# 2.14: postprocess segmentation, EvaluationResult.masks and mask_shape
+RESULT_MAJOR, RESULT_MINOR = 2, 14
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -442,8 +443,12 @@ class EvaluationResult(Measured):
     predictions: list[list[int]] = Field(default_factory=list, description="classification: top-k per image")
     detections: list[Detections] | None = Field(None, description="detection: each image's boxes after decode + "
                                                                  "NMS on the device (2.5)")
-    network_s: float | None = Field(None, description="detection: the engine's share of the pass (2.5)")
-    postprocess_s: float | None = Field(None, description="detection: decode + NMS's share of the pass (2.5)")
+    masks: str | None = Field(None, description="segmentation: each image's argmax mask, N×H×W uint8, zlib then "
+                                                "base64 (device.segmentation_evaluation.pack_masks) (2.14)")
+    mask_shape: list[int] | None = Field(None, description="segmentation: N, H, W of masks (2.14)")
+    network_s: float | None = Field(None, description="detection, segmentation: the engine's share of the pass (2.5)")
+    postprocess_s: float | None = Field(None, description="detection: decode + NMS's share of the pass; "
+                                                          "segmentation: the argmax's (2.5)")
     accelerator: str | None = Field(None, description="the sweep accelerator whose engine this is (gpu, dla0, dla1); "
                                                       "null: the job's own device (2.6)")
 

@@ -488,10 +488,12 @@ class RecipeBase(Strict):
         return getattr(self, name).model_dump(mode="json")
 
 
-AnyRecipe = RecipeBase  # a task's root: Recipe, DetectionRecipe. It is imported, as "module:class", only for a recipe
-# of that task, so that no other task's stages hash its code (pipeline.core.codehash follows import statements).
+AnyRecipe = RecipeBase  # a task's root: Recipe, DetectionRecipe, SegmentationRecipe. It is imported, as
+# "module:class", only for a recipe of that task, so that no other task's stages hash its code (pipeline.core.codehash
+# follows import statements).
 TASKS: dict[str, str] = {"classification": "pipeline.tasks.classification.recipe:Recipe",
-                         "detection": "pipeline.tasks.detection.recipe:DetectionRecipe"}
+                         "detection": "pipeline.tasks.detection.recipe:DetectionRecipe",
+                         "segmentation": "pipeline.tasks.segmentation.recipe:SegmentationRecipe"}
 
 
 def task_model(task: str) -> type[BaseModel]:

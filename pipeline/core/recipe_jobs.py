@@ -1,13 +1,15 @@
 """The recipe's forms of two agent jobs (``deploy.frame``, ``deploy.sustained``): the job's own spec, and what the
-deploy stage fills in or chooses (the uploads a frame job names, the rung a sustained job runs)."""
+deploy stage fills in or chooses (the uploads a frame job names, the rung a sustained job runs); and the deploy
+section of the tasks whose rungs the device scores through their own post-processor (:class:`ScoredDeployConfig`)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal, Optional
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from device.frame_schema import FrameSpec
+from device.schema import IdleSeconds
 from device.sustain_schema import ALLOWANCE_S, SustainedSpec
 from pipeline.core.rungs import DEPLOYED
 
@@ -73,3 +75,36 @@ class SustainedRecipe(SustainedSpec):
             raise ValueError(f"deploy.sustained.minutes {self.minutes:g} × {settings} setting(s){every} and "
                              f"deploy.job_timeout_s {deploy.job_timeout_s:g} s (its build) exceed the agent's largest "
                              "timeout, 24 h")
+
+
+class ScoredDeployConfig(BaseModel):
+    """Every rung to each device's agent (a loopback agent without EDGE=/DC=/DEVICES=): timed in interleaved rounds,
+    then scored on the device by the post-processor its task names (detection: decode + NMS; segmentation: the
+    argmax). Detection's and segmentation's deploy section; classification's is
+    :class:`pipeline.core.recipe.DeployConfig`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)  # a recipe section (pipeline.core.recipe.Strict)
+
+    runtime: Literal["auto", "onnxruntime", "tensorrt"] = Field(
+        "auto", description="tensorrt where the agent has TensorRT 10+, else onnxruntime (said so in the report)")
+    batch_sizes: list[int] = Field([1], min_length=1, description="engine batches timed")
+    iterations: int = Field(50, ge=2, description="timed calls per batch")
+    rounds: int = Field(3, ge=1, le=50, description="interleaved timing rounds: every rung once per round, so a busy "
+                                                    "spell hits all of them; the network p50's interval and each "
+                                                    "rung's ratio to the FP32 student are over rounds")
+    warmup_iterations: int = Field(5, ge=0)
+    idle_s: IdleSeconds = Field(1.0, description="idle power baseline before each job")
+    evaluate_images: Optional[int] = Field(None, ge=1, description="test images the device scores (null = all)")
+    profile: bool = Field(True, description="the per-layer profile after the timed windows")
+    timeout_s: int = Field(1800, ge=10, description="the agent's limit for one job (the wait is 2 minutes longer); "
+                                                    "a job past it fails its rung, and the others are measured")
+    retries: int = Field(1, ge=0, le=5, description="resubmissions of a job that failed or was interrupted")
+    parallel_devices: int = Field(8, ge=1, le=256, description="devices measured at once")
+    resamples: int = Field(200, ge=10, description="bootstrap resamples for the device-measured score's interval")
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(b < 1 for b in value) or len(set(value)) != len(value):
+            raise ValueError("batch sizes are distinct positive integers")
+        return value

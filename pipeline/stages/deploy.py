@@ -118,5 +118,5 @@ class DeployStage(HookedStage):
 
     def summary(self, metrics):
         devices = ", ".join(f"{name} {status}" for name, status in metrics["devices"].items())
-        return (f"{metrics['jobs_succeeded']}/{metrics['jobs']} rungs measured in {metrics.get('rounds', 1)} interleaved "
-                f"rounds ({metrics['jobs_reused']} windows reused); {devices}")
+        return (f"{metrics['jobs_succeeded']}/{metrics['jobs']} rungs measured in {metrics.get('rounds', 1)} "
+                f"interleaved rounds ({metrics['jobs_reused']} windows reused); {devices}")

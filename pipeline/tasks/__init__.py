@@ -1,4 +1,4 @@
-"""The tasks, one package each (``classification``, ``detection``), each declaring a
+"""The tasks, one package each (``classification``, ``detection``, ``segmentation``), each declaring a
 :class:`~pipeline.core.task.Task` as ``TASK``. A task never imports another task.
 
 A task package is imported only when a run of that task asks for it (:func:`get`), so that one task's code never
@@ -15,7 +15,7 @@ from pathlib import Path
 from device.errors import ConfigError
 from pipeline.core.task import Task
 
-TASK_NAMES = ("classification", "detection")
+TASK_NAMES = ("classification", "detection", "segmentation")
 
 
 def get(name: str) -> Task:

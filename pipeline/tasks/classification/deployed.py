@@ -246,8 +246,9 @@ def _sustained(ctx, plan: Plan, outcome: dict[str, Any], open_session) -> dict[s
     with open_session() as session:
         if not session.open(say_fallback=False):  # said by the ladder's session already
             return {"rung": rung, "state": "not measured", "error": session.outcome["error"]}
-        spec = job_spec(rung, session.digest(path), session.info, cfg, plan.preprocess, f"{plan.label}/{rung}/sustained",
-                        profile=False, sustained=cfg.sustained, sweep=cfg.sweep if cfg.sustained.swept else None)
+        spec = job_spec(rung, session.digest(path), session.info, cfg, plan.preprocess,
+                        f"{plan.label}/{rung}/sustained", profile=False, sustained=cfg.sustained,
+                        sweep=cfg.sweep if cfg.sustained.swept else None)
         # Never retried: a retry would run the board for the minutes again (a failure is reported as it is).
         record = session.window(f"{rung} sustained", path, spec, 0, 0, (spec.timeout_s or cfg.job_timeout_s) + 120,
                                 announce=f"{rung} run without pause for {cfg.sustained.minutes:g} min"

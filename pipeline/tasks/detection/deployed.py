@@ -109,16 +109,15 @@ class DetectionDeploy(DeployHooks):
         return Windows([Job(rung, path) for rung, path in plan.artifacts.items()], spec, announce)
 
     def record(self, ctx, outcome, plan: Plan, rounds):
-        from device.schema import parse_result
+        from pipeline.deploy.records import ratios_to_student, typed_rounds
 
         reused = outcome.get("reused", [])
         for job, records in rounds.items():
             if records:
-                typed = [{**r, "result": parse_result(r["result"], f"{job.rung} on {outcome['name']}")}
-                         if r["state"] == "succeeded" else r for r in records]
+                typed = typed_rounds(records, f"{job.rung} on {outcome['name']}")
                 outcome["rungs"][job.rung] = _rung_record(job.rung, typed, plan, ctx.recipe.deploy)
                 outcome["rungs"][job.rung]["reused_rounds"] = reused.count(job.rung)
-        _ratios(outcome["rungs"])
+        ratios_to_student(outcome["rungs"])
 
     def results(self, ctx, plan: Plan):
         for path in set(plan.sets.values()):
@@ -128,8 +127,8 @@ class DetectionDeploy(DeployHooks):
 
 def _rung_record(rung: str, rounds: list[dict[str, Any]], plan: Plan, cfg) -> dict[str, Any]:
     """A rung's record: round 1's scores (device mAP through its own decode + NMS) and timings, and every round's
-    network p50 with the median's interval over rounds."""
-    from pipeline.results import reported_figures
+    network p50 with the median's interval over rounds (:func:`pipeline.deploy.records.timed_record`)."""
+    from pipeline.deploy.records import timed_record
     from pipeline.tasks.detection.metrics import accumulate, evaluate, match, summary
 
     test, count, sizes, ladder = plan.test, plan.count, plan.sizes, plan.ladder
@@ -150,51 +149,4 @@ def _rung_record(rung: str, rounds: list[dict[str, Any]], plan: Plan, cfg) -> di
         boxes = device_boxes([d.model_dump() for d in scored.detections or []], sizes[rung], image_sizes)
         point = summary(accumulate(match(test.boxes[:count], boxes, len(ladder["classes"]))))
         others.append({"label": scored.engine(), "map": point["map"]})
-    windows = {}
-    for entry in rounds:
-        if entry["state"] == "succeeded":
-            for run in entry["result"].runs:
-                windows.setdefault(run.batch_size, []).append(run.latency_p50_ms)
-    batch = min(windows)
-    # The measured fields the result schema declares (latency with its interval over rounds, energy, peak
-    # temperature, lowest clock …), over every succeeded round.
-    figures = reported_figures(e["result"] for e in rounds if e["state"] == "succeeded")
-    return {"state": "succeeded", "job_id": first["job_id"], "precision": result.runtime.precision,
-            "scores": scores, "latency_p50_ms": {b: float(np.median(v)) for b, v in windows.items()},
-            "latency_p50_windows_ms": {b: v for b, v in windows.items()},
-            "network_p50": {"batch": batch, "median_ms": figures["latency_p50_ms"],
-                            "low_ms": figures["latency_p50_low_ms"], "high_ms": figures["latency_p50_high_ms"],
-                            "rounds": len(windows[batch])},
-            "rounds_failed": [e.get("error") for e in rounds if e["state"] != "succeeded"],
-            # Round 1's per-layer profile of the engine it timed (or why there is none), for "where the time goes".
-            "profile": result.profile, "profile_note": result.runtime.profile_note,
-            "runtime": result.runtime.name,
-            # Each batch's engine by its key in the agent's cache (edgefold ship fetches it and its build).
-            "engines": (result.runtime.built.engines or None) if result.runtime.built else None,
-            "network_ms_per_image": 1e3 * result.evaluation.network_s / count,
-            "postprocess_ms_per_image": 1e3 * result.evaluation.postprocess_s / count,
-            "evaluation_batch": result.evaluation.batch_size, "other_engines": others,
-            "evaluation_note": result.evaluation_note, "reported": figures}
-
-
-
-
-REFERENCE_RUNG = "student"  # the FP32 student: what the INT8 fold is compared with
-
-
-def _ratios(rungs: dict[str, dict[str, Any]]) -> None:
-    """Each rung's network p50 over the FP32 student's, paired by round (a round's busy spell cancels), with its
-    interval (:func:`pipeline.stats.ratio_interval`); ``vs_student`` in each measured rung's record."""
-    from pipeline.stats import ratio_interval, significant
-
-    reference = rungs.get(REFERENCE_RUNG, {})
-    if reference.get("state") != "succeeded":
-        return
-    batch = reference["network_p50"]["batch"]
-    for name, entry in rungs.items():
-        windows = (entry.get("latency_p50_windows_ms") or {}).get(batch)
-        if entry.get("state") != "succeeded" or name == REFERENCE_RUNG or not windows:
-            continue
-        ratio, low, high = ratio_interval(windows, reference["latency_p50_windows_ms"][batch])
-        entry["vs_student"] = {"batch": batch, "ratio": ratio, "low": low, "high": high,
-                               "significant": significant(low, high)}
+    return timed_record(rounds, count, scores, others)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pipeline.core.ladder import EvaluateHooks
 
-SCORED = ("map", "map_low", "map_high", "ap50", "ap50_low", "ap50_high", "ap75", "ap75_low", "ap75_high", "per_class_ap")
+SCORED = ("map", "map_low", "map_high", "ap50", "ap50_low", "ap50_high", "ap75", "ap75_low", "ap75_high",
+          "per_class_ap")
 
 
 def _row(scores: dict, artifact: str, size_mb: float, **extra) -> dict:

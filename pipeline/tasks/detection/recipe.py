@@ -14,8 +14,8 @@ from typing import Any, ClassVar, Literal, Optional
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from device.errors import ConfigError, DataError, UnknownKeyError
-from device.schema import IdleSeconds
 from pipeline.core.recipe import LadderConfig, RecipeBase, Strict, TrainConfig, registry_check
+from pipeline.core.recipe_jobs import ScoredDeployConfig
 
 BOX_HEADS = ("fp16", "float", "int8")
 """How the quantize stage may leave the box-regression branch (``quantize.box_head``): FP16 or FP32 outside Q/DQ, or
@@ -180,35 +180,6 @@ class DetectionQuantizeConfig(LadderConfig):
                                                     "intervals and the per-class changes")
 
 
-class DetectionDeployConfig(Strict):
-    """Every rung to each device's agent (a loopback agent without EDGE=/DC=/DEVICES=): timed, then scored on the
-    device with its own decode + NMS (device.detection_evaluation)."""
-
-    runtime: Literal["auto", "onnxruntime", "tensorrt"] = Field(
-        "auto", description="tensorrt where the agent has TensorRT 10+, else onnxruntime (said so in the report)")
-    batch_sizes: list[int] = Field([1], min_length=1, description="engine batches timed")
-    iterations: int = Field(50, ge=2, description="timed calls per batch")
-    rounds: int = Field(3, ge=1, le=50, description="interleaved timing rounds: every rung once per round, so a busy "
-                                                    "spell hits all of them; the network p50's interval and each "
-                                                    "rung's ratio to the FP32 student are over rounds")
-    warmup_iterations: int = Field(5, ge=0)
-    idle_s: IdleSeconds = Field(1.0, description="idle power baseline before each job")
-    evaluate_images: Optional[int] = Field(None, ge=1, description="test images the device scores (null = all)")
-    profile: bool = Field(True, description="the per-layer profile after the timed windows")
-    timeout_s: int = Field(1800, ge=10, description="the agent's limit for one job (the wait is 2 minutes longer); "
-                                                    "a job past it fails its rung, and the others are measured")
-    retries: int = Field(1, ge=0, le=5, description="resubmissions of a job that failed or was interrupted")
-    parallel_devices: int = Field(8, ge=1, le=256, description="devices measured at once")
-    resamples: int = Field(200, ge=10, description="bootstrap resamples for the device-measured mAP's interval")
-
-    @field_validator("batch_sizes")
-    @classmethod
-    def _positive(cls, value: list[int]) -> list[int]:
-        if any(b < 1 for b in value) or len(set(value)) != len(value):
-            raise ValueError("batch sizes are distinct positive integers")
-        return value
-
-
 class DetectionStartConfig(Strict):
     """A detector trained elsewhere, as ONNX, as the ladder's FP32 student (:mod:`pipeline.tasks.detection.onnx_start`)."""
 
@@ -241,7 +212,7 @@ class DetectionRecipe(RecipeBase):
     export: DetectionExportConfig = DetectionExportConfig()
     quantize: DetectionQuantizeConfig = DetectionQuantizeConfig()
     postprocess: DetectionPostprocessConfig = DetectionPostprocessConfig()
-    deploy: DetectionDeployConfig = DetectionDeployConfig()
+    deploy: ScoredDeployConfig = ScoredDeployConfig()
     MISSING_HINTS: ClassVar[dict[str, str]] = {
         "data.source": "say where the images are: DATA=digits-det|fmnist-det|coco:/path/annotations.json (a "
                        "detector's ONNX: the classes it was trained on, in its output order)",

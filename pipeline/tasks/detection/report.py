@@ -15,7 +15,8 @@ from typing import Any
 
 from pipeline.results import (REPORTED, csv_columns, detail_columns, figure_cell, figure_label, ladder_columns,
                               write_results)
-from pipeline.profile_report import INT8_FIX, computes_in, int8_not_run_reason
+from pipeline.deploy.records import LEAD_RUNG, layer_profiles, lead_row
+from pipeline.deploy.records import reported_of as _reported
 from pipeline.sections import Figure, Headline, Section, Table, Text, page_title, to_html, to_markdown
 
 # The ladder as three tables, so that each fits a laptop's window: what the rungs are compared by (with the declared
@@ -118,23 +119,6 @@ def measured_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[s
     return rows
 
 
-def _reported(measured: dict[str, Any]) -> dict[str, Any]:
-    """A rung's declared measured fields; those a rung deployed before they were declared lacks are "not recorded"
-    (its network p50 from the record it kept then)."""
-    if measured.get("state") != "succeeded":
-        return {"not_recorded": []}
-    figures = dict(measured.get("reported") or {})
-    p50, per_batch = measured.get("network_p50") or {}, measured.get("latency_p50_ms") or {}
-    if "latency_p50_ms" not in figures and p50:
-        figures.update(latency_p50_ms=p50["median_ms"], latency_p50_low_ms=p50["low_ms"],
-                       latency_p50_high_ms=p50["high_ms"])
-    elif "latency_p50_ms" not in figures and per_batch:  # before rounds: one window per batch, no interval
-        figures["latency_p50_ms"] = per_batch[min(per_batch, key=int)]
-    figures["not_recorded"] = [*figures.get("not_recorded", ()), *(column for column in REPORTED
-                                                                    if column not in figures)]
-    return figures
-
-
 def device_section(ladder: dict[str, Any], device: dict[str, Any]) -> Section:
     """One device's rungs, with why it fell back to another runtime or measured nothing."""
     blocks: list = []
@@ -225,23 +209,6 @@ def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: di
     return sections
 
 
-def layer_profiles(deploy: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per rung × device, round 1's per-layer profile or why there is none, shaped as the classification
-    report's "Where the time goes" reads them (:func:`pipeline.profile_report.time_section`); none for a run deployed
-    before profiles were kept."""
-    entries = []
-    for device in deploy.get("devices", []):
-        for rung, measured in device.get("rungs", {}).items():
-            if measured.get("state") != "succeeded" or "profile" not in measured:
-                continue
-            profile = measured["profile"]
-            entries.append({"device": device["name"], "rung": rung, "runtime": measured.get("runtime"),
-                            "status": "measured" if profile else "not measured", "profile": profile,
-                            "reason": None if profile else (measured.get("profile_note")
-                                                            or "the agent recorded no per-layer profile")})
-    return entries
-
-
 def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str, Any]]:
     """One flat row per rung × device (:data:`RESULT_COLUMNS` and the declared measured fields): results.csv."""
     reference = (ladder["rungs"].get("student") or {}).get("map")
@@ -273,8 +240,6 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
     return rows
 
 
-LEAD_RUNG = "student_int8"
-REFERENCE = "student"  # the FP32 student: what a float headline leads with
 
 
 def headline(rows: list[dict[str, Any]], quantize: dict[str, Any],
@@ -287,21 +252,9 @@ def headline(rows: list[dict[str, Any]], quantize: dict[str, Any],
     (ONNX Runtime's CPU provider), the headline leads with the FP32 student measured there and says why and how to
     measure INT8 (``int8_not_measured``).
     """
-    lead = [r for r in rows if r["rung"] == LEAD_RUNG and r["status"] == "measured"]
-    lead.sort(key=lambda r: r["role"] != "edge")
-    if not lead:
-        return {"rung": LEAD_RUNG, "measured": False,
-                "reason": next((r["reason"] for r in rows if r["rung"] == LEAD_RUNG and r["reason"]), None)}
-    row, missing = lead[0], None
-    profile = next((p for p in profiles if p["device"] == row["device"] and p["rung"] == LEAD_RUNG
-                    and p["status"] == "measured"), None)
-    if profile is not None and not computes_in(profile["profile"], "int8"):
-        student = next((r for r in rows if r["device"] == row["device"] and r["rung"] == REFERENCE
-                        and r["status"] == "measured"), None)
-        if student is not None:
-            missing = {"device": row["device"], "rung": LEAD_RUNG, "reason": int8_not_run_reason(row["runtime"]),
-                       "fix": INT8_FIX}
-            row = student
+    row, missing = lead_row(rows, profiles)
+    if row is None:
+        return {"rung": LEAD_RUNG, "measured": False, "reason": missing}
     keys = ("device", "role", "runtime", "map", "map_low", "map_high", "map_delta_points", "latency_p50_ms",
             "latency_p50_low_ms", "latency_p50_high_ms", "ratio_vs_student", "ratio_low", "ratio_high",
             "ratio_significant", "postprocess_ms_per_image", "latency_batch")

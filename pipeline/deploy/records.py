@@ -1,0 +1,142 @@
+"""A scored rung's record on one device, the part every task whose device scores its rungs shares (detection,
+segmentation): the rounds' network p50 with its interval over rounds, the result schema's measured figures, the
+profile and engines, the evaluation pass's network and post-processing time per image; and each rung's ratio to the
+FP32 student, paired by round. The task adds its scores (:func:`timed_record`'s ``scores``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+REFERENCE_RUNG = "student"  # the FP32 student: what the INT8 fold is compared with
+
+
+def typed_rounds(records: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """The windows' records with each succeeded one's result typed (:func:`device.schema.parse_result`)."""
+    from device.schema import parse_result
+
+    return [{**r, "result": parse_result(r["result"], where)} if r["state"] == "succeeded" else r for r in records]
+
+
+def timed_record(rounds: list[dict[str, Any]], count: int, scores: dict[str, Any],
+                 others: list[dict[str, Any]]) -> dict[str, Any]:
+    """A rung's record from its typed rounds (round 1 succeeded and scored the set): ``scores`` (the device-measured
+    score) and ``others`` (every other engine the job scored, point figures) as the task computed them."""
+    from pipeline.results import reported_figures
+
+    first = rounds[0]
+    result = first["result"]
+    windows: dict[int, list[float]] = {}
+    for entry in rounds:
+        if entry["state"] == "succeeded":
+            for run in entry["result"].runs:
+                windows.setdefault(run.batch_size, []).append(run.latency_p50_ms)
+    batch = min(windows)
+    # The measured fields the result schema declares (latency with its interval over rounds, energy, peak
+    # temperature, lowest clock …), over every succeeded round.
+    figures = reported_figures(e["result"] for e in rounds if e["state"] == "succeeded")
+    return {"state": "succeeded", "job_id": first["job_id"], "precision": result.runtime.precision,
+            "scores": scores, "latency_p50_ms": {b: float(np.median(v)) for b, v in windows.items()},
+            "latency_p50_windows_ms": {b: v for b, v in windows.items()},
+            "network_p50": {"batch": batch, "median_ms": figures["latency_p50_ms"],
+                            "low_ms": figures["latency_p50_low_ms"], "high_ms": figures["latency_p50_high_ms"],
+                            "rounds": len(windows[batch])},
+            "rounds_failed": [e.get("error") for e in rounds if e["state"] != "succeeded"],
+            # Round 1's per-layer profile of the engine it timed (or why there is none), for "where the time goes".
+            "profile": result.profile, "profile_note": result.runtime.profile_note,
+            "runtime": result.runtime.name,
+            # Each batch's engine by its key in the agent's cache (edgefold ship fetches it and its build).
+            "engines": (result.runtime.built.engines or None) if result.runtime.built else None,
+            "network_ms_per_image": 1e3 * result.evaluation.network_s / count,
+            "postprocess_ms_per_image": 1e3 * result.evaluation.postprocess_s / count,
+            "evaluation_batch": result.evaluation.batch_size, "other_engines": others,
+            "evaluation_note": result.evaluation_note, "reported": figures}
+
+
+def ratios_to_student(rungs: dict[str, dict[str, Any]]) -> None:
+    """Each rung's network p50 over the FP32 student's, paired by round (a round's busy spell cancels), with its
+    interval (:func:`pipeline.stats.ratio_interval`); ``vs_student`` in each measured rung's record."""
+    from pipeline.stats import ratio_interval, significant
+
+    reference = rungs.get(REFERENCE_RUNG, {})
+    if reference.get("state") != "succeeded":
+        return
+    batch = reference["network_p50"]["batch"]
+    for name, entry in rungs.items():
+        windows = (entry.get("latency_p50_windows_ms") or {}).get(batch)
+        if entry.get("state") != "succeeded" or name == REFERENCE_RUNG or not windows:
+            continue
+        ratio, low, high = ratio_interval(windows, reference["latency_p50_windows_ms"][batch])
+        entry["vs_student"] = {"batch": batch, "ratio": ratio, "low": low, "high": high,
+                               "significant": significant(low, high)}
+
+
+def reported_of(measured: dict[str, Any]) -> dict[str, Any]:
+    """A rung's declared measured fields; those a rung deployed before they were declared lacks are "not recorded"
+    (its network p50 from the record it kept then)."""
+    from pipeline.results import REPORTED
+
+    if measured.get("state") != "succeeded":
+        return {"not_recorded": []}
+    figures = dict(measured.get("reported") or {})
+    p50, per_batch = measured.get("network_p50") or {}, measured.get("latency_p50_ms") or {}
+    if "latency_p50_ms" not in figures and p50:
+        figures.update(latency_p50_ms=p50["median_ms"], latency_p50_low_ms=p50["low_ms"],
+                       latency_p50_high_ms=p50["high_ms"])
+    elif "latency_p50_ms" not in figures and per_batch:  # before rounds: one window per batch, no interval
+        figures["latency_p50_ms"] = per_batch[min(per_batch, key=int)]
+    figures["not_recorded"] = [*figures.get("not_recorded", ()), *(column for column in REPORTED
+                                                                    if column not in figures)]
+    return figures
+
+
+def layer_profiles(deploy: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rung × device, round 1's per-layer profile or why there is none, shaped as the classification
+    report's "Where the time goes" reads them (:func:`pipeline.profile_report.time_section`); none for a run deployed
+    before profiles were kept."""
+    entries = []
+    for device in deploy.get("devices", []):
+        for rung, measured in device.get("rungs", {}).items():
+            if measured.get("state") != "succeeded" or "profile" not in measured:
+                continue
+            profile = measured["profile"]
+            entries.append({"device": device["name"], "rung": rung, "runtime": measured.get("runtime"),
+                            "status": "measured" if profile else "not measured", "profile": profile,
+                            "reason": None if profile else (measured.get("profile_note")
+                                                            or "the agent recorded no per-layer profile")})
+    return entries
+
+
+LEAD_RUNG = "student_int8"
+
+
+def lead_row(rows: list[dict[str, Any]], profiles: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, Any]:
+    """What a scored task's headline leads with, true to the device: the INT8 student on the first edge device that
+    measured it (else the first device that did); where that rung's own profile there shows no compute layer in INT8
+    (ONNX Runtime's CPU provider), the FP32 student measured there.
+
+    Args:
+        rows: The report's flat rows (``rung``, ``device``, ``role``, ``status``, ``reason``, ``runtime``).
+        profiles: :func:`layer_profiles`.
+
+    Returns:
+        ``(row, int8_not_measured)``: the row and, where it is the FP32 student's, why and how to measure INT8
+        (``{device, rung, reason, fix}``); or ``(None, why)`` where the INT8 student was measured nowhere.
+    """
+    from pipeline.profile_report import INT8_FIX, computes_in, int8_not_run_reason
+
+    lead = [r for r in rows if r["rung"] == LEAD_RUNG and r["status"] == "measured"]
+    lead.sort(key=lambda r: r["role"] != "edge")
+    if not lead:
+        return None, next((r["reason"] for r in rows if r["rung"] == LEAD_RUNG and r["reason"]), None)
+    row = lead[0]
+    profile = next((p for p in profiles if p["device"] == row["device"] and p["rung"] == LEAD_RUNG
+                    and p["status"] == "measured"), None)
+    if profile is not None and not computes_in(profile["profile"], "int8"):
+        student = next((r for r in rows if r["device"] == row["device"] and r["rung"] == REFERENCE_RUNG
+                        and r["status"] == "measured"), None)
+        if student is not None:
+            return student, {"device": row["device"], "rung": LEAD_RUNG, "reason": int8_not_run_reason(row["runtime"]),
+                             "fix": INT8_FIX}
+    return row, None

@@ -1,0 +1,182 @@
+"""The segmentation ladder's report: mIoU per rung on host and device (with intervals), the network's and the
+argmax's time apart, and the INT8 fold's per-class IoU changes; the same page as every task's
+(:mod:`pipeline.sections`), its figures in ``results.json`` and ``results.csv`` (:mod:`pipeline.results`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.deploy.records import LEAD_RUNG, layer_profiles, lead_row, reported_of
+from pipeline.results import csv_columns, interval_cell, write_results
+from pipeline.sections import Headline, Section, Table, Text, page_title, to_html, to_markdown
+
+RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "status", "reason", "runtime", "size_mb", "macs_g",
+                  "host_miou", "host_miou_low", "host_miou_high", "miou", "miou_low", "miou_high", "pixel_accuracy",
+                  "miou_delta_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high",
+                  "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image")
+"""results.csv's own columns (the declared measured fields, :data:`pipeline.results.REPORTED`, follow)."""
+SCORED_TEXT = ("Host mIoU: teacher and student in torch, the INT8 student under ONNX Runtime; device mIoU: the engine "
+               "that was timed, its masks taken by the argmax on the device. IoU per class over every pixel of the "
+               "test canvases, mIoU its mean; intervals: 95% bootstrap over images. p50 is each timed window's median "
+               "per call, then its median over the interleaved rounds with a bootstrap interval; the ratio to the FP32 "
+               "student is paired by round. The argmax's time is per image over the evaluation pass.")
+
+
+def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per rung × device (:data:`RESULT_COLUMNS` and the declared measured fields): results.csv."""
+    reference = (ladder["rungs"].get("student") or {}).get("miou")
+    rows = []
+    for device in deploy.get("devices", []):
+        for rung, row in ladder["rungs"].items():
+            measured = device.get("rungs", {}).get(rung, {})
+            ok = measured.get("state") == "succeeded"
+            scores, figures = measured.get("scores") or {}, reported_of(measured)
+            p50, ratio = measured.get("network_p50") or {}, measured.get("vs_student") or {}
+            rows.append({
+                "rung": rung, "device": device["name"], "group": device.get("group", device["name"]),
+                "role": device.get("role"), "precision": row["precision"],
+                "status": "measured" if ok else measured.get("state", "not measured"),
+                "reason": None if ok else measured.get("error") or device.get("error"),
+                "runtime": measured.get("runtime"), "size_mb": row["size_mb"], "macs_g": row["macs_g"],
+                "host_miou": row["miou"], "host_miou_low": row["miou_low"], "host_miou_high": row["miou_high"],
+                "miou": scores.get("miou"), "miou_low": scores.get("miou_low"), "miou_high": scores.get("miou_high"),
+                "pixel_accuracy": scores.get("pixel_accuracy"),
+                "miou_delta_points": (None if scores.get("miou") is None or reference is None
+                                      else round(100 * (scores["miou"] - reference), 3)),
+                "latency_batch": p50.get("batch"), "rounds": p50.get("rounds"), "ratio_vs_student": ratio.get("ratio"),
+                "ratio_low": ratio.get("low"), "ratio_high": ratio.get("high"),
+                "ratio_significant": ratio.get("significant"),
+                "network_ms_per_image": measured.get("network_ms_per_image"),
+                "postprocess_ms_per_image": measured.get("postprocess_ms_per_image"),
+                **{key: figures.get(key) for key in csv_columns(()) if key != "not_recorded"},
+                "not_recorded": figures["not_recorded"]})
+    return rows
+
+
+def headline(rows: list[dict[str, Any]], quantize: dict[str, Any], profiles: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the run comes to, as data: the INT8 student on the first edge device that measured it, true to the device
+    (:func:`pipeline.deploy.records.lead_row`), its mIoU there against the FP32 student's on the host, its network
+    time against the FP32 student's on the same device, and the argmax's time."""
+    row, missing = lead_row(rows, profiles)
+    if row is None:
+        return {"rung": LEAD_RUNG, "measured": False, "reason": missing}
+    keys = ("device", "role", "runtime", "miou", "miou_low", "miou_high", "miou_delta_points", "latency_p50_ms",
+            "latency_p50_low_ms", "latency_p50_high_ms", "ratio_vs_student", "ratio_low", "ratio_high",
+            "ratio_significant", "postprocess_ms_per_image", "latency_batch")
+    return {"rung": row["rung"], "measured": True, **{k: row.get(k) for k in keys}, "int8_not_measured": missing,
+            "method": quantize.get("method")}
+
+
+def headline_block(h: dict[str, Any]) -> Headline:
+    """The headline's title and findings, labelled as every task's (the report's first table)."""
+    if not h.get("measured"):
+        return Headline(f"{h['rung']}: not measured on any device", [("why", h["reason"])] if h.get("reason") else [])
+    rows: list[tuple[str | None, str]] = []
+    missing = h.get("int8_not_measured")
+    if missing:  # the headline leads with the FP32 student: say why, and how to measure INT8
+        rows += [("INT8 rung", f"{missing['rung']} not measured as INT8 on {missing['device']}: {missing['reason']}"),
+                 ("", missing["fix"])]
+    score = _percent(h["miou"], h["miou_low"], h["miou_high"]) + " on the device"
+    if h.get("miou_delta_points") is not None:
+        score += f", {h['miou_delta_points']:+.2f} points against the FP32 student on the host"
+    rows.append(("mIoU", score))
+    if h.get("latency_p50_ms") is not None:
+        latency = f"network {h['latency_p50_ms']:.3f} ms at batch {h['latency_batch']}"
+        if h.get("ratio_vs_student") is not None:
+            latency += (f", ×{h['ratio_vs_student']:.2f} [{h['ratio_low']:.2f}, {h['ratio_high']:.2f}] the FP32 "
+                        "student's" + (f" ({'slower' if h['ratio_vs_student'] > 1 else 'faster'})"
+                                       if h["ratio_significant"] else " (no measurable difference)"))
+        rows.append(("latency p50", latency))
+    if h.get("postprocess_ms_per_image") is not None:
+        rows.append(("argmax", f"{h['postprocess_ms_per_image']:.3f} ms per image"))
+    if h.get("method"):
+        rows.append(("INT8", f"calibrated by {h['method']}"))
+    return Headline(f"{h['rung']} on {h['device']} ({h['runtime']})", rows)
+
+
+def headline_line(h: dict[str, Any]) -> str:
+    """The headline in one console line (the report stage's summary): what leads, its mIoU and its latency."""
+    block = headline_block(h)
+    found = dict(block.rows)
+    return "; ".join([block.title, *(f"{label} {found[label]}" for label in ("mIoU", "latency p50") if label in found)])
+
+
+def headline_text(h: dict[str, Any]) -> str:
+    """The headline as aligned lines (what ``edgefold run`` and ``edgefold report`` print)."""
+    return headline_block(h).lines()
+
+
+def _percent(value: float | None, low: float | None = None, high: float | None = None) -> str:
+    return interval_cell(None if value is None else 100 * value, None if low is None else 100 * low,
+                         None if high is None else 100 * high, ".1f")
+
+
+def sections(rows: list[dict[str, Any]], lead: dict[str, Any], quantize: dict[str, Any]) -> list[Section]:
+    """The page: the headline first, then the ladder on every device, the per-class changes of the INT8 fold."""
+    ladder = [["rung", "device", "precision", "host mIoU [95% CI]", "device mIoU [95% CI]", "network p50 ms [95% CI]",
+               "× FP32 student [95% CI]", "argmax ms/img", "MB", "GMACs"]]
+    for r in rows:
+        ratio = ("—" if r["ratio_vs_student"] is None else
+                 interval_cell(r["ratio_vs_student"], r["ratio_low"], r["ratio_high"], ".2f"))
+        ladder.append([r["rung"], r["device"], r["precision"], _percent(r["host_miou"], r["host_miou_low"],
+                                                                         r["host_miou_high"]),
+                       _percent(r["miou"], r["miou_low"], r["miou_high"]) if r["status"] == "measured"
+                       else f"{r['status']}: {r['reason']}",
+                       interval_cell(r.get("latency_p50_ms"), r.get("latency_p50_low_ms"),
+                                     r.get("latency_p50_high_ms"), ".3f"), ratio,
+                       "—" if r["postprocess_ms_per_image"] is None else f"{r['postprocess_ms_per_image']:.3f}",
+                       f"{r['size_mb']:.2f}", f"{r['macs_g']:.4f}"])
+    out = [Section("Headline", [headline_block(lead)]), Section("Ladder", [Table(ladder, css="ladder"),
+                                                                          Text(SCORED_TEXT)])]
+    changes = quantize.get("class_changes_vs_fp32") or []
+    if changes:
+        table = [["class", "IoU FP32", "IoU INT8", "change, points [95% CI]", "beyond noise"]]
+        table += [[c["class"], f"{100 * c['iou_before']:.1f}", f"{100 * c['iou_after']:.1f}",
+                   interval_cell(c["change_points"], c["change_low"], c["change_high"], "+.2f"),
+                   "yes" if c["significant"] else "no"] for c in changes]
+        out.append(Section("INT8 fold, per class (IoU change, paired bootstrap over images)", [Table(table)]))
+    return out
+
+
+def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, Any],
+                 quantize_metrics: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Writes report.md, report.html, results.json and results.csv into ``out``; returns their paths."""
+    from pipeline.quantize.report import int8_section
+
+    quantize = {key: quantize_metrics.get(key) for key in ("method", "drop_points", "kept_layers",
+                                                            "class_changes_vs_fp32", "attempts")}
+    rows = result_rows(ladder, deploy)
+    lead = headline(rows, quantize, layer_profiles(deploy))
+    page = sections(rows, lead, quantize) + int8_section(quantize_metrics, "mIoU", lambda v: f"{100 * v:.2f}", out)
+    paths = {"md": out / "report.md", "html": out / "report.html"}
+    paths["md"].write_text(to_markdown(page_title(name, run), page))
+    paths["html"].write_text(to_html(page_title(name, run), page))
+    document = {"model": name, "run": run, "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "headline": lead,
+                "rows": rows, "ladder": ladder, "deploy": deploy, "quantize": quantize}
+    paths.update(write_results(out, document, "segmentation", RESULT_COLUMNS))
+    return paths
+
+
+def build_from_run(run_dir: Path, out: Path) -> dict[str, Path]:
+    """The report of a finished segmentation run rebuilt from what its stages recorded (``edgefold report RUN``).
+
+    Raises:
+        ManifestError: The run has not reached its deploy stage.
+    """
+    from device.errors import ManifestError
+
+    manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+    stages = manifest.get("stages") or {}
+    missing = [stage for stage in ("evaluate", "quantize", "deploy") if stage not in stages]
+    if missing:
+        raise ManifestError(f"{run_dir} has no {', '.join(missing)} stage yet: nothing to report",
+                            fix=f"finish the run first: edgefold run {manifest.get('model')} "
+                                f"--run-id {Path(run_dir).name}")
+    ladder = json.loads((Path(run_dir) / stages["evaluate"]["outputs"]["ladder"]).read_text())
+    deploy = json.loads((Path(run_dir) / stages["deploy"]["outputs"]["results"]).read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    return write_report(manifest.get("model", Path(run_dir).parent.name), Path(run_dir).name, ladder, deploy,
+                        stages["quantize"].get("metrics", {}), out)

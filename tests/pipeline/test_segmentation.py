@@ -1,0 +1,181 @@
+"""Semantic segmentation, the third task, made of hooks alone: its data, metrics and device post-processor, then
+tiny-seg end to end through the shared stages on a loopback agent (real job processes, ONNX Runtime)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import numpy as np
+import pytest
+
+from device.errors import ConfigError, StageError
+from pipeline.tasks.segmentation.data import CLASSES, canvases
+from pipeline.tasks.segmentation.metrics import class_changes, require_sane, score_masks
+from tests.slow import slow_fixture
+
+
+def test_the_canvases_are_the_same_for_a_seed_and_their_masks_hold_every_class():
+    one, again, other = (canvases(16, 32, (1, 3), 0.3, seed) for seed in (0, 0, 1))
+    assert np.array_equal(one.images, again.images) and np.array_equal(one.masks, again.masks)
+    assert not np.array_equal(one.masks, other.masks)
+    assert set(np.unique(one.masks)) <= set(range(len(CLASSES))) and len(np.unique(one.masks)) > 1
+    empty = canvases(4, 32, (0, 0), 0.3, 0)
+    assert not empty.masks.any(), "no shape drawn: all background"
+
+
+def test_miou_is_one_for_a_perfect_mask_and_its_interval_holds_the_point():
+    truth = canvases(24, 32, (1, 3), 0.3, 2).masks
+    perfect = score_masks(truth, truth, CLASSES, resamples=50)
+    assert perfect["miou"] == perfect["miou_low"] == perfect["miou_high"] == 1.0
+    worse = truth.copy()
+    worse[:8] = 0  # a third of the images lose their shapes
+    scored = score_masks(truth, worse, CLASSES, resamples=100)
+    assert scored["miou_low"] <= scored["miou"] <= scored["miou_high"] < 1.0
+    assert scored["per_class_iou"]["background"] < 1.0
+
+
+def test_the_per_class_test_finds_a_class_that_was_lost_and_not_the_others():
+    truth = canvases(40, 32, (1, 3), 0.3, 3).masks
+    after = truth.copy()
+    after[after == CLASSES.index("square")] = 0  # every square missed
+    rows = {row["class"]: row for row in class_changes(truth, truth, after, CLASSES, resamples=100)}
+    assert rows["square"]["change_points"] == -100.0 and rows["square"]["significant"]
+    assert rows["circle"]["change_points"] == 0.0 and not rows["circle"]["significant"]
+
+
+def test_a_segmenter_that_finds_no_object_is_refused():
+    truth = canvases(8, 32, (1, 3), 0.3, 4).masks
+    with pytest.raises(StageError, match="predicts no object pixel"):
+        require_sane(score_masks(truth, np.zeros_like(truth), CLASSES, resamples=0), "the teacher")
+
+
+def test_masks_travel_packed_and_a_truncated_pack_is_refused():
+    from device.segmentation_evaluation import pack_masks, unpack_masks
+
+    masks = canvases(6, 32, (1, 3), 0.3, 5).masks
+    packed = pack_masks(masks)
+    assert np.array_equal(unpack_masks(packed, masks.shape), masks) and len(packed) < masks.size / 4
+    with pytest.raises(ValueError, match="bytes"):
+        unpack_masks(packed, (7, 32, 32))
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"data": {"source": "voc:/data/VOC2012"}}, "not read by this version"),
+    ({"data": {"source": "shapes-sg"}}, "did you mean 'shapes-seg'"),
+    ({"start": {"onnx": "model.onnx"}}, "segmenter brought as ONNX is not taken"),
+    ({"quantize": {"qat": {"epochs": 1, "batch_size": 8, "lr": 0.0001}}}, "no QAT step yet"),
+    ({"teacher": {"arch": "tiny_sg", "train": {"epochs": 1, "batch_size": 8}}}, "tiny_seg")])
+def test_what_segmentation_does_not_offer_is_refused_with_the_reason(repo, change, named):
+    import yaml
+
+    from pipeline.core.recipe import parse_recipe
+
+    raw = yaml.safe_load((repo / "models" / "tiny-seg.yaml").read_text())
+    for section, values in change.items():
+        raw[section] = {**(raw.get(section) or {}), **values}
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        parse_recipe(raw, "tiny-seg.yaml")
+
+
+@pytest.fixture(scope="module")
+@slow_fixture
+def seg_run(repo, tmp_path_factory):
+    """tiny-seg end to end on a loopback agent, with fewer epochs and resamples (about 40 s on two cores)."""
+    from pipeline.runner import run_pipeline
+
+    runs = tmp_path_factory.mktemp("seg-runs")
+    overrides = {"teacher.train.epochs": 6, "distill.train.epochs": 2, "quantize.resamples": 50,
+                 "deploy.resamples": 50, "deploy.iterations": 5, "deploy.warmup_iterations": 1}
+    ctx = run_pipeline(str(repo / "models" / "tiny-seg.yaml"), runs_dir=runs, new=True, overrides=overrides)
+    return ctx, json.loads(ctx.manifest.path.read_text())
+
+
+def test_every_stage_of_a_segmentation_run_is_a_shared_stage_with_segmentations_hooks(seg_run):
+    from pipeline import tasks
+    from pipeline.core.stage import STAGE_ORDER, HookedStage
+
+    ctx, manifest = seg_run
+    assert list(manifest["stages"]) == list(STAGE_ORDER) and manifest["task"] == "segmentation"
+    task = tasks.of_run(ctx.run_dir)
+    assert task.name == "segmentation" and task.score == "miou"
+    for stage in STAGE_ORDER:
+        found = task.stages.get(stage)
+        assert type(found).__module__.startswith("pipeline.stages."), f"{stage} is the shared stage"
+        if isinstance(found, HookedStage):
+            assert type(found.hooks).__module__.startswith("pipeline.tasks.segmentation."), stage
+
+
+def test_the_ladder_record_has_every_tasks_shape_and_the_students_macs_share(seg_run):
+    ctx, manifest = seg_run
+    ladder = json.loads((ctx.run_dir / manifest["stages"]["evaluate"]["outputs"]["ladder"]).read_text())
+    assert ladder["score"] == "miou" and ladder["baseline"] == "teacher" and ladder["classes"] == list(CLASSES)
+    assert list(ladder["rungs"]) == ["teacher", "student", "student_int8"]
+    for rung, row in ladder["rungs"].items():
+        assert {"precision", "artifact", "size_mb", "macs_g", "miou", "miou_delta_points"} <= set(row), rung
+        assert row["miou_low"] <= row["miou"] <= row["miou_high"], rung
+        assert (ctx.run_dir / row["artifact"]).suffix == ".onnx"
+    prune = ctx.recipe.prune
+    assert abs(ladder["rungs"]["student"]["macs_fraction"] - prune.macs_target) <= prune.tolerance * prune.macs_target
+    assert ladder["rungs"]["teacher"]["miou"] > 0.3, "the teacher learned the shapes"
+
+
+def test_the_device_scores_each_rung_through_the_engine_it_timed(seg_run):
+    """ONNX Runtime on the loopback agent runs the same INT8 graph the host scored: the argmax on the device gives
+    the same masks, so the same mIoU to the last digit; the FP32 rungs agree with torch within the export check."""
+    ctx, manifest = seg_run
+    stages = manifest["stages"]
+    ladder = json.loads((ctx.run_dir / stages["evaluate"]["outputs"]["ladder"]).read_text())
+    deploy = json.loads((ctx.run_dir / stages["deploy"]["outputs"]["results"]).read_text())
+    (device,) = deploy["devices"]
+    assert stages["deploy"]["metrics"]["jobs_succeeded"] == stages["deploy"]["metrics"]["jobs"] == 3
+    for rung, measured in device["rungs"].items():
+        assert measured["state"] == "succeeded" and measured["network_p50"]["rounds"] == ctx.recipe.deploy.rounds
+        assert measured["postprocess_ms_per_image"] > 0 and measured["scores"]["images"] == deploy["images"]
+    assert device["rungs"]["student_int8"]["scores"]["miou"] == pytest.approx(ladder["rungs"]["student_int8"]["miou"],
+                                                                               abs=1e-12)
+    assert device["rungs"]["student"]["scores"]["miou"] == pytest.approx(ladder["rungs"]["student"]["miou"], abs=5e-3)
+    assert "vs_student" in device["rungs"]["student_int8"] and "vs_student" not in device["rungs"]["student"]
+
+
+def test_the_report_writes_every_tasks_results_and_opens_with_its_headline(seg_run):
+    from pipeline.results import RESULTS_SCHEMA
+    from pipeline.tasks.segmentation.report import RESULT_COLUMNS
+
+    ctx, manifest = seg_run
+    outputs = manifest["stages"]["report"]["outputs"]
+    document = json.loads((ctx.run_dir / outputs["json"]).read_text())
+    assert document["schema"] == RESULTS_SCHEMA and document["task"] == "segmentation"
+    assert document["headline"]["measured"] and document["headline"]["rung"] in ("student_int8", "student")
+    with open(ctx.run_dir / outputs["csv"], newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0])[:len(RESULT_COLUMNS)] == list(RESULT_COLUMNS) and len(rows) == 3
+    assert "latency_p50_ms" in rows[0] and "not_recorded" in rows[0], "the declared measured fields, as every task's"
+    page = (ctx.run_dir / outputs["html"]).read_text()
+    first_table = re.search(r"<table[^>]*>", page).group(0)
+    assert "headline" in first_table, "the headline is the page's first table"
+
+
+def test_the_segmentation_report_fits_a_1366_px_page(seg_run):
+    from tests.browser import render_probe
+
+    ctx, manifest = seg_run
+    page = ctx.run_dir / manifest["stages"]["report"]["outputs"]["html"]
+    check = ("const tables=[...document.querySelectorAll('table')];document.title=[tables.length,"
+             "tables.filter(t=>t.getBoundingClientRect().right<=window.innerWidth).length,"
+             "document.documentElement.scrollWidth<=window.innerWidth,tables[0].className].join(':')")
+    tables = len(re.findall("<table", page.read_text()))
+    assert render_probe(page, check, 1366) == f"{tables}:{tables}:true:headline"
+
+
+def test_a_second_run_trains_nothing_and_measures_nothing_again(seg_run, capsys):
+    from pipeline.runner import run_pipeline
+
+    ctx, manifest = seg_run
+    again = run_pipeline(manifest["recipe"]["path"], runs_dir=ctx.run_dir.parent.parent, run_id=ctx.run_dir.name,
+                         overrides=manifest.get("overrides") or {})
+    err = capsys.readouterr().err
+    assert "running" not in err.replace("[  deploy] running", "").replace("[  report] running", "")
+    deploy = again.manifest.stage("deploy")["metrics"]
+    assert deploy["jobs_reused"] == deploy["jobs"] * deploy["rounds"]
