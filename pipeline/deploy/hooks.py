@@ -39,8 +39,8 @@ class Windows:
 
     Attributes:
         jobs: Measured in this order in every round.
-        spec: The job of ``(job, round_index)``; its ``timeout_s`` is the agent's limit, and the window is waited for
-            two minutes longer.
+        spec: The job of ``(job, round_index)``; its ``timeout_s`` (required) is the agent's limit, and the window is
+            waited for two minutes longer.
         announce: What the log says when a window is measured, not reused (None: the session's progress lines only).
     """
 
@@ -86,5 +86,8 @@ class DeployHooks(ABC):
         ``open_session()`` gives a new :class:`~pipeline.deploy.session.DeviceSession` of the same device."""
 
     def results(self, ctx, plan) -> dict[str, Any]:
-        """What ``results.json`` holds beyond the devices and the artifacts (and the plan's files removed)."""
+        """What ``results.json`` holds beyond the devices and the artifacts (after every device was measured)."""
         return {}
+
+    def cleanup(self, plan) -> None:
+        """Removes the plan's files that are not outputs (evaluation sets), however the stage ended."""

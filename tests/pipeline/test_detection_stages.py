@@ -345,9 +345,9 @@ def test_the_detection_headline_leads_with_a_rung_the_device_really_ran():
     keys = dict(role="edge", runtime="onnxruntime", map_low=0.1, map_high=0.2, latency_p50_low_ms=None,
                 latency_p50_high_ms=None, ratio_low=1.8, ratio_high=2.0, ratio_significant=True,
                 postprocess_ms_per_image=1.0, latency_batch=1, reason=None, status="measured", device="orin")
-    rows = [{**keys, "rung": "student", "map": 0.17, "map_delta_points": 0.0, "latency_p50_ms": 1.0,
+    rows = [{**keys, "rung": "student", "map": 0.17, "map_vs_student_points": 0.0, "latency_p50_ms": 1.0,
              "ratio_vs_student": None},
-            {**keys, "rung": "student_int8", "map": 0.168, "map_delta_points": -0.2, "latency_p50_ms": 1.9,
+            {**keys, "rung": "student_int8", "map": 0.168, "map_vs_student_points": -0.2, "latency_p50_ms": 1.9,
              "ratio_vs_student": 1.9}]
     unfused = {"device": "orin", "rung": "student_int8", "status": "measured",
                "profile": _profile(("int8", "qdq", 0.6), ("fp32", None, 0.4))}
@@ -366,7 +366,7 @@ def test_the_headline_of_a_result_without_rounds_names_what_it_has():
     from pipeline.tasks.detection.report import headline_text
 
     text = headline_text({"rung": "student_int8", "measured": True, "device": "orin", "runtime": "tensorrt",
-                          "map": 0.171, "map_low": None, "map_delta_points": 0.03, "latency_p50_ms": None,
+                          "map": 0.171, "map_low": None, "map_vs_student_points": 0.03, "latency_p50_ms": None,
                           "ratio_vs_student": None, "postprocess_ms_per_image": 0.9, "method": "max",
                           "box_head": "fp16"})
     assert text.splitlines()[:2] == ["student_int8 on orin (tensorrt)", "  mAP            17.1 on the device, +0.03 "

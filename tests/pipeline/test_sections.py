@@ -44,7 +44,7 @@ def test_every_task_heads_its_page_alike():
     assert detection_headline({"rung": "student_int8", "measured": False, "reason": "the agent was unreachable"}) == \
         Headline("student_int8: not measured on any device", [("why", "the agent was unreachable")])
     measured = detection_headline({"rung": "student_int8", "measured": True, "device": "orin", "runtime": "tensorrt",
-                                   "map": 0.2, "map_low": 0.18, "map_high": 0.22, "map_delta_points": -0.4,
+                                   "map": 0.2, "map_low": 0.18, "map_high": 0.22, "map_vs_student_points": -0.4,
                                    "latency_p50_ms": 1.5, "latency_batch": 1, "ratio_vs_student": 0.5,
                                    "ratio_low": 0.45, "ratio_high": 0.55, "ratio_significant": True,
                                    "postprocess_ms_per_image": 0.3, "method": "max", "box_head": "fp16"})

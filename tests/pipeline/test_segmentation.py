@@ -179,3 +179,35 @@ def test_a_second_run_trains_nothing_and_measures_nothing_again(seg_run, capsys)
     assert "running" not in err.replace("[  deploy] running", "").replace("[  report] running", "")
     deploy = again.manifest.stage("deploy")["metrics"]
     assert deploy["jobs_reused"] == deploy["jobs"] * deploy["rounds"]
+
+
+@pytest.mark.parametrize("arch", ["lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large"])
+def test_torchvisions_segmenters_prune_reload_and_export_with_their_classifiers_whole(arch, tmp_path):
+    """The real recipes' architectures through what tiny-seg's run does to its own: pruned (the classifiers kept
+    whole), saved as state and rebuilt, a user's torchvision weights loaded, exported and checked against torch."""
+    import torch
+
+    from pipeline.export.onnx import check_parity, export_onnx
+    from pipeline.tasks.segmentation.models import (SEGMENTERS, build_segmenter, load_segmenter,
+                                                    load_segmenter_weights, save_segmenter)
+    from pipeline.tasks.segmentation.pruned import _pruned_copy
+
+    torch.manual_seed(0)
+    model = build_segmenter(arch, 4).eval()
+    torch.save(model.model.state_dict(), tmp_path / "user.pt")  # torchvision's own keys, as a user saves them
+    fresh = build_segmenter(arch, 4).eval()
+    load_segmenter_weights(fresh, tmp_path / "user.pt")
+    x = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(fresh(x), model(x))
+    widths = [tuple(layer.weight.shape) for layer in SEGMENTERS.get(arch).classifiers(model)]
+    before = sum(p.numel() for p in model.parameters())
+    _pruned_copy(model, arch, 0.3, 64, 8, "l2")
+    assert sum(p.numel() for p in model.parameters()) < before
+    assert [layer.weight.shape[0] for layer in SEGMENTERS.get(arch).classifiers(model)] == [w[0] for w in widths]
+    path = save_segmenter(tmp_path / "model.pt", model, arch, 4, 64)
+    loaded, meta = load_segmenter(path)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x)) and loaded(x).shape == (2, 4, 64, 64)
+    export_onnx(loaded, tmp_path / "model.onnx", (1, 3, 64, 64), 17)
+    assert check_parity(loaded, tmp_path / "model.onnx", x.numpy())["max_abs_diff"] < 1e-3

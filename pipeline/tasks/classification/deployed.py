@@ -6,6 +6,7 @@ evaluation set each rung's engine scores on the device (top-k), camera frames, a
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,9 +101,14 @@ class ClassificationDeploy(DeployHooks):
         evaluation = _evaluation_set(ctx, workdir, artifacts) if cfg.evaluate_images else None
         frames = None
         if cfg.frame is not None:  # each rung with its preprocessing in the graph; the images the frames come from
+            lock = threading.Lock()  # the frame files log from the devices' threads too (an upload that failed)
+
+            def log(text: str) -> None:
+                with lock:
+                    ctx.log(f"[  deploy] {text}")
+
             frames = write_frame_files(cfg.frame, workdir, artifacts, preprocess,
-                                       (lambda: _raw_images(ctx, evaluation)) if evaluation else None,
-                                       lambda text: ctx.log(f"[  deploy] {text}"))
+                                       (lambda: _raw_images(ctx, evaluation)) if evaluation else None, log)
             for note in filter(None, (frames.in_graph_note, frames.images_note)):
                 ctx.log(f"[  deploy] frames: {note}")
         return Plan(artifacts, _programs(ctx), preprocess, f"{ctx.recipe.name}/{ctx.run_dir.name}", evaluation, frames)
@@ -146,7 +152,6 @@ class ClassificationDeploy(DeployHooks):
     def results(self, ctx, plan: Plan):
         evaluation = plan.evaluation
         if evaluation is not None:  # kept off the agent: the labels and the host's predictions on the same images
-            evaluation["path"].unlink(missing_ok=True)
             evaluation = {key: value for key, value in evaluation.items() if key != "path"}
         results = {"evaluation": evaluation, "frame": plan.frames.record("deploy") if plan.frames else None}
         if plan.programs:
@@ -157,6 +162,10 @@ class ClassificationDeploy(DeployHooks):
                        for kind, path in (("program", art.program), ("checkpoint", art.checkpoint)) if path is not None}
                 for rung, art in plan.programs.items()}
         return results
+
+    def cleanup(self, plan: Plan):
+        if plan.evaluation is not None:
+            plan.evaluation["path"].unlink(missing_ok=True)
 
 
 def _programs(ctx) -> dict[str, RoadArtifacts]:

@@ -120,9 +120,11 @@ class DetectionDeploy(DeployHooks):
         ratios_to_student(outcome["rungs"])
 
     def results(self, ctx, plan: Plan):
+        return {"images": plan.count}
+
+    def cleanup(self, plan: Plan):
         for path in set(plan.sets.values()):
             path.unlink(missing_ok=True)
-        return {"images": plan.count}
 
 
 def _rung_record(rung: str, rounds: list[dict[str, Any]], plan: Plan, cfg) -> dict[str, Any]:

@@ -28,7 +28,7 @@ DETAIL_COLUMNS = ["rung", "box head", "host mAP [95% CI]", "device AP50 [95% CI]
                   "network ms/img (eval)"]
 RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "box_head", "status", "reason", "runtime", "size_mb",
                   "macs_g", "host_map", "host_map_low", "host_map_high", "map", "map_low", "map_high", "ap50", "ap75",
-                  "map_delta_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high", "ratio_significant",
+                  "map_vs_student_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high", "ratio_significant",
                   "network_ms_per_image", "postprocess_ms_per_image")
 """results.csv's own columns (the declared measured fields, :data:`pipeline.results.REPORTED`, follow)."""
 BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "int8": "INT8, quantized"}
@@ -229,7 +229,7 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
                 "host_map": row.get("map"), "host_map_low": row.get("map_low"), "host_map_high": row.get("map_high"),
                 "map": scores.get("map"), "map_low": scores.get("map_low"), "map_high": scores.get("map_high"),
                 "ap50": scores.get("ap50"), "ap75": scores.get("ap75"),
-                "map_delta_points": (None if scores.get("map") is None or reference is None
+                "map_vs_student_points": (None if scores.get("map") is None or reference is None
                                      else round(100 * (scores["map"] - reference), 3)),
                 "latency_batch": p50.get("batch"), "rounds": p50.get("rounds"), "ratio_vs_student": ratio.get("ratio"), "ratio_low": ratio.get("low"),
                 "ratio_high": ratio.get("high"), "ratio_significant": ratio.get("significant"),
@@ -255,7 +255,7 @@ def headline(rows: list[dict[str, Any]], quantize: dict[str, Any],
     row, missing = lead_row(rows, profiles)
     if row is None:
         return {"rung": LEAD_RUNG, "measured": False, "reason": missing}
-    keys = ("device", "role", "runtime", "map", "map_low", "map_high", "map_delta_points", "latency_p50_ms",
+    keys = ("device", "role", "runtime", "map", "map_low", "map_high", "map_vs_student_points", "latency_p50_ms",
             "latency_p50_low_ms", "latency_p50_high_ms", "ratio_vs_student", "ratio_low", "ratio_high",
             "ratio_significant", "postprocess_ms_per_image", "latency_batch")
     return {"rung": row["rung"], "measured": True, **{k: row[k] for k in keys}, "int8_not_measured": missing,
@@ -268,8 +268,8 @@ def headline_block(h: dict[str, Any]) -> Headline:
         return Headline(f"{h['rung']}: not measured on any device", [("why", h["reason"])] if h.get("reason") else [])
     score = f"{100 * h['map']:.1f}" + (f" [{100 * h['map_low']:.1f}, {100 * h['map_high']:.1f}]"
                                        if h.get("map_low") is not None else "") + " on the device"
-    if h.get("map_delta_points") is not None:
-        score += f", {h['map_delta_points']:+.2f} points against the FP32 student on the host"
+    if h.get("map_vs_student_points") is not None:
+        score += f", {h['map_vs_student_points']:+.2f} points against the FP32 student on the host"
     rows: list[tuple[str | None, str]] = []
     missing = h.get("int8_not_measured")
     if missing:  # the headline leads with the FP32 student: say why, and how to measure INT8

@@ -100,8 +100,10 @@ class SegmentationDeploy(DeployHooks):
         ratios_to_student(outcome["rungs"])
 
     def results(self, ctx, plan: Plan):
-        plan.evaluation_set.unlink(missing_ok=True)
         return {"images": plan.count}
+
+    def cleanup(self, plan: Plan):
+        plan.evaluation_set.unlink(missing_ok=True)
 
 
 def _rung_record(rounds: list[dict[str, Any]], plan: Plan, resamples: int) -> dict[str, Any]:

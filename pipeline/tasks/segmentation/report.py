@@ -15,7 +15,7 @@ from pipeline.sections import Headline, Section, Table, Text, page_title, to_htm
 
 RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "status", "reason", "runtime", "size_mb", "macs_g",
                   "host_miou", "host_miou_low", "host_miou_high", "miou", "miou_low", "miou_high", "pixel_accuracy",
-                  "miou_delta_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high",
+                  "miou_vs_student_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high",
                   "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image")
 """results.csv's own columns (the declared measured fields, :data:`pipeline.results.REPORTED`, follow)."""
 SCORED_TEXT = ("Host mIoU: teacher and student in torch, the INT8 student under ONNX Runtime; device mIoU: the engine "
@@ -44,7 +44,7 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
                 "host_miou": row["miou"], "host_miou_low": row["miou_low"], "host_miou_high": row["miou_high"],
                 "miou": scores.get("miou"), "miou_low": scores.get("miou_low"), "miou_high": scores.get("miou_high"),
                 "pixel_accuracy": scores.get("pixel_accuracy"),
-                "miou_delta_points": (None if scores.get("miou") is None or reference is None
+                "miou_vs_student_points": (None if scores.get("miou") is None or reference is None
                                       else round(100 * (scores["miou"] - reference), 3)),
                 "latency_batch": p50.get("batch"), "rounds": p50.get("rounds"), "ratio_vs_student": ratio.get("ratio"),
                 "ratio_low": ratio.get("low"), "ratio_high": ratio.get("high"),
@@ -63,7 +63,7 @@ def headline(rows: list[dict[str, Any]], quantize: dict[str, Any], profiles: lis
     row, missing = lead_row(rows, profiles)
     if row is None:
         return {"rung": LEAD_RUNG, "measured": False, "reason": missing}
-    keys = ("device", "role", "runtime", "miou", "miou_low", "miou_high", "miou_delta_points", "latency_p50_ms",
+    keys = ("device", "role", "runtime", "miou", "miou_low", "miou_high", "miou_vs_student_points", "latency_p50_ms",
             "latency_p50_low_ms", "latency_p50_high_ms", "ratio_vs_student", "ratio_low", "ratio_high",
             "ratio_significant", "postprocess_ms_per_image", "latency_batch")
     return {"rung": row["rung"], "measured": True, **{k: row.get(k) for k in keys}, "int8_not_measured": missing,
@@ -80,8 +80,8 @@ def headline_block(h: dict[str, Any]) -> Headline:
         rows += [("INT8 rung", f"{missing['rung']} not measured as INT8 on {missing['device']}: {missing['reason']}"),
                  ("", missing["fix"])]
     score = _percent(h["miou"], h["miou_low"], h["miou_high"]) + " on the device"
-    if h.get("miou_delta_points") is not None:
-        score += f", {h['miou_delta_points']:+.2f} points against the FP32 student on the host"
+    if h.get("miou_vs_student_points") is not None:
+        score += f", {h['miou_vs_student_points']:+.2f} points against the FP32 student on the host"
     rows.append(("mIoU", score))
     if h.get("latency_p50_ms") is not None:
         latency = f"network {h['latency_p50_ms']:.3f} ms at batch {h['latency_batch']}"

@@ -9,6 +9,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from device.errors import ConfigError
 from pipeline.core.distributed import require_divisible
 from pipeline.core.recipe import TrainConfig
 from pipeline.tasks.segmentation.data import SegmentationSplit, network_inputs
@@ -76,7 +77,14 @@ def train_segmenter(model: torch.nn.Module, split: SegmentationSplit, cfg: Train
                     resume: Path | None = None, device: torch.device | None = None,
                     teacher: torch.nn.Module | None = None, temperature: float = 2.0,
                     kd_weight: float = 0.0) -> list[dict]:
-    """Trains ``model`` in place; returns each epoch's record. The model comes back on the CPU, in eval mode."""
+    """Trains ``model`` in place; returns each epoch's record. The model comes back on the CPU, in eval mode.
+
+    Raises:
+        ConfigError: ``augment.crop_padding`` is set (only ``hflip`` moves images and masks together here).
+    """
+    if cfg.augment.crop_padding:
+        raise ConfigError("segmentation training has no padded crop yet",
+                          fix="set train.augment.crop_padding: 0; augment.hflip flips images and masks together")
     device = device or torch.device("cpu")
     if teacher is not None:
         teacher = teacher.to(device).eval()

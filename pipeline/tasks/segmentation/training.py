@@ -50,7 +50,8 @@ class SegmentationModels(ModelHooks):
         from pipeline.tasks.segmentation.models import load_segmenter
 
         model, meta = load_segmenter(ctx.manifest.output(stage, "model"))
-        return Start(model, {key: meta[key] for key in ("arch", "num_classes", "input_size")})
+        # What the stage recorded beside the state (the prune plan) travels on to the next checkpoint.
+        return Start(model, {**meta["meta"], **{key: meta[key] for key in ("arch", "num_classes", "input_size")}})
 
     def train(self, ctx, start, cfg, stage, teacher=None):
         from pipeline.tasks.segmentation.data import load_split

@@ -9,6 +9,8 @@ import json
 import threading
 from types import SimpleNamespace
 
+import pytest
+
 from device.schema import JobSpec
 from pipeline.deploy.hooks import DeployHooks, Job, Windows
 from pipeline.devices import DEPLOY_SCHEMA, Device
@@ -20,9 +22,10 @@ class ToyDeploy(DeployHooks):
     """Two rungs timed at batch 1; it records what the stage asked of it (per device, under a lock: devices run
     at once)."""
 
-    def __init__(self):
+    def __init__(self, broken: bool = False):
         self.calls: list[str] = []
         self.lock = threading.Lock()
+        self.broken = broken
 
     def _call(self, text: str) -> None:
         with self.lock:
@@ -33,13 +36,15 @@ class ToyDeploy(DeployHooks):
 
     def prepare(self, ctx, workdir):
         self._call("prepare")
-        (workdir / "scratch.npy").write_bytes(b"removed by results")
+        (workdir / "scratch.npy").write_bytes(b"removed by cleanup")
         return SimpleNamespace(artifacts={rung: tiny_onnx(ctx.run_dir / f"{rung}.onnx", seed=seed)
                                           for seed, rung in enumerate(("teacher", "student"))},
                                scratch=workdir / "scratch.npy")
 
     def windows(self, ctx, session, plan):
         self._call(f"windows {session.device.name}")
+        if self.broken:
+            raise RuntimeError("a task's bug")
 
         def spec(job, round_index):
             return JobSpec(artifact=session.digest(job.path), runtime=session.runtime, precision="fp32",
@@ -60,8 +65,11 @@ class ToyDeploy(DeployHooks):
 
     def results(self, ctx, plan):
         self._call("results")
-        plan.scratch.unlink()
         return {"toy": True}
+
+    def cleanup(self, plan):
+        self._call("cleanup")
+        plan.scratch.unlink()
 
 
 def _ctx(run_dir, devices, rounds=2):
@@ -97,8 +105,20 @@ def test_every_device_gets_the_tasks_jobs_in_interleaved_rounds_and_one_lost_dev
                                             "board ok, gone unreachable")
     assert not (work / "scratch.npy").exists(), "the plan's files are the task's to remove"
     first_run = hooks.calls[:len(hooks.calls) // 2]
-    assert first_run[0] == "prepare" and first_run[-1] == "results"
+    assert first_run[0] == "prepare" and first_run[-2:] == ["results", "cleanup"]
     for name, status in (("board", "ok"), ("gone", "unreachable")):
         # After its session: a device's rungs are recorded, then what the task measures after the ladder.
         assert first_run.index(f"record {name}") < first_run.index(f"after {name} {status}")
     assert "windows gone" not in first_run, "an agent that does not answer is asked for no jobs"
+
+
+def test_the_plans_files_are_removed_however_the_stage_ends(tmp_path):
+    run_dir, work = tmp_path / "run", tmp_path / "run" / "deploy"
+    work.mkdir(parents=True)
+    hooks = ToyDeploy(broken=True)
+    with AgentProcess(tmp_path / "agent") as agent:
+        devices = [Device("board", "edge", agent.url, "edge", str(agent.token_file))]
+        with pytest.raises(RuntimeError, match="a task's bug"):
+            DeployStage(hooks).run(_ctx(run_dir, devices), work)
+    assert hooks.calls[-1] == "cleanup" and "results" not in hooks.calls, "no results.json from a failed stage"
+    assert not (work / "scratch.npy").exists() and not (work / "results.json").exists()
