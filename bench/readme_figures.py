@@ -109,7 +109,11 @@ def block(docs: dict[tuple[str, str], dict]) -> str:
         def shown(value: float) -> str:
             return f"{round(value, 2) + 0.0:.2f}"  # + 0.0: a rounded -0.0 is shown as 0.00
 
-        return "—" if not f else f"{shown(f['mean'])} [{shown(f['low'])}, {shown(f['high'])}]"
+        if not f:
+            return "—"
+        if f["low"] != f["low"]:  # NaN: one seed has no interval over seeds
+            return f"{shown(f['mean'])} (one seed)"
+        return f"{shown(f['mean'])} [{shown(f['low'])}, {shown(f['high'])}]"
 
     lines = [BEGIN, "| recipe | data | seeds passing every gate | teacher | student | INT8 | INT8 − student, points | "
                     "build seconds per run (data to evaluate) | machine | file |",

@@ -77,11 +77,11 @@ def provenance(recipe: str, data: str | None = None) -> dict[str, Any]:
 
 
 def _data_name(config) -> str:
-    """``<source> at <side> px``: classification's ``preprocess.input_size``, detection's teacher's input side."""
+    """``<source> at <side> px``: classification's ``preprocess.input_size``, the other tasks' ``input_size()``."""
     kind, _, where = str(config.data.source).partition(":")
     name = f"{kind}:{Path(where.split('@')[0]).name}" if where.startswith("/") else str(config.data.source)
     preprocess = getattr(config, "preprocess", None)
-    side = preprocess.input_size if preprocess is not None else config.teacher.size()
+    side = preprocess.input_size if preprocess is not None else config.input_size()
     return f"{name} at {side} px"
 
 

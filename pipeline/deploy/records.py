@@ -12,6 +12,22 @@ import numpy as np
 REFERENCE_RUNG = "student"  # the FP32 student: what the INT8 fold is compared with
 
 
+def scored_job(ctx, session, job, round_index: int, ladder: dict[str, Any], evaluation):
+    """One window's job of a scored task (:class:`pipeline.core.recipe_jobs.ScoredDeployConfig`): round 1 also runs
+    ``evaluation`` (an :class:`device.schema.EvaluationSpec` naming the task's post-processor) through the engine it
+    timed. TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored."""
+    from device.schema import JobSpec
+
+    cfg = ctx.recipe.deploy
+    precision = ladder["rungs"][job.rung]["precision"] if session.runtime == "tensorrt" else "fp32"
+    return JobSpec(artifact=session.digest(job.path), runtime=session.runtime, precision=precision,
+                   batch_sizes=list(cfg.batch_sizes), iterations=cfg.iterations,
+                   warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
+                   profile=cfg.profile and round_index == 0, timeout_s=cfg.timeout_s,
+                   label=f"{ctx.recipe.name}/{job.rung}/round{round_index + 1}",
+                   evaluation=evaluation if round_index == 0 else None)
+
+
 def typed_rounds(records: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
     """The windows' records with each succeeded one's result typed (:func:`device.schema.parse_result`)."""
     from device.schema import parse_result
@@ -140,3 +156,67 @@ def lead_row(rows: list[dict[str, Any]], profiles: list[dict[str, Any]]) -> tupl
             return student, {"device": row["device"], "rung": LEAD_RUNG, "reason": int8_not_run_reason(row["runtime"]),
                              "fix": INT8_FIX}
     return row, None
+
+
+def scored_headline(h: dict[str, Any], score: str, label: str, postprocess: str, spec: str, int8: str | None):
+    """A scored task's headline (:func:`lead_row`'s row as data) as the report's first table, labelled as every
+    task's: why INT8 was not measured where it leads with the FP32 student, the score on the device against the FP32
+    student on the host, the network's p50 and its ratio to the FP32 student's, the post-processing's time.
+
+    Args:
+        score: The score's key (``map``, ``miou``), a fraction; ``label`` its name (``mAP``, ``mIoU``).
+        postprocess: The device's post-processing in words (``decode + NMS``, ``argmax``), ``spec`` its ms format.
+        int8: How the INT8 rung was made, in words (None: not said).
+    """
+    from pipeline.results import interval_cell
+    from pipeline.sections import Headline
+
+    if not h.get("measured"):
+        return Headline(f"{h['rung']}: not measured on any device", [("why", h["reason"])] if h.get("reason") else [])
+    rows: list[tuple[str | None, str]] = []
+    missing = h.get("int8_not_measured")
+    if missing:  # the headline leads with the FP32 student: say why, and how to measure INT8
+        rows += [("INT8 rung", f"{missing['rung']} not measured as INT8 on {missing['device']}: {missing['reason']}"),
+                 ("", missing["fix"])]
+    percent = [None if h.get(key) is None else 100 * h[key] for key in (score, f"{score}_low", f"{score}_high")]
+    value = interval_cell(*percent, ".1f") + " on the device"
+    if h.get(f"{score}_vs_student_points") is not None:
+        value += f", {h[f'{score}_vs_student_points']:+.2f} points against the FP32 student on the host"
+    rows.append((label, value))
+    if h.get("latency_p50_ms") is not None:  # a result from before rounds has no median over them
+        latency = f"network {h['latency_p50_ms']:.3f} ms at batch {h['latency_batch']}"
+        if h.get("ratio_vs_student") is not None:
+            latency += (f", ×{h['ratio_vs_student']:.2f} [{h['ratio_low']:.2f}, {h['ratio_high']:.2f}] the FP32 "
+                        "student's" + (f" ({'slower' if h['ratio_vs_student'] > 1 else 'faster'})"
+                                       if h["ratio_significant"] else " (no measurable difference)"))
+        rows.append(("latency p50", latency))
+    if h.get("postprocess_ms_per_image") is not None:
+        rows.append((postprocess, f"{format(h['postprocess_ms_per_image'], spec)} ms per image"))
+    if int8:
+        rows.append(("INT8", int8))
+    return Headline(f"{h['rung']} on {h['device']} ({h['runtime']})", rows)
+
+
+def finished_run(run_dir) -> tuple[str, str, dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """What a scored task's report is built from, read back from a finished run (``edgefold report RUN``): the model's
+    name, the run's, the ladder record, the deploy results and the quantize stage's metrics.
+
+    Raises:
+        ManifestError: The run has not reached its deploy stage.
+    """
+    import json
+    from pathlib import Path
+
+    from device.errors import ManifestError
+
+    run_dir = Path(run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    stages = manifest.get("stages") or {}
+    missing = [stage for stage in ("evaluate", "quantize", "deploy") if stage not in stages]
+    if missing:
+        raise ManifestError(f"{run_dir} has no {', '.join(missing)} stage yet: nothing to report",
+                            fix=f"finish the run first: edgefold run {manifest.get('model')} --run-id {run_dir.name}")
+    ladder = json.loads((run_dir / stages["evaluate"]["outputs"]["ladder"]).read_text())
+    deploy = json.loads((run_dir / stages["deploy"]["outputs"]["results"]).read_text())
+    return (manifest.get("model", run_dir.parent.name), run_dir.name, ladder, deploy,
+            stages["quantize"].get("metrics", {}))

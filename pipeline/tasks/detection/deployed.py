@@ -77,9 +77,9 @@ class DetectionDeploy(DeployHooks):
     def windows(self, ctx, session, plan: Plan) -> Windows | None:
         from device.client import AgentError
         from device.schema import EvaluationSpec, JobSpec
+        from pipeline.deploy.records import scored_job
         from pipeline.tasks.detection.export import sidecar_path
 
-        cfg = ctx.recipe.deploy
         try:  # content-addressed: uploaded once per device
             uploaded = {path: session.client.upload(path) for path in set(plan.sets.values())}
             heads = {rung: session.client.upload(sidecar_path(path)) for rung, path in plan.artifacts.items()}
@@ -88,17 +88,10 @@ class DetectionDeploy(DeployHooks):
             return None
 
         def spec(job: Job, round_index: int) -> JobSpec:
-            # TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored.
-            precision = plan.ladder["rungs"][job.rung]["precision"] if session.runtime == "tensorrt" else "fp32"
-            return JobSpec(
-                artifact=session.digest(job.path), runtime=session.runtime, precision=precision,
-                batch_sizes=list(cfg.batch_sizes), iterations=cfg.iterations,
-                warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
-                profile=cfg.profile and round_index == 0, timeout_s=cfg.timeout_s,
-                label=f"{ctx.recipe.name}/{job.rung}/round{round_index + 1}",
-                # Round 1 also scores the set through the engine it timed, with the device's decode.
-                evaluation=EvaluationSpec(artifact=uploaded[plan.sets[job.rung]], images=plan.count,
-                                          head=heads[job.rung], postprocess="detection") if round_index == 0 else None)
+            # Round 1 also scores the set through the engine it timed, with the device's decode.
+            return scored_job(ctx, session, job, round_index, plan.ladder, EvaluationSpec(
+                artifact=uploaded[plan.sets[job.rung]], images=plan.count, head=heads[job.rung],
+                postprocess="detection"))
 
         def announce(job: Job, round_index: int) -> str:
             # Logged as the graph's own precision: ONNX Runtime runs a Q/DQ graph in INT8 whatever the job field

@@ -8,14 +8,13 @@ self-contained HTML page (stylesheet, scrolling tables, plots embedded as PNG) f
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from pipeline.results import (REPORTED, csv_columns, detail_columns, figure_cell, figure_label, ladder_columns,
                               write_results)
-from pipeline.deploy.records import LEAD_RUNG, layer_profiles, lead_row
+from pipeline.deploy.records import LEAD_RUNG, finished_run, layer_profiles, lead_row, scored_headline
 from pipeline.deploy.records import reported_of as _reported
 from pipeline.sections import Figure, Headline, Section, Table, Text, page_title, to_html, to_markdown
 
@@ -28,8 +27,8 @@ DETAIL_COLUMNS = ["rung", "box head", "host mAP [95% CI]", "device AP50 [95% CI]
                   "network ms/img (eval)"]
 RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "box_head", "status", "reason", "runtime", "size_mb",
                   "macs_g", "host_map", "host_map_low", "host_map_high", "map", "map_low", "map_high", "ap50", "ap75",
-                  "map_vs_student_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high", "ratio_significant",
-                  "network_ms_per_image", "postprocess_ms_per_image")
+                  "map_vs_student_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high",
+                  "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image")
 """results.csv's own columns (the declared measured fields, :data:`pipeline.results.REPORTED`, follow)."""
 BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "int8": "INT8, quantized"}
 SCORED_TEXT = ("Host mAP: the teacher through torchvision's post-processing, the others through ONNX Runtime and the "
@@ -230,9 +229,10 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
                 "map": scores.get("map"), "map_low": scores.get("map_low"), "map_high": scores.get("map_high"),
                 "ap50": scores.get("ap50"), "ap75": scores.get("ap75"),
                 "map_vs_student_points": (None if scores.get("map") is None or reference is None
-                                     else round(100 * (scores["map"] - reference), 3)),
-                "latency_batch": p50.get("batch"), "rounds": p50.get("rounds"), "ratio_vs_student": ratio.get("ratio"), "ratio_low": ratio.get("low"),
-                "ratio_high": ratio.get("high"), "ratio_significant": ratio.get("significant"),
+                                          else round(100 * (scores["map"] - reference), 3)),
+                "latency_batch": p50.get("batch"), "rounds": p50.get("rounds"), "ratio_vs_student": ratio.get("ratio"),
+                "ratio_low": ratio.get("low"), "ratio_high": ratio.get("high"),
+                "ratio_significant": ratio.get("significant"),
                 "network_ms_per_image": measured.get("network_ms_per_image"),
                 "postprocess_ms_per_image": measured.get("postprocess_ms_per_image"),
                 **{key: figures.get(key) for key in csv_columns(()) if key != "not_recorded"},
@@ -263,31 +263,9 @@ def headline(rows: list[dict[str, Any]], quantize: dict[str, Any],
 
 
 def headline_block(h: dict[str, Any]) -> Headline:
-    """The headline's title and findings, labelled as classification's (the report's first table)."""
-    if not h.get("measured"):
-        return Headline(f"{h['rung']}: not measured on any device", [("why", h["reason"])] if h.get("reason") else [])
-    score = f"{100 * h['map']:.1f}" + (f" [{100 * h['map_low']:.1f}, {100 * h['map_high']:.1f}]"
-                                       if h.get("map_low") is not None else "") + " on the device"
-    if h.get("map_vs_student_points") is not None:
-        score += f", {h['map_vs_student_points']:+.2f} points against the FP32 student on the host"
-    rows: list[tuple[str | None, str]] = []
-    missing = h.get("int8_not_measured")
-    if missing:  # the headline leads with the FP32 student: say why, and how to measure INT8
-        rows += [("INT8 rung", f"{missing['rung']} not measured as INT8 on {missing['device']}: {missing['reason']}"),
-                 ("", missing["fix"])]
-    rows.append(("mAP", score))
-    if h.get("latency_p50_ms") is not None:  # a result from before rounds has no median over them
-        latency = f"network {h['latency_p50_ms']:.3f} ms at batch {h['latency_batch']}"
-        if h.get("ratio_vs_student") is not None:
-            latency += (f", ×{h['ratio_vs_student']:.2f} [{h['ratio_low']:.2f}, {h['ratio_high']:.2f}] the FP32 "
-                        "student's" + (f" ({'slower' if h['ratio_vs_student'] > 1 else 'faster'})"
-                                       if h["ratio_significant"] else " (no measurable difference)"))
-        rows.append(("latency p50", latency))
-    if h.get("postprocess_ms_per_image") is not None:
-        rows.append(("decode + NMS", f"{h['postprocess_ms_per_image']:.2f} ms per image"))
-    if h.get("method"):
-        rows.append(("INT8", f"by {h['method']}, box head {h['box_head']}"))
-    return Headline(f"{h['rung']} on {h['device']} ({h['runtime']})", rows)
+    """The headline's title and findings, labelled as every task's (the report's first table)."""
+    return scored_headline(h, "map", "mAP", "decode + NMS", ".2f",
+                           f"by {h['method']}, box head {h['box_head']}" if h.get("method") else None)
 
 
 def headline_line(h: dict[str, Any]) -> str:
@@ -346,16 +324,6 @@ def build_from_run(run_dir: Path, out: Path) -> dict[str, Path]:
     Raises:
         ManifestError: The run has not reached its deploy stage.
     """
-    from device.errors import ManifestError
-
-    manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
-    stages = manifest.get("stages") or {}
-    missing = [stage for stage in ("evaluate", "quantize", "deploy") if stage not in stages]
-    if missing:
-        raise ManifestError(f"{run_dir} has no {', '.join(missing)} stage yet: nothing to report",
-                            fix=f"finish the run first: edgefold run {manifest.get('model')} --run-id {Path(run_dir).name}")
-    ladder = json.loads((Path(run_dir) / stages["evaluate"]["outputs"]["ladder"]).read_text())
-    deploy = json.loads((Path(run_dir) / stages["deploy"]["outputs"]["results"]).read_text())
+    name, run, ladder, deploy, quantize = finished_run(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return write_report(manifest.get("model", Path(run_dir).parent.name), Path(run_dir).name, ladder, deploy,
-                        stages["quantize"].get("metrics", {}), out)
+    return write_report(name, run, ladder, deploy, quantize, out)

@@ -64,8 +64,8 @@ class SegmentationDeploy(DeployHooks):
     def windows(self, ctx, session, plan: Plan) -> Windows | None:
         from device.client import AgentError
         from device.schema import EvaluationSpec, JobSpec
+        from pipeline.deploy.records import scored_job
 
-        cfg = ctx.recipe.deploy
         try:  # content-addressed: uploaded once per device
             uploaded = session.client.upload(plan.evaluation_set)
         except AgentError as err:
@@ -73,16 +73,9 @@ class SegmentationDeploy(DeployHooks):
             return None
 
         def spec(job: Job, round_index: int) -> JobSpec:
-            # TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored.
-            precision = plan.ladder["rungs"][job.rung]["precision"] if session.runtime == "tensorrt" else "fp32"
-            return JobSpec(
-                artifact=session.digest(job.path), runtime=session.runtime, precision=precision,
-                batch_sizes=list(cfg.batch_sizes), iterations=cfg.iterations, warmup_iterations=cfg.warmup_iterations,
-                idle_s=cfg.idle_s, profile=cfg.profile and round_index == 0, timeout_s=cfg.timeout_s,
-                label=f"{ctx.recipe.name}/{job.rung}/round{round_index + 1}",
-                # Round 1 also runs the set through the engine it timed, the argmax on the device.
-                evaluation=EvaluationSpec(artifact=uploaded, images=plan.count, top_k=1, postprocess="segmentation")
-                if round_index == 0 else None)
+            # Round 1 also runs the set through the engine it timed, the argmax on the device.
+            return scored_job(ctx, session, job, round_index, plan.ladder,
+                              EvaluationSpec(artifact=uploaded, images=plan.count, top_k=1, postprocess="segmentation"))
 
         return Windows([Job(rung, path) for rung, path in plan.artifacts.items()], spec,
                        lambda job, round_index: f"{job.rung} round {round_index + 1} ({session.runtime}, "

@@ -113,20 +113,9 @@ def size_metrics(model: nn.Module, input_size: int) -> dict[str, float]:
 def save_segmenter(path: str | os.PathLike, model: nn.Module, arch: str, num_classes: int, input_size: int,
                    **meta: Any) -> Path:
     """Writes a checkpoint atomically (state and structure, never a pickled module); under DDP only rank 0 writes."""
-    from device.files import atomic_writer
-    from device.torch_checkpoint import capture_structure
-    from pipeline.core import distributed
+    from pipeline.train.checkpoints import save_model
 
-    path = Path(path)
-    if not distributed.world().main:
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"format": FORMAT, "arch": arch, "num_classes": int(num_classes), "input_size": int(input_size),
-               "structure": capture_structure(model),
-               "state_dict": {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, "meta": meta}
-    with atomic_writer(path) as handle:
-        torch.save(payload, handle)
-    return path
+    return save_model(path, model, FORMAT, arch, num_classes, input_size, meta)
 
 
 def load_segmenter(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
@@ -135,22 +124,9 @@ def load_segmenter(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
     Raises:
         CheckpointError: Missing, not a segmenter checkpoint, unknown architecture, or shapes that do not fit.
     """
-    from device.errors import CheckpointError
-    from device.torch_checkpoint import apply_structure, load_state_strict, torch_load
+    from pipeline.train.checkpoints import load_model
 
-    path, fix = Path(path), "re-run the stage that produces it (--force STAGE)"
-    if not path.is_file():
-        raise CheckpointError(f"segmenter checkpoint {path} does not exist", fix=fix)
-    payload = torch_load(path, f"segmenter checkpoint {path}", fix_unsafe=fix, fix_corrupt=fix)
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an EdgeFold segmenter checkpoint ({FORMAT})", fix=fix)
-    if payload["arch"] not in SEGMENTERS:
-        raise CheckpointError(f"{path} names unknown segmenter {payload['arch']!r}",
-                              fix=SEGMENTERS.suggest(payload["arch"]))
-    model = build_segmenter(payload["arch"], payload["num_classes"])
-    apply_structure(model, payload.get("structure") or {}, payload["state_dict"])
-    load_state_strict(model, payload["state_dict"], str(path))
-    return model.eval(), {k: payload[k] for k in ("arch", "num_classes", "input_size", "meta")}
+    return load_model(path, FORMAT, "segmenter", SEGMENTERS, lambda arch, classes, _: build_segmenter(arch, classes))
 
 
 def load_segmenter_weights(model: nn.Module, path: str | os.PathLike) -> None:

@@ -4,12 +4,11 @@ argmax's time apart, and the INT8 fold's per-class IoU changes; the same page as
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.deploy.records import LEAD_RUNG, layer_profiles, lead_row, reported_of
+from pipeline.deploy.records import LEAD_RUNG, finished_run, layer_profiles, lead_row, reported_of, scored_headline
 from pipeline.results import csv_columns, interval_cell, write_results
 from pipeline.sections import Headline, Section, Table, Text, page_title, to_html, to_markdown
 
@@ -72,29 +71,8 @@ def headline(rows: list[dict[str, Any]], quantize: dict[str, Any], profiles: lis
 
 def headline_block(h: dict[str, Any]) -> Headline:
     """The headline's title and findings, labelled as every task's (the report's first table)."""
-    if not h.get("measured"):
-        return Headline(f"{h['rung']}: not measured on any device", [("why", h["reason"])] if h.get("reason") else [])
-    rows: list[tuple[str | None, str]] = []
-    missing = h.get("int8_not_measured")
-    if missing:  # the headline leads with the FP32 student: say why, and how to measure INT8
-        rows += [("INT8 rung", f"{missing['rung']} not measured as INT8 on {missing['device']}: {missing['reason']}"),
-                 ("", missing["fix"])]
-    score = _percent(h["miou"], h["miou_low"], h["miou_high"]) + " on the device"
-    if h.get("miou_vs_student_points") is not None:
-        score += f", {h['miou_vs_student_points']:+.2f} points against the FP32 student on the host"
-    rows.append(("mIoU", score))
-    if h.get("latency_p50_ms") is not None:
-        latency = f"network {h['latency_p50_ms']:.3f} ms at batch {h['latency_batch']}"
-        if h.get("ratio_vs_student") is not None:
-            latency += (f", ×{h['ratio_vs_student']:.2f} [{h['ratio_low']:.2f}, {h['ratio_high']:.2f}] the FP32 "
-                        "student's" + (f" ({'slower' if h['ratio_vs_student'] > 1 else 'faster'})"
-                                       if h["ratio_significant"] else " (no measurable difference)"))
-        rows.append(("latency p50", latency))
-    if h.get("postprocess_ms_per_image") is not None:
-        rows.append(("argmax", f"{h['postprocess_ms_per_image']:.3f} ms per image"))
-    if h.get("method"):
-        rows.append(("INT8", f"calibrated by {h['method']}"))
-    return Headline(f"{h['rung']} on {h['device']} ({h['runtime']})", rows)
+    return scored_headline(h, "miou", "mIoU", "argmax", ".3f",
+                           f"calibrated by {h['method']}" if h.get("method") else None)
 
 
 def headline_line(h: dict[str, Any]) -> str:
@@ -166,17 +144,6 @@ def build_from_run(run_dir: Path, out: Path) -> dict[str, Path]:
     Raises:
         ManifestError: The run has not reached its deploy stage.
     """
-    from device.errors import ManifestError
-
-    manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
-    stages = manifest.get("stages") or {}
-    missing = [stage for stage in ("evaluate", "quantize", "deploy") if stage not in stages]
-    if missing:
-        raise ManifestError(f"{run_dir} has no {', '.join(missing)} stage yet: nothing to report",
-                            fix=f"finish the run first: edgefold run {manifest.get('model')} "
-                                f"--run-id {Path(run_dir).name}")
-    ladder = json.loads((Path(run_dir) / stages["evaluate"]["outputs"]["ladder"]).read_text())
-    deploy = json.loads((Path(run_dir) / stages["deploy"]["outputs"]["results"]).read_text())
+    name, run, ladder, deploy, quantize = finished_run(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return write_report(manifest.get("model", Path(run_dir).parent.name), Path(run_dir).name, ladder, deploy,
-                        stages["quantize"].get("metrics", {}), out)
+    return write_report(name, run, ladder, deploy, quantize, out)
