@@ -62,7 +62,7 @@ def test_masks_travel_packed_and_a_truncated_pack_is_refused():
 
 
 @pytest.mark.parametrize("change, named", [
-    ({"data": {"source": "voc:/data/VOC2012"}}, "not read by this version"),
+    ({"data": {"source": "voc:"}}, "voc: needs the folder"),
     ({"data": {"source": "shapes-sg"}}, "did you mean 'shapes-seg'"),
     ({"start": {"onnx": "model.onnx"}}, "segmenter brought as ONNX is not taken"),
     ({"quantize": {"qat": {"epochs": 1, "batch_size": 8, "lr": 0.0001}}}, "no QAT step yet"),

@@ -15,11 +15,16 @@ from device.errors import StageError
 
 
 def confusions(truth: np.ndarray, predicted: np.ndarray, classes: int) -> np.ndarray:
-    """Per-image confusion matrices (N×classes×classes, rows the truth), from N×H×W masks."""
+    """Per-image confusion matrices (N×classes×classes, rows the truth), from N×H×W masks; a truth pixel of no class
+    (:data:`~pipeline.tasks.segmentation.data.IGNORE`) counts nowhere."""
+    from pipeline.tasks.segmentation.data import IGNORE
+
     if truth.shape != predicted.shape:
         raise ValueError(f"masks of shape {truth.shape} and {predicted.shape} cannot be compared")
     flat = truth.reshape(len(truth), -1).astype(np.int64) * classes + predicted.reshape(len(truth), -1)
-    return np.stack([np.bincount(row, minlength=classes * classes) for row in flat]).reshape(-1, classes, classes)
+    kept = truth.reshape(len(truth), -1) != IGNORE
+    return np.stack([np.bincount(row[keep], minlength=classes * classes)
+                     for row, keep in zip(flat, kept)]).reshape(-1, classes, classes)
 
 
 def class_iou(confusion: np.ndarray) -> np.ndarray:

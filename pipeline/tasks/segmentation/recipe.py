@@ -8,14 +8,14 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from device.errors import UnknownKeyError
+from device.errors import ConfigError, UnknownKeyError
 from pipeline.core.recipe import LadderConfig, RecipeBase, Strict, TrainConfig, registry_check
 from pipeline.core.recipe_jobs import ScoredDeployConfig
 
 SEGMENTATION_SOURCES = ("shapes-seg",)
 """Synthetic sets made in the data stage, with exact masks (:mod:`pipeline.tasks.segmentation.data`)."""
-NOT_YET = ("voc", "cityscapes")
-"""Folder layouts of a user's own masks that the issue asks for and this version does not read yet."""
+LAYOUTS = ("voc", "cityscapes")
+"""A user's folders of PNG masks, by layout (:mod:`pipeline.tasks.segmentation.folders`): ``voc:/path``."""
 
 
 def check_segmentation_source(source: str) -> None:
@@ -26,14 +26,16 @@ def check_segmentation_source(source: str) -> None:
     """
     if source in SEGMENTATION_SOURCES:
         return
-    if source.partition(":")[0] in NOT_YET:
-        raise UnknownKeyError(f"data.source {source!r}: folders of PNG masks ({', '.join(NOT_YET)} layouts) are not "
-                              "read by this version of EdgeFold",
-                              fix=f"use {' or '.join(SEGMENTATION_SOURCES)} (a synthetic set with exact masks)")
-    near = difflib.get_close_matches(source, SEGMENTATION_SOURCES, n=1, cutoff=0.5)
+    layout, colon, where = source.partition(":")
+    if layout in LAYOUTS and colon:
+        if not where.strip():
+            raise ConfigError(f"{layout}: needs the folder", fix=f"e.g. {layout}:/data/{layout}")
+        return
+    near = difflib.get_close_matches(source, SEGMENTATION_SOURCES + tuple(f"{name}:/path" for name in LAYOUTS), n=1,
+                                     cutoff=0.5)
     hint = f"did you mean {near[0]!r}? " if near else ""
     raise UnknownKeyError(f"unknown segmentation data source {source!r}",
-                          fix=f"{hint}known: {', '.join(SEGMENTATION_SOURCES)}")
+                          fix=f"{hint}known: {', '.join(SEGMENTATION_SOURCES)}, voc:/path, cityscapes:/path")
 
 
 def _check_segmenter(name: str) -> None:
@@ -43,12 +45,13 @@ def _check_segmenter(name: str) -> None:
 
 
 class SegmentationDataConfig(Strict):
-    """Composited canvases with exact masks: shapes (one class each) on textured backgrounds."""
+    """Composited canvases with exact masks (shapes, one class each, on textured backgrounds), or a user's folder."""
 
-    source: str = Field(description="shapes-seg (synthetic: circles, squares and triangles, their masks exact)")
-    train_images: int = Field(1024, ge=8)
-    test_images: int = Field(128, ge=8)
-    size: int = Field(64, ge=32, le=1024, description="canvas side, pixels (the network's input)")
+    source: str = Field(description="shapes-seg (synthetic: circles, squares and triangles, their masks exact), "
+                                    "voc:/path/VOC2012 or cityscapes:/path (PNG masks, checked whole first)")
+    train_images: int = Field(1024, ge=8, description="synthetic canvases; of a folder, at most this many (by seed)")
+    test_images: int = Field(128, ge=8, description="synthetic canvases; of a folder's val split, at most this many")
+    size: int = Field(64, ge=32, le=1024, description="the square side every image is made or resized to")
     objects: tuple[int, int] = Field((1, 3), description="fewest and most shapes per canvas")
     texture: float = Field(0.3, ge=0, le=1, description="background texture amplitude")
     seed: int = 0

@@ -12,7 +12,7 @@ import torch
 from device.errors import ConfigError
 from pipeline.core.distributed import require_divisible
 from pipeline.core.recipe import TrainConfig
-from pipeline.tasks.segmentation.data import SegmentationSplit, network_inputs
+from pipeline.tasks.segmentation.data import IGNORE, SegmentationSplit, network_inputs
 from pipeline.train import engine
 from pipeline.train.engine import Step, StepFn
 
@@ -54,14 +54,14 @@ class SegmentationBatches:
 
 def segmentation_step(teacher: torch.nn.Module | None = None, temperature: float = 2.0,
                       kd_weight: float = 0.0) -> StepFn:
-    """Pixel-wise cross-entropy; with ``teacher``, plus ``kd_weight`` × the KL divergence of the student's softened
+    """Pixel-wise cross-entropy (a pixel of no class left out); with ``teacher``, plus ``kd_weight`` × the KL divergence of the student's softened
     class scores from the teacher's at every pixel (× T², Hinton et al.'s scaling)."""
 
     def step(model: torch.nn.Module, batch, device: torch.device, memory_format: torch.memory_format) -> Step:
         x, y = batch
         x, y = x.to(device).contiguous(memory_format=memory_format), y.to(device)
         logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits, y)
+        loss = torch.nn.functional.cross_entropy(logits, y, ignore_index=IGNORE)
         if teacher is not None and kd_weight > 0:
             with torch.no_grad():
                 target = torch.log_softmax(teacher(x).float() / temperature, dim=1)
