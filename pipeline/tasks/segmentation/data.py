@@ -73,22 +73,13 @@ def canvases(count: int, size: int, objects: tuple[int, int], texture: float, se
     return SegmentationSplit(images, masks)
 
 
-def make_set(cfg, log=print) -> tuple[tuple[str, ...], dict[str, SegmentationSplit]]:
-    """The recipe's set (``data``) and its classes: the synthetic canvases (train and test drawn from two seeds
-    apart, each class present in both), or a user's ``voc:`` / ``cityscapes:`` folder read whole
-    (:mod:`pipeline.tasks.segmentation.folders`).
+def make_set(cfg) -> tuple[tuple[str, ...], dict[str, SegmentationSplit]]:
+    """The synthetic set of the recipe's ``data`` and its classes: train and test drawn from two seeds apart, each
+    class present in both.
 
     Raises:
-        DataError: A synthetic split in which a class never appears, or a folder with a bad pair (each named).
+        DataError: A split in which a class never appears (too few images or shapes to score it).
     """
-    if cfg.source.partition(":")[0] in ("voc", "cityscapes"):
-        from pipeline.tasks.segmentation.folders import read_layout
-
-        classes, splits = read_layout(cfg.source, cfg.train_images, cfg.test_images, cfg.size, cfg.seed)
-        absent = [classes[k] for k in range(len(classes)) if not (splits["test"].masks == k).any()]
-        if absent:  # scored as absent (mIoU is over the classes in the truth or the prediction), and said so
-            log(f"data: no {', '.join(absent)} pixel in the test split of {len(splits['test'])} images")
-        return classes, splits
     splits = {"train": canvases(cfg.train_images, cfg.size, tuple(cfg.objects), cfg.texture, cfg.seed * 2),
               "test": canvases(cfg.test_images, cfg.size, tuple(cfg.objects), cfg.texture, cfg.seed * 2 + 1)}
     for name, split in splits.items():
