@@ -158,6 +158,28 @@ def lead_row(rows: list[dict[str, Any]], profiles: list[dict[str, Any]]) -> tupl
     return row, None
 
 
+def headline_data(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], score: str,
+                  **made: Any) -> dict[str, Any]:
+    """What a scored task's run comes to, as data: the row :func:`lead_row` leads with (the INT8 student on the
+    first edge device that measured it, true to the device), its score there (``score``: ``map``, ``miou``) against
+    the FP32 student's on the host, its network time against the FP32 student's on the same device, its
+    post-processing; ``made`` says how the INT8 rung was made (``method``, …)."""
+    row, missing = lead_row(rows, profiles)
+    if row is None:
+        return {"rung": LEAD_RUNG, "measured": False, "reason": missing}
+    keys = ("device", "role", "runtime", score, f"{score}_low", f"{score}_high", f"{score}_vs_student_points",
+            "latency_p50_ms", "latency_p50_low_ms", "latency_p50_high_ms", "ratio_vs_student", "ratio_low",
+            "ratio_high", "ratio_significant", "postprocess_ms_per_image", "latency_batch")
+    return {"rung": row["rung"], "measured": True, **{k: row.get(k) for k in keys}, "int8_not_measured": missing,
+            **made}
+
+
+def headline_line(block, label: str) -> str:
+    """A headline block in one console line (the report stage's summary): what leads, its score and its latency."""
+    found = dict(block.rows)
+    return "; ".join([block.title, *(f"{name} {found[name]}" for name in (label, "latency p50") if name in found)])
+
+
 def scored_headline(h: dict[str, Any], score: str, label: str, postprocess: str, spec: str, int8: str | None):
     """A scored task's headline (:func:`lead_row`'s row as data) as the report's first table, labelled as every
     task's: why INT8 was not measured where it leads with the FP32 student, the score on the device against the FP32

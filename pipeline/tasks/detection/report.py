@@ -14,7 +14,8 @@ from typing import Any
 
 from pipeline.results import (REPORTED, csv_columns, detail_columns, figure_cell, figure_label, ladder_columns,
                               write_results)
-from pipeline.deploy.records import LEAD_RUNG, finished_run, layer_profiles, lead_row, scored_headline
+from pipeline.deploy import records
+from pipeline.deploy.records import finished_run, headline_data, layer_profiles, scored_headline
 from pipeline.deploy.records import reported_of as _reported
 from pipeline.sections import Figure, Headline, Section, Table, Text, page_title, to_html, to_markdown
 
@@ -244,22 +245,11 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
 
 def headline(rows: list[dict[str, Any]], quantize: dict[str, Any],
              profiles: list[dict[str, Any]] = ()) -> dict[str, Any]:
-    """What the run comes to, as data: the INT8 student on the first edge device that measured it (else the first
-    device that did), its mAP on the device against the FP32 student's on the host, its network time against the
-    FP32 student's on the same device, and its decode + NMS.
-
-    True to the device, as classification's: where the INT8 rung's own profile there shows no compute layer in INT8
-    (ONNX Runtime's CPU provider), the headline leads with the FP32 student measured there and says why and how to
-    measure INT8 (``int8_not_measured``).
-    """
-    row, missing = lead_row(rows, profiles)
-    if row is None:
-        return {"rung": LEAD_RUNG, "measured": False, "reason": missing}
-    keys = ("device", "role", "runtime", "map", "map_low", "map_high", "map_vs_student_points", "latency_p50_ms",
-            "latency_p50_low_ms", "latency_p50_high_ms", "ratio_vs_student", "ratio_low", "ratio_high",
-            "ratio_significant", "postprocess_ms_per_image", "latency_batch")
-    return {"rung": row["rung"], "measured": True, **{k: row[k] for k in keys}, "int8_not_measured": missing,
-            "method": quantize.get("method"), "box_head": quantize.get("box_head")}
+    """What the run comes to, as data (:func:`pipeline.deploy.records.headline_data`): the INT8 student's mAP on the
+    device and its network time against the FP32 student's, its decode + NMS; where the INT8 rung's own profile shows
+    no compute layer in INT8 (ONNX Runtime's CPU provider), the FP32 student measured there, with why and how to
+    measure INT8 (``int8_not_measured``)."""
+    return headline_data(rows, profiles, "map", method=quantize.get("method"), box_head=quantize.get("box_head"))
 
 
 def headline_block(h: dict[str, Any]) -> Headline:
@@ -270,9 +260,7 @@ def headline_block(h: dict[str, Any]) -> Headline:
 
 def headline_line(h: dict[str, Any]) -> str:
     """The headline in one console line (the report stage's summary): what leads, its mAP and its latency."""
-    block = headline_block(h)
-    found = dict(block.rows)
-    return "; ".join([block.title, *(f"{label} {found[label]}" for label in ("mAP", "latency p50") if label in found)])
+    return records.headline_line(headline_block(h), "mAP")
 
 
 def headline_text(h: dict[str, Any]) -> str:

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.deploy.records import LEAD_RUNG, finished_run, layer_profiles, lead_row, reported_of, scored_headline
+from pipeline.deploy import records
+from pipeline.deploy.records import finished_run, headline_data, layer_profiles, reported_of, scored_headline
 from pipeline.results import csv_columns, interval_cell, write_results
 from pipeline.sections import Headline, Section, Table, Text, page_title, to_html, to_markdown
 
@@ -56,17 +57,9 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
 
 
 def headline(rows: list[dict[str, Any]], quantize: dict[str, Any], profiles: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the run comes to, as data: the INT8 student on the first edge device that measured it, true to the device
-    (:func:`pipeline.deploy.records.lead_row`), its mIoU there against the FP32 student's on the host, its network
-    time against the FP32 student's on the same device, and the argmax's time."""
-    row, missing = lead_row(rows, profiles)
-    if row is None:
-        return {"rung": LEAD_RUNG, "measured": False, "reason": missing}
-    keys = ("device", "role", "runtime", "miou", "miou_low", "miou_high", "miou_vs_student_points", "latency_p50_ms",
-            "latency_p50_low_ms", "latency_p50_high_ms", "ratio_vs_student", "ratio_low", "ratio_high",
-            "ratio_significant", "postprocess_ms_per_image", "latency_batch")
-    return {"rung": row["rung"], "measured": True, **{k: row.get(k) for k in keys}, "int8_not_measured": missing,
-            "method": quantize.get("method")}
+    """What the run comes to, as data (:func:`pipeline.deploy.records.headline_data`): the INT8 student's mIoU on the
+    device against the FP32 student's on the host, its network time against the FP32 student's, the argmax's time."""
+    return headline_data(rows, profiles, "miou", method=quantize.get("method"))
 
 
 def headline_block(h: dict[str, Any]) -> Headline:
@@ -77,9 +70,7 @@ def headline_block(h: dict[str, Any]) -> Headline:
 
 def headline_line(h: dict[str, Any]) -> str:
     """The headline in one console line (the report stage's summary): what leads, its mIoU and its latency."""
-    block = headline_block(h)
-    found = dict(block.rows)
-    return "; ".join([block.title, *(f"{label} {found[label]}" for label in ("mIoU", "latency p50") if label in found)])
+    return records.headline_line(headline_block(h), "mIoU")
 
 
 def headline_text(h: dict[str, Any]) -> str:
