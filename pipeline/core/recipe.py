@@ -16,17 +16,14 @@ from typing import Annotated, Any, Callable, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from device.architectures import ARCHITECTURES
 from device.errors import ConfigError, EdgeFoldError
 from pipeline.core.recipe_jobs import FrameRecipe, SustainedRecipe
-from device.preprocess import Preprocess
 from device.schema import (BatchSizes, ClockMHz, IdleSeconds, PowerLimitWatts, MinIterations, ModeId, ModeName, SampleHz, Threads,
                            TimeoutSeconds, WarmupIterations, WindowSeconds)
 from device.files import sha256_file
-from pipeline.core.data.sources import check_source_name
 from pipeline.core.onnx_recipe import onnx_recipe
 from pipeline.core.recipe_errors import validation_error
-from pipeline.core.rungs import RUNGS, FloatRungName, Fp16RungName, RungName
+from pipeline.core.rungs import RUNGS, RungName
 
 RECIPES_ENV = "EDGEFOLD_MODELS_DIR"
 
@@ -105,68 +102,6 @@ class TrainConfig(Strict):
     def _yaml_on_off(cls, value: Any) -> Any:
         # YAML 1.1 reads a bare on/off as a boolean.
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
-
-
-class DataConfig(Strict):
-    """Where images come from and how they are split."""
-
-    source: str = Field(description="fashion-mnist | digits | imagefolder:/path")
-    train_size: Optional[int] = Field(None, ge=1, description="seeded subset of the training split; null = all")
-    test_size: Optional[int] = Field(None, ge=1, description="seeded subset of the test split; null = all")
-    calib_size: int = Field(512, ge=1, description="calibration images for INT8, disjoint from the training subset when possible")
-    seed: int = 0
-    workers: int = Field(0, ge=0, description="DataLoader workers for file-based sources")
-    class_balance: Literal["none", "loss_weights"] = Field(
-        "none", description="loss_weights: weigh each class's hard-label loss by n / (classes · n_class)")
-    min_images_per_class: int = Field(
-        20, ge=1, description="the data stage warns about a class with fewer training images than this")
-    imbalance_warning_ratio: float = Field(
-        5.0, gt=1, description="the data stage warns when the largest class has this many times the smallest's images")
-    allow_missing_test_classes: bool = Field(
-        False, description="accept a test (val/) split without images of some training classes; their per-class "
-                           "scores are then undefined")
-
-    _known_source = registry_check("source", check_source_name)
-
-
-class PreprocessConfig(Strict):
-    """The one preprocessing definition, shared with the device side (see device.preprocess)."""
-
-    input_size: int = Field(ge=4)
-    resize: Optional[int] = Field(None, ge=4, description="shorter side before the center crop; default input_size")
-    channels: Literal[1, 3] = 3
-    mean: list[float]
-    std: list[float]
-    interpolation: Literal["bilinear", "area", "nearest", "bicubic", "bilinear_antialias"] = "bilinear"
-    channel_order: Literal["rgb", "bgr"] = Field("rgb", description="bgr: a model trained on BGR images (mean, std "
-                                                                    "in that order)")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "PreprocessConfig":
-        self.to_preprocess()  # the device-side definition performs the checks
-        return self
-
-    def to_preprocess(self) -> Preprocess:
-        try:
-            return Preprocess(input_size=self.input_size, resize=self.resize or self.input_size, channels=self.channels,
-                              mean=tuple(self.mean), std=tuple(self.std), interpolation=self.interpolation,
-                              channel_order=self.channel_order)
-        except ConfigError as err:
-            raise ValueError(err.message) from None
-
-
-class TeacherConfig(Strict):
-    """The big model: an architecture from the registry, weights loaded or trained."""
-
-    arch: str
-    weights: Optional[str] = Field(None, description="path to a torchvision state_dict, 'imagenet', or null to train")
-    preprocess_check: Literal["stop", "warn", "off"] = Field(
-        "stop", description="weights of a user's that keep their head: score them on training images under the "
-                            "declared preprocessing and the plausible others before training; when another scores "
-                            "higher beyond noise, stop with both scores and the keys that select it, or warn")
-    train: TrainConfig
-
-    _known_arch = registry_check("arch", ARCHITECTURES.get)
 
 
 class LatencyTarget(Strict):
@@ -258,55 +193,6 @@ class PruneConfig(Strict):
         return self
 
 
-class DistillConfig(Strict):
-    """Knowledge distillation from the teacher into the student."""
-
-    student: str = Field("pruned", description="'pruned' (the prune stage's model) or a registry architecture")
-    temperature: float = Field(4.0, gt=0)
-    alpha: float = Field(0.9, ge=0, le=1, description="weight of the soft-target term")
-    cache_teacher_logits: bool = Field(True, description="compute teacher logits once (needs augmentation ⊆ hflip)")
-    allow_larger_student: bool = Field(False, description="accept a student with as many MACs or parameters as the "
-                                                          "teacher (refused by default: it is no edge model)")
-    train: TrainConfig
-
-    @field_validator("student")
-    @classmethod
-    def _known_student(cls, value: str) -> str:
-        if value != "pruned":
-            as_value_error(ARCHITECTURES.get, value)
-        return value
-
-    @model_validator(mode="after")
-    def _cache_compatible(self) -> "DistillConfig":
-        if self.cache_teacher_logits and self.train.augment.crop_padding:
-            raise ValueError(
-                "cache_teacher_logits needs deterministic inputs up to a flip; set "
-                "train.augment.crop_padding: 0 or cache_teacher_logits: false"
-            )
-        return self
-
-
-class ExportConfig(Strict):
-    """ONNX export of every rung that will be measured, checked against torch."""
-
-    opset: int = Field(17, ge=17, le=23)
-    rungs: list[FloatRungName] = [name for name, rung in RUNGS.items() if rung.checkpoint_stage]
-    fp16_rungs: list[Fp16RungName] = Field(
-        [name for name, rung in RUNGS.items() if rung.precision == "fp16"],
-        description="FP16 forms written in the graph (FP16 weights and compute, float32 I/O) of exported rungs")
-    parity_images: int = Field(256, ge=1, description="test images compared between torch and ONNX Runtime")
-    parity_atol: float = Field(1e-3, gt=0, description="largest allowed |torch − ONNX| logit difference")
-    min_top1_agreement: float = Field(0.99, ge=0, le=1, description="share of images with the same top-1 class")
-
-    @model_validator(mode="after")
-    def _fp16_sources_exported(self) -> "ExportConfig":
-        missing = [name for name in self.fp16_rungs if RUNGS[name].form_of not in self.rungs]
-        if missing:
-            raise ValueError(f"fp16_rungs {missing} need their FP32 rungs "
-                             f"{[RUNGS[m].form_of for m in missing]} in export.rungs")
-        return self
-
-
 MODELOPT_METHODS = ("max", "entropy")  # modelopt.onnx.quantization's int8 calibration methods
 
 
@@ -346,18 +232,6 @@ class LadderConfig(Strict):
                 raise ValueError(f"ModelOpt calibrates with max or entropy, not {lacking[0]!r} "
                                  "(set quantize.calibration_methods: [max, entropy] for the modelopt quantizer)")
         return self
-
-
-class QuantizeConfig(LadderConfig):
-    """INT8 explicit Q/DQ of the student for TensorRT, with an accuracy gate."""
-    float_islands: Literal["fp16", "fp32"] = Field(
-        "fp16", description="precision of the layers left out of INT8, written in the graph (ModelOpt's "
-                            "high_precision_dtype): fp16 means the same on TensorRT 10 (FP16 flag) and on strongly "
-                            "typed 10.12+/11 builds, and INT8 is compared with FP16 on equal terms")
-
-
-class EvaluateConfig(Strict):
-    batch_size: int = Field(256, ge=1)
 
 
 def accelerator_name(accelerator: str) -> str:
