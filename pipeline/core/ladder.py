@@ -70,13 +70,17 @@ def baseline_of(rows: dict[str, dict[str, Any]]) -> str | None:
 def check_rows(rows: dict[str, dict[str, Any]], score: str) -> None:
     """Refuses a row that lacks a field every reader takes, or an unknown precision: a task's mistake, named here
     rather than as a ``KeyError`` in a report later."""
+    from device.errors import StageError
+
+    fix = "this is a bug in the task's evaluate hooks (pipeline/tasks/<task>/evaluated.py): report it"
     for name, row in rows.items():
         missing = [key for key in (*ROW_FIELDS, score) if key not in row]
         if missing:
-            raise ValueError(f"evaluate: the {name} row lacks {', '.join(missing)} (every task's row holds "
-                             f"{', '.join(ROW_FIELDS)} and its score)")
+            raise StageError(f"evaluate: the {name} row lacks {', '.join(missing)} (every task's row holds "
+                             f"{', '.join(ROW_FIELDS)} and its score)", fix=fix)
         if row["precision"] not in PRECISIONS:
-            raise ValueError(f"evaluate: the {name} row's precision {row['precision']!r} is none of {PRECISIONS}")
+            raise StageError(f"evaluate: the {name} row's precision {row['precision']!r} is none of {PRECISIONS}",
+                             fix=fix)
 
 
 def compare(rows: dict[str, dict[str, Any]], score: str, baseline: str | None) -> None:

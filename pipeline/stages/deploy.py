@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from device.errors import StageError
 from pipeline.core.stage import HookedStage, StageResult
 from pipeline.deploy.hooks import DeployHooks, Job
 from pipeline.deploy.session import DeviceSession, require_runtime
@@ -105,7 +106,8 @@ class DeployStage(HookedStage):
                 def window(job: Job, round_index: int) -> dict[str, Any]:
                     spec = windows.spec(job, round_index)
                     if spec.timeout_s is None:  # the wait is the agent's limit and two minutes: the task must say it
-                        raise ValueError(f"the {job.shown} job names no timeout_s: every task's job sets it")
+                        raise StageError(f"deploy: the {job.shown} job names no timeout_s",
+                                         fix="this is a bug in the task's deploy hooks (every job sets it): report it")
                     return session.window(job.shown, job.path, spec, round_index, cfg.retries, spec.timeout_s + 120,
                                           announce=windows.announce(job, round_index))
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from device.errors import StageError
 from pipeline.core.ladder import LADDER_SCHEMA, EvaluateHooks
 from pipeline.stages.evaluate import EvaluateStage
 
@@ -82,6 +83,6 @@ def test_without_a_teacher_the_fp32_student_is_the_baseline(tmp_path):
 def test_a_row_a_reader_could_not_take_is_refused_before_anything_is_written(tmp_path, broken, named):
     work = tmp_path / "work"
     work.mkdir()
-    with pytest.raises(ValueError, match=named):
+    with pytest.raises(StageError, match=named):
         EvaluateStage(ToyEvaluate(broken=broken)).run(_ctx(tmp_path), work)
     assert list(work.iterdir()) == []
