@@ -97,7 +97,6 @@ class SegmentationQuantize(QuantizeHooks):
         chosen = attempts[-1]
         final = workdir / "student.int8.onnx"
         shutil.copyfile(candidate, final)
-        np.save(workdir / "masks.npy", task.masks[chosen["method"]], allow_pickle=False)
         fp32_scores = {key: value for key, value in reference.items() if key != "value"}
         metrics = {"fp32": fp32_scores, "int8": chosen["scores"], "drop_points": chosen["drop_points"],
                    "quantizer": chosen["quantizer"], "method": chosen["method"],
@@ -108,7 +107,7 @@ class SegmentationQuantize(QuantizeHooks):
                    "class_changes_vs_fp32": class_changes(task.test.masks, task.masks["fp32"],
                                                           task.masks[chosen["method"]], task.classes,
                                                           resamples=ctx.recipe.quantize.resamples)}
-        return StageResult(outputs={"student_int8": final, "masks": workdir / "masks.npy"}, metrics=metrics)
+        return StageResult(outputs={"student_int8": final}, metrics=metrics)
 
     def summary(self, metrics: dict) -> str:
         return (f"INT8 mIoU {100 * metrics['int8']['miou']:.1f} ({-metrics['drop_points']:+.2f} points vs FP32 "
