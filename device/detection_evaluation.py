@@ -25,6 +25,19 @@ def evaluate_job(runner, job: dict[str, Any], evaluation, chw: Sequence[int], ba
                                      job["head_path"], evaluation.head, chw, batch_sizes)
 
 
+def checked_head(head_path: str | Path, head: str | None):
+    """The stored sidecar's decoding (:class:`device.detection_post.HeadSpec`) once its bytes are the job's ``head``.
+
+    Raises:
+        EvaluationSetError: Another sidecar's bytes, naming both hashes.
+    """
+    actual = sha256_file(head_path)
+    if actual != head:
+        raise EvaluationSetError(f"the detection sidecar's bytes hash to sha256 {actual}, not {head} as the job says",
+                                 fix="upload the sidecar again, then resubmit the job")
+    return load_head_spec(head_path)
+
+
 def evaluate_detection_runner(runner, path: str | Path, artifact: str, images: int, head_path: str | Path,
                               head: str, chw: Sequence[int], batch_sizes: Sequence[int]) -> dict[str, Any]:
     """Runs every image of the set through ``runner`` at its largest batch and post-processes each batch.
@@ -45,11 +58,7 @@ def evaluate_detection_runner(runner, path: str | Path, artifact: str, images: i
         EvaluationSetError: The set or the sidecar is not the one the job names, or does not fit the model.
         HeadSpecError: The sidecar does not decode this model's output.
     """
-    actual = sha256_file(head_path)
-    if actual != head:
-        raise EvaluationSetError(f"the detection sidecar's bytes hash to sha256 {actual}, not {head} as the job says",
-                                 fix="upload the sidecar again, then resubmit the job")
-    spec = load_head_spec(head_path)
+    spec = checked_head(head_path, head)
     data = load_evaluation_set(path, artifact, images, chw)
     batch = max(batch_sizes)
     network = post = 0.0
@@ -65,3 +74,28 @@ def evaluate_detection_runner(runner, path: str | Path, artifact: str, images: i
                            "labels": d["labels"].tolist()} for d in found)
     return {"artifact": artifact, "images": images, "top_k": 1, "batch_size": batch, "seconds": network + post,
             "detections": detections, "network_s": network, "postprocess_s": post}
+
+
+def frame_answer(job: dict[str, Any], evaluation, k: int = 5):
+    """The ``detection`` post-processor's answer to a camera frame: the first image's detections by the sidecar the
+    job's evaluation names (its decode + NMS, in the network input's pixels); two agree on the same classes and boxes
+    (to 1e-4 px, a runtime's rounding).
+
+    Raises:
+        EvaluationSetError: The job names no sidecar (its evaluation's ``head``), or the stored one is another's.
+    """
+    from device.frame import FrameAnswer
+
+    if evaluation is None or not job.get("head_path"):
+        raise EvaluationSetError("a detection frame is decoded by the job's detection sidecar: the job has none",
+                                 fix="send frame.postprocess detection with the round's evaluation (its head)")
+    spec = checked_head(job["head_path"], evaluation.head)
+
+    def boxes(outputs) -> dict[str, np.ndarray]:
+        return postprocess(spec, np.asarray(outputs, dtype=np.float32)[:1])[0]
+
+    def same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+        return bool(np.array_equal(a["labels"], b["labels"]) and a["boxes"].shape == b["boxes"].shape
+                    and np.allclose(a["boxes"], b["boxes"], rtol=0, atol=1e-4))
+
+    return FrameAnswer(boxes, same)

@@ -91,3 +91,10 @@ def evaluate_runner(runner, path: str | Path, artifact: str, images: int, top_k:
     ranked = np.concatenate(predictions).astype(int)
     return {"artifact": artifact, "images": images, "top_k": int(ranked.shape[1]), "batch_size": batch,
             "seconds": time.perf_counter() - started, "predictions": ranked.tolist()}
+
+
+def frame_answer(job: dict[str, Any], evaluation, k: int = 5):
+    """The ``top_k`` post-processor's answer to a camera frame: its k best classes (:func:`device.frame.top_k`)."""
+    from device.frame import top_k_answer
+
+    return top_k_answer(k)

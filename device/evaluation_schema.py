@@ -10,8 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
-Postprocess = Literal["top_k", "detection", "segmentation"]
-"""The device's post-processors by name (:data:`device.postprocessors.POSTPROCESSORS` loads each)."""
+Postprocess = Literal["top_k", "detection", "segmentation", "none"]
+"""The device's post-processors by name (:data:`device.postprocessors.POSTPROCESSORS` loads each); ``none``: the
+engine's outputs as they are, a debug job's (``JobSpec.diverge``: its set names the images, nothing scores them)."""
 
 
 class EvaluationSpec(BaseModel):
@@ -29,9 +30,9 @@ class EvaluationSpec(BaseModel):
     postprocess: Postprocess | None = Field(
         None, description="the post-processor the device runs on the engine's outputs (device.postprocessors): "
                           "top_k classes, detection (the sidecar head's decode + NMS) or segmentation (the argmax over "
-                          "classes, a mask per image, 2.14); named by the job, so the "
-                          "device never guesses the task from which fields are set. Absent (a client before 2.13): "
-                          "detection where head is given, else top_k (2.13)")
+                          "classes, a mask per image, 2.14), or none (a debug job's images, 2.15); named by the job, "
+                          "so the device never guesses the task from which fields are set. Absent (a client before "
+                          "2.13): detection where head is given, else top_k (2.13)")
 
     @model_serializer(mode="wrap")
     def _on_the_wire(self, handler) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 A frame of the job's size and format (:class:`device.frame_schema.FrameSpec`) is decoded (JPEG; NV12 converted; BGR
 as it comes), preprocessed by the project's one definition (:class:`device.preprocess.Preprocess`: BGR → RGB, the
 shorter side resized, centre-cropped, normalized) on the device's CPU with OpenCV, run through the engine (the call as
-an application makes it, its copies inside) and reduced to its top-k classes. Each part is timed per frame over
+an application makes it, its copies inside) and reduced to the task's answer by the post-processor the job names
+(:class:`FrameAnswer`: top-k classes, a detector's boxes, a mask). Each part is timed per frame over
 rounds; then the same frames run through a two-stage pipeline — one thread decoding and preprocessing ahead, a
 bounded queue, the engine's thread for the rest — whose frame rate is what a camera application sustains. Only numpy
 and OpenCV here.
@@ -15,6 +16,7 @@ import queue
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -84,20 +86,42 @@ def top_k(logits: np.ndarray, k: int) -> np.ndarray:
     return best[np.argsort(row[best])[::-1]]
 
 
+@dataclass(frozen=True)
+class FrameAnswer:
+    """What the engine's outputs for one frame come to, by the post-processor the job names
+    (:func:`device.postprocessors.frame_answer`).
+
+    Attributes:
+        reduce: The outputs of one engine call (the frame first in the batch) → the frame's answer.
+        same: Whether two answers to the same frame agree (the pipelined run's against the one-by-one run's).
+    """
+
+    reduce: Callable[[Any], Any]
+    same: Callable[[Any, Any], bool]
+
+
+def top_k_answer(k: int = 5) -> FrameAnswer:
+    """A classifier's answer: its k best classes; two agree on their top-1."""
+    return FrameAnswer(lambda logits: top_k(logits, k), lambda a, b: bool(a[0] == b[0]))
+
+
 class FramePath:
-    """One frame's way from camera bytes to top-k on a loaded runner.
+    """One frame's way from camera bytes to the task's answer on a loaded runner.
 
     Args:
         runner: A loaded :class:`device.runners.base.Runner`.
         preprocess: The model's preprocessing (the job's ``preprocess``).
         spec: The frame's size, format and timing.
         batch_size: The engine batch to call (the frame repeated where the runner takes no batch of 1).
-        k: Classes kept per frame.
+        k: Classes kept per frame (top-k).
+        answer: The task's post-processing; None: top-k classes.
     """
 
-    def __init__(self, runner, preprocess: Preprocess, spec: FrameSpec, batch_size: int = 1, k: int = 5):
+    def __init__(self, runner, preprocess: Preprocess, spec: FrameSpec, batch_size: int = 1, k: int = 5,
+                 answer: FrameAnswer | None = None):
         self.runner, self.preprocess, self.spec = runner, preprocess, spec
         self.batch_size, self.k = batch_size, k
+        self.answer = answer or top_k_answer(k)
         self.decode, self.order = decoder(spec.format)
 
     def prepare(self, image: np.ndarray) -> np.ndarray:
@@ -119,14 +143,14 @@ class FramePath:
         marks.append(time.perf_counter())
         batch = self.prepare(bgr)
         marks.append(time.perf_counter())
-        logits = self.runner.infer(batch)
+        outputs = self.runner.infer(batch)
         marks.append(time.perf_counter())
-        answer = top_k(logits, self.k)
+        answer = self.answer.reduce(outputs)
         marks.append(time.perf_counter())
         return [b - a for a, b in zip(marks, marks[1:])], answer
 
-    def pipelined(self, frames: Sequence[Any]) -> tuple[float, list[np.ndarray]]:
-        """The frames through two threads (decode + preprocess ahead, the engine and top-k behind, a bounded queue
+    def pipelined(self, frames: Sequence[Any]) -> tuple[float, list[Any]]:
+        """The frames through two threads (decode + preprocess ahead, the engine and its answer behind, a bounded queue
         between): frames per second from the first answer to the last (the queue's filling left out), and the
         answers. Either thread's failure stops the other and is raised here."""
         handoff: queue.Queue = queue.Queue(maxsize=self.spec.queue)
@@ -157,7 +181,7 @@ class FramePath:
         answers, first = [], None
         try:
             while (batch := handoff.get()) is not None:
-                answers.append(top_k(self.runner.infer(batch), self.k))
+                answers.append(self.answer.reduce(self.runner.infer(batch)))
                 first = first or time.perf_counter()
             seconds = time.perf_counter() - (first or time.perf_counter())
         finally:
@@ -214,8 +238,9 @@ class InGraphPath(FramePath):
     """The frame's path with the preprocessing inside the engine (:mod:`pipeline.frame_prefix`): the frame's bytes as
     they come (JPEG decoded to BGR first) are the engine's uint8 input."""
 
-    def __init__(self, runner, preprocess: Preprocess, spec: FrameSpec, batch_size: int = 1, k: int = 5):
-        super().__init__(runner, preprocess, spec, batch_size, k)
+    def __init__(self, runner, preprocess: Preprocess, spec: FrameSpec, batch_size: int = 1, k: int = 5,
+                 answer: FrameAnswer | None = None):
+        super().__init__(runner, preprocess, spec, batch_size, k, answer)
         if spec.format != "jpeg":
             self.decode = lambda frame: frame
 
@@ -242,7 +267,7 @@ def _one_round(path: FramePath, frames: Sequence[Any], pipelined_first: bool, co
     return {"stages": [1000 * statistics.median(t[position] for t in times) for position in range(len(FRAME_STAGES))],
             "total": 1000 * statistics.median(sum(t) for t in times),
             "sequential_fps": (len(frames) - 1) / (ends[-1] - ends[0]), "pipelined_fps": fps,
-            "agreement": float(np.mean([a[0] == b[0] for a, b in zip(answers, piped)])),
+            "agreement": float(np.mean([path.answer.same(a, b) for a, b in zip(answers, piped)])),
             "frames": 2 * len(frames)}  # one by one, then pipelined (or the other way round)
 
 
@@ -285,7 +310,8 @@ def load_image_set(path: str, images: FrameImages) -> np.ndarray:
 def time_frames(runner, preprocess: Preprocess, spec: FrameSpec, accepted: Sequence[int] | None = None,
                 k: int = 5, progress: Callable[[str], None] = lambda text: None, graph_runner=None,
                 images: np.ndarray | None = None,
-                around_rounds: Callable[[Callable[[], None]], Any] = lambda work: work()) -> dict[str, Any]:
+                around_rounds: Callable[[Callable[[], None]], Any] = lambda work: work(),
+                answer: FrameAnswer | None = None) -> dict[str, Any]:
     """Times the frame's path on a loaded runner: ``spec.rounds`` rounds of ``spec.frames`` frames, each round one
     by one (every part timed per frame) and pipelined (the frame rate), the same frames in both, the order alternating;
     with ``graph_runner`` (the rung with the preprocessing in its graph), that form too, interleaved round by round.
@@ -295,14 +321,15 @@ def time_frames(runner, preprocess: Preprocess, spec: FrameSpec, accepted: Seque
     Args:
         accepted: The batch sizes the runner was built for (TensorRT: one engine each); None: any.
         around_rounds: Runs the timed rounds (a telemetry window around them, :func:`device.jobrun.frame_times`).
+        answer: The task's post-processing (None: top-k classes; ``images`` are scored by top-k only).
 
     Returns:
         A :class:`device.frame_schema.FrameResult` as a dict.
     """
     batch_size = frame_batch(accepted)
-    paths = {"cpu": FramePath(runner, preprocess, spec, batch_size, k)}
+    paths = {"cpu": FramePath(runner, preprocess, spec, batch_size, k, answer)}
     if graph_runner is not None:
-        paths["in_graph"] = InGraphPath(graph_runner, preprocess, spec, batch_size, k)
+        paths["in_graph"] = InGraphPath(graph_runner, preprocess, spec, batch_size, k, answer)
     progress(f"frames: making {spec.frames} {spec.width}×{spec.height} {spec.format}")
     frames = ([frame_from_image(images[i % len(images)], spec) for i in range(spec.frames)] if images is not None
               else synthetic_frames(spec, spec.frames))

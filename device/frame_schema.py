@@ -6,9 +6,9 @@ and the evaluation images scored through the whole path."""
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from device.window import Measured
 
@@ -53,10 +53,26 @@ class FrameSpec(BaseModel):
                                  description="sha256 of the uploaded rung with the preprocessing written into its graph "
                                              "(pipeline.frame_prefix: uint8 frame in): timed beside the CPU path")
     images: FrameImages | None = Field(None, description="the image set of source: images")
+    postprocess: Literal["top_k", "detection", "segmentation"] = Field(
+        "top_k", description="what a frame's engine outputs are reduced to, by the device's post-processor the job "
+                             "names (device.postprocessors): top_k classes; detection, the boxes (the job's "
+                             "evaluation sidecar decodes them, then NMS); segmentation, the mask (the argmax) (2.15)")
     needs_artifacts: ClassVar[bool] = True  # a job names its uploads; a recipe's form (the deploy stage fills them) not
+
+    @model_serializer(mode="wrap")
+    def _on_the_wire(self, handler) -> dict[str, Any]:
+        """Without ``postprocess`` where it is top_k (or unset, a recipe's form): the bytes an agent before 2.15
+        accepts (it refuses an unknown key), and a classification frame job's cache key as before."""
+        data = handler(self)
+        if isinstance(data, dict) and "postprocess" in data and data["postprocess"] in ("top_k", None):
+            del data["postprocess"]
+        return data
 
     @model_validator(mode="after")
     def _nv12_even(self) -> "FrameSpec":
+        if self.source == "images" and self.postprocess not in ("top_k", None):
+            raise ValueError(f"source: images scores each frame's top-k classes against the labels; a "
+                             f"{self.postprocess} frame is timed on synthetic frames (source: synthetic)")
         if self.needs_artifacts and (self.source == "images") != (self.images is not None):
             raise ValueError("source: images needs images (the uploaded image set), and images needs source: images")
         if self.format == "nv12" and (self.width % 2 or self.height % 2):
@@ -130,9 +146,10 @@ class FrameResult(Measured):
     bound: str = Field(description="the largest part of the slower of the pipeline's two threads (decode + "
                                    "preprocess, engine + postprocess): what sets the pipelined frame rate")
     bound_text: str
-    top1_agreement: float = Field(description="share of frames whose top-1 on the pipelined path equals the "
-                                              "sequential path's (the same frames; 1.0 unless the runtime is "
-                                              "non-deterministic)")
+    top1_agreement: float = Field(description="share of frames whose answer on the pipelined path equals the "
+                                              "sequential path's: the top-1 class; detection, the same boxes and "
+                                              "classes; segmentation, the same mask (the same frames; 1.0 unless the "
+                                              "runtime is non-deterministic)")
     copies_ms: dict[str, float] | None = Field(None, description="host→device and device→host copies inside the engine "
                                                                  "call, medians (TensorRT's CUDA events; None where "
                                                                  "the runtime has no copies to time apart)")

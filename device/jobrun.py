@@ -316,17 +316,21 @@ def sweep_points(spec: JobSpec, job: dict[str, Any], job_dir: Path, runner, samp
 
 
 def frame_times(spec: JobSpec, job: dict[str, Any], runner, progress) -> tuple[dict[str, Any] | None, str | None]:
-    """The frame's path from bytes to top-k on the timed runner (:mod:`device.frame`), after the windows, and on the
+    """The frame's path from bytes to the task's answer (the post-processor ``frame.postprocess`` names) on the timed
+    runner (:mod:`device.frame`), after the windows, and on the
     rung with the preprocessing in its graph (``frame.in_graph``, its own runner at the same batch), with one telemetry
     window around the timed rounds; or why it could not be timed: a failure there loses none of what the job measured
     before it (the in-graph form's, none of the CPU path's; the telemetry's, none of the timing)."""
     from device.frame import frame_batch, load_image_set, time_frames
+    from device.postprocessors import frame_answer
 
     accepted = getattr(runner, "batch_sizes", None)
     graph_runner, in_graph_error = None, None
     try:
         images = (load_image_set(job["frame_images_path"], spec.frame.images) if spec.frame.images is not None
                   else None)
+        k = spec.evaluation.top_k if spec.evaluation else 5
+        answer = frame_answer(spec.frame.postprocess, job, spec.evaluation, k)
         with ExitStack() as stack:
             if spec.frame.in_graph is not None:
                 progress("frames: loading the rung with the preprocessing in its graph")
@@ -348,8 +352,7 @@ def frame_times(spec: JobSpec, job: dict[str, Any], runner, progress) -> tuple[d
                 stack.callback(sampler.close)
             traces: list = []
             timed = time_frames(runner, Preprocess.from_dict(spec.preprocess.model_dump()), spec.frame, accepted,
-                                k=spec.evaluation.top_k if spec.evaluation else 5, progress=progress,
-                                graph_runner=graph_runner, images=images,
+                                k=k, progress=progress, graph_runner=graph_runner, images=images, answer=answer,
                                 around_rounds=lambda work: traces.extend(telemetry_window(samplers, work)[1]))
         return {**timed, "in_graph_error": in_graph_error or timed.get("in_graph_error"),
                 **frame_power(samplers, traces, timed["frames_timed"], notes)}, None

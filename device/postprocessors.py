@@ -2,7 +2,8 @@
 on the evaluation set. The job says which; the device never infers the task from which fields are set.
 
 Each is a module loaded by name when a job names it, exposing ``evaluate_job(runner, job, evaluation, chw,
-batch_sizes)``: the pipeline's code hashes follow import statements, so a classification deploy is not re-measured by
+batch_sizes)`` and ``frame_answer(job, evaluation, k)`` (a camera frame's answer, :class:`device.frame.FrameAnswer`):
+the pipeline's code hashes follow import statements, so a classification deploy is not re-measured by
 an edit to the detection decoder. A new task adds its module here and its name to :data:`device.evaluation_schema.Postprocess`.
 """
 
@@ -36,3 +37,14 @@ def evaluate(evaluation: EvaluationSpec, job: dict[str, Any], runner, chw: Seque
     """
     module = importlib.import_module(POSTPROCESSORS[evaluation.postprocess])
     return module.evaluate_job(runner, job, evaluation, chw, batch_sizes)
+
+
+def frame_answer(name: str, job: dict[str, Any], evaluation: EvaluationSpec | None, k: int = 5):
+    """A camera frame's answer by the post-processor ``name`` (``FrameSpec.postprocess``): its module's
+    ``frame_answer`` with the job's stored files (a detection sidecar) and evaluation.
+
+    Returns:
+        A :class:`device.frame.FrameAnswer`.
+    """
+    module = importlib.import_module(POSTPROCESSORS[name])
+    return module.frame_answer(job, evaluation, k)

@@ -191,15 +191,18 @@ class JobSpec(Request):
     diverge: DivergeSpec | None = Field(None, description="a debug job: no timed window; the marked tensors of the "
                                                           "evaluation set's first images, for the build host (2.8)")
     frame: FrameSpec | None = Field(None, description="time camera frames of this size and format from bytes to "
-                                                      "top-k, part by part, and pipelined, after the windows (2.9)")
+                                                      "the task's answer (frame.postprocess), part by part, and "
+                                                      "pipelined, after the windows (2.9)")
     sustained: SustainedSpec | None = Field(None, description="a sustained job: no ladder windows; the engine run "
                                                               "without pause for minutes, recorded per interval (2.10)")
 
     @model_validator(mode="after")
     def _window(self) -> "JobSpec":
         if self.diverge is not None:
-            if self.evaluation is None or self.evaluation.postprocess != "top_k":
-                raise ValueError("diverge runs the evaluation set's images: give evaluation (postprocess top_k)")
+            # A debug job post-processes nothing: its set only names the images (none; top_k from a client
+            # before 2.15, which had no other).
+            if self.evaluation is None or self.evaluation.postprocess not in ("none", "top_k"):
+                raise ValueError("diverge runs the evaluation set's images: give evaluation (postprocess none)")
             if self.runtime not in ("tensorrt", "onnxruntime"):
                 raise ValueError("diverge marks ONNX tensors as outputs: runtime tensorrt or onnxruntime")
             if self.sweep is not None or len(self.batch_sizes) != 1:
@@ -207,6 +210,9 @@ class JobSpec(Request):
             if self.diverge.images > self.evaluation.images:
                 raise ValueError(f"diverge.images {self.diverge.images} is more than the evaluation set's "
                                  f"{self.evaluation.images}")
+        elif self.evaluation is not None and self.evaluation.postprocess == "none":
+            raise ValueError("evaluation.postprocess none is a debug job's (diverge): name the post-processor that "
+                             "scores the set (top_k, detection, segmentation)")
         if self.sustained is not None:
             batch, (settings, settle_s) = self.sustained.batch_size, self.sustained_settings()
             if batch not in self.batch_sizes:
@@ -223,6 +229,10 @@ class JobSpec(Request):
         if self.frame is not None and (self.preprocess is None or self.diverge is not None):
             raise ValueError("frame needs the model's preprocess (its frames are preprocessed as the application's), "
                              "and no diverge")
+        if self.frame is not None and self.frame.postprocess == "detection" and (
+                self.evaluation is None or self.evaluation.postprocess != "detection"):
+            raise ValueError("frame.postprocess detection decodes each frame with the job's detection sidecar: give "
+                             "evaluation with postprocess detection and its head")
         if self.iterations is not None and self.duration_s is not None:
             raise ValueError("give iterations or duration_s, not both")
         if isinstance(self.telemetry, list) and len(set(self.telemetry)) != len(self.telemetry):
@@ -320,7 +330,8 @@ class ErrorBody(Strict):
 # BuildFacts.engines (each batch's engine by its key in the agent's cache: GET /v1/engines/{key});
 # 2.13: EvaluationSpec.postprocess (the job names the device's post-processor)
 # 2.14: postprocess segmentation, EvaluationResult.masks and mask_shape
-RESULT_MAJOR, RESULT_MINOR = 2, 14
+# 2.15: postprocess none (a debug job's images), FrameSpec.postprocess (a frame's answer by the task's post-processor)
+RESULT_MAJOR, RESULT_MINOR = 2, 15
 RESULT_SCHEMA = f"edgefold.result/{RESULT_MAJOR}.{RESULT_MINOR}"
 _RESULT_VERSION = re.compile(r"^edgefold\.result/(?P<major>\d+)(?:\.(?P<minor>\d+))?$")
 READING = {"reading": True}  # validation context of a reader: drop the keys a newer minor version added
@@ -485,7 +496,8 @@ class JobResult(Measured):
     sweep: SweepResult | None = Field(None, description="a sweep's original and restored state and the settings it "
                                                         "did not measure; its runs carry power_setting")
     diverge: DivergeResult | None = Field(None, description="a debug job's marked tensors (no runs) (2.8)")
-    frame: FrameResult | None = Field(None, description="the frame's path from bytes to top-k (JobSpec.frame) (2.9)")
+    frame: FrameResult | None = Field(None, description="the frame's path from bytes to the task's answer "
+                                                        "(JobSpec.frame) (2.9)")
     frame_error: str | None = Field(None, description="why the frame's path was not timed; the job's windows, "
                                                       "profile and evaluation stand (2.9)")
     sustained: SustainedResult | None = Field(None, description="a sustained job's intervals (2.10); a sustained "

@@ -69,3 +69,23 @@ def evaluate_job(runner, job: dict[str, Any], evaluation, chw: Sequence[int],
     return {"artifact": evaluation.artifact, "images": evaluation.images, "top_k": 1, "batch_size": batch,
             "seconds": network + post, "masks": pack_masks(stacked), "mask_shape": list(stacked.shape),
             "network_s": network, "postprocess_s": post}
+
+
+def frame_answer(job: dict[str, Any], evaluation, k: int = 5):
+    """The ``segmentation`` post-processor's answer to a camera frame: the first image's mask (the argmax over
+    classes, ``uint8``); two agree when every pixel does.
+
+    Raises:
+        EvaluationSetError: On the first frame, where the engine's output is not classes×H×W.
+    """
+    from device.frame import FrameAnswer
+
+    def mask(outputs) -> np.ndarray:
+        logits = np.asarray(outputs, dtype=np.float32)
+        if logits.ndim != 4 or not 1 < logits.shape[1] <= MAX_CLASSES:
+            raise EvaluationSetError(f"the engine's output is {tuple(logits.shape)}, not a segmenter's "
+                                     f"N×classes×H×W (2 to {MAX_CLASSES} classes)",
+                                     fix="send frame.postprocess segmentation only with a segmentation model")
+        return np.argmax(logits[0], axis=0).astype(np.uint8)
+
+    return FrameAnswer(mask, lambda a, b: bool(np.array_equal(a, b)))

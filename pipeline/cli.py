@@ -228,6 +228,7 @@ def _diverge_deviations(ctx, devices) -> None:
         done.add((rung, name))
         try:
             diverge_run(ctx.run_dir, rung, name, by_name[name].token(), log=ctx.log,
+                        inputs=_evaluation_inputs(tasks.of_run(ctx.run_dir)),
                         batch=int(batch.group(1)) if batch else None)
             searched += 1
         except Exception as err:  # noqa: BLE001 (the run and its report stand; the search is an extra)
@@ -397,15 +398,21 @@ def _cmd_diverge(args) -> int:
     for name, value in (("--images", args.images), ("--chunk", args.chunk), ("--max-mib", args.max_mib)):
         if value < 1:
             raise EdgeFoldError(f"{name} {value}: give 1 or more", fix=f"{name} 4")
+    task = tasks.of_run(run_dir)
     _, path = diverge_run(run_dir, args.rung, args.device, read_token(token_file=args.token_file),
-                          images=args.images, chunk=args.chunk, max_bytes=args.max_mib << 20,
+                          inputs=_evaluation_inputs(task), images=args.images, chunk=args.chunk,
+                          max_bytes=args.max_mib << 20,
                           max_relative_error=args.max_relative_error, max_cosine_distance=args.max_cosine_distance,
                           batch=args.batch)
     print(f"answer: {path}")
     if (run_dir / "report").is_dir():
-        task = tasks.of_run(run_dir)
         print(f"report: {rebuild_report(run_dir, task.build_report)['html']}")
     return 0
+
+
+def _evaluation_inputs(task):
+    """The task's test images as its deploy stage sent them (what ``edgefold diverge`` compares on)."""
+    return task.stages.get("deploy").hooks.evaluation_inputs
 
 
 def _cmd_report(args) -> int:

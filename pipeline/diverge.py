@@ -219,8 +219,9 @@ def agent_probe(client, artifact: str, evaluation: str, images: np.ndarray, spec
     def probe(names: list[str]) -> tuple[dict[str, dict[str, float]], str | None]:
         job_spec = JobSpec(artifact=artifact, runtime=spec["runtime"], precision=spec.get("precision", "fp32"),
                            batch_sizes=[spec["batch"]], iterations=2, profile=False,
+                           # The set only names the images: a debug job post-processes nothing, whatever the task.
                            evaluation=EvaluationSpec(artifact=evaluation, images=spec["evaluation_images"],
-                                                     postprocess="top_k"),
+                                                     postprocess="none"),
                            diverge=DivergeSpec(tensors=names, images=len(images), max_bytes=max_bytes),
                            label=spec.get("label", "diverge"), timing_cache=spec.get("timing_cache"),
                            dla_core=spec.get("dla_core"))
@@ -283,29 +284,16 @@ def rung_on_device(run_dir: Path, rung: str, device: str) -> dict[str, Any]:
             "manifest": manifest}
 
 
-def run_images(manifest, indices: Sequence[int]) -> np.ndarray:
-    """The run's test images at ``indices`` (positions in its test split), preprocessed as the deploy stage did."""
-    from pipeline.core.context import RunContext
-
-    ctx = RunContext.of_run(manifest)
-    wanted, seen, kept = sorted(indices), 0, {}
-    for x, *_ in ctx.batches("test", 256):
-        for position in wanted:
-            if seen <= position < seen + len(x):
-                kept[position] = x[position - seen].numpy()
-        seen += len(x)
-        if seen > wanted[-1]:
-            break
-    return np.stack([kept[i] for i in indices]).astype(np.float32)
-
-
-def diverge_run(run_dir: Path, rung: str, device: str, token: str | None, images: int = DEFAULT_IMAGES,
+def diverge_run(run_dir: Path, rung: str, device: str, token: str | None, *,
+                inputs: Callable[[Any, Path, Sequence[int]], np.ndarray], images: int = DEFAULT_IMAGES,
                 chunk: int = DEFAULT_CHUNK, max_bytes: int = DEFAULT_MAX_BYTES,
                 max_relative_error: float = MAX_RELATIVE_ERROR, max_cosine_distance: float = MAX_COSINE_DISTANCE,
                 log: Callable[[str], None] = print, batch: int | None = None) -> tuple[dict[str, Any], Path]:
     """``edgefold diverge``: the search on one rung of a finished run, on one device it deployed to.
 
     Args:
+        inputs: The task's images as its deploy stage sent them (its deploy hooks' ``evaluation_inputs``: the
+            manifest, the rung's ONNX, the test-split indices).
         batch: The engine's batch (TensorRT builds one engine per batch): default the one the deploy stage scored
             first, the largest it measured.
 
@@ -319,13 +307,6 @@ def diverge_run(run_dir: Path, rung: str, device: str, token: str | None, images
     from device.client import AgentClient
     from device.files import sha256_file, write_json_atomic
 
-    from pipeline.core.manifest import Manifest
-
-    task = Manifest.load(run_dir).data.get("task", "classification")
-    if task != "classification":
-        raise ConfigError(f"{run_dir} is a {task} run: edgefold diverge compares classification runs only (a "
-                          "detection run's images go through its own resize and decode)",
-                          fix="look at the detection report's per-layer profile (\"Where the time goes\")")
     found = rung_on_device(run_dir, rung, device)
     onnx_path = run_dir / found["artifact"]["path"]
     if not onnx_path.is_file() or sha256_file(onnx_path) != found["artifact"]["sha256"]:
@@ -333,7 +314,8 @@ def diverge_run(run_dir: Path, rung: str, device: str, token: str | None, images
                           fix="deploy the run again (make edge EDGE=URL), then run edgefold diverge")
     evaluation = found["evaluation"]
     count = min(images, evaluation["images"])
-    chosen = run_images(found["manifest"], evaluation["indices"][:count])
+    chosen = np.ascontiguousarray(inputs(found["manifest"], onnx_path, evaluation["indices"][:count]),
+                                  dtype=np.float32)
     spec = found["spec"]
     if batch is not None and batch not in spec["batch_sizes"]:
         raise ConfigError(f"{rung} was measured at batch sizes {spec['batch_sizes']} on {device}, not {batch}",

@@ -174,7 +174,8 @@ def test_a_misspelled_code_root_is_an_error_with_the_near_name():
 def test_the_device_never_tells_tasks_apart_by_which_fields_are_set():
     """A job names its post-processor (``EvaluationSpec.postprocess``) and the device looks it up by that name
     (:mod:`device.postprocessors`): outside the schema (which reads an older client's job), no device module branches
-    on whether a job's evaluation holds a sidecar; every registered name is a module with ``evaluate_job``."""
+    on whether a job's evaluation holds a sidecar; every registered name is a module with ``evaluate_job`` and
+    ``frame_answer`` (``none`` is a debug job's: nothing post-processes its set)."""
     import importlib
     import importlib.util
     from typing import get_args
@@ -182,10 +183,11 @@ def test_the_device_never_tells_tasks_apart_by_which_fields_are_set():
     from device.postprocessors import POSTPROCESSORS
     from device.schema import Postprocess
 
-    assert set(POSTPROCESSORS) == set(get_args(Postprocess))
+    assert set(POSTPROCESSORS) == set(get_args(Postprocess)) - {"none"}
     for name, module in POSTPROCESSORS.items():
         assert importlib.util.find_spec(module) is not None, f"{name}: {module} is not a module"
-        assert callable(getattr(importlib.import_module(module), "evaluate_job", None)), module
+        for hook in ("evaluate_job", "frame_answer"):
+            assert callable(getattr(importlib.import_module(module), hook, None)), f"{module}.{hook}"
     branching = []
     for path in sorted((ROOT / "device").rglob("*.py")):
         if path.name in ("schema.py", "evaluation_schema.py"):  # reading an older client's job, which names none

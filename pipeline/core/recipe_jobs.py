@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from device.frame_schema import FrameSpec
 from device.schema import IdleSeconds
@@ -21,6 +21,7 @@ class FrameRecipe(FrameSpec):
     in_graph: bool = Field(True, description="also time each rung with the preprocessing inside its graph (a uint8 "
                                              "frame in), against the CPU path")
     images: None = Field(None, description="filled by the deploy stage (source: images)")
+    postprocess: None = Field(None, description="filled by the deploy stage: the task's post-processor")
     needs_artifacts: ClassVar[bool] = False
 
 
@@ -101,6 +102,16 @@ class ScoredDeployConfig(BaseModel):
     retries: int = Field(1, ge=0, le=5, description="resubmissions of a job that failed or was interrupted")
     parallel_devices: int = Field(8, ge=1, le=256, description="devices measured at once")
     resamples: int = Field(200, ge=10, description="bootstrap resamples for the device-measured score's interval")
+    frame: FrameRecipe | None = Field(None, description="camera frames (width, height, bgr | nv12 | jpeg) each rung "
+                                                        "is timed on, from bytes to the task's answer (decode + NMS; "
+                                                        "the argmax), on the ONNX road")
+
+    @model_validator(mode="after")
+    def _synthetic_frames(self) -> "ScoredDeployConfig":
+        if self.frame is not None and self.frame.source == "images":
+            raise ValueError("deploy.frame.source: images scores each frame's top-k classes against the labels, a "
+                             "classifier's answer; here frames are timed, not scored: source: synthetic")
+        return self
 
     @field_validator("batch_sizes")
     @classmethod

@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from device.schema import JobSpec
 
@@ -91,3 +91,17 @@ class DeployHooks(ABC):
 
     def cleanup(self, plan) -> None:
         """Removes the plan's files that are not outputs (evaluation sets), however the stage ended."""
+
+    def evaluation_inputs(self, manifest, artifact: Path, indices: Sequence[int]):
+        """The finished run's test images at ``indices`` (positions in its test split) as the deploy stage sent them
+        to the device for the rung ``artifact`` (its ONNX): float32 N×C×H×W, the network's input. ``edgefold
+        diverge`` runs them on the device and through ONNX Runtime here.
+
+        Raises:
+            ConfigError: The task does not say how its images reach the network.
+        """
+        from device.errors import ConfigError
+
+        raise ConfigError(f"{type(self).__name__} does not say how its test images reach the network, so edgefold "
+                          "diverge cannot rebuild the images the device ran",
+                          fix="give the task's deploy hooks an evaluation_inputs (pipeline.deploy.hooks.DeployHooks)")

@@ -12,11 +12,13 @@ import numpy as np
 REFERENCE_RUNG = "student"  # the FP32 student: what the INT8 fold is compared with
 
 
-def scored_job(ctx, session, job, round_index: int, ladder: dict[str, Any], evaluation):
+def scored_job(ctx, session, job, round_index: int, ladder: dict[str, Any], evaluation, frames=None,
+               preprocess: dict[str, Any] | None = None):
     """One window's job of a scored task (:class:`pipeline.core.recipe_jobs.ScoredDeployConfig`): round 1 also runs
     ``evaluation`` (an :class:`device.schema.EvaluationSpec` naming the task's post-processor) through the engine it
-    timed. TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored."""
-    from device.schema import JobSpec
+    timed, and with ``frames`` (:class:`pipeline.deploy.frames.FrameFiles`) times the camera frame's path with the
+    rung's ``preprocess``. TensorRT builds the precision written in the graph; ONNX Runtime runs the graph as stored."""
+    from device.schema import JobSpec, PreprocessSpec
 
     cfg = ctx.recipe.deploy
     precision = ladder["rungs"][job.rung]["precision"] if session.runtime == "tensorrt" else "fp32"
@@ -25,7 +27,9 @@ def scored_job(ctx, session, job, round_index: int, ladder: dict[str, Any], eval
                    warmup_iterations=cfg.warmup_iterations, idle_s=cfg.idle_s,
                    profile=cfg.profile and round_index == 0, timeout_s=cfg.timeout_s,
                    label=f"{ctx.recipe.name}/{job.rung}/round{round_index + 1}",
-                   evaluation=evaluation if round_index == 0 else None)
+                   evaluation=evaluation if round_index == 0 else None,
+                   **({"frame": frames.spec(session.client, job.rung), "preprocess": PreprocessSpec(**preprocess)}
+                      if frames is not None and round_index == 0 else {}))
 
 
 def typed_rounds(records: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
@@ -39,6 +43,7 @@ def timed_record(rounds: list[dict[str, Any]], count: int, scores: dict[str, Any
                  others: list[dict[str, Any]]) -> dict[str, Any]:
     """A rung's record from its typed rounds (round 1 succeeded and scored the set): ``scores`` (the device-measured
     score) and ``others`` (every other engine the job scored, point figures) as the task computed them."""
+    from pipeline.deploy.frame_report import frame_fields
     from pipeline.results import reported_figures
 
     first = rounds[0]
@@ -52,7 +57,9 @@ def timed_record(rounds: list[dict[str, Any]], count: int, scores: dict[str, Any
     # The measured fields the result schema declares (latency with its interval over rounds, energy, peak
     # temperature, lowest clock …), over every succeeded round.
     figures = reported_figures(e["result"] for e in rounds if e["state"] == "succeeded")
-    return {"state": "succeeded", "job_id": first["job_id"], "precision": result.runtime.precision,
+    frame = frame_fields([e["result"] for e in rounds if e["state"] == "succeeded"])
+    return {"state": "succeeded", "job_id": first["job_id"], "spec": first["spec"],
+            "precision": result.runtime.precision,
             "scores": scores, "latency_p50_ms": {b: float(np.median(v)) for b, v in windows.items()},
             "latency_p50_windows_ms": {b: v for b, v in windows.items()},
             "network_p50": {"batch": batch, "median_ms": figures["latency_p50_ms"],
@@ -67,7 +74,9 @@ def timed_record(rounds: list[dict[str, Any]], count: int, scores: dict[str, Any
             "network_ms_per_image": 1e3 * result.evaluation.network_s / count,
             "postprocess_ms_per_image": 1e3 * result.evaluation.postprocess_s / count,
             "evaluation_batch": result.evaluation.batch_size, "other_engines": others,
-            "evaluation_note": result.evaluation_note, "reported": figures}
+            "evaluation_note": result.evaluation_note, "reported": figures,
+            # The camera frame's path, part by part (deploy.frame; empty without one).
+            "frame": frame or None}
 
 
 def ratios_to_student(rungs: dict[str, dict[str, Any]]) -> None:

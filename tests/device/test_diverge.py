@@ -220,10 +220,12 @@ def test_the_debug_engine_is_cached_apart_from_the_timed_one(monkeypatch, tmp_pa
     ({"diverge": {"tensors": ["a", "a"]}}, "name each tensor once"),
     ({"diverge": {"tensors": ["a"], "images": 7}}, "more than the evaluation set's 6"),
     ({"diverge": {"tensors": ["bad\nname"]}}, "should match pattern"),
+    ({"evaluation": {"artifact": "b" * 64, "images": 6, "postprocess": "segmentation"}}, "postprocess none"),
+    ({"diverge": None}, "postprocess none is a debug job's"),
 ])
 def test_the_spec_refuses_a_debug_job_that_cannot_run(change, message):
     spec = {"artifact": "a" * 64, "runtime": "tensorrt", "batch_sizes": [2],
-            "evaluation": {"artifact": "b" * 64, "images": 6}, "diverge": {"tensors": ["relu1"]}}
+            "evaluation": {"artifact": "b" * 64, "images": 6, "postprocess": "none"}, "diverge": {"tensors": ["relu1"]}}
     with pytest.raises(ValueError, match=message):
         JobSpec.model_validate({**spec, **change})
 

@@ -53,6 +53,8 @@ def test_nv12_is_the_layout_opencv_reads_as_nv12():
     ({"format": "yuyv"}, "format"),
     ({"format": "nv12", "height": 1079}, "an NV12 frame has even width and height"),
     ({"rounds": 1}, "rounds"),
+    ({"postprocess": "detection", "source": "images"}, "source: images scores each frame's top-k classes"),
+    ({"postprocess": "boxes"}, "postprocess"),
 ])
 def test_a_bad_frame_spec_is_refused_with_its_reason(changes, said):
     with pytest.raises(ValidationError, match=said):
@@ -62,6 +64,60 @@ def test_a_bad_frame_spec_is_refused_with_its_reason(changes, said):
 def test_a_frame_job_needs_the_models_preprocessing():
     with pytest.raises(ValidationError, match="frame needs the model's preprocess"):
         JobSpec(artifact="0" * 64, frame=FrameSpec())
+
+
+def test_a_detection_frame_is_decoded_by_the_sidecar_the_jobs_evaluation_names():
+    preprocess = Preprocess(16, 16, 3, (0.0,) * 3, (1.0,) * 3).to_dict()
+    with pytest.raises(ValidationError, match="frame.postprocess detection decodes each frame with the job's "
+                                              "detection sidecar"):
+        JobSpec(artifact="0" * 64, preprocess=preprocess, frame=FrameSpec(postprocess="detection"),
+                evaluation={"artifact": "1" * 64, "images": 4})
+    spec = JobSpec(artifact="0" * 64, preprocess=preprocess, frame=FrameSpec(postprocess="detection"),
+                   evaluation={"artifact": "1" * 64, "images": 4, "head": "2" * 64})
+    assert spec.model_dump()["frame"]["postprocess"] == "detection"
+    assert "postprocess" not in JobSpec(artifact="0" * 64, preprocess=preprocess, frame=FrameSpec()).model_dump()[
+        "frame"], "a top-k frame goes on the wire as before 2.15"
+
+
+def _tiny_segmenter(path, classes: int = 4, side: int = 16):
+    """A 1×1 convolution from RGB to ``classes`` maps at the input's size: a segmenter's N×classes×H×W output."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).normal(size=(classes, 3, 1, 1)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w"], ["logits"])], "seg",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, side, side])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes, side, side])],
+        [numpy_helper.from_array(weight, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_segmentation_frame_comes_to_the_argmax_of_the_engines_output_on_its_own_preprocessing(tmp_path):
+    """The segmentation post-processor's answer to a camera frame is the mask the engine's logits give for exactly
+    the project's preprocessing of the decoded frame; the pipelined run gives the same masks; a classifier's output
+    is refused with the reason on the first frame."""
+    from device.evaluation import EvaluationSetError
+    from device.frame import FrameAnswer
+    from device.segmentation_evaluation import frame_answer
+
+    preprocess = Preprocess(16, 16, 3, (0.0,) * 3, (1.0,) * 3)
+    spec = FrameSpec(width=40, height=30, format="jpeg", frames=4, rounds=2, postprocess="segmentation")
+    answer = frame_answer({}, None)
+    assert isinstance(answer, FrameAnswer)
+    with make_runner("onnxruntime", str(_tiny_segmenter(tmp_path / "seg.onnx"))) as runner:
+        measured = time_frames(runner, preprocess, spec, answer=answer)
+        assert measured["top1_agreement"] == 1.0 and measured["spec"]["postprocess"] == "segmentation"
+        path = FramePath(runner, preprocess, spec, answer=answer)
+        frame = synthetic_frames(spec, 1)[0]
+        mask = path.timed(frame)[1]
+        logits = runner.infer(path.prepare(path.decode(frame)))
+        assert mask.shape == (16, 16) and mask.dtype == np.uint8
+        assert np.array_equal(mask, np.argmax(logits[0], axis=0))
+    with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "classifier.onnx"))) as runner:
+        with pytest.raises(EvaluationSetError, match="not a segmenter's"):
+            FramePath(runner, Preprocess(16, 18, 3, (0.5,) * 3, (0.25,) * 3), spec, answer=answer).timed(frame)
 
 
 class Spy:

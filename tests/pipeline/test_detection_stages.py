@@ -42,13 +42,15 @@ def test_a_pruned_detector_checkpoint_reloads_with_its_widths(tmp_path):
 @pytest.fixture(scope="module")
 @slow_fixture
 def det_run(repo, tmp_path_factory):
-    """tiny-det with fewer canvases, epochs and resamples, end to end on a loopback agent (about 60 s on two cores)."""
+    """tiny-det with fewer canvases, epochs and resamples and a small camera frame, end to end on a loopback agent
+    (about 60 s on two cores)."""
     from pipeline.runner import run_pipeline
 
     runs = tmp_path_factory.mktemp("det-runs")
     overrides = {"data.train_images": 512, "teacher.train.epochs": 4, "teacher.train.lr": 0.003,
                  "distill.train.epochs": 1, "quantize.resamples": 50, "deploy.resamples": 50,
-                 "deploy.iterations": 5, "deploy.warmup_iterations": 1}
+                 "deploy.iterations": 5, "deploy.warmup_iterations": 1,
+                 "deploy.frame": {"width": 96, "height": 80, "format": "nv12", "frames": 4, "rounds": 2}}
     ctx = run_pipeline(str(repo / "models" / "tiny-det.yaml"), runs_dir=runs, new=True, overrides=overrides)
     manifest = json.loads(next(runs.glob("tiny-det/*/manifest.json")).read_text())
     return ctx.run_dir, manifest
@@ -614,3 +616,36 @@ def test_the_shipped_detector_answers_with_its_boxes_and_the_hosts_map(det_run, 
     (model,) = list((folder / "triton").iterdir())
     config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert list(config.input[0].dims) == [3, 64, 64] and len(config.output[0].dims) == 2
+
+
+def test_edgefold_diverge_searches_a_detection_rung_on_the_images_the_device_scored(det_run, tmp_path):
+    """The search takes a detection run like a classification one: the task rebuilds the very set its deploy stage
+    sent (the same bytes, by the round-1 job's sha256), the debug job names no post-processor, and the report of the
+    run shows the answer."""
+    from tests.pipeline.diverged import diverge_on_an_agent, run_copy, sent_set_digest
+
+    copy = run_copy(det_run[0], tmp_path)
+    sent, rebuilt = sent_set_digest(copy, "student_int8")
+    assert sent == rebuilt
+    code, answer, report = diverge_on_an_agent(copy, tmp_path)
+    assert code == 0 and answer["first_parting"] is None and answer["images"] == 3 and answer["jobs"] == 1
+    assert answer["tensors_in_order"] > 10
+    assert all(m["relative_error"] < 1e-4 for m in answer["probes"][0]["metrics"].values())
+    assert "## Where the engine parts from the model" in report and "agrees with ONNX Runtime's on 3 images" in report
+
+
+def test_a_camera_frame_is_timed_to_its_boxes_by_the_sidecar_that_decodes_the_rung(det_run):
+    """deploy.frame on a detection run: an NV12 frame's path to its boxes, decoded on the device by the sidecar round
+    1 scores the set with (the detection post-processor named in the frame), in the rung's own feed; in the report."""
+    run_dir, manifest = det_run
+    deploy = json.loads((run_dir / manifest["stages"]["deploy"]["outputs"]["results"]).read_text())
+    for rung, record in deploy["devices"][0]["rungs"].items():
+        spec = record["spec"]
+        assert spec["frame"]["postprocess"] == "detection" and spec["frame"]["format"] == "nv12", rung
+        assert spec["evaluation"]["head"] and spec["preprocess"]["input_size"] == 64, rung
+        frame = record["frame"]
+        assert frame["frame_postprocess"] == "detection" and frame["frame_agreement"] == 1.0, rung
+        assert frame["frame_postprocess_ms"] > 0 and frame["frame_total_ms"] > 0 and "frame_error" not in frame
+    report = (run_dir / manifest["stages"]["report"]["outputs"]["md"]).read_text()
+    assert "## Where the frame's time goes" in report and "bytes to its boxes" in report
+    assert "post-processing (decode + NMS)" in report

@@ -58,11 +58,12 @@ def test_diverge_answers_on_a_finished_run_and_the_report_shows_it(run_copy, tmp
 ])
 def test_a_rung_or_device_the_run_does_not_have_is_refused_before_any_job(run_copy, rung, device, state, message):
     from pipeline.diverge import diverge_run
+    from pipeline.tasks.classification.deployed import ClassificationDeploy
 
     url = "loopback" if device == "loopback" else "http://127.0.0.1:9"  # nothing listens: no job may be tried
     _point_deploy_at(run_copy, "loopback" if device == "loopback" else "bench-agent", url, state)
     with pytest.raises(ConfigError, match=message):
-        diverge_run(run_copy, rung, device, "token")
+        diverge_run(run_copy, rung, device, "token", inputs=ClassificationDeploy().evaluation_inputs)
 
 
 def test_a_run_searches_each_deviation_once_by_itself_and_a_failed_search_is_logged(run_copy, monkeypatch):

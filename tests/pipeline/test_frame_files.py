@@ -1,4 +1,4 @@
-"""What the deploy stage writes for a frame job (:mod:`pipeline.tasks.classification.frame_files`): each rung with its
+"""What the deploy stage writes for a frame job (:mod:`pipeline.deploy.frames`): each rung with its
 preprocessing in the graph, checked against the CPU path; the evaluation images as an image set; and what it says
 when either cannot be made."""
 
@@ -9,7 +9,7 @@ import numpy as np
 from device.client import AgentError
 from device.preprocess import Preprocess
 from pipeline.core.recipe import FrameRecipe
-from pipeline.tasks.classification.frame_files import image_set, write_frame_files
+from pipeline.deploy.frames import image_set, write_frame_files
 from tests.device.agent_process import tiny_onnx
 
 PREPROCESS = Preprocess(16, 18, 3, (0.5,) * 3, (0.25,) * 3)
@@ -33,7 +33,7 @@ def test_each_rung_gets_its_in_graph_form_and_each_job_names_its_uploads(tmp_pat
     artifacts = {"student": tiny_onnx(tmp_path / "student.onnx"), "teacher": tiny_onnx(tmp_path / "teacher.onnx", seed=1)}
     images = [np.full((20, 20, 3), value, np.uint8) for value in (10, 200, 90)]
     files = write_frame_files(FrameRecipe(width=64, height=48, format="nv12", source="images"), tmp_path, artifacts,
-                              PREPROCESS.to_dict(), lambda: images, said.append)
+                              dict.fromkeys(artifacts, PREPROCESS.to_dict()), lambda: images, said.append)
     assert sorted(p.name for p in files.in_graph.values()) == ["frame-student.onnx", "frame-teacher.onnx"]
     assert 0 <= files.in_graph_difference <= 3 / 255 / 0.25 and files.image_count == 3
     spec = files.spec(Uploads(), "student")
@@ -48,12 +48,12 @@ def test_each_rung_gets_its_in_graph_form_and_each_job_names_its_uploads(tmp_pat
 
 def test_an_interpolation_the_graph_cannot_carry_is_said_and_the_cpu_path_still_timed(tmp_path):
     area = Preprocess(16, 18, 3, (0.5,) * 3, (0.25,) * 3, "area")
-    files = write_frame_files(FrameRecipe(), tmp_path, {"student": tiny_onnx(tmp_path / "s.onnx")}, area.to_dict(),
-                              None, print)
+    files = write_frame_files(FrameRecipe(), tmp_path, {"student": tiny_onnx(tmp_path / "s.onnx")},
+                              {"student": area.to_dict()}, None, print)
     assert files.in_graph == {} and "interpolation 'area' has no ONNX Resize mode" in files.in_graph_note
     assert files.spec(Uploads(), "student").in_graph is None
     off = write_frame_files(FrameRecipe(in_graph=False), tmp_path, {"student": tmp_path / "s.onnx"},
-                            PREPROCESS.to_dict(), None, print)
+                            {"student": PREPROCESS.to_dict()}, None, print)
     assert off.in_graph_note == "the in-graph form was not timed: deploy.frame.in_graph is false"
 
 
@@ -65,3 +65,22 @@ def test_images_of_one_size_go_as_taken_and_of_many_as_centre_squares():
                              np.zeros((30, 30, 3), np.uint8)])
     assert mixed.shape == (3, 40, 40, 3) and note == ("the evaluation images differ in size: each was sent as its "
                                                       "centre square at 40×40")
+
+
+def test_a_scored_tasks_rungs_each_get_their_own_prefix_and_every_job_names_its_post_processor(tmp_path):
+    """Detection and segmentation feed plain pixels (their graphs normalize): each rung's prefix is written from its
+    own preprocessing, and each job's frame names the task's post-processor (top_k stays off the wire)."""
+    from pipeline.deploy.frames import tensor_preprocess
+
+    artifacts = {"student": tiny_onnx(tmp_path / "student.onnx"), "teacher": tiny_onnx(tmp_path / "teacher.onnx")}
+    plain = tensor_preprocess(16)
+    assert Preprocess.from_dict(plain) == Preprocess(16, 16, 3, (0.0,) * 3, (1.0,) * 3, "bilinear")
+    assert Preprocess.from_dict(tensor_preprocess(16, "bgr", "0-255")).std == (1 / 255,) * 3
+    files = write_frame_files(FrameRecipe(width=40, height=30), tmp_path, artifacts, dict.fromkeys(artifacts, plain),
+                              None, print, postprocess="segmentation")
+    assert sorted(files.in_graph) == ["student", "teacher"] and files.in_graph_difference <= 3 / 255
+    spec = files.spec(Uploads(), "teacher")
+    assert spec.postprocess == "segmentation" and spec.model_dump()["postprocess"] == "segmentation"
+    classifier = write_frame_files(FrameRecipe(in_graph=False), tmp_path, {"student": artifacts["student"]},
+                                   {"student": plain}, None, print).spec(Uploads(), "student")
+    assert classifier.postprocess == "top_k" and "postprocess" not in classifier.model_dump()

@@ -12,7 +12,7 @@ import pytest
 from device.errors import ConfigError
 from device.frame_schema import FRAME_STAGES
 from pipeline.core.recipe import load_recipe
-from pipeline.tasks.classification.frame_report import frame_headline
+from pipeline.deploy.frame_report import frame_headline
 
 
 def test_a_bad_frame_in_the_recipe_is_refused_with_its_key():
@@ -111,7 +111,7 @@ def test_the_whole_path_is_compared_with_the_engine_of_its_own_batch():
     model serving every batch (ONNX Runtime) is that model; another accelerator's engine never."""
     from types import SimpleNamespace as Scored
 
-    from pipeline.tasks.classification.frame_report import _same_engine
+    from pipeline.deploy.frame_report import _same_engine
 
     largest, one, dla = Scored(batch_size=8, accelerator=None), Scored(batch_size=1, accelerator=None), \
         Scored(batch_size=1, accelerator="dla0")
@@ -133,7 +133,8 @@ def test_a_frame_measured_with_power_and_copies_says_both(tmp_path):
     from device.preprocess import Preprocess
     from device.runners import make_runner
     from pipeline.sections import to_markdown_lines
-    from pipeline.tasks.classification.frame_report import frame_fields, frame_section
+    from pipeline.deploy.frame_report import frame_fields, frame_section
+    from pipeline.tasks.classification.device_accuracy import whole_path_scores
     from tests.device.agent_process import tiny_onnx
 
     preprocess = Preprocess(16, 18, 3, (0.5,) * 3, (0.25,) * 3)
@@ -150,7 +151,7 @@ def test_a_frame_measured_with_power_and_copies_says_both(tmp_path):
             and "host→device copy 0.210 ms, device→host 0.010 ms a frame" in text)
     scored = FrameResult.model_validate({**frame.model_dump(), "scores": {
         "artifact": "0" * 64, "images": 2, "top_k": 1, "predictions": [[0], [1]], "seconds": 0.1}})
-    row = frame_fields([SimpleNamespace(frame=scored, evaluation=None, more_evaluations=[])], {"labels": [0, 1, 2]},
-                       "student")
+    row = frame_fields([SimpleNamespace(frame=scored, evaluation=None, more_evaluations=[])],
+                       whole_path_scores({"labels": [0, 1, 2]}, "student"))
     assert row["frame_scores_error"] == "the whole path scored 2 images, the evaluation set has 3: not compared"
     assert "frame_top1" not in row

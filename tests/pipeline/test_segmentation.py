@@ -82,12 +82,14 @@ def test_what_segmentation_does_not_offer_is_refused_with_the_reason(repo, chang
 @pytest.fixture(scope="module")
 @slow_fixture
 def seg_run(repo, tmp_path_factory):
-    """tiny-seg end to end on a loopback agent, with fewer epochs and resamples (about 40 s on two cores)."""
+    """tiny-seg end to end on a loopback agent, with fewer epochs and resamples and a small camera frame (about 40 s
+    on two cores)."""
     from pipeline.runner import run_pipeline
 
     runs = tmp_path_factory.mktemp("seg-runs")
     overrides = {"teacher.train.epochs": 6, "distill.train.epochs": 2, "quantize.resamples": 50,
-                 "deploy.resamples": 50, "deploy.iterations": 5, "deploy.warmup_iterations": 1}
+                 "deploy.resamples": 50, "deploy.iterations": 5, "deploy.warmup_iterations": 1,
+                 "deploy.frame": {"width": 160, "height": 90, "format": "jpeg", "frames": 4, "rounds": 2}}
     ctx = run_pipeline(str(repo / "models" / "tiny-seg.yaml"), runs_dir=runs, new=True, overrides=overrides)
     return ctx, json.loads(ctx.manifest.path.read_text())
 
@@ -179,6 +181,45 @@ def test_a_second_run_trains_nothing_and_measures_nothing_again(seg_run, capsys)
     assert "running" not in err.replace("[  deploy] running", "").replace("[  report] running", "")
     deploy = again.manifest.stage("deploy")["metrics"]
     assert deploy["jobs_reused"] == deploy["jobs"] * deploy["rounds"]
+
+
+def test_a_camera_frame_is_timed_to_its_mask_and_reported_as_every_tasks_frame(seg_run):
+    """deploy.frame on a segmentation run: round 1 of each rung times a JPEG frame's path to its mask on the device
+    (the segmentation post-processor named in the job), with the preprocessing also written into each rung's graph;
+    the page, results.json and results.csv carry it as classification's do."""
+    ctx, manifest = seg_run
+    stages = manifest["stages"]
+    deploy = json.loads((ctx.run_dir / stages["deploy"]["outputs"]["results"]).read_text())
+    assert sorted(deploy["frame"]["in_graph"]) == ["student", "student_int8", "teacher"]
+    for rung, record in deploy["devices"][0]["rungs"].items():
+        spec = record["spec"]
+        assert spec["frame"]["postprocess"] == "segmentation" and spec["frame"]["in_graph"], rung
+        assert spec["preprocess"]["input_size"] == spec["preprocess"]["resize"] == 64, rung
+        frame = record["frame"]
+        assert frame["frame_spec"] == "160×90 jpeg" and frame["frame_postprocess"] == "segmentation", rung
+        assert frame["frame_agreement"] == 1.0 and "frame_error" not in frame, rung
+        assert 0 < frame["frame_engine_ms"] < 10 * frame["frame_total_ms"] and frame["frame_fps_pipelined"] > 0
+        assert frame["frame_in_graph_total_ms"] > 0 and not frame.get("frame_in_graph_error"), rung
+    report = (ctx.run_dir / stages["report"]["outputs"]["md"]).read_text()
+    assert "## Where the frame's time goes" in report and "timed from a camera frame's bytes to its mask" in report
+    assert "post-processing (the argmax over classes)" in report and "Preprocessing in the graph" in report
+    with (ctx.run_dir / stages["report"]["outputs"]["csv"]).open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert all(float(row["frame_total_ms"]) > 0 and row["frame_spec"] == "160×90 jpeg" for row in rows)
+
+
+def test_edgefold_diverge_searches_a_segmentation_rung_on_the_images_the_device_scored(seg_run, tmp_path):
+    """As for every task: the set rebuilt to the byte the deploy stage sent, the search answered and in the report."""
+    from tests.pipeline.diverged import diverge_on_an_agent, run_copy, sent_set_digest
+
+    copy = run_copy(seg_run[0].run_dir, tmp_path)
+    for rung in ("student", "student_int8"):
+        sent, rebuilt = sent_set_digest(copy, rung)
+        assert sent == rebuilt, rung
+    code, answer, report = diverge_on_an_agent(copy, tmp_path)
+    assert code == 0 and answer["first_parting"] is None and answer["images"] == 3
+    assert all(m["relative_error"] < 1e-4 for m in answer["probes"][0]["metrics"].values())
+    assert "## Where the engine parts from the model" in report and "agrees with ONNX Runtime's on 3 images" in report
 
 
 @pytest.mark.parametrize("arch", ["lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large"])

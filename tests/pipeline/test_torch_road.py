@@ -266,12 +266,12 @@ def test_the_torch_road_deploys_device_checkpoints_with_the_programs_device_top1
 
 def test_the_plain_torch_runner_scores_the_device_checkpoints_the_same(both_roads_deployed, tmp_path):
     from device.schema import EvaluationSpec
-    from pipeline.diverge import run_images
+    from pipeline.tasks.classification.deployed import ClassificationDeploy
     from tests.device.agent_process import AgentProcess
 
     run = both_roads_deployed["checkpoint"]
     _, top1, predictions, results = road_top1(run)
-    images = run_images(run.manifest, results["evaluation"]["indices"])
+    images = ClassificationDeploy().evaluation_inputs(run.manifest, None, results["evaluation"]["indices"])
     np.save(tmp_path / "evaluation.npy", images)
     exported = run.manifest.stage("export")["outputs"]
     with AgentProcess(tmp_path / "agent") as agent, agent.client() as client:

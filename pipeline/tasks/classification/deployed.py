@@ -6,7 +6,6 @@ evaluation set each rung's engine scores on the device (top-k), camera frames, a
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from pipeline.core.rungs import RUNGS, predictions_output
 from pipeline.deploy.hooks import DeployHooks, Job, Windows
 from pipeline.deploy.session import reachable_facts
 from pipeline.jobs import job_spec
-from pipeline.tasks.classification.frame_files import FrameFiles, write_frame_files
+from pipeline.deploy.frames import FrameFiles, frame_files
 from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
 
 
@@ -99,18 +98,9 @@ class ClassificationDeploy(DeployHooks):
                 artifacts[rung] = ctx.manifest.output(stage, key)
         preprocess = json.loads(ctx.manifest.output("export", "preprocess").read_text())
         evaluation = _evaluation_set(ctx, workdir, artifacts) if cfg.evaluate_images else None
-        frames = None
-        if cfg.frame is not None:  # each rung with its preprocessing in the graph; the images the frames come from
-            lock = threading.Lock()  # the frame files log from the devices' threads too (an upload that failed)
-
-            def log(text: str) -> None:
-                with lock:
-                    ctx.log(f"[  deploy] {text}")
-
-            frames = write_frame_files(cfg.frame, workdir, artifacts, preprocess,
-                                       (lambda: _raw_images(ctx, evaluation)) if evaluation else None, log)
-            for note in filter(None, (frames.in_graph_note, frames.images_note)):
-                ctx.log(f"[  deploy] frames: {note}")
+        # Each rung with its preprocessing in the graph; the images the frames come from.
+        frames = frame_files(ctx, artifacts, workdir, dict.fromkeys(artifacts, preprocess), "top_k",
+                             (lambda: _raw_images(ctx, evaluation)) if evaluation else None)
         return Plan(artifacts, _programs(ctx), preprocess, f"{ctx.recipe.name}/{ctx.run_dir.name}", evaluation, frames)
 
     def windows(self, ctx, session, plan: Plan) -> Windows:
@@ -148,6 +138,21 @@ class ClassificationDeploy(DeployHooks):
     def after(self, ctx, plan: Plan, outcome, open_session):
         if ctx.recipe.deploy.sustained is not None:  # after the ladder's windows: the board heats under it alone
             outcome["sustained"] = _sustained(ctx, plan, outcome, open_session)
+
+    def evaluation_inputs(self, manifest, artifact: Path, indices):
+        """The test images at ``indices``, preprocessed as the deploy stage did (every rung takes the same input)."""
+        from pipeline.core.context import RunContext
+
+        ctx = RunContext.of_run(manifest)
+        wanted, seen, kept = sorted(indices), 0, {}
+        for x, *_ in ctx.batches("test", 256):
+            for position in wanted:
+                if seen <= position < seen + len(x):
+                    kept[position] = x[position - seen].numpy()
+            seen += len(x)
+            if seen > wanted[-1]:
+                break
+        return np.stack([kept[i] for i in indices]).astype(np.float32)
 
     def results(self, ctx, plan: Plan):
         evaluation = plan.evaluation

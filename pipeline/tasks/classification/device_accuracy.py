@@ -59,3 +59,29 @@ def paired_top1_change(record: dict[str, Any], before: list[list[int]], after: l
     only_before, only_after = int((a & ~b).sum()), int((~a & b).sum())
     return {"delta_points": 100 * (int(b.sum()) - int(a.sum())) / len(labels),
             "mcnemar_p": mcnemar_exact(only_before, only_after), "images": int(len(labels))}
+
+
+def whole_path_scores(evaluation: dict[str, Any] | None, rung: str | None):
+    """The frame report's scoring of ``source: images`` (:func:`pipeline.deploy.frame_report.frame_fields`), or None
+    without the deploy stage's ``evaluation`` record (it holds the labels)."""
+    if not evaluation:
+        return None
+    return lambda scores, tensor: _deployed_path_scores(scores, tensor, evaluation, rung)
+
+
+def _deployed_path_scores(scores, tensor, evaluation: dict[str, Any], rung: str | None) -> dict[str, Any]:
+    """The deployed path's top-1 on the evaluation images, and its change from the tensor path's on the same
+    engine and images with McNemar's exact p (:func:`paired_top1_change`)."""
+    labels = evaluation["labels"]
+    if scores.images != len(labels):
+        return {"frame_scores_error": f"the whole path scored {scores.images} images, the evaluation set has "
+                                      f"{len(labels)}: not compared"}
+    out = {"frame_images": scores.images, "frame_top1": device_scores(evaluation, rung, scores.predictions)
+           ["device_top1"]}
+    if scores.in_graph_predictions is not None:
+        out["frame_in_graph_top1"] = device_scores(evaluation, rung, scores.in_graph_predictions)["device_top1"]
+    if tensor is not None and len(tensor.predictions) == len(labels):
+        change = paired_top1_change(evaluation, tensor.predictions, scores.predictions)
+        out.update(frame_top1_tensor=device_scores(evaluation, rung, tensor.predictions)["device_top1"],
+                   frame_top1_delta_points=change["delta_points"], frame_top1_p=change["mcnemar_p"])
+    return out

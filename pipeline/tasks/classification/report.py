@@ -29,7 +29,7 @@ from pipeline.tasks.classification.headline import text as headline_text
 from pipeline.tasks.classification.report_data import BASE_COLUMNS, collect
 from pipeline.tasks.classification.report_plots import PLOT_CAPTIONS, plots
 from pipeline.tasks.classification import sustain_report
-from pipeline.tasks.classification.frame_report import frame_asked, frame_section
+from pipeline.deploy.frame_report import frame_asked, frame_section
 
 
 def fleet_rows(data: dict[str, Any]) -> list[list[str]]:

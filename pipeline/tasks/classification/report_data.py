@@ -23,9 +23,10 @@ from pipeline.profile_report import INT8_FIX, NOT_MEASURED, computes_in, int8_no
 from pipeline.quantize.report import quantize_summary
 from pipeline.results import csv_columns, reported_figures
 from pipeline.tasks.classification.scores import verdict
-from pipeline.tasks.classification.device_accuracy import device_scores, paired_top1_change, per_class_device
+from pipeline.tasks.classification.device_accuracy import (device_scores, paired_top1_change, per_class_device,
+                                                              whole_path_scores)
 from pipeline.tasks.classification.front import choose, energy_front, settings_from_windows
-from pipeline.tasks.classification.frame_report import FRAME_COLUMNS, frame_fields, frame_headline
+from pipeline.deploy.frame_report import FRAME_COLUMNS, frame_fields, frame_headline
 from pipeline.tasks.classification.headline import accuracy_evidence
 from pipeline.tasks.classification.sustain_report import SUSTAINED_COLUMNS, headline_text, join_rows, sustained_runs
 
@@ -520,7 +521,7 @@ def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_b
     if spread is not None and spread > contention.WINDOW_CV_LIMIT:
         flags["windows_disagree"] = (f"latency p50 varies {100 * spread:.0f}% between the interleaved windows; the "
                                      "device was not quiet: stop other work, lock clocks, or add rounds")
-    return {**figures, **frame_fields(rounds, evaluation, rung), "latency_cv_windows": spread, "windows": len(rounds),
+    return {**figures, **frame_fields(rounds, whole_path_scores(evaluation, rung)), "latency_cv_windows": spread, "windows": len(rounds),
             "noisy": bool(flags), "noise_flags": sorted(flags),
             "noise": "; ".join(f"{flag}: {why}" for flag, why in sorted(flags.items())) or None}
 

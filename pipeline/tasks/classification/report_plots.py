@@ -10,7 +10,7 @@ from pipeline import perclass
 from pipeline.profile_report import NOT_MEASURED
 from pipeline.sections import Text, figure_png
 from pipeline.tasks.classification.report_data import no_score, pareto_front
-from pipeline.tasks.classification.frame_report import frame_plot, framed
+from pipeline.deploy.frame_report import frame_plot, framed
 from pipeline.tasks.classification.sustain_report import plot as sustain_plot
 
 

@@ -3,7 +3,8 @@ evaluation set (the test canvases as network inputs), timed on the agent and the
 engine with the device's own decode + NMS after each batch (:mod:`device.detection_evaluation`), the two timed apart.
 The build host, which holds the boxes, scales the detections to the canvases and computes COCO mAP with intervals:
 the rung's device-measured mAP; each rung's network p50 has an interval over rounds and a ratio to the FP32
-student's paired by round. Unlike classification, no power sweep, frames or sustained run yet (the recipe refuses
+student's paired by round. With ``deploy.frame``, round 1 also times a camera frame's path to its boxes (the same
+decode + NMS, :mod:`device.frame`). Unlike classification, no power sweep or sustained run yet (the recipe refuses
 them).
 """
 
@@ -44,6 +45,8 @@ class Plan:
     test: Any
     count: int
     ladder: dict[str, Any]
+    preprocess: dict[str, dict[str, Any]]
+    frames: Any = None  # pipeline.deploy.frames.FrameFiles with deploy.frame
 
 
 class DetectionDeploy(DeployHooks):
@@ -55,6 +58,7 @@ class DetectionDeploy(DeployHooks):
         return ("data", "export", "quantize", "evaluate")  # the rungs and their sidecars are those stages' outputs
 
     def prepare(self, ctx, workdir: Path) -> Plan:
+        from pipeline.deploy.frames import frame_files, tensor_preprocess
         from pipeline.tasks.detection.export import feed_of, network_inputs, sidecar_path
         from pipeline.tasks.detection.files import load_split
 
@@ -72,7 +76,10 @@ class DetectionDeploy(DeployHooks):
                 np.save(path, np.ascontiguousarray(network_inputs(test.images[:count], sizes[rung], **feed)),
                         allow_pickle=False)
             sets[rung] = path
-        return Plan(artifacts, sizes, sets, test, count, ladder)
+        # A camera frame's pixels reach each rung as its set's did: resized, in its channel order and range.
+        preprocess = {rung: tensor_preprocess(sizes[rung], **feed_of(head)) for rung, head in heads.items()}
+        return Plan(artifacts, sizes, sets, test, count, ladder, preprocess,
+                    frame_files(ctx, artifacts, workdir, preprocess, "detection"))
 
     def windows(self, ctx, session, plan: Plan) -> Windows | None:
         from device.client import AgentError
@@ -91,7 +98,7 @@ class DetectionDeploy(DeployHooks):
             # Round 1 also scores the set through the engine it timed, with the device's decode.
             return scored_job(ctx, session, job, round_index, plan.ladder, EvaluationSpec(
                 artifact=uploaded[plan.sets[job.rung]], images=plan.count, head=heads[job.rung],
-                postprocess="detection"))
+                postprocess="detection"), plan.frames, plan.preprocess[job.rung])
 
         def announce(job: Job, round_index: int) -> str:
             # Logged as the graph's own precision: ONNX Runtime runs a Q/DQ graph in INT8 whatever the job field
@@ -113,7 +120,18 @@ class DetectionDeploy(DeployHooks):
         ratios_to_student(outcome["rungs"])
 
     def results(self, ctx, plan: Plan):
-        return {"images": plan.count}
+        # The set is the test split's first images: edgefold diverge rebuilds them by these indices.
+        return {"images": plan.count, "evaluation": {"images": plan.count, "indices": list(range(plan.count))},
+                "frame": plan.frames.record("deploy") if plan.frames else None}
+
+    def evaluation_inputs(self, manifest, artifact: Path, indices):
+        """The test canvases at ``indices`` at the rung's input size and feed (its sidecar's), as the set was sent."""
+        from pipeline.tasks.detection.export import feed_of, network_inputs, sidecar_path
+        from pipeline.tasks.detection.files import load_split
+
+        head = json.loads(sidecar_path(artifact).read_text())
+        test = load_split(manifest.output("data", "canvases"), "test")
+        return network_inputs(test.images[list(indices)], head["input_shape"][-1], **feed_of(head))
 
     def cleanup(self, plan: Plan):
         for path in set(plan.sets.values()):

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from pipeline.results import (REPORTED, csv_columns, detail_columns, figure_cell, figure_label, ladder_columns,
                               write_results)
 from pipeline.deploy import records
+from pipeline.deploy.frame_report import FRAME_COLUMNS, frame_sections
 from pipeline.deploy.records import finished_run, headline_data, layer_profiles, scored_headline
 from pipeline.deploy.records import reported_of as _reported
 from pipeline.sections import Figure, Headline, Section, Table, Text, page_title, to_html, to_markdown
@@ -29,8 +30,9 @@ DETAIL_COLUMNS = ["rung", "box head", "host mAP [95% CI]", "device AP50 [95% CI]
 RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "box_head", "status", "reason", "runtime", "size_mb",
                   "macs_g", "host_map", "host_map_low", "host_map_high", "map", "map_low", "map_high", "ap50", "ap75",
                   "map_vs_student_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high",
-                  "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image")
-"""results.csv's own columns (the declared measured fields, :data:`pipeline.results.REPORTED`, follow)."""
+                  "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image", *FRAME_COLUMNS)
+"""results.csv's own columns, the camera frame's path's as every task's (the declared measured fields,
+:data:`pipeline.results.REPORTED`, follow)."""
 BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "int8": "INT8, quantized"}
 SCORED_TEXT = ("Host mAP: the teacher through torchvision's post-processing, the others through ONNX Runtime and the "
                "device's decode + NMS (device/detection_post.py); device mAP, AP50 and AP75: the engine that was timed, "
@@ -190,6 +192,7 @@ def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: di
     """
     sections = [Section("Headline", [headline_block(lead)])]
     sections += [device_section(ladder, device) for device in deploy["devices"]]
+    sections += frame_sections(deploy)
     sections.append(Section("How the rungs were scored", [Text(f"Images scored on the device: {deploy['images']}. "
                                                                + scored_text(ladder))]))
     if quantize.get("other_box_heads"):
@@ -236,6 +239,7 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
                 "ratio_significant": ratio.get("significant"),
                 "network_ms_per_image": measured.get("network_ms_per_image"),
                 "postprocess_ms_per_image": measured.get("postprocess_ms_per_image"),
+                **{key: (measured.get("frame") or {}).get(key) for key in FRAME_COLUMNS},
                 **{key: figures.get(key) for key in csv_columns(()) if key != "not_recorded"},
                 "not_recorded": figures["not_recorded"]})
     return rows
@@ -286,8 +290,9 @@ QUANTIZE_KEYS = ("box_head", "drop_points", "method", "kept_layers", "kept_preci
 
 
 def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, Any],
-                 quantize_metrics: dict[str, Any], out: Path) -> dict[str, Path]:
-    """Writes report.md, report.html (plots inline), results.json and results.csv into ``out``; returns their paths."""
+                 quantize_metrics: dict[str, Any], out: Path, found: Sequence[Section] = ()) -> dict[str, Path]:
+    """Writes report.md, report.html (plots inline), results.json and results.csv into ``out``; returns their paths.
+    ``found``: what was found on the run after it (``edgefold diverge``'s answers), last on the page."""
     from pipeline.quantize.report import int8_section
     from pipeline.tasks.detection.plots import plots
 
@@ -295,7 +300,7 @@ def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, 
     rows = result_rows(ladder, deploy)
     lead = headline(rows, quantize, layer_profiles(deploy))  # one object: the page, report.md and results.json agree
     paths = {"md": out / "report.md", "html": out / "report.html"}
-    extra = int8_section(quantize_metrics, "mAP", lambda value: f"{100 * value:.2f}", out)
+    extra = int8_section(quantize_metrics, "mAP", lambda value: f"{100 * value:.2f}", out) + list(found)
     paths["md"].write_text(render(page_title(name, run), ladder, deploy, quantize, lead, extra))
     paths["html"].write_text(render_html(page_title(name, run), ladder, deploy, quantize, lead, plots(ladder, deploy, quantize),
                                          extra))
@@ -312,6 +317,8 @@ def build_from_run(run_dir: Path, out: Path) -> dict[str, Path]:
     Raises:
         ManifestError: The run has not reached its deploy stage.
     """
+    from pipeline.diverge_report import diverge_section
+
     name, run, ladder, deploy, quantize = finished_run(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return write_report(name, run, ladder, deploy, quantize, out)
+    return write_report(name, run, ladder, deploy, quantize, out, diverge_section(run_dir))

@@ -2,7 +2,8 @@
 (the test canvases as network inputs), timed on the agent and then run there through the same engine with the argmax
 on the device after each batch (:mod:`device.segmentation_evaluation`), the two timed apart. The build host, which
 holds the true masks, computes each rung's device-measured mIoU with its interval; each rung's network p50 has an
-interval over rounds and a ratio to the FP32 student's paired by round (:mod:`pipeline.deploy.records`).
+interval over rounds and a ratio to the FP32 student's paired by round (:mod:`pipeline.deploy.records`). With
+``deploy.frame``, round 1 also times a camera frame's path to its mask (the same argmax, :mod:`device.frame`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class Plan:
     test: Any
     count: int
     ladder: dict[str, Any]
+    preprocess: dict[str, Any]
+    frames: Any = None  # pipeline.deploy.frames.FrameFiles with deploy.frame
 
 
 def device_masks(evaluation) -> np.ndarray:
@@ -51,6 +54,7 @@ class SegmentationDeploy(DeployHooks):
         return ("data", "export", "quantize", "evaluate")
 
     def prepare(self, ctx, workdir: Path) -> Plan:
+        from pipeline.deploy.frames import frame_files, tensor_preprocess
         from pipeline.tasks.segmentation.data import load_split, network_inputs
 
         ladder = json.loads(ctx.manifest.output("evaluate", "ladder").read_text())
@@ -58,8 +62,11 @@ class SegmentationDeploy(DeployHooks):
         count = min(ctx.recipe.deploy.evaluate_images or len(test), len(test))
         path = workdir / "evaluation-set.npy"
         np.save(path, network_inputs(test.images[:count]), allow_pickle=False)
-        return Plan({rung: ctx.run_dir / row["artifact"] for rung, row in ladder["rungs"].items()}, path, test,
-                    count, ladder)
+        artifacts = {rung: ctx.run_dir / row["artifact"] for rung, row in ladder["rungs"].items()}
+        # A camera frame's pixels reach the network as the canvases do: square, RGB in 0–1 (the graph normalizes).
+        preprocess = tensor_preprocess(test.images.shape[1])
+        return Plan(artifacts, path, test, count, ladder, preprocess,
+                    frame_files(ctx, artifacts, workdir, dict.fromkeys(artifacts, preprocess), "segmentation"))
 
     def windows(self, ctx, session, plan: Plan) -> Windows | None:
         from device.client import AgentError
@@ -75,7 +82,8 @@ class SegmentationDeploy(DeployHooks):
         def spec(job: Job, round_index: int) -> JobSpec:
             # Round 1 also runs the set through the engine it timed, the argmax on the device.
             return scored_job(ctx, session, job, round_index, plan.ladder,
-                              EvaluationSpec(artifact=uploaded, images=plan.count, top_k=1, postprocess="segmentation"))
+                              EvaluationSpec(artifact=uploaded, images=plan.count, top_k=1, postprocess="segmentation"),
+                              plan.frames, plan.preprocess)
 
         return Windows([Job(rung, path) for rung, path in plan.artifacts.items()], spec,
                        lambda job, round_index: f"{job.rung} round {round_index + 1} ({session.runtime}, "
@@ -93,7 +101,15 @@ class SegmentationDeploy(DeployHooks):
         ratios_to_student(outcome["rungs"])
 
     def results(self, ctx, plan: Plan):
-        return {"images": plan.count}
+        # The set is the test split's first images: edgefold diverge rebuilds them by these indices.
+        return {"images": plan.count, "evaluation": {"images": plan.count, "indices": list(range(plan.count))},
+                "frame": plan.frames.record("deploy") if plan.frames else None}
+
+    def evaluation_inputs(self, manifest, artifact: Path, indices):
+        """The test canvases at ``indices`` as the network takes them, as the set was sent."""
+        from pipeline.tasks.segmentation.data import load_split, network_inputs
+
+        return network_inputs(load_split(manifest.output("data", "canvases"), "test").images[list(indices)])
 
     def cleanup(self, plan: Plan):
         plan.evaluation_set.unlink(missing_ok=True)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from pipeline.deploy import records
+from pipeline.deploy.frame_report import FRAME_COLUMNS, frame_sections
 from pipeline.deploy.records import finished_run, headline_data, layer_profiles, reported_of, scored_headline
 from pipeline.results import csv_columns, interval_cell, write_results
 from pipeline.sections import Headline, Section, Table, Text, page_title, to_html, to_markdown
@@ -16,8 +17,9 @@ from pipeline.sections import Headline, Section, Table, Text, page_title, to_htm
 RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "status", "reason", "runtime", "size_mb", "macs_g",
                   "host_miou", "host_miou_low", "host_miou_high", "miou", "miou_low", "miou_high", "pixel_accuracy",
                   "miou_vs_student_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high",
-                  "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image")
-"""results.csv's own columns (the declared measured fields, :data:`pipeline.results.REPORTED`, follow)."""
+                  "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image", *FRAME_COLUMNS)
+"""results.csv's own columns, the camera frame's path's as every task's (the declared measured fields,
+:data:`pipeline.results.REPORTED`, follow)."""
 SCORED_TEXT = ("Host mIoU: teacher and student in torch, the INT8 student under ONNX Runtime; device mIoU: the engine "
                "that was timed, its masks taken by the argmax on the device. IoU per class over every pixel of the "
                "test canvases, mIoU its mean; intervals: 95% bootstrap over images. p50 is each timed window's median "
@@ -51,6 +53,7 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
                 "ratio_significant": ratio.get("significant"),
                 "network_ms_per_image": measured.get("network_ms_per_image"),
                 "postprocess_ms_per_image": measured.get("postprocess_ms_per_image"),
+                **{key: (measured.get("frame") or {}).get(key) for key in FRAME_COLUMNS},
                 **{key: figures.get(key) for key in csv_columns(()) if key != "not_recorded"},
                 "not_recorded": figures["not_recorded"]})
     return rows
@@ -111,15 +114,17 @@ def sections(rows: list[dict[str, Any]], lead: dict[str, Any], quantize: dict[st
 
 
 def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, Any],
-                 quantize_metrics: dict[str, Any], out: Path) -> dict[str, Path]:
-    """Writes report.md, report.html, results.json and results.csv into ``out``; returns their paths."""
+                 quantize_metrics: dict[str, Any], out: Path, found: Sequence[Section] = ()) -> dict[str, Path]:
+    """Writes report.md, report.html, results.json and results.csv into ``out``; returns their paths. ``found``: what
+    was found on the run after it (``edgefold diverge``'s answers), last on the page."""
     from pipeline.quantize.report import int8_section
 
     quantize = {key: quantize_metrics.get(key) for key in ("method", "drop_points", "kept_layers",
                                                             "class_changes_vs_fp32", "attempts")}
     rows = result_rows(ladder, deploy)
     lead = headline(rows, quantize, layer_profiles(deploy))
-    page = sections(rows, lead, quantize) + int8_section(quantize_metrics, "mIoU", lambda v: f"{100 * v:.2f}", out)
+    page = (sections(rows, lead, quantize) + frame_sections(deploy) + int8_section(quantize_metrics, "mIoU", lambda v: f"{100 * v:.2f}", out)
+            + list(found))
     paths = {"md": out / "report.md", "html": out / "report.html"}
     paths["md"].write_text(to_markdown(page_title(name, run), page))
     paths["html"].write_text(to_html(page_title(name, run), page))
@@ -135,6 +140,8 @@ def build_from_run(run_dir: Path, out: Path) -> dict[str, Path]:
     Raises:
         ManifestError: The run has not reached its deploy stage.
     """
+    from pipeline.diverge_report import diverge_section
+
     name, run, ladder, deploy, quantize = finished_run(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return write_report(name, run, ladder, deploy, quantize, out)
+    return write_report(name, run, ladder, deploy, quantize, out, diverge_section(run_dir))

@@ -1,45 +1,49 @@
-"""The report's "Where the frame's time goes": each rung's path from camera bytes to top-k on each device
-(``deploy.frame``, measured by :mod:`device.frame`), part by part with intervals over the frame rounds, the
-sequential and pipelined frame rates, and the part that bounds them. A library of the classification report.
+"""The report's "Where the frame's time goes", every task's: each rung's path from camera bytes to the task's answer
+on each device (``deploy.frame``, measured by :mod:`device.frame`), part by part with intervals over the frame rounds,
+the sequential and pipelined frame rates, and the part that bounds them. A task that scores the evaluation images
+through the whole path (classification's top-1) hands :func:`frame_fields` its scoring.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from device.frame_schema import FRAME_STAGES
 from pipeline import stats
 from pipeline.results import interval_cell
-from pipeline.tasks.classification.device_accuracy import device_scores, paired_top1_change
 from pipeline.sections import Figure, Section, Table, Text
 
 PARTS = (*FRAME_STAGES, "total")
 _ENDS = ("", "_low", "_high")
 FRAME_COLUMNS = (*(f"frame_{part}_ms{end}" for part in PARTS for end in _ENDS),
                  *(f"frame_fps_{kind}{end}" for kind in ("sequential", "pipelined") for end in _ENDS),
-                 "frame_bound", "frame_bound_text", "frame_spec", "frame_batch", "frame_note", "frame_error",
+                 "frame_bound", "frame_bound_text", "frame_spec", "frame_batch", "frame_agreement", "frame_note",
+                 "frame_error",
                  "frame_copies_h2d_ms", "frame_copies_d2h_ms", "frame_power_w", "frame_energy_mj", "frame_power_source",
                  "frame_temp_peak_c",
                  *(f"frame_in_graph_{name}{end}" for name in ("total_ms", "fps_pipelined", "speedup") for end in _ENDS),
                  "frame_in_graph_engine_ms", "frame_in_graph_bound_text", "frame_in_graph_error",
                  "frame_images", "frame_scores_error", "frame_top1", "frame_top1_tensor", "frame_top1_delta_points", "frame_top1_p",
                  "frame_in_graph_top1")
-FRAME_TEXT = ("Each rung on each device timed from a camera frame's bytes to its top-5 classes, one frame after "
-              "another: decode (JPEG; NV12 converted to RGB), preprocess (the model's own: BGR → RGB, resize, "
-              "centre crop, normalize, on the device's CPU with OpenCV), the engine call (its host↔device copies "
-              "inside), post-processing (top-k). Each part's median over the frames of a round, then the median of "
+# What each task's post-processing is, in the section's words (the job's FrameSpec.postprocess).
+ANSWERS = {"top_k": ("its top-5 classes", "top-k"), "detection": ("its boxes", "decode + NMS"),
+           "segmentation": ("its mask", "the argmax over classes")}
+FRAME_TEXT = ("Each rung on each device timed from a camera frame's bytes to {answer}, one frame after "
+              "another: decode (JPEG; NV12 converted to RGB), preprocess (the model's own: BGR → RGB, resize the "
+              "shorter side, centre crop, normalize, on the device's CPU with OpenCV), the engine call (its "
+              "host↔device copies inside), post-processing ({post}). Each part's median over the frames of a round, then the median of "
               "the rounds with its 95% interval. Pipelined: decode and preprocess run in a thread of their own ahead "
               "of the engine (a bounded queue between), as a camera application runs them; the slower thread sets "
               "the rate. The parts' medians need not add up to the total's median; each interval is over the frame "
               "rounds of one job.")
 
 
-def frame_fields(rounds: Sequence[Any], evaluation: dict[str, Any] | None = None,
-                 rung: str | None = None) -> dict[str, Any]:
+def frame_fields(rounds: Sequence[Any],
+                 whole_path: Callable[[Any, Any], dict[str, Any]] | None = None) -> dict[str, Any]:
     """A ladder row's frame figures from the round that timed the frame's path (:class:`device.schema.JobResult`):
     the CPU path's parts and rates; the in-graph form's, and its speedup over the CPU path paired by round; and,
-    with ``source: images``, the deployed path's top-1 against the tensor path's on the same images (the deploy
-    stage's ``evaluation`` record holds the labels)."""
+    with ``source: images``, what the task's ``whole_path`` makes of the scores (the frame's ``scores`` and the same
+    engine's evaluation of the tensors, or None)."""
     result = next((result for result in rounds if getattr(result, "frame", None) is not None), None)
     if result is None:
         error = next((result.frame_error for result in rounds if getattr(result, "frame_error", None)), None)
@@ -69,12 +73,14 @@ def frame_fields(rounds: Sequence[Any], evaluation: dict[str, Any] | None = None
                    frame_in_graph_bound_text=graph.bound_text)
     if frame.in_graph_error:  # not timed, or timed and then failed while scoring the images
         out["frame_in_graph_error"] = frame.in_graph_error
-    if frame.scores is not None and evaluation:
-        out.update(_deployed_path_scores(frame.scores, _same_engine(result, frame.batch_size), evaluation, rung))
+    if frame.scores is not None and whole_path is not None:
+        out.update(whole_path(frame.scores, _same_engine(result, frame.batch_size)))
     spec = frame.spec
     return {**out, "frame_bound": frame.bound, "frame_bound_text": frame.bound_text,
             "frame_spec": f"{spec.width}×{spec.height} {spec.format}", "frame_batch": frame.batch_size,
-            "frame_note": frame.note or None}
+            # The share of frames whose pipelined answer was the one-by-one answer (1.0 on a deterministic runtime).
+            "frame_agreement": frame.top1_agreement,
+            "frame_note": frame.note or None, "frame_postprocess": spec.postprocess}
 
 
 def _same_engine(result, batch_size: int):
@@ -83,24 +89,6 @@ def _same_engine(result, batch_size: int):
     first = result.evaluation.accelerator if result.evaluation is not None else None  # a sweep's names it
     scored = [e for e in (result.evaluation, *result.more_evaluations) if e is not None and e.accelerator == first]
     return next((e for e in scored if e.batch_size == batch_size), scored[0] if len(scored) == 1 else None)
-
-
-def _deployed_path_scores(scores, tensor, evaluation: dict[str, Any], rung: str | None) -> dict[str, Any]:
-    """The deployed path's top-1 on the evaluation images, and its change from the tensor path's on the same
-    engine and images with McNemar's exact p (:func:`paired_top1_change`)."""
-    labels = evaluation["labels"]
-    if scores.images != len(labels):
-        return {"frame_scores_error": f"the whole path scored {scores.images} images, the evaluation set has "
-                                      f"{len(labels)}: not compared"}
-    out = {"frame_images": scores.images, "frame_top1": device_scores(evaluation, rung, scores.predictions)
-           ["device_top1"]}
-    if scores.in_graph_predictions is not None:
-        out["frame_in_graph_top1"] = device_scores(evaluation, rung, scores.in_graph_predictions)["device_top1"]
-    if tensor is not None and len(tensor.predictions) == len(labels):
-        change = paired_top1_change(evaluation, tensor.predictions, scores.predictions)
-        out.update(frame_top1_tensor=device_scores(evaluation, rung, tensor.predictions)["device_top1"],
-                   frame_top1_delta_points=change["delta_points"], frame_top1_p=change["mcnemar_p"])
-    return out
 
 
 def framed(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -123,7 +111,8 @@ def frame_section(data: dict[str, Any], figures: dict[str, Any] | None) -> Secti
          format(r["frame_fps_sequential"], ".0f"),
          interval_cell(r["frame_fps_pipelined"], r["frame_fps_pipelined_low"], r["frame_fps_pipelined_high"], ".0f"),
          r["frame_bound_text"]] for r in rows]
-    blocks: list = [Text(FRAME_TEXT)]
+    answer, post = ANSWERS[next((r["frame_postprocess"] for r in rows if r.get("frame_postprocess")), "top_k")]
+    blocks: list = [Text(FRAME_TEXT.format(answer=answer, post=post))]
     if figures is not None and "frame:parts" in figures:
         shown = figures["frame:parts"]
         blocks.append(shown if isinstance(shown, (Figure, Text)) else Figure(
@@ -245,3 +234,17 @@ def frame_headline(row: dict[str, Any] | None) -> str | None:
             text += (f" (tensor path {100 * row['frame_top1_tensor']:.2f}%, McNemar p = "
                      f"{row['frame_top1_p']:.2g})")
     return text
+
+
+def frame_rows(deploy: dict[str, Any]) -> list[dict[str, Any]]:
+    """A scored task's frame figures (:func:`pipeline.deploy.records.timed_record`'s ``frame``), one row per rung ×
+    device that timed the frame's path or failed to."""
+    return [{"rung": rung, "device": device["name"], **record["frame"]}
+            for device in deploy.get("devices", []) for rung, record in device.get("rungs", {}).items()
+            if record.get("frame")]
+
+
+def frame_sections(deploy: dict[str, Any]) -> list[Section]:
+    """"Where the frame's time goes" of a scored task's run, or nothing without ``deploy.frame``."""
+    rows = frame_rows(deploy)
+    return [frame_section({"rows": rows, "frame_files": deploy.get("frame")}, None)] if frame_asked(rows) else []

@@ -1,6 +1,7 @@
-"""What a frame job (``deploy.frame``) needs beside the rung: each rung with the preprocessing written into its graph
-(:mod:`pipeline.frame_prefix`), and for ``source: images`` the evaluation images as they were taken. A library of
-the classification deploy stage: it writes them once per run and turns the recipe's frame into each job's."""
+"""What a frame job (``deploy.frame``) needs beside the rung, for every task: each rung with the preprocessing written
+into its graph (:mod:`pipeline.frame_prefix`), and for ``source: images`` the evaluation images as they were taken.
+The deploy stage's task writes them once per run (:func:`write_frame_files`) and turns the recipe's frame into each
+job's, naming its post-processor (:meth:`FrameFiles.spec`)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ MAX_SIDE = 1024
 class FrameFiles:
     """The recipe's frame, each rung's in-graph ONNX and the image set, written on the build host."""
 
-    recipe: Any  # pipeline.core.recipe.FrameRecipe
+    recipe: Any  # pipeline.core.recipe_jobs.FrameRecipe
+    postprocess: str = "top_k"  # the task's post-processor (FrameSpec.postprocess)
     in_graph: dict[str, Path] = field(default_factory=dict)
     in_graph_note: str | None = None
     in_graph_difference: float | None = None  # the prefix's largest difference from the CPU path, checked here
@@ -35,7 +37,8 @@ class FrameFiles:
     def spec(self, client, rung: str) -> FrameSpec:
         """The job's frame for ``rung``, its files uploaded through the device's ``client`` (content-addressed: once
         per device). What cannot be uploaded is logged, and the job times what it has."""
-        fields = self.recipe.model_dump(exclude={"in_graph", "images"})
+        fields = {**self.recipe.model_dump(exclude={"in_graph", "images", "postprocess"}),
+                  "postprocess": self.postprocess}
         if rung in self.in_graph:
             try:
                 fields["in_graph"] = client.upload(self.in_graph[rung])
@@ -57,28 +60,51 @@ class FrameFiles:
                 "images": self.image_count or None, "images_note": self.images_note}
 
 
-def write_frame_files(recipe, workdir: Path, artifacts: dict[str, Path], preprocess: dict[str, Any],
-                      raw_images: Callable[[], list[np.ndarray]] | None, log: Callable[[str], None]) -> FrameFiles:
+def frame_files(ctx, artifacts: dict[str, Path], workdir: Path, preprocess: dict[str, dict[str, Any]],
+                postprocess: str, raw_images: Callable[[], list[np.ndarray]] | None = None) -> FrameFiles | None:
+    """The run's frame files for ``deploy.frame`` (:func:`write_frame_files`), their notes logged; None without a
+    frame in the recipe."""
+    import threading
+
+    if ctx.recipe.deploy.frame is None:
+        return None
+    lock = threading.Lock()  # the frame files log from the devices' threads too (an upload that failed)
+
+    def log(text: str) -> None:
+        with lock:
+            ctx.log(f"[  deploy] {text}")
+
+    files = write_frame_files(ctx.recipe.deploy.frame, workdir, artifacts, preprocess, raw_images, log, postprocess)
+    for note in filter(None, (files.in_graph_note, files.images_note)):
+        ctx.log(f"[  deploy] frames: {note}")
+    return files
+
+
+def write_frame_files(recipe, workdir: Path, artifacts: dict[str, Path], preprocess: dict[str, dict[str, Any]],
+                      raw_images: Callable[[], list[np.ndarray]] | None, log: Callable[[str], None],
+                      postprocess: str = "top_k") -> FrameFiles:
     """Writes each rung's graph with the prefix in front (``frame-<rung>.onnx``) unless ``recipe.in_graph`` is off
     or the preprocessing cannot be written into a graph (said in ``in_graph_note``), and the image set
-    (``frame-images.images.npy``) from ``raw_images`` when the frames come from the evaluation images."""
-    from pipeline.frame_prefix import check_prefix, refusal, write_prefixed
+    (``frame-images.images.npy``) from ``raw_images`` when the frames come from the evaluation images.
 
-    files = FrameFiles(recipe, log=log)
-    prep = Preprocess.from_dict(preprocess)
-    why = refusal(prep) if recipe.in_graph else "deploy.frame.in_graph is false"
+    Args:
+        preprocess: Each rung's preprocessing (:meth:`device.preprocess.Preprocess.to_dict`), by rung.
+        postprocess: The task's post-processor, which each job's frame names.
+    """
+    from pipeline.frame_prefix import write_prefixed
+
+    files = FrameFiles(recipe, postprocess, log=log)
+    preps = {rung: Preprocess.from_dict(preprocess[rung]) for rung in artifacts}
+    why = None if recipe.in_graph else "deploy.frame.in_graph is false"
     if not why:
-        try:
-            files.in_graph_difference = check_prefix(prep, recipe)
-        except ConfigError as err:  # a prefix that misses its own tolerance is not timed as the preprocessing
-            why = err.message
+        why, files.in_graph_difference = _checked_prefixes(dict.fromkeys(preps.values()), recipe)
     if why:
         files.in_graph_note = f"the in-graph form was not timed: {why}"
     else:
         unwritten = []
         for rung, path in artifacts.items():
             try:
-                files.in_graph[rung] = write_prefixed(path, prep, recipe, workdir / f"frame-{rung}.onnx")
+                files.in_graph[rung] = write_prefixed(path, preps[rung], recipe, workdir / f"frame-{rung}.onnx")
             except ConfigError as err:
                 unwritten.append(f"{rung} ({err.message})")
         if unwritten:
@@ -89,6 +115,24 @@ def write_frame_files(recipe, workdir: Path, artifacts: dict[str, Path], preproc
         np.save(files.images, stacked, allow_pickle=False)
         files.image_count = len(stacked)
     return files
+
+
+def _checked_prefixes(preps, recipe) -> tuple[str | None, float | None]:
+    """Why no rung's prefix is timed (the first preprocessing that cannot be written into a graph, or whose prefix
+    misses its own tolerance: it would not be timed as the preprocessing), or None and the largest difference from the
+    CPU path over them."""
+    from pipeline.frame_prefix import check_prefix, refusal
+
+    largest = 0.0
+    for prep in preps:
+        why = refusal(prep)
+        if why:
+            return why, None
+        try:
+            largest = max(largest, check_prefix(prep, recipe))
+        except ConfigError as err:
+            return err.message, None
+    return None, largest
 
 
 def image_set(images: list[np.ndarray]) -> tuple[np.ndarray, str | None]:
@@ -109,3 +153,12 @@ def image_set(images: list[np.ndarray]) -> tuple[np.ndarray, str | None]:
                                   interpolation=cv2.INTER_AREA))
     return np.stack(squares).astype(np.uint8), (f"the evaluation images differ in size: each was sent as its centre "
                                                 f"square at {side}×{side}")
+
+
+def tensor_preprocess(size: int, channel_order: str = "rgb", input_range: str = "0-1") -> dict[str, Any]:
+    """The camera frame's preprocessing for a network that takes its image as plain pixels (detection, segmentation:
+    its graph normalizes): the shorter side resized to ``size`` (OpenCV's bilinear), the centre square cut, scaled to
+    0–1 (``input_range`` ``0-255``: as they are), in the network's channel order."""
+    scale = 255.0 if input_range == "0-255" else 1.0
+    return Preprocess(input_size=size, resize=size, channels=3, mean=(0.0, 0.0, 0.0), std=(1 / scale,) * 3,
+                      interpolation="bilinear", channel_order=channel_order).to_dict()
