@@ -345,7 +345,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _deploy_again(args, command: str, job: dict) -> int:
-    """A finished classification run deployed and reported again with ``job``'s deploy keys: its recipe and overrides
+    """A finished run deployed and reported again with ``job``'s deploy keys: its recipe and overrides
     kept, its earlier stages and measured windows reused; a recipe changed since the run refused."""
     import hashlib
     from pathlib import Path
@@ -360,8 +360,10 @@ def _deploy_again(args, command: str, job: dict) -> int:
         raise ManifestError(f"no run at {args.run}", fix="pass a run directory (edgefold runs lists them)")
     manifest = json.loads((run_dir / "manifest.json").read_text())
     task = tasks.of_run(run_dir)
-    if task.name != "classification":
-        raise ConfigError(f"{run_dir} is a {task.name} run: edgefold {command} is built for classification runs only",
+    if command not in task.deploys_again:
+        built = ", ".join(name for name in tasks.TASK_NAMES if command in tasks.get(name).deploys_again)
+        raise ConfigError(f"{run_dir} is a {task.name} run: edgefold {command} is not built for {task.name} runs yet "
+                          f"(it is for {built})",
                           fix=f"measure this run at the board's current mode with make edge "
                               f"MODEL={manifest.get('model')} EDGE=…")
     if "quantize" not in manifest.get("stages", {}):

@@ -51,31 +51,50 @@ class SustainedRecipe(SustainedSpec):
         jetson = modes * (len(sweep.jetson_clocks) if sweep.jetson_clocks else 1)
         return max(jetson, len(sweep.power_limits_w or sweep.gpu_clocks_mhz or []))
 
-    def check(self, deploy) -> None:
+    def check(self, deploy, timeout_key: str = "job_timeout_s") -> None:
         """Against the rest of ``deploy``: a deployed rung, one of its batch sizes, a sweep to follow when swept,
-        and within the agent's largest timeout with the build's ``job_timeout_s``.
+        and within the agent's largest timeout with the build's timeout.
+
+        Args:
+            timeout_key: The section's key for one job's limit, the build's (``job_timeout_s``, ``timeout_s``).
 
         Raises:
             ValueError: Naming the key and the fix (the recipe's validation reports it with its path).
         """
-        if self.rung not in deploy.rungs:
-            raise ValueError(f"deploy.sustained.rung {self.rung!r} is not deployed: one of {deploy.rungs}")
+        rungs = tuple(deploy.rungs)
+        sweep, timeout_s = getattr(deploy, "sweep", None), getattr(deploy, timeout_key)
+        if self.rung not in rungs:
+            raise ValueError(f"deploy.sustained.rung {self.rung!r} is not deployed: one of {list(rungs)}")
         if self.batch_size not in deploy.batch_sizes:
             raise ValueError(f"deploy.sustained.batch_size {self.batch_size} is not one of deploy.batch_sizes "
                              f"{deploy.batch_sizes}")
-        if self.swept and deploy.sweep is None:
+        if self.swept and sweep is None:
             raise ValueError("deploy.sustained.swept follows deploy.sweep's settings: give deploy.sweep (edgefold "
                              "sustain --swept --set 'deploy.sweep.modes=[15W, MAXN_SUPER]'), or set swept false")
-        if deploy.job_timeout_s < ALLOWANCE_S:
-            raise ValueError(f"deploy.job_timeout_s {deploy.job_timeout_s:g} s is under the {ALLOWANCE_S:g} s a "
-                             "sustained job needs to load, build and write its result: raise it")
-        settings = self.settings(deploy.sweep)
-        if deploy.job_timeout_s + self.runs_s(settings, deploy.sweep.settle_timeout_s if self.swept else None) > 86_400:
+        if timeout_s < ALLOWANCE_S:
+            raise ValueError(f"deploy.{timeout_key} {timeout_s:g} s is under the {ALLOWANCE_S:g} s a sustained job "
+                             "needs to load, build and write its result: raise it")
+        settings = self.settings(sweep)
+        if timeout_s + self.runs_s(settings, sweep.settle_timeout_s if self.swept else None) > 86_400:
             every = (f" (a sweep of all modes counted as {ALL_MODES_BUDGETED}: name them in deploy.sweep.modes)"
-                     if self.swept and deploy.sweep.modes == "all" else "")
+                     if self.swept and sweep.modes == "all" else "")
             raise ValueError(f"deploy.sustained.minutes {self.minutes:g} × {settings} setting(s){every} and "
-                             f"deploy.job_timeout_s {deploy.job_timeout_s:g} s (its build) exceed the agent's largest "
+                             f"deploy.{timeout_key} {timeout_s:g} s (its build) exceed the agent's largest "
                              "timeout, 24 h")
+
+
+# Classification's deploy keys a scored task's section does not take, and why (refused by name, not as unknown).
+NOT_SCORED = {
+    "sweep": "a power-mode sweep (nvpmodel × jetson_clocks on a Jetson, NVML limits on a GPU server) is built for "
+             "classification runs only so far: measure each mode with make edge EDGE=… at that mode",
+    "latency_budget_ms": "the latency budget chooses among a classification sweep's points: no sweep here",
+    "runtimes": "the Torch-TensorRT road sends classification's torch programs: this task deploys ONNX only",
+    "torch_programs": "the Torch-TensorRT road sends classification's torch programs: this task deploys ONNX only",
+    "job_timeout_s": "here the key is deploy.timeout_s",
+    "duration_s": "here each window runs deploy.iterations calls",
+    "min_iterations": "here each window runs deploy.iterations calls",
+    "rungs": "every rung of the ladder is deployed here",
+}
 
 
 class ScoredDeployConfig(BaseModel):
@@ -105,12 +124,29 @@ class ScoredDeployConfig(BaseModel):
     frame: FrameRecipe | None = Field(None, description="camera frames (width, height, bgr | nv12 | jpeg) each rung "
                                                         "is timed on, from bytes to the task's answer (decode + NMS; "
                                                         "the argmax), on the ONNX road")
+    sustained: SustainedRecipe | None = Field(None, description="one rung run without pause for minutes on each "
+                                                                "device after the ladder (edgefold sustain): burst "
+                                                                "against settled latency, throttling, temperatures")
+    # What a scored task's ladder deploys (every rung it has; an ONNX start has no teacher).
+    rungs: ClassVar[tuple[str, ...]] = ("teacher", "student", DEPLOYED)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_here(cls, data):
+        for key in sorted(set(data) & set(NOT_SCORED) if isinstance(data, dict) else ()):
+            raise ValueError(f"deploy.{key} is not taken by this task: {NOT_SCORED[key]}")
+        return data
 
     @model_validator(mode="after")
-    def _synthetic_frames(self) -> "ScoredDeployConfig":
+    def _jobs(self) -> "ScoredDeployConfig":
         if self.frame is not None and self.frame.source == "images":
             raise ValueError("deploy.frame.source: images scores each frame's top-k classes against the labels, a "
                              "classifier's answer; here frames are timed, not scored: source: synthetic")
+        if self.sustained is not None:
+            if self.sustained.swept:
+                raise ValueError("deploy.sustained.swept follows a power sweep, which this task does not run yet "
+                                 "(deploy.sweep is classification's): set swept false")
+            self.sustained.check(self, timeout_key="timeout_s")
         return self
 
     @field_validator("batch_sizes")

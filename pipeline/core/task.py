@@ -31,6 +31,8 @@ class Task:
         ship: What ``edgefold ship`` asks of the task (:class:`pipeline.ship.task.ShipTask`); None where it cannot ship.
         score: The key of the task's score in a stage's metrics (``top1``, ``map``), a fraction.
         score_name: That score in words (``top-1``, ``mAP``), for listings and logs.
+        deploys_again: The CLI commands that deploy a finished run again with deploy keys of their own (``sustain``:
+            ``deploy.sustained``; ``sweep``: ``deploy.sweep``); the others are refused up front with the reason.
     """
 
     name: str
@@ -41,6 +43,7 @@ class Task:
     ship: Any = None
     score: str = "top1"
     score_name: str = "top-1"
+    deploys_again: tuple[str, ...] = ("sustain",)
 
 
 def stage_registry(task: str, stages: list[type[Stage] | Stage]) -> Registry[Stage]:

@@ -168,19 +168,26 @@ def lead_row(rows: list[dict[str, Any]], profiles: list[dict[str, Any]]) -> tupl
 
 
 def headline_data(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], score: str,
-                  **made: Any) -> dict[str, Any]:
+                  sustained: list[dict[str, Any]] = (), **made: Any) -> dict[str, Any]:
     """What a scored task's run comes to, as data: the row :func:`lead_row` leads with (the INT8 student on the
     first edge device that measured it, true to the device), its score there (``score``: ``map``, ``miou``) against
     the FP32 student's on the host, its network time against the FP32 student's on the same device, its
-    post-processing; ``made`` says how the INT8 rung was made (``method``, …)."""
+    post-processing, its camera frame's path and whether it settled measurably slower when run for minutes
+    (``sustained``: :func:`pipeline.deploy.sustain_report.sustained_runs`); ``made`` says how the INT8 rung was made
+    (``method``, …)."""
     row, missing = lead_row(rows, profiles)
     if row is None:
         return {"rung": LEAD_RUNG, "measured": False, "reason": missing}
+    from pipeline.deploy.frame_report import frame_headline
+    from pipeline.deploy.sustain_report import headline_text
+
     keys = ("device", "role", "runtime", score, f"{score}_low", f"{score}_high", f"{score}_vs_student_points",
             "latency_p50_ms", "latency_p50_low_ms", "latency_p50_high_ms", "ratio_vs_student", "ratio_low",
             "ratio_high", "ratio_significant", "postprocess_ms_per_image", "latency_batch")
+    # The frame's path and the sustained run, as every task's headline says them (deploy.frame, deploy.sustained).
+    runs = [r for r in sustained if r["rung"] == row["rung"] and r["device"] == row["device"]]
     return {"rung": row["rung"], "measured": True, **{k: row.get(k) for k in keys}, "int8_not_measured": missing,
-            **made}
+            "frame_text": frame_headline(row), "sustained_text": headline_text(runs), **made}
 
 
 def headline_line(block, label: str) -> str:
@@ -225,6 +232,7 @@ def scored_headline(h: dict[str, Any], score: str, label: str, postprocess: str,
         rows.append((postprocess, f"{format(h['postprocess_ms_per_image'], spec)} ms per image"))
     if int8:
         rows.append(("INT8", int8))
+    rows += [(name, h[key]) for name, key in (("frame", "frame_text"), ("sustained", "sustained_text")) if h.get(key)]
     return Headline(f"{h['rung']} on {h['device']} ({h['runtime']})", rows)
 
 

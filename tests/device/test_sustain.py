@@ -240,7 +240,7 @@ def test_the_planted_throttle_moment_and_settled_ratio_are_found(tmp_path):
     90 °C trip point (about 3.1 s from the plant's start, when the run starts); the clock then halves, 100 → 50 MHz,
     so each call takes twice as long (39 → 78 ms planted). The job finds the moment within one recording interval,
     names the temperature as the cause, and settles at twice the burst latency within 3%."""
-    from pipeline.tasks.classification.sustain_report import burst_and_settled
+    from pipeline.deploy.sustain_report import burst_and_settled
 
     result, plant = sustained_on_orin_nano(tmp_path, {"start_c": 50.0, "ambient_c": 40.0, "c_per_w": 10.0,
                                                       "tau_s": 2.0, "trip_c": 90.0, "critical_c": 120.0,
@@ -296,7 +296,7 @@ def test_a_sustained_sweep_runs_each_mode_under_its_own_heat_and_restores_the_mo
     78.8 °C) never reaches it. The 15W run waits until the zone is below 85 °C (cooling from MAXN_SUPER's heat, and
     the clock given back 3 °C under the trip point), so it starts unthrottled. One result per mode, each with its
     setting, power and throttle; the board back in 15W with the hold gone."""
-    from pipeline.tasks.classification.sustain_report import burst_and_settled
+    from pipeline.deploy.sustain_report import burst_and_settled
 
     result, plant = sustained_on_orin_nano(
         tmp_path, {"start_c": 50.0, "ambient_c": 30.0, "c_per_w": 8.0, "tau_s": 2.0, "trip_c": 90.0,

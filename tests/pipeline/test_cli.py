@@ -84,13 +84,13 @@ def test_help_tells_the_stages(capsys):
 
 
 def test_a_sweep_of_a_detection_run_is_refused_up_front(tmp_path, capsys):
-    """Power sweeps are built for classification runs: a detection run is refused before any work, named as such,
-    not with a recipe key error from deep inside the run."""
+    """Power sweeps are built for classification runs (the task says which commands deploy it again): a detection run
+    is refused before any work, named as such, not with a recipe key error from deep inside the run."""
     run = tmp_path / "tiny-det" / "r1"
     run.mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({"schema": "edgefold.manifest/1", "model": "tiny-det",
                                                    "task": "detection", "stages": {"quantize": {}}}))
     assert main(["sweep", str(run), "--modes", "all"]) == 2
     err = capsys.readouterr().err
-    assert "is a detection run: edgefold sweep is built for classification runs only" in err
+    assert "is a detection run: edgefold sweep is not built for detection runs yet (it is for classification)" in err
     assert "fix: measure this run" in err

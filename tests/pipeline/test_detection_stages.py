@@ -649,3 +649,21 @@ def test_a_camera_frame_is_timed_to_its_boxes_by_the_sidecar_that_decodes_the_ru
     report = (run_dir / manifest["stages"]["report"]["outputs"]["md"]).read_text()
     assert "## Where the frame's time goes" in report and "bytes to its boxes" in report
     assert "post-processing (decode + NMS)" in report
+
+
+def test_edgefold_sustain_runs_a_finished_detection_run_without_pause(det_run, tmp_path):
+    """edgefold sustain takes a detection run (the task says it deploys again for it): the ladder's windows are
+    reused, the INT8 student runs for its seconds on the device, and the rebuilt report shows it."""
+    from pipeline.cli import main
+    from tests.pipeline.diverged import run_copy
+
+    copy = run_copy(det_run[0], tmp_path)
+    assert main(["sustain", str(copy), "--minutes", "0.05", "--record-every-s", "0.5",
+                 "--runs-dir", str(copy.parent.parent)]) == 0
+    manifest = json.loads((copy / "manifest.json").read_text())
+    deploy = json.loads((copy / manifest["stages"]["deploy"]["outputs"]["results"]).read_text())
+    sustained = deploy["devices"][0]["sustained"]
+    assert sustained["state"] == "succeeded" and len(sustained["result"]["sustained"]["intervals"]) >= 4
+    assert all(rung["reused_rounds"] == 3 for rung in deploy["devices"][0]["rungs"].values()), "the ladder reused"
+    report = (copy / manifest["stages"]["report"]["outputs"]["md"]).read_text()
+    assert "## After 0.05 minutes" in report

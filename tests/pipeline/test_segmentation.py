@@ -66,7 +66,12 @@ def test_masks_travel_packed_and_a_truncated_pack_is_refused():
     ({"data": {"source": "shapes-sg"}}, "did you mean 'shapes-seg'"),
     ({"start": {"onnx": "model.onnx"}}, "segmenter brought as ONNX is not taken"),
     ({"quantize": {"qat": {"epochs": 1, "batch_size": 8, "lr": 0.0001}}}, "no QAT step yet"),
-    ({"teacher": {"arch": "tiny_sg", "train": {"epochs": 1, "batch_size": 8}}}, "tiny_seg")])
+    ({"teacher": {"arch": "tiny_sg", "train": {"epochs": 1, "batch_size": 8}}}, "tiny_seg"),
+    ({"deploy": {"sweep": {"modes": "all"}}}, "deploy.sweep is not taken by this task: a power-mode sweep"),
+    ({"deploy": {"job_timeout_s": 600}}, "here the key is deploy.timeout_s"),
+    ({"deploy": {"frame": {"source": "images"}}}, "here frames are timed, not scored: source: synthetic"),
+    ({"deploy": {"sustained": {"minutes": 1, "swept": True}}}, "swept follows a power sweep"),
+    ({"deploy": {"sustained": {"minutes": 1, "rung": "pruned"}}}, "'pruned' is not deployed")])
 def test_what_segmentation_does_not_offer_is_refused_with_the_reason(repo, change, named):
     import yaml
 
@@ -82,14 +87,15 @@ def test_what_segmentation_does_not_offer_is_refused_with_the_reason(repo, chang
 @pytest.fixture(scope="module")
 @slow_fixture
 def seg_run(repo, tmp_path_factory):
-    """tiny-seg end to end on a loopback agent, with fewer epochs and resamples and a small camera frame (about 40 s
-    on two cores)."""
+    """tiny-seg end to end on a loopback agent, with fewer epochs and resamples, a small camera frame and a 3-second
+    sustained run (about 40 s on two cores)."""
     from pipeline.runner import run_pipeline
 
     runs = tmp_path_factory.mktemp("seg-runs")
     overrides = {"teacher.train.epochs": 6, "distill.train.epochs": 2, "quantize.resamples": 50,
                  "deploy.resamples": 50, "deploy.iterations": 5, "deploy.warmup_iterations": 1,
-                 "deploy.frame": {"width": 160, "height": 90, "format": "jpeg", "frames": 4, "rounds": 2}}
+                 "deploy.frame": {"width": 160, "height": 90, "format": "jpeg", "frames": 4, "rounds": 2},
+                 "deploy.sustained": {"minutes": 0.05, "record_every_s": 0.5}}
     ctx = run_pipeline(str(repo / "models" / "tiny-seg.yaml"), runs_dir=runs, new=True, overrides=overrides)
     return ctx, json.loads(ctx.manifest.path.read_text())
 
@@ -206,6 +212,25 @@ def test_a_camera_frame_is_timed_to_its_mask_and_reported_as_every_tasks_frame(s
     with (ctx.run_dir / stages["report"]["outputs"]["csv"]).open() as handle:
         rows = list(csv.DictReader(handle))
     assert all(float(row["frame_total_ms"]) > 0 and row["frame_spec"] == "160×90 jpeg" for row in rows)
+
+
+def test_the_deployed_student_runs_without_pause_after_the_ladder_and_is_reported_as_every_tasks(seg_run):
+    """deploy.sustained on a segmentation run: after the ladder's rounds the INT8 student runs for its minutes on
+    each device, recorded per interval; the page's "After N minutes", the row's sustained_* figures in results.csv."""
+    ctx, manifest = seg_run
+    stages = manifest["stages"]
+    deploy = json.loads((ctx.run_dir / stages["deploy"]["outputs"]["results"]).read_text())
+    sustained = deploy["devices"][0]["sustained"]
+    assert sustained["rung"] == "student_int8" and sustained["state"] == "succeeded", sustained.get("error")
+    assert sustained["spec"]["sustained"]["minutes"] == 0.05 and sustained["spec"]["batch_sizes"] == [1]
+    intervals = sustained["result"]["sustained"]["intervals"]
+    assert len(intervals) >= 4 and all(i["latency_p50_ms"] > 0 for i in intervals)
+    report = (ctx.run_dir / stages["report"]["outputs"]["md"]).read_text()
+    assert "## After 0.05 minutes" in report and "settled ÷ burst" in report
+    with (ctx.run_dir / stages["report"]["outputs"]["csv"]).open() as handle:
+        rows = {row["rung"]: row for row in csv.DictReader(handle)}
+    assert float(rows["student_int8"]["sustained_minutes"]) == 0.05
+    assert float(rows["student_int8"]["sustained_settled_p50_ms"]) > 0 and rows["student"]["sustained_minutes"] == ""
 
 
 def test_edgefold_diverge_searches_a_segmentation_rung_on_the_images_the_device_scored(seg_run, tmp_path):

@@ -1,4 +1,4 @@
-"""After N minutes in the report (:mod:`pipeline.tasks.classification.sustain_report`): burst against settled from a
+"""After N minutes in the report (:mod:`pipeline.deploy.sustain_report`): burst against settled from a
 run's intervals, the headline's line only when the settled latency is measurably worse, and ``edgefold sustain`` on a
 finished run (loopback: what it cannot measure said) ending with the section, figure and fields."""
 
@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from pipeline.tasks.classification.sustain_report import burst_and_settled, headline_text
+from pipeline.deploy.sustain_report import burst_and_settled, headline_text
 
 # The simulated Orin Nano's sustained run: its two minutes are simulated ones, on a clock the job processes and the
 # planted heat share (tests/device/time_scale.py), four times the host's: 30 s here.
@@ -91,7 +91,7 @@ def test_a_sustained_sweep_is_one_row_per_setting_one_figure_per_device_and_its_
     from device.schema import RESULT_SCHEMA, JobResult, JobSpec, NotMeasured, PowerSetting, SweepResult
     from device.sustain import run_sustained
     from pipeline.sections import Figure, to_markdown_lines
-    from pipeline.tasks.classification.sustain_report import join_rows, plot, section, sustained_runs
+    from pipeline.deploy.sustain_report import join_rows, plot, section, sustained_runs
     from tests.device.agent_process import tiny_onnx
     from tests.device.test_sustain import zones
 

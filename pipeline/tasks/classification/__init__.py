@@ -52,4 +52,5 @@ TASK = Task(name="classification",
                 ExportStage(ClassificationExport()), QuantizeStage(ClassificationQuantize()),
                 EvaluateStage(ClassificationEvaluate()),
                 DeployStage(ClassificationDeploy()), ReportStage(build_report, one_line)]),
-            build_report=build_report, summary=_summary, headline=headline_text, ship=ClassificationShip())
+            build_report=build_report, summary=_summary, headline=headline_text, ship=ClassificationShip(),
+            deploys_again=("sweep", "sustain"))

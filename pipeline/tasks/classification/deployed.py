@@ -18,6 +18,7 @@ from device.schema import EvaluationSpec
 from pipeline.core.rungs import RUNGS, predictions_output
 from pipeline.deploy.hooks import DeployHooks, Job, Windows
 from pipeline.deploy.session import reachable_facts
+from pipeline.deploy.sustained import sustained_run
 from pipeline.jobs import job_spec
 from pipeline.deploy.frames import FrameFiles, frame_files
 from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
@@ -136,8 +137,14 @@ class ClassificationDeploy(DeployHooks):
                 outcome["roads"][job.road]["rungs"][job.rung] = _rung_record(records, outcome)
 
     def after(self, ctx, plan: Plan, outcome, open_session):
-        if ctx.recipe.deploy.sustained is not None:  # after the ladder's windows: the board heats under it alone
-            outcome["sustained"] = _sustained(ctx, plan, outcome, open_session)
+        cfg = ctx.recipe.deploy
+        if cfg.sustained is not None:  # after the ladder's windows: the board heats under it alone
+            outcome["sustained"] = sustained_run(
+                ctx, plan.artifacts, outcome, open_session,
+                lambda session, rung, path: job_spec(rung, session.digest(path), session.info, cfg, plan.preprocess,
+                                                     f"{plan.label}/{rung}/sustained", profile=False,
+                                                     sustained=cfg.sustained,
+                                                     sweep=cfg.sweep if cfg.sustained.swept else None))
 
     def evaluation_inputs(self, manifest, artifact: Path, indices):
         """The test images at ``indices``, preprocessed as the deploy stage did (every rung takes the same input)."""
@@ -247,24 +254,3 @@ def _torch_road(session, programs: dict[str, RoadArtifacts], jobs: list[Job]) ->
             road["rungs"][rung] = {"state": "not measured", "error": road["sent"][rung]}
             session.log(f"{rung} on the Torch-TensorRT road {road['sent'][rung]}")
     return road
-
-
-def _sustained(ctx, plan: Plan, outcome: dict[str, Any], open_session) -> dict[str, Any]:
-    """``deploy.sustained``: its rung run without pause on this device (:mod:`device.sustain`), once; reused,
-    like a window, while its artifact, the device and the job are unchanged."""
-    cfg = ctx.recipe.deploy
-    rung, path = cfg.sustained.rung, plan.artifacts.get(cfg.sustained.rung)
-    if outcome["status"] != "ok" or path is None:
-        return {"rung": rung, "state": "not measured",
-                "error": outcome.get("error") or f"{rung} has no ONNX artifact in this run"}
-    with open_session() as session:
-        if not session.open(say_fallback=False):  # said by the ladder's session already
-            return {"rung": rung, "state": "not measured", "error": session.outcome["error"]}
-        spec = job_spec(rung, session.digest(path), session.info, cfg, plan.preprocess,
-                        f"{plan.label}/{rung}/sustained", profile=False, sustained=cfg.sustained,
-                        sweep=cfg.sweep if cfg.sustained.swept else None)
-        # Never retried: a retry would run the board for the minutes again (a failure is reported as it is).
-        record = session.window(f"{rung} sustained", path, spec, 0, 0, (spec.timeout_s or cfg.job_timeout_s) + 120,
-                                announce=f"{rung} run without pause for {cfg.sustained.minutes:g} min"
-                                         + (" under each sweep setting" if spec.sweep is not None else ""))
-    return {"rung": rung, **{k: v for k, v in record.items() if k != "unreachable"}}

@@ -28,7 +28,7 @@ from pipeline.tasks.classification.headline import block as headline_block
 from pipeline.tasks.classification.headline import text as headline_text
 from pipeline.tasks.classification.report_data import BASE_COLUMNS, collect
 from pipeline.tasks.classification.report_plots import PLOT_CAPTIONS, plots
-from pipeline.tasks.classification import sustain_report
+from pipeline.deploy import sustain_report
 from pipeline.deploy.frame_report import frame_asked, frame_section
 
 

@@ -28,7 +28,7 @@ from pipeline.tasks.classification.device_accuracy import (device_scores, paired
 from pipeline.tasks.classification.front import choose, energy_front, settings_from_windows
 from pipeline.deploy.frame_report import FRAME_COLUMNS, frame_fields, frame_headline
 from pipeline.tasks.classification.headline import accuracy_evidence
-from pipeline.tasks.classification.sustain_report import SUSTAINED_COLUMNS, headline_text, join_rows, sustained_runs
+from pipeline.deploy.sustain_report import SUSTAINED_COLUMNS, headline_text, join_rows, sustained_runs
 
 
 # The row's own figures (names, accuracy on host and device, ratios with intervals, noise); the measured fields the

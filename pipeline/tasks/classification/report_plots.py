@@ -11,7 +11,7 @@ from pipeline.profile_report import NOT_MEASURED
 from pipeline.sections import Text, figure_png
 from pipeline.tasks.classification.report_data import no_score, pareto_front
 from pipeline.deploy.frame_report import frame_plot, framed
-from pipeline.tasks.classification.sustain_report import plot as sustain_plot
+from pipeline.deploy.sustain_report import plot as sustain_plot
 
 
 def accuracy_front(rows: list[dict[str, Any]]) -> set[str]:

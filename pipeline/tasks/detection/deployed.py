@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.deploy.hooks import DeployHooks, Job, Windows
+from pipeline.deploy.hooks import Job, Windows
+from pipeline.deploy.scored import ScoredDeploy
 
 
 def device_boxes(detections: list[dict], network_size: int, sizes: list[tuple[int, int]]):
@@ -49,7 +50,7 @@ class Plan:
     frames: Any = None  # pipeline.deploy.frames.FrameFiles with deploy.frame
 
 
-class DetectionDeploy(DeployHooks):
+class DetectionDeploy(ScoredDeploy):
     """Device-measured mAP through the engine each rung was timed with, its post-processing timed apart."""
 
     device_modules = ("device.detection_evaluation",)
@@ -108,21 +109,8 @@ class DetectionDeploy(DeployHooks):
 
         return Windows([Job(rung, path) for rung, path in plan.artifacts.items()], spec, announce)
 
-    def record(self, ctx, outcome, plan: Plan, rounds):
-        from pipeline.deploy.records import ratios_to_student, typed_rounds
-
-        reused = outcome.get("reused", [])
-        for job, records in rounds.items():
-            if records:
-                typed = typed_rounds(records, f"{job.rung} on {outcome['name']}")
-                outcome["rungs"][job.rung] = _rung_record(job.rung, typed, plan, ctx.recipe.deploy)
-                outcome["rungs"][job.rung]["reused_rounds"] = reused.count(job.rung)
-        ratios_to_student(outcome["rungs"])
-
-    def results(self, ctx, plan: Plan):
-        # The set is the test split's first images: edgefold diverge rebuilds them by these indices.
-        return {"images": plan.count, "evaluation": {"images": plan.count, "indices": list(range(plan.count))},
-                "frame": plan.frames.record("deploy") if plan.frames else None}
+    def rung_record(self, ctx, rung, rounds, plan: Plan):
+        return _rung_record(rung, rounds, plan, ctx.recipe.deploy)
 
     def evaluation_inputs(self, manifest, artifact: Path, indices):
         """The test canvases at ``indices`` at the rung's input size and feed (its sidecar's), as the set was sent."""

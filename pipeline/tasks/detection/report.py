@@ -16,6 +16,7 @@ from pipeline.results import (REPORTED, csv_columns, detail_columns, figure_cell
                               write_results)
 from pipeline.deploy import records
 from pipeline.deploy.frame_report import FRAME_COLUMNS, frame_sections
+from pipeline.deploy.sustain_report import SUSTAINED_COLUMNS, sustained_part
 from pipeline.deploy.records import finished_run, headline_data, layer_profiles, scored_headline
 from pipeline.deploy.records import reported_of as _reported
 from pipeline.sections import Figure, Headline, Section, Table, Text, page_title, to_html, to_markdown
@@ -30,7 +31,8 @@ DETAIL_COLUMNS = ["rung", "box head", "host mAP [95% CI]", "device AP50 [95% CI]
 RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "box_head", "status", "reason", "runtime", "size_mb",
                   "macs_g", "host_map", "host_map_low", "host_map_high", "map", "map_low", "map_high", "ap50", "ap75",
                   "map_vs_student_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high",
-                  "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image", *FRAME_COLUMNS)
+                  "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image", *FRAME_COLUMNS,
+                  *SUSTAINED_COLUMNS)
 """results.csv's own columns, the camera frame's path's as every task's (the declared measured fields,
 :data:`pipeline.results.REPORTED`, follow)."""
 BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "int8": "INT8, quantized"}
@@ -248,12 +250,13 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
 
 
 def headline(rows: list[dict[str, Any]], quantize: dict[str, Any],
-             profiles: list[dict[str, Any]] = ()) -> dict[str, Any]:
+             profiles: list[dict[str, Any]] = (), sustained: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """What the run comes to, as data (:func:`pipeline.deploy.records.headline_data`): the INT8 student's mAP on the
     device and its network time against the FP32 student's, its decode + NMS; where the INT8 rung's own profile shows
     no compute layer in INT8 (ONNX Runtime's CPU provider), the FP32 student measured there, with why and how to
     measure INT8 (``int8_not_measured``)."""
-    return headline_data(rows, profiles, "map", method=quantize.get("method"), box_head=quantize.get("box_head"))
+    return headline_data(rows, profiles, "map", sustained, method=quantize.get("method"),
+                         box_head=quantize.get("box_head"))
 
 
 def headline_block(h: dict[str, Any]) -> Headline:
@@ -298,9 +301,10 @@ def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, 
 
     quantize = {key: quantize_metrics[key] for key in QUANTIZE_KEYS if key in quantize_metrics}
     rows = result_rows(ladder, deploy)
-    lead = headline(rows, quantize, layer_profiles(deploy))  # one object: the page, report.md and results.json agree
+    runs, sustained = sustained_part(deploy, rows)
+    lead = headline(rows, quantize, layer_profiles(deploy), runs)  # one object: the page, report.md, results.json
     paths = {"md": out / "report.md", "html": out / "report.html"}
-    extra = int8_section(quantize_metrics, "mAP", lambda value: f"{100 * value:.2f}", out) + list(found)
+    extra = sustained + int8_section(quantize_metrics, "mAP", lambda value: f"{100 * value:.2f}", out) + list(found)
     paths["md"].write_text(render(page_title(name, run), ladder, deploy, quantize, lead, extra))
     paths["html"].write_text(render_html(page_title(name, run), ladder, deploy, quantize, lead, plots(ladder, deploy, quantize),
                                          extra))

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.deploy.hooks import DeployHooks, Job, Windows
+from pipeline.deploy.hooks import Job, Windows
+from pipeline.deploy.scored import ScoredDeploy
 
 
 @dataclass
@@ -45,7 +46,7 @@ def device_masks(evaluation) -> np.ndarray:
     return unpack_masks(evaluation.masks, evaluation.mask_shape)
 
 
-class SegmentationDeploy(DeployHooks):
+class SegmentationDeploy(ScoredDeploy):
     """Device-measured mIoU through the engine each rung was timed with, the argmax timed apart."""
 
     device_modules = ("device.segmentation_evaluation",)
@@ -89,21 +90,8 @@ class SegmentationDeploy(DeployHooks):
                        lambda job, round_index: f"{job.rung} round {round_index + 1} ({session.runtime}, "
                                                 f"{plan.ladder['rungs'][job.rung]['precision']})")
 
-    def record(self, ctx, outcome, plan: Plan, rounds):
-        from pipeline.deploy.records import ratios_to_student, typed_rounds
-
-        reused = outcome.get("reused", [])
-        for job, records in rounds.items():
-            if records:
-                typed = typed_rounds(records, f"{job.rung} on {outcome['name']}")
-                outcome["rungs"][job.rung] = _rung_record(typed, plan, ctx.recipe.deploy.resamples)
-                outcome["rungs"][job.rung]["reused_rounds"] = reused.count(job.rung)
-        ratios_to_student(outcome["rungs"])
-
-    def results(self, ctx, plan: Plan):
-        # The set is the test split's first images: edgefold diverge rebuilds them by these indices.
-        return {"images": plan.count, "evaluation": {"images": plan.count, "indices": list(range(plan.count))},
-                "frame": plan.frames.record("deploy") if plan.frames else None}
+    def rung_record(self, ctx, rung, rounds, plan: Plan):
+        return _rung_record(rounds, plan, ctx.recipe.deploy.resamples)
 
     def evaluation_inputs(self, manifest, artifact: Path, indices):
         """The test canvases at ``indices`` as the network takes them, as the set was sent."""

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from pipeline.deploy import records
 from pipeline.deploy.frame_report import FRAME_COLUMNS, frame_sections
+from pipeline.deploy.sustain_report import SUSTAINED_COLUMNS, sustained_part
 from pipeline.deploy.records import finished_run, headline_data, layer_profiles, reported_of, scored_headline
 from pipeline.results import csv_columns, interval_cell, write_results
 from pipeline.sections import Headline, Section, Table, Text, page_title, to_html, to_markdown
@@ -17,7 +18,8 @@ from pipeline.sections import Headline, Section, Table, Text, page_title, to_htm
 RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "status", "reason", "runtime", "size_mb", "macs_g",
                   "host_miou", "host_miou_low", "host_miou_high", "miou", "miou_low", "miou_high", "pixel_accuracy",
                   "miou_vs_student_points", "latency_batch", "rounds", "ratio_vs_student", "ratio_low", "ratio_high",
-                  "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image", *FRAME_COLUMNS)
+                  "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image", *FRAME_COLUMNS,
+                  *SUSTAINED_COLUMNS)
 """results.csv's own columns, the camera frame's path's as every task's (the declared measured fields,
 :data:`pipeline.results.REPORTED`, follow)."""
 SCORED_TEXT = ("Host mIoU: teacher and student in torch, the INT8 student under ONNX Runtime; device mIoU: the engine "
@@ -59,10 +61,11 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
     return rows
 
 
-def headline(rows: list[dict[str, Any]], quantize: dict[str, Any], profiles: list[dict[str, Any]]) -> dict[str, Any]:
+def headline(rows: list[dict[str, Any]], quantize: dict[str, Any], profiles: list[dict[str, Any]],
+             sustained: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """What the run comes to, as data (:func:`pipeline.deploy.records.headline_data`): the INT8 student's mIoU on the
     device against the FP32 student's on the host, its network time against the FP32 student's, the argmax's time."""
-    return headline_data(rows, profiles, "miou", method=quantize.get("method"))
+    return headline_data(rows, profiles, "miou", sustained, method=quantize.get("method"))
 
 
 def headline_block(h: dict[str, Any]) -> Headline:
@@ -122,8 +125,9 @@ def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, 
     quantize = {key: quantize_metrics.get(key) for key in ("method", "drop_points", "kept_layers",
                                                             "class_changes_vs_fp32", "attempts")}
     rows = result_rows(ladder, deploy)
-    lead = headline(rows, quantize, layer_profiles(deploy))
-    page = (sections(rows, lead, quantize) + frame_sections(deploy) + int8_section(quantize_metrics, "mIoU", lambda v: f"{100 * v:.2f}", out)
+    runs, sustained = sustained_part(deploy, rows)
+    lead = headline(rows, quantize, layer_profiles(deploy), runs)
+    page = (sections(rows, lead, quantize) + frame_sections(deploy) + sustained + int8_section(quantize_metrics, "mIoU", lambda v: f"{100 * v:.2f}", out)
             + list(found))
     paths = {"md": out / "report.md", "html": out / "report.html"}
     paths["md"].write_text(to_markdown(page_title(name, run), page))

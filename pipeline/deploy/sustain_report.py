@@ -2,7 +2,7 @@
 :mod:`device.sustain`) — the burst figure (the first interval) against the settled one (the last third's median
 with its interval), their ratio, the first throttle signal and its cause, the peak temperatures, energy per image
 settled against burst — a figure of latency, GPU clock and temperature over time with the throttle moment marked, and
-the headline's line when the settled latency is measurably worse. A library of the classification report.
+the headline's line when the settled latency is measurably worse. Every task's report shows it the same way.
 """
 
 from __future__ import annotations
@@ -186,3 +186,11 @@ def plot(plt, runs: Sequence[dict[str, Any]]) -> str:
     axes[-1, 0].set_xlabel("minutes")
     fig.tight_layout()
     return figure_png(fig)
+
+
+def sustained_part(deploy: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Section]]:
+    """A scored task's sustained runs (:func:`sustained_runs`, each one's figures joined to its rung's row) and its
+    "After N minutes" section; nothing without ``deploy.sustained``."""
+    runs = sustained_runs(deploy.get("devices", []))
+    join_rows(runs, rows)
+    return runs, ([section(runs, None)] if runs else [])
