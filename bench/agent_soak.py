@@ -120,7 +120,7 @@ def job_children(jobs_dir: Path) -> dict[int, str]:
             state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"device.jobrun" in cmdline and state not in ("Z", "X"):
+        if b"device.jobs.jobrun" in cmdline and state not in ("Z", "X"):
             for arg in cmdline:
                 if arg.startswith(marker):
                     found[int(entry)] = os.fsdecode(arg[len(marker):]).strip("/")
@@ -374,7 +374,7 @@ class Soak:
 
 
 def main() -> int:
-    from device.loopback import LoopbackAgent
+    from device.service.loopback import LoopbackAgent
     from tests.device.agent_process import tiny_onnx
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

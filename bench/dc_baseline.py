@@ -157,7 +157,7 @@ def table(result: dict[str, Any], cuda: bool) -> list[str]:
 def main() -> int:
     import torch
 
-    from device.loopback import LoopbackAgent
+    from device.service.loopback import LoopbackAgent
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[32, 224], help="input sides to measure")

@@ -10,7 +10,7 @@ one, and the preprocessing written into the graph (:mod:`pipeline.frame_prefix`)
 95% interval over the rounds; report every run, the machine and the versions.
 
 Timing does not depend on the weights, so the student is pruned from an untrained ResNet-50 (no teacher is trained):
-the network's shape and MACs are the recipe's. The path is the agent's own (:func:`device.frame.time_frames`) on an ONNX
+the network's shape and MACs are the recipe's. The path is the agent's own (:func:`device.jobs.frame.time_frames`) on an ONNX
 Runtime runner in this process, the runner the loopback agent uses here; the in-graph form is the same student with
 the prefix in front, on a runner of its own, timed in the same rounds, interleaved (as the agent does).
 """
@@ -57,7 +57,7 @@ def student_onnx(path: Path) -> tuple[Path, dict]:
 def measured_run(runner, preprocess, spec, graph_runner) -> dict:
     """One format's frames through the agent's own path, both forms, with each figure's median and 95% interval over
     rounds."""
-    from device.frame import time_frames
+    from device.jobs.frame import time_frames
     from pipeline import stats
 
     started = time.perf_counter()
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
 
     from bench.recipe_seeds import machine
-    from device.frame_schema import FRAME_STAGES, FrameSpec
+    from device.jobs.frame_schema import FRAME_STAGES, FrameSpec
     from device.preprocess import Preprocess
     from device.runners import make_runner
     from pipeline.frame_prefix import write_prefixed

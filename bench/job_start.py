@@ -1,8 +1,8 @@
-"""Job start-up: a job process forked from the agent's zygote against a fresh ``python -m device.jobrun``.
+"""Job start-up: a job process forked from the agent's zygote against a fresh ``python -m device.jobs.jobrun``.
 
     python bench/job_start.py                     # 12 short jobs each way, interleaved
 
-Two executors on one host, one forking its jobs from a zygote (device.launcher), one starting each fresh, run
+Two executors on one host, one forking its jobs from a zygote (device.service.launcher), one starting each fresh, run
 the same short ONNX Runtime job alternately (the order swapped every pair, so drift hits both alike). Reported
 per way: each job's wall time from its start to its end as the agent recorded it, the median, and the ratio
 of medians with a bootstrap 95% interval over pairs.
@@ -62,8 +62,8 @@ def run_one(executor, sha: str) -> float:
 
 
 def main() -> int:
-    from device.executor import Executor
-    from device.store import Store
+    from device.service.executor import Executor
+    from device.service.store import Store
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=12)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 
 
 def main() -> int:
-    from device.loopback import LoopbackAgent
+    from device.service.loopback import LoopbackAgent
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--onnx", required=True)

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from device.architectures import build_model
+    from device.models.architectures import build_model
     from pipeline.core.recipe import load_recipe
 
     recipe, _, _ = load_recipe(args.recipe)

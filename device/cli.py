@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "device":
             print(json.dumps(describe_device(), indent=2))
             return 0
-        from device.agent import AgentConfig, serve as run_server
+        from device.service.agent import AgentConfig, serve as run_server
 
         config = AgentConfig.load(args.config, host=args.host, port=args.port, data_dir=args.data_dir,
                                   token_file=args.token_file, job_timeout_s=args.job_timeout_s,

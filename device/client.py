@@ -18,11 +18,11 @@ from pydantic import ValidationError
 
 from device.errors import StatusError, require
 from device.files import sha256_file
-from device.problems import describe_problems, field_problems
+from device.service.problems import describe_problems, field_problems
 from device.schema import FINISHED, JobResult, JobSpec
 
 CHUNK = 1 << 20
-LONG_POLL_S = 10.0  # the longest a wait() request is held by the agent (its limit: device.agent.MAX_WAIT_S)
+LONG_POLL_S = 10.0  # the longest a wait() request is held by the agent (its limit: device.service.agent.MAX_WAIT_S)
 
 
 class AgentError(StatusError):
@@ -208,7 +208,7 @@ class AgentClient:
         """
         import hashlib
 
-        from device.debug_tensors import read_tensors
+        from device.jobs.debug_tensors import read_tensors
         from device.errors import ResultError
 
         diverge = self.result(job).diverge

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from device import __version__
-from device.engine import detect_gpu, read_l4t
-from device.jetson import board_model, jetpack_for, module_id
+from device.runners.engine import detect_gpu, read_l4t
+from device.power.jetson import board_model, jetpack_for, module_id
 
 
 def package_version(*names: str) -> str | None:
@@ -166,7 +166,7 @@ def describe_device() -> dict[str, Any]:
         info["onnxruntime_providers"] = []
     info.update(power_mode())
     # What a device checkpoint's module can be rebuilt from here (read without importing any of it).
-    from device.architectures import architecture_sources
+    from device.models.architectures import architecture_sources
 
     info["architectures"] = architecture_sources()
     return info
@@ -187,7 +187,7 @@ def jtop_status(socket: str | None) -> dict[str, Any] | None:
     (no socket)."""
     if not socket or not Path(socket).exists():
         return None
-    from device.jtop_client import probe
+    from device.power.jtop_client import probe
 
     return probe(socket)
 

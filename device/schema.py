@@ -12,14 +12,17 @@ import re
 from typing import Annotated, Any, Literal
 
 from device.errors import EdgeFoldError
-from device.diverge_schema import DIVERGE_MAX_BYTES, DivergeResult, DivergeSpec, MarkedTensor, TensorName  # noqa: F401
-from device.evaluation_schema import EvaluationSpec, Postprocess  # noqa: F401 (re-exported: the job's part)
-from device.frame_schema import FrameResult, FrameSpec
-from device.setting_schema import NotMeasured, PowerSetting  # noqa: F401 (re-exported: the result's sweep records)
-from device.sustain_schema import SustainedResult, SustainedSpec
-from device.problems import describe_problems, field_problems
+from device.jobs.diverge_schema import (  # noqa: F401
+    DIVERGE_MAX_BYTES, DivergeResult, DivergeSpec, MarkedTensor, TensorName)
+from device.scoring.evaluation_schema import EvaluationSpec, Postprocess  # noqa: F401 (re-exported: the job's part)
+from device.jobs.frame_schema import FrameResult, FrameSpec
+from device.power.setting_schema import (  # noqa: F401 (re-exported: the result's sweep records)
+    NotMeasured, PowerSetting)
+from device.jobs.sustain_schema import SustainedResult, SustainedSpec
+from device.service.problems import describe_problems, field_problems
 from device.reported import reported
-from device.window import Contention, DeviceTiming, Measured, PowerTrace, RunSummary, TelemetryName, TelemetrySummary
+from device.jobs.window import (Contention, DeviceTiming, Measured, PowerTrace, RunSummary, TelemetryName,
+                                TelemetrySummary)
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -255,7 +258,7 @@ class JobSpec(Request):
         return tuple(self.diverge.tensors) if self.diverge is not None else ()
 
     def window(self) -> dict[str, Any]:
-        """Iterations or duration for :class:`device.measure.MeasureSpec`."""
+        """Iterations or duration for :class:`device.jobs.measure.MeasureSpec`."""
         if self.duration_s is not None:
             return {"iterations": None, "duration_s": self.duration_s}
         return {"iterations": self.iterations or 100, "duration_s": None}
@@ -323,7 +326,7 @@ class ErrorBody(Strict):
 # JobSpec.timing_cache; 2.5: EvaluationSpec.head, EvaluationResult.detections, network_s and postprocess_s (detection);
 # 2.6: JobResult.more_evaluations and evaluation_note, EvaluationResult.accelerator (every timed engine scored);
 # 2.7: the build facts of TensorRT and Torch-TensorRT in RuntimeInfo.built (each runner reports its own);
-# 2.8: JobSpec.diverge, JobResult.diverge; 2.9: JobSpec.frame, JobResult.frame (device.frame); 2.10: FrameSpec.in_graph,
+# 2.8: JobSpec.diverge, JobResult.diverge; 2.9: JobSpec.frame, JobResult.frame (device.jobs.frame); 2.10: FrameSpec.in_graph,
 # source images, images; FrameResult.in_graph, in_graph_error, scores, copies_ms, power; JobSpec and JobResult.sustained;
 # 2.11: a sustained sweep (JobResult.more_sustained, SustainedResult.power_setting), cooling, the start's temperature
 # 2.12: RuntimeInfo.loaded_from (a torch runner's artifact: a device checkpoint rebuilt here, or a trusted program);
@@ -455,7 +458,7 @@ class EvaluationResult(Measured):
     detections: list[Detections] | None = Field(None, description="detection: each image's boxes after decode + "
                                                                  "NMS on the device (2.5)")
     masks: str | None = Field(None, description="segmentation: each image's argmax mask, N×H×W uint8, zlib then "
-                                                "base64 (device.segmentation_evaluation.pack_masks) (2.14)")
+                                                "base64 (device.scoring.segmentation_evaluation.pack_masks) (2.14)")
     mask_shape: list[int] | None = Field(None, description="segmentation: N, H, W of masks (2.14)")
     network_s: float | None = Field(None, description="detection, segmentation: the engine's share of the pass (2.5)")
     postprocess_s: float | None = Field(None, description="detection: decode + NMS's share of the pass; "
@@ -486,7 +489,7 @@ class JobResult(Measured):
     smoke: SmokeResult
     telemetry_notes: list[str] = Field(default_factory=list)
     runs: list[RunResult]
-    profile: dict[str, Any] | None = Field(None, description="device.profile.Profile (per-layer times)")
+    profile: dict[str, Any] | None = Field(None, description="device.jobs.profile.Profile (per-layer times)")
     evaluation: EvaluationResult | None = Field(None, description="the evaluation set's predictions by the engine "
                                                                   "that was timed (the largest batch's)")
     more_evaluations: list[EvaluationResult] = Field(default_factory=list, description="every other engine timed: "

@@ -34,7 +34,7 @@ PIPELINE_BASE = "python:3.11-slim-bookworm"
 # specifically for JetPack 6.2" (CUDA 12.6, TensorRT 10.3: L4T 36.4's userspace, which 36.5 images reuse);
 # its JetPack wheel requires torch>=2.8.0,<2.9.0, tensorrt>=10.3.0,<10.4.0 (JetPack's own python3-libnvinfer,
 # seen through the venv's system site packages) and numpy<2.0.0 (setup.py@v2.9.0 get_jetpack_requirements).
-# torchvision: the agent rebuilds every built-in architecture from a device checkpoint with it (device/architectures.py),
+# torchvision: the agent rebuilds every built-in architecture from a device checkpoint with it (device/models/architectures.py),
 # so the image carries the one paired with the wheel's torch: torchvision's release table (pytorch/vision README)
 # pairs torch 2.8 with 0.23. The guide's install line names 0.24.0, torch 2.9's, which would pull another torch.
 # ModelOpt: PyPI's nvidia-modelopt 0.47.0 is pure Python (py3-none-any), requires torch>=2.8 and Python>=3.10.

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from device.architectures import fold_stem_weight, stem_name
+from device.models.architectures import fold_stem_weight, stem_name
 from device.errors import CheckpointError
 from device.files import atomic_writer
 # The format and its reading live in device/: the device rebuilds a rung from its checkpoint on its own torch.
-from device.torch_checkpoint import FORMAT, capture_structure, load_checkpoint, torch_load  # noqa: F401
+from device.uploads.torch_checkpoint import FORMAT, capture_structure, load_checkpoint, torch_load  # noqa: F401
 from pipeline.core import distributed
 from pipeline.models import ARCHITECTURES
 

@@ -481,7 +481,7 @@ def _print_architectures() -> int:
     registering one key, an entry point that fails to load)."""
     import importlib.util
 
-    from device.architectures import ARCHITECTURES
+    from device.models.architectures import ARCHITECTURES
 
     try:
         names = ARCHITECTURES.names()
@@ -496,7 +496,7 @@ def _print_architectures() -> int:
 
         print(f"  {'timm/<name>':<24} timm {timm.__version__} ({len(timm.list_models())} architectures)")
     else:
-        from device.timm_architectures import INSTALL
+        from device.models.timm_architectures import INSTALL
 
         print(f"  {'timm/<name>':<24} unavailable: timm is not installed ({INSTALL})")
     return 0

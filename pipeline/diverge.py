@@ -197,7 +197,7 @@ def chunk_for(shapes: dict[str, tuple[int, ...]], images: int, wanted: int, max_
 def reference_values(onnx_path: str | Path, names: Sequence[str], images: np.ndarray,
                      batch: int) -> dict[str, np.ndarray]:
     """ONNX Runtime's values of ``names`` on ``images`` on this host (CPU), at the job's batch (padded, cut)."""
-    from device.evaluation import padded_batches
+    from device.scoring.evaluation import padded_batches
     from device.runners.onnxruntime import OnnxRuntimeRunner
 
     kept: dict[str, list[np.ndarray]] = {name: [] for name in names}

@@ -4,7 +4,7 @@
 the colour conversion (NV12 → RGB; BGR's channel order), Resize of the shorter side, the centre crop (Slice), the
 grey conversion for a one-channel model, the normalization — and :func:`write_prefixed` puts it in front of a rung's
 ONNX, so TensorRT or ONNX Runtime runs it with the network (the ``in-graph`` form the agent times beside the CPU
-path, :mod:`device.frame`).
+path, :mod:`device.jobs.frame`).
 
 OpenCV resizes and converts colour in fixed point and rounds to uint8 at each step; ONNX works in float. The prefix
 rounds where OpenCV does, and what is left differs by at most :func:`tolerance` of the 0–255 scale
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from device.errors import ConfigError
-from device.frame_schema import PREFIX_NODES, FrameSpec
+from device.jobs.frame_schema import PREFIX_NODES, FrameSpec
 from device.preprocess import Preprocess
 
 FRAME_INPUT = "frame"
@@ -187,14 +187,14 @@ def write_prefixed(model_path: str | Path, preprocess: Preprocess, spec: FrameSp
 
 def check_prefix(preprocess: Preprocess, spec: FrameSpec, frames: int = 2) -> float:
     """The prefix run alone by ONNX Runtime on ``frames`` synthetic frames against the CPU path
-    (:class:`device.frame.FramePath`): its largest difference, in the network's units.
+    (:class:`device.jobs.frame.FramePath`): its largest difference, in the network's units.
 
     Raises:
         ConfigError: Over :func:`tolerance`: the in-graph form would not be the model's preprocessing.
     """
     import onnxruntime as ort
 
-    from device.frame import FramePath, synthetic_frames
+    from device.jobs.frame import FramePath, synthetic_frames
 
     session = ort.InferenceSession(prefix_graph(preprocess, spec).SerializeToString(),
                                    providers=["CPUExecutionProvider"])

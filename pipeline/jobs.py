@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 from pydantic import ValidationError
 
 from device.errors import ConfigError
-from device.problems import describe_problems, field_problems, safe_text
+from device.service.problems import describe_problems, field_problems, safe_text
 from device.schema import EvaluationSpec, JobSpec, PreprocessSpec, SweepSpec
 from pipeline.core.recipe_jobs import ALL_MODES_BUDGETED
 from pipeline.core.manifest import sha256_json
@@ -35,13 +35,13 @@ def deploy_targets(ctx) -> Iterator[tuple[list[Device], Any]]:
 
     Yields:
         ``(devices, loopback)``: the run's devices and None, or ``[LOOPBACK]`` and a started
-        :class:`device.loopback.LoopbackAgent`, stopped and its store (every uploaded model) removed however the stage
+        :class:`device.service.loopback.LoopbackAgent`, stopped and its store (every uploaded model) removed however the stage
         ends.
     """
     if ctx.devices:
         yield list(ctx.devices), None
         return
-    from device.loopback import LoopbackAgent
+    from device.service.loopback import LoopbackAgent
 
     tmp = tempfile.mkdtemp(prefix="edgefold-loopback-")
     loopback = None
@@ -206,7 +206,7 @@ def job_spec(rung: str, artifact: str, device_info: dict[str, Any], cfg, preproc
         road: ``tensorrt`` (the ONNX road: ``deploy.runtime`` picks the runtime) or ``torch_tensorrt`` (the rung's
             ``torch.export`` program compiled by Torch-TensorRT on the device; never swept: the sweep is the
             ONNX road's).
-        frame: The recipe's ``deploy.frame`` (:class:`device.frame_schema.FrameSpec`), for one round's jobs.
+        frame: The recipe's ``deploy.frame`` (:class:`device.jobs.frame_schema.FrameSpec`), for one round's jobs.
         sustained: The recipe's ``deploy.sustained`` (:class:`pipeline.core.recipe_jobs.SustainedRecipe`): a sustained
             job at its one batch, whose timeout adds its runs' minutes (and cooling) to ``deploy.job_timeout_s`` (the
             build's); with ``sweep`` (its ``swept``), one run per setting on the sweep's first accelerator.

@@ -1,6 +1,6 @@
 """Model arithmetic for the build side: parameters, MACs (total and per layer), size metrics.
 
-The architecture registry itself is :mod:`device.architectures` (re-exported here for the stages).
+The architecture registry itself is :mod:`device.models.architectures` (re-exported here for the stages).
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 # The registry lives in device/: the device rebuilds a student from its checkpoint to export it on its own torch.
-from device.architectures import ARCHITECTURES, Architecture, build_model, fold_batchnorm  # noqa: F401 (re-exported)
+from device.models.architectures import (  # noqa: F401 (re-exported)
+    ARCHITECTURES, Architecture, build_model, fold_batchnorm)
 
 
 def checked_model(arch: str, num_classes: int, in_channels: int, input_size: int) -> nn.Module:
@@ -20,7 +21,7 @@ def checked_model(arch: str, num_classes: int, in_channels: int, input_size: int
     Raises:
         ConfigError: Naming the architecture, what failed and what to change.
     """
-    from device.architectures import stem_name
+    from device.models.architectures import stem_name
     from device.errors import ConfigError
 
     model = build_model(arch, num_classes, in_channels, input_size).eval()

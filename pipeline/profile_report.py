@@ -22,7 +22,7 @@ def time_table(table: dict[str, Any]) -> dict[str, Any]:
     # Profiles stored before the overhead split counted Q/DQ and reformats as INT8: the model splits them on load.
     if "overhead_share" in table:
         return table
-    from device.profile import BatchProfile
+    from device.jobs.profile import BatchProfile
 
     return BatchProfile.model_validate(table).model_dump()
 
@@ -30,7 +30,7 @@ def time_table(table: dict[str, Any]) -> dict[str, Any]:
 def _time_summary(table: dict[str, Any], device: str) -> str:
     """One sentence: INT8 compute, Q/DQ/reformat/cast overhead and float shares, the DLA share and fallbacks,
     the costliest layer left in float."""
-    from device.profile import FLOAT_PRECISIONS
+    from device.jobs.profile import FLOAT_PRECISIONS
 
     table = time_table(table)
     floats: dict[str, float] = {}
@@ -62,7 +62,7 @@ def _time_summary(table: dict[str, Any], device: str) -> str:
 
 
 def _payoff_reasons(table: dict[str, Any], runtime: str) -> list[str]:
-    from device.profile import BatchProfile, int8_payoff_reasons
+    from device.jobs.profile import BatchProfile, int8_payoff_reasons
 
     return int8_payoff_reasons(BatchProfile.model_validate(table), runtime)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-ARCH = "shufflenet_v2_x0_5"  # torchvision's; not a key of device.architectures (checked by the tests)
+ARCH = "shufflenet_v2_x0_5"  # torchvision's; not a key of device.models.architectures (checked by the tests)
 SIZE = 32
 MEAN, STD = [0.3, 0.3, 0.3], [0.38, 0.38, 0.38]
 PREPROCESS = {"input_size": SIZE, "channels": 3, "mean": MEAN, "std": STD}

@@ -23,11 +23,11 @@ MODULE_LINES, FUNCTION_LINES = 600, 80
 # Measured when the rule came in; each entry may only get smaller, and goes once it is within the limit.
 LONG_MODULES: dict[str, int] = {}
 LONG_FUNCTIONS = {
-    "device/agent.py:create_app": 211, "pipeline/latency/budget.py:plan_to_budget": 179,
-    "device/jobrun.py:run_job": 125, "device/safe_pickle.py:interpret": 106, "pipeline/tasks/classification/report_data.py:collect": 94,
+    "device/service/agent.py:create_app": 211, "pipeline/latency/budget.py:plan_to_budget": 179,
+    "device/jobs/jobrun.py:run_job": 125, "device/uploads/safe_pickle.py:interpret": 106, "pipeline/tasks/classification/report_data.py:collect": 94,
     "pipeline/runner.py:run_pipeline": 104, "pipeline/latency/measure.py:measure": 95,
-    "device/engine.py:build_engine": 94, "pipeline/quantize/fp16_nodes.py:nodes_to_fp16": 92,
-    "device/sweep.py:run_sweep": 85}
+    "device/runners/engine.py:build_engine": 94, "pipeline/quantize/fp16_nodes.py:nodes_to_fp16": 92,
+    "device/jobs/sweep.py:run_sweep": 85}
 def _modules() -> dict[str, Path]:
     found = {}
     for package in codehash.PROJECT_PACKAGES:
@@ -158,11 +158,11 @@ def test_cache_keys_cover_what_a_stage_runs_and_nothing_more():
     for stage in ("data", "export", "evaluate", "report"):
         assert training.isdisjoint(closure(stage)), stage
     quantize = closure("quantize")
-    assert {"device.runners.onnxruntime", "device.trt_settings", "device.qdq_lint"} <= quantize
+    assert {"device.runners.onnxruntime", "device.runners.trt_settings", "device.runners.qdq_lint"} <= quantize
     never = {"device.runners", "device.runners.tensorrt", "device.runners.torch_tensorrt", "device.telemetry.nvml",
-             "device.engine", "device.jobrun"}
+             "device.runners.engine", "device.jobs.jobrun"}
     assert quantize & never == set()
-    assert {"device.runners.tensorrt", "device.jobrun"} <= closure("deploy"), "what deploy runs on the agent"
+    assert {"device.runners.tensorrt", "device.jobs.jobrun"} <= closure("deploy"), "what deploy runs on the agent"
 
 
 def test_a_misspelled_code_root_is_an_error_with_the_near_name():
@@ -173,14 +173,14 @@ def test_a_misspelled_code_root_is_an_error_with_the_near_name():
 
 def test_the_device_never_tells_tasks_apart_by_which_fields_are_set():
     """A job names its post-processor (``EvaluationSpec.postprocess``) and the device looks it up by that name
-    (:mod:`device.postprocessors`): outside the schema (which reads an older client's job), no device module branches
+    (:mod:`device.scoring.postprocessors`): outside the schema (which reads an older client's job), no device module branches
     on whether a job's evaluation holds a sidecar; every registered name is a module with ``evaluate_job`` and
     ``frame_answer`` (``none`` is a debug job's: nothing post-processes its set)."""
     import importlib
     import importlib.util
     from typing import get_args
 
-    from device.postprocessors import POSTPROCESSORS
+    from device.scoring.postprocessors import POSTPROCESSORS
     from device.schema import Postprocess
 
     assert set(POSTPROCESSORS) == set(get_args(Postprocess)) - {"none"}
@@ -202,7 +202,7 @@ def test_the_device_never_tells_tasks_apart_by_which_fields_are_set():
 
 
 def _named_modules() -> dict[str, list[str]]:
-    """Every module the sources name in a string (``"device.jobrun"``, ``b"device.jobrun"`` in /proc lines,
+    """Every module the sources name in a string (``"device.jobs.jobrun"``, ``b"device.jobs.jobrun"`` in /proc lines,
     ``"pkg.mod:Attr"`` roots), and setup.cfg's entry points, with where each is written."""
     import re
 
@@ -229,7 +229,7 @@ def test_every_module_named_in_a_string_is_a_module():
     import importlib.util
 
     named = _named_modules()
-    assert {"device.jobrun", "device.zygote", "device.cli:main", "pipeline.cli:main"} <= set(named), "the scan sees them"
+    assert {"device.jobs.jobrun", "device.service.zygote", "device.cli:main", "pipeline.cli:main"} <= set(named), "the scan sees them"
     missing = []
     for text, where in named.items():
         module, _, attribute = text.partition(":")

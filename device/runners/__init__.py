@@ -39,7 +39,7 @@ def timing_cache_path(engine_cache: str | None, name: str | None) -> str | None:
     """The file of timing cache ``name``: ``<engine cache>/timing/<name>.cache`` (None without a name or a cache).
 
     A name, not a path, crosses the wire: the client chooses which builds share a cache, the agent where it
-    lives. TensorRT reads it before a build and writes it back atomically after (device.engine), and the agent
+    lives. TensorRT reads it before a build and writes it back atomically after (device.runners.engine), and the agent
     runs one job at a time, so the builds sharing it never race.
     """
     if not name or not engine_cache:
@@ -59,7 +59,7 @@ def _onnxruntime(artifact: str, *, threads: int, marked: tuple[str, ...] = (), *
 def _tensorrt(artifact: str, *, precision: str, batch_sizes: tuple[int, ...], dla_core: int | None,
               engine_cache: str | None, timing_cache: str | None = None, marked: tuple[str, ...] = (),
               **_: Any) -> Runner:
-    from device.trt_settings import BuildOptions
+    from device.runners.trt_settings import BuildOptions
     from device.runners.tensorrt import TensorRTRunner
 
     # One engine per measured batch, each with opt = that batch (BuildOptions.for_batch): the kernels

@@ -21,8 +21,8 @@ class Runner(ABC):
             logits = runner.infer(batch)
 
     A runner that can say where an inference's time goes also has ``profile_batch(batch, iterations,
-    warmup)`` (a :class:`device.profile.BatchProfile`, from a pass separate from the timed one) and
-    ``profile_meta()``; :func:`device.profile.profile_runner` drives both.
+    warmup)`` (a :class:`device.jobs.profile.BatchProfile`, from a pass separate from the timed one) and
+    ``profile_meta()``; :func:`device.jobs.profile.profile_runner` drives both.
     """
 
     name: str = "runner"

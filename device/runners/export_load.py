@@ -2,14 +2,14 @@
 agent trusts programs. Both torch runners (``torch``, ``torch_tensorrt``) load through here.
 
 A **device checkpoint** (``.device.pt``: state, architecture key and its recorded source, input C×H×W) is data: the
-module is built by this device's own code (:mod:`device.architectures`: the built-ins, timm where installed, entry
+module is built by this device's own code (:mod:`device.models.architectures`: the built-ins, timm where installed, entry
 points installed on the device) and the state is loaded with ``torch.load(weights_only=True)`` after the upload's
-pickle check (:func:`device.torch_checkpoint.load_for_export`).
+pickle check (:func:`device.uploads.torch_checkpoint.load_for_export`).
 
 A **torch.export program** (``.pt2``) is code: ``torch.export.load`` and ``ExportedProgram.module()`` write Python from
 the file and ``exec`` it. It is refused unless the agent runs with ``--trust-programs``; even then three walls stand:
 
-1. the upload check (:func:`device.program_schema.check_program`: the archive's entries and pickles and the closed schema,
+1. the upload check (:func:`device.uploads.program_schema.check_program`: the archive's entries and pickles and the closed schema,
    tensor-only pickles), made again on the stored file first;
 2. while torch loads, every ``torch.load`` runs with ``weights_only=True`` whatever the caller asked, and the two raw
    unpicklers refuse to run at all. A file that needed the unsafe path fails with the reason instead of being loaded
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from device.artifacts import UnsafeArtifactError, verify
+from device.uploads.artifacts import UnsafeArtifactError, verify
 from device.errors import CheckpointError, DeviceError, EdgeFoldError, RunnerError
 
 
@@ -40,7 +40,7 @@ class _Refused(Exception):
 def artifact_kind(path: str | os.PathLike) -> str:
     """``torch-export`` (a ``.pt2``) or ``torch-checkpoint`` (a ``.device.pt``).
 
-    The agent stores each upload under the suffix of the kind its check found (:data:`device.store.ARTIFACT_SUFFIX`),
+    The agent stores each upload under the suffix of the kind its check found (:data:`device.service.store.ARTIFACT_SUFFIX`),
     so the suffix decides: a file the check passed as a program is never unpickled as a checkpoint. A path with
     neither suffix (the runner used directly) is read: ``models/*.json`` makes a program, ``data.pkl`` a checkpoint.
     """
@@ -95,7 +95,7 @@ def load_program(torch, path: str | os.PathLike, trust_programs: bool = False, v
     """``torch.export.load(path)`` behind the walls of the module docstring.
 
     Args:
-        verified: The caller has just made the upload check (:func:`device.artifacts.verify`) itself.
+        verified: The caller has just made the upload check (:func:`device.uploads.artifacts.verify`) itself.
 
     Raises:
         UnsafeArtifactError: Programs are not trusted here, the file fails the upload check, or loading it needed an
@@ -133,7 +133,7 @@ def program_module(program, path: str | os.PathLike):
 
 
 def load_checkpoint_module(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
-    """The module a device checkpoint describes, rebuilt by this device's code (:mod:`device.torch_checkpoint`).
+    """The module a device checkpoint describes, rebuilt by this device's code (:mod:`device.uploads.torch_checkpoint`).
 
     Returns:
         The module (CPU, eval) and its facts (``arch``, ``source``, ``quantized``, ``input_chw``, ``modelopt``).
@@ -142,7 +142,7 @@ def load_checkpoint_module(path: str | os.PathLike) -> tuple[Any, dict[str, Any]
         CheckpointError: The file fails its check, names an architecture this device lacks or builds otherwise, or
             its state does not fit.
     """
-    from device.torch_checkpoint import load_for_export
+    from device.uploads.torch_checkpoint import load_for_export
 
     try:
         return load_for_export(path)

@@ -43,7 +43,7 @@ class OnnxRuntimeRunner(Runner):
         available = set(ort.get_available_providers())
         providers = [p for p in self.wanted if p in available] or ["CPUExecutionProvider"]
         if self.marked:
-            from device.marked import with_outputs
+            from device.jobs.marked import with_outputs
 
             return ort.InferenceSession(with_outputs(self.path, self.marked), options, providers=providers)
         return ort.InferenceSession(self.path, options, providers=providers)
@@ -80,7 +80,7 @@ class OnnxRuntimeRunner(Runner):
         """Each marked tensor → the ONNX node that writes it."""
         import onnx
 
-        from device.marked import produced
+        from device.jobs.marked import produced
 
         writers = produced(onnx.load(self.path, load_external_data=False))
         return {name: writers.get(name, "") for name in self.marked}
@@ -90,9 +90,9 @@ class OnnxRuntimeRunner(Runner):
         option, and the timed session must not carry its overhead).
 
         Returns:
-            A :class:`device.profile.BatchProfile` (the warm-up runs left out).
+            A :class:`device.jobs.profile.BatchProfile` (the warm-up runs left out).
         """
-        from device.profile import from_onnxruntime_trace
+        from device.jobs.profile import from_onnxruntime_trace
 
         feed = {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)}
         with tempfile.TemporaryDirectory(prefix="edgefold-ortprof-") as folder:

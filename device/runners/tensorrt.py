@@ -31,9 +31,9 @@ from typing import Any, Sequence
 import numpy as np
 
 # CudaRuntime is looked up here at run time: the TensorRT stand-in replaces this module's name in tests.
-from device.cuda import D2H as _D2H, H2D as _H2D, CudaRuntime
+from device.runners.cuda import D2H as _D2H, H2D as _H2D, CudaRuntime
 from device.files import sha256_file
-from device.engine import (BuildOptions, EngineCache, artifact_precision, build_engine, detect_gpu, fingerprint,
+from device.runners.engine import (BuildOptions, EngineCache, artifact_precision, build_engine, detect_gpu, fingerprint,
                            import_tensorrt, read_l4t, reconcile_precision)
 from device.errors import (DlaError, EngineBuildError, MissingDependencyError, RunnerError, ShapeOutsideProfileError,
                            TensorRTCallError)
@@ -335,9 +335,9 @@ class TensorRTRunner(Runner):
         True by default), so it never runs in the timed window.
 
         Returns:
-            A :class:`device.profile.BatchProfile`.
+            A :class:`device.jobs.profile.BatchProfile`.
         """
-        from device.profile import from_tensorrt
+        from device.jobs.profile import from_tensorrt
 
         trt = self.trt
         entry = self._engines.get(batch.shape[0])

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from device.errors import ConfigError, RunnerError, require
-from device.artifacts import UnsafeArtifactError
+from device.uploads.artifacts import UnsafeArtifactError
 from device.runners.base import Runner
 from device.runners.export_load import artifact_kind, load_checkpoint_module, load_program, program_module
 

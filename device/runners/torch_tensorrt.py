@@ -22,14 +22,14 @@ What it does, per job:
    must agree, except that an FP32 program may be run in FP16 (the runner casts the module, then the graph
    is FP16 before it is compiled, so what is compiled is what is timed).
    Or, given a device checkpoint (``.device.pt``: state, architecture key, input C×H×W; for the INT8 rung also
-   ModelOpt's quantizer state calibrated on the build host), rebuilds the rung with :mod:`device.architectures`
-   and :mod:`device.torch_checkpoint` and exports it with this device's own torch: for a device whose torch
+   ModelOpt's quantizer state calibrated on the build host), rebuilds the rung with :mod:`device.models.architectures`
+   and :mod:`device.uploads.torch_checkpoint` and exports it with this device's own torch: for a device whose torch
    cannot load the build host's program, and always for INT8 (ModelOpt's export needs CUDA, under
    ``export_torch_mode``; rules ``int8_export``).
 3. For each measured batch: re-exports the module at that static shape on the GPU, compiles it with
    ``torch_tensorrt.dynamo.compile`` (``Input(shape=…)``: min = opt = max), counts the ops left to PyTorch
    (:func:`fallback_report`) and saves the compiled program with ``torch_tensorrt.save`` into the engine
-   cache, keyed like TensorRT engines (:class:`device.engine.EngineCache`: artifact sha256, device
+   cache, keyed like TensorRT engines (:class:`device.runners.engine.EngineCache`: artifact sha256, device
    fingerprint, options) with the Torch-TensorRT and torch versions added to the fingerprint.
 
 4. Where the job asks for the per-layer profile: times each TensorRT engine's layers with Torch-TensorRT's own
@@ -39,7 +39,7 @@ What it does, per job:
 What loading trusts: torch's operators, its weights-only unpickler, ModelOpt's quantize op when the program names it,
 and the compiled programs in the engine cache, which this runner wrote itself (``torch_tensorrt.load`` of those runs
 their pickles unrestricted: the cache directory must stay the agent's own). A device checkpoint is read by
-:func:`device.torch_checkpoint.read_payload`: the upload's pickle check again, then ``torch.load(weights_only=True)``.
+:func:`device.uploads.torch_checkpoint.read_payload`: the upload's pickle check again, then ``torch.load(weights_only=True)``.
 
 torch and torch_tensorrt are imported only in :meth:`TorchTensorRTRunner.load`, so ``device`` imports without them.
 """
@@ -58,7 +58,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device.engine import BuildOptions, EngineCache, detect_gpu, fingerprint, read_l4t
+from device.runners.engine import BuildOptions, EngineCache, detect_gpu, fingerprint, read_l4t
 from device.errors import (ConfigError, DeviceError, EngineBuildError, PrecisionMismatchError,
                            ProgramVersionError, RunnerError, ShapeOutsideProfileError, require)
 from device.files import sha256_file, write_atomic
@@ -79,7 +79,7 @@ def cuda_pci_bus_id(torch, index: int = 0) -> str | None:
     if all(isinstance(value, int) for value in fields):
         return f"{fields[0]:08X}:{fields[1]:02X}:{fields[2]:02X}.0"
     try:
-        from device.cuda import CudaRuntime
+        from device.runners.cuda import CudaRuntime
 
         return CudaRuntime().pci_bus_id(index)
     except Exception:  # noqa: BLE001 (no libcudart found: NVML then falls back to its first GPU, and says so)
@@ -103,7 +103,7 @@ def read_program_versions(path: str | os.PathLike) -> ProgramVersions:
     Raises:
         DeviceError: Not a ``torch.export`` archive.
     """
-    from device.archive_check import MAX_EXTRA_BYTES, MAX_EXTRA_DEPTH, MAX_JSON_BYTES, load_json
+    from device.uploads.archive_check import MAX_EXTRA_BYTES, MAX_EXTRA_DEPTH, MAX_JSON_BYTES, load_json
 
     fix = "save it with torch.export.save(torch.export.export(model, args), path)"
     try:
@@ -274,7 +274,7 @@ class TorchTensorRTRunner(Runner):
         self.quantized = False
 
     def load(self) -> None:
-        from device.artifacts import verify
+        from device.uploads.artifacts import verify
 
         kind = artifact_kind(self.path)
         if kind == "torch-export":  # refused or checked before anything imports torch or reads the archive
@@ -343,7 +343,7 @@ class TorchTensorRTRunner(Runner):
             # The quantize op is ModelOpt's: it must be registered before the program is deserialized.
             require("modelopt.torch.quantization", "NVIDIA ModelOpt",
                     "pip install nvidia-modelopt (Torch-TensorRT compiles INT8 programs through ModelOpt's op)")
-        from device.artifacts import UnsafeArtifactError
+        from device.uploads.artifacts import UnsafeArtifactError
 
         try:
             return load_program(torch, self.path, self.trust_programs, verified=True)
@@ -469,7 +469,7 @@ class TorchTensorRTRunner(Runner):
                            list(self._modules.values()))
 
     def profile_batch(self, batch: np.ndarray, iterations: int, warmup: int):
-        """Per-layer times (a :class:`device.profile.BatchProfile`) of the compiled module's TensorRT engines at this
+        """Per-layer times (a :class:`device.jobs.profile.BatchProfile`) of the compiled module's TensorRT engines at this
         batch, from Torch-TensorRT's own engine profiler, in a separate pass (it makes every enqueue synchronous)."""
         from device.runners.torch_tensorrt_profile import profile_engines
 

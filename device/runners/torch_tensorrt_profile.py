@@ -1,5 +1,5 @@
 """Per-layer timing on the ``torch_tensorrt`` runtime: Torch-TensorRT's own engine profiler, read back into the
-agent's per-layer table (:mod:`device.profile`), so "where the time goes" reads the same on both roads.
+agent's per-layer table (:mod:`device.jobs.profile`), so "where the time goes" reads the same on both roads.
 
 What Torch-TensorRT offers (the release-dependent parts are rules in :data:`device.runners.torch_tensorrt_rules.RULES`,
 ``engine_profiler`` and ``engine_profiler_runtime``, each citing file@tag):
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from device.errors import RunnerError
-from device.profile import BatchProfile, batch_profile, inspector_layers, tensorrt_timings
+from device.jobs.profile import BatchProfile, batch_profile, inspector_layers, tensorrt_timings
 
 ENGINE_OP = "tensorrt.execute_engine"
 

@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from device import jtop_client
+from device.power import jtop_client
 from device.telemetry import series
 from device.telemetry.base import GAP_FACTOR, Sampler
 

@@ -48,7 +48,7 @@ def cuda_device_handle(pynvml, pci_bus_id: str | None):
 def cuda_pci_bus_id() -> str | None:
     """CUDA device 0's PCI bus id from the CUDA runtime, where one is loadable and a device answers."""
     try:
-        from device.cuda import CudaRuntime
+        from device.runners.cuda import CudaRuntime
 
         return CudaRuntime().pci_bus_id(0)
     except Exception:  # no libcudart, no device: the caller falls back to the environment's rules

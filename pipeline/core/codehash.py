@@ -1,7 +1,7 @@
 """The project code a stage depends on, as one hash: part of the stage's cache key.
 
 A stage's result depends on its own module and on every project module it imports, directly or
-through others (``train.py``, ``losses.py``, ``device/qdq_lint.py`` …), so the key covers the
+through others (``train.py``, ``losses.py``, ``device/runners/qdq_lint.py`` …), so the key covers the
 transitive closure of project imports found by reading the sources (``ast``, nothing executed).
 Imports inside functions count too: a lazily imported helper still does the stage's work.
 

@@ -8,9 +8,9 @@ from typing import ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from device.frame_schema import FrameSpec
+from device.jobs.frame_schema import FrameSpec
 from device.schema import IdleSeconds
-from device.sustain_schema import ALLOWANCE_S, SustainedSpec
+from device.jobs.sustain_schema import ALLOWANCE_S, SustainedSpec
 from pipeline.core.rungs import DEPLOYED
 
 

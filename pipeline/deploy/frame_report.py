@@ -1,5 +1,5 @@
 """The report's "Where the frame's time goes", every task's: each rung's path from camera bytes to the task's answer
-on each device (``deploy.frame``, measured by :mod:`device.frame`), part by part with intervals over the frame rounds,
+on each device (``deploy.frame``, measured by :mod:`device.jobs.frame`), part by part with intervals over the frame rounds,
 the sequential and pipelined frame rates, and the part that bounds them. A task that scores the evaluation images
 through the whole path (classification's top-1) hands :func:`frame_fields` its scoring.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from device.frame_schema import FRAME_STAGES
+from device.jobs.frame_schema import FRAME_STAGES
 from pipeline import stats
 from pipeline.results import interval_cell
 from pipeline.sections import Figure, Section, Table, Text

@@ -13,7 +13,7 @@ import numpy as np
 
 from device.client import AgentError
 from device.errors import ConfigError
-from device.frame_schema import FrameImages, FrameSpec
+from device.jobs.frame_schema import FrameImages, FrameSpec
 from device.preprocess import Preprocess
 
 # Evaluation images of different sizes are each cut to their centre square at the median shorter side, at most this.

@@ -54,7 +54,7 @@ class DeployHooks(ABC):
 
     Attributes:
         device_modules: What the agent's job process loads by name for this task's jobs, beyond
-            ``device.jobrun`` and ``device.agent`` (a loopback agent runs this checkout's: an edit measures again).
+            ``device.jobs.jobrun`` and ``device.service.agent`` (a loopback agent runs this checkout's: an edit measures again).
     """
 
     device_modules: tuple[str, ...] = ()

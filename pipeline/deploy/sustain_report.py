@@ -1,5 +1,5 @@
 """The report's "After N minutes": each device's sustained run (``deploy.sustained``, ``edgefold sustain``; measured by
-:mod:`device.sustain`) — the burst figure (the first interval) against the settled one (the last third's median
+:mod:`device.jobs.sustain`) — the burst figure (the first interval) against the settled one (the last third's median
 with its interval), their ratio, the first throttle signal and its cause, the peak temperatures, energy per image
 settled against burst — a figure of latency, GPU clock and temperature over time with the throttle moment marked, and
 the headline's line when the settled latency is measurably worse. Every task's report shows it the same way.

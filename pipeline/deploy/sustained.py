@@ -1,5 +1,5 @@
 """``deploy.sustained`` on one device, for every task: after the ladder's rounds, one rung run without pause for
-minutes (:mod:`device.sustain`), the board heating under it alone. The task says how its job is asked for; the run,
+minutes (:mod:`device.jobs.sustain`), the board heating under it alone. The task says how its job is asked for; the run,
 its reuse and what is recorded when the device cannot take it are the same everywhere."""
 
 from __future__ import annotations

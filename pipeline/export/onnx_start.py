@@ -435,7 +435,7 @@ def graph_compute(path: Path, sample: Sequence[int]) -> dict[str, float]:
     import onnx
     from onnx import numpy_helper
 
-    from device.marked import with_outputs
+    from device.jobs.marked import with_outputs
 
     model = onnx.load(str(path))
     weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}

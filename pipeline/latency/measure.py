@@ -258,7 +258,7 @@ def open_agent(devices, name: str, log: Callable[[str], None]) -> Iterator[tuple
     loopback, tmp = None, None
     try:
         if not devices:
-            from device.loopback import LoopbackAgent
+            from device.service.loopback import LoopbackAgent
 
             tmp = tempfile.mkdtemp(prefix="edgefold-latency-")
             try:
@@ -269,8 +269,8 @@ def open_agent(devices, name: str, log: Callable[[str], None]) -> Iterator[tuple
             log(f"[   prune] latency: no EDGE=/DC=/DEVICES= given: the budget is measured on the loopback agent "
                 f"at {loopback.url} (this machine), not on {name!r}")
             url, token, identity = loopback.url, loopback.token, {"agent": "loopback",
-                                                                   "code": code_sha256(("device.jobrun",
-                                                                                        "device.agent"))[0]}
+                                                                   "code": code_sha256(("device.jobs.jobrun",
+                                                                                        "device.service.agent"))[0]}
         else:
             matches = ([d for d in devices if d.name == name] or [d for d in devices if d.group == name]
                        or [d for d in devices if d.role == name])

@@ -194,7 +194,7 @@ def check_candidate(path: Path, step: Step) -> dict[str, Any]:
     Raises:
         StageError: Either fails (a quantizer bug: no score would mean anything).
     """
-    from device.qdq_lint import lint_qdq
+    from device.runners.qdq_lint import lint_qdq
     from pipeline.quantize.int8_weights import float_weights
 
     lint = lint_qdq(path)

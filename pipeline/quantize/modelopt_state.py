@@ -3,7 +3,7 @@
 ModelOpt's INT8 export through ``torch.export`` needs CUDA tensors (on CPU its quantizers keep the legacy
 fake-quant that ``torch.export`` rejects), so the build host ships one file: the student's checkpoint with the
 quantizer state beside its weights (``modelopt``: ``mto.modelopt_state`` and the quantized state dict with each
-quantizer's amax; :mod:`device.torch_checkpoint`), calibrated on the same calibration images as the ONNX road.
+quantizer's amax; :mod:`device.uploads.torch_checkpoint`), calibrated on the same calibration images as the ONNX road.
 The device restores it, exports under ModelOpt's ``export_torch_mode`` and compiles
 (:mod:`device.runners.torch_tensorrt`). On CPU the restored model runs with fake quantization: that is what the
 accuracy gate scores here, restored by the device's own code from the file the device gets.
@@ -20,9 +20,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from device.architectures import ARCHITECTURES, fold_batchnorm
+from device.models.architectures import ARCHITECTURES, fold_batchnorm
 from device.files import atomic_writer
-from device.torch_checkpoint import load_for_export, model_from_payload, modelopt_modules, read_payload
+from device.uploads.torch_checkpoint import load_for_export, model_from_payload, modelopt_modules, read_payload
 
 # Recipe method → ModelOpt algorithm (modelopt/torch/quantization/config.py, 0.47.0: MaxCalibConfig "max",
 # MseCalibConfig "mse"). ModelOpt's PyTorch algorithms have no entropy or percentile: "mse" (the amax that
@@ -74,7 +74,7 @@ def calibrate(checkpoint: Path, calibration: np.ndarray, path: Path, method: str
 
 def restore(path: Path) -> torch.nn.Module:
     """The student with its quantizers restored from the device checkpoint at ``path``, as the device restores it
-    (:func:`device.torch_checkpoint.load_for_export`): fake-quantized on CPU.
+    (:func:`device.uploads.torch_checkpoint.load_for_export`): fake-quantized on CPU.
 
     Raises:
         CheckpointError: ``path`` is no device checkpoint with ModelOpt's state that fits its student.

@@ -146,7 +146,7 @@ def trtexec_line(recorded: str | None, io: dict[str, Any], row: ShipRow, info: d
         line = re.sub(r"--onnx=\S+", f"--onnx={onnx}", recorded)
         line = re.sub(r"--saveEngine=\S+", f"--saveEngine={plan}", line)
         return re.sub(r"\s--timingCacheFile=\S+", "", line)
-    from device.trt_settings import BuildOptions, trtexec_command
+    from device.runners.trt_settings import BuildOptions, trtexec_command
 
     options = BuildOptions(precision=row.precision).for_batch(row.batch)
     chw = tuple(int(d) for d in io["inputs"][0]["dims"])

@@ -27,7 +27,7 @@ from pipeline.devices import DEPLOY_SCHEMA, Device
 from pipeline.jobs import LOOPBACK, deploy_targets, interleaved_rounds
 
 # The agent's job process and what it runs for every task (a loopback agent runs this checkout's).
-AGENT_MODULES = ("device.jobrun", "device.agent")
+AGENT_MODULES = ("device.jobs.jobrun", "device.service.agent")
 
 
 class DeployStage(HookedStage):

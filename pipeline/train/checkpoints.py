@@ -1,6 +1,6 @@
 """A task's model checkpoint, written once for the tasks that record an input size beside the class count (detection,
 segmentation): state and layer structure under a format name, never a pickled module, so a pruned model reloads with
-``torch.load(weights_only=True)`` into a freshly built one of its architecture (:mod:`device.torch_checkpoint`).
+``torch.load(weights_only=True)`` into a freshly built one of its architecture (:mod:`device.uploads.torch_checkpoint`).
 Classification's, which the device also reads, is :mod:`pipeline.checkpoint`."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def save_model(path: str | os.PathLike, model: nn.Module, fmt: str, arch: str, n
     import torch
 
     from device.files import atomic_writer
-    from device.torch_checkpoint import capture_structure
+    from device.uploads.torch_checkpoint import capture_structure
     from pipeline.core import distributed
 
     path = Path(path)
@@ -47,7 +47,7 @@ def load_model(path: str | os.PathLike, fmt: str, what: str, registry,
         CheckpointError: Missing, not this format, unknown architecture, or shapes that do not fit.
     """
     from device.errors import CheckpointError
-    from device.torch_checkpoint import apply_structure, load_state_strict, torch_load
+    from device.uploads.torch_checkpoint import apply_structure, load_state_strict, torch_load
 
     path, fix = Path(path), "re-run the stage that produces it (--force STAGE)"
     if not path.is_file():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from device.loopback import LoopbackAgent
+from device.service.loopback import LoopbackAgent
 
 TOKEN = "test-token-0123456789abcdef"
 
@@ -50,7 +50,7 @@ def tiny_onnx(path: Path, channels: int = 3, size: int = 16, classes: int = 10, 
 
 def keep_launched(monkeypatch) -> list:
     """Every job process the agent's launcher starts in this test, in order (forked or fresh)."""
-    from device.launcher import Launcher
+    from device.service.launcher import Launcher
 
     children, launch = [], Launcher.launch
 

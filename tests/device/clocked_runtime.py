@@ -60,8 +60,8 @@ def install_in_process(root: str | os.PathLike, version: str = "10.3.0", dla_cor
                        board: str | None = None):
     """Installs the clocked stand-in in this process (no monkeypatch: a job process lives only for its job); with no
     ``root`` (no simulated board) its calls take what the numpy graph takes, unclocked."""
-    import device.cuda
-    import device.engine
+    import device.runners.cuda
+    import device.runners.engine
     import device.runners.tensorrt
     from tests.device import trt_standin
 
@@ -73,8 +73,8 @@ def install_in_process(root: str | os.PathLike, version: str = "10.3.0", dla_cor
     # the agent then reports TensorRT, and the pipeline's deploy chooses it as on a Jetson.
     trt.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None, origin=__file__)
     sys.modules["tensorrt"] = trt
-    device.runners.tensorrt.CudaRuntime = device.cuda.CudaRuntime = trt_standin.FakeCuda
-    device.engine.board_model = lambda *a, **k: board
+    device.runners.tensorrt.CudaRuntime = device.runners.cuda.CudaRuntime = trt_standin.FakeCuda
+    device.runners.engine.board_model = lambda *a, **k: board
     device.runners.tensorrt.detect_gpu = lambda **_: (trt_standin.STANDIN_DEVICE, "8.7")
     return trt
 

@@ -326,7 +326,7 @@ def test_kill_9_mid_job_loses_nothing(tmp_path, model):
         with sqlite3.connect(process.data_dir / "agent.db") as db:
             child_pid = db.execute("SELECT pid FROM jobs WHERE id = ?", (long["id"],)).fetchone()[0]
         assert child_pid
-        assert b"device.zygote" in open(f"/proc/{child_pid}/cmdline", "rb").read(), "forked by the zygote: found by its cwd"
+        assert b"device.service.zygote" in open(f"/proc/{child_pid}/cmdline", "rb").read(), "forked by the zygote: found by its cwd"
         process.kill(signal.SIGKILL)
         assert os.path.exists(f"/proc/{child_pid}"), "the orphaned job process outlives a kill -9 of the agent"
         process.start()

@@ -20,10 +20,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from device import executor as executor_module
-from device.agent import AgentConfig, create_app
-from device.executor import Executor
+from device.service.agent import AgentConfig, create_app
+from device.service.executor import Executor
 from device.schema import JobSpec
-from device.store import Store
+from device.service.store import Store
 from tests.device.agent_process import TOKEN, keep_launched, tiny_onnx
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -348,7 +348,7 @@ def test_metrics_count_cancels_recovery_and_failures_on_read(tmp_path, model):
 def _lookalike(job_dir) -> subprocess.Popen:
     """A process whose command line looks like a job child of ``job_dir``; it echoes stdin while alive."""
     return subprocess.Popen([sys.executable, "-c", "import sys\nfor line in sys.stdin: print(line, end='', flush=True)",
-                             "-m", "device.jobrun", str(job_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             "-m", "device.jobs.jobrun", str(job_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             start_new_session=True)
 
 
@@ -392,7 +392,7 @@ def test_recovery_kills_only_this_agents_children(tmp_path):
 
 
 def test_recovery_finds_a_forked_child_by_its_working_directory(tmp_path):
-    """A job forked by the zygote has the zygote's command line (``device.zygote``): only its working
+    """A job forked by the zygote has the zygote's command line (``device.service.zygote``): only its working
     directory names its job."""
     store = Store(tmp_path / "mine")
     mine_id = insert_raw_job(store, json.dumps({"artifact": "a" * 64}), state="running")
@@ -401,7 +401,7 @@ def test_recovery_finds_a_forked_child_by_its_working_directory(tmp_path):
     for folder in (store.job_dir(mine_id), elsewhere):
         folder.mkdir(parents=True)
     command = [sys.executable, "-c", "import sys\nfor line in sys.stdin: print(line, end='', flush=True)",
-               "-m", "device.zygote"]
+               "-m", "device.service.zygote"]
     mine, theirs = (subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
                                      cwd=folder) for folder in (store.job_dir(mine_id), elsewhere))
     try:
@@ -498,7 +498,7 @@ def test_recovery_records_an_error_json_as_failed_and_a_torn_result_as_interrupt
 def test_an_upload_to_a_full_disk_is_507_with_the_space_needed_and_leaves_nothing(tmp_path, model, monkeypatch):
     # A full disk cannot be made here (no root to mount a small filesystem): the upload's file takes what
     # fits, then fails as write(2) does on a full disk, and its buffer cannot be flushed at close either.
-    from device import artifacts
+    from device.uploads import artifacts
 
     class FullDisk:
         def __init__(self, handle):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from device.preprocess import Preprocess
-from device.problems import describe_problems, field_problems, safe_text
+from device.service.problems import describe_problems, field_problems, safe_text
 from device.schema import JobSpec
 
 SHA = "a" * 64

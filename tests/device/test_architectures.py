@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from device.architectures import ARCHITECTURES, build_model
+from device.models.architectures import ARCHITECTURES, build_model
 from device.errors import ConfigError, UnknownKeyError
 from tests.arch_plugin import install
 
@@ -65,7 +65,7 @@ def plugin(tmp_path_factory):
 def test_an_installed_package_registers_a_key_named_with_its_source(plugin):
     result = child(textwrap.dedent("""
         import json, torch
-        from device.architectures import ARCHITECTURES, build_model
+        from device.models.architectures import ARCHITECTURES, build_model
         model = build_model("my_net", 4, in_channels=1)  # its builder makes 3 channels: the stem is swapped
         print(json.dumps({"names": ARCHITECTURES.names(), "source": ARCHITECTURES.source("my_net"),
                           "out": list(model(torch.zeros(2, 1, 8, 8)).shape)}))
@@ -93,7 +93,7 @@ def test_two_packages_claiming_one_key_are_refused_naming_both(tmp_path, plugin)
 
 
 def test_a_key_taken_by_a_built_in_or_a_source_prefix_is_refused():
-    from device.architectures import Architecture, ArchitectureRegistry
+    from device.models.architectures import Architecture, ArchitectureRegistry
 
     registry = ArchitectureRegistry("architecture")
     registry._plugins_loaded = True  # this registry reads no entry points
@@ -107,7 +107,7 @@ def test_a_key_taken_by_a_built_in_or_a_source_prefix_is_refused():
 @pytest.mark.slow
 def test_an_entry_point_of_another_shape_names_its_package(tmp_path):
     odd = install(tmp_path, "edgefold-odd", 'odd_net = "edgefold_odd:NOT_AN_ARCH"')
-    result = child("from device.architectures import build_model; build_model('resnet18', 3)", odd)
+    result = child("from device.models.architectures import build_model; build_model('resnet18', 3)", odd)
     assert result.returncode != 0
     assert "edgefold-odd 1.2.3" in result.stderr and "registers 'odd_net' as int, not an architecture" in result.stderr
 
@@ -119,7 +119,7 @@ def test_a_timm_or_plugin_key_carries_a_fingerprint_for_the_stage_caches(tmp_pat
     assert ARCHITECTURES.get("timm/resnet10t").fingerprint == f"timm {timm.__version__}"
     assert ARCHITECTURES.get("resnet18").fingerprint == ""  # the project's own code is hashed already
     plugin = install(tmp_path, "edgefold-test-arch", 'my_net = "edgefold_test_arch:MY_NET"')
-    code = "from device.architectures import ARCHITECTURES; print(ARCHITECTURES.get('my_net').fingerprint)"
+    code = "from device.models.architectures import ARCHITECTURES; print(ARCHITECTURES.get('my_net').fingerprint)"
     before = child(code, plugin).stdout.strip()
     assert before.startswith("edgefold-test-arch 1.2.3, edgefold_test_arch sha256 ")
     module = plugin / "edgefold_test_arch" / "__init__.py"
@@ -131,8 +131,8 @@ def test_a_timm_or_plugin_key_carries_a_fingerprint_for_the_stage_caches(tmp_pat
 def test_a_refused_source_registers_nothing_and_is_refused_on_every_read(monkeypatch):
     """Two entry points claiming one key: neither is half-registered, and every later read raises the same error
     (not just the first), so no run goes on with whichever package happened to load first."""
-    from device import architectures
-    from device.architectures import Architecture, ArchitectureRegistry
+    from device.models import architectures
+    from device.models.architectures import Architecture, ArchitectureRegistry
 
     def two_claims():
         return [Architecture("net", print, "fc", source="entry point a:NET (a 1)"),

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from device.agent import AgentConfig, load_token
+from device.service.agent import AgentConfig, load_token
 from device.errors import ConfigError
 
 

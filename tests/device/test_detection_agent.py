@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from device.client import AgentError
-from device.detection_post import load_head_spec, postprocess
+from device.scoring.detection_post import load_head_spec, postprocess
 from device.runners import make_runner
 from pipeline.tasks.detection.export import export_detector, network_inputs, sidecar_path
 from pipeline.tasks.detection.models import build_detector
@@ -76,7 +76,7 @@ def test_every_engine_of_a_detection_job_is_scored_through_the_devices_decode(de
     declares per-batch engines (``batch_sizes``, as the TensorRT runner sets it), since neither TensorRT nor its
     stand-in runs this multi-output detector on this machine. The largest batch comes first."""
     from device.files import sha256_file
-    from device.jobrun import evaluate_engine, timed_engines
+    from device.jobs.jobrun import evaluate_engine, timed_engines
     from device.schema import JobSpec
 
     images = network_inputs((np.random.default_rng(1).random((5, 64, 64)) * 255).astype(np.uint8), 64)

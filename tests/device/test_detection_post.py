@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from device.detection_post import HeadSpecError, head_spec_from_dict, nms, postprocess
+from device.scoring.detection_post import HeadSpecError, head_spec_from_dict, nms, postprocess
 from pipeline.tasks.detection.export import head_sidecar
 from pipeline.tasks.detection.models import TinyBackbone, build_detector
 

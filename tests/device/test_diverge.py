@@ -69,8 +69,8 @@ def _debug_job(model, eval_path, tensors, tmp_path, images=3, runtime="tensorrt"
 
 def _in_process_probe(monkeypatch, tmp_path, model, eval_path, reference, jobs):
     """A bisect probe running each debug job in this process against the TensorRT stand-in."""
-    from device.debug_tensors import TENSORS_FILE, read_tensors
-    from device.jobrun import run_job
+    from device.jobs.debug_tensors import TENSORS_FILE, read_tensors
+    from device.jobs.jobrun import run_job
     from pipeline.diverge import compare
 
     def probe(names):
@@ -87,8 +87,8 @@ def _in_process_probe(monkeypatch, tmp_path, model, eval_path, reference, jobs):
 def test_a_debug_job_returns_the_marked_tensors_of_the_first_images(monkeypatch, tmp_path, chain, images):
     """The stand-in engine with three tensors marked: each comes back for the 3 images asked (batch 2: the second
     call padded, the padding dropped), equal to ONNX Runtime's values, with the layer that writes it; nothing timed."""
-    from device.debug_tensors import TENSORS_FILE, read_tensors
-    from device.jobrun import run_job
+    from device.jobs.debug_tensors import TENSORS_FILE, read_tensors
+    from device.jobs.jobrun import run_job
     from pipeline.diverge import reference_values
 
     trt_standin.install(monkeypatch, "10.3.0")
@@ -140,7 +140,7 @@ def test_an_engine_whose_numbers_overflow_is_searched_not_refused(monkeypatch, t
     """A deviation that makes values infinite (an FP16 overflow's mark): a benchmark job's smoke check refuses the
     engine, a debug job goes on, and the search names the first tensor that is not finite."""
     from device.errors import EdgeFoldError
-    from device.jobrun import run_job
+    from device.jobs.jobrun import run_job
     from pipeline.diverge import bisect, candidates, reference_values
 
     trt = trt_standin.install(monkeypatch, "10.3.0")
@@ -171,8 +171,8 @@ def test_an_engine_that_agrees_is_answered_in_one_job(monkeypatch, tmp_path, cha
 
 def test_a_tensor_not_in_the_graph_fails_the_job_naming_the_near_ones(monkeypatch, tmp_path, chain, images):
     """Before any engine is built: the name, and the names it may have meant."""
-    from device.jobrun import run_job
-    from device.marked import TensorNotFoundError
+    from device.jobs.jobrun import run_job
+    from device.jobs.marked import TensorNotFoundError
 
     trt_standin.install(monkeypatch, "10.3.0")
     with pytest.raises(TensorNotFoundError, match=r"'relu77' \(did you mean 'relu7'"):
@@ -182,8 +182,8 @@ def test_a_tensor_not_in_the_graph_fails_the_job_naming_the_near_ones(monkeypatc
 
 
 def test_a_job_over_its_byte_limit_is_refused_with_the_fix(monkeypatch, tmp_path, chain, images):
-    from device.debug_tensors import DivergeTooLargeError
-    from device.jobrun import run_job
+    from device.jobs.debug_tensors import DivergeTooLargeError
+    from device.jobs.jobrun import run_job
 
     trt_standin.install(monkeypatch, "10.3.0")
     with pytest.raises(DivergeTooLargeError, match="over the job's max_bytes 1000.*") as err:
@@ -193,8 +193,8 @@ def test_a_job_over_its_byte_limit_is_refused_with_the_fix(monkeypatch, tmp_path
 
 def test_the_debug_engine_is_cached_apart_from_the_timed_one(monkeypatch, tmp_path, chain):
     """Marking outputs changes TensorRT's fusions: the marked engine never stands in for the timed one."""
-    from device.engine import EngineCache
-    from device.trt_settings import BuildOptions
+    from device.runners.engine import EngineCache
+    from device.runners.trt_settings import BuildOptions
 
     import hashlib
     import json
@@ -235,7 +235,7 @@ def test_a_real_agent_serves_a_debug_jobs_tensors_checked_by_hash(tmp_path, chai
     debug job, fetches GET /v1/jobs/{id}/tensors, checks the bytes against the result's sha256 and reads them; a
     benchmark job has no tensors to serve (404)."""
     from device.client import AgentClient
-    from device.loopback import LoopbackAgent
+    from device.service.loopback import LoopbackAgent
     from device.schema import DivergeSpec, EvaluationSpec
     from pipeline.diverge import reference_values
 

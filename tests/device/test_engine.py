@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from device.engine import (
+from device.runners.engine import (
     BuildOptions, EngineCache, artifact_precision, build_engine, build_settings, fingerprint, import_tensorrt,
     read_l4t, reconcile_precision, trtexec_command, trtexec_lines, detect_gpu,
 )
@@ -208,7 +208,7 @@ def test_thor_is_in_the_compute_capability_table(tmp_path, monkeypatch):
 
 def test_libcudart_is_found_where_pip_puts_it(tmp_path):
     """Point 5: pip's TensorRT brings libcudart.so.12/.13 under site-packages/nvidia/…, no plain .so."""
-    from device.cuda import cudart_candidates
+    from device.runners.cuda import cudart_candidates
 
     for lib in ("nvidia/cuda_runtime/lib/libcudart.so.12", "nvidia/cu13/lib/libcudart.so.13"):
         (tmp_path / lib).parent.mkdir(parents=True)

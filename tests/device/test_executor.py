@@ -1,4 +1,4 @@
-from device.executor import describe_exit
+from device.service.executor import describe_exit
 
 
 def test_exit_descriptions_name_the_signal_and_its_usual_cause():

@@ -1,4 +1,4 @@
-"""From camera frame to answer (:mod:`device.frame`): frames made in each format, each part of their path timed with
+"""From camera frame to answer (:mod:`device.jobs.frame`): frames made in each format, each part of their path timed with
 real OpenCV and ONNX Runtime, the pipelined frame rate, the part that bounds it, and the job that carries it through
 a real agent on loopback (a bad frame spec a 422 with its reason)."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from device.frame import FramePath, bound_words, decoder, synthetic_frames, time_frames, to_nv12
-from device.frame_schema import FRAME_STAGES, FrameSpec
+from device.jobs.frame import FramePath, bound_words, decoder, synthetic_frames, time_frames, to_nv12
+from device.jobs.frame_schema import FRAME_STAGES, FrameSpec
 from device.preprocess import Preprocess
 from device.runners import make_runner
 from device.schema import JobSpec
@@ -98,9 +98,9 @@ def test_a_segmentation_frame_comes_to_the_argmax_of_the_engines_output_on_its_o
     """The segmentation post-processor's answer to a camera frame is the mask the engine's logits give for exactly
     the project's preprocessing of the decoded frame; the pipelined run gives the same masks; a classifier's output
     is refused with the reason on the first frame."""
-    from device.evaluation import EvaluationSetError
-    from device.frame import FrameAnswer
-    from device.segmentation_evaluation import frame_answer
+    from device.scoring.evaluation import EvaluationSetError
+    from device.jobs.frame import FrameAnswer
+    from device.scoring.segmentation_evaluation import frame_answer
 
     preprocess = Preprocess(16, 16, 3, (0.0,) * 3, (1.0,) * 3)
     spec = FrameSpec(width=40, height=30, format="jpeg", frames=4, rounds=2, postprocess="segmentation")
@@ -180,7 +180,7 @@ def test_a_planted_slow_stage_is_named_as_the_bound(tmp_path, monkeypatch):
     small = FrameSpec(width=64, height=48, format="bgr", frames=5, rounds=2)
     with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
         slow = time_frames(SlowEngine(runner, 0.05), PREPROCESS, small)
-        monkeypatch.setattr("device.frame.decoder", slow_decoder(0.05))
+        monkeypatch.setattr("device.jobs.frame.decoder", slow_decoder(0.05))
         decoding = time_frames(runner, PREPROCESS, small)
     assert slow["bound"] == "engine" and slow["bound_text"].startswith("the engine bounds the frame rate: ")
     assert next(s["median_ms"] for s in slow["stages"] if s["stage"] == "engine") >= 50
@@ -213,7 +213,7 @@ def test_the_two_threads_overlap(tmp_path, monkeypatch):
                 assert third.wait(timeout=30), "the engine's first call saw no decoding ahead of it"
             return super().infer(batch)
 
-    monkeypatch.setattr("device.frame.decoder", counting)
+    monkeypatch.setattr("device.jobs.frame.decoder", counting)
     spec = FrameSpec(width=64, height=48, frames=6, queue=4)
     with make_runner("onnxruntime", str(tiny_onnx(tmp_path / "tiny.onnx"))) as runner:
         fps, answers = FramePath(WaitsForTheThirdDecode(runner), PREPROCESS, spec).pipelined(synthetic_frames(spec, 6))
@@ -239,14 +239,14 @@ def test_a_failure_in_either_thread_is_raised_and_leaves_no_thread_behind(tmp_pa
             decode, order = decoder(fmt)
             return (lambda frame: decode(frame) if frame is not frames[3] else 1 / 0), order
 
-        monkeypatch.setattr("device.frame.decoder", breaking)
+        monkeypatch.setattr("device.jobs.frame.decoder", breaking)
         with pytest.raises(ZeroDivisionError):
             FramePath(Spy(runner), PREPROCESS, spec).pipelined(frames)
         assert not [t for t in threading.enumerate() if t.name == "frame-decode"]
 
 
 def test_a_failed_frame_path_is_said_in_the_result_and_loses_nothing_else(tmp_path):
-    from device.jobrun import frame_times
+    from device.jobs.jobrun import frame_times
 
     class Broken:
         batch_sizes = None
@@ -319,10 +319,10 @@ def image_set(path, count: int = 12, size: int = 20):
 def test_the_whole_path_answers_as_the_tensor_path_when_the_preprocessing_is_the_same(tmp_path):
     """Frames the images' own size, uncompressed BGR: the device's whole path (frame → decode → preprocess → engine →
     top-k) gives each image the top-k the engine gives the build host's preprocessed tensors, image for image."""
-    from device.evaluation import evaluate_runner
+    from device.scoring.evaluation import evaluate_runner
     from device.files import sha256_file
-    from device.frame import load_image_set
-    from device.frame_schema import FrameImages
+    from device.jobs.frame import load_image_set
+    from device.jobs.frame_schema import FrameImages
 
     path, images = image_set(tmp_path / "set.images.npy")
     tensors = tmp_path / "set.npy"
@@ -340,8 +340,8 @@ def test_the_whole_path_answers_as_the_tensor_path_when_the_preprocessing_is_the
 def test_a_frame_image_set_of_other_bytes_or_count_is_refused(tmp_path):
     from device.errors import ConfigError
     from device.files import sha256_file
-    from device.frame import load_image_set
-    from device.frame_schema import FrameImages
+    from device.jobs.frame import load_image_set
+    from device.jobs.frame_schema import FrameImages
 
     path, images = image_set(tmp_path / "set.images.npy", count=4)
     with pytest.raises(ConfigError, match="hash to sha256"):

@@ -1,7 +1,8 @@
 """L4T → JetPack (jetson-stats 7.2.2's table, exact), the board model, and the engine fingerprint."""
 
-from device.engine import fingerprint, fingerprint_key, jetpack_for  # the engine cache and describe_device use it
-from device.jetson import board_model, module_id
+# the engine cache and describe_device use it
+from device.runners.engine import (fingerprint, fingerprint_key, jetpack_for)
+from device.power.jetson import board_model, module_id
 
 
 def test_jetpack_is_looked_up_exactly_not_guessed_from_the_prefix():

@@ -112,7 +112,7 @@ def test_a_service_whose_first_value_comes_late_is_waited_for(tmp_path):
     planted-power test; EdgeFold's client waits for the first value and then reads on at jtop's pace."""
     import jtop
 
-    from device import jtop_client
+    from device.power import jtop_client
     from tests.device.jetson_sim import JtopService
 
     with JtopService(tmp_path / "raw", "orin-nano", first_stats_delay_s=1.0):
@@ -136,7 +136,7 @@ def test_a_client_is_handed_over_after_jtops_library_scan(tmp_path, monkeypatch)
 
     import jtop  # noqa: F401 - its package exports the class under the module's name: the module is sys.modules'
 
-    from device import jtop_client
+    from device.power import jtop_client
 
     jtop_module = sys.modules["jtop.jtop"]
 
@@ -160,7 +160,7 @@ def test_a_client_is_handed_over_after_jtops_library_scan(tmp_path, monkeypatch)
 def test_a_service_that_stops_answering_fails_the_start_in_bounded_time(tmp_path, monkeypatch):
     """A stopped service (SIGSTOP: its control loop answers nothing) held jtop's start() for ever: the manager's
     challenge is a blocking read, and _get_configuration's queue get takes its timeout as ``block``."""
-    from device import jtop_client
+    from device.power import jtop_client
 
     monkeypatch.setattr(jtop_client, "START_S", 2.0)
     with service(tmp_path, "orin-nano") as svc:
@@ -205,7 +205,7 @@ def test_a_service_slower_than_asked_is_measured_and_its_windows_are_covered(tmp
 def test_a_job_sampling_just_after_the_agents_probe_gets_the_rate_it_asked_for(tmp_path):
     """The service keeps its first client's interval until it has seen no client for 3 s: the agent's version probe
     (GET /v1/device, every start) at 1 s left a job that started within 3 s sampling at 1 Hz."""
-    from device import jtop_client
+    from device.power import jtop_client
     from tests.device.jetson_sim import JtopService
 
     with JtopService(tmp_path, "orin-nano") as svc:

@@ -1,4 +1,4 @@
-"""Job processes forked from the zygote (device.launcher): as isolated as fresh ones, and never stuck on it.
+"""Job processes forked from the zygote (device.service.launcher): as isolated as fresh ones, and never stuck on it.
 
 The executor runs in-process on a real store; its jobs are real children on a tiny real ONNX model.
 """
@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from device.executor import Executor
-from device.launcher import ForkedJob
+from device.service.executor import Executor
+from device.service.launcher import ForkedJob
 from device.schema import JobSpec
-from device.store import Store
+from device.service.store import Store
 from tests.device.agent_process import keep_launched, store_model
 
 QUICK = {"iterations": 3, "warmup_iterations": 0, "idle_s": 0, "batch_sizes": [1], "telemetry": ["host"]}
@@ -65,7 +65,7 @@ def test_jobs_are_forked_children_of_one_zygote_each_in_its_own_session(executor
     log = (executor.store.job_dir(first) / "log.txt")
     assert log.exists(), "the child's stdout and stderr go to its job's log"
     # The zygote's own command line, so the orphan check reads the cwd; the zygote leads its own session.
-    assert b"device.zygote" in open(f"/proc/{zygote_pid(executor)}/cmdline", "rb").read()
+    assert b"device.service.zygote" in open(f"/proc/{zygote_pid(executor)}/cmdline", "rb").read()
 
 
 def test_a_forked_job_is_killed_with_its_group_by_a_cancel(executor):
@@ -104,7 +104,7 @@ def test_a_job_whose_zygote_dies_fails_as_killed_instead_of_waiting_forever(exec
 
 
 def test_fork_jobs_false_starts_each_job_fresh_and_no_zygote(tmp_path, monkeypatch):
-    from device.agent import AgentConfig, create_app
+    from device.service.agent import AgentConfig, create_app
 
     app = create_app(AgentConfig(data_dir=tmp_path / "data", fork_jobs=False), token="t" * 24)
     executor = app.state.executor

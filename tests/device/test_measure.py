@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from device.errors import ConfigError
-from device.measure import MeasureSpec, latency_stats, measure
+from device.jobs.measure import MeasureSpec, latency_stats, measure
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from device.telemetry import Sampler
 from device.telemetry.host import HostSampler

@@ -124,7 +124,7 @@ def test_the_protocol_takes_energy_from_the_counter(monkeypatch, tmp_path):
     """measure() over an NVML sampler: energy per image from the counter, idle from the counter too."""
     import numpy as np
 
-    from device.measure import MeasureSpec, measure
+    from device.jobs.measure import MeasureSpec, measure
 
     module = averaging_pynvml(step_at=float("inf"))  # 100 W until the first inference, 300 W from then
     monkeypatch.setitem(sys.modules, "pynvml", module)
@@ -169,7 +169,7 @@ def two_gpu_pynvml():
 def test_power_comes_from_the_gpu_the_runner_uses(monkeypatch):
     """Under CUDA_VISIBLE_DEVICES=1 the job runs on the GPU at 41:00.0, not NVML's index 0."""
     import device.telemetry.nvml as nvml_module
-    from device.jobrun import open_samplers
+    from device.jobs.jobrun import open_samplers
 
     module = two_gpu_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", module)
@@ -196,7 +196,7 @@ def test_tensorrt_job_samples_the_runner_gpu(monkeypatch, tmp_path):
     """The whole chain: the TensorRT runner's cudaDeviceGetPCIBusId → the job → the NVML sampler
     (TensorRT, CUDA and NVML are stand-ins here: tests/device/trt_standin.py, two_gpu_pynvml)."""
     from device.files import sha256_file
-    from device.jobrun import run_job
+    from device.jobs.jobrun import run_job
     from tests.device import trt_standin
     from tests.device.agent_process import tiny_onnx
 
@@ -281,7 +281,7 @@ def _gpu_sweep_job(tmp_path, monkeypatch, sweep, root=True):
 
 
 def test_gpu_sweep_measures_each_power_limit_on_the_runners_gpu_and_restores_it(monkeypatch, tmp_path):
-    from device.jobrun import run_job
+    from device.jobs.jobrun import run_job
     from device.schema import JobResult
 
     job, module = _gpu_sweep_job(tmp_path, monkeypatch, {"power_limits_w": [150, 250]})
@@ -300,7 +300,7 @@ def test_gpu_sweep_measures_each_power_limit_on_the_runners_gpu_and_restores_it(
 
 def test_gpu_sweep_locks_clocks_then_unlocks_and_refuses_what_the_gpu_lacks(monkeypatch, tmp_path):
     from device.errors import ConfigError
-    from device.jobrun import run_job
+    from device.jobs.jobrun import run_job
     from device.schema import JobResult
 
     job, module = _gpu_sweep_job(tmp_path, monkeypatch, {"gpu_clocks_mhz": [1410, 990]})
@@ -319,7 +319,7 @@ def test_gpu_sweep_locks_clocks_then_unlocks_and_refuses_what_the_gpu_lacks(monk
 
 
 def test_without_permission_the_gpu_sweep_measures_the_current_setting_and_says_so(monkeypatch, tmp_path):
-    from device.jobrun import run_job
+    from device.jobs.jobrun import run_job
     from device.schema import JobResult
 
     job, module = _gpu_sweep_job(tmp_path, monkeypatch, {"power_limits_w": [150, 250]}, root=False)
@@ -331,11 +331,11 @@ def test_without_permission_the_gpu_sweep_measures_the_current_setting_and_says_
 
 
 def test_a_gpu_hold_left_by_a_killed_sweep_is_restored_by_the_agents_restore(monkeypatch, tmp_path):
-    """After kill -9 (or a cancel, which kills the job process) the agent runs ``python -m device.power_modes
+    """After kill -9 (or a cancel, which kills the job process) the agent runs ``python -m device.power.power_modes
     restore --hold``: the same hold file, here holding a GPU's limit, restored through NVML by UUID."""
-    from device.gpu_power import GpuState, write_gpu_hold
-    from device.hold import main
-    from device.power_modes import read_hold
+    from device.power.gpu_power import GpuState, write_gpu_hold
+    from device.service.hold import main
+    from device.power.power_modes import read_hold
 
     module = controllable_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", module)

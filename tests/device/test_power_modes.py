@@ -7,10 +7,10 @@ import pytest
 from pydantic import ValidationError
 
 from device.errors import ConfigError
-from device.power_modes import (HOLD_SCHEMA, DeviceState, Observed, PowerMode, PowerModeError, parse_nvpmodel_conf,
+from device.power.power_modes import (HOLD_SCHEMA, DeviceState, Observed, PowerMode, PowerModeError, parse_nvpmodel_conf,
                                 read_hold, write_hold)
 from device.schema import JobSpec
-from device.sweep import resolve_modes
+from device.jobs.sweep import resolve_modes
 from tests.device.jetson_sim import ORIN_NANO_MODES, nvpmodel_conf
 
 ARTIFACT = "a" * 64

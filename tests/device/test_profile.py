@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from device.files import sha256_file
-from device.jobrun import run_job
-from device.profile import (BatchProfile, Profile, batch_profile, from_onnxruntime_trace, from_tensorrt,
+from device.jobs.jobrun import run_job
+from device.jobs.profile import (BatchProfile, Profile, batch_profile, from_onnxruntime_trace, from_tensorrt,
                             int8_payoff_reasons, layer_precision, overhead_kind, profile_runner, type_precision)
 from device.runners import make_runner
 from tests.device.agent_process import tiny_onnx
@@ -120,7 +120,7 @@ def test_a_runner_without_a_profiler_says_so():
 
 
 def test_the_job_result_carries_the_profile(tmp_path):
-    """device.jobrun: a separate profiling pass after the timed windows; results keep the whole table."""
+    """device.jobs.jobrun: a separate profiling pass after the timed windows; results keep the whole table."""
     model = tiny_onnx(tmp_path / "m.onnx")
     job = {"spec": {"artifact": sha256_file(model), "runtime": "onnxruntime", "batch_sizes": [1, 4],
                     "iterations": 5, "warmup_iterations": 1, "idle_s": 0.0, "telemetry": ["host"], "threads": 1},
@@ -142,7 +142,7 @@ def test_one_preempted_iteration_does_not_make_a_layer_slow():
 
 def test_the_profiling_pass_fits_its_time_budget(monkeypatch):
     """A slow model gets the minimum of iterations, a fast one the full count (budget forced, no timing)."""
-    import device.profile
+    import device.jobs.profile
 
     class Recording:
         name = "onnxruntime"
@@ -162,11 +162,11 @@ def test_the_profiling_pass_fits_its_time_budget(monkeypatch):
             return {"source": "test", "requested_device": "cpu"}
 
     runner = Recording()
-    monkeypatch.setattr(device.profile, "PROFILE_BUDGET_S", 0.0)
+    monkeypatch.setattr(device.jobs.profile, "PROFILE_BUDGET_S", 0.0)
     profile_runner(runner, [1], (3, 4, 4))
-    monkeypatch.setattr(device.profile, "PROFILE_BUDGET_S", 1e9)
+    monkeypatch.setattr(device.jobs.profile, "PROFILE_BUDGET_S", 1e9)
     profile, _ = profile_runner(runner, [2], (3, 4, 4))
-    assert runner.counts == [device.profile.PROFILE_MIN_ITERATIONS, device.profile.PROFILE_ITERATIONS]
+    assert runner.counts == [device.jobs.profile.PROFILE_MIN_ITERATIONS, device.jobs.profile.PROFILE_ITERATIONS]
     assert Profile.model_validate(profile).batches[0].batch_size == 2
 
 

@@ -1,5 +1,5 @@
 """The agent never turns an uploaded file into Python: a default agent refuses every ``torch.export`` program, and one
-started with ``--trust-programs`` still checks each against the closed schema (device/program_schema.py).
+started with ``--trust-programs`` still checks each against the closed schema (device/uploads/program_schema.py).
 
 Each crafted payload runs ``touch MARKER`` if anything executes it; every test asserts the marker never appears. The
 three reported exploits (code in ``guards_code`` run at load and at every forward; a graph input named as a default
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device.artifacts import ArtifactError, UnsafeArtifactError, check, verify
+from device.uploads.artifacts import ArtifactError, UnsafeArtifactError, check, verify
 from device.files import sha256_file
 from tests.device.agent_process import AgentProcess, plant
 from tests.device.test_upload_safety import Touch, entry, pickled, program, rewrite  # noqa: F401 (the fixture)
@@ -292,7 +292,7 @@ def test_no_string_of_the_document_runs_code_and_unknown_keys_are_refused(fuzzed
 def test_the_schema_asset_covers_what_the_installed_torch_writes():
     """Every struct, field and type of this torch's own schema.yaml is in the asset (a torch upgrade that adds one
     fails here: regenerate with python -m tests.device.export_schema_source)."""
-    from device.program_schema import schema
+    from device.uploads.program_schema import schema
     from tests.device.export_schema_source import installed_schema_yaml, read_schema
 
     version, types = read_schema(installed_schema_yaml().read_text())
@@ -308,7 +308,7 @@ def test_the_schema_asset_covers_what_the_installed_torch_writes():
 
 
 def test_every_string_the_schema_can_hold_has_a_grammar():
-    from device.program_schema import STRING_ROLES, string_positions
+    from device.uploads.program_schema import STRING_ROLES, string_positions
 
     positions = string_positions()
     assert "ExportedProgram.guards_code" in positions and "TensorArgument.name" in positions
@@ -317,7 +317,7 @@ def test_every_string_the_schema_can_hold_has_a_grammar():
 
 def test_programs_of_real_architectures_pass_the_closed_schema(tmp_path):
     """The schema is closed, not narrow: programs torch writes for the registry's architectures pass."""
-    from device.architectures import build_model
+    from device.models.architectures import build_model
     from pipeline.tasks.classification.torch_export import export_program
 
     for arch in ("tiny_resnet", "mobilenet_v3_small", "regnet_y_400mf"):
@@ -360,7 +360,7 @@ def test_a_nul_in_an_entry_name_is_seen(program, tmp_path):  # noqa: F811
 @slow_fixture
 def planted_agent(request, tmp_path_factory, program):  # noqa: F811
     """An agent whose store holds every crafted file, put there by hand before it started."""
-    from device.store import Store
+    from device.service.store import Store
 
     root = tmp_path_factory.mktemp(f"planted-{request.param}")
     marker = root / "ran"
@@ -487,7 +487,7 @@ def test_a_file_that_is_two_archives_is_refused(program, tmp_path):  # noqa: F81
 @pytest.mark.parametrize("expression", ["ceiling(1e99999999)", "(((((9**64)**64)**64)**64)**64)",
                                         "sqrt(Float(2, 100000000))", "Float(1, 999999999)", "Integer(1e99999999999)"])
 def test_a_shape_expression_sympy_would_compute_for_ever_is_refused(program, tmp_path, expression):  # noqa: F811
-    from device.archive_check import ArchiveRefused, check_expression
+    from device.uploads.archive_check import ArchiveRefused, check_expression
 
     with pytest.raises(ArchiveRefused):
         check_expression(expression, "x")

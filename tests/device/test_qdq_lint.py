@@ -5,7 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from device.qdq_lint import lint_qdq
+from device.runners.qdq_lint import lint_qdq
 
 
 def build(opset=17, x_scale=0.02, x_zero=np.int8(0), w_axis=0, per_channel=True,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from device.artifacts import UnsafeArtifactError
+from device.uploads.artifacts import UnsafeArtifactError
 from device.errors import ConfigError, RunnerError, UnknownKeyError
 from device.runners import RUNNERS, make_runner
 from tests.device.agent_process import tiny_onnx
@@ -138,8 +138,8 @@ def test_onnxruntime_runner_profiles_on_a_second_session(tmp_path):
 def test_tensorrt_runner_per_batch_engines_and_layer_profile(tmp_path):
     """On real TensorRT: one engine per batch, the smoke inference inside them, and the per-layer table."""
     pytest.importorskip("tensorrt")
-    from device.jobrun import smoke
-    from device.profile import Profile, profile_runner
+    from device.jobs.jobrun import smoke
+    from device.jobs.profile import Profile, profile_runner
     from tests.device.trt_standin import qdq_classifier
 
     model = qdq_classifier(tmp_path / "int8.onnx")

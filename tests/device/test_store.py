@@ -1,7 +1,7 @@
 """The agent's SQLite store: order, atomic state changes, survival across reopen."""
 
 from device.schema import JobSpec
-from device.store import Store
+from device.service.store import Store
 
 SHA = "a" * 64
 

@@ -1,4 +1,4 @@
-"""After ten minutes (:mod:`device.sustain`): the engine run without pause, recorded interval by interval. On loopback
+"""After ten minutes (:mod:`device.jobs.sustain`): the engine run without pause, recorded interval by interval. On loopback
 with real ONNX Runtime (what it cannot measure said), the kernel's trip points read and a zone near its critical one
 stopping the run, the agent refusing a bad spec or a run past its timeout with 422, and a cancel ending the load at
 once; on the simulated Orin Nano (the REAL jtop service, the clocked TensorRT stand-in, a PLANTED heat curve), the
@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from device.errors import ConfigError
-from device.jtop_client import use_socket
+from device.power.jtop_client import use_socket
 from device.runners import make_runner
-from device.sustain import NoIntervalError, SustainedTime, first_throttle, run_sustained, thermal_zones, trip_points
-from device.sustain_schema import SustainedResult, SustainedSpec
+from device.jobs.sustain import (NoIntervalError, SustainedTime, first_throttle, run_sustained, thermal_zones,
+                                 trip_points)
+from device.jobs.sustain_schema import SustainedResult, SustainedSpec
 from tests.device.agent_process import TOKEN, AgentProcess, tiny_onnx
 from tests.slow import slow_fixture
 
@@ -52,7 +53,7 @@ def test_trip_points_are_read_as_the_kernel_lists_them(tmp_path):
 def test_nvml_reasons_are_the_bits_seen_in_the_interval_each_named():
     """Two samples, a power cap (0x4) then a thermal slowdown (0x20): both are signals, not the larger one alone;
     the GPU clock's reference is the first interval's peak, so a board ramping up in it is no drop later."""
-    from device.sustain import _interval
+    from device.jobs.sustain import _interval
     from device.telemetry.base import Trace
     from device.telemetry import series
 
@@ -69,7 +70,7 @@ def test_nvml_reasons_are_the_bits_seen_in_the_interval_each_named():
 def test_a_governors_dip_is_no_throttle_and_a_held_drop_is():
     """Without jetson_clocks the GPU runs under DVFS and jtop reads the instantaneous clock (jetson-stats 7.2.2,
     core/gpu.py): one sample of a governor's dip to 306 MHz is no throttle; the clock held at 624 MHz is."""
-    from device.sustain import _interval
+    from device.jobs.sustain import _interval
     from device.telemetry import series
     from device.telemetry.base import Trace
 
@@ -413,9 +414,9 @@ def test_a_setting_the_timeout_leaves_no_time_for_is_never_set(tmp_path, monkeyp
     pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
     import jtop.service
 
-    from device.power_modes import ModeController
+    from device.power.power_modes import ModeController
     from device.schema import SweepSpec
-    from device.sweep import run_sweep
+    from device.jobs.sweep import run_sweep
     from tests.device.jetson_sim import JtopService, mode_state
 
     class OneSettingOfTime:

@@ -94,7 +94,7 @@ def test_clocks_off_in_the_same_mode_sets_the_mode_again_when_jtops_stored_file_
     """jtop switches jetson_clocks off with ``--restore`` of a file it stored once, here while the board ran 7W
     (four cores, lower caps); the board now runs 15W. Without setting 15W again the cores and caps of 7W stay,
     and every setting and restore after it fails its check."""
-    from device.power_modes import ModeController, PowerMode, read_nvpmodel_conf
+    from device.power.power_modes import ModeController, PowerMode, read_nvpmodel_conf
     from tests.device.jetson_sim import JtopService, mode_state, store_jetson_clocks
 
     svc = JtopService(tmp_path, "orin-nano")
@@ -115,8 +115,8 @@ def test_clocks_off_in_the_same_mode_sets_the_mode_again_when_jtops_stored_file_
 def test_a_sweep_sets_modes_through_the_samplers_client_and_leaves_it_open(tmp_path, monkeypatch):
     """Every jtop client unpickles the service's whole stats each tick: a sweep with a jtop sampler open sets its
     modes through that client rather than a second one, and closing the controller leaves it to the sampler."""
-    from device import jtop_client
-    from device.power_modes import ModeController, PowerMode, read_nvpmodel_conf
+    from device.power import jtop_client
+    from device.power.power_modes import ModeController, PowerMode, read_nvpmodel_conf
     from device.telemetry.host import HostSampler
     from device.telemetry.jtop import JtopSampler, shared_client
     from tests.device.jetson_sim import JtopService, mode_state
@@ -217,7 +217,7 @@ def test_jetson_clocks_on_a_thor_is_read_in_one_unit_where_jtop_never_reports_it
     """jetson-stats 7.2.2 on Thor: the GPU's maximum comes from NVML in MHz, its minimum from the gpu-gpc-0 devfreq
     node in kHz, and jetson_clocks_alive compares the two as they are, so jtop never reports jetson_clocks on. A
     setting with it on waited for jtop until the time limit; EdgeFold reads the pinned clocks itself there."""
-    from device.power_modes import ModeController, PowerMode, read_nvpmodel_conf
+    from device.power.power_modes import ModeController, PowerMode, read_nvpmodel_conf
     from device.telemetry.jtop import JtopSampler
     from tests.device.jetson_sim import JtopService, mode_state
 
@@ -277,7 +277,7 @@ def test_a_cancelled_sweep_leaves_the_device_as_found(tmp_path):
 def test_jobs_are_refused_while_the_device_is_held_and_run_once_it_is_restored(tmp_path):
     """A hold a killed sweep left, and no jtop service at start-up: the restore fails, so a job is refused with
     the reason; once the service is back, the next job's restore puts 15W back and the job runs."""
-    from device.power_modes import DeviceState, write_hold
+    from device.power.power_modes import DeviceState, write_hold
     from tests.device.jetson_sim import JtopService, mode_state, set_mode
 
     model = tiny_onnx(tmp_path / "tiny.onnx")

@@ -6,7 +6,7 @@ the reason — never dropped silently. The sweep through the real jtop service i
 import pytest
 
 from device.files import sha256_file
-from device.jobrun import run_job
+from device.jobs.jobrun import run_job
 from device.schema import JobResult, JobSpec
 from tests.device import trt_standin
 from tests.device.agent_process import tiny_onnx

@@ -10,8 +10,8 @@ import pytest
 
 from device.errors import (DlaError, PrecisionMismatchError, ShapeOutsideProfileError, StaticShapeError,
                            TensorRTCallError, TimingCacheError)
-from device.jobrun import smoke
-from device.profile import Profile, profile_runner
+from device.jobs.jobrun import smoke
+from device.jobs.profile import Profile, profile_runner
 from device.runners import make_runner
 from tests.device import trt_standin
 from tests.device.agent_process import tiny_onnx
@@ -86,7 +86,7 @@ def test_every_bool_tensorrt_returns_is_checked(monkeypatch, tmp_path, float_mod
     monkeypatch.setattr(context_class, "set_input_shape", lambda self, name, shape: False)
     with pytest.raises(ShapeOutsideProfileError, match="set_input_shape returned False"):
         runner(float_model, tmp_path, batch_sizes=(8,)).load()
-    from device.engine import BuildOptions, build_engine
+    from device.runners.engine import BuildOptions, build_engine
 
     cache = tmp_path / "timing.cache"
     cache.write_bytes(b"STANDIN-CACHE:another-gpu:10.3.0")
@@ -218,7 +218,7 @@ def test_out_of_memory_context_is_a_runner_error_with_the_fix(monkeypatch, tmp_p
 def test_corrupt_timing_cache_is_named_and_a_new_one_is_written_whole(monkeypatch, tmp_path, float_model):
     """create_timing_cache() returns None on a blob it cannot read: the error names the file and the fix."""
     trt_standin.install(monkeypatch, "10.3.0")
-    from device.engine import BuildOptions, build_engine
+    from device.runners.engine import BuildOptions, build_engine
 
     cache = tmp_path / "timing.cache"
     cache.write_bytes(b"\x00truncated")
@@ -302,7 +302,7 @@ def test_job_result_and_report_carry_three_latencies(monkeypatch, tmp_path, floa
     """A TensorRT job's result has trtexec's Latency and GPU Compute beside the wall time, and the report
     shows all three, each with its interval over the windows and named for what it is."""
     from device.files import sha256_file
-    from device.jobrun import run_job
+    from device.jobs.jobrun import run_job
     from device.schema import JobResult
     from pipeline.profile_report import TIMINGS_TEXT, timing_rows
     from pipeline.tasks.classification.report_data import _window_statistics
@@ -330,7 +330,7 @@ def test_each_runtime_reports_its_own_facts(monkeypatch, tmp_path, float_model):
     """The result's runtime section carries what each runner reports of itself (Runner.runtime_facts): TensorRT
     what it built (engine, precision, the trtexec line per batch) under ``built``, ONNX Runtime its providers."""
     from device.files import sha256_file
-    from device.jobrun import run_job
+    from device.jobs.jobrun import run_job
     from device.schema import JobResult
 
     spec = {"artifact": sha256_file(float_model), "precision": "fp32", "batch_sizes": [2], "iterations": 3,
@@ -377,7 +377,7 @@ def test_a_planted_tensorrt_deviation_from_the_host_is_found_and_flagged(monkeyp
     """The evaluation set runs through the engine that was timed (last batch padded: 37 = 4×8 + 5); a stand-in
     engine that swaps the top two classes for every third image (a planted "fused INT8 layer") is told apart
     from the host's ONNX Runtime predictions, and the headline says so with the likely causes."""
-    from device.jobrun import run_job
+    from device.jobs.jobrun import run_job
     from device.schema import JobResult
     from pipeline.tasks.classification.device_accuracy import device_scores
     from pipeline.tasks.classification.report import headline_text
@@ -418,7 +418,7 @@ def test_every_timed_engine_is_scored_and_one_that_parts_from_the_others_is_foun
     """TensorRT builds one engine per measured batch, and weakly typed 10.3 may give each other precisions: the set
     runs through each (batch 8 first, the result's ``evaluation``; batch 1 in ``more_evaluations``). A deviation
     planted in the batch-1 engine only is invisible in the batch-8 score and found in its own."""
-    from device.jobrun import run_job
+    from device.jobs.jobrun import run_job
     from device.schema import JobResult
     from pipeline.tasks.classification.device_accuracy import device_scores
 
@@ -448,7 +448,7 @@ def test_every_timed_engine_is_scored_and_one_that_parts_from_the_others_is_foun
 
 
 def test_a_runtime_with_one_model_for_every_batch_is_scored_once_and_says_so(tmp_path, float_model):
-    from device.jobrun import run_job
+    from device.jobs.jobrun import run_job
     from device.schema import JobResult
 
     eval_path = _evaluation_set(tmp_path)
@@ -461,8 +461,8 @@ def test_a_runtime_with_one_model_for_every_batch_is_scored_once_and_says_so(tmp
 
 def test_an_evaluation_set_that_is_not_the_jobs_is_refused(monkeypatch, tmp_path, float_model):
     """Its hash or its shape against the model's input: named, with the fix, never scored."""
-    from device.evaluation import EvaluationSetError
-    from device.jobrun import run_job
+    from device.scoring.evaluation import EvaluationSetError
+    from device.jobs.jobrun import run_job
 
     trt_standin.install(monkeypatch, "10.3.0")
     eval_path = _evaluation_set(tmp_path)
@@ -523,8 +523,8 @@ def test_the_frame_prefix_stays_fp32_in_an_fp16_engine_and_takes_a_uint8_frame(m
     strongly typed) the prefix's float layers are pinned to FP32 with the precision-constraint flag, and build.json's
     trtexec line says so; on 11 (strongly typed: the ONNX's types) nothing is pinned. Either engine takes the uint8
     frame and answers as ONNX Runtime does."""
-    from device.frame import InGraphPath, synthetic_frames
-    from device.frame_schema import FrameSpec
+    from device.jobs.frame import InGraphPath, synthetic_frames
+    from device.jobs.frame_schema import FrameSpec
     from device.preprocess import Preprocess
     from pipeline.frame_prefix import write_prefixed
 

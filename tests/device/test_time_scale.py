@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.device.time_scale import install_in_job_process
-Path('cmdline').write_bytes(b'python\\0-m\\0device.jobrun\\0job')
+Path('cmdline').write_bytes(b'python\\0-m\\0device.jobs.jobrun\\0job')
 host = time.monotonic
 scale = install_in_job_process(Path('cmdline'))
 began, host_began = time.monotonic(), host()
@@ -51,5 +51,5 @@ def test_only_a_job_process_takes_the_clock(tmp_path, monkeypatch):
     assert install_in_job_process(agent) is None, "the agent itself keeps the host's clock"
     assert install_in_job_process(tmp_path / "missing") is None
     monkeypatch.delenv(ENV_SCALE)
-    agent.write_bytes(b"python\0-m\0device.zygote")
+    agent.write_bytes(b"python\0-m\0device.service.zygote")
     assert install_in_job_process(agent) is None, "no clock without the variables"

@@ -216,7 +216,7 @@ def test_standin_engines_write_their_releases_trace(tmp_path, version, trace, ke
 @pytest.mark.parametrize("version,fmt", [("2.5.0", "perfetto"), ("2.9.0", "trex"), ("2.14.0", "trex")])
 def test_runner_times_each_engine_layer_with_its_releases_profiler(monkeypatch, tmp_path, program, version, fmt):
     """Against the STAND-IN: the runner's profile is the engines' own trace, read in the release's format."""
-    from device.profile import profile_runner
+    from device.jobs.profile import profile_runner
     from device.runners.torch_tensorrt_profile import find_engines
 
     _, path = program
@@ -281,7 +281,7 @@ TREX_2_9 = """[
 @pytest.mark.parametrize("version,name,text", [("2.5.0", "_run_on_acc_0_engine_exectuion_profile.trace", PERFETTO_2_5),
                                                ("2.9.0", "_run_on_acc_0_engine_execution_profile.trace", TREX_2_9)])
 def test_traces_in_torch_tensorrts_own_format_become_the_table(tmp_path, version, name, text):
-    from device.profile import batch_profile
+    from device.jobs.profile import batch_profile
     from device.runners.torch_tensorrt_profile import read_engine_trace, tensorrt_timings
 
     spec = rules_for(version)["engine_profiler"].value
@@ -308,7 +308,7 @@ def test_a_missing_trace_is_an_error_naming_what_was_written(tmp_path):
 
 def test_without_the_cpp_runtime_the_profile_says_so_instead_of_guessing(monkeypatch, tmp_path, program, capsys):
     """Against the STAND-IN of 2.14 without its C++ runtime: the Python engine prints, writes no trace."""
-    from device.profile import profile_runner
+    from device.jobs.profile import profile_runner
 
     _, path = program
     standin(monkeypatch, "2.14.0", cpp_runtime=False)
@@ -347,7 +347,7 @@ def test_program_versions_are_read_without_torch(program):
 def test_a_program_from_another_schema_major_is_refused_naming_both_versions(monkeypatch, tmp_path, program):
     """The closed schema refuses it first (it knows serialization schema 8 only), naming the writer's torch; the
     runner's own rule names both torch versions (test_version_rule_matches_torchs_own)."""
-    from device.artifacts import UnsafeArtifactError
+    from device.uploads.artifacts import UnsafeArtifactError
 
     _, path = program
     standin(monkeypatch, "2.5.0")
@@ -448,7 +448,7 @@ def test_real_torch_tensorrt_times_its_engine_layers(tmp_path, program):
     pytest.importorskip("torch_tensorrt")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from device.profile import profile_runner
+    from device.jobs.profile import profile_runner
 
     _, path = program
     with make_runner("torch_tensorrt", str(path), trust_programs=True, batch_sizes=(4,), engine_cache=str(tmp_path)) as runner:
@@ -589,7 +589,7 @@ def test_the_gpus_pci_bus_id_falls_back_to_the_cuda_runtime_where_torch_lacks_th
     the id then comes from cudaDeviceGetPCIBusId (a STAND-IN CUDA runtime here: no GPU)."""
     import types
 
-    import device.cuda
+    import device.runners.cuda
     from device.runners.torch_tensorrt import cuda_pci_bus_id
 
     def fake_torch(**fields):
@@ -603,12 +603,12 @@ def test_the_gpus_pci_bus_id_falls_back_to_the_cuda_runtime_where_torch_lacks_th
         def pci_bus_id(self, device=0):
             return "0000:00:00.0"
 
-    monkeypatch.setattr(device.cuda, "CudaRuntime", Runtime)
+    monkeypatch.setattr(device.runners.cuda, "CudaRuntime", Runtime)
     assert cuda_pci_bus_id(fake_torch()) == "0000:00:00.0"
 
     class Missing:
         def __init__(self):
             raise OSError("libcudart.so: cannot open shared object file")
 
-    monkeypatch.setattr(device.cuda, "CudaRuntime", Missing)
+    monkeypatch.setattr(device.runners.cuda, "CudaRuntime", Missing)
     assert cuda_pci_bus_id(fake_torch()) is None

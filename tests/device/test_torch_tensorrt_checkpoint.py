@@ -85,7 +85,7 @@ def test_an_int8_rung_is_restored_then_refused_without_cuda(monkeypatch, tmp_pat
         pytest.skip("needs nvidia-modelopt")
     standin(monkeypatch, "2.14.0")
     calls = []
-    import device.torch_checkpoint as device_checkpoint
+    import device.uploads.torch_checkpoint as device_checkpoint
 
     real = device_checkpoint.restore_quantized
     monkeypatch.setattr(device_checkpoint, "restore_quantized",
@@ -105,7 +105,7 @@ def test_the_int8_export_follows_its_releases_example():
 def device_info(**changes) -> dict:
     """What an agent's GET /v1/device says that the road reads: its torch, whether it trusts programs, and the
     architecture sources it has (this machine's, by default)."""
-    from device.architectures import architecture_sources
+    from device.models.architectures import architecture_sources
 
     return {"torch": torch.__version__, "trust_programs": False, "architectures": architecture_sources(), **changes}
 
@@ -173,7 +173,7 @@ def _edited(path, tmp_path, change) -> "Path":
 def test_the_device_rebuilds_only_the_same_module_and_names_the_package_otherwise(tmp_path, checkpoints, change,
                                                                                   reason, install):
     from device.errors import CheckpointError
-    from device.torch_checkpoint import load_for_export
+    from device.uploads.torch_checkpoint import load_for_export
 
     _, float_path, _, _ = checkpoints
     with pytest.raises(CheckpointError, match=reason) as err:
@@ -209,7 +209,7 @@ def test_modelopts_restore_gets_only_what_modelopt_writes(tmp_path, checkpoints,
     """ModelOpt's restore sets every key of a quantizer's state as an attribute: any other key, value kind, mode or
     quantizer is refused by name before it runs."""
     from device.errors import CheckpointError
-    from device.torch_checkpoint import load_for_export
+    from device.uploads.torch_checkpoint import load_for_export
 
     _, _, int8_path, _ = checkpoints
     if int8_path is None:
@@ -241,7 +241,7 @@ def test_real_int8_rung_compiles_from_its_device_checkpoint(tmp_path, checkpoint
 def test_a_zip_that_is_neither_program_nor_checkpoint_is_refused_at_upload(tmp_path):
     import zipfile
 
-    from device.artifacts import ArtifactError, check
+    from device.uploads.artifacts import ArtifactError, check
     from device.files import sha256_file
 
     path = tmp_path / "notes.zip"
@@ -278,7 +278,7 @@ def test_a_checkpoint_upload_that_could_run_code_or_blow_up_is_refused(tmp_path,
                                                                        refused):
     """The agent's upload check reads the pickle without torch: every way of naming a callable other than torch.save's
     own GLOBALs, a TorchScript archive (torch < 2.6 runs it under weights_only) and a compressed pickle (a zip bomb)."""
-    from device.artifacts import ArtifactError, check
+    from device.uploads.artifacts import ArtifactError, check
     from device.files import sha256_file
 
     path = _zip_with_pickle(tmp_path / f"{what}.pt", pickled, extra, compress)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device.artifacts import ArtifactError, UnsafeArtifactError, check, verify
+from device.uploads.artifacts import ArtifactError, UnsafeArtifactError, check, verify
 from device.files import sha256_file
 from tests.device.agent_process import tiny_onnx
 
@@ -274,7 +274,7 @@ def test_every_way_a_program_could_run_code_is_refused_at_upload(program, tmp_pa
 
 
 def test_the_shape_expression_check_passes_what_torch_writes_and_nothing_callable():
-    from device.archive_check import ArchiveRefused, check_expression
+    from device.uploads.archive_check import ArchiveRefused, check_expression
 
     for text in ("Symbol('s77', positive=True, integer=True)", "2*s0 + 1", "Max(1, s0)", "FloorDiv(s0, 2)", "s0 <= 64",
                  "-s1 + 3.5"):
@@ -329,7 +329,7 @@ def test_a_checkpoint_sets_only_the_widths_pruning_records(tmp_path):
     """Its structure may set a layer's recorded widths and nothing else (a padding of 50 would explode the compute),
     and its class count is bounded before anything is built."""
     from device.errors import CheckpointError
-    from device.torch_checkpoint import load_checkpoint
+    from device.uploads.torch_checkpoint import load_checkpoint
     from pipeline.checkpoint import save_checkpoint
     from pipeline.models import build_model
 
@@ -374,7 +374,7 @@ def test_damaged_bytes_of_every_kind_are_refused_never_a_crash(program, tmp_path
 
 
 def test_a_real_checkpoint_passes_the_symbolic_run(tmp_path):
-    from device.safe_pickle import Mapping, Tensor, check_torch_save
+    from device.uploads.safe_pickle import Mapping, Tensor, check_torch_save
 
     state = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).state_dict()
     path = tmp_path / "real.device.pt"
@@ -455,7 +455,7 @@ def test_onnx_with_a_custom_op_domain_is_refused(tmp_path):
 
 
 def test_a_job_on_onnx_put_in_the_store_with_external_data_fails_before_loading(tmp_path):
-    from device.jobrun import verify_stored
+    from device.jobs.jobrun import verify_stored
 
     path = _with_external(tmp_path, "/etc/hostname")
     stored = tmp_path / "0123.onnx"

@@ -7,7 +7,7 @@ both sides read the same simulated time, ``origin + scale × (host − origin)``
 clock with one origin: a two-minute run lasts ``120 / scale`` seconds of the host's, and every figure it records is
 in simulated seconds.
 
-In a job process (the agent's ``device.zygote`` and ``device.jobrun``, never the agent itself) the clock replaces
+In a job process (the agent's ``device.service.zygote`` and ``device.jobs.jobrun``, never the agent itself) the clock replaces
 ``time.monotonic``, ``time.perf_counter``, ``time.time`` (and their ``_ns`` forms) and ``time.sleep`` (a simulated
 second is ``1 / scale`` of the host's); it is installed by the ``sitecustomize`` of
 :func:`tests.device.clocked_runtime.sitecustomize_dir` from ``EDGEFOLD_TEST_TIME_*`` variables, which nothing
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV_SCALE, ENV_ORIGIN = "EDGEFOLD_TEST_TIME_SCALE", "EDGEFOLD_TEST_TIME_ORIGIN"
-JOB_MODULES = (b"device.zygote", b"device.jobrun")  # the agent's job processes (/proc/self/cmdline)
+JOB_MODULES = (b"device.service.zygote", b"device.jobs.jobrun")  # the agent's job processes (/proc/self/cmdline)
 BOOTTIME_AWAY_S = 86400.0
 _HOST = {name: getattr(time, name) for name in ("monotonic", "perf_counter", "time", "sleep", "clock_gettime")}
 

@@ -817,15 +817,15 @@ class FakeCuda:
 def install(monkeypatch, version: str = "10.3.0", dla_cores: int = 0, board: str | None = None,
             device_memory_bytes: int | None = None) -> types.ModuleType:
     """Puts a stand-in ``tensorrt`` in ``sys.modules`` and the fake CUDA runtime in the runner and NVML's lookup."""
-    import device.cuda
-    import device.engine
+    import device.runners.cuda
+    import device.runners.engine
     import device.runners.tensorrt
 
     trt = make_tensorrt(version, dla_cores, device_memory_bytes)
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     monkeypatch.setattr(device.runners.tensorrt, "CudaRuntime", FakeCuda)
-    monkeypatch.setattr(device.cuda, "CudaRuntime", FakeCuda)
-    monkeypatch.setattr(device.engine, "board_model", lambda *a, **k: board)
+    monkeypatch.setattr(device.runners.cuda, "CudaRuntime", FakeCuda)
+    monkeypatch.setattr(device.runners.engine, "board_model", lambda *a, **k: board)
     monkeypatch.setattr(device.runners.tensorrt, "detect_gpu", lambda **_: (STANDIN_DEVICE, "8.7"))
     return trt
 

@@ -57,7 +57,7 @@ def test_l4t_table_maps_releases_and_refuses_unknown_ones():
 def test_one_l4t_table_for_the_images_the_bundle_and_the_agent():
     """The images' families and the agent's L4T → JetPack come from device/l4t.json, and
     every release the agent knows from L4T 35 on has a family here: none is "unknown" to one side only."""
-    from device.jetson import L4T_TO_JETPACK
+    from device.power.jetson import L4T_TO_JETPACK
 
     families = platforms.table()
     for l4t in L4T_TO_JETPACK:
@@ -182,7 +182,7 @@ def test_the_images_carry_what_rebuilds_every_built_in_architecture():
     """A default agent rebuilds each rung from its device checkpoint with its own registry: every built-in key needs
     torchvision, so the Jetson image and bundle with Torch-TensorRT carry the one paired with their torch, and the
     data-center image its own."""
-    from device.architectures import ARCHITECTURES, source_kind
+    from device.models.architectures import ARCHITECTURES, source_kind
 
     requirements = {ARCHITECTURES.get(key).requirement for key in ARCHITECTURES.names()
                     if source_kind(ARCHITECTURES.get(key).source) == "built-in"}
@@ -204,7 +204,7 @@ import sys
 for name in ("timm", "pipeline", "torch_pruning", "onnx", "onnxruntime", "onnxscript", "onnxslim", "sklearn",
              "torch_tensorrt", "tensorrt", "modelopt"):
     sys.modules[name] = None
-from device.architectures import ARCHITECTURES, build_model, source_kind
+from device.models.architectures import ARCHITECTURES, build_model, source_kind
 built = []
 for key in ARCHITECTURES.names():
     if source_kind(ARCHITECTURES.get(key).source) == "built-in":

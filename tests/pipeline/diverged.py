@@ -32,7 +32,7 @@ def point_deploy_at(run_dir: Path, name: str, url: str, rung: str = "student_int
 def diverge_on_an_agent(run_dir: Path, tmp_path: Path, rung: str = "student_int8") -> tuple[int, dict, str]:
     """``edgefold diverge RUN --rung RUNG --device bench-agent`` on 3 images, 2 tensors a job: the exit code, the
     answer written and report.md after it."""
-    from device.loopback import LoopbackAgent
+    from device.service.loopback import LoopbackAgent
     from pipeline.cli import main
 
     with LoopbackAgent(tmp_path / "agent") as agent:

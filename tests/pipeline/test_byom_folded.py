@@ -47,7 +47,7 @@ def test_a_reparameterisable_or_two_headed_timm_teacher_reaches_an_int8_student(
         assert abs(stages["prune"]["metrics"]["macs_fraction"] - 0.5) <= 0.1 * 0.5
         assert exported["student"]["branches_folded"], "the student, pruned folded, is exported so (not folded twice)"
         if "deploy.runtimes" in changes:
-            from device.torch_checkpoint import read_payload
+            from device.uploads.torch_checkpoint import read_payload
 
             for rung in ("teacher", "student"):
                 payload = read_payload(ctx.manifest.output("export", f"{rung}_device_checkpoint"))

@@ -9,9 +9,9 @@ import onnx
 import pytest
 import torch
 
-from device.detection_post import load_head_spec, postprocess
+from device.scoring.detection_post import load_head_spec, postprocess
 from device.errors import ConfigError
-from device.qdq_lint import lint_qdq
+from device.runners.qdq_lint import lint_qdq
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from pipeline.tasks.detection.export import box_branch_nodes, export_detector, network_inputs, raw_outputs, sidecar_path
 from pipeline.tasks.detection.models import build_detector

@@ -103,7 +103,7 @@ def test_detection_int8_puts_the_box_head_in_fp16_and_records_what_each_setting_
     classifier's INT8 is, scoring as the FP32 box head does; float and int8 quantized beside it and recorded."""
     import onnx
 
-    from device.qdq_lint import lint_qdq
+    from device.runners.qdq_lint import lint_qdq
     from pipeline.tasks.detection.export import box_branch_nodes
     from pipeline.quantize.fp16_nodes import fp16_nodes
     from pipeline.quantize.int8_weights import float_weights

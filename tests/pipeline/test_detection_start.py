@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from device.detection_post import HeadSpecError, head_spec_from_dict, load_head_spec, postprocess
+from device.scoring.detection_post import HeadSpecError, head_spec_from_dict, load_head_spec, postprocess
 from device.errors import ConfigError
 from pipeline.tasks.detection.export import network_inputs, sidecar_path
 from pipeline.tasks.detection.metrics import Boxes, accumulate, match, summary
@@ -316,7 +316,7 @@ def test_the_shipped_yolo_detector_letterboxes_as_ultralytics_and_maps_boxes_bac
     # post-processing back to the frame's pixels: what the standalone infer.py answered.
     import onnxruntime as ort
 
-    from device.detection_post import load_head_spec, postprocess
+    from device.scoring.detection_post import load_head_spec, postprocess
     from pipeline.tasks.detection.data import letterbox
 
     square, _, _ = letterbox(cv2.cvtColor(wide, cv2.COLOR_BGR2RGB), SIZE, "ultralytics")

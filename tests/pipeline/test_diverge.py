@@ -32,7 +32,7 @@ def _point_deploy_at(run_dir, name, url, state="succeeded"):
 
 
 def test_diverge_answers_on_a_finished_run_and_the_report_shows_it(run_copy, tmp_path):
-    from device.loopback import LoopbackAgent
+    from device.service.loopback import LoopbackAgent
     from pipeline.cli import main
 
     with LoopbackAgent(tmp_path / "agent") as agent:

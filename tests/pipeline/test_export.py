@@ -79,7 +79,7 @@ def test_the_fp16_rung_is_fp16_in_its_graph_with_float32_io(tiny_run):
     outputs stay float32 (the client does not change), and its host score is labelled an emulation."""
     import onnx
 
-    from device.engine import artifact_precision
+    from device.runners.engine import artifact_precision
 
     entry = tiny_run.manifest.stage("export")
     path = tiny_run.run_dir / entry["outputs"]["student_fp16"]
@@ -95,7 +95,7 @@ def test_a_timm_model_with_train_time_branches_is_exported_in_its_inference_form
     """MobileOne trains with parallel convolution branches that timm folds into one for inference: the export
     writes the folded graph (fewer convolutions), and it agrees with the trained model it came from."""
     pytest.importorskip("timm")
-    from device.architectures import ARCHITECTURES
+    from device.models.architectures import ARCHITECTURES
     from pipeline.export.onnx import check_parity, export_onnx
 
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """The preprocessing written into the graph (:mod:`pipeline.frame_prefix`) against the CPU path it stands for
-(:class:`device.frame.FramePath`: OpenCV, the project's :class:`device.preprocess.Preprocess`), run by real ONNX
+(:class:`device.jobs.frame.FramePath`: OpenCV, the project's :class:`device.preprocess.Preprocess`), run by real ONNX
 Runtime on a real photograph and on synthetic frames, per interpolation and format; the rung with the prefix in front;
 an interpolation that cannot match refused."""
 
@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 
 from device.errors import ConfigError
-from device.frame import FramePath, InGraphPath, synthetic_frames, to_nv12
-from device.frame_schema import FrameSpec
+from device.jobs.frame import FramePath, InGraphPath, synthetic_frames, to_nv12
+from device.jobs.frame_schema import FrameSpec
 from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
 from pipeline.frame_prefix import (MARGIN_LEVELS, MEASURED_LEVELS, NV12_EXTRA_LEVELS, check_prefix, prefix_graph,

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from device.errors import ConfigError
-from device.frame_schema import FRAME_STAGES
+from device.jobs.frame_schema import FRAME_STAGES
 from pipeline.core.recipe import load_recipe
 from pipeline.deploy.frame_report import frame_headline
 
@@ -128,8 +128,8 @@ def test_a_frame_measured_with_power_and_copies_says_both(tmp_path):
     compared."""
     from types import SimpleNamespace
 
-    from device.frame import time_frames
-    from device.frame_schema import FrameResult, FrameSpec
+    from device.jobs.frame import time_frames
+    from device.jobs.frame_schema import FrameResult, FrameSpec
     from device.preprocess import Preprocess
     from device.runners import make_runner
     from pipeline.sections import to_markdown_lines

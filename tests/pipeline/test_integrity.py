@@ -178,8 +178,8 @@ def test_code_closure_follows_imports_but_not_package_inits():
             "pipeline.checkpoint", "pipeline.models"} <= set(modules)
     assert "pipeline.stages.quantize" not in modules and "pipeline.tasks.classification" not in modules
     quantize = codehash.closure(stage_code_roots(STAGES.get("quantize")))
-    assert {"device.qdq_lint", "pipeline.tasks.classification.int8"} <= set(quantize), "the task's part is its code"
-    assert "device.measure" in codehash.closure(stage_code_roots(STAGES.get("deploy")))
+    assert {"device.runners.qdq_lint", "pipeline.tasks.classification.int8"} <= set(quantize), "the task's part is its code"
+    assert "device.jobs.measure" in codehash.closure(stage_code_roots(STAGES.get("deploy")))
     assert "pipeline.tasks.classification.report" in codehash.closure(stage_code_roots(STAGES.get("report")))
 
 

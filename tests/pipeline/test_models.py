@@ -24,7 +24,7 @@ def test_every_architecture_builds_with_its_classifier(arch):
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES.names()))
 def test_every_architecture_builds_for_grey_input(arch):
     """A one-channel stem of the same shape otherwise; the rest of the network is the three-channel one's."""
-    from device.architectures import stem_name
+    from device.models.architectures import stem_name
 
     grey, rgb = build_model(arch, 7, in_channels=1).eval(), build_model(arch, 7).eval()
     stem, rgb_stem = grey.get_submodule(stem_name(grey)), rgb.get_submodule(stem_name(rgb))
@@ -68,7 +68,7 @@ def test_an_architecture_is_checked_before_any_stage_relies_on_it(monkeypatch):
     forward pass at the recipe's size giving the class scores; each failure names the architecture and the fix."""
     from torch import nn
 
-    from device.architectures import Architecture, ArchitectureRegistry
+    from device.models.architectures import Architecture, ArchitectureRegistry
     from device.errors import ConfigError
     from pipeline.models import checked_model
 
@@ -81,7 +81,7 @@ def test_an_architecture_is_checked_before_any_stage_relies_on_it(monkeypatch):
         nn.Conv2d(c, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, n)), "head", source="t"))
     registry.add("fixed", Architecture("fixed", lambda n, c=3: nn.Sequential(
         nn.Conv2d(c, 4, 3), nn.Flatten(), nn.Linear(4 * 14 * 14, n)), "2", source="t"))
-    monkeypatch.setattr("device.architectures.ARCHITECTURES", registry)
+    monkeypatch.setattr("device.models.architectures.ARCHITECTURES", registry)
     monkeypatch.setattr("pipeline.models.ARCHITECTURES", registry)
     with pytest.raises(ConfigError, match="no_stem .* cannot enter the ladder: Sequential has no convolution"):
         checked_model("no_stem", 5, 1, 16)

@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from device.architectures import ARCHITECTURES
+from device.models.architectures import ARCHITECTURES
 from device.errors import ConfigError
 from pipeline.core.recipe import load_recipe, parse_recipe
 from pipeline.export.onnx_start import graph_compute, inspect_start, start_parity, write_start_graph

@@ -32,7 +32,7 @@ def noisy_digits(seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
 def trained_on(images, labels, preprocess: Preprocess, epochs: int):
     """A tiny_resnet trained on the first 1,200 images fed as ``preprocess`` feeds them; (the model in eval mode, all
     images' inputs, their labels)."""
-    from device.architectures import build_model
+    from device.models.architectures import build_model
 
     x = torch.from_numpy(preprocess.normalize(np.stack([preprocess.geometry(i) for i in images])))
     y = torch.from_numpy(labels)

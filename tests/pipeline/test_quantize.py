@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 from device.errors import StageError
-from device.qdq_lint import lint_qdq
+from device.runners.qdq_lint import lint_qdq
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from device.files import sha256_file
 from pipeline.quantize.int8_weights import float_weights

@@ -1,6 +1,6 @@
-"""The report's "Where the time goes" section, from the agents' per-layer profiles (device.profile)."""
+"""The report's "Where the time goes" section, from the agents' per-layer profiles (device.jobs.profile)."""
 
-from device.profile import Profile, batch_profile
+from device.jobs.profile import Profile, batch_profile
 from device.schema import parse_result
 from pipeline.profile_report import time_section
 from pipeline.tasks.classification.report_data import layer_profiles

@@ -52,7 +52,7 @@ def test_a_segmenter_that_finds_no_object_is_refused():
 
 
 def test_masks_travel_packed_and_a_truncated_pack_is_refused():
-    from device.segmentation_evaluation import pack_masks, unpack_masks
+    from device.scoring.segmentation_evaluation import pack_masks, unpack_masks
 
     masks = canvases(6, 32, (1, 3), 0.3, 5).masks
     packed = pack_masks(masks)

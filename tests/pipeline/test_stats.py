@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from device import contention
-from device.window import Contention, SeriesStats, TelemetrySummary
-from device.measure import MeasureSpec, measure
+from device.telemetry import contention
+from device.jobs.window import Contention, SeriesStats, TelemetrySummary
+from device.jobs.measure import MeasureSpec, measure
 from pipeline import stats
 
 

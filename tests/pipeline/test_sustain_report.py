@@ -89,7 +89,7 @@ def test_a_sustained_sweep_is_one_row_per_setting_one_figure_per_device_and_its_
 
     from device.runners import make_runner
     from device.schema import RESULT_SCHEMA, JobResult, JobSpec, NotMeasured, PowerSetting, SweepResult
-    from device.sustain import run_sustained
+    from device.jobs.sustain import run_sustained
     from pipeline.sections import Figure, to_markdown_lines
     from pipeline.deploy.sustain_report import join_rows, plot, section, sustained_runs
     from tests.device.agent_process import tiny_onnx

@@ -85,7 +85,7 @@ def test_the_device_checkpoint_loads_with_weights_only_and_passes_the_upload_che
     """What the agent accepts at upload (pickle globals read without torch) and what torch.load(weights_only=True)
     reads: the whole INT8 device checkpoint, ModelOpt's state included."""
     pytest.importorskip("modelopt.torch.quantization")
-    from device.artifacts import check
+    from device.uploads.artifacts import check
     from device.files import sha256_file
     from pipeline.quantize.modelopt_state import calibrate
 
@@ -98,7 +98,7 @@ def test_the_device_checkpoint_loads_with_weights_only_and_passes_the_upload_che
 
 
 def test_an_upload_that_pickles_a_module_is_refused_naming_the_global(tmp_path):
-    from device.artifacts import ArtifactError, check
+    from device.uploads.artifacts import ArtifactError, check
     from device.files import sha256_file
 
     path = tmp_path / "module.pt"
@@ -157,7 +157,7 @@ def test_roads_default_to_the_onnx_road_and_unknown_ones_are_refused(repo):
 def test_export_stage_writes_a_device_checkpoint_per_float_rung_and_no_program(torch_road_run):
     """The road's artifact is data: each float rung's device checkpoint, rebuilt here by the device's own loader and
     checked against the rung; no program unless deploy.torch_programs asks for one."""
-    from device.torch_checkpoint import load_for_export
+    from device.uploads.torch_checkpoint import load_for_export
 
     entry = torch_road_run.manifest.stage("export")
     chw = tuple(torch_road_run.preprocess.input_shape(1)[1:])
@@ -292,7 +292,7 @@ def test_quantize_stage_ships_the_modelopt_state_behind_the_gate(torch_road_run)
     entry = torch_road_run.manifest.stage("quantize")
     state = torch_road_run.run_dir / entry["outputs"]["student_int8_device_checkpoint"]
     assert state.is_file() and entry["metrics"]["torch_road"]["modelopt_algorithm"] == "max"
-    from device.torch_checkpoint import load_for_export
+    from device.uploads.torch_checkpoint import load_for_export
 
     assert load_for_export(state)[1]["quantized"]  # the file the device gets holds the quantizers
     road = entry["metrics"]["torch_road"]

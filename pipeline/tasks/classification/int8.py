@@ -12,8 +12,8 @@ from typing import Sequence
 import numpy as np
 
 from device.errors import StageError
-from device.qdq_lint import lint_qdq
-from device.trt_settings import trtexec_lines
+from device.runners.qdq_lint import lint_qdq
+from device.runners.trt_settings import trtexec_lines
 from pipeline.core.log import log
 from pipeline.core.ladder import points
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy

@@ -45,7 +45,7 @@ class ClassificationPrune(ClassificationModels, PruneHooks):
     def roots(self, ctx):
         """The MACs path is this module's own imports; a latency budget adds the latency path and the agent's job
         process, which times the networks without being imported here."""
-        return (LATENCY_PATH, "device.jobrun", "device.agent") if ctx.recipe.prune.latency is not None else ()
+        return (LATENCY_PATH, "device.jobs.jobrun", "device.service.agent") if ctx.recipe.prune.latency is not None else ()
 
     def keys(self, ctx, stage):
         keys = {"preprocess": ctx.preprocess.to_dict()}

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from device.architectures import ARCHITECTURES
+from device.models.architectures import ARCHITECTURES
 from device.errors import ConfigError, EdgeFoldError, UnknownKeyError
 from device.preprocess import Preprocess
 from pipeline.core.data.sources import check_source_name

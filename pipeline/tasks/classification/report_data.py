@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from device import contention
+from device.telemetry import contention
 from device.errors import ManifestError, SchemaVersionError
 from device.schema import JobResult, parse_result
 from pipeline import stats
@@ -296,7 +296,7 @@ def _int8_vs_fp16(rows: list[dict[str, Any]], device: str, predictions: dict, ev
     paired latency and energy ratios with intervals, the device-measured top-1 change with McNemar's p, and,
     when INT8 does not pay off, the reasons the per-layer profile gives; the layers the INT8 rung keeps out of INT8
     (``quantize``: :func:`pipeline.quantize.report.quantize_summary`) counted."""
-    from device.profile import BatchProfile, int8_payoff_reasons
+    from device.jobs.profile import BatchProfile, int8_payoff_reasons
 
     fp16 = fp16_form(RUNGS[DEPLOYED].form_of)
     int8 = next((r for r in rows if r["device"] == device and r["rung"] == DEPLOYED and r["status"] == "measured"), None)
@@ -510,7 +510,7 @@ def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_b
                        evaluation: dict[str, Any] | None = None, rung: str | None = None) -> dict[str, Any]:
     """Per row: every declared measured field over the interleaved windows (a median with its 95% interval, a
     peak, a low: :func:`pipeline.results.reported_figures`), the spread between windows, why the windows were noisy
-    (pipeline.stats, device.contention), and the frame's figures (the deploy stage's ``evaluation`` scores them)."""
+    (pipeline.stats, device.telemetry.contention), and the frame's figures (the deploy stage's ``evaluation`` scores them)."""
     figures = reported_figures(rounds, latency_batch, throughput_batch)
     flags: dict[str, str] = {}
     for result in rounds:
@@ -561,7 +561,7 @@ def _energy_quality(rounds: list[JobResult], throughput_batch: int) -> dict[str,
 
 # ----------------------------------------------------------------- where the time goes (per-layer profile)
 def layer_profiles(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per rung × device: the job's whole per-layer profile (``device.profile.Profile``), or why there is none."""
+    """Per rung × device: the job's whole per-layer profile (``device.jobs.profile.Profile``), or why there is none."""
     entries = []
     for device in devices:
         # The ONNX road's rungs, then each other road's (Torch-TensorRT): their deploy entries have the same shape.

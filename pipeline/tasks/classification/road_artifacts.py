@@ -79,6 +79,6 @@ def _release(version: str | None) -> tuple[int, int] | None:
 
 def recorded_architecture(checkpoint: Path) -> dict[str, str]:
     """The architecture identity a device checkpoint records (read with ``torch.load(weights_only=True)``)."""
-    from device.torch_checkpoint import read_payload
+    from device.uploads.torch_checkpoint import read_payload
 
     return dict(read_payload(checkpoint).get("architecture") or {})

@@ -60,10 +60,10 @@ def runner_parity(model: torch.nn.Module, path: Path, images: np.ndarray) -> dic
 def write_device_checkpoint(checkpoint: Path, path: Path, input_chw: tuple[int, ...]) -> Path:
     """A float rung's device checkpoint: its checkpoint with ``input_chw`` and its architecture's identity added,
     which the device rebuilds with its own code and exports on its own torch
-    (:func:`device.torch_checkpoint.load_for_export`)."""
-    from device.architectures import ARCHITECTURES
+    (:func:`device.uploads.torch_checkpoint.load_for_export`)."""
+    from device.models.architectures import ARCHITECTURES
     from device.files import atomic_writer
-    from device.torch_checkpoint import read_payload
+    from device.uploads.torch_checkpoint import read_payload
 
     payload = read_payload(checkpoint)
     with atomic_writer(path) as handle:

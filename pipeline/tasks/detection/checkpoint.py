@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from device.errors import CheckpointError
-from device.torch_checkpoint import torch_load
+from device.uploads.torch_checkpoint import torch_load
 from pipeline.tasks.detection.models import DETECTORS, build_detector
 from pipeline.train.checkpoints import load_model, save_model
 

@@ -5,7 +5,7 @@ torchvision's detectors end in post-processing (score thresholds, top-k, NMS, re
 ``N×A×K``, the class logits, box regressions and (FCOS) centerness of every anchor, concatenated over levels and
 then over columns (one output, so every runner's ``infer`` returns all of it). Normalisation (the detector's
 ``image_mean``/``image_std``) is inside the graph; the input is the image in [0, 1], resized to the detector's
-square input. The sidecar (:mod:`device.detection_post` reads it, without torch) records the anchors, the box
+square input. The sidecar (:mod:`device.scoring.detection_post` reads it, without torch) records the anchors, the box
 coder's weights, how scores are formed and the recipe's thresholds.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from device.detection_post import SCHEMA, head_spec_from_dict
+from device.scoring.detection_post import SCHEMA, head_spec_from_dict
 from device.errors import ConfigError
 
 INPUT_NAME, OUTPUT_NAME = "input", "head"
@@ -188,7 +188,7 @@ def box_branch_nodes(path: Path) -> list[str]:
     """
     import onnx
 
-    from device.detection_post import ANCHORED
+    from device.scoring.detection_post import ANCHORED
 
     model = onnx.load(str(path), load_external_data=False)
     sidecar = sidecar_path(path)

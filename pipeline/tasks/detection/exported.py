@@ -79,7 +79,7 @@ class DetectionExport(ExportHooks):
         if own_thresholds and abs(scores["map"] - torch_map) > MAP_TOLERANCE:
             raise StageError(f"the exported {rung} decoded on the device's path scores mAP {scores['map']:.4f}, "
                              f"torchvision's post-processing {torch_map:.4f} on the same test images",
-                             fix="report this to EdgeFold: device.detection_post decodes this architecture "
+                             fix="report this to EdgeFold: device.scoring.detection_post decodes this architecture "
                                  "differently from torchvision")
         return Exported({rung: path, f"{rung}_head": sidecar_path(path)},
                         {rung: {**facts, "parity_max_abs_diff": diff, "parity_images": len(parity_inputs),

@@ -1,5 +1,5 @@
 """Scoring an exported detector as the device runs it: ONNX Runtime to the raw head, then the device's own numpy
-decode + NMS (:mod:`device.detection_post`), timed apart, then COCO mAP with intervals (:mod:`pipeline.tasks.detection.metrics`).
+decode + NMS (:mod:`device.scoring.detection_post`), timed apart, then COCO mAP with intervals (:mod:`pipeline.tasks.detection.metrics`).
 
 The export and quantize stages score every detection ONNX (FP32 and Q/DQ INT8) through here, so the mAP that gates
 INT8 comes from the post-processing the agent runs, not from torchvision's.
@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from device.detection_post import HeadSpec, load_head_spec, postprocess
+from device.scoring.detection_post import HeadSpec, load_head_spec, postprocess
 from device.runners.onnxruntime import OnnxRuntimeRunner
 from pipeline.tasks.detection.export import sidecar_path
 from pipeline.tasks.detection.metrics import Boxes, accumulate, evaluate, match, require_sane_detector, summary

@@ -12,7 +12,7 @@ The three output layouts are Ultralytics' exports:
 
 The graph is checked before any stage runs (:func:`inspect_detection_start`) and written in the ladder's form: opset
 ≥ 13, the input named ``input`` with a free batch, the output ``head``; its sidecar says how
-:mod:`device.detection_post` decodes it. The box branch INT8 leaves in FP16 is found from the graph
+:mod:`device.scoring.detection_post` decodes it. The box branch INT8 leaves in FP16 is found from the graph
 (:func:`pipeline.tasks.detection.box_branch.traced_box_branch`).
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from device.detection_post import SCHEMA, head_spec_from_dict
+from device.scoring.detection_post import SCHEMA, head_spec_from_dict
 from pipeline.export.onnx_start import (LADDER_OPSET, PARSED_OPSETS, check_image_input, check_ops, graph_opset,
                                         load_graph, opened_for_ladder, refuse_start, renamed_to_ladder, run_graph,
                                         set_shape, start_sha256, with_free_batch)

@@ -86,7 +86,7 @@ def check_started_detector(ctx, path: Path, classes: list[str], size: int) -> di
     """Probes a started detector (``path``, its sidecar beside it) on a seeded slice of the run's training images;
     stops with :class:`device.errors.StageError` or warns (``start.preprocess_check``) when another feed beats the
     declared one. Returns the probe's record, None when the check is off."""
-    from device.detection_post import load_head_spec
+    from device.scoring.detection_post import load_head_spec
     from device.errors import StageError
     from pipeline.tasks.detection.data import coco_set
     from pipeline.tasks.detection.export import network_inputs, sidecar_path

@@ -97,7 +97,7 @@ def fold_sequential_batchnorm(model) -> int:
     """Folds every BatchNorm2d that directly follows a Conv2d inside an ``nn.Sequential`` into that convolution, in
     place (eval mode); returns how many.
 
-    Before fake quantization, as the classifier's QAT does (:func:`device.architectures.fold_batchnorm`): otherwise the
+    Before fake quantization, as the classifier's QAT does (:func:`device.models.architectures.fold_batchnorm`): otherwise the
     weight quantizers see unfolded weights and the exported graph keeps a BatchNorm after each INT8 convolution. A
     detector cannot be traced whole (its transform and post-processing branch on data), so only what a Sequential's
     order makes certain is folded; torchvision's detection backbones are built of such blocks.

@@ -149,7 +149,7 @@ class DetectionDistillConfig(Strict):
 
 
 class DetectionPostprocessConfig(Strict):
-    """Decode + per-class NMS after the network (:mod:`device.detection_post`, the same on host and device);
+    """Decode + per-class NMS after the network (:mod:`device.scoring.detection_post`, the same on host and device);
     a key left null keeps the architecture's own value (torchvision's)."""
 
     score_threshold: Optional[float] = Field(None, ge=0, lt=1, description="scores kept above this")

@@ -37,7 +37,7 @@ RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "box_head", "s
 :data:`pipeline.results.REPORTED`, follow)."""
 BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "int8": "INT8, quantized"}
 SCORED_TEXT = ("Host mAP: the teacher through torchvision's post-processing, the others through ONNX Runtime and the "
-               "device's decode + NMS (device/detection_post.py); device mAP, AP50 and AP75: the engine that was timed, "
+               "device's decode + NMS (device/scoring/detection_post.py); device mAP, AP50 and AP75: the engine that was timed, "
                "decoded on the device. Intervals: 95% bootstrap over images, bias-corrected (mAP's resamples sit "
                "above the point, so the interval is moved down by as much; plain percentile when nearly all sit on "
                "one side). The network's time and the decode + NMS "

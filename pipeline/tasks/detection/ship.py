@@ -92,9 +92,9 @@ class DetectionShip:
                 "head": self._head(run_dir, rung)}
 
     def extra_files(self, run_dir: Path, rung: str, folder: Path) -> list[str]:
-        import device.detection_post
+        import device.scoring.detection_post
 
-        shutil.copyfile(device.detection_post.__file__, folder / "detection_post.py")
+        shutil.copyfile(device.scoring.detection_post.__file__, folder / "detection_post.py")
         return ["detection_post.py"]
 
     def nvinfer(self, run_dir: Path, rung: str) -> dict[str, Any]:
@@ -138,7 +138,7 @@ class DetectionShip:
         import cv2
         import onnxruntime as ort
 
-        from device.detection_post import head_spec_from_dict, postprocess
+        from device.scoring.detection_post import head_spec_from_dict, postprocess
         from pipeline.tasks.detection.metrics import Boxes
 
         test = self._test(run_dir)

@@ -1,9 +1,9 @@
 """Segmentation's part of the deploy stage (:mod:`pipeline.stages.deploy`): each rung's ONNX and the evaluation set
 (the test canvases as network inputs), timed on the agent and then run there through the same engine with the argmax
-on the device after each batch (:mod:`device.segmentation_evaluation`), the two timed apart. The build host, which
+on the device after each batch (:mod:`device.scoring.segmentation_evaluation`), the two timed apart. The build host, which
 holds the true masks, computes each rung's device-measured mIoU with its interval; each rung's network p50 has an
 interval over rounds and a ratio to the FP32 student's paired by round (:mod:`pipeline.deploy.records`). With
-``deploy.frame``, round 1 also times a camera frame's path to its mask (the same argmax, :mod:`device.frame`).
+``deploy.frame``, round 1 also times a camera frame's path to its mask (the same argmax, :mod:`device.jobs.frame`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def device_masks(evaluation) -> np.ndarray:
     Raises:
         ValueError: The result carries no masks, or bytes that do not hold their shape.
     """
-    from device.segmentation_evaluation import unpack_masks
+    from device.scoring.segmentation_evaluation import unpack_masks
 
     if evaluation is None or evaluation.masks is None or evaluation.mask_shape is None:
         raise ValueError("the agent returned no masks: it predates result schema 2.14 (upgrade the agent to this "
@@ -49,7 +49,7 @@ def device_masks(evaluation) -> np.ndarray:
 class SegmentationDeploy(ScoredDeploy):
     """Device-measured mIoU through the engine each rung was timed with, the argmax timed apart."""
 
-    device_modules = ("device.segmentation_evaluation",)
+    device_modules = ("device.scoring.segmentation_evaluation",)
 
     def needs(self, ctx):
         return ("data", "export", "quantize", "evaluate")

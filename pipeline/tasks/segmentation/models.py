@@ -137,7 +137,7 @@ def load_segmenter_weights(model: nn.Module, path: str | os.PathLike) -> None:
         CheckpointError: Not a state of tensors, or tensors that do not fit the architecture.
     """
     from device.errors import CheckpointError
-    from device.torch_checkpoint import load_state_strict, torch_load
+    from device.uploads.torch_checkpoint import load_state_strict, torch_load
 
     fix = "pass the file written by torch.save(model.state_dict(), path) for this architecture and class count"
     state = torch_load(Path(path), f"segmenter weights {path}", fix_unsafe=fix, fix_corrupt=fix)

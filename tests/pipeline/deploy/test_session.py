@@ -18,7 +18,7 @@ def test_a_window_is_measured_once_then_reused_and_the_runtime_choice_is_said(tm
     (tmp_path / "cache").mkdir()
     with AgentProcess(tmp_path / "agent") as agent:
         device = Device("edge", "edge", agent.url, "edge", str(agent.token_file))
-        with DeviceSession(device, agent.url, None, "auto", tmp_path / "cache", ("device.jobrun",),
+        with DeviceSession(device, agent.url, None, "auto", tmp_path / "cache", ("device.jobs.jobrun",),
                            lines.append) as session:
             assert session.open() and session.outcome["fingerprint"]["edgefold"]
             first = session.window("m", model, _spec(session, model, "r1"), 0, retries=0, wait_s=120,
@@ -42,6 +42,6 @@ def test_an_agent_that_does_not_answer_is_the_outcomes_unreachable(tmp_path):
     token = tmp_path / "token"
     token.write_text("x" * 32)
     device = Device("gone", "edge", "http://127.0.0.1:9", "edge", str(token))
-    with DeviceSession(device, device.url, None, "auto", tmp_path, ("device.jobrun",), print) as session:
+    with DeviceSession(device, device.url, None, "auto", tmp_path, ("device.jobs.jobrun",), print) as session:
         assert not session.open()
     assert session.outcome["status"] == "unreachable" and session.outcome["error"]

@@ -83,7 +83,7 @@ def test_every_device_gets_the_tasks_jobs_in_interleaved_rounds_and_one_lost_dev
     work.mkdir(parents=True)
     hooks = ToyDeploy()
     stage = DeployStage(hooks)
-    assert stage.code_modules == (__name__, "device.jobrun", "device.agent")
+    assert stage.code_modules == (__name__, "device.jobs.jobrun", "device.service.agent")
     with AgentProcess(tmp_path / "agent") as agent:
         devices = [Device("board", "edge", agent.url, "edge", str(agent.token_file)),
                    Device("gone", "edge", "http://127.0.0.1:9", "edge", str(agent.token_file))]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from device.architectures import build_model
+from device.models.architectures import build_model
 from device.preprocess import Preprocess
 from pipeline.core.data.batches import Batches
 from pipeline.core.data.sources import load_source
