@@ -19,11 +19,7 @@ class DistillStage(HookedStage):
 
     name = "distill"
     hooks: DistillHooks
-
-    def __init__(self, hooks: DistillHooks):
-        super().__init__(hooks)
-        # Trains under torchrun on every rank (DDP) where the task's loss allows it; rank 0 writes the checkpoint.
-        self.distributed = hooks.distributed
+    distributed = True  # trains under torchrun on every rank (DDP); rank 0 writes the checkpoint
 
     def absent(self, ctx):
         return started_without_torch(ctx.recipe)

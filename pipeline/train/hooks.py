@@ -97,14 +97,8 @@ class ModelHooks(ABC):
 
 class DistillHooks(ModelHooks):
     """A task's part of the distill stage: its student and, in :meth:`ModelHooks.train` given a teacher, its
-    distillation loss.
-
-    Attributes:
-        distributed: Whether the stage trains under ``torchrun`` on every rank: False where the task's distillation
-            loss runs the student outside DDP's forward.
-    """
-
-    distributed: bool = True
+    distillation loss (under ``torchrun``, on every rank: a loss that runs the student apart from its own forward
+    runs the module the training engine wraps in DDP)."""
 
     def check_student(self, ctx) -> None:
         """Refuses a student that cannot be distilled into, before any stage runs."""

@@ -18,7 +18,8 @@ def test_extra_loss_and_its_modules_are_trained_with_the_detector():
     before = adapter.weight.detach().clone()
     calls = []
 
-    def extra(x, batch):
+    def extra(detector, x, batch):
+        assert detector is model, "the detector being trained"
         calls.append(len(batch))
         return adapter(torch.ones(1, 1)).pow(2).sum()
 

@@ -13,10 +13,6 @@ from pipeline.train.hooks import DistillHooks, Scored
 class DetectionDistill(DetectionModels, DistillHooks):
     """Detection's student and distillation loss: see the module's docstring."""
 
-    # Its loss runs the student's backbone and head apart (detector_parts), outside DDP's forward, whose gradient
-    # hooks expect one forward per step: rank 0 alone until the loss goes through the wrapper.
-    distributed = False
-
     def student(self, ctx):
         start = self.checkpoint(ctx, "prune")
         start.saved["distilled"] = _teaching(ctx.recipe.distill)
@@ -35,7 +31,7 @@ class DetectionDistill(DetectionModels, DistillHooks):
                                     distill.kd_weight, distill.feature_weight, size) if _teaching(distill) else None
         start.model.train()
         return train_detector(start.model, load_split(ctx.manifest.output("data", "canvases"), "train"), cfg, offset,
-                              stage, extra_loss=(lambda x, batch: loss(start.model, teacher, x, batch)["total"])
+                              stage, extra_loss=(lambda student, x, batch: loss(student, teacher, x, batch)["total"])
                               if loss else None, extra_modules=loss, resume=ctx.resume, input_size=size)
 
     def finish(self, ctx, start, cfg, stage, workdir, teacher=None):

@@ -107,7 +107,9 @@ class DetectionBatches:
 
 
 def detection_step(extra_loss: Callable | None = None) -> StepFn:
-    """The engine's step for a torchvision detector: its own losses summed, plus ``extra_loss(images, targets)``."""
+    """The engine's step for a torchvision detector: its own losses summed, plus ``extra_loss(detector, images,
+    targets)``, given the detector the engine trains (under torchrun the module inside DDP, with its synchronized
+    norms: a second pass through it adds to the same gradients, which DDP averages once per step)."""
 
     def step(model: torch.nn.Module, batch, device: torch.device, memory_format: torch.memory_format) -> Step:
         x, truth = batch
@@ -115,7 +117,7 @@ def detection_step(extra_loss: Callable | None = None) -> StepFn:
         truth = [{key: value.to(device) for key, value in target.items()} for target in truth]
         loss = sum(model(list(x), truth).values())
         if extra_loss is not None:
-            loss = loss + extra_loss(x, truth)
+            loss = loss + extra_loss(getattr(model, "module", model), x, truth)
         return Step(loss, len(x))
 
     return step
@@ -130,7 +132,8 @@ def train_detector(model: torch.nn.Module, split: DetectionSplit, cfg: TrainConf
 
     Args:
         desc: The progress bar's and the log's label ("teacher", "distill").
-        extra_loss: ``extra_loss(images, targets) -> tensor`` added to each batch's loss (distillation terms).
+        extra_loss: ``extra_loss(detector, images, targets) -> tensor`` added to each batch's loss (distillation
+            terms), given the detector being trained (:func:`detection_step`).
         extra_modules: Trained alongside the model (the distillation adapters).
         resume: The engine's per-epoch state file (the stage's ``ctx.resume``).
         input_size: The detector's input side (default: the images'); the engine picks the memory format by it.
