@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from pipeline.stats import mean_interval  # noqa: E402  (after the checkout is on the path)
+from pipeline.tasks.classification.images import data_set, image_batches, preprocess_of, recorded_splits  # noqa: E402
 
 ARMS = ("A", "A'", "B", "C")
 SPEEDUP = 1.3
@@ -251,16 +252,16 @@ def _val_top1(ctx, model, size: int) -> float | None:
     import numpy as np
     import torch
 
-    from pipeline.core.data.batches import Batches
+    from pipeline.tasks.classification.batches import Batches
     from pipeline.tasks.classification.train import evaluate
 
-    splits = ctx.splits()
+    splits = recorded_splits(ctx)
     used = np.union1d(splits["train"], splits.get("calib", np.array([], int)))
-    unused = np.setdiff1d(np.arange(len(ctx.dataset().train.labels)), used)
+    unused = np.setdiff1d(np.arange(len(data_set(ctx).train.labels)), used)
     if not len(unused):
         return None
     pick = np.sort(np.random.default_rng(0).permutation(unused)[:size])
-    batches = Batches(ctx.dataset().train, pick, ctx.preprocess, 256)
+    batches = Batches(data_set(ctx).train, pick, preprocess_of(ctx), 256)
     return evaluate(model, batches, torch.device("cpu"), "validation")["top1"]
 
 
@@ -271,9 +272,9 @@ def _match_a(args, ctx, teacher, a_student, seed: int, meter, log) -> tuple[floa
     from pipeline.latency.search import macs_knapsack_plan
     from pipeline.core.recipe import PruneConfig
 
-    arch, shape = ctx.recipe.teacher.arch, ctx.preprocess.input_shape(1)
+    arch, shape = ctx.recipe.teacher.arch, preprocess_of(ctx).input_shape(1)
     # The prune stage's Taylor batches (its first 32 of these): A′'s stage then computes this very plan.
-    batches = list(itertools.islice(iter(ctx.batches("train", 64, shuffle=True, seed=seed)), 32))
+    batches = list(itertools.islice(iter(image_batches(ctx, "train", 64, shuffle=True, seed=seed)), 32))
     low, high, tried = 0.02, 1.0, []
     target = args.macs_target
     for _ in range(args.match_steps):
@@ -300,7 +301,7 @@ def _final(args, ctx, students: dict[str, Path], log) -> dict[str, dict[str, lis
     from pipeline.latency.measure import device_spec, latency_ms, open_agent
     from pipeline.core.recipe import LatencyTarget
 
-    preprocess = ctx.preprocess.to_dict()
+    preprocess = preprocess_of(ctx).to_dict()
     rng = np.random.default_rng(args.final_seed)
     times: dict[str, dict[str, list[float]]] = {"int8": {}, "fp32": {}}
     with open_agent([], "edge", log) as (client, info, _):
@@ -353,7 +354,7 @@ def run(args) -> dict:
     ctx = run_pipeline(str(teacher_recipe), until="teacher", runs_dir=work / "runs", run_id="teacher")
     teacher, _ = load_checkpoint(ctx.manifest.output("teacher", "model"))
     teacher.eval()
-    shape = ctx.preprocess.input_shape(1)
+    shape = preprocess_of(ctx).input_shape(1)
     arms = [a for a in ARMS if a in args.arms]
     for seed in range(args.seeds):
         a_run = None
@@ -370,7 +371,7 @@ def run(args) -> dict:
                 a_student = load_checkpoint(reference)[0].eval()
                 with open_agent([], "edge", log) as (client, info, identity):
                     spec = device_spec(info, ctx.recipe.deploy, LatencyTarget(ratio=1.0, duration_s=args.duration_s),
-                                       ctx.preprocess.to_dict(), "bench-match")
+                                       preprocess_of(ctx).to_dict(), "bench-match")
                     meter = Meter(client, spec, identity, work / "match-cache", work / "match-onnx", args.windows,
                                   ctx.recipe.export.opset, shape, log=log)
                     macs_target, matched = _match_a(args, ctx, teacher, a_student, seed, meter, log)

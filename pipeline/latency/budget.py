@@ -310,7 +310,7 @@ def latency_plan(ctx, workdir: Path, model: nn.Module, arch: str, cfg, input_sha
     target = cfg.latency
     try:
         with measure.open_agent(ctx.devices, target.device, ctx.log) as (client, info, identity):
-            spec = measure.device_spec(info, ctx.recipe.deploy, target, ctx.preprocess.to_dict(),
+            spec = measure.device_spec(info, ctx.recipe.deploy, target, ctx.recipe.preprocess.to_preprocess().to_dict(),
                                        f"{ctx.recipe.name}/{ctx.run_dir.name}/latency-table")
             meter = Meter(client, spec, identity, ctx.run_dir.parent / "latency-cache", workdir / "latency-onnx",
                           target.windows, ctx.recipe.export.opset, input_shape, log=ctx.log)

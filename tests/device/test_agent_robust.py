@@ -19,7 +19,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from device import executor as executor_module
+from device.service import executor as executor_module
 from device.service.agent import AgentConfig, create_app
 from device.service.executor import Executor
 from device.schema import JobSpec

@@ -12,7 +12,7 @@ import pytest
 import numpy as np
 import torch
 
-from pipeline.core.data.batches import Batches
+from pipeline.tasks.classification.batches import Batches
 from pipeline.core.distributed import CpuSyncBatchNorm
 from pipeline.runner import run_pipeline
 

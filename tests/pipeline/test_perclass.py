@@ -11,6 +11,7 @@ from device.errors import ConfigError
 from pipeline.perclass import class_changes, holm, mcnemar_exact, per_class, summarize
 from pipeline.runner import run_pipeline
 from pipeline.core.rungs import RUNGS
+from pipeline.tasks.classification.images import data_set, recorded_splits
 
 from tests.pipeline.test_integrity import write_digits_folder
 
@@ -129,7 +130,7 @@ def test_class_balanced_loss_weights(tmp_path):
 
     ctx = run_pipeline("tiny", runs_dir=tmp_path, until="data", overrides={"data.class_balance": "loss_weights"})
     weights = class_weights(ctx, torch.device("cpu"))
-    counts = np.bincount(ctx.dataset().train.labels[ctx.splits()["train"]], minlength=10)
+    counts = np.bincount(data_set(ctx).train.labels[recorded_splits(ctx)["train"]], minlength=10)
     assert weights is not None and float((weights * torch.tensor(counts)).sum()) == pytest.approx(counts.sum())
 
 

@@ -40,6 +40,8 @@ def test_manifest_records_every_stage(tiny_run):
 
 
 def test_tiny_pipeline_results(tiny_run):
+    from pipeline.tasks.classification.images import image_batches
+
     stages = tiny_run.manifest.data["stages"]
     rungs = stages["evaluate"]["metrics"]["rungs"]
     assert rungs["teacher"]["top1"] >= 0.9, "the tiny teacher learns digits"
@@ -53,7 +55,7 @@ def test_tiny_pipeline_results(tiny_run):
     # The ladder's numbers belong to the saved checkpoints: scoring them afresh gives the same.
     for rung, folder in (("student", "distill"), ("pruned", "prune")):
         model, _ = load_checkpoint(tiny_run.run_dir / folder / "model.pt")
-        fresh = evaluate(model, tiny_run.batches("test", 256), torch.device("cpu"))
+        fresh = evaluate(model, image_batches(tiny_run, "test", 256), torch.device("cpu"))
         assert fresh["top1"] == pytest.approx(rungs[rung]["top1"]) and fresh["top5"] == pytest.approx(rungs[rung]["top5"])
         assert rungs[rung]["params_m"] == pytest.approx(sum(p.numel() for p in model.parameters()) / 1e6)
 

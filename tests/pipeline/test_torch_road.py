@@ -158,9 +158,10 @@ def test_export_stage_writes_a_device_checkpoint_per_float_rung_and_no_program(t
     """The road's artifact is data: each float rung's device checkpoint, rebuilt here by the device's own loader and
     checked against the rung; no program unless deploy.torch_programs asks for one."""
     from device.uploads.torch_checkpoint import load_for_export
+    from pipeline.tasks.classification.images import preprocess_of
 
     entry = torch_road_run.manifest.stage("export")
-    chw = tuple(torch_road_run.preprocess.input_shape(1)[1:])
+    chw = tuple(preprocess_of(torch_road_run).input_shape(1)[1:])
     for rung in ("teacher", "pruned", "student"):
         assert f"{rung}_pt2" not in entry["outputs"]
         _, facts = load_for_export(torch_road_run.run_dir / entry["outputs"][f"{rung}_device_checkpoint"])

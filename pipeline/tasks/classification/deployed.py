@@ -22,6 +22,7 @@ from pipeline.deploy.sustained import sustained_run
 from pipeline.jobs import job_spec
 from pipeline.deploy.frames import FrameFiles, frame_files
 from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
+from pipeline.tasks.classification.images import data_set, image_batches, recorded_splits
 
 
 def stratified_indices(labels: np.ndarray, count: int, seed: int = 0) -> np.ndarray:
@@ -152,7 +153,7 @@ class ClassificationDeploy(DeployHooks):
 
         ctx = RunContext.of_run(manifest)
         wanted, seen, kept = sorted(indices), 0, {}
-        for x, *_ in ctx.batches("test", 256):
+        for x, *_ in image_batches(ctx, "test", 256):
             for position in wanted:
                 if seen <= position < seen + len(x):
                     kept[position] = x[position - seen].numpy()
@@ -211,7 +212,7 @@ def _evaluation_set(ctx, workdir: Path, artifacts: dict[str, Path]) -> dict[str,
     from device.files import sha256_file
 
     images, labels = [], []
-    for x, y, *_ in ctx.batches("test", 500):
+    for x, y, *_ in image_batches(ctx, "test", 500):
         images.append(x.numpy())
         labels.append(y.numpy())
     images, labels = np.concatenate(images), np.concatenate(labels)
@@ -223,17 +224,17 @@ def _evaluation_set(ctx, workdir: Path, artifacts: dict[str, Path]) -> dict[str,
         stage, key = predictions_output(ctx.manifest, rung)
         if ctx.manifest.stage(stage) and key in ctx.manifest.stage(stage)["outputs"]:
             host[rung] = np.load(ctx.manifest.output(stage, key), allow_pickle=False)[chosen].astype(int).tolist()
-    classes = len(ctx.dataset().classes)
+    classes = len(data_set(ctx).classes)
     return {"path": path, "sha256": sha256_file(path), "images": int(len(chosen)), "top_k": min(5, classes),
             "indices": chosen.astype(int).tolist(), "labels": labels[chosen].astype(int).tolist(),
-            "host_top1": host, "classes": list(ctx.dataset().classes),
+            "host_top1": host, "classes": list(data_set(ctx).classes),
             "stratified": len(chosen) < len(labels), "of_images": int(len(labels))}
 
 
 def _raw_images(ctx, evaluation: dict[str, Any]) -> list[np.ndarray]:
     """The evaluation set's images as the data holds them (uint8, before any preprocessing), in its order."""
-    test = ctx.dataset().test
-    return [test.image(int(index)) for index in ctx.splits()["test"][np.asarray(evaluation["indices"])]]
+    test = data_set(ctx).test
+    return [test.image(int(index)) for index in recorded_splits(ctx)["test"][np.asarray(evaluation["indices"])]]
 
 
 def _torch_road(session, programs: dict[str, RoadArtifacts], jobs: list[Job]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pipeline.tasks.classification.losses import kd_loss
 from pipeline.tasks.classification.train import class_weights, predict
 from pipeline.tasks.classification.training import ClassificationModels
 from pipeline.train.hooks import DistillHooks, Start
+from pipeline.tasks.classification.images import data_set, image_batches, preprocess_of
 
 
 class ClassificationDistill(ClassificationModels, DistillHooks):
@@ -22,7 +23,7 @@ class ClassificationDistill(ClassificationModels, DistillHooks):
         cfg = ctx.recipe.distill
         if cfg.student == "pruned":
             return
-        shape, channels, size = ctx.preprocess.input_shape(1), ctx.preprocess.channels, ctx.preprocess.input_size
+        shape, channels, size = preprocess_of(ctx).input_shape(1), preprocess_of(ctx).channels, preprocess_of(ctx).input_size
         # Ten classes stand in for the data's: the head is a rounding error next to the body.
         student = checked_model(cfg.student, 10, channels, size)
         if cfg.allow_larger_student:
@@ -47,8 +48,8 @@ class ClassificationDistill(ClassificationModels, DistillHooks):
             start = self.checkpoint(ctx, "prune")
         else:
             torch.manual_seed(cfg.train.seed)
-            num_classes, size = ctx.dataset().num_classes, ctx.preprocess.input_size
-            start = Start(build_model(cfg.student, num_classes, ctx.preprocess.channels, size),
+            num_classes, size = data_set(ctx).num_classes, preprocess_of(ctx).input_size
+            start = Start(build_model(cfg.student, num_classes, preprocess_of(ctx).channels, size),
                           {"arch": cfg.student, "num_classes": num_classes, "input_size": size, "folded": False})
         start.saved["distilled_from"] = "teacher"
         return start
@@ -74,7 +75,7 @@ def _teacher_logits(ctx, teacher: torch.nn.Module, cfg):
             with torch.no_grad():
                 return teacher(batch.x).float()
         return live
-    ordered = ctx.batches("train", ctx.recipe.evaluate.batch_size)
+    ordered = image_batches(ctx, "train", ctx.recipe.evaluate.batch_size)
     cached, _ = predict(teacher, ordered, device, "teacher logits")
     flipped = predict(teacher, ordered, device, "teacher logits (flipped)", flip=True)[0] \
         if cfg.augment.hflip else cached

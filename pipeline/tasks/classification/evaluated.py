@@ -17,6 +17,7 @@ from pipeline.core.ladder import EvaluateHooks
 from pipeline.core.rungs import DEPLOYED, RUNGS, predictions_output
 from pipeline.perclass import summarize
 from pipeline.tasks.classification.scores import verdict
+from pipeline.tasks.classification.images import data_set, recorded_splits
 
 RECORDED = ("top1", "top5", "params_m", "macs_g", "top1_correct", "images", "sanity")
 
@@ -110,8 +111,8 @@ def _per_class(ctx, rungs: dict) -> dict[str, Any] | None:
             predictions[rung] = np.load(ctx.manifest.output(stage, key), allow_pickle=False)
     if not predictions:
         return None
-    dataset = ctx.dataset()
-    labels = dataset.test.labels[ctx.splits()["test"]]
+    dataset = data_set(ctx)
+    labels = dataset.test.labels[recorded_splits(ctx)["test"]]
     return summarize(labels, predictions, dataset.classes)
 
 

@@ -25,6 +25,7 @@ from pipeline.export.onnx import check_parity, export_onnx
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.tasks.classification.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.torch_export import write_device_checkpoint
+from pipeline.tasks.classification.images import data_set, image_batches, preprocess_of
 
 # Calibration images whose activations decide which layers of an FP16 rung stay FP32. AutoCast's reference run keeps
 # every intermediate tensor of every image (Polygraphy's comparator), so they are few: a ResNet-50 at 224 px holds
@@ -36,7 +37,7 @@ class ClassificationExport(ExportHooks):
     """Classification's export: see the module's docstring."""
 
     def keys(self, ctx):
-        return {"preprocess": ctx.preprocess.to_dict(), "runtimes": list(ctx.recipe.deploy.runtimes),
+        return {"preprocess": preprocess_of(ctx).to_dict(), "runtimes": list(ctx.recipe.deploy.runtimes),
                 "torch_programs": ctx.recipe.deploy.torch_programs}
 
     def inspect_start(self, ctx):
@@ -45,22 +46,22 @@ class ClassificationExport(ExportHooks):
         (:func:`pipeline.export.onnx_start.inspect_start`)."""
         from pipeline.export.onnx_start import inspect_start
 
-        start, pre = ctx.recipe.start, ctx.preprocess
-        return inspect_start(start.onnx, start.layout, pre.channels, pre.input_size, len(ctx.dataset().classes))
+        start, pre = ctx.recipe.start, preprocess_of(ctx)
+        return inspect_start(start.onnx, start.layout, pre.channels, pre.input_size, len(data_set(ctx).classes))
 
     def rungs(self, ctx):
         return {rung: RUNGS[rung].checkpoint_stage for rung in ctx.recipe.export.rungs}
 
     def probe(self, ctx):
         cfg = ctx.recipe.export
-        return next(iter(ctx.batches("test", cfg.parity_images)))[0][: cfg.parity_images].numpy()
+        return next(iter(image_batches(ctx, "test", cfg.parity_images)))[0][: cfg.parity_images].numpy()
 
     def export(self, ctx, rung, stage, workdir, probe):
         cfg = ctx.recipe.export
         model, info = load_checkpoint(ctx.manifest.output(stage, "model"))
         path = workdir / f"{rung}.onnx"
         inference, folded_here = as_exported(model, info["arch"], info["folded"])  # a pruned rung is already
-        facts = export_onnx(inference, path, ctx.preprocess.input_shape(1), cfg.opset)
+        facts = export_onnx(inference, path, preprocess_of(ctx).input_shape(1), cfg.opset)
         parity = check_parity(model, path, probe)  # the folded graph against the trained model
         metrics = {**facts, "parity": parity, "branches_folded": folded_here or info["folded"]}
         if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
@@ -82,7 +83,7 @@ class ClassificationExport(ExportHooks):
         if ctx.recipe.export.fp16_rungs:
             exported.outputs.update(self._fp16_forms(ctx, workdir, exported.outputs, exported.rungs))
         # The device needs the preprocessing with the model to feed it correctly.
-        (workdir / "preprocess.json").write_text(json.dumps(ctx.preprocess.to_dict(), indent=2) + "\n")
+        (workdir / "preprocess.json").write_text(json.dumps(preprocess_of(ctx).to_dict(), indent=2) + "\n")
         exported.outputs["preprocess"] = workdir / "preprocess.json"
 
     @staticmethod
@@ -99,8 +100,8 @@ class ClassificationExport(ExportHooks):
         if folded is not None:
             inference, info = folded
             source = save_checkpoint(workdir / f"{rung}.folded.pt", inference, info["arch"], info["num_classes"],
-                                     ctx.preprocess.input_size, folded=True)
-        path = write_device_checkpoint(source, workdir / f"{rung}.device.pt", ctx.preprocess.input_shape(1)[1:])
+                                     preprocess_of(ctx).input_size, folded=True)
+        path = write_device_checkpoint(source, workdir / f"{rung}.device.pt", preprocess_of(ctx).input_shape(1)[1:])
         parity = runner_parity(model, path, images)
         metrics["device_checkpoint"] = {"size_mb": path.stat().st_size / 1e6, "parity": parity}
         if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
@@ -116,7 +117,7 @@ class ClassificationExport(ExportHooks):
 
         cfg = ctx.recipe.export
         path = workdir / f"{rung}.pt2"
-        facts = export_program(model, path, ctx.preprocess.input_shape(1))
+        facts = export_program(model, path, preprocess_of(ctx).input_shape(1))
         parity = runner_parity(model, path, images)
         metrics["program"] = {**facts, "parity": parity}
         if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
@@ -128,10 +129,10 @@ class ClassificationExport(ExportHooks):
     def started(self, ctx, workdir, probe):
         from pipeline.export.onnx_start import graph_compute, start_parity, write_start_graph
 
-        cfg, pre, start = ctx.recipe.export, ctx.preprocess, ctx.recipe.start
+        cfg, pre, start = ctx.recipe.export, preprocess_of(ctx), ctx.recipe.start
         path = workdir / "student.onnx"
         facts, written = write_start_graph(start.onnx, start.layout, pre.channels, pre.input_size,
-                                           len(ctx.dataset().classes), path)
+                                           len(data_set(ctx).classes), path)
         parity = start_parity(facts, path, probe)
         if parity["max_abs_diff"] > cfg.parity_atol or parity["top1_agreement"] < cfg.min_top1_agreement:
             raise StageError(f"the rewritten {facts.path} disagrees with the given graph: max |Δlogit| "
@@ -142,7 +143,7 @@ class ClassificationExport(ExportHooks):
         test_images, labels = self._test_split(ctx)
         predictions = workdir / "student.predictions.npy"
         scores = onnx_accuracy(path, test_images, labels, save_predictions=predictions)
-        sanity = require_sane(f"the ONNX model {facts.path}", scores, ctx.dataset().classes,
+        sanity = require_sane(f"the ONNX model {facts.path}", scores, data_set(ctx).classes,
                               causes="DATA is not the data it was trained on, or its classes come in another order; "
                                      "the preprocess section (size, mean, std, channels, layout) is not the one it was "
                                      "trained with",
@@ -169,7 +170,7 @@ class ClassificationExport(ExportHooks):
     @staticmethod
     def _test_split(ctx) -> tuple[np.ndarray, np.ndarray]:
         images, labels = [], []
-        for x, y, *_ in ctx.batches("test", 500):
+        for x, y, *_ in image_batches(ctx, "test", 500):
             images.append(x.numpy())
             labels.append(y.numpy())
         return np.concatenate(images), np.concatenate(labels)
@@ -182,7 +183,7 @@ class ClassificationExport(ExportHooks):
         images, labels = self._test_split(ctx)
         # Which layers FP16's range cannot hold is decided on real images (the calibration slice, never the test
         # split): AutoCast's own reference run feeds random values in [-1, 1].
-        calibration = next(iter(ctx.batches("calib", FP16_RANGE_IMAGES)))[0].numpy()
+        calibration = next(iter(image_batches(ctx, "calib", FP16_RANGE_IMAGES)))[0].numpy()
         outputs = {}
         for rung in cfg.fp16_rungs:
             source = RUNGS[rung].form_of

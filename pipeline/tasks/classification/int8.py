@@ -23,6 +23,7 @@ from pipeline.core.stage import StageResult
 from pipeline.quantize.ladder import HeldOut, LadderTask, QuantizeHooks, Step
 from pipeline.quantize.quantizers import QUANTIZERS, float_islands_to_fp16, logged_to, run_isolated, within_budget
 from pipeline.tasks.classification.scores import require_sane
+from pipeline.tasks.classification.images import data_set, image_batches, preprocess_of, recorded_splits
 
 
 class ClassificationLadder(LadderTask):
@@ -45,13 +46,13 @@ class ClassificationLadder(LadderTask):
     def from_run(cls, ctx, workdir: Path, fp32: Path) -> "ClassificationLadder":
         """The ladder of a run: its calibration split (with labels, for the held-out slice) and its test split."""
         def arrays(split: str, batch: int) -> tuple[np.ndarray, np.ndarray]:
-            batches = list(ctx.batches(split, batch))
+            batches = list(image_batches(ctx, split, batch))
             return (np.concatenate([x.numpy() for x, *_ in batches]),
                     np.concatenate([y.numpy() for _, y, *_ in batches]))
 
         (calibration, calibration_labels), (images, labels) = arrays("calib", 256), arrays("test", 500)
         ladder = cls(ctx, workdir, fp32, calibration, images, labels, calibration_labels)
-        splits = ctx.splits()
+        splits = recorded_splits(ctx)
         if np.intersect1d(splits["train"], splits["calib"]).size:  # a data set too small to keep them apart
             ladder.calibration_source = "calibration images drawn from the training split (the student saw them)"
         return ladder
@@ -159,12 +160,12 @@ class ClassificationQuantize(QuantizeHooks):
         shutil.copyfile(candidate, workdir / "student.int8.onnx")
         shutil.copyfile(workdir / f"predictions.{accepted['method']}.npy", workdir / "predictions.npy")
         sanity = require_sane(
-            "the INT8 student", accepted, ctx.dataset().classes,
+            "the INT8 student", accepted, data_set(ctx).classes,
             causes="a collapsed FP32 student passes the gate with the same score; calibration data that does not "
                    "match the test data",
             fix=("check the export stage's score of the given model" if ctx.recipe.start is not None
                  else "check the distill stage's scores") + "; enlarge data.calib_size")
-        chw = ctx.preprocess.input_shape(1)[1:]
+        chw = preprocess_of(ctx).input_shape(1)[1:]
         # The engines the agent builds: one per measured batch, opt = that batch (one line each).
         trtexec = {f"tensorrt_{version.split('.')[0]}": trtexec_lines(
             "student.int8.onnx", "student.int8", INPUT_NAME, chw, ctx.recipe.deploy.batch_sizes, "int8", version)
@@ -212,7 +213,7 @@ def _modelopt_state(ctx, workdir: Path, task: ClassificationLadder, reference: d
     checkpoint = ctx.manifest.output("distill", "model")
     path = workdir / "student.int8.device.pt"
     with quiet("modelopt"):
-        record = calibrate(checkpoint, task.calibration, path, "max", ctx.preprocess.input_shape(1)[1:])
+        record = calibrate(checkpoint, task.calibration, path, "max", preprocess_of(ctx).input_shape(1)[1:])
         restored = restore(path)  # what the device does, with the device's code, from the file it gets
     with torch.no_grad():
         predicted = np.concatenate([restored(torch.from_numpy(images[i : i + 256])).argmax(1).numpy()

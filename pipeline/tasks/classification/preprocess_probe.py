@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from device.preprocess import Preprocess
+from pipeline.tasks.classification.images import data_set, preprocess_of
 
 ALPHA = 0.05
 SLICE_IMAGES = 256
@@ -131,9 +132,9 @@ def check_model(ctx, score: Callable[[np.ndarray], np.ndarray], check: str, what
 
     if check == "off":
         return None
-    split = ctx.dataset().train
+    split = data_set(ctx).train
     chosen = np.sort(np.random.default_rng(ctx.recipe.data.seed).permutation(len(split))[:SLICE_IMAGES])
-    result = probe(ctx.preprocess, [split.image(int(i)) for i in chosen], split.labels[chosen], score)
+    result = probe(preprocess_of(ctx), [split.image(int(i)) for i in chosen], split.labels[chosen], score)
     ctx.log(f"{what}: preprocessing probe on {result['images']} training images: declared "
             f"{100 * result['declared']['top1']:.1f}%, best {result['best']['label']} "
             f"{100 * result['best']['top1']:.1f}% (p = {result['p_value']:.2g})")

@@ -29,6 +29,7 @@ from pipeline.tasks.classification.scores import assess, recorded_scores
 from pipeline.tasks.classification.train import evaluate, fit, recalibrate_if_needed
 from pipeline.tasks.classification.training import ClassificationModels
 from pipeline.train.hooks import PruneHooks, Scored
+from pipeline.tasks.classification.images import data_set, image_batches, preprocess_of
 
 # The latency path, loaded by name (importlib) and only for a latency budget: the code hash follows imports,
 # lazy ones included, and that path reaches the agent, its runners and the ONNX export. Declared as a code
@@ -48,7 +49,7 @@ class ClassificationPrune(ClassificationModels, PruneHooks):
         return (LATENCY_PATH, "device.jobs.jobrun", "device.service.agent") if ctx.recipe.prune.latency is not None else ()
 
     def keys(self, ctx, stage):
-        keys = {"preprocess": ctx.preprocess.to_dict()}
+        keys = {"preprocess": preprocess_of(ctx).to_dict()}
         if ctx.recipe.prune.latency is not None:
             # The budget is measured with the deploy stage's runtime on these devices: a change plans again.
             deploy = ctx.recipe.deploy
@@ -61,7 +62,7 @@ class ClassificationPrune(ClassificationModels, PruneHooks):
         return keys
 
     def prune(self, ctx, start, workdir):
-        cfg, arch, input_shape = ctx.recipe.prune, start.saved["arch"], ctx.preprocess.input_shape(1)
+        cfg, arch, input_shape = ctx.recipe.prune, start.saved["arch"], preprocess_of(ctx).input_shape(1)
         model, folded = _exported_form(start.model, arch)
         start.model = model
         base_macs, base_params = count_macs(model, input_shape), count_parameters(model)
@@ -100,10 +101,10 @@ class ClassificationPrune(ClassificationModels, PruneHooks):
                 **({"latency": latency_metrics} if latency_metrics is not None else {})}
 
     def assess(self, ctx, start, workdir):
-        test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
+        test = image_batches(ctx, "test", ctx.recipe.evaluate.batch_size)
         metrics = evaluate(start.model, test, ctx.device, "pruned eval", save_predictions=workdir / "predictions.npy")
         start.model.cpu()
-        return Scored({**recorded_scores(metrics), "sanity": assess(metrics, ctx.dataset().classes)},
+        return Scored({**recorded_scores(metrics), "sanity": assess(metrics, data_set(ctx).classes)},
                       {"predictions": workdir / "predictions.npy"})
 
     def summary(self, stage, metrics):
@@ -121,7 +122,7 @@ def _plan(ctx, workdir: Path, model: torch.nn.Module, arch: str, cfg: PruneConfi
         (plan recorded in the checkpoint, pruner, the ``latency`` metrics or None).
     """
     def train_batches():  # for the Taylor importance: the loss change of removing a channel, on training data
-        return ctx.batches("train", 64, shuffle=True, seed=cfg.seed)
+        return image_batches(ctx, "train", 64, shuffle=True, seed=cfg.seed)
 
     if cfg.latency is not None:
         import importlib
@@ -147,14 +148,14 @@ def _plan(ctx, workdir: Path, model: torch.nn.Module, arch: str, cfg: PruneConfi
 def _finetune(ctx, model: torch.nn.Module, cfg: PruneConfig, step: int) -> list[dict]:
     """Fine-tunes between pruning steps (``prune.finetune``), BatchNorm statistics re-estimated where it asks."""
     tune = cfg.finetune
-    train = ctx.batches("train", tune.batch_size, shuffle=True, augment=tune.augment, seed=tune.seed + step,
+    train = image_batches(ctx, "train", tune.batch_size, shuffle=True, augment=tune.augment, seed=tune.seed + step,
                         drop_last=True)
 
     def loss_fn(logits, batch):
         return F.cross_entropy(logits, batch.labels, label_smoothing=tune.label_smoothing)
 
     history = fit(model, train, tune, loss_fn, ctx.device, f"prune step {step + 1}/{cfg.steps}")
-    recalibrate_if_needed(model, tune, lambda: ctx.batches("train", 256, shuffle=True, seed=tune.seed),
+    recalibrate_if_needed(model, tune, lambda: image_batches(ctx, "train", 256, shuffle=True, seed=tune.seed),
                           ctx.device, "pruned")
     model.cpu()
     return history

@@ -10,6 +10,7 @@ import numpy as np
 from device.errors import MissingDependencyError
 from pipeline.quantize.ort import quiet as _quiet
 from pipeline.quantize.quantizers import store_weights_as_int8
+from pipeline.tasks.classification.images import image_batches, preprocess_of
 
 
 def quantization_aware_finetune(ctx, path: Path, calibration: np.ndarray) -> Path:
@@ -46,7 +47,7 @@ def quantization_aware_finetune(ctx, path: Path, calibration: np.ndarray) -> Pat
 
     with _quiet("modelopt"):
         model = mtq.quantize(model, mtq.INT8_DEFAULT_CFG, calibrate)
-    train = ctx.batches("train", cfg.batch_size, shuffle=True, augment=cfg.augment, seed=cfg.seed, drop_last=True)
+    train = image_batches(ctx, "train", cfg.batch_size, shuffle=True, augment=cfg.augment, seed=cfg.seed, drop_last=True)
     temperature = ctx.recipe.distill.temperature
 
     def loss_fn(logits, batch):
@@ -56,6 +57,6 @@ def quantization_aware_finetune(ctx, path: Path, calibration: np.ndarray) -> Pat
 
     fit(model, train, cfg, loss_fn, ctx.device, "qat")
     with _quiet("modelopt"):
-        export_onnx(model.cpu().eval(), path, ctx.preprocess.input_shape(1), ctx.recipe.export.opset)
+        export_onnx(model.cpu().eval(), path, preprocess_of(ctx).input_shape(1), ctx.recipe.export.opset)
     store_weights_as_int8(path)
     return path

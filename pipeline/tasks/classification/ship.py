@@ -12,6 +12,7 @@ import numpy as np
 
 from device.errors import ManifestError
 from pipeline.ship.task import ShipRow
+from pipeline.tasks.classification.images import data_set, recorded_splits
 
 CARD_FIGURES = ("latency_p99_ms", "throughput_images_per_s", "energy_mj_per_image", "power_mean_w", "peak_memory_mb",
                 "frame_total_ms", "frame_fps_pipelined", "sustained_ratio")
@@ -113,7 +114,7 @@ class ClassificationShip:
         from pipeline.core.manifest import Manifest
 
         ctx = RunContext.of_run(Manifest.load(run_dir))
-        test, indices = ctx.dataset().test, ctx.splits()["test"]
+        test, indices = data_set(ctx).test, recorded_splits(ctx)["test"]
         return [test.image(int(i)) for i in indices], np.asarray(test.labels)[indices]
 
     def nvinfer_accuracy(self, run_dir: Path, deepstream_model: Path, scaling: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from device.errors import DataError, EdgeFoldError
 from device.preprocess import read_image
 from pipeline.core.data.hooks import DataHooks, Splits
 from pipeline.core.log import log
+from pipeline.tasks.classification.images import data_set, preprocess_of
 
 
 class ClassificationData(DataHooks):
@@ -20,10 +21,10 @@ class ClassificationData(DataHooks):
 
     def keys(self, ctx):
         # The source's fingerprint makes a changed data set invalidate the splits.
-        return {"preprocess": ctx.preprocess.to_dict(), "fingerprint": ctx.dataset().fingerprint}
+        return {"preprocess": preprocess_of(ctx).to_dict(), "fingerprint": data_set(ctx).fingerprint}
 
     def split(self, ctx, workdir):
-        cfg, dataset = ctx.recipe.data, ctx.dataset()
+        cfg, dataset = ctx.recipe.data, data_set(ctx)
         check_classes(dataset, cfg.allow_missing_test_classes)
         rng = np.random.default_rng(cfg.seed)
         order = rng.permutation(len(dataset.train))
@@ -52,7 +53,7 @@ class ClassificationData(DataHooks):
                        "train_per_class_max": int(counts.max()),
                        "train_per_class": dict(zip(dataset.classes, counts.astype(int).tolist())),
                        "warnings": warnings},
-                      {"fingerprint": dataset.fingerprint, "preprocess": ctx.preprocess.to_dict()})
+                      {"fingerprint": dataset.fingerprint, "preprocess": preprocess_of(ctx).to_dict()})
 
     def summary(self, metrics):
         return (f"{metrics['source']}: {metrics['num_classes']} classes, {metrics['train']} train / "

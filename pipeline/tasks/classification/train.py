@@ -12,12 +12,13 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline.core import distributed
-from pipeline.core.data.batches import Batches
+from pipeline.tasks.classification.batches import Batches
 from pipeline.core.recipe import TrainConfig
 from pipeline.tasks.classification.scores import accuracy, save_top1
 from pipeline.core.log import log
 from pipeline.train import engine
 from pipeline.train.engine import Step, StepFn, progress_disabled
+from pipeline.tasks.classification.images import data_set, image_batches, recorded_splits
 
 class Batch(NamedTuple):
     """One training batch as the loss sees it."""
@@ -66,7 +67,7 @@ def finish_and_score(model: nn.Module, cfg: TrainConfig, ctx, test: Batches, dev
     recalibrated = 0
     if cfg.epochs and needs_recalibration(model, cfg):
         before = evaluate(model, test, device, f"{desc} eval")["top1"]
-        recalibrated = recalibrate_if_needed(model, cfg, lambda: ctx.batches("train", 256, shuffle=True,
+        recalibrated = recalibrate_if_needed(model, cfg, lambda: image_batches(ctx, "train", 256, shuffle=True,
                                                                              seed=cfg.seed), device, desc)
     metrics = evaluate(model, test, device, f"{desc} eval", save_predictions=predictions)
     if before is not None:
@@ -101,9 +102,9 @@ def class_weights(ctx, device: torch.device) -> torch.Tensor | None:
     if cached is None:
         import numpy as np
 
-        dataset = ctx.dataset()
-        counts = np.bincount(dataset.train.labels[ctx.splits()["train"]], minlength=dataset.num_classes)
-        weights = len(ctx.splits()["train"]) / (dataset.num_classes * np.maximum(counts, 1))
+        dataset = data_set(ctx)
+        counts = np.bincount(dataset.train.labels[recorded_splits(ctx)["train"]], minlength=dataset.num_classes)
+        weights = len(recorded_splits(ctx)["train"]) / (dataset.num_classes * np.maximum(counts, 1))
         cached = ctx._class_weights = torch.tensor(weights, dtype=torch.float32)
     return cached.to(device)
 

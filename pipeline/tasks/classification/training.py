@@ -14,6 +14,7 @@ from pipeline.models import ARCHITECTURES, build_model, checked_model, size_metr
 from pipeline.tasks.classification.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.train import class_weights, evaluate, finish_and_score, fit
 from pipeline.train.hooks import ModelHooks, Scored, Start
+from pipeline.tasks.classification.images import data_set, image_batches, preprocess_of
 
 # Why a trained model can sit at chance, and what to change, per stage (the gate's message).
 _CAUSES = {
@@ -36,7 +37,7 @@ class ClassificationModels(ModelHooks):
         """The weights file is read and loaded into an untrained model (a second or two), so a wrong file, head or
         key names itself before the data stage."""
         cfg = ctx.recipe.teacher
-        model = checked_model(cfg.arch, 10, ctx.preprocess.channels, ctx.preprocess.input_size)  # head replaced later
+        model = checked_model(cfg.arch, 10, preprocess_of(ctx).channels, preprocess_of(ctx).input_size)  # head replaced later
         if cfg.weights == "imagenet":
             _imagenet_entry(cfg.arch)
         elif cfg.weights:
@@ -46,32 +47,32 @@ class ClassificationModels(ModelHooks):
         arch = ctx.recipe.teacher.arch if stage == "teacher" else ctx.recipe.distill.student
         # timm's version, a user package's code: a new one builds another network under the same name.
         fingerprint = ARCHITECTURES.get(arch).fingerprint if arch != "pruned" else ""
-        return {"preprocess": ctx.preprocess.to_dict(), **({"arch_fingerprint": fingerprint} if fingerprint else {})}
+        return {"preprocess": preprocess_of(ctx).to_dict(), **({"arch_fingerprint": fingerprint} if fingerprint else {})}
 
     def teacher(self, ctx):
-        cfg, num_classes, channels = ctx.recipe.teacher, ctx.dataset().num_classes, ctx.preprocess.channels
+        cfg, num_classes, channels = ctx.recipe.teacher, data_set(ctx).num_classes, preprocess_of(ctx).channels
         replaced: list[str] = []
         if cfg.weights == "imagenet":
             model, replaced = _imagenet_weights(cfg.arch, num_classes, channels)
         else:
-            model = build_model(cfg.arch, num_classes, channels, ctx.preprocess.input_size)
+            model = build_model(cfg.arch, num_classes, channels, preprocess_of(ctx).input_size)
             if cfg.weights:
                 replaced = load_weights(model, cfg.arch, cfg.weights)
         probe = _probe_weights(ctx, model) if cfg.weights and not replaced else None
-        saved = {"arch": cfg.arch, "num_classes": num_classes, "input_size": ctx.preprocess.input_size,
+        saved = {"arch": cfg.arch, "num_classes": num_classes, "input_size": preprocess_of(ctx).input_size,
                  "weights": cfg.weights, "replaced_head": bool(replaced)}
         return Start(model, saved, replaced, {"preprocess_probe": probe} if probe is not None else {})
 
     def checkpoint(self, ctx, stage):
         model, info = load_checkpoint(ctx.manifest.output(stage, "model"))
         return Start(model, {"arch": info["arch"], "num_classes": info["num_classes"],
-                             "input_size": ctx.preprocess.input_size, "folded": info["folded"]})
+                             "input_size": preprocess_of(ctx).input_size, "folded": info["folded"]})
 
     def train(self, ctx, start, cfg, stage, teacher=None):
         model, device = start.model, ctx.device
-        batches = ctx.batches("train", cfg.batch_size, shuffle=True, augment=cfg.augment, seed=cfg.seed,
+        batches = image_batches(ctx, "train", cfg.batch_size, shuffle=True, augment=cfg.augment, seed=cfg.seed,
                               drop_last=True)
-        test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
+        test = image_batches(ctx, "test", ctx.recipe.evaluate.batch_size)
         loss_fn = self.loss(ctx, cfg, teacher)
         role = "teacher" if stage == "teacher" else "student"
         return fit(model, batches, cfg, loss_fn, device, stage,
@@ -85,14 +86,14 @@ class ClassificationModels(ModelHooks):
         return cross_entropy
 
     def finish(self, ctx, start, cfg, stage, workdir, teacher=None):
-        test = ctx.batches("test", ctx.recipe.evaluate.batch_size)
+        test = image_batches(ctx, "test", ctx.recipe.evaluate.batch_size)
         predictions = workdir / "predictions.npy"
         role = "teacher" if stage == "teacher" else "student"
         metrics, recalibrated = finish_and_score(start.model, cfg, ctx, test, ctx.device, role, predictions)
         # A model at chance makes every later comparison meaningless ("0.00 points lost"): stop here.
         causes, fix = _CAUSES[stage]
         sanity = require_sane("the teacher" if stage == "teacher" else "the distilled student", metrics,
-                              ctx.dataset().classes, causes=causes, fix=fix)
+                              data_set(ctx).classes, causes=causes, fix=fix)
         start.model.cpu()
         return Scored({**recorded_scores(metrics), "sanity": sanity, "bn_recalibrated_images": recalibrated},
                       {"predictions": predictions})
@@ -103,7 +104,7 @@ class ClassificationModels(ModelHooks):
                                **saved)
 
     def size(self, ctx, start):
-        return size_metrics(start.model, ctx.preprocess.input_shape(1))
+        return size_metrics(start.model, preprocess_of(ctx).input_shape(1))
 
     def summary(self, stage, metrics):
         if stage == "teacher":

@@ -2,7 +2,7 @@ import numpy as np
 import torch
 
 from device.preprocess import Preprocess
-from pipeline.core.data.batches import Batches
+from pipeline.tasks.classification.batches import Batches
 from pipeline.core.data.sources import Split, load_source
 from pipeline.core.recipe import AugmentConfig
 

@@ -160,5 +160,4 @@ def test_each_task_declares_the_shared_stages_with_its_hooks_and_their_code(task
             "detection": "pipeline.tasks.detection.distill"}[task]
     assert loss in codehash.closure(stage_code_roots(distill))
     assert loss not in set(codehash.closure(stage_code_roots(teacher))) | set(codehash.closure(stage_code_roots(prune)))
-    # Detection's distillation loss runs the student's parts outside DDP's forward: rank 0 alone, for now.
-    assert distill.distributed is (task == "classification") and teacher.distributed
+    assert distill.distributed and teacher.distributed, "every task trains both under torchrun"

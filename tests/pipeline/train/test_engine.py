@@ -7,7 +7,7 @@ import torch
 
 from device.models.architectures import build_model
 from device.preprocess import Preprocess
-from pipeline.core.data.batches import Batches
+from pipeline.tasks.classification.batches import Batches
 from pipeline.core.data.sources import load_source
 from pipeline.core.recipe import TrainConfig
 from pipeline.tasks.classification import train
