@@ -1,11 +1,11 @@
 """Detection's part of the deploy stage (:mod:`pipeline.stages.deploy`): each rung's ONNX with its sidecar and the
 evaluation set (the test canvases as network inputs), timed on the agent and then scored there through the same
-engine with the device's own decode + NMS after each batch (:mod:`device.scoring.detection_evaluation`), the two timed apart.
-The build host, which holds the boxes, scales the detections to the canvases and computes COCO mAP with intervals:
-the rung's device-measured mAP; each rung's network p50 has an interval over rounds and a ratio to the FP32
-student's paired by round. With ``deploy.frame``, round 1 also times a camera frame's path to its boxes (the same
-decode + NMS, :mod:`device.jobs.frame`). Unlike classification, no power sweep or sustained run yet (the recipe refuses
-them).
+engine with the device's own decode + NMS after each batch (:mod:`device.scoring.detection_evaluation`), the two
+timed apart. The build host, which holds the boxes, scales the detections to the canvases and computes COCO mAP with
+intervals: the rung's device-measured mAP; each rung's network p50 has an interval over rounds and a ratio to the FP32
+student's paired by round (the record, the sustained run and results: :class:`pipeline.deploy.scored.ScoredDeploy`).
+With ``deploy.frame``, round 1 also times a camera frame's path to its boxes (the same decode + NMS,
+:mod:`device.jobs.frame`). Unlike classification, no power sweep (the recipe refuses it).
 """
 
 from __future__ import annotations
