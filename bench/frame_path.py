@@ -6,7 +6,7 @@ Goal, stated before the run: for the ResNet-50 recipe's student (ResNet-50 prune
 own prune settings, at its 32×32 input), a 1920×1080 frame in each format a Jetson camera application meets (BGR from
 a camera, NV12 from a hardware decoder, JPEG from an MJPEG stream), measure the share of the frame's time spent
 outside the network, the pipelined frame rate (decode + preprocess in a thread of their own) against the sequential
-one, and the preprocessing written into the graph (:mod:`pipeline.frame_prefix`) against the CPU path, each with its
+one, and the preprocessing written into the graph (:mod:`pipeline.deploy.frame_prefix`) against the CPU path, each with its
 95% interval over the rounds; report every run, the machine and the versions.
 
 Timing does not depend on the weights, so the student is pruned from an untrained ResNet-50 (no teacher is trained):
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from device.jobs.frame_schema import FRAME_STAGES, FrameSpec
     from device.preprocess import Preprocess
     from device.runners import make_runner
-    from pipeline.frame_prefix import write_prefixed
+    from pipeline.deploy.frame_prefix import write_prefixed
 
     work = Path("/tmp/edgefold-frame-bench")
     work.mkdir(exist_ok=True)

@@ -1,7 +1,7 @@
 """How a measured field of the result schema appears in the report, declared once on the field itself.
 
 ``power_peak_mw: float | None = reported("…", label="power peak mW", fmt=".0f", combine="max")`` puts the field in
-every task's results.json, results.csv and ladder detail (:mod:`pipeline.results`): no list to extend elsewhere.
+every task's results.json, results.csv and ladder detail (:mod:`pipeline.report.results`): no list to extend elsewhere.
 A latency declares how a rung's interleaved windows make one figure (``combine="median"``, at the smallest batch
 size, with the row keys of its 95% interval and of its windows, which the paired ratios read).
 """

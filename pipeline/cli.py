@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="edge agents, comma-separated (http://jetson:8765); with no devices a loopback agent is used")
     run.add_argument("--dc", metavar="URLS", default=os.environ.get("DC"), help="data-center agents, comma-separated")
     run.add_argument("--devices", metavar="YAML", default=os.environ.get("DEVICES"),
-                     help="devices file with groups (see pipeline/devices.py)")
+                     help="devices file with groups (see pipeline/deploy/devices.py)")
     run.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
                      help="agent token file for --edge/--dc (default: $EDGEFOLD_AGENT_TOKEN)")
     run.add_argument("--diverge", action=argparse.BooleanOptionalAction, default=True,
@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_diverge(sub) -> None:
-    from pipeline.diverge import (DEFAULT_CHUNK, DEFAULT_IMAGES, DEFAULT_MAX_BYTES, MAX_COSINE_DISTANCE,
+    from pipeline.deploy.diverge import (DEFAULT_CHUNK, DEFAULT_IMAGES, DEFAULT_MAX_BYTES, MAX_COSINE_DISTANCE,
                                   MAX_RELATIVE_ERROR)
 
     diverge = sub.add_parser(
@@ -186,7 +186,7 @@ def _parse_sets(pairs: list[str]) -> dict:
 def _cmd_run(args) -> int:
     from pipeline import tasks
     from pipeline.core import distributed
-    from pipeline.devices import load_devices
+    from pipeline.deploy.devices import load_devices
     from pipeline.runner import run_pipeline
 
     flags = {"data.source": args.data, "teacher.weights": args.weights}  # unset flags leave the recipe's value
@@ -209,9 +209,9 @@ def _diverge_deviations(ctx, devices) -> None:
     """Runs ``edgefold diverge`` for each rung × device whose top-1 the headline says parts from the host's and that
     has no answer yet, then rebuilds the report; a search that fails is logged and leaves the run as it was."""
     from pipeline import tasks
-    from pipeline.diverge import diverge_run
-    from pipeline.diverge_report import diverge_answers
-    from pipeline.results import rebuild_report
+    from pipeline.deploy.diverge import diverge_run
+    from pipeline.report.diverge_report import diverge_answers
+    from pipeline.report.results import rebuild_report
 
     if not ctx.manifest.stage("report"):
         return
@@ -245,7 +245,7 @@ def _require_an_edge_measurement(ctx) -> None:
         NoEdgeMeasuredError: Naming each edge URL and why it measured nothing.
     """
     from device.errors import NoEdgeMeasuredError
-    from pipeline.devices import unmeasured_edges
+    from pipeline.deploy.devices import unmeasured_edges
 
     deployed = ctx.manifest.stage("deploy")
     if not deployed:
@@ -351,7 +351,7 @@ def _deploy_again(args, command: str, job: dict) -> int:
     from pathlib import Path
 
     from device.errors import ConfigError, ManifestError
-    from pipeline.devices import load_devices
+    from pipeline.deploy.devices import load_devices
     from pipeline import tasks
     from pipeline.runner import run_pipeline
 
@@ -391,8 +391,8 @@ def _cmd_diverge(args) -> int:
     from device.client import read_token
     from device.errors import ManifestError
     from pipeline import tasks
-    from pipeline.diverge import diverge_run
-    from pipeline.results import rebuild_report
+    from pipeline.deploy.diverge import diverge_run
+    from pipeline.report.results import rebuild_report
 
     run_dir = _run_dir(args.run, args.runs_dir)
     if not (run_dir / "manifest.json").is_file():
@@ -419,7 +419,7 @@ def _evaluation_inputs(task):
 
 def _cmd_report(args) -> int:
     from pipeline import tasks
-    from pipeline.results import rebuild_report
+    from pipeline.report.results import rebuild_report
 
     run_dir = _run_dir(args.run, args.runs_dir)
     task = tasks.of_run(run_dir)

@@ -106,13 +106,13 @@ def summarize(labels: np.ndarray, predictions: dict[str, np.ndarray], classes: S
 
 # ----------------------------------------------------------------- the report's section
 def section(summary: dict[str, Any], top: int = 5):
-    """The report's "What the fold cost, per class" section (:class:`pipeline.sections.Section`).
+    """The report's "What the fold cost, per class" section (:class:`pipeline.report.sections.Section`).
 
     Args:
         summary: What the evaluate stage records: ``classes``, ``accuracy`` and ``never_predicted``
             per rung, and ``comparisons`` (see :func:`summarize`).
     """
-    from pipeline.sections import Bullets, Section, Table, Text
+    from pipeline.report.sections import Bullets, Section, Table, Text
 
     blocks: list = []
     never = [(rung, classes) for rung, classes in summary["never_predicted"].items() if classes]

@@ -19,7 +19,7 @@ from pipeline.core import distributed
 from pipeline.core.codehash import code_sha256
 from pipeline.core.context import RunContext
 from pipeline.core.log import log
-from pipeline.devices import Device
+from pipeline.deploy.devices import Device
 from device.files import sha256_file
 from pipeline.core.manifest import Manifest, sha256_json
 from pipeline.core.recipe import load_recipe

@@ -235,7 +235,7 @@ def frame_from_image(image: np.ndarray, spec: FrameSpec) -> Any:
 
 
 class InGraphPath(FramePath):
-    """The frame's path with the preprocessing inside the engine (:mod:`pipeline.frame_prefix`): the frame's bytes as
+    """The frame's path with the preprocessing inside the engine (:mod:`pipeline.deploy.frame_prefix`): the frame's bytes as
     they come (JPEG decoded to BGR first) are the engine's uint8 input."""
 
     def __init__(self, runner, preprocess: Preprocess, spec: FrameSpec, batch_size: int = 1, k: int = 5,

@@ -17,7 +17,7 @@ from device.jobs.window import Measured
 FRAME_STAGES = ("decode", "preprocess", "engine", "postprocess")
 MAX_HELD_BYTES = 1 << 30  # an 8 GB Jetson runs the engine beside them
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-# The name every node of the preprocessing written into a graph starts with (pipeline.frame_prefix): the device tells
+# The name every node of the preprocessing written into a graph starts with (pipeline.deploy.frame_prefix): the device tells
 # them from the network's by it (its precision is the network's, device.runners.engine; TensorRT keeps them in FP32).
 PREFIX_NODES = "frame_prefix/"
 
@@ -51,7 +51,7 @@ class FrameSpec(BaseModel):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     in_graph: str | None = Field(None, pattern=SHA256.pattern,
                                  description="sha256 of the uploaded rung with the preprocessing written into its graph "
-                                             "(pipeline.frame_prefix: uint8 frame in): timed beside the CPU path")
+                                             "(pipeline.deploy.frame_prefix: uint8 frame in): timed beside the CPU path")
     images: FrameImages | None = Field(None, description="the image set of source: images")
     postprocess: Literal["top_k", "detection", "segmentation"] = Field(
         "top_k", description="what a frame's engine outputs are reduced to, by the device's post-processor the job "

@@ -286,7 +286,7 @@ def import_tensorrt():
 
 
 def pin_prefix_fp32(trt, network, config, builder_flags: Sequence[str]) -> list[str]:
-    """Keeps a frame job's preprocessing in the graph (layers named ``frame_prefix/…``, :mod:`pipeline.frame_prefix`)
+    """Keeps a frame job's preprocessing in the graph (layers named ``frame_prefix/…``, :mod:`pipeline.deploy.frame_prefix`)
     in FP32 where the builder may choose FP16 for it (the FP16 flag of TensorRT 10 before strong typing): its rounding
     to OpenCV's uint8 levels is what the stated tolerance was measured in, and FP16 steps by 0.125–0.25 above 128.
     Strongly typed builds (10.12+ for FP16/INT8 rungs, 11) take the ONNX's own FP32 types and need nothing.

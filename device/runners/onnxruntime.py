@@ -57,7 +57,7 @@ class OnnxRuntimeRunner(Runner):
             raise RunnerError(f"ONNX Runtime cannot load {self.path}: {err}", fix="re-export the model") from None
         first = self.session.get_inputs()[0]
         self.input_name = first.name
-        # A float network takes float32; the frame job's in-graph form (pipeline.frame_prefix) takes uint8 pixels.
+        # A float network takes float32; the frame job's in-graph form (pipeline.deploy.frame_prefix) takes uint8 pixels.
         self.input_dtype = np.uint8 if first.type == "tensor(uint8)" else np.float32
         self.input_chw = tuple(d if isinstance(d, int) else None for d in first.shape[1:])
 

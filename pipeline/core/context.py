@@ -13,7 +13,7 @@ class RunContext:
     Args:
         recipe: The validated recipe (command-line overrides already applied).
         manifest: The run's manifest; None for the preflight checks, which run before anything is written.
-        devices: The agents the deploy stage benchmarks on (:class:`pipeline.devices.Device`).
+        devices: The agents the deploy stage benchmarks on (:class:`pipeline.deploy.devices.Device`).
     """
 
     def __init__(self, recipe: RecipeBase, manifest: Manifest | None, devices=()):

@@ -16,7 +16,7 @@ from pipeline.core.rungs import DEPLOYED
 
 class FrameRecipe(FrameSpec):
     """``deploy.frame``: a job's frame (:class:`FrameSpec`), and whether each rung is also sent with the preprocessing
-    written into its graph (:mod:`pipeline.frame_prefix`); the uploads a job names are the deploy stage's to fill."""
+    written into its graph (:mod:`pipeline.deploy.frame_prefix`); the uploads a job names are the deploy stage's to fill."""
 
     in_graph: bool = Field(True, description="also time each rung with the preprocessing inside its graph (a uint8 "
                                              "frame in), against the CPU path")
@@ -44,7 +44,7 @@ class SustainedRecipe(SustainedSpec):
         """The most runs a job makes under the recipe's ``deploy.sweep`` on any device (``all`` modes: budgeted at
         :data:`ALL_MODES_BUDGETED`; a GPU server's knob, or a Jetson's modes × jetson_clocks, whichever is more):
         the recipe's check against the agent's largest timeout. A job counts its own device's
-        (:func:`pipeline.jobs.job_spec`)."""
+        (:func:`pipeline.deploy.jobs.job_spec`)."""
         if not self.swept or sweep is None:
             return 1
         modes = ALL_MODES_BUDGETED if sweep.modes == "all" else len(sweep.modes)

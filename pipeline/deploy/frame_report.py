@@ -10,8 +10,8 @@ from typing import Any, Callable, Sequence
 
 from device.jobs.frame_schema import FRAME_STAGES
 from pipeline import stats
-from pipeline.results import interval_cell
-from pipeline.sections import Figure, Section, Table, Text
+from pipeline.report.results import interval_cell
+from pipeline.report.sections import Figure, Section, Table, Text
 
 PARTS = (*FRAME_STAGES, "total")
 _ENDS = ("", "_low", "_high")
@@ -172,7 +172,7 @@ def in_graph_blocks(rows: Sequence[dict[str, Any]], files: dict[str, Any] | None
 
 
 def _levels() -> str:
-    from pipeline.frame_prefix import MARGIN_LEVELS, MEASURED_LEVELS, NV12_EXTRA_LEVELS
+    from pipeline.deploy.frame_prefix import MARGIN_LEVELS, MEASURED_LEVELS, NV12_EXTRA_LEVELS
 
     return (", ".join(f"{mode} {MEASURED_LEVELS[mode] + MARGIN_LEVELS:g}" for mode in sorted(MEASURED_LEVELS))
             + f" levels of 255; {NV12_EXTRA_LEVELS:g} more for NV12")
@@ -201,7 +201,7 @@ def accuracy_blocks(rows: Sequence[dict[str, Any]]) -> list:
 
 def frame_plot(plt, rows: Sequence[dict[str, Any]]) -> str:
     """A horizontal stacked bar per rung × device: decode, preprocess, engine, post-processing (ms)."""
-    from pipeline.sections import figure_png
+    from pipeline.report.sections import figure_png
 
     rows = framed(rows)
     fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(rows)))

@@ -1,5 +1,5 @@
 """What a frame job (``deploy.frame``) needs beside the rung, for every task: each rung with the preprocessing written
-into its graph (:mod:`pipeline.frame_prefix`), and for ``source: images`` the evaluation images as they were taken.
+into its graph (:mod:`pipeline.deploy.frame_prefix`), and for ``source: images`` the evaluation images as they were taken.
 The deploy stage's task writes them once per run (:func:`write_frame_files`) and turns the recipe's frame into each
 job's, naming its post-processor (:meth:`FrameFiles.spec`)."""
 
@@ -91,7 +91,7 @@ def write_frame_files(recipe, workdir: Path, artifacts: dict[str, Path], preproc
         preprocess: Each rung's preprocessing (:meth:`device.preprocess.Preprocess.to_dict`), by rung.
         postprocess: The task's post-processor, which each job's frame names.
     """
-    from pipeline.frame_prefix import write_prefixed
+    from pipeline.deploy.frame_prefix import write_prefixed
 
     files = FrameFiles(recipe, postprocess, log=log)
     preps = {rung: Preprocess.from_dict(preprocess[rung]) for rung in artifacts}
@@ -121,7 +121,7 @@ def _checked_prefixes(preps, recipe) -> tuple[str | None, float | None]:
     """Why no rung's prefix is timed (the first preprocessing that cannot be written into a graph, or whose prefix
     misses its own tolerance: it would not be timed as the preprocessing), or None and the largest difference from the
     CPU path over them."""
-    from pipeline.frame_prefix import check_prefix, refusal
+    from pipeline.deploy.frame_prefix import check_prefix, refusal
 
     largest = 0.0
     for prep in preps:

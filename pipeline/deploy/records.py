@@ -44,7 +44,7 @@ def timed_record(rounds: list[dict[str, Any]], count: int, scores: dict[str, Any
     """A rung's record from its typed rounds (round 1 succeeded and scored the set): ``scores`` (the device-measured
     score) and ``others`` (every other engine the job scored, point figures) as the task computed them."""
     from pipeline.deploy.frame_report import frame_fields
-    from pipeline.results import reported_figures
+    from pipeline.report.results import reported_figures
 
     first = rounds[0]
     result = first["result"]
@@ -100,7 +100,7 @@ def ratios_to_student(rungs: dict[str, dict[str, Any]]) -> None:
 def reported_of(measured: dict[str, Any]) -> dict[str, Any]:
     """A rung's declared measured fields; those a rung deployed before they were declared lacks are "not recorded"
     (its network p50 from the record it kept then)."""
-    from pipeline.results import REPORTED
+    from pipeline.report.results import REPORTED
 
     if measured.get("state") != "succeeded":
         return {"not_recorded": []}
@@ -118,7 +118,7 @@ def reported_of(measured: dict[str, Any]) -> dict[str, Any]:
 
 def layer_profiles(deploy: dict[str, Any]) -> list[dict[str, Any]]:
     """Per rung × device, round 1's per-layer profile or why there is none, shaped as the classification
-    report's "Where the time goes" reads them (:func:`pipeline.profile_report.time_section`); none for a run deployed
+    report's "Where the time goes" reads them (:func:`pipeline.report.profile_report.time_section`); none for a run deployed
     before profiles were kept."""
     entries = []
     for device in deploy.get("devices", []):
@@ -149,7 +149,7 @@ def lead_row(rows: list[dict[str, Any]], profiles: list[dict[str, Any]]) -> tupl
         ``(row, int8_not_measured)``: the row and, where it is the FP32 student's, why and how to measure INT8
         (``{device, rung, reason, fix}``); or ``(None, why)`` where the INT8 student was measured nowhere.
     """
-    from pipeline.profile_report import INT8_FIX, computes_in, int8_not_run_reason
+    from pipeline.report.profile_report import INT8_FIX, computes_in, int8_not_run_reason
 
     lead = [r for r in rows if r["rung"] == LEAD_RUNG and r["status"] == "measured"]
     lead.sort(key=lambda r: r["role"] != "edge")
@@ -206,8 +206,8 @@ def scored_headline(h: dict[str, Any], score: str, label: str, postprocess: str,
         postprocess: The device's post-processing in words (``decode + NMS``, ``argmax``), ``spec`` its ms format.
         int8: How the INT8 rung was made, in words (None: not said).
     """
-    from pipeline.results import interval_cell
-    from pipeline.sections import Headline
+    from pipeline.report.results import interval_cell
+    from pipeline.report.sections import Headline
 
     if not h.get("measured"):
         return Headline(f"{h['rung']}: not measured on any device", [("why", h["reason"])] if h.get("reason") else [])

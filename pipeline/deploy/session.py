@@ -4,7 +4,7 @@ The agent is opened and its facts read (an agent that does not answer is the out
 chosen with the reason said where ``auto`` could not pick TensorRT, and each window measured (submitted, waited for
 with progress, retried, cancelled when late, its result typed) or reused from the deploy cache while its artifact,
 the agent, its fingerprint, the measuring code and the job are unchanged. A window whose device was lost marks the
-outcome ``lost``; the rounds stop there and what was measured is kept (:func:`pipeline.jobs.interleaved_rounds`).
+outcome ``lost``; the rounds stop there and what was measured is kept (:func:`pipeline.deploy.jobs.interleaved_rounds`).
 
 A task builds its jobs (what a window of its rungs is) and reads their results; it never opens an agent itself.
 """
@@ -20,8 +20,8 @@ from device.errors import ConfigError, EdgeFoldError
 from device.files import sha256_file
 from device.schema import JobSpec, parse_result
 from pipeline.core.codehash import code_sha256
-from pipeline.devices import Device
-from pipeline.jobs import (LOOPBACK, choose_runtime, fingerprint, reuse_or_measure, submit_and_wait, trt_major,
+from pipeline.deploy.devices import Device
+from pipeline.deploy.jobs import (LOOPBACK, choose_runtime, fingerprint, reuse_or_measure, submit_and_wait, trt_major,
                            window_key)
 
 
@@ -30,7 +30,7 @@ class DeviceSession:
 
     Args:
         device: The device measured.
-        url: Its agent (the loopback agent's own URL for :data:`pipeline.jobs.LOOPBACK`).
+        url: Its agent (the loopback agent's own URL for :data:`pipeline.deploy.jobs.LOOPBACK`).
         token: The loopback agent's token; a named device reads its own (``device.token()``).
         requested_runtime: ``deploy.runtime``.
         cache: The run's deploy cache folder.

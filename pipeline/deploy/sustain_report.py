@@ -13,8 +13,8 @@ from typing import Any, Sequence
 from device.errors import EdgeFoldError
 from device.schema import parse_result
 from pipeline import stats
-from pipeline.results import interval_cell
-from pipeline.sections import Figure, Section, Table, Text
+from pipeline.report.results import interval_cell
+from pipeline.report.sections import Figure, Section, Table, Text
 
 SUSTAINED_COLUMNS = ("sustained_minutes", "sustained_burst_p50_ms", "sustained_settled_p50_ms",
                      "sustained_settled_p50_ms_low", "sustained_settled_p50_ms_high", "sustained_ratio",
@@ -164,7 +164,7 @@ def _temp(value: float | None) -> str:
 def plot(plt, runs: Sequence[dict[str, Any]]) -> str:
     """One device's runs: latency, GPU clock and the hottest zone over each run, one panel each on one time axis, one
     line per setting; each run's first throttle signal marked on all three in its colour."""
-    from pipeline.sections import figure_png
+    from pipeline.report.sections import figure_png
 
     panels = [(key, label) for key, label in (("latency_p50_ms", "p50 ms"), ("gpu_clock_mhz", "GPU MHz"),
                                               ("hottest_c", "hottest °C"))

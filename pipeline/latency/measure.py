@@ -204,7 +204,7 @@ def _unreachable(err) -> StageError:
 
 def device_spec(device_info: dict[str, Any], deploy_cfg, target, preprocess: dict[str, Any], label: str):
     """The job spec of a latency-table measurement: the deploy stage's runtime, precision and threads for this
-    device (its own :func:`pipeline.jobs.job_spec`; the deployed rung's, INT8, unless
+    device (its own :func:`pipeline.deploy.jobs.job_spec`; the deployed rung's, INT8, unless
     ``target.precision`` is ``float``), with the table's batch size and short windows, no idle baseline and
     no telemetry (latency only).
 
@@ -214,7 +214,7 @@ def device_spec(device_info: dict[str, Any], deploy_cfg, target, preprocess: dic
     """
     from device.schema import JobSpec
     from pipeline.core.rungs import DEPLOYED
-    from pipeline.jobs import job_spec
+    from pipeline.deploy.jobs import job_spec
 
     rung = DEPLOYED if target.precision == "deployed" else "student"
     base = job_spec(rung, "0" * 64, device_info, deploy_cfg, preprocess, label)
@@ -253,7 +253,7 @@ def open_agent(devices, name: str, log: Callable[[str], None]) -> Iterator[tuple
     """
     from device.client import AgentClient, AgentError
     from pipeline.core.codehash import code_sha256
-    from pipeline.jobs import FINGERPRINT_KEYS
+    from pipeline.deploy.jobs import FINGERPRINT_KEYS
 
     loopback, tmp = None, None
     try:

@@ -10,7 +10,7 @@ import base64
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.sections import Figure, Section, Table, Text
+from pipeline.report.sections import Figure, Section, Table, Text
 
 PLOTTED_LAYERS = 24
 
@@ -75,7 +75,7 @@ def kept_time_text(kept: list[str], entry: dict[str, Any]) -> str | None:
     profile = entry.get("profile")
     if not kept or not profile or not profile.get("batches"):
         return None
-    from pipeline.profile_report import shown_batch
+    from pipeline.report.profile_report import shown_batch
 
     batch = shown_batch(profile)
     wanted = set(kept)

@@ -1,6 +1,6 @@
 """deploy stage, the same for every task: every rung to every device's agent, measured there in interleaved rounds.
 
-Devices come from ``EDGE=``/``DC=``/``DEVICES=`` (see :mod:`pipeline.devices`); with none, a loopback agent is
+Devices come from ``EDGE=``/``DC=``/``DEVICES=`` (see :mod:`pipeline.deploy.devices`); with none, a loopback agent is
 started on this machine for the run and stopped after it. Devices run concurrently (bounded by
 ``deploy.parallel_devices``); on one device the windows run one after the other, as the agent runs one job at a time
 anyway. An unreachable or failing device is recorded with its reason and the others carry on.
@@ -23,8 +23,8 @@ from device.errors import StageError
 from pipeline.core.stage import HookedStage, StageResult
 from pipeline.deploy.hooks import DeployHooks, Job
 from pipeline.deploy.session import DeviceSession, require_runtime
-from pipeline.devices import DEPLOY_SCHEMA, Device
-from pipeline.jobs import LOOPBACK, deploy_targets, interleaved_rounds
+from pipeline.deploy.devices import DEPLOY_SCHEMA, Device
+from pipeline.deploy.jobs import LOOPBACK, deploy_targets, interleaved_rounds
 
 # The agent's job process and what it runs for every task (a loopback agent runs this checkout's).
 AGENT_MODULES = ("device.jobs.jobrun", "device.service.agent")

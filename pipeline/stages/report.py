@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from pipeline.core.manifest import sha256_json
 from pipeline.core.stage import Stage, StageResult
-from pipeline.results import RESULTS_SCHEMA
+from pipeline.report.results import RESULTS_SCHEMA
 
 
 class ReportStage(Stage):

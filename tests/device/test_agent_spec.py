@@ -51,7 +51,7 @@ def test_the_deploy_stages_job_validates():
 def test_the_deploy_stages_own_job_spec_validates(tensorrt):
     pytest.importorskip("torch", reason="the pipeline (build side) needs torch")
     from pipeline.core.recipe import DeployConfig
-    from pipeline.jobs import job_spec
+    from pipeline.deploy.jobs import job_spec
 
     prep = json.loads(json.dumps(Preprocess(input_size=32, resize=36, channels=3, mean=(0.485, 0.456, 0.406),
                                             std=(0.229, 0.224, 0.225)).to_dict()))
@@ -69,7 +69,7 @@ def test_the_deploy_stage_sends_each_rungs_own_precision(tensorrt):
     timed in FP16 while scored in FP32); FP16 is its own rung, whose artifact says FP16."""
     pytest.importorskip("torch", reason="the pipeline (build side) needs torch")
     from pipeline.core.recipe import DeployConfig
-    from pipeline.jobs import job_spec
+    from pipeline.deploy.jobs import job_spec
 
     prep = json.loads(json.dumps(Preprocess(input_size=32, resize=32, channels=3, mean=(0.5,) * 3,
                                             std=(0.25,) * 3).to_dict()))

@@ -71,7 +71,7 @@ def _in_process_probe(monkeypatch, tmp_path, model, eval_path, reference, jobs):
     """A bisect probe running each debug job in this process against the TensorRT stand-in."""
     from device.jobs.debug_tensors import TENSORS_FILE, read_tensors
     from device.jobs.jobrun import run_job
-    from pipeline.diverge import compare
+    from pipeline.deploy.diverge import compare
 
     def probe(names):
         job_dir = tmp_path / f"job{len(jobs)}"
@@ -89,7 +89,7 @@ def test_a_debug_job_returns_the_marked_tensors_of_the_first_images(monkeypatch,
     call padded, the padding dropped), equal to ONNX Runtime's values, with the layer that writes it; nothing timed."""
     from device.jobs.debug_tensors import TENSORS_FILE, read_tensors
     from device.jobs.jobrun import run_job
-    from pipeline.diverge import reference_values
+    from pipeline.deploy.diverge import reference_values
 
     trt_standin.install(monkeypatch, "10.3.0")
     names = ["conv0", "relu5", "logits"]
@@ -114,7 +114,7 @@ def test_a_deviation_planted_at_a_named_layer_is_found_within_log2_plus_one_jobs
     """The planted truth: the stand-in's engines compute ``relu7`` three times too large (and everything after it
     from that). Bisection names relu7 as the first tensor that parts, conv7 before it as agreeing, in at most
     ⌈log2(n)⌉ + 1 debug jobs with one tensor a job, and in fewer with three."""
-    from pipeline.diverge import bisect, candidates, reference_values
+    from pipeline.deploy.diverge import bisect, candidates, reference_values
 
     trt = trt_standin.install(monkeypatch, "10.3.0")
     trt.planted_deviation = ("relu7", 3.0)
@@ -141,7 +141,7 @@ def test_an_engine_whose_numbers_overflow_is_searched_not_refused(monkeypatch, t
     engine, a debug job goes on, and the search names the first tensor that is not finite."""
     from device.errors import EdgeFoldError
     from device.jobs.jobrun import run_job
-    from pipeline.diverge import bisect, candidates, reference_values
+    from pipeline.deploy.diverge import bisect, candidates, reference_values
 
     trt = trt_standin.install(monkeypatch, "10.3.0")
     trt.planted_deviation = ("conv4", float("inf"))
@@ -157,7 +157,7 @@ def test_an_engine_whose_numbers_overflow_is_searched_not_refused(monkeypatch, t
 
 
 def test_an_engine_that_agrees_is_answered_in_one_job(monkeypatch, tmp_path, chain, images):
-    from pipeline.diverge import answer_text, bisect, candidates, reference_values
+    from pipeline.deploy.diverge import answer_text, bisect, candidates, reference_values
 
     trt_standin.install(monkeypatch, "10.3.0")
     order = candidates(chain)
@@ -237,7 +237,7 @@ def test_a_real_agent_serves_a_debug_jobs_tensors_checked_by_hash(tmp_path, chai
     from device.client import AgentClient
     from device.service.loopback import LoopbackAgent
     from device.schema import DivergeSpec, EvaluationSpec
-    from pipeline.diverge import reference_values
+    from pipeline.deploy.diverge import reference_values
 
     with LoopbackAgent(tmp_path / "agent") as agent, AgentClient(agent.url, agent.token) as client:
         model, evaluation = client.upload(chain), client.upload(images)

@@ -354,7 +354,7 @@ def test_the_agent_times_both_forms_and_scores_the_images_through_the_whole_path
     """A real agent: the rung, the rung with its preprocessing in the graph and the image set uploaded; the job times
     both forms in the same rounds, scores every image through each, and a job naming a file the agent does not hold
     as that kind fails before it starts, saying which."""
-    from pipeline.frame_prefix import write_prefixed
+    from pipeline.deploy.frame_prefix import write_prefixed
 
     model = tiny_onnx(tmp_path / "tiny.onnx")
     frame = {"width": 64, "height": 48, "format": "jpeg", "frames": 4, "rounds": 2, "source": "images"}

@@ -425,7 +425,7 @@ def test_the_report_names_the_most_efficient_planted_point(agx_swept, tmp_path, 
     """The planted front recovered end to end: the point the report's headline names is the planted point of least
     energy per image within the budget (50W batch 4 on the GPU without one; MAXN batch 4 within 8.5 ms)."""
     from device.schema import parse_result
-    from pipeline.devices import DEPLOY_SCHEMA
+    from pipeline.deploy.devices import DEPLOY_SCHEMA
     from pipeline.tasks.classification.report import build_report
     from tests.device.clocked_runtime import planted_point
     from tests.device.jetson_sim import AGX_ORIN_MODES, BOARDS

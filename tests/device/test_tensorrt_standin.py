@@ -304,7 +304,7 @@ def test_job_result_and_report_carry_three_latencies(monkeypatch, tmp_path, floa
     from device.files import sha256_file
     from device.jobs.jobrun import run_job
     from device.schema import JobResult
-    from pipeline.profile_report import TIMINGS_TEXT, timing_rows
+    from pipeline.report.profile_report import TIMINGS_TEXT, timing_rows
     from pipeline.tasks.classification.report_data import _window_statistics
 
     trt_standin.install(monkeypatch, "10.3.0")
@@ -526,7 +526,7 @@ def test_the_frame_prefix_stays_fp32_in_an_fp16_engine_and_takes_a_uint8_frame(m
     from device.jobs.frame import InGraphPath, synthetic_frames
     from device.jobs.frame_schema import FrameSpec
     from device.preprocess import Preprocess
-    from pipeline.frame_prefix import write_prefixed
+    from pipeline.deploy.frame_prefix import write_prefixed
 
     preprocess, spec = Preprocess(16, 18, 3, (0.5,) * 3, (0.25,) * 3), FrameSpec(width=64, height=48, format="nv12")
     prefixed = write_prefixed(half_model, preprocess, spec, tmp_path / "frame-half.onnx")

@@ -472,7 +472,7 @@ def two_roads(tmp_path_factory, program):
     the Torch-TensorRT stand-in; then the same against an agent without it. The Torch-TensorRT road sends the rung's
     device checkpoint (a tiny_resnet, rebuilt on the device)."""
     from pipeline.checkpoint import save_checkpoint
-    from pipeline.devices import Device
+    from pipeline.deploy.devices import Device
     from pipeline.core.recipe import DeployConfig
     from pipeline.models import build_model
     from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
@@ -569,9 +569,9 @@ def test_report_puts_the_two_roads_side_by_side(two_roads):
     assert line["latency_low"] <= line["latency_ratio"] <= line["latency_high"]
     assert line["fallback_ops"] == {"aten.adaptive_avg_pool2d.default": 1} and line["fallback_count"] == 1
     # "Where the time goes" shows the Torch-TensorRT road's profile too, with what it leaves out.
-    from pipeline.profile_report import time_section
+    from pipeline.report.profile_report import time_section
     from pipeline.tasks.classification.report_data import layer_profiles
-    from pipeline.sections import to_markdown_lines
+    from pipeline.report.sections import to_markdown_lines
 
     onnx_entry.update(result=onnx_rounds[0], rounds=onnx_rounds)
     profiles = [e for e in layer_profiles([device]) if e["runtime"] == "torch_tensorrt"]

@@ -10,8 +10,8 @@ import pytest
 
 from device.reported import Reported, reported, reported_fields
 from device.schema import JobResult, RunResult
-from pipeline import results
-from pipeline.results import REPORTED, csv_columns, figure_cell, reported_figures
+from pipeline.report import results
+from pipeline.report.results import REPORTED, csv_columns, figure_cell, reported_figures
 from tests.pipeline.test_report_fields import _write_run
 from tests.results import job_result, run
 

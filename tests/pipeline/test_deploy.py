@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from device.client import AgentClient
-from pipeline.devices import Device
+from pipeline.deploy.devices import Device
 from pipeline.core.recipe import DeployConfig
 from pipeline.stages.deploy import DeployStage
 from pipeline.tasks.classification.deployed import ClassificationDeploy, Plan

@@ -549,10 +549,10 @@ def test_detection_quantizes_with_modelopt_like_a_classifier(det_run, tmp_path):
 
 def test_a_detection_run_writes_the_same_results_document_as_a_classification_run(det_run):
     """results.json (schema, task, headline, one row per rung × device) and results.csv from the one writer
-    (pipeline.results): the declared measured fields (peak power among them) reach the CSV and the ladder's detail."""
+    (pipeline.report.results): the declared measured fields (peak power among them) reach the CSV and the ladder's detail."""
     import csv
 
-    from pipeline.results import REPORTED, RESULTS_SCHEMA
+    from pipeline.report.results import REPORTED, RESULTS_SCHEMA
 
     run_dir, manifest = det_run
     outputs = manifest["stages"]["report"]["outputs"]

@@ -1,7 +1,7 @@
 import pytest
 
 from device.errors import ConfigError
-from pipeline.devices import load_devices
+from pipeline.deploy.devices import load_devices
 
 
 def test_edge_and_dc_urls(tmp_path):

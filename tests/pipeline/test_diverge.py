@@ -57,7 +57,7 @@ def test_diverge_answers_on_a_finished_run_and_the_report_shows_it(run_copy, tmp
     ("student_int8", "loopback", "succeeded", "the loopback agent runs ONNX Runtime on this host"),
 ])
 def test_a_rung_or_device_the_run_does_not_have_is_refused_before_any_job(run_copy, rung, device, state, message):
-    from pipeline.diverge import diverge_run
+    from pipeline.deploy.diverge import diverge_run
     from pipeline.tasks.classification.deployed import ClassificationDeploy
 
     url = "loopback" if device == "loopback" else "http://127.0.0.1:9"  # nothing listens: no job may be tried
@@ -71,7 +71,7 @@ def test_a_run_searches_each_deviation_once_by_itself_and_a_failed_search_is_log
     device the run was given; an agent that cannot be reached leaves the run as it was, with the reason logged."""
     from pipeline.cli import _diverge_deviations
     from pipeline.core.manifest import Manifest
-    from pipeline.devices import Device
+    from pipeline.deploy.devices import Device
 
     report = run_copy / "report" / "results.json"
     results = json.loads(report.read_text())
@@ -89,10 +89,10 @@ def test_a_run_searches_each_deviation_once_by_itself_and_a_failed_search_is_log
         def log(text):
             logged.append(text)
 
-    import pipeline.diverge
+    import pipeline.deploy.diverge
 
-    real = pipeline.diverge.diverge_run
-    monkeypatch.setattr(pipeline.diverge, "diverge_run", lambda *a, **k: searched.append(a[1:3]) or real(*a, **k))
+    real = pipeline.deploy.diverge.diverge_run
+    monkeypatch.setattr(pipeline.deploy.diverge, "diverge_run", lambda *a, **k: searched.append(a[1:3]) or real(*a, **k))
     monkeypatch.setenv("EDGEFOLD_AGENT_TOKEN", "secret")
     _diverge_deviations(Ctx, [Device(name="orin", role="edge", url="http://127.0.0.1:9", group="orin")])
     assert searched == [("student_int8", "orin")]

@@ -1,4 +1,4 @@
-"""The preprocessing written into the graph (:mod:`pipeline.frame_prefix`) against the CPU path it stands for
+"""The preprocessing written into the graph (:mod:`pipeline.deploy.frame_prefix`) against the CPU path it stands for
 (:class:`device.jobs.frame.FramePath`: OpenCV, the project's :class:`device.preprocess.Preprocess`), run by real ONNX
 Runtime on a real photograph and on synthetic frames, per interpolation and format; the rung with the prefix in front;
 an interpolation that cannot match refused."""
@@ -17,7 +17,7 @@ from device.jobs.frame import FramePath, InGraphPath, synthetic_frames, to_nv12
 from device.jobs.frame_schema import FrameSpec
 from device.preprocess import Preprocess, read_image
 from device.runners import make_runner
-from pipeline.frame_prefix import (MARGIN_LEVELS, MEASURED_LEVELS, NV12_EXTRA_LEVELS, check_prefix, prefix_graph,
+from pipeline.deploy.frame_prefix import (MARGIN_LEVELS, MEASURED_LEVELS, NV12_EXTRA_LEVELS, check_prefix, prefix_graph,
                                    tolerance, write_prefixed)
 from tests.device.agent_process import tiny_onnx
 
@@ -82,7 +82,7 @@ def test_a_bgr_model_gets_its_order_in_the_graph_too(fmt):
 def test_resize_by_onnx_alone_would_land_a_pixel_off_where_opencv_does_not():
     """Why nearest neighbour is written as Gathers: ONNX Resize's float32 scale misplaces rows for 480 → 256 (the
     row a whole-number source coordinate lands on), by a whole pixel."""
-    from pipeline.frame_prefix import _RESIZE, _Graph
+    from pipeline.deploy.frame_prefix import _RESIZE, _Graph
     from onnx import TensorProto, helper
 
     g = _Graph(17)

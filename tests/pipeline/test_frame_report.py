@@ -132,7 +132,7 @@ def test_a_frame_measured_with_power_and_copies_says_both(tmp_path):
     from device.jobs.frame_schema import FrameResult, FrameSpec
     from device.preprocess import Preprocess
     from device.runners import make_runner
-    from pipeline.sections import to_markdown_lines
+    from pipeline.report.sections import to_markdown_lines
     from pipeline.deploy.frame_report import frame_fields, frame_section
     from pipeline.tasks.classification.device_accuracy import whole_path_scores
     from tests.device.agent_process import tiny_onnx

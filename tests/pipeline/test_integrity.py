@@ -467,7 +467,7 @@ def _prune_ctx(**prune):
 
 @pytest.mark.parametrize("edited, macs_changes, latency_changes", [
     ("device.runners.tensorrt", False, True),   # the agent's engine builds: what the latency table timed
-    ("pipeline.jobs", False, True),             # the job spec the table is measured with (the deploy stage's own)
+    ("pipeline.deploy.jobs", False, True),             # the job spec the table is measured with (the deploy stage's own)
     ("pipeline.tasks.classification.deployed", False, False),   # the deploy stage's hooks: neither prunes through them
     ("pipeline.prune.channels", True, True),          # the pruning mechanics both modes share
 ])

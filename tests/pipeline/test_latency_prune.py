@@ -25,7 +25,7 @@ from pipeline.latency import measure
 from pipeline.latency import search as lsearch
 from pipeline.latency import model as lmodel
 from pipeline.checkpoint import load_checkpoint
-from pipeline.devices import Device
+from pipeline.deploy.devices import Device
 from pipeline.models import build_model
 from pipeline.core.recipe import PruneConfig, parse_recipe
 from tests.slow import slow_fixture
@@ -278,7 +278,7 @@ def test_tiny_recipe_prunes_to_a_latency_budget_on_the_loopback_agent(latency_te
     assert all(w % 4 == 0 for w in got.values()) and model.fc.out_features == 10
     assert got != {g.name: g.full for g in groups}, "something was pruned"
 
-    from pipeline.sections import to_html_fragment, to_markdown_lines
+    from pipeline.report.sections import to_html_fragment, to_markdown_lines
 
     # The report's section says why: the plans' MACs against measured latency, predicted against measured.
     out = tmp_path / "report"
@@ -784,7 +784,7 @@ def test_the_tables_error_is_reported_on_plans_it_was_never_fitted_to(tmp_path):
         assert h["error"] == pytest.approx((h["predicted_ms"] - truth) / truth)
     assert len({tuple(sorted(h["widths"].items())) for h in holdout}) == 3, "three different plans"
 
-    from pipeline.sections import to_markdown_lines
+    from pipeline.report.sections import to_markdown_lines
 
     lat = {"budget_ms": search["budget_ms"], "device": "edge", "agent": "loopback", "unpruned_ms": search["unpruned_ms"],
            "predicted_ms": search["predicted_ms"], "measured_ms": search["measured_ms"], "prediction_error": 0.0,

@@ -145,7 +145,7 @@ def test_weights_brought_with_their_head_are_probed_before_training(tmp_path, tr
 
 
 def test_the_in_graph_prefix_refuses_the_antialiased_resize():
-    from pipeline.frame_prefix import REFUSED
+    from pipeline.deploy.frame_prefix import REFUSED
 
     assert "antialias" in REFUSED["bilinear_antialias"] and "TensorRT" in REFUSED["bilinear_antialias"]
 

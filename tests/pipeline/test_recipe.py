@@ -188,7 +188,7 @@ def test_sweep_accelerators_become_the_agents_names_and_are_checked(tiny_raw):
     """deploy.sweep.accelerators: dla is DLA core 0; a core named twice, or an accelerator EdgeFold does not know,
     is refused when the recipe loads, naming the key."""
     from device.schema import SweepSpec
-    from pipeline.jobs import job_spec
+    from pipeline.deploy.jobs import job_spec
 
     recipe = parse_recipe(copy.deepcopy(tiny_raw), overrides={"deploy.sweep": {"accelerators": ["gpu", "dla"]}})
     assert recipe.deploy.sweep.job_accelerators() == ["gpu", "dla0"]
@@ -204,7 +204,7 @@ def test_sweep_accelerators_become_the_agents_names_and_are_checked(tiny_raw):
 def test_a_gpu_servers_sweep_varies_nvml_and_a_jetsons_its_modes(tiny_raw):
     """deploy.sweep.power_limits_w / gpu_clocks_mhz: validated when the recipe loads (one knob, each value once,
     within the agent's bounds); a GPU server's job gets them, a Jetson's (it reports an L4T) the power modes."""
-    from pipeline.jobs import sweep_spec
+    from pipeline.deploy.jobs import sweep_spec
 
     recipe = parse_recipe(copy.deepcopy(tiny_raw), overrides={"deploy.sweep": {"modes": ["15W"],
                                                                               "power_limits_w": [150, 250]}})

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pipeline.profile_report import NOT_MEASURED
+from pipeline.report.profile_report import NOT_MEASURED
 from pipeline.tasks.classification.report import build_report
 from pipeline.tasks.classification.report_data import COLUMNS, pareto_front
 from pipeline.runner import run_pipeline
@@ -73,7 +73,7 @@ def run_copy(tiny_run, tmp_path):
 
 @pytest.mark.slow
 def test_two_agents_one_killed_mid_run_and_one_never_there(run_copy, tmp_path, capsys):
-    from pipeline.devices import load_devices
+    from pipeline.deploy.devices import load_devices
 
     with AgentProcess(tmp_path / "a") as good, AgentProcess(tmp_path / "b") as doomed:
         devices = load_devices(edge=f"{good.url},{doomed.url},http://127.0.0.1:9", token_file=str(good.token_file))
@@ -154,7 +154,7 @@ def test_report_without_deploy_says_not_measured(tiny_run, tmp_path):
 
 @pytest.mark.slow
 def test_fleet_groups_bounded_parallelism_and_a_dead_device(run_copy, tmp_path):
-    from pipeline.devices import load_devices
+    from pipeline.deploy.devices import load_devices
 
     agents = [AgentProcess(tmp_path / name).start() for name in ("n1", "n2", "g1")]
     try:

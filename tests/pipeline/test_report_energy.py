@@ -6,7 +6,7 @@ this fast: the numbers are the agent's schema, the report reads nothing else."""
 import csv
 import json
 
-from pipeline.devices import DEPLOY_SCHEMA
+from pipeline.deploy.devices import DEPLOY_SCHEMA
 from pipeline.tasks.classification.report import build_report
 from tests.results import job_result, run
 

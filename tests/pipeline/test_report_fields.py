@@ -14,7 +14,7 @@ from device.errors import ResultError, SchemaVersionError
 from device.reported import reported_fields
 from device.schema import RESULT_SCHEMA, JobResult, RunSummary, parse_result
 from pipeline import perclass
-from pipeline.devices import DEPLOY_SCHEMA
+from pipeline.deploy.devices import DEPLOY_SCHEMA
 from pipeline.tasks.classification.headline import one_line, text
 from pipeline.tasks.classification.report import build_report
 from pipeline.tasks.classification.report_data import COLUMNS

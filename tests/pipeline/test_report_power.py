@@ -6,7 +6,7 @@ import json
 import pytest
 
 from device.schema import JobResult
-from pipeline.devices import DEPLOY_SCHEMA
+from pipeline.deploy.devices import DEPLOY_SCHEMA
 from pipeline.tasks.classification.report import build_report
 from tests.results import job_result, run
 

@@ -2,9 +2,9 @@
 
 from device.jobs.profile import Profile, batch_profile
 from device.schema import parse_result
-from pipeline.profile_report import time_section
+from pipeline.report.profile_report import time_section
 from pipeline.tasks.classification.report_data import layer_profiles
-from pipeline.sections import to_html_fragment, to_markdown_lines
+from pipeline.report.sections import to_html_fragment, to_markdown_lines
 
 
 def time_section_markdown(data):

@@ -1,8 +1,8 @@
-"""The report's one page model (:mod:`pipeline.sections`): the headline every task opens its page with."""
+"""The report's one page model (:mod:`pipeline.report.sections`): the headline every task opens its page with."""
 
 from __future__ import annotations
 
-from pipeline.sections import Headline, Section, Text, page_title, to_html, to_markdown
+from pipeline.report.sections import Headline, Section, Text, page_title, to_html, to_markdown
 
 HEADLINE = Headline("student INT8 on orin vs teacher FP32 on dc", [
     ("INT8 rung", "not measured as INT8 on orin: no compute layer ran in INT8"), ("", "measure it with EDGE=…"),

@@ -148,7 +148,7 @@ def test_the_device_scores_each_rung_through_the_engine_it_timed(seg_run):
 
 
 def test_the_report_writes_every_tasks_results_and_opens_with_its_headline(seg_run):
-    from pipeline.results import RESULTS_SCHEMA
+    from pipeline.report.results import RESULTS_SCHEMA
     from pipeline.tasks.segmentation.report import RESULT_COLUMNS
 
     ctx, manifest = seg_run

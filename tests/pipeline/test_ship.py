@@ -253,7 +253,7 @@ def test_the_best_rule_picks_the_fastest_within_the_drop_and_names_the_closest()
 def measured_on_tensorrt(tiny_run, tmp_path_factory):
     """The tiny run deployed to a real agent whose job processes have the TensorRT STAND-IN (it builds an engine per
     batch into the agent's cache, as TensorRT would); the agent is kept running for the ship tests."""
-    from pipeline.devices import Device
+    from pipeline.deploy.devices import Device
     from pipeline.runner import run_pipeline
     from tests.device.agent_process import AgentProcess
     from tests.device.clocked_runtime import sitecustomize_dir

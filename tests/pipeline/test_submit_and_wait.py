@@ -1,10 +1,10 @@
-"""The one job loop every task's deploy runs (:func:`pipeline.jobs.submit_and_wait`), against a real loopback agent."""
+"""The one job loop every task's deploy runs (:func:`pipeline.deploy.jobs.submit_and_wait`), against a real loopback agent."""
 
 import pytest
 
 from device.client import AgentClient
 from device.schema import parse_result
-from pipeline.jobs import submit_and_wait
+from pipeline.deploy.jobs import submit_and_wait
 from tests.device.agent_process import AgentProcess, tiny_onnx
 
 pytestmark = pytest.mark.slow  # a real agent

@@ -42,7 +42,7 @@ def test_a_bad_sustained_recipe_is_refused_with_its_key():
 
 def test_a_swept_sustained_job_runs_the_sweeps_first_accelerator_within_a_timeout_for_every_setting():
     from pipeline.core.recipe import load_recipe
-    from pipeline.jobs import job_spec
+    from pipeline.deploy.jobs import job_spec
 
     cfg = load_recipe("tiny", {"deploy.sustained.minutes": 2.0, "deploy.sustained.swept": True,
                                "deploy.sustained.cool_below_c": 60.0, "deploy.sustained.cool_max_s": 30.0,
@@ -90,7 +90,7 @@ def test_a_sustained_sweep_is_one_row_per_setting_one_figure_per_device_and_its_
     from device.runners import make_runner
     from device.schema import RESULT_SCHEMA, JobResult, JobSpec, NotMeasured, PowerSetting, SweepResult
     from device.jobs.sustain import run_sustained
-    from pipeline.sections import Figure, to_markdown_lines
+    from pipeline.report.sections import Figure, to_markdown_lines
     from pipeline.deploy.sustain_report import join_rows, plot, section, sustained_runs
     from tests.device.agent_process import tiny_onnx
     from tests.device.test_sustain import zones

@@ -188,7 +188,7 @@ def test_torch_programs_is_refused_before_any_upload_when_an_agent_does_not_trus
     import shutil
 
     from device.errors import ConfigError
-    from pipeline.devices import Device
+    from pipeline.deploy.devices import Device
     from pipeline.runner import run_pipeline
     from tests.device.agent_process import AgentProcess
 

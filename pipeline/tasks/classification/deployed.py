@@ -19,7 +19,7 @@ from pipeline.core.rungs import RUNGS, predictions_output
 from pipeline.deploy.hooks import DeployHooks, Job, Windows
 from pipeline.deploy.session import reachable_facts
 from pipeline.deploy.sustained import sustained_run
-from pipeline.jobs import job_spec
+from pipeline.deploy.jobs import job_spec
 from pipeline.deploy.frames import FrameFiles, frame_files
 from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
 from pipeline.tasks.classification.images import data_set, image_batches, recorded_splits

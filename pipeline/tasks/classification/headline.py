@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.sections import Headline
+from pipeline.report.sections import Headline
 from pipeline.tasks.classification.device_accuracy import CAUSES
 
 NOT_MEASURED = "not measured"

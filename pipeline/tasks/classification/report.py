@@ -16,13 +16,13 @@ from typing import Any
 from device.errors import ManifestError
 from pipeline import perclass
 from pipeline.core.rungs import DEPLOYED, RUNGS
-from pipeline.profile_report import (NOT_MEASURED, TIMING_COLUMNS, TIMINGS_TEXT, has_device_timings, time_section,
+from pipeline.report.profile_report import (NOT_MEASURED, TIMING_COLUMNS, TIMINGS_TEXT, has_device_timings, time_section,
                                      timing_rows)
-from pipeline.diverge_report import diverge_section
+from pipeline.report.diverge_report import diverge_section
 from pipeline.quantize.report import int8_section
-from pipeline.results import (detail_columns, figure_cell, figure_label, interval_cell, ladder_columns,
+from pipeline.report.results import (detail_columns, figure_cell, figure_label, interval_cell, ladder_columns,
                               write_results)
-from pipeline.sections import Bullets, Details, Figure, Section, Table, Text, page_title, to_html, to_markdown
+from pipeline.report.sections import Bullets, Details, Figure, Section, Table, Text, page_title, to_html, to_markdown
 from pipeline.tasks.classification.headline import fmt
 from pipeline.tasks.classification.headline import block as headline_block
 from pipeline.tasks.classification.headline import text as headline_text
@@ -66,7 +66,7 @@ CELL_NOTES = {"latency_p50_ms": ("noise", "noisy"), "energy_mj_per_image": ("ene
 
 def ladder_tables(data: dict[str, Any]) -> tuple[Table, Table]:
     """The ladder, narrow enough for a laptop (the ratios first, the declared ladder figures with their intervals),
-    and its detail: every other declared measured field (:func:`pipeline.results.detail_columns`; trtexec's
+    and its detail: every other declared measured field (:func:`pipeline.report.results.detail_columns`; trtexec's
     times have the timings table)."""
     notes = reason_notes(data)
     shown, detailed = ladder_columns(), detail_columns(exclude=TIMING_COLUMNS)
@@ -205,7 +205,7 @@ def provenance_lines(data: dict[str, Any]) -> list[tuple[str, str]]:
 
 def report_sections(data: dict[str, Any], figures: dict[str, str | Figure | Text] | None = None,
                     extra: list[Section] = ()) -> list[Section]:
-    """Every section of the report, in order, as data (:mod:`pipeline.sections` renders both formats).
+    """Every section of the report, in order, as data (:mod:`pipeline.report.sections` renders both formats).
 
     Args:
         data: :func:`collect`'s result.

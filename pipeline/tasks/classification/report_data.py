@@ -17,11 +17,11 @@ from device.schema import JobResult, parse_result
 from pipeline import stats
 from pipeline.core.ladder import points as _points
 from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
-from pipeline.devices import DEPLOY_SCHEMA
-from pipeline.diverge_report import answer_text, diverge_answers
-from pipeline.profile_report import INT8_FIX, NOT_MEASURED, computes_in, int8_not_run_reason, shown_batch
+from pipeline.deploy.devices import DEPLOY_SCHEMA
+from pipeline.report.diverge_report import answer_text, diverge_answers
+from pipeline.report.profile_report import INT8_FIX, NOT_MEASURED, computes_in, int8_not_run_reason, shown_batch
 from pipeline.quantize.report import quantize_summary
-from pipeline.results import csv_columns, reported_figures
+from pipeline.report.results import csv_columns, reported_figures
 from pipeline.tasks.classification.scores import verdict
 from pipeline.tasks.classification.device_accuracy import (device_scores, paired_top1_change, per_class_device,
                                                               whole_path_scores)
@@ -509,7 +509,7 @@ def _jobs_of_their_own(deploy: dict[str, Any] | None, rows: list[dict[str, Any]]
 def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_batch: int,
                        evaluation: dict[str, Any] | None = None, rung: str | None = None) -> dict[str, Any]:
     """Per row: every declared measured field over the interleaved windows (a median with its 95% interval, a
-    peak, a low: :func:`pipeline.results.reported_figures`), the spread between windows, why the windows were noisy
+    peak, a low: :func:`pipeline.report.results.reported_figures`), the spread between windows, why the windows were noisy
     (pipeline.stats, device.telemetry.contention), and the frame's figures (the deploy stage's ``evaluation`` scores them)."""
     figures = reported_figures(rounds, latency_batch, throughput_batch)
     flags: dict[str, str] = {}

@@ -7,8 +7,8 @@ from typing import Any
 
 from device.errors import require
 from pipeline import perclass
-from pipeline.profile_report import NOT_MEASURED
-from pipeline.sections import Text, figure_png
+from pipeline.report.profile_report import NOT_MEASURED
+from pipeline.report.sections import Text, figure_png
 from pipeline.tasks.classification.report_data import no_score, pareto_front
 from pipeline.deploy.frame_report import frame_plot, framed
 from pipeline.deploy.sustain_report import plot as sustain_plot

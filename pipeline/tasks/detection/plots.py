@@ -1,4 +1,4 @@
-"""The detection report's plots, as base64 PNG :class:`pipeline.sections.Figure` blocks (a plot with nothing to draw is
+"""The detection report's plots, as base64 PNG :class:`pipeline.report.sections.Figure` blocks (a plot with nothing to draw is
 one line of text instead of an empty panel, as in the classification report)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from device.errors import require
-from pipeline.sections import Figure, Text, figure_png
+from pipeline.report.sections import Figure, Text, figure_png
 
 CAPTIONS = {
     "map_latency": "Device mAP against end-to-end time per image, per rung and device: the dot is the network plus "

@@ -1,9 +1,9 @@
 """The detection ladder's report: mAP, AP50 and AP75 per rung on host and device (with intervals), what each box-head
 setting costs, the network's and the post-processing's time apart, and the INT8 fold's per-class changes.
 
-Built once as sections (:mod:`pipeline.sections`): the same Markdown for report.md and the console, the same
+Built once as sections (:mod:`pipeline.report.sections`): the same Markdown for report.md and the console, the same
 self-contained HTML page (stylesheet, scrolling tables, plots embedded as PNG) for report.html. The figures go to
-``results.json`` and ``results.csv`` through :mod:`pipeline.results`, the one results document of every task.
+``results.json`` and ``results.csv`` through :mod:`pipeline.report.results`, the one results document of every task.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.results import (REPORTED, csv_columns, detail_columns, figure_cell, figure_label, ladder_columns,
+from pipeline.report.results import (REPORTED, csv_columns, detail_columns, figure_cell, figure_label, ladder_columns,
                               write_results)
 from pipeline.deploy import records
 from pipeline.deploy.frame_report import FRAME_COLUMNS, frame_sections
 from pipeline.deploy.sustain_report import SUSTAINED_COLUMNS, sustained_part
 from pipeline.deploy.records import finished_run, headline_data, layer_profiles, scored_headline
 from pipeline.deploy.records import reported_of as _reported
-from pipeline.sections import Figure, Headline, Section, Table, Text, page_title, to_html, to_markdown
+from pipeline.report.sections import Figure, Headline, Section, Table, Text, page_title, to_html, to_markdown
 
 # The ladder as three tables, so that each fits a laptop's window: what the rungs are compared by (with the declared
 # ladder figures: network p50, energy), the detail, and every other measured field the result schema declares.
@@ -34,7 +34,7 @@ RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "box_head", "s
                   "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image", *FRAME_COLUMNS,
                   *SUSTAINED_COLUMNS)
 """results.csv's own columns, the camera frame's path's as every task's (the declared measured fields,
-:data:`pipeline.results.REPORTED`, follow)."""
+:data:`pipeline.report.results.REPORTED`, follow)."""
 BOX_HEAD_WORDS = {"fp16": "FP16, outside Q/DQ", "float": "FP32, outside Q/DQ", "int8": "INT8, quantized"}
 SCORED_TEXT = ("Host mAP: the teacher through torchvision's post-processing, the others through ONNX Runtime and the "
                "device's decode + NMS (device/scoring/detection_post.py); device mAP, AP50 and AP75: the engine that was timed, "
@@ -113,7 +113,7 @@ def detail_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[str
 
 
 def measured_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[str]]:
-    """Every other measured field the result schema declares (:func:`pipeline.results.detail_columns`: throughput,
+    """Every other measured field the result schema declares (:func:`pipeline.report.results.detail_columns`: throughput,
     p99, trtexec's times, power, memory, peak temperature, lowest clock …), per rung on one device."""
     columns = detail_columns()
     rows = [["rung", *map(figure_label, columns)]]
@@ -206,7 +206,7 @@ def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: di
                                 "Holm-corrected)", [Table(class_rows(changes))]))
     profiles = layer_profiles(deploy)
     if profiles:
-        from pipeline.profile_report import time_section
+        from pipeline.report.profile_report import time_section
 
         sections.append(time_section({"layer_profiles": profiles}))
     if figures is not None:
@@ -321,7 +321,7 @@ def build_from_run(run_dir: Path, out: Path) -> dict[str, Path]:
     Raises:
         ManifestError: The run has not reached its deploy stage.
     """
-    from pipeline.diverge_report import diverge_section
+    from pipeline.report.diverge_report import diverge_section
 
     name, run, ladder, deploy, quantize = finished_run(run_dir)
     out.mkdir(parents=True, exist_ok=True)

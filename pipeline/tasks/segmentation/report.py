@@ -1,6 +1,6 @@
 """The segmentation ladder's report: mIoU per rung on host and device (with intervals), the network's and the
 argmax's time apart, and the INT8 fold's per-class IoU changes; the same page as every task's
-(:mod:`pipeline.sections`), its figures in ``results.json`` and ``results.csv`` (:mod:`pipeline.results`)."""
+(:mod:`pipeline.report.sections`), its figures in ``results.json`` and ``results.csv`` (:mod:`pipeline.report.results`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pipeline.deploy import records
 from pipeline.deploy.frame_report import FRAME_COLUMNS, frame_sections
 from pipeline.deploy.sustain_report import SUSTAINED_COLUMNS, sustained_part
 from pipeline.deploy.records import finished_run, headline_data, layer_profiles, reported_of, scored_headline
-from pipeline.results import csv_columns, interval_cell, write_results
-from pipeline.sections import Headline, Section, Table, Text, page_title, to_html, to_markdown
+from pipeline.report.results import csv_columns, interval_cell, write_results
+from pipeline.report.sections import Headline, Section, Table, Text, page_title, to_html, to_markdown
 
 RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "status", "reason", "runtime", "size_mb", "macs_g",
                   "host_miou", "host_miou_low", "host_miou_high", "miou", "miou_low", "miou_high", "pixel_accuracy",
@@ -21,7 +21,7 @@ RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "status", "rea
                   "ratio_significant", "network_ms_per_image", "postprocess_ms_per_image", *FRAME_COLUMNS,
                   *SUSTAINED_COLUMNS)
 """results.csv's own columns, the camera frame's path's as every task's (the declared measured fields,
-:data:`pipeline.results.REPORTED`, follow)."""
+:data:`pipeline.report.results.REPORTED`, follow)."""
 SCORED_TEXT = ("Host mIoU: teacher and student in torch, the INT8 student under ONNX Runtime; device mIoU: the engine "
                "that was timed, its masks taken by the argmax on the device. IoU per class over every pixel of the "
                "test canvases, mIoU its mean; intervals: 95% bootstrap over images. p50 is each timed window's median "
@@ -144,7 +144,7 @@ def build_from_run(run_dir: Path, out: Path) -> dict[str, Path]:
     Raises:
         ManifestError: The run has not reached its deploy stage.
     """
-    from pipeline.diverge_report import diverge_section
+    from pipeline.report.diverge_report import diverge_section
 
     name, run, ladder, deploy, quantize = finished_run(run_dir)
     out.mkdir(parents=True, exist_ok=True)

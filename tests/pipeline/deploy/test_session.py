@@ -3,7 +3,7 @@ measured once and reused from the cache after; an unreachable agent is the outco
 
 from device.schema import JobSpec
 from pipeline.deploy.session import DeviceSession
-from pipeline.devices import Device
+from pipeline.deploy.devices import Device
 from tests.device.agent_process import AgentProcess, tiny_onnx
 
 

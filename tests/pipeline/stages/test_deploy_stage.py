@@ -13,7 +13,7 @@ import pytest
 
 from device.schema import JobSpec
 from pipeline.deploy.hooks import DeployHooks, Job, Windows
-from pipeline.devices import DEPLOY_SCHEMA, Device
+from pipeline.deploy.devices import DEPLOY_SCHEMA, Device
 from pipeline.stages.deploy import DeployStage
 from tests.device.agent_process import AgentProcess, tiny_onnx
 

@@ -19,7 +19,7 @@ from device.schema import EvaluationSpec, JobSpec, PreprocessSpec, SweepSpec
 from pipeline.core.recipe_jobs import ALL_MODES_BUDGETED
 from pipeline.core.manifest import sha256_json
 from pipeline.core.rungs import RUNGS
-from pipeline.devices import Device
+from pipeline.deploy.devices import Device
 
 # What makes two measurements comparable: a change in any of these measures again.
 FINGERPRINT_KEYS = ("hostname", "machine", "board", "l4t", "jetpack", "gpu", "compute_capability", "cuda", "tensorrt",

@@ -1,5 +1,5 @@
 """What ``edgefold diverge`` found, in the report: each answer in ``<run>/diverge/`` as a line and a table of the
-debug jobs it took (:mod:`pipeline.diverge` writes them)."""
+debug jobs it took (:mod:`pipeline.deploy.diverge` writes them)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.sections import Section, Table, Text
+from pipeline.report.sections import Section, Table, Text
 
 DIVERGE_SCHEMA = "edgefold.diverge/1"
 

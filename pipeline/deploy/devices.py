@@ -90,7 +90,7 @@ def load_devices(edge: str | None = None, dc: str | None = None, devices_file: s
             spec = _DevicesFile.model_validate(raw)
         except ValidationError as err:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            raise ConfigError(f"{path}: {problems}", fix="see the format in pipeline/devices.py") from None
+            raise ConfigError(f"{path}: {problems}", fix="see the format in pipeline/deploy/devices.py") from None
         for group, entry in spec.groups.items():
             devices += _group_devices(group, entry.role, entry.urls, entry.token_file or spec.token_file or token_file,
                                       f"{path}: groups.{group}")

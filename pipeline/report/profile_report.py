@@ -2,15 +2,15 @@
 that ran (top layers, what they ran in, why INT8 may not pay off) and the latencies as trtexec reports them.
 
 A task hands in ``layer_profiles`` entries (``device``, ``rung``, ``runtime``, ``status``, ``profile`` or ``reason``)
-and rows with the latency fields the result schema declares (:data:`pipeline.results.REPORTED`).
+and rows with the latency fields the result schema declares (:data:`pipeline.report.results.REPORTED`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pipeline.results import figure_cell, figure_label
-from pipeline.sections import Bullets, Section, Table, Text
+from pipeline.report.results import figure_cell, figure_label
+from pipeline.report.sections import Bullets, Section, Table, Text
 
 NOT_MEASURED = "not measured"
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from device.errors import ConfigError
-from pipeline.diverge_report import DIVERGE_SCHEMA, answer_text
+from pipeline.report.diverge_report import DIVERGE_SCHEMA, answer_text
 
 # Ops whose outputs are no layer's answer: quantization plumbing, shapes and constants.
 SKIPPED_OPS = {"QuantizeLinear", "DequantizeLinear", "Constant", "Shape", "Gather", "Unsqueeze", "Squeeze",
