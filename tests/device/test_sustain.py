@@ -206,22 +206,30 @@ def test_a_cancel_mid_run_leaves_the_agent_idle_within_a_second(agent, tmp_path)
 needs_jtop = pytest.mark.skipif(os.geteuid() != 0, reason="jtop's service insists on running as root")
 
 
+# The simulated board's runs below are on a clock the job processes and the plant share (tests/device/time_scale.py),
+# this many times the host's: every time they state (minutes, τ, the throttle moment) is simulated.
+SIMULATED_PER_HOST_S = 3.0
+
+
 def sustained_on_orin_nano(tmp_path, plant_kwargs: dict, minutes: float = 0.2, record_every_s: float = 1.0,
-                           **job) -> tuple[dict, object]:
+                           scale: float = SIMULATED_PER_HOST_S, **job) -> tuple[dict, object]:
     """A sustained job through a real agent on the simulated Orin Nano while the plant heats its GPU zone; ``job``:
-    more of the job (a sweep, the sustained spec's other keys under ``sustained_extra``). The result, with the mode
-    the board was in before and after (``mode_before``, ``mode_after``)."""
+    more of the job (a sweep, the sustained spec's other keys under ``sustained_extra``); ``scale``: simulated
+    seconds per host second. The result, with the mode the board was in before and after (``mode_before``,
+    ``mode_after``)."""
     pytest.importorskip("jtop", reason="jetson-stats is in the dev extra (make installs it)")
     from tests.device.clocked_runtime import sitecustomize_dir
     from tests.device.jetson_sim import JtopService, mode_state
     from tests.device.thermal_plant import ZONES, ThermalPlant, heating_with_the_run
+    from tests.device.time_scale import TimeScale
 
     extra = job.pop("sustained_extra", {})
+    clock = TimeScale.starting_now(scale)
     with JtopService(tmp_path, "orin-nano") as svc:
-        _, env = sitecustomize_dir(tmp_path / "site", svc.root, "10.3.0")
+        _, env = sitecustomize_dir(tmp_path / "site", svc.root, "10.3.0", clock=clock)
         args = ("--jtop-socket", svc.sock, "--thermal-dir", str(svc.root / ZONES),
                 "--nvpmodel-conf", str(svc.root / "etc/nvpmodel.conf"))
-        plant = ThermalPlant(svc.root, **plant_kwargs)
+        plant = ThermalPlant(svc.root, **plant_kwargs, clock=clock)
         before = mode_state(svc.root)
         with AgentProcess(tmp_path / "data", env=env, args=args) as agent, agent.client() as client:
             job = client.submit({"artifact": client.upload(tiny_onnx(tmp_path / "tiny.onnx")), "runtime": "tensorrt",

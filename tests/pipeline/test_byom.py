@@ -62,10 +62,13 @@ def test_a_timm_vit_goes_through_make_edge_with_the_preprocessing_of_its_pretrai
     pytest.importorskip("timm")
     if subprocess.run(["which", "make"], capture_output=True).returncode:
         pytest.skip("make is not installed")
-    data = digits_folder(tmp_path / "digits")
+    # 150 test images at 160 px and one window per rung: every image is scored by each INT8 attempt and again by
+    # each rung on the agent, which the test reads only for its plumbing
+    data = digits_folder(tmp_path / "digits", val=150)
     path = recipe(repo, tmp_path / "byom-vit.yaml", **{
         "preprocess": None, "teacher.arch": "timm/test_vit", "teacher.train.epochs": 8, "teacher.train.lr": 0.001,
-        "distill.train.epochs": 3, "distill.train.lr": 0.001, "prune.macs_target": 0.7, "data.calib_size": 64})
+        "distill.train.epochs": 3, "distill.train.lr": 0.001, "prune.macs_target": 0.7, "data.calib_size": 64,
+        "deploy.batch_sizes": [1], "deploy.rounds": 1})
     venv = Path(sys.prefix)
     result = subprocess.run(["make", "-s", f"VENV={venv}", "-o", f"{venv}/.edgefold-installed", "edge",
                              f"MODEL={path}", f"DATA=imagefolder:{data}", f"RUNS={tmp_path / 'runs'}"],
@@ -90,7 +93,8 @@ def test_a_module_registered_by_an_installed_package_goes_through_the_ladder(rep
     ladder runs on it, the device rebuilding it from the checkpoint by the same key."""
     plugin = install(tmp_path, "edgefold-test-arch", 'my_net = "edgefold_test_arch:MY_NET"')
     env = {**os.environ, "PYTHONPATH": str(plugin)}
-    path = recipe(repo, tmp_path / "byom-plugin.yaml", **{"teacher.arch": "my_net", "prune.round_to": 2})
+    path = recipe(repo, tmp_path / "byom-plugin.yaml", **{"teacher.arch": "my_net", "prune.round_to": 2,
+                                                         "deploy.batch_sizes": [1], "deploy.rounds": 1})
     result = subprocess.run([sys.executable, "-m", "pipeline", "run", str(path), "--runs-dir", str(tmp_path / "runs")],
                             capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -304,7 +304,7 @@ def test_a_trained_torchvision_model_not_in_the_registry_goes_to_int8_and_is_mea
     by the same ladder; the three are measured on a loopback agent; the report says which rungs are absent and why."""
     if subprocess.run(["which", "make"], capture_output=True).returncode:
         pytest.skip("make is not installed")
-    settings = ["preprocess.mean=[0.3,0.3,0.3]", "preprocess.std=[0.38,0.38,0.38]", "deploy.duration_s=0.3",
+    settings = ["preprocess.mean=[0.3,0.3,0.3]", "preprocess.std=[0.38,0.38,0.38]", "deploy.duration_s=0.1",
                 "deploy.rounds=2", "deploy.batch_sizes=[1,8]", "deploy.idle_s=0.1", "deploy.warmup_iterations=3",
                 "quantize.accuracy_budget_points=3.0", "data.calib_size=128"]
     venv = Path(sys.prefix)

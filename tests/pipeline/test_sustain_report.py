@@ -14,8 +14,8 @@ import pytest
 from pipeline.deploy.sustain_report import burst_and_settled, headline_text
 
 # The simulated Orin Nano's sustained run: its two minutes are simulated ones, on a clock the job processes and the
-# planted heat share (tests/device/time_scale.py), four times the host's: 30 s here.
-SIMULATED_PER_HOST_S = 4.0
+# planted heat share (tests/device/time_scale.py), eight times the host's: 15 s here.
+SIMULATED_PER_HOST_S = 8.0
 
 def intervals(p50s, energy=None):
     return [{"end_s": 10.0 * (i + 1), "latency_p50_ms": p, "energy_mj_per_image": energy, "gpu_temp_c": 50.0 + i,
@@ -194,7 +194,7 @@ def test_edgefold_sustain_on_the_simulated_orin_nano_finds_the_planted_throttle(
     clock about 31 s into the run). The report's "After 2 minutes" has the throttle moment within one recording
     interval (the default 10 s) of the plant's, the temperature as its cause, the settled-over-burst ratio within 3%
     of the planted 2, the figure, and the headline's line. Every time here is simulated: the job and the plant share a clock
-    :data:`SIMULATED_PER_HOST_S` times the host's, so the two minutes last 30 s."""
+    :data:`SIMULATED_PER_HOST_S` times the host's, so the two minutes last 15 s."""
     import os
 
     if os.geteuid() != 0:
