@@ -68,7 +68,7 @@ def test_a_timm_vit_goes_through_make_edge_with_the_preprocessing_of_its_pretrai
     path = recipe(repo, tmp_path / "byom-vit.yaml", **{
         "preprocess": None, "teacher.arch": "timm/test_vit", "teacher.train.epochs": 8, "teacher.train.lr": 0.001,
         "distill.train.epochs": 3, "distill.train.lr": 0.001, "prune.macs_target": 0.7, "data.calib_size": 64,
-        "deploy.batch_sizes": [1], "deploy.rounds": 1})
+        "deploy.batch_sizes": [1], "deploy.rounds": 1, "quantize.calibration_methods": ["max"]})
     venv = Path(sys.prefix)
     result = subprocess.run(["make", "-s", f"VENV={venv}", "-o", f"{venv}/.edgefold-installed", "edge",
                              f"MODEL={path}", f"DATA=imagefolder:{data}", f"RUNS={tmp_path / 'runs'}"],

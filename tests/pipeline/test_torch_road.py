@@ -220,10 +220,12 @@ def both_roads_deployed(tiny_run, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():  # the loopback agents inherit them; this process imported torch_tensorrt never
             patch.setenv(key, value)
-        for name, extra in (("checkpoint", {}), ("program", {"deploy.torch_programs": True})):
+        # The program run reads the Torch-TensorRT road alone: its ONNX road would measure the checkpoint run's again
+        for name, extra in (("checkpoint", {"deploy.runtimes": ["tensorrt", "torch_tensorrt"]}),
+                            ("program", {"deploy.runtimes": ["torch_tensorrt"], "deploy.torch_programs": True})):
             shutil.copytree(tiny_run.run_dir, folder / name / "tiny" / "shared")
             runs[name] = run_pipeline("tiny", runs_dir=folder / name, run_id="shared", until="deploy",
-                                      overrides={"deploy.runtimes": ["tensorrt", "torch_tensorrt"], "deploy.rounds": 1,
+                                      overrides={"deploy.rounds": 1,
                                                  "deploy.batch_sizes": [1], "deploy.duration_s": 0.05,
                                                  "deploy.idle_s": 0, "deploy.retries": 0, **extra})
     return runs
