@@ -26,8 +26,7 @@ LONG_FUNCTIONS = {
     "device/service/agent.py:create_app": 211, "pipeline/latency/budget.py:plan_to_budget": 179,
     "device/jobs/jobrun.py:run_job": 125, "device/uploads/safe_pickle.py:interpret": 106, "pipeline/tasks/classification/report_data.py:collect": 94,
     "pipeline/runner.py:run_pipeline": 104, "pipeline/latency/measure.py:measure": 95,
-    "device/runners/engine.py:build_engine": 94, "pipeline/quantize/fp16_nodes.py:nodes_to_fp16": 92,
-    "device/jobs/sweep.py:run_sweep": 85}
+    "device/runners/engine.py:build_engine": 94, "pipeline/quantize/fp16_nodes.py:nodes_to_fp16": 92}
 def _modules() -> dict[str, Path]:
     found = {}
     for package in codehash.PROJECT_PACKAGES:

@@ -128,10 +128,20 @@ def run_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, conf_path: str | N
             raise SweepStoppedError.after(err, where, restore_note) from err
         else:
             restored, restore_note = _restore(controller, original, caps, hold_path, progress)
+    return controlled_result(runs, original, restored, restore_note, not_measured,
+                             fix="sweep modes that share the current mode's mask (see each reason)")
+
+
+def controlled_result(runs: list[Any], original: Any, restored: bool, restore_note: str,
+                      not_measured: list[NotMeasured], fix: str) -> tuple[list[Any], SweepResult]:
+    """A sweep that set what it measured (a Jetson's modes, a GPU's limits): its runs and record.
+
+    Raises:
+        NothingMeasuredError: No setting was measured; every skipped one with its reason, and ``fix``.
+    """
     if not runs:
         reasons = "; ".join(f"{item.nvpmodel_name}: {item.reason}" for item in not_measured)
-        raise NothingMeasuredError(f"no setting of the sweep could be measured: {reasons}",
-                          fix="sweep modes that share the current mode's mask (see each reason)")
+        raise NothingMeasuredError(f"no setting of the sweep could be measured: {reasons}", fix=fix)
     return runs, SweepResult(controlled=True, original=original.to_dict(), restored=restored,
                              restore_note=restore_note, not_measured=not_measured)
 

@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from device.errors import ConfigError, MissingDependencyError, NothingMeasuredError, SweepStoppedError, require
+from device.errors import ConfigError, MissingDependencyError, SweepStoppedError, require
 from device.files import write_json_atomic
 from device.power.gpu_state import (  # noqa: F401 (the hold's record, re-exported)
     GPU_HOLD_SCHEMA, GpuState, gpu_hold_state)
 from device.power.power_modes import Control, PowerModeError
 from device.schema import NotMeasured, PowerSetting, SweepResult, SweepSpec
-from device.jobs.sweep import MeasurePoint, refuse_if_held
+from device.jobs.sweep import MeasurePoint, controlled_result, refuse_if_held
 
 log = logging.getLogger("edgefold.sweep")
 
@@ -286,9 +286,5 @@ def run_gpu_sweep(sweep: SweepSpec, job_id: str, hold_path: Path, pci_bus_id: st
             restored, restore_note = _restore(control, original, hold_path, progress)
             raise SweepStoppedError.after(err, where, restore_note) from err
         restored, restore_note = _restore(control, original, hold_path, progress)
-    if not runs:
-        reasons = "; ".join(f"{item.nvpmodel_name}: {item.reason}" for item in not_measured)
-        raise NothingMeasuredError(f"no setting of the sweep could be measured: {reasons}",
-                          fix="check the GPU's limits and clocks with nvidia-smi -q -d POWER,CLOCK")
-    return runs, SweepResult(controlled=True, original=original.to_dict(), restored=restored,
-                             restore_note=restore_note, not_measured=not_measured)
+    return controlled_result(runs, original, restored, restore_note, not_measured,
+                             fix="check the GPU's limits and clocks with nvidia-smi -q -d POWER,CLOCK")

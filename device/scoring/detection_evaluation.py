@@ -7,14 +7,13 @@ host, which holds the boxes, scales them to the images and computes COCO mAP, as
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from device.scoring.detection_post import load_head_spec, postprocess
-from device.scoring.evaluation import EvaluationSetError, load_evaluation_set, padded_batches
+from device.scoring.evaluation import EvaluationSetError, load_evaluation_set, network_then_post
 from device.files import sha256_file
 
 
@@ -61,17 +60,9 @@ def evaluate_detection_runner(runner, path: str | Path, artifact: str, images: i
     spec = checked_head(head_path, head)
     data = load_evaluation_set(path, artifact, images, chw)
     batch = max(batch_sizes)
-    network = post = 0.0
-    detections = []
-    for chunk, real in padded_batches(data, batch):
-        began = time.perf_counter()
-        raw = np.asarray(runner.infer(chunk), dtype=np.float32)
-        middle = time.perf_counter()
-        found = postprocess(spec, raw[:real])
-        post += time.perf_counter() - middle
-        network += middle - began
-        detections.extend({"boxes": d["boxes"].tolist(), "scores": d["scores"].tolist(),
-                           "labels": d["labels"].tolist()} for d in found)
+    found, network, post = network_then_post(runner, data, batch, lambda raw, real: postprocess(spec, raw[:real]))
+    detections = [{"boxes": d["boxes"].tolist(), "scores": d["scores"].tolist(), "labels": d["labels"].tolist()}
+                  for chunk in found for d in chunk]
     return {"artifact": artifact, "images": images, "top_k": 1, "batch_size": batch, "seconds": network + post,
             "detections": detections, "network_s": network, "postprocess_s": post}
 

@@ -56,6 +56,24 @@ def padded_batches(data: np.ndarray, batch: int):
         yield chunk, real
 
 
+def network_then_post(runner, data: np.ndarray, batch: int, post) -> tuple[list[Any], float, float]:
+    """Each padded batch through ``runner``, then ``post(outputs, real)`` on its float32 outputs, timed apart: what a
+    task that decodes on the device (NMS, an argmax) reports as its network and post-processing seconds.
+
+    Returns:
+        What ``post`` returned for each batch, the network's seconds and the post-processing's.
+    """
+    answers, network, postprocess = [], 0.0, 0.0
+    for chunk, real in padded_batches(data, batch):
+        began = time.perf_counter()
+        outputs = np.asarray(runner.infer(chunk), dtype=np.float32)
+        middle = time.perf_counter()
+        answers.append(post(outputs, real))
+        postprocess += time.perf_counter() - middle
+        network += middle - began
+    return answers, network, postprocess
+
+
 def evaluate_job(runner, job: dict[str, Any], evaluation, chw: Sequence[int], batch_sizes: Sequence[int]) -> dict[str, Any]:
     """The ``top_k`` post-processor (:mod:`device.scoring.postprocessors`): :func:`evaluate_runner` on the job's set."""
     return evaluate_runner(runner, job["evaluation_path"], evaluation.artifact, evaluation.images, evaluation.top_k,

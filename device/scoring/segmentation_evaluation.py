@@ -9,13 +9,12 @@ holds the true masks, computes mIoU with its interval, as it scores a classifier
 from __future__ import annotations
 
 import base64
-import time
 import zlib
 from typing import Any, Sequence
 
 import numpy as np
 
-from device.scoring.evaluation import EvaluationSetError, load_evaluation_set, padded_batches
+from device.scoring.evaluation import EvaluationSetError, load_evaluation_set, network_then_post
 
 MAX_CLASSES = 255
 """Class indices travel as one byte."""
@@ -52,19 +51,15 @@ def evaluate_job(runner, job: dict[str, Any], evaluation, chw: Sequence[int],
     """
     data = load_evaluation_set(job["evaluation_path"], evaluation.artifact, evaluation.images, chw)
     batch = max(batch_sizes)
-    network = post = 0.0
-    masks = []
-    for chunk, real in padded_batches(data, batch):
-        began = time.perf_counter()
-        logits = np.asarray(runner.infer(chunk), dtype=np.float32)
-        middle = time.perf_counter()
+
+    def argmax(logits: np.ndarray, real: int) -> np.ndarray:
         if logits.ndim != 4 or logits.shape[0] != batch or not 1 < logits.shape[1] <= MAX_CLASSES:
             raise EvaluationSetError(f"the engine's output is {tuple(logits.shape)}, not a segmenter's "
                                      f"{batch}×classes×H×W (2 to {MAX_CLASSES} classes)",
                                      fix="send postprocess segmentation only with a segmentation model")
-        masks.append(np.argmax(logits[:real], axis=1).astype(np.uint8))
-        post += time.perf_counter() - middle
-        network += middle - began
+        return np.argmax(logits[:real], axis=1).astype(np.uint8)
+
+    masks, network, post = network_then_post(runner, data, batch, argmax)
     stacked = np.concatenate(masks)
     return {"artifact": evaluation.artifact, "images": evaluation.images, "top_k": 1, "batch_size": batch,
             "seconds": network + post, "masks": pack_masks(stacked), "mask_shape": list(stacked.shape),

@@ -24,7 +24,6 @@ def zygote_main() -> int:
 
     from device.jobs import jobrun
 
-    _preload()
     out = sys.stdout.buffer
 
     def say(**message) -> None:
@@ -64,23 +63,6 @@ def zygote_main() -> int:
             os.read(session_r, 1)  # a byte after its setsid, or end of file if it died first
             os.close(session_r)
             say(job_dir=job_dir, pid=pid)
-
-
-# What nearly every job imports besides jobrun: ONNX's checker (every ONNX upload is checked again before it runs) and
-# ONNX Runtime. Imported in each child they were about 0.14 s of a short job's 0.2 s (bench/job_start.py's job). Both
-# only load their libraries here: ONNX Runtime makes its thread pools with a session, in the child.
-PRELOADED = ("onnx", "onnxruntime")
-
-
-def _preload() -> None:
-    """Imports :data:`PRELOADED` where installed (an agent without one fails that job with its own fix, as before)."""
-    import importlib
-
-    for name in PRELOADED:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
 
 
 def _child(job_dir: str, jobrun, random, np, session_w: int) -> None:

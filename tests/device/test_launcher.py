@@ -116,19 +116,3 @@ def test_fork_jobs_false_starts_each_job_fresh_and_no_zygote(tmp_path, monkeypat
     finally:
         executor.stop()
     assert isinstance(children[0], subprocess.Popen) and executor._launcher._zygote is None
-
-
-def test_the_zygote_preloads_onnx_and_onnx_runtime_and_goes_without_one_missing(monkeypatch):
-    """What every ONNX job imports is imported once, in the zygote, in a fresh interpreter (not this test process's
-    modules); a module that is not installed is no failure there (its job fails with the fix, as before)."""
-    import sys
-
-    from device.service import zygote
-
-    probe = ("import sys; from device.service import zygote; before = set(sys.modules); zygote._preload(); "
-             "print(sorted(set(zygote.PRELOADED) & (set(sys.modules) - before)))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['onnx', 'onnxruntime']"
-    monkeypatch.setattr(zygote, "PRELOADED", ("edgefold_no_such_module",))
-    zygote._preload()  # no ImportError
-    assert "edgefold_no_such_module" not in sys.modules
