@@ -38,8 +38,10 @@ LOCK     ?= constraints.txt
 AGENT_LOCK ?= docker/agent-constraints.txt
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist, the dev extra); each test file runs whole on one worker, the longest files first
-# (tests/conftest.py). 1: no xdist.
-TEST_WORKERS ?= 2
+# (tests/conftest.py). 1: no xdist. One more than the cores (at most 8): a tenth of the workers' time is spent waiting
+# on agents, the jtop service and child processes, which a third worker on two cores fills (620 s → 558 s of pytest
+# here, bench/results/suite-time-test-*); more than 8 mostly adds memory.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n + 1 < 8 ? n + 1 : 8 )))
 BENCH_MODEL ?= resnet50
 
 # On a Jetson, JetPack installs TensorRT's Python bindings into the system Python's dist-packages: the
@@ -86,7 +88,7 @@ help:
 	@echo "make docker-jetson L4T=36.4.3 | docker-dc | docker-pipeline   build (and smoke-test) the images"
 	@echo "make bundle L4T=36.4.3     offline agent bundle for an air-gapped Jetson (dist/)"
 	@echo "   TORCH_TENSORRT=1          with docker-jetson, docker-dc and bundle: + Torch-TensorRT and ModelOpt"
-	@echo "make test                  run the tests (TEST_WORKERS=2 pytest-xdist workers; PYTEST_ARGS=...)"
+	@echo "make test                  run the tests (TEST_WORKERS=$(TEST_WORKERS) pytest-xdist workers; PYTEST_ARGS=...)"
 	@echo "make test-fast             the inner loop: the tests not marked slow (no pipeline runs or agents)"
 	@echo "make bench                 time the default run (first and cached) into bench/results/"
 	@echo "make bench-seeds MODEL=tiny SEEDS=5   a recipe's gates and figures over seeds into bench/results/"

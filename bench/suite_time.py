@@ -34,13 +34,16 @@ GOAL_S = 600.0
 _SUMMARY = re.compile(r"^=*\s*(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<seconds>[\d.]+)s\b", re.M)
 _COUNT = re.compile(r"(?P<n>\d+) (?P<kind>passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 _DURATION = re.compile(r"^(?P<seconds>[\d.]+)s (?P<phase>call|setup|teardown)\s+(?P<test>\S+)$")
+# make's echo of the pytest command line: "… -m pytest -n 3 --dist loadfile …" (no -n: one process).
+_WORKERS = re.compile(r"-m pytest\b.*?\s-n\s+(?P<n>\d+)")
 
 
 def parse_log(text: str) -> dict[str, Any]:
     """One pytest run's figures from its output (``-q --durations=0``).
 
     Returns:
-        ``seconds`` (pytest's own wall time), ``counts`` by outcome, ``files`` (seconds per test file, summed over
+        ``seconds`` (pytest's own wall time), ``counts`` by outcome, ``workers`` (pytest-xdist's, from make's echo of
+        the command; None where the log does not show it), ``files`` (seconds per test file, summed over
         its tests' phases, largest first) and ``slowest`` (the ten slowest test phases).
 
     Raises:
@@ -60,7 +63,8 @@ def parse_log(text: str) -> dict[str, Any]:
             seconds = float(match["seconds"])
             files[match["test"].split("::")[0]] += seconds
             phases.append({"seconds": seconds, "phase": match["phase"], "test": match["test"]})
-    return {"seconds": float(last["seconds"]), "counts": counts,
+    workers = _WORKERS.search(text)
+    return {"seconds": float(last["seconds"]), "counts": counts, "workers": int(workers["n"]) if workers else None,
             "files": dict(sorted(files.items(), key=lambda item: -item[1])),
             "slowest": sorted(phases, key=lambda p: -p["seconds"])[:10]}
 
@@ -71,7 +75,7 @@ def summarize(runs: list[dict[str, Any]], target: str, machine: dict[str, Any], 
     median_run = sorted(runs, key=lambda run: run["seconds"])[(len(runs) - 1) // 2]
     return {"goal": GOAL if target == "test" else f"(the inner loop, reported beside the goal) {GOAL}",
             "target": f"make {target}", "machine": machine, "commit": commit, "date": time.strftime("%Y-%m-%d"),
-            "runs": [{key: run[key] for key in ("seconds", "counts")} for run in runs],
+            "runs": [{key: run.get(key) for key in ("seconds", "counts", "workers")} for run in runs],
             "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
             "goal_met": target == "test" and max(times) <= GOAL_S,
             "files": median_run["files"], "slowest": median_run["slowest"]}
@@ -85,10 +89,10 @@ def markdown(record: dict[str, Any]) -> str:
              f"**Median {record['median_s'] / 60:.1f} min** of pytest over {len(record['runs'])} run(s) "
              f"(min {record['min_s'] / 60:.1f}, max {record['max_s'] / 60:.1f}); "
              + ("goal met." if record["goal_met"] else "goal NOT met." if record["target"] == "make test"
-                else "the goal is the whole suite's."), "", "| run | pytest s | tests |", "|---|---|---|"]
+                else "the goal is the whole suite's."), "", "| run | pytest s | workers | tests |", "|---|---|---|---|"]
     for index, run in enumerate(record["runs"], 1):
         counts = ", ".join(f"{n} {kind}" for kind, n in run["counts"].items())
-        lines.append(f"| {index} | {run['seconds']:.0f} | {counts} |")
+        lines.append(f"| {index} | {run['seconds']:.0f} | {run.get('workers') or '—'} | {counts} |")
     lines += ["", "The slowest files of the median run (seconds of their tests' phases, on whichever worker ran them):",
               "", "| file | s |", "|---|---|"]
     lines += [f"| {name} | {seconds:.0f} |" for name, seconds in list(record["files"].items())[:15]]

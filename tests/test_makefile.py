@@ -33,6 +33,16 @@ def test_help_names_the_variables(repo):
         assert word in result.stdout
 
 
+def test_test_workers_are_one_more_than_the_cores_at_most_eight(repo):
+    """make test's pytest-xdist workers: the cores plus one (a worker waiting on an agent leaves its core to another),
+    never more than 8; TEST_WORKERS=1 runs without xdist."""
+    cores = len(os.sched_getaffinity(0))
+    dry = make(repo, "-n", "test")
+    assert f"-m pytest -n {min(cores + 1, 8)} --dist loadfile" in dry.stdout, dry.stdout
+    one = make(repo, "-n", "test", "TEST_WORKERS=1")
+    assert "-m pytest" in one.stdout and " -n " not in one.stdout.split("-m pytest", 1)[1]
+
+
 def test_makefile_variables_have_defaults(repo):
     text = (repo / "Makefile").read_text()
     for variable in ("PYTHON", "VENV", "MODEL", "DATA", "WEIGHTS", "RUN"):

@@ -8,6 +8,7 @@ import pytest
 from tests.conftest import REPO
 
 SAMPLE = """\
+.venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder -q --durations=0
 ........................................................................ [ 50%]
 .......s                                                                 [100%]
 ============================= slowest durations ==============================
@@ -31,7 +32,7 @@ def _bench():
 def test_a_run_is_read_from_pytests_output_and_summarized():
     bench = _bench()
     run = bench.parse_log(SAMPLE)
-    assert run["seconds"] == 61.25 and run["counts"] == {"passed": 79, "skipped": 1}
+    assert run["seconds"] == 61.25 and run["counts"] == {"passed": 79, "skipped": 1} and run["workers"] == 3
     assert run["files"] == {"tests/pipeline/test_a.py": 42.75, "tests/device/test_b.py": 4.01}
     assert run["slowest"][0] == {"seconds": 30.5, "phase": "call", "test": "tests/pipeline/test_a.py::test_one"}
     faster = {**run, "seconds": 50.0}
@@ -41,6 +42,8 @@ def test_a_run_is_read_from_pytests_output_and_summarized():
     assert record["files"] == run["files"], "the median run's profile"
     text = bench.markdown(record)
     assert "**Median 1.0 min**" in text and "goal NOT met" in text and "| tests/pipeline/test_a.py | 43 |" in text
+    assert "| 1 | 61 | 3 | 79 passed, 1 skipped |" in text, "each run names its workers"
+    assert bench.parse_log(SAMPLE.split("\n", 1)[1])["workers"] is None, "a log without make's echo does not say"
 
 
 def test_the_quiet_summary_line_is_read_too():
