@@ -35,6 +35,7 @@ _SUMMARY = re.compile(r"^=*\s*(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<seconds>[\d
 _COUNT = re.compile(r"(?P<n>\d+) (?P<kind>passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 _DURATION = re.compile(r"^(?P<seconds>[\d.]+)s (?P<phase>call|setup|teardown)\s+(?P<test>\S+)$")
 # make's echo of the pytest command line: "… -m pytest -n 3 --dist loadfile …" (no -n: one process).
+SLOWEST = 20  # test phases kept per record, each with what it guards
 _WORKERS = re.compile(r"-m pytest\b.*?\s-n\s+(?P<n>\d+)")
 
 
@@ -44,7 +45,7 @@ def parse_log(text: str) -> dict[str, Any]:
     Returns:
         ``seconds`` (pytest's own wall time), ``counts`` by outcome, ``workers`` (pytest-xdist's, from make's echo of
         the command; None where the log does not show it), ``files`` (seconds per test file, summed over
-        its tests' phases, largest first) and ``slowest`` (the ten slowest test phases).
+        its tests' phases, largest first) and ``slowest`` (the :data:`SLOWEST` slowest test phases).
 
     Raises:
         ValueError: The output has no pytest summary line (the run did not finish).
@@ -66,7 +67,28 @@ def parse_log(text: str) -> dict[str, Any]:
     workers = _WORKERS.search(text)
     return {"seconds": float(last["seconds"]), "counts": counts, "workers": int(workers["n"]) if workers else None,
             "files": dict(sorted(files.items(), key=lambda item: -item[1])),
-            "slowest": sorted(phases, key=lambda p: -p["seconds"])[:10]}
+            "slowest": sorted(phases, key=lambda p: -p["seconds"])[:SLOWEST]}
+
+
+def guards(test: str, repo: Path = REPO) -> str:
+    """What a test guards, in its own words: its docstring's first sentence, else its name read as a sentence
+    (``tests/a.py::test_resume_gives_the_same_model[x]`` → "resume gives the same model"); a fixture's setup is
+    charged to the first test that asked for it."""
+    import ast
+
+    path, _, name = test.partition("::")
+    name = name.split("[")[0].split("::")[-1]
+    try:
+        tree = ast.parse((repo / path).read_text())
+    except (OSError, SyntaxError):
+        return name.removeprefix("test_").replace("_", " ")
+    function = next((node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and node.name == name), None)
+    doc = ast.get_docstring(function) if function is not None else None
+    if not doc:
+        return name.removeprefix("test_").replace("_", " ")
+    first = " ".join(doc.split("\n\n")[0].split())
+    return first.split(". ")[0].rstrip(".") + "."
 
 
 def summarize(runs: list[dict[str, Any]], target: str, machine: dict[str, Any], commit: str | None) -> dict[str, Any]:
@@ -96,8 +118,11 @@ def markdown(record: dict[str, Any]) -> str:
     lines += ["", "The slowest files of the median run (seconds of their tests' phases, on whichever worker ran them):",
               "", "| file | s |", "|---|---|"]
     lines += [f"| {name} | {seconds:.0f} |" for name, seconds in list(record["files"].items())[:15]]
-    lines += ["", "The slowest test phases:", "", "| s | phase | test |", "|---|---|---|"]
-    lines += [f"| {p['seconds']:.1f} | {p['phase']} | {p['test']} |" for p in record["slowest"]]
+    lines += ["", "The slowest test phases, each with what it guards (its docstring's first sentence, or its name; a "
+              "setup phase is a fixture's, charged to the first test that asked for it):", "",
+              "| s | phase | test | what it guards |", "|---|---|---|---|"]
+    lines += [f"| {p['seconds']:.1f} | {p['phase']} | {p['test']} | {guards(p['test']).replace('|', '/')} |"
+              for p in record["slowest"]]
     return "\n".join(lines) + "\n"
 
 

@@ -75,3 +75,17 @@ def test_the_files_run_longest_first_by_the_newest_record(tmp_path):
     assert recorded_file_seconds(tmp_path / "none") == {}
     recorded = recorded_file_seconds(SUITE_RECORDS)
     assert recorded and all(path.startswith("tests/") and path.endswith(".py") for path in recorded)
+
+
+def test_each_slow_test_says_what_it_guards_in_its_own_words(tmp_path):
+    bench = _bench()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text(
+        'def test_with_words():\n    """A killed run resumes. Then more.\n\n    Details."""\n\n\n'
+        'def test_a_killed_run_resumes_from_its_last_epoch():\n    pass\n')
+    assert bench.guards("tests/test_a.py::test_with_words[x-1]", tmp_path) == "A killed run resumes."
+    assert bench.guards("tests/test_a.py::test_a_killed_run_resumes_from_its_last_epoch", tmp_path) == \
+        "a killed run resumes from its last epoch"
+    assert bench.guards("tests/gone.py::test_old_name", tmp_path) == "old name", "a file since moved: its name"
+    record = bench.summarize([bench.parse_log(SAMPLE)], "test", {"cpu": "x", "cores": 2, "kernels": "AVX2"}, "abc")
+    assert "| 30.5 | call | tests/pipeline/test_a.py::test_one | one |" in bench.markdown(record)
