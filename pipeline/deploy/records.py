@@ -116,6 +116,16 @@ def reported_of(measured: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
+def measured_fields(figures: dict[str, Any]) -> dict[str, Any]:
+    """A rung's row's share of :func:`reported_of`: every declared field with its interval (results.csv's columns),
+    and each windowed figure's value per round (results.json only), which the headline pairs by round."""
+    from pipeline.report.results import REPORTED, csv_columns
+
+    keys = [*(key for key in csv_columns(()) if key != "not_recorded"),
+            *(how.windows for how in REPORTED.values() if how.windows)]
+    return {key: figures.get(key) for key in keys}
+
+
 def layer_profiles(deploy: dict[str, Any]) -> list[dict[str, Any]]:
     """Per rung × device, round 1's per-layer profile or why there is none, shaped as the classification
     report's "Where the time goes" reads them (:func:`pipeline.report.profile_report.time_section`); none for a run deployed
@@ -170,24 +180,36 @@ def lead_row(rows: list[dict[str, Any]], profiles: list[dict[str, Any]]) -> tupl
 def headline_data(rows: list[dict[str, Any]], profiles: list[dict[str, Any]], score: str,
                   sustained: list[dict[str, Any]] = (), **made: Any) -> dict[str, Any]:
     """What a scored task's run comes to, as data: the row :func:`lead_row` leads with (the INT8 student on the
-    first edge device that measured it, true to the device), its score there (``score``: ``map``, ``miou``) against
-    the FP32 student's on the host, its network time against the FP32 student's on the same device, its
-    post-processing, its camera frame's path and whether it settled measurably slower when run for minutes
-    (``sustained``: :func:`pipeline.deploy.sustain_report.sustained_runs`); ``made`` says how the INT8 rung was made
-    (``method``, …)."""
+    first edge device that measured it, true to the device) against the teacher on the data-center device, as every
+    task's headline compares them (:func:`pipeline.report.headline.edge_vs_dc`: latency, throughput, energy, compute,
+    size; and the teacher's score there), its score (``score``: ``map``, ``miou``) against the FP32 student's on the
+    host, its network time against the FP32 student's on the same device, its post-processing, its camera frame's
+    path and whether it settled measurably slower when run for minutes (``sustained``:
+    :func:`pipeline.deploy.sustain_report.sustained_runs`); ``made`` says how the INT8 rung was made (``method``, …)."""
     row, missing = lead_row(rows, profiles)
     if row is None:
         return {"rung": LEAD_RUNG, "measured": False, "reason": missing}
     from pipeline.deploy.frame_report import frame_headline
     from pipeline.deploy.sustain_report import headline_text
+    from pipeline.report.headline import TEACHER, baseline_device, edge_vs_dc
 
-    keys = ("device", "role", "runtime", score, f"{score}_low", f"{score}_high", f"{score}_vs_student_points",
-            "latency_p50_ms", "latency_p50_low_ms", "latency_p50_high_ms", "ratio_vs_student", "ratio_low",
-            "ratio_high", "ratio_significant", "postprocess_ms_per_image", "latency_batch")
+    keys = ("device", "role", "runtime", "precision", score, f"{score}_low", f"{score}_high",
+            f"{score}_vs_student_points", "latency_p50_ms", "latency_p50_low_ms", "latency_p50_high_ms",
+            "ratio_vs_student", "ratio_low", "ratio_high", "ratio_significant", "postprocess_ms_per_image",
+            "latency_batch")
+    # What every task's headline compares: the lead against the teacher on the data-center device (else on its own).
+    dc_device, note = baseline_device(rows, row["device"])
+    teacher = next((r for r in rows if r["device"] == dc_device and r["rung"] == TEACHER
+                    and r["status"] == "measured"), None)
+    student_fp32 = next((r for r in rows if r["device"] == row["device"] and r["rung"] == REFERENCE_RUNG), None)
+    against = {} if teacher is None else {
+        "dc_device": dc_device, "dc_precision": teacher.get("precision"), "note": note,
+        **{f"{key}_dc": teacher.get(key) for key in (score, f"{score}_low", f"{score}_high")},
+        **edge_vs_dc(row, teacher), "size_mb_student_fp32": (student_fp32 or {}).get("size_mb")}
     # The frame's path and the sustained run, as every task's headline says them (deploy.frame, deploy.sustained).
     runs = [r for r in sustained if r["rung"] == row["rung"] and r["device"] == row["device"]]
     return {"rung": row["rung"], "measured": True, **{k: row.get(k) for k in keys}, "int8_not_measured": missing,
-            "frame_text": frame_headline(row), "sustained_text": headline_text(runs), **made}
+            **against, "frame_text": frame_headline(row), "sustained_text": headline_text(runs), **made}
 
 
 def headline_line(block, label: str) -> str:
@@ -197,15 +219,18 @@ def headline_line(block, label: str) -> str:
 
 
 def scored_headline(h: dict[str, Any], score: str, label: str, postprocess: str, spec: str, int8: str | None):
-    """A scored task's headline (:func:`lead_row`'s row as data) as the report's first table, labelled as every
-    task's: why INT8 was not measured where it leads with the FP32 student, the score on the device against the FP32
-    student on the host, the network's p50 and its ratio to the FP32 student's, the post-processing's time.
+    """A scored task's headline (:func:`headline_data`) as the report's first table, labelled as every task's: why
+    INT8 was not measured where it leads with the FP32 student; the score on the device (against the teacher's there
+    and the FP32 student's on the host); latency, throughput, energy, compute and size against the teacher on the
+    data-center device (:mod:`pipeline.report.headline`); the network's ratio to the FP32 student's on the same
+    device; the post-processing's time.
 
     Args:
         score: The score's key (``map``, ``miou``), a fraction; ``label`` its name (``mAP``, ``mIoU``).
         postprocess: The device's post-processing in words (``decode + NMS``, ``argmax``), ``spec`` its ms format.
         int8: How the INT8 rung was made, in words (None: not said).
     """
+    from pipeline.report.headline import compute_row, energy_row, size_row, speed_rows
     from pipeline.report.results import interval_cell
     from pipeline.report.sections import Headline
 
@@ -216,24 +241,40 @@ def scored_headline(h: dict[str, Any], score: str, label: str, postprocess: str,
     if missing:  # the headline leads with the FP32 student: say why, and how to measure INT8
         rows += [("INT8 rung", f"{missing['rung']} not measured as INT8 on {missing['device']}: {missing['reason']}"),
                  ("", missing["fix"])]
-    percent = [None if h.get(key) is None else 100 * h[key] for key in (score, f"{score}_low", f"{score}_high")]
-    value = interval_cell(*percent, ".1f") + " on the device"
+
+    def percent(suffix: str = "") -> str:
+        return interval_cell(*[None if h.get(key) is None else 100 * h[key]
+                               for key in (f"{score}{suffix}", f"{score}_low{suffix}", f"{score}_high{suffix}")],
+                             ".1f")
+
+    value = percent() + " on the device"
     if h.get(f"{score}_vs_student_points") is not None:
         value += f", {h[f'{score}_vs_student_points']:+.2f} points against the FP32 student on the host"
+    if h.get(f"{score}_dc") is not None and h.get(score) is not None:
+        value += (f"; the teacher's on {h['dc_device']}: {percent('_dc')} "
+                  f"({100 * (h[score] - h[f'{score}_dc']):+.2f} points)")
     rows.append((label, value))
-    if h.get("latency_p50_ms") is not None:  # a result from before rounds has no median over them
-        latency = f"network {h['latency_p50_ms']:.3f} ms at batch {h['latency_batch']}"
-        if h.get("ratio_vs_student") is not None:
-            latency += (f", ×{h['ratio_vs_student']:.2f} [{h['ratio_low']:.2f}, {h['ratio_high']:.2f}] the FP32 "
-                        "student's" + (f" ({'slower' if h['ratio_vs_student'] > 1 else 'faster'})"
-                                       if h["ratio_significant"] else " (no measurable difference)"))
-        rows.append(("latency p50", latency))
+    if h.get("latency_p50_ms_dc") is not None:  # against the teacher, as every task's headline
+        rows += speed_rows(h)
+    elif h.get("latency_p50_ms") is not None:  # a result from before rounds has no median over them
+        rows.append(("latency p50", f"network {h['latency_p50_ms']:.3f} ms at batch {h['latency_batch']}"))
+    if h.get("ratio_vs_student") is not None:
+        rows.append(("vs FP32 student", f"network ×{h['ratio_vs_student']:.2f} [{h['ratio_low']:.2f}, "
+                                        f"{h['ratio_high']:.2f}] the FP32 student's"
+                                        + (f" ({'slower' if h['ratio_vs_student'] > 1 else 'faster'})"
+                                           if h["ratio_significant"] else " (no measurable difference)")))
     if h.get("postprocess_ms_per_image") is not None:
         rows.append((postprocess, f"{format(h['postprocess_ms_per_image'], spec)} ms per image"))
+    if h.get("dc_device") is not None:
+        edge, dc = (h.get("precision") or "int8").upper(), (h.get("dc_precision") or "fp32").upper()
+        rows += [energy_row(h), *compute_row(h), size_row(h, edge, dc)]
     if int8:
         rows.append(("INT8", int8))
-    rows += [(name, h[key]) for name, key in (("frame", "frame_text"), ("sustained", "sustained_text")) if h.get(key)]
-    return Headline(f"{h['rung']} on {h['device']} ({h['runtime']})", rows)
+    rows += [(name, h[key]) for name, key in (("frame", "frame_text"), ("sustained", "sustained_text"),
+                                              ("note", "note")) if h.get(key)]
+    against = f" vs teacher {(h.get('dc_precision') or 'fp32').upper()} on {h['dc_device']}" if h.get("dc_device") \
+        else ""
+    return Headline(f"{h['rung']} on {h['device']} ({h['runtime']}){against}", rows)
 
 
 def finished_run(run_dir) -> tuple[str, str, dict[str, Any], dict[str, Any], dict[str, Any]]:

@@ -302,7 +302,7 @@ def test_edgefold_report_rebuilds_a_detection_run_and_keeps_the_manifest_true(de
     (run_dir / "report" / "report.md").write_text("stale")
     assert cli.main(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "student_int8 on loopback (onnxruntime)\n  mAP            " in out and "html: " in out and "csv: " in out
+    assert "student_int8 on loopback (onnxruntime) vs teacher FP32 on loopback\n  mAP            " in out and "html: " in out and "csv: " in out
     manifest = json.loads((run_dir / "manifest.json").read_text())
     entry = manifest["stages"]["report"]
     assert (run_dir / "report" / "report.md").read_text() != "stale"
@@ -572,7 +572,12 @@ def test_a_detection_run_writes_the_same_results_document_as_a_classification_ru
     assert (int8["power_peak_mw"], int8["gpu_freq_low_mhz"], int8["not_recorded"]) == ("", "", "")
     report = (run_dir / outputs["md"]).read_text()
     assert all(how.label in report for how in REPORTED.values()), "the detail table names every declared field"
-    assert report.index("## Headline") < report.index("## loopback")
+    assert report.index("## Headline") < report.index("## The ladder") < report.index("### loopback")
+    # The comparison every task's headline makes: the lead against the teacher, in the same rows as classification's.
+    headline = report[report.index("## Headline"):report.index("## The ladder")]
+    assert all(f"| {label} |" in headline for label in ("latency p50", "throughput", "energy/image", "compute")), \
+        headline
+    assert "vs teacher FP32 on loopback" in headline and data["headline"]["dc_device"] == "loopback"
 
 
 def test_the_shipped_detector_answers_with_its_boxes_and_the_hosts_map(det_run, tmp_path):

@@ -198,7 +198,7 @@ def test_a_concentrated_cut_is_named():
 
 @pytest.mark.slow
 def test_report_headline_says_directions_in_words(tiny_run):
-    from pipeline.tasks.classification.headline import direction
+    from pipeline.report.headline import direction
 
     assert direction(2.31, "faster", "slower") == "2.31× slower"
     assert direction(0.5, "faster", "slower") == "2.00× faster"

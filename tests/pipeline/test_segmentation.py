@@ -155,7 +155,13 @@ def test_the_report_writes_every_tasks_results_and_opens_with_its_headline(seg_r
     outputs = manifest["stages"]["report"]["outputs"]
     document = json.loads((ctx.run_dir / outputs["json"]).read_text())
     assert document["schema"] == RESULTS_SCHEMA and document["task"] == "segmentation"
-    assert document["headline"]["measured"] and document["headline"]["rung"] in ("student_int8", "student")
+    headline = document["headline"]
+    assert headline["measured"] and headline["rung"] in ("student_int8", "student")
+    # As every task's: against the teacher (on loopback, the one device, said so), paired by round.
+    teacher = next(row for row in document["rows"] if row["rung"] == "teacher")
+    assert headline["dc_device"] == "loopback" and headline["latency_p50_ms_dc"] == teacher["latency_p50_ms"]
+    assert headline["latency_ratio_low"] <= headline["latency_ratio"] <= headline["latency_ratio_high"]
+    assert 0 < headline["macs_ratio"] < 1 and "no data-center device" in headline["note"]
     with open(ctx.run_dir / outputs["csv"], newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert list(rows[0])[:len(RESULT_COLUMNS)] == list(RESULT_COLUMNS) and len(rows) == 3
@@ -163,6 +169,8 @@ def test_the_report_writes_every_tasks_results_and_opens_with_its_headline(seg_r
     page = (ctx.run_dir / outputs["html"]).read_text()
     first_table = re.search(r"<table[^>]*>", page).group(0)
     assert "headline" in first_table, "the headline is the page's first table"
+    markdown = (ctx.run_dir / outputs["md"]).read_text()
+    assert markdown.index("## Headline") < markdown.index("## The ladder"), "every task's page, in its order"
 
 
 def test_the_segmentation_report_fits_a_1366_px_page(seg_run):

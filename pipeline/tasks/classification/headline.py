@@ -10,38 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.report.headline import (NOT_MEASURED, compute_row, energy_row, significant_direction, size_row,
+                                      speed_rows)
 from pipeline.report.sections import Headline
 from pipeline.tasks.classification.device_accuracy import CAUSES
 
-NOT_MEASURED = "not measured"
 ALPHA = 0.05
-
-
-def direction(value: float | None, lower: str, higher: str) -> str:
-    """A ratio in words: ``direction(2.31, "faster", "slower")`` → "2.31× slower"; 0.5 → "2.00× faster"."""
-    if value is None:
-        return NOT_MEASURED
-    if abs(value - 1.0) < 5e-3:
-        return "the same"
-    return f"{1 / value:.2f}× {lower}" if value < 1 else f"{value:.2f}× {higher}"
-
-
-def significant_direction(h: dict[str, Any], name: str, lower: str, higher: str, brief: bool = False) -> str:
-    """A headline ratio in words with its 95% interval; "no measurable difference" when the interval holds 1.
-
-    Args:
-        brief: Leave out the interval (the console's one line); the verdict stays.
-    """
-    value, low, high = h.get(f"{name}_ratio"), h.get(f"{name}_ratio_low"), h.get(f"{name}_ratio_high")
-    if value is None:
-        return NOT_MEASURED
-    if low is None or high is None:
-        return direction(value, lower, higher) + ("" if brief else ", one window: no interval")
-    interval = f"×{value:.2f} [{low:.2f}, {high:.2f}]" + ("" if brief else
-                                                          f" over {h.get(f'{name}_windows', '?')} paired windows")
-    if not h.get(f"{name}_ratio_significant"):
-        return "no measurable difference" + ("" if brief else f": {interval}")
-    return direction(value, lower, higher) + ("" if brief else f", {interval}")
 
 
 def accuracy_words(h: dict[str, Any], brief: bool = False) -> str:
@@ -74,11 +48,6 @@ def one_line(h: dict[str, Any]) -> str:
             f"{h['dc_device']}")
 
 
-def fmt(value, spec: str, missing: str = "—") -> str:
-    """``value`` formatted by ``spec``, or ``missing`` when there is none."""
-    return missing if value is None else format(value, spec)
-
-
 def text(h: dict[str, Any]) -> str:
     """The headline as a few aligned lines (printed by ``make edge`` and ``edgefold report``)."""
     return block(h).lines()
@@ -94,31 +63,15 @@ def block(h: dict[str, Any]) -> Headline:
     rows: list[tuple[str | None, str]] = [
         *int8_not_measured_rows(h),
         ("top-1", f"{100 * h['top1_edge']:.2f}% vs {100 * h['top1_dc']:.2f}%  ({accuracy_words(h)})"),
-        ("latency p50", f"{h['latency_p50_ms_edge']:.3f} ms vs {h['latency_p50_ms_dc']:.3f} ms  "
-                        f"({significant_direction(h, 'latency', 'faster', 'slower')})"),
-        ("throughput", f"{h['throughput_edge']:.0f} vs {h['throughput_dc']:.0f} images/s  "
-                       f"({significant_direction(h, 'throughput', 'lower', 'higher')})")]
+        *speed_rows(h)]
     if h.get("frame_text"):  # deploy.frame: the camera application's figure beside the network's
         rows.append(("frame", h["frame_text"]))
     if h.get("sustained_text"):  # deploy.sustained: the latency a warm board settles at, when measurably worse
         rows.append(("sustained", h["sustained_text"]))
-    if h["energy_mj_edge"] is None and h["energy_mj_dc"] is None:
-        rows.append(("energy/image", NOT_MEASURED + (f" ({h['energy_reason']})" if h.get("energy_reason") else "")))
-    else:
-        rows.append(("energy/image", f"{fmt(h['energy_mj_edge'], '.2f', NOT_MEASURED)} vs "
-                                     f"{fmt(h['energy_mj_dc'], '.2f', NOT_MEASURED)} mJ"
-                     + (f"  ({significant_direction(h, 'energy', 'less', 'more')})" if h["energy_ratio"] else "")))
-    if h.get("macs_ratio") is not None and against == "teacher":  # an ONNX start's INT8 is the given network
-        rows.append(("compute", f"{100 * h['macs_ratio']:.1f}% of the {against}'s MACs, "
-                                f"{100 * h['params_ratio']:.1f}% of its parameters "
-                                f"({'smaller' if h['macs_ratio'] < 1 and h['params_ratio'] < 1 else 'NOT smaller'})"))
-    if h.get("size_mb_student_fp32") is not None:
-        smaller = direction(h["size_mb_student_fp32"] / h["size_mb_dc"] if h["size_mb_dc"] else None, "smaller",
-                            "larger")
-        rows.append(("size, FP32", f"{h['size_mb_student_fp32']:.1f} MB vs {h['size_mb_dc']:.1f} MB  ({smaller});"
-                                   f" deployed {edge} {h['size_mb_edge']:.1f} MB"))
-    else:
-        rows.append(("model size", f"{h['size_mb_edge']:.1f} MB {edge} vs {h['size_mb_dc']:.1f} MB {dc}"))
+    rows.append(energy_row(h))
+    if against == "teacher":  # an ONNX start's INT8 is the given network
+        rows += compute_row(h, against)
+    rows.append(size_row(h, edge, dc))
     if h.get("teacher_precision_why"):
         rows.append((f"{'teacher' if against == 'teacher' else 'baseline'} as", h["teacher_precision_why"]))
     for d in h.get("device_deviations") or []:

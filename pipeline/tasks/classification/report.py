@@ -23,7 +23,7 @@ from pipeline.quantize.report import int8_section
 from pipeline.report.results import (detail_columns, figure_cell, figure_label, interval_cell, ladder_columns,
                               write_results)
 from pipeline.report.sections import Bullets, Details, Figure, Section, Table, Text, page_title, to_html, to_markdown
-from pipeline.tasks.classification.headline import fmt
+from pipeline.report.headline import fmt
 from pipeline.tasks.classification.headline import block as headline_block
 from pipeline.tasks.classification.headline import text as headline_text
 from pipeline.tasks.classification.report_data import BASE_COLUMNS, collect

@@ -19,6 +19,7 @@ from pipeline.core.ladder import points as _points
 from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from pipeline.deploy.devices import DEPLOY_SCHEMA
 from pipeline.report.diverge_report import answer_text, diverge_answers
+from pipeline.report.headline import edge_vs_dc, paired_ratio, ratio_fields
 from pipeline.report.profile_report import INT8_FIX, NOT_MEASURED, computes_in, int8_not_run_reason, shown_batch
 from pipeline.quantize.report import quantize_summary
 from pipeline.report.results import csv_columns, reported_figures
@@ -307,7 +308,7 @@ def _int8_vs_fp16(rows: list[dict[str, Any]], device: str, predictions: dict, ev
                            "int8_kept_layers": len(quantize["kept_layers"]),
                            "int8_kept_precision": quantize["kept_precision"]}
     for name, key in (("latency", "latency_p50_windows_ms"), ("energy", "energy_windows_mj")):
-        out.update(_ratio_fields(name, _paired_ratio(int8.get(key), half.get(key))))
+        out.update(ratio_fields(name, paired_ratio(int8.get(key), half.get(key))))
     if evaluation and (device, DEPLOYED) in predictions and (device, fp16) in predictions:
         change = paired_top1_change(evaluation, predictions[(device, fp16)], predictions[(device, DEPLOYED)])
         out.update(top1_delta_points=change["delta_points"], top1_p=change["mcnemar_p"], top1_source="device-measured",
@@ -353,7 +354,7 @@ def _two_roads(rows: list[dict[str, Any]], device: dict[str, Any], evaluation: d
                                "onnx_top1": onnx.get("device_top1"), "torch_top1": None,
                                "exported_on_device": bool(info.get("exported_on_device"))}
         for name, key in (("latency", "latency_p50_windows_ms"), ("energy", "energy_windows_mj")):
-            out.update(_ratio_fields(name, _paired_ratio(torch_road.get(key), onnx.get(key))))
+            out.update(ratio_fields(name, paired_ratio(torch_road.get(key), onnx.get(key))))
         if result.evaluation is not None and evaluation:
             out["torch_top1"] = device_scores(evaluation, rung, result.evaluation.predictions)["device_top1"]
         lines.append(out)
@@ -424,9 +425,6 @@ def _headline(rows, edge, dc, baseline_device, baseline_rung: str = TEACHER, lea
         return {"status": NOT_MEASURED, "reason": f"{lead} or {baseline_rung} not measured", "note": note,
                 "runtime_fallbacks": fallbacks}
 
-    def ratio(a, b):
-        return a / b if a is not None and b else None
-
     # Like with like: the deployed rung's float form (same network) against the float teacher.
     float_form = RUNGS[lead].form_of or lead
     student_fp32 = next((r for r in rows if r["device"] == edge_device["name"] and r["rung"] == float_form), None)
@@ -436,51 +434,10 @@ def _headline(rows, edge, dc, baseline_device, baseline_rung: str = TEACHER, lea
             "edge_precision": student.get("precision") or "int8", "dc_precision": teacher.get("precision") or "fp32",
             "accuracy_lost_points": _points(-student["top1_delta_points"]) if student["top1_delta_points"] is not None
             else None,
-            "latency_p50_ms_edge": student["latency_p50_ms"], "latency_p50_ms_dc": teacher["latency_p50_ms"],
-            "latency_ratio": ratio(student["latency_p50_ms"], teacher["latency_p50_ms"]),
-            **_paired(student, teacher),
-            "throughput_edge": student["throughput_images_per_s"], "throughput_dc": teacher["throughput_images_per_s"],
-            "throughput_ratio": ratio(student["throughput_images_per_s"], teacher["throughput_images_per_s"]),
-            "energy_mj_edge": student["energy_mj_per_image"], "energy_mj_dc": teacher["energy_mj_per_image"],
-            "energy_ratio": ratio(student["energy_mj_per_image"], teacher["energy_mj_per_image"]),
+            **edge_vs_dc(student, teacher),
             "energy_reason": student.get("reason") or teacher.get("reason"),
-            "peak_memory_mb_edge": student["peak_memory_mb"], "peak_memory_mb_dc": teacher["peak_memory_mb"],
-            "size_mb_edge": student["size_mb"], "size_mb_dc": teacher["size_mb"],
-            # Like with like: the student's FP32 form against the FP32 teacher, and the compute both do.
             "size_mb_student_fp32": student_fp32["size_mb"] if student_fp32 else None,
-            "frame_text": frame_headline(student),
-            "macs_ratio": ratio(student["macs_g"], teacher["macs_g"]),
-            "params_ratio": ratio(student["params_m"], teacher["params_m"])}
-
-
-def _paired_ratio(a: list | None, b: list | None) -> tuple[float, float, float, bool] | None:
-    """``a / b`` from two rows' windows, paired by round: (estimate, 95% low, high, significant), or None when
-    either side has no windows, a window without a value, or no finite ratio."""
-    if not a or not b or any(v is None for v in (*a, *b)):
-        return None
-    estimate, low, high = stats.ratio_interval(a, b)
-    return (estimate, low, high, stats.significant(low, high)) if estimate == estimate else None
-
-
-def _ratio_fields(name: str, ratio: tuple | None, infix: str = "") -> dict[str, Any]:
-    """``ratio`` (from :func:`_paired_ratio`) as ``{name}_ratio``, ``{name}{infix}_low``, ``…_high`` and
-    ``…_significant``; nothing when there is no ratio."""
-    if ratio is None:
-        return {}
-    keys = (f"{name}_ratio", f"{name}{infix}_low", f"{name}{infix}_high", f"{name}{infix}_significant")
-    return dict(zip(keys, ratio))
-
-
-def _paired(student: dict[str, Any], teacher: dict[str, Any]) -> dict[str, Any]:
-    """The headline's ratios from the windows of both rows, paired by round, with their 95% intervals."""
-    out = {}
-    for name, key in (("latency", "latency_p50_windows_ms"), ("throughput", "throughput_windows"),
-                      ("energy", "energy_windows_mj")):
-        ratio = _paired_ratio(student.get(key), teacher.get(key))
-        if ratio:
-            out.update(_ratio_fields(name, ratio, "_ratio"),
-                       **{f"{name}_windows": min(len(student[key]), len(teacher[key]))})
-    return out
+            "frame_text": frame_headline(student)}
 
 
 def engines_scored(evaluation: dict[str, Any], rung: str, result: JobResult,
@@ -535,7 +492,7 @@ def _ratios(row: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, A
             out.update({f"{name}_ratio_vs_dc_teacher": 1.0 if row.get(key) else None, f"{name}_ratio_low": None,
                         f"{name}_ratio_high": None, f"{name}_ratio_significant": None})
             continue
-        ratio = _paired_ratio(row.get(key), (baseline or {}).get(key)) or (None,) * 4
+        ratio = paired_ratio(row.get(key), (baseline or {}).get(key)) or (None,) * 4
         out.update(zip((f"{name}_ratio_vs_dc_teacher", f"{name}_ratio_low", f"{name}_ratio_high",
                         f"{name}_ratio_significant"), ratio))
     return out

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.report.results import (REPORTED, csv_columns, detail_columns, figure_cell, figure_label, ladder_columns,
+from pipeline.report.results import (REPORTED, detail_columns, figure_cell, figure_label, ladder_columns,
                               write_results)
 from pipeline.deploy import records
 from pipeline.deploy.frame_report import FRAME_COLUMNS, frame_sections
 from pipeline.deploy.sustain_report import SUSTAINED_COLUMNS, sustained_part
-from pipeline.deploy.records import finished_run, headline_data, layer_profiles, scored_headline
+from pipeline.deploy.records import finished_run, headline_data, layer_profiles, measured_fields, scored_headline
 from pipeline.deploy.records import reported_of as _reported
 from pipeline.report.sections import Figure, Headline, Section, Table, Text, page_title, to_html, to_markdown
 
@@ -124,7 +124,8 @@ def measured_rows(ladder: dict[str, Any], device: dict[str, Any]) -> list[list[s
 
 
 def device_section(ladder: dict[str, Any], device: dict[str, Any]) -> Section:
-    """One device's rungs, with why it fell back to another runtime or measured nothing."""
+    """One device's rungs (a sub-section of the ladder's), with why it fell back to another runtime or measured
+    nothing."""
     blocks: list = []
     if device.get("runtime_fallback"):
         blocks.append(Text(device["runtime_fallback"]))
@@ -140,7 +141,7 @@ def device_section(ladder: dict[str, Any], device: dict[str, Any]) -> Section:
     if others:
         blocks.append(Text("Device mAP is the largest batch's engine's; every other engine timed, scored on the same "
                            "images: " + "; ".join(others) + "."))
-    return Section(f"{device['name']} ({device.get('runtime') or '—'}; {device['status']})", blocks)
+    return Section(f"{device['name']} ({device.get('runtime') or '—'}; {device['status']})", blocks, level=3)
 
 
 def box_heads_text(quantize: dict[str, Any]) -> str:
@@ -193,7 +194,8 @@ def report_sections(ladder: dict[str, Any], deploy: dict[str, Any], quantize: di
         figures: The plots (:func:`pipeline.tasks.detection.plots.plots`); None leaves them out (report.md).
     """
     sections = [Section("Headline", [headline_block(lead)])]
-    sections += [device_section(ladder, device) for device in deploy["devices"]]
+    # The ladder on each device, under the heading every task's page gives it.
+    sections.append(Section("The ladder", [device_section(ladder, device) for device in deploy["devices"]]))
     sections += frame_sections(deploy)
     sections.append(Section("How the rungs were scored", [Text(f"Images scored on the device: {deploy['images']}. "
                                                                + scored_text(ladder))]))
@@ -242,7 +244,7 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
                 "network_ms_per_image": measured.get("network_ms_per_image"),
                 "postprocess_ms_per_image": measured.get("postprocess_ms_per_image"),
                 **{key: (measured.get("frame") or {}).get(key) for key in FRAME_COLUMNS},
-                **{key: figures.get(key) for key in csv_columns(()) if key != "not_recorded"},
+                **measured_fields(figures),
                 "not_recorded": figures["not_recorded"]})
     return rows
 
@@ -251,8 +253,9 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
 
 def headline(rows: list[dict[str, Any]], quantize: dict[str, Any],
              profiles: list[dict[str, Any]] = (), sustained: list[dict[str, Any]] = ()) -> dict[str, Any]:
-    """What the run comes to, as data (:func:`pipeline.deploy.records.headline_data`): the INT8 student's mAP on the
-    device and its network time against the FP32 student's, its decode + NMS; where the INT8 rung's own profile shows
+    """What the run comes to, as data (:func:`pipeline.deploy.records.headline_data`): the INT8 student on the edge
+    against the teacher on the data-center device, as every task's headline compares them; its mAP on the device and
+    its network time against the FP32 student's, its decode + NMS; where the INT8 rung's own profile shows
     no compute layer in INT8 (ONNX Runtime's CPU provider), the FP32 student measured there, with why and how to
     measure INT8 (``int8_not_measured``)."""
     return headline_data(rows, profiles, "map", sustained, method=quantize.get("method"),

@@ -11,8 +11,9 @@ from typing import Any, Sequence
 from pipeline.deploy import records
 from pipeline.deploy.frame_report import FRAME_COLUMNS, frame_sections
 from pipeline.deploy.sustain_report import SUSTAINED_COLUMNS, sustained_part
-from pipeline.deploy.records import finished_run, headline_data, layer_profiles, reported_of, scored_headline
-from pipeline.report.results import csv_columns, interval_cell, write_results
+from pipeline.deploy.records import (finished_run, headline_data, layer_profiles, measured_fields, reported_of,
+                                     scored_headline)
+from pipeline.report.results import interval_cell, write_results
 from pipeline.report.sections import Headline, Section, Table, Text, page_title, to_html, to_markdown
 
 RESULT_COLUMNS = ("rung", "device", "group", "role", "precision", "status", "reason", "runtime", "size_mb", "macs_g",
@@ -56,15 +57,16 @@ def result_rows(ladder: dict[str, Any], deploy: dict[str, Any]) -> list[dict[str
                 "network_ms_per_image": measured.get("network_ms_per_image"),
                 "postprocess_ms_per_image": measured.get("postprocess_ms_per_image"),
                 **{key: (measured.get("frame") or {}).get(key) for key in FRAME_COLUMNS},
-                **{key: figures.get(key) for key in csv_columns(()) if key != "not_recorded"},
+                **measured_fields(figures),
                 "not_recorded": figures["not_recorded"]})
     return rows
 
 
-def headline(rows: list[dict[str, Any]], quantize: dict[str, Any], profiles: list[dict[str, Any]],
+def headline(rows: list[dict[str, Any]], quantize: dict[str, Any], profiles: list[dict[str, Any]] = (),
              sustained: list[dict[str, Any]] = ()) -> dict[str, Any]:
-    """What the run comes to, as data (:func:`pipeline.deploy.records.headline_data`): the INT8 student's mIoU on the
-    device against the FP32 student's on the host, its network time against the FP32 student's, the argmax's time."""
+    """What the run comes to, as data (:func:`pipeline.deploy.records.headline_data`): the INT8 student on the edge
+    against the teacher on the data-center device, as every task's headline compares them; its mIoU on the device
+    against the FP32 student's on the host, its network time against the FP32 student's, the argmax's time."""
     return headline_data(rows, profiles, "miou", sustained, method=quantize.get("method"))
 
 
@@ -104,8 +106,8 @@ def sections(rows: list[dict[str, Any]], lead: dict[str, Any], quantize: dict[st
                                      r.get("latency_p50_high_ms"), ".3f"), ratio,
                        "—" if r["postprocess_ms_per_image"] is None else f"{r['postprocess_ms_per_image']:.3f}",
                        f"{r['size_mb']:.2f}", f"{r['macs_g']:.4f}"])
-    out = [Section("Headline", [headline_block(lead)]), Section("Ladder", [Table(ladder, css="ladder"),
-                                                                          Text(SCORED_TEXT)])]
+    out = [Section("Headline", [headline_block(lead)]),
+           Section("The ladder", [Table(ladder, css="ladder"), Text(SCORED_TEXT)])]
     changes = quantize.get("class_changes_vs_fp32") or []
     if changes:
         table = [["class", "IoU FP32", "IoU INT8", "change, points [95% CI]", "beyond noise"]]
