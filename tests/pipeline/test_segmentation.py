@@ -170,7 +170,8 @@ def test_the_report_writes_every_tasks_results_and_opens_with_its_headline(seg_r
     first_table = re.search(r"<table[^>]*>", page).group(0)
     assert "headline" in first_table, "the headline is the page's first table"
     markdown = (ctx.run_dir / outputs["md"]).read_text()
-    assert markdown.index("## Headline") < markdown.index("## The ladder"), "every task's page, in its order"
+    assert markdown.index("## Headline") < markdown.index("## The ladder") < markdown.index("## Where the time goes"), \
+        "every task's page, in its order, with the device's per-layer time as every task's"
 
 
 def test_the_segmentation_report_fits_a_1366_px_page(seg_run):

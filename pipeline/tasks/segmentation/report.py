@@ -123,14 +123,18 @@ def write_report(name: str, run: str, ladder: dict[str, Any], deploy: dict[str, 
     """Writes report.md, report.html, results.json and results.csv into ``out``; returns their paths. ``found``: what
     was found on the run after it (``edgefold diverge``'s answers), last on the page."""
     from pipeline.quantize.report import int8_section
+    from pipeline.report.profile_report import time_section
 
     quantize = {key: quantize_metrics.get(key) for key in ("method", "drop_points", "kept_layers",
                                                             "class_changes_vs_fp32", "attempts")}
     rows = result_rows(ladder, deploy)
     runs, sustained = sustained_part(deploy, rows)
-    lead = headline(rows, quantize, layer_profiles(deploy), runs)
-    page = (sections(rows, lead, quantize) + frame_sections(deploy) + sustained + int8_section(quantize_metrics, "mIoU", lambda v: f"{100 * v:.2f}", out)
-            + list(found))
+    profiles = layer_profiles(deploy)
+    lead = headline(rows, quantize, profiles, runs)
+    # Every task's device sections: the frame's path, where each engine's time goes, the sustained run.
+    timed = [time_section({"layer_profiles": profiles})] if profiles else []
+    page = (sections(rows, lead, quantize) + frame_sections(deploy) + timed + sustained
+            + int8_section(quantize_metrics, "mIoU", lambda v: f"{100 * v:.2f}", out) + list(found))
     paths = {"md": out / "report.md", "html": out / "report.html"}
     paths["md"].write_text(to_markdown(page_title(name, run), page))
     paths["html"].write_text(to_html(page_title(name, run), page))
