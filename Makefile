@@ -38,9 +38,9 @@ LOCK     ?= constraints.txt
 AGENT_LOCK ?= docker/agent-constraints.txt
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist, the dev extra); each test file runs whole on one worker, the longest files first
-# (tests/conftest.py). 1: no xdist. One more than the cores (at most 8): a tenth of the workers' time is spent waiting
-# on agents, the jtop service and child processes, which a third worker on two cores fills (620 s → 558 s of pytest
-# here, bench/results/suite-time-test-*); more than 8 mostly adds memory.
+# (tests/conftest.py). 1: no xdist. One more than the cores (at most 8): two workers left about a fifth of two cores
+# idle, waiting on agents, the jtop service and child processes, which a third worker fills (median of three clean
+# runs 10.8 → 9.3 min here, bench/results/suite-time-test-20261205-*); more than 8 mostly adds memory.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n + 1 < 8 ? n + 1 : 8 )))
 BENCH_MODEL ?= resnet50
 

@@ -265,15 +265,14 @@ def scored_headline(h: dict[str, Any], score: str, label: str, postprocess: str,
                                            if h["ratio_significant"] else " (no measurable difference)")))
     if h.get("postprocess_ms_per_image") is not None:
         rows.append((postprocess, f"{format(h['postprocess_ms_per_image'], spec)} ms per image"))
+    dc = (h.get("dc_precision") or "fp32").upper()
     if h.get("dc_device") is not None:
-        edge, dc = (h.get("precision") or "int8").upper(), (h.get("dc_precision") or "fp32").upper()
-        rows += [energy_row(h), *compute_row(h), size_row(h, edge, dc)]
+        rows += [energy_row(h), *compute_row(h), size_row(h, (h.get("precision") or "int8").upper(), dc)]
     if int8:
         rows.append(("INT8", int8))
     rows += [(name, h[key]) for name, key in (("frame", "frame_text"), ("sustained", "sustained_text"),
                                               ("note", "note")) if h.get(key)]
-    against = f" vs teacher {(h.get('dc_precision') or 'fp32').upper()} on {h['dc_device']}" if h.get("dc_device") \
-        else ""
+    against = f" vs teacher {dc} on {h['dc_device']}" if h.get("dc_device") else ""
     return Headline(f"{h['rung']} on {h['device']} ({h['runtime']}){against}", rows)
 
 

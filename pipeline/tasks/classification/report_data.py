@@ -19,7 +19,7 @@ from pipeline.core.ladder import points as _points
 from pipeline.core.rungs import DEPLOYED, RUNGS, TEACHER, fp16_form
 from pipeline.deploy.devices import DEPLOY_SCHEMA
 from pipeline.report.diverge_report import answer_text, diverge_answers
-from pipeline.report.headline import edge_vs_dc, paired_ratio, ratio_fields
+from pipeline.report.headline import WINDOWED, edge_vs_dc, paired_ratio, ratio_fields
 from pipeline.report.profile_report import INT8_FIX, NOT_MEASURED, computes_in, int8_not_run_reason, shown_batch
 from pipeline.quantize.report import quantize_summary
 from pipeline.report.results import csv_columns, reported_figures
@@ -486,8 +486,7 @@ def _window_statistics(rounds: list[JobResult], latency_batch: int, throughput_b
 def _ratios(row: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
     """Latency, throughput and energy against the baseline teacher, each with its paired 95% interval."""
     out: dict[str, Any] = {}
-    for name, key in (("latency", "latency_p50_windows_ms"), ("throughput", "throughput_windows"),
-                      ("energy", "energy_windows_mj")):
+    for name, key in WINDOWED:
         if row is baseline:  # the reference itself: 1 by definition, not a measurement of no difference
             out.update({f"{name}_ratio_vs_dc_teacher": 1.0 if row.get(key) else None, f"{name}_ratio_low": None,
                         f"{name}_ratio_high": None, f"{name}_ratio_significant": None})
