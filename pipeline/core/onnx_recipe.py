@@ -37,11 +37,25 @@ def _dims(path: Path) -> tuple[list[Any], list[Any]]:
     return dims(image), dims(graph.output[0] if graph.output else None)
 
 
+def exported_size(path: Path) -> int | None:
+    """The square size an Ultralytics export was made at (its metadata's ``imgsz``, ``[640, 640]``), or None."""
+    try:
+        import onnx
+
+        props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        sides = [int(v) for v in re.findall(r"\d+", props.get("imgsz", ""))]
+    except Exception:  # noqa: BLE001 (no metadata: the caller assumes a size and says so)
+        return None
+    return sides[0] if sides and all(side == sides[0] for side in sides) else None
+
+
 def _detector_recipe(path: Path, name: str, size: int | None, output: list[Any]) -> tuple[dict[str, Any], str]:
     """A detector's raw recipe: its output layout read from the output's shape (Ultralytics' exports: the shape
     ONNX Runtime gives on one zero image where the file leaves dimensions free), the COCO images letterboxed to its
-    input size."""
-    size = size or 640
+    input size: the graph's own, else the size it was exported at (Ultralytics' metadata), else 640."""
+    fixed = size
+    recorded = None if size else exported_size(path)
+    size = size or recorded or 640
     if not all(isinstance(d, int) for d in output[1:]):
         try:
             import numpy as np
@@ -61,9 +75,11 @@ def _detector_recipe(path: Path, name: str, size: int | None, output: list[Any])
         layout = "yolov5" if last is not None else "yolov8"
     raw = {"name": name, "description": f"{path.name}, a detector started at export", "task": "detection",
            "start": {"onnx": str(path), "outputs": layout}, "data": {"canvas": {"size": size}}}
+    where = ("" if fixed else f"; its height and width are free: {size} px, the size " + (
+        "its metadata says it was exported at" if recorded else "assumed") + " (SET='data.canvas.size=N' to change)")
     said = (f"{path.name}'s output {output} read as {layout} (assumed from its shape: if not, "
             "SET='start.outputs=yolov8|yolov5|end2end'), images letterboxed to its input as Ultralytics does "
-            f"({size} px, RGB in [0, 1])")
+            f"({size} px, RGB in [0, 1]{where})")
     return raw, said
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -327,8 +327,9 @@ def _ladder_form(facts: StartFacts, channels: int, size: int) -> tuple[bytes, li
     set_shape(graph.output[0], ("batch", facts.classes))
     if facts.input_shape[0] == 1:
         changes.append("batch made dynamic (it was 1)")
-    data = with_free_batch(model, path, _example("nchw", channels, size, 3), (facts.classes,),
-                           facts.input_shape[0] == 1, REEXPORT)
+    example = _example("nchw", channels, size, 3)
+    data = with_free_batch(model, path, example, (facts.classes,), facts.input_shape[0] == 1, REEXPORT, changes,
+                           given=example.transpose(0, 2, 3, 1).copy() if facts.layout == "nhwc" else example)
     return data, changes
 
 
@@ -360,19 +361,130 @@ def opened_for_ladder(path: Path, opset: int, fix: str):
     return model, changes
 
 
-def with_free_batch(model, path: Path, example: np.ndarray, per_image: Sequence[int], was_one: bool, fix: str) -> bytes:
-    """The rewritten graph's shapes inferred again and checked, serialized, and proved free in its batch: run at the
-    batch of ``example`` (3), its output must be that batch of ``per_image``.
+def probed_shapes(model, names: Sequence[str], example: np.ndarray) -> dict[str, list[int]]:
+    """The shapes of the tensors ``names`` as ONNX Runtime computes them on ``example`` (ONNX's shape inference loses
+    them behind a Resize, a GatherElements or a Reshape of a computed shape: a YOLO head's), with the initialisers'
+    own."""
+    import onnx
 
-    Args:
-        was_one: The given graph's batch was 1: a failure at 3 is a batch fixed inside it (a Reshape to [1, …]).
+    try:
+        types = {v.name: v.type.tensor_type.elem_type
+                 for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    except Exception:  # noqa: BLE001 (inference is a nicety: ONNX Runtime fills an unset type itself)
+        types = {}
+    initialisers = {t.name: list(t.dims) for t in model.graph.initializer}
+    probed = sorted(set(names) - set(initialisers))
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    present = {output.name for output in copy.graph.output}
+    copy.graph.output.extend(onnx.helper.make_tensor_value_info(name, types.get(name) or onnx.TensorProto.FLOAT, None)
+                             for name in probed if name not in present)
+    values = run_graph_outputs(copy.SerializeToString(), example, probed) if probed else []
+    shapes = {name: list(value.shape) for name, value in zip(probed, values)}
+    shapes.update({name: dims for name, dims in initialisers.items() if name in names})
+    return shapes
+
+
+def widened_batch(model, example: np.ndarray) -> int:
+    """Makes each operator that fixes the batch at 1 with a constant shape follow the batch instead, in place;
+    returns how many were changed.
+
+    A static export (Ultralytics' ``dynamic=False``, torch.onnx without ``dynamic_axes``) traces ``view(1, …)`` and
+    ``interpolate(size=…)`` into constant shapes. Where such an operator's data is computed from the image and is 1
+    deep at batch 1 (``example``, one image), its constant target starting with 1 is rewritten: a ``Reshape``'s to
+    0 there (ONNX's "copy this dimension from the input"); a ``Resize``'s ``sizes`` to the ``scales`` they make
+    (1 for the batch and the channels). Whether that was all the graph fixed is proved by the caller's answers at
+    batch 1 and batch N, not assumed."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    initialisers = {t.name: t for t in graph.initializer}
+    from_image, frontier = {graph.input[0].name}, True
+    while frontier:  # the tensors computed from the image, not from constants alone
+        frontier = False
+        for node in graph.node:
+            if any(name in from_image for name in node.input) and not set(node.output) <= from_image:
+                from_image.update(node.output)
+                frontier = True
+
+    def fixed_at_one(node, position: int) -> bool:
+        target = node.input[position] if len(node.input) > position else ""
+        return (node.input[0] in from_image and target in initialisers
+                and numpy_helper.to_array(initialisers[target])[:1].tolist() == [1])
+
+    found = [(node, 1) for node in graph.node if node.op_type == "Reshape" and fixed_at_one(node, 1)]
+    found += [(node, 3) for node in graph.node if node.op_type == "Resize" and fixed_at_one(node, 3)]
+    if not found:
+        return 0
+    shapes = probed_shapes(model, [node.input[0] for node, _ in found], example)
+    copied: dict[str, str] = {}
+    changed = 0
+    for node, position in found:
+        data = shapes.get(node.input[0], [None])
+        if data[:1] != [1]:
+            continue
+        target = numpy_helper.to_array(initialisers[node.input[position]])
+        if node.op_type == "Reshape":
+            if node.input[1] not in copied:
+                values = target.copy()
+                values[0] = 0
+                copied[node.input[1]] = f"{node.input[1]}_batch_copied"
+                graph.initializer.append(numpy_helper.from_array(values, copied[node.input[1]]))
+            node.input[1] = copied[node.input[1]]
+            for attribute in node.attribute:  # allowzero=1 would make the 0 a literal zero
+                if attribute.name == "allowzero":
+                    attribute.i = 0
+        else:
+            if len(target) != len(data) or any(d <= 0 for d in data):
+                continue
+            scales = numpy_helper.from_array(np.asarray([1.0, 1.0, *(t / d for t, d in zip(target[2:], data[2:]))],
+                                                        np.float32), f"{node.name}_scales_for_batch")
+            graph.initializer.append(scales)
+            inputs = list(node.input)
+            node.input[:] = [inputs[0], inputs[1] if len(inputs) > 1 else "", scales.name]
+        changed += 1
+    return changed
+
+
+def one_at_a_time(model: Path | bytes, images: np.ndarray) -> np.ndarray:
+    """The graph's one output for each image fed alone (batch 1), concatenated: what its answers are, whatever it
+    does with a batch."""
+    try:
+        session = _session(model)
+        name = session.get_inputs()[0].name
+        return np.concatenate([session.run(None, {name: images[i:i + 1]})[0] for i in range(len(images))])
+    except Exception as err:  # onnxruntime's Fail / InvalidGraph / RuntimeException
+        where = "the graph" if isinstance(model, bytes) else str(model)
+        raise ConfigError(f"start.onnx: ONNX Runtime cannot run {where}: {str(err).strip().splitlines()[0]}",
+                          fix=REEXPORT) from None
+
+
+def batch_disagreement(batched: np.ndarray, alone: np.ndarray) -> list[int]:
+    """The images (0-based) whose answer in a batch differs from their answer fed alone, beyond float rounding
+    (kernels chosen by batch size: 1e-3 of the output's scale)."""
+    scale = max(1.0, float(np.abs(alone).max()) if alone.size else 1.0)
+    if batched.shape != alone.shape:
+        return list(range(len(alone)))
+    return [i for i in range(len(alone)) if not np.allclose(batched[i], alone[i], rtol=1e-3, atol=1e-3 * scale)]
+
+
+def with_free_batch(model, path: Path, example: np.ndarray, per_image: Sequence[int], was_one: bool, fix: str,
+                    changes: list[str] | None = None, given: np.ndarray | None = None,
+                    explain: Callable[[np.ndarray, np.ndarray], ConfigError | None] | None = None) -> bytes:
+    """The rewritten graph's shapes inferred again and checked, serialized, and proved free in its batch by its
+    answers: run at the batch of ``example`` (3), each image's answer must equal the given graph's for that image
+    fed alone (``given``: the same images as the given graph takes them, an NHWC graph's; default ``example``). A
+    graph traced at batch 1 (``was_one``) first has the Reshapes that fix it widened (:func:`widened_batch`), said
+    in ``changes``. ``explain(batched, alone)`` words a task's own refusal of answers that differ.
 
     Raises:
-        ConfigError: The graph cannot be rewritten, or fixes its batch inside (``fix``: how to export it again).
+        ConfigError: The graph cannot be rewritten, or answers a batch otherwise than one image at a time (``fix``:
+            how to export it again).
     """
     import onnx
 
     del model.graph.value_info[:]  # shapes recorded for the old batch and size: inferred again
+    widened = widened_batch(model, example[:1]) if was_one else 0  # before inference: ONNX Runtime plans by it
     try:
         model = onnx.shape_inference.infer_shapes(model)
         onnx.checker.check_model(model)
@@ -380,19 +492,28 @@ def with_free_batch(model, path: Path, example: np.ndarray, per_image: Sequence[
         raise refuse_start(path, f"cannot be rewritten with a free batch and the ladder's names: "
                                  f"{str(err).strip().splitlines()[0]}",
                            "report this model to EdgeFold; " + fix) from None
+    if widened and changes is not None:
+        changes.append(f"batch widened: {widened} Reshape/Resize node(s) that fixed it at 1 now follow it (answers "
+                       f"at batch {len(example)} checked against batch 1)")
     data = model.SerializeToString()
     batch = len(example)
+    alone = one_at_a_time(path, example if given is None else given)
     try:
         got = run_graph(data, example)
     except ConfigError as err:
         if not was_one:
             raise
         said = err.message.split("cannot run the graph: ")[-1]
-        raise refuse_start(path, f"fixes its batch at 1 inside the graph (a Reshape to [1, …]); ONNX Runtime at a "
-                                 f"batch of {batch}: {said}", "export with a dynamic batch: " + fix) from None
-    if tuple(got.shape) != (batch, *per_image):
-        raise refuse_start(path, f"fixes its batch inside the graph (a batch of {batch} gives {list(got.shape)})",
-                           "export with a dynamic batch: " + fix)
+        raise refuse_start(path, f"fixes its batch at 1 inside the graph beyond its Reshapes (widened {widened}); "
+                                 f"ONNX Runtime at a batch of {batch}: {said}", "export with a dynamic batch: " + fix) \
+            from None
+    if tuple(got.shape) != (batch, *per_image) or batch_disagreement(got, alone):
+        refusal = explain(got, alone) if explain and tuple(got.shape) == tuple(alone.shape) else None
+        if refusal is not None:
+            raise refusal
+        raise refuse_start(path, f"answers a batch of {batch} otherwise than one image at a time (output "
+                                 f"{list(got.shape)}; images {', '.join(str(i + 1) for i in batch_disagreement(got, alone))} "
+                                 "differ)", "export with a dynamic batch: " + fix)
     return data
 
 

@@ -70,6 +70,8 @@ def nodes_to_fp16(model, names: Iterable[str]) -> dict[str, Any]:
     if missing:
         raise StageError(f"{len(missing)} node(s) to put in FP16 are not in the graph (e.g. {missing[0]})",
                          fix="this is a bug in the node selection; report it with the ONNX")
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    wanted -= {node.name for node in graph.node if node.name in wanted and not _takes_float16(node, opset)}
     floats = _float_tensors(model)
     inside = [node for node in graph.node if node.name in wanted]
     produced_inside = {out for node in inside for out in node.output}
@@ -83,17 +85,11 @@ def nodes_to_fp16(model, names: Iterable[str]) -> dict[str, Any]:
 
     casts_before, renamed_outputs, weights = {}, {}, 0
     for node in inside:
-        if node.op_type == "Constant":
-            for attr in node.attribute:
-                if attr.name == "value" and attr.t.data_type == _FLOAT:
-                    attr.t.CopyFrom(_to_float16(attr.t))
-                    weights += 1
-        if node.op_type == "Cast":
-            for attr in node.attribute:
-                if attr.name == "to" and attr.i == _FLOAT:
-                    attr.i = _FLOAT16
+        weights += _attributes_to_float16(node)
         for position, name in enumerate(node.input):
             if not name or name not in floats or name in produced_inside:
+                continue
+            if node.op_type in _READS_ONLY_DIMENSIONS:  # a Shape of a feature map: casting it would copy it whole
                 continue
             if name in initializers:
                 if readers_of[name] == {True}:  # read only inside the set: stored as float16 in place
@@ -129,6 +125,7 @@ def nodes_to_fp16(model, names: Iterable[str]) -> dict[str, Any]:
     del graph.node[:]
     graph.node.extend(ordered)
     del graph.value_info[:]  # stale float32 annotations of the rewritten tensors; inference writes them anew
+    _cast_float32_left_inside(model, wanted)
     try:
         onnx.checker.check_model(model, full_check=True)
     except Exception as err:  # onnx raises ValidationError and shape-inference errors
@@ -137,6 +134,88 @@ def nodes_to_fp16(model, names: Iterable[str]) -> dict[str, Any]:
     fp16_outputs = _float16_producers(model)
     return {"fp16_nodes": len(fp16_outputs & wanted), "casts_in": len(casts_before), "casts_out": len(casts_after),
             "weights_fp16": weights}
+
+
+_READS_ONLY_DIMENSIONS = ("Shape", "Size")
+
+
+def _takes_float16(node, opset: int) -> bool:
+    """Whether ONNX lets the operator compute in float16: a ``Range`` does not (its values stay float32, and Casts
+    at the set's edge carry them in and out, as for any node outside it)."""
+    import onnx
+
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+    except Exception:  # noqa: BLE001 (an operator ONNX does not know: the checker after the rewrite says so)
+        return True
+    for constraint in schema.type_constraints:
+        allowed = set(constraint.allowed_type_strs)
+        if "tensor(float)" in allowed and "tensor(float16)" not in allowed:
+            return False
+    return True
+
+
+def _attributes_to_float16(node) -> int:
+    """Float32 values a node of the set makes from its attributes, made float16: a ``Constant``'s value (tensor or
+    scalar), a ``ConstantOfShape``'s fill (Ultralytics' strides are ``ConstantOfShape`` of the anchors' count, filled
+    with the stride; unset, it fills float32 zeros), a ``Cast`` to float. Returns how many values were stored."""
+    from onnx import helper
+
+    changed = 0
+    for attr in node.attribute:
+        if node.op_type in ("Constant", "ConstantOfShape") and attr.name == "value" and attr.t.data_type == _FLOAT:
+            attr.t.CopyFrom(_to_float16(attr.t))
+            changed += 1
+        elif node.op_type == "Cast" and attr.name == "to" and attr.i == _FLOAT:
+            attr.i = _FLOAT16
+    if node.op_type == "Constant" and any(a.name in ("value_float", "value_floats") for a in node.attribute):
+        import numpy as np
+        from onnx import numpy_helper
+
+        attr = next(a for a in node.attribute if a.name in ("value_float", "value_floats"))
+        values = np.asarray(attr.f if attr.name == "value_float" else list(attr.floats), np.float16)
+        node.attribute.remove(attr)
+        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(values)))
+        changed += 1
+    if node.op_type == "ConstantOfShape" and not any(a.name == "value" for a in node.attribute):
+        import numpy as np
+        from onnx import numpy_helper
+
+        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1, np.float16))))
+        changed += 1
+    return changed
+
+
+def _cast_float32_left_inside(model, wanted: set[str]) -> None:
+    """A Cast to float16 after every float32 value the set still makes for a reader in the set: an operator whose
+    output type follows no input (a ``RandomNormal``, an ``EyeLike`` …) cannot be rewritten by its attributes, and a
+    float32 value meeting a float16 one at a ``Mul`` makes an invalid graph. Readers outside the set keep the
+    float32 value."""
+    import onnx
+    from onnx import helper
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001 (the checker after the rewrite reports an unreadable graph)
+        return
+    float32 = {v.name for v in inferred.value_info if v.type.tensor_type.elem_type == _FLOAT}
+    graph = model.graph
+    made = {out: node for node in graph.node if node.name in wanted for out in node.output}
+    added = {}
+    for node in graph.node:
+        if node.name not in wanted or node.op_type in _READS_ONLY_DIMENSIONS:
+            continue
+        for position, name in enumerate(node.input):
+            if name in made and name in float32 and not name.endswith("_fp16"):
+                if name not in added:
+                    added[name] = helper.make_node("Cast", [name], [f"{name}_as_fp16"], to=_FLOAT16,
+                                                   name=f"{name}_CastToFp16")
+                node.input[position] = added[name].output[0]
+    if added:
+        ordered = _topological([*graph.node, *added.values()],
+                               {v.name for v in graph.input} | {t.name for t in graph.initializer})
+        del graph.node[:]
+        graph.node.extend(ordered)
 
 
 def _topological(nodes: list, available: set[str]) -> list:

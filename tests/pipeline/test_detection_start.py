@@ -15,7 +15,8 @@ from pipeline.tasks.detection.export import network_inputs, sidecar_path
 from pipeline.tasks.detection.metrics import Boxes, accumulate, match, summary
 from pipeline.tasks.detection.box_branch import traced_box_branch
 from pipeline.tasks.detection.onnx_start import inspect_detection_start, write_detection_start
-from tests.pipeline.yolo_layouts import CANVAS, CLASSES, SIZE, export_layout, independent_decode, trained_fcos
+from tests.pipeline.yolo_layouts import (CANVAS, CLASSES, SIZE, export_layout, independent_decode, trained_fcos,
+                                        yolo_recipe)
 from tests.slow import slow_fixture
 
 LAYOUTS = ("yolov8", "yolov5", "end2end")
@@ -189,19 +190,6 @@ def test_model_equals_a_detector_onnx_reads_its_layout_from_the_shape(yolo_files
         recipe, _, _ = load_recipe(str(files[layout]), {"data.source": "digits-det"})
         assert recipe.start.outputs == layout and recipe.data.canvas.size == SIZE
         assert f"read as {layout}" in recipe._preprocess_from
-
-
-def yolo_recipe(path, **sections) -> dict:
-    """The test recipe of a YOLOv8-layout file: tiny-det's canvases, the ladder's cheapest settings."""
-    return {"name": "yolo-start", "task": "detection",
-            "data": {"source": "digits-det", "train_images": 256, "test_images": 64,
-                     "canvas": {**CANVAS, "objects": list(CANVAS["objects"]), "scale": list(CANVAS["scale"])}},
-            "start": {"onnx": str(path), "outputs": "yolov8"}, "postprocess": {"score_threshold": THRESHOLD},
-            # The tiny detector's mAP is a few points: the budget tests the plumbing, not the method.
-            "quantize": {"calibration_methods": ["max"], "resamples": 50, "calib_images": 64,
-                         "accuracy_budget_points": 10.0},
-            "deploy": {"idle_s": 0.1, "rounds": 1, "iterations": 5, "warmup_iterations": 1, "resamples": 50},
-            **sections}
 
 
 @pytest.fixture(scope="module")

@@ -127,3 +127,143 @@ def independent_decode(raw: np.ndarray, layout: str, conf: float = 0.25, iou: fl
         keep = keep[:max_det].numpy()
         out.append((np.clip(boxes[keep], 0, SIZE), scores[keep], labels[keep]))
     return out
+
+
+REG_MAX = 16
+"""Ultralytics' DFL bins per box side (``Detect.reg_max``)."""
+
+
+class UltralyticsDetect(nn.Module):
+    """The trained FCOS behind a head laid out as Ultralytics 8.4's ``Detect`` exports it (YOLOv8, YOLO11):
+
+    - per level, a box branch of ``4 × REG_MAX`` DFL logits and a class branch of logits (``cv2``, ``cv3``), joined
+      along channels, flattened and concatenated over levels;
+    - the anchor points (grid centres, +0.5) and each anchor's stride computed inside the graph from the feature
+      maps' shapes (``Shape`` → ``Range`` … and a ``ConstantOfShape``-like fill of the stride), so a free height and
+      width move them;
+    - DFL: a softmax over the bins of each side and a 1×1 convolution with weights 0…15; ``dist2bbox`` to centre and
+      size in stride units; × the strides; ``cat((dbox, cls.sigmoid()), 1)``: one ``N×(4+C)×A`` output.
+
+    The FCOS's own answers are carried over: each side's distance (FCOS's regression, in units of the level's anchor
+    size, which is its stride, from an anchor centre half a stride off Ultralytics') is written as DFL logits whose
+    expectation is that distance, and the class logit is that of FCOS's score ``√(σ(cls)·σ(ctr))``.
+    """
+
+    def __init__(self, detector: nn.Module):
+        super().__init__()
+        self.detector = detector.eval()
+        self.strides = (8, 16)  # tiny_fcos's levels
+        self.register_buffer("bins", torch.arange(REG_MAX, dtype=torch.float32))
+        self.dfl = nn.Conv2d(REG_MAX, 1, 1, bias=False).requires_grad_(False)
+        self.dfl.weight.data[:] = torch.arange(REG_MAX, dtype=torch.float32).view(1, REG_MAX, 1, 1)
+
+    def _branches(self, feature: torch.Tensor) -> torch.Tensor:
+        """One level's ``cat(cv2(x), cv3(x))``: N×(4·REG_MAX + C)×H×W."""
+        head = self.detector.head
+        n, _, h, w = feature.shape
+        logits = head.classification_head([feature])  # N×(H·W)×C
+        regression, centerness = head.regression_head([feature])  # N×(H·W)×4, N×(H·W)×1
+        score = torch.sqrt(torch.sigmoid(logits) * torch.sigmoid(centerness)).clamp(1e-6, 1 - 1e-6)
+        classes = torch.log(score / (1 - score))
+        shift = torch.tensor([0.5, 0.5, -0.5, -0.5], device=feature.device)  # FCOS's centre at i·s, theirs (i+½)·s
+        distance = (regression + shift).clamp(0, REG_MAX - 1)  # ltrb, stride units
+        dfl = -((self.bins - distance[..., None]) ** 2) / (2 * 0.6 ** 2)  # N×(H·W)×4×REG_MAX, mean ≈ distance
+        box = dfl.flatten(2).transpose(1, 2).reshape(n, 4 * REG_MAX, h, w)
+        return torch.cat([box, classes.transpose(1, 2).reshape(n, -1, h, w)], dim=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = list(self.detector.backbone(x).values())
+        levels = [self._branches(f) for f in features]
+        n = x.shape[0]
+        columns = levels[0].shape[1]
+        joined = torch.cat([level.view(n, columns, -1) for level in levels], dim=2)
+        points, strides = [], []
+        for feature, stride in zip(features, self.strides):  # make_anchors, from the shapes
+            h, w = feature.shape[2], feature.shape[3]
+            xs = torch.arange(w, dtype=torch.float32) + 0.5
+            ys = torch.arange(h, dtype=torch.float32) + 0.5
+            gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+            points.append(torch.stack((gx, gy), -1).view(-1, 2))
+            strides.append(torch.full((h * w, 1), float(stride)))
+        anchors, stride = torch.cat(points).transpose(0, 1), torch.cat(strides).transpose(0, 1)
+        box, classes = joined.split((4 * REG_MAX, columns - 4 * REG_MAX), 1)
+        anchors_count = box.shape[2]
+        sides = self.dfl(box.view(n, 4, REG_MAX, anchors_count).transpose(2, 1).softmax(1)).view(n, 4, anchors_count)
+        left_top, right_bottom = sides.chunk(2, 1)
+        top_left, bottom_right = anchors.unsqueeze(0) - left_top, anchors.unsqueeze(0) + right_bottom
+        dbox = torch.cat(((top_left + bottom_right) / 2, bottom_right - top_left), 1) * stride
+        return torch.cat((dbox, classes.sigmoid()), 1)
+
+
+class UltralyticsNMS(nn.Module):
+    """Ultralytics 8.4's ``nms=True`` export around :class:`UltralyticsDetect`: per image, the best class of each box
+    over a score threshold, torchvision's NMS on class-offset boxes, and the kept rows written into a zero
+    ``N×MAX_DET×6`` tensor (x1, y1, x2, y2, score, class). Its loop runs over the batch it was traced at (1): at a
+    larger batch only the first image is answered, the others stay zero — what the outside test saw."""
+
+    MAX_DET = 50
+
+    def __init__(self, detector: nn.Module, conf: float = 0.05, iou: float = 0.7):
+        super().__init__()
+        self.model, self.conf, self.iou = UltralyticsDetect(detector), conf, iou
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torchvision.ops import nms
+
+        pred = self.model(x).transpose(-1, -2)
+        traced_batch = pred.shape[0]
+        boxes, scores = pred.split([4, pred.shape[2] - 4], dim=2)
+        scores, classes = scores.max(dim=-1)
+        out = pred.new_zeros(pred.shape[0], self.MAX_DET, 6)
+        for i in range(traced_batch):  # an int while tracing: the loop is unrolled at the traced batch
+            keep_mask = scores[i] > self.conf
+            box, score, label = boxes[i][keep_mask], scores[i][keep_mask], classes[i][keep_mask]
+            corners = torch.cat([box[:, :2] - box[:, 2:] / 2, box[:, :2] + box[:, 2:] / 2], 1)
+            offset = corners + label[:, None].float() * 4096
+            keep = nms(offset, score, self.iou)[: self.MAX_DET]
+            rows = torch.cat([corners[keep], score[keep, None], label[keep, None].float()], 1)
+            out[i] = nn.functional.pad(rows.reshape(-1), (0, (self.MAX_DET - rows.shape[0]) * 6)).view(self.MAX_DET, 6)
+        return out
+
+
+def export_ultralytics(detector: nn.Module, path: Path, dynamic: bool = True, nms: bool = False,
+                       opset: int = 18, size: int = SIZE) -> Path:
+    """:class:`UltralyticsDetect` (or with ``nms``, :class:`UltralyticsNMS`) exported as Ultralytics 8.4's
+    ``export(format="onnx")`` writes it: input ``images``, output ``output0``, opset 18, slimmed by onnxslim;
+    ``dynamic=True`` frees batch, height and width (with ``nms`` only the batch), ``dynamic=False`` fixes batch 1
+    inside the graph's reshapes; traced at batch 1, and Ultralytics' metadata (``imgsz``, ``names``, ``stride``) in
+    the file."""
+    import warnings
+
+    import onnx
+
+    wrapped = UltralyticsNMS(detector) if nms else UltralyticsDetect(detector)
+    axes = None
+    if dynamic:
+        axes = {"images": {0: "batch"} if nms else {0: "batch", 2: "height", 3: "width"},
+                "output0": {0: "batch"} if nms else {0: "batch", 2: "anchors"}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(wrapped.eval(), (torch.zeros(1, 3, size, size),), str(path), dynamo=False,
+                          opset_version=opset, input_names=["images"], output_names=["output0"], dynamic_axes=axes)
+    import onnxslim
+
+    model = onnxslim.slim(onnx.load(str(path)))  # as Ultralytics does after every ONNX export: constants folded
+    for key, value in {"imgsz": f"[{size}, {size}]", "stride": "16", "task": "detect", "batch": "1",
+                       "names": repr({i: str(i) for i in range(CLASSES)}), "author": "Ultralytics"}.items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.save(model, str(path))
+    return path
+
+
+def yolo_recipe(path, **sections) -> dict:
+    """The test recipe of a YOLOv8-layout file: tiny-det's canvases, the ladder's cheapest settings."""
+    return {"name": "yolo-start", "task": "detection",
+            "data": {"source": "digits-det", "train_images": 256, "test_images": 64,
+                     "canvas": {**CANVAS, "objects": list(CANVAS["objects"]), "scale": list(CANVAS["scale"])}},
+            "start": {"onnx": str(path), "outputs": "yolov8"}, "postprocess": {"score_threshold": 0.05},
+            # The tiny detector's mAP is a few points: the budget tests the plumbing, not the method.
+            "quantize": {"calibration_methods": ["max"], "resamples": 50, "calib_images": 64,
+                         "accuracy_budget_points": 10.0},
+            "deploy": {"idle_s": 0.1, "rounds": 1, "iterations": 5, "warmup_iterations": 1, "resamples": 50},
+            **sections}

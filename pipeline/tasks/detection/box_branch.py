@@ -56,29 +56,12 @@ def _ops(names: set[str], graph) -> set[str]:
 
 
 def _concat_shapes(model) -> dict[str, list[int]]:
-    """The shape of every Concat's inputs as ONNX Runtime computes them on one zero image: ONNX's shape inference
-    loses them behind a GatherElements or a Reshape of a computed shape (a YOLO head's)."""
-    import onnx
+    """The shape of every Concat's inputs on one zero image."""
+    from pipeline.export.onnx_start import probed_shapes
 
-    from pipeline.export.onnx_start import run_graph_outputs
-
-    try:
-        types = {v.name: v.type.tensor_type.elem_type
-                 for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
-    except Exception:  # noqa: BLE001 (inference is a nicety: ONNX Runtime fills an unset type itself)
-        types = {}
-    probed = sorted({name for node in model.graph.node if node.op_type == "Concat" for name in node.input if name}
-                    - {t.name for t in model.graph.initializer})
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    present = {output.name for output in copy.graph.output}
-    copy.graph.output.extend(onnx.helper.make_tensor_value_info(name, types.get(name) or onnx.TensorProto.FLOAT, None)
-                             for name in probed if name not in present)
-    dims = [d.dim_value or 1 for d in copy.graph.input[0].type.tensor_type.shape.dim]
-    values = run_graph_outputs(copy.SerializeToString(), np.zeros(dims, np.float32), probed)
-    shapes = {name: list(value.shape) for name, value in zip(probed, values)}
-    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
-    return shapes
+    names = {name for node in model.graph.node if node.op_type == "Concat" for name in node.input if name}
+    dims = [d.dim_value or 1 for d in model.graph.input[0].type.tensor_type.shape.dim]
+    return probed_shapes(model, sorted(names), np.zeros(dims, np.float32))
 
 
 def _box_split(node, shapes: dict, columns_last: bool) -> tuple[list[str], list[str]] | None:

@@ -36,7 +36,7 @@ class DetectionExport(ExportHooks):
         from pipeline.tasks.detection.onnx_start import inspect_detection_start
 
         start = ctx.recipe.start
-        inspect_detection_start(start.onnx, start.outputs, None, len(planned_classes(ctx.recipe)))
+        inspect_detection_start(start.onnx, start.outputs, ctx.recipe.input_size(), len(planned_classes(ctx.recipe)))
 
     def rungs(self, ctx):
         return dict(RUNGS)
@@ -91,28 +91,32 @@ class DetectionExport(ExportHooks):
         import numpy as np
 
         from device.runners.onnxruntime import OnnxRuntimeRunner
-        from pipeline.export.onnx_start import graph_compute, run_graph
+        from pipeline.export.onnx_start import graph_compute, one_at_a_time
         from pipeline.tasks.detection.export import network_inputs, sidecar_path
         from pipeline.tasks.detection.onnx import score_onnx_detector
-        from pipeline.tasks.detection.onnx_start import write_detection_start
+        from pipeline.tasks.detection.onnx_start import batch_refusal, write_detection_start
         from pipeline.tasks.detection.probe import check_started_detector
 
         cfg, start, classes = ctx.recipe.export, ctx.recipe.start, recorded_classes(ctx)
         path = workdir / "student.onnx"
         feed = {"channel_order": start.channel_order, "input_range": start.input_range}
-        facts, written = write_detection_start(start.onnx, start.outputs, None, len(classes), path,
+        facts, written = write_detection_start(start.onnx, start.outputs, ctx.recipe.input_size(), len(classes), path,
                                                ctx.recipe.section("postprocess"), **feed)
-        size = facts.input_shape[-1]
+        size = facts.size
         for change in written["changes"]:
             ctx.log(f"export: {Path(start.onnx).name}: {change}")
         test, sizes = probe
         inputs = network_inputs(test.images, size, **feed)
         parity_inputs = inputs[: cfg.parity_images]
-        step = 1 if facts.input_shape[0] == 1 else len(parity_inputs)  # the given graph at its own batch
-        given = np.concatenate([run_graph(Path(start.onnx), parity_inputs[i:i + step])
-                                for i in range(0, len(parity_inputs), step)])
+        # The given graph one image at a time (its answers, whatever it does with a batch) against the ladder's form
+        # at the whole batch: on real images, where a graph that answers only a batch's first image shows it.
+        given = one_at_a_time(Path(start.onnx), parity_inputs)
         with OnnxRuntimeRunner(path) as runner:
-            diff = float(np.abs(runner.infer(parity_inputs) - given).max())
+            batched = runner.infer(parity_inputs)
+        refusal = batch_refusal(Path(start.onnx), start.outputs, batched, given)
+        if refusal is not None:
+            raise refusal
+        diff = float(np.abs(batched - given).max())
         if diff > cfg.parity_atol:
             raise StageError(f"the ladder's form of {start.onnx} differs from the given graph by up to {diff:.3g} "
                              f"(allowed {cfg.parity_atol:g}) on {len(parity_inputs)} test images",

@@ -24,10 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from device.errors import ConfigError
 from device.scoring.detection_post import SCHEMA, head_spec_from_dict
 from pipeline.export.onnx_start import (LADDER_OPSET, PARSED_OPSETS, check_image_input, check_ops, graph_opset,
-                                        load_graph, opened_for_ladder, refuse_start, renamed_to_ladder, run_graph,
-                                        set_shape, start_sha256, with_free_batch)
+                                        batch_disagreement, load_graph, one_at_a_time, opened_for_ladder,
+                                        refuse_start, renamed_to_ladder, run_graph, set_shape, start_sha256,
+                                        with_free_batch)
 
 OUTPUT_LAYOUTS = ("yolov8", "yolov5", "end2end")
 # The post-processing an application runs, as each family's own predictor sets it: Ultralytics'
@@ -61,6 +63,7 @@ class DetectionStartFacts:
     classes: int
     rows: int
     nodes: int
+    size: int
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -142,7 +145,8 @@ def _check_final(path: Path, rows: np.ndarray, classes: int) -> None:
 
 def inspect_detection_start(path: str | Path, outputs: str, size: int | None, classes: int) -> DetectionStartFacts:
     """Every check of a starting detector that needs no earlier stage: the file, its opset and operators, one
-    square RGB input (of ``size`` when given), one output of the declared layout for ``classes``.
+    square RGB input (of ``size``: the graph's own where it fixes one, else the recipe's ``data.canvas.size``), one
+    output of the declared layout for ``classes``, a batch answered image by image.
 
     Raises:
         ConfigError: What is wrong with the file, and how to fix it.
@@ -171,9 +175,11 @@ def _checked(path: Path, outputs: str, size: int | None, classes: int) -> tuple[
         raise refuse_start(path, f"is opset {opset}; TensorRT 10's ONNX parser imports opsets "
                                  f"{PARSED_OPSETS[0]}–{PARSED_OPSETS[1]}", EXPORT_HINTS[outputs])
     check_ops(path, model)
-    size = size or input_size(path)
+    own = input_size(path)
+    size = own or size
     if size is None:
-        raise refuse_start(path, "does not fix a square input size", "export at one square size (imgsz=640)")
+        raise refuse_start(path, "leaves its height and width free and no size was given",
+                           "set the size it was trained at: SET='data.canvas.size=640'")
     image, dims = check_image_input(path, model, "nchw", 3, size)
     if len(model.graph.output) != 1:
         raise refuse_start(path, f"has {len(model.graph.output)} outputs "
@@ -184,17 +190,18 @@ def _checked(path: Path, outputs: str, size: int | None, classes: int) -> tuple[
     rows = _checked_output(path, outputs, got, classes)
     out = model.graph.output[0]
     facts = DetectionStartFacts(str(path), start_sha256(path), opset, outputs, image.name, dims, out.name,
-                                list(got.shape[1:]), classes, rows, len(model.graph.node))
-    return (facts, *_ladder_form(facts, size))
+                                list(got.shape[1:]), classes, rows, len(model.graph.node), size)
+    return (facts, *_ladder_form(facts, size, free=own is None))
 
 
-def _ladder_form(facts: DetectionStartFacts, size: int) -> tuple[bytes, list[str]]:
+def _ladder_form(facts: DetectionStartFacts, size: int, free: bool = False) -> tuple[bytes, list[str]]:
     """The user's detector in the ladder's form, serialized, and what was changed in words: opset ≥ 13, the input
-    ``input`` with a free batch, the output ``head``, every node named (the quantizer leaves nodes out by name); run
-    at a batch of 3 to prove the batch is free.
+    ``input`` with a free batch at ``size`` (``free``: the graph left height and width free, as Ultralytics'
+    ``dynamic=True`` does), the output ``head``, every node named (the quantizer leaves nodes out by name); a batch
+    of 3 answered as each image alone (a static export's batch widened first).
 
     Raises:
-        ConfigError: The graph cannot be converted, or fixes its batch inside.
+        ConfigError: The graph cannot be converted, or answers a batch otherwise than image by image.
     """
     from pipeline.tasks.detection.export import OUTPUT_NAME
 
@@ -209,11 +216,35 @@ def _ladder_form(facts: DetectionStartFacts, size: int) -> tuple[bytes, list[str
         changes.append(f"{len(unnamed)} unnamed node(s) named")
     set_shape(graph.input[0], ("batch", 3, size, size))
     set_shape(graph.output[0], ("batch", *facts.output_shape))
+    if free:
+        changes.append(f"height and width fixed at {size} px (free in the graph: data.canvas.size)")
     if facts.input_shape[0] == 1:
         changes.append("batch made dynamic (it was 1)")
-    data = with_free_batch(model, path, np.zeros((3, 3, size, size), np.float32), facts.output_shape,
-                           facts.input_shape[0] == 1, EXPORT_HINTS[facts.outputs])
+    example = np.random.default_rng(1).random((3, 3, size, size), dtype=np.float32)
+    data = with_free_batch(model, path, example, facts.output_shape, facts.input_shape[0] == 1,
+                           EXPORT_HINTS[facts.outputs], changes,
+                           explain=lambda batched, alone: batch_refusal(path, facts.outputs, batched, alone, "random"))
     return data, changes
+
+
+def batch_refusal(path: Path, outputs: str, batched: np.ndarray, alone: np.ndarray,
+                  images: str = "the run's test") -> ConfigError | None:
+    """The refusal of a graph whose answers to a batch of real images differ from its answers to each image alone
+    (Ultralytics 8.4's ``nms=True`` export answers only the first image of a batch), or None when they agree."""
+    differ = batch_disagreement(batched, alone)
+    if not differ:
+        return None
+    if outputs == "end2end":
+        found = lambda rows: ", ".join(str(int((image[:, 4] > 0).sum())) for image in rows[:8])  # noqa: E731
+        said = (f"at a batch of {len(alone)} it answers {len(differ)} image(s) otherwise than alone (detections per "
+                f"image: {found(batched)} in the batch; {found(alone)} one at a time)")
+        fix = ("export it without nms=True, as the raw head (EdgeFold's device post-processing runs the NMS as "
+               "Ultralytics' predict does): yolo export model=best.pt format=onnx dynamic=True; then MODEL=best.onnx")
+    else:
+        said = (f"at a batch of {len(alone)} it answers image(s) {', '.join(str(i + 1) for i in differ[:8])} "
+                "otherwise than each image alone")
+        fix = "export with a dynamic batch: " + EXPORT_HINTS[outputs]
+    return refuse_start(path, said + f" (checked on {images} images)", fix)
 
 
 def start_sidecar(facts: DetectionStartFacts, size: int, postprocess: dict[str, Any] | None = None,
@@ -275,7 +306,7 @@ def write_detection_start(path: str | Path, outputs: str, size: int | None, clas
 
     facts, data, changes = _checked(Path(path), outputs, size, classes)
     out.write_bytes(data)
-    size = size or input_size(path)
+    size = facts.size
     sidecar_path(out).write_text(json.dumps(start_sidecar(facts, size, postprocess, **feed)) + "\n")
     model = onnx.load_from_string(data)
     return facts, {"changes": changes, "opset": max(facts.opset, LADDER_OPSET), "nodes": len(model.graph.node),
