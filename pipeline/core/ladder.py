@@ -29,6 +29,11 @@ def points(value: float) -> float:
     return round(value, 10) + 0.0
 
 
+def signed(value: float, digits: int = 2) -> str:
+    """A signed difference as text, never "-0.00": a value that rounds to zero at ``digits`` prints "+0.00"."""
+    return f"{round(value, digits) + 0.0:+.{digits}f}"
+
+
 class EvaluateHooks(ABC):
     """A task's part of the evaluate stage.
 

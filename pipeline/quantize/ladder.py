@@ -24,6 +24,7 @@ import numpy as np
 
 from device.errors import StageError
 from pipeline.core.log import log
+from pipeline.core.ladder import signed
 
 
 @dataclass(frozen=True)
@@ -212,10 +213,16 @@ def check_candidate(path: Path, step: Step) -> dict[str, Any]:
 def mixed_step(task: LadderTask, methods: list[Step], workdir: Path, out: Path, most: int, fraction: float
                ) -> dict[str, Any]:
     """The fewest most-sensitive layers left out of INT8 that meet the budget on a slice of the calibration data
-    held apart from calibration, the candidate written to ``out``. Every choice is made on that slice: the
-    calibration method (of ``methods``, the one whose candidate is closest to the FP32 student there), the
-    ranking, and k. Returns what to record: the ranking, the layers kept in float with what each buys back and
-    costs, and every k tried."""
+    held apart from calibration, the candidate written to ``out``; never a candidate below the best plain rung.
+
+    Every choice is made on that slice, never on the test split: the calibration method (of ``methods``, the one
+    whose candidate scores best there; the closer to the FP32 student on a tie), the ranking, and k. The candidate is
+    then calibrated on every calibration image, as the plain rungs were, so that it differs from its method's plain
+    rung only by the layers kept in float; and where it does not score above the best plain rung on the slice
+    (keeping layers in float is not always a gain: a ranking from a poor distortion measure, a layer whose float
+    island costs more in its neighbours' calibration than it returns), the best plain rung is the step's candidate,
+    with no layer kept. Returns what to record: the ranking, the layers kept in float with what each buys back and
+    costs, every k tried, and that comparison."""
     import onnx
 
     from pipeline.quantize.mixed_precision import fewest, layer_macs, run_model, sensitivity
@@ -225,13 +232,14 @@ def mixed_step(task: LadderTask, methods: list[Step], workdir: Path, out: Path, 
     probes: dict[int, dict[str, Any]] = {}
     try:
         reference_outputs = run_model(fp32, held.inputs, task.input_name)
-        closeness = {}
+        closeness, held_scores = {}, {}
         for step in methods:
             path = workdir / f"student.int8.mixed.ranked.{step.method}.onnx"
             task.quantize(step, path, calibration=held.calibration, float32_islands=True)
             closeness[step] = task.distortion(reference_outputs, run_model(onnx.load(str(path)), held.inputs,
                                                                            task.input_name))
-        base = min(methods, key=lambda step: closeness[step])
+            held_scores[step] = held.score(path)["value"]
+        base = max(methods, key=lambda step: (held_scores[step], -closeness[step]))
         macs = layer_macs(fp32)
         distortion, ranking = sensitivity(
             onnx.load(str(workdir / f"student.int8.mixed.ranked.{base.method}.onnx")), fp32, held.inputs,
@@ -248,22 +256,37 @@ def mixed_step(task: LadderTask, methods: list[Step], workdir: Path, out: Path, 
             probes[k] = {"k": k, "value": scores["value"], "drop_points": task.drop_points(reference, scores),
                          "within": task.within(reference, scores), "facts": facts}
             log(f"quantize: mixed: {k} layer(s) in float: held-out {task.metric} {task.shown(scores['value'])} "
-                f"({-probes[k]['drop_points']:+.2f} points vs FP32 {task.shown(reference['value'])})")
+                f"({signed(-probes[k]['drop_points'])} points vs FP32 {task.shown(reference['value'])})")
             return probes[k]["within"]
 
         most = min(most, len(ranking))
         chosen = fewest(passes, most)
         k = most if chosen is None else chosen  # even the most missed there: the test gate decides, as for any step
-        task.rename(workdir / f"student.int8.mixed.k{k}.onnx", out)
+        kept = [layer.to_dict() for layer in ranking[:k]]
+        facts = task.quantize(base, out, exclude=[layer["layer"] for layer in kept])
+        mixed_value = held.score(out)["value"]
+        # The plain rungs as the ladder made them (every calibration image), on the same slice.
+        plain = {step: held.score(workdir / f"student.int8.{step.method}.onnx")["value"] for step in methods
+                 if (workdir / f"student.int8.{step.method}.onnx").is_file()}
+        best_plain = max(plain, key=lambda step: plain[step], default=None)
+        fallback = None
+        if best_plain is not None and (not kept or mixed_value <= plain[best_plain]):
+            fallback = {"method": best_plain.method, "held_out": plain[best_plain], "mixed_held_out": mixed_value,
+                        "layers_tried": len(kept)}
+            log(f"quantize: mixed: {len(kept)} layer(s) in float score {task.shown(mixed_value)} on the held-out "
+                f"slice, the plain {best_plain.method} rung {task.shown(plain[best_plain])}: the step keeps the plain "
+                "rung, no layer in float")
+            facts, kept = task.quantize(best_plain, out), []
     finally:
         for path in [*workdir.glob("student.int8.mixed.ranked.*"), *workdir.glob("student.int8.mixed.k*")]:
             path.unlink()
-    facts = probes[k]["facts"]
-    kept = [layer.to_dict() for layer in ranking[:k]]
-    return {**facts, "base_method": base.method, "held_out_images": len(held.inputs), "held_out_source": held.source,
+    return {**facts, "base_method": base.method if fallback is None else fallback["method"],
+            "held_out_images": len(held.inputs), "held_out_source": held.source,
             "calibration_images": len(held.calibration), "held_out_fp32": reference["value"],
             "closeness_by_method": {step.method: value for step, value in closeness.items()},
+            "held_out_by_method": {step.method: value for step, value in held_scores.items()},
             "met_on_held_out": chosen is not None, "candidate_distortion": distortion,
+            "held_out_mixed": mixed_value, "plain_rung_kept": fallback,
             "kept_layers": kept, "kept_precision": "fp16" if str(facts.get("float_islands")).startswith("fp16")
             else "fp32", "kept_macs": sum(layer["macs"] for layer in kept),
             "kept_macs_fraction": sum(layer["macs"] for layer in kept) / (sum(macs.values()) or 1),
@@ -299,15 +322,33 @@ def climb(task: LadderTask, ladder: list[Step], workdir: Path, mixed: Any = None
         scores = task.score(candidate, step)
         drop = task.drop_points(reference, scores)
         attempts.append({"quantizer": step.quantizer, "method": step.method, **facts, **scores, "drop_points": drop})
-        log(f"quantize: {step}: INT8 {task.metric} {task.shown(scores['value'])} ({-drop:+.2f} points vs FP32 "
-            f"{task.shown(reference['value'])})")
+        log(f"quantize: {step}: INT8 {task.metric} {task.shown(scores['value'])} ({signed(-drop)} points vs FP32 "
+            f"{task.shown(reference['value'])}{change_words(scores.get('change_vs_fp32'))})")
         if task.within(reference, scores):
             return reference, attempts, candidate
     qat = any(step.qat for step in ladder)
-    table = "\n".join(f"  {a['quantizer']}/{a['method']}: {task.metric} {task.shown(a['value'])}, drop "
-                      f"{a['drop_points']:.2f} points"
+    table = "\n".join(f"  {a['quantizer']}/{a['method']}: {task.metric} {task.shown(a['value'])}, "
+                      f"{signed(-a['drop_points'])} points{change_words(a.get('change_vs_fp32'))}"
                       + (f" ({len(a['kept_layers'])} layers kept in float)" if a.get("kept_layers") else "")
+                      + (" (the plain rung kept: no layer in float scored above it on the held-out slice)"
+                         if a.get("plain_rung_kept") else "")
                       for a in attempts)
+    best = max(attempts, key=lambda a: a["value"])
+    noise = best.get("change_vs_fp32")
+    said = ""
+    if noise and noise["low"] <= 0 <= noise["high"]:
+        said = (f"\n  the best attempt's loss is within the noise of {noise['images']} test images: a loss of "
+                f"{task.budget_points} points cannot be told from none at this size")
     raise StageError(f"INT8 misses the {task.metric} budget of {task.budget_points} points (FP32 student "
-                     f"{task.shown(reference['value'])}):\n{table}"
+                     f"{task.shown(reference['value'])}):\n{table}" + said
                      + ("" if qat else "\n  quantization-aware fine-tuning is off"), fix=task.fix(qat))
+
+
+def change_words(change: dict[str, Any] | None) -> str:
+    """A candidate's change against the FP32 student with its paired interval, and whether it is a loss or the test
+    split's noise (the interval holds 0), for a task that measures one (detection's mAP)."""
+    if not change or change["low"] != change["low"]:
+        return ""
+    noise = "within noise" if change["low"] <= 0 <= change["high"] else "beyond noise"
+    return (f"; paired 95% interval [{signed(change['low'])}, {signed(change['high'])}] over {change['images']} "
+            f"test images: {noise}")

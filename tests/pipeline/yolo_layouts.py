@@ -267,3 +267,28 @@ def yolo_recipe(path, **sections) -> dict:
                          "accuracy_budget_points": 10.0},
             "deploy": {"idle_s": 0.1, "rounds": 1, "iterations": 5, "warmup_iterations": 1, "resamples": 50},
             **sections}
+
+
+def planted_outlier(path: Path, out: Path, node_name: str, gain: float = 400.0) -> Path:
+    """``path``'s graph with one convolution made sensitive to INT8, its float answers unchanged: the input's first
+    channel times ``gain`` (a Mul in front, not a quantized op) and that channel's weights divided by it, so the
+    per-tensor INT8 range of that one input leaves the other channels a level or none (as
+    tests/pipeline/quantize/test_mixed_precision.py plants a classifier's)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    node = next(n for n in graph.node if n.name == node_name)
+    weights = {t.name: t for t in graph.initializer}
+    kernel = numpy_helper.to_array(weights[node.input[1]]).copy()
+    kernel[:, 0] /= gain
+    scale = np.ones((1, kernel.shape[1], 1, 1), np.float32)
+    scale[0, 0] = gain
+    graph.initializer.extend([numpy_helper.from_array(kernel, f"{node_name}/planted_weight"),
+                              numpy_helper.from_array(scale, f"{node_name}/planted_gain")])
+    graph.node.insert(list(graph.node).index(node), helper.make_node(
+        "Mul", [node.input[0], f"{node_name}/planted_gain"], [f"{node_name}/planted_input"], name=f"{node_name}/Planted"))
+    node.input[0], node.input[1] = f"{node_name}/planted_input", f"{node_name}/planted_weight"
+    onnx.save(model, str(out))
+    return out

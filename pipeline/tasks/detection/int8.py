@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+
+import numpy as np
 from typing import Sequence
 
 from device.errors import StageError
 from pipeline.quantize.ladder import HeldOut, LadderTask, QuantizeHooks, Step
+from pipeline.core.ladder import signed
 
 
 def box_branch_fp16(path: Path, box_nodes: list[str]) -> dict:
@@ -86,8 +89,9 @@ class DetectionLadder(LadderTask):
     metric = "mAP"
 
     def __init__(self, ctx, workdir: Path, fp32: Path, calibration, train, size: int, inputs, test, classes, sizes,
-                 box_head: str):
+                 box_head: str, columns_first: bool = False):
         self.ctx, self.workdir, self.fp32, self.box_head = ctx, workdir, fp32, box_head
+        self.columns_first = columns_first
         self.calibration, self.train, self.size, self.inputs = calibration, train, size, inputs
         self.test, self.classes, self.sizes = test, classes, sizes
         self.cfg = ctx.recipe.quantize
@@ -112,7 +116,7 @@ class DetectionLadder(LadderTask):
         calibration = network_inputs(train.images[: cfg.calib_images], size, **feed)
         inputs, sizes = network_inputs(test.images, size, **feed), [tuple(image.shape[:2]) for image in test.images]
         return cls(ctx, workdir, fp32, calibration, train, size, inputs, test, recorded_classes(ctx), sizes,
-                   cfg.box_head)
+                   cfg.box_head, columns_first=bool(head.get("transpose")))
 
     def reference(self) -> dict:
         from pipeline.tasks.detection.onnx import score_onnx_detector
@@ -163,18 +167,52 @@ class DetectionLadder(LadderTask):
         halves = box_branch_fp16(out, excluded) if self.box_head == "fp16" else {}
         return {"box_head": self.box_head, "box_nodes_float": len(excluded), **halves, **facts}
 
+    def distortion(self, reference, outputs) -> float:
+        """The normalised error per column of the raw head: a YOLOv8 layout's columns are its second axis
+        (``N×(4+C)×A``); read along the last, every anchor would be a "channel" mixing box pixels with class
+        probabilities, and the box columns (kept in FP16) would drown every class layer's error."""
+        from pipeline.quantize.mixed_precision import normalised_error
+
+        if self.columns_first:
+            reference = [np.moveaxis(value, 1, -1) for value in reference]
+            outputs = [np.moveaxis(value, 1, -1) for value in outputs]
+        return normalised_error(reference, outputs)
+
     def score(self, candidate: Path, step: Step) -> dict:
+        from pipeline.tasks.detection.metrics import map_change
         from pipeline.tasks.detection.onnx import score_onnx_detector
 
         scores, self.detections[step.method] = score_onnx_detector(
             candidate, self.inputs, self.test.boxes, self.classes, self.sizes, f"the INT8 student ({step})",
             resamples=self.cfg.resamples)
-        return {"scores": scores, "value": scores["map"]}
+        change = map_change(self.test.boxes, self.detections["fp32"], self.detections[step.method], self.classes,
+                            resamples=self.cfg.resamples)
+        return {"scores": scores, "value": scores["map"], "change_vs_fp32": change}
 
     def fix(self, qat: bool) -> str:
-        other = "; or set quantize.box_head: fp16" if self.box_head == "int8" else ""
-        return ("raise quantize.accuracy_budget_points, add calibration methods, raise quantize.calib_images"
-                + ("" if qat else ", or set quantize.qat (a short fine-tuning schedule)") + other)
+        """Only what this recipe can still change: QAT not for a detector brought as ONNX (no PyTorch model), the
+        mixed-precision step where it is off, calibration methods not yet tried, more calibration images where the
+        training split has them; and a larger test split where the loss is within its noise."""
+        from pipeline.core.recipe import MODELOPT_METHODS
+
+        cfg, recipe = self.cfg, self.ctx.recipe
+        steps = ["raise quantize.accuracy_budget_points"]
+        offered = MODELOPT_METHODS if cfg.quantizer == "modelopt" else ("max", "entropy", "percentile")
+        untried = [m for m in offered if m not in cfg.calibration_methods]
+        if untried:
+            steps.append(f"add calibration methods ({', '.join(untried)})")
+        if len(self.train.images) > cfg.calib_images:
+            steps.append(f"raise quantize.calib_images (now {cfg.calib_images} of {len(self.train.images)} "
+                         "training images)")
+        if cfg.mixed_precision is None:
+            steps.append("set quantize.mixed_precision: {} (the most sensitive layers kept in FP16)")
+        if self.box_head == "int8":
+            steps.append("set quantize.box_head: fp16")
+        if not qat and recipe.start is None:
+            steps.append("set quantize.qat (a short fine-tuning schedule)")
+        steps.append(f"raise data.test_images (now {len(self.test.images)}) where the loss is within the test "
+                     "split's noise")
+        return ", ".join(steps[:-1]) + ", or " + steps[-1]
 
 
 class DetectionQuantize(QuantizeHooks):
@@ -207,6 +245,7 @@ class DetectionQuantize(QuantizeHooks):
                    "quantizer": chosen["quantizer"], "method": chosen["method"], "box_head": cfg.box_head,
                    "kept_layers": [layer["layer"] for layer in chosen.get("kept_layers", ())],
                    "kept_precision": chosen.get("kept_precision"), "size_mb": chosen["size_mb"],
+                   "change_vs_fp32": chosen.get("change_vs_fp32"),
                    "fp32_size_mb": ctx.manifest.output("export", "student").stat().st_size / 1e6,
                    "attempts": attempts,
                    "class_changes_vs_fp32": class_changes(task.test.boxes, task.detections["fp32"],
@@ -217,14 +256,17 @@ class DetectionQuantize(QuantizeHooks):
         return StageResult(outputs=outputs, metrics=metrics)
 
     def summary(self, metrics: dict) -> str:
-        line = (f"INT8 mAP {100 * metrics['int8']['map']:.1f} ({-metrics['drop_points']:+.2f} points vs FP32 "
+        change = metrics.get("change_vs_fp32")
+        noise = "" if not change else (f" [{signed(change['low'])}, {signed(change['high'])}], "
+                                       + ("within noise" if change["low"] <= 0 <= change["high"] else "beyond noise"))
+        line = (f"INT8 mAP {100 * metrics['int8']['map']:.1f} ({signed(-metrics['drop_points'])} points{noise} vs FP32 "
                 f"{100 * metrics['fp32']['map']:.1f}; box head {metrics['box_head']}, {metrics['method']}"
                 + (f", {len(metrics['kept_layers'])} more layer(s) in {metrics['kept_precision'].upper()}"
                    if metrics.get("kept_layers") else "")
                 + ")")
         for other in metrics.get("other_box_heads", ()):
             line += (f"; box head {other['box_head']}: mAP {100 * other['scores']['map']:.1f} "
-                     f"({-other['drop_points']:+.2f})")
+                     f"({signed(-other['drop_points'])})")
         return line
 
 
@@ -243,10 +285,12 @@ def _other_box_heads(ctx, task: DetectionLadder, reference: dict, chosen: dict, 
     for other in (setting for setting in BOX_HEADS if setting != cfg.box_head):
         path = workdir / f"student.int8.box_{other}.onnx"
         facts = {**task.quantize(step, path, box_head=other), **check_candidate(path, step)}
-        scores = task.score(path, Step(step.quantizer, f"box_{other}"))["scores"]
+        scored = task.score(path, Step(step.quantizer, f"box_{other}"))
+        scores = scored["scores"]
         drop = task.drop_points(reference, {"value": scores["map"]})
-        records.append({**facts, "method": step.method, "scores": scores, "drop_points": drop})
-        ctx.log(f"quantize: box head {other}: INT8 mAP {100 * scores['map']:.2f} ({-drop:+.2f} points)")
+        records.append({**facts, "method": step.method, "scores": scores, "drop_points": drop,
+                        "change_vs_fp32": scored["change_vs_fp32"]})
+        ctx.log(f"quantize: box head {other}: INT8 mAP {100 * scores['map']:.2f} ({signed(-drop)} points)")
         outputs[f"student_int8_box_{other}"] = path
         outputs[f"student_int8_box_{other}_head"] = sidecar_path(path)
     return records, outputs

@@ -289,6 +289,25 @@ def evaluate(truth: Sequence[Boxes], detections: Sequence[Boxes], classes: Seque
     return out
 
 
+def map_change(truth: Sequence[Boxes], before: Sequence[Boxes], after: Sequence[Boxes], classes: Sequence[str],
+               resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """mAP after − before in points, with a paired bootstrap 95% interval over the images (each resample draws the
+    same images for both) and a two-sided bootstrap p-value: whether a change is a loss or the test set's noise.
+    Classification says the same of top-1 with McNemar's test."""
+    a, b = match(truth, before, len(classes)), match(truth, after, len(classes))
+    full_a, full_b = accumulate(a), accumulate(b)
+    point = 100 * (summary(full_b)["map"] - summary(full_a)["map"])
+    draws = 100 * bootstrap_draws(len(truth), lambda picked: resampled_summary(b, picked, full_b)["map"]
+                                  - resampled_summary(a, picked, full_a)["map"], resamples, seed)[:, 0]
+    draws = draws[~np.isnan(draws)]
+    if not len(draws):
+        return {"points": point, "low": float("nan"), "high": float("nan"), "p_value": 1.0, "images": len(truth)}
+    low, high = np.percentile(draws, [2.5, 97.5])
+    p = min(1.0, 2 * min((draws <= 0).mean(), (draws >= 0).mean()))
+    return {"points": float(point), "low": float(low), "high": float(high), "p_value": float(p),
+            "images": len(truth), "resamples": resamples}
+
+
 def class_changes(truth: Sequence[Boxes], before: Sequence[Boxes], after: Sequence[Boxes], classes: Sequence[str],
                   resamples: int = 1000, seed: int = 0, alpha: float = ALPHA) -> list[dict[str, Any]]:
     """Per class: AP before and after, the change in points with a paired bootstrap 95% interval, a two-sided

@@ -20,6 +20,7 @@ from pipeline.deploy.sustain_report import SUSTAINED_COLUMNS, sustained_part
 from pipeline.deploy.records import finished_run, headline_data, layer_profiles, measured_fields, scored_headline
 from pipeline.deploy.records import reported_of as _reported
 from pipeline.report.sections import Figure, Headline, Section, Table, Text, page_title, to_html, to_markdown
+from pipeline.core.ladder import signed
 
 # The ladder as three tables, so that each fits a laptop's window: what the rungs are compared by (with the declared
 # ladder figures: network p50, energy), the detail, and every other measured field the result schema declares.
@@ -160,11 +161,14 @@ def box_heads_text(quantize: dict[str, Any]) -> str:
 def box_head_rows(quantize: dict[str, Any]) -> list[list[str]]:
     """Each box-head setting quantized: the accepted one first, then those ``compare_box_head`` added."""
     accepted = quantize["attempts"][-1]  # the stage stops at the first calibration within the budget
-    rows = [["box head", "rung", "host mAP [95% CI]", "change vs FP32, points", "box nodes in FP16", "size MB"]]
+    rows = [["box head", "rung", "host mAP [95% CI]", "change vs FP32, points [paired 95% CI]", "box nodes in FP16",
+             "size MB"]]
     for index, entry in enumerate([accepted, *quantize.get("other_box_heads", ())]):
         rung = "student_int8" if index == 0 else f"student_int8_box_{entry['box_head']}"
+        change = entry.get("change_vs_fp32")
+        paired = "" if not change else f" [{signed(change['low'])}, {signed(change['high'])}]"
         rows.append([f"{entry['box_head']} ({BOX_HEAD_WORDS.get(entry['box_head'], entry['box_head'])})", rung,
-                     interval(entry.get("scores")), f"{-entry['drop_points']:+.2f}",
+                     interval(entry.get("scores")), signed(-entry['drop_points']) + paired,
                      str(entry.get("box_nodes_fp16", 0)),
                      "—" if entry.get("size_mb") is None else f"{entry['size_mb']:.2f}"])
     return rows

@@ -259,3 +259,33 @@ def test_the_held_out_slice_is_spread_over_the_calibration_images_and_never_all_
     with pytest.raises(StageError, match="leaves none of the 3 calibration images") as err:
         held_apart(0.9, 3, "data.calib_size")
     assert "raise data.calib_size" in str(err.value)
+
+
+class Sabotaged(PlantedLadder):
+    """A planted ladder on which keeping layers in float hurts: a candidate asked to leave layers out quantizes them
+    all, calibrated on images 50× too bright (ranges that flatten every layer), as a float island that costs its
+    neighbours more than it returns would."""
+
+    def quantize(self, step, out, exclude=(), calibration=None, float32_islands=False):
+        images = self.calibration if calibration is None else calibration
+        return super().quantize(step, out, (), 50 * images if exclude else images, float32_islands)
+
+
+def test_the_mixed_step_never_ends_below_the_best_plain_rung(planted, tmp_path):
+    from pipeline.quantize.ladder import mixed_step
+
+    fp32, images = planted
+    task = Sabotaged(fp32, images, tmp_path)
+    with pytest.raises(StageError):
+        climb(task, steps("ort", ["max"], qat=False), tmp_path)  # the plain rung misses, its candidate stays
+    plain = task.score(tmp_path / "student.int8.max.onnx", Step("ort", "max"))
+    facts = mixed_step(task, [Step("ort", "max")], tmp_path, tmp_path / "mixed.onnx", 3, 0.25)
+    mixed = task.score(tmp_path / "mixed.onnx", Step("ort", "mixed"))
+    assert facts["plain_rung_kept"]["method"] == "max" and facts["kept_layers"] == []
+    assert facts["plain_rung_kept"]["mixed_held_out"] < facts["plain_rung_kept"]["held_out"]
+    assert mixed["value"] >= plain["value"]
+    # Without the sabotage the same step keeps the planted layer: the comparison is no blanket refusal.
+    honest = PlantedLadder(fp32, images, tmp_path)
+    facts = mixed_step(honest, [Step("ort", "max")], tmp_path, tmp_path / "mixed.onnx", 3, 0.25)
+    assert facts["plain_rung_kept"] is None and [k["layer"] for k in facts["kept_layers"]] == [names(fp32)["middle"]]
+    assert honest.score(tmp_path / "mixed.onnx", Step("ort", "mixed"))["value"] > plain["value"]
