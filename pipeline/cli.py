@@ -521,6 +521,20 @@ def _cmd_recipe(args) -> int:
     return 0
 
 
+def console(argv: Sequence[str] | None = None) -> int:
+    """The ``edgefold`` console script: ``run`` in a supervised child process (a native crash — a segfault inside
+    PyTorch — then ends with the stage, the step and the setting to change, not a bare exit 139; pipeline.core.crash),
+    every other command in this one. ``python -m pipeline`` (the child, and torchrun's ranks) runs :func:`main`."""
+    import os
+
+    from pipeline.core.crash import BREADCRUMB_ENV, supervised
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"] and BREADCRUMB_ENV not in os.environ and os.environ.get("EDGEFOLD_SUPERVISE", "1") != "0":
+        return supervised(argv)
+    return main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``edgefold`` console script."""
     args = _parser().parse_args(argv)

@@ -18,6 +18,7 @@ from pipeline import tasks
 from pipeline.core import distributed
 from pipeline.core.codehash import code_sha256
 from pipeline.core.context import RunContext
+from pipeline.core.crash import mark
 from pipeline.core.log import log
 from pipeline.deploy.devices import Device
 from device.files import sha256_file
@@ -239,6 +240,7 @@ def run_pipeline(model: str, *, until: str | None = None, force: Iterable[str] =
     env = None
     for name in names:
         _refuse_unbuilt_stage(recipe, name, registry)
+        mark(stage=name)  # what a supervising edgefold names if this process dies of a signal
         stage = registry.get(name)
         needs = stage.needs(ctx)
         for need in needs:

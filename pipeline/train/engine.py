@@ -269,6 +269,10 @@ class _Trainer:
         self.amp_dtype = amp_dtype(cfg, device)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.hide_bar = progress_disabled() if self.me.main else True  # one bar, rank 0's
+        # channels_last on a CPU is tried on the first batch in a forked child before the run commits to it
+        # (pipeline.train.trial): PyTorch 2.14.1 crashes some models there. Under DDP every rank would have to agree.
+        self.format_tried = not (self.channels_last and device.type == "cpu" and not self.me.distributed)
+        self.marked_at = 0.0
 
     def resume_from(self, path: Path) -> None:
         # The saved state carries its own kernel choice (a state from before the fused step, or another device's):
@@ -288,6 +292,60 @@ class _Trainer:
                             "scaler": self.scaler.state_dict() if self.scaler else None, "history": self.history,
                             "step": self.step, "epoch": epoch + 1, "batches_epoch": self.batches.epoch,
                             "rng": torch.get_rng_state()})
+
+    def _try_format(self, batch) -> None:
+        """One step of ``batch`` in channels_last in a forked child (:func:`pipeline.train.trial.crashes`); where it
+        dies of a signal, the run trains contiguous when the engine chose channels_last itself (said), and stops
+        with the key when the recipe asked for it, or when contiguous dies too.
+
+        Raises:
+            StageError: The format the recipe asked for, or both formats, crash PyTorch on this model here.
+        """
+        from device.errors import StageError
+        from pipeline.core.crash import TRAIN_KEYS, current, signal_name
+        from pipeline.train.trial import crashes
+
+        self.format_tried = True
+
+        def step_in(memory_format: torch.memory_format):
+            def step() -> None:
+                self.model.to(memory_format=memory_format)
+                autocast = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
+                with autocast:
+                    done = self.step_fn(self.train_model, batch, self.device, memory_format)
+                done.loss.backward()
+            return step
+
+        died = crashes(step_in(torch.channels_last))
+        if died is None:
+            return
+        key = current().get("train_key") or TRAIN_KEYS.get(self.desc, "teacher.train")
+        said = (f"{self.desc}: a trial training step in channels_last died of {signal_name(died)} in a child process "
+                f"(PyTorch {torch.__version__} crashes some models in channels_last on a CPU: timm's fastvit_t8)")
+        if self.cfg.channels_last:
+            raise StageError(said + f"; the recipe asks for channels_last ({key}.channels_last: true)",
+                             fix=f"SET='{key}.channels_last=false' (edgefold run … --set {key}.channels_last=false)")
+        other = crashes(step_in(torch.contiguous_format))
+        if other is not None:
+            raise StageError(said + f", and contiguous died of {signal_name(other)} too: a crash inside PyTorch on "
+                                    "this model, whatever the memory format",
+                             fix="try OMP_NUM_THREADS=1, another architecture, or report it with the model")
+        log(said + f"; training contiguous instead ({key}.channels_last: false skips this trial)")
+        self.channels_last = False
+        self.model.to(memory_format=torch.contiguous_format)
+
+    def _mark(self, epoch: int) -> None:
+        """What a supervising ``edgefold`` says when the process dies of a signal (pipeline.core.crash): the first
+        steps of each epoch, then at most every half second."""
+        from pipeline.core.crash import mark
+
+        now = time.monotonic()
+        if self.step % self.steps_per_epoch < 3 or now - self.marked_at > 0.5:
+            self.marked_at = now
+            mark(step=self.step + 1, epoch=epoch + 1, desc=self.desc,
+                 memory_format="channels_last" if self.channels_last else "contiguous",
+                 autocast=str(self.amp_dtype).removeprefix("torch.") if self.amp_dtype else "fp32",
+                 threads=torch.get_num_threads())
 
     def _update(self, batch) -> Step:
         """One optimizer step over ``batch``; returns what the task's step counted."""
@@ -343,6 +401,9 @@ class _Trainer:
             data_s += time.perf_counter() - waited
             if self.step >= self.total_steps:
                 break
+            if not self.format_tried:
+                self._try_format(batch)
+            self._mark(epoch)
             done = self._update(batch)
             seen += done.images
             counts_correct = counts_correct and done.correct is not None
