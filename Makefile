@@ -55,6 +55,8 @@ AGENT_EXTRAS ?= $(if $(SYSTEM_SITE_PACKAGES),device,device$(COMMA)nvml)
 COMMA    := ,
 
 BIN      := $(VENV)/bin
+# The run folder's name: a recipe's, or an ONNX start's file name (an Ultralytics .pt: the .onnx exported beside it).
+RUN_NAME = $(if $(filter %.onnx,$(MODEL)),$(notdir $(MODEL)),$(if $(filter %.pt,$(MODEL)),$(notdir $(MODEL:.pt=.onnx)),$(MODEL)))
 EDGEFOLD := $(BIN)/edgefold
 STAMP    := $(VENV)/.edgefold-installed
 AGENT_STAMP := $(VENV)/.edgefold-agent-installed
@@ -203,12 +205,12 @@ agent: $(AGENT_STAMP)
 
 # The folder an application runs one rung from (edgefold ship): RUNG=best is the fastest within MAX_DROP points.
 ship: $(STAMP)
-	$(EDGEFOLD) ship '$(RUNS)/$(if $(filter %.onnx,$(MODEL)),$(notdir $(MODEL)),$(MODEL))/$(if $(RUN),$(RUN),latest)' \
+	$(EDGEFOLD) ship '$(RUNS)/$(RUN_NAME)/$(if $(RUN),$(RUN),latest)' \
 	    --rung '$(RUNG)' $(if $(DEVICE),--device '$(DEVICE)') $(if $(TO),--to '$(TO)') \
 	    $(if $(MAX_DROP),--max-drop $(MAX_DROP)) $(if $(TOKEN_FILE),--token-file '$(TOKEN_FILE)')
 
 report: $(STAMP)
-	$(EDGEFOLD) report '$(RUNS)/$(if $(filter %.onnx,$(MODEL)),$(notdir $(MODEL)),$(MODEL))/$(if $(RUN),$(RUN),latest)'
+	$(EDGEFOLD) report '$(RUNS)/$(RUN_NAME)/$(if $(RUN),$(RUN),latest)'
 
 # Image builds need Docker with buildx (and QEMU binfmt for arm64): see docker/README.md.
 PLATFORMS := $(PYTHON) docker/platforms.py

@@ -546,11 +546,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EdgeFoldError as err:
         print(f"error: {err.message}", file=sys.stderr)
         if err.fix:
-            print(f"  fix: {err.fix}", file=sys.stderr)
+            print(f"  fix: {as_typed(err.fix)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted; completed stages are kept and will be skipped next time", file=sys.stderr)
         return 130
+
+
+def as_typed(fix: str) -> str:
+    """A fix as the user can type it where they are: make's ``SET='a=1 b=2'`` under make (GNU make exports
+    ``MAKELEVEL`` to what it runs), else ``edgefold run``'s one ``--set`` per key."""
+    import os
+
+    if "MAKELEVEL" in os.environ:
+        return fix
+    return re.sub(r"SET='([^']*)'", lambda m: " ".join(f"--set '{pair}'" for pair in _pairs(m.group(1))), fix)
+
+
+def _pairs(text: str) -> list[str]:
+    """``a=1 b=[2, 3]`` → ``["a=1", "b=[2, 3]"]``: split on spaces outside brackets."""
+    pairs, depth, current = [], 0, ""
+    for char in text:
+        depth += 1 if char in "[{(" else -1 if char in "]})" else 0
+        if char == " " and depth == 0:
+            if current:
+                pairs.append(current)
+            current = ""
+            continue
+        current += char
+    return pairs + ([current] if current else [])
 
 
 if __name__ == "__main__":

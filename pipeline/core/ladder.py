@@ -34,6 +34,14 @@ def signed(value: float, digits: int = 2) -> str:
     return f"{round(value, digits) + 0.0:+.{digits}f}"
 
 
+def size_text(megabytes: float) -> str:
+    """A file size as a person reads it: "22 KB" below a tenth of a megabyte (where "0.0 MB" said nothing), "0.31 MB"
+    below 1 MB, "12.3 MB" above."""
+    if megabytes < 0.1:
+        return f"{max(1, round(megabytes * 1000))} KB"
+    return f"{megabytes:.2f} MB" if megabytes < 1 else f"{megabytes:.1f} MB"
+
+
 class EvaluateHooks(ABC):
     """A task's part of the evaluate stage.
 

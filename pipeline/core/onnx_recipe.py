@@ -83,6 +83,45 @@ def _detector_recipe(path: Path, name: str, size: int | None, output: list[Any])
     return raw, said
 
 
+def ultralytics_onnx(checkpoint: Path, log=print) -> Path:
+    """The ONNX export of an Ultralytics checkpoint (``MODEL=best.pt``), made with the user's own ``ultralytics``
+    package (EdgeFold does not depend on it: AGPL-3.0) as ``yolo export … format=onnx dynamic=True`` makes it, beside
+    the checkpoint; an export newer than the checkpoint is used as it is (a new one would carry a new date in its
+    metadata, and every stage would run again). The command run is logged.
+
+    Raises:
+        ConfigError: No such file, no ``ultralytics`` importable (the export command to run by hand named), or the
+            export failed (its last lines quoted).
+    """
+    import importlib.util
+    import subprocess
+    import sys
+
+    if not checkpoint.is_file():
+        raise ConfigError(f"{checkpoint} does not exist", fix="check the path (relative to where you run make)")
+    exported = checkpoint.with_suffix(".onnx")
+    by_hand = f"yolo export model={checkpoint} format=onnx dynamic=True"
+    if exported.is_file() and exported.stat().st_mtime >= checkpoint.stat().st_mtime:
+        log(f"{checkpoint.name}: using {exported} (exported after the checkpoint was written; delete it to export "
+            "again)")
+        return exported
+    if importlib.util.find_spec("ultralytics") is None:
+        raise ConfigError(f"{checkpoint} is a PyTorch checkpoint; EdgeFold starts a detector from its ONNX export, and "
+                          "the ultralytics package that makes it is not importable here",
+                          fix=f"export it: {by_hand}; then MODEL={exported} (or install ultralytics into this "
+                              "environment, and EdgeFold runs that export itself)")
+    code = (f"from ultralytics import YOLO; print(YOLO({str(checkpoint)!r}).export(format='onnx', dynamic=True))")
+    command = [sys.executable, "-c", code]
+    log(f"{checkpoint.name}: exporting with your ultralytics package (as {by_hand}): {' '.join(command[:2])} "
+        f"\"{code}\"")
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0 or not exported.is_file():
+        tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
+        raise ConfigError(f"the ultralytics export of {checkpoint} failed (exit {result.returncode}): {tail}",
+                          fix=f"run it by hand ({by_hand}) to see the whole error; then MODEL={exported}")
+    return exported
+
+
 def onnx_recipe(path: Path) -> tuple[dict[str, Any], str]:
     """The raw recipe of an ONNX file given as the model, and what it assumed, in words (the run logs it).
 

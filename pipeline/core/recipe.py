@@ -21,7 +21,7 @@ from pipeline.core.recipe_jobs import FrameRecipe, SustainedRecipe
 from device.schema import (BatchSizes, ClockMHz, IdleSeconds, PowerLimitWatts, MinIterations, ModeId, ModeName, SampleHz, Threads,
                            TimeoutSeconds, WarmupIterations, WindowSeconds)
 from device.files import sha256_file
-from pipeline.core.onnx_recipe import onnx_recipe
+from pipeline.core.onnx_recipe import onnx_recipe, ultralytics_onnx
 from pipeline.core.recipe_errors import validation_error
 from pipeline.core.rungs import RUNGS, RungName
 
@@ -459,6 +459,10 @@ def load_recipe(model: str, overrides: dict[str, Any] | None = None) -> tuple[An
     Returns:
         The recipe, its path and the sha256 of the file's bytes.
     """
+    if Path(model).suffix == ".pt" and not Path(model).with_suffix(".yaml").is_file():
+        from pipeline.core.log import log
+
+        model = str(ultralytics_onnx(Path(model), log))  # MODEL=best.pt: an Ultralytics checkpoint, exported
     if Path(model).suffix == ".onnx":  # MODEL=model.onnx: the file is the recipe (its hash the recipe's)
         raw, assumed = onnx_recipe(Path(model))
         recipe = parse_recipe(raw, model, overrides)

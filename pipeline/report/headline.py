@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from pipeline import stats
+from pipeline.core.ladder import size_text
 
 NOT_MEASURED = "not measured"
 TEACHER = "teacher"
@@ -147,6 +148,6 @@ def size_row(h: dict[str, Any], edge: str, dc: str) -> tuple[str, str]:
     if h.get("size_mb_student_fp32") is not None:
         smaller = direction(h["size_mb_student_fp32"] / h["size_mb_dc"] if h["size_mb_dc"] else None, "smaller",
                             "larger")
-        return "size, FP32", (f"{h['size_mb_student_fp32']:.1f} MB vs {h['size_mb_dc']:.1f} MB  ({smaller}); "
-                              f"deployed {edge} {h['size_mb_edge']:.1f} MB")
-    return "model size", f"{h['size_mb_edge']:.1f} MB {edge} vs {h['size_mb_dc']:.1f} MB {dc}"
+        return "size, FP32", (f"{size_text(h['size_mb_student_fp32'])} vs {size_text(h['size_mb_dc'])}  ({smaller}); "
+                              f"deployed {edge} {size_text(h['size_mb_edge'])}")
+    return "model size", f"{size_text(h['size_mb_edge'])} {edge} vs {size_text(h['size_mb_dc'])} {dc}"

@@ -94,3 +94,15 @@ def test_a_sweep_of_a_detection_run_is_refused_up_front(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is a detection run: edgefold sweep is not built for detection runs yet (it is for classification)" in err
     assert "fix: measure this run" in err
+
+
+def test_a_fix_is_printed_as_the_user_can_type_it(monkeypatch):
+    """make's SET='a=1 b=[2, 3]' under make; edgefold run's one --set per key elsewhere."""
+    from pipeline.cli import as_typed
+
+    fix = "fix it: SET='preprocess.mean=[0.3, 0.3, 0.3] start.input_range=0-255', then run again"
+    monkeypatch.delenv("MAKELEVEL", raising=False)
+    assert as_typed(fix) == ("fix it: --set 'preprocess.mean=[0.3, 0.3, 0.3]' --set 'start.input_range=0-255', "
+                             "then run again")
+    monkeypatch.setenv("MAKELEVEL", "1")
+    assert as_typed(fix) == fix

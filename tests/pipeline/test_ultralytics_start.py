@@ -217,3 +217,52 @@ def test_the_sensitivity_reads_a_yolov8_output_along_its_columns():
     by_anchors.columns_first = False
     assert by_columns.distortion([reference], [off]) == pytest.approx(1 / (4 + CLASSES), rel=1e-6)
     assert by_anchors.distortion([reference], [off]) < 0.01 * by_columns.distortion([reference], [off])
+
+
+STAND_IN = '''
+"""A stand-in for the ultralytics package (AGPL-3.0, kept out of EdgeFold's dependencies): YOLO(path).export writes
+the ONNX file named by EDGEFOLD_TEST_EXPORT beside the checkpoint, as Ultralytics writes best.onnx beside best.pt."""
+import os, shutil
+from pathlib import Path
+
+
+class YOLO:
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def export(self, format, dynamic):
+        assert format == "onnx" and dynamic is True
+        out = self.path.with_suffix(".onnx")
+        shutil.copyfile(os.environ["EDGEFOLD_TEST_EXPORT"], out)
+        return str(out)
+'''
+
+
+def test_model_equals_a_checkpoint_is_exported_with_the_users_own_ultralytics(exports, tmp_path, monkeypatch):
+    """MODEL=best.pt: without ultralytics the fix names the export command; with it (a stand-in here) EdgeFold runs
+    that export, says so, and starts from the ONNX; an export newer than the checkpoint is used again."""
+    import importlib.util
+
+    from pipeline.core.recipe import load_recipe
+
+    _, files, _ = exports
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"an Ultralytics checkpoint (never unpickled by EdgeFold)")
+    if importlib.util.find_spec("ultralytics") is None:
+        with pytest.raises(ConfigError, match="the ultralytics package that makes it is not importable") as caught:
+            load_recipe(str(checkpoint), {"data.source": "digits-det"})
+        assert f"yolo export model={checkpoint} format=onnx dynamic=True" in caught.value.fix
+        assert f"MODEL={tmp_path / 'best.onnx'}" in caught.value.fix
+    package = tmp_path / "site" / "ultralytics"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(STAND_IN)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    monkeypatch.setenv("EDGEFOLD_TEST_EXPORT", str(files["dynamic"]))
+    said = []
+    monkeypatch.setattr("pipeline.core.log.log", said.append)
+    recipe, path, _ = load_recipe(str(checkpoint), {"data.source": "digits-det"})
+    assert path == tmp_path / "best.onnx" and recipe.start.outputs == "yolov8" and recipe.input_size() == SIZE
+    assert "exporting with your ultralytics package (as yolo export model=" in said[0] and "dynamic=True" in said[0]
+    load_recipe(str(checkpoint), {"data.source": "digits-det"})
+    assert "using " in said[1] and "delete it to export again" in said[1]

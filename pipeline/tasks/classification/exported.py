@@ -26,6 +26,7 @@ from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.tasks.classification.scores import recorded_scores, require_sane
 from pipeline.tasks.classification.torch_export import write_device_checkpoint
 from pipeline.tasks.classification.images import data_set, image_batches, preprocess_of
+from pipeline.core.ladder import size_text
 
 # Calibration images whose activations decide which layers of an FP16 rung stay FP32. AutoCast's reference run keeps
 # every intermediate tensor of every image (Polygraphy's comparator), so they are few: a ResNet-50 at 224 px holds
@@ -210,7 +211,7 @@ class ClassificationExport(ExportHooks):
         return outputs
 
     def summary(self, metrics):
-        return ", ".join(f"{rung} {m['size_mb']:.1f} MB" + (f" (max |Δ| {m['parity']['max_abs_diff']:.1e})"
+        return ", ".join(f"{rung} {size_text(m['size_mb'])}" + (f" (max |Δ| {m['parity']['max_abs_diff']:.1e})"
                                                              if "parity" in m else
                                                              f" (top-1 {100 * m['scores']['top1']:.2f}%, emulated)")
                          for rung, m in metrics["rungs"].items())

@@ -15,7 +15,7 @@ from device.errors import StageError
 from device.runners.qdq_lint import lint_qdq
 from device.runners.trt_settings import trtexec_lines
 from pipeline.core.log import log
-from pipeline.core.ladder import points
+from pipeline.core.ladder import points, size_text
 from pipeline.tasks.classification.onnx_scores import onnx_accuracy
 from pipeline.tasks.classification.qat import quantization_aware_finetune
 from pipeline.export.onnx import INPUT_NAME
@@ -193,7 +193,7 @@ class ClassificationQuantize(QuantizeHooks):
         precision = (metrics.get("kept_precision") or "fp16").upper()
         method = metrics["method"] + (f", {kept} layer{'s' if kept != 1 else ''} in {precision}" if kept else "")
         return (f"INT8 top-1 {100 * metrics['top1']:.2f}% ({points(-metrics['drop_points']):+.2f} points, {method}), "
-                f"{metrics['size_mb']:.1f} MB vs {metrics['fp32_size_mb']:.1f} MB FP32")
+                f"{size_text(metrics['size_mb'])} vs {size_text(metrics['fp32_size_mb'])} FP32")
 
 
 def _modelopt_state(ctx, workdir: Path, task: ClassificationLadder, reference: dict) -> tuple[Path, dict]:

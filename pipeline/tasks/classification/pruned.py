@@ -139,8 +139,9 @@ def _plan(ctx, workdir: Path, model: torch.nn.Module, arch: str, cfg: PruneConfi
         plan = {"widths": widths, "macs_target": cfg.macs_target, "importance": "taylor"}
         return plan, WidthPruner(model, arch, cfg, groups, widths, input_shape, train_batches), None
     plan, predicted = find_plan(model, arch, cfg, input_shape, base_macs)
-    log(f"prune: channel ratio {plan['ratio']:.5f} ({plan['harder_ratio']:.5f} on the first "
-        f"{plan['harder_layers']} convolutions) → {100 * predicted:.1f}% of the teacher's MACs "
+    harder = (f" ({plan['harder_ratio']:.3f} on the first {plan['harder_layers']} convolutions)"
+              if plan.get("harder_layers") else "")
+    log(f"prune: channel ratio {plan['ratio']:.3f}{harder} → {100 * predicted:.1f}% of the teacher's MACs "
         f"(target {100 * cfg.macs_target:.1f}%)")
     return plan, make_pruner(model, arch, cfg, plan, input_shape), None
 

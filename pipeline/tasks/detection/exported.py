@@ -15,6 +15,7 @@ from pathlib import Path
 from device.errors import StageError
 from pipeline.export.hooks import Exported, ExportHooks
 from pipeline.tasks.detection.files import planned_classes, recorded_classes
+from pipeline.core.ladder import size_text
 
 RUNGS = {"teacher": "teacher", "student": "distill"}
 """Exported rung → the stage whose checkpoint it is."""
@@ -136,9 +137,9 @@ class DetectionExport(ExportHooks):
     def summary(self, metrics):
         if metrics.get("started"):
             rung = metrics["rungs"]["student"]
-            return (f"{rung['arch']} ({rung['start']['outputs']}) as the student, {rung['size_mb']:.1f} MB, mAP "
+            return (f"{rung['arch']} ({rung['start']['outputs']}) as the student, {size_text(rung['size_mb'])}, mAP "
                     f"{100 * rung['scores']['map']:.1f} through the device's decode, max |Δ| "
                     f"{rung['parity_max_abs_diff']:.1e} to the given graph")
-        return ", ".join(f"{rung} {m['size_mb']:.1f} MB, mAP {100 * m['scores']['map']:.1f} through the device's "
+        return ", ".join(f"{rung} {size_text(m['size_mb'])}, mAP {100 * m['scores']['map']:.1f} through the device's "
                          f"decode (torch {100 * m['torch_map']:.1f}), max |Δ| {m['parity_max_abs_diff']:.1e}"
                          for rung, m in metrics["rungs"].items())

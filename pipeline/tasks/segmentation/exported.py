@@ -7,6 +7,7 @@ from __future__ import annotations
 from device.errors import StageError
 from pipeline.export.hooks import Exported, ExportHooks
 from pipeline.tasks.segmentation.training import recorded_classes
+from pipeline.core.ladder import size_text
 
 RUNGS = {"teacher": "teacher", "student": "distill"}
 """Exported rung → the stage whose checkpoint it is."""
@@ -62,6 +63,6 @@ class SegmentationExport(ExportHooks):
                                               "torch_miou": torch_miou, "arch": meta["arch"], "input_size": size}})
 
     def summary(self, metrics):
-        return ", ".join(f"{rung} {m['size_mb']:.2f} MB, mIoU {100 * m['scores']['miou']:.1f} under ONNX Runtime "
+        return ", ".join(f"{rung} {size_text(m['size_mb'])}, mIoU {100 * m['scores']['miou']:.1f} under ONNX Runtime "
                          f"(torch {100 * m['torch_miou']:.1f}), max |Δ| {m['parity_max_abs_diff']:.1e}"
                          for rung, m in metrics["rungs"].items())

@@ -13,7 +13,7 @@ import numpy as np
 from device.errors import StageError
 from pipeline.quantize.ladder import HeldOut, LadderTask, QuantizeHooks, Step
 from pipeline.tasks.segmentation.training import recorded_classes
-from pipeline.core.ladder import signed
+from pipeline.core.ladder import signed, size_text
 
 
 class SegmentationLadder(LadderTask):
@@ -114,4 +114,4 @@ class SegmentationQuantize(QuantizeHooks):
         return (f"INT8 mIoU {100 * metrics['int8']['miou']:.1f} ({signed(-metrics['drop_points'])} points vs FP32 "
                 f"{100 * metrics['fp32']['miou']:.1f}; {metrics['method']}"
                 + (f", {len(metrics['kept_layers'])} layer(s) kept float" if metrics.get("kept_layers") else "")
-                + f"), {metrics['size_mb']:.2f} MB vs {metrics['fp32_size_mb']:.2f} MB FP32")
+                + f"), {size_text(metrics['size_mb'])} vs {size_text(metrics['fp32_size_mb'])} FP32")
