@@ -265,18 +265,9 @@ def mixed_step(task: LadderTask, methods: list[Step], workdir: Path, out: Path, 
         kept = [layer.to_dict() for layer in ranking[:k]]
         facts = task.quantize(base, out, exclude=[layer["layer"] for layer in kept])
         mixed_value = held.score(out)["value"]
-        # The plain rungs as the ladder made them (every calibration image), on the same slice.
-        plain = {step: held.score(workdir / f"student.int8.{step.method}.onnx")["value"] for step in methods
-                 if (workdir / f"student.int8.{step.method}.onnx").is_file()}
-        best_plain = max(plain, key=lambda step: plain[step], default=None)
-        fallback = None
-        if best_plain is not None and (not kept or mixed_value <= plain[best_plain]):
-            fallback = {"method": best_plain.method, "held_out": plain[best_plain], "mixed_held_out": mixed_value,
-                        "layers_tried": len(kept)}
-            log(f"quantize: mixed: {len(kept)} layer(s) in float score {task.shown(mixed_value)} on the held-out "
-                f"slice, the plain {best_plain.method} rung {task.shown(plain[best_plain])}: the step keeps the plain "
-                "rung, no layer in float")
-            facts, kept = task.quantize(best_plain, out), []
+        fallback = _best_plain_instead(task, methods, workdir, held, mixed_value, len(kept))
+        if fallback is not None:
+            facts, kept = task.quantize(Step(fallback["quantizer"], fallback["method"]), out), []
     finally:
         for path in [*workdir.glob("student.int8.mixed.ranked.*"), *workdir.glob("student.int8.mixed.k*")]:
             path.unlink()
@@ -293,6 +284,21 @@ def mixed_step(task: LadderTask, methods: list[Step], workdir: Path, out: Path, 
             "probes": [{key: value for key, value in probe.items() if key != "facts"}
                        for _, probe in sorted(probes.items())],
             "sensitivity": [layer.to_dict() for layer in ranking]}
+
+
+def _best_plain_instead(task: LadderTask, methods: list[Step], workdir: Path, held: HeldOut, mixed_value: float,
+                        layers: int) -> dict[str, Any] | None:
+    """The best plain rung (as the ladder made it, on every calibration image) where it scores at least the mixed
+    candidate's ``mixed_value`` on the held-out slice (or no layer was kept), what was compared; else None."""
+    plain = {step: held.score(workdir / f"student.int8.{step.method}.onnx")["value"] for step in methods
+             if (workdir / f"student.int8.{step.method}.onnx").is_file()}
+    best = max(plain, key=lambda step: plain[step], default=None)
+    if best is None or (layers and mixed_value > plain[best]):
+        return None
+    log(f"quantize: mixed: {layers} layer(s) in float score {task.shown(mixed_value)} on the held-out slice, the "
+        f"plain {best.method} rung {task.shown(plain[best])}: the step keeps the plain rung, no layer in float")
+    return {"quantizer": best.quantizer, "method": best.method, "held_out": plain[best], "mixed_held_out": mixed_value,
+            "layers_tried": layers}
 
 
 def climb(task: LadderTask, ladder: list[Step], workdir: Path, mixed: Any = None
