@@ -57,6 +57,10 @@ def ship(run_dir: Path, hooks: ShipTask | None, rung: str = "best", device: str 
     run_dir = Path(run_dir)
     if hooks is None:
         raise ConfigError(f"{run_dir} is a run of a task edgefold ship does not ship yet")
+    if not 0 <= max_drop <= 100:  # also NaN
+        raise ConfigError(f"--max-drop {max_drop}: the allowance is in accuracy points, from 0 to 100",
+                          fix="e.g. --max-drop 1 (MAX_DROP=1): the rung may lose at most 1 point against the teacher")
+    _finished(run_dir)
     rows = hooks.rows(run_dir)
     device = pick_device(rows, device)
     row, why = choose(rows, device, rung, max_drop, hooks.metric)
@@ -67,9 +71,10 @@ def ship(run_dir: Path, hooks: ShipTask | None, rung: str = "best", device: str 
     target = Path(to) if to else run_dir / "ship" / f"{row.rung}-{re.sub(r'[^A-Za-z0-9_.-]', '_', device)}"
     if target.exists():
         raise ConfigError(f"{target} exists", fix="pass another folder with --to (TO=), or remove that one")
+    partial = target.parent / f".{target.name}.partial"
+    _writable(target, partial)
     log(f"shipping {why}")
     record = deployed_device(run_dir, device)
-    partial = target.parent / f".{target.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
@@ -79,6 +84,57 @@ def ship(run_dir: Path, hooks: ShipTask | None, rung: str = "best", device: str 
         shutil.rmtree(partial, ignore_errors=True)
     log(f"shipped: {target}")
     return target
+
+
+def _finished(run_dir: Path) -> None:
+    """A run ship can read: it exists and its deploy and report stages ran.
+
+    Raises:
+        ConfigError: Which stage is missing, and the command that finishes the run.
+    """
+    if not (run_dir / "manifest.json").is_file():
+        raise ConfigError(f"{run_dir} is not a run (no manifest.json)",
+                          fix="name a run folder (runs/<model>/<run-id>) or a model whose latest run finished")
+    stages = json.loads((run_dir / "manifest.json").read_text()).get("stages", {})
+    missing = [name for name in ("deploy", "report") if name not in stages]
+    if missing:
+        ran = ", ".join(stages) or "no stage"
+        model, run_id = run_dir.resolve().parent.name, run_dir.resolve().name
+        finished = sorted((p for p in run_dir.resolve().parent.iterdir() if p.is_dir() and not p.is_symlink()
+                           and _has_stages(p, ("deploy", "report"))), key=lambda p: p.name)
+        other = f"; or ship its newest finished run: edgefold ship {finished[-1]}" if finished else ""
+        raise ConfigError(f"{run_dir} ({run_id}) stopped before {missing[0]} ({ran} ran): ship reads what the device "
+                          "measured and the report recorded",
+                          fix=f"finish it: edgefold run {model} --run-id {run_id} (make edge MODEL={model} "
+                              f"RUN={run_id}){other}")
+
+
+def _has_stages(run_dir: Path, names: tuple[str, ...]) -> bool:
+    try:
+        stages = json.loads((run_dir / "manifest.json").read_text()).get("stages", {})
+    except (OSError, ValueError):
+        return False
+    return all(name in stages for name in names)
+
+
+def _writable(target: Path, partial: Path) -> None:
+    """The folder can be written where it is asked for: its parent is a folder, or can be made one, and takes files.
+
+    Raises:
+        ConfigError: Why not, with the folder named (nothing is written).
+    """
+    parent = target.parent
+    existing = next((p for p in (parent, *parent.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"--to {target}: {existing} is a file, not a folder",
+                          fix="pass a folder path that does not exist yet (TO=dist/my-model)")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        partial.mkdir()
+        partial.rmdir()
+    except OSError as err:
+        raise ConfigError(f"--to {target}: cannot write there ({err.strerror or err})",
+                          fix="pass a folder you can write, e.g. TO=dist/my-model") from None
 
 
 def deployed_device(run_dir: Path, device: str) -> dict[str, Any]:
@@ -95,8 +151,11 @@ def _write(hooks: ShipTask, run_dir: Path, row: ShipRow, teacher: ShipRow | None
     model = folder / "model.onnx"
     shutil.copyfile(hooks.model(run_dir, row.rung), model)
     io = io_facts(model)
-    preprocess = {**hooks.preprocess(run_dir), "input_name": io["inputs"][0]["name"], "dtype": "float32",
-                  "layout": "NCHW", "channel_order": "RGB", "scale": 1 / 255}
+    recorded = hooks.preprocess(run_dir)
+    # The order the rung was fed in, as recorded (a model trained on BGR images ships as BGR: infer.py flips, nvinfer
+    # is told model-color-format=1), never a default written over it.
+    preprocess = {**recorded, "input_name": io["inputs"][0]["name"], "dtype": "float32", "layout": "NCHW",
+                  "channel_order": str(recorded.get("channel_order") or "rgb").lower(), "scale": 1 / 255}
     if in_graph:
         preprocess["in_graph"] = _in_graph(run_dir, row.rung, folder)
     (folder / "preprocess.json").write_text(json.dumps(preprocess, indent=1) + "\n")
@@ -107,8 +166,10 @@ def _write(hooks: ShipTask, run_dir: Path, row: ShipRow, teacher: ShipRow | None
     (folder / "postprocess.json").write_text(json.dumps(postprocess, indent=1) + "\n")
     extra = hooks.extra_files(run_dir, row.rung, folder)
     shutil.copyfile(INFER_SCRIPT, folder / "infer.py")
-    engine = _engine(row, record, folder, io, token, fetch_engine, log)
-    deepstream = _deepstream(hooks, run_dir, row, folder, preprocess, labels, engine, record["info"])
+    (folder / "requirements.txt").write_text(requirements(preprocess))
+    dla_core = _dla_core(run_dir, row)
+    engine = _engine(row, record, folder, io, token, fetch_engine, log, dla_core)
+    deepstream = _deepstream(hooks, run_dir, row, folder, preprocess, labels, engine, record["info"], dla_core)
     name = re.sub(r"[^A-Za-z0-9_]", "_", f"{run_dir.parent.name}_{row.rung}")
     onnx_batch = max([row.batch, *row.figures.get("measured_batches", [])])
     triton = write_repository(folder / "triton", name, model, folder / "engine" / engine["file"]
@@ -116,12 +177,35 @@ def _write(hooks: ShipTask, run_dir: Path, row: ShipRow, teacher: ShipRow | None
     deployed = json.loads((run_dir / "manifest.json").read_text())["stages"]["deploy"]
     card = card_document(row, teacher, why, hooks.metric, record["info"], deployed.get("finished"), engine,
                          deepstream, {"files": sorted(["model.onnx", "labels.txt", "preprocess.json",
-                                                       "postprocess.json", "infer.py", *extra]),
+                                                       "postprocess.json", "infer.py", "requirements.txt", *extra]),
                                       "triton_models": triton, "run": str(run_dir),
                                       "per_class_drops": hooks.per_class_drops(run_dir, row.rung, row.device),
                                       "power_setting": hooks.power_setting(run_dir, row.rung, row.device)})
     (folder / "card.json").write_text(json.dumps(card, indent=1, default=str) + "\n")
     (folder / "card.md").write_text(card_markdown(card))
+
+
+REQUIREMENTS = ("numpy", "onnxruntime", "opencv-python-headless")
+"""What ``infer.py`` imports (TensorRT comes with JetPack, not from pip)."""
+
+
+def requirements(preprocess: dict[str, Any], lock: Path = Path(__file__).resolve().parents[2] / "constraints.txt"
+                 ) -> str:
+    """``requirements.txt`` for ``infer.py``: its packages at the versions EdgeFold's lock measured with (OpenCV
+    below 5 where the lock has none: pip's newest is 5, which the project does not run), Pillow where the rung was
+    fed PIL's antialiased resize."""
+    wanted = [*REQUIREMENTS, *(["pillow"] if preprocess.get("interpolation") == "bilinear_antialias" else [])]
+    pinned: dict[str, list[str]] = {}
+    if lock.is_file():  # the lock's lines as they are, with their Python-version markers
+        for line in lock.read_text().splitlines():
+            name = line.partition("==")[0].strip().lower()
+            if "==" in line and name in wanted:
+                pinned.setdefault(name, []).append(line.strip())
+    floors = {"opencv-python-headless": "opencv-python-headless<5"}
+    lines = [entry for name in wanted for entry in pinned.get(name) or [floors.get(name, name)]]
+    return ("# infer.py's packages, at the versions EdgeFold measured with (pip install -r requirements.txt);\n"
+            "# on a Jetson, TensorRT comes with JetPack and onnxruntime-gpu from NVIDIA's Jetson wheels.\n"
+            + "\n".join(lines) + "\n")
 
 
 def _in_graph(run_dir: Path, rung: str, folder: Path) -> dict[str, Any]:
@@ -154,8 +238,17 @@ def trtexec_line(recorded: str | None, io: dict[str, Any], row: ShipRow, info: d
                                     info.get("tensorrt") or DEFAULT_TENSORRT, board=info.get("board")))
 
 
+def _dla_core(run_dir: Path, row: ShipRow) -> int | None:
+    """The DLA core the rung ran on (the agent's ``runtime.device``, ``dla:N``), or None (the GPU)."""
+    results = json.loads((run_dir / "deploy" / "results.json").read_text())
+    device = next((d for d in results.get("devices", []) if d.get("name") == row.device), {})
+    runtime = ((device.get("rungs", {}).get(row.rung) or {}).get("result") or {}).get("runtime") or {}
+    found = re.fullmatch(r"dla:?(\d+)", str(runtime.get("device") or ""))
+    return int(found.group(1)) if found else None
+
+
 def _engine(row: ShipRow, record: dict[str, Any], folder: Path, io: dict[str, Any], token: str | None,
-            fetch_engine: bool, log) -> dict[str, Any]:
+            fetch_engine: bool, log, dla_core: int | None = None) -> dict[str, Any]:
     """The engine the device built for the shipped batch, with its build, fetched from the agent; or why not."""
     info = record["info"]
     key = row.engines.get(row.batch)
@@ -188,8 +281,12 @@ def _engine(row: ShipRow, record: dict[str, Any], folder: Path, io: dict[str, An
                           f"{getattr(err, 'message', err)}",
                           fix="bring its agent back, or ship without the engine: --no-engine (the card gives the "
                               "trtexec line that rebuilds it)") from None
-    (folder / "engine" / "build.json").write_text(json.dumps(facts["build"], indent=1) + "\n")
     fingerprint = facts["fingerprint"]
+    # The build's own record, with what binds the plan: the device it was built on, and its DLA core.
+    build = {**(facts["build"] or {}), "fingerprint": fingerprint, "dla_core": dla_core,
+             "portable": "no: this plan runs only with the TensorRT and on the device (GPU, compute capability, L4T) "
+                         "of its fingerprint; it was built neither version- nor hardware-compatible"}
+    (folder / "engine" / "build.json").write_text(json.dumps(build, indent=1) + "\n")
     return {"file": facts["file"], "sha256": facts["sha256"], "key": key, "fingerprint": fingerprint,
             "fingerprint_text": ", ".join(f"{k} {v}" for k, v in fingerprint.items() if v is not None),
             "tensorrt": (facts["build"] or {}).get("tensorrt"),
@@ -197,7 +294,8 @@ def _engine(row: ShipRow, record: dict[str, Any], folder: Path, io: dict[str, An
 
 
 def _deepstream(hooks: ShipTask, run_dir: Path, row: ShipRow, folder: Path, preprocess: dict[str, Any],
-                labels: list[str], engine: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+                labels: list[str], engine: dict[str, Any], info: dict[str, Any],
+                dla_core: int | None = None) -> dict[str, Any]:
     """``deepstream/``: the config, the graph nvinfer runs and its label file; the accuracy under nvinfer's feed."""
     target = folder / "deepstream"
     target.mkdir()
@@ -230,6 +328,7 @@ def _deepstream(hooks: ShipTask, run_dir: Path, row: ShipRow, folder: Path, prep
                                                     else preprocess["channels"]],
                  "net-scale-factor": f"{scale:.10g}", "offsets": [f"{o:.6g}" for o in offsets],
                  "scaling-filter": SCALING_FILTER[scaling], "maintain-aspect-ratio": 0,
+                 **({"enable-dla": 1, "use-dla-core": dla_core} if dla_core is not None else {}),
                  **hooks.nvinfer(run_dir, row.rung)})
     (target / "config_infer.txt").write_text(config_text(keys))
     scored = hooks.nvinfer_accuracy(run_dir, target / "model.onnx", scaling)

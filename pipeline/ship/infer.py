@@ -103,7 +103,12 @@ def normalize(images: np.ndarray, pre: dict) -> np.ndarray:
 
 class OnnxRuntime:
     def __init__(self, path: Path, outputs: list[str] | None = None):
-        import onnxruntime
+        try:
+            import onnxruntime
+        except ImportError:
+            sys.exit("error: neither TensorRT nor ONNX Runtime is importable here, and one runs the model\n"
+                     f"  fix: pip install -r {HERE / 'requirements.txt'} (ONNX Runtime on the CPU), or run this on "
+                     "the device with JetPack's TensorRT and engine/engine.plan")
 
         available = onnxruntime.get_available_providers()
         providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
@@ -174,11 +179,13 @@ def _from_bfloat16(bits: np.ndarray) -> np.ndarray:
 class TensorRT:
     """The shipped engine (TensorRT 10/11): one fixed batch, tensors bound by name once, ``execute_async_v3``."""
 
-    def __init__(self, path: Path, outputs: list[str] | None = None, cuda=None):
+    def __init__(self, path: Path, outputs: list[str] | None = None, cuda=None, dla_core: int | None = None):
         import tensorrt as trt
 
         self.trt = trt
         runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        if dla_core is not None:  # the core the engine was built for (IRuntime.DLA_core is -1 unless set)
+            runtime.DLA_core = dla_core
         self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
             raise RuntimeError(f"TensorRT could not deserialize {path}: it runs only on the device and TensorRT "
@@ -195,7 +202,8 @@ class TensorRT:
         if shape[0] < 0:  # a dynamic axis: the engine's one profile fixes it (EdgeFold builds min = opt = max)
             shape = tuple(self.engine.get_tensor_profile_shape(self.input, 0)[2])
         self.batch = int(shape[0])
-        self.context.set_input_shape(self.input, shape)
+        if not self.context.set_input_shape(self.input, shape):  # TensorRT answers False, with a log line
+            raise RuntimeError(f"TensorRT refused the input shape {shape} for {self.input}")
         # The batch is fixed, so every buffer is made and bound once.
         self.hosts = {self.input: np.empty(shape, _host_type(trt, self.engine.get_tensor_dtype(self.input)))}
         for name in self.outputs:
@@ -205,7 +213,8 @@ class TensorRT:
         self.devices = {}
         for name, host in self.hosts.items():
             self.devices[name] = self.cuda.malloc(max(host.nbytes, 1))
-            self.context.set_tensor_address(name, self.devices[name])
+            if not self.context.set_tensor_address(name, self.devices[name]):
+                raise RuntimeError(f"TensorRT refused the address of tensor {name}")
         self.name = f"TensorRT {trt.__version__} ({path.name})"
 
     def __call__(self, batch: np.ndarray) -> list[np.ndarray]:
@@ -237,8 +246,10 @@ class TensorRT:
 def load_runtime(force_onnx: bool, outputs: list[str] | None = None):
     engine = HERE / "engine" / "engine.plan"
     if not force_onnx and engine.is_file():
+        build = HERE / "engine" / "build.json"
+        dla_core = json.loads(build.read_text()).get("dla_core") if build.is_file() else None
         try:
-            return TensorRT(engine, outputs)
+            return TensorRT(engine, outputs, dla_core=dla_core)
         except ImportError:
             print("TensorRT is not installed here: ONNX Runtime runs model.onnx instead", file=sys.stderr)
         except (RuntimeError, OSError) as err:
@@ -259,7 +270,9 @@ def answer(outputs: list[np.ndarray], factor: float, post: dict, labels: list[st
     sys.path.insert(0, str(HERE))
     from detection_post import head_spec_from_dict, postprocess
 
-    spec = head_spec_from_dict(post["head"], "postprocess.json")
+    head = dict(post["head"])
+    head["postprocess"] = {**head.get("postprocess", {}), **post.get("override", {})}
+    spec = head_spec_from_dict(head, "postprocess.json")
     centred = spec.resize == "letterbox" and image_size is not None
     detections = postprocess(spec, outputs[0], [image_size] if centred else None)[0]
     return {"boxes": (np.asarray(detections["boxes"], np.float64) / (1.0 if centred else factor)).tolist(),
@@ -273,9 +286,20 @@ def main(argv=None) -> int:
     parser.add_argument("--camera", type=int, help="read frames from this camera (OpenCV's index)")
     parser.add_argument("--json", help="write every answer to this JSON file")
     parser.add_argument("--onnx", action="store_true", help="run model.onnx with ONNX Runtime even where TensorRT is")
-    args = parser.parse_args(argv)
-    pre = json.loads((HERE / "preprocess.json").read_text())
     post = json.loads((HERE / "postprocess.json").read_text())
+    scored = (post.get("head") or {}).get("postprocess") or {}
+    if scored:  # a detector: the thresholds its score was measured at are the defaults
+        parser.add_argument("--score-threshold", type=float, default=scored.get("score_threshold"),
+                            help=f"keep boxes scoring at least this (default {scored.get('score_threshold')}: what "
+                                 "the rung's mAP was measured at; Ultralytics' predict uses 0.25)")
+        parser.add_argument("--max-detections", type=int, default=scored.get("max_detections"),
+                            help=f"at most this many boxes per image (default {scored.get('max_detections')})")
+    args = parser.parse_args(argv)
+    if scored:
+        if not 0 <= args.score_threshold <= 1 or args.max_detections < 1:
+            parser.error("--score-threshold is a probability in [0, 1]; --max-detections is 1 or more")
+        post["override"] = {"score_threshold": args.score_threshold, "max_detections": args.max_detections}
+    pre = json.loads((HERE / "preprocess.json").read_text())
     labels = (HERE / "labels.txt").read_text().splitlines()
     runtime = load_runtime(args.onnx, post.get("outputs"))
     print(f"running {runtime.name}", file=sys.stderr)

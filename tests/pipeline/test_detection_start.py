@@ -404,3 +404,31 @@ def test_yolo_boxes_are_clipped_after_nms_as_ultralytics_does():
     raw = np.array([[[640, 50, 120, 100, 0.9], [655, 50, 90, 100, 0.8]]], np.float32)  # [580, 700] and [610, 700]
     (found,) = postprocess(spec, raw)
     assert len(found["scores"]) == 1 and found["boxes"][0].tolist() == [580, 0, 640, 100]
+
+
+def test_the_shipped_detectors_infer_py_takes_a_threshold_and_a_maximum(yolo_run, tmp_path):
+    """infer.py's --score-threshold and --max-detections default to the thresholds the rung was scored at (said in
+    its help); set, they bound every image's answer."""
+    import subprocess
+    import sys
+
+    from pipeline.ship.bundle import ship
+    from pipeline.tasks.detection.ship import DetectionShip
+
+    run_dir, _, _ = yolo_run
+    hooks = DetectionShip()
+    folder = ship(run_dir, hooks, rung="student", to=tmp_path / "bundle", log=lambda _: None)
+    hooks.write_test_images(run_dir, tmp_path / "images")
+    run = lambda *extra: subprocess.run(  # noqa: E731
+        [sys.executable, str(folder / "infer.py"), *extra], capture_output=True, text=True, timeout=300,
+        env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    helped = run("--help")
+    assert f"default {THRESHOLD}: what the rung's mAP was measured at" in " ".join(helped.stdout.split())
+    assert run(str(tmp_path / "images"), "--json", str(tmp_path / "all.json")).returncode == 0
+    done = run(str(tmp_path / "images"), "--json", str(tmp_path / "few.json"), "--score-threshold", "0.3",
+               "--max-detections", "2")
+    assert done.returncode == 0, done.stderr
+    every, few = (json.loads((tmp_path / name).read_text()) for name in ("all.json", "few.json"))
+    assert sum(len(a["scores"]) for a in every.values()) > sum(len(a["scores"]) for a in few.values())
+    assert all(len(a["scores"]) <= 2 and all(s >= 0.3 for s in a["scores"]) for a in few.values())
+    assert run(str(tmp_path / "images"), "--score-threshold", "1.5").returncode == 2

@@ -207,7 +207,7 @@ def test_bad_input_is_refused_with_the_fix_and_nothing_half_written(tiny_run, tm
     run_dir = tiny_run.run_dir
     for kwargs, reason in (({"rung": "nosuch"}, "no rung 'nosuch' on loopback"),
                            ({"device": "orin"}, "did not measure on device 'orin'"),
-                           ({"max_drop": -50.0}, r"no rung on loopback is within -50 top-1 points .* the closest is")):
+                           ({"max_drop": -50.0}, r"--max-drop -50.0: the allowance is in accuracy points")):
         with pytest.raises(ConfigError, match=reason) as err:
             bundle.ship(run_dir, TASK_SHIP, to=tmp_path / "x", log=lambda _: None, **kwargs)
         assert err.value.fix
@@ -392,3 +392,83 @@ def test_an_engine_the_agent_no_longer_holds_and_a_device_that_is_gone(measured_
     assert "--no-engine" in err.value.fix and not (tmp / "t3").exists()
     folder = ship(run_dir, TASK_SHIP, rung="teacher", to=tmp / "t3", fetch_engine=False, log=lambda _: None)
     assert "shipped without it" in json.loads((folder / "card.json").read_text())["engine"]["why"]
+
+
+def _infer_module(folder):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"shipped_infer_{abs(hash(str(folder)))}", folder / "infer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_bgr_model_ships_as_bgr_to_every_consumer(tiny_run, tmp_path):
+    """A rung fed BGR (a model trained on OpenCV's order) used to ship as RGB: preprocess.json said RGB over the
+    record, infer.py fed RGB and nvinfer was told model-color-format=0. Now each says BGR, and infer.py's input tensor
+    for a colour image is the pipeline's (device/preprocess.py) bit for bit."""
+    from device.preprocess import Preprocess
+    from pipeline.ship.bundle import ship
+    from pipeline.ship.deepstream import parse_config
+
+    class Bgr(ClassificationShip):
+        def preprocess(self, run_dir):
+            return {**super().preprocess(run_dir), "channel_order": "bgr", "mean": [0.2, 0.3, 0.4],
+                    "std": [0.3, 0.4, 0.5]}
+
+    folder = ship(tiny_run.run_dir, Bgr(), rung="student", to=tmp_path / "bgr", log=lambda _: None)
+    written = json.loads((folder / "preprocess.json").read_text())
+    assert written["channel_order"] == "bgr"
+    assert parse_config((folder / "deepstream" / "config_infer.txt").read_text())["property"]["model-color-format"] == "1"
+    image = np.random.default_rng(0).integers(0, 256, (20, 24, 3), np.uint8)
+    image[..., 0] = 255  # a red image: RGB and BGR inputs differ by far more than rounding
+    infer = _infer_module(folder)
+    fed, _ = infer.geometry(image, written)
+    got = infer.normalize(fed[None], written)
+    pipeline = Preprocess(written["input_size"], written["resize"], 3, tuple(written["mean"]), tuple(written["std"]),
+                          written["interpolation"], channel_order="bgr")
+    assert np.array_equal(got, pipeline.normalize(pipeline.geometry(image)[None]))
+    as_rgb = Preprocess(written["input_size"], written["resize"], 3, tuple(written["mean"]), tuple(written["std"]),
+                        written["interpolation"])
+    assert np.abs(got - as_rgb.normalize(as_rgb.geometry(image)[None])).max() > 1.0
+
+
+def test_infer_py_says_what_to_install_and_its_requirements_pin_the_lock(shipped, tmp_path):
+    _, folder, _ = shipped
+    required = (folder / "requirements.txt").read_text()
+    assert "onnxruntime==" in required and "opencv-python-headless==" in required and "numpy==" in required
+    fake = tmp_path / "no-ort" / "onnxruntime"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('planted: no ONNX Runtime here')\n")
+    image = tmp_path / "one.png"
+    import cv2
+
+    cv2.imwrite(str(image), np.zeros((16, 16, 3), np.uint8))
+    result = subprocess.run([sys.executable, str(folder / "infer.py"), str(image), "--onnx"], capture_output=True,
+                            text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(fake.parent)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "neither TensorRT nor ONNX Runtime is importable" in result.stderr
+    assert f"pip install -r {folder / 'requirements.txt'}" in result.stderr
+
+
+def test_ship_refuses_what_it_cannot_write_or_read_with_the_fix(tiny_run, tmp_path):
+    from pipeline.ship import bundle
+
+    run_dir = tiny_run.run_dir
+    (tmp_path / "a-file").write_text("x")
+    for to, said in ((Path("/proc/edgefold-x"), "cannot write there"), (tmp_path / "a-file" / "sub", "is a file")):
+        with pytest.raises(ConfigError, match=said) as err:
+            bundle.ship(run_dir, TASK_SHIP, to=to, log=lambda _: None)
+        assert "TO=" in err.value.fix
+    for drop in (-1.0, float("nan"), 101.0):
+        with pytest.raises(ConfigError, match="from 0 to 100"):
+            bundle.ship(run_dir, TASK_SHIP, max_drop=drop, to=tmp_path / "drop", log=lambda _: None)
+    stopped = tmp_path / "runs" / "tiny" / "stopped"
+    stopped.mkdir(parents=True)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["stages"] = {"data": manifest["stages"]["data"]}
+    (stopped / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=r"stopped before deploy \(data ran\)") as err:
+        bundle.ship(stopped, TASK_SHIP, to=tmp_path / "s", log=lambda _: None)
+    assert "--run-id stopped" in err.value.fix
+    assert not list(tmp_path.glob(".*partial*"))
