@@ -164,6 +164,7 @@ print(json.dumps({{"ultralytics": __version__, "train_s": trained, "onnx": path,
     if result.returncode:
         raise SystemExit(f"Ultralytics failed at seed {seed}:\n{result.stderr[-3000:]}")
     facts = json.loads(result.stdout.strip().splitlines()[-1])
+    facts["onnx"] = str(Path(facts["onnx"]).relative_to(work))  # no machine path in a record
     facts["command"] = "YOLO('yolov8n.yaml').train(...); YOLO(best.pt).export(format='onnx', dynamic=True)"
     facts_path.write_text(json.dumps(facts))
     return onnx, facts

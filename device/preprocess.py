@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
+
 from device.errors import ConfigError, require
+from device.pil_resize import resize_antialiased
 
 # bilinear_antialias: PIL's and torchvision's bilinear (Resize's default), whose triangle filter widens with the
 # reduction, as a network trained on their resize saw its images; OpenCV's INTER_LINEAR samples 2×2 pixels whatever
@@ -138,33 +140,6 @@ class Preprocess:
 
     def input_shape(self, batch: int = 1) -> tuple[int, int, int, int]:
         return (batch, self.channels, self.input_size, self.input_size)
-
-
-def _antialias_weights(size: int, new: int) -> np.ndarray:
-    """The new × size matrix of PIL's bilinear resampling weights along one axis (``ImagingResample``'s
-    ``precompute_coeffs``): a triangle filter as wide as the reduction, centred on each output pixel's centre."""
-    scale = size / new
-    filterscale = max(scale, 1.0)
-    centers = (np.arange(new) + 0.5) * scale
-    first = np.maximum((centers - filterscale + 0.5).astype(np.int64), 0)
-    last = np.minimum((centers + filterscale + 0.5).astype(np.int64), size)
-    weights = np.zeros((new, size))
-    for row, (center, lo, hi) in enumerate(zip(centers, first, last)):
-        taps = np.maximum(0.0, 1.0 - np.abs((np.arange(lo, hi) - center + 0.5) / filterscale))
-        weights[row, lo:hi] = taps / taps.sum()
-    return weights
-
-
-def resize_antialiased(image: np.ndarray, new_h: int, new_w: int) -> np.ndarray:
-    """A uint8 H×W(×C) image resized as PIL's ``Image.resize(…, BILINEAR)`` and torchvision's ``Resize`` (antialias)
-    do: the rows first, rounded to uint8, then the columns (PIL's two passes)."""
-    def rounded(values: np.ndarray) -> np.ndarray:
-        return np.clip(np.floor(values + 0.5), 0, 255).astype(np.uint8)
-
-    planes = np.moveaxis(image.reshape(*image.shape[:2], -1), 2, 0).astype(np.float32)  # C×H×W
-    wide = rounded(planes @ _antialias_weights(image.shape[1], new_w).T.astype(np.float32))
-    tall = rounded(_antialias_weights(image.shape[0], new_h).astype(np.float32) @ wide.astype(np.float32))
-    return np.moveaxis(tall, 0, 2).reshape(new_h, new_w, *image.shape[2:])
 
 
 def read_image(path: str) -> np.ndarray:

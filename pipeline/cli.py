@@ -140,6 +140,8 @@ def _add_ship(sub) -> None:
                            f"{DEFAULT_MAX_DROP:g}: MLPerf's 99%%-of-FP32 rule at ResNet-50's scale)")
     ship.add_argument("--in-graph", action="store_true",
                       help="also ship model.frame.onnx, the rung with its preprocessing in the graph (deploy.frame)")
+    ship.add_argument("--force", action="store_true",
+                      help="ship the rung named by --rung even where the report judged it unfit (collapsed, at chance)")
     ship.add_argument("--no-engine", dest="engine", action="store_false",
                       help="do not ask the agent for the engine (the card gives the trtexec line that rebuilds it)")
     ship.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
@@ -162,7 +164,7 @@ def _cmd_ship(args) -> int:
     if args.engine and (args.token_file or os.environ.get("EDGEFOLD_AGENT_TOKEN")):
         token = read_token(token_file=args.token_file)
     ship(run_dir, tasks.of_run(run_dir).ship, rung=args.rung, device=args.device, to=Path(args.to) if args.to else None,
-         max_drop=args.max_drop, in_graph=args.in_graph, token=token, fetch_engine=args.engine)
+         max_drop=args.max_drop, in_graph=args.in_graph, token=token, fetch_engine=args.engine, force=args.force)
     return 0
 
 

@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from device import pil_resize
 from device.errors import ConfigError, EdgeFoldError
 from pipeline.ship.card import card_document, card_markdown
 from pipeline.ship.choose import DEFAULT_MAX_DROP, TEACHER, choose, pick_device
@@ -34,7 +35,7 @@ DEFAULT_TENSORRT = "10.3.0"
 
 def ship(run_dir: Path, hooks: ShipTask | None, rung: str = "best", device: str | None = None, to: Path | None = None,
          max_drop: float = DEFAULT_MAX_DROP, in_graph: bool = False, token: str | None = None,
-         fetch_engine: bool = True, log: Callable[[str], None] = print) -> Path:
+         fetch_engine: bool = True, log: Callable[[str], None] = print, force: bool = False) -> Path:
     """Ships one rung of a finished run into a folder.
 
     Args:
@@ -47,6 +48,7 @@ def ship(run_dir: Path, hooks: ShipTask | None, rung: str = "best", device: str 
         in_graph: Also ship the graph with the preprocessing written into it (a run that measured it).
         token: The agent's token, to fetch the engine it built.
         fetch_engine: Ask the agent for the engine (False: ship without it; the card gives its trtexec line).
+        force: Ship a rung the report judged unfit (collapsed), named with ``rung``; the card says so.
 
     Returns:
         The folder written.
@@ -63,7 +65,7 @@ def ship(run_dir: Path, hooks: ShipTask | None, rung: str = "best", device: str 
     _finished(run_dir)
     rows = hooks.rows(run_dir)
     device = pick_device(rows, device)
-    row, why = choose(rows, device, rung, max_drop, hooks.metric)
+    row, why = choose(rows, device, rung, max_drop, hooks.metric, force)
     teacher = next((r for r in rows if r.device == device and r.rung == TEACHER), None)
     if row.precision not in NETWORK_MODE:  # what trtexec, nvinfer and the card can each name
         raise ConfigError(f"{row.rung} ran in precision {row.precision!r}, which nvinfer's network-mode has no value "
@@ -151,11 +153,7 @@ def _write(hooks: ShipTask, run_dir: Path, row: ShipRow, teacher: ShipRow | None
     model = folder / "model.onnx"
     shutil.copyfile(hooks.model(run_dir, row.rung), model)
     io = io_facts(model)
-    recorded = hooks.preprocess(run_dir)
-    # The order the rung was fed in, as recorded (a model trained on BGR images ships as BGR: infer.py flips, nvinfer
-    # is told model-color-format=1), never a default written over it.
-    preprocess = {**recorded, "input_name": io["inputs"][0]["name"], "dtype": "float32", "layout": "NCHW",
-                  "channel_order": str(recorded.get("channel_order") or "rgb").lower(), "scale": 1 / 255}
+    preprocess = shipped_preprocess(hooks.preprocess(run_dir), io["inputs"][0]["name"])
     if in_graph:
         preprocess["in_graph"] = _in_graph(run_dir, row.rung, folder)
     (folder / "preprocess.json").write_text(json.dumps(preprocess, indent=1) + "\n")
@@ -166,7 +164,8 @@ def _write(hooks: ShipTask, run_dir: Path, row: ShipRow, teacher: ShipRow | None
     (folder / "postprocess.json").write_text(json.dumps(postprocess, indent=1) + "\n")
     extra = hooks.extra_files(run_dir, row.rung, folder)
     shutil.copyfile(INFER_SCRIPT, folder / "infer.py")
-    (folder / "requirements.txt").write_text(requirements(preprocess))
+    shutil.copyfile(pil_resize.__file__, folder / "pil_resize.py")  # infer.py's antialiased resize, the run's own
+    (folder / "requirements.txt").write_text(requirements())
     dla_core = _dla_core(run_dir, row)
     engine = _engine(row, record, folder, io, token, fetch_engine, log, dla_core)
     deepstream = _deepstream(hooks, run_dir, row, folder, preprocess, labels, engine, record["info"], dla_core)
@@ -177,7 +176,8 @@ def _write(hooks: ShipTask, run_dir: Path, row: ShipRow, teacher: ShipRow | None
     deployed = json.loads((run_dir / "manifest.json").read_text())["stages"]["deploy"]
     card = card_document(row, teacher, why, hooks.metric, record["info"], deployed.get("finished"), engine,
                          deepstream, {"files": sorted(["model.onnx", "labels.txt", "preprocess.json",
-                                                       "postprocess.json", "infer.py", "requirements.txt", *extra]),
+                                                       "postprocess.json", "infer.py", "pil_resize.py", "requirements.txt",
+                                                       *extra]),
                                       "triton_models": triton, "run": str(run_dir),
                                       "per_class_drops": hooks.per_class_drops(run_dir, row.rung, row.device),
                                       "power_setting": hooks.power_setting(run_dir, row.rung, row.device)})
@@ -185,16 +185,22 @@ def _write(hooks: ShipTask, run_dir: Path, row: ShipRow, teacher: ShipRow | None
     (folder / "card.md").write_text(card_markdown(card))
 
 
+def shipped_preprocess(recorded: dict[str, Any], input_name: str) -> dict[str, Any]:
+    """``preprocess.json``: every key of the run's record as recorded, and what a consumer needs besides (the input's
+    name, type and layout). The channel order is the record's (a model trained on BGR images ships as BGR: infer.py
+    flips, nvinfer is told model-color-format=1), never a default written over it."""
+    return {**recorded, "input_name": input_name, "dtype": "float32", "layout": "NCHW",
+            "channel_order": str(recorded.get("channel_order") or "rgb").lower(), "scale": 1 / 255}
+
+
 REQUIREMENTS = ("numpy", "onnxruntime", "opencv-python-headless")
 """What ``infer.py`` imports (TensorRT comes with JetPack, not from pip)."""
 
 
-def requirements(preprocess: dict[str, Any], lock: Path = Path(__file__).resolve().parents[2] / "constraints.txt"
-                 ) -> str:
+def requirements(lock: Path = Path(__file__).resolve().parents[2] / "constraints.txt") -> str:
     """``requirements.txt`` for ``infer.py``: its packages at the versions EdgeFold's lock measured with (OpenCV
-    below 5 where the lock has none: pip's newest is 5, which the project does not run), Pillow where the rung was
-    fed PIL's antialiased resize."""
-    wanted = [*REQUIREMENTS, *(["pillow"] if preprocess.get("interpolation") == "bilinear_antialias" else [])]
+    below 5 where the lock has none: pip's newest is 5, which the project does not run)."""
+    wanted = list(REQUIREMENTS)  # PIL's antialiased resize is pil_resize.py's, beside infer.py: no Pillow needed
     pinned: dict[str, list[str]] = {}
     if lock.is_file():  # the lock's lines as they are, with their Python-version markers
         for line in lock.read_text().splitlines():

@@ -16,6 +16,11 @@ FIGURES = (("latency_p50_ms", "latency p50", "ms", ".3f"), ("latency_p99_ms", "l
            ("sustained_ratio", "sustained (settled / burst p50)", "×", ".2f"))
 
 
+MEASURED_ALWAYS = {"latency_p50_ms", "latency_p99_ms", "throughput_images_per_s", "energy_mj_per_image",
+                   "power_mean_w", "peak_memory_mb"}
+"""Figures every deploy measures where it can: one it could not is a row saying so, never left out."""
+
+
 def conditions(info: dict[str, Any], row: ShipRow, date: str | None) -> dict[str, Any]:
     """Where and how the figures were measured."""
     mode = info.get("nvpmodel")
@@ -25,7 +30,8 @@ def conditions(info: dict[str, Any], row: ShipRow, date: str | None) -> dict[str
             "l4t": info.get("l4t"), "jetpack": info.get("jetpack"), "tensorrt": info.get("tensorrt"),
             "gpu": gpu, "compute_capability": info.get("compute_capability"),
             "power_mode": mode_name, "jetson_clocks": info.get("jetson_clocks"), "runtime": row.runtime,
-            "precision": row.precision, "batch": row.batch, "date": date}
+            "precision": row.precision if not row.precision_ran else f"{row.precision} graph (no {row.precision.upper()} "
+                                                                     "compute ran)", "batch": row.batch, "date": date}
 
 
 def card_document(row: ShipRow, teacher: ShipRow | None, why: str, metric: str, info: dict[str, Any],
@@ -41,6 +47,7 @@ def card_document(row: ShipRow, teacher: ShipRow | None, why: str, metric: str, 
 
     return {"schema": "edgefold.card/1", "rung": row.rung, "chosen": why, "metric": metric,
             "figures": figures(row), "teacher": figures(teacher), "measured_under": conditions(info, row, date),
+            "flags": list(row.flags), "verdict": row.verdict, "precision_ran": row.precision_ran,
             "engine": engine, "deepstream": deepstream, **extra}
 
 
@@ -64,13 +71,19 @@ def card_markdown(card: dict[str, Any]) -> str:
              f"| figure | {card['rung']} | teacher |", "|---|---|---|",
              f"| {metric} | {accuracy(row)} | {accuracy(teacher)} |"]
     for key, label, unit, fmt in FIGURES:
-        if row.get(key) is None and teacher.get(key) is None:
-            continue
+        if row.get(key) is None and teacher.get(key) is None and key not in MEASURED_ALWAYS:
+            continue  # a figure the run never asks for (frames, sustained runs without deploy.frame/sustained)
         lines.append(f"| {label} | {_value(row.get(key), fmt, unit)} | {_value(teacher.get(key), fmt, unit)} |")
     drops = card.get("per_class_drops") or []
     if drops:
         lines += ["", f"Classes whose {metric} fell most against the teacher: "
-                  + ", ".join(f"{d['class']} ({d['drop_points']:+.1f} points)" for d in drops) + "."]
+                  + ", ".join(f"{d['class']} (lost {d['drop_points']:.1f} points)" for d in drops) + "."]
+    if card.get("verdict"):
+        lines += ["", f"**Shipped with --force: the report judged this rung unfit ({card['verdict']}).**"]
+    if card.get("precision_ran"):
+        lines += ["", f"Precision: {card['precision_ran']}."]
+    if card.get("flags"):
+        lines += ["", "What the report flagged on these figures:", ""] + [f"- {flag}" for flag in card["flags"]]
     measured = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in under.items() if v is not None and k != "device")
     lines += ["", f"Measured on {under['device']}: {measured}.", ""]
     if card.get("power_setting") and card["power_setting"].get("text"):

@@ -2,7 +2,10 @@
 
 ``best`` is the fastest rung on the device (its median latency at the batch it was measured at) whose accuracy drop
 against the teacher, both as that device scored them (a rung scored only on the host is not compared with a teacher
-scored on the device, and is named), stays within ``max_drop`` points. The default, 1 point, is the
+scored on the device, and is named), stays within ``max_drop`` points, where its latency interval clears the others';
+where it does not (no measurable difference: an FP16 form 2 µs from its FP32 one), the one of those closest to the
+teacher. A rung the report judged unfit (collapsed, at chance) is never ``best``, and ships by name only with
+``force``. The default, 1 point, is the
 loss INT8 deployment is usually held to: MLPerf Inference's closed division requires 99% of the FP32 reference's
 accuracy, 0.76 top-1 points for ResNet-50 (76.46%) and 0.37 mAP points for RetinaNet (37.55), so 1 point is at that
 scale. It is not ``quantize.accuracy_budget_points``, which measures INT8 against the FP32 student, not the teacher.
@@ -47,12 +50,13 @@ def drop_points(row: ShipRow, teacher: ShipRow) -> float | None:
 
 
 def choose(rows: list[ShipRow], device: str, rung: str, max_drop: float = DEFAULT_MAX_DROP,
-           metric: str = "top-1") -> tuple[ShipRow, str]:
+           metric: str = "top-1", force: bool = False) -> tuple[ShipRow, str]:
     """The row to ship and why, in words.
 
     Raises:
-        ConfigError: A rung the device did not measure, no teacher to compare with, or (``best``) no rung within
-            ``max_drop``: the closest is named with its drop.
+        ConfigError: A rung the device did not measure, one the report judged unfit (collapsed, at chance) unless
+            ``force``, no teacher to compare with, or (``best``) no rung within ``max_drop``: the closest is named
+            with its drop.
     """
     on_device = {row.rung: row for row in rows if row.device == device}
     measured = {name: row for name, row in on_device.items() if row.measured and row.latency_p50_ms is not None}
@@ -63,12 +67,18 @@ def choose(rows: list[ShipRow], device: str, rung: str, max_drop: float = DEFAUL
         if rung not in measured:
             raise ConfigError(f"{rung} was not measured on {device} (deploy recorded no latency for it)",
                               fix="deploy it to that device first (make edge EDGE=URL), or choose another rung")
-        return measured[rung], f"{rung}, as asked"
+        if measured[rung].verdict and not force:
+            raise ConfigError(f"{rung} is not fit to ship: the report says {measured[rung].verdict}",
+                              fix=f"ship another rung (--rung best), or this one anyway: --rung {rung} --force "
+                                  "(the card then says so)")
+        said = f"; shipped with --force though the report says {measured[rung].verdict}" if measured[rung].verdict \
+            else ""
+        return measured[rung], f"{rung}, as asked{said}"
     teacher = on_device.get(TEACHER)
     if teacher is None or teacher.accuracy is None:
         raise ConfigError(f"--rung best compares each rung's {metric} with the teacher's on {device}, and the run has "
                           "no teacher score there", fix="name the rung: --rung student_int8")
-    candidates = [row for row in measured.values() if row.rung != TEACHER]
+    candidates = [row for row in measured.values() if row.rung != TEACHER and not row.verdict]
     # A drop is taken between two scores of one source: a host score against the device's teacher would mix the
     # host's runtime with the device's.
     elsewhere = [row.rung for row in candidates if row.accuracy is not None
@@ -85,13 +95,36 @@ def choose(rows: list[ShipRow], device: str, rung: str, max_drop: float = DEFAUL
                           f"({100 * teacher.accuracy:.2f}){named}",
                           fix=f"raise --max-drop (MAX_DROP=), or name the rung (--rung {closest[1].rung})"
                               if closest else "raise --max-drop, or name the rung")
-    latency, drop, row = min(within, key=lambda item: item[0])
-    others = sorted((r for lat, d, r in within if r is not row), key=lambda r: r.latency_p50_ms)
+    within.sort(key=lambda item: item[0])
+    fastest = within[0][2]
+    # The rule: the fastest, where its latency interval clears every other's; among those whose intervals it does
+    # not clear (no measurable difference), the one closest to the teacher, then the faster.
+    tied = [(lat, d, r) for lat, d, r in within if r is fastest or not _clears(fastest, r)]
+    latency, drop, row = min(tied, key=lambda item: (item[1], item[0]))
+    rule = (f"the fastest rung on {device} within {max_drop:g} {metric} points of the teacher, its p50 interval "
+            "clear of the next" if len(tied) == 1 else
+            f"of the rungs within {max_drop:g} {metric} points of the teacher on {device} whose p50 intervals overlap "
+            f"the fastest's ({', '.join(r.rung for _, _, r in tied)}: no measurable difference), the one closest to "
+            "the teacher")
+    others = [r for _, _, r in within if r is not row]
     faster_outside = [r for d, r in scored if d > max_drop and r.latency_p50_ms < latency]
     versus = f"{drop:.2f} points lost" if drop >= 0 else f"{-drop:.2f} points above it"
-    why = (f"{row.rung}: the fastest rung on {device} within {max_drop:g} {metric} points of the teacher "
-           f"({versus}; p50 {latency:.3f} ms at batch {row.batch}"
-           + (f"; next {others[0].rung} at {others[0].latency_p50_ms:.3f} ms" if others else "")
+    why = (f"{row.rung}: {rule} ({versus}; p50 {latency:.3f} ms{_interval(row)} at batch {row.batch}"
+           + (f"; next {others[0].rung} at {others[0].latency_p50_ms:.3f} ms{_interval(others[0])}" if others else "")
            + (f"; faster but outside: {', '.join(r.rung for r in faster_outside)}" if faster_outside else "")
            + unlike + ")")
     return row, why
+
+
+def _clears(fast: ShipRow, slow: ShipRow) -> bool:
+    """Whether ``fast``'s p50 interval lies wholly below ``slow``'s (a row without intervals: its medians differ)."""
+    high = fast.figures.get("latency_p50_high_ms")
+    low = slow.figures.get("latency_p50_low_ms")
+    if high is None or low is None:
+        return fast.latency_p50_ms < slow.latency_p50_ms
+    return high < low
+
+
+def _interval(row: ShipRow) -> str:
+    low, high = row.figures.get("latency_p50_low_ms"), row.figures.get("latency_p50_high_ms")
+    return f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""

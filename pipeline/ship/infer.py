@@ -40,15 +40,12 @@ def read_rgb(path: Path) -> np.ndarray:
 
 
 def _pil_bilinear(image: np.ndarray, width: int, height: int) -> np.ndarray:
-    """PIL's bilinear resize (antialiased: torchvision's Resize), as the rung was fed; Pillow is needed only here."""
-    try:
-        from PIL import Image
-    except ImportError:
-        sys.exit("preprocess.json asks for bilinear_antialias (PIL's resize): pip install pillow")
-    planes = [image] if image.ndim == 2 else [image[:, :, c] for c in range(image.shape[2])]
-    resized = [np.asarray(Image.fromarray(np.ascontiguousarray(p)).resize((width, height), Image.BILINEAR))
-               for p in planes]
-    return resized[0] if image.ndim == 2 else np.stack(resized, axis=2)
+    """PIL's bilinear resize (antialiased: torchvision's Resize), as the rung was fed: ``pil_resize.py`` beside this
+    file computes it as the run did, to the bit, whatever Pillow is installed."""
+    sys.path.insert(0, str(HERE))
+    from pil_resize import resize_antialiased
+
+    return resize_antialiased(image, height, width)
 
 
 def geometry(image: np.ndarray, pre: dict) -> tuple[np.ndarray, float]:

@@ -48,6 +48,43 @@ class ShipRow:
     engines: dict[int, str] = field(default_factory=dict)
     measured: bool = True
     host_accuracy: float | None = None
+    flags: tuple[str, ...] = ()
+    verdict: str | None = None
+    precision_ran: str | None = None
+
+
+NOISE_WORDS = {"busy_device": "the device was busy with other processes during its windows",
+               "high_variance": "its latency varied beyond trtexec's warning (CV over 10%) across windows",
+               "throttled": "the device throttled during its windows",
+               "clocks_not_locked": "the clocks were not locked (jetson_clocks off)"}
+
+
+def report_flags(row: dict[str, Any]) -> tuple[str, ...]:
+    """What the report flagged on a row, in words: a busy or noisy window, a runtime that ran instead of the one
+    asked for, energy not measured (with why), a degraded energy window."""
+    flags = [NOISE_WORDS.get(flag, flag.replace("_", " ")) for flag in row.get("noise_flags") or ()]
+    if row.get("runtime_fallback"):
+        flags.append(str(row["runtime_fallback"]).split(" (fix:")[0])
+    if row.get("energy_mj_per_image") is None and row.get("reason"):
+        flags.append(f"energy and power not measured: {row['reason']}")
+    elif row.get("energy_degraded"):
+        flags.append(f"energy from a degraded window: {row.get('energy_note') or 'see the report'}")
+    return tuple(flags)
+
+
+def ran_precision(row: dict[str, Any], profiles: list[dict[str, Any]]) -> str | None:
+    """The precision the device computed the rung in, where its own profile says otherwise than the graph's: an INT8
+    graph run by ONNX Runtime's CPU provider computes every layer in float (its Q/DQ nodes are layers of their own)."""
+    from pipeline.report.profile_report import computes_in
+
+    precision = row.get("precision") or "fp32"
+    profile = next((p for p in profiles if p.get("device") == row.get("device") and p.get("rung") == row.get("rung")
+                    and p.get("status") == "measured"), None)
+    if profile is None or computes_in(profile.get("profile"), precision):
+        return None
+    return (f"{precision} in the graph, but no compute layer ran in {precision.upper()} on {row.get('device')} "
+            f"({row.get('runtime') or 'its runtime'} ran the Q/DQ nodes as layers of their own): its latency is not "
+            f"an {precision.upper()} engine's")
 
 
 class ShipTask(Protocol):

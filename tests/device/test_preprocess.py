@@ -125,3 +125,18 @@ def test_the_antialiased_resize_is_torchvisions_within_one_level(shape, new):
                      mean=(0.5,) * (3 if shape[2] == 3 else 1), std=(0.5,) * (3 if shape[2] == 3 else 1),
                      interpolation="bilinear_antialias")
     assert pre.geometry(image).shape == (min(new), min(new), pre.channels)
+
+
+@pytest.mark.parametrize("shape, new", [((41, 53), (41, 23)), ((41, 53), (18, 53)), ((120, 160), (18, 24)),
+                                        ((37, 29), (90, 71)), ((240, 320), (168, 224))])
+def test_the_antialiased_resize_is_pils_to_the_bit(shape, new):
+    """PIL's own integer arithmetic (22-bit fixed-point weights, each pass clipped to uint8): the resize a model
+    trained with PIL was fed, to the bit, where one pass or both in PIL's usual order (the rows first) run; the
+    shipped infer.py computes it with the same module."""
+    from PIL import Image
+
+    from device.pil_resize import resize_antialiased
+
+    image = np.random.default_rng(3).integers(0, 256, (*shape, 3), np.uint8)
+    theirs = np.asarray(Image.fromarray(image).resize(new[::-1], Image.BILINEAR))
+    assert np.array_equal(resize_antialiased(image, *new), theirs)

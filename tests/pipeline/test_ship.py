@@ -472,3 +472,84 @@ def test_ship_refuses_what_it_cannot_write_or_read_with_the_fix(tiny_run, tmp_pa
         bundle.ship(stopped, TASK_SHIP, to=tmp_path / "s", log=lambda _: None)
     assert "--run-id stopped" in err.value.fix
     assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_best_takes_the_faster_only_where_its_interval_clears_and_an_unfit_rung_needs_force():
+    """student_fp16 2 µs faster than student, their p50 intervals overlapping: no measurable difference, so the one
+    closer to the teacher ships, and the rule is said. A collapsed rung is never best and ships by name with --force."""
+    import dataclasses
+
+    from pipeline.ship.choose import choose
+    from pipeline.ship.task import ShipRow
+
+    def row(rung, accuracy, p50, low, high, verdict=None):
+        return ShipRow(rung, "orin", accuracy, "device", None, None, p50, 1, "fp16", "tensorrt",
+                       figures={"latency_p50_low_ms": low, "latency_p50_high_ms": high}, verdict=verdict)
+
+    rows = [row("teacher", 0.80, 5.0, 4.9, 5.1), row("student", 0.798, 0.100, 0.097, 0.104),
+            row("student_fp16", 0.795, 0.098, 0.095, 0.102), row("pruned", 0.80, 0.05, 0.049, 0.051, "collapsed: x")]
+    chosen, why = choose(rows, "orin", "best", 1.0)
+    assert chosen.rung == "student" and "whose p50 intervals overlap the fastest's" in why
+    apart = [dataclasses.replace(r, figures={"latency_p50_low_ms": 0.050, "latency_p50_high_ms": 0.060})
+             if r.rung == "student_fp16" else r for r in rows]
+    chosen, why = choose(apart, "orin", "best", 1.0)
+    assert chosen.rung == "student_fp16" and "its p50 interval clear of the next" in why
+    with pytest.raises(ConfigError, match="pruned is not fit to ship: the report says collapsed") as err:
+        choose(rows, "orin", "pruned")
+    assert "--force" in err.value.fix
+    chosen, why = choose(rows, "orin", "pruned", force=True)
+    assert chosen.rung == "pruned" and "shipped with --force" in why
+
+
+def test_the_card_carries_every_flag_the_report_did_and_the_precision_that_ran(tiny_run, tmp_path):
+    from pipeline.ship.bundle import ship
+
+    folder = ship(tiny_run.run_dir, TASK_SHIP, rung="student_int8", to=tmp_path / "int8", log=lambda _: None)
+    card = json.loads((folder / "card.json").read_text())
+    text = (folder / "card.md").read_text()
+    assert any("ONNX Runtime ran instead of TensorRT" in flag for flag in card["flags"])
+    assert any(flag.startswith("energy and power not measured: no power telemetry") for flag in card["flags"])
+    assert "| energy per image | not measured | not measured |" in text, "a figure not measured is said, not dropped"
+    assert card["precision_ran"].startswith("int8 in the graph, but no compute layer ran in INT8 on loopback")
+    assert "int8 graph (no INT8 compute ran)" in text
+    for flag in card["flags"]:
+        assert f"- {flag}" in text
+
+
+RECORD = {"input_size": 16, "resize": 18, "channels": 3, "mean": [0.3, 0.3, 0.3], "std": [0.38, 0.38, 0.38],
+          "interpolation": "bilinear"}
+VARIANTS = {"input_size": {"input_size": 24, "resize": 27}, "resize": {"resize": 32}, "interpolation=area":
+            {"interpolation": "area"}, "interpolation=bicubic": {"interpolation": "bicubic"},
+            "interpolation=bilinear_antialias": {"interpolation": "bilinear_antialias"},
+            "interpolation=nearest": {"interpolation": "nearest"}, "mean": {"mean": [0.485, 0.456, 0.406]},
+            "std": {"std": [0.229, 0.224, 0.225]}, "channels": {"channels": 1, "mean": [0.4], "std": [0.3]},
+            "channel_order": {"channel_order": "bgr"}}
+
+
+@pytest.mark.parametrize("key", list(VARIANTS))
+def test_every_key_of_the_record_reaches_infer_py_and_nvinfer(key, tmp_path):
+    """Each key of the run's preprocessing record set to a non-default value, through the bundle's preprocess.json:
+    infer.py's input tensor equals the pipeline's (device/preprocess.py) bit for bit, and nvinfer's arithmetic
+    (net-scale-factor × (x − offsets), the per-channel 1/std the DeepStream graph multiplies by) equals it within
+    float error on the same pixels. So no key can be dropped on the way again."""
+    from device.preprocess import Preprocess
+    from pipeline.ship import bundle
+    from pipeline.ship.deepstream import normalization
+
+    recorded = {**RECORD, **VARIANTS[key]}
+    written = bundle.shipped_preprocess({"kind": "resize_crop", **recorded}, "input")
+    (tmp_path / "infer.py").write_text(bundle.INFER_SCRIPT.read_text())
+    (tmp_path / "pil_resize.py").write_text(Path(bundle.pil_resize.__file__).read_text())  # shipped beside it
+    infer = _infer_module(tmp_path)
+    pipeline = Preprocess.from_dict(recorded)
+    image = np.random.default_rng(1).integers(0, 256, (41, 53, 3), np.uint8)
+    image[:, :, 0] = 250  # red: the channel order shows
+    fed, _ = infer.geometry(image, written)
+    expected = pipeline.normalize(pipeline.geometry(image)[None])
+    assert np.array_equal(infer.normalize(fed[None], written), expected), key
+    scale, offsets, per_channel = normalization(written)
+    emulated = scale * (fed[None].astype(np.float32).transpose(0, 3, 1, 2) - np.asarray(offsets, np.float32)
+                        .reshape(1, -1, 1, 1))
+    if per_channel is not None:
+        emulated = emulated * np.asarray(per_channel, np.float32).reshape(1, -1, 1, 1)
+    assert np.allclose(emulated, expected, atol=1e-5), key

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from device.errors import ManifestError
-from pipeline.ship.task import ShipRow
+from pipeline.ship.task import ShipRow, ran_precision, report_flags
 from pipeline.tasks.classification.images import data_set, recorded_splits
 
 CARD_FIGURES = ("latency_p99_ms", "throughput_images_per_s", "energy_mj_per_image", "power_mean_w", "peak_memory_mb",
@@ -40,8 +40,10 @@ class ClassificationShip:
         from pipeline.stats import binomial_interval
 
         deployed = {d["name"]: d for d in _deployed(run_dir).get("devices", [])}
+        results = _results(run_dir)
+        profiles = results.get("layer_profiles") or []
         rows = []
-        for row in _results(run_dir)["rows"]:
+        for row in results["rows"]:
             on_device = row.get("device_top1") is not None
             accuracy = row.get("device_top1") if on_device else row.get("top1")
             low = high = None
@@ -50,7 +52,7 @@ class ClassificationShip:
             record = deployed.get(row["device"], {}).get("rungs", {}).get(row["rung"], {})
             result = record.get("result") or {}
             built = (result.get("runtime") or {}).get("built") or {}
-            figures = {key: row.get(key) for key in CARD_FIGURES}
+            figures = {key: row.get(key) for key in (*CARD_FIGURES, "latency_p50_low_ms", "latency_p50_high_ms")}
             figures["measured_batches"] = list((record.get("spec") or {}).get("batch_sizes") or [])
             rows.append(ShipRow(rung=row["rung"], device=row["device"], accuracy=accuracy,
                                 accuracy_source="device" if on_device else "host", accuracy_low=low,
@@ -58,7 +60,9 @@ class ClassificationShip:
                                 batch=int(row.get("latency_batch") or 1), precision=row.get("precision") or "fp32",
                                 runtime=row.get("runtime"), figures=figures,
                                 engines={int(b): key for b, key in (built.get("engines") or {}).items()},
-                                measured=row.get("status") == "measured", host_accuracy=row.get("top1")))
+                                measured=row.get("status") == "measured", host_accuracy=row.get("top1"),
+                                flags=report_flags(row), verdict=row.get("verdict") or None,
+                                precision_ran=ran_precision(row, profiles)))
         return rows
 
     def model(self, run_dir: Path, rung: str) -> Path:
