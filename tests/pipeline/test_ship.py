@@ -40,7 +40,10 @@ def test_the_folder_holds_what_an_application_needs(shipped):
         assert (folder / name).is_file(), name
     card = json.loads((folder / "card.json").read_text())
     assert card["rung"] != "teacher" and "within 1 top-1 points of the teacher" in card["chosen"]
-    assert lines[0].startswith(f"shipping {card['rung']}: the fastest rung on loopback")
+    assert lines[0].startswith(f"shipping {card['rung']}: ")
+    # Either rule of best, as the loopback's intervals fall: the fastest clear of the rest, or the closest to the
+    # teacher among those whose intervals overlap the fastest's.
+    assert "the fastest rung on loopback" in lines[0] or "whose p50 intervals overlap the fastest's" in lines[0]
     preprocess = json.loads((folder / "preprocess.json").read_text())
     assert preprocess["kind"] == "resize_crop" and preprocess["input_name"] == "input" and preprocess["layout"] == "NCHW"
     assert (folder / "labels.txt").read_text().split() == [str(k) for k in range(10)]
