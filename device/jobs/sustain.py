@@ -31,6 +31,8 @@ THERMAL_DIR = "/sys/devices/virtual/thermal"
 # An interval's median GPU clock under this share of the first interval's peak is a throttle signal. The median, not
 # the lowest reading: without jetson_clocks the GPU runs under its DVFS governor and jtop reads the instantaneous
 # cur_freq (jetson-stats 7.2.2, core/gpu.py), so one sample of a governor's dip is no throttle; a throttle holds.
+# With an even count the upper of the two middle readings: on a loaded host an interval held two samples, one in a
+# dip, and their mean (70 of 100 and 40 MHz, a clock the GPU never ran at) read as a throttle.
 CLOCK_DROP = 0.95
 NVML_POWER_MASK = 0x4 | 0x80  # SwPowerCap, HwPowerBrakeSlowdown (NVML's clock-event reasons)
 WARMUP_CALLS = 3
@@ -139,8 +141,8 @@ def _over(traces, key: str, start: float, stop: float, how: str) -> float | None
         if len(inside):
             if how == "or":
                 return float(np.bitwise_or.reduce(inside.astype(np.int64)))
-            if how == "median":
-                return float(np.median(inside))
+            if how == "median":  # the upper middle reading: a clock the GPU ran at, never the mean of two
+                return float(np.sort(inside)[len(inside) // 2])
             return float(inside.max() if how == "peak" else inside.min())
     return None
 

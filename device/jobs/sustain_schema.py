@@ -97,8 +97,9 @@ class SustainedInterval(Measured):
     cpu_temp_c: float | None = None
     hottest_c: float | None = Field(None, description="the hottest thermal zone at the interval's end, °C")
     gpu_clock_mhz: float | None = Field(None, description="the GPU clock's lowest reading in the interval")
-    gpu_clock_median_mhz: float | None = Field(None, description="the GPU clock's median reading in the interval: "
-                                                                 "what the clock signal compares (2.12)")
+    gpu_clock_median_mhz: float | None = Field(None, description="the GPU clock's median reading in the interval "
+                                                                 "(the upper middle one of an even count): what the "
+                                                                 "clock signal compares (2.12)")
     signals: list[str] = Field(default_factory=list, description="the throttle signals seen in the interval")
 
 

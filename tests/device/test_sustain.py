@@ -455,3 +455,19 @@ def test_a_setting_the_timeout_leaves_no_time_for_is_never_set(tmp_path, monkeyp
     assert [(item.nvpmodel_name, item.kind, item.reason) for item in sweep.not_measured] == [
         ("15W", "skipped", "the job's timeout left 3 s, under the 21 s a setting needs")]
     assert sweep.restored is True and after == before and not (tmp_path / "hold.json").exists()
+
+
+def test_an_intervals_median_clock_is_a_reading_the_gpu_had():
+    """Two readings in an interval, one in a governor's dip (a loaded host's jtop delivered that few): the median is
+    the upper reading, not 70 MHz, a clock the GPU never ran at, which read as a throttle."""
+    import numpy as np
+
+    from device.jobs.sustain import _over
+
+    class Trace:
+        times_s = np.array([0.2, 0.6])
+        values = {"gpu_freq_mhz": np.array([40.0, 100.0])}
+
+    assert _over([Trace()], "gpu_freq_mhz", 0.0, 1.0, "median") == 100.0
+    Trace.times_s, Trace.values = np.array([0.1, 0.4, 0.8]), {"gpu_freq_mhz": np.array([50.0, 50.0, 100.0])}
+    assert _over([Trace()], "gpu_freq_mhz", 0.0, 1.0, "median") == 50.0, "a throttle held over most readings shows"
