@@ -18,6 +18,8 @@ RUNG     ?= best
 DEVICE   ?=
 TO       ?=
 MAX_DROP ?=
+# make ship's check of the folder it wrote: auto (where it takes under a minute), full, or off.
+CHECK    ?= auto
 HOST     ?= 127.0.0.1
 PORT     ?= 8765
 AGENT_DATA ?= $(HOME)/.local/share/edgefold-agent
@@ -85,7 +87,7 @@ help:
 	@echo "     NPROC=8: teacher and distill as one DDP job over 8 processes (torchrun)"
 	@echo "     devices:   EDGE=http://jetson:8765[,…] DC=http://gpu:8765 DEVICES=devices.yaml TOKEN_FILE=path (none: a loopback agent)"
 	@echo "make report MODEL= RUN=id      rebuild a run's report (default: the model's latest run)"
-	@echo "make ship MODEL= [RUN= RUNG=best DEVICE= TO= MAX_DROP=1]  the folder an application runs a rung from"
+	@echo "make ship MODEL= [RUN= RUNG=best DEVICE= TO= MAX_DROP=1 CHECK=auto]  the folder an application runs a rung from, checked"
 	@echo "make agent [HOST= PORT= AGENT_DATA= TOKEN_FILE=]  run the device agent here (on a Jetson its venv sees JetPack's TensorRT)"
 	@echo "make docker-jetson L4T=36.4.3 | docker-dc | docker-pipeline   build (and smoke-test) the images"
 	@echo "make bundle L4T=36.4.3     offline agent bundle for an air-gapped Jetson (dist/)"
@@ -207,7 +209,8 @@ agent: $(AGENT_STAMP)
 ship: $(STAMP)
 	$(EDGEFOLD) ship '$(RUNS)/$(RUN_NAME)/$(if $(RUN),$(RUN),latest)' \
 	    --rung '$(RUNG)' $(if $(DEVICE),--device '$(DEVICE)') $(if $(TO),--to '$(TO)') \
-	    $(if $(MAX_DROP),--max-drop $(MAX_DROP)) $(if $(TOKEN_FILE),--token-file '$(TOKEN_FILE)')
+	    $(if $(MAX_DROP),--max-drop $(MAX_DROP)) $(if $(TOKEN_FILE),--token-file '$(TOKEN_FILE)') \
+	    $(if $(filter-out off,$(CHECK)),--check $(CHECK))
 
 report: $(STAMP)
 	$(EDGEFOLD) report '$(RUNS)/$(RUN_NAME)/$(if $(RUN),$(RUN),latest)'

@@ -131,7 +131,8 @@ def _add_ship(sub) -> None:
                     "engine the device built with its build.json (when its agent still holds it), a DeepStream "
                     "nvinfer config, a Triton model repository, infer.py and card.md/card.json. --rung best picks the "
                     "fastest rung on the device within --max-drop points of the teacher's accuracy there.")
-    ship.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run")
+    ship.add_argument("run", help="run directory (runs/<model>/<run-id>) or a model name for its latest run; with "
+                                  "--check alone, also a folder ship wrote")
     ship.add_argument("--rung", default="best", help="a rung's name, or best (default)")
     ship.add_argument("--device", help="the device it is shipped for (default: the run's only one)")
     ship.add_argument("--to", help="the folder to write (default: <run>/ship/<rung>-<device>); it must not exist")
@@ -144,6 +145,11 @@ def _add_ship(sub) -> None:
                       help="ship the rung named by --rung even where the report judged it unfit (collapsed, at chance)")
     ship.add_argument("--no-engine", dest="engine", action="store_false",
                       help="do not ask the agent for the engine (the card gives the trtexec line that rebuilds it)")
+    ship.add_argument("--check", nargs="?", const="full", choices=("full", "auto"),
+                      help="run the folder's infer.py from another directory, in a fresh environment from its "
+                           "requirements.txt, on the run's test split: its score must equal the card's; its time per "
+                           "image is set against the agent's (auto: only where that takes under a minute)")
+    ship.add_argument("--python", help="--check: run infer.py with this interpreter instead of a fresh environment")
     ship.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
     ship.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
                       help="agent token file (default: $EDGEFOLD_AGENT_TOKEN)")
@@ -157,14 +163,23 @@ def _cmd_ship(args) -> int:
     from pipeline import tasks
     from pipeline.ship.bundle import ship
 
+    from pipeline.ship.check import check, run_of
+
+    if args.check and (Path(args.run) / "card.json").is_file():  # a folder ship wrote: check it alone
+        check(Path(args.run), tasks.of_run(run_of(Path(args.run))).ship, args.check, args.python)
+        return 0
     run_dir = _run_dir(args.run, args.runs_dir)
     if not (run_dir / "manifest.json").is_file():
         raise ManifestError(f"no run at {args.run}", fix="pass a run directory (edgefold runs lists them)")
     token = None
     if args.engine and (args.token_file or os.environ.get("EDGEFOLD_AGENT_TOKEN")):
         token = read_token(token_file=args.token_file)
-    ship(run_dir, tasks.of_run(run_dir).ship, rung=args.rung, device=args.device, to=Path(args.to) if args.to else None,
-         max_drop=args.max_drop, in_graph=args.in_graph, token=token, fetch_engine=args.engine, force=args.force)
+    hooks = tasks.of_run(run_dir).ship
+    folder = ship(run_dir, hooks, rung=args.rung, device=args.device, to=Path(args.to) if args.to else None,
+                  max_drop=args.max_drop, in_graph=args.in_graph, token=token, fetch_engine=args.engine,
+                  force=args.force)
+    if args.check:
+        check(folder, hooks, args.check, args.python)
     return 0
 
 

@@ -58,7 +58,10 @@ def ship(run_dir: Path, hooks: ShipTask | None, rung: str = "best", device: str 
     """
     run_dir = Path(run_dir)
     if hooks is None:
-        raise ConfigError(f"{run_dir} is a run of a task edgefold ship does not ship yet")
+        task = _manifest_task(run_dir)
+        raise ConfigError(f"{run_dir} is a {task} run, and edgefold ship has no part for the {task} task yet",
+                          fix="ship its ONNX by hand from the run's export or quantize folder (manifest.json names "
+                              "each rung's file), or ship a classification, detection or segmentation run")
     if not 0 <= max_drop <= 100:  # also NaN
         raise ConfigError(f"--max-drop {max_drop}: the allowance is in accuracy points, from 0 to 100",
                           fix="e.g. --max-drop 1 (MAX_DROP=1): the rung may lose at most 1 point against the teacher")
@@ -86,6 +89,13 @@ def ship(run_dir: Path, hooks: ShipTask | None, rung: str = "best", device: str 
         shutil.rmtree(partial, ignore_errors=True)
     log(f"shipped: {target}")
     return target
+
+
+def _manifest_task(run_dir: Path) -> str:
+    try:
+        return str(json.loads((run_dir / "manifest.json").read_text()).get("task") or "unknown")
+    except (OSError, ValueError):
+        return "unknown"
 
 
 def _finished(run_dir: Path) -> None:

@@ -101,14 +101,34 @@ def card_markdown(card: dict[str, Any]) -> str:
     host = ds.get("host_accuracy")
     against = (f"against {100 * host:.2f} as EdgeFold fed it on the same host" if host is not None
                else "(the host did not score the rung under EdgeFold's own feed)")
-    lines += [f"DeepStream's `nvinfer` scales the whole frame to the network's size (no shorter-side resize, no "
-              f"centre crop): {metric} under that preprocessing {ds['accuracy_text']}, {against} ({ds['images']} test "
-              f"images, ONNX Runtime); on the device, as EdgeFold fed it: {accuracy(row)}. "
-              + " ".join(ds.get("notes", [])), ""]
+    notes = " ".join(note.rstrip(".") + "." for note in ds.get("notes", []))
+    lines += [f"DeepStream's `nvinfer` scales the whole frame to the network's size: {metric} under that "
+              f"preprocessing {ds['accuracy_text']}, {against} ({ds['images']} test images, ONNX Runtime); on the "
+              f"device, as EdgeFold fed it: {accuracy(row)}. {notes}".rstrip(), ""]
     if ds.get("trtexec"):
         changes = "; ".join(ds.get("graph_changes") or []) or "no engine came from the device"
         lines += [f"The DeepStream graph is not the measured one ({changes}), so `nvinfer` needs its own plan, "
                   f"`deepstream/model.plan`; build it on the device with the options the measured engine was built "
                   f"with (a plan nvinfer builds itself from `onnx-file` is built with its own options, not those "
                   f"measured):", "", f"    {ds['trtexec']}", ""]
+    if card.get("check"):
+        lines += ["## Checked (edgefold ship --check)", "", check_text(card["check"], metric), ""]
     return "\n".join(lines)
+
+
+def check_text(record: dict[str, Any], metric: str) -> str:
+    """The check in one paragraph (the log line, and card.md's)."""
+    verdict = "passed" if record["passed"] else "FAILED"
+    ratio = (f"; its network call {record['network_ms_per_image']:.3f} ms per image against the agent's "
+             f"{record['agent_ms_per_image']:.3f} ms on {record['device']}: ×{record['time_ratio']:.2f}"
+             if record.get("time_ratio") else "")
+    if record["passed"]:
+        against = f"equal to {record['expected_is']}"
+    elif record.get("expected") is None:
+        against = f"and the card has no figure to set it against ({record['expected_is']}: not measured)"
+    else:
+        against = f"where {record['expected_is']} is {100 * record['expected']:.2f}"
+    return (f"check {verdict}: infer.py run from another directory ({record['python']}, {record['runtime']}, on "
+            f"{record['ran_on']}) scored {metric} {100 * record['score']:.2f} on {record['images']} test images, "
+            f"{against}{ratio}; from the file to the answer {record['whole_ms_per_image']:.3f} ms per image "
+            f"({record['date']})")

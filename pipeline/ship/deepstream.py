@@ -80,6 +80,9 @@ NVINFER_KEYS: dict[str, Callable[[str], bool]] = {
     "operate-on-class-ids": lambda t: bool(re.fullmatch(r"\d+(;\d+)*", t)),
     "filter-out-class-ids": lambda t: bool(re.fullmatch(r"\d+(;\d+)*", t)),
     "classifier-threshold": lambda t: _float(t) and 0 <= float(t) <= 1,
+    "segmentation-threshold": lambda t: _float(t) and 0 <= float(t) <= 1,
+    "segmentation-output-order": _int_in(0, 1),  # NCHW, NHWC
+    "parse-segmentation-func-name": lambda t: bool(t), "output-instance-mask": _BOOL,
     "classifier-async-mode": _BOOL,
     "secondary-reinfer-interval": _int_at_least(0),
     "input-object-min-width": _int_at_least(0), "input-object-min-height": _int_at_least(0),
@@ -140,7 +143,8 @@ def deepstream_model(source: Path, target: Path, per_channel: list[float] | None
         for node in graph.node:
             node.output[:] = [logits if value == output.name else value for value in node.output]
         graph.node.append(helper.make_node("Softmax", [logits], [output.name], axis=1, name="edgefold_softmax"))
-        changed.append("a Softmax after the logits (nvinfer's classifier parser reads probabilities)")
+        changed.append("a Softmax over the class axis after the logits (nvinfer's classifier and segmentation "
+                       "parsers read probabilities)")
     if output_type(model) != TensorProto.FLOAT:
         raise ValueError("the DeepStream graph's output must be float32")
     onnx.checker.check_model(model)

@@ -7,7 +7,7 @@
 Needs OpenCV and NumPy, and TensorRT where it is installed (the engine in ``engine/`` runs only on the device it was
 built on), else ONNX Runtime on ``model.onnx`` (``--onnx`` forces it). It reads ``preprocess.json`` (how the images
 were fed when the rung was measured), ``postprocess.json`` and ``labels.txt`` beside it; a detector's decode and NMS
-are ``detection_post.py`` beside it.
+are ``detection_post.py`` beside it; a segmenter writes each image's mask and overlay (``--masks``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import cv2
@@ -63,6 +64,12 @@ def geometry(image: np.ndarray, pre: dict) -> tuple[np.ndarray, float]:
         square = np.full((size, size, 3), 114, np.uint8)
         square[top:top + new[1], left:left + new[0]] = resized
         return (square[:, :, ::-1].copy() if pre.get("channel_order") == "bgr" else square), factor
+    if pre["kind"] == "stretch":  # the whole image to the square, aspect not kept (a segmenter's feed)
+        factor = 1.0
+        if (height, width) != (size, size):
+            image = cv2.resize(image, (size, size), interpolation=INTERPOLATION[pre["interpolation"]])
+        image = np.repeat(image[:, :, None], 3, axis=2) if image.ndim == 2 else image
+        return np.ascontiguousarray(image[:, :, ::-1] if pre.get("channel_order") == "bgr" else image), factor
     if pre["kind"] == "letterbox":  # scaled to fit, at the top-left corner on black (boxes map by one factor)
         factor = size / max(height, width)
         new = (max(1, int(round(width * factor))), max(1, int(round(height * factor))))
@@ -264,6 +271,8 @@ def answer(outputs: list[np.ndarray], factor: float, post: dict, labels: list[st
         probabilities /= probabilities.sum()
         top = np.argsort(-probabilities, kind="stable")[:post["top_k"]]
         return {"top": [[int(k), labels[k], float(probabilities[k])] for k in top]}
+    if post["kind"] == "segmentation":  # each pixel's class: the argmax over the class axis
+        return {"class_map": outputs[0][0].argmax(0).astype(np.uint8)}
     sys.path.insert(0, str(HERE))
     from detection_post import head_spec_from_dict, postprocess
 
@@ -277,12 +286,42 @@ def answer(outputs: list[np.ndarray], factor: float, post: dict, labels: list[st
             "labels": [labels[int(k)] for k in detections["labels"]], "classes": [int(k) for k in detections["labels"]]}
 
 
+class MaskWriter:
+    """A segmenter's answer as files: the class map at the image's own size (nearest-neighbour from the network's
+    square) as a PNG of class indices, and the image overlaid with the palette's colours."""
+
+    def __init__(self, folder: Path, post: dict, labels: list[str]):
+        self.folder, self.labels = folder, labels
+        self.palette = np.asarray(post["palette"], np.uint8)
+        self.used: set[str] = set()
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, name: str, image: np.ndarray, found: dict) -> dict:
+        height, width = image.shape[:2]
+        mask = cv2.resize(found.pop("class_map"), (width, height), interpolation=cv2.INTER_NEAREST)
+        stem = Path(name).stem.replace(" ", "_")
+        unique, count = stem, 1
+        while unique in self.used:  # two images of one name from different folders
+            unique, count = f"{stem}_{count}", count + 1
+        self.used.add(unique)
+        mask_path, overlay_path = self.folder / f"{unique}.png", self.folder / f"{unique}_overlay.png"
+        cv2.imwrite(str(mask_path), mask)
+        rgb = np.repeat(image[:, :, None], 3, axis=2) if image.ndim == 2 else image[:, :, :3]
+        overlay = (0.5 * rgb + 0.5 * self.palette[mask]).astype(np.uint8)
+        cv2.imwrite(str(overlay_path), cv2.cvtColor(overlay, cv2.COLOR_RGB2BGR))
+        shares = np.bincount(mask.reshape(-1), minlength=len(self.labels)) / mask.size
+        return {"mask": str(mask_path), "overlay": str(overlay_path),
+                "shares": {self.labels[k]: round(float(shares[k]), 4) for k in np.argsort(-shares) if shares[k] > 0}}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("images", nargs="*", help="image files or folders")
     parser.add_argument("--camera", type=int, help="read frames from this camera (OpenCV's index)")
     parser.add_argument("--json", help="write every answer to this JSON file")
     parser.add_argument("--onnx", action="store_true", help="run model.onnx with ONNX Runtime even where TensorRT is")
+    parser.add_argument("--stats", help="write the runtime and the time per image (the network call's median, and "
+                                        "the whole path from the file) to this JSON file")
     post = json.loads((HERE / "postprocess.json").read_text())
     scored = (post.get("head") or {}).get("postprocess") or {}
     if scored:  # a detector: the thresholds its score was measured at are the defaults
@@ -291,6 +330,9 @@ def main(argv=None) -> int:
                                  "the rung's mAP was measured at; Ultralytics' predict uses 0.25)")
         parser.add_argument("--max-detections", type=int, default=scored.get("max_detections"),
                             help=f"at most this many boxes per image (default {scored.get('max_detections')})")
+    if post["kind"] == "segmentation":
+        parser.add_argument("--masks", default="masks", help="the folder each image's mask PNG (class indices) and "
+                                                             "overlay are written to (default: masks/)")
     args = parser.parse_args(argv)
     if scored:
         if not 0 <= args.score_threshold <= 1 or args.max_detections < 1:
@@ -301,11 +343,21 @@ def main(argv=None) -> int:
     runtime = load_runtime(args.onnx, post.get("outputs"))
     print(f"running {runtime.name}", file=sys.stderr)
     answers = {}
+    masks = MaskWriter(Path(args.masks), post, labels) if post["kind"] == "segmentation" else None
 
-    def one(name: str, image: np.ndarray) -> None:
+    network_ms, whole_ms = [], []
+
+    def one(name: str, image: np.ndarray, started: float) -> None:
         fed, factor = geometry(image, pre)
-        answers[name] = answer(runtime(normalize(fed[None], pre)), factor, post, labels, image.shape[:2])
-        shown = answers[name].get("top") or list(zip(answers[name]["labels"], answers[name]["scores"]))
+        batch = normalize(fed[None], pre)
+        before = time.perf_counter()
+        outputs = runtime(batch)
+        network_ms.append(1000 * (time.perf_counter() - before))
+        found = answer(outputs, factor, post, labels, image.shape[:2])
+        answers[name] = masks(name, image, found) if masks else found
+        shown = (answers[name].get("top") or list(answers[name].get("shares", {}).items())
+                 or list(zip(answers[name]["labels"], answers[name]["scores"])))
+        whole_ms.append(1000 * (time.perf_counter() - started))
         print(f"{name}: {shown[:3]}")
 
     try:
@@ -314,10 +366,11 @@ def main(argv=None) -> int:
             frame_index = 0
             try:
                 while True:
+                    started = time.perf_counter()
                     ok, frame = capture.read()
                     if not ok:
                         break
-                    one(f"frame {frame_index}", cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+                    one(f"frame {frame_index}", cv2.cvtColor(frame, cv2.COLOR_BGR2RGB), started)
                     frame_index += 1
             except KeyboardInterrupt:
                 pass
@@ -326,11 +379,19 @@ def main(argv=None) -> int:
             files += (sorted(p for p in item.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if item.is_dir()
                       else [item])
         for path in files:
-            one(str(path), read_rgb(path))
+            started = time.perf_counter()
+            one(str(path), read_rgb(path), started)
     finally:
         runtime.close()
     if args.json:
         Path(args.json).write_text(json.dumps(answers, indent=1) + "\n")
+    if network_ms:
+        stats = {"runtime": runtime.name, "images": len(network_ms),
+                 "network_ms_p50": float(np.median(network_ms)), "whole_ms_p50": float(np.median(whole_ms))}
+        print(f"{len(network_ms)} images: network p50 {stats['network_ms_p50']:.3f} ms, from the file to the answer "
+              f"{stats['whole_ms_p50']:.3f} ms per image ({runtime.name})", file=sys.stderr)
+        if args.stats:
+            Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")
     return 0
 
 

@@ -621,6 +621,11 @@ def test_the_shipped_detector_answers_with_its_boxes_and_the_hosts_map(det_run, 
     (model,) = list((folder / "triton").iterdir())
     config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert list(config.input[0].dims) == [3, 64, 64] and len(config.output[0].dims) == 2
+    from pipeline.ship.check import check  # edgefold ship --check, with this interpreter (test_ship.py: a fresh one)
+
+    record = check(folder, hooks, python=sys.executable, log=lambda _: None)
+    assert record["passed"] and record["score"] == row.accuracy and "check" in json.loads((folder / "card.json")
+                                                                                          .read_text())
 
 
 def test_edgefold_diverge_searches_a_detection_rung_on_the_images_the_device_scored(det_run, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import subprocess
 
 import numpy as np
 import pytest
@@ -286,3 +287,58 @@ def test_torchvisions_segmenters_prune_reload_and_export_with_their_classifiers_
         assert torch.equal(loaded(x), model(x)) and loaded(x).shape == (2, 4, 64, 64)
     export_onnx(loaded, tmp_path / "model.onnx", (1, 3, 64, 64), 17)
     assert check_parity(loaded, tmp_path / "model.onnx", x.numpy())["max_abs_diff"] < 1e-3
+
+
+def test_a_segmentation_run_ships_and_its_folder_checks_against_its_card(seg_run, tmp_path):
+    """edgefold ship on tiny-seg: infer.py, run from another directory by edgefold ship --check (with this
+    interpreter; tests/pipeline/test_ship.py makes the fresh environment), writes each image's class map and overlay
+    and scores the card's mIoU; nvinfer takes the argmax itself (network-type 2) over a graph ending in a Softmax
+    over the classes, at threshold 0, so every pixel gets its class as mIoU counted it; Triton's schema parses."""
+    import sys
+
+    import cv2
+    import onnx
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from pipeline.ship.bundle import ship
+    from pipeline.ship.check import check
+    from pipeline.ship.deepstream import NVINFER_KEYS, parse_config
+    from pipeline.tasks.segmentation.ship import SegmentationShip, palette
+
+    ctx, _ = seg_run
+    hooks = SegmentationShip()
+    folder = ship(ctx.run_dir, hooks, rung="student_int8", to=tmp_path / "bundle", log=lambda _: None)
+    post = json.loads((folder / "postprocess.json").read_text())
+    assert post["kind"] == "segmentation" and post["classes"] == list(CLASSES)
+    assert post["palette"][:3] == [[0, 0, 0], [128, 0, 0], [0, 128, 0]], "VOC's colour map"
+    assert len({tuple(c) for c in palette(21)}) == 21
+    assert json.loads((folder / "preprocess.json").read_text())["kind"] == "stretch"
+    record = check(folder, hooks, python=sys.executable, log=lambda _: None)
+    row = next(r for r in hooks.rows(ctx.run_dir) if r.rung == "student_int8")
+    assert record["passed"] and record["score"] == row.accuracy and record["images"] == 64
+
+    image = np.random.default_rng(0).integers(0, 256, (45, 70, 3), np.uint8)  # not the network's square
+    cv2.imwrite(str(tmp_path / "photo.png"), image)
+    result = subprocess.run([sys.executable, str(folder / "infer.py"), str(tmp_path / "photo.png"), "--masks",
+                             str(tmp_path / "masks"), "--json", str(tmp_path / "answers.json")], capture_output=True,
+                            text=True, timeout=300, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    answer = json.loads((tmp_path / "answers.json").read_text())[str(tmp_path / "photo.png")]
+    mask = cv2.imread(answer["mask"], cv2.IMREAD_UNCHANGED)
+    assert mask.shape == (45, 70) and mask.max() < len(CLASSES), "class indices at the image's own size"
+    assert cv2.imread(answer["overlay"]).shape == (45, 70, 3) and sum(answer["shares"].values()) == pytest.approx(1)
+
+    keys = parse_config((folder / "deepstream" / "config_infer.txt").read_text())["property"]
+    assert all(key in NVINFER_KEYS and NVINFER_KEYS[key](value) for key, value in keys.items())
+    assert keys["network-type"] == "2" and keys["segmentation-threshold"] == "0.0"
+    assert keys["num-detected-classes"] == str(len(CLASSES)) and keys["maintain-aspect-ratio"] == "0"
+    graph = onnx.load(str(folder / "deepstream" / "model.onnx")).graph
+    last = graph.node[-1]
+    assert last.op_type == "Softmax" and next(a.i for a in last.attribute if a.name == "axis") == 1
+    card = json.loads((folder / "card.json").read_text())
+    assert card["deepstream"]["accuracy"] == pytest.approx(card["deepstream"]["host_accuracy"], abs=1e-9), \
+        "nvinfer's stretch is EdgeFold's feed: on the run's square canvases the scores are one"
+    (model,) = list((folder / "triton").iterdir())
+    config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert list(config.input[0].dims) == [3, 64, 64] and len(config.output[0].dims) == 3  # C×H×W, batch apart

@@ -111,3 +111,27 @@ def test_the_data_stage_records_a_voc_folders_classes(tmp_path):
     recorded = json.loads(ctx.manifest.output("data", "dataset").read_text())
     assert recorded["classes"] == list(VOC_CLASSES) and recorded["source"] == f"voc:{root}"
     assert ctx.manifest.stage("data")["metrics"]["test"] == 4
+
+
+def test_the_shipped_infer_py_feeds_a_voc_photo_as_the_data_stage_did(tmp_path):
+    """A segmenter's shipped preprocessing (``stretch``): infer.py's tensor for a VOC-layout JPEG of another aspect
+    equals the data stage's image bit for bit (the data stage decodes with Pillow, infer.py with OpenCV)."""
+    import importlib.util
+
+    from pipeline.ship import bundle
+
+    root = _voc(tmp_path / "VOC2012", train=2, val=3)
+    for path in sorted((root / "JPEGImages").glob("*val*.jpg")):  # 53×40: stretched, not cropped
+        with Image.open(path) as image:
+            image.convert("RGB").resize((53, 40)).save(path, quality=95)
+        mask_path = root / "SegmentationClass" / f"{path.stem}.png"
+        with Image.open(mask_path) as mask:
+            mask.resize((53, 40), Image.NEAREST).save(mask_path)
+    _, splits = read_layout(f"voc:{root}", 100, 100, 32, 0)
+    spec = importlib.util.spec_from_file_location("shipped_infer_stretch", bundle.INFER_SCRIPT)
+    infer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(infer)
+    pre = {"kind": "stretch", "input_size": 32, "resize": 32, "channels": 3, "mean": [0.0] * 3, "std": [1.0] * 3,
+           "interpolation": "bilinear"}
+    fed = [infer.geometry(infer.read_rgb(path), pre)[0] for path in sorted((root / "JPEGImages").glob("*val*.jpg"))]
+    assert all(any(np.array_equal(image, mine) for mine in fed) for image in splits["test"].images)

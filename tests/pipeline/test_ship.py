@@ -556,3 +556,51 @@ def test_every_key_of_the_record_reaches_infer_py_and_nvinfer(key, tmp_path):
     if per_channel is not None:
         emulated = emulated * np.asarray(per_channel, np.float32).reshape(1, -1, 1, 1)
     assert np.allclose(emulated, expected, atol=1e-5), key
+
+
+def test_ship_check_runs_the_folder_in_a_fresh_environment_and_equals_the_card(shipped, tmp_path):
+    """edgefold ship --check as make ship runs it: a fresh virtual environment made from the folder's own
+    requirements.txt (pip, from its cache or the index), infer.py run from another directory on the run's test split;
+    its top-1 equals the card's, and the time per image against the agent's is written to the card."""
+    from pipeline.ship.check import check
+
+    run_dir, folder, _ = shipped
+    copy = shutil.copytree(folder, tmp_path / "bundle")  # the check writes its record into the card
+    lines = []
+    record = check(copy, TASK_SHIP, "full", log=lines.append)
+    card = json.loads((copy / "card.json").read_text())
+    assert record["passed"] and record["python"] == "a fresh environment from requirements.txt"
+    assert record["score"] == card["figures"]["accuracy"] and record["images"] == card["deepstream"]["images"]
+    assert record["time_ratio"] > 0 and record["agent_ms_per_image"] == pytest.approx(card["figures"]["latency_p50_ms"])
+    assert card["check"] == record and "## Checked (edgefold ship --check)" in (copy / "card.md").read_text()
+    assert lines[0].startswith("check: a fresh environment from requirements.txt in ")
+    assert lines[-1].startswith("check passed: ") and "equal to the device's score" in lines[-1]
+
+
+def test_a_folder_that_does_not_run_as_measured_fails_its_check_with_both_scores(shipped, tmp_path, monkeypatch):
+    """A preprocess.json edited after shipping (another mean): the check names the score infer.py got and the
+    card's, records the failure in the card, and exits non-zero through the command line. auto leaves a check that
+    would take over its budget to the user, naming the command."""
+    import pipeline.ship.check as checking
+
+    run_dir, folder, _ = shipped
+    copy = shutil.copytree(folder, tmp_path / "bundle")
+    pre = json.loads((copy / "preprocess.json").read_text())
+    (copy / "preprocess.json").write_text(json.dumps({**pre, "mean": [0.9] * len(pre["mean"])}))
+    with pytest.raises(checking.CheckFailed) as err:
+        checking.check(copy, TASK_SHIP, python=sys.executable, log=lambda _: None)
+    card = json.loads((copy / "card.json").read_text())
+    assert not card["check"]["passed"] and card["check"]["score"] != card["figures"]["accuracy"]
+    assert f"{100 * card['figures']['accuracy']:.4f}" in err.value.message and "report it" in err.value.fix
+    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "ship", str(copy), "--check", "--python",
+                             sys.executable], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "infer.py scored top-1" in result.stderr
+
+    fresh = shutil.copytree(folder, tmp_path / "auto")
+    monkeypatch.setattr(checking, "AUTO_BUDGET_S", 0.0)
+    lines = []
+    assert checking.check(fresh, TASK_SHIP, "auto", python=sys.executable, log=lines.append) is None
+    assert f"edgefold ship {fresh} --check" in lines[-1] and "check" not in json.loads((fresh / "card.json").read_text())
+    (fresh / "card.json").write_text(json.dumps({**json.loads((fresh / "card.json").read_text()), "run": "/gone"}))
+    with pytest.raises(ConfigError, match="is not there any more"):
+        checking.check(fresh, TASK_SHIP, python=sys.executable)

@@ -26,6 +26,7 @@ from pipeline.tasks.segmentation.exported import SegmentationExport
 from pipeline.tasks.segmentation.int8 import SegmentationQuantize
 from pipeline.tasks.segmentation.pruned import SegmentationPrune
 from pipeline.tasks.segmentation.report import build_from_run, headline_line, headline_text
+from pipeline.tasks.segmentation.ship import SegmentationShip
 from pipeline.tasks.segmentation.splits import SegmentationData
 from pipeline.tasks.segmentation.training import SegmentationModels
 
@@ -45,5 +46,5 @@ TASK = Task(name="segmentation",
                 DistillStage(SegmentationDistill()), ExportStage(SegmentationExport()),
                 QuantizeStage(SegmentationQuantize()), EvaluateStage(SegmentationEvaluate()),
                 DeployStage(SegmentationDeploy()), ReportStage(build_from_run, headline_line)]),
-            build_report=build_from_run, summary=_summary, headline=headline_text, ship=None,
+            build_report=build_from_run, summary=_summary, headline=headline_text, ship=SegmentationShip(),
             score="miou", score_name="mIoU")
