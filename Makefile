@@ -210,7 +210,7 @@ ship: $(STAMP)
 	$(EDGEFOLD) ship '$(RUNS)/$(RUN_NAME)/$(if $(RUN),$(RUN),latest)' \
 	    --rung '$(RUNG)' $(if $(DEVICE),--device '$(DEVICE)') $(if $(TO),--to '$(TO)') \
 	    $(if $(MAX_DROP),--max-drop $(MAX_DROP)) $(if $(TOKEN_FILE),--token-file '$(TOKEN_FILE)') \
-	    $(if $(filter-out off,$(CHECK)),--check $(CHECK))
+	    $(if $(CHECK),--check $(CHECK))
 
 report: $(STAMP)
 	$(EDGEFOLD) report '$(RUNS)/$(RUN_NAME)/$(if $(RUN),$(RUN),latest)'

@@ -145,10 +145,10 @@ def _add_ship(sub) -> None:
                       help="ship the rung named by --rung even where the report judged it unfit (collapsed, at chance)")
     ship.add_argument("--no-engine", dest="engine", action="store_false",
                       help="do not ask the agent for the engine (the card gives the trtexec line that rebuilds it)")
-    ship.add_argument("--check", nargs="?", const="full", choices=("full", "auto"),
+    ship.add_argument("--check", nargs="?", const="full", choices=("full", "auto", "off"),
                       help="run the folder's infer.py from another directory, in a fresh environment from its "
                            "requirements.txt, on the run's test split: its score must equal the card's; its time per "
-                           "image is set against the agent's (auto: only where that takes under a minute)")
+                           "image is set against the agent's (auto: only where that takes under a minute; off: none)")
     ship.add_argument("--python", help="--check: run infer.py with this interpreter instead of a fresh environment")
     ship.add_argument("--runs-dir", default=os.environ.get("EDGEFOLD_RUNS", "runs"))
     ship.add_argument("--token-file", default=os.environ.get("EDGEFOLD_AGENT_TOKEN_FILE"),
@@ -165,6 +165,7 @@ def _cmd_ship(args) -> int:
 
     from pipeline.ship.check import check, run_of
 
+    args.check = None if args.check == "off" else args.check
     if args.check and (Path(args.run) / "card.json").is_file():  # a folder ship wrote: check it alone
         check(Path(args.run), tasks.of_run(run_of(Path(args.run))).ship, args.check, args.python)
         return 0

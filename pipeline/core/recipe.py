@@ -327,6 +327,10 @@ class DeployConfig(Strict):
                                                       "is timed on from bytes to top-k, part by part and pipelined")
     sustained: SustainedRecipe | None = Field(None, description="one rung run without pause for minutes on each "
                                                                 "device (edgefold sustain): burst against settled")
+    nvinfer: bool = Field(True, description="also measure, after each rung in every round, the graph DeepStream's "
+                                            "nvinfer runs where it differs from the rung's (a Softmax at the end, a "
+                                            "per-channel 1/std in front): edgefold ship then ships the engine that "
+                                            "was timed for it")
     latency_budget_ms: float | None = Field(None, gt=0, le=60_000, description="the p50 a product must meet: the "
                                                                                 "report names the least-energy "
                                                                                 "sweep point within it")

@@ -124,6 +124,10 @@ class ScoredDeployConfig(BaseModel):
     frame: FrameRecipe | None = Field(None, description="camera frames (width, height, bgr | nv12 | jpeg) each rung "
                                                         "is timed on, from bytes to the task's answer (decode + NMS; "
                                                         "the argmax), on the ONNX road")
+    nvinfer: bool = Field(True, description="also measure, after each rung in every round, the graph DeepStream's "
+                                            "nvinfer runs where it differs from the rung's (a Softmax at the end, a "
+                                            "per-channel 1/std in front): edgefold ship then ships the engine that "
+                                            "was timed for it")
     sustained: SustainedRecipe | None = Field(None, description="one rung run without pause for minutes on each "
                                                                 "device after the ladder (edgefold sustain): burst "
                                                                 "against settled latency, throttling, temperatures")

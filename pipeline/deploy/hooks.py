@@ -55,9 +55,13 @@ class DeployHooks(ABC):
     Attributes:
         device_modules: What the agent's job process loads by name for this task's jobs, beyond
             ``device.jobs.jobrun`` and ``device.service.agent`` (a loopback agent runs this checkout's: an edit measures again).
+        ship: See below.
     """
 
     device_modules: tuple[str, ...] = ()
+    ship: Any = None
+    """The task's :class:`pipeline.ship.task.ShipTask`: where the graph DeepStream's nvinfer runs differs from a
+    rung's, the stage measures it as a form of the rung (:mod:`pipeline.deploy.nvinfer_form`); None: no form."""
 
     def preflight(self, ctx) -> None:
         """Refuses before the first stage what this task's jobs cannot get from the configured agents."""

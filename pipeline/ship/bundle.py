@@ -6,7 +6,8 @@ measured, written into a temporary folder and renamed into place at the end (not
     <to>/
       model.onnx  labels.txt  preprocess.json  postprocess.json  infer.py  card.md  card.json
       engine/        engine.plan and build.json, when the agent that measured it still holds it
-      deepstream/    config_infer.txt, the graph nvinfer runs, its label file
+      deepstream/    config_infer.txt, the graph nvinfer runs (and its plan, where the agent timed it), its label
+                     file, app.py (the DeepStream Python app)
       triton/        <name>/ (tensorrt_plan, with the engine) and <name>_onnx/ (onnxruntime_onnx)
 """
 
@@ -29,6 +30,7 @@ from pipeline.ship.task import ShipRow, ShipTask
 from pipeline.ship.triton import io_facts, write_repository
 
 INFER_SCRIPT = Path(__file__).with_name("infer.py")
+DEEPSTREAM_APP = Path(__file__).with_name("deepstream_app.py")  # deepstream/app.py
 # The TensorRT a trtexec line is written for when the rung never met one (JetPack 6's, L4T 36.4).
 DEFAULT_TENSORRT = "10.3.0"
 
@@ -178,7 +180,8 @@ def _write(hooks: ShipTask, run_dir: Path, row: ShipRow, teacher: ShipRow | None
     (folder / "requirements.txt").write_text(requirements())
     dla_core = _dla_core(run_dir, row)
     engine = _engine(row, record, folder, io, token, fetch_engine, log, dla_core)
-    deepstream = _deepstream(hooks, run_dir, row, folder, preprocess, labels, engine, record["info"], dla_core)
+    deepstream = _deepstream(hooks, run_dir, row, folder, preprocess, labels, engine, record, dla_core,
+                             (token, fetch_engine, log))
     name = re.sub(r"[^A-Za-z0-9_]", "_", f"{run_dir.parent.name}_{row.rung}")
     onnx_batch = max([row.batch, *row.figures.get("measured_batches", [])])
     triton = write_repository(folder / "triton", name, model, folder / "engine" / engine["file"]
@@ -278,6 +281,21 @@ def _engine(row: ShipRow, record: dict[str, Any], folder: Path, io: dict[str, An
                 "trtexec": trtexec_line(None, io, row, info)}
     if not fetch_engine:
         return {"file": None, "why": "shipped without it (--no-engine)", "trtexec": trtexec_line(None, io, row, info)}
+    fetched = _fetch(record, token, row, key, folder / "engine", None, dla_core, log)
+    if isinstance(fetched, str):
+        return {"file": None, "why": fetched, "trtexec": trtexec_line(None, io, row, info)}
+    build = fetched.pop("build")
+    return {**fetched, "trtexec": trtexec_line(build.get("trtexec"), io, row, info)}
+
+
+def _fetch(record: dict[str, Any], token: str | None, row: ShipRow, key: str, target: Path, name: str | None,
+           dla_core: int | None, log) -> dict[str, Any] | str:
+    """One engine from the agent's cache into ``target`` (as ``name``, else the agent's file name) with its
+    ``build.json``; or why the agent no longer holds it.
+
+    Raises:
+        ConfigError: The device does not answer.
+    """
     from device.client import AgentClient, AgentError
 
     try:
@@ -287,11 +305,11 @@ def _engine(row: ShipRow, record: dict[str, Any], folder: Path, io: dict[str, An
             except AgentError as err:
                 if err.status != 404:
                     raise
-                log(f"the agent at {record['url']} no longer holds the engine: the card says how to rebuild it")
-                return {"file": None, "why": f"the agent no longer holds it ({err.message})",
-                        "trtexec": trtexec_line(None, io, row, info)}
-            (folder / "engine").mkdir()
-            client.engine_file(key, folder / "engine" / facts["file"])
+                log(f"the agent at {record['url']} no longer holds the engine {key}: the card says how to rebuild it")
+                return f"the agent no longer holds it ({err.message})"
+            target.mkdir(exist_ok=True)
+            file = name or facts["file"]
+            client.engine_file(key, target / file)
     except (AgentError, EdgeFoldError) as err:
         raise ConfigError(f"the device {row.device} ({record['url']}) does not answer for its engine: "
                           f"{getattr(err, 'message', err)}",
@@ -299,24 +317,38 @@ def _engine(row: ShipRow, record: dict[str, Any], folder: Path, io: dict[str, An
                               "trtexec line that rebuilds it)") from None
     fingerprint = facts["fingerprint"]
     # The build's own record, with what binds the plan: the device it was built on, and its DLA core.
-    build = {**(facts["build"] or {}), "fingerprint": fingerprint, "dla_core": dla_core,
+    build = {**(facts["build"] or {}), "fingerprint": fingerprint, "dla_core": dla_core, "agent_key": key,
+             "sha256": facts["sha256"],
              "portable": "no: this plan runs only with the TensorRT and on the device (GPU, compute capability, L4T) "
                          "of its fingerprint; it was built neither version- nor hardware-compatible"}
-    (folder / "engine" / "build.json").write_text(json.dumps(build, indent=1) + "\n")
-    return {"file": facts["file"], "sha256": facts["sha256"], "key": key, "fingerprint": fingerprint,
+    (target / "build.json").write_text(json.dumps(build, indent=1) + "\n")
+    return {"file": file, "sha256": facts["sha256"], "key": key, "fingerprint": fingerprint,
             "fingerprint_text": ", ".join(f"{k} {v}" for k, v in fingerprint.items() if v is not None),
-            "tensorrt": (facts["build"] or {}).get("tensorrt"),
-            "trtexec": trtexec_line((facts["build"] or {}).get("trtexec"), io, row, info)}
+            "tensorrt": (facts["build"] or {}).get("tensorrt"), "build": facts["build"] or {}}
+
+
+def nvinfer_form(run_dir: Path, row: ShipRow) -> dict[str, Any] | None:
+    """The deploy stage's record of the rung's nvinfer graph measured as a form of it (pipeline.deploy.nvinfer_form),
+    or None (a run deployed before forms were measured, deploy.nvinfer off, or a graph nvinfer runs unchanged)."""
+    results = json.loads((run_dir / "deploy" / "results.json").read_text())
+    device = next((d for d in results.get("devices", []) if d.get("name") == row.device), {})
+    return (device.get("nvinfer") or {}).get(row.rung)
 
 
 def _deepstream(hooks: ShipTask, run_dir: Path, row: ShipRow, folder: Path, preprocess: dict[str, Any],
-                labels: list[str], engine: dict[str, Any], info: dict[str, Any],
-                dla_core: int | None = None) -> dict[str, Any]:
-    """``deepstream/``: the config, the graph nvinfer runs and its label file; the accuracy under nvinfer's feed."""
+                labels: list[str], engine: dict[str, Any], record: dict[str, Any], dla_core: int | None,
+                fetching: tuple[str | None, bool, Callable[[str], None]]) -> dict[str, Any]:
+    """``deepstream/``: the config, the graph nvinfer runs and its label file, and the engine the agent built and timed
+    for that graph; the accuracy under nvinfer's feed."""
+    info = record["info"]
     target = folder / "deepstream"
     target.mkdir()
     scale, offsets, per_channel = normalization(preprocess)
     edits = deepstream_model(folder / "model.onnx", target / "model.onnx", per_channel, hooks.softmax())
+    form = nvinfer_form(run_dir, row) if edits["changes"] else None
+    if form is not None and form.get("state") == "succeeded":
+        # The very file the device measured (deploy/nvinfer-<rung>.onnx), written by the same code from the same rung.
+        shutil.copyfile(run_dir / "deploy" / form["file"], target / "model.onnx")
     classifier = hooks.network_type == 1
     notes = []
     if classifier and any(";" in label for label in labels):
@@ -326,16 +358,19 @@ def _deepstream(hooks: ShipTask, run_dir: Path, row: ShipRow, folder: Path, prep
     (target / "labels.txt").write_text((";".join(labels) if classifier else "\n".join(labels)) + "\n")
     scaling = preprocess.get("interpolation") if preprocess.get("interpolation") in SCALING_FILTER else "bilinear"
     keys = {"gpu-id": 0, "onnx-file": "model.onnx"}
-    build = None
+    build, plan = None, None
     if engine.get("file") == "engine.plan" and not edits["changes"]:
         # The graph nvinfer runs is the one the device built: nvinfer loads that plan when its batch and device fit.
         keys["model-engine-file"] = "../engine/engine.plan"
+        plan = {"file": "engine/engine.plan", "sha256": engine.get("sha256"), "key": engine.get("key"),
+                "timed": "as the rung itself"}
     else:
-        # The graph nvinfer runs differs from the measured one (or no plan came): its own plan, built with the
-        # measured engine's options; where it is absent nvinfer builds one from onnx-file with its own.
+        # The graph nvinfer runs differs from the measured rung's: its own plan, the one the agent built and timed
+        # for it where it came (below), else built with the measured engine's options by the card's line.
         keys["model-engine-file"] = "model.plan"
         build = trtexec_line(engine.get("trtexec"), io_facts(target / "model.onnx"), row, info,
                              onnx="deepstream/model.onnx", plan="deepstream/model.plan")
+        plan = _form_plan(form, row, record, target, dla_core, fetching)
     keys.update({"labelfile-path": "labels.txt", "batch-size": row.batch,
                  "network-mode": NETWORK_MODE[row.precision], "network-type": hooks.network_type,
                  "process-mode": 1, "gie-unique-id": 1,
@@ -347,9 +382,34 @@ def _deepstream(hooks: ShipTask, run_dir: Path, row: ShipRow, folder: Path, prep
                  **({"enable-dla": 1, "use-dla-core": dla_core} if dla_core is not None else {}),
                  **hooks.nvinfer(run_dir, row.rung)})
     (target / "config_infer.txt").write_text(config_text(keys))
+    shutil.copyfile(DEEPSTREAM_APP, target / "app.py")
     scored = hooks.nvinfer_accuracy(run_dir, target / "model.onnx", scaling)
     text = ("not measured" if scored["value"] is None else f"is {100 * scored['value']:.2f}")
     return {"config": "deepstream/config_infer.txt", "accuracy": scored["value"], "accuracy_text": text,
             "host_accuracy": row.host_accuracy, "images": scored["images"], "scaling": scaling,
             "graph_changes": edits["changes"], "engine": keys["model-engine-file"], "trtexec": build,
+            "plan": plan, "form": _form_timing(form), "precision": row.precision,
             "notes": [n for n in (scored.get("note"), *notes) if n]}
+
+
+def _form_plan(form: dict[str, Any] | None, row: ShipRow, record: dict[str, Any], target: Path, dla_core: int | None,
+               fetching: tuple[str | None, bool, Callable[[str], None]]) -> dict[str, Any] | None:
+    """The engine the agent built and timed for the nvinfer graph, fetched as ``deepstream/model.plan`` with its
+    ``build.json``; None where there is none to fetch (the card then says what nvinfer would build)."""
+    token, fetch_engine, log = fetching
+    key = ((form or {}).get("engines") or {}).get(str(row.batch)) or ((form or {}).get("engines") or {}).get(row.batch)
+    if key is None or not fetch_engine or record["url"] == "loopback" or form.get("runtime") != "tensorrt":
+        return None
+    fetched = _fetch(record, token, row, key, target, "model.plan", dla_core, log)
+    if isinstance(fetched, str):
+        return None
+    return {"file": "deepstream/model.plan", "sha256": fetched["sha256"], "key": key, "timed": "as the rung's form"}
+
+
+def _form_timing(form: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the card says of the nvinfer graph's time: its p50 and its ratio to the rung's, paired by round."""
+    if not form or form.get("state") != "succeeded":
+        return None if not form else {"state": form.get("state"), "error": form.get("error")}
+    return {"state": "succeeded", "runtime": form.get("runtime"), "batch": form.get("batch"),
+            "latency_p50_ms": form.get("latency_p50_ms"), "vs_rung": form.get("vs_rung"),
+            "sha256": form.get("sha256")}

@@ -105,12 +105,7 @@ def card_markdown(card: dict[str, Any]) -> str:
     lines += [f"DeepStream's `nvinfer` scales the whole frame to the network's size: {metric} under that "
               f"preprocessing {ds['accuracy_text']}, {against} ({ds['images']} test images, ONNX Runtime); on the "
               f"device, as EdgeFold fed it: {accuracy(row)}. {notes}".rstrip(), ""]
-    if ds.get("trtexec"):
-        changes = "; ".join(ds.get("graph_changes") or []) or "no engine came from the device"
-        lines += [f"The DeepStream graph is not the measured one ({changes}), so `nvinfer` needs its own plan, "
-                  f"`deepstream/model.plan`; build it on the device with the options the measured engine was built "
-                  f"with (a plan nvinfer builds itself from `onnx-file` is built with its own options, not those "
-                  f"measured):", "", f"    {ds['trtexec']}", ""]
+    lines += _nvinfer_engine(ds, under["device"])
     if card.get("check"):
         lines += ["## Checked (edgefold ship --check)", "", check_text(card["check"], metric), ""]
     return "\n".join(lines)
@@ -132,3 +127,38 @@ def check_text(record: dict[str, Any], metric: str) -> str:
             f"{record['ran_on']}) scored {metric} {100 * record['score']:.2f} on {record['images']} test images, "
             f"{against}{ratio}; from the file to the answer {record['whole_ms_per_image']:.3f} ms per image "
             f"({record['date']})")
+
+
+def _nvinfer_engine(ds: dict[str, Any], device: str) -> list[str]:
+    """card.md's lines on the engine nvinfer runs: the timed one, where it is shipped; else how it was timed, the line
+    that builds it, and what nvinfer would build by itself."""
+    plan, form = ds.get("plan") or {}, ds.get("form") or {}
+    changes = "; ".join(ds.get("graph_changes") or [])
+    timing = ""
+    if form.get("state") == "succeeded":
+        ratio = form.get("vs_rung") or {}
+        paired = (f", ×{ratio['ratio']:.2f} [{ratio['low']:.2f}, {ratio['high']:.2f}] the rung's p50 over "
+                  f"{ratio['rounds']} paired rounds" if ratio else "")
+        timing = (f"measured on {device} as a form of this rung ({form.get('runtime')}, batch {form.get('batch')}): "
+                  f"p50 {form['latency_p50_ms']:.3f} ms{paired}")
+    if plan.get("timed") == "as the rung itself":
+        return [f"`nvinfer` runs `engine/engine.plan`, the engine that was timed: its graph is the rung's.", ""]
+    if plan:
+        return [f"`nvinfer` runs `deepstream/model.plan`, the engine the agent built and timed for the DeepStream "
+                f"graph ({changes}), {timing} (`deepstream/build.json`). To rebuild it on another device:", "",
+                f"    {ds['trtexec']}", ""]
+    if not ds.get("trtexec"):
+        return []
+    said = (f"The DeepStream graph ({changes or 'no engine came from the device'}) was {timing}, but no engine of it "
+            "came (its runtime builds none, or the agent no longer holds it)" if timing else
+            f"The DeepStream graph is not the measured one ({changes or 'no engine came from the device'}) and was not "
+            "measured as a form of the rung (a run deployed with deploy.nvinfer off, or before it existed)")
+    fallback = ("Until `deepstream/model.plan` exists, `nvinfer` builds its own engine from `onnx-file` with its own "
+                "options and saves it under a generated name: an engine nobody timed")
+    if ds.get("precision") == "int8":
+        fallback += (" — and for `network-mode=1` with no `int8-calib-file`, DeepStream's builder logs \"INT8 "
+                     "calibration file not specified. Trying FP16 mode.\" and builds FP16, so neither its time nor "
+                     "its accuracy is this card's")
+    return [f"{said}. Build `deepstream/model.plan` on the device with the options the measured engine was built "
+            f"with:", "", f"    {ds['trtexec']}", "", f"{fallback}.", ""]
+

@@ -25,6 +25,7 @@ from pipeline.deploy.hooks import DeployHooks, Job
 from pipeline.deploy.session import DeviceSession, require_runtime
 from pipeline.deploy.devices import DEPLOY_SCHEMA, Device
 from pipeline.deploy.jobs import LOOPBACK, deploy_targets, interleaved_rounds
+from pipeline.deploy.nvinfer_form import ROAD as FORM_ROAD, Form, form_records, with_forms, write_forms
 
 # The agent's job process and what it runs for every task (a loopback agent runs this checkout's).
 AGENT_MODULES = ("device.jobs.jobrun", "device.service.agent")
@@ -66,12 +67,14 @@ class DeployStage(HookedStage):
         cache.mkdir(exist_ok=True)
         lock = threading.Lock()
         plan = self.hooks.prepare(ctx, workdir)
+        forms = (write_forms(self.hooks.ship, ctx.run_dir, plan.artifacts, workdir)
+                 if getattr(cfg, "nvinfer", False) else {})
         try:
             with deploy_targets(ctx) as (targets, loopback):
                 def deploy_one(device: Device) -> dict[str, Any]:
                     token = loopback.token if loopback and device is LOOPBACK else None
                     url = loopback.url if loopback and device is LOOPBACK else device.url
-                    return self._device(ctx, device, url, token, plan, cache, lock)
+                    return self._device(ctx, device, url, token, plan, cache, lock, forms)
 
                 with ThreadPoolExecutor(max_workers=min(cfg.parallel_devices, len(targets))) as pool:
                     outcomes = list(pool.map(deploy_one, targets))
@@ -91,9 +94,9 @@ class DeployStage(HookedStage):
                                     "rounds": cfg.rounds, "windows": windows})
 
     def _device(self, ctx, device: Device, url: str, token: str | None, plan, cache: Path,
-                lock: threading.Lock) -> dict[str, Any]:
-        """One device: its session, the task's jobs in interleaved rounds, each rung's record, then what the task
-        measures after the ladder."""
+                lock: threading.Lock, forms: dict[str, Form]) -> dict[str, Any]:
+        """One device: its session, the task's jobs (and each rung's nvinfer form after it) in interleaved rounds,
+        each rung's record, then what the task measures after the ladder."""
         cfg = ctx.recipe.deploy
 
         def open_session() -> DeviceSession:
@@ -103,6 +106,7 @@ class DeployStage(HookedStage):
         with open_session() as session:
             windows = self.hooks.windows(ctx, session, plan) if session.open() else None
             if windows is not None:
+                windows = with_forms(windows, forms)
                 def window(job: Job, round_index: int) -> dict[str, Any]:
                     spec = windows.spec(job, round_index)
                     if spec.timeout_s is None:  # the wait is the agent's limit and two minutes: the task must say it
@@ -111,12 +115,15 @@ class DeployStage(HookedStage):
                     return session.window(job.shown, job.path, spec, round_index, cfg.retries, spec.timeout_s + 120,
                                           announce=windows.announce(job, round_index))
 
-                # Interleaved: teacher, pruned, student, INT8, teacher, … one window each per round, so a busy spell
-                # hits every rung of its round and cancels in their paired ratios (pipeline.stats).
+                # Interleaved: teacher, pruned, student, INT8, teacher, … one window each per round (each rung's
+                # nvinfer form right after it), so a busy spell hits every rung of its round and cancels in their
+                # paired ratios (pipeline.stats).
                 rounds = {job: [] for job in windows.jobs}
                 interleaved_rounds(windows.jobs, cfg.rounds, window, rounds)
         outcome = session.outcome
-        self.hooks.record(ctx, outcome, plan, rounds)
+        self.hooks.record(ctx, outcome, plan, {job: r for job, r in rounds.items() if job.road != FORM_ROAD})
+        if forms and rounds:
+            outcome["nvinfer"] = form_records(forms, rounds)
         # The ladder's windows on the ONNX road (a second road's are its own record).
         outcome["windows"] = sum(r["state"] == "succeeded" for job, records in rounds.items() if job.road == "tensorrt"
                                  for r in records)

@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -621,11 +622,62 @@ def test_the_shipped_detector_answers_with_its_boxes_and_the_hosts_map(det_run, 
     (model,) = list((folder / "triton").iterdir())
     config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert list(config.input[0].dims) == [3, 64, 64] and len(config.output[0].dims) == 2
+    _the_deepstream_app_decodes_as_infer_py(folder, hooks, run_dir, answers, tmp_path)
     from pipeline.ship.check import check  # edgefold ship --check, with this interpreter (test_ship.py: a fresh one)
 
     record = check(folder, hooks, python=sys.executable, log=lambda _: None)
     assert record["passed"] and record["score"] == row.accuracy and "check" in json.loads((folder / "card.json")
                                                                                           .read_text())
+
+
+def _the_deepstream_app_decodes_as_infer_py(folder, hooks, run_dir, answers, tmp_path):
+    """deepstream/app.py on the GStreamer/pyds STAND-IN (tests/pipeline/deepstream_standin.py): fed the raw tensor
+    nvinfer attaches for each test canvas, its probe decodes with the shipped detection_post.py and attaches object
+    meta whose boxes are infer.py's for that image; for frames twice the size (nvinfer scales them back to the
+    network's input), the boxes are twice as large: mapped back through nvinfer's scaling into frame pixels."""
+    import importlib.util
+
+    import onnxruntime as ort
+    import pytest as _pytest
+
+    from tests.pipeline import deepstream_standin as standin
+
+    monkeypatch = _pytest.MonkeyPatch()
+    try:
+        app = standin.load_app(folder, monkeypatch)
+        _, gst, pyds = app._imports()
+        spec = importlib.util.spec_from_file_location("shipped_infer_det_app", folder / "infer.py")
+        infer = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(infer)
+        pre = json.loads((folder / "preprocess.json").read_text())
+        session = ort.InferenceSession(str(folder / "deepstream" / "model.onnx"), providers=["CPUExecutionProvider"])
+        output = json.loads((folder / "postprocess.json").read_text())["outputs"][0]
+        names = sorted(answers)[:8]
+        tensors = []
+        for name in names:
+            fed, _ = infer.geometry(infer.read_rgb(Path(name)), pre)
+            tensors.append(session.run(None, {session.get_inputs()[0].name: infer.normalize(fed[None], pre)})[0][0])
+        size = pre["input_size"]
+        for scale in (1, 2):
+            answered, kept = app.Answers(folder), []
+            probe = app.make_probe(pyds, gst, answered, kept, size * scale, size * scale)
+            pipeline = app.build(gst, "/dev/video0", str(tmp_path / "out.mp4"), answered, size * scale, size * scale,
+                                 probe)
+            assert pipeline.chain() == ["nvstreammux", "nvinfer", "nvvideoconvert", "nvdsosd", "nvvideoconvert",
+                                        "nvv4l2h264enc", "h264parse", "qtmux", "filesink"]
+            frames = standin.run_probe(probe, [standin.frame(i, {output: t}) for i, t in enumerate(tensors)])
+            for name, frame, answer in zip(names, frames, kept):
+                expected = answers[name]
+                assert answer["classes"] == expected["classes"] and np.allclose(answer["scores"], expected["scores"])
+                assert np.allclose(np.asarray(answer["boxes"]).reshape(-1, 4),
+                                   scale * np.asarray(expected["boxes"]).reshape(-1, 4), atol=1e-3)
+                drawn = [[o.rect_params.left, o.rect_params.top, o.rect_params.left + o.rect_params.width,
+                          o.rect_params.top + o.rect_params.height] for o in frame.objects]
+                assert np.allclose(np.asarray(drawn).reshape(-1, 4), np.asarray(answer["boxes"]).reshape(-1, 4),
+                                   atol=1e-3) and [o.obj_label for o in frame.objects] == expected["labels"]
+        assert sum(len(answers[n]["boxes"]) for n in names) > 0, "the canvases hold objects the rung finds"
+    finally:
+        monkeypatch.undo()
 
 
 def test_edgefold_diverge_searches_a_detection_rung_on_the_images_the_device_scored(det_run, tmp_path):

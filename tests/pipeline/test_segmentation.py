@@ -342,3 +342,37 @@ def test_a_segmentation_run_ships_and_its_folder_checks_against_its_card(seg_run
     (model,) = list((folder / "triton").iterdir())
     config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert list(config.input[0].dims) == [3, 64, 64] and len(config.output[0].dims) == 3  # C×H×W, batch apart
+
+
+def test_the_deepstream_app_draws_the_class_map_nvinfer_attaches(seg_run, tmp_path, monkeypatch):
+    """deepstream/app.py for a segmenter on the GStreamer/pyds STAND-IN (tests/pipeline/deepstream_standin.py):
+    deepstream-segmentation's pipeline (nvinfer → nvsegvisual at the frame's size), and its probe reads nvinfer's
+    class map (the argmax over the DeepStream graph's probabilities) into each class's share of the frame, as
+    infer.py counts them."""
+    import onnxruntime as ort
+
+    from pipeline.ship.bundle import ship
+    from pipeline.tasks.segmentation.ship import SegmentationShip
+    from tests.pipeline import deepstream_standin as standin
+
+    ctx, _ = seg_run
+    hooks = SegmentationShip()
+    folder = ship(ctx.run_dir, hooks, rung="student", to=tmp_path / "bundle", log=lambda _: None)
+    app = standin.load_app(folder, monkeypatch)
+    _, gst, pyds = app._imports()
+    answers, kept = app.Answers(folder), []
+    probe = app.make_probe(pyds, gst, answers, kept, 64, 64)
+    pipeline = app.build(gst, "rtsp://camera/stream", None, answers, 64, 64, probe)
+    assert pipeline.chain() == ["nvstreammux", "nvinfer", "nvvideoconvert", "nvsegvisual", "nveglglessink"]
+    visual = next(e for e in pipeline.elements if e.factory == "nvsegvisual")
+    mux = next(e for e in pipeline.elements if e.factory == "nvstreammux")
+    assert (visual.properties["width"], visual.properties["height"]) == (64, 64) and mux.properties["live-source"] == 1
+    session = ort.InferenceSession(str(folder / "deepstream" / "model.onnx"), providers=["CPUExecutionProvider"])
+    images = hooks._test(ctx.run_dir).images[:4]
+    maps = [session.run(None, {session.get_inputs()[0].name: image.transpose(2, 0, 1)[None].astype(np.float32)
+                               / 255.0})[0][0].argmax(0).astype(np.int32) for image in images]
+    standin.run_probe(probe, [standin.frame(i, class_map=m) for i, m in enumerate(maps)])
+    for class_map, answer in zip(maps, kept):
+        shares = np.bincount(class_map.reshape(-1), minlength=len(CLASSES)) / class_map.size
+        assert answer["shares"] == {CLASSES[k]: round(float(shares[k]), 4) for k in np.argsort(-shares)
+                                    if shares[k] > 0}

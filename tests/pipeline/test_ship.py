@@ -306,6 +306,17 @@ def test_the_engine_the_device_built_ships_with_its_build(measured_on_tensorrt):
     assert ds_line.startswith("trtexec --onnx=deepstream/model.onnx --saveEngine=deepstream/model.plan")
     assert ds_line.split()[3:] == engine["trtexec"].split()[3:] and ds_line in card_text
     assert "runs only on the device fingerprint" in card_text
+    # The agent built and timed that graph as a form of the rung (deploy.nvinfer, in the same rounds): its plan ships
+    # as deepstream/model.plan, the very bytes of the agent's cache entry, and the config names it.
+    ds = card["deepstream"]
+    form = json.loads((run_dir / "deploy" / "results.json").read_text())["devices"][0]["nvinfer"]["student_int8"]
+    assert ds["plan"]["key"] not in (None, engine["key"]) and form["engines"]["1"] == ds["plan"]["key"]
+    cached_form = agent.data_dir / "engines" / ds["plan"]["key"] / "engine.plan"
+    assert (folder / "deepstream" / "model.plan").read_bytes() == cached_form.read_bytes()
+    assert json.loads((folder / "deepstream" / "build.json").read_text())["sha256"] == sha256_file(cached_form)
+    assert sha256_file(folder / "deepstream" / "model.onnx") == form["sha256"], "the graph that was timed"
+    assert ds["form"]["vs_rung"]["rounds"] == 1 and ds["form"]["latency_p50_ms"] > 0
+    assert "`nvinfer` runs `deepstream/model.plan`, the engine the agent built and timed" in card_text
     # The route is read-only and takes cache keys alone: an absent one is a 404 with the fix, a path is no key.
     import httpx
 
@@ -604,3 +615,73 @@ def test_a_folder_that_does_not_run_as_measured_fails_its_check_with_both_scores
     (fresh / "card.json").write_text(json.dumps({**json.loads((fresh / "card.json").read_text()), "run": "/gone"}))
     with pytest.raises(ConfigError, match="is not there any more"):
         checking.check(fresh, TASK_SHIP, python=sys.executable)
+
+
+def test_the_nvinfer_graph_is_measured_beside_each_rung_and_ships_as_measured(shipped):
+    """deploy.nvinfer: every rung's nvinfer graph (its Softmax) is timed in the same rounds as the rung, right after
+    it, so its ratio to the rung is paired by round; the bundle's DeepStream graph is that very file, and the card
+    gives its time and, with no plan to ship (ONNX Runtime builds none), what nvinfer would build by itself."""
+    from device.files import sha256_file
+
+    run_dir, folder, _ = shipped
+    deployed = json.loads((run_dir / "deploy" / "results.json").read_text())["devices"][0]
+    rounds = json.loads((run_dir / "manifest.json").read_text())["stages"]["deploy"]["metrics"]["rounds"]
+    assert set(deployed["nvinfer"]) == set(deployed["rungs"])
+    for rung, form in deployed["nvinfer"].items():
+        assert form["state"] == "succeeded" and form["vs_rung"]["rounds"] == rounds, rung
+        assert form["sha256"] == sha256_file(run_dir / "deploy" / form["file"]) and "Softmax" in form["changes"][0]
+        assert len(form["windows_ms"]) == len(form["rung_windows_ms"]) == rounds
+    card = json.loads((folder / "card.json").read_text())
+    assert sha256_file(folder / "deepstream" / "model.onnx") == deployed["nvinfer"][card["rung"]]["sha256"]
+    assert card["deepstream"]["plan"] is None and card["deepstream"]["form"]["vs_rung"]["ratio"] > 0
+    text = (folder / "card.md").read_text()
+    assert "was measured on loopback as a form of this rung (onnxruntime, batch 1)" in text
+    assert "`nvinfer` builds its own engine from `onnx-file` with its own options" in text
+
+
+def test_the_deepstream_app_builds_nvidias_pipeline_and_reads_the_classifiers_probabilities(shipped, monkeypatch):
+    """deepstream/app.py on the GStreamer/pyds STAND-IN (tests/pipeline/deepstream_standin.py): the pipeline of
+    NVIDIA's samples, nvinfer on the shipped config, the probe on its src pad; fed the tensors nvinfer attaches (the
+    DeepStream graph run on nvinfer's feed of test images), it reads the probabilities through their C buffer and
+    answers the classes ONNX Runtime ranks first, named from labels.txt, drawn as display text."""
+    import cv2
+    import onnxruntime as ort
+
+    from pipeline.ship.deepstream import normalization
+    from tests.pipeline import deepstream_standin as standin
+
+    run_dir, folder, _ = shipped
+    app = standin.load_app(folder, monkeypatch)
+    _, gst, pyds = app._imports()
+    answers, kept = app.Answers(folder), []
+    probe = app.make_probe(pyds, gst, answers, kept, 640, 480)
+    pipeline = app.build(gst, "clip.mp4", None, answers, 640, 480, probe)
+    assert pipeline.chain() == ["nvstreammux", "nvinfer", "nvvideoconvert", "nvdsosd", "nveglglessink"]
+    infer = next(e for e in pipeline.elements if e.factory == "nvinfer")
+    mux = next(e for e in pipeline.elements if e.factory == "nvstreammux")
+    assert infer.properties["config-file-path"] == str(folder / "deepstream" / "config_infer.txt")
+    assert (mux.properties["width"], mux.properties["height"], mux.properties["batch-size"]) == (640, 480, 1)
+    assert infer.pads["src"].probes[0][1] is probe
+    source = next(e for e in pipeline.elements if e.factory == "uridecodebin")
+    assert source.properties["uri"].startswith("file:///") and "pad-added" in source.signals
+    keys = (folder / "deepstream" / "config_infer.txt").read_text()
+    assert "output-tensor-meta=1" in keys and "network-type=1" in keys
+
+    session = ort.InferenceSession(str(folder / "deepstream" / "model.onnx"), providers=["CPUExecutionProvider"])
+    images = TASK_SHIP._test(run_dir)[0][:6]
+    pre = json.loads((folder / "preprocess.json").read_text())
+    frames, expected = [], []
+    scale, offsets, _ = normalization(pre)  # nvinfer's arithmetic; the graph holds any per-channel part
+    for index, image in enumerate(images):
+        stretched = cv2.resize(image, (pre["input_size"],) * 2, interpolation=cv2.INTER_LINEAR).astype(np.float32)
+        stretched = np.repeat(stretched[..., None], pre["channels"], 2) if stretched.ndim == 2 else stretched
+        fed = scale * (stretched.transpose(2, 0, 1)[None] - np.asarray(offsets, np.float32).reshape(1, -1, 1, 1))
+        probabilities = session.run(None, {session.get_inputs()[0].name: fed.astype(np.float32)})[0][0]
+        expected.append(int(probabilities.argmax()))
+        name = session.get_outputs()[0].name
+        frames.append(standin.frame(index, {name: probabilities.astype(np.float32)}))
+    standin.run_probe(probe, frames)
+    labels = (folder / "labels.txt").read_text().splitlines()
+    assert [k["top"][0][0] for k in kept] == expected and [k["top"][0][1] for k in kept] == [labels[e] for e in expected]
+    assert all(abs(sum(p for _, _, p in k["top"]) - 1) < 0.5 for k in kept), "probabilities, not logits"
+    assert frames[0].displays[0].text_params[0].display_text.startswith(labels[expected[0]])

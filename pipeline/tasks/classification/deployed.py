@@ -21,6 +21,7 @@ from pipeline.deploy.session import reachable_facts
 from pipeline.deploy.sustained import sustained_run
 from pipeline.deploy.jobs import job_spec
 from pipeline.deploy.frames import FrameFiles, frame_files
+from pipeline.tasks.classification.ship import ClassificationShip
 from pipeline.tasks.classification.road_artifacts import RoadArtifacts, recorded_architecture
 from pipeline.tasks.classification.images import data_set, image_batches, recorded_splits
 
@@ -74,6 +75,8 @@ class Plan:
 
 class ClassificationDeploy(DeployHooks):
     """Top-1 on the device through the engine it timed, frames, both roads and the sustained run."""
+
+    ship = ClassificationShip()  # its nvinfer graph ends in a Softmax: measured as a form of each rung
 
     def preflight(self, ctx):
         """``deploy.torch_programs`` against an agent that does not trust programs is refused (an unreachable agent

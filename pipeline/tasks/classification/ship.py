@@ -91,7 +91,8 @@ class ClassificationShip:
 
     def nvinfer(self, run_dir: Path, rung: str) -> dict[str, Any]:
         # The top class whatever its probability, as top-1 counts it (nvinfer attaches a label above this threshold).
-        return {"classifier-threshold": 0.0}
+        # output-tensor-meta: the probabilities reach deepstream/app.py too, which takes the top k from them.
+        return {"classifier-threshold": 0.0, "output-tensor-meta": 1}
 
     def softmax(self) -> bool:
         return True

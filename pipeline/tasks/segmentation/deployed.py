@@ -17,6 +17,7 @@ import numpy as np
 
 from pipeline.deploy.hooks import Job, Windows
 from pipeline.deploy.scored import ScoredDeploy
+from pipeline.tasks.segmentation.ship import SegmentationShip
 
 
 @dataclass
@@ -50,6 +51,7 @@ class SegmentationDeploy(ScoredDeploy):
     """Device-measured mIoU through the engine each rung was timed with, the argmax timed apart."""
 
     device_modules = ("device.scoring.segmentation_evaluation",)
+    ship = SegmentationShip()  # its nvinfer graph ends in a Softmax: measured as a form of each rung
 
     def needs(self, ctx):
         return ("data", "export", "quantize", "evaluate")
