@@ -87,6 +87,39 @@ def ran_precision(row: dict[str, Any], profiles: list[dict[str, Any]]) -> str | 
             f"an {precision.upper()} engine's")
 
 
+def scored_rows(run_dir: Path, score: str, card_figures: tuple[str, ...]) -> list[ShipRow]:
+    """The rows of a task whose device scores its rungs through its own post-processor (detection's ``map``,
+    segmentation's ``miou``): the device's figure where it scored the rung, else the host's (``host_<score>``)."""
+    import json
+
+    from device.errors import ManifestError
+
+    path = run_dir / "report" / "results.json"
+    if not path.is_file():
+        raise ManifestError(f"{run_dir} has no report yet: ship reads the figures the report recorded",
+                            fix=f"finish the run first (make edge, or edgefold report {run_dir})")
+    deployed = {d["name"]: d for d in json.loads((run_dir / "deploy" / "results.json").read_text()).get("devices", [])}
+    results = json.loads(path.read_text())
+    profiles = results.get("layer_profiles") or []
+    rows = []
+    for row in results["rows"]:
+        on_device = row.get(score) is not None
+        prefix = "" if on_device else "host_"
+        record = deployed.get(row["device"], {}).get("rungs", {}).get(row["rung"], {})
+        figures = {key: row.get(key) for key in (*card_figures, "latency_p50_low_ms", "latency_p50_high_ms")}
+        figures["measured_batches"] = [int(b) for b in (record.get("latency_p50_ms") or {})]
+        rows.append(ShipRow(rung=row["rung"], device=row["device"], accuracy=row.get(f"{prefix}{score}"),
+                            accuracy_source="device" if on_device else "host",
+                            accuracy_low=row.get(f"{prefix}{score}_low"), accuracy_high=row.get(f"{prefix}{score}_high"),
+                            latency_p50_ms=row.get("latency_p50_ms"), batch=int(row.get("latency_batch") or 1),
+                            precision=row.get("precision") or "fp32", runtime=row.get("runtime"), figures=figures,
+                            engines={int(b): key for b, key in (record.get("engines") or {}).items()},
+                            measured=row.get("status") == "measured", host_accuracy=row.get(f"host_{score}"),
+                            flags=report_flags(row), verdict=row.get("verdict") or None,
+                            precision_ran=ran_precision(row, profiles)))
+    return rows
+
+
 class ShipTask(Protocol):
     """A task's part of shipping."""
 

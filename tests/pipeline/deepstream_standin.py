@@ -226,3 +226,13 @@ def load_app(folder, monkeypatch):
     spec.loader.exec_module(module)
     module.HERE, module.BUNDLE = folder / "deepstream", folder
     return module
+
+
+def built_app(folder, monkeypatch, source: str, width: int, height: int, out: str | None = None):
+    """The shipped app's pipeline for ``source`` at nvstreammux's ``width`` × ``height``, its probe, and the list the
+    probe keeps each frame's answer in."""
+    app = load_app(folder, monkeypatch)
+    _, gst, pyds = app._imports()
+    answers, kept = app.Answers(folder), []
+    probe = app.make_probe(pyds, gst, answers, kept, width, height)
+    return app.build(gst, source, out, answers, width, height, probe), probe, kept

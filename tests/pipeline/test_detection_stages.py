@@ -644,8 +644,6 @@ def _the_deepstream_app_decodes_as_infer_py(folder, hooks, run_dir, answers, tmp
 
     monkeypatch = _pytest.MonkeyPatch()
     try:
-        app = standin.load_app(folder, monkeypatch)
-        _, gst, pyds = app._imports()
         spec = importlib.util.spec_from_file_location("shipped_infer_det_app", folder / "infer.py")
         infer = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(infer)
@@ -659,10 +657,8 @@ def _the_deepstream_app_decodes_as_infer_py(folder, hooks, run_dir, answers, tmp
             tensors.append(session.run(None, {session.get_inputs()[0].name: infer.normalize(fed[None], pre)})[0][0])
         size = pre["input_size"]
         for scale in (1, 2):
-            answered, kept = app.Answers(folder), []
-            probe = app.make_probe(pyds, gst, answered, kept, size * scale, size * scale)
-            pipeline = app.build(gst, "/dev/video0", str(tmp_path / "out.mp4"), answered, size * scale, size * scale,
-                                 probe)
+            pipeline, probe, kept = standin.built_app(folder, monkeypatch, "/dev/video0", size * scale, size * scale,
+                                                      str(tmp_path / "out.mp4"))
             assert pipeline.chain() == ["nvstreammux", "nvinfer", "nvvideoconvert", "nvdsosd", "nvvideoconvert",
                                         "nvv4l2h264enc", "h264parse", "qtmux", "filesink"]
             frames = standin.run_probe(probe, [standin.frame(i, {output: t}) for i, t in enumerate(tensors)])

@@ -358,11 +358,7 @@ def test_the_deepstream_app_draws_the_class_map_nvinfer_attaches(seg_run, tmp_pa
     ctx, _ = seg_run
     hooks = SegmentationShip()
     folder = ship(ctx.run_dir, hooks, rung="student", to=tmp_path / "bundle", log=lambda _: None)
-    app = standin.load_app(folder, monkeypatch)
-    _, gst, pyds = app._imports()
-    answers, kept = app.Answers(folder), []
-    probe = app.make_probe(pyds, gst, answers, kept, 64, 64)
-    pipeline = app.build(gst, "rtsp://camera/stream", None, answers, 64, 64, probe)
+    pipeline, probe, kept = standin.built_app(folder, monkeypatch, "rtsp://camera/stream", 64, 64)
     assert pipeline.chain() == ["nvstreammux", "nvinfer", "nvvideoconvert", "nvsegvisual", "nveglglessink"]
     visual = next(e for e in pipeline.elements if e.factory == "nvsegvisual")
     mux = next(e for e in pipeline.elements if e.factory == "nvstreammux")

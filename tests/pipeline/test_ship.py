@@ -651,11 +651,7 @@ def test_the_deepstream_app_builds_nvidias_pipeline_and_reads_the_classifiers_pr
     from tests.pipeline import deepstream_standin as standin
 
     run_dir, folder, _ = shipped
-    app = standin.load_app(folder, monkeypatch)
-    _, gst, pyds = app._imports()
-    answers, kept = app.Answers(folder), []
-    probe = app.make_probe(pyds, gst, answers, kept, 640, 480)
-    pipeline = app.build(gst, "clip.mp4", None, answers, 640, 480, probe)
+    pipeline, probe, kept = standin.built_app(folder, monkeypatch, "clip.mp4", 640, 480)
     assert pipeline.chain() == ["nvstreammux", "nvinfer", "nvvideoconvert", "nvdsosd", "nveglglessink"]
     infer = next(e for e in pipeline.elements if e.factory == "nvinfer")
     mux = next(e for e in pipeline.elements if e.factory == "nvstreammux")

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from device.errors import ManifestError
-from pipeline.ship.task import ShipRow, ran_precision, report_flags
+from pipeline.ship.task import ShipRow, scored_rows
 
 CARD_FIGURES = ("latency_p99_ms", "throughput_images_per_s", "energy_mj_per_image", "power_mean_w", "peak_memory_mb",
                 "frame_total_ms", "frame_fps_pipelined", "sustained_ratio")
@@ -52,30 +52,7 @@ class SegmentationShip:
     network_type = 2  # nvinfer's segmentation: it takes the argmax and attaches the class map
 
     def rows(self, run_dir: Path) -> list[ShipRow]:
-        path = run_dir / "report" / "results.json"
-        if not path.is_file():
-            raise ManifestError(f"{run_dir} has no report yet: ship reads the figures the report recorded",
-                                fix=f"finish the run first (make edge, or edgefold report {run_dir})")
-        deployed = {d["name"]: d for d in _json(run_dir / "deploy" / "results.json").get("devices", [])}
-        results = _json(path)
-        profiles = results.get("layer_profiles") or []
-        rows = []
-        for row in results["rows"]:
-            on_device = row.get("miou") is not None
-            prefix = "" if on_device else "host_"
-            record = deployed.get(row["device"], {}).get("rungs", {}).get(row["rung"], {})
-            figures = {key: row.get(key) for key in (*CARD_FIGURES, "latency_p50_low_ms", "latency_p50_high_ms")}
-            figures["measured_batches"] = [int(b) for b in (record.get("latency_p50_ms") or {})]
-            rows.append(ShipRow(rung=row["rung"], device=row["device"], accuracy=row.get(f"{prefix}miou"),
-                                accuracy_source="device" if on_device else "host",
-                                accuracy_low=row.get(f"{prefix}miou_low"), accuracy_high=row.get(f"{prefix}miou_high"),
-                                latency_p50_ms=row.get("latency_p50_ms"), batch=int(row.get("latency_batch") or 1),
-                                precision=row.get("precision") or "fp32", runtime=row.get("runtime"), figures=figures,
-                                engines={int(b): key for b, key in (record.get("engines") or {}).items()},
-                                measured=row.get("status") == "measured", host_accuracy=row.get("host_miou"),
-                                flags=report_flags(row), verdict=row.get("verdict") or None,
-                                precision_ran=ran_precision(row, profiles)))
-        return rows
+        return scored_rows(run_dir, "miou", CARD_FIGURES)
 
     def model(self, run_dir: Path, rung: str) -> Path:
         from pipeline.core.manifest import Manifest
