@@ -53,9 +53,9 @@ def write_forms(ship, run_dir: Path, artifacts: dict[str, Path], workdir: Path) 
 
 
 def with_forms(windows: Windows, forms: dict[str, Form]) -> Windows:
-    """``windows`` with each form's job right after its rung's in every round, as the rung's job (its batch, precision,
-    runtime and options) on the form's file, less what only the rung answers (the scoring, the frame, the sweep, the
-    per-layer profile)."""
+    """``windows`` with each form's job right after its rung's in every round, as the rung's job (its precision, runtime
+    and options) on the form's file at its smallest batch, less what only the rung answers (the scoring, the frame,
+    the sweep, the per-layer profile)."""
     if not forms:
         return windows
     jobs = []
@@ -68,7 +68,9 @@ def with_forms(windows: Windows, forms: dict[str, Form]) -> Windows:
         if job.road != ROAD:
             return windows.spec(job, round_index)
         rung_job = windows.spec(Job(job.rung, job.path), round_index)  # the task's job, its artifact the form's
+        # At the smallest batch alone: the one a rung ships at (its latency batch) and nvinfer's batch-size.
         return rung_job.model_copy(update={"evaluation": None, "frame": None, "sweep": None, "profile": False,
+                                           "batch_sizes": [min(rung_job.batch_sizes)],
                                            "label": f"{rung_job.label[:180]}/nvinfer"})
 
     def announce(job: Job, round_index: int):

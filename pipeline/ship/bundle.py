@@ -384,6 +384,11 @@ def _deepstream(hooks: ShipTask, run_dir: Path, row: ShipRow, folder: Path, prep
     (target / "config_infer.txt").write_text(config_text(keys))
     shutil.copyfile(DEEPSTREAM_APP, target / "app.py")
     scored = hooks.nvinfer_accuracy(run_dir, target / "model.onnx", scaling)
+    if scored["value"] is not None:  # what the emulation cannot say: the scaler's own arithmetic on the board
+        notes.append(f"On a Jetson nvinfer scales with the VIC (scaling-compute-hw=0, its default), on a GPU with "
+                     f"CUDA (1): either filter's rounding can move pixels by a level against OpenCV's {scaling} here, "
+                     f"so the board's figure under nvinfer is not measured; where its images can be scored on the "
+                     f"board, compare it with this one")
     text = ("not measured" if scored["value"] is None else f"is {100 * scored['value']:.2f}")
     return {"config": "deepstream/config_infer.txt", "accuracy": scored["value"], "accuracy_text": text,
             "host_accuracy": row.host_accuracy, "images": scored["images"], "scaling": scaling,

@@ -102,6 +102,8 @@ def normalize(images: np.ndarray, pre: dict) -> np.ndarray:
     mean = np.asarray(pre["mean"], np.float32).reshape(1, -1, 1, 1)
     std = np.asarray(pre["std"], np.float32).reshape(1, -1, 1, 1)
     data = images.astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+    if pre.get("input_range") == "0-255":  # a graph that takes pixel values (std 1/255): x/255·255, as the run fed it
+        return np.ascontiguousarray(data * np.float32(255.0))
     return np.ascontiguousarray((data - mean) / std)
 
 

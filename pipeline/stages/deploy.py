@@ -81,7 +81,9 @@ class DeployStage(HookedStage):
             extra = self.hooks.results(ctx, plan)
         finally:
             self.hooks.cleanup(plan)
-        reused = sum(len(d.pop("reused", [])) for d in outcomes)
+        # The ladder's windows and the nvinfer forms' apart: a form is a second look at its rung, not a rung.
+        reused_names = [name for d in outcomes for name in d.pop("reused", [])]
+        forms_reused = sum(name.endswith(f"@{FORM_ROAD}") for name in reused_names)
         windows = sum(d.pop("windows") for d in outcomes)
         results = {"schema": DEPLOY_SCHEMA, "devices": outcomes, **extra,
                    "artifacts": {rung: {"path": str(path.relative_to(ctx.run_dir)), "sha256": sha256_file(path)}
@@ -90,11 +92,13 @@ class DeployStage(HookedStage):
         measured = sum(1 for d in outcomes for r in d["rungs"].values() if r["state"] == "succeeded")
         return StageResult(outputs={"results": workdir / "results.json"},
                            metrics={"devices": {d["name"]: d["status"] for d in outcomes}, "jobs_succeeded": measured,
-                                    "jobs_reused": reused, "jobs": len(outcomes) * len(plan.artifacts),
+                                    "jobs_reused": len(reused_names) - forms_reused,
+                                    "nvinfer_forms": len(forms), "nvinfer_windows_reused": forms_reused,
+                                    "jobs": len(outcomes) * len(plan.artifacts),
                                     "rounds": cfg.rounds, "windows": windows})
 
     def _device(self, ctx, device: Device, url: str, token: str | None, plan, cache: Path,
-                lock: threading.Lock, forms: dict[str, Form]) -> dict[str, Any]:
+                lock: threading.Lock, forms: dict[str, Form] | None = None) -> dict[str, Any]:
         """One device: its session, the task's jobs (and each rung's nvinfer form after it) in interleaved rounds,
         each rung's record, then what the task measures after the ladder."""
         cfg = ctx.recipe.deploy
@@ -106,7 +110,7 @@ class DeployStage(HookedStage):
         with open_session() as session:
             windows = self.hooks.windows(ctx, session, plan) if session.open() else None
             if windows is not None:
-                windows = with_forms(windows, forms)
+                windows = with_forms(windows, forms or {})
                 def window(job: Job, round_index: int) -> dict[str, Any]:
                     spec = windows.spec(job, round_index)
                     if spec.timeout_s is None:  # the wait is the agent's limit and two minutes: the task must say it

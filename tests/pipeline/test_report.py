@@ -173,7 +173,7 @@ def test_fleet_groups_bounded_parallelism_and_a_dead_device(run_copy, tmp_path):
     finally:
         for agent in agents:
             agent.stop()
-    assert len(spans) == 12, "2 rungs × 2 rounds on each of the 3 live devices"
+    assert len(spans) == 24, "2 rungs, each with its nvinfer form (deploy.nvinfer), × 2 rounds on 3 live devices"
     overlap = max(sum(1 for s, f in spans if s <= t < f) for t, _ in spans)
     assert overlap <= 2, f"{overlap} devices ran at once with parallel_devices=2"
     data = json.loads((ctx.run_dir / "report" / "results.json").read_text())

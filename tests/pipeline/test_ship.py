@@ -681,3 +681,35 @@ def test_the_deepstream_app_builds_nvidias_pipeline_and_reads_the_classifiers_pr
     assert [k["top"][0][0] for k in kept] == expected and [k["top"][0][1] for k in kept] == [labels[e] for e in expected]
     assert all(abs(sum(p for _, _, p in k["top"]) - 1) < 0.5 for k in kept), "probabilities, not logits"
     assert frames[0].displays[0].text_params[0].display_text.startswith(labels[expected[0]])
+
+
+@pytest.mark.parametrize("style,channel_order,input_range", [("top_left", "rgb", "0-1"), ("ultralytics", "rgb", "0-1"),
+                                                             ("ultralytics", "bgr", "0-1"),
+                                                             ("ultralytics", "rgb", "0-255")])
+def test_a_detectors_letterbox_and_feed_reach_infer_py_and_nvinfer(style, channel_order, input_range, tmp_path):
+    """The per-key test's detection keys: EdgeFold's top-left letterbox and Ultralytics' centred one (a YOLO start),
+    with the channel order and input range a start records. infer.py's tensor equals the data stage's letterbox fed
+    as the device is fed (pipeline.tasks.detection.export.network_inputs) bit for bit, and nvinfer's arithmetic on the
+    same pixels within float error."""
+    from pipeline.ship import bundle
+    from pipeline.ship.deepstream import normalization
+    from pipeline.tasks.detection.data import letterbox
+    from pipeline.tasks.detection.export import network_inputs
+
+    recorded = {"kind": "letterbox_ultralytics" if style == "ultralytics" else "letterbox", "input_size": 32,
+                "resize": 32, "channels": 3, "mean": [0.0] * 3, "std": [1 / 255 if input_range == "0-255" else 1.0] * 3,
+                "interpolation": "bilinear", "channel_order": channel_order, "input_range": input_range}
+    written = bundle.shipped_preprocess(recorded, "images")
+    (tmp_path / "infer.py").write_text(bundle.INFER_SCRIPT.read_text())
+    (tmp_path / "pil_resize.py").write_text(Path(bundle.pil_resize.__file__).read_text())
+    infer = _infer_module(tmp_path)
+    image = np.random.default_rng(2).integers(0, 256, (45, 70, 3), np.uint8)
+    image[:, :, 0] = 250
+    fed, _ = infer.geometry(image, written)
+    expected = network_inputs(letterbox(image, 32, style)[0][None], 32, channel_order, input_range)
+    assert np.array_equal(infer.normalize(fed[None], written), expected)
+    scale, offsets, per_channel = normalization(written)
+    assert per_channel is None
+    emulated = scale * (fed[None].astype(np.float32).transpose(0, 3, 1, 2) - np.asarray(offsets, np.float32)
+                        .reshape(1, -1, 1, 1))
+    assert np.allclose(emulated, expected, atol=1e-5 * (255 if input_range == "0-255" else 1))

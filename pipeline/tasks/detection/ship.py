@@ -55,7 +55,7 @@ class DetectionShip:
         if head.get("resize") == "letterbox":  # a YOLO brought as ONNX: fed as Ultralytics feeds it
             return {"kind": "letterbox_ultralytics", "input_size": size, "resize": size, "channels": 3,
                     "mean": list(head["mean"]), "std": list(head["std"]), "interpolation": "bilinear",
-                    "channel_order": head.get("channel_order", "rgb"),
+                    "channel_order": head.get("channel_order", "rgb"), "input_range": head.get("input_range", "0-1"),
                     "note": f"Ultralytics' LetterBox: scaled to fit, centred on grey 114: {head.get('input_note')}"}
         return {"kind": "letterbox", "input_size": size, "resize": size, "channels": 3, "mean": [0.0, 0.0, 0.0],
                 "std": [1.0, 1.0, 1.0], "interpolation": "bilinear",
