@@ -93,7 +93,8 @@ class DeployStage(HookedStage):
         return StageResult(outputs={"results": workdir / "results.json"},
                            metrics={"devices": {d["name"]: d["status"] for d in outcomes}, "jobs_succeeded": measured,
                                     "jobs_reused": len(reused_names) - forms_reused,
-                                    "nvinfer_forms": len(forms), "nvinfer_windows_reused": forms_reused,
+                                    **({"nvinfer_forms": len(forms), "nvinfer_windows_reused": forms_reused}
+                                       if forms else {}),
                                     "jobs": len(outcomes) * len(plan.artifacts),
                                     "rounds": cfg.rounds, "windows": windows})
 
