@@ -29,8 +29,11 @@ class Form:
     changes: tuple[str, ...]
 
 
-def write_forms(ship, run_dir: Path, artifacts: dict[str, Path], workdir: Path) -> dict[str, Form]:
-    """Each rung's ``nvinfer`` graph where it differs from the rung's, written into ``workdir``.
+def write_forms(ship, run_dir: Path, artifacts: dict[str, Path], workdir: Path,
+                log=lambda text: None) -> dict[str, Form]:
+    """Each rung's ``nvinfer`` graph where it differs from the rung's, written into ``workdir``. A graph that cannot
+    be written (an output that is not float32, a graph the ONNX checker refuses) is left unmeasured, said in the log:
+    the rung itself is measured as ever, and ``edgefold ship`` says the DeepStream graph was not timed.
 
     Args:
         ship: The task's :class:`pipeline.ship.task.ShipTask` (its preprocessing and whether a Softmax ends the graph);
@@ -44,7 +47,12 @@ def write_forms(ship, run_dir: Path, artifacts: dict[str, Path], workdir: Path) 
     forms = {}
     for rung, path in artifacts.items():
         target = workdir / f"nvinfer-{rung}.onnx"
-        changes = deepstream_model(path, target, per_channel, ship.softmax())["changes"]
+        try:
+            changes = deepstream_model(path, target, per_channel, ship.softmax())["changes"]
+        except Exception as err:  # noqa: BLE001 — the onnx checker's errors have no common base; the rung goes on
+            log(f"{rung}: the graph nvinfer runs could not be written ({type(err).__name__}: {err}); it is not timed")
+            target.unlink(missing_ok=True)
+            continue
         if changes:
             forms[rung] = Form(target, tuple(changes))
         else:

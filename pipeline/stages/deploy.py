@@ -67,7 +67,7 @@ class DeployStage(HookedStage):
         cache.mkdir(exist_ok=True)
         lock = threading.Lock()
         plan = self.hooks.prepare(ctx, workdir)
-        forms = (write_forms(self.hooks.ship, ctx.run_dir, plan.artifacts, workdir)
+        forms = (write_forms(self.hooks.ship, ctx.run_dir, plan.artifacts, workdir, ctx.log)
                  if getattr(cfg, "nvinfer", False) else {})
         try:
             with deploy_targets(ctx) as (targets, loopback):
